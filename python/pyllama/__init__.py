@@ -1,0 +1,30 @@
+"""pyllama: run GGUF language models from Python.
+
+llama.cpp's inference path with a Rust core (GGUF mapping, quantized kernels, KV cache,
+forward passes) and a Python layer (tokenizers, samplers, batching, the llama.h-style
+API in :mod:`pyllama.llama_api`, an idiomatic API and the ``pyllama`` CLI).
+"""
+
+from ._core import __version__
+from .errors import (
+    Aborted,
+    ContextFullError,
+    GGUFError,
+    InvalidBatchError,
+    LoadCancelled,
+    PyllamaError,
+    UnsupportedModelError,
+)
+from .gguf import GGUFFile
+
+__all__ = [
+    "__version__",
+    "Aborted",
+    "ContextFullError",
+    "GGUFError",
+    "GGUFFile",
+    "InvalidBatchError",
+    "LoadCancelled",
+    "PyllamaError",
+    "UnsupportedModelError",
+]

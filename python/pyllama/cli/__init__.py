@@ -1,0 +1,13 @@
+"""The ``pyllama`` command line (Typer). Each subcommand lives in its own module here and
+registers itself on ``app``."""
+
+import typer
+
+app = typer.Typer(
+    name="pyllama",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, perplexity, bench.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+from . import inspect as _inspect  # noqa: E402,F401  (registers its command)

@@ -1,0 +1,26 @@
+"""The exception hierarchy: everything pyllama raises on purpose derives from PyllamaError."""
+
+from ._core import GGUFError, LoadCancelled, PyllamaError, UnsupportedModelError
+
+
+class InvalidBatchError(PyllamaError, ValueError):
+    """A batch that llama_decode would reject with -1 (bad token, seq_id or position)."""
+
+
+class ContextFullError(PyllamaError):
+    """No KV-cache slot for the batch (llama_decode would return 1); the cache is unchanged."""
+
+
+class Aborted(PyllamaError):
+    """The abort callback stopped llama_decode (it would return 2)."""
+
+
+__all__ = [
+    "Aborted",
+    "ContextFullError",
+    "GGUFError",
+    "InvalidBatchError",
+    "LoadCancelled",
+    "PyllamaError",
+    "UnsupportedModelError",
+]

@@ -1,0 +1,214 @@
+//! GGUF reader (pipeline step 2): header, metadata, tensor index, data section.
+//!
+//! Layout (little endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv,
+//! n_kv x (string key, u32 type, value), n_tensors x (string name, u32 n_dims,
+//! n_dims x u64 ne, u32 ggml type, u64 offset), padding to `general.alignment`
+//! (default 32), then the data section. Every count and length is checked against
+//! the bytes that remain before anything is allocated.
+
+mod reader;
+pub mod storage;
+
+pub use reader::{parse, ParsedHeader};
+pub use storage::{LoadMode, Storage};
+
+use crate::error::{Error, Result};
+use crate::ggml_type::GgmlType;
+
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// GGUF metadata value type ids.
+pub mod vtype {
+    pub const U8: u32 = 0;
+    pub const I8: u32 = 1;
+    pub const U16: u32 = 2;
+    pub const I16: u32 = 3;
+    pub const U32: u32 = 4;
+    pub const I32: u32 = 5;
+    pub const F32: u32 = 6;
+    pub const BOOL: u32 = 7;
+    pub const STRING: u32 = 8;
+    pub const ARRAY: u32 = 9;
+    pub const U64: u32 = 10;
+    pub const I64: u32 = 11;
+    pub const F64: u32 = 12;
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    /// Raw bytes: GGUF strings are meant to be UTF-8 but nothing enforces it.
+    String(Vec<u8>),
+    /// `elem_type` is the declared element type (kept for empty arrays and for writers).
+    Array { elem_type: u32, values: Vec<Value> },
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl Value {
+    pub fn type_id(&self) -> u32 {
+        match self {
+            Value::U8(_) => vtype::U8,
+            Value::I8(_) => vtype::I8,
+            Value::U16(_) => vtype::U16,
+            Value::I16(_) => vtype::I16,
+            Value::U32(_) => vtype::U32,
+            Value::I32(_) => vtype::I32,
+            Value::F32(_) => vtype::F32,
+            Value::Bool(_) => vtype::BOOL,
+            Value::String(_) => vtype::STRING,
+            Value::Array { .. } => vtype::ARRAY,
+            Value::U64(_) => vtype::U64,
+            Value::I64(_) => vtype::I64,
+            Value::F64(_) => vtype::F64,
+        }
+    }
+
+    /// Integer value of any integer type (bools excluded), if it fits in i64.
+    pub fn as_i64(&self) -> Option<i64> {
+        Some(match *self {
+            Value::U8(v) => v as i64,
+            Value::I8(v) => v as i64,
+            Value::U16(v) => v as i64,
+            Value::I16(v) => v as i64,
+            Value::U32(v) => v as i64,
+            Value::I32(v) => v as i64,
+            Value::U64(v) => i64::try_from(v).ok()?,
+            Value::I64(v) => v,
+            _ => return None,
+        })
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v as f64),
+            Value::F64(v) => Some(v),
+            _ => self.as_i64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array { values, .. } => Some(values),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: ne[0] is the row length (contiguous), unused dims are 1.
+    pub ne: [u64; 4],
+    pub n_dims: u32,
+    /// Offset relative to the start of the data section.
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.ne.iter().product()
+    }
+    pub fn n_rows(&self) -> u64 {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+}
+
+/// An open GGUF file: the parsed header plus the bytes of the data section.
+pub struct GgufFile {
+    pub path: String,
+    pub version: u32,
+    pub metadata: Vec<(String, Value)>,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Absolute file offset of the data section.
+    pub data_offset: u64,
+    pub file_size: u64,
+    pub storage: Storage,
+}
+
+impl GgufFile {
+    /// Open and parse `path`; tensor data is accessed according to `mode`.
+    pub fn open(path: &str, mode: LoadMode) -> Result<GgufFile> {
+        let storage = Storage::open(path, mode)?;
+        Self::from_storage(path, storage)
+    }
+
+    pub fn from_storage(path: &str, storage: Storage) -> Result<GgufFile> {
+        let h = parse(path, storage.header_bytes())?;
+        let file_size = storage.len() as u64;
+        for t in &h.tensors {
+            let end = h
+                .data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(t.nbytes))
+                .ok_or_else(|| gguf_err(path, None, format!("tensor '{}': offset overflows", t.name)))?;
+            if end > file_size {
+                return Err(gguf_err(
+                    path,
+                    None,
+                    format!(
+                        "tensor '{}' data [{}, {}) extends past the end of the file ({} bytes)",
+                        t.name,
+                        h.data_offset + t.offset,
+                        end,
+                        file_size
+                    ),
+                ));
+            }
+        }
+        Ok(GgufFile {
+            path: path.to_string(),
+            version: h.version,
+            metadata: h.metadata,
+            tensors: h.tensors,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
+            file_size,
+            storage,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The bytes of a tensor (zero copy under mmap).
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let start = (self.data_offset + t.offset) as usize;
+        &self.storage.bytes()[start..start + t.nbytes as usize]
+    }
+}
+
+pub(crate) fn gguf_err(path: &str, offset: Option<u64>, msg: impl Into<String>) -> Error {
+    Error::Gguf { path: path.to_string(), offset, msg: msg.into() }
+}

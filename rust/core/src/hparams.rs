@@ -1,0 +1,130 @@
+//! Hyperparameters (pipeline step 4), read from `{arch}.*` metadata keys with llama.cpp's
+//! defaults. Per-layer values are expanded to one entry per layer.
+
+use crate::error::{Error, Result};
+use crate::gguf::{GgufFile, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeType {
+    /// No rotary embedding.
+    None,
+    /// Rotates adjacent pairs (x[2i], x[2i+1]): LLaMA, Mistral.
+    Norm,
+    /// Rotates (x[i], x[i + n_rot/2]): GPT-NeoX, Qwen, Gemma, Phi.
+    Neox,
+}
+
+#[derive(Clone, Debug)]
+pub struct HParams {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    /// Per layer.
+    pub n_head: Vec<usize>,
+    pub n_head_kv: Vec<usize>,
+    pub n_ff: Vec<usize>,
+    pub n_embd_head_k: usize,
+    pub n_embd_head_v: usize,
+    pub n_rot: usize,
+    pub rope_type: RopeType,
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+    /// Frequency base of sliding-window layers (gemma3: 10000).
+    pub rope_freq_base_swa: f32,
+    pub rope_freq_scale_swa: f32,
+    pub f_norm_eps: f32,
+    pub f_norm_rms_eps: f32,
+    /// Sliding window size (0 = none).
+    pub n_swa: usize,
+    /// Per layer: whether the layer uses sliding-window attention.
+    pub swa_layers: Vec<bool>,
+    pub f_attn_logit_softcapping: f32,
+    pub f_final_logit_softcapping: f32,
+    /// Attention scale applied to QK^T (0 = 1/sqrt(n_embd_head_k)).
+    pub f_attention_scale: f32,
+}
+
+impl HParams {
+    pub fn n_head(&self, il: usize) -> usize {
+        self.n_head[il]
+    }
+    pub fn n_head_kv(&self, il: usize) -> usize {
+        self.n_head_kv[il]
+    }
+    pub fn n_embd_k_gqa(&self, il: usize) -> usize {
+        self.n_embd_head_k * self.n_head_kv[il]
+    }
+    pub fn n_embd_v_gqa(&self, il: usize) -> usize {
+        self.n_embd_head_v * self.n_head_kv[il]
+    }
+}
+
+/// Typed access to `{arch}.*` keys with clear errors.
+pub struct Meta<'a> {
+    pub file: &'a GgufFile,
+    pub arch: &'a str,
+}
+
+impl<'a> Meta<'a> {
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}.{}", self.arch, suffix)
+    }
+    pub fn get(&self, suffix: &str) -> Option<&'a Value> {
+        self.file.get(&self.key(suffix))
+    }
+    pub fn u(&self, suffix: &str) -> Result<Option<usize>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(x) if x >= 0 => Ok(Some(x as usize)),
+                _ => Err(Error::Unsupported(format!(
+                    "{}: metadata key '{}' must be a non-negative integer",
+                    self.file.path,
+                    self.key(suffix)
+                ))),
+            },
+        }
+    }
+    pub fn req_u(&self, suffix: &str) -> Result<usize> {
+        self.u(suffix)?.ok_or_else(|| {
+            Error::Unsupported(format!("{}: missing required metadata key '{}'", self.file.path, self.key(suffix)))
+        })
+    }
+    pub fn f(&self, suffix: &str) -> Result<Option<f32>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                Error::Unsupported(format!("{}: metadata key '{}' must be a number", self.file.path, self.key(suffix)))
+            }),
+        }
+    }
+    /// A scalar or a per-layer array, expanded to `n_layer` values.
+    pub fn per_layer(&self, suffix: &str, n_layer: usize, default: Option<usize>) -> Result<Vec<usize>> {
+        match self.get(suffix) {
+            None => default.map(|d| vec![d; n_layer]).ok_or_else(|| {
+                Error::Unsupported(format!("{}: missing required metadata key '{}'", self.file.path, self.key(suffix)))
+            }),
+            Some(Value::Array { values, .. }) => {
+                if values.len() != n_layer {
+                    return Err(Error::Unsupported(format!(
+                        "{}: '{}' has {} entries, expected one per layer ({})",
+                        self.file.path,
+                        self.key(suffix),
+                        values.len(),
+                        n_layer
+                    )));
+                }
+                values
+                    .iter()
+                    .map(|v| v.as_i64().filter(|&x| x >= 0).map(|x| x as usize))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        Error::Unsupported(format!("{}: '{}' must hold non-negative integers", self.file.path, self.key(suffix)))
+                    })
+            }
+            Some(_) => Ok(vec![self.req_u(suffix)?; n_layer]),
+        }
+    }
+}

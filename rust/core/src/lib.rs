@@ -1,0 +1,15 @@
+//! pyllama's core: everything heavy, no Python. See DESIGN.md at the repository root for
+//! the pipeline and the Rust/Python boundary.
+
+pub mod error;
+pub mod ggml_type;
+pub mod gguf;
+pub mod hparams;
+pub mod model;
+pub mod models;
+pub mod ops;
+pub mod quant;
+pub mod threadpool;
+
+pub use error::{Error, Result};
+pub use ggml_type::GgmlType;

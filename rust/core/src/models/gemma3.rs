@@ -1,0 +1,65 @@
+//! Gemma 3: sqrt(n_embd)-scaled embeddings, pre+post norms around attention and FFN,
+//! per-head Q/K RMSNorm, NEOX rope (10000 on sliding-window layers, the file's base on
+//! global ones), 5 local : 1 global layers, GELU(tanh)-gated FFN. See llama.cpp's
+//! src/models/gemma3.cpp.
+
+use super::{common_hparams, Arch, TensorSpec};
+use crate::error::Result;
+use crate::hparams::{HParams, Meta, RopeType};
+
+pub struct Gemma3;
+
+impl Arch for Gemma3 {
+    fn name(&self) -> &'static str {
+        "gemma3"
+    }
+
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        let mut hp = common_hparams(meta, n_vocab, RopeType::Neox)?;
+        // llama.cpp: set_swa_pattern(6) -> layers il % 6 < 5 use the sliding window.
+        hp.n_swa = meta.u("attention.sliding_window")?.unwrap_or(0);
+        let pattern = meta.u("attention.sliding_window_pattern")?.unwrap_or(6).max(1);
+        hp.swa_layers = (0..hp.n_layer).map(|il| hp.n_swa > 0 && il % pattern < pattern - 1).collect();
+        hp.rope_freq_base_swa = meta.f("rope.freq_base_swa")?.unwrap_or(10000.0);
+        hp.rope_freq_scale_swa = 1.0;
+        // Only the 27B model scales by n_embd/n_head; every other size by the key length.
+        hp.f_attention_scale = if hp.n_layer == 62 {
+            1.0 / ((hp.n_embd / hp.n_head(0)) as f32).sqrt()
+        } else {
+            1.0 / (hp.n_embd_head_k as f32).sqrt()
+        };
+        Ok(hp)
+    }
+
+    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
+        let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
+        let mut v = vec![
+            TensorSpec::req("token_embd.weight", &[n_embd, n_vocab]),
+            TensorSpec::req("output_norm.weight", &[n_embd]),
+            TensorSpec::tied("output.weight", &[n_embd, n_vocab], "token_embd.weight"),
+        ];
+        for il in 0..hp.n_layer {
+            let n_q = hp.n_embd_head_k * hp.n_head(il);
+            let n_ff = hp.n_ff[il];
+            let b = |s: &str| format!("blk.{il}.{s}");
+            v.extend([
+                TensorSpec::req(b("attn_norm.weight"), &[n_embd]),
+                TensorSpec::req(b("attn_q.weight"), &[n_embd, n_q]),
+                TensorSpec::req(b("attn_k.weight"), &[n_embd, hp.n_embd_k_gqa(il)]),
+                TensorSpec::req(b("attn_v.weight"), &[n_embd, hp.n_embd_v_gqa(il)]),
+                TensorSpec::req(b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd]),
+                TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]),
+                TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]),
+                TensorSpec::req(b("post_attention_norm.weight"), &[n_embd]),
+                TensorSpec::req(b("ffn_norm.weight"), &[n_embd]),
+                TensorSpec::req(b("ffn_gate.weight"), &[n_embd, n_ff]),
+                TensorSpec::req(b("ffn_up.weight"), &[n_embd, n_ff]),
+                TensorSpec::req(b("ffn_down.weight"), &[n_ff, n_embd]),
+                TensorSpec::req(b("post_ffw_norm.weight"), &[n_embd]),
+            ]);
+        }
+        v
+    }
+}
+
+// ---- forward pass ------------------------------------------------------------------

@@ -1,0 +1,123 @@
+//! Architecture registry (pipeline step 3): `general.architecture` -> one `Arch` per
+//! family. Adding an architecture = one file in this folder + one line in `REGISTRY`.
+
+pub mod gemma3;
+pub mod llama;
+
+use crate::error::{Error, Result};
+use crate::hparams::{HParams, Meta, RopeType};
+
+/// How a tensor of the schema must be present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    Required,
+    Optional,
+    /// May be absent; then the named tensor is used in its place (output -> token_embd).
+    TiedTo(&'static str),
+}
+
+#[derive(Clone, Debug)]
+pub struct TensorSpec {
+    pub name: String,
+    /// Expected dims in ggml order (ne[0] first), trailing 1s omitted.
+    pub shape: Vec<u64>,
+    pub need: Need,
+}
+
+impl TensorSpec {
+    pub fn req(name: impl Into<String>, shape: &[usize]) -> TensorSpec {
+        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::Required }
+    }
+    pub fn opt(name: impl Into<String>, shape: &[usize]) -> TensorSpec {
+        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::Optional }
+    }
+    pub fn tied(name: impl Into<String>, shape: &[usize], to: &'static str) -> TensorSpec {
+        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::TiedTo(to) }
+    }
+}
+
+pub trait Arch: Sync {
+    /// `general.architecture` value.
+    fn name(&self) -> &'static str;
+    /// Hyperparameters from `{arch}.*` keys. `n_vocab` is passed in (from the token
+    /// embedding or the vocabulary).
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams>;
+    /// Every tensor the forward pass uses, with its expected shape.
+    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec>;
+}
+
+pub static REGISTRY: &[&dyn Arch] = &[&llama::Llama, &gemma3::Gemma3];
+
+pub fn find(name: &str) -> Result<&'static dyn Arch> {
+    REGISTRY.iter().copied().find(|a| a.name() == name).ok_or_else(|| {
+        let known: Vec<&str> = REGISTRY.iter().map(|a| a.name()).collect();
+        Error::Unsupported(format!("unknown model architecture '{name}' (supported: {})", known.join(", ")))
+    })
+}
+
+/// The hparams every transformer shares, with llama.cpp's defaults
+/// (src/llama-model.cpp `load_hparams`).
+pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Result<HParams> {
+    let n_layer = meta.req_u("block_count")?;
+    let n_embd = meta.req_u("embedding_length")?;
+    let n_head = meta.per_layer("attention.head_count", n_layer, None)?;
+    let n_head0 = *n_head.first().unwrap_or(&0);
+    let n_head_kv = meta.per_layer("attention.head_count_kv", n_layer, Some(n_head0))?;
+    let n_ff = meta.per_layer("feed_forward_length", n_layer, Some(0))?;
+    let default_head = if n_head0 > 0 { n_embd / n_head0 } else { 0 };
+    let n_embd_head_k = meta.u("attention.key_length")?.unwrap_or(default_head);
+    let n_embd_head_v = meta.u("attention.value_length")?.unwrap_or(default_head);
+    let n_rot = meta.u("rope.dimension_count")?.unwrap_or(n_embd_head_k);
+    let rope_freq_base = meta.f("rope.freq_base")?.unwrap_or(10000.0);
+    let mut rope_freq_scale = 1.0;
+    if let Some(factor) = meta.f("rope.scaling.factor")?.or(meta.f("rope.scale_linear")?) {
+        if factor != 0.0 {
+            rope_freq_scale = 1.0 / factor;
+        }
+    }
+    if n_layer == 0 || n_embd == 0 || n_head0 == 0 {
+        return Err(Error::Unsupported(format!(
+            "{}: block_count, embedding_length and head_count must be positive",
+            meta.file.path
+        )));
+    }
+    for il in 0..n_layer {
+        if n_head[il] == 0 || n_head_kv[il] == 0 || n_head[il] % n_head_kv[il] != 0 {
+            return Err(Error::Unsupported(format!(
+                "{}: layer {il}: head_count {} must be a positive multiple of head_count_kv {}",
+                meta.file.path, n_head[il], n_head_kv[il]
+            )));
+        }
+    }
+    if n_rot > n_embd_head_k || n_rot % 2 != 0 {
+        return Err(Error::Unsupported(format!(
+            "{}: rope.dimension_count {n_rot} must be even and <= the head size {n_embd_head_k}",
+            meta.file.path
+        )));
+    }
+    Ok(HParams {
+        arch: meta.arch.to_string(),
+        n_vocab,
+        n_ctx_train: meta.u("context_length")?.unwrap_or(2048),
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ff,
+        n_embd_head_k,
+        n_embd_head_v,
+        n_rot,
+        rope_type,
+        rope_freq_base,
+        rope_freq_scale,
+        rope_freq_base_swa: rope_freq_base,
+        rope_freq_scale_swa: rope_freq_scale,
+        f_norm_eps: meta.f("attention.layer_norm_epsilon")?.unwrap_or(0.0),
+        f_norm_rms_eps: meta.f("attention.layer_norm_rms_epsilon")?.unwrap_or(0.0),
+        n_swa: 0,
+        swa_layers: vec![false; n_layer],
+        f_attn_logit_softcapping: meta.f("attn_logit_softcapping")?.unwrap_or(0.0),
+        f_final_logit_softcapping: meta.f("final_logit_softcapping")?.unwrap_or(0.0),
+        f_attention_scale: 0.0,
+    })
+}

@@ -1,0 +1,2 @@
+//! Shared building blocks of the forward passes: matmul, norms, rope, attention,
+//! activations.

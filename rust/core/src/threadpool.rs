@@ -1,0 +1,1 @@
+//! Persistent worker threads with a cheap barrier.

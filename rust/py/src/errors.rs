@@ -1,0 +1,34 @@
+//! Exception classes and the mapping from core errors. The Python package re-exports
+//! these under the same names (all derive from `PyllamaError`).
+
+use pyllama_core::Error;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(_core, PyllamaError, PyException, "Base class of every pyllama error.");
+create_exception!(_core, GGUFError, PyllamaError, "A malformed GGUF file.");
+create_exception!(_core, UnsupportedModelError, PyllamaError, "A well-formed file pyllama cannot run.");
+create_exception!(_core, LoadCancelled, PyllamaError, "The progress callback cancelled the load.");
+
+pub fn to_py(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::Io { source, .. } => {
+            pyo3::exceptions::PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg))
+        }
+        Error::Gguf { .. } => GGUFError::new_err(msg),
+        Error::Unsupported(_) => UnsupportedModelError::new_err(msg),
+        Error::Cancelled => LoadCancelled::new_err(msg),
+        Error::Invalid(_) => pyo3::exceptions::PyValueError::new_err(msg),
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("PyllamaError", py.get_type::<PyllamaError>())?;
+    m.add("GGUFError", py.get_type::<GGUFError>())?;
+    m.add("UnsupportedModelError", py.get_type::<UnsupportedModelError>())?;
+    m.add("LoadCancelled", py.get_type::<LoadCancelled>())?;
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! `GGUFFile` and `Model` for Python: metadata as Python values, the tensor index, raw
+//! tensor bytes as read-only numpy views (no copy under mmap).
+
+use crate::errors::to_py;
+use numpy::{PyArray1, PyArrayMethods};
+use pyllama_core::gguf::{GgufFile, LoadMode, Value};
+use pyllama_core::model::{LoadParams, Model};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::Arc;
+
+pub fn value_to_py(py: Python<'_>, v: &Value) -> PyResult<PyObject> {
+    Ok(match v {
+        Value::U8(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::I8(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::U16(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::I16(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::U32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::I32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::U64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::I64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::F32(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::F64(x) => x.into_pyobject(py)?.into_any().unbind(),
+        Value::Bool(x) => pyo3::types::PyBool::new(py, *x).to_owned().into_any().unbind(),
+        Value::String(b) => match std::str::from_utf8(b) {
+            Ok(s) => s.into_pyobject(py)?.into_any().unbind(),
+            Err(_) => PyBytes::new(py, b).into_any().unbind(),
+        },
+        Value::Array { values, .. } => {
+            let items: Vec<PyObject> = values.iter().map(|x| value_to_py(py, x)).collect::<PyResult<_>>()?;
+            PyList::new(py, items)?.into_any().unbind()
+        }
+    })
+}
+
+pub fn parse_load_mode(s: &str) -> PyResult<LoadMode> {
+    LoadMode::from_name(s).ok_or_else(|| {
+        PyValueError::new_err(format!("unknown load mode '{s}' (expected auto, none, mmap, mlock, mmap+mlock or dio)"))
+    })
+}
+
+/// An open GGUF file (header parsed, data mapped or read).
+#[pyclass(name = "GGUFFile", module = "pyllama._core", frozen)]
+pub struct PyGgufFile {
+    pub inner: Arc<GgufFile>,
+}
+
+#[pymethods]
+impl PyGgufFile {
+    #[new]
+    #[pyo3(signature = (path, load_mode = "auto"))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, load_mode: &str) -> PyResult<Self> {
+        let mode = parse_load_mode(load_mode)?;
+        let p = path.to_string_lossy().into_owned();
+        let f = py.allow_threads(|| GgufFile::open(&p, mode)).map_err(to_py)?;
+        Ok(PyGgufFile { inner: Arc::new(f) })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        &self.inner.path
+    }
+    #[getter]
+    fn version(&self) -> u32 {
+        self.inner.version
+    }
+    #[getter]
+    fn alignment(&self) -> u64 {
+        self.inner.alignment
+    }
+    #[getter]
+    fn data_offset(&self) -> u64 {
+        self.inner.data_offset
+    }
+    #[getter]
+    fn is_mmap(&self) -> bool {
+        self.inner.storage.is_mmap()
+    }
+
+    /// Metadata as an ordered dict of key -> Python value (int, float, bool, str, bytes
+    /// for non-UTF-8 strings, list for arrays).
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.metadata {
+            d.set_item(k, value_to_py(py, v)?)?;
+        }
+        Ok(d)
+    }
+
+    /// Metadata value types: key -> GGUF value type id (and element type for arrays).
+    fn metadata_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.metadata {
+            let et = match v {
+                Value::Array { elem_type, .. } => Some(*elem_type),
+                _ => None,
+            };
+            d.set_item(k, (v.type_id(), et))?;
+        }
+        Ok(d)
+    }
+
+    /// The tensor index: list of (name, type name, ne (ggml order), offset, nbytes).
+    fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {
+        self.inner
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.ty.name(), t.ne[..t.n_dims as usize].to_vec(), t.offset, t.nbytes))
+            .collect()
+    }
+
+    /// Raw bytes of a tensor as a read-only uint8 numpy array that borrows the file's
+    /// memory (no copy); the array keeps this file alive.
+    fn tensor_raw<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let inner = slf.get().inner.clone();
+        let t = inner
+            .tensor_info(name)
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no tensor named '{name}'")))?;
+        let data = inner.tensor_data(t);
+        // SAFETY: `data` lives as long as `inner`, which the array's base object (slf) owns.
+        let arr = unsafe {
+            let a = PyArray1::<u8>::borrow_from_array(
+                &numpy::ndarray::ArrayView1::from_shape_ptr(data.len(), data.as_ptr()),
+                slf.into_any(),
+            );
+            a
+        };
+        arr.readwrite().make_nonwriteable();
+        Ok(arr)
+    }
+}
+
+/// A loaded model (weights mapped/read, schema checked).
+#[pyclass(name = "Model", module = "pyllama._core", frozen)]
+pub struct PyModel {
+    pub inner: Arc<Model>,
+}
+
+#[pymethods]
+impl PyModel {
+    #[new]
+    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<std::path::PathBuf>,
+        load_mode: &str,
+        vocab_only: bool,
+        check_tensors: bool,
+        progress: Option<PyObject>,
+    ) -> PyResult<Self> {
+        let mode = parse_load_mode(load_mode)?;
+        let paths: Vec<String> = paths.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        let mut cb_err: Option<PyErr> = None;
+        let mut cb = |p: f32| -> bool {
+            match &progress {
+                None => true,
+                Some(f) => Python::with_gil(|py| match f.call1(py, (p,)) {
+                    Ok(r) => r.is_truthy(py).unwrap_or(true),
+                    Err(e) => {
+                        cb_err = Some(e);
+                        false
+                    }
+                }),
+            }
+        };
+        let params = LoadParams { load_mode: mode, vocab_only, check_tensors, progress: Some(&mut cb) };
+        let r = py.allow_threads(|| Model::load(&paths, params));
+        if let Some(e) = cb_err {
+            return Err(e);
+        }
+        Ok(PyModel { inner: Arc::new(r.map_err(to_py)?) })
+    }
+
+    #[getter]
+    fn arch(&self) -> &'static str {
+        self.inner.arch.name()
+    }
+
+    /// Hyperparameters as a dict (llama.cpp names).
+    fn hparams<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let h = &self.inner.hparams;
+        let d = PyDict::new(py);
+        d.set_item("arch", &h.arch)?;
+        d.set_item("n_vocab", h.n_vocab)?;
+        d.set_item("n_ctx_train", h.n_ctx_train)?;
+        d.set_item("n_embd", h.n_embd)?;
+        d.set_item("n_layer", h.n_layer)?;
+        d.set_item("n_head", h.n_head.clone())?;
+        d.set_item("n_head_kv", h.n_head_kv.clone())?;
+        d.set_item("n_ff", h.n_ff.clone())?;
+        d.set_item("n_embd_head_k", h.n_embd_head_k)?;
+        d.set_item("n_embd_head_v", h.n_embd_head_v)?;
+        d.set_item("n_rot", h.n_rot)?;
+        d.set_item("rope_type", format!("{:?}", h.rope_type).to_lowercase())?;
+        d.set_item("rope_freq_base", h.rope_freq_base)?;
+        d.set_item("rope_freq_scale", h.rope_freq_scale)?;
+        d.set_item("rope_freq_base_swa", h.rope_freq_base_swa)?;
+        d.set_item("f_norm_eps", h.f_norm_eps)?;
+        d.set_item("f_norm_rms_eps", h.f_norm_rms_eps)?;
+        d.set_item("n_swa", h.n_swa)?;
+        d.set_item("swa_layers", h.swa_layers.clone())?;
+        d.set_item("f_attention_scale", h.f_attention_scale)?;
+        Ok(d)
+    }
+
+    /// The files' GGUFFile objects (first = the one holding the metadata).
+    fn n_files(&self) -> usize {
+        self.inner.files.len()
+    }
+
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.files[0].metadata {
+            d.set_item(k, value_to_py(py, v)?)?;
+        }
+        Ok(d)
+    }
+
+    fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {
+        let mut v: Vec<_> = self
+            .inner
+            .files
+            .iter()
+            .flat_map(|f| f.tensors.iter())
+            .map(|t| (t.name.clone(), t.ty.name(), t.ne[..t.n_dims as usize].to_vec(), t.offset, t.nbytes))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyGgufFile>()?;
+    m.add_class::<PyModel>()?;
+    Ok(())
+}

