@@ -44,6 +44,10 @@ pub trait Arch: Sync {
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams>;
     /// Every tensor the forward pass uses, with its expected shape.
     fn tensors(&self, hp: &HParams) -> Vec<TensorSpec>;
+    /// llama.cpp's size class for llama_model_desc ("270M", "1B"; "?B" when unknown).
+    fn type_name(&self, _hp: &HParams) -> &'static str {
+        "?B"
+    }
 }
 
 pub static REGISTRY: &[&dyn Arch] = &[&llama::Llama, &gemma3::Gemma3];
