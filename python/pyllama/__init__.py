@@ -16,6 +16,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .model import Model
 
 __all__ = [
     "__version__",
@@ -25,6 +26,7 @@ __all__ = [
     "GGUFFile",
     "InvalidBatchError",
     "LoadCancelled",
+    "Model",
     "PyllamaError",
     "UnsupportedModelError",
 ]
