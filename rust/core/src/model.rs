@@ -283,18 +283,22 @@ impl Model {
         if n_split > 1 {
             let no = split_key(&files[0], "split.no")?.unwrap_or(0);
             if no != 0 {
-                return Err(Error::Invalid(format!(
-                    "{first_path}: this is split {} of {n_split}; load the model from the first split",
-                    no + 1
-                )));
+                return Err(Error::Gguf {
+                    path: first_path.clone(),
+                    offset: None,
+                    msg: format!("this is split {} of {n_split}; load the model from the first split", no + 1),
+                });
             }
             if paths.len() == 1 {
-                let (prefix, _, _) = split_prefix(first_path).filter(|&(_, n, c)| n == 0 && c == n_split).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "{first_path}: the model is split into {n_split} files but the name does not follow \
-                         <name>-00001-of-{n_split:05}.gguf; pass all the parts"
-                    ))
-                })?;
+                let (prefix, _, _) =
+                    split_prefix(first_path).filter(|&(_, n, c)| n == 0 && c == n_split).ok_or_else(|| Error::Gguf {
+                        path: first_path.clone(),
+                        offset: None,
+                        msg: format!(
+                            "split.count is {n_split} but the file name does not follow \
+                             <name>-00001-of-{n_split:05}.gguf; pass all the parts"
+                        ),
+                    })?;
                 paths = (0..n_split).map(|i| split_path(&prefix, i, n_split)).collect();
                 sizes = paths.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
                 if reads {
@@ -302,10 +306,11 @@ impl Model {
                 }
             }
             if paths.len() != n_split {
-                return Err(Error::Invalid(format!(
-                    "{first_path}: invalid split count: {} files given but the model has {n_split} splits",
-                    paths.len()
-                )));
+                return Err(Error::Gguf {
+                    path: first_path.clone(),
+                    offset: None,
+                    msg: format!("invalid split count: {} files given but split.count is {n_split}", paths.len()),
+                });
             }
             for (i, p) in paths.iter().enumerate().skip(1) {
                 if !std::path::Path::new(p).exists() {
@@ -332,10 +337,11 @@ impl Model {
                 files.push(f);
             }
         } else if paths.len() > 1 {
-            return Err(Error::Invalid(format!(
-                "{first_path}: {} files given but the model is not split (no split.count > 1)",
-                paths.len()
-            )));
+            return Err(Error::Gguf {
+                path: first_path.clone(),
+                offset: None,
+                msg: format!("{} files given but the model is not split (no split.count > 1)", paths.len()),
+            });
         }
 
         let mut tensor_map = HashMap::new();
@@ -475,7 +481,8 @@ impl Model {
             want[..spec.shape.len()].copy_from_slice(&spec.shape);
             if info.ne != want {
                 return Err(Error::Unsupported(format!(
-                    "tensor '{}' has wrong shape {:?}, expected {:?}",
+                    "{}: tensor '{}' has wrong shape {:?}, expected {:?}",
+                    self.files[0].path,
                     spec.name,
                     &info.ne[..info.n_dims.max(1) as usize],
                     spec.shape
