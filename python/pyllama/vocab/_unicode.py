@@ -61,7 +61,7 @@ class _WsTable(dict):
     (llama.cpp does this because std::wregex's \\s only knows ASCII whitespace)."""
 
     def __missing__(self, cp: int):
-        r = "\x0b" if cp >= 128 and cp in WHITESPACE else None
+        r = "\x0b" if cp >= 128 and cp in WHITESPACE else chr(cp)
         self[cp] = r
         return r
 
