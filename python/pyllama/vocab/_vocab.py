@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 from ..errors import PyllamaError, UnsupportedModelError
 from .bpe import CHAR_TO_BYTE, BpeSession
 from .pretokenize import PRE_TYPES, PreConfig, PreTokenizer
-from .spm import spm_tokenize
+from .spm import SpmSession
 from ._unicode import decode_utf8_like_llama
 
 log = logging.getLogger("pyllama")
@@ -373,7 +373,15 @@ class Vocab:
         # llama.cpp: longest text first (std::sort, ties unspecified; we keep id order)
         ids.sort(key=lambda i: -len(self.texts_bytes[i]))
         self._special_cache = ids
-        self._special_index = None  # built lazily by _special_candidates
+        # first byte -> [(order, id, text)]: [0] without control/unknown tokens, [1] all
+        plain: dict = {}
+        every: dict = {}
+        for order, tid in enumerate(ids):
+            b = self.texts_bytes[tid]
+            every.setdefault(b[:1], []).append((order, tid, b))
+            if not self.attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN):
+                plain.setdefault(b[:1], []).append((order, tid, b))
+        self._special_index = (plain, every)
 
     def _apply_model_attrs(self, md: dict) -> None:
         name = str(md.get("general.name") or "").lower()
@@ -398,7 +406,9 @@ class Vocab:
                 self.attrs[t2i["[MASK]"]] |= ATTR_LSTRIP
 
     def _init_tokenizer(self) -> None:
-        if self.type == VOCAB_TYPE_BPE:
+        if self.type == VOCAB_TYPE_SPM:
+            self._spm = SpmSession(self.bytes_to_id, self.texts_bytes, self.scores, self.byte_to_token)
+        elif self.type == VOCAB_TYPE_BPE:
             cfg = self.pre_config
             self._bpe = BpeSession(self.text_to_id, self._bpe_ranks, PreTokenizer(cfg.regexes),
                                    byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges)
@@ -478,33 +488,19 @@ class Vocab:
         """The special tokens (in partition order) whose text occurs in ``raw``: the others
         cannot match any fragment, and skipping them keeps the partition cheap when a
         vocabulary has thousands of control tokens."""
-        idx = self._special_index
-        if idx is None:
-            # first byte -> [(order, id, text)]
-            idx = {}
-            for order, tid in enumerate(self._special_cache):
-                b = self.texts_bytes[tid]
-                idx.setdefault(b[0], []).append((order, tid, b))
-            self._special_index = idx
+        idx = self._special_index[1 if parse_special else 0]
         found = []
-        attrs = self.attrs
-        skip = 0 if parse_special else (ATTR_CONTROL | ATTR_UNKNOWN)
         for first, entries in idx.items():
-            if raw.find(bytes([first])) == -1:
+            if raw.find(first) == -1:
                 continue
             if len(entries) > 64:
                 # many tokens share this first byte: only those whose first 3 bytes occur
-                grams = set(re.findall(re.escape(bytes([first])) + b"(?=(.{0,2}))", raw, re.S))
-                grams = {bytes([first]) + g for g in grams}
+                grams = {first + g for g in re.findall(re.escape(first) + b"(?=(.{0,2}))", raw, re.S)}
                 for order, tid, b in entries:
-                    if skip and attrs[tid] & skip:
-                        continue
                     if b[:3] in grams and b in raw:
                         found.append((order, tid))
             else:
                 for order, tid, b in entries:
-                    if skip and attrs[tid] & skip:
-                        continue
                     if b in raw:
                         found.append((order, tid))
         found.sort()
@@ -565,7 +561,7 @@ class Vocab:
                 if isinstance(fr, bytes):
                     text = (b" " + fr) if (self.add_space_prefix and is_prev_special) else fr
                     text = text.replace(b" ", "\u2581".encode())
-                    spm_tokenize(text, self.bytes_to_id, self.scores, self.byte_to_token, out)
+                    self._spm.tokenize(text, out)
                     is_prev_special = False
                 else:
                     out.append(fr)
