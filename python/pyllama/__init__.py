@@ -16,6 +16,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
@@ -27,4 +28,5 @@ __all__ = [
     "LoadCancelled",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]
