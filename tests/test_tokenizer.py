@@ -65,7 +65,7 @@ def test_reference_corpus_via_llama_api(smollm2_vocab):
 # -- llama.cpp's vocab suite ------------------------------------------------------------------
 
 SUITE = ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "falcon",
-         "starcoder", "mpt", "refact"]
+         "starcoder", "mpt", "refact", "bert-bge"]
 _SHARED = {"qwen35": ("qwen2", {"tokenizer.ggml.pre": "qwen35"})}
 
 

@@ -246,6 +246,9 @@ class Vocab:
                             source, _K, key, new, n, cur)
             else:
                 setattr(self, attr, new)
+        # BertNormalizer options (WPM); strip_accents follows lowercase unless given
+        self.normalizer_lowercase = bool(self._get_bool(md, "normalizer.lowercase", True))
+        self.normalizer_strip_accents = bool(self._get_bool(md, "normalizer.strip_accents", self.normalizer_lowercase))
         self.add_bos = bool(self._get_bool(md, "add_bos_token", self.add_bos))
         self.add_eos = bool(self._get_bool(md, "add_eos_token", self.add_eos))
         self.add_sep = bool(self._get_bool(md, "add_sep_token", self.add_sep))
