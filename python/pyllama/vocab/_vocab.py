@@ -131,7 +131,7 @@ class Vocab:
             self.type = VOCAB_TYPE_WPM
             self.bos, self.eos, self.unk, self.sep, self.pad, self.mask = 101, LLAMA_TOKEN_NULL, 100, 102, 0, 103
             self.add_sep = True
-        elif model == "gpt2":
+        elif model in ("gpt2", "gemma4"):
             self.type = VOCAB_TYPE_BPE
             merges = md.get(_K + "merges")
             if merges is None:
@@ -150,9 +150,13 @@ class Vocab:
             self._bpe_ranks = ranks
             self.bos = self.eos = 11
             self.unk = LLAMA_TOKEN_NULL
+            if model == "gemma4":
+                self.bos = self.eos = LLAMA_TOKEN_NULL
+                self.sep = self.pad = self.mask = LLAMA_TOKEN_NULL
+                pre = self.tokenizer_pre = "gemma4"
         elif model == "t5":
             raise UnsupportedModelError(f"{source}: tokenizer model 't5' (UGM) is not supported yet")
-        elif model in ("rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "test"):
+        elif model in ("rwkv", "plamo2", "hybriddna", "whitespace", "test"):
             raise UnsupportedModelError(f"{source}: tokenizer model {model!r} is not supported yet")
         else:
             raise UnsupportedModelError(f"{source}: unknown tokenizer model {model!r}")
@@ -252,6 +256,9 @@ class Vocab:
         self.add_bos = bool(self._get_bool(md, "add_bos_token", self.add_bos))
         self.add_eos = bool(self._get_bool(md, "add_eos_token", self.add_eos))
         self.add_sep = bool(self._get_bool(md, "add_sep_token", self.add_sep))
+        if self.tokenizer_pre in ("gemma4", "granite-embed-multi-311m") and self.type == VOCAB_TYPE_BPE and not self.add_bos:
+            log.warning("%s: override '%sadd_bos_token' to 'true' for Gemma4", source, _K)
+            self.add_bos = True
 
         self._find_special_by_text()
         self._build_eog()
@@ -414,7 +421,8 @@ class Vocab:
         elif self.type == VOCAB_TYPE_BPE:
             cfg = self.pre_config
             self._bpe = BpeSession(self.text_to_id, self._bpe_ranks, PreTokenizer(cfg.regexes),
-                                   byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges)
+                                   byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges,
+                                   gemma4_newlines=self.tokenizer_pre in ("gemma4", "granite-embed-multi-311m"))
         elif self.type == VOCAB_TYPE_WPM:
             from .wpm import WpmSession
 
