@@ -17,6 +17,7 @@ from .errors import (
 )
 from .gguf import GGUFFile
 from .model import Model
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
@@ -29,4 +30,5 @@ __all__ = [
     "Model",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]
