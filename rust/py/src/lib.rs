@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod context;
 mod errors;
 mod gguf;
 
@@ -12,5 +13,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
+    context::register(m)?;
     Ok(())
 }
