@@ -16,10 +16,14 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .batch import Batch
+from .context import Context
 
 __all__ = [
     "__version__",
     "Aborted",
+    "Batch",
+    "Context",
     "ContextFullError",
     "GGUFError",
     "GGUFFile",
