@@ -191,3 +191,16 @@ def test_split_equal_covers_in_order(seqs, n_ubatch):
     for s in set(seqs):
         order = [i for i in flat if seqs[i] == s]
         assert order == sorted(order)
+
+
+def test_out_of_int32_values():
+    b = batch_get_one(np.array([1, 2], dtype=np.int64))
+    assert b.token.dtype == np.int32
+    with pytest.raises(ValueError, match=r"tokens\[1\] = 4294967297 does not fit int32"):
+        batch_get_one(np.array([1, 2**32 + 1], dtype=np.int64))
+    b = Batch(n_tokens=2, token=np.array([1, 2], np.int32), pos=np.array([0, 2**40], np.int64))
+    with pytest.raises(InvalidBatchError, match=r"batch.pos\[1\] = 1099511627776 does not fit int32"):
+        alloc(b)
+    b = Batch(n_tokens=1, token=np.array([1.5]))
+    with pytest.raises(InvalidBatchError, match="must hold integers"):
+        alloc(b)

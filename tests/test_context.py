@@ -118,3 +118,41 @@ def test_idiomatic_context(llama):
         Context(llama, n_seq_max=1000)
     with pytest.raises(TypeError, match="expected a pyllama model"):
         Context("model.gguf")
+
+
+@needs_core
+@pytest.mark.parametrize("pooling", ["none", "mean", "cls", "last"])
+def test_embeddings_and_pooling(llama, pooling, caplog):
+    import numpy as np
+
+    from pyllama.batch import batch_add, batch_init
+
+    ptype = getattr(L, f"LLAMA_POOLING_TYPE_{pooling.upper()}")
+    ctx = init(llama, embeddings=True, pooling_type=ptype, n_seq_max=2)
+    assert L.llama_pooling_type(ctx) == ptype
+    b = batch_init(7, 0, 1)
+    for i in range(4):
+        batch_add(b, 10 + i, i, [0], False)
+    for i in range(3):
+        batch_add(b, 50 + i, i, [1], False)
+    with caplog.at_level(logging.WARNING, logger="pyllama"):
+        assert L.llama_decode(ctx, b) == 0
+    assert "overriding" in caplog.text  # embeddings make every token an output
+    e = L.llama_get_embeddings(ctx)
+    assert e.shape == (7, 256) and np.isfinite(e).all()
+    assert L.llama_get_logits(ctx).shape == (7, 2048)
+    assert np.array_equal(L.llama_get_embeddings_ith(ctx, 5), e[5])
+    s0, s1 = L.llama_get_embeddings_seq(ctx, 0), L.llama_get_embeddings_seq(ctx, 1)
+    if pooling == "none":
+        assert s0 is None and s1 is None
+    else:
+        want = {"mean": (e[:4].mean(0), e[4:].mean(0)), "cls": (e[0], e[4]), "last": (e[3], e[6])}[pooling]
+        np.testing.assert_allclose(s0, want[0], rtol=1e-6)
+        np.testing.assert_allclose(s1, want[1], rtol=1e-6)
+    # the hidden state of a token does not depend on the other sequence in the batch
+    solo = init(llama, embeddings=True)
+    b0 = batch_init(4, 0, 1)
+    for i in range(4):
+        batch_add(b0, 10 + i, i, [0], True)
+    assert L.llama_decode(solo, b0) == 0
+    assert np.array_equal(L.llama_get_embeddings(solo), e[:4])

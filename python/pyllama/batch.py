@@ -108,6 +108,9 @@ def batch_get_one(tokens) -> Batch:
     if arr.dtype != np.int32:
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise TypeError(f"llama_batch_get_one: tokens must be integers, got dtype {arr.dtype}")
+        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+            i = int(np.argmax((arr < -(2**31)) | (arr >= 2**31)))
+            raise ValueError(f"llama_batch_get_one: tokens[{i}] = {int(arr[i])} does not fit int32")
         arr = arr.astype(np.int32)
     return Batch(n_tokens=int(arr.shape[0]), token=arr)
 
@@ -180,8 +183,14 @@ def _field(batch: Batch, name: str, n: int, dtype, ndim: int) -> Optional[np.nda
             f"batch.n_tokens = {n} but batch.{name} holds only {arr.shape[0]} entries")
     arr = arr[:n]
     if arr.dtype != dtype:
-        if arr.size and dtype != np.float32 and not np.issubdtype(arr.dtype, np.integer):
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise InvalidBatchError(f"batch.{name} must hold integers, got dtype {arr.dtype}")
+        info = np.iinfo(dtype)
+        bad = np.flatnonzero((arr.reshape(arr.shape[0], -1) < info.min).any(axis=1)
+                             | (arr.reshape(arr.shape[0], -1) > info.max).any(axis=1)) if arr.size else []
+        if len(bad):
+            i = int(bad[0])
+            raise InvalidBatchError(f"batch.{name}[{i}] = {arr[i].tolist()} does not fit {np.dtype(dtype).name}")
         arr = arr.astype(dtype)
     return arr
 

@@ -163,14 +163,9 @@ def _core_model_of(model) -> "_core.Model":
     raise TypeError(f"expected a pyllama model, got {type(model).__name__}")
 
 
-def _n_vocab_of(model, core_model, hparams: dict) -> int:
-    """llama.cpp sizes logits by the vocabulary (``vocab.n_tokens()``); fall back to the
-    hparams' n_vocab (the output matrix rows) when the model has no vocab object yet."""
-    vocab = getattr(model, "vocab", None)
-    for attr in ("n_tokens", "n_vocab"):
-        v = getattr(vocab, attr, None)
-        if v is not None:
-            return int(v() if callable(v) else v)
+def _n_vocab_of(hparams: dict) -> int:
+    """Logits width: the output matrix's rows, which is what the forward pass writes and
+    what llama.cpp's vocab.n_tokens() equals for every well-formed model."""
     return int(hparams["n_vocab"])
 
 
@@ -288,7 +283,7 @@ class Context:
         self._pooling = pooling
         self._embeddings = bool(params.embeddings)
         self._causal = causal
-        self.n_vocab = _n_vocab_of(model, core_model, hp)
+        self.n_vocab = _n_vocab_of(hp)
         self.n_embd = int(hp["n_embd"])
 
         log.info("llama_context: n_seq_max = %d, n_ctx = %d, n_ctx_seq = %d, n_batch = %d, n_ubatch = %d, "
