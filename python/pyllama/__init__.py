@@ -16,11 +16,16 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .batch import Batch
+from .context import Context
 from .model import Model
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
     "Aborted",
+    "Batch",
+    "Context",
     "ContextFullError",
     "GGUFError",
     "GGUFFile",
@@ -29,4 +34,5 @@ __all__ = [
     "Model",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]
