@@ -443,3 +443,26 @@ def test_llama_api_model_functions(smollm2_path):
     vocab = L.llama_model_get_vocab(m)
     assert vocab is m.vocab and vocab.n_tokens == 49152
     L.llama_model_free(m)
+
+
+def test_vocab_only_needs_no_schema(tmp_path, smollm2_path):
+    """llama.cpp reads no hyperparameters for vocab-only loads (llama.cpp's own
+    ggml-vocab-*.gguf files carry none), and the tokenizer does not depend on the
+    architecture: such loads work for any architecture name; full loads name it."""
+    f = GGUFFile(smollm2_path)
+    md = f.metadata
+    kvs = [("general.architecture", STR, "bert")]
+    kvs += [(k, STR, v) for k, v in md.items() if k in ("tokenizer.ggml.model", "tokenizer.ggml.pre")]
+    kvs.append(("tokenizer.ggml.tokens", 9, (8, md["tokenizer.ggml.tokens"][:300])))
+    kvs.append(("tokenizer.ggml.merges", 9, (8, md["tokenizer.ggml.merges"][:40])))
+    p = tmp_path / "vocab-bert.gguf"
+    p.write_bytes(build(Spec(kvs=kvs))[0])
+    m = Model.load(p, vocab_only=True)
+    assert m.arch == "bert" and m.n_vocab == 300 and m.n_layer == 0 and m.n_head == 0
+    with pytest.raises(UnsupportedModelError, match="unknown model architecture 'bert'"):
+        Model.load(p)
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    lm = L.llama_model_load_from_file(str(p), params)
+    assert lm is not None and L.llama_model_get_vocab(lm).n_tokens == 300

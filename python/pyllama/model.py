@@ -223,11 +223,11 @@ class Model:
     @property
     def n_head(self) -> int:
         """Heads of layer 0 (llama_model_n_head); per layer in hparams["n_head"]."""
-        return self.hparams["n_head"][0]
+        return (self.hparams["n_head"] or [0])[0]
 
     @property
     def n_head_kv(self) -> int:
-        return self.hparams["n_head_kv"][0]
+        return (self.hparams["n_head_kv"] or [0])[0]
 
     # -- tensors ------------------------------------------------------------------------
 

@@ -213,9 +213,10 @@ impl PyModel {
         Ok(PyModel { inner: Arc::new(r.map_err(to_py)?) })
     }
 
+    /// `general.architecture`.
     #[getter]
-    fn arch(&self) -> &'static str {
-        self.inner.arch.name()
+    fn arch(&self) -> String {
+        self.inner.arch_name().to_string()
     }
 
     /// Hyperparameters as a dict (llama.cpp names).
