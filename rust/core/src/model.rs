@@ -524,3 +524,30 @@ impl Model {
         self.files[0].get(key)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_names_like_llama_cpp() {
+        assert_eq!(split_prefix("/m/x-00001-of-00003.gguf"), Some(("/m/x".to_string(), 0, 3)));
+        assert_eq!(split_prefix("x-00004-of-00003.gguf"), None);
+        assert_eq!(split_prefix("x-1-of-3.gguf"), None);
+        assert_eq!(split_prefix("x.gguf"), None);
+        assert_eq!(split_path("/m/x", 2, 3), "/m/x-00003-of-00003.gguf");
+    }
+
+    #[test]
+    fn ftype_guess_and_names() {
+        use GgmlType::*;
+        // SmolLM2: 210 Q4_1, 61 F32, 1 Q8_0 -> Q4_1; Gemma 3 270M: Q5_0 is the most common.
+        let smol = std::iter::repeat(Q4_1).take(210).chain(std::iter::repeat(F32).take(61)).chain([Q8_0]);
+        assert_eq!(ftype::guess(smol), 3);
+        assert_eq!(ftype::guess([Q4_K, Q4_K, Q6_K].into_iter()), 15);
+        assert_eq!(ftype::name(15), "Q4_K - Medium");
+        assert_eq!(ftype::name(15 | 1024), "Q4_K - Medium");
+        assert_eq!(ftype::name(3), "Q4_1");
+        assert_eq!(ftype::name(999), "unknown, may not work");
+    }
+}
