@@ -181,7 +181,9 @@ def test_deeply_nested_arrays(tmp_path):
 def test_bad_alignment(tmp_path, kv, needle):
     spec = small_spec()
     spec.kvs.append(kv)
-    expect_error(write(tmp_path, build(spec)[0]), "general.alignment", needle)
+    data, where = build(spec)
+    at = where[f"kv{len(spec.kvs) - 1}.type"]
+    expect_error(write(tmp_path, data), "general.alignment", needle, f"offset {at}")
 
 
 def test_custom_alignment_accepted(tmp_path):
