@@ -103,7 +103,66 @@ fn read_bandwidth(pool: &ThreadPool, buf: &[u64], min: Duration) -> f64 {
     (buf.len() * 8) as f64 / t / 1e9
 }
 
+/// Best-case kernel speed: 16 weight rows of 4096 (in L1/L2) against one activation row,
+/// the minimum over many short repetitions (so a shared, preempted CPU shows its real
+/// per-core speed). Returns GB/s of weights for the 1-column and 4-column kernels.
+fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if quant::kernel_set() != quant::KernelSet::Avx2 {
+            return None;
+        }
+        let (one, many) = quant::avx2::dot_kernels(ty)?;
+        let n = 4096;
+        let rows = 16;
+        let w = random_weights(ty, n, rows);
+        let wrow = ty.row_size(n).unwrap();
+        let vdt = quant::vec_dot_type(ty);
+        let xrow = vdt.row_size(n).unwrap();
+        let x: Vec<f32> = (0..n * 4).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
+        let mut xq = vec![0u8; xrow * 4];
+        for t in 0..4 {
+            quant::quantize_row_act(vdt, &x[t * n..(t + 1) * n], &mut xq[t * xrow..(t + 1) * xrow]).unwrap();
+        }
+        let mut best = [f64::INFINITY; 2];
+        let mut out = [0f32; 4];
+        for _ in 0..300 {
+            let t0 = Instant::now();
+            for r in 0..rows {
+                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, out.as_mut_ptr()) };
+            }
+            best[0] = best[0].min(t0.elapsed().as_secs_f64());
+            let t0 = Instant::now();
+            for r in 0..rows {
+                unsafe { many(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, out.as_mut_ptr()) };
+            }
+            best[1] = best[1].min(t0.elapsed().as_secs_f64());
+            black_box(out);
+        }
+        // the 4-column kernel does 4x the work per weight byte: report weight-equivalent GB/s
+        Some((w.len() as f64 / best[0] / 1e9, 4.0 * w.len() as f64 / best[1] / 1e9))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "roof") {
+        println!("best-case kernel speed (weights in cache), GB/s of weights: 1 column, 4 columns (x4 work)");
+        for ty in [
+            GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL,
+            GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
+            GgmlType::F16, GgmlType::BF16, GgmlType::F32,
+        ] {
+            if let Some((a, b)) = kernel_roof(ty) {
+                println!("{:<7} {:>8.1} {:>8.1}", ty.name(), a, b);
+            }
+        }
+        return;
+    }
     let quick = std::env::args().any(|a| a == "quick");
     let min = Duration::from_millis(if quick { 150 } else { 400 });
     let set = quant::kernel_set();

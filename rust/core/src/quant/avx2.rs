@@ -909,6 +909,27 @@ unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
     super::float::quantize_f16(&src[n8..], &mut dst[2 * n8..]);
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_f16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_cvtph_ps(load128(src.as_ptr().add(2 * k))));
+    }
+    super::float::dequantize_f16(&src[2 * n8..], &mut dst[n8..]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_bf16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        let v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(src.as_ptr().add(2 * k))), 16);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_castsi256_ps(v));
+    }
+    super::float::dequantize_bf16(&src[2 * n8..], &mut dst[n8..]);
+}
+
 // Safe entry points (the kernel set was chosen only if the CPU has AVX2/FMA/F16C; the
 // chunking keeps every access inside the slices).
 pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
@@ -922,4 +943,12 @@ pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 }
 pub fn quantize_f16(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_f16_avx2(src, dst) }
+}
+/// Exact conversions (same bits as the scalar ones): used by `dequantize_row` for the
+/// KV cache's F16/BF16 rows, which attention reads for every token.
+pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_f16_avx2(src, dst) }
+}
+pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_bf16_avx2(src, dst) }
 }

@@ -257,3 +257,27 @@ fn unsupported_types_are_named() {
     assert!(e.to_string().contains("Q4_K"), "{e}");
     assert!(vec_dot_fn(GgmlType::MXFP4, kernel_set()).is_none());
 }
+
+#[test]
+fn simd_float_dequantize_is_exact() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx2_available() {
+            return;
+        }
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).chain([1u8, 2, 3, 4, 5, 6]).collect();
+        let n = all.len() / 2;
+        for (ty, simd, scalar) in [
+            (GgmlType::F16, avx2::dequantize_f16 as fn(&[u8], &mut [f32]), float::dequantize_f16 as fn(&[u8], &mut [f32])),
+            (GgmlType::BF16, avx2::dequantize_bf16, float::dequantize_bf16),
+        ] {
+            let mut a = vec![0f32; n];
+            let mut b = vec![0f32; n];
+            simd(&all, &mut a);
+            scalar(&all, &mut b);
+            for i in 0..n {
+                assert_eq!(a[i].to_bits(), b[i].to_bits(), "{ty} element {i}");
+            }
+        }
+    }
+}
