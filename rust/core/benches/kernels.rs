@@ -129,12 +129,12 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
         for _ in 0..300 {
             let t0 = Instant::now();
             for r in 0..rows {
-                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, out.as_mut_ptr()) };
+                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, std::ptr::null(), 0, out.as_mut_ptr()) };
             }
             best[0] = best[0].min(t0.elapsed().as_secs_f64());
             let t0 = Instant::now();
             for r in 0..rows {
-                unsafe { many(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, out.as_mut_ptr()) };
+                unsafe { many(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, std::ptr::null(), 0, out.as_mut_ptr()) };
             }
             best[1] = best[1].min(t0.elapsed().as_secs_f64());
             black_box(out);

@@ -17,7 +17,11 @@ use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
 /// out[c] = dot(w, x + c * xs) for c in 0..NC; w and every x row hold `n` elements.
-pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32);
+/// `xd`: null, or precomputed f32 activation block scales for the Q8_0/Q8_1 activations
+/// (Q8_0: d per block; Q8_1: (d, s) per block), column c's at `xd + c * xds`. The matmul
+/// converts them once per token instead of once per (weight row, block): same values (the
+/// f16 -> f32 conversion is exact), so the results are bit-identical either way.
+pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
 
 /// The prefill tile width: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
@@ -53,7 +57,7 @@ macro_rules! safe_one {
             assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
             let mut out = 0f32;
             // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
-            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, &mut out) };
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
             out
         }
     };
@@ -221,6 +225,8 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
     wsize: usize,
     x: *const u8,
     xs: usize,
+    xd: *const f32,
+    xds: usize,
     out: *mut f32,
     decode: impl Fn(*const u8) -> (f32, __m256i),
 ) {
@@ -228,10 +234,12 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
         let (dw, qw) = decode(w.add(i * wsize));
+        let vdw = _mm256_set1_ps(dw);
         let aw = _mm256_sign_epi8(qw, qw);
         for c in 0..NC {
             let by = x.add(c * xs + i * 34);
-            let d = _mm256_set1_ps(dw * f16(by));
+            let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
+            let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
             let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
             let q = i16_pairs_to_ps(_mm256_maddubs_epi16(aw, sy));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
@@ -252,6 +260,8 @@ unsafe fn dot_min_q8_1<const NC: usize>(
     wsize: usize,
     x: *const u8,
     xs: usize,
+    xd: *const f32,
+    xds: usize,
     out: *mut f32,
     decode: impl Fn(*const u8) -> __m256i,
 ) {
@@ -265,7 +275,12 @@ unsafe fn dot_min_q8_1<const NC: usize>(
         let qw = decode(bw);
         for c in 0..NC {
             let by = x.add(c * xs + i * 36);
-            let p = _mm_mul_ps(dm, f16x2(by)); // (d_w * d_x, m_w * s_x)
+            let ds = if xd.is_null() {
+                f16x2(by)
+            } else {
+                _mm_castpd_ps(_mm_load_sd(xd.add(c * xds + 2 * i) as *const f64))
+            };
+            let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
             summ[c] = _mm_add_ps(summ[c], p);
             let d = _mm256_broadcastss_ps(p);
             let q = i16_pairs_to_ps(_mm256_maddubs_epi16(qw, load256(by.add(4))));
@@ -278,15 +293,15 @@ unsafe fn dot_min_q8_1<const NC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, out, |b| {
+pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| {
         (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 22, x, xs, out, |b| {
+pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 22, x, xs, xd, xds, out, |b| {
         // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
         let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
         (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
@@ -294,23 +309,23 @@ pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 34, x, xs, out, |b| (f16(b), load256(b.add(2))))
+pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, out, |b| (f16(b), iq4_lookup(b.add(2))))
+pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 20, x, xs, out, |b| nibbles_32(b.add(4)))
+pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 24, x, xs, out, |b| {
+pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 24, x, xs, xd, xds, out, |b| {
         let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles_32(b.add(8)), hi)
     })
@@ -405,7 +420,7 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -449,7 +464,7 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -506,7 +521,7 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
@@ -562,7 +577,7 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
@@ -618,7 +633,7 @@ pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -675,7 +690,7 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
@@ -746,7 +761,7 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -759,12 +774,12 @@ pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs:
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| _mm256_cvtph_ps(load128(p.add(2 * k))), |p, k| f16(p.add(2 * k)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
