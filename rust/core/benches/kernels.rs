@@ -150,6 +150,27 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "pool") {
+        // Per-region overhead of the thread pool: back-to-back empty regions (a decode step
+        // makes ~200 of them per token), median of 20 rounds of 2000.
+        for n in [1usize, 2] {
+            let pool = ThreadPool::new(n);
+            let mut v: Vec<f64> = (0..20)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    for _ in 0..2000 {
+                        pool.run(&|ith, _| {
+                            black_box(ith);
+                        });
+                    }
+                    t0.elapsed().as_secs_f64() / 2000.0
+                })
+                .collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!("pool of {n}: {:.2} us per empty region (median), {:.2} us (best)", v[10] * 1e6, v[0] * 1e6);
+        }
+        return;
+    }
     if std::env::args().any(|a| a == "roof") {
         println!("best-case kernel speed (weights in cache), GB/s of weights: 1 column, 4 columns (x4 work)");
         for ty in [
