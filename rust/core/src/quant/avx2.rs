@@ -12,7 +12,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::{kquants, legacy, VecDotFn};
+use super::{legacy, VecDotFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -640,8 +640,18 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     for i in 0..nb {
         let bw = w.add(i * 110);
         let dw = f16(bw.add(108));
-        let sc16 = kquants::q3k_scales(std::slice::from_raw_parts(bw.add(96), 12));
-        let all = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc16.as_ptr() as *const __m128i));
+        // The 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), high 2 bits in 8..12.
+        let mut a = [0u32; 3];
+        std::ptr::copy_nonoverlapping(bw.add(96), a.as_mut_ptr() as *mut u8, 12);
+        const KM1: u32 = 0x03030303;
+        const KM2: u32 = 0x0f0f0f0f;
+        let sc = _mm_set_epi32(
+            (((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4)) as i32,
+            (((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4)) as i32,
+            ((a[1] & KM2) | (((a[2] >> 2) & KM1) << 4)) as i32,
+            ((a[0] & KM2) | ((a[2] & KM1) << 4)) as i32,
+        );
+        let all = _mm256_cvtepi8_epi16(_mm_sub_epi8(sc, _mm_set1_epi8(32)));
         let l = _mm256_extracti128_si256(all, 0);
         let h = _mm256_extracti128_si256(all, 1);
         let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
