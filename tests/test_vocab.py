@@ -236,12 +236,22 @@ _text = st.text(alphabet=st.characters(codec="utf-8"), max_size=60) | st.sampled
     ["", " ", "\n\n", "  \t x", "I'm DON'T", "١٢٣ ٤", "e\u0301\u0301", "𝔘𝔫𝔦", "a\u200db", "<|im_start|>x<|im_end|>"])
 
 
+# any str, lone surrogates included (encoded as llama.cpp would see their bytes)
+_any_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=60) | _text
+
+
+@pytest.fixture(scope="module")
+def wpm():
+    return Vocab.from_metadata(suite_metadata("bert-bge"), source="bert-bge")
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(s=_text, add=st.booleans(), parse=st.booleans())
-def test_tokenize_never_raises_and_gives_valid_ids(gpt2, spm, llama3, s, add, parse):
-    for v in (gpt2, spm, llama3):
+@given(s=_any_text, add=st.booleans(), parse=st.booleans())
+def test_tokenize_never_raises_and_gives_valid_ids(gpt2, spm, llama3, wpm, s, add, parse):
+    for v in (gpt2, spm, llama3, wpm):
         ids = v.tokenize(s, add_special=add, parse_special=parse)
         assert all(0 <= i < v.n_tokens for i in ids)
+        assert isinstance(v.detokenize(ids), bytes)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
