@@ -135,3 +135,17 @@ def test_llama_cpp_vocab_suite_gemma4():
     assert len(inp) >= 40
     for text, o in zip(inp, outs):
         assert v.tokenize(text, add_special=False, parse_special=False) == [int(x) for x in o.split()], repr(text)
+
+
+def test_qwen25_reference_corpus_with_suite_vocab():
+    """Qwen2.5-Coder's reference ids, recorded by llama.cpp on the model file, reproduced
+    with llama.cpp's qwen2 suite vocabulary (the same 151,936-token tokenizer): the qwen2
+    pre-tokenizer and special tokens on all 50 texts without the 491 MB model."""
+    v = Vocab.from_metadata(suite_metadata("qwen2"), source="qwen2")
+    data = json.loads((DATA / "qwen2.5-coder-0.5b-q4_k_m.tokenize.json").read_text())
+    assert data["n_vocab"] == v.n_tokens
+    for c in data["cases"]:
+        for add in (0, 1):
+            for parse in (0, 1):
+                assert v.tokenize(c["text"], bool(add), bool(parse)) == c[f"ids_add{add}_parse{parse}"], c["text"]
+        assert v.decode(c["ids_add0_parse1"]) == c["detok_of_ids_add0_parse1"], c["text"]
