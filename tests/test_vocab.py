@@ -278,3 +278,27 @@ def _bytes_vocab():
     if "v" not in _CACHE:
         _CACHE["v"] = Vocab.from_metadata(suite_metadata("qwen2"), source="qwen2")
     return _CACHE["v"]
+
+
+def test_partition_with_many_specials_sharing_a_first_byte():
+    """The candidate filter for big groups of special tokens (first 3 bytes) must still find
+    short ones; the partition is llama.cpp's: longest special first, lstrip/rstrip."""
+    plain = ["a", "b", "\u2581", "<", "x", "c", "t", "l", "7", ">"]
+    toks = ["<unk>", "<s>", "</s>"] + [f"<ctl{i}>" for i in range(80)] + ["<x"] + plain
+    md = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.scores": [0.0] * len(toks),
+        "tokenizer.ggml.token_type": [2, 3, 3] + [3] * 80 + [4] + [1] * len(plain),
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+    v = Vocab.from_metadata(md, source="toy")
+    x_id = toks.index("<x")
+    ids = v.tokenize("a<xb<ctl7>", add_special=False, parse_special=True)
+    assert ids == [toks.index("a"), x_id, toks.index("b"), toks.index("<ctl7>")]
+    # without parse_special the control token is plain text (user-defined "<x" still splits)
+    ids = v.tokenize("<ctl7>", add_special=False, parse_special=False)
+    assert ids == [toks.index(c) for c in "<ctl7>"]
+    # a byte with neither <0xXX> nor a one-byte token: a clear error (llama.cpp aborts)
+    with pytest.raises(PyllamaError, match=r"toy: no token for byte 0x7A"):
+        v.tokenize("z", add_special=False)

@@ -218,7 +218,7 @@ class Vocab:
         if self.type == VOCAB_TYPE_SPM:
             try:
                 self.nl = self.byte_to_token(10)
-            except KeyError:
+            except PyllamaError:
                 self.nl = self.pad
         elif self.type == VOCAB_TYPE_WPM:
             self.nl = self.pad
@@ -474,7 +474,12 @@ class Vocab:
             tid = self.text_to_id.get("<0x%02X>" % ch)
             if tid is not None:
                 return tid
-            return self.bytes_to_id[bytes([ch])]
+            tid = self.bytes_to_id.get(bytes([ch]))
+            if tid is None:
+                # llama.cpp throws std::out_of_range here (and the program aborts)
+                raise PyllamaError(f"{self.source}: no token for byte 0x{ch:02X} (neither <0x{ch:02X}> nor the "
+                                   f"byte itself is in the vocabulary), needed for byte fallback")
+            return tid
         from .bpe import BYTE_TO_CHAR
 
         return self.text_to_id[BYTE_TO_CHAR[ch]]
@@ -508,7 +513,7 @@ class Vocab:
                 # many tokens share this first byte: only those whose first 3 bytes occur
                 grams = {first + g for g in re.findall(re.escape(first) + b"(?=(.{0,2}))", raw, re.S)}
                 for order, tid, b in entries:
-                    if b[:3] in grams and b in raw:
+                    if (len(b) < 3 or b[:3] in grams) and b in raw:
                         found.append((order, tid))
             else:
                 for order, tid, b in entries:
