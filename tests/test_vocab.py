@@ -302,3 +302,37 @@ def test_partition_with_many_specials_sharing_a_first_byte():
     # a byte with neither <0xXX> nor a one-byte token: a clear error (llama.cpp aborts)
     with pytest.raises(PyllamaError, match=r"toy: no token for byte 0x7A"):
         v.tokenize("z", add_special=False)
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=5),
+                    st.binary(max_size=5), st.lists(st.one_of(st.integers(-3, 70000), st.text(max_size=3),
+                                                              st.binary(max_size=3), st.floats()), max_size=6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(["model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
+                            "add_bos_token", "add_space_prefix", "padding_token_id", "eot_token_id"]),
+       value=_values, base=st.sampled_from(["llama-spm", "gpt-2"]))
+def test_mutated_metadata_loads_or_raises_pyllama_error(key, value, base):
+    """Either a usable vocabulary or a PyllamaError: never another exception."""
+    md = _small_md(base)
+    if value is None:
+        md.pop("tokenizer.ggml." + key, None)
+    else:
+        md["tokenizer.ggml." + key] = value
+    try:
+        v = Vocab.from_metadata(md, source="mut.gguf")
+    except PyllamaError:
+        return
+    try:  # a broken vocabulary may lack what tokenizing needs (BOS, byte tokens): a clear error
+        ids = v.tokenize("Hello world 12", add_special=True, parse_special=True)
+    except PyllamaError:
+        return
+    assert all(0 <= i < v.n_tokens for i in ids)
+    v.detokenize(ids)
+
+
+def _small_md(base: str) -> dict:
+    if base not in _CACHE:
+        _CACHE[base] = suite_metadata(base)
+    return dict(_CACHE[base])

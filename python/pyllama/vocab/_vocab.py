@@ -302,12 +302,21 @@ class Vocab:
         if scores is None:
             self.scores = [0.0] * n
         else:
-            self.scores = [float(x) for x in scores[:n]] if not isinstance(scores[0] if n else 0.0, float) else scores[:n]
+            sc = scores[:n]
+            # GGUF allows float32 or int32 scores; anything else is a broken file
+            if not all(type(x) is float for x in sc):
+                if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sc):
+                    raise self._err(f"{_K}scores must be an array of float32 or int32")
+                sc = [float(x) for x in sc]
+            self.scores = sc
         if toktypes is None:
             self.attrs = [ATTR_NORMAL] * n
         else:
+            tt = toktypes[:n]
+            if not all(type(t) is int for t in tt):
+                raise self._err(f"{_K}token_type must be an array of int32")
             tta = _TYPE_TO_ATTR
-            self.attrs = [tta.get(t, ATTR_UNDEFINED) for t in toktypes[:n]]
+            self.attrs = [tta.get(t, ATTR_UNDEFINED) for t in tt]
         self.max_token_len = max((len(b) for b in tbytes), default=0)
 
     def _find_special_by_text(self) -> None:
