@@ -145,6 +145,8 @@ def test_out_of_range_ids_raise_value_error_naming_range(gpt2):
         with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
             gpt2.detokenize([0, bad])
         with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
+            gpt2.detokenize_bytes([bad])
+        with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
             L.llama_token_to_piece(gpt2, bad, bytearray(8), 8, 0, False)
         with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
             L.llama_vocab_get_text(gpt2, bad)
@@ -251,7 +253,7 @@ def test_tokenize_never_raises_and_gives_valid_ids(gpt2, spm, llama3, wpm, s, ad
     for v in (gpt2, spm, llama3, wpm):
         ids = v.tokenize(s, add_special=add, parse_special=parse)
         assert all(0 <= i < v.n_tokens for i in ids)
-        assert isinstance(v.detokenize(ids), bytes)
+        assert isinstance(v.detokenize_bytes(ids), bytes) and isinstance(v.detokenize(ids), str)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -260,7 +262,8 @@ def test_byte_level_bpe_round_trips(llama3, s):
     """Byte-level BPE is lossless: every byte has a token. (llama3's pre-tokenizer has no
     clean-up of spaces; GPT-2's clean_spaces would alter " ," by design.)"""
     ids = llama3.tokenize(s, add_special=False, parse_special=False)
-    assert llama3.detokenize(ids, unparse_special=True) == s.encode("utf-8", "surrogatepass")
+    assert llama3.detokenize_bytes(ids, unparse_special=True) == s.encode("utf-8", "surrogatepass")
+    assert llama3.detokenize(ids, unparse_special=True) == s
 
 
 @settings(max_examples=100, deadline=None)

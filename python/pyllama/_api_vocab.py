@@ -228,15 +228,10 @@ def llama_detokenize(vocab: Vocab, tokens: Any, n_tokens: int, text: Any, text_l
     if n_tokens < 0:
         raise ValueError(f"llama_detokenize: n_tokens {n_tokens} is negative")
     toks = [int(t) for t in tokens[:n_tokens]]
-    clean = vocab.clean_spaces
-    try:
-        vocab.clean_spaces = False
-        raw = vocab.detokenize(toks, bool(remove_special), bool(unparse_special))
-    finally:
-        vocab.clean_spaces = clean
+    raw = vocab.detokenize_bytes(toks, bool(remove_special), bool(unparse_special), clean_spaces=False)
     if len(raw) > text_len_max:
         return -len(raw)
-    out = vocab.detokenize(toks, bool(remove_special), bool(unparse_special)) if clean else raw
+    out = vocab.detokenize_bytes(toks, bool(remove_special), bool(unparse_special)) if vocab.clean_spaces else raw
     if out:
         mv = _writable(text, "llama_detokenize")
         if len(mv) < len(out):

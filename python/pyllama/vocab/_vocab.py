@@ -674,8 +674,10 @@ class Vocab:
             return bytes([int(text[3:5], 16)])
         return b""
 
-    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
-        """The bytes of a token sequence, as llama_detokenize (see :meth:`decode` for str)."""
+    def detokenize_bytes(self, tokens: Iterable[int], remove_special: bool = False,
+                         unparse_special: bool = False, clean_spaces: bool | None = None) -> bytes:
+        """The bytes of a token sequence, as llama_detokenize writes them. ``clean_spaces``
+        None follows the model (clean_up_tokenization_spaces)."""
         toks = [self.check_id(t) for t in tokens]
         remove_space = self.add_space_prefix
         if remove_special and self.add_bos and toks and toks[0] == self.bos:
@@ -688,14 +690,17 @@ class Vocab:
             parts.append(self.token_to_piece(t, unparse_special, 1 if remove_space else 0))
             remove_space = False
         text = b"".join(parts)
-        if self.clean_spaces and text:
+        if (self.clean_spaces if clean_spaces is None else clean_spaces) and text:
             text = _clean_spaces(text)
         return text
 
-    def decode(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False,
-               errors: str = "replace") -> str:
-        """:meth:`detokenize` decoded as UTF-8 (invalid bytes replaced by default)."""
-        return self.detokenize(tokens, remove_special, unparse_special).decode("utf-8", errors)
+    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False,
+                   errors: str = "replace") -> str:
+        """The text of a token sequence, as llama_detokenize, decoded as UTF-8 (bytes that do
+        not form valid UTF-8 become U+FFFD unless ``errors`` says otherwise)."""
+        return self.detokenize_bytes(tokens, remove_special, unparse_special).decode("utf-8", errors)
+
+    decode = detokenize
 
     def streaming_decoder(self, special: bool = False) -> "StreamingDetokenizer":
         from .detok import StreamingDetokenizer
