@@ -339,3 +339,17 @@ def _small_md(base: str) -> dict:
     if base not in _CACHE:
         _CACHE[base] = suite_metadata(base)
     return dict(_CACHE[base])
+
+
+def test_long_words_merge_like_short_ones(gpt2):
+    """Words over 48 symbols take the priority-queue merge loop (llama.cpp's own); it must
+    agree with the rescanning loop used for short words, and stay fast on huge words."""
+    from pyllama.vocab.bpe import _merge_heap
+
+    sess = gpt2._bpe
+    for w in ("Ġinternationalization", "abcabcabcabc", "ĠĠĠĠĠĠĠĠĠĠ", "thequickbrownfoxjumpsoverthelazydog"):
+        short = sess.encode_word(w)
+        heap = [gpt2.text_to_id[s] for s in _merge_heap(list(w), sess.ranks)]
+        assert short == heap
+    ids = gpt2.tokenize("x" + "ab" * 20000, add_special=False)
+    assert gpt2.detokenize(ids) == "x" + "ab" * 20000
