@@ -353,3 +353,21 @@ def test_long_words_merge_like_short_ones(gpt2):
         assert short == heap
     ids = gpt2.tokenize("x" + "ab" * 20000, add_special=False)
     assert gpt2.detokenize(ids) == "x" + "ab" * 20000
+
+
+_SPM_PIECES = ["> </", ">", " ", "  ", "</", "div", "hello", "world", "é", "🦙", "a", "<", ">  </", "x> </y", "\t", "▁"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.sampled_from(_SPM_PIECES), min_size=1, max_size=12))
+def test_spm_word_cache_equals_whole_fragment(gemma3, parts):
+    """SpmSession cuts fragments before U+2581 runs and caches words; Gemma 3 has a token
+    with U+2581 inside (">▁</") that a cut must not split. Same ids as the uncut merge."""
+    from pyllama.vocab.spm import spm_tokenize
+
+    text = "".join(parts).replace(" ", "\u2581").encode()
+    cut: list[int] = []
+    gemma3._spm.tokenize(text, cut)
+    whole: list[int] = []
+    spm_tokenize(text, gemma3.bytes_to_id, gemma3.scores, gemma3.byte_to_token, whole)
+    assert cut == whole
