@@ -149,3 +149,31 @@ def test_qwen25_reference_corpus_with_suite_vocab():
             for parse in (0, 1):
                 assert v.tokenize(c["text"], bool(add), bool(parse)) == c[f"ids_add{add}_parse{parse}"], c["text"]
         assert v.decode(c["ids_add0_parse1"]) == c["detok_of_ids_add0_parse1"], c["text"]
+
+
+# -- random texts tokenized by llama.cpp itself (crosscheck/make_crosscheck.py) --------------
+
+CROSS = DATA / "crosscheck"
+
+
+def _check_crosscheck(v: Vocab, name: str) -> None:
+    with gzip.open(CROSS / f"crosscheck-{name}.json.gz", "rt", encoding="utf-8") as fh:
+        data = json.load(fh)
+    texts = [base64.b64decode(t) for t in data["texts_b64"]]
+    assert len(texts) >= 200
+    for raw, ids4, det in zip(texts, data["ids"], data["detok_b64"]):
+        for (add, parse), exp in zip(((0, 0), (0, 1), (1, 0), (1, 1)), ids4):
+            assert v.tokenize(raw, add_special=bool(add), parse_special=bool(parse)) == exp, (raw, add, parse)
+        assert v.detokenize_bytes(ids4[1]) == base64.b64decode(det), raw
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_crosscheck_real_models(name, request):
+    """600 random texts (200 of them invalid UTF-8) per model, ids and detokenized bytes
+    exactly as llama.cpp produced them."""
+    _check_crosscheck(request.getfixturevalue(f"{name}_vocab"), name)
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_crosscheck_suite_vocabs(name):
+    _check_crosscheck(Vocab.from_metadata(suite_metadata(name), source=name), name)
