@@ -177,3 +177,34 @@ def test_crosscheck_real_models(name, request):
 @pytest.mark.parametrize("name", SUITE)
 def test_crosscheck_suite_vocabs(name):
     _check_crosscheck(Vocab.from_metadata(suite_metadata(name), source=name), name)
+
+
+T5_USER = ["<ud>", "ab cd", "zqzq", "\u2581hello\u2581world\u2581"]
+
+
+def t5_toy_metadata(add_space_prefix: bool, remove_extra_whitespaces: bool) -> dict:
+    """crosscheck/make_t5_toy.py's vocabulary: llama-spm's tokens as a UGM vocabulary."""
+    base = suite_metadata("llama-spm")
+    md = {k: v for k, v in base.items() if not k.startswith("tokenizer.")}
+    types = list(base["tokenizer.ggml.token_type"]) + [4] * len(T5_USER)
+    types[500] = 5
+    md.update({
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.tokens": list(base["tokenizer.ggml.tokens"]) + T5_USER,
+        "tokenizer.ggml.scores": list(base["tokenizer.ggml.scores"]) + [0.0] * len(T5_USER),
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": add_space_prefix,
+        "tokenizer.ggml.remove_extra_whitespaces": remove_extra_whitespaces,
+    })
+    return md
+
+
+@pytest.mark.parametrize("name, prefix, merge", [("t5-toy-a", True, True), ("t5-toy-b", False, False)])
+def test_crosscheck_ugm(name, prefix, merge):
+    """UGM (Viterbi over unigram scores, user-defined tokens, space prefix / merging),
+    against llama.cpp on the same random texts. The precompiled charsmap path is not
+    covered: no T5 vocabulary with one is at hand."""
+    _check_crosscheck(Vocab.from_metadata(t5_toy_metadata(prefix, merge), source=name), name)

@@ -114,6 +114,7 @@ class Vocab:
         self.clean_spaces = False
         self.remove_extra_whitespaces = False
         self.escape_whitespaces = True
+        self.treat_whitespace_as_suffix = False
         self.pre_config: PreConfig | None = None
         self._bpe_ranks: dict = {}
 
@@ -155,7 +156,17 @@ class Vocab:
                 self.sep = self.pad = self.mask = LLAMA_TOKEN_NULL
                 pre = self.tokenizer_pre = "gemma4"
         elif model == "t5":
-            raise UnsupportedModelError(f"{source}: tokenizer model 't5' (UGM) is not supported yet")
+            self.type = VOCAB_TYPE_UGM
+            self.bos, self.eos, self.unk, self.sep, self.pad, self.mask = LLAMA_TOKEN_NULL, 1, 2, LLAMA_TOKEN_NULL, 0, LLAMA_TOKEN_NULL
+            cm = md.get(_K + "precompiled_charsmap")
+            if cm is not None:
+                if isinstance(cm, (bytes, bytearray)):
+                    cm = bytes(cm)
+                elif isinstance(cm, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in cm):
+                    cm = bytes(x & 0xFF for x in cm)
+                else:
+                    raise self._err(f"invalid gguf type for {_K}precompiled_charsmap (want an int8/uint8 array)")
+            self._charsmap = cm
         elif model in ("rwkv", "plamo2", "hybriddna", "whitespace", "test"):
             raise UnsupportedModelError(f"{source}: tokenizer model {model!r} is not supported yet")
         else:
@@ -191,6 +202,9 @@ class Vocab:
             self.add_bos = True
             self.add_eos = False
             self.add_sep = True
+        elif self.type == VOCAB_TYPE_UGM:
+            self.add_bos = False
+            self.add_eos = True
         self.add_space_prefix = bool(self._get_bool(md, "add_space_prefix", self.add_space_prefix))
         self.remove_extra_whitespaces = bool(self._get_bool(md, "remove_extra_whitespaces", False))
 
@@ -436,6 +450,10 @@ class Vocab:
             from .wpm import WpmSession
 
             self._wpm = WpmSession(self)
+        elif self.type == VOCAB_TYPE_UGM:
+            from .ugm import UgmSession
+
+            self._ugm = UgmSession(self, self._charsmap)
 
     # ------------------------------------------------------------------ attributes
     def __len__(self) -> int:
@@ -624,6 +642,21 @@ class Vocab:
             if add_special:
                 self._need(self.sep, "SEP")
                 out.append(self.sep)
+        elif t == VOCAB_TYPE_UGM:
+            if add_special and self.add_bos:
+                self._need(self.bos, "BOS")
+                out.append(self.bos)
+            for fr in fragments:
+                if isinstance(fr, bytes):
+                    self._ugm.tokenize(fr, out)
+                else:
+                    out.append(fr)
+            if add_special and self.add_bos and len(out) >= 2 and out[1] == self.bos:
+                log.warning("Added a BOS token to the prompt as specified by the model but the prompt also starts "
+                            "with a BOS token. So now the final prompt starts with 2 BOS tokens.")
+            if add_special and self.add_eos:
+                self._need(self.eos, "EOS")
+                out.append(self.eos)
         else:
             raise UnsupportedModelError(f"{self.source}: tokenizing with {self.tokenizer_model!r} is not supported yet")
         return out
