@@ -205,6 +205,17 @@ def t5_toy_metadata(add_space_prefix: bool, remove_extra_whitespaces: bool) -> d
 @pytest.mark.parametrize("name, prefix, merge", [("t5-toy-a", True, True), ("t5-toy-b", False, False)])
 def test_crosscheck_ugm(name, prefix, merge):
     """UGM (Viterbi over unigram scores, user-defined tokens, space prefix / merging),
-    against llama.cpp on the same random texts. The precompiled charsmap path is not
-    covered: no T5 vocabulary with one is at hand."""
+    against llama.cpp on the same random texts. The precompiled charsmap (XCDA) path is
+    checked with nomic-bert-moe's real vocabulary when a llama.cpp checkout is at hand."""
     _check_crosscheck(Vocab.from_metadata(t5_toy_metadata(prefix, merge), source=name), name)
+
+
+@pytest.mark.parametrize("name", ["nomic-bert-moe", "gemma-4", "command-r"])
+def test_crosscheck_vocabs_from_llama_cpp_checkout(name):
+    """Vocabularies too big to keep here (3-4 MB compressed), read from a llama.cpp checkout
+    when one is at hand: nomic-bert-moe is a real UGM vocabulary with a precompiled charsmap
+    (XLM-RoBERTa's), gemma-4 the raw-UTF-8 BPE, command-r a 256k BPE."""
+    models = _llama_cpp_models()
+    if models is None:
+        pytest.skip("llama.cpp checkout with models/ggml-vocab-*.gguf not found (set LLAMA_CPP_DIR)")
+    _check_crosscheck(Vocab.from_file(models / f"ggml-vocab-{name}.gguf"), name)
