@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 mod context;
 mod errors;
 mod gguf;
+mod quant;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -14,5 +15,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     context::register(m)?;
+    quant::register(m)?;
     Ok(())
 }

@@ -190,7 +190,7 @@ impl Forward for Gemma3Forward {
             crate::cb!(st, "sa_out", il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn(&l.gate, &l.up, &l.down, FfnAct::GeGlu);
+            st.ffn(il, &l.gate, &l.up, &l.down, FfnAct::GeGlu)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.norm_tmp(&l.post_ffw_norm, self.eps);
             crate::cb!(st, "ffn_post_norm", il, tmp, ne);

@@ -158,7 +158,7 @@ impl Forward for LlamaForward {
             crate::cb!(st, "ffn_inp", il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn(&l.gate, &l.up, &l.down, FfnAct::SwiGlu);
+            st.ffn(il, &l.gate, &l.up, &l.down, FfnAct::SwiGlu)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.residual();
             crate::cb!(st, "l_out", il, x, ne);

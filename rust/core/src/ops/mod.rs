@@ -5,3 +5,4 @@ pub mod attention;
 pub mod norm;
 pub mod rope;
 pub mod vec;
+pub mod matmul;
