@@ -124,6 +124,46 @@ pub fn matmul_with(
     let op = SyncPtr(out.as_mut_ptr());
     let wdata = w.data;
     let r0 = rows.start;
+
+    #[cfg(target_arch = "x86_64")]
+    if set == KernelSet::Avx2 {
+        if let Some((one, many)) = quant::avx2::dot_kernels(w.ty) {
+            const TILE: usize = quant::avx2::TILE;
+            // Tokens are processed in chunks whose activations stay in L1/L2 while the
+            // thread walks its weight rows; within a chunk each weight row is decoded once
+            // per TILE tokens.
+            let chunk = (TOKEN_CHUNK_BYTES / xrow).clamp(TILE, 256) / TILE * TILE;
+            pool.run(&|ith, nth| {
+                let mine = split_range(n_rows, ith, nth);
+                let mut t0 = 0;
+                while t0 < n_tokens {
+                    let t1 = (t0 + chunk).min(n_tokens);
+                    for r in mine.clone() {
+                        let wr = &wdata[(r0 + r) * wrow..(r0 + r + 1) * wrow];
+                        let mut t = t0;
+                        let mut tmp = [0f32; TILE];
+                        while t + TILE <= t1 {
+                            // SAFETY: rows of wrow/xrow bytes checked above; out in bounds.
+                            unsafe {
+                                many(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), xrow, tmp.as_mut_ptr());
+                                for (c, v) in tmp.iter().enumerate() {
+                                    *op.get().add((t + c) * ld_out + r) = *v;
+                                }
+                            }
+                            t += TILE;
+                        }
+                        while t < t1 {
+                            unsafe { one(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), 0, op.get().add(t * ld_out + r)) };
+                            t += 1;
+                        }
+                    }
+                    t0 = t1;
+                }
+            });
+            return Ok(());
+        }
+    }
+
     pool.run(&|ith, nth| {
         let mine = split_range(n_rows, ith, nth);
         for r in mine {
@@ -138,3 +178,6 @@ pub fn matmul_with(
     });
     Ok(())
 }
+
+/// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).
+const TOKEN_CHUNK_BYTES: usize = 64 * 1024;

@@ -236,3 +236,6 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
         None => f32::NAN,
     }
 }
+
+#[cfg(test)]
+mod tests;
