@@ -16,15 +16,23 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .batch import Batch
+from .context import Context
+from .model import Model
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
     "Aborted",
+    "Batch",
+    "Context",
     "ContextFullError",
     "GGUFError",
     "GGUFFile",
     "InvalidBatchError",
     "LoadCancelled",
+    "Model",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]
