@@ -44,6 +44,18 @@ pub struct HParams {
     pub f_final_logit_softcapping: f32,
     /// Attention scale applied to QK^T (0 = 1/sqrt(n_embd_head_k)).
     pub f_attention_scale: f32,
+    /// `rope.scaling.type`: "none", "linear" (default), "yarn", "longrope".
+    pub rope_scaling_type: String,
+    /// `rope.scaling.original_context_length` (default n_ctx_train).
+    pub n_ctx_orig_yarn: usize,
+    /// `rope.scaling.attn_factor` (0 = not set).
+    pub rope_attn_factor: f32,
+    pub yarn_beta_fast: f32,
+    pub yarn_beta_slow: f32,
+    pub rope_yarn_log_mul: f32,
+    /// Llama-4 / mistral3 query temperature: q *= 1 + scale * ln(1 + floor(pos / floor_scale)).
+    pub f_attn_temp_scale: f32,
+    pub n_attn_temp_floor_scale: usize,
 }
 
 impl HParams {

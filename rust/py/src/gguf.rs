@@ -242,6 +242,17 @@ impl PyModel {
         d.set_item("n_swa", h.n_swa)?;
         d.set_item("swa_layers", h.swa_layers.clone())?;
         d.set_item("f_attention_scale", h.f_attention_scale)?;
+        d.set_item("rope_freq_scale_swa", h.rope_freq_scale_swa)?;
+        d.set_item("f_attn_logit_softcapping", h.f_attn_logit_softcapping)?;
+        d.set_item("f_final_logit_softcapping", h.f_final_logit_softcapping)?;
+        d.set_item("rope_scaling_type", &h.rope_scaling_type)?;
+        d.set_item("n_ctx_orig_yarn", h.n_ctx_orig_yarn)?;
+        d.set_item("rope_attn_factor", h.rope_attn_factor)?;
+        d.set_item("yarn_beta_fast", h.yarn_beta_fast)?;
+        d.set_item("yarn_beta_slow", h.yarn_beta_slow)?;
+        d.set_item("rope_yarn_log_mul", h.rope_yarn_log_mul)?;
+        d.set_item("f_attn_temp_scale", h.f_attn_temp_scale)?;
+        d.set_item("n_attn_temp_floor_scale", h.n_attn_temp_floor_scale)?;
         Ok(d)
     }
 
