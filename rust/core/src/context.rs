@@ -384,6 +384,18 @@ impl Step<'_> {
     /// Final norm of x, hidden states out, output projection into the logits rows,
     /// optional final softcap.
     pub fn output(&mut self, norm_w: &[f32], eps: f32, output: &TensorView, final_softcap: f32) -> Result<()> {
+        self.output_with_bias(norm_w, eps, output, None, final_softcap)
+    }
+
+    /// `output` with an optional bias added to the logits before the softcap.
+    pub fn output_with_bias(
+        &mut self,
+        norm_w: &[f32],
+        eps: f32,
+        output: &TensorView,
+        bias: Option<&[f32]>,
+        final_softcap: f32,
+    ) -> Result<()> {
         let ne = self.hp.n_embd;
         let n = self.n;
         if n == 0 {
@@ -403,6 +415,7 @@ impl Step<'_> {
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
             Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch)?;
+            add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
             }
@@ -410,6 +423,7 @@ impl Step<'_> {
             for j in 0..n {
                 let r = b.out_row[j];
                 Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch)?;
+                add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);
                 }
