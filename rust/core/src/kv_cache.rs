@@ -480,7 +480,9 @@ impl KvCache {
             c.shift = c.shift.saturating_add(delta);
             self.has_shift = true;
             if c.pos < 0 {
-                st.rm(i);
+                // the cell was occupied (pos >= 0 before the shift): free it and count it
+                st.cells[i] = Cell::EMPTY;
+                st.used -= 1;
                 if new_head == usize::MAX {
                     new_head = i;
                 }
