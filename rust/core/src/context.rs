@@ -191,6 +191,9 @@ pub struct AttnWeights<'w> {
     /// Per-head RMSNorm of q and k (gemma3, qwen3), applied before rope.
     pub q_norm: Option<&'w [f32]>,
     pub k_norm: Option<&'w [f32]>,
+    /// wq, wk and wv are one fused `attn_qkv` matrix (phi3): rows [0, n_q) are q, then
+    /// k, then v.
+    pub fused_qkv: bool,
 }
 
 pub struct AttnConfig<'r> {
@@ -272,6 +275,23 @@ impl Step<'_> {
         try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)
     }
 
+    /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
+    fn mm_rows(
+        pool: &ThreadPool,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        rows: std::ops::Range<usize>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let (n_in, width) = (w.ne[0], rows.len());
+        if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
+            return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
+        }
+        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows, scratch)
+    }
+
     /// Self-attention of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
     /// Q/K/V projections, optional per-head q/k norms, rope, K/V stored into the cells
     /// of this micro-batch, attention over the cache, output projection.
@@ -283,9 +303,15 @@ impl Step<'_> {
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch)?;
-        Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch)?;
-        Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch)?;
+        if w.fused_qkv {
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch)?;
+        } else {
+            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch)?;
+            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch)?;
+            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch)?;
+        }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
         add_bias(&mut b.v, w.bv, vw, n);
@@ -348,11 +374,25 @@ impl Step<'_> {
 
     /// Gated feed-forward of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
     pub fn ffn(&mut self, il: usize, gate: &TensorView, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
+        self.ffn_any(il, Some(gate), up, down, a)
+    }
+
+    /// `ffn`, or with `gate` None a fused `ffn_up` of 2 * n_ff rows: gate = its first
+    /// half, up = its second half (phi3's swiglu of a split row).
+    pub fn ffn_any(&mut self, il: usize, gate: Option<&TensorView>, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
         let n = self.n;
-        let n_ff = gate.n_rows();
+        let n_ff = down.ne[0];
         let b = &mut *self.b;
-        Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch)?;
-        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+        match gate {
+            Some(gate) => {
+                Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch)?;
+                Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+            }
+            None => {
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch)?;
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch)?;
+            }
+        }
         cb!(self, "ffn_gate", il, gate, n_ff);
         cb!(self, "ffn_up", il, up, n_ff);
         let b = &mut *self.b;

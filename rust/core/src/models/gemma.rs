@@ -138,6 +138,7 @@ fn gemma_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forwa
         attn_softcap: 0.0,
         final_softcap: 0.0,
         act: FfnAct::GeGlu,
+        fused: false,
     };
     Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }
@@ -153,6 +154,7 @@ fn gemma2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forw
         attn_softcap: hp.f_attn_logit_softcapping,
         final_softcap: hp.f_final_logit_softcapping,
         act: FfnAct::GeGlu,
+        fused: false,
     };
     Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }

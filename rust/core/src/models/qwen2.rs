@@ -134,6 +134,7 @@ fn qwen_config(hp: &HParams, qk_norm: bool) -> DecoderConfig {
         attn_softcap: 0.0,
         final_softcap: 0.0,
         act: FfnAct::SwiGlu,
+        fused: false,
     }
 }
 

@@ -1,5 +1,5 @@
 //! The pre-norm decoder most GGUF architectures share, configured per architecture
-//! (qwen2, qwen3, gemma, gemma2 use it; llama and gemma3 spell their passes out in their
+//! (qwen2, qwen3, gemma, gemma2, phi3 use it; llama and gemma3 spell their passes out in their
 //! own files as worked examples of the same blocks):
 //!
 //! x = embd(tokens) [* sqrt(n_embd)]                                  [n, n_embd]
@@ -35,6 +35,9 @@ pub struct DecoderConfig {
     pub attn_softcap: f32,
     pub final_softcap: f32,
     pub act: FfnAct,
+    /// phi3: one `attn_qkv` matrix (and bias) and one `ffn_up` of 2 * n_ff rows holding
+    /// gate and up.
+    pub fused: bool,
 }
 
 struct Layer {
@@ -51,7 +54,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: TensorView<'static>,
+    gate: Option<TensorView<'static>>,
     up: TensorView<'static>,
     down: TensorView<'static>,
     post_ffw_norm: Option<Vec<f32>>,
@@ -85,21 +88,40 @@ impl Decoder {
                     Ok(None)
                 }
             };
+            let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
+                let w = weight(model, &b("attn_qkv.weight"))?;
+                let (nq, nk) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il));
+                let split = |v: Vec<f32>| (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec()));
+                let (bq, bk, bv) = match vector_opt(model, &b("attn_qkv.bias"))? {
+                    Some(v) if v.len() == nq + nk + hp.n_embd_v_gqa(il) => split(v),
+                    _ => (None, None, None),
+                };
+                (w, w, w, bq, bk, bv)
+            } else {
+                (
+                    weight(model, &b("attn_q.weight"))?,
+                    weight(model, &b("attn_k.weight"))?,
+                    weight(model, &b("attn_v.weight"))?,
+                    vector_opt(model, &b("attn_q.bias"))?,
+                    vector_opt(model, &b("attn_k.bias"))?,
+                    vector_opt(model, &b("attn_v.bias"))?,
+                )
+            };
             layers.push(Layer {
                 attn_norm: vector(model, &b("attn_norm.weight"))?,
-                wq: weight(model, &b("attn_q.weight"))?,
-                wk: weight(model, &b("attn_k.weight"))?,
-                wv: weight(model, &b("attn_v.weight"))?,
+                wq,
+                wk,
+                wv,
                 wo: weight(model, &b("attn_output.weight"))?,
-                bq: vector_opt(model, &b("attn_q.bias"))?,
-                bk: vector_opt(model, &b("attn_k.bias"))?,
-                bv: vector_opt(model, &b("attn_v.bias"))?,
+                bq,
+                bk,
+                bv,
                 bo: vector_opt(model, &b("attn_output.bias"))?,
                 q_norm: req_if(cfg.qk_norm, "attn_q_norm.weight")?,
                 k_norm: req_if(cfg.qk_norm, "attn_k_norm.weight")?,
                 post_attn_norm: req_if(cfg.post_norms, "post_attention_norm.weight")?,
                 ffn_norm: vector(model, &b("ffn_norm.weight"))?,
-                gate: weight(model, &b("ffn_gate.weight"))?,
+                gate: if cfg.fused { None } else { Some(weight(model, &b("ffn_gate.weight"))?) },
                 up: weight(model, &b("ffn_up.weight"))?,
                 down: weight(model, &b("ffn_down.weight"))?,
                 post_ffw_norm: req_if(cfg.post_norms, "post_ffw_norm.weight")?,
@@ -147,6 +169,7 @@ impl Forward for Decoder {
                 bo: l.bo.as_deref(),
                 q_norm: l.q_norm.as_deref(),
                 k_norm: l.k_norm.as_deref(),
+                fused_qkv: self.cfg.fused,
             };
             let a = AttnConfig {
                 il,
@@ -168,7 +191,7 @@ impl Forward for Decoder {
             crate::cb!(st, "ffn_inp", il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn(il, &l.gate, &l.up, &l.down, c.act)?;
+            st.ffn_any(il, l.gate.as_ref(), &l.up, &l.down, c.act)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             if let Some(pn) = &l.post_ffw_norm {
                 st.norm_tmp(pn, self.eps);
