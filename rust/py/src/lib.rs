@@ -4,13 +4,17 @@
 
 use pyo3::prelude::*;
 
+mod context;
 mod errors;
 mod gguf;
+mod quant;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
+    context::register(m)?;
+    quant::register(m)?;
     Ok(())
 }
