@@ -418,6 +418,13 @@ class Context:
         """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
         src = self._check_seq(seq_id_src, "seq_cp")
         dst = self._check_seq(seq_id_dst, "seq_cp")
+        if not self._kv_unified and src != dst:
+            # separate cells per sequence: like llama.cpp, only whole sequences are copied
+            # (its rule for a "full" range, which it asserts)
+            size = self._n_ctx_seq
+            if (0 < p0 and p0 + 1 < size) or (0 < p1 and p1 + 1 < size):
+                raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
+                                 "whole sequences can be copied (p0 = p1 = -1)")
         self._live().seq_cp(src, dst, int(p0), int(p1))
 
     def seq_keep(self, seq_id: int) -> None:
