@@ -18,6 +18,8 @@ from .errors import (
 from .gguf import GGUFFile
 from .batch import Batch
 from .context import Context
+from .model import Model
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
@@ -29,6 +31,8 @@ __all__ = [
     "GGUFFile",
     "InvalidBatchError",
     "LoadCancelled",
+    "Model",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]

@@ -14,7 +14,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
-    context::register(m)?;
     quant::register(m)?;
+    context::register(m)?;
     Ok(())
 }
