@@ -482,8 +482,14 @@ class Context:
         n_outputs = ab.n_outputs
         n_ubatch = int(core.n_ubatch)
         # outputs go to rows in batch order, so llama_get_logits needs no reordering
-        out_rows = np.full(n, -1, dtype=np.int32)
-        out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
+        if n_outputs == n:
+            out_rows = np.arange(n, dtype=np.int32)
+        else:
+            out_rows = np.full(n, -1, dtype=np.int32)
+            if n_outputs == 1 and ab.output[-1]:
+                out_rows[-1] = 0
+            else:
+                out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
         n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
 
         # grow the output buffers (new arrays: on codes 1/-1 the old outputs stay intact)
@@ -507,7 +513,7 @@ class Context:
                     cb_error.append(e)
                     return True
 
-        multi_set = len(set(ab.seq_mask)) > 1
+        multi_set = len(ab.seq_pos) > 1 or ab.has_cpl
         ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
 
         t0 = _time_us()
