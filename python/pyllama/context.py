@@ -374,6 +374,18 @@ class Context:
         self._live().set_n_threads(int(n_threads), int(n_threads_batch))
         self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
 
+    @property
+    def embeddings_enabled(self) -> bool:
+        return self._embeddings
+
+    def set_embeddings(self, embeddings: bool) -> None:
+        """Turn hidden-state extraction on or off for the following decodes (as llama.cpp's
+        ``llama_set_embeddings``; with it on, every token of a batch is an output)."""
+        self._live()
+        self._embeddings = bool(embeddings)
+        if self._embeddings and self._embd_buf is None:
+            self._embd_buf = np.zeros((max(self._logits_buf.shape[0], 1), self.n_embd), dtype=np.float32)
+
     def set_abort_callback(self, callback: Optional[Callable[[], bool]]) -> None:
         """``callback()`` is asked before each micro-batch; True stops ``decode`` (the cache
         keeps the micro-batches already finished)."""
@@ -496,7 +508,7 @@ class Context:
         logits_buf = self._logits_buf
         if logits_buf.shape[0] < n_outputs:
             logits_buf = np.zeros((max(n_outputs, n_seq_max), self.n_vocab), dtype=np.float32)
-        embd_buf = self._embd_buf
+        embd_buf = self._embd_buf if self._embeddings else None
         if embd_buf is not None and embd_buf.shape[0] < n_outputs:
             embd_buf = np.zeros((max(n_outputs, n_seq_max), self.n_embd), dtype=np.float32)
         hidden = embd_buf[:n_outputs] if embd_buf is not None else None
@@ -541,7 +553,8 @@ class Context:
 
         # from here on the old outputs are replaced
         self._logits_buf = logits_buf
-        self._embd_buf = embd_buf
+        if embd_buf is not None:
+            self._embd_buf = embd_buf
         self._output_ids.fill(-1)
         self._embd_seq = {}
 
@@ -653,12 +666,12 @@ class Context:
     def embeddings(self) -> Optional[np.ndarray]:
         """float32 [n_outputs, n_embd] final-normed hidden states of the last decode (every
         token is an output in an embeddings context), or None without ``embeddings=True``."""
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             return None
         return self._embd_buf[: self._n_outputs]
 
     def embeddings_ith(self, i: int) -> np.ndarray:
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             raise IndexError("no embeddings (create the context with embeddings=True)")
         return self._embd_buf[self._resolve_row(i)]
 
