@@ -324,6 +324,7 @@ class Context:
         self._n_eval = 0
         self._last_error = ""
         self._abort_exc: Optional[BaseException] = None
+        self._fatal_exc: Optional[BaseException] = None
 
     # ------------------------------------------------------------------ getters
 
@@ -538,6 +539,7 @@ class Context:
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                           logits_buf[:n_outputs], hidden, abort)
         except Exception as e:  # fatal: Rust failed mid-way
+            self._fatal_exc = e
             self._last_error = f"{type(e).__name__}: {e}"
             self._n_outputs = 0
             self._output_ids.fill(-1)
@@ -614,6 +616,7 @@ class Context:
                 if logits_all:
                     batch.logits = np.ones(n, dtype=np.int8)
         self._abort_exc = None
+        self._fatal_exc = None
         code = self._decode_code(batch)
         if code == 0:
             return
@@ -625,6 +628,8 @@ class Context:
             if self._abort_exc is not None:
                 raise Aborted(self._last_error) from self._abort_exc
             raise Aborted(self._last_error)
+        if self._fatal_exc is not None:
+            raise self._fatal_exc
         raise RuntimeError(f"decode failed: {self._last_error}")
 
     # ------------------------------------------------------------------ outputs
