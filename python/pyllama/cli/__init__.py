@@ -11,3 +11,4 @@ app = typer.Typer(
 )
 
 from . import inspect as _inspect  # noqa: E402,F401  (registers its command)
+from . import bench as _bench  # noqa: E402,F401

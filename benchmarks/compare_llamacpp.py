@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Run llama.cpp's llama-bench and `pyllama bench` alternately on the same models, same
+threads, same machine, and print pyllama / llama.cpp per test (median of repetitions).
+
+llama-bench is found with --llama-bench, on PATH, or built from the llama-cpp-python 0.3.36
+sdist (downloaded with pip into ~/.cache/pyllama/llama.cpp, built with cmake; needs cmake and
+a C++ compiler; ~10 minutes on 2 cores the first time). Nothing of llama.cpp is committed.
+
+    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+CACHE = Path(os.environ.get("PYLLAMA_CACHE", Path.home() / ".cache" / "pyllama")) / "llama.cpp"
+SDIST = "llama-cpp-python==0.3.36"
+
+
+def build_llama_bench() -> Path:
+    exe = CACHE / "build" / "bin" / "llama-bench"
+    if exe.exists():
+        return exe
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
+    if not tars:
+        print(f"downloading the {SDIST} sdist ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+             SDIST, "-d", str(CACHE)],
+            check=False,
+        )
+        tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
+        if not tars:
+            sys.exit("could not download the llama-cpp-python sdist")
+    src = CACHE / "src"
+    if not src.exists():
+        with tarfile.open(tars[0]) as t:
+            t.extractall(src)
+    root = next(src.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+    build = CACHE / "build"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(root), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
+                   check=True)
+    return exe
+
+
+def run_json(cmd: list[str]) -> list[dict]:
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out[out.index("["):])
+
+
+def key(r: dict) -> str:
+    p, g = r["n_prompt"], r["n_gen"]
+    return f"pp{p}" if g == 0 else (f"tg{g}" if p == 0 else f"pp{p}+tg{g}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", action="append", help="GGUF files (default: the two reference models)")
+    ap.add_argument("-t", "--threads", default="2")
+    ap.add_argument("-r", "--repetitions", default="5")
+    ap.add_argument("-p", "--n-prompt", default="512")
+    ap.add_argument("-n", "--n-gen", default="128")
+    ap.add_argument("--rounds", type=int, default=2, help="alternate the two programs this many times")
+    ap.add_argument("--llama-bench", help="path to an existing llama-bench")
+    a = ap.parse_args()
+
+    models = a.model
+    if not models:
+        from pyllama import _models
+
+        models = [str(p) for p in (_models.smollm2_path(), _models.gemma3_path()) if p]
+    lb = a.llama_bench or shutil.which("llama-bench") or str(build_llama_bench())
+    common = ["-t", a.threads, "-r", a.repetitions, "-p", a.n_prompt, "-n", a.n_gen, "-o", "json"]
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    for rnd in range(a.rounds):
+        for m in models:
+            for prog, cmd in (
+                ("llama.cpp", [lb, "-m", m, *common]),
+                ("pyllama", [sys.executable, "-m", "pyllama", "bench", "-m", m, *common]),
+            ):
+                for r in run_json(cmd):
+                    samples.setdefault((Path(m).name, key(r), prog), []).extend(r["samples_ts"])
+    print(f"\n| model | test | llama.cpp t/s | pyllama t/s | ratio |\n|---|---|---:|---:|---:|")
+    for m in models:
+        name = Path(m).name
+        tests = sorted({t for (mm, t, _) in samples if mm == name}, key=lambda t: (t[:2] != "pp", t))
+        for t in tests:
+            ref = statistics.median(samples[(name, t, "llama.cpp")])
+            ours = statistics.median(samples[(name, t, "pyllama")])
+            print(f"| {name} | {t} | {ref:.1f} | {ours:.1f} | {ours / ref:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""`python -m pyllama` == the `pyllama` command."""
+
+from .cli import app
+
+app()
