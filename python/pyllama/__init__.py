@@ -16,6 +16,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .llama import Llama
 
 __all__ = [
     "__version__",
@@ -23,6 +24,7 @@ __all__ = [
     "ContextFullError",
     "GGUFError",
     "GGUFFile",
+    "Llama",
     "InvalidBatchError",
     "LoadCancelled",
     "PyllamaError",
