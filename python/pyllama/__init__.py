@@ -17,6 +17,7 @@ from .errors import (
 )
 from .gguf import GGUFFile
 from .llama import Llama
+from .model import Model
 
 __all__ = [
     "__version__",
@@ -27,6 +28,7 @@ __all__ = [
     "Llama",
     "InvalidBatchError",
     "LoadCancelled",
+    "Model",
     "PyllamaError",
     "UnsupportedModelError",
 ]

@@ -3,10 +3,109 @@
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
-use crate::gguf::{GgufFile, LoadMode, TensorInfo, Value};
+use crate::gguf::{validate, GgufFile, LoadMode, TensorInfo, Value};
 use crate::hparams::{HParams, Meta};
 use crate::models::{self, Arch, Need};
 use std::collections::HashMap;
+
+pub mod ftype {
+    //! llama.cpp's `llama_ftype` (include/llama.h) and `llama_ftype_name`
+    //! (src/llama-model-loader.cpp).
+    use crate::ggml_type::GgmlType;
+
+    pub fn name(ft: u32) -> &'static str {
+        match ft & !1024 {
+            0 => "all F32",
+            1 => "F16",
+            32 => "BF16",
+            40 => "Q1_0",
+            41 => "Q2_0",
+            2 => "Q4_0",
+            3 => "Q4_1",
+            8 => "Q5_0",
+            9 => "Q5_1",
+            7 => "Q8_0",
+            38 => "MXFP4 MoE",
+            39 => "NVFP4",
+            10 => "Q2_K - Medium",
+            21 => "Q2_K - Small",
+            11 => "Q3_K - Small",
+            12 => "Q3_K - Medium",
+            13 => "Q3_K - Large",
+            14 => "Q4_K - Small",
+            15 => "Q4_K - Medium",
+            16 => "Q5_K - Small",
+            17 => "Q5_K - Medium",
+            18 => "Q6_K",
+            36 => "TQ1_0 - 1.69 bpw ternary",
+            37 => "TQ2_0 - 2.06 bpw ternary",
+            19 => "IQ2_XXS - 2.0625 bpw",
+            20 => "IQ2_XS - 2.3125 bpw",
+            28 => "IQ2_S - 2.5 bpw",
+            29 => "IQ2_M - 2.7 bpw",
+            22 => "IQ3_XS - 3.3 bpw",
+            23 => "IQ3_XXS - 3.0625 bpw",
+            24 => "IQ1_S - 1.5625 bpw",
+            31 => "IQ1_M - 1.75 bpw",
+            25 => "IQ4_NL - 4.5 bpw",
+            30 => "IQ4_XS - 4.25 bpw",
+            26 => "IQ3_S - 3.4375 bpw",
+            27 => "IQ3_S mix - 3.66 bpw",
+            _ => "unknown, may not work",
+        }
+    }
+
+    /// The file type llama.cpp guesses from the most common tensor type (ties go to the
+    /// type that reached the count first, as llama.cpp counts in its map's order).
+    pub fn guess(types: impl Iterator<Item = GgmlType>) -> u32 {
+        use GgmlType::*;
+        let mut counts: Vec<(GgmlType, u32)> = Vec::new();
+        let (mut best, mut best_n) = (F32, 0u32);
+        for t in types {
+            let n = match counts.iter_mut().find(|(ty, _)| *ty == t) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    counts.push((t, 1));
+                    1
+                }
+            };
+            if n > best_n {
+                best_n = n;
+                best = t;
+            }
+        }
+        match best {
+            F32 => 0,
+            F16 => 1,
+            BF16 => 32,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q5_0 => 8,
+            Q5_1 => 9,
+            Q8_0 => 7,
+            Q2_K => 10,
+            Q3_K => 12,
+            Q4_K => 15,
+            Q5_K => 17,
+            Q6_K => 18,
+            TQ1_0 => 36,
+            TQ2_0 => 37,
+            IQ2_XXS => 19,
+            IQ2_XS => 20,
+            IQ2_S => 28,
+            IQ3_XXS => 23,
+            IQ1_S => 24,
+            IQ1_M => 31,
+            IQ4_NL => 25,
+            IQ4_XS => 30,
+            IQ3_S => 26,
+            _ => 0,
+        }
+    }
+}
 
 /// A borrowed view of one tensor's bytes.
 #[derive(Clone, Copy)]
@@ -35,13 +134,24 @@ pub struct LoadParams<'a> {
     pub load_mode: LoadMode,
     pub vocab_only: bool,
     pub check_tensors: bool,
-    /// Called with progress in [0, 1]; returning false cancels the load.
+    /// Called with progress in [0, 1] (monotonic, 0.0 first, 1.0 last, at least once per
+    /// tensor); returning false cancels the load.
     pub progress: Option<&'a mut (dyn FnMut(f32) -> bool + Send)>,
+    /// Metadata overrides (llama.h's kv_overrides): each replaces or adds a key of the
+    /// first file before the hyperparameters are read. An override must have the same
+    /// kind (integer, float, bool, string) as the value it replaces.
+    pub kv_overrides: Vec<(String, Value)>,
 }
 
 impl Default for LoadParams<'_> {
     fn default() -> Self {
-        LoadParams { load_mode: LoadMode::Auto, vocab_only: false, check_tensors: false, progress: None }
+        LoadParams {
+            load_mode: LoadMode::Auto,
+            vocab_only: false,
+            check_tensors: false,
+            progress: None,
+            kv_overrides: Vec::new(),
+        }
     }
 }
 
@@ -52,49 +162,296 @@ pub struct Model {
     /// name -> (file index, index into that file's tensors)
     pub tensor_map: HashMap<String, (usize, usize)>,
     pub vocab_only: bool,
+    pub load_mode: LoadMode,
+    /// Non-fatal problems met while loading (mlock or O_DIRECT refused), for logging.
+    pub warnings: Vec<String>,
+}
+
+/// `<prefix>-00001-of-00003.gguf` -> (`<prefix>`, split_no 0-based, count), as llama.cpp's
+/// llama_split_prefix reads split file names.
+pub fn split_prefix(path: &str) -> Option<(String, usize, usize)> {
+    let stem = path.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    if no.len() != 5 || count.len() != 5 || prefix.is_empty() {
+        return None;
+    }
+    let no: usize = no.parse().ok()?;
+    let count: usize = count.parse().ok()?;
+    (no >= 1 && no <= count).then(|| (prefix.to_string(), no - 1, count))
+}
+
+/// llama_split_path: the file name of split `no` (0-based) of `count`.
+pub fn split_path(prefix: &str, no: usize, count: usize) -> String {
+    format!("{prefix}-{:05}-of-{:05}.gguf", no + 1, count)
+}
+
+fn split_key(f: &GgufFile, key: &str) -> Result<Option<usize>> {
+    match f.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_i64().filter(|&x| x >= 0).map(|x| Some(x as usize)).ok_or_else(|| Error::Gguf {
+            path: f.path.clone(),
+            offset: None,
+            msg: format!("metadata key '{key}' must be a non-negative integer"),
+        }),
+    }
+}
+
+/// Replace or add one metadata value, keeping the file's value type where it has one.
+fn apply_override(f: &mut GgufFile, key: &str, v: &Value) -> Result<()> {
+    let kind = |v: &Value| match v {
+        Value::Bool(_) => "bool",
+        Value::F32(_) | Value::F64(_) => "float",
+        Value::String(_) => "str",
+        Value::Array { .. } => "array",
+        _ => "int",
+    };
+    let bad = |old: &Value| {
+        Error::Invalid(format!(
+            "kv_override '{key}': a {} value cannot override the file's {} value",
+            kind(v),
+            kind(old)
+        ))
+    };
+    let slot = f.metadata.iter_mut().find(|(k, _)| k == key);
+    let Some((_, old)) = slot else {
+        f.metadata.push((key.to_string(), v.clone()));
+        return Ok(());
+    };
+    let new = match (&*old, v) {
+        (o, n) if kind(o) != kind(n) => return Err(bad(o)),
+        (Value::F32(_), n) => Value::F32(n.as_f64().unwrap() as f32),
+        (Value::F64(_), n) => Value::F64(n.as_f64().unwrap()),
+        (o, n) if kind(o) == "int" => {
+            let x = n.as_i64().ok_or_else(|| bad(o))?;
+            let out_of_range = || Error::Invalid(format!("kv_override '{key}': {x} does not fit the file's value type"));
+            match o {
+                Value::U8(_) => Value::U8(u8::try_from(x).map_err(|_| out_of_range())?),
+                Value::I8(_) => Value::I8(i8::try_from(x).map_err(|_| out_of_range())?),
+                Value::U16(_) => Value::U16(u16::try_from(x).map_err(|_| out_of_range())?),
+                Value::I16(_) => Value::I16(i16::try_from(x).map_err(|_| out_of_range())?),
+                Value::U32(_) => Value::U32(u32::try_from(x).map_err(|_| out_of_range())?),
+                Value::I32(_) => Value::I32(i32::try_from(x).map_err(|_| out_of_range())?),
+                Value::U64(_) => Value::U64(u64::try_from(x).map_err(|_| out_of_range())?),
+                _ => Value::I64(x),
+            }
+        }
+        (_, n) => n.clone(),
+    };
+    *old = new;
+    Ok(())
 }
 
 impl Model {
+    /// Load a model from `paths`: one file, the first part of a split model (the other
+    /// parts are found by name), or every part of a split model in order.
     pub fn load(paths: &[String], mut params: LoadParams) -> Result<Model> {
-        let mut files = Vec::with_capacity(paths.len());
-        for p in paths {
-            files.push(GgufFile::open(p, params.load_mode)?);
+        let first_path = paths.first().ok_or_else(|| Error::Invalid("no model file given".into()))?;
+        let mode = params.load_mode;
+        fn report(p: f32, params: &mut LoadParams) -> Result<()> {
+            if let Some(cb) = params.progress.as_mut() {
+                if !cb(p.clamp(0.0, 1.0)) {
+                    return Err(Error::Cancelled);
+                }
+            }
+            Ok(())
         }
-        let first = files.first().ok_or_else(|| Error::Invalid("no model file given".into()))?;
-        let arch_name = first
-            .get("general.architecture")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Error::Unsupported(format!("{}: missing metadata key 'general.architecture'", first.path)))?
-            .to_string();
-        let arch = models::find(&arch_name)?;
+        report(0.0, &mut params)?;
+
+        // Open the first file; it says whether (and into how many files) the model is split.
+        let mut sizes: Vec<u64> = paths.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
+        let reads = !mode.uses_mmap();
+        // Progress: bytes read (reading modes only) then bytes of tensors set up.
+        let mut read_done = 0u64;
+        let mut total_read: u64 = if reads { sizes.iter().sum() } else { 0 };
+        fn open_one(path: &str, mode: LoadMode, total_read: u64, read_done: &mut u64, params: &mut LoadParams) -> Result<GgufFile> {
+            let base = *read_done;
+            let mut cb = |done: usize, _total: usize| -> bool {
+                match params.progress.as_mut() {
+                    // Reading is given the first half of the bar.
+                    Some(cb) => cb((0.5 * (base + done as u64) as f64 / total_read.max(1) as f64).min(0.5) as f32),
+                    None => true,
+                }
+            };
+            let f = GgufFile::open_with_progress(path, mode, &mut cb)?;
+            *read_done += f.file_size;
+            Ok(f)
+        }
+        let mut files = vec![open_one(first_path, mode, total_read, &mut read_done, &mut params)?];
+        let n_split = split_key(&files[0], "split.count")?.unwrap_or(0);
+        let mut paths: Vec<String> = paths.to_vec();
+        if n_split > 1 {
+            let no = split_key(&files[0], "split.no")?.unwrap_or(0);
+            if no != 0 {
+                return Err(Error::Gguf {
+                    path: first_path.clone(),
+                    offset: None,
+                    msg: format!("this is split {} of {n_split}; load the model from the first split", no + 1),
+                });
+            }
+            if paths.len() == 1 {
+                let (prefix, _, _) =
+                    split_prefix(first_path).filter(|&(_, n, c)| n == 0 && c == n_split).ok_or_else(|| Error::Gguf {
+                        path: first_path.clone(),
+                        offset: None,
+                        msg: format!(
+                            "split.count is {n_split} but the file name does not follow \
+                             <name>-00001-of-{n_split:05}.gguf; pass all the parts"
+                        ),
+                    })?;
+                paths = (0..n_split).map(|i| split_path(&prefix, i, n_split)).collect();
+                sizes = paths.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
+                if reads {
+                    total_read = sizes.iter().sum();
+                }
+            }
+            if paths.len() != n_split {
+                return Err(Error::Gguf {
+                    path: first_path.clone(),
+                    offset: None,
+                    msg: format!("invalid split count: {} files given but split.count is {n_split}", paths.len()),
+                });
+            }
+            for (i, p) in paths.iter().enumerate().skip(1) {
+                if !std::path::Path::new(p).exists() {
+                    return Err(Error::Io {
+                        path: p.clone(),
+                        what: format!("split {} of {n_split} of {first_path} is missing", i + 1),
+                        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+                    });
+                }
+                let f = open_one(p, mode, total_read, &mut read_done, &mut params)?;
+                match split_key(&f, "split.no")? {
+                    Some(n) if n == i => {}
+                    Some(n) => {
+                        return Err(Error::Gguf {
+                            path: p.clone(),
+                            offset: None,
+                            msg: format!("invalid split file index {n}, expected {i}"),
+                        })
+                    }
+                    None => {
+                        return Err(Error::Gguf { path: p.clone(), offset: None, msg: "missing key split.no in a split file".into() })
+                    }
+                }
+                files.push(f);
+            }
+        } else if paths.len() > 1 {
+            return Err(Error::Gguf {
+                path: first_path.clone(),
+                offset: None,
+                msg: format!("{} files given but the model is not split (no split.count > 1)", paths.len()),
+            });
+        }
+
         let mut tensor_map = HashMap::new();
         for (fi, f) in files.iter().enumerate() {
             for (ti, t) in f.tensors.iter().enumerate() {
                 if tensor_map.insert(t.name.clone(), (fi, ti)).is_some() {
-                    return Err(Error::Gguf { path: f.path.clone(), offset: None, msg: format!("duplicate tensor '{}' across split files", t.name) });
+                    return Err(Error::Gguf {
+                        path: f.path.clone(),
+                        offset: None,
+                        msg: format!("invalid model: tensor '{}' is duplicated across split files", t.name),
+                    });
                 }
             }
         }
+        if n_split > 1 {
+            if let Some(n) = split_key(&files[0], "split.tensors.count")? {
+                if n != tensor_map.len() {
+                    return Err(Error::Gguf {
+                        path: files[0].path.clone(),
+                        offset: None,
+                        msg: format!("corrupted model: {n} tensors expected but {} found in the splits", tensor_map.len()),
+                    });
+                }
+            }
+        }
+        for (k, v) in &params.kv_overrides {
+            apply_override(&mut files[0], k, v)?;
+        }
+        let arch_name = match files[0].get("general.architecture") {
+            None => {
+                return Err(Error::Unsupported(format!("{}: missing metadata key 'general.architecture'", files[0].path)))
+            }
+            Some(v) => v.as_str().ok_or_else(|| {
+                Error::Unsupported(format!("{}: metadata key 'general.architecture' must be a UTF-8 string", files[0].path))
+            })?,
+        }
+        .to_string();
+        let arch = models::find(&arch_name).map_err(|e| match e {
+            Error::Unsupported(m) => Error::Unsupported(format!("{}: {m}", files[0].path)),
+            e => e,
+        })?;
         let n_vocab = Self::guess_n_vocab(&files, &tensor_map);
         let meta = Meta { file: &files[0], arch: arch.name() };
         let hparams = arch.hparams(&meta, n_vocab)?;
-        let model = Model { files, arch, hparams, tensor_map, vocab_only: params.vocab_only };
+        let warnings = files.iter().flat_map(|f| f.warnings().iter().cloned()).collect();
+        let model = Model { files, arch, hparams, tensor_map, vocab_only: params.vocab_only, load_mode: mode, warnings };
         if !params.vocab_only {
             model.check_schema()?;
-            let total = model.tensor_map.len().max(1);
-            for (i, name) in model.tensor_map.keys().enumerate() {
-                let t = model.tensor(name).unwrap();
-                if !t.ty.is_supported() {
-                    return Err(Error::Unsupported(format!("tensor '{}': unsupported tensor type {}", name, t.ty)));
-                }
-                if let Some(cb) = params.progress.as_mut() {
-                    if !cb((i + 1) as f32 / total as f32) {
-                        return Err(Error::Cancelled);
+            let base = if reads { 0.5 } else { 0.0 };
+            let total: u64 = model.files.iter().flat_map(|f| f.tensors.iter()).map(|t| t.nbytes.max(1)).sum();
+            let mut done = 0u64;
+            for f in &model.files {
+                for t in &f.tensors {
+                    if !t.ty.is_supported() {
+                        return Err(Error::Unsupported(format!(
+                            "{}: tensor '{}' has type {}, which pyllama cannot compute with",
+                            f.path, t.name, t.ty
+                        )));
                     }
+                    if params.check_tensors {
+                        validate::validate_row_data(t.ty, f.tensor_data(t)).map_err(|why| Error::Gguf {
+                            path: f.path.clone(),
+                            offset: Some(f.data_offset + t.offset),
+                            msg: format!("tensor '{}' has invalid data: {why}", t.name),
+                        })?;
+                    }
+                    done += t.nbytes.max(1);
+                    report(base + (1.0 - base) * (done as f64 / total.max(1) as f64) as f32, &mut params)?;
                 }
             }
         }
+        report(1.0, &mut params)?;
         Ok(model)
+    }
+
+    /// Total number of elements of all tensors (llama_model_n_params).
+    pub fn n_params(&self) -> u64 {
+        self.files.iter().flat_map(|f| f.tensors.iter()).map(|t| t.n_elements()).sum()
+    }
+
+    /// Total bytes of all tensors (llama_model_size).
+    pub fn size(&self) -> u64 {
+        self.files.iter().flat_map(|f| f.tensors.iter()).map(|t| t.nbytes).sum()
+    }
+
+    /// llama.cpp's file type: `general.file_type` when present, else guessed from the most
+    /// common tensor type (the bool says it was guessed).
+    pub fn ftype(&self) -> (u32, bool) {
+        if let Some(v) = self.meta("general.file_type").and_then(Value::as_i64) {
+            if let Ok(v) = u32::try_from(v) {
+                return (v, false);
+            }
+        }
+        (ftype::guess(self.files.iter().flat_map(|f| f.tensors.iter()).map(|t| t.ty)), true)
+    }
+
+    /// "Q4_K - Medium", "(guessed) Q4_1"... (llama_ftype_name).
+    pub fn ftype_name(&self) -> String {
+        let (ft, guessed) = self.ftype();
+        let name = ftype::name(ft);
+        if guessed {
+            format!("(guessed) {name}")
+        } else {
+            name.to_string()
+        }
+    }
+
+    /// llama_model_desc: "<arch> <size class> <file type>", e.g. "llama 256M Q4_1".
+    pub fn desc(&self) -> String {
+        format!("{} {} {}", self.arch.name(), self.arch.type_name(&self.hparams), self.ftype_name())
     }
 
     fn guess_n_vocab(files: &[GgufFile], map: &HashMap<String, (usize, usize)>) -> usize {
@@ -124,7 +481,8 @@ impl Model {
             want[..spec.shape.len()].copy_from_slice(&spec.shape);
             if info.ne != want {
                 return Err(Error::Unsupported(format!(
-                    "tensor '{}' has wrong shape {:?}, expected {:?}",
+                    "{}: tensor '{}' has wrong shape {:?}, expected {:?}",
+                    self.files[0].path,
                     spec.name,
                     &info.ne[..info.n_dims.max(1) as usize],
                     spec.shape

@@ -14,9 +14,13 @@ create_exception!(_core, LoadCancelled, PyllamaError, "The progress callback can
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::Io { source, .. } => {
-            pyo3::exceptions::PyOSError::new_err((source.raw_os_error().unwrap_or(0), msg))
-        }
+        Error::Io { source, .. } => match (source.raw_os_error(), source.kind()) {
+            // OSError(errno, msg) becomes FileNotFoundError etc. by itself.
+            (Some(code), _) => pyo3::exceptions::PyOSError::new_err((code, msg)),
+            (None, std::io::ErrorKind::NotFound) => pyo3::exceptions::PyFileNotFoundError::new_err(msg),
+            (None, std::io::ErrorKind::OutOfMemory) => pyo3::exceptions::PyMemoryError::new_err(msg),
+            _ => pyo3::exceptions::PyOSError::new_err(msg),
+        },
         Error::Gguf { .. } => GGUFError::new_err(msg),
         Error::Unsupported(_) => UnsupportedModelError::new_err(msg),
         Error::Cancelled => LoadCancelled::new_err(msg),

@@ -77,6 +77,19 @@ impl PyGgufFile {
     fn is_mmap(&self) -> bool {
         self.inner.storage.is_mmap()
     }
+    #[getter]
+    fn is_locked(&self) -> bool {
+        self.inner.storage.is_locked()
+    }
+    #[getter]
+    fn file_size(&self) -> u64 {
+        self.inner.file_size
+    }
+    /// Non-fatal problems met while opening (mlock / O_DIRECT refused).
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings().to_vec()
+    }
 
     /// Metadata as an ordered dict of key -> Python value (int, float, bool, str, bytes
     /// for non-UTF-8 strings, list for arrays).
@@ -139,8 +152,11 @@ pub struct PyModel {
 
 #[pymethods]
 impl PyModel {
+    /// Load a model. `progress(p: float)` is called with 0.0 ... 1.0; returning False
+    /// cancels (LoadCancelled); None or any truthy value continues. `kv_overrides` maps
+    /// metadata keys to bool / int / float / str values.
     #[new]
-    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None))]
+    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None, kv_overrides = None))]
     fn new(
         py: Python<'_>,
         paths: Vec<std::path::PathBuf>,
@@ -148,7 +164,29 @@ impl PyModel {
         vocab_only: bool,
         check_tensors: bool,
         progress: Option<PyObject>,
+        kv_overrides: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let mut overrides = Vec::new();
+        if let Some(d) = kv_overrides {
+            for (k, v) in d.iter() {
+                let key: String = k.extract()?;
+                let val = if v.is_instance_of::<pyo3::types::PyBool>() {
+                    Value::Bool(v.extract()?)
+                } else if v.is_instance_of::<pyo3::types::PyInt>() {
+                    Value::I64(v.extract().map_err(|_| PyValueError::new_err(format!("kv_override '{key}': integer out of range")))?)
+                } else if v.is_instance_of::<pyo3::types::PyFloat>() {
+                    Value::F64(v.extract()?)
+                } else if let Ok(s) = v.extract::<String>() {
+                    Value::String(s.into_bytes())
+                } else {
+                    return Err(PyValueError::new_err(format!(
+                        "kv_override '{key}': value must be bool, int, float or str, not {}",
+                        v.get_type().name()?
+                    )));
+                };
+                overrides.push((key, val));
+            }
+        }
         let mode = parse_load_mode(load_mode)?;
         let paths: Vec<String> = paths.iter().map(|p| p.to_string_lossy().into_owned()).collect();
         let mut cb_err: Option<PyErr> = None;
@@ -156,7 +194,9 @@ impl PyModel {
             match &progress {
                 None => true,
                 Some(f) => Python::with_gil(|py| match f.call1(py, (p,)) {
-                    Ok(r) => r.is_truthy(py).unwrap_or(true),
+                    // Only an explicit false value cancels: a callback that just prints
+                    // (and returns None) must not stop the load.
+                    Ok(r) => r.is_none(py) || r.is_truthy(py).unwrap_or(true),
                     Err(e) => {
                         cb_err = Some(e);
                         false
@@ -164,7 +204,8 @@ impl PyModel {
                 }),
             }
         };
-        let params = LoadParams { load_mode: mode, vocab_only, check_tensors, progress: Some(&mut cb) };
+        let params =
+            LoadParams { load_mode: mode, vocab_only, check_tensors, progress: Some(&mut cb), kv_overrides: overrides };
         let r = py.allow_threads(|| Model::load(&paths, params));
         if let Some(e) = cb_err {
             return Err(e);
@@ -204,9 +245,88 @@ impl PyModel {
         Ok(d)
     }
 
-    /// The files' GGUFFile objects (first = the one holding the metadata).
+    /// Number of files (> 1 for split models; the first holds the metadata).
     fn n_files(&self) -> usize {
         self.inner.files.len()
+    }
+    #[getter]
+    fn paths(&self) -> Vec<String> {
+        self.inner.files.iter().map(|f| f.path.clone()).collect()
+    }
+    #[getter]
+    fn version(&self) -> u32 {
+        self.inner.files[0].version
+    }
+    #[getter]
+    fn load_mode(&self) -> &'static str {
+        self.inner.load_mode.name()
+    }
+    #[getter]
+    fn vocab_only(&self) -> bool {
+        self.inner.vocab_only
+    }
+    #[getter]
+    fn is_mmap(&self) -> bool {
+        self.inner.files.iter().all(|f| f.storage.is_mmap())
+    }
+    #[getter]
+    fn is_locked(&self) -> bool {
+        self.inner.files.iter().all(|f| f.storage.is_locked())
+    }
+    /// Non-fatal problems met while loading (mlock / O_DIRECT refused).
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings.clone()
+    }
+    /// Total elements of all tensors (llama_model_n_params).
+    fn n_params(&self) -> u64 {
+        self.inner.n_params()
+    }
+    /// Total bytes of all tensors (llama_model_size).
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    /// (llama_ftype value, guessed?)
+    fn ftype(&self) -> (u32, bool) {
+        self.inner.ftype()
+    }
+    /// "Q4_K - Medium", "(guessed) Q4_1", ...
+    fn ftype_name(&self) -> String {
+        self.inner.ftype_name()
+    }
+    /// llama_model_desc: "gemma3 270M Q4_K - Medium".
+    fn desc(&self) -> String {
+        self.inner.desc()
+    }
+    /// llama.cpp's size class ("270M").
+    fn type_name(&self) -> &'static str {
+        self.inner.arch.type_name(&self.inner.hparams)
+    }
+    fn metadata_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.files[0].metadata {
+            let et = match v {
+                Value::Array { elem_type, .. } => Some(*elem_type),
+                _ => None,
+            };
+            d.set_item(k, (v.type_id(), et))?;
+        }
+        Ok(d)
+    }
+    /// Raw bytes of a tensor (read-only uint8 view, no copy under mmap); None if absent.
+    fn tensor_raw<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Option<Bound<'py, PyArray1<u8>>>> {
+        let inner = slf.get().inner.clone();
+        let Some(t) = inner.tensor(name) else { return Ok(None) };
+        let data = t.data;
+        // SAFETY: `data` lives as long as `inner`, which the array's base object (slf) owns.
+        let arr = unsafe {
+            PyArray1::<u8>::borrow_from_array(
+                &numpy::ndarray::ArrayView1::from_shape_ptr(data.len(), data.as_ptr()),
+                slf.into_any(),
+            )
+        };
+        arr.readwrite().make_nonwriteable();
+        Ok(Some(arr))
     }
 
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -230,7 +350,28 @@ impl PyModel {
     }
 }
 
+/// The load mode names in llama.h's order (auto = -1, none = 0, ... dio = 4).
+#[pyfunction]
+fn load_mode_names() -> Vec<(&'static str, i32)> {
+    LoadMode::ALL.iter().map(|m| (m.name(), m.to_llama())).collect()
+}
+
+/// `<prefix>-00001-of-00003.gguf` -> (prefix, split index from 0, count), or None.
+#[pyfunction]
+fn split_prefix(path: &str) -> Option<(String, usize, usize)> {
+    pyllama_core::model::split_prefix(path)
+}
+
+/// The file name of split `no` (from 0) of `count`.
+#[pyfunction]
+fn split_path(prefix: &str, no: usize, count: usize) -> String {
+    pyllama_core::model::split_path(prefix, no, count)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(load_mode_names, m)?)?;
+    m.add_function(wrap_pyfunction!(split_prefix, m)?)?;
+    m.add_function(wrap_pyfunction!(split_path, m)?)?;
     m.add_class::<PyGgufFile>()?;
     m.add_class::<PyModel>()?;
     Ok(())

@@ -8,8 +8,9 @@
 
 mod reader;
 pub mod storage;
+pub mod validate;
 
-pub use reader::{parse, ParsedHeader};
+pub use reader::{parse, ParsedHeader, MAX_ARRAY_ELEMENTS, MAX_NAME, MAX_STRING_LENGTH};
 pub use storage::{LoadMode, Storage};
 
 use crate::error::{Error, Result};
@@ -159,9 +160,40 @@ impl GgufFile {
         Self::from_storage(path, storage)
     }
 
+    /// Like `open`; `progress(done, total)` follows the bytes read in the reading modes
+    /// (none, mlock, dio) and may return false to cancel.
+    pub fn open_with_progress(
+        path: &str,
+        mode: LoadMode,
+        progress: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Result<GgufFile> {
+        let storage = Storage::open_with_progress(path, mode, progress)?;
+        Self::from_storage(path, storage)
+    }
+
+    /// Non-fatal problems met while opening (mlock or O_DIRECT refused).
+    pub fn warnings(&self) -> &[String] {
+        &self.storage.warnings
+    }
+
+    /// Type id of a metadata value, and the element type for arrays.
+    pub fn type_of(&self, key: &str) -> Option<(u32, Option<u32>)> {
+        self.get(key).map(|v| match v {
+            Value::Array { elem_type, .. } => (vtype::ARRAY, Some(*elem_type)),
+            v => (v.type_id(), None),
+        })
+    }
+
     pub fn from_storage(path: &str, storage: Storage) -> Result<GgufFile> {
         let h = parse(path, storage.header_bytes())?;
         let file_size = storage.len() as u64;
+        if !h.tensors.is_empty() && h.data_offset > file_size {
+            return Err(gguf_err(
+                path,
+                Some(h.data_offset),
+                format!("data section starts at {} but the file has only {file_size} bytes", h.data_offset),
+            ));
+        }
         for t in &h.tensors {
             let end = h
                 .data_offset
@@ -171,9 +203,9 @@ impl GgufFile {
             if end > file_size {
                 return Err(gguf_err(
                     path,
-                    None,
+                    Some(h.data_offset + t.offset),
                     format!(
-                        "tensor '{}' data [{}, {}) extends past the end of the file ({} bytes)",
+                        "tensor '{}' data [{}, {}) extends past the end of the file ({} bytes): truncated file?",
                         t.name,
                         h.data_offset + t.offset,
                         end,

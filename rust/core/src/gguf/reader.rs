@@ -6,6 +6,12 @@ use crate::error::Result;
 use crate::ggml_type::GgmlType;
 use std::collections::HashSet;
 
+/// gguf.cpp's limits: no single string or array may claim more than 1 GiB (elements).
+pub const MAX_STRING_LENGTH: u64 = 1 << 30;
+pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 30;
+/// ggml's GGML_MAX_NAME (including the terminating NUL).
+pub const MAX_NAME: usize = 64;
+
 pub struct ParsedHeader {
     pub version: u32,
     pub metadata: Vec<(String, Value)>,
@@ -53,6 +59,10 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &str) -> Result<Vec<u8>> {
         let start = self.pos;
         let n = self.u64(what)?;
+        if n > MAX_STRING_LENGTH {
+            self.pos = start;
+            return self.err(format!("{what}: string length {n} exceeds the maximum {MAX_STRING_LENGTH}"));
+        }
         if n > self.remaining() as u64 {
             self.pos = start;
             return self.err(format!(
@@ -72,14 +82,8 @@ impl<'a> Cursor<'a> {
             vtype::U32 => Value::U32(self.u32(what)?),
             vtype::I32 => Value::I32(self.u32(what)? as i32),
             vtype::F32 => Value::F32(f32::from_bits(self.u32(what)?)),
-            vtype::BOOL => {
-                let b = self.u8(what)?;
-                if b > 1 {
-                    self.pos -= 1;
-                    return self.err(format!("{what}: invalid bool byte {b}"));
-                }
-                Value::Bool(b == 1)
-            }
+            // gguf.cpp reads an int8 and takes any non-zero byte as true.
+            vtype::BOOL => Value::Bool(self.u8(what)? != 0),
             vtype::STRING => Value::String(self.string(what)?),
             vtype::U64 => Value::U64(self.u64(what)?),
             vtype::I64 => Value::I64(self.u64(what)? as i64),
@@ -106,6 +110,10 @@ impl<'a> Cursor<'a> {
                         return self.err(format!("{what}: invalid array element type {t}"));
                     }
                 };
+                if n > MAX_ARRAY_ELEMENTS {
+                    self.pos = at;
+                    return self.err(format!("{what}: array of {n} elements exceeds the maximum {MAX_ARRAY_ELEMENTS}"));
+                }
                 if n.checked_mul(min_size).map_or(true, |b| b > self.remaining() as u64) {
                     self.pos = at;
                     return self.err(format!(
@@ -113,7 +121,11 @@ impl<'a> Cursor<'a> {
                         self.remaining()
                     ));
                 }
-                let mut values = Vec::with_capacity(n as usize);
+                let mut values = Vec::new();
+                if values.try_reserve_exact(n as usize).is_err() {
+                    self.pos = at;
+                    return self.err(format!("{what}: cannot allocate an array of {n} elements"));
+                }
                 for _ in 0..n {
                     values.push(self.value(elem_type, what, depth + 1)?);
                 }
@@ -146,8 +158,10 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
     }
     let n_tensors = c.u64("tensor count")?;
     let n_kv = c.u64("metadata count")?;
-    // Every tensor info takes at least 8+4+8+4+8 bytes, every kv at least 8+4+1.
-    if n_tensors.checked_mul(32).map_or(true, |b| b > c.remaining() as u64) {
+    // Every tensor info takes at least 8+4+4+8 bytes (name length, n_dims, type, offset),
+    // every kv at least 8+4+1: counts the rest of the file cannot hold are rejected
+    // before anything is allocated for them.
+    if n_tensors.checked_mul(24).map_or(true, |b| b > c.remaining() as u64) {
         c.pos -= 16;
         return c.err(format!("tensor count {n_tensors} is larger than the file can hold"));
     }
@@ -210,7 +224,7 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
                 return c.err(format!("tensor #{i} name is not valid UTF-8"));
             }
         };
-        if name.len() >= 64 {
+        if name.len() >= MAX_NAME {
             c.pos = at;
             return c.err(format!("tensor #{i} name '{name}' is {} bytes long (ggml's limit is 63)", name.len()));
         }
@@ -266,7 +280,13 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
         // (gguf.cpp: "tensor has offset X, expected Y").
         let expected = match tensors.last() {
             None => 0,
-            Some(p) => pad(p.offset + p.nbytes, alignment),
+            Some(p) => match p.offset.checked_add(p.nbytes).and_then(|e| pad(e, alignment)) {
+                Some(e) => e,
+                None => {
+                    c.pos -= 8;
+                    return c.err(format!("tensor '{name}': data section size overflows after tensor '{}'", p.name));
+                }
+            },
         };
         if offset != expected {
             c.pos -= 8;
@@ -274,10 +294,16 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
         }
         tensors.push(TensorInfo { name, ty, ne, n_dims, offset, nbytes });
     }
-    let data_offset = pad(c.pos as u64, alignment);
+    // gguf.cpp pads to the alignment only when there are tensors.
+    let data_offset = if tensors.is_empty() {
+        c.pos as u64
+    } else {
+        pad(c.pos as u64, alignment).ok_or_else(|| gguf_err(path, Some(c.pos as u64), "data offset overflows"))?
+    };
     Ok(ParsedHeader { version, metadata, tensors, alignment, data_offset })
 }
 
-fn pad(x: u64, a: u64) -> u64 {
-    x.div_ceil(a) * a
+/// `x` rounded up to a multiple of `a` (a power of two), None on overflow.
+pub(crate) fn pad(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|y| y / a * a)
 }

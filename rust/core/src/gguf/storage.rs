@@ -1,5 +1,16 @@
-//! Where the bytes of a GGUF file live: a read-only memory map (zero copy) or an owned,
-//! 64-byte aligned buffer (load mode `none` / `dio`).
+//! Where the bytes of a GGUF file live (pipeline step 2, load modes as llama.h names them):
+//!
+//! - `mmap` / `auto`: a read-only memory map; tensors point into it (zero copy, pages are
+//!   read lazily by the kernel, RSS grows only as weights are touched).
+//! - `none`: the whole file read into an owned, 64-byte aligned buffer.
+//! - `mlock`: like `none`, then the buffer is locked in RAM (mlock).
+//! - `mmap+mlock`: the map, locked in RAM.
+//! - `dio`: read with O_DIRECT (Linux) into a buffer aligned to the file system block size,
+//!   every read rounded to whole blocks; where the file system refuses O_DIRECT (tmpfs,
+//!   some network file systems) it falls back to buffered reads with a warning.
+//!
+//! Failing to lock memory is not fatal (llama.cpp only warns too): the reason lands in
+//! `warnings`, which the Python layer logs.
 
 use crate::error::{Error, Result};
 use std::fs::File;
@@ -16,6 +27,9 @@ pub enum LoadMode {
 }
 
 impl LoadMode {
+    pub const ALL: [LoadMode; 6] =
+        [LoadMode::Auto, LoadMode::None, LoadMode::Mmap, LoadMode::Mlock, LoadMode::MmapMlock, LoadMode::Dio];
+
     pub fn name(self) -> &'static str {
         match self {
             LoadMode::Auto => "auto",
@@ -37,57 +51,160 @@ impl LoadMode {
             _ => return None,
         })
     }
+    /// llama.h's enum value (LLAMA_LOAD_MODE_AUTO = -1 ... LLAMA_LOAD_MODE_DIRECT_IO = 4).
+    pub fn to_llama(self) -> i32 {
+        match self {
+            LoadMode::Auto => -1,
+            LoadMode::None => 0,
+            LoadMode::Mmap => 1,
+            LoadMode::Mlock => 2,
+            LoadMode::MmapMlock => 3,
+            LoadMode::Dio => 4,
+        }
+    }
+    pub fn from_llama(v: i32) -> Option<LoadMode> {
+        LoadMode::ALL.into_iter().find(|m| m.to_llama() == v)
+    }
+    pub fn uses_mmap(self) -> bool {
+        matches!(self, LoadMode::Auto | LoadMode::Mmap | LoadMode::MmapMlock)
+    }
+    pub fn uses_mlock(self) -> bool {
+        matches!(self, LoadMode::Mlock | LoadMode::MmapMlock)
+    }
 }
 
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub struct Line([u8; 64]);
+/// An owned byte buffer with a chosen alignment (64 for cache lines / SIMD loads, the
+/// file system block size for O_DIRECT). Allocation failure is an error, not an abort.
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    /// Bytes that hold file data.
+    len: usize,
+    layout: std::alloc::Layout,
+}
 
-pub enum Storage {
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `cap` bytes (at least 1) of which the first `len` are data.
+    fn new(len: usize, cap: usize, align: usize) -> Option<AlignedBuf> {
+        let layout = std::alloc::Layout::from_size_align(cap.max(len).max(1), align).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(AlignedBuf { ptr: std::ptr::NonNull::new(p)?, len, layout })
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation holds layout.size() >= len initialized (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    /// The whole allocation (data plus block padding for O_DIRECT).
+    fn as_mut_full(&mut self) -> &mut [u8] {
+        // SAFETY: as above; &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+enum Kind {
     Mmap(memmap2::Mmap),
-    Owned { buf: Vec<Line>, len: usize },
+    Owned(AlignedBuf),
 }
+
+pub struct Storage {
+    kind: Kind,
+    /// Whether the bytes are locked in RAM (unlocked again on drop).
+    locked: bool,
+    /// Non-fatal problems (mlock refused, O_DIRECT refused) for the caller to log.
+    pub warnings: Vec<String>,
+}
+
+/// Reads are done in chunks of this size so that progress can be reported and a
+/// cancellation takes effect quickly.
+const CHUNK: usize = 16 << 20;
 
 impl Storage {
     pub fn open(path: &str, mode: LoadMode) -> Result<Storage> {
+        Self::open_with_progress(path, mode, &mut |_, _| true)
+    }
+
+    /// Open `path` in `mode`. For modes that read the file, `progress(done, total)` is
+    /// called after every chunk; returning false stops and returns `Error::Cancelled`
+    /// (the buffer and the file handle are dropped).
+    pub fn open_with_progress(
+        path: &str,
+        mode: LoadMode,
+        progress: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Result<Storage> {
         let io = |what: &str, e| Error::Io { path: path.to_string(), what: what.to_string(), source: e };
-        let mut f = File::open(path).map_err(|e| io("cannot open", e))?;
-        let len = f.metadata().map_err(|e| io("cannot stat", e))?.len() as usize;
-        match mode {
-            LoadMode::Auto | LoadMode::Mmap | LoadMode::MmapMlock if len > 0 => {
-                // SAFETY: the file is opened read-only; like llama.cpp we accept that a
-                // concurrent writer truncating the file is undefined behaviour.
-                let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| io("cannot mmap", e))?;
-                Ok(Storage::Mmap(m))
+        let f = File::open(path).map_err(|e| io("cannot open", e))?;
+        let meta = f.metadata().map_err(|e| io("cannot stat", e))?;
+        if meta.is_dir() {
+            return Err(Error::Io {
+                path: path.to_string(),
+                what: "cannot read".into(),
+                source: std::io::Error::new(std::io::ErrorKind::Other, "is a directory"),
+            });
+        }
+        let len = usize::try_from(meta.len()).map_err(|_| {
+            Error::Gguf { path: path.to_string(), offset: None, msg: "file too large for this platform".into() }
+        })?;
+        let mut warnings = Vec::new();
+        let mut s = if mode.uses_mmap() && len > 0 {
+            // SAFETY: the file is opened read-only; like llama.cpp we accept that a
+            // concurrent writer truncating the file is undefined behaviour.
+            let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| io("cannot mmap", e))?;
+            Storage { kind: Kind::Mmap(m), locked: false, warnings: Vec::new() }
+        } else if mode == LoadMode::Dio {
+            drop(f);
+            match read_direct(path, len, progress)? {
+                Ok(buf) => Storage { kind: Kind::Owned(buf), locked: false, warnings: Vec::new() },
+                Err(why) => {
+                    warnings.push(format!("{path}: direct I/O not available ({why}); falling back to buffered reads"));
+                    let f = File::open(path).map_err(|e| io("cannot open", e))?;
+                    Storage { kind: Kind::Owned(read_buffered(path, f, len, progress)?), locked: false, warnings: Vec::new() }
+                }
             }
-            _ => {
-                let mut s = Storage::Owned { buf: vec![Line([0; 64]); len.div_ceil(64)], len };
-                f.read_exact(s.bytes_mut()).map_err(|e| io("cannot read", e))?;
-                Ok(s)
-            }
+        } else {
+            Storage { kind: Kind::Owned(read_buffered(path, f, len, progress)?), locked: false, warnings: Vec::new() }
+        };
+        s.warnings = warnings;
+        if mode.uses_mlock() {
+            s.lock(path);
+        }
+        Ok(s)
+    }
+
+    fn lock(&mut self, path: &str) {
+        let r: std::io::Result<()> = match &self.kind {
+            Kind::Mmap(m) => m.lock(),
+            Kind::Owned(b) => lock_bytes(b.as_slice()),
+        };
+        match r {
+            Ok(()) => self.locked = !self.is_empty(),
+            Err(e) => self.warnings.push(format!(
+                "{path}: failed to mlock {} bytes: {e} (try raising the RLIMIT_MEMLOCK limit, `ulimit -l`)",
+                self.len()
+            )),
         }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Storage {
-        let mut s = Storage::Owned { buf: vec![Line([0; 64]); bytes.len().div_ceil(64)], len: bytes.len() };
-        s.bytes_mut().copy_from_slice(bytes);
-        s
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            Storage::Mmap(_) => &mut [],
-            Storage::Owned { buf, len } => {
-                // SAFETY: Line is 64 plain bytes; the Vec holds at least `len` bytes.
-                unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, *len) }
-            }
-        }
+        let mut b = AlignedBuf::new(bytes.len(), bytes.len(), 64).expect("out of memory");
+        b.as_mut_full()[..bytes.len()].copy_from_slice(bytes);
+        Storage { kind: Kind::Owned(b), locked: false, warnings: Vec::new() }
     }
 
     pub fn bytes(&self) -> &[u8] {
-        match self {
-            Storage::Mmap(m) => m,
-            Storage::Owned { buf, len } => unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, *len) },
+        match &self.kind {
+            Kind::Mmap(m) => m,
+            Kind::Owned(b) => b.as_slice(),
         }
     }
 
@@ -104,6 +221,149 @@ impl Storage {
     }
 
     pub fn is_mmap(&self) -> bool {
-        matches!(self, Storage::Mmap(_))
+        matches!(self.kind, Kind::Mmap(_))
     }
+
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if self.locked {
+            let _ = match &self.kind {
+                Kind::Mmap(m) => m.unlock(),
+                Kind::Owned(b) => unlock_bytes(b.as_slice()),
+            };
+        }
+    }
+}
+
+fn alloc_err(path: &str, n: usize) -> Error {
+    Error::Io {
+        path: path.to_string(),
+        what: format!("cannot allocate {n} bytes to read the file"),
+        source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "out of memory"),
+    }
+}
+
+fn read_buffered(
+    path: &str,
+    mut f: File,
+    len: usize,
+    progress: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(len, len, 64).ok_or_else(|| alloc_err(path, len))?;
+    let dst = &mut buf.as_mut_full()[..len];
+    let mut done = 0;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        f.read_exact(&mut dst[done..done + n]).map_err(|e| Error::Io {
+            path: path.to_string(),
+            what: format!("cannot read bytes {done}..{}", done + n),
+            source: e,
+        })?;
+        done += n;
+        if !progress(done, len) {
+            return Err(Error::Cancelled);
+        }
+    }
+    Ok(buf)
+}
+
+/// O_DIRECT read. The outer Result is a hard error (I/O error, cancel); the inner Err
+/// says why direct I/O is unavailable, so the caller falls back to buffered reads.
+#[cfg(target_os = "linux")]
+fn read_direct(
+    path: &str,
+    len: usize,
+    progress: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<std::result::Result<AlignedBuf, String>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let meta = f.metadata().map_err(|e| Error::Io { path: path.to_string(), what: "cannot stat".into(), source: e })?;
+    // O_DIRECT wants buffer address, file offset and length aligned to the block size.
+    let block = (meta.blksize() as usize).clamp(512, 1 << 20).next_power_of_two();
+    let cap = len.div_ceil(block).max(1) * block;
+    let mut buf = AlignedBuf::new(len, cap, block.max(64)).ok_or_else(|| alloc_err(path, cap))?;
+    let chunk = CHUNK / block * block;
+    let mut done = 0usize;
+    let mut f = f;
+    while done < len {
+        let want = chunk.min(cap - done);
+        let dst = &mut buf.as_mut_full()[done..done + want];
+        let n = match f.read(dst) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EFAULT)) => {
+                return Ok(Err(e.to_string()))
+            }
+            Err(e) => {
+                return Err(Error::Io { path: path.to_string(), what: format!("cannot read at offset {done}"), source: e })
+            }
+        };
+        if n == 0 {
+            return Err(Error::Io {
+                path: path.to_string(),
+                what: format!("unexpected end of file at offset {done}"),
+                source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while reading"),
+            });
+        }
+        done += n;
+        if n % block != 0 && done < len {
+            // A short read in the middle of the file leaves the offset unaligned: the
+            // next O_DIRECT read would fail, so let buffered reads finish the job.
+            return Ok(Err(format!("short read of {n} bytes at offset {}", done - n)));
+        }
+        if !progress(done.min(len), len) {
+            return Err(Error::Cancelled);
+        }
+    }
+    Ok(Ok(buf))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn read_direct(
+    _path: &str,
+    _len: usize,
+    _progress: &mut dyn FnMut(usize, usize) -> bool,
+) -> Result<std::result::Result<AlignedBuf, String>> {
+    Ok(Err("O_DIRECT is only implemented on Linux".into()))
+}
+
+#[cfg(unix)]
+fn lock_bytes(b: &[u8]) -> std::io::Result<()> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the range is a live allocation owned by the caller.
+    if unsafe { libc::mlock(b.as_ptr() as *const libc::c_void, b.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(unix)]
+fn unlock_bytes(b: &[u8]) -> std::io::Result<()> {
+    // SAFETY: as in lock_bytes.
+    if b.is_empty() || unsafe { libc::munlock(b.as_ptr() as *const libc::c_void, b.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(unix))]
+fn lock_bytes(_b: &[u8]) -> std::io::Result<()> {
+    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "mlock of read buffers is not supported on this platform"))
+}
+
+#[cfg(not(unix))]
+fn unlock_bytes(_b: &[u8]) -> std::io::Result<()> {
+    Ok(())
 }

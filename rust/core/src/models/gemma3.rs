@@ -31,6 +31,19 @@ impl Arch for Gemma3 {
         Ok(hp)
     }
 
+    /// src/models/gemma3.cpp load_arch_hparams.
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        match hp.n_layer {
+            18 => "270M",
+            26 => "1B",
+            32 => "8B",
+            34 => "4B",
+            48 => "12B",
+            62 => "27B",
+            _ => "?B",
+        }
+    }
+
     fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
         let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
         let mut v = vec![

@@ -15,6 +15,24 @@ impl Arch for Llama {
         common_hparams(meta, n_vocab, RopeType::Norm)
     }
 
+    /// src/models/llama.cpp load_arch_hparams (dense models).
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        match hp.n_layer {
+            16 | 22 => "1B",
+            26 | 28 => "3B",
+            30 => "256M",
+            32 if hp.n_vocab == 49152 => "3B",
+            32 if hp.n_vocab < 40000 => "7B",
+            32 | 36 => "8B",
+            40 => "13B",
+            48 => "34B",
+            60 => "30B",
+            80 if hp.n_head(0) == hp.n_head_kv(0) => "65B",
+            80 => "70B",
+            _ => "?B",
+        }
+    }
+
     fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
         let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
         let mut v = vec![

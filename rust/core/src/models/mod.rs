@@ -44,6 +44,10 @@ pub trait Arch: Sync {
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams>;
     /// Every tensor the forward pass uses, with its expected shape.
     fn tensors(&self, hp: &HParams) -> Vec<TensorSpec>;
+    /// llama.cpp's size class for llama_model_desc ("270M", "1B"; "?B" when unknown).
+    fn type_name(&self, _hp: &HParams) -> &'static str {
+        "?B"
+    }
 }
 
 pub static REGISTRY: &[&dyn Arch] = &[&llama::Llama, &gemma3::Gemma3];
@@ -55,10 +59,20 @@ pub fn find(name: &str) -> Result<&'static dyn Arch> {
     })
 }
 
+pub const MAX_LAYERS: usize = 512;
+
 /// The hparams every transformer shares, with llama.cpp's defaults
 /// (src/llama-model.cpp `load_hparams`).
 pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Result<HParams> {
     let n_layer = meta.req_u("block_count")?;
+    // llama.cpp's LLAMA_MAX_LAYERS; also keeps per-layer vectors of a corrupted count small.
+    if n_layer > MAX_LAYERS {
+        return Err(Error::Unsupported(format!(
+            "{}: {} is {n_layer}, more than the {MAX_LAYERS} layers llama.cpp supports",
+            meta.file.path,
+            meta.key("block_count")
+        )));
+    }
     let n_embd = meta.req_u("embedding_length")?;
     let n_head = meta.per_layer("attention.head_count", n_layer, None)?;
     let n_head0 = *n_head.first().unwrap_or(&0);

@@ -1,0 +1,238 @@
+"""The idiomatic model object (pipeline steps 2-6): load a GGUF model (one file or a split
+model), with its hyperparameters, metadata, size and type, raising typed exceptions.
+
+    model = pyllama.Model.load("model.gguf", load_mode="mmap")
+    model.hparams["n_layer"], model.desc, model.chat_template()
+
+The weights stay in Rust (``model._core``, a ``pyllama._core.Model``); under mmap they
+are used in place, never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from .errors import LoadCancelled  # noqa: F401  (re-exported for callers of Model.load)
+
+log = logging.getLogger("pyllama")
+
+PathArg = Union[str, bytes, "PathLike[str]"]
+
+#: llama.h's load modes, in its enum order (auto = -1 ... dio = 4).
+LOAD_MODES: dict[str, int] = dict(_core.load_mode_names())
+
+
+def _fspath(p: PathArg) -> str:
+    if isinstance(p, bytes):
+        return p.decode("utf-8", "surrogateescape")
+    return str(p.__fspath__() if hasattr(p, "__fspath__") else p)
+
+
+def meta_value_str(v: Any) -> str:
+    """A metadata value as llama.cpp's gguf_kv_to_str writes it (floats with %f, bools
+    as true/false, arrays as [a, b] with quoted strings)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:f}"
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list):
+        parts = []
+        for x in v:
+            if isinstance(x, (str, bytes)):
+                s = x if isinstance(x, str) else x.decode("utf-8", "replace")
+                parts.append('"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"')
+            elif isinstance(x, list):
+                parts.append("???")
+            else:
+                parts.append(meta_value_str(x))
+        return "[" + ", ".join(parts) + "]"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: str
+    #: numpy order (gguf-py's convention): the reverse of ggml's ne.
+    shape: tuple[int, ...]
+    #: offset inside its file's data section
+    offset: int
+    nbytes: int
+
+
+class Model:
+    """A loaded model. Create with :meth:`Model.load`."""
+
+    def __init__(self, core: "_core.Model"):
+        self._core = core
+        self.arch: str = core.arch
+        self.paths: list[str] = core.paths
+        self.path: str = self.paths[0]
+        self.hparams: dict[str, Any] = core.hparams()
+        self._metadata: Optional[dict[str, Any]] = None
+        for w in core.warnings:
+            log.warning("%s", w)
+
+    @classmethod
+    def load(
+        cls,
+        path: Union[PathArg, Sequence[PathArg]],
+        *,
+        load_mode: str = "auto",
+        progress: Optional[Callable[[float], Any]] = None,
+        vocab_only: bool = False,
+        check_tensors: bool = False,
+        kv_overrides: Optional[Mapping[str, Union[bool, int, float, str]]] = None,
+    ) -> "Model":
+        """Load a model from a GGUF file, the first part of a split model
+        (``name-00001-of-00003.gguf``: the other parts are found next to it), or a list of
+        all parts.
+
+        ``load_mode``: auto, none, mmap, mlock, mmap+mlock or dio. ``progress(p)`` is
+        called with 0.0 ... 1.0 (monotonic, at least once per tensor); returning False
+        cancels and raises :class:`LoadCancelled`. ``check_tensors`` scans the data for
+        NaN/Inf (floats and quantization scales). ``kv_overrides`` replaces metadata
+        values before the hyperparameters are read.
+
+        Raises GGUFError (malformed file), UnsupportedModelError (well-formed but not
+        runnable), LoadCancelled, FileNotFoundError / OSError, ValueError (bad argument).
+        """
+        if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
+            paths = [_fspath(path)]  # type: ignore[arg-type]
+        else:
+            paths = [_fspath(p) for p in path]  # type: ignore[union-attr]
+        if load_mode not in LOAD_MODES:
+            raise ValueError(f"unknown load mode {load_mode!r} (expected one of {', '.join(LOAD_MODES)})")
+        core = _core.Model(
+            paths,
+            load_mode,
+            vocab_only=vocab_only,
+            check_tensors=check_tensors,
+            progress=progress,
+            kv_overrides=dict(kv_overrides) if kv_overrides else None,
+        )
+        return cls(core)
+
+    # -- metadata ---------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """All metadata of the first file (after kv_overrides) as Python values. Built on
+        first use: the tokenizer arrays are large, and loading should not pay for them."""
+        if self._metadata is None:
+            self._metadata = self._core.metadata()
+        return self._metadata
+
+    def meta(self) -> dict[str, str]:
+        """llama.cpp's model->gguf_kv: every non-array key, value as a string, sorted."""
+        types = self._core.metadata_types()
+        md = self.metadata
+        return {k: meta_value_str(md[k]) for k in sorted(md) if types[k][0] != 9}
+
+    def chat_template(self, name: Optional[str] = None) -> Optional[str]:
+        """The chat template (``tokenizer.chat_template`` or ``tokenizer.chat_template.<name>``),
+        or None. Untrusted input: render it only in jinja2's sandbox."""
+        key = "tokenizer.chat_template" + (f".{name}" if name else "")
+        v = self.metadata.get(key)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        return v if isinstance(v, str) else None
+
+    # -- size and type ----------------------------------------------------------------
+
+    @property
+    def n_params(self) -> int:
+        return self._core.n_params()
+
+    @property
+    def size(self) -> int:
+        """Bytes of all tensors."""
+        return self._core.size()
+
+    @property
+    def bpw(self) -> float:
+        """Bits per weight over all tensors."""
+        return self.size * 8 / max(self.n_params, 1)
+
+    @property
+    def ftype(self) -> int:
+        """llama.h's llama_ftype (LLAMA_FTYPE_GUESSED, 1024, added when guessed)."""
+        ft, guessed = self._core.ftype()
+        return ft | 1024 if guessed else ft
+
+    @property
+    def ftype_name(self) -> str:
+        """The type guess as llama.cpp names it: "Q4_1", "Q4_K - Medium"."""
+        return self._core.ftype_name()
+
+    @property
+    def type_name(self) -> str:
+        """llama.cpp's size class ("270M"; "?B" when unknown)."""
+        return self._core.type_name()
+
+    @property
+    def desc(self) -> str:
+        """llama_model_desc: "gemma3 270M Q4_K - Medium"."""
+        return self._core.desc()
+
+    @property
+    def load_mode(self) -> str:
+        return self._core.load_mode
+
+    @property
+    def vocab_only(self) -> bool:
+        return self._core.vocab_only
+
+    # -- hyperparameters ----------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams["n_vocab"]
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.hparams["n_ctx_train"]
+
+    @property
+    def n_embd(self) -> int:
+        return self.hparams["n_embd"]
+
+    @property
+    def n_layer(self) -> int:
+        return self.hparams["n_layer"]
+
+    @property
+    def n_head(self) -> int:
+        """Heads of layer 0 (llama_model_n_head); per layer in hparams["n_head"]."""
+        return self.hparams["n_head"][0]
+
+    @property
+    def n_head_kv(self) -> int:
+        return self.hparams["n_head_kv"][0]
+
+    # -- tensors ------------------------------------------------------------------------
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        return [TensorInfo(n, t, tuple(reversed(ne)), off, nb) for n, t, ne, off, nb in self._core.tensors()]
+
+    def tensor_raw(self, name: str) -> np.ndarray:
+        """A tensor's bytes as a read-only uint8 array (no copy under mmap)."""
+        a = self._core.tensor_raw(name)
+        if a is None:
+            raise KeyError(f"{self.path}: no tensor named {name!r}")
+        return a
+
+    def __repr__(self) -> str:
+        return f"Model({self.path!r}, {self.desc!r}, {self.n_params} params, load_mode={self.load_mode!r})"
+
+
+__all__ = ["LOAD_MODES", "Model", "TensorInfo", "meta_value_str"]
