@@ -1,0 +1,110 @@
+"""Tokenizers against llama.cpp's own outputs: the reference corpus recorded with
+llama_tokenize on the real models, and llama.cpp's tokenizer test suite
+(tests/test-tokenizer-0.cpp: add_special=False, parse_special=False)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from pyllama.vocab import Vocab
+
+DATA = Path(__file__).parent / "data" / "tokenizer"
+
+REFERENCE = {"smollm2": "smollm2-135m-q4_1.tokenize.json", "gemma3": "gemma3-270m-q4_k_m.tokenize.json"}
+
+
+@pytest.fixture(scope="module")
+def smollm2_vocab(smollm2_path):
+    return Vocab.from_file(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma3_vocab(gemma3_path):
+    return Vocab.from_file(gemma3_path)
+
+
+def _cases(name):
+    return json.loads((DATA / REFERENCE[name]).read_text())["cases"]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_reference_corpus(name, request):
+    v = request.getfixturevalue(f"{name}_vocab")
+    cases = _cases(name)
+    assert len(cases) == 50
+    for c in cases:
+        for add in (0, 1):
+            for parse in (0, 1):
+                got = v.tokenize(c["text"], add_special=bool(add), parse_special=bool(parse))
+                assert got == c[f"ids_add{add}_parse{parse}"], (c["text"], add, parse)
+        # llama_detokenize(ids, remove_special=False, unparse_special=False)
+        assert v.decode(c["ids_add0_parse1"]) == c["detok_of_ids_add0_parse1"], c["text"]
+
+
+def test_reference_corpus_via_llama_api(smollm2_vocab):
+    """The same ids through the llama.h-style call with a numpy buffer."""
+    import numpy as np
+
+    from pyllama import llama_api as L
+
+    for c in _cases("smollm2"):
+        raw = c["text"].encode()
+        exp = c["ids_add1_parse1"]
+        buf = np.zeros(len(exp) + 3, dtype=np.int32)
+        n = L.llama_tokenize(smollm2_vocab, raw, len(raw), buf, len(buf), True, True)
+        assert n == len(exp) and buf[:n].tolist() == exp
+        if exp:
+            assert L.llama_tokenize(smollm2_vocab, raw, len(raw), buf, len(exp) - 1, True, True) == -len(exp)
+
+
+# -- llama.cpp's vocab suite ------------------------------------------------------------------
+
+SUITE = ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "falcon",
+         "starcoder", "mpt", "refact"]
+_SHARED = {"qwen35": ("qwen2", {"tokenizer.ggml.pre": "qwen35"})}
+
+
+def _dec(v):
+    if isinstance(v, dict) and "b64" in v:
+        return base64.b64decode(v["b64"])
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    return v
+
+
+def suite_metadata(name: str) -> dict:
+    base, extra = _SHARED.get(name, (name, {}))
+    with gzip.open(DATA / f"{base}.json.gz", "rt", encoding="utf-8") as fh:
+        md = {k: _dec(v) for k, v in json.load(fh).items()}
+    md.update(extra)
+    return md
+
+
+def suite_cases(name: str) -> list[tuple[str, list[int]]]:
+    raw = (DATA / f"{name}.inp").read_bytes().decode("utf-8")
+    outs = (DATA / f"{name}.out").read_text(encoding="utf-8").split("\n")
+    sep = "\n__ggml_vocab_test__\n"
+    inp, pos = [], 0
+    while pos < len(raw):
+        nxt = raw.find(sep, pos)
+        if nxt == -1:
+            inp.append(raw[pos:])
+            break
+        inp.append(raw[pos:nxt])
+        pos = nxt + len(sep)
+    assert len(outs) >= len(inp)
+    return [(s, [int(x) for x in o.split()]) for s, o in zip(inp, outs)]
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_llama_cpp_vocab_suite(name):
+    v = Vocab.from_metadata(suite_metadata(name), source=name)
+    cases = suite_cases(name)
+    assert len(cases) >= 40
+    for text, expected in cases:
+        assert v.tokenize(text, add_special=False, parse_special=False) == expected, repr(text)

@@ -1,0 +1,270 @@
+"""Vocab API, llama.h-style functions, streaming detokenizer, bad input and properties."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyllama import PyllamaError, UnsupportedModelError
+from pyllama import llama_api as L
+from pyllama.vocab import ATTR_CONTROL, ATTR_USER_DEFINED, VOCAB_TYPE_BPE, VOCAB_TYPE_SPM, Vocab
+
+from test_tokenizer import suite_metadata
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return Vocab.from_metadata(suite_metadata("gpt-2"), source="gpt-2")
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    return Vocab.from_metadata(suite_metadata("llama-bpe"), source="llama-bpe")
+
+
+@pytest.fixture(scope="module")
+def spm():
+    return Vocab.from_metadata(suite_metadata("llama-spm"), source="llama-spm")
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return Vocab.from_file(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    return Vocab.from_file(gemma3_path)
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+def test_smollm2_special_ids(smollm2):
+    v = smollm2
+    assert v.type == VOCAB_TYPE_BPE and v.n_tokens == 49152
+    assert (v.bos, v.eos, v.unk, v.pad) == (1, 2, 0, 2)
+    assert not v.add_bos and not v.add_eos
+    assert v.texts[v.eot] in ("<|im_end|>", "<|endoftext|>")
+    # <|endoftext|> (0) and <|im_end|> (2) end generation; <|im_start|> (1) does not
+    assert v.is_eog(0) and v.is_eog(2) and not v.is_eog(1)
+    assert v.nl == v.tokenize("\n", add_special=False)[0]
+
+
+def test_gemma3_special_ids(gemma3):
+    v = gemma3
+    assert v.type == VOCAB_TYPE_SPM and v.n_tokens == 262144
+    assert (v.bos, v.eos, v.unk, v.pad) == (2, 1, 3, 0)
+    assert v.add_bos and not v.add_eos and not v.add_space_prefix
+    eot = v.text_to_id["<end_of_turn>"]
+    assert v.eot == eot and v.is_eog(eot) and v.is_eog(1)
+    assert v.texts[v.nl] == "<0x0A>"
+    assert v.attrs[v.text_to_id["<start_of_turn>"]] & ATTR_CONTROL
+    assert v.attrs[v.text_to_id["\n\n"]] & ATTR_USER_DEFINED
+
+
+def test_llama_api_getters(smollm2):
+    v = L.llama_model_get_vocab(smollm2)
+    assert L.llama_vocab_type(v) == L.LLAMA_VOCAB_TYPE_BPE
+    assert L.llama_vocab_n_tokens(v) == L.llama_n_vocab(v) == 49152
+    assert L.llama_vocab_get_text(v, 2) == b"<|im_end|>"
+    assert L.llama_vocab_get_attr(v, 2) & L.LLAMA_TOKEN_ATTR_CONTROL
+    assert L.llama_vocab_is_control(v, 1) and not L.llama_vocab_is_control(v, 100)
+    assert L.llama_vocab_get_score(v, 100) == 0.0
+    assert (L.llama_vocab_bos(v), L.llama_vocab_eos(v), L.llama_vocab_pad(v)) == (1, 2, 2)
+    assert L.llama_vocab_sep(v) == L.LLAMA_TOKEN_NULL
+    assert L.llama_vocab_get_add_bos(v) is False and L.llama_vocab_get_add_eos(v) is False
+    assert L.llama_vocab_is_eog(v, 2) and not L.llama_vocab_is_eog(v, 100)
+
+
+def test_missing_pre_warns_and_falls_back(caplog):
+    md = suite_metadata("gpt-2")
+    del md["tokenizer.ggml.pre"]
+    with caplog.at_level(logging.WARNING, logger="pyllama"):
+        v = Vocab.from_metadata(md, source="x.gguf")
+    assert v.pre_config.regexes == "default"
+    assert "missing pre-tokenizer" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"tokenizer.ggml.pre": "no-such-pre"}, "unknown pre-tokenizer type: 'no-such-pre'"),
+        ({"tokenizer.ggml.model": "sentencepiece-v9"}, "unknown tokenizer model 'sentencepiece-v9'"),
+        ({"tokenizer.ggml.model": "t5"}, "not supported yet"),
+    ],
+)
+def test_unsupported_raises(change, match):
+    md = suite_metadata("gpt-2")
+    md.update(change)
+    with pytest.raises(UnsupportedModelError, match=match):
+        Vocab.from_metadata(md, source="x.gguf")
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"tokenizer.ggml.tokens": None}, "cannot find tokenizer vocab"),
+        ({"tokenizer.ggml.merges": None}, "cannot find tokenizer merges"),
+        ({"tokenizer.ggml.token_type": [1, 1]}, "Index out of array bounds for toktypes"),
+        ({"tokenizer.ggml.model": 7}, "tokenizer.ggml.model must be a string"),
+        ({"tokenizer.ggml.bos_token_id": "x"}, "bos_token_id must be an integer"),
+    ],
+)
+def test_bad_metadata_raises_named_error(change, match):
+    md = suite_metadata("gpt-2")
+    for k, val in change.items():
+        if val is None:
+            md.pop(k, None)
+        else:
+            md[k] = val
+    with pytest.raises(PyllamaError, match=match) as ei:
+        Vocab.from_metadata(md, source="bad.gguf")
+    assert "bad.gguf" in str(ei.value)
+
+
+def test_out_of_range_special_id_is_disabled_with_warning(caplog):
+    md = suite_metadata("gpt-2")
+    md["tokenizer.ggml.eot_token_id"] = 10**6
+    with caplog.at_level(logging.WARNING, logger="pyllama"):
+        v = Vocab.from_metadata(md, source="x.gguf")
+    assert v.eot == L.LLAMA_TOKEN_NULL or v.eot < v.n_tokens
+    assert "bad special token" in caplog.text
+
+
+# -- pieces and ids ---------------------------------------------------------------------------
+
+def test_out_of_range_ids_raise_value_error_naming_range(gpt2):
+    n = gpt2.n_tokens
+    for bad in (-1, n, n + 10):
+        with pytest.raises(ValueError, match=rf"valid ids are 0\.\.{n - 1}"):
+            gpt2.token_to_piece(bad)
+        with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
+            gpt2.detokenize([0, bad])
+        with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
+            L.llama_token_to_piece(gpt2, bad, bytearray(8), 8, 0, False)
+        with pytest.raises(ValueError, match=rf"0\.\.{n - 1}"):
+            L.llama_vocab_get_text(gpt2, bad)
+
+
+@pytest.mark.parametrize("fixture", ["gpt2", "spm", "llama3"])
+def test_token_to_piece_of_every_id(fixture, request):
+    v = request.getfixturevalue(fixture)
+    for i in range(v.n_tokens):
+        p = v.token_to_piece(i, special=True)
+        assert isinstance(p, bytes)
+        if v.attrs[i] & ATTR_CONTROL:
+            assert v.token_to_piece(i, special=False) == b""
+
+
+def test_token_to_piece_known_values(spm, gpt2):
+    # SPM: U+2581 is a space, byte tokens are their byte
+    assert spm.token_to_piece(spm.text_to_id["▁the"]) == b" the"
+    assert spm.token_to_piece(spm.text_to_id["<0x0A>"]) == b"\n"
+    assert spm.token_to_piece(spm.text_to_id["▁the"], lstrip=1) == b"the"
+    assert spm.token_to_piece(spm.bos) == b"" and spm.token_to_piece(spm.bos, special=True) == b"<s>"
+    # byte-level BPE: GPT-2's stand-in characters map back to bytes
+    assert gpt2.token_to_piece(gpt2.text_to_id["Ġworld"]) == b" world"
+    assert gpt2.token_to_piece(gpt2.text_to_id["Ċ"]) == b"\n"
+
+
+def test_llama_token_to_piece_buffer(gpt2):
+    tid = gpt2.text_to_id["Ġworld"]
+    assert L.llama_token_to_piece(gpt2, tid, np.zeros(3, np.uint8), 3, 0, False) == -6
+    buf = np.zeros(16, np.uint8)
+    n = L.llama_token_to_piece(gpt2, tid, buf, 16, 0, False)
+    assert bytes(buf[:n]) == b" world"
+    n = L.llama_token_to_piece(gpt2, tid, buf, 16, 1, False)
+    assert bytes(buf[:n]) == b"world"
+
+
+def test_llama_detokenize_buffer(smollm2):
+    ids = smollm2.tokenize("Hello, world! I'm here.", add_special=False)
+    out = np.zeros(64, np.uint8)
+    n = L.llama_detokenize(smollm2, np.array(ids, np.int32), len(ids), out, 64, False, False)
+    assert bytes(out[:n]) == b"Hello, world! I'm here."
+    assert L.llama_detokenize(smollm2, ids, len(ids), out, 5, False, False) == -n
+
+
+def test_spm_detokenize_leading_space_rules(spm):
+    """llama_detokenize strips the add_space_prefix space from the first piece only; when
+    remove_special drops the BOS it keeps the space (llama.cpp sets remove_space = false),
+    and a kept BOS is the first piece, so the space after it stays too."""
+    ids = spm.tokenize("Hello world", add_special=True)
+    assert ids[0] == spm.bos
+    assert spm.decode(ids, remove_special=True) == " Hello world"
+    assert spm.decode(ids) == " Hello world"
+    assert spm.decode(ids, unparse_special=True) == "<s> Hello world"
+    assert spm.decode(ids[1:]) == "Hello world"
+
+
+def test_parse_special_and_user_defined(smollm2, gemma3):
+    s = "<|im_start|>user\nhi<|im_end|>"
+    with_special = smollm2.tokenize(s, add_special=False, parse_special=True)
+    assert with_special[0] == 1 and with_special[-1] == 2
+    assert 1 not in smollm2.tokenize(s, add_special=False, parse_special=False)
+    # Gemma's user-defined tokens (whitespace runs) are matched even without parse_special
+    ids = gemma3.tokenize("a\n\nb", add_special=False, parse_special=False)
+    assert gemma3.text_to_id["\n\n"] in ids
+
+
+# -- streaming detokenizer --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["gpt2", "spm"])
+def test_streaming_holds_back_incomplete_utf8(fixture, request):
+    v = request.getfixturevalue(fixture)
+    text = "Hi 🦙 ünïcödé 我想 🚀!"
+    ids = v.tokenize(text, add_special=False)
+    dec = v.streaming_decoder()
+    parts = [dec.feed(t) for t in ids] + [dec.flush()]
+    assert "".join(parts) == v.decode(ids)
+    assert all("\ufffd" not in p for p in parts)
+    # a 4-byte emoji split over byte tokens: nothing comes out until it is complete
+    emoji_ids = v.tokenize("🦙", add_special=False)
+    assert len(emoji_ids) > 1
+    dec.reset()
+    outs = [dec.feed(t) for t in emoji_ids]
+    assert all(o in ("", " ") for o in outs[:-1]) and outs[-1].strip() == "🦙"
+
+
+# -- properties -------------------------------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=60) | st.sampled_from(
+    ["", " ", "\n\n", "  \t x", "I'm DON'T", "١٢٣ ٤", "e\u0301\u0301", "𝔘𝔫𝔦", "a\u200db", "<|im_start|>x<|im_end|>"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(s=_text, add=st.booleans(), parse=st.booleans())
+def test_tokenize_never_raises_and_gives_valid_ids(gpt2, spm, llama3, s, add, parse):
+    for v in (gpt2, spm, llama3):
+        ids = v.tokenize(s, add_special=add, parse_special=parse)
+        assert all(0 <= i < v.n_tokens for i in ids)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(s=_text)
+def test_byte_level_bpe_round_trips(llama3, s):
+    """Byte-level BPE is lossless: every byte has a token. (llama3's pre-tokenizer has no
+    clean-up of spaces; GPT-2's clean_spaces would alter " ," by design.)"""
+    ids = llama3.tokenize(s, add_special=False, parse_special=False)
+    assert llama3.detokenize(ids, unparse_special=True) == s.encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=40))
+def test_tokenize_arbitrary_bytes(data):
+    v = _bytes_vocab()
+    ids = v.tokenize(data, add_special=True, parse_special=True)
+    assert all(0 <= i < v.n_tokens for i in ids)
+
+
+_CACHE = {}
+
+
+def _bytes_vocab():
+    if "v" not in _CACHE:
+        _CACHE["v"] = Vocab.from_metadata(suite_metadata("qwen2"), source="qwen2")
+    return _CACHE["v"]
