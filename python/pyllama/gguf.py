@@ -44,6 +44,12 @@ class GGUFTensor:
         """The tensor's bytes as a read-only uint8 array (no copy under mmap)."""
         return self._file._f.tensor_raw(self.info.name)
 
+    def dequantize(self) -> np.ndarray:
+        """The tensor as float32, shaped like gguf-py's (numpy order: row length last);
+        bit-identical to ``gguf.quants.dequantize``. Raises UnsupportedModelError for
+        types pyllama cannot decode (IQ1/IQ2/IQ3, TQ, MXFP4, ...)."""
+        return _core.dequantize(self.raw, self.info.type, list(self.info.shape))
+
 
 class GGUFFile:
     """An open GGUF file. ``load_mode`` is one of auto, none, mmap, mlock, mmap+mlock, dio."""

@@ -6,11 +6,13 @@ use pyo3::prelude::*;
 
 mod errors;
 mod gguf;
+mod quant;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
+    quant::register(m)?;
     Ok(())
 }

@@ -1,2 +1,238 @@
-//! Quantized block formats: layout, dequantize, quantize (activations / KV), vec_dot.
-//! Every SIMD kernel has a scalar `_ref` twin; the choice is made once at run time.
+//! Quantized block formats (pipeline step 13's inner loop): layout, dequantize, quantize
+//! (activations / KV cache), vec_dot.
+//!
+//! Every SIMD kernel has a scalar `_ref` twin. The kernel set is chosen once per process
+//! (`kernel_set()`): AVX2+FMA+F16C when the CPU has them, else the scalar references;
+//! `PYLLAMA_KERNELS=ref` forces the references (tests run both).
+//!
+//! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
+//! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
+
+pub mod fp;
+pub mod kquants;
+pub mod legacy;
+pub mod float;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+
+use crate::error::{Error, Result};
+use crate::ggml_type::GgmlType;
+use std::sync::OnceLock;
+
+/// `dot(w_row, x_row)` over `n` elements; `x` is already in `vec_dot_type(w type)`.
+pub type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
+/// Quantize one activation row of f32 into the vec_dot type.
+pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    Ref,
+    Avx2,
+}
+
+impl KernelSet {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Ref => "ref",
+            KernelSet::Avx2 => "avx2",
+        }
+    }
+}
+
+/// Whether the AVX2 kernels can run on this CPU (AVX2, FMA and F16C).
+pub fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
+pub fn kernel_set() -> KernelSet {
+    static SET: OnceLock<KernelSet> = OnceLock::new();
+    *SET.get_or_init(|| {
+        let forced_ref = std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("ref")).unwrap_or(false);
+        if !forced_ref && avx2_available() {
+            KernelSet::Avx2
+        } else {
+            KernelSet::Ref
+        }
+    })
+}
+
+fn unsupported(ty: GgmlType, what: &str) -> Error {
+    Error::Unsupported(format!("unsupported tensor type {ty} ({what})"))
+}
+
+/// Bytes of a row of `n` elements of `ty`, or an error naming the type and length.
+pub fn row_bytes(ty: GgmlType, n: usize) -> Result<usize> {
+    ty.row_size(n).ok_or_else(|| {
+        Error::Invalid(format!("row length {n} is not a multiple of the {ty} block size {}", ty.block_size()))
+    })
+}
+
+fn check_lengths(ty: GgmlType, n: usize, bytes: usize) -> Result<()> {
+    let want = row_bytes(ty, n)?;
+    if bytes != want {
+        return Err(Error::Invalid(format!("{ty}: {n} elements need {want} bytes, got {bytes}")));
+    }
+    Ok(())
+}
+
+/// Decode one row: `dst.len()` elements from `src` (exactly their bytes). Bit-identical to
+/// ggml's dequantize_row_* and gguf-py's `gguf.quants.dequantize`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    use GgmlType::*;
+    let f: fn(&[u8], &mut [f32]) = match ty {
+        F32 => float::dequantize_f32,
+        F16 => float::dequantize_f16,
+        BF16 => float::dequantize_bf16,
+        Q4_0 => legacy::dequantize_q4_0,
+        Q4_1 => legacy::dequantize_q4_1,
+        Q5_0 => legacy::dequantize_q5_0,
+        Q5_1 => legacy::dequantize_q5_1,
+        Q8_0 => legacy::dequantize_q8_0,
+        Q8_1 => legacy::dequantize_q8_1,
+        IQ4_NL => legacy::dequantize_iq4_nl,
+        Q2_K => kquants::dequantize_q2_k,
+        Q3_K => kquants::dequantize_q3_k,
+        Q4_K => kquants::dequantize_q4_k,
+        Q5_K => kquants::dequantize_q5_k,
+        Q6_K => kquants::dequantize_q6_k,
+        Q8_K => kquants::dequantize_q8_k,
+        IQ4_XS => kquants::dequantize_iq4_xs,
+        _ => return Err(unsupported(ty, "no dequantize kernel")),
+    };
+    check_lengths(ty, dst.len(), src.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// ggml's reference quantizer (`quantize_row_*_ref`) for `ty`, if pyllama has one.
+pub fn quantize_fn_ref(ty: GgmlType) -> Option<QuantizeFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => float::quantize_f32,
+        F16 => float::quantize_f16,
+        BF16 => float::quantize_bf16,
+        Q4_0 => legacy::quantize_q4_0,
+        Q4_1 => legacy::quantize_q4_1,
+        Q5_0 => legacy::quantize_q5_0,
+        Q5_1 => legacy::quantize_q5_1,
+        Q8_0 => legacy::quantize_q8_0,
+        Q8_1 => legacy::quantize_q8_1,
+        IQ4_NL => legacy::quantize_iq4_nl,
+        Q8_K => kquants::quantize_q8_k,
+        _ => return None,
+    })
+}
+
+/// Quantize one row with ggml's reference quantizer (`quantize_row_*_ref`): bit-identical
+/// to it, and to `gguf.quants.quantize` for the types gguf-py implements. For activation
+/// and KV-cache types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, IQ4_NL, Q8_K.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let f = quantize_fn_ref(ty).ok_or_else(|| unsupported(ty, "no quantize kernel"))?;
+    check_lengths(ty, src.len(), dst.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// The activation quantizer the matmul uses for vec_dot type `ty`: llama.cpp's x86 one
+/// (for Q8_0/Q8_1: inverse scale 127/amax, round half to even; others as `quantize_row`).
+/// Scalar and SIMD versions give identical bytes.
+pub fn quantize_act_fn(ty: GgmlType, set: KernelSet) -> Option<QuantizeFn> {
+    use GgmlType::*;
+    #[cfg(target_arch = "x86_64")]
+    if set == KernelSet::Avx2 {
+        match ty {
+            Q8_0 => return Some(avx2::quantize_q8_0),
+            Q8_1 => return Some(avx2::quantize_q8_1),
+            Q8_K => return Some(avx2::quantize_q8_k),
+            F16 => return Some(avx2::quantize_f16),
+            _ => {}
+        }
+    }
+    let _ = set;
+    Some(match ty {
+        Q8_0 => legacy::quantize_q8_0_x86,
+        Q8_1 => legacy::quantize_q8_1_x86,
+        _ => return quantize_fn_ref(ty),
+    })
+}
+
+/// Quantize an activation row the way the matmul does (see `quantize_act_fn`).
+pub fn quantize_row_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let f = quantize_act_fn(ty, kernel_set()).ok_or_else(|| unsupported(ty, "no activation quantizer"))?;
+    check_lengths(ty, src.len(), dst.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// The activation format a weight type is multiplied with (as ggml pairs them).
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
+        Q4_1 | Q5_1 | Q8_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => Q8_K,
+        F16 => F16,
+        BF16 => BF16,
+        _ => F32,
+    }
+}
+
+/// The scalar reference vec_dot of weight type `ty`.
+pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => float::vec_dot_f32_ref,
+        F16 => float::vec_dot_f16_ref,
+        BF16 => float::vec_dot_bf16_ref,
+        Q4_0 => legacy::vec_dot_q4_0_q8_0_ref,
+        Q4_1 => legacy::vec_dot_q4_1_q8_1_ref,
+        Q5_0 => legacy::vec_dot_q5_0_q8_0_ref,
+        Q5_1 => legacy::vec_dot_q5_1_q8_1_ref,
+        Q8_0 => legacy::vec_dot_q8_0_q8_0_ref,
+        Q8_1 => legacy::vec_dot_q8_1_q8_1_ref,
+        IQ4_NL => legacy::vec_dot_iq4_nl_q8_0_ref,
+        Q2_K => kquants::vec_dot_q2_k_q8_k_ref,
+        Q3_K => kquants::vec_dot_q3_k_q8_k_ref,
+        Q4_K => kquants::vec_dot_q4_k_q8_k_ref,
+        Q5_K => kquants::vec_dot_q5_k_q8_k_ref,
+        Q6_K => kquants::vec_dot_q6_k_q8_k_ref,
+        Q8_K => kquants::vec_dot_q8_k_q8_k_ref,
+        IQ4_XS => kquants::vec_dot_iq4_xs_q8_k_ref,
+        _ => return None,
+    })
+}
+
+/// The vec_dot of weight type `ty` in kernel set `set` (falls back to `_ref` where no SIMD
+/// version exists).
+pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if set == KernelSet::Avx2 {
+        if let Some(f) = avx2::vec_dot_fn(ty) {
+            return Some(f);
+        }
+    }
+    let _ = set;
+    vec_dot_fn_ref(ty)
+}
+
+/// `dot(w, x)` over `n` elements, `w` a row of `ty`, `x` a row of `vec_dot_type(ty)`.
+/// Panics (never reads out of bounds) when a slice is shorter than `n` elements need;
+/// unsupported types return NaN (loading rejects them long before).
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (Some(wb), Some(xb)) = (ty.row_size(n), vec_dot_type(ty).row_size(n)) else {
+        panic!("vec_dot: {n} is not a multiple of the {ty} block size");
+    };
+    assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row for {ty} x {n}");
+    match vec_dot_fn(ty, kernel_set()) {
+        Some(f) => f(n, &w[..wb], &x[..xb]),
+        None => f32::NAN,
+    }
+}

@@ -1,0 +1,367 @@
+//! The 256-element "K" super-block formats: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, and IQ4_XS
+//! (which shares Q8_K activations).
+//!
+//! Byte layouts (ggml-common.h), d/dmin f16 unless noted:
+//!   Q2_K   84 B: scales[16] (lo nibble scale, hi nibble min), qs[64] (2 bit), d, dmin
+//!   Q3_K  110 B: hmask[32] (3rd bit, set = no -4 offset), qs[64] (2 bit), scales[12] (16 x 6 bit), d
+//!   Q4_K  144 B: d, dmin, scales[12] (8 x 6-bit scale + 8 x 6-bit min), qs[128] (4 bit)
+//!   Q5_K  176 B: d, dmin, scales[12], qh[32] (5th bit), qs[128]
+//!   Q6_K  210 B: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (i8), d
+//!   Q8_K  292 B: d (f32), qs[256] (i8), bsums[16] (i16, sums of 16 quants)
+//!   IQ4_XS 136 B: d, scales_h (u16), scales_l[4], qs[128]; 8 sub-blocks of 32, 6-bit scale - 32
+//!
+//! Scalar references (`_ref`) only; SIMD versions are in `avx2.rs`.
+
+use super::fp::{rd_f16, rd_f32};
+use super::legacy::KVALUES_IQ4NL;
+
+pub const QK_K: usize = 256;
+
+/// Q4_K/Q5_K: 6-bit scale and min of sub-block j (0..8) from the 12 packed bytes.
+#[inline(always)]
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Q3_K: the 16 signed 6-bit scales (already minus 32).
+#[inline(always)]
+pub fn q3k_scales(s: &[u8]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let lo = if i < 8 { s[i] & 0xF } else { s[i - 8] >> 4 };
+        let hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *o = (lo | (hi << 4)) as i8 - 32;
+    }
+    out
+}
+
+// ---------------------------------------------------------------- dequantize
+
+pub fn dequantize_q2_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(84).zip(dst.chunks_exact_mut(QK_K)) {
+        let sc = &b[0..16];
+        let qs = &b[16..80];
+        let d = rd_f16(b, 80);
+        let dmin = rd_f16(b, 82);
+        for e in 0..QK_K {
+            let (half, rem) = (e / 128, e % 128);
+            let (shift, l) = (2 * (rem / 32), rem % 32);
+            let s = sc[e / 16];
+            let dl = d * (s & 0xF) as f32;
+            let ml = dmin * (s >> 4) as f32;
+            y[e] = dl * ((qs[half * 32 + l] >> shift) & 3) as f32 - ml;
+        }
+    }
+}
+
+pub fn dequantize_q3_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(QK_K)) {
+        let hm = &b[0..32];
+        let qs = &b[32..96];
+        let scales = q3k_scales(&b[96..108]);
+        let d = rd_f16(b, 108);
+        for e in 0..QK_K {
+            let (half, rem) = (e / 128, e % 128);
+            let (shift, l) = (2 * (rem / 32), rem % 32);
+            let dl = d * scales[e / 16] as f32;
+            let q = ((qs[half * 32 + l] >> shift) & 3) as i32 - if hm[l] & (1 << (e / 32)) != 0 { 0 } else { 4 };
+            y[e] = dl * q as f32;
+        }
+    }
+}
+
+pub fn dequantize_q4_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = rd_f16(b, 0);
+        let dmin = rd_f16(b, 2);
+        let sc = &b[4..16];
+        let qs = &b[16..144];
+        for e in 0..QK_K {
+            let sub = e / 32; // 8 sub-blocks: pairs share 32 bytes (low nibbles, then high)
+            let (s, m) = scale_min_k4(sub, sc);
+            let q = qs[(sub / 2) * 32 + e % 32];
+            let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 };
+            y[e] = (d * s as f32) * q as f32 - dmin * m as f32;
+        }
+    }
+}
+
+pub fn dequantize_q5_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(176).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = rd_f16(b, 0);
+        let dmin = rd_f16(b, 2);
+        let sc = &b[4..16];
+        let qh = &b[16..48];
+        let qs = &b[48..176];
+        for e in 0..QK_K {
+            let sub = e / 32;
+            let (s, m) = scale_min_k4(sub, sc);
+            let l = e % 32;
+            let q = qs[(sub / 2) * 32 + l];
+            let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 } | (((qh[l] >> sub) & 1) << 4);
+            y[e] = (d * s as f32) * q as f32 - dmin * m as f32;
+        }
+    }
+}
+
+pub fn dequantize_q6_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(QK_K)) {
+        let ql = &b[0..128];
+        let qh = &b[128..192];
+        let sc = &b[192..208];
+        let d = rd_f16(b, 208);
+        for e in 0..QK_K {
+            let q = q6k_value(ql, qh, e);
+            y[e] = (d * (sc[e / 16] as i8) as f32) * q as f32;
+        }
+    }
+}
+
+/// Q6_K element e (0..256) as a signed value in [-32, 31].
+#[inline(always)]
+fn q6k_value(ql: &[u8], qh: &[u8], e: usize) -> i32 {
+    let (half, rem) = (e / 128, e % 128);
+    let (quarter, l) = (rem / 32, rem % 32);
+    // quarters 0,1 use low nibbles of ql[l], ql[l+32]; quarters 2,3 the high nibbles.
+    let lb = ql[half * 64 + l + 32 * (quarter & 1)];
+    let lo = if quarter < 2 { lb & 0xF } else { lb >> 4 };
+    let hi = (qh[half * 32 + l] >> (2 * quarter)) & 3;
+    (lo | (hi << 4)) as i32 - 32
+}
+
+pub fn dequantize_q8_k(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(292).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = rd_f32(b, 0);
+        for j in 0..QK_K {
+            y[j] = d * (b[4 + j] as i8) as f32;
+        }
+    }
+}
+
+#[inline(always)]
+fn iq4xs_scale(b: &[u8], ib: usize) -> i32 {
+    let sh = u16::from_le_bytes([b[2], b[3]]);
+    let lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+    let hi = ((sh >> (2 * ib)) & 3) as u8;
+    (lo | (hi << 4)) as i32 - 32
+}
+
+pub fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(136).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = rd_f16(b, 0);
+        for ib in 0..8 {
+            let dl = d * iq4xs_scale(b, ib) as f32;
+            let qs = &b[8 + 16 * ib..8 + 16 * ib + 16];
+            for j in 0..16 {
+                y[32 * ib + j] = dl * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
+                y[32 * ib + j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- quantize
+
+/// ggml's `nearest_int`: round to nearest even through the 1.5*2^23 trick (valid for
+/// |v| <= 4194303, which holds for the quantized ranges here).
+#[inline(always)]
+pub fn nearest_int(v: f32) -> i32 {
+    let val = v + 12582912.0;
+    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// `quantize_row_q8_K_ref` (also what llama.cpp's x86 build runs for activations).
+pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(292)) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            b.fill(0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for j in 0..QK_K {
+            b[4 + j] = nearest_int(iscale * x[j]).min(127) as i8 as u8;
+        }
+        for j in 0..16 {
+            let s: i32 = b[4 + 16 * j..4 + 16 * j + 16].iter().map(|&q| q as i8 as i32).sum();
+            b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+        b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+// ---------------------------------------------------------------- vec_dot (_ref)
+// x: weight row, y: Q8_K activation row. Per super-block: exact integer sums, then
+// sumf += d*isum (- dmin*summ), with d = f16(x.d) * y.d as ggml forms it.
+
+#[inline(always)]
+fn q8k_parts(by: &[u8]) -> (f32, &[u8], [i32; 16]) {
+    let mut bs = [0i32; 16];
+    for (j, s) in bs.iter_mut().enumerate() {
+        *s = i16::from_le_bytes([by[260 + 2 * j], by[261 + 2 * j]]) as i32;
+    }
+    (rd_f32(by, 0), &by[4..260], bs)
+}
+
+pub fn vec_dot_q2_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(84).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, bsums) = q8k_parts(by);
+        let sc = &bx[0..16];
+        let qs = &bx[16..80];
+        let summs: i32 = (0..16).map(|j| (sc[j] >> 4) as i32 * bsums[j]).sum();
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let mut s = 0i32;
+            for k in 0..16 {
+                let e = 16 * g + k;
+                let (half, rem) = (e / 128, e % 128);
+                let q = (qs[half * 32 + rem % 32] >> (2 * (rem / 32))) & 3;
+                s += q as i32 * (q8[e] as i8) as i32;
+            }
+            isum += (sc[g] & 0xF) as i32 * s;
+        }
+        let dall = yd * rd_f16(bx, 80);
+        let dmin = yd * rd_f16(bx, 82);
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_q3_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(110).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, _) = q8k_parts(by);
+        let hm = &bx[0..32];
+        let qs = &bx[32..96];
+        let scales = q3k_scales(&bx[96..108]);
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let mut s = 0i32;
+            for k in 0..16 {
+                let e = 16 * g + k;
+                let (half, rem) = (e / 128, e % 128);
+                let l = rem % 32;
+                let q = ((qs[half * 32 + l] >> (2 * (rem / 32))) & 3) as i32
+                    - if hm[l] & (1 << (e / 32)) != 0 { 0 } else { 4 };
+                s += q * (q8[e] as i8) as i32;
+            }
+            isum += scales[g] as i32 * s;
+        }
+        sumf += (rd_f16(bx, 108) * yd) * isum as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_q4_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, bsums) = q8k_parts(by);
+        let sc = &bx[4..16];
+        let qs = &bx[16..144];
+        let mut isum = 0i32;
+        let mut summ = 0i32;
+        for sub in 0..8 {
+            let (s, m) = scale_min_k4(sub, sc);
+            let mut t = 0i32;
+            for l in 0..32 {
+                let q = qs[(sub / 2) * 32 + l];
+                let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 };
+                t += q as i32 * (q8[32 * sub + l] as i8) as i32;
+            }
+            isum += s as i32 * t;
+            summ += m as i32 * (bsums[2 * sub] + bsums[2 * sub + 1]);
+        }
+        let d = rd_f16(bx, 0) * yd;
+        let dmin = rd_f16(bx, 2) * yd;
+        sumf += d * isum as f32 - dmin * summ as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_q5_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(176).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, bsums) = q8k_parts(by);
+        let sc = &bx[4..16];
+        let qh = &bx[16..48];
+        let qs = &bx[48..176];
+        let mut isum = 0i32;
+        let mut summ = 0i32;
+        for sub in 0..8 {
+            let (s, m) = scale_min_k4(sub, sc);
+            let mut t = 0i32;
+            for l in 0..32 {
+                let q = qs[(sub / 2) * 32 + l];
+                let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 } | (((qh[l] >> sub) & 1) << 4);
+                t += q as i32 * (q8[32 * sub + l] as i8) as i32;
+            }
+            isum += s as i32 * t;
+            summ += m as i32 * (bsums[2 * sub] + bsums[2 * sub + 1]);
+        }
+        let d = rd_f16(bx, 0) * yd;
+        let dmin = rd_f16(bx, 2) * yd;
+        sumf += d * isum as f32 - dmin * summ as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_q6_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(210).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, _) = q8k_parts(by);
+        let ql = &bx[0..128];
+        let qh = &bx[128..192];
+        let sc = &bx[192..208];
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let mut s = 0i32;
+            for k in 0..16 {
+                let e = 16 * g + k;
+                s += q6k_value(ql, qh, e) * (q8[e] as i8) as i32;
+            }
+            isum += (sc[g] as i8) as i32 * s;
+        }
+        sumf += (rd_f16(bx, 208) * yd) * isum as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_q8_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(292).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let sumi: i32 = bx[4..260].iter().zip(&by[4..260]).map(|(&a, &b)| (a as i8) as i32 * (b as i8) as i32).sum();
+        sumf += (rd_f32(bx, 0) * rd_f32(by, 0)) * sumi as f32;
+    }
+    sumf
+}
+
+pub fn vec_dot_iq4_xs_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(136).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, _) = q8k_parts(by);
+        let mut isum = 0i32;
+        for ib in 0..8 {
+            let qs = &bx[8 + 16 * ib..8 + 16 * ib + 16];
+            let mut s = 0i32;
+            for j in 0..16 {
+                s += KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as i32 * (q8[32 * ib + j] as i8) as i32;
+                s += KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32 * (q8[32 * ib + j + 16] as i8) as i32;
+            }
+            isum += iq4xs_scale(bx, ib) * s;
+        }
+        sumf += (rd_f16(bx, 0) * yd) * isum as f32;
+    }
+    sumf
+}

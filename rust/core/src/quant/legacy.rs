@@ -1,0 +1,446 @@
+//! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL.
+//!
+//! Byte layouts (ggml-common.h), all little endian, d/m/s are f16:
+//!   Q4_0   18 B: d, qs[16]            x[j] = d*((qs[j]&15)-8),  x[j+16] = d*((qs[j]>>4)-8)
+//!   Q4_1   20 B: d, m, qs[16]         x[j] = d*(qs[j]&15) + m,  x[j+16] = d*(qs[j]>>4) + m
+//!   Q5_0   22 B: d, qh(u32), qs[16]   5th bit of x[j] is bit j of qh; value - 16
+//!   Q5_1   24 B: d, m, qh(u32), qs[16]
+//!   Q8_0   34 B: d, qs[32] (i8)
+//!   Q8_1   36 B: d, s = d*sum(qs), qs[32] (i8)
+//!   IQ4_NL 18 B: d, qs[16]            x[j] = d*KVALUES[qs[j]&15], x[j+16] = d*KVALUES[qs[j]>>4]
+//!
+//! Everything here is the scalar reference (`_ref`); the SIMD kernels live in `avx2.rs`.
+
+use super::fp::{f32_to_f16, rd_f16, wr_f16};
+
+pub const QK: usize = 32;
+
+/// IQ4_NL / IQ4_XS non-linear 4-bit grid (ggml-common.h kvalues_iq4nl).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+// ---------------------------------------------------------------- dequantize
+
+pub fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        for j in 0..16 {
+            let q = b[2 + j];
+            y[j] = d * ((q & 15) as i32 - 8) as f32;
+            y[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        let m = rd_f16(b, 2);
+        for j in 0..16 {
+            let q = b[4 + j];
+            y[j] = d * (q & 15) as f32 + m;
+            y[j + 16] = d * (q >> 4) as f32 + m;
+        }
+    }
+}
+
+#[inline(always)]
+fn rd_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        let qh = rd_u32(b, 2);
+        for j in 0..16 {
+            let q = b[6 + j];
+            let h0 = ((qh >> j) & 1) << 4;
+            let h1 = ((qh >> (j + 16)) & 1) << 4;
+            y[j] = d * (((q & 15) as u32 | h0) as i32 - 16) as f32;
+            y[j + 16] = d * (((q >> 4) as u32 | h1) as i32 - 16) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        let m = rd_f16(b, 2);
+        let qh = rd_u32(b, 4);
+        for j in 0..16 {
+            let q = b[8 + j];
+            let h0 = ((qh >> j) & 1) << 4;
+            let h1 = ((qh >> (j + 16)) & 1) << 4;
+            y[j] = d * ((q & 15) as u32 | h0) as f32 + m;
+            y[j + 16] = d * ((q >> 4) as u32 | h1) as f32 + m;
+        }
+    }
+}
+
+pub fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        for j in 0..QK {
+            y[j] = (b[2 + j] as i8) as f32 * d;
+        }
+    }
+}
+
+pub fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(36).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        for j in 0..QK {
+            y[j] = (b[4 + j] as i8) as f32 * d;
+        }
+    }
+}
+
+pub fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(b, 0);
+        for j in 0..16 {
+            let q = b[2 + j];
+            y[j] = d * KVALUES_IQ4NL[(q & 15) as usize] as f32;
+            y[j + 16] = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- quantize (ggml _ref)
+
+/// Index of the first element with the largest |x| and that element (ggml's loop keeps the
+/// first on ties: `if (amax < fabsf(v))`).
+#[inline]
+fn signed_absmax(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+#[inline]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// C's `(int8_t)(float)` then `MIN(hi, .)` as ggml writes it: truncation toward zero.
+#[inline(always)]
+fn trunc_i8_min(v: f32, hi: i32) -> u8 {
+    ((v as i32) as i8 as i32).min(hi) as u8
+}
+
+pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(18)) {
+        let max = signed_absmax(x);
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        for j in 0..16 {
+            let x0 = trunc_i8_min(x[j] * id + 8.5, 15);
+            let x1 = trunc_i8_min(x[j + 16] * id + 8.5, 15);
+            b[2 + j] = x0 | (x1 << 4);
+        }
+    }
+}
+
+pub fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(20)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        wr_f16(b, 2, min);
+        for j in 0..16 {
+            let x0 = trunc_i8_min((x[j] - min) * id + 0.5, 15);
+            let x1 = trunc_i8_min((x[j + 16] - min) * id + 0.5, 15);
+            b[4 + j] = x0 | (x1 << 4);
+        }
+    }
+}
+
+pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(22)) {
+        let max = signed_absmax(x);
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let x0 = trunc_i8_min(x[j] * id + 16.5, 31);
+            let x1 = trunc_i8_min(x[j + 16] * id + 16.5, 31);
+            b[6 + j] = (x0 & 15) | ((x1 & 15) << 4);
+            qh |= (((x0 & 0x10) >> 4) as u32) << j;
+            qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
+        }
+        b[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+pub fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(24)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        wr_f16(b, 2, min);
+        let mut qh = 0u32;
+        for j in 0..16 {
+            // ggml casts straight to uint8_t here (no MIN): the value is at most 31.5 -> 31.
+            let x0 = ((x[j] - min) * id + 0.5) as u8;
+            let x1 = ((x[j + 16] - min) * id + 0.5) as u8;
+            b[8 + j] = (x0 & 15) | ((x1 & 15) << 4);
+            qh |= (((x0 & 0x10) >> 4) as u32) << j;
+            qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
+        }
+        b[4..8].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+/// C `roundf`: half away from zero.
+#[inline(always)]
+fn roundf(v: f32) -> f32 {
+    v.round()
+}
+
+pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        for j in 0..QK {
+            b[2 + j] = roundf(x[j] * id) as i8 as u8;
+        }
+    }
+}
+
+pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(36)) {
+        let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(b, 0, d);
+        let mut sum = 0i32;
+        for j in 0..QK {
+            let q = roundf(x[j] * id) as i8;
+            b[4 + j] = q as u8;
+            sum += q as i32;
+        }
+        wr_f16(b, 2, sum as f32 * d);
+    }
+}
+
+/// Activation quantizers as llama.cpp runs them on x86 (ggml-cpu/arch/x86/quants.c,
+/// AVX/AVX2 path): the inverse scale is `127/amax` (not `1/(amax/127)`) and rounding is to
+/// nearest even. The matmul uses these so that its numbers are llama.cpp's on x86.
+pub fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        for j in 0..QK {
+            b[2 + j] = (x[j] * id).round_ties_even() as i32 as i8 as u8;
+        }
+    }
+}
+
+pub fn quantize_q8_1_x86(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(36)) {
+        let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+        let d = amax / 127.0;
+        b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for j in 0..QK {
+            let q = (x[j] * id).round_ties_even() as i32;
+            b[4 + j] = q as i8 as u8;
+            sum += q;
+        }
+        b[2..4].copy_from_slice(&f32_to_f16(d * sum as f32).to_le_bytes());
+    }
+}
+
+#[inline]
+pub fn best_index_int8(val: &[i8; 16], x: f32) -> usize {
+    if x <= val[0] as f32 {
+        return 0;
+    }
+    if x >= val[15] as f32 {
+        return 15;
+    }
+    let (mut ml, mut mu) = (0usize, 15usize);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < val[mav] as f32 {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - (val[mu - 1] as f32) < (val[mu] as f32) - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// `quantize_row_iq4_nl_ref`: one scale per 32 values, no search around it (ntry = -1).
+/// An all-zero block (amax < 1e-15) gets d = 0 and indices 0 (ggml leaves the indices of
+/// the previous block there; with d = 0 they decode to 0 either way).
+pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
+    let values = &KVALUES_IQ4NL;
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(18)) {
+        let mut l = [0u8; QK];
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let scale = if amax < 1e-15 {
+            0.0
+        } else {
+            let d = max / values[0] as f32;
+            let id = 1.0 / d;
+            let mut sumqx = 0.0f32;
+            let mut sumq2 = 0.0f32;
+            for j in 0..QK {
+                let al = id * x[j];
+                let k = best_index_int8(values, al);
+                l[j] = k as u8;
+                let q = values[k] as f32;
+                let w = x[j] * x[j];
+                sumqx += w * q * x[j];
+                sumq2 += w * q * q;
+            }
+            if sumq2 > 0.0 {
+                sumqx / sumq2
+            } else {
+                0.0
+            }
+        };
+        wr_f16(b, 0, scale);
+        for j in 0..16 {
+            b[2 + j] = l[j] | (l[j + 16] << 4);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- vec_dot (_ref)
+// x is the weight row, y the activation row already in vec_dot_type. Per block: an exact
+// integer dot product, then one float multiply-add (ggml's generic kernels do the same).
+
+#[inline(always)]
+fn i8s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    b.iter().map(|&v| v as i8 as i32)
+}
+
+pub fn vec_dot_q4_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / QK) {
+        let mut sumi = 0i32;
+        for (j, q8) in i8s(&by[2..34]).enumerate() {
+            let q = bx[2 + (j & 15)];
+            let v = if j < 16 { q & 15 } else { q >> 4 } as i32 - 8;
+            sumi += v * q8;
+        }
+        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    }
+    sumf
+}
+
+pub fn vec_dot_q4_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(20).zip(y.chunks_exact(36)).take(n / QK) {
+        let mut sumi = 0i32;
+        for (j, q8) in i8s(&by[4..36]).enumerate() {
+            let q = bx[4 + (j & 15)];
+            let v = if j < 16 { q & 15 } else { q >> 4 } as i32;
+            sumi += v * q8;
+        }
+        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32 + rd_f16(bx, 2) * rd_f16(by, 2);
+    }
+    sumf
+}
+
+pub fn vec_dot_q5_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(22).zip(y.chunks_exact(34)).take(n / QK) {
+        let qh = rd_u32(bx, 2);
+        let mut sumi = 0i32;
+        for (j, q8) in i8s(&by[2..34]).enumerate() {
+            let q = bx[6 + (j & 15)];
+            let lo = if j < 16 { q & 15 } else { q >> 4 } as u32;
+            let v = (lo | (((qh >> j) & 1) << 4)) as i32 - 16;
+            sumi += v * q8;
+        }
+        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    }
+    sumf
+}
+
+pub fn vec_dot_q5_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(24).zip(y.chunks_exact(36)).take(n / QK) {
+        let qh = rd_u32(bx, 4);
+        let mut sumi = 0i32;
+        for (j, q8) in i8s(&by[4..36]).enumerate() {
+            let q = bx[8 + (j & 15)];
+            let lo = if j < 16 { q & 15 } else { q >> 4 } as u32;
+            let v = (lo | (((qh >> j) & 1) << 4)) as i32;
+            sumi += v * q8;
+        }
+        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32 + rd_f16(bx, 2) * rd_f16(by, 2);
+    }
+    sumf
+}
+
+pub fn vec_dot_q8_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(34).zip(y.chunks_exact(34)).take(n / QK) {
+        let sumi: i32 = i8s(&bx[2..34]).zip(i8s(&by[2..34])).map(|(a, b)| a * b).sum();
+        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    }
+    sumf
+}
+
+pub fn vec_dot_q8_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(36).zip(y.chunks_exact(36)).take(n / QK) {
+        let sumi: i32 = i8s(&bx[4..36]).zip(i8s(&by[4..36])).map(|(a, b)| a * b).sum();
+        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    }
+    sumf
+}
+
+pub fn vec_dot_iq4_nl_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / QK) {
+        let mut sumi = 0i32;
+        for (j, q8) in i8s(&by[2..34]).enumerate() {
+            let q = bx[2 + (j & 15)];
+            let v = KVALUES_IQ4NL[if j < 16 { q & 15 } else { q >> 4 } as usize] as i32;
+            sumi += v * q8;
+        }
+        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32;
+    }
+    sumf
+}
