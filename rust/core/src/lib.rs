@@ -13,3 +13,5 @@ pub mod threadpool;
 
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;
+pub mod context;
+pub mod kv_cache;

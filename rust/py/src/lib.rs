@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod context;
 mod errors;
 mod gguf;
 mod quant;
@@ -14,5 +15,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
+    context::register(m)?;
     Ok(())
 }

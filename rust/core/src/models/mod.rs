@@ -48,6 +48,16 @@ pub trait Arch: Sync {
     fn type_name(&self, _hp: &HParams) -> &'static str {
         "?B"
     }
+    /// The forward pass over `model`'s tensors for a context with params `cp` (see
+    /// context.rs). Architectures without one yet report that clearly.
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        let _ = (model, cp);
+        Err(Error::Unsupported(format!("architecture '{}' has no forward pass in pyllama yet", self.name())))
+    }
 }
 
 pub static REGISTRY: &[&dyn Arch] = &[&llama::Llama, &gemma3::Gemma3];

@@ -1,3 +1,8 @@
 //! Shared building blocks of the forward passes: matmul, norms, rope, attention,
 //! activations.
 pub mod matmul;
+pub mod act;
+pub mod attention;
+pub mod norm;
+pub mod rope;
+pub mod vec;

@@ -1,0 +1,839 @@
+//! A context (pipeline steps 7 and 11-13): the model, the KV cache, every scratch buffer
+//! (reserved at creation for the worst case of `n_ubatch` tokens, so decode allocates
+//! nothing once warm), the thread pools, and `decode`, which reserves KV cells for all
+//! micro-batches first (all or nothing, as llama.cpp's `prepare`) and then runs one
+//! forward pass per micro-batch.
+//!
+//! The forward passes live in models/<arch>.rs; they are built from the shared blocks
+//! here (`Step::embed`, `Step::attn_block`, `Step::ffn`, `Step::output`), which name
+//! their intermediates as llama.cpp does (`attn_norm-0`, `Qcur-0`, `kqv_out-0`,
+//! `ffn_out-0`, `l_out-0`, `result_norm`, `result_output`) for the debug dump.
+
+use crate::error::{Error, Result};
+use crate::ggml_type::GgmlType;
+use crate::hparams::HParams;
+use crate::kv_cache::{KvCache, SeqSet, Slot, MAX_SEQ};
+use crate::model::{Model, TensorView};
+use crate::ops::attention::{self, AttnInputs, AttnParams};
+use crate::ops::matmul::matmul;
+use crate::ops::norm::rms_norm_row;
+use crate::ops::rope::RopeParams;
+use crate::ops::{act, norm};
+use crate::quant;
+use crate::threadpool::ThreadPool;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub struct ContextParams {
+    pub n_ctx: usize,
+    pub n_seq_max: usize,
+    pub n_ubatch: usize,
+    pub n_threads: usize,
+    pub n_threads_batch: usize,
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+    pub kv_unified: bool,
+    pub swa_full: bool,
+    pub embeddings: bool,
+    /// 0 = the model's.
+    pub rope_freq_base: f32,
+    pub rope_freq_scale: f32,
+}
+
+/// One architecture's forward pass, built once per context from the model's tensors.
+pub trait Forward: Send + Sync {
+    /// The rope of layer `il` (the K-shift re-rotates cached keys with it).
+    fn rope(&self, il: usize) -> Option<&RopeParams>;
+    /// Run one micro-batch (inputs and outputs in `st`).
+    fn forward(&self, st: &mut Step) -> Result<()>;
+}
+
+/// A weight matrix borrowed from the model for the life of a `Forward`.
+///
+/// SAFETY contract: every `Forward` holding these keeps an `Arc<Model>` (declared after
+/// the views so it drops last); the model is immutable and its mapped or owned tensor
+/// bytes never move, so the views stay valid.
+pub fn weight(model: &Arc<Model>, name: &str) -> Result<TensorView<'static>> {
+    let t = model
+        .tensor(name)
+        .ok_or_else(|| Error::Unsupported(format!("missing tensor '{name}' (architecture '{}')", model.arch.name())))?;
+    if !t.ty.is_supported() {
+        return Err(Error::Unsupported(format!("tensor '{name}': unsupported tensor type {}", t.ty)));
+    }
+    Ok(unsafe { std::mem::transmute::<TensorView<'_>, TensorView<'static>>(t) })
+}
+
+pub fn weight_opt(model: &Arc<Model>, name: &str) -> Result<Option<TensorView<'static>>> {
+    if model.tensor(name).is_none() {
+        return Ok(None);
+    }
+    weight(model, name).map(Some)
+}
+
+/// A small tensor (norm weight, bias, rope factors) as owned f32.
+pub fn vector(model: &Model, name: &str) -> Result<Vec<f32>> {
+    let t = model
+        .tensor(name)
+        .ok_or_else(|| Error::Unsupported(format!("missing tensor '{name}' (architecture '{}')", model.arch.name())))?;
+    let n: usize = t.ne.iter().product();
+    let mut v = vec![0f32; n];
+    quant::dequantize_row(t.ty, t.data, &mut v).map_err(|e| Error::Unsupported(format!("tensor '{name}': {e}")))?;
+    Ok(v)
+}
+
+pub fn vector_opt(model: &Model, name: &str) -> Result<Option<Vec<f32>>> {
+    if model.tensor(name).is_none() {
+        return Ok(None);
+    }
+    vector(model, name).map(Some)
+}
+
+/// Scratch sized for `n_ubatch` tokens.
+pub struct Buffers {
+    /// Residual stream [n, n_embd].
+    pub x: Vec<f32>,
+    /// Normed input of a block [n, max(n_embd, n_q)].
+    pub cur: Vec<f32>,
+    /// Output of a block [n, n_embd].
+    pub tmp: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Attention output before wo [n, n_head * hd_v].
+    pub att: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// One logits row (used when output rows are not contiguous).
+    pub row: Vec<f32>,
+    pub rope_cache: Vec<f32>,
+    pub attn_scratch: Vec<f32>,
+    pub attn_stride: usize,
+    pub mm_scratch: Vec<u8>,
+    pub kv_bytes: Vec<u8>,
+    /// Per token of the micro-batch: position, first seq, stream, key range, cell.
+    pub pos: Vec<i32>,
+    pub seq0: Vec<usize>,
+    pub stream: Vec<u32>,
+    pub key_range: Vec<(u32, u32)>,
+    pub cells: Vec<(u32, u32)>,
+    pub keys: Vec<(i32, u32)>,
+    pub keys_tmp: Vec<(i32, u32)>,
+    /// Micro-batch-local indices of the tokens that want output, and their logits rows.
+    pub out_idx: Vec<usize>,
+    pub out_row: Vec<usize>,
+}
+
+/// Named intermediates kept for `debug_dump`: name -> (rows appended, row width).
+#[derive(Default)]
+pub struct Debug {
+    pub wanted: HashSet<String>,
+    pub all: bool,
+    pub dumps: HashMap<String, (Vec<f32>, usize)>,
+}
+
+impl Debug {
+    fn put(&mut self, name: &str, il: i32, data: &[f32], width: usize) {
+        let key = if il >= 0 { format!("{name}-{il}") } else { name.to_string() };
+        if !self.all && !self.wanted.contains(&key) {
+            return;
+        }
+        let e = self.dumps.entry(key).or_insert_with(|| (Vec::new(), width));
+        if e.1 == width {
+            e.0.extend_from_slice(data);
+        }
+    }
+}
+
+/// Record an intermediate when a debug dump is active (no cost otherwise).
+#[macro_export]
+macro_rules! cb {
+    ($st:expr, $name:expr, $il:expr, $buf:ident, $width:expr) => {
+        if let Some(d) = $st.debug.as_deref_mut() {
+            let w = $width;
+            d.put_pub($name, $il as i32, &$st.b.$buf[..$st.n * w], w);
+        }
+    };
+}
+
+impl Debug {
+    pub fn put_pub(&mut self, name: &str, il: i32, data: &[f32], width: usize) {
+        self.put(name, il, data, width)
+    }
+}
+
+/// Everything one micro-batch's forward pass reads and writes.
+pub struct Step<'a> {
+    pub pool: &'a ThreadPool,
+    pub hp: &'a HParams,
+    pub kv: &'a mut KvCache,
+    pub b: &'a mut Buffers,
+    pub debug: Option<&'a mut Debug>,
+    /// Rows currently live in the buffers (n_tokens, then n_outputs after `select_outputs`).
+    pub n: usize,
+    pub tokens: Option<&'a [i32]>,
+    /// [n_tokens, n_embd] when the batch carries embeddings.
+    pub embd: Option<&'a [f32]>,
+    pub logits: &'a mut [f32],
+    pub hidden: Option<&'a mut [f32]>,
+}
+
+/// The attention weights of one layer.
+pub struct AttnWeights<'w> {
+    pub wq: &'w TensorView<'static>,
+    pub wk: &'w TensorView<'static>,
+    pub wv: &'w TensorView<'static>,
+    pub wo: &'w TensorView<'static>,
+    pub bq: Option<&'w [f32]>,
+    pub bk: Option<&'w [f32]>,
+    pub bv: Option<&'w [f32]>,
+    pub bo: Option<&'w [f32]>,
+    /// Per-head RMSNorm of q and k (gemma3, qwen3), applied before rope.
+    pub q_norm: Option<&'w [f32]>,
+    pub k_norm: Option<&'w [f32]>,
+}
+
+pub struct AttnConfig<'r> {
+    pub il: usize,
+    pub rope: Option<&'r RopeParams>,
+    /// Multiplies q after rope (gemma3's f_attention_scale); 1.0 = none.
+    pub q_scale: f32,
+    /// Multiplies q.k in the softmax.
+    pub kq_scale: f32,
+    pub softcap: f32,
+    pub n_swa: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum FfnAct {
+    /// silu(gate) * up
+    SwiGlu,
+    /// gelu_tanh(gate) * up (ggml's f16 table)
+    GeGlu,
+}
+
+fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
+    if let Some(b) = b {
+        for r in x[..n * width].chunks_exact_mut(width) {
+            act::add_assign(r, b);
+        }
+    }
+}
+
+impl Step<'_> {
+    pub fn n_embd(&self) -> usize {
+        self.hp.n_embd
+    }
+
+    /// x = rows of the token embedding (dequantized) times `scale`, or the batch's
+    /// embeddings as given.
+    pub fn embed(&mut self, tok_embd: &TensorView, scale: f32) -> Result<()> {
+        let ne = self.hp.n_embd;
+        let n = self.n;
+        if let Some(tokens) = self.tokens {
+            for (t, &id) in tokens.iter().enumerate().take(n) {
+                let dst = &mut self.b.x[t * ne..(t + 1) * ne];
+                quant::dequantize_row(tok_embd.ty, tok_embd.row(id as usize), dst)?;
+                if scale != 1.0 {
+                    act::scale(dst, scale);
+                }
+            }
+        } else if let Some(e) = self.embd {
+            self.b.x[..n * ne].copy_from_slice(&e[..n * ne]);
+        }
+        Ok(())
+    }
+
+    /// dst = rmsnorm(src) * w, over the live rows (src, dst: x, cur or tmp).
+    pub fn norm_x_to_cur(&mut self, w: &[f32], eps: f32) {
+        let ne = self.hp.n_embd;
+        norm::rms_norm_rows(&self.b.x[..self.n * ne], &mut self.b.cur[..self.n * ne], ne, Some(w), eps);
+    }
+
+    pub fn norm_tmp(&mut self, w: &[f32], eps: f32) {
+        let ne = self.hp.n_embd;
+        for r in self.b.tmp[..self.n * ne].chunks_exact_mut(ne) {
+            rms_norm_row(r, Some(w), eps);
+        }
+    }
+
+    /// x += tmp
+    pub fn residual(&mut self) {
+        let m = self.n * self.hp.n_embd;
+        act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
+    }
+
+    fn mm(pool: &ThreadPool, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
+        let n_out = w.n_rows();
+        matmul(pool, w, &x[..n * w.ne[0]], n, &mut out[..n * n_out], scratch);
+    }
+
+    /// Self-attention of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
+    /// Q/K/V projections, optional per-head q/k norms, rope, K/V stored into the cells
+    /// of this micro-batch, attention over the cache, output projection.
+    pub fn attn_block(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+        let hp = self.hp;
+        let il = c.il;
+        let n = self.n;
+        let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
+        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+        let b = &mut *self.b;
+        Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch);
+        Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch);
+        Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch);
+        add_bias(&mut b.q, w.bq, qw, n);
+        add_bias(&mut b.k, w.bk, kw, n);
+        add_bias(&mut b.v, w.bv, vw, n);
+        let eps = hp.f_norm_rms_eps;
+        if let Some(qn) = w.q_norm {
+            for h in b.q[..n * qw].chunks_exact_mut(hd_k) {
+                rms_norm_row(h, Some(qn), eps);
+            }
+            cb!(self, "Qcur_normed", il, q, qw);
+        }
+        let b = &mut *self.b;
+        if let Some(kn) = w.k_norm {
+            for h in b.k[..n * kw].chunks_exact_mut(hd_k) {
+                rms_norm_row(h, Some(kn), eps);
+            }
+        }
+        if let Some(r) = c.rope {
+            for t in 0..n {
+                let p = b.pos[t];
+                r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, p, &mut b.rope_cache);
+                r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, p, &mut b.rope_cache);
+            }
+        }
+        if c.q_scale != 1.0 {
+            act::scale(&mut b.q[..n * qw], c.q_scale);
+        }
+        cb!(self, "Qcur", il, q, qw);
+        cb!(self, "Kcur", il, k, kw);
+        cb!(self, "Vcur", il, v, vw);
+        // store K and V of this micro-batch into its cells
+        let b = &mut *self.b;
+        let kv = &mut *self.kv;
+        let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+        for t in 0..n {
+            let (s, cell) = b.cells[t];
+            let o = (s as usize * kv.size + cell as usize) * rk;
+            quant::quantize_row(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
+            let o = (s as usize * kv.size + cell as usize) * rv;
+            quant::quantize_row(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+        }
+        let p = AttnParams {
+            il,
+            n_head,
+            n_head_kv,
+            hd_k,
+            hd_v,
+            scale: c.kq_scale,
+            softcap: c.softcap,
+            n_swa: c.n_swa,
+        };
+        let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
+        attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
+        cb!(self, "kqv_out", il, att, n_head * hd_v);
+        let b = &mut *self.b;
+        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch);
+        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
+        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        Ok(())
+    }
+
+    /// Gated feed-forward of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
+    pub fn ffn(&mut self, gate: &TensorView, up: &TensorView, down: &TensorView, a: FfnAct) {
+        let n = self.n;
+        let n_ff = gate.n_rows();
+        let b = &mut *self.b;
+        Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch);
+        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch);
+        let m = n * n_ff;
+        match a {
+            FfnAct::SwiGlu => act::swiglu(&mut b.gate[..m], &b.up[..m]),
+            FfnAct::GeGlu => act::geglu(&mut b.gate[..m], &b.up[..m]),
+        }
+        Self::mm(self.pool, down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch);
+    }
+
+    /// Keep only the rows that want output (llama.cpp's `inp_out_ids` in the last layer):
+    /// x and tmp are compacted to [n_outputs, n_embd]. Returns false when none is wanted.
+    pub fn select_outputs(&mut self) -> bool {
+        let ne = self.hp.n_embd;
+        let b = &mut *self.b;
+        for (j, &i) in b.out_idx.iter().enumerate() {
+            if i != j {
+                b.x.copy_within(i * ne..(i + 1) * ne, j * ne);
+                b.tmp.copy_within(i * ne..(i + 1) * ne, j * ne);
+            }
+        }
+        self.n = b.out_idx.len();
+        self.n > 0
+    }
+
+    /// Final norm of x, hidden states out, output projection into the logits rows,
+    /// optional final softcap.
+    pub fn output(&mut self, norm_w: &[f32], eps: f32, output: &TensorView, final_softcap: f32) -> Result<()> {
+        let ne = self.hp.n_embd;
+        let n = self.n;
+        if n == 0 {
+            return Ok(());
+        }
+        self.norm_x_to_cur(norm_w, eps);
+        cb!(self, "result_norm", -1, cur, ne);
+        let b = &mut *self.b;
+        if let Some(h) = self.hidden.as_deref_mut() {
+            for (j, &r) in b.out_row.iter().enumerate() {
+                h[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[j * ne..(j + 1) * ne]);
+            }
+        }
+        let nv = output.n_rows();
+        let r0 = b.out_row[0];
+        let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
+        if contiguous {
+            let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
+            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch);
+            if final_softcap != 0.0 {
+                act::softcap(dst, final_softcap);
+            }
+        } else {
+            for j in 0..n {
+                let r = b.out_row[j];
+                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch);
+                if final_softcap != 0.0 {
+                    act::softcap(&mut b.row[..nv], final_softcap);
+                }
+                self.logits[r * nv..(r + 1) * nv].copy_from_slice(&b.row[..nv]);
+            }
+        }
+        if let Some(d) = self.debug.as_deref_mut() {
+            for &r in b.out_row.iter() {
+                d.put_pub("result_output", -1, &self.logits[r * nv..(r + 1) * nv], nv);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The batch as Python hands it over (already validated and autofilled there; checked
+/// again here only for what could make Rust index out of bounds).
+pub struct BatchRef<'a> {
+    pub tokens: Option<&'a [i32]>,
+    pub embd: Option<&'a [f32]>,
+    pub pos: &'a [i32],
+    pub n_seq_id: &'a [i32],
+    /// [n, seq_cols] row-major.
+    pub seq_id: &'a [i32],
+    pub seq_cols: usize,
+}
+
+pub struct Context {
+    fwd: Box<dyn Forward>,
+    pub params: ContextParams,
+    pub kv: KvCache,
+    pool: ThreadPool,
+    pool_batch: Option<ThreadPool>,
+    b: Buffers,
+    pub debug: Option<Debug>,
+    /// Per micro-batch scratch for the gathered tokens / embeddings.
+    ub_tokens: Vec<i32>,
+    ub_embd: Vec<f32>,
+    slots: Vec<Slot>,
+    slot_scratch: Vec<(u32, u32)>,
+    pub model: Arc<Model>,
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, mut p: ContextParams) -> Result<Context> {
+        if model.vocab_only {
+            return Err(Error::Invalid("the model was loaded with vocab_only: it has no weights to run".into()));
+        }
+        if p.n_seq_max == 0 || p.n_seq_max > MAX_SEQ {
+            return Err(Error::Invalid(format!("n_seq_max = {} must be in [1, {MAX_SEQ}]", p.n_seq_max)));
+        }
+        if p.n_ctx == 0 || p.n_ubatch == 0 {
+            return Err(Error::Invalid("n_ctx and n_ubatch must be positive".into()));
+        }
+        p.n_threads = p.n_threads.clamp(1, 512);
+        p.n_threads_batch = p.n_threads_batch.clamp(1, 512);
+        let hp = &model.hparams;
+        // llama.cpp: with separate streams each sequence gets n_ctx / n_seq_max cells,
+        // padded to 256, and n_ctx becomes n_ctx_seq * n_seq_max.
+        let n_stream = if p.kv_unified { 1 } else { p.n_seq_max };
+        let size = if n_stream == 1 {
+            p.n_ctx
+        } else {
+            let per = (p.n_ctx / n_stream).div_ceil(256) * 256;
+            p.n_ctx = per * n_stream;
+            per
+        };
+        let fwd = model.arch.build_forward(&model, &p)?;
+        let nl = hp.n_layer;
+        let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
+        let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
+        let kv = KvCache::new(&ek, &ev, size, n_stream, p.n_seq_max, p.type_k, p.type_v)?;
+        let nu = p.n_ubatch;
+        let ne = hp.n_embd;
+        let max_l = |f: &dyn Fn(usize) -> usize| (0..nl).map(f).max().unwrap_or(0);
+        let qw = max_l(&|il| hp.n_head(il) * hp.n_embd_head_k);
+        let aw = max_l(&|il| hp.n_head(il) * hp.n_embd_head_v);
+        let kw = max_l(&|il| hp.n_embd_k_gqa(il));
+        let vw = max_l(&|il| hp.n_embd_v_gqa(il));
+        let ff = max_l(&|il| hp.n_ff[il]).max(1);
+        let n_thr = p.n_threads.max(p.n_threads_batch);
+        let attn_stride = attention::scratch_per_thread(size, hp.n_embd_head_k, hp.n_embd_head_v);
+        let z = |m: usize| -> Result<Vec<f32>> {
+            let n = m.checked_mul(nu).ok_or_else(|| Error::Invalid("n_ubatch too large".into()))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| Error::Invalid(format!("cannot allocate {n} floats of scratch")))?;
+            v.resize(n, 0.0);
+            Ok(v)
+        };
+        let b = Buffers {
+            x: z(ne)?,
+            cur: z(ne.max(qw))?,
+            tmp: z(ne)?,
+            q: z(qw)?,
+            k: z(kw)?,
+            v: z(vw)?,
+            att: z(aw)?,
+            gate: z(ff)?,
+            up: z(ff)?,
+            row: vec![0.0; hp.n_vocab.max(1)],
+            rope_cache: vec![0.0; hp.n_embd_head_k.max(hp.n_rot) + 2],
+            attn_scratch: vec![0.0; attn_stride * n_thr],
+            attn_stride,
+            mm_scratch: Vec::with_capacity(nu * (ne.max(ff).max(aw) + 64) * 2),
+            kv_bytes: Vec::new(),
+            pos: Vec::with_capacity(nu),
+            seq0: Vec::with_capacity(nu),
+            stream: Vec::with_capacity(nu),
+            key_range: Vec::with_capacity(nu),
+            cells: Vec::with_capacity(nu),
+            keys: Vec::with_capacity(size),
+            keys_tmp: Vec::with_capacity(size),
+            out_idx: Vec::with_capacity(nu),
+            out_row: Vec::with_capacity(nu),
+        };
+        let pool = ThreadPool::new(p.n_threads);
+        let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
+        Ok(Context {
+            fwd,
+            params: p,
+            kv,
+            pool,
+            pool_batch,
+            b,
+            debug: None,
+            ub_tokens: Vec::with_capacity(nu),
+            ub_embd: Vec::new(),
+            slots: Vec::new(),
+            slot_scratch: Vec::with_capacity(size),
+            model,
+        })
+    }
+
+    pub fn set_n_threads(&mut self, n_threads: usize, n_threads_batch: usize) {
+        let (a, b) = (n_threads.clamp(1, 512), n_threads_batch.clamp(1, 512));
+        if a == self.params.n_threads && b == self.params.n_threads_batch {
+            return;
+        }
+        self.params.n_threads = a;
+        self.params.n_threads_batch = b;
+        self.pool = ThreadPool::new(a);
+        self.pool_batch = if a != b { Some(ThreadPool::new(b)) } else { None };
+        let need = self.b.attn_stride * a.max(b);
+        if self.b.attn_scratch.len() < need {
+            self.b.attn_scratch.resize(need, 0.0);
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.model.hparams.n_vocab
+    }
+
+    /// Re-rotate the keys of shifted cells (llama.cpp's K-shift) and clear the shifts.
+    fn apply_k_shift(&mut self) -> Result<()> {
+        if !self.kv.has_shift {
+            return Ok(());
+        }
+        let hp = &self.model.hparams;
+        let hd = hp.n_embd_head_k;
+        let mut row = Vec::new();
+        let mut cache = vec![0f32; hd + 2];
+        for s in 0..self.kv.n_stream() {
+            for c in 0..self.kv.size {
+                let cell = self.kv.streams[s].cells[c];
+                if cell.is_empty() || cell.shift == 0 {
+                    continue;
+                }
+                for il in 0..hp.n_layer {
+                    let Some(r) = self.fwd.rope(il) else { continue };
+                    let n = hp.n_embd_k_gqa(il);
+                    row.resize(n, 0.0);
+                    let rk = self.kv.row_k[il];
+                    let o = (s * self.kv.size + c) * rk;
+                    let bytes = &mut self.kv.k[il][o..o + rk];
+                    quant::dequantize_row(self.kv.type_k, bytes, &mut row)?;
+                    r.apply_heads(&mut row, hd, cell.shift, &mut cache);
+                    quant::quantize_row(self.kv.type_k, &row, bytes)?;
+                }
+            }
+        }
+        for st in &mut self.kv.streams {
+            for c in &mut st.cells {
+                c.shift = 0;
+            }
+        }
+        self.kv.has_shift = false;
+        Ok(())
+    }
+
+    fn gather_seqs(batch: &BatchRef, i: usize) -> SeqSet {
+        let mut s = SeqSet::default();
+        let k = batch.n_seq_id[i].max(0) as usize;
+        for j in 0..k.min(batch.seq_cols) {
+            s.add(batch.seq_id[i * batch.seq_cols + j] as usize);
+        }
+        s
+    }
+
+    fn check(&self, batch: &BatchRef, ubatches: &[&[i32]], out_rows: &[i32], logits_len: usize, hidden_len: Option<usize>) -> Result<()> {
+        let n = batch.pos.len();
+        let nv = self.n_vocab();
+        let ne = self.model.hparams.n_embd;
+        let bad = |m: String| Err(Error::Invalid(m));
+        if batch.n_seq_id.len() != n || out_rows.len() != n || batch.seq_id.len() != n * batch.seq_cols {
+            return bad(format!("decode: pos, n_seq_id, seq_id and out_rows must all have {n} rows"));
+        }
+        match (batch.tokens, batch.embd) {
+            (Some(t), None) => {
+                if t.len() != n {
+                    return bad(format!("decode: {} tokens for {n} positions", t.len()));
+                }
+                if let Some((i, &id)) = t.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= nv) {
+                    return bad(format!("decode: token {i} has id {id} outside [0, {nv})"));
+                }
+            }
+            (None, Some(e)) => {
+                if e.len() != n * ne {
+                    return bad(format!("decode: embd must be [{n}, {ne}]"));
+                }
+            }
+            _ => return bad("decode: give exactly one of tokens and embd".into()),
+        }
+        for i in 0..n {
+            let k = batch.n_seq_id[i];
+            if k < 1 || k as usize > batch.seq_cols {
+                return bad(format!("decode: token {i} has n_seq_id {k} outside [1, {}]", batch.seq_cols));
+            }
+            for j in 0..k as usize {
+                let s = batch.seq_id[i * batch.seq_cols + j];
+                if s < 0 || s as usize >= self.params.n_seq_max {
+                    return bad(format!("decode: token {i} has seq_id {s} outside [0, {})", self.params.n_seq_max));
+                }
+            }
+            if batch.pos[i] < 0 {
+                return bad(format!("decode: token {i} has negative position {}", batch.pos[i]));
+            }
+        }
+        let n_rows = if nv > 0 { logits_len / nv } else { 0 };
+        if logits_len != n_rows * nv {
+            return bad(format!("decode: logits must be [n_outputs, {nv}]"));
+        }
+        if let Some(h) = hidden_len {
+            if h != n_rows * ne {
+                return bad(format!("decode: hidden must be [{n_rows}, {ne}]"));
+            }
+        }
+        let mut seen_row = vec![false; n_rows];
+        for (i, &r) in out_rows.iter().enumerate() {
+            if r >= 0 {
+                if r as usize >= n_rows || seen_row[r as usize] {
+                    return bad(format!("decode: out_rows[{i}] = {r} is outside [0, {n_rows}) or repeated"));
+                }
+                seen_row[r as usize] = true;
+            }
+        }
+        let mut seen = vec![false; n];
+        for (u, ub) in ubatches.iter().enumerate() {
+            if ub.is_empty() || ub.len() > self.params.n_ubatch {
+                return bad(format!("decode: micro-batch {u} has {} tokens (allowed 1..={})", ub.len(), self.params.n_ubatch));
+            }
+            for &i in ub.iter() {
+                if i < 0 || i as usize >= n || seen[i as usize] {
+                    return bad(format!("decode: micro-batch {u} holds index {i}, outside [0, {n}) or repeated"));
+                }
+                seen[i as usize] = true;
+            }
+        }
+        if seen.iter().any(|s| !s) {
+            return bad("decode: the micro-batches do not cover every token of the batch".into());
+        }
+        Ok(())
+    }
+
+    /// Micro-batch u's positions and first sequences into the buffers.
+    fn load_ubatch(&mut self, batch: &BatchRef, ub: &[i32]) {
+        let b = &mut self.b;
+        b.pos.clear();
+        b.seq0.clear();
+        for &i in ub {
+            let i = i as usize;
+            b.pos.push(batch.pos[i]);
+            b.seq0.push(batch.seq_id[i * batch.seq_cols] as usize);
+        }
+    }
+
+    /// Run a batch: returns (0, n_ubatches) on success, (1, 0) when some micro-batch finds
+    /// no KV cells (nothing changed), (2, n_done) when `abort` said stop before micro-batch
+    /// n_done (the cache holds exactly the finished ones).
+    pub fn decode(
+        &mut self,
+        batch: &BatchRef,
+        ubatches: &[&[i32]],
+        out_rows: &[i32],
+        logits: &mut [f32],
+        mut hidden: Option<&mut [f32]>,
+        abort: &mut dyn FnMut() -> bool,
+    ) -> Result<(i32, usize)> {
+        self.check(batch, ubatches, out_rows, logits.len(), hidden.as_deref().map(|h| h.len()))?;
+        if let Some(d) = self.debug.as_mut() {
+            d.dumps.clear();
+        }
+        // 1. reserve cells for every micro-batch (apply each so the next search sees it),
+        //    then undo: all or nothing, as llama_kv_cache::prepare.
+        let heads = self.kv.heads();
+        self.slots.resize_with(ubatches.len().max(self.slots.len()), Slot::default);
+        let mut ok = true;
+        let mut n_applied = 0;
+        for (u, ub) in ubatches.iter().enumerate() {
+            self.load_ubatch(batch, ub);
+            let mut slot = std::mem::take(&mut self.slots[u]);
+            if !self.kv.find_slot(&self.b.seq0, &mut slot, &mut self.slot_scratch) {
+                self.slots[u] = slot;
+                ok = false;
+                break;
+            }
+            self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
+            self.slots[u] = slot;
+            n_applied += 1;
+        }
+        for u in (0..n_applied).rev() {
+            self.kv.unapply_slot(&self.slots[u]);
+        }
+        self.kv.set_heads(&heads);
+        if !ok {
+            return Ok((1, 0));
+        }
+        self.apply_k_shift()?;
+        // 2. compute
+        for (u, ub) in ubatches.iter().enumerate() {
+            if abort() {
+                return Ok((2, u));
+            }
+            self.load_ubatch(batch, ub);
+            let mut slot = std::mem::take(&mut self.slots[u]);
+            let found = self.kv.find_slot(&self.b.seq0, &mut slot, &mut self.slot_scratch);
+            if !found {
+                self.slots[u] = slot;
+                return Err(Error::Invalid("internal: KV slot vanished between reserve and compute".into()));
+            }
+            self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
+            self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut())?;
+            self.slots[u] = slot;
+        }
+        Ok((0, ubatches.len()))
+    }
+
+    fn run_ubatch(
+        &mut self,
+        batch: &BatchRef,
+        ub: &[i32],
+        slot: &Slot,
+        out_rows: &[i32],
+        logits: &mut [f32],
+        hidden: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let n = ub.len();
+        let b = &mut self.b;
+        b.cells.clear();
+        b.cells.extend_from_slice(&slot.cells);
+        b.stream.clear();
+        b.stream.extend(slot.cells.iter().map(|c| c.0));
+        // key lists: one per distinct first sequence, shared by its tokens
+        b.keys.clear();
+        b.key_range.clear();
+        b.key_range.resize(n, (0, 0));
+        for t in 0..n {
+            let s = b.seq0[t];
+            if let Some(prev) = (0..t).find(|&u| b.seq0[u] == s) {
+                b.key_range[t] = b.key_range[prev];
+                continue;
+            }
+            self.kv.keys_of(s, &mut b.keys_tmp);
+            let r0 = b.keys.len() as u32;
+            b.keys.extend_from_slice(&b.keys_tmp);
+            b.key_range[t] = (r0, b.keys.len() as u32);
+        }
+        b.out_idx.clear();
+        b.out_row.clear();
+        for (t, &i) in ub.iter().enumerate() {
+            let r = out_rows[i as usize];
+            if r >= 0 {
+                b.out_idx.push(t);
+                b.out_row.push(r as usize);
+            }
+        }
+        self.ub_tokens.clear();
+        if let Some(toks) = batch.tokens {
+            self.ub_tokens.extend(ub.iter().map(|&i| toks[i as usize]));
+        }
+        let ne = self.model.hparams.n_embd;
+        self.ub_embd.clear();
+        if let Some(e) = batch.embd {
+            for &i in ub {
+                self.ub_embd.extend_from_slice(&e[i as usize * ne..(i as usize + 1) * ne]);
+            }
+        }
+        let pool = if n > 1 { self.pool_batch.as_ref().unwrap_or(&self.pool) } else { &self.pool };
+        let mut st = Step {
+            pool,
+            hp: &self.model.hparams,
+            kv: &mut self.kv,
+            b: &mut self.b,
+            debug: self.debug.as_mut(),
+            n,
+            tokens: if batch.tokens.is_some() { Some(&self.ub_tokens) } else { None },
+            embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
+            logits,
+            hidden,
+        };
+        self.fwd.forward(&mut st)
+    }
+
+    pub fn set_debug_dump(&mut self, names: Option<Vec<String>>) {
+        self.debug = names.map(|v| {
+            let all = v.iter().any(|s| s == "*");
+            Debug { wanted: v.into_iter().collect(), all, dumps: HashMap::new() }
+        });
+    }
+}
+
+/// Layer `il`'s rope: the context's base/scale overrides (0 = the model's) apply to full
+/// attention layers; sliding-window layers keep their own base (llama.cpp's
+/// `get_rope_freq_base` / `get_rope_freq_scale`).
+pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Option<Vec<f32>>) -> RopeParams {
+    let (base, scale) = if hp.swa_layers.get(il).copied().unwrap_or(false) {
+        (hp.rope_freq_base_swa, hp.rope_freq_scale_swa)
+    } else {
+        (
+            if p.rope_freq_base != 0.0 { p.rope_freq_base } else { hp.rope_freq_base },
+            if p.rope_freq_scale != 0.0 { p.rope_freq_scale } else { hp.rope_freq_scale },
+        )
+    };
+    let mut r = RopeParams::simple(hp.rope_type, hp.n_rot, base, scale);
+    r.freq_factors = freq_factors;
+    r
+}

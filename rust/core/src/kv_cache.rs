@@ -1,0 +1,612 @@
+//! The KV cache (pipeline step 7 reserves it, steps 11-13 fill it): cells that each hold
+//! one position and the set of sequences that see it, the slot search for a micro-batch,
+//! llama.h's sequence operations, and typed K/V storage.
+//!
+//! Semantics follow llama.cpp's src/llama-kv-cache.cpp and llama-kv-cells.h:
+//! - one stream of `n_ctx` cells when unified, else one stream of `n_ctx_seq` cells per
+//!   sequence (sequence s lives in stream s);
+//! - `find_slot` takes empty cells, scanning from `head` (reset to 0 when plenty of cells
+//!   are free before it), one token at a time, wrapping once around;
+//! - `seq_add` / `seq_div` move positions and remember the total shift per cell; the K
+//!   rows of shifted cells are re-rotated before the next compute (the K-shift, done by
+//!   the context, which knows each layer's rope).
+//!
+//! Storage, per layer and stream: K and V as [size][n_embd_{k,v}_gqa] rows of `type_k` /
+//! `type_v` (f32, f16 or q8_0). Rows are not transposed: attention reads one key row and
+//! one value row per cell.
+//!
+//! Sliding-window layers share the cells of the full cache (llama.cpp's `swa_full`
+//! layout); the window is applied as a mask by position at attention time.
+
+use crate::error::{Error, Result};
+use crate::ggml_type::GgmlType;
+
+/// The most sequences a context may hold (llama.h LLAMA_MAX_SEQ).
+pub const MAX_SEQ: usize = 256;
+
+/// A set of sequence ids < 256.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub struct SeqSet([u64; 4]);
+
+impl SeqSet {
+    #[inline]
+    pub fn has(&self, s: usize) -> bool {
+        self.0[s >> 6] >> (s & 63) & 1 != 0
+    }
+    #[inline]
+    pub fn add(&mut self, s: usize) {
+        self.0[s >> 6] |= 1 << (s & 63);
+    }
+    #[inline]
+    pub fn remove(&mut self, s: usize) {
+        self.0[s >> 6] &= !(1 << (s & 63));
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+    pub fn only(s: usize) -> SeqSet {
+        let mut r = SeqSet::default();
+        r.add(s);
+        r
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Cell {
+    /// -1 when empty.
+    pub pos: i32,
+    /// Accumulated position change since K was last rotated (seq_add / seq_div).
+    pub shift: i32,
+    pub seq: SeqSet,
+}
+
+impl Cell {
+    const EMPTY: Cell = Cell { pos: -1, shift: 0, seq: SeqSet([0; 4]) };
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pos < 0
+    }
+}
+
+/// The cells of one stream plus the search head.
+#[derive(Clone)]
+pub struct Stream {
+    pub cells: Vec<Cell>,
+    pub head: usize,
+    pub used: usize,
+}
+
+impl Stream {
+    fn new(size: usize) -> Stream {
+        Stream { cells: vec![Cell::EMPTY; size], head: 0, used: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.cells.iter_mut().for_each(|c| *c = Cell::EMPTY);
+        self.head = 0;
+        self.used = 0;
+    }
+
+    /// Empty a cell entirely.
+    fn rm(&mut self, i: usize) {
+        if !self.cells[i].is_empty() {
+            self.used -= 1;
+        }
+        self.cells[i] = Cell::EMPTY;
+    }
+
+    /// Remove `s` from cell i; true when the cell became empty.
+    fn seq_rm_cell(&mut self, i: usize, s: usize) -> bool {
+        let c = &mut self.cells[i];
+        c.seq.remove(s);
+        if c.seq.is_empty() {
+            self.rm(i);
+            return true;
+        }
+        false
+    }
+
+    #[inline]
+    fn pos_in(&self, i: usize, p0: i32, p1: i32) -> bool {
+        let p = self.cells[i].pos;
+        p >= p0 && p < p1
+    }
+}
+
+/// Where a micro-batch's tokens went: token k of the micro-batch -> (stream, cell).
+#[derive(Default, Clone)]
+pub struct Slot {
+    pub cells: Vec<(u32, u32)>,
+}
+
+pub struct KvCache {
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+    pub n_seq_max: usize,
+    /// Cells per stream.
+    pub size: usize,
+    pub streams: Vec<Stream>,
+    /// Bytes of one cell's K (V) row, per layer.
+    pub row_k: Vec<usize>,
+    pub row_v: Vec<usize>,
+    /// Per layer: [n_stream * size * row_k] bytes.
+    pub k: Vec<Vec<u8>>,
+    pub v: Vec<Vec<u8>>,
+    /// Some cell has a non-zero `shift` (a K-shift is due before the next compute).
+    pub has_shift: bool,
+}
+
+pub fn parse_cache_type(s: &str) -> Result<GgmlType> {
+    match GgmlType::from_name(s) {
+        Some(t @ (GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0)) => Ok(t),
+        _ => Err(Error::Invalid(format!("unsupported KV cache type '{s}' (supported: f32, f16, q8_0)"))),
+    }
+}
+
+impl KvCache {
+    /// `n_embd_k[il]` / `n_embd_v[il]`: K/V row lengths per layer (n_embd_head * n_head_kv).
+    pub fn new(
+        n_embd_k: &[usize],
+        n_embd_v: &[usize],
+        size: usize,
+        n_stream: usize,
+        n_seq_max: usize,
+        type_k: GgmlType,
+        type_v: GgmlType,
+    ) -> Result<KvCache> {
+        if n_seq_max == 0 || n_seq_max > MAX_SEQ {
+            return Err(Error::Invalid(format!("n_seq_max = {n_seq_max} must be in [1, {MAX_SEQ}]")));
+        }
+        if size == 0 {
+            return Err(Error::Invalid("KV cache size must be positive".into()));
+        }
+        let rows = |n: &[usize], t: GgmlType, what: &str| -> Result<Vec<usize>> {
+            n.iter()
+                .map(|&e| {
+                    t.row_size(e).ok_or_else(|| {
+                        Error::Invalid(format!("KV cache {what} type {t} needs rows that are a multiple of {} (got {e})", t.block_size()))
+                    })
+                })
+                .collect()
+        };
+        let row_k = rows(n_embd_k, type_k, "K")?;
+        let row_v = rows(n_embd_v, type_v, "V")?;
+        let alloc = |rb: usize| -> Result<Vec<u8>> {
+            let n = rb
+                .checked_mul(size)
+                .and_then(|x| x.checked_mul(n_stream))
+                .ok_or_else(|| Error::Invalid("KV cache too large".into()))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
+            v.resize(n, 0);
+            Ok(v)
+        };
+        let k = row_k.iter().map(|&r| alloc(r)).collect::<Result<Vec<_>>>()?;
+        let v = row_v.iter().map(|&r| alloc(r)).collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            type_k,
+            type_v,
+            n_seq_max,
+            size,
+            streams: (0..n_stream).map(|_| Stream::new(size)).collect(),
+            row_k,
+            row_v,
+            k,
+            v,
+            has_shift: false,
+        })
+    }
+
+    pub fn n_stream(&self) -> usize {
+        self.streams.len()
+    }
+
+    #[inline]
+    pub fn stream_of(&self, seq: usize) -> usize {
+        if self.streams.len() == 1 {
+            0
+        } else {
+            seq
+        }
+    }
+
+    fn check_seq(&self, seq: i32, what: &str) -> Result<usize> {
+        if seq < 0 || seq as usize >= self.n_seq_max {
+            return Err(Error::Invalid(format!("{what}: seq_id {seq} is outside [0, {})", self.n_seq_max)));
+        }
+        Ok(seq as usize)
+    }
+
+    /// Byte range of the K row of (stream, cell) in layer `il`.
+    #[inline]
+    pub fn k_row(&self, il: usize, stream: usize, cell: usize) -> &[u8] {
+        let rb = self.row_k[il];
+        let o = (stream * self.size + cell) * rb;
+        &self.k[il][o..o + rb]
+    }
+    #[inline]
+    pub fn v_row(&self, il: usize, stream: usize, cell: usize) -> &[u8] {
+        let rb = self.row_v[il];
+        let o = (stream * self.size + cell) * rb;
+        &self.v[il][o..o + rb]
+    }
+
+    // ---- slot search ----------------------------------------------------------------
+
+    /// Find cells for `n` tokens in `stream` (llama_kv_cache::find_slot with cont=false)
+    /// without changing anything; appends the cell indices to `out`.
+    fn find_slot_in(&self, stream: usize, n: usize, out: &mut Vec<(u32, u32)>) -> bool {
+        let st = &self.streams[stream];
+        let size = st.cells.len();
+        if n > size {
+            return false;
+        }
+        let mut head = st.head;
+        if head > st.used + 2 * n {
+            head = 0;
+        }
+        let start = out.len();
+        let mut tested = 0;
+        while out.len() - start < n {
+            if tested >= size {
+                out.truncate(start);
+                return false;
+            }
+            if head >= size {
+                head = 0;
+            }
+            if st.cells[head].is_empty() {
+                out.push((stream as u32, head as u32));
+            }
+            head += 1;
+            tested += 1;
+        }
+        true
+    }
+
+    /// Find cells for one micro-batch: `seq0[k]` is token k's first sequence id (which
+    /// picks its stream). On success `slot.cells[k]` is token k's cell.
+    pub fn find_slot(&self, seq0: &[usize], slot: &mut Slot, scratch: &mut Vec<(u32, u32)>) -> bool {
+        slot.cells.clear();
+        slot.cells.resize(seq0.len(), (0, 0));
+        if self.streams.len() == 1 {
+            scratch.clear();
+            if !self.find_slot_in(0, seq0.len(), scratch) {
+                return false;
+            }
+            slot.cells.copy_from_slice(scratch);
+            return true;
+        }
+        // One search per stream, for as many tokens as go there, in token order.
+        let mut done = vec![false; self.streams.len()];
+        for k in 0..seq0.len() {
+            let s = self.stream_of(seq0[k]);
+            if done[s] {
+                continue;
+            }
+            done[s] = true;
+            let n = seq0.iter().filter(|&&q| self.stream_of(q) == s).count();
+            scratch.clear();
+            if !self.find_slot_in(s, n, scratch) {
+                return false;
+            }
+            let mut it = scratch.iter();
+            for (j, &q) in seq0.iter().enumerate() {
+                if self.stream_of(q) == s {
+                    slot.cells[j] = *it.next().unwrap();
+                }
+            }
+        }
+        true
+    }
+
+    /// Occupy the cells of `slot` (llama_kv_cache::apply_ubatch): token k gets `pos[k]` and
+    /// the sequences `seqs(k)`; each stream's head moves past its last cell.
+    pub fn apply_slot(&mut self, slot: &Slot, pos: &[i32], seqs: &dyn Fn(usize) -> SeqSet) {
+        for (k, &(s, c)) in slot.cells.iter().enumerate() {
+            let st = &mut self.streams[s as usize];
+            if st.cells[c as usize].is_empty() {
+                st.used += 1;
+            }
+            st.cells[c as usize] = Cell { pos: pos[k], shift: 0, seq: seqs(k) };
+        }
+        for (k, &(s, c)) in slot.cells.iter().enumerate() {
+            let last_in_stream = slot.cells[k + 1..].iter().all(|&(s2, _)| s2 != s);
+            if last_in_stream {
+                self.streams[s as usize].head = c as usize + 1;
+            }
+        }
+    }
+
+    /// Undo `apply_slot` on cells that were empty before it.
+    pub fn unapply_slot(&mut self, slot: &Slot) {
+        for &(s, c) in &slot.cells {
+            self.streams[s as usize].rm(c as usize);
+        }
+    }
+
+    pub fn heads(&self) -> Vec<usize> {
+        self.streams.iter().map(|s| s.head).collect()
+    }
+    pub fn set_heads(&mut self, heads: &[usize]) {
+        for (s, &h) in self.streams.iter_mut().zip(heads) {
+            s.head = h;
+        }
+    }
+
+    // ---- llama.h memory API ------------------------------------------------------------
+
+    pub fn clear(&mut self, data: bool) {
+        for s in &mut self.streams {
+            s.clear();
+        }
+        if data {
+            for b in self.k.iter_mut().chain(self.v.iter_mut()) {
+                b.fill(0);
+            }
+        }
+        self.has_shift = false;
+    }
+
+    fn range(p0: i32, p1: i32) -> (i32, i32) {
+        (p0.max(0), if p1 < 0 { i32::MAX } else { p1 })
+    }
+
+    /// Remove [p0, p1) of `seq` (any sequence when seq < 0).
+    pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<bool> {
+        let (p0, p1) = Self::range(p0, p1);
+        if seq >= 0 {
+            let s = self.check_seq(seq, "seq_rm")?;
+            let si = self.stream_of(s);
+            let st = &mut self.streams[si];
+            let mut new_head = usize::MAX;
+            for i in 0..st.cells.len() {
+                if !st.pos_in(i, p0, p1) || !st.cells[i].seq.has(s) {
+                    continue;
+                }
+                if st.seq_rm_cell(i, s) && new_head == usize::MAX {
+                    new_head = i;
+                }
+            }
+            if new_head < st.head {
+                st.head = new_head;
+            }
+        } else {
+            for st in &mut self.streams {
+                let mut new_head = usize::MAX;
+                for i in 0..st.cells.len() {
+                    if !st.pos_in(i, p0, p1) {
+                        continue;
+                    }
+                    st.rm(i);
+                    if new_head == usize::MAX {
+                        new_head = i;
+                    }
+                }
+                if new_head < st.head {
+                    st.head = new_head;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Make `dst` see the cells of `src` in [p0, p1). Across streams (not unified) the
+    /// whole stream is copied, K/V data included, as llama.cpp does.
+    pub fn seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        let s = self.check_seq(src, "seq_cp")?;
+        let d = self.check_seq(dst, "seq_cp")?;
+        let (s0, s1) = (self.stream_of(s), self.stream_of(d));
+        if s0 == s1 {
+            if s == d {
+                return Ok(());
+            }
+            let (p0, p1) = Self::range(p0, p1);
+            let st = &mut self.streams[s0];
+            for c in st.cells.iter_mut() {
+                if c.pos >= p0 && c.pos < p1 && c.seq.has(s) {
+                    c.seq.add(d);
+                }
+            }
+            return Ok(());
+        }
+        let size = self.size;
+        let mut dst_st = Stream::new(size);
+        for (i, c) in self.streams[s0].cells.iter().enumerate() {
+            if c.seq.has(s) {
+                dst_st.cells[i] = Cell { pos: c.pos, shift: c.shift, seq: SeqSet::only(d) };
+                dst_st.used += 1;
+            }
+        }
+        dst_st.head = self.streams[s0].head;
+        self.streams[s1] = dst_st;
+        for (il, buf) in self.k.iter_mut().enumerate() {
+            let n = self.row_k[il] * size;
+            buf.copy_within(s0 * n..(s0 + 1) * n, s1 * n);
+        }
+        for (il, buf) in self.v.iter_mut().enumerate() {
+            let n = self.row_v[il] * size;
+            buf.copy_within(s0 * n..(s0 + 1) * n, s1 * n);
+        }
+        Ok(())
+    }
+
+    /// Drop every sequence but `seq` (cells of other sequences only become empty).
+    pub fn seq_keep(&mut self, seq: i32) -> Result<()> {
+        let s = self.check_seq(seq, "seq_keep")?;
+        let si = self.stream_of(s);
+        let st = &mut self.streams[si];
+        let mut new_head = usize::MAX;
+        for i in 0..st.cells.len() {
+            let c = &mut st.cells[i];
+            if c.seq.has(s) {
+                c.seq = SeqSet::only(s);
+            } else if !c.is_empty() {
+                st.rm(i);
+                if new_head == usize::MAX {
+                    new_head = i;
+                }
+            }
+        }
+        if new_head < st.head {
+            st.head = new_head;
+        }
+        Ok(())
+    }
+
+    /// Add `delta` to the positions of `seq` in [p0, p1); cells pushed below 0 are freed.
+    pub fn seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        let s = self.check_seq(seq, "seq_add")?;
+        if delta == 0 {
+            return Ok(());
+        }
+        let (p0, p1) = Self::range(p0, p1);
+        if p0 == p1 {
+            return Ok(());
+        }
+        let si = self.stream_of(s);
+        let st = &mut self.streams[si];
+        let mut new_head = usize::MAX;
+        for i in 0..st.cells.len() {
+            if !st.pos_in(i, p0, p1) || !st.cells[i].seq.has(s) {
+                continue;
+            }
+            let c = &mut st.cells[i];
+            c.pos = c.pos.saturating_add(delta);
+            c.shift = c.shift.saturating_add(delta);
+            self.has_shift = true;
+            if c.pos < 0 {
+                st.rm(i);
+                if new_head == usize::MAX {
+                    new_head = i;
+                }
+            }
+        }
+        st.head = if new_head != usize::MAX { new_head } else { 0 };
+        Ok(())
+    }
+
+    /// Divide the positions of `seq` in [p0, p1) by `d` (integer division).
+    pub fn seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        let s = self.check_seq(seq, "seq_div")?;
+        if d == 1 {
+            return Ok(());
+        }
+        if d <= 0 {
+            return Err(Error::Invalid(format!("seq_div: divisor {d} must be positive")));
+        }
+        let (p0, p1) = Self::range(p0, p1);
+        if p0 == p1 {
+            return Ok(());
+        }
+        let si = self.stream_of(s);
+        let st = &mut self.streams[si];
+        for i in 0..st.cells.len() {
+            if !st.pos_in(i, p0, p1) || !st.cells[i].seq.has(s) {
+                continue;
+            }
+            let c = &mut st.cells[i];
+            let old = c.pos;
+            c.pos /= d;
+            c.shift += c.pos - old;
+            self.has_shift = true;
+        }
+        Ok(())
+    }
+
+    pub fn seq_pos_min(&self, seq: i32) -> Result<i32> {
+        let s = self.check_seq(seq, "seq_pos_min")?;
+        let st = &self.streams[self.stream_of(s)];
+        Ok(st.cells.iter().filter(|c| c.seq.has(s)).map(|c| c.pos).min().unwrap_or(-1))
+    }
+
+    pub fn seq_pos_max(&self, seq: i32) -> Result<i32> {
+        let s = self.check_seq(seq, "seq_pos_max")?;
+        let st = &self.streams[self.stream_of(s)];
+        Ok(st.cells.iter().filter(|c| c.seq.has(s)).map(|c| c.pos).max().unwrap_or(-1))
+    }
+
+    /// The cells sequence `seq` sees, sorted by position (then cell): the fixed key order
+    /// that makes attention independent of where tokens landed in the cache.
+    pub fn keys_of(&self, seq: usize, out: &mut Vec<(i32, u32)>) {
+        out.clear();
+        let st = &self.streams[self.stream_of(seq)];
+        for (i, c) in st.cells.iter().enumerate() {
+            if c.seq.has(seq) {
+                out.push((c.pos, i as u32));
+            }
+        }
+        out.sort_unstable();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(size: usize, n_stream: usize) -> KvCache {
+        KvCache::new(&[32], &[32], size, n_stream, 4, GgmlType::F16, GgmlType::F16).unwrap()
+    }
+
+    fn put(kv: &mut KvCache, seq: usize, pos: &[i32]) -> bool {
+        let seq0 = vec![seq; pos.len()];
+        let mut slot = Slot::default();
+        let mut scratch = Vec::new();
+        if !kv.find_slot(&seq0, &mut slot, &mut scratch) {
+            return false;
+        }
+        kv.apply_slot(&slot, pos, &|_| SeqSet::only(seq));
+        true
+    }
+
+    #[test]
+    fn fill_remove_and_refill() {
+        let mut kv = cache(8, 1);
+        assert!(put(&mut kv, 0, &[0, 1, 2, 3, 4]));
+        assert!(!put(&mut kv, 1, &[0, 1, 2, 3]));
+        assert!(put(&mut kv, 1, &[0, 1, 2]));
+        assert_eq!(kv.seq_pos_max(0).unwrap(), 4);
+        assert_eq!(kv.seq_pos_min(1).unwrap(), 0);
+        kv.seq_rm(0, 2, -1).unwrap();
+        assert_eq!(kv.seq_pos_max(0).unwrap(), 1);
+        assert!(put(&mut kv, 0, &[2, 3, 4]));
+        kv.seq_keep(1).unwrap();
+        assert_eq!(kv.seq_pos_max(0).unwrap(), -1);
+        assert_eq!(kv.streams[0].used, 3);
+    }
+
+    #[test]
+    fn cp_add_div() {
+        let mut kv = cache(16, 1);
+        assert!(put(&mut kv, 0, &[0, 1, 2, 3, 4, 5]));
+        kv.seq_cp(0, 2, 2, 4).unwrap();
+        assert_eq!((kv.seq_pos_min(2).unwrap(), kv.seq_pos_max(2).unwrap()), (2, 3));
+        kv.seq_add(0, 4, -1, -3).unwrap();
+        assert!(kv.has_shift);
+        // positions 4,5 -> 1,2 ; the others stay
+        let mut keys = Vec::new();
+        kv.keys_of(0, &mut keys);
+        let ps: Vec<i32> = keys.iter().map(|k| k.0).collect();
+        assert_eq!(ps, vec![0, 1, 1, 2, 2, 3]);
+        kv.seq_div(2, -1, -1, 2).unwrap();
+        assert_eq!(kv.seq_pos_max(2).unwrap(), 1);
+        kv.seq_add(0, -1, -1, -10).unwrap();
+        assert_eq!(kv.seq_pos_max(0).unwrap(), -1);
+        assert_eq!(kv.seq_pos_max(2).unwrap(), 1);
+    }
+
+    #[test]
+    fn streams_are_separate() {
+        let mut kv = cache(4, 4);
+        assert!(put(&mut kv, 0, &[0, 1, 2, 3]));
+        assert!(!put(&mut kv, 0, &[4]));
+        assert!(put(&mut kv, 1, &[0, 1, 2, 3]));
+        kv.seq_cp(0, 3, -1, -1).unwrap();
+        assert_eq!(kv.seq_pos_max(3).unwrap(), 3);
+        assert!(kv.seq_cp(0, 9, -1, -1).is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! Small vector kernels the attention and the elementwise ops share: f32 and f16 dot
+//! products and axpy. Each has a plain `_ref` and an AVX2+FMA+F16C twin, chosen once at
+//! run time (`PYLLAMA_KERNELS=ref` forces the plain ones).
+//!
+//! Determinism: whichever kernel is chosen is used for every call in the process, and each
+//! keeps a fixed summation order (8 lanes, then a fixed horizontal sum, then the tail), so
+//! a result never depends on the thread, the micro-batch or the slice's position in memory.
+
+use half::f16;
+use std::sync::OnceLock;
+
+struct Kernels {
+    dot_f32: fn(&[f32], &[f32]) -> f32,
+    dot_f16: fn(&[u16], &[f32]) -> f32,
+    axpy_f32: fn(&mut [f32], f32, &[f32]),
+    axpy_f16: fn(&mut [f32], f32, &[u16]),
+}
+
+fn kernels() -> &'static Kernels {
+    static K: OnceLock<Kernels> = OnceLock::new();
+    K.get_or_init(|| {
+        let force_ref = std::env::var("PYLLAMA_KERNELS").map(|v| v == "ref").unwrap_or(false);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !force_ref
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Kernels {
+                    dot_f32: |a, b| unsafe { x86::dot_f32_avx2(a, b) },
+                    dot_f16: |a, b| unsafe { x86::dot_f16_avx2(a, b) },
+                    axpy_f32: |y, a, x| unsafe { x86::axpy_f32_avx2(y, a, x) },
+                    axpy_f16: |y, a, x| unsafe { x86::axpy_f16_avx2(y, a, x) },
+                };
+            }
+        }
+        let _ = force_ref;
+        Kernels { dot_f32: dot_f32_ref, dot_f16: dot_f16_ref, axpy_f32: axpy_f32_ref, axpy_f16: axpy_f16_ref }
+    })
+}
+
+/// sum_i a[i] * b[i] (lengths must match).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    (kernels().dot_f32)(a, b)
+}
+
+/// sum_i f16(a[i]) * b[i]; `a` holds raw IEEE half bits.
+#[inline]
+pub fn dot_f16(a: &[u16], b: &[f32]) -> f32 {
+    (kernels().dot_f16)(a, b)
+}
+
+/// y += a * x
+#[inline]
+pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
+    (kernels().axpy_f32)(y, a, x)
+}
+
+/// y += a * f16(x)
+#[inline]
+pub fn axpy_f16(y: &mut [f32], a: f32, x: &[u16]) {
+    (kernels().axpy_f16)(y, a, x)
+}
+
+/// Horizontal sum of 8 lanes in the order the AVX2 kernels use: (l0+l4, l1+l5, ...) then
+/// pairs, so `_ref` and `_avx2` agree up to FMA rounding.
+#[inline]
+fn hsum8(l: &[f32; 8]) -> f32 {
+    let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    let b = [a[0] + a[2], a[1] + a[3]];
+    b[0] + b[1]
+}
+
+pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0f32; 8];
+    let n8 = n / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        for l in 0..8 {
+            acc[l] += a[i + l] * b[i + l];
+        }
+    }
+    let mut s = hsum8(&acc);
+    for i in n8..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+pub fn dot_f16_ref(a: &[u16], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0f32; 8];
+    let n8 = n / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        for l in 0..8 {
+            acc[l] += f16::from_bits(a[i + l]).to_f32() * b[i + l];
+        }
+    }
+    let mut s = hsum8(&acc);
+    for i in n8..n {
+        s += f16::from_bits(a[i]).to_f32() * b[i];
+    }
+    s
+}
+
+pub fn axpy_f32_ref(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+pub fn axpy_f16_ref(y: &mut [f32], a: f32, x: &[u16]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * f16::from_bits(*xi).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::hsum8;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let n8 = n / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), acc);
+            i += 8;
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        let mut s = hsum8(&l);
+        for i in n8..n {
+            s += a[i] * b[i];
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_avx2(a: &[u16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let n8 = n / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            let h = _mm_loadu_si128(a.as_ptr().add(i) as *const __m128i);
+            acc = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(b.as_ptr().add(i)), acc);
+            i += 8;
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        let mut s = hsum8(&l);
+        for i in n8..n {
+            s += f16::from_bits(a[i]).to_f32() * b[i];
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_f32_avx2(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < n8 {
+            let p = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)));
+            i += 8;
+        }
+        for i in n8..n {
+            y[i] += a * x[i];
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16_avx2(y: &mut [f32], a: f32, x: &[u16]) {
+        let n = y.len().min(x.len());
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < n8 {
+            let p = y.as_mut_ptr().add(i);
+            let h = _mm_loadu_si128(x.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(va, _mm256_cvtph_ps(h), _mm256_loadu_ps(p)));
+            i += 8;
+        }
+        for i in n8..n {
+            y[i] += a * f16::from_bits(x[i]).to_f32();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simd_matches_ref() {
+        let mut seed = 1u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for n in [1usize, 7, 8, 31, 64, 257] {
+            let a: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let h: Vec<u16> = a.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            let tol = 1e-6 * n as f32;
+            assert!((dot_f32(&a, &b) - dot_f32_ref(&a, &b)).abs() <= tol);
+            assert!((dot_f16(&h, &b) - dot_f16_ref(&h, &b)).abs() <= tol);
+            let mut y1 = b.clone();
+            let mut y2 = b.clone();
+            axpy_f16(&mut y1, 0.3, &h);
+            axpy_f16_ref(&mut y2, 0.3, &h);
+            for (p, q) in y1.iter().zip(&y2) {
+                assert!((p - q).abs() <= 1e-6);
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! `pyllama._core.Context`: the Rust half of a llama context. Python (pyllama.batch /
+//! context) validates and splits the batch; `decode` runs the micro-batches with the GIL
+//! released and writes logits straight into the caller's numpy buffer.
+
+use crate::errors::to_py;
+use crate::gguf::PyModel;
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use pyllama_core::context::{BatchRef, Context, ContextParams};
+use pyllama_core::kv_cache::parse_cache_type;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+#[pyclass(name = "Context", module = "pyllama._core")]
+pub struct PyContext {
+    inner: Context,
+    #[pyo3(get)]
+    model: Py<PyModel>,
+}
+
+fn slice1<'a>(a: &'a PyReadonlyArray1<'_, i32>) -> Cow<'a, [i32]> {
+    match a.as_slice() {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+    }
+}
+
+fn slice2<'a, T: numpy::Element + Copy>(a: &'a PyReadonlyArray2<'_, T>) -> Cow<'a, [T]> {
+    match a.as_slice() {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+    }
+}
+
+#[pymethods]
+impl PyContext {
+    #[new]
+    #[pyo3(signature = (model, *, n_ctx, n_seq_max, n_ubatch, n_threads, n_threads_batch, type_k = "f16",
+                        type_v = "f16", kv_unified = true, swa_full = false, embeddings = false,
+                        rope_freq_base = 0.0, rope_freq_scale = 0.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model: Py<PyModel>,
+        n_ctx: usize,
+        n_seq_max: usize,
+        n_ubatch: usize,
+        n_threads: usize,
+        n_threads_batch: usize,
+        type_k: &str,
+        type_v: &str,
+        kv_unified: bool,
+        swa_full: bool,
+        embeddings: bool,
+        rope_freq_base: f32,
+        rope_freq_scale: f32,
+    ) -> PyResult<Self> {
+        let p = ContextParams {
+            n_ctx,
+            n_seq_max,
+            n_ubatch,
+            n_threads,
+            n_threads_batch,
+            type_k: parse_cache_type(type_k).map_err(to_py)?,
+            type_v: parse_cache_type(type_v).map_err(to_py)?,
+            kv_unified,
+            swa_full,
+            embeddings,
+            rope_freq_base,
+            rope_freq_scale,
+        };
+        let m: Arc<pyllama_core::model::Model> = model.get().inner.clone();
+        let inner = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
+        Ok(PyContext { inner, model })
+    }
+
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.inner.params.n_ctx
+    }
+    /// Cells per sequence stream (n_ctx when unified).
+    #[getter]
+    fn n_ctx_seq(&self) -> usize {
+        self.inner.kv.size
+    }
+    #[getter]
+    fn n_ubatch(&self) -> usize {
+        self.inner.params.n_ubatch
+    }
+    #[getter]
+    fn n_seq_max(&self) -> usize {
+        self.inner.params.n_seq_max
+    }
+    #[getter]
+    fn n_threads(&self) -> usize {
+        self.inner.params.n_threads
+    }
+    #[getter]
+    fn n_threads_batch(&self) -> usize {
+        self.inner.params.n_threads_batch
+    }
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.inner.n_vocab()
+    }
+    #[getter]
+    fn n_embd(&self) -> usize {
+        self.inner.model.hparams.n_embd
+    }
+    #[getter]
+    fn type_k(&self) -> &'static str {
+        self.inner.kv.type_k.name()
+    }
+    #[getter]
+    fn type_v(&self) -> &'static str {
+        self.inner.kv.type_v.name()
+    }
+
+    fn set_n_threads(&mut self, n_threads: usize, n_threads_batch: usize) {
+        self.inner.set_n_threads(n_threads, n_threads_batch)
+    }
+
+    /// Run the micro-batches of one batch. Returns (ret, n_done): ret 0 ok, 1 no KV slot
+    /// (nothing changed), 2 aborted before micro-batch n_done.
+    #[pyo3(signature = (tokens, embd, pos, n_seq_id, seq_id, ubatches, out_rows, logits, hidden = None, abort = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &mut self,
+        py: Python<'_>,
+        tokens: Option<PyReadonlyArray1<'_, i32>>,
+        embd: Option<PyReadonlyArray2<'_, f32>>,
+        pos: PyReadonlyArray1<'_, i32>,
+        n_seq_id: PyReadonlyArray1<'_, i32>,
+        seq_id: PyReadonlyArray2<'_, i32>,
+        ubatches: Vec<PyReadonlyArray1<'_, i32>>,
+        out_rows: PyReadonlyArray1<'_, i32>,
+        mut logits: PyReadwriteArray2<'_, f32>,
+        mut hidden: Option<PyReadwriteArray2<'_, f32>>,
+        abort: Option<PyObject>,
+    ) -> PyResult<(i32, usize)> {
+        let tok = tokens.as_ref().map(slice1);
+        let emb = embd.as_ref().map(slice2);
+        let pos_s = slice1(&pos);
+        let nsi = slice1(&n_seq_id);
+        let seq_cols = seq_id.shape()[1];
+        let sid = slice2(&seq_id);
+        let ubs: Vec<Cow<[i32]>> = ubatches.iter().map(slice1).collect();
+        let ub_refs: Vec<&[i32]> = ubs.iter().map(|c| c.as_ref()).collect();
+        let orow = slice1(&out_rows);
+        let lg = logits
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("decode: logits must be a C-contiguous float32 array"))?;
+        let hd = match hidden.as_mut() {
+            Some(h) => Some(
+                h.as_slice_mut()
+                    .map_err(|_| PyValueError::new_err("decode: hidden must be a C-contiguous float32 array"))?,
+            ),
+            None => None,
+        };
+        let batch = BatchRef {
+            tokens: tok.as_deref(),
+            embd: emb.as_deref(),
+            pos: &pos_s,
+            n_seq_id: &nsi,
+            seq_id: &sid,
+            seq_cols,
+        };
+        let inner = &mut self.inner;
+        let mut cb_err: Option<PyErr> = None;
+        let r = py.allow_threads(|| {
+            let mut ab = || -> bool {
+                match &abort {
+                    None => false,
+                    Some(f) => Python::with_gil(|py| match f.call0(py).and_then(|r| r.is_truthy(py)) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            cb_err = Some(e);
+                            true
+                        }
+                    }),
+                }
+            };
+            inner.decode(&batch, &ub_refs, &orow, lg, hd, &mut ab)
+        });
+        if let Some(e) = cb_err {
+            return Err(e);
+        }
+        r.map_err(to_py)
+    }
+
+    #[pyo3(signature = (data = true))]
+    fn memory_clear(&mut self, data: bool) {
+        self.inner.kv.clear(data)
+    }
+    fn seq_rm(&mut self, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
+        self.inner.kv.seq_rm(seq_id, p0, p1).map_err(to_py)
+    }
+    fn seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> PyResult<()> {
+        self.inner.kv.seq_cp(src, dst, p0, p1).map_err(to_py)
+    }
+    fn seq_keep(&mut self, seq_id: i32) -> PyResult<()> {
+        self.inner.kv.seq_keep(seq_id).map_err(to_py)
+    }
+    fn seq_add(&mut self, seq_id: i32, p0: i32, p1: i32, delta: i32) -> PyResult<()> {
+        self.inner.kv.seq_add(seq_id, p0, p1, delta).map_err(to_py)
+    }
+    fn seq_div(&mut self, seq_id: i32, p0: i32, p1: i32, d: i32) -> PyResult<()> {
+        self.inner.kv.seq_div(seq_id, p0, p1, d).map_err(to_py)
+    }
+    fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> {
+        self.inner.kv.seq_pos_min(seq_id).map_err(to_py)
+    }
+    fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> {
+        self.inner.kv.seq_pos_max(seq_id).map_err(to_py)
+    }
+
+    /// Keep the named intermediates (llama.cpp names: "attn_norm-0", "Qcur-3",
+    /// "kqv_out-0", "ffn_out-0", "l_out-0", "result_norm", "result_output"; "*" = all)
+    /// of every following decode; None turns the dump off.
+    #[pyo3(signature = (names = None))]
+    fn set_debug_dump(&mut self, names: Option<Vec<String>>) {
+        self.inner.set_debug_dump(names)
+    }
+
+    /// The intermediates of the last decode: name -> float32 [rows, width] (rows of all
+    /// its micro-batches, in compute order).
+    fn debug_dump<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(dbg) = &self.inner.debug {
+            for (k, (data, w)) in &dbg.dumps {
+                let rows = if *w > 0 { data.len() / w } else { 0 };
+                let a = numpy::PyArray1::from_slice(py, data).reshape([rows, *w])?;
+                let a: Bound<'py, PyArray2<f32>> = a;
+                d.set_item(k, a)?;
+            }
+        }
+        Ok(d)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyContext>()?;
+    Ok(())
+}

@@ -1,0 +1,197 @@
+"""pyllama's logits against llama.cpp's (issue 5 acceptance).
+
+Reference data (tests/data/reference, tests/data/tiny) was produced by llama.cpp 0c1e570
+(../shared/reference/make_reference.py): per prompt the 20 highest logits at every
+position, the whole last-position row (float16 for Gemma 3 to keep the file small) and a
+48-token greedy continuation with the top-1 margin of every step.
+
+Tolerances (issue 5): llama.cpp differs from *itself* (flash attention on/off, n_ubatch 1
+vs 512) by a mean |diff| of 0.10-0.21 over the top 20 (p99 0.44-0.91), KL up to 0.007 on
+the last row, and flips its argmax only where the margin is below 0.17. So we ask for the
+same closeness: top-1 equal at >= 99% of positions with margin > 0.25; top-20 mean |diff|
+<= 0.3 and p99 <= 1.2; mean KL(last row) <= 0.01; greedy equal up to the first step with
+margin < 0.25; teacher-forced argmax follows the reference at >= 98% of steps with margin
+> 0.25. Tiny random models (built so that rope / mask / norm mistakes move logits a lot):
+float weights mean <= 0.03, p99 <= 0.15; quantized mean <= 0.15, p99 <= 0.6 (about three
+times llama.cpp's own variation there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyllama import _core
+
+DATA = Path(__file__).parent / "data"
+TINY_DIRS = [Path(os.environ["PYLLAMA_TINY_DIR"])] if "PYLLAMA_TINY_DIR" in os.environ else []
+TINY_DIRS += [DATA / "tiny" / "models", Path("/work/shared/tiny/models")]
+
+N_THREADS = 2
+
+
+def decode_all(ctx: _core.Context, tokens: np.ndarray, n_vocab: int, start: int = 0, seq: int = 0,
+               outputs: str = "all") -> np.ndarray:
+    """Decode `tokens` at positions start.. in sequence `seq`; return the logits rows
+    (every position, or only the last) as [n_out, n_vocab]."""
+    n = len(tokens)
+    nu = ctx.n_ubatch
+    ubs = [np.arange(s, min(s + nu, n), dtype=np.int32) for s in range(0, n, nu)]
+    if outputs == "all":
+        out_rows = np.arange(n, dtype=np.int32)
+    else:
+        out_rows = np.full(n, -1, dtype=np.int32)
+        out_rows[-1] = 0
+    n_out = int((out_rows >= 0).sum())
+    logits = np.zeros((n_out, n_vocab), dtype=np.float32)
+    ret, n_done = ctx.decode(
+        np.asarray(tokens, dtype=np.int32), None, np.arange(start, start + n, dtype=np.int32),
+        np.ones(n, np.int32), np.full((n, 1), seq, np.int32), ubs, out_rows, logits, None, None)
+    assert (ret, n_done) == (0, len(ubs))
+    return logits
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def kl(ref: np.ndarray, ours: np.ndarray) -> float:
+    a, b = log_softmax(ref), log_softmax(ours)
+    return float((np.exp(a) * (a - b)).sum())
+
+
+class Stats:
+    """Accumulates the issue's metrics over prompts."""
+
+    def __init__(self) -> None:
+        self.diffs: list[np.ndarray] = []
+        self.top1: list[np.ndarray] = []
+        self.kls: list[float] = []
+
+    def add(self, logits: np.ndarray, ids: np.ndarray, vals: np.ndarray, last: np.ndarray) -> None:
+        ours = np.take_along_axis(logits, ids.astype(np.int64), axis=1)
+        self.diffs.append(np.abs(ours - vals).ravel())
+        margin = vals[:, 0] - vals[:, 1]
+        sel = margin > 0.25
+        self.top1.append((logits.argmax(1) == ids[:, 0])[sel])
+        self.kls.append(kl(last.astype(np.float32), logits[-1]))
+
+    def summary(self) -> dict:
+        d = np.concatenate(self.diffs)
+        t = np.concatenate(self.top1)
+        return dict(mean=float(d.mean()), p99=float(np.percentile(d, 99)), top1=float(t.mean()) if len(t) else 1.0,
+                    kl=float(np.mean(self.kls)))
+
+
+def load_ref(prefix: Path):
+    ref = json.loads(prefix.with_name(prefix.name + ".logits.json").read_text())
+    z = np.load(prefix.with_name(prefix.name + ".logits.npz"))
+    return ref, z
+
+
+def compare_prompts(model_path: Path, prefix: Path, n_ubatch: int = 512, type_kv: str = "f16") -> dict:
+    ref, z = load_ref(prefix)
+    m = _core.Model([str(model_path)])
+    st = Stats()
+    for i, p in enumerate(ref["prompts"]):
+        toks = np.array(p["tokens"], dtype=np.int32)
+        ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=n_ubatch, n_threads=N_THREADS,
+                            n_threads_batch=N_THREADS, type_k=type_kv, type_v=type_kv)
+        logits = decode_all(ctx, toks, ref["n_vocab"])
+        st.add(logits, z[f"p{i}_topk_ids"], z[f"p{i}_topk_vals"], z[f"p{i}_last_logits"])
+    return st.summary()
+
+
+# ---- real models --------------------------------------------------------------------------
+
+REAL = {"smollm2": "smollm2-135m-q4_1", "gemma3": "gemma3-270m-q4_k_m"}
+
+
+@pytest.fixture(scope="module")
+def real(real_model_path, request):
+    name = "smollm2" if "smollm" in str(real_model_path).lower() else "gemma3"
+    return name, real_model_path, DATA / "reference" / REAL[name]
+
+
+def test_real_model_logits_match_llamacpp(real):
+    name, path, prefix = real
+    s = compare_prompts(path, prefix)
+    assert s["top1"] >= 0.99, s
+    assert s["mean"] <= 0.3, s
+    assert s["p99"] <= 1.2, s
+    assert s["kl"] <= 0.01, s
+
+
+def test_real_model_greedy_and_teacher_forcing(real):
+    name, path, prefix = real
+    ref, _ = load_ref(prefix)
+    m = _core.Model([str(path)])
+    nv = ref["n_vocab"]
+    agree = []
+    for p in ref["prompts"][:7]:  # the 850-token prompt is covered by the logits test
+        toks = np.array(p["tokens"], dtype=np.int32)
+        greedy = p["greedy"]
+        margins = p["greedy_top1_margin"]
+        until = p["greedy_until_tie"]
+        # greedy, one token per decode, as a generation loop does
+        ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=N_THREADS, n_threads_batch=N_THREADS)
+        last = decode_all(ctx, toks, nv, outputs="last")[0]
+        ours = []
+        for k in range(min(until + 1, len(greedy))):
+            t = int(last.argmax())
+            ours.append(t)
+            if k < until and t != greedy[k]:
+                break
+            last = decode_all(ctx, np.array([greedy[k]], np.int32), nv, start=len(toks) + k, outputs="last")[0]
+        assert ours[:until] == greedy[:until], (p["prompt"], ours, greedy[:until])
+        # teacher forcing: prompt + the reference's continuation in one batch
+        ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=N_THREADS, n_threads_batch=N_THREADS)
+        full = np.concatenate([toks, np.array(greedy, np.int32)])
+        lg = decode_all(ctx, full, nv)
+        for k, g in enumerate(greedy):
+            if margins[k] > 0.25:
+                agree.append(int(lg[len(toks) - 1 + k].argmax()) == g)
+    assert np.mean(agree) >= 0.98, np.mean(agree)
+
+
+# ---- tiny random-weight models ---------------------------------------------------------------
+
+TINY_LLAMA = ["F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_M-mix", "Q4_1",
+              "Q4_0", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q2_K"]
+TINY = [f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-gemma3-F32", "tiny-gemma3-Q8_0",
+                                                    "tiny-llama-fullvocab-F32-Q8_0embd"]
+
+
+def tiny_path(name: str) -> Path:
+    for d in TINY_DIRS:
+        p = d / f"{name}.gguf"
+        if p.exists():
+            return p
+    pytest.skip(f"{name}.gguf not found (looked in {', '.join(map(str, TINY_DIRS))}); "
+                "the tiny fixtures are not tracked in git: set PYLLAMA_TINY_DIR to ../shared/tiny/models")
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_logits_match_llamacpp(name):
+    path = tiny_path(name)
+    s = compare_prompts(path, DATA / "tiny" / name)
+    is_float = name.endswith(("F32", "F16", "BF16"))
+    mean_tol, p99_tol = (0.03, 0.15) if is_float else (0.15, 0.6)
+    assert s["mean"] <= mean_tol, s
+    assert s["p99"] <= p99_tol, s
+    assert s["top1"] >= 0.99, s
+
+
+@pytest.mark.parametrize("type_kv", ["f32", "q8_0"])
+def test_tiny_kv_cache_types(type_kv):
+    # f32 K/V is at least as close as the f16 default; q8_0 adds its own rounding (head
+    # size 64 = two q8_0 blocks), within the quantized-weights tolerance.
+    s = compare_prompts(tiny_path("tiny-llama-F32"), DATA / "tiny" / "tiny-llama-F32", type_kv=type_kv)
+    mean_tol, p99_tol = (0.03, 0.15) if type_kv == "f32" else (0.15, 0.6)
+    assert s["mean"] <= mean_tol and s["p99"] <= p99_tol, s
