@@ -31,3 +31,16 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session", params=["smollm2", "gemma3"])
 def real_model_path(request, smollm2_path, gemma3_path) -> Path:
     return {"smollm2": smollm2_path, "gemma3": gemma3_path}[request.param]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """Factory: tiny_model_path("llama" | "gemma3") -> a generated tiny random-weight GGUF
+    with the same weights as ../shared/tiny's F32 models (tests/data/make_tiny.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tiny", DATA / "make_tiny.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path_factory.mktemp("tiny")
+    return lambda arch: mod.write_tiny(arch, out)

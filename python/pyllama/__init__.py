@@ -16,12 +16,16 @@ from .errors import (
     UnsupportedModelError,
 )
 from .gguf import GGUFFile
+from .batch import Batch
+from .context import Context
 from .llama import Llama
 from .model import Model
 
 __all__ = [
     "__version__",
     "Aborted",
+    "Batch",
+    "Context",
     "ContextFullError",
     "GGUFError",
     "GGUFFile",

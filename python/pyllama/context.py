@@ -1,0 +1,728 @@
+"""The inference context (pipeline steps 7 and 10-14): parameters, KV cache, decode, outputs.
+
+:class:`Context` owns a Rust ``_core.Context`` (KV cache, scratch, threads, the forward
+pass) and everything around it that llama.cpp's ``llama_context`` does in C++: resolving
+the context parameters, running the batch allocator (:mod:`pyllama.batch`), splitting
+into micro-batches, the output buffers (logits [n_outputs, n_vocab], embeddings) with the
+batch-index -> output-row map, pooled sequence embeddings and the perf counters.
+
+One coarse call into Rust per ``decode``: Python hands over the whole validated batch and
+its micro-batch split; Rust reserves KV cells for every micro-batch before computing any
+and writes the logits straight into this object's numpy buffer.
+
+The llama.h-style functions in :mod:`pyllama._api_context` wrap this class and turn its
+exceptions into llama.h's return codes; :meth:`Context.decode` raises
+:class:`~pyllama.errors.InvalidBatchError`, :class:`~pyllama.errors.ContextFullError` or
+:class:`~pyllama.errors.Aborted` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from .batch import (
+    LLAMA_MAX_SEQ,
+    AllocatedBatch,
+    Batch,
+    allocate,
+    batch_get_one,
+    split_equal,
+    split_simple,
+)
+from .errors import Aborted, ContextFullError, InvalidBatchError
+
+log = logging.getLogger("pyllama")
+
+# enum values exactly as llama.h / llama_cpp define them
+LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED = -1
+LLAMA_ROPE_SCALING_TYPE_NONE = 0
+LLAMA_ROPE_SCALING_TYPE_LINEAR = 1
+LLAMA_ROPE_SCALING_TYPE_YARN = 2
+LLAMA_ROPE_SCALING_TYPE_LONGROPE = 3
+
+LLAMA_POOLING_TYPE_UNSPECIFIED = -1
+LLAMA_POOLING_TYPE_NONE = 0
+LLAMA_POOLING_TYPE_MEAN = 1
+LLAMA_POOLING_TYPE_CLS = 2
+LLAMA_POOLING_TYPE_LAST = 3
+LLAMA_POOLING_TYPE_RANK = 4
+
+LLAMA_ATTENTION_TYPE_UNSPECIFIED = -1
+LLAMA_ATTENTION_TYPE_CAUSAL = 0
+LLAMA_ATTENTION_TYPE_NON_CAUSAL = 1
+
+LLAMA_FLASH_ATTN_TYPE_AUTO = -1
+LLAMA_FLASH_ATTN_TYPE_DISABLED = 0
+LLAMA_FLASH_ATTN_TYPE_ENABLED = 1
+
+LLAMA_CONTEXT_TYPE_DEFAULT = 0
+
+# ggml.h's type ids for the K/V cache types (the names are what _core.Context takes)
+GGML_TYPE_NAMES = {
+    0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
+    20: "iq4_nl", 30: "bf16",
+}
+GGML_DEFAULT_N_THREADS = 4
+
+_POOLING_NAMES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+
+def default_n_threads() -> int:
+    """CPUs this process may run on, capped at 8: token generation is memory-bound and
+    more threads than that only add synchronisation cost on typical machines."""
+    try:
+        n = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        n = os.cpu_count() or GGML_DEFAULT_N_THREADS
+    return max(1, min(n, 8))
+
+
+def _time_us() -> int:
+    return time.perf_counter_ns() // 1000
+
+
+@dataclass
+class ContextParams:
+    """llama.h's ``llama_context_params``: the same fields, order and defaults
+    (``llama_context_default_params()``), except ``n_threads``/``n_threads_batch`` which
+    default to the CPUs available (capped) instead of a fixed 4.
+
+    Fields pyllama accepts but does not act on (GPU/offload, samplers, MTP, cb_eval) are
+    kept for source compatibility. ``abort_callback(abort_callback_data) -> bool`` is a
+    Python callable.
+    """
+
+    n_ctx: int = 512
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_rs_seq: int = 0
+    n_outputs_max: int = 0
+    n_outputs_max_per_seq: int = 1
+    n_threads: int = field(default_factory=default_n_threads)
+    n_threads_batch: int = field(default_factory=default_n_threads)
+    ctx_type: int = LLAMA_CONTEXT_TYPE_DEFAULT
+    rope_scaling_type: int = LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+    pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED
+    attention_type: int = LLAMA_ATTENTION_TYPE_UNSPECIFIED
+    flash_attn_type: int = LLAMA_FLASH_ATTN_TYPE_AUTO
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_fast: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_orig_ctx: int = 0
+    defrag_thold: float = -1.0
+    cb_eval: Any = None
+    cb_eval_user_data: Any = None
+    type_k: int = 1  # GGML_TYPE_F16
+    type_v: int = 1
+    abort_callback: Optional[Callable[[Any], bool]] = None
+    abort_callback_data: Any = None
+    embeddings: bool = False
+    offload_kqv: bool = True
+    no_perf: bool = True
+    op_offload: bool = True
+    swa_full: bool = True
+    kv_unified: bool = False
+    samplers: Any = None
+    n_samplers: int = 0
+    ctx_other: Any = None
+
+
+@dataclass
+class PerfContextData:
+    """llama.h's ``llama_perf_context_data`` (times in ms; counts are at least 1, as there)."""
+
+    t_start_ms: float = 0.0
+    t_load_ms: float = 0.0
+    t_p_eval_ms: float = 0.0
+    t_eval_ms: float = 0.0
+    n_p_eval: int = 0
+    n_eval: int = 0
+    n_reused: int = 0
+
+
+def _core_model_of(model) -> "_core.Model":
+    """The ``_core.Model`` behind whatever model object the caller holds (the Rust class
+    itself, or the Python ``Model`` wrapper that keeps one)."""
+    if isinstance(model, _core.Model):
+        return model
+    for name in ("_core", "_core_model", "_model", "core", "inner"):
+        inner = getattr(model, name, None)
+        if isinstance(inner, _core.Model):
+            return inner
+    raise TypeError(f"expected a pyllama model, got {type(model).__name__}")
+
+
+def _n_vocab_of(hparams: dict) -> int:
+    """Logits width: the output matrix's rows, which is what the forward pass writes and
+    what llama.cpp's vocab.n_tokens() equals for every well-formed model."""
+    return int(hparams["n_vocab"])
+
+
+def _type_name(t: Union[int, str], what: str) -> str:
+    if isinstance(t, str):
+        return t.lower()
+    name = GGML_TYPE_NAMES.get(int(t))
+    if name is None:
+        raise ValueError(f"{what} = {t} is not a supported KV cache type "
+                         f"(supported: {', '.join(sorted(GGML_TYPE_NAMES.values()))})")
+    return name
+
+
+class Context:
+    """An inference session on a model: KV cache for up to ``n_seq_max`` sequences,
+    ``decode`` and its outputs.
+
+    >>> ctx = Context(model, n_ctx=2048)
+    >>> ctx.decode([1, 2, 3])            # positions 0..2 of sequence 0, logits for the last
+    >>> ctx.logits.shape                 # (1, n_vocab)
+    >>> ctx.decode([4])                  # position 3
+    >>> ctx.logits_ith(-1)               # the last output row
+
+    Keyword arguments are :class:`ContextParams` fields (``n_ctx``, ``n_batch``,
+    ``n_ubatch``, ``n_seq_max``, ``n_threads``, ``type_k`` ("f16", "q8_0", ... or a
+    GGML_TYPE id), ``embeddings``, ``pooling_type`` ("mean" or an id), ``kv_unified``,
+    ...). ``abort_callback`` here takes no argument. Invalid parameters raise ValueError.
+    """
+
+    def __init__(self, model, params: Optional[ContextParams] = None, **kwargs) -> None:
+        p = ContextParams() if params is None else ContextParams(**{f.name: getattr(params, f.name) for f in fields(ContextParams)})
+        abort = kwargs.pop("abort_callback", None)
+        names = {f.name for f in fields(ContextParams)}
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"Context() got an unexpected keyword argument '{k}'")
+            setattr(p, k, v)
+        if isinstance(p.pooling_type, str):
+            if p.pooling_type.lower() not in _POOLING_NAMES:
+                raise ValueError(f"pooling_type = {p.pooling_type!r}: expected one of {sorted(_POOLING_NAMES)}")
+            p.pooling_type = _POOLING_NAMES[p.pooling_type.lower()]
+        self._core = None
+        self._init(model, p)
+        if abort is not None:
+            self.set_abort_callback(abort)
+
+    # ------------------------------------------------------------------ construction
+
+    def _init(self, model, params: ContextParams) -> None:
+        """Resolve parameters the way ``llama_context::llama_context`` does, then reserve
+        everything (KV cache, scratch) in Rust."""
+        t0 = _time_us()
+        core_model = _core_model_of(model)
+        hp = core_model.hparams()
+        self.model = model
+        self._core_model = core_model
+        self.params = params
+
+        if params.n_batch == 0 and params.n_ubatch == 0:
+            raise ValueError("n_batch and n_ubatch cannot both be zero")
+        n_ctx_train = int(hp["n_ctx_train"])
+        if params.n_ctx == 0 and n_ctx_train == 0:
+            raise ValueError("n_ctx and the model's n_ctx_train cannot both be zero")
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch"):
+            if int(getattr(params, name)) < 0:
+                raise ValueError(f"{name} = {getattr(params, name)} must be >= 0")
+        n_seq_max = max(1, int(params.n_seq_max))
+        if n_seq_max > LLAMA_MAX_SEQ:
+            raise ValueError(f"n_seq_max must be <= {LLAMA_MAX_SEQ} (got {n_seq_max})")
+        if params.attention_type == LLAMA_ATTENTION_TYPE_NON_CAUSAL:
+            raise ValueError(f"non-causal attention is not supported for {core_model.arch}")
+        causal = True
+        pooling = params.pooling_type
+        if pooling == LLAMA_POOLING_TYPE_UNSPECIFIED:
+            pooling = LLAMA_POOLING_TYPE_NONE  # decoder-only models carry no pooling key
+        if pooling not in (LLAMA_POOLING_TYPE_NONE, LLAMA_POOLING_TYPE_MEAN,
+                           LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST):
+            raise ValueError(f"pooling_type = {params.pooling_type} is not supported "
+                             "(none, mean, cls and last are)")
+        rope_freq_scale = float(params.rope_freq_scale)
+        if params.rope_scaling_type == LLAMA_ROPE_SCALING_TYPE_NONE:
+            rope_freq_scale = 1.0  # llama.cpp: never scale if the scaling type is none
+        elif params.rope_scaling_type in (LLAMA_ROPE_SCALING_TYPE_YARN, LLAMA_ROPE_SCALING_TYPE_LONGROPE):
+            raise ValueError(f"rope_scaling_type = {params.rope_scaling_type} (YaRN/LongRoPE) "
+                             "overrides are not supported")
+        if (params.yarn_ext_factor >= 0 or params.yarn_attn_factor >= 0 or params.yarn_beta_fast >= 0
+                or params.yarn_beta_slow >= 0 or params.yarn_orig_ctx != 0):
+            log.warning("llama_init_from_model: yarn_* overrides are not supported and are ignored")
+        type_k = _type_name(params.type_k, "type_k")
+        type_v = _type_name(params.type_v, "type_v")
+
+        n_ctx = int(params.n_ctx) if params.n_ctx else n_ctx_train
+        # with causal attention the batch size is limited by the context size
+        n_batch = min(n_ctx, int(params.n_batch)) if causal else int(params.n_batch)
+        n_ubatch = min(n_batch, int(params.n_ubatch) if params.n_ubatch else int(params.n_batch))
+        n_ctx = -(-n_ctx // 256) * 256
+        kv_unified = bool(params.kv_unified)
+        if kv_unified:
+            n_ctx_seq = n_ctx
+        else:
+            n_ctx_seq = -(-(n_ctx // n_seq_max) // 256) * 256
+            if n_ctx_seq == 0:
+                raise ValueError("n_ctx_seq == 0")
+            if n_ctx != n_ctx_seq * n_seq_max:
+                n_ctx = n_ctx_seq * n_seq_max
+                log.warning("llama_context: n_ctx is not divisible by n_seq_max - rounding to %d", n_ctx)
+        n_threads = int(params.n_threads) or default_n_threads()
+        n_threads_batch = int(params.n_threads_batch) or n_threads
+
+        self._n_ctx_seq = n_ctx_seq
+        self._n_batch = n_batch
+        self._n_threads = n_threads
+        self._n_threads_batch = n_threads_batch
+        self._kv_unified = kv_unified
+        self._pooling = pooling
+        self._embeddings = bool(params.embeddings)
+        self._causal = causal
+        self.n_vocab = _n_vocab_of(hp)
+        self.n_embd = int(hp["n_embd"])
+
+        log.info("llama_context: n_seq_max = %d, n_ctx = %d, n_ctx_seq = %d, n_batch = %d, n_ubatch = %d, "
+                 "kv_unified = %s, type_k = %s, type_v = %s", n_seq_max, n_ctx, n_ctx_seq, n_batch,
+                 n_ubatch, kv_unified, type_k, type_v)
+        if n_ctx_seq > n_ctx_train:
+            log.warning("llama_context: n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
+                        n_ctx_seq, n_ctx_train)
+
+        self._core = _core.Context(
+            core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
+            swa_full=bool(params.swa_full), embeddings=self._embeddings,
+            rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale)
+
+        # outputs of the last successful decode. llama.cpp keeps room for at least
+        # n_seq_max rows and grows the buffer when a batch asks for more.
+        self._logits_buf = np.zeros((n_seq_max, self.n_vocab), dtype=np.float32)
+        self._embd_buf = np.zeros((n_seq_max, self.n_embd), dtype=np.float32) if self._embeddings else None
+        self._n_outputs = 0
+        self._output_ids = np.full(n_batch, -1, dtype=np.int32)  # batch index -> output row
+        self._embd_seq: dict = {}
+
+        self._abort: Optional[Callable[[], bool]] = None
+        if params.abort_callback is not None:
+            cb, data = params.abort_callback, params.abort_callback_data
+            self._abort = lambda: bool(cb(data))
+
+        # perf (llama.cpp: t_start/t_load come from the model; the load time is refined on
+        # the first evaluation)
+        self._no_perf = bool(params.no_perf)
+        self._t_start_us = int(getattr(model, "t_start_us", t0))
+        self._t_load_us = int(getattr(model, "t_load_us", _time_us() - t0))
+        self._has_evaluated_once = False
+        self._t_p_eval_us = 0
+        self._t_eval_us = 0
+        self._n_p_eval = 0
+        self._n_eval = 0
+        self._last_error = ""
+        self._abort_exc: Optional[BaseException] = None
+
+    # ------------------------------------------------------------------ getters
+
+    def _live(self) -> "_core.Context":
+        if self._core is None:
+            raise ValueError("this context has been freed")
+        return self._core
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._live().n_ctx)
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self._n_ctx_seq
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    @property
+    def n_ubatch(self) -> int:
+        return int(self._live().n_ubatch)
+
+    @property
+    def n_seq_max(self) -> int:
+        return int(self._live().n_seq_max)
+
+    @property
+    def n_threads(self) -> int:
+        return self._n_threads
+
+    @property
+    def n_threads_batch(self) -> int:
+        return self._n_threads_batch
+
+    @property
+    def pooling_type(self) -> int:
+        return self._pooling
+
+    @property
+    def kv_unified(self) -> bool:
+        return self._kv_unified
+
+    def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        if n_threads < 1 or n_threads_batch < 1:
+            raise ValueError(f"n_threads = {n_threads}, n_threads_batch = {n_threads_batch}: both must be >= 1")
+        self._live().set_n_threads(int(n_threads), int(n_threads_batch))
+        self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
+
+    def set_abort_callback(self, callback: Optional[Callable[[], bool]]) -> None:
+        """``callback()`` is asked before each micro-batch; True stops ``decode`` (the cache
+        keeps the micro-batches already finished)."""
+        if callback is not None and not callable(callback):
+            raise TypeError("abort callback must be callable or None")
+        self._abort = callback
+
+    def close(self) -> None:
+        """Release the KV cache and scratch now (``llama_free``); the object is unusable after."""
+        self._core = None
+        self._logits_buf = np.zeros((0, self.n_vocab), dtype=np.float32)
+        self._embd_buf = None
+        self._n_outputs = 0
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ memory (KV cache)
+
+    def _check_seq(self, seq_id: int, what: str, allow_any: bool = False) -> int:
+        s = int(seq_id)
+        if allow_any and s < 0:
+            return -1
+        if s < 0 or s >= self.n_seq_max:
+            raise ValueError(f"{what}: seq_id = {s} is outside [0, n_seq_max = {self.n_seq_max})")
+        return s
+
+    def memory_clear(self, data: bool = True) -> None:
+        """Empty the cache (all sequences). ``data`` also zeroes the stored K/V."""
+        self._live().memory_clear(bool(data))
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
+        p1 < 0 means infinity. Returns False only where a partial removal is impossible."""
+        s = self._check_seq(seq_id, "seq_rm", allow_any=True)
+        return bool(self._live().seq_rm(s, int(p0), int(p1)))
+
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
+        src = self._check_seq(seq_id_src, "seq_cp")
+        dst = self._check_seq(seq_id_dst, "seq_cp")
+        self._live().seq_cp(src, dst, int(p0), int(p1))
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Remove every sequence except ``seq_id``."""
+        self._live().seq_keep(self._check_seq(seq_id, "seq_keep"))
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Shift positions [p0, p1) of ``seq_id`` by ``delta`` (K is re-roped, as llama.cpp
+        does); cells whose position would become negative are removed."""
+        self._live().seq_add(self._check_seq(seq_id, "seq_add"), int(p0), int(p1), int(delta))
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
+        if int(d) < 1:
+            raise ValueError(f"seq_div: d = {d} must be >= 1")
+        self._live().seq_div(self._check_seq(seq_id, "seq_div"), int(p0), int(p1), int(d))
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""
+        return int(self._live().seq_pos_min(self._check_seq(seq_id, "seq_pos_min")))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
+        return int(self._live().seq_pos_max(self._check_seq(seq_id, "seq_pos_max")))
+
+    # ------------------------------------------------------------------ decode
+
+    def _split(self, ab: AllocatedBatch, n_ubatch: int, equal: bool) -> list:
+        if not equal:
+            return split_simple(ab.n_tokens, n_ubatch)
+        return split_equal(ab, n_ubatch, sequential=False)
+
+    def _decode_code(self, batch: Batch) -> int:
+        """Run ``batch`` and return llama_decode's code: 0 ok, 1 no KV slot (nothing
+        changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
+        (nothing changed), < -1 fatal. Logs the reason for every nonzero code."""
+        core = self._live()
+        n_seq_max = int(core.n_seq_max)
+        try:
+            if int(batch.n_tokens) > self._n_batch:
+                raise InvalidBatchError(f"n_tokens_all = {batch.n_tokens} > n_batch = {self._n_batch}: "
+                                        "split the batch or raise n_batch")
+            ab = allocate(
+                batch, n_vocab=self.n_vocab, n_embd=self.n_embd, n_seq_max=n_seq_max,
+                seq_pos_min=lambda s: int(core.seq_pos_min(s)),
+                seq_pos_max=lambda s: int(core.seq_pos_max(s)),
+                output_all=self._embeddings,
+                warn=lambda m: log.warning("llama_decode: %s", m))
+        except InvalidBatchError as e:
+            self._last_error = str(e)
+            log.error("llama_decode: failed to initialize batch: %s", e)
+            return -1
+
+        n = ab.n_tokens
+        n_outputs = ab.n_outputs
+        n_ubatch = int(core.n_ubatch)
+        # outputs go to rows in batch order, so llama_get_logits needs no reordering
+        out_rows = np.full(n, -1, dtype=np.int32)
+        out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
+        n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
+
+        # grow the output buffers (new arrays: on codes 1/-1 the old outputs stay intact)
+        logits_buf = self._logits_buf
+        if logits_buf.shape[0] < n_outputs:
+            logits_buf = np.zeros((max(n_outputs, n_seq_max), self.n_vocab), dtype=np.float32)
+        embd_buf = self._embd_buf
+        if embd_buf is not None and embd_buf.shape[0] < n_outputs:
+            embd_buf = np.zeros((max(n_outputs, n_seq_max), self.n_embd), dtype=np.float32)
+        hidden = embd_buf[:n_outputs] if embd_buf is not None else None
+
+        cb_error: list = []
+        abort = None
+        if self._abort is not None:
+            user_cb = self._abort
+
+            def abort() -> bool:
+                try:
+                    return bool(user_cb())
+                except BaseException as e:  # a failing callback stops the decode
+                    cb_error.append(e)
+                    return True
+
+        multi_set = len(set(ab.seq_mask)) > 1
+        ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
+
+        t0 = _time_us()
+        try:
+            ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
+                                      logits_buf[:n_outputs], hidden, abort)
+            if ret == 1 and self._kv_unified and multi_set:
+                # as llama.cpp's SWA cache: if the simple split finds no slot, try equal split
+                ubatches = split_equal(ab, n_ubatch)
+                ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
+                                          logits_buf[:n_outputs], hidden, abort)
+        except Exception as e:  # fatal: Rust failed mid-way
+            self._last_error = f"{type(e).__name__}: {e}"
+            self._n_outputs = 0
+            self._output_ids.fill(-1)
+            log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
+            return -3
+        t1 = _time_us()
+
+        if ret == 1:
+            self._last_error = (f"failed to find a memory slot for batch of size {n} "
+                                f"(n_ctx = {int(core.n_ctx)})")
+            log.warning("llama_decode: %s", self._last_error)
+            return 1
+
+        # from here on the old outputs are replaced
+        self._logits_buf = logits_buf
+        self._embd_buf = embd_buf
+        self._output_ids.fill(-1)
+        self._embd_seq = {}
+
+        if ret == 2:
+            self._n_outputs = 0
+            self._last_error = (f"aborted by the abort callback after {n_done} of {len(ubatches)} "
+                                "micro-batches; the cache keeps the finished ones")
+            if cb_error:
+                self._last_error += f" (the callback raised {cb_error[0]!r})"
+                self._abort_exc = cb_error[0]
+            log.warning("llama_decode: %s", self._last_error)
+            return 2
+        if ret != 0:
+            self._n_outputs = 0
+            self._last_error = f"the forward pass returned {ret}"
+            log.error("llama_decode: %s", self._last_error)
+            return int(ret) if ret < 0 else -3
+
+        self._n_outputs = n_outputs
+        self._output_ids[:n] = out_rows
+        if self._embeddings and self._pooling != LLAMA_POOLING_TYPE_NONE and n_outputs:
+            self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling)
+
+        if not self._has_evaluated_once:
+            self._t_load_us = _time_us() - self._t_start_us
+            self._has_evaluated_once = True
+        if n == 1:
+            self._n_eval += 1
+            if not self._no_perf:
+                self._t_eval_us += t1 - t0
+        else:
+            self._n_p_eval += n
+            if not self._no_perf:
+                self._t_p_eval_us += t1 - t0
+        return 0
+
+    def decode(self, tokens_or_batch: Union[Batch, Sequence[int], np.ndarray], *, seq_id: int = 0,
+               logits_all: bool = False) -> None:
+        """Run a batch through the model and keep its outputs.
+
+        A sequence of token ids continues sequence ``seq_id`` (positions from the cache's
+        last one + 1) and produces logits for the last token, or for every token with
+        ``logits_all``. A :class:`~pyllama.batch.Batch` is used as given.
+
+        Raises :class:`InvalidBatchError` (nothing changed), :class:`ContextFullError`
+        (no room in the KV cache; nothing changed) or :class:`Aborted` (the abort callback
+        stopped it; the cache keeps the micro-batches finished before).
+        """
+        if isinstance(tokens_or_batch, Batch):
+            batch = tokens_or_batch
+        else:
+            batch = batch_get_one(tokens_or_batch)
+            if seq_id != 0 or logits_all:
+                n = batch.n_tokens
+                batch.n_seq_id = np.ones(n, dtype=np.int32)
+                batch.seq_id = np.full((n, 1), int(seq_id), dtype=np.int32)
+                if logits_all:
+                    batch.logits = np.ones(n, dtype=np.int8)
+        self._abort_exc = None
+        code = self._decode_code(batch)
+        if code == 0:
+            return
+        if code == -1:
+            raise InvalidBatchError(self._last_error)
+        if code == 1:
+            raise ContextFullError(self._last_error)
+        if code == 2:
+            if self._abort_exc is not None:
+                raise Aborted(self._last_error) from self._abort_exc
+            raise Aborted(self._last_error)
+        raise RuntimeError(f"decode failed: {self._last_error}")
+
+    # ------------------------------------------------------------------ outputs
+
+    @property
+    def n_outputs(self) -> int:
+        """Output rows of the last decode (0 after an abort or a fatal error)."""
+        return self._n_outputs
+
+    @property
+    def logits(self) -> np.ndarray:
+        """float32 [n_outputs, n_vocab]: one row per output of the last decode, in batch
+        order. A view: the next decode overwrites it."""
+        return self._logits_buf[: self._n_outputs]
+
+    def _resolve_row(self, i: int) -> int:
+        """llama.cpp's ``output_resolve_row``: batch index -> output row; negative counts
+        back from the last output row. Raises IndexError with llama.cpp's reason."""
+        i = int(i)
+        if i < 0:
+            j = self._n_outputs + i
+            if j < 0:
+                raise IndexError(f"negative index out of range [0, {self._n_outputs})")
+        elif i >= self._output_ids.shape[0]:
+            raise IndexError(f"out of range [0, {self._output_ids.shape[0]})")
+        else:
+            j = int(self._output_ids[i])
+        if j < 0:
+            raise IndexError(f"batch.logits[{i}] != true")
+        if j >= self._n_outputs:
+            raise IndexError(f"corrupt output buffer (j={j}, n_outputs={self._n_outputs})")
+        return j
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        """float32 [n_vocab] logits of batch entry ``i`` (i < 0: output row n_outputs + i)."""
+        return self._logits_buf[self._resolve_row(i)]
+
+    @property
+    def embeddings(self) -> Optional[np.ndarray]:
+        """float32 [n_outputs, n_embd] final-normed hidden states of the last decode (every
+        token is an output in an embeddings context), or None without ``embeddings=True``."""
+        if self._embd_buf is None:
+            return None
+        return self._embd_buf[: self._n_outputs]
+
+    def embeddings_ith(self, i: int) -> np.ndarray:
+        if self._embd_buf is None:
+            raise IndexError("no embeddings (create the context with embeddings=True)")
+        return self._embd_buf[self._resolve_row(i)]
+
+    def embeddings_seq(self, seq_id: int) -> Optional[np.ndarray]:
+        """float32 [n_embd] pooled embedding of ``seq_id`` over its tokens in the last batch
+        (pooling mean/cls/last), or None when there is none."""
+        return self._embd_seq.get(int(seq_id))
+
+    # ------------------------------------------------------------------ perf / debug
+
+    def perf(self) -> PerfContextData:
+        return PerfContextData(
+            t_start_ms=1e-3 * self._t_start_us,
+            t_load_ms=1e-3 * self._t_load_us,
+            t_p_eval_ms=1e-3 * self._t_p_eval_us,
+            t_eval_ms=1e-3 * self._t_eval_us,
+            n_p_eval=max(1, self._n_p_eval),
+            n_eval=max(1, self._n_eval),
+            n_reused=0,
+        )
+
+    def perf_reset(self) -> None:
+        self._t_start_us = _time_us()
+        self._t_eval_us = self._n_eval = 0
+        self._t_p_eval_us = self._n_p_eval = 0
+
+    def perf_text(self) -> str:
+        """llama_perf_context_print's lines, in its format."""
+        d = self.perf()
+        t_end_ms = 1e-3 * _time_us()
+        f = "llama_perf_context_print"
+
+        def rate(t, n):
+            return 1e3 / t * n if t > 0 else float("inf")
+
+        return "\n".join([
+            f"{f}:        load time = {d.t_load_ms:10.2f} ms",
+            f"{f}: prompt eval time = {d.t_p_eval_ms:10.2f} ms / {d.n_p_eval:5d} tokens "
+            f"({d.t_p_eval_ms / d.n_p_eval:8.2f} ms per token, {rate(d.t_p_eval_ms, d.n_p_eval):8.2f} tokens per second)",
+            f"{f}:        eval time = {d.t_eval_ms:10.2f} ms / {d.n_eval:5d} runs   "
+            f"({d.t_eval_ms / d.n_eval:8.2f} ms per token, {rate(d.t_eval_ms, d.n_eval):8.2f} tokens per second)",
+            f"{f}:       total time = {t_end_ms - d.t_start_ms:10.2f} ms / {d.n_p_eval + d.n_eval:5d} tokens",
+            f"{f}:    graphs reused = {d.n_reused:10d}",
+        ])
+
+    def set_debug_dump(self, names: Optional[Sequence[str]]) -> None:
+        """Ask the forward pass to keep the named intermediates (e.g. "blk.7.attn_out")."""
+        self._live().set_debug_dump(list(names) if names is not None else None)
+
+    def debug_dump(self) -> dict:
+        """The intermediates kept by the last decode: name -> numpy array."""
+        return dict(self._live().debug_dump())
+
+    def __repr__(self) -> str:
+        if self._core is None:
+            return "Context(freed)"
+        return (f"Context(n_ctx={self.n_ctx}, n_batch={self.n_batch}, n_ubatch={self.n_ubatch}, "
+                f"n_seq_max={self.n_seq_max})")
+
+
+def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int) -> dict:
+    """Per-sequence pooled embeddings over all of a sequence's tokens in the batch, as
+    llama.cpp's mean / CLS (first position) / LAST (last position) pooling; an entry in
+    several sequences counts for each. hidden: [n_tokens, n_embd] (all tokens are outputs)."""
+    members: dict = {}
+    for i, sids in enumerate(ab.seq_ids):
+        for s in sids:
+            members.setdefault(s, []).append(i)
+    out = {}
+    for s, idx in members.items():
+        if pooling == LLAMA_POOLING_TYPE_MEAN:
+            out[s] = hidden[idx].mean(axis=0, dtype=np.float32)
+        else:
+            p = ab.pos[idx]
+            if pooling == LLAMA_POOLING_TYPE_CLS:
+                k = idx[int(np.argmin(p))]  # first of the smallest position
+            else:
+                k = idx[len(idx) - 1 - int(np.argmax(p[::-1]))]  # last of the largest position
+            out[s] = hidden[k].copy()
+    return out
