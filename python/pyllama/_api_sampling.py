@@ -244,4 +244,55 @@ def llama_perf_sampler_reset(chain: SamplerChain) -> None:
     _chain(chain, "llama_perf_sampler_reset").perf_reset()
 
 
+# -- chat templates (llama.h puts them beside the samplers' neighbours; they live here) -----
+
+@dataclass
+class llama_chat_message:
+    role: "str | bytes"
+    content: "str | bytes"
+
+
+def _s(x) -> str:
+    return x.decode("utf-8", "replace") if isinstance(x, (bytes, bytearray)) else str(x)
+
+
+def llama_chat_apply_template(tmpl, chat, n_msg: int, add_ass: bool, buf, length: int) -> int:
+    """llama.cpp's built-in chat formats (no Jinja, like llama.h): ``tmpl`` is a template
+    text (the family is detected from it), a built-in name, or None for chatml. Writes at
+    most ``length`` bytes into ``buf`` and returns the full formatted size; -1 when the
+    template is not one of the built-in families (render it with pyllama.chat instead)."""
+    from . import chat as _chat
+
+    name = _chat.detect_builtin("chatml" if tmpl is None else _s(tmpl))
+    if name is None:
+        _log.warning("llama_chat_apply_template: template not supported by the built-in formats "
+                     "(use pyllama.chat.ChatTemplate for Jinja templates)")
+        return -1
+    msgs = []
+    for m in list(chat)[:n_msg]:
+        if isinstance(m, dict):
+            msgs.append({"role": _s(m["role"]), "content": _s(m.get("content", ""))})
+        else:
+            msgs.append({"role": _s(m.role), "content": _s(m.content)})
+    out = _chat.apply_builtin(name, msgs, bool(add_ass)).encode("utf-8")
+    if buf is not None and length > 0:
+        n = min(length, len(out))
+        mv = memoryview(buf).cast("B")
+        mv[:n] = out[:n]
+    return len(out)
+
+
+def llama_chat_builtin_templates(output=None, len_: int = 0):
+    """Names of the built-in chat formats: a list (called without arguments), or
+    llama.h's form filling ``output`` and returning the count."""
+    from .chat import BUILTIN_TEMPLATES
+
+    names = list(BUILTIN_TEMPLATES)
+    if output is None:
+        return names
+    for i in range(min(len_, len(names))):
+        output[i] = names[i].encode()
+    return len(names)
+
+
 __all__ = [n for n in dir() if n.startswith(("llama_", "LLAMA_"))]
