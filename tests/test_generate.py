@@ -206,3 +206,23 @@ def test_greedy_matches_llama_cpp_until_first_near_tie(model, case, smollm2_path
     out = list(sess.generate(toks, greedy_chain(sess.n_vocab), n))
     assert out == case["greedy"][:n]
     assert sess.vocab.detokenize(out).decode("utf-8", "replace") == case["greedy_text_until_tie"]
+
+
+def test_llama_chat_completion_on_smollm2(smollm2_path):
+    llm = Llama(str(smollm2_path), n_ctx=256, seed=0)
+    msgs = [{"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "What is the capital of France?"}]
+    r = llm.create_chat_completion(msgs, max_tokens=4, temperature=0.0)
+    assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-")
+    msg = r["choices"][0]["message"]
+    assert msg["role"] == "assistant" and msg["content"]
+    # the rendered prompt is SmolLM2's own template (chatml), decoded once and then reused
+    assert r["usage"]["prompt_tokens"] == len(llm._chat_prompt_tokens(msgs))
+    chunks = list(llm.create_chat_completion(msgs, max_tokens=4, temperature=0.0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == r["choices"][0]["finish_reason"]
+    assert llm._session.stats.n_reused >= r["usage"]["prompt_tokens"] - 1
+    text = llm.tokenize(b"Hello world", add_bos=False)
+    assert llm.detokenize(text) == b"Hello world"
