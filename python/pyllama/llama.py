@@ -68,6 +68,8 @@ class Llama:
             cparams["type_k"] = type_k
         if type_v is not None:
             cparams["type_v"] = type_v
+        if flash_attn:
+            cparams["flash_attn_type"] = 1
         self._session = Session(self._model, **cparams)
         self.n_gpu_layers = n_gpu_layers
         self._seed = seed

@@ -25,7 +25,7 @@ def _fa(value: str) -> str:
 
 def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatch_size: int,
                  threads: Optional[int], threads_batch: Optional[int], load_mode: str,
-                 cache_type_k: str, cache_type_v: str, quiet: bool = False):
+                 cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False):
     """Model path (or the default model) -> (path, Session), with a progress bar on stderr."""
     from ..generation import Session, load_model, progress_bar, resolve_model_path
 
@@ -35,7 +35,8 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
     if n_ctx <= 0:
         n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
     params = {"n_ctx": n_ctx, "n_batch": batch_size, "n_ubatch": min(ubatch_size, batch_size),
-              "type_k": cache_type_k, "type_v": cache_type_v}
+              "type_k": cache_type_k, "type_v": cache_type_v,
+              "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1)}
     if threads is not None:
         params["n_threads"] = threads
         params["n_threads_batch"] = threads_batch if threads_batch is not None else threads
@@ -127,7 +128,7 @@ def generate(
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
-                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
