@@ -65,7 +65,7 @@ def test_reference_corpus_via_llama_api(smollm2_vocab):
 # -- llama.cpp's vocab suite ------------------------------------------------------------------
 
 SUITE = ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "falcon",
-         "starcoder", "mpt", "refact"]
+         "starcoder", "mpt", "refact", "bert-bge"]
 _SHARED = {"qwen35": ("qwen2", {"tokenizer.ggml.pre": "qwen35"})}
 
 
@@ -108,3 +108,30 @@ def test_llama_cpp_vocab_suite(name):
     assert len(cases) >= 40
     for text, expected in cases:
         assert v.tokenize(text, add_special=False, parse_special=False) == expected, repr(text)
+
+
+def _llama_cpp_models() -> Path | None:
+    import os
+
+    for cand in (os.environ.get("LLAMA_CPP_DIR"), Path(__file__).resolve().parents[1].parent / "llama.cpp"):
+        if cand and (Path(cand) / "models" / "ggml-vocab-gemma-4.gguf").exists():
+            return Path(cand) / "models"
+    return None
+
+
+def test_llama_cpp_vocab_suite_gemma4():
+    """Gemma 4's BPE (raw UTF-8, U+2581 spaces, <0xXX> byte fallback): its vocabulary is
+    4 MB even compressed, so it is read from a llama.cpp checkout when one is at hand."""
+    models = _llama_cpp_models()
+    if models is None:
+        pytest.skip("llama.cpp checkout with models/ggml-vocab-gemma-4.gguf not found (set LLAMA_CPP_DIR)")
+    f = models / "ggml-vocab-gemma-4.gguf"
+    v = Vocab.from_file(f)
+    raw = (models / "ggml-vocab-gemma-4.gguf.inp").read_bytes().decode("utf-8")
+    outs = (models / "ggml-vocab-gemma-4.gguf.out").read_text(encoding="utf-8").split("\n")
+    inp = raw.split("\n__ggml_vocab_test__\n")
+    if inp and inp[-1] == "":
+        inp.pop()
+    assert len(inp) >= 40
+    for text, o in zip(inp, outs):
+        assert v.tokenize(text, add_special=False, parse_special=False) == [int(x) for x in o.split()], repr(text)

@@ -20,6 +20,7 @@ from .batch import Batch
 from .context import Context
 from .llama import Llama
 from .model import Model
+from .vocab import Vocab
 
 __all__ = [
     "__version__",
@@ -35,4 +36,5 @@ __all__ = [
     "Model",
     "PyllamaError",
     "UnsupportedModelError",
+    "Vocab",
 ]

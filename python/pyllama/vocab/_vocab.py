@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 from ..errors import PyllamaError, UnsupportedModelError
 from .bpe import CHAR_TO_BYTE, BpeSession
 from .pretokenize import PRE_TYPES, PreConfig, PreTokenizer
-from .spm import spm_tokenize
+from .spm import SpmSession
 from ._unicode import decode_utf8_like_llama
 
 log = logging.getLogger("pyllama")
@@ -131,7 +131,7 @@ class Vocab:
             self.type = VOCAB_TYPE_WPM
             self.bos, self.eos, self.unk, self.sep, self.pad, self.mask = 101, LLAMA_TOKEN_NULL, 100, 102, 0, 103
             self.add_sep = True
-        elif model == "gpt2":
+        elif model in ("gpt2", "gemma4"):
             self.type = VOCAB_TYPE_BPE
             merges = md.get(_K + "merges")
             if merges is None:
@@ -150,9 +150,13 @@ class Vocab:
             self._bpe_ranks = ranks
             self.bos = self.eos = 11
             self.unk = LLAMA_TOKEN_NULL
+            if model == "gemma4":
+                self.bos = self.eos = LLAMA_TOKEN_NULL
+                self.sep = self.pad = self.mask = LLAMA_TOKEN_NULL
+                pre = self.tokenizer_pre = "gemma4"
         elif model == "t5":
             raise UnsupportedModelError(f"{source}: tokenizer model 't5' (UGM) is not supported yet")
-        elif model in ("rwkv", "plamo2", "gemma4", "hybriddna", "whitespace", "test"):
+        elif model in ("rwkv", "plamo2", "hybriddna", "whitespace", "test"):
             raise UnsupportedModelError(f"{source}: tokenizer model {model!r} is not supported yet")
         else:
             raise UnsupportedModelError(f"{source}: unknown tokenizer model {model!r}")
@@ -246,9 +250,15 @@ class Vocab:
                             source, _K, key, new, n, cur)
             else:
                 setattr(self, attr, new)
+        # BertNormalizer options (WPM); strip_accents follows lowercase unless given
+        self.normalizer_lowercase = bool(self._get_bool(md, "normalizer.lowercase", True))
+        self.normalizer_strip_accents = bool(self._get_bool(md, "normalizer.strip_accents", self.normalizer_lowercase))
         self.add_bos = bool(self._get_bool(md, "add_bos_token", self.add_bos))
         self.add_eos = bool(self._get_bool(md, "add_eos_token", self.add_eos))
         self.add_sep = bool(self._get_bool(md, "add_sep_token", self.add_sep))
+        if self.tokenizer_pre in ("gemma4", "granite-embed-multi-311m") and self.type == VOCAB_TYPE_BPE and not self.add_bos:
+            log.warning("%s: override '%sadd_bos_token' to 'true' for Gemma4", source, _K)
+            self.add_bos = True
 
         self._find_special_by_text()
         self._build_eog()
@@ -373,7 +383,15 @@ class Vocab:
         # llama.cpp: longest text first (std::sort, ties unspecified; we keep id order)
         ids.sort(key=lambda i: -len(self.texts_bytes[i]))
         self._special_cache = ids
-        self._special_index = None  # built lazily by _special_candidates
+        # first byte -> [(order, id, text)]: [0] without control/unknown tokens, [1] all
+        plain: dict = {}
+        every: dict = {}
+        for order, tid in enumerate(ids):
+            b = self.texts_bytes[tid]
+            every.setdefault(b[:1], []).append((order, tid, b))
+            if not self.attrs[tid] & (ATTR_CONTROL | ATTR_UNKNOWN):
+                plain.setdefault(b[:1], []).append((order, tid, b))
+        self._special_index = (plain, every)
 
     def _apply_model_attrs(self, md: dict) -> None:
         name = str(md.get("general.name") or "").lower()
@@ -398,10 +416,13 @@ class Vocab:
                 self.attrs[t2i["[MASK]"]] |= ATTR_LSTRIP
 
     def _init_tokenizer(self) -> None:
-        if self.type == VOCAB_TYPE_BPE:
+        if self.type == VOCAB_TYPE_SPM:
+            self._spm = SpmSession(self.bytes_to_id, self.texts_bytes, self.scores, self.byte_to_token)
+        elif self.type == VOCAB_TYPE_BPE:
             cfg = self.pre_config
             self._bpe = BpeSession(self.text_to_id, self._bpe_ranks, PreTokenizer(cfg.regexes),
-                                   byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges)
+                                   byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges,
+                                   gemma4_newlines=self.tokenizer_pre in ("gemma4", "granite-embed-multi-311m"))
         elif self.type == VOCAB_TYPE_WPM:
             from .wpm import WpmSession
 
@@ -478,33 +499,19 @@ class Vocab:
         """The special tokens (in partition order) whose text occurs in ``raw``: the others
         cannot match any fragment, and skipping them keeps the partition cheap when a
         vocabulary has thousands of control tokens."""
-        idx = self._special_index
-        if idx is None:
-            # first byte -> [(order, id, text)]
-            idx = {}
-            for order, tid in enumerate(self._special_cache):
-                b = self.texts_bytes[tid]
-                idx.setdefault(b[0], []).append((order, tid, b))
-            self._special_index = idx
+        idx = self._special_index[1 if parse_special else 0]
         found = []
-        attrs = self.attrs
-        skip = 0 if parse_special else (ATTR_CONTROL | ATTR_UNKNOWN)
         for first, entries in idx.items():
-            if raw.find(bytes([first])) == -1:
+            if raw.find(first) == -1:
                 continue
             if len(entries) > 64:
                 # many tokens share this first byte: only those whose first 3 bytes occur
-                grams = set(re.findall(re.escape(bytes([first])) + b"(?=(.{0,2}))", raw, re.S))
-                grams = {bytes([first]) + g for g in grams}
+                grams = {first + g for g in re.findall(re.escape(first) + b"(?=(.{0,2}))", raw, re.S)}
                 for order, tid, b in entries:
-                    if skip and attrs[tid] & skip:
-                        continue
                     if b[:3] in grams and b in raw:
                         found.append((order, tid))
             else:
                 for order, tid, b in entries:
-                    if skip and attrs[tid] & skip:
-                        continue
                     if b in raw:
                         found.append((order, tid))
         found.sort()
@@ -565,7 +572,7 @@ class Vocab:
                 if isinstance(fr, bytes):
                     text = (b" " + fr) if (self.add_space_prefix and is_prev_special) else fr
                     text = text.replace(b" ", "\u2581".encode())
-                    spm_tokenize(text, self.bytes_to_id, self.scores, self.byte_to_token, out)
+                    self._spm.tokenize(text, out)
                     is_prev_special = False
                 else:
                     out.append(fr)

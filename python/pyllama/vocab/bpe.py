@@ -46,12 +46,18 @@ class BpeSession:
         self.pre = pre
         self.byte_encode = byte_encode
         self.ignore_merges = ignore_merges
+        self.gemma4_newlines = gemma4_newlines
         self._cache: dict[str, list[int]] = {}
 
     def encode_word(self, word: str) -> list[int]:
         """Ids for one (already byte-encoded) word."""
         text_to_id = self.text_to_id
         if self.ignore_merges:
+            tid = text_to_id.get(word)
+            if tid is not None:
+                return [tid]
+        if self.gemma4_newlines and word and word.strip("\n") == "":
+            # llama.cpp (Gemma 4): a run of newlines that is a token stays whole
             tid = text_to_id.get(word)
             if tid is not None:
                 return [tid]

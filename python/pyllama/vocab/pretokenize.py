@@ -132,6 +132,10 @@ PRE_TYPES: dict[str, PreConfig] = {
     **{k: _P("bailingmoe", **_NOCLEAN) for k in ("bailingmoe", "bailingmoe2", "llada-moe")},
     "seed-coder": _P("seed-coder", **_NOCLEAN),
     "whitespace": _P("whitespace", byte_encode=False),
+    # SPM-style BPE on raw UTF-8 with spaces escaped to U+2581, split only at newlines
+    "gemma4": _P("newlines", byte_encode=False, escape_whitespaces=True),
+    "granite-embed-multi-311m": _P("newlines", byte_encode=False, escape_whitespaces=True),
+    "sarvam-moe": _P("newlines", clean_spaces=False, byte_encode=False, escape_whitespaces=True),
 }
 
 # -- llama.cpp's collapsed-regex rewriting ----------------------------------------------------

@@ -48,6 +48,7 @@ pub trait Arch: Sync {
     fn type_name(&self, _hp: &HParams) -> &'static str {
         "?B"
     }
+
     /// The forward pass over `model`'s tensors for a context with params `cp` (see
     /// context.rs). Architectures without one yet report that clearly.
     fn build_forward(
