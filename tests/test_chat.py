@@ -129,3 +129,22 @@ def test_system_role_polyfill():
     ok = ChatTemplate("{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}")
     assert ok.supports_system_role
     assert ok.render([{"role": "developer", "content": "D"}]) == "[system:D]"
+
+
+def test_llama_chat_apply_template_llama_h_style():
+    from pyllama import llama_api as L
+
+    case = next(c for c in CASES["cases"] if c["name"] == "teknium/OpenHermes-2.5-Mistral-7B")
+    msgs = [L.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in CONV]
+    need = L.llama_chat_apply_template(case["template_str"].encode(), msgs, len(msgs), True, None, 0)
+    expected = case["expected_output"].encode()
+    assert need == len(expected)
+    buf = bytearray(10)
+    assert L.llama_chat_apply_template(None, msgs, len(msgs), True, buf, len(buf)) == need  # None = chatml
+    assert bytes(buf) == expected[:10]
+    buf = bytearray(need)
+    L.llama_chat_apply_template(case["template_str"], msgs, len(msgs), True, buf, need)
+    assert bytes(buf) == expected
+    # a Jinja template outside the built-in families: -1, as llama.h
+    assert L.llama_chat_apply_template("{{ messages }}", msgs, len(msgs), True, None, 0) == -1
+    assert "chatml" in L.llama_chat_builtin_templates()

@@ -252,7 +252,7 @@ class llama_chat_message:
     content: "str | bytes"
 
 
-def _s(x) -> str:
+def _text(x) -> str:
     return x.decode("utf-8", "replace") if isinstance(x, (bytes, bytearray)) else str(x)
 
 
@@ -263,7 +263,7 @@ def llama_chat_apply_template(tmpl, chat, n_msg: int, add_ass: bool, buf, length
     template is not one of the built-in families (render it with pyllama.chat instead)."""
     from . import chat as _chat
 
-    name = _chat.detect_builtin("chatml" if tmpl is None else _s(tmpl))
+    name = _chat.detect_builtin("chatml" if tmpl is None else _text(tmpl))
     if name is None:
         _log.warning("llama_chat_apply_template: template not supported by the built-in formats "
                      "(use pyllama.chat.ChatTemplate for Jinja templates)")
@@ -271,9 +271,9 @@ def llama_chat_apply_template(tmpl, chat, n_msg: int, add_ass: bool, buf, length
     msgs = []
     for m in list(chat)[:n_msg]:
         if isinstance(m, dict):
-            msgs.append({"role": _s(m["role"]), "content": _s(m.get("content", ""))})
+            msgs.append({"role": _text(m["role"]), "content": _text(m.get("content", ""))})
         else:
-            msgs.append({"role": _s(m.role), "content": _s(m.content)})
+            msgs.append({"role": _text(m.role), "content": _text(m.content)})
     out = _chat.apply_builtin(name, msgs, bool(add_ass)).encode("utf-8")
     if buf is not None and length > 0:
         n = min(length, len(out))
