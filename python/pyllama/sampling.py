@@ -59,6 +59,32 @@ __all__ = [
 
 
 _ARANGE_CACHE: dict[int, np.ndarray] = {}
+_ZEROS_CACHE: dict[int, np.ndarray] = {}
+
+
+def _zeros(n: int) -> np.ndarray:
+    """Read-only float32 [n] zeros, cached: the initial ``p`` of a full-vocabulary array."""
+    a = _ZEROS_CACHE.get(n)
+    if a is None:
+        a = np.zeros(n, dtype=np.float32)
+        a.flags.writeable = False
+        _ZEROS_CACHE[n] = a
+    return a
+
+
+def _scratch(owner, src: np.ndarray) -> np.ndarray:
+    """A writable copy of ``src`` in a buffer the sampler ``owner`` keeps between tokens.
+
+    Samplers that change a few logits of the whole row (penalties, logit bias, DRY, top-n-
+    sigma) need a writable row; a fresh 1 MB array per token costs page faults that exceed
+    the rest of the chain, so each sampler reuses one. The previous token's array is dead
+    by then (a chain never hands candidates from one sample to the next)."""
+    buf = getattr(owner, "_buf", None)
+    if buf is None or buf.shape != src.shape:
+        buf = np.empty(src.shape, np.float32)
+        owner._buf = buf
+    np.copyto(buf, src)
+    return buf
 
 
 def _arange(n: int) -> np.ndarray:
@@ -113,7 +139,7 @@ class TokenDataArray:
         logits = row.astype(np.float32, copy=False).view()
         logits.flags.writeable = False
         self.logits = logits
-        self.p = np.zeros(row.shape[0], np.float32)
+        self.p = _zeros(row.shape[0])
         self.selected = -1
         self.sorted = False
         return self
@@ -547,7 +573,7 @@ class TopNSigmaSampler(Sampler):
         else:
             mx, std = float(cur.logits[0]), 0.0
         cut = np.float32(mx - self.n * std)
-        logits = cur.logits.copy()
+        logits = _scratch(self, cur.logits)
         logits[logits < cut] = -np.inf
         cur.logits = logits
 
@@ -675,7 +701,7 @@ class PenaltiesSampler(Sampler):
             pos = np.array([s[0] for s in sel], np.int64)
             cnt = np.array([s[1] for s in sel], np.float32)
         if pos.shape[0]:
-            logits = cur.logits.copy()
+            logits = _scratch(self, cur.logits)
             v = logits[pos]
             v = np.where(v <= 0, v * np.float32(self.penalty_repeat), v / np.float32(self.penalty_repeat))
             v = v - (cnt * np.float32(self.penalty_freq) + np.float32(self.penalty_present))
@@ -700,7 +726,7 @@ class LogitBiasSampler(Sampler):
     def apply(self, cur: TokenDataArray) -> None:
         if not self.logit_bias:
             return
-        logits = cur.logits.copy()
+        logits = _scratch(self, cur.logits)
         for tok, bias in self.logit_bias:
             if 0 <= tok < cur.size and cur.ids[tok] == tok:
                 logits[tok] += np.float32(bias)
@@ -809,7 +835,7 @@ class DrySampler(Sampler):
 
         # step 4: penalties, exponent clamped so base**exp stays a finite float
         max_exp = int(88.7228391 / math.log(self.dry_base)) if self.dry_base > 1.000001 else 0
-        logits = cur.logits.copy()
+        logits = _scratch(self, cur.logits)
         ids = cur.ids
         for tok, rl in max_rep.items():
             if any(len(t) == 0 for t in self.breakers.get(tok, ())):
@@ -905,7 +931,9 @@ class SamplerChain(Sampler):
         self.no_perf = bool(no_perf)
         self.t_sample_us = 0.0
         self.n_sample = 0
-        self.last: TokenDataArray | None = None  # candidates after the last sample (for probs)
+        # candidates after the last sample (their p are the final probabilities); valid
+        # until the next sample, which may reuse its buffers
+        self.last: TokenDataArray | None = None
 
     # list-like
     def add(self, smpl: Sampler) -> "SamplerChain":
