@@ -424,3 +424,25 @@ def test_logits_row_is_not_modified():
     for _ in range(5):
         chain.sample(logits)
     np.testing.assert_array_equal(logits, before)
+
+
+def test_dry_breakers_from_a_real_vocabulary(smollm2_path):
+    from pyllama.generation import load_model, vocab_of
+
+    vocab = vocab_of(load_model(smollm2_path))
+    breakers = S.dry_breakers_from_strings(vocab, ["\n", ":"])
+    nl = vocab.tokenize("\n", add_special=False, parse_special=False)
+    assert len(nl) == 1 and [] in breakers[nl[0]]  # "\n" is a single-token breaker
+    # every head token's text contains the breaker or ends with a prefix of it
+    for tid in list(breakers)[:50]:
+        text = vocab.token_to_piece(tid, True).decode("utf-8", "replace")
+        assert "\n" in text or ":" in text
+    chain = S.build_chain(S.SamplerParams(seed=1, dry_multiplier=0.8), n_vocab=len(vocab), vocab=vocab)
+    assert "-> dry ->" in chain.describe()
+    logits = np.zeros(len(vocab), np.float32)
+    for t in [5, 6, 7, 5, 6]:
+        chain.accept(t)
+    # 5 6 7 5 6 -> the token after "5 6" (7) extends a repeat of length 2: penalized
+    cur = TokenDataArray.from_logits(logits)
+    chain.samplers[1].apply(cur)
+    assert cur.logits[7] < 0 and cur.logits[8] == 0

@@ -36,7 +36,8 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
         n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
     params = {"n_ctx": n_ctx, "n_batch": batch_size, "n_ubatch": min(ubatch_size, batch_size),
               "type_k": cache_type_k, "type_v": cache_type_v,
-              "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1)}
+              "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
+              "no_perf": False}
     if threads is not None:
         params["n_threads"] = threads
         params["n_threads_batch"] = threads_batch if threads_batch is not None else threads
