@@ -193,10 +193,13 @@ class Session:
         return self.ctx.logits_ith(-1)
 
     def generate(self, prompt_tokens: Sequence[int], sampler: SamplerChain, max_tokens: int = -1,
-                 *, ignore_eos: bool = False) -> Iterator[int]:
+                 *, ignore_eos: bool = False, decode_last: bool = True) -> Iterator[int]:
         """Decode the prompt, then yield sampled tokens until an end-of-generation token
         (not yielded), ``max_tokens`` (< 0: until the context is full) or a full context.
-        ``self.stats`` tells which. Closing the iterator early stops cleanly."""
+        ``self.stats`` tells which. Closing the iterator early stops cleanly.
+
+        ``decode_last``: also decode the last returned token at the end, so the cache holds
+        prompt + output and a follow-up prompt reuses all of it (llama-simple skips it)."""
         self.eval_prompt(prompt_tokens)
         stats = self.stats
         t0 = time.perf_counter()
@@ -221,7 +224,7 @@ class Session:
             if not stats.stop_reason:
                 stats.stop_reason = "stop"
             stats.t_gen_s = time.perf_counter() - t0
-            if pending is not None and len(self.tokens) < self.n_ctx:
+            if decode_last and pending is not None and len(self.tokens) < self.n_ctx:
                 # keep the cache equal to prompt + everything returned, so the next prompt
                 # that continues this text reuses all of it
                 try:

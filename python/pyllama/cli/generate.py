@@ -155,7 +155,7 @@ def generate(
         stream = TextStream(sess.vocab, special=True)
         t0 = time.perf_counter()
         n = 0
-        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos):
+        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos, decode_last=False):
             piece = stream.feed(tok)
             n += 1
             if piece:
