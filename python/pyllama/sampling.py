@@ -182,10 +182,21 @@ class TokenDataArray:
         if do_sort and not self.sorted:
             self._sort()
         max_l = self.logits[0] if self.sorted else self.logits.max()
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            p = np.exp(self.logits - max_l)
+        p = _exp_shifted(self.logits, max_l)
         total = p.sum(dtype=np.float64)
         self.p = (p / np.float32(total)).astype(np.float32, copy=False)
+
+
+def _exp_shifted(logits: np.ndarray, max_l) -> np.ndarray:
+    """exp(logits - max) in float32 (expf), also when the maximum is not finite: +inf logits
+    (a temperature near 0 overflows) share all the mass, all -inf gives a uniform draw
+    (llama.cpp would produce NaN there)."""
+    if np.isposinf(max_l):
+        return (logits == max_l).astype(np.float32)
+    if np.isneginf(max_l) or np.isnan(max_l):
+        return np.ones(logits.shape, np.float32)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        return np.exp(logits - max_l)
 
 
 def _select_k(vals: np.ndarray, k: int) -> np.ndarray:
@@ -347,8 +358,7 @@ class DistSampler(Sampler):
             cur.p = np.ones(1, np.float32)
             return
         max_l = cur.logits[0] if cur.sorted else cur.logits.max()
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            p = np.exp(cur.logits - max_l)  # float32 like expf
+        p = _exp_shifted(cur.logits, max_l)  # float32 like expf
         # sum_run in llama.cpp is a running double sum: cumsum in float64 is the same order
         cum = np.cumsum(p, dtype=np.float64)
         sum_cum = cum[-1]
@@ -480,7 +490,8 @@ def _temp_impl(cur: TokenDataArray, temp: float) -> None:
         cur.logits = np.full(cur.size, -np.inf, np.float32)
         cur.logits[i] = best
         return
-    cur.logits = cur.logits / np.float32(temp)
+    with np.errstate(over="ignore"):  # a tiny temperature overflows to +-inf, as in C
+        cur.logits = cur.logits / np.float32(temp)
 
 
 class TempSampler(Sampler):
@@ -517,8 +528,7 @@ class TempExtSampler(Sampler):
         entropy = float(-(pos * np.log(pos)).sum(dtype=np.float32))
         dyn_temp = min_temp + (max_temp - min_temp) * (entropy / max_entropy) ** self.exponent
         _temp_impl(cur, dyn_temp)
-        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-            p = np.exp(cur.logits.astype(np.float64) - float(cur.logits[0]))
+        p = _exp_shifted(cur.logits.astype(np.float64), cur.logits.astype(np.float64).max())
         cur.p = (p / p.sum()).astype(np.float32)
 
 
