@@ -19,6 +19,7 @@ from .gguf import GGUFFile
 from .batch import Batch
 from .context import Context
 from .llama import Llama
+from .sampling import SamplerChain, SamplerParams
 from .model import Model
 from .vocab import Vocab
 
@@ -35,6 +36,8 @@ __all__ = [
     "LoadCancelled",
     "Model",
     "PyllamaError",
+    "SamplerChain",
+    "SamplerParams",
     "UnsupportedModelError",
     "Vocab",
 ]
