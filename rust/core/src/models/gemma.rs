@@ -45,6 +45,14 @@ impl Arch for Gemma {
         "gemma"
     }
 
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        gemma_forward(model, cp)
+    }
+
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         common_hparams(meta, n_vocab, RopeType::Neox)
     }
@@ -65,6 +73,14 @@ impl Arch for Gemma {
 impl Arch for Gemma2 {
     fn name(&self) -> &'static str {
         "gemma2"
+    }
+
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        gemma2_forward(model, cp)
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -99,3 +115,46 @@ impl Arch for Gemma2 {
 }
 
 // ---- forward pass ------------------------------------------------------------------
+//
+// The shared pre-norm decoder (ops/decoder.rs) with the Gemma traits: embeddings scaled
+// by sqrt(n_embd) (token input only), q scaled after rope (1/sqrt(head) for Gemma,
+// f_attention_scale for Gemma 2) and a softmax scale of 1, GELU(tanh)-gated FFN. Gemma 2
+// adds post-norms, tanh soft-capping of the attention scores and of the final logits,
+// and the sliding window on its local layers.
+
+use crate::context::{ContextParams, FfnAct, Forward};
+use crate::model::Model;
+use crate::ops::decoder::{Decoder, DecoderConfig};
+use std::sync::Arc;
+
+fn gemma_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    let hp = &model.hparams;
+    let cfg = DecoderConfig {
+        embd_scale: true,
+        post_norms: false,
+        qk_norm: false,
+        q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(),
+        kq_scale: 1.0,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        act: FfnAct::GeGlu,
+        fused: false,
+    };
+    Ok(Box::new(Decoder::new(model, cp, cfg)?))
+}
+
+fn gemma2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    let hp = &model.hparams;
+    let cfg = DecoderConfig {
+        embd_scale: true,
+        post_norms: true,
+        qk_norm: false,
+        q_scale: hp.f_attention_scale,
+        kq_scale: 1.0,
+        attn_softcap: hp.f_attn_logit_softcapping,
+        final_softcap: hp.f_final_logit_softcapping,
+        act: FfnAct::GeGlu,
+        fused: false,
+    };
+    Ok(Box::new(Decoder::new(model, cp, cfg)?))
+}

@@ -14,6 +14,14 @@ impl Arch for Phi3 {
         "phi3"
     }
 
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        phi3_forward(model, cp)
+    }
+
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         common_hparams(meta, n_vocab, RopeType::Neox)
     }
@@ -50,3 +58,35 @@ impl Arch for Phi3 {
 }
 
 // ---- forward pass ------------------------------------------------------------------
+//
+// The shared pre-norm decoder (ops/decoder.rs) with fused weights: one attn_qkv matrix
+// (q, k, v rows back to back) and one ffn_up of 2 * n_ff rows (silu of the first half
+// times the second half); q scaled by 1/sqrt(head) after rope, softmax scale 1 (the
+// hparams keep n_swa 0, as llama.cpp does).
+// LongRoPE factor tensors are not applied yet (the short/long choice depends on n_ctx).
+
+use crate::context::{ContextParams, FfnAct, Forward};
+use crate::model::Model;
+use crate::ops::decoder::{Decoder, DecoderConfig};
+use std::sync::Arc;
+
+fn phi3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    let hp = &model.hparams;
+    if model.tensor("blk.0.rope_factors_long.weight").is_some() {
+        return Err(crate::error::Error::Unsupported(
+            "phi3 with LongRoPE factors (rope_factors_long/short) is not supported yet".into(),
+        ));
+    }
+    let cfg = DecoderConfig {
+        embd_scale: false,
+        post_norms: false,
+        qk_norm: false,
+        q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(),
+        kq_scale: 1.0,
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        act: FfnAct::SwiGlu,
+        fused: true,
+    };
+    Ok(Box::new(Decoder::new(model, cp, cfg)?))
+}

@@ -24,6 +24,14 @@ impl Arch for Qwen2 {
         "qwen2"
     }
 
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        qwen2_forward(model, cp)
+    }
+
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         common_hparams(meta, n_vocab, RopeType::Neox)
     }
@@ -65,6 +73,14 @@ impl Arch for Qwen3 {
         "qwen3"
     }
 
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        qwen3_forward(model, cp)
+    }
+
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         common_hparams(meta, n_vocab, RopeType::Neox)
     }
@@ -99,3 +115,33 @@ impl Arch for Qwen3 {
 }
 
 // ---- forward pass ------------------------------------------------------------------
+//
+// The shared pre-norm decoder (ops/decoder.rs): q/k/v biases are picked up when the file
+// has them (Qwen2), Qwen3 adds per-head q/k RMSNorm; kq scale 1/sqrt(head size).
+
+use crate::context::{ContextParams, FfnAct, Forward};
+use crate::model::Model;
+use crate::ops::decoder::{Decoder, DecoderConfig};
+use std::sync::Arc;
+
+fn qwen_config(hp: &HParams, qk_norm: bool) -> DecoderConfig {
+    DecoderConfig {
+        embd_scale: false,
+        post_norms: false,
+        qk_norm,
+        q_scale: 1.0,
+        kq_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(),
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        act: FfnAct::SwiGlu,
+        fused: false,
+    }
+}
+
+fn qwen2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    Ok(Box::new(Decoder::new(model, cp, qwen_config(&model.hparams, false))?))
+}
+
+fn qwen3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    Ok(Box::new(Decoder::new(model, cp, qwen_config(&model.hparams, true))?))
+}
