@@ -466,3 +466,21 @@ def test_vocab_only_needs_no_schema(tmp_path, smollm2_path):
     params.vocab_only = True
     lm = L.llama_model_load_from_file(str(p), params)
     assert lm is not None and L.llama_model_get_vocab(lm).n_tokens == 300
+
+
+def test_c_style_load_modes(smollm2_path):
+    """load_mode as llama.h's enum; the older use_mmap/use_mlock booleans still work."""
+    L.llama_backend_init()
+    for value, name in [(L.LLAMA_LOAD_MODE_NONE, "none"), (L.LLAMA_LOAD_MODE_DIRECT_IO, "dio"),
+                        (L.LLAMA_LOAD_MODE_MMAP_MLOCK, "mmap+mlock")]:
+        p = L.llama_model_default_params()
+        p.load_mode = value
+        assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == name
+    p = L.llama_model_default_params()
+    p.use_mmap = False
+    assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == "none"
+    p.use_mlock = True
+    assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == "mlock"
+    p = L.llama_model_default_params()
+    p.load_mode = 17
+    assert L.llama_model_load_from_file(str(smollm2_path), p) is None
