@@ -110,6 +110,12 @@ def test_mmap_is_zero_copy(gemma3_path):
     grown = rss() - before
     assert m._core.is_mmap
     assert grown < 0.2 * size, f"RSS grew by {grown / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
+    # The llama.h metadata functions and the chat template do not convert the tokenizer
+    # arrays to Python either.
+    L.llama_model_meta_count(m)
+    m.chat_template()
+    assert m._metadata is None
+    assert rss() - before < 0.2 * size
     # The weights are views of the mapping, not copies.
     a = m.tensor_raw("blk.0.ffn_down.weight")
     assert not a.flags.owndata and not a.flags.writeable
