@@ -191,6 +191,7 @@ impl Forward for Gemma3Forward {
                 bo: None,
                 q_norm: Some(&l.q_norm),
                 k_norm: Some(&l.k_norm),
+                fused_qkv: false,
             };
             let c = AttnConfig { il, rope: Some(&l.rope), q_scale: self.attn_scale, kq_scale: 1.0, softcap: 0.0, n_swa: l.n_swa };
             st.attn_block(&w, &c)?;

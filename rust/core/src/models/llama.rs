@@ -166,6 +166,7 @@ impl Forward for LlamaForward {
                 bo: None,
                 q_norm: None,
                 k_norm: None,
+                fused_qkv: false,
             };
             let c = AttnConfig { il, rope: Some(&l.rope), q_scale: 1.0, kq_scale: self.kq_scale, softcap: 0.0, n_swa: 0 };
             st.attn_block(&w, &c)?;

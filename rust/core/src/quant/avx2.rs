@@ -1,25 +1,979 @@
 //! AVX2 + FMA + F16C kernels (x86-64), chosen at run time by `super::kernel_set()`.
-//! Each mirrors a scalar `_ref` in legacy.rs / kquants.rs / float.rs and is tested against it.
+//!
+//! Each vec_dot is written once, generic over NC = the number of activation rows (columns of
+//! the product) it serves per pass over a weight row: NC = 1 is the single-token kernel,
+//! NC = 4 the prefill tile that decodes each weight block once for 4 tokens. Both are the
+//! same code, so each output element sees exactly the same operations in the same order
+//! whichever is used (the matmul's determinism rests on this).
+//!
+//! The algorithms follow ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c): integer dot
+//! products with `maddubs`/`madd` per block, one FMA per block into 8 float lanes, a
+//! horizontal sum at the end. They are tested against the scalar `_ref` kernels.
 
-use super::{QuantizeFn, VecDotFn};
+#![allow(clippy::missing_safety_doc)]
+
+use super::{legacy, VecDotFn};
 use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
 
-pub fn vec_dot_fn(_ty: GgmlType) -> Option<VecDotFn> {
-    None
+/// out[c] = dot(w, x + c * xs) for c in 0..NC; w and every x row hold `n` elements.
+/// `xd`: null, or precomputed f32 activation block scales for the Q8_0/Q8_1 activations
+/// (Q8_0: d per block; Q8_1: (d, s) per block), column c's at `xd + c * xds`. The matmul
+/// converts them once per token instead of once per (weight row, block): same values (the
+/// f16 -> f32 conversion is exact), so the results are bit-identical either way.
+pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
+
+/// The prefill tile width: activation rows per pass over a weight row.
+pub const TILE: usize = 4;
+
+/// (single-column, TILE-column) kernels of weight type `ty`, if an AVX2 version exists.
+pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<TILE>),
+        Q4_1 => (dot_q4_1::<1>, dot_q4_1::<TILE>),
+        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<TILE>),
+        Q5_1 => (dot_q5_1::<1>, dot_q5_1::<TILE>),
+        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<TILE>),
+        IQ4_NL => (dot_iq4_nl::<1>, dot_iq4_nl::<TILE>),
+        Q2_K => (dot_q2_k::<1>, dot_q2_k::<TILE>),
+        Q3_K => (dot_q3_k::<1>, dot_q3_k::<TILE>),
+        Q4_K => (dot_q4_k::<1>, dot_q4_k::<TILE>),
+        Q5_K => (dot_q5_k::<1>, dot_q5_k::<TILE>),
+        Q6_K => (dot_q6_k::<1>, dot_q6_k::<TILE>),
+        IQ4_XS => (dot_iq4_xs::<1>, dot_iq4_xs::<TILE>),
+        F32 => (dot_f32::<1>, dot_f32::<TILE>),
+        F16 => (dot_f16::<1>, dot_f16::<TILE>),
+        BF16 => (dot_bf16::<1>, dot_bf16::<TILE>),
+        _ => return None,
+    })
 }
 
+macro_rules! safe_one {
+    ($name:ident, $k:ident, $wty:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
+            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
+            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+            let mut out = 0f32;
+            // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+            out
+        }
+    };
+}
+
+safe_one!(one_q4_0, dot_q4_0, GgmlType::Q4_0);
+safe_one!(one_q4_1, dot_q4_1, GgmlType::Q4_1);
+safe_one!(one_q5_0, dot_q5_0, GgmlType::Q5_0);
+safe_one!(one_q5_1, dot_q5_1, GgmlType::Q5_1);
+safe_one!(one_q8_0, dot_q8_0, GgmlType::Q8_0);
+safe_one!(one_iq4_nl, dot_iq4_nl, GgmlType::IQ4_NL);
+safe_one!(one_q2_k, dot_q2_k, GgmlType::Q2_K);
+safe_one!(one_q3_k, dot_q3_k, GgmlType::Q3_K);
+safe_one!(one_q4_k, dot_q4_k, GgmlType::Q4_K);
+safe_one!(one_q5_k, dot_q5_k, GgmlType::Q5_K);
+safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
+safe_one!(one_iq4_xs, dot_iq4_xs, GgmlType::IQ4_XS);
+safe_one!(one_f32, dot_f32, GgmlType::F32);
+safe_one!(one_f16, dot_f16, GgmlType::F16);
+safe_one!(one_bf16, dot_bf16, GgmlType::BF16);
+
+/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths).
+pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => one_q4_0,
+        Q4_1 => one_q4_1,
+        Q5_0 => one_q5_0,
+        Q5_1 => one_q5_1,
+        Q8_0 => one_q8_0,
+        IQ4_NL => one_iq4_nl,
+        Q2_K => one_q2_k,
+        Q3_K => one_q3_k,
+        Q4_K => one_q4_k,
+        Q5_K => one_q5_k,
+        Q6_K => one_q6_k,
+        IQ4_XS => one_iq4_xs,
+        F32 => one_f32,
+        F16 => one_f16,
+        BF16 => one_bf16,
+        _ => return None,
+    })
+}
+
+// ------------------------------------------------------------------ helpers
+
+/// f16 at p -> f32. Written in asm: with `_mm_cvtsi32_si128`/`_mm_set1_epi16` LLVM
+/// inserts the 16 bits into whatever register is at hand (vpinsrw), which chained every
+/// block's scale conversion to the previous block's accumulator (Q4_1 ran 3x slower).
+/// `vmovd` from a general register writes the whole register: no false dependency.
+#[inline(always)]
+unsafe fn f16(p: *const u8) -> f32 {
+    let h = std::ptr::read_unaligned(p as *const u16) as u32;
+    let r: __m128;
+    std::arch::asm!(
+        "vmovd {r}, {h:e}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    _mm_cvtss_f32(r)
+}
+
+/// Two adjacent f16 at p -> lanes 0 and 1 (d and m of a Q4_1/Q5_1 block, d and s of Q8_1).
+#[inline(always)]
+unsafe fn f16x2(p: *const u8) -> __m128 {
+    let h = std::ptr::read_unaligned(p as *const u32);
+    let r: __m128;
+    std::arch::asm!(
+        "vmovd {r}, {h:e}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    std::ptr::read_unaligned(p as *const f32)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps128(v: __m128) -> f32 {
+    let r = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_32(p: *const u8) -> __m256i {
+    // Broadcast the 16 bytes to both halves (a pure load) and shift only the upper half:
+    // keeps the shuffle port free (vinserti128 competed with the scale conversions).
+    let t = _mm256_broadcastsi128_si256(load128(p));
+    let b = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits -> 32 bytes, 0xFF where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits_32(p: *const u8) -> __m256i {
+    let x32 = std::ptr::read_unaligned(p as *const u32) as i32;
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Pairwise i16 sums -> 8 i32 -> f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i16_pairs_to_ps(p: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+/// 16 signed nibble-indexed table values: low nibbles of 16 bytes -> elements 0..16, high -> 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_lookup(p: *const u8) -> __m256i {
+    let values = _mm_loadu_si128(legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    let m4 = _mm_set1_epi8(0x0f);
+    let b = load128(p);
+    let lo = _mm_shuffle_epi8(values, _mm_and_si128(b, m4));
+    let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    _mm256_set_m128i(hi, lo)
+}
+
+// ------------------------------------------------------------------ 32-element blocks
+
+/// Signed-weight family (Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0): per block
+/// acc += (dw*dx) * sum(qw*qx). `decode(block) -> (dw, signed 32 weights)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_signed_q8_0<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    wsize: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> (f32, __m256i),
+) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let (dw, qw) = decode(w.add(i * wsize));
+        let vdw = _mm256_set1_ps(dw);
+        let aw = _mm256_sign_epi8(qw, qw);
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 34);
+            let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
+            let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
+            let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
+            let q = i16_pairs_to_ps(_mm256_maddubs_epi16(aw, sy));
+            acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+/// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1): per block
+/// acc += (dw*dx) * sum(qw*qx), summ += mw * sx.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_min_q8_1<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    wsize: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> __m256i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); NC];
+    // lane 1 accumulates m_w * s_x (lane 0 collects unused d products)
+    let mut summ = [_mm_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * wsize);
+        let dm = f16x2(bw); // (d_w, m_w)
+        let qw = decode(bw);
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 36);
+            let ds = if xd.is_null() {
+                f16x2(by)
+            } else {
+                _mm_castpd_ps(_mm_load_sd(xd.add(c * xds + 2 * i) as *const f64))
+            };
+            let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
+            summ[c] = _mm_add_ps(summ[c], p);
+            let d = _mm256_broadcastss_ps(p);
+            let q = i16_pairs_to_ps(_mm256_maddubs_epi16(qw, load256(by.add(4))));
+            acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(_mm_movehdup_ps(summ[c]));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| {
+        (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 22, x, xs, xd, xds, out, |b| {
+        // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
+        let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 24, x, xs, xd, xds, out, |b| {
+        let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles_32(b.add(8)), hi)
+    })
+}
+
+// ------------------------------------------------------------------ K-quants
+
+#[rustfmt::skip]
+static SHUFFLE_K4: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 8 {
+        let mut j = 0;
+        while j < 16 { t[32 * i + 2 * j] = 2 * i as u8; t[32 * i + 2 * j + 1] = 2 * i as u8 + 1; j += 1; }
+        i += 1;
+    }
+    t
+};
+
+/// Q3_K/Q2_K: i16 scale 2i for the first 16 bytes, 2i+1 for the next 16.
+static SHUFFLE_Q3K: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 4 {
+        let mut j = 0;
+        while j < 8 {
+            t[32 * i + 2 * j] = 4 * i as u8;
+            t[32 * i + 2 * j + 1] = 4 * i as u8 + 1;
+            t[32 * i + 16 + 2 * j] = 4 * i as u8 + 2;
+            t[32 * i + 16 + 2 * j + 1] = 4 * i as u8 + 3;
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// Q6_K: i8 scale 2i repeated 8 times then 2i+1 repeated 8 times.
+static SHUFFLE_Q6K: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 8 {
+        let mut j = 0;
+        while j < 8 {
+            t[16 * i + j] = 2 * i as u8;
+            t[16 * i + 8 + j] = 2 * i as u8 + 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn shuf_k4(i: usize) -> __m256i {
+    load256(SHUFFLE_K4.as_ptr().add(32 * i))
+}
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn shuf_q3k(i: usize) -> __m256i {
+    load256(SHUFFLE_Q3K.as_ptr().add(32 * i))
+}
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn shuf_q6k(i: usize) -> __m128i {
+    load128(SHUFFLE_Q6K.as_ptr().add(16 * i))
+}
+
+/// Q4_K/Q5_K: the 8 scales (i16 0..8) and 8 mins (i16 8..16) from the 12 packed bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_mins_and_scales(p: *const u8) -> __m256i {
+    const KMASK1: u32 = 0x3f3f3f3f;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    const KMASK3: u32 = 0x03030303;
+    let mut u = [0u32; 4];
+    std::ptr::copy_nonoverlapping(p, u.as_mut_ptr() as *mut u8, 12);
+    u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
+    let uaux = u[1] & KMASK1;
+    u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
+    u[2] = uaux;
+    u[0] &= KMASK1;
+    _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32))
+}
+
+/// Q8_K pieces of column c's block i: (d, qs pointer, bsums pointer).
+#[inline(always)]
+unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const u8) {
+    let b = x.add(c * xs + i * 292);
+    (b, b.add(4))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut acc_m = [_mm_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 144);
+        let dw = f16(bw);
+        let dminw = f16(bw.add(2));
+        let ms = k4_mins_and_scales(bw.add(4));
+        let mins = _mm256_extracti128_si256(ms, 1);
+        let sc128 = _mm256_extracti128_si256(ms, 0);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        let q4 = bw.add(16);
+        for j in 0..4 {
+            let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
+            let scale_h = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
+            let bits = load256(q4.add(32 * j));
+            let q4l = _mm256_and_si256(bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for c in 0..NC {
+            let (by, q8) = q8k(x, xs, c, i);
+            let yd = f32_at(by);
+            let bs = load256(q8.add(256));
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            let prod = _mm_madd_epi16(mins, q8s);
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * dminw), _mm_cvtepi32_ps(prod), acc_m[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]) + hsum_ps128(acc_m[c]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut acc_m = [_mm_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 176);
+        let dw = f16(bw);
+        let dminw = f16(bw.add(2));
+        let ms = k4_mins_and_scales(bw.add(4));
+        let mins = _mm256_extracti128_si256(ms, 1);
+        let sc128 = _mm256_extracti128_si256(ms, 0);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let hbits = load256(bw.add(16));
+        let q5 = bw.add(48);
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        for j in 0..4 {
+            let scale_0 = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
+            let scale_1 = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
+            let bits = load256(q5.add(32 * j));
+            // 5th bit of sub-block 2j is bit 2j of qh, of sub-block 2j+1 bit 2j+1.
+            let h0 = _mm256_cmpeq_epi8(
+                _mm256_and_si256(hbits, _mm256_set1_epi8((1u8 << (2 * j)) as i8)),
+                _mm256_setzero_si256(),
+            );
+            let h1 = _mm256_cmpeq_epi8(
+                _mm256_and_si256(hbits, _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8)),
+                _mm256_setzero_si256(),
+            );
+            let q5_0 = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_andnot_si256(h0, _mm256_set1_epi8(16)));
+            let q5_1 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                _mm256_andnot_si256(h1, _mm256_set1_epi8(16)),
+            );
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let p0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, load256(q8.add(64 * j))));
+                let p1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, load256(q8.add(64 * j + 32))));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for c in 0..NC {
+            let (by, q8) = q8k(x, xs, c, i);
+            let yd = f32_at(by);
+            let bs = load256(q8.add(256));
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            let prod = _mm_madd_epi16(mins, q8s);
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * dminw), _mm_cvtepi32_ps(prod), acc_m[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]) + hsum_ps128(acc_m[c]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let m32s = _mm256_set1_epi8(32);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 210);
+        let dw = f16(bw.add(208));
+        let scales = load128(bw.add(192));
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        for j in 0..2 {
+            let ql = bw.add(64 * j);
+            let qh = bw.add(128 + 32 * j);
+            let b1 = load256(ql);
+            let b2 = load256(ql.add(32));
+            let bh = load256(qh);
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 2), m2), 4);
+            let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 4), m2), 4);
+            let h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 6), m2), 4);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(b1, m4), h0),
+                _mm256_or_si256(_mm256_and_si256(b2, m4), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), h3),
+            ];
+            let sc = [
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf_q6k(4 * j))),
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf_q6k(4 * j + 1))),
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf_q6k(4 * j + 2))),
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf_q6k(4 * j + 3))),
+            ];
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let q8 = q8.add(128 * j);
+                let mut s = _mm256_setzero_si256();
+                for k in 0..4 {
+                    let y = load256(q8.add(32 * k));
+                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32s, y));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(sc[k], p));
+                }
+                sumi[c] = _mm256_add_epi32(sumi[c], s);
+            }
+        }
+        for c in 0..NC {
+            let (by, _) = q8k(x, xs, c, i);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(by) * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 84);
+        let dw = f16(bw.add(80));
+        let dminw = f16(bw.add(82));
+        let ms = load128(bw);
+        let scales8 = _mm_and_si128(ms, m4);
+        let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
+        let all = _mm256_cvtepi8_epi16(scales8);
+        let l = _mm256_extracti128_si256(all, 0);
+        let h = _mm256_extracti128_si256(all, 1);
+        let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        for j in 0..2 {
+            let bits = load256(bw.add(16 + 32 * j));
+            let q = [
+                _mm256_and_si256(bits, m3),
+                _mm256_and_si256(_mm256_srli_epi16(bits, 2), m3),
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m3),
+                _mm256_and_si256(_mm256_srli_epi16(bits, 6), m3),
+            ];
+            let sc = [
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(0)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(1)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(2)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(3)),
+            ];
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let q8 = q8.add(128 * j);
+                let mut s = _mm256_setzero_si256();
+                for k in 0..4 {
+                    let p = _mm256_madd_epi16(sc[k], _mm256_maddubs_epi16(q[k], load256(q8.add(32 * k))));
+                    s = _mm256_add_epi32(s, p);
+                }
+                sumi[c] = _mm256_add_epi32(sumi[c], s);
+            }
+        }
+        for c in 0..NC {
+            let (by, q8) = q8k(x, xs, c, i);
+            let yd = f32_at(by);
+            let prod = _mm256_madd_epi16(mins, load256(q8.add(256)));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(-yd * dminw), _mm256_cvtepi32_ps(prod), acc[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 110);
+        let dw = f16(bw.add(108));
+        // The 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), high 2 bits in 8..12.
+        let mut a = [0u32; 3];
+        std::ptr::copy_nonoverlapping(bw.add(96), a.as_mut_ptr() as *mut u8, 12);
+        const KM1: u32 = 0x03030303;
+        const KM2: u32 = 0x0f0f0f0f;
+        let sc = _mm_set_epi32(
+            (((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4)) as i32,
+            (((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4)) as i32,
+            ((a[1] & KM2) | (((a[2] >> 2) & KM1) << 4)) as i32,
+            ((a[0] & KM2) | ((a[2] & KM1) << 4)) as i32,
+        );
+        let all = _mm256_cvtepi8_epi16(_mm_sub_epi8(sc, _mm_set1_epi8(32)));
+        let l = _mm256_extracti128_si256(all, 0);
+        let h = _mm256_extracti128_si256(all, 1);
+        let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
+        let hbits = load256(bw);
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        for j in 0..2 {
+            let bits = load256(bw.add(32 + 32 * j));
+            let mut ql = [_mm256_setzero_si256(); 4];
+            let mut qh = [_mm256_setzero_si256(); 4];
+            for k in 0..4 {
+                let bit = (4 * j + k) as i32;
+                ql[k] = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)), m3);
+                // 4 where the high bit is clear (value - 4), else 0.
+                let clear = _mm256_cmpeq_epi8(
+                    _mm256_and_si256(hbits, _mm256_set1_epi8((1u8 << bit) as i8)),
+                    _mm256_setzero_si256(),
+                );
+                qh[k] = _mm256_and_si256(clear, _mm256_set1_epi8(4));
+            }
+            let sc = [
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(0)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(1)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(2)),
+                _mm256_shuffle_epi8(scales[j], shuf_q3k(3)),
+            ];
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let q8 = q8.add(128 * j);
+                let mut s = _mm256_setzero_si256();
+                for k in 0..4 {
+                    let y = load256(q8.add(32 * k));
+                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(ql[k], y), _mm256_maddubs_epi16(qh[k], y));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(sc[k], p));
+                }
+                sumi[c] = _mm256_add_epi32(sumi[c], s);
+            }
+        }
+        for c in 0..NC {
+            let (by, _) = q8k(x, xs, c, i);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f32_at(by)), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 136);
+        let dw = f16(bw);
+        let sh = std::ptr::read_unaligned(bw.add(2) as *const u16);
+        let mut sumi = [_mm256_setzero_si256(); NC];
+        for ib in 0..8 {
+            let lo = (*bw.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xF;
+            let ls = ((lo as u16 | (((sh >> (2 * ib)) & 3) << 4)) as i16) - 32;
+            let vls = _mm256_set1_epi16(ls);
+            let qw = iq4_lookup(bw.add(8 + 16 * ib));
+            let aw = _mm256_sign_epi8(qw, qw);
+            for c in 0..NC {
+                let (_, q8) = q8k(x, xs, c, i);
+                let sy = _mm256_sign_epi8(load256(q8.add(32 * ib)), qw);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), vls);
+                sumi[c] = _mm256_add_epi32(sumi[c], p);
+            }
+        }
+        for c in 0..NC {
+            let (by, _) = q8k(x, xs, c, i);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f32_at(by)), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+// ------------------------------------------------------------------ float rows
+
+/// Shared float kernel: 16 elements per step into two 8-lane accumulators per column,
+/// scalar tail. `load(p, k)` converts 8 elements starting at element k of row p.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_float<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    xs: usize,
+    out: *mut f32,
+    load: impl Fn(*const u8, usize) -> __m256,
+    scalar: impl Fn(*const u8, usize) -> f32,
+) {
+    let mut a0 = [_mm256_setzero_ps(); NC];
+    let mut a1 = [_mm256_setzero_ps(); NC];
+    let n16 = n / 16 * 16;
+    let mut k = 0;
+    while k < n16 {
+        let w0 = load(w, k);
+        let w1 = load(w, k + 8);
+        for c in 0..NC {
+            let xc = x.add(c * xs);
+            a0[c] = _mm256_fmadd_ps(w0, load(xc, k), a0[c]);
+            a1[c] = _mm256_fmadd_ps(w1, load(xc, k + 8), a1[c]);
+        }
+        k += 16;
+    }
+    for c in 0..NC {
+        let mut s = hsum_ps(_mm256_add_ps(a0[c], a1[c]));
+        let xc = x.add(c * xs);
+        for k in n16..n {
+            s += scalar(w, k) * scalar(xc, k);
+        }
+        *out.add(c) = s;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    dot_float::<NC>(
+        n,
+        w,
+        x,
+        xs,
+        out,
+        |p, k| _mm256_loadu_ps(p.add(4 * k) as *const f32),
+        |p, k| f32_at(p.add(4 * k)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    dot_float::<NC>(n, w, x, xs, out, |p, k| _mm256_cvtph_ps(load128(p.add(2 * k))), |p, k| f16(p.add(2 * k)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    dot_float::<NC>(
+        n,
+        w,
+        x,
+        xs,
+        out,
+        |p, k| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p.add(2 * k))), 16)),
+        |p, k| f32::from_bits((std::ptr::read_unaligned(p.add(2 * k) as *const u16) as u32) << 16),
+    )
+}
+
+// ------------------------------------------------------------------ activation quantizers
+
+/// max |x| over 32 floats at p.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn absmax_32(p: *const f32) -> (f32, [__m256; 4]) {
+    let sign = _mm256_set1_ps(-0.0);
+    let v = [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ];
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[1]));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[2]));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[3]));
+    let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    (_mm_cvtss_f32(m4), v)
+}
+
+/// 4 x 8 floats * id, rounded half to even -> 32 i8 in order (and their i32 sum).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_pack_32(v: [__m256; 4], id: f32, dst: *mut u8) -> __m256i {
+    let mul = _mm256_set1_ps(id);
+    let r = |x: __m256| _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(x, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    let (i0, i1, i2, i3) = (r(v[0]), r(v[1]), r(v[2]), r(v[3]));
+    let sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    let a = _mm256_packs_epi32(i0, i1);
+    let b = _mm256_packs_epi32(i2, i3);
+    let p = _mm256_packs_epi16(a, b);
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(dst as *mut __m256i, p);
+    sum
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let (amax, v) = absmax_32(x.as_ptr());
+        let d = amax / 127.0;
+        b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        round_pack_32(v, id, b.as_mut_ptr().add(2));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+        let (amax, v) = absmax_32(x.as_ptr());
+        let d = amax / 127.0;
+        b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let sum = hsum_i32(round_pack_32(v, id, b.as_mut_ptr().add(4)));
+        b[2..4].copy_from_slice(&super::fp::f32_to_f16(d * sum as f32).to_le_bytes());
+    }
+}
+
+/// `quantize_row_q8_K_ref` vectorized: same first-max rule, same round-half-even
+/// (`nearest_int`), same min(127) clamp, same bsums.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+        let p = x.as_ptr();
+        let mut m = _mm256_setzero_ps();
+        for k in 0..32 {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * k))));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if amax == 0.0 {
+            b.fill(0);
+            continue;
+        }
+        // The signed value of the first element with |x| == amax (ggml keeps the first).
+        let max = *x.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
+        let iscale = -127.0 / max;
+        let mul = _mm256_set1_ps(iscale);
+        let lim = _mm256_set1_epi32(127);
+        let q = b.as_mut_ptr().add(4);
+        for k in 0..8 {
+            let r = |j: usize| {
+                let v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p.add(32 * k + 8 * j)), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_min_epi32(_mm256_cvtps_epi32(v), lim)
+            };
+            let (i0, i1, i2, i3) = (r(0), r(1), r(2), r(3));
+            let a = _mm256_packs_epi32(i0, i1);
+            let c = _mm256_packs_epi32(i2, i3);
+            let pk = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, c), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.add(32 * k) as *mut __m256i, pk);
+            // bsums of the two 16-element groups: i8 -> i16 widen and pairwise add.
+            let w = _mm256_maddubs_epi16(_mm256_set1_epi8(1), pk);
+            let s = _mm256_madd_epi16(w, _mm256_set1_epi16(1)); // 8 i32, each a sum of 4 quants
+            let lo = _mm256_castsi256_si128(s);
+            let hi = _mm256_extracti128_si256(s, 1);
+            let s0 = _mm_add_epi32(lo, _mm_unpackhi_epi64(lo, lo));
+            let s0 = _mm_add_epi32(s0, _mm_shuffle_epi32(s0, 1));
+            let s1 = _mm_add_epi32(hi, _mm_unpackhi_epi64(hi, hi));
+            let s1 = _mm_add_epi32(s1, _mm_shuffle_epi32(s1, 1));
+            let (b0, b1) = (_mm_cvtsi128_si32(s0) as i16, _mm_cvtsi128_si32(s1) as i16);
+            let o = 260 + 4 * k;
+            b[o..o + 2].copy_from_slice(&b0.to_le_bytes());
+            b[o + 2..o + 4].copy_from_slice(&b1.to_le_bytes());
+        }
+        b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
+    let n8 = src.len() / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        let h = _mm256_cvtps_ph(_mm256_loadu_ps(src.as_ptr().add(k)), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(dst.as_mut_ptr().add(2 * k) as *mut __m128i, h);
+    }
+    super::float::quantize_f16(&src[n8..], &mut dst[2 * n8..]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_f16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_cvtph_ps(load128(src.as_ptr().add(2 * k))));
+    }
+    super::float::dequantize_f16(&src[2 * n8..], &mut dst[n8..]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_bf16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        let v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(src.as_ptr().add(2 * k))), 16);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_castsi256_ps(v));
+    }
+    super::float::dequantize_bf16(&src[2 * n8..], &mut dst[n8..]);
+}
+
+// Safe entry points (the kernel set was chosen only if the CPU has AVX2/FMA/F16C; the
+// chunking keeps every access inside the slices).
 pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
-    super::legacy::quantize_q8_0_x86(src, dst)
+    unsafe { quantize_q8_0_avx2(src, dst) }
 }
 pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
-    super::legacy::quantize_q8_1_x86(src, dst)
+    unsafe { quantize_q8_1_avx2(src, dst) }
 }
 pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
-    super::kquants::quantize_q8_k(src, dst)
+    unsafe { quantize_q8_k_avx2(src, dst) }
 }
 pub fn quantize_f16(src: &[f32], dst: &mut [u8]) {
-    super::float::quantize_f16(src, dst)
+    unsafe { quantize_f16_avx2(src, dst) }
 }
-
-#[allow(dead_code)]
-fn _types(_: QuantizeFn) {}
+/// Exact conversions (same bits as the scalar ones): used by `dequantize_row` for the
+/// KV cache's F16/BF16 rows, which attention reads for every token.
+pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_f16_avx2(src, dst) }
+}
+pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_bf16_avx2(src, dst) }
+}
