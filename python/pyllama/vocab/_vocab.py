@@ -237,7 +237,9 @@ class Vocab:
         elif self.type == VOCAB_TYPE_WPM:
             self.nl = self.pad
         self._init_tokenizer()
-        if self.type == VOCAB_TYPE_BPE:
+        if self.type not in (VOCAB_TYPE_SPM, VOCAB_TYPE_WPM):
+            # llama.cpp: the first id of tokenize("\n"), taken before the special ids and
+            # the special-token cache are loaded (so with the type's default ids)
             ids = self._tokenize_fragments([b"\n"], False, False)
             self.nl = ids[0] if ids else self.pad
 
