@@ -219,3 +219,40 @@ def test_crosscheck_vocabs_from_llama_cpp_checkout(name):
     if models is None:
         pytest.skip("llama.cpp checkout with models/ggml-vocab-*.gguf not found (set LLAMA_CPP_DIR)")
     _check_crosscheck(Vocab.from_file(models / f"ggml-vocab-{name}.gguf"), name)
+
+
+def _attrhash(v: Vocab) -> int:
+    h = 0
+    for a in v.attrs:
+        h = (h * 31 + a) % 1000000007
+    return h
+
+
+def _check_special_ids(v: Vocab, name: str) -> None:
+    exp = json.loads((CROSS / "special_ids.json").read_text())[name]
+    got = {"bos": v.bos, "eos": v.eos, "eot": v.eot, "sep": v.sep, "nl": v.nl, "pad": v.pad, "mask": v.mask,
+           "add_bos": int(v.add_bos), "add_eos": int(v.add_eos), "add_sep": int(v.add_sep),
+           "fim": [v.fim_pre, v.fim_suf, v.fim_mid, v.fim_pad, v.fim_rep, v.fim_sep],
+           "eog": sorted(v.eog_ids), "attrhash": _attrhash(v)}
+    if name == "smollm2":
+        # llama.cpp takes the first EOT-looking text in std::unordered_map order, which
+        # depends on the C++ library: here <|endoftext|> (0); pyllama takes <|im_end|> (2),
+        # the chat template's end of turn. Both are end-of-generation tokens either way.
+        assert exp["eot"] == 0 and got["eot"] == 2 and {0, 2} <= set(got["eog"])
+        got["eot"] = exp["eot"]
+    assert got == exp
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_special_ids_real_models(name, request):
+    """Special ids, add_* flags, the EOG set and every token's attributes as llama.cpp loads them."""
+    _check_special_ids(request.getfixturevalue(f"{name}_vocab"), name)
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_special_ids_suite_vocabs(name):
+    _check_special_ids(Vocab.from_metadata(suite_metadata(name), source=name), name)
+
+
+def test_special_ids_t5_toy():
+    _check_special_ids(Vocab.from_metadata(t5_toy_metadata(True, True), source="t5"), "t5-toy-a")

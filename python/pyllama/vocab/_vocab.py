@@ -237,7 +237,9 @@ class Vocab:
         elif self.type == VOCAB_TYPE_WPM:
             self.nl = self.pad
         self._init_tokenizer()
-        if self.type == VOCAB_TYPE_BPE:
+        if self.type not in (VOCAB_TYPE_SPM, VOCAB_TYPE_WPM):
+            # llama.cpp: the first id of tokenize("\n"), taken before the special ids and
+            # the special-token cache are loaded (so with the type's default ids)
             ids = self._tokenize_fragments([b"\n"], False, False)
             self.nl = ids[0] if ids else self.pad
 
@@ -290,24 +292,28 @@ class Vocab:
 
     def _set_tokens(self, tokens: list, scores, toktypes) -> None:
         n = len(tokens)
-        texts: list[str] = []
-        tbytes: list[bytes] = []
-        text_to_id: dict = {}
-        for i, t in enumerate(tokens):
-            if isinstance(t, bytes):
-                b = t
-                s = t.decode("utf-8", "surrogateescape")
-            elif isinstance(t, str):
-                s = t
-                b = t.encode("utf-8", "surrogatepass")
-            else:
-                raise self._err(f"{_K}tokens[{i}] is not a string")
-            if not b:
-                log.warning("%s: empty token at index %d", self.source, i)
-                s = f"[EMPTY_{i}]"
-                b = s.encode()
-            texts.append(s)
-            tbytes.append(b)
+        if set(map(type, tokens)) <= {str} and all(tokens):
+            # the usual case, kept to list comprehensions: 262k tokens load in ~0.1 s
+            texts = tokens
+            tbytes = [t.encode("utf-8", "surrogatepass") for t in tokens]
+        else:
+            texts = []
+            tbytes = []
+            for i, t in enumerate(tokens):
+                if isinstance(t, bytes):
+                    b = t
+                    s = t.decode("utf-8", "surrogateescape")
+                elif isinstance(t, str):
+                    s = t
+                    b = t.encode("utf-8", "surrogatepass")
+                else:
+                    raise self._err(f"{_K}tokens[{i}] is not a string")
+                if not b:
+                    log.warning("%s: empty token at index %d", self.source, i)
+                    s = f"[EMPTY_{i}]"
+                    b = s.encode()
+                texts.append(s)
+                tbytes.append(b)
         self.texts = texts
         self.texts_bytes = tbytes
         self.text_to_id = {s: i for i, s in enumerate(texts)}  # later duplicates win, as in llama.cpp
@@ -318,8 +324,8 @@ class Vocab:
         else:
             sc = scores[:n]
             # GGUF allows float32 or int32 scores; anything else is a broken file
-            if not all(type(x) is float for x in sc):
-                if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sc):
+            if set(map(type, sc)) - {float}:
+                if set(map(type, sc)) - {float, int}:
                     raise self._err(f"{_K}scores must be an array of float32 or int32")
                 sc = [float(x) for x in sc]
             self.scores = sc
@@ -327,7 +333,7 @@ class Vocab:
             self.attrs = [ATTR_NORMAL] * n
         else:
             tt = toktypes[:n]
-            if not all(type(t) is int for t in tt):
+            if set(map(type, tt)) - {int}:
                 raise self._err(f"{_K}token_type must be an array of int32")
             tta = _TYPE_TO_ATTR
             self.attrs = [tta.get(t, ATTR_UNDEFINED) for t in tt]
