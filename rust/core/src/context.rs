@@ -205,6 +205,9 @@ pub struct AttnConfig<'r> {
     pub kq_scale: f32,
     pub softcap: f32,
     pub n_swa: usize,
+    /// Llama-4 style attention temperature (mistral3): q *= 1 + scale * ln(1 + floor(pos /
+    /// floor_len)) after rope, as (scale, floor_len).
+    pub attn_temp: Option<(f32, usize)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -266,7 +269,14 @@ impl Step<'_> {
         act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
     }
 
-    fn mm(pool: &ThreadPool, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) -> Result<()> {
+    fn mm(
+        pool: &ThreadPool,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let n_out = w.n_rows();
         let (n_in, m) = (w.ne[0], n * n_out);
         if x.len() < n * n_in || out.len() < m {
@@ -338,6 +348,14 @@ impl Step<'_> {
         if c.q_scale != 1.0 {
             act::scale(&mut b.q[..n * qw], c.q_scale);
         }
+        if let Some((ts, floor_len)) = c.attn_temp {
+            // llm_graph_input_attn_temp::set_input, computed in f64 as there
+            for t in 0..n {
+                let p = b.pos[t] as f64;
+                let f = (((p / floor_len.max(1) as f64).floor() + 1.0).ln() * ts as f64 + 1.0) as f32;
+                act::scale(&mut b.q[t * qw..(t + 1) * qw], f);
+            }
+        }
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
         cb!(self, "Vcur", il, v, vw);
@@ -352,16 +370,7 @@ impl Step<'_> {
             let o = (s as usize * kv.size + cell as usize) * rv;
             quant::quantize_row(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
-        let p = AttnParams {
-            il,
-            n_head,
-            n_head_kv,
-            hd_k,
-            hd_v,
-            scale: c.kq_scale,
-            softcap: c.softcap,
-            n_swa: c.n_swa,
-        };
+        let p = AttnParams { il, n_head, n_head_kv, hd_k, hd_v, scale: c.kq_scale, softcap: c.softcap, n_swa: c.n_swa };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, n_head * hd_v);
@@ -379,7 +388,14 @@ impl Step<'_> {
 
     /// `ffn`, or with `gate` None a fused `ffn_up` of 2 * n_ff rows: gate = its first
     /// half, up = its second half (phi3's swiglu of a split row).
-    pub fn ffn_any(&mut self, il: usize, gate: Option<&TensorView>, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
+    pub fn ffn_any(
+        &mut self,
+        il: usize,
+        gate: Option<&TensorView>,
+        up: &TensorView,
+        down: &TensorView,
+        a: FfnAct,
+    ) -> Result<()> {
         let n = self.n;
         let n_ff = down.ne[0];
         let b = &mut *self.b;
@@ -662,7 +678,14 @@ impl Context {
         s
     }
 
-    fn check(&self, batch: &BatchRef, ubatches: &[&[i32]], out_rows: &[i32], logits_len: usize, hidden_len: Option<usize>) -> Result<()> {
+    fn check(
+        &self,
+        batch: &BatchRef,
+        ubatches: &[&[i32]],
+        out_rows: &[i32],
+        logits_len: usize,
+        hidden_len: Option<usize>,
+    ) -> Result<()> {
         let n = batch.pos.len();
         let nv = self.n_vocab();
         let ne = self.model.hparams.n_embd;
@@ -722,7 +745,11 @@ impl Context {
         let mut seen = vec![false; n];
         for (u, ub) in ubatches.iter().enumerate() {
             if ub.is_empty() || ub.len() > self.params.n_ubatch {
-                return bad(format!("decode: micro-batch {u} has {} tokens (allowed 1..={})", ub.len(), self.params.n_ubatch));
+                return bad(format!(
+                    "decode: micro-batch {u} has {} tokens (allowed 1..={})",
+                    ub.len(),
+                    self.params.n_ubatch
+                ));
             }
             for &i in ub.iter() {
                 if i < 0 || i as usize >= n || seen[i as usize] {
@@ -898,5 +925,31 @@ pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Opti
     };
     let mut r = RopeParams::simple(hp.rope_type, hp.n_rot, base, scale);
     r.freq_factors = freq_factors;
+    // YaRN (llama-context.cpp: yarn_ext_factor 1 for rope.scaling.type "yarn"; the
+    // attention factor cancels ggml's own 1 + 0.1 ln(1/scale) magnitude correction)
+    if hp.rope_scaling_type == "yarn" && scale != 1.0 {
+        let factor = 1.0 / scale;
+        let mscale = |s: f32, m: f32| {
+            if s <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * s.ln() + 1.0
+            }
+        };
+        let mut attn = if hp.rope_yarn_log_mul != 0.0 {
+            mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
+        } else {
+            mscale(factor, 1.0)
+        };
+        attn *= 1.0 / (1.0 + 0.1 * factor.ln());
+        r.ext_factor = 1.0;
+        r.attn_factor = attn;
+        r.corr_dims =
+            crate::ops::rope::yarn_corr_dims(hp.n_rot, hp.n_ctx_orig_yarn, base, hp.yarn_beta_fast, hp.yarn_beta_slow);
+    }
+    // rope.scaling.attn_factor (llama.cpp's default 1; 0 here means absent)
+    if hp.rope_attn_factor != 0.0 {
+        r.attn_factor *= hp.rope_attn_factor;
+    }
     r
 }

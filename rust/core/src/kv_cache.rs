@@ -168,7 +168,10 @@ impl KvCache {
             n.iter()
                 .map(|&e| {
                     t.row_size(e).ok_or_else(|| {
-                        Error::Invalid(format!("KV cache {what} type {t} needs rows that are a multiple of {} (got {e})", t.block_size()))
+                        Error::Invalid(format!(
+                            "KV cache {what} type {t} needs rows that are a multiple of {} (got {e})",
+                            t.block_size()
+                        ))
                     })
                 })
                 .collect()
@@ -181,7 +184,8 @@ impl KvCache {
                 .and_then(|x| x.checked_mul(n_stream))
                 .ok_or_else(|| Error::Invalid("KV cache too large".into()))?;
             let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
+            v.try_reserve_exact(n)
+                .map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
             v.resize(n, 0);
             Ok(v)
         };
