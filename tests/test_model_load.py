@@ -440,4 +440,6 @@ def test_llama_api_model_functions(smollm2_path):
     tmpl = L.llama_model_chat_template(m, None)
     assert tmpl is not None and tmpl.startswith(b"{% for message in messages %}")
     assert L.llama_model_chat_template(m, b"tool_use") is None
+    vocab = L.llama_model_get_vocab(m)
+    assert vocab is m.vocab and vocab.n_tokens == 49152
     L.llama_model_free(m)

@@ -324,6 +324,7 @@ class Context:
         self._n_eval = 0
         self._last_error = ""
         self._abort_exc: Optional[BaseException] = None
+        self._fatal_exc: Optional[BaseException] = None
 
     # ------------------------------------------------------------------ getters
 
@@ -374,6 +375,18 @@ class Context:
         self._live().set_n_threads(int(n_threads), int(n_threads_batch))
         self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
 
+    @property
+    def embeddings_enabled(self) -> bool:
+        return self._embeddings
+
+    def set_embeddings(self, embeddings: bool) -> None:
+        """Turn hidden-state extraction on or off for the following decodes (as llama.cpp's
+        ``llama_set_embeddings``; with it on, every token of a batch is an output)."""
+        self._live()
+        self._embeddings = bool(embeddings)
+        if self._embeddings and self._embd_buf is None:
+            self._embd_buf = np.zeros((max(self._logits_buf.shape[0], 1), self.n_embd), dtype=np.float32)
+
     def set_abort_callback(self, callback: Optional[Callable[[], bool]]) -> None:
         """``callback()`` is asked before each micro-batch; True stops ``decode`` (the cache
         keeps the micro-batches already finished)."""
@@ -418,6 +431,13 @@ class Context:
         """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
         src = self._check_seq(seq_id_src, "seq_cp")
         dst = self._check_seq(seq_id_dst, "seq_cp")
+        if not self._kv_unified and src != dst:
+            # separate cells per sequence: like llama.cpp, only whole sequences are copied
+            # (its rule for a "full" range, which it asserts)
+            size = self._n_ctx_seq
+            if (0 < p0 and p0 + 1 < size) or (0 < p1 and p1 + 1 < size):
+                raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
+                                 "whole sequences can be copied (p0 = p1 = -1)")
         self._live().seq_cp(src, dst, int(p0), int(p1))
 
     def seq_keep(self, seq_id: int) -> None:
@@ -475,15 +495,21 @@ class Context:
         n_outputs = ab.n_outputs
         n_ubatch = int(core.n_ubatch)
         # outputs go to rows in batch order, so llama_get_logits needs no reordering
-        out_rows = np.full(n, -1, dtype=np.int32)
-        out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
+        if n_outputs == n:
+            out_rows = np.arange(n, dtype=np.int32)
+        else:
+            out_rows = np.full(n, -1, dtype=np.int32)
+            if n_outputs == 1 and ab.output[-1]:
+                out_rows[-1] = 0
+            else:
+                out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
         n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
 
         # grow the output buffers (new arrays: on codes 1/-1 the old outputs stay intact)
         logits_buf = self._logits_buf
         if logits_buf.shape[0] < n_outputs:
             logits_buf = np.zeros((max(n_outputs, n_seq_max), self.n_vocab), dtype=np.float32)
-        embd_buf = self._embd_buf
+        embd_buf = self._embd_buf if self._embeddings else None
         if embd_buf is not None and embd_buf.shape[0] < n_outputs:
             embd_buf = np.zeros((max(n_outputs, n_seq_max), self.n_embd), dtype=np.float32)
         hidden = embd_buf[:n_outputs] if embd_buf is not None else None
@@ -500,7 +526,7 @@ class Context:
                     cb_error.append(e)
                     return True
 
-        multi_set = len(set(ab.seq_mask)) > 1
+        multi_set = len(ab.seq_pos) > 1 or ab.has_cpl
         ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
 
         t0 = _time_us()
@@ -513,6 +539,7 @@ class Context:
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                           logits_buf[:n_outputs], hidden, abort)
         except Exception as e:  # fatal: Rust failed mid-way
+            self._fatal_exc = e
             self._last_error = f"{type(e).__name__}: {e}"
             self._n_outputs = 0
             self._output_ids.fill(-1)
@@ -528,7 +555,8 @@ class Context:
 
         # from here on the old outputs are replaced
         self._logits_buf = logits_buf
-        self._embd_buf = embd_buf
+        if embd_buf is not None:
+            self._embd_buf = embd_buf
         self._output_ids.fill(-1)
         self._embd_seq = {}
 
@@ -588,6 +616,7 @@ class Context:
                 if logits_all:
                     batch.logits = np.ones(n, dtype=np.int8)
         self._abort_exc = None
+        self._fatal_exc = None
         code = self._decode_code(batch)
         if code == 0:
             return
@@ -599,6 +628,8 @@ class Context:
             if self._abort_exc is not None:
                 raise Aborted(self._last_error) from self._abort_exc
             raise Aborted(self._last_error)
+        if self._fatal_exc is not None:
+            raise self._fatal_exc
         raise RuntimeError(f"decode failed: {self._last_error}")
 
     # ------------------------------------------------------------------ outputs
@@ -640,12 +671,12 @@ class Context:
     def embeddings(self) -> Optional[np.ndarray]:
         """float32 [n_outputs, n_embd] final-normed hidden states of the last decode (every
         token is an output in an embeddings context), or None without ``embeddings=True``."""
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             return None
         return self._embd_buf[: self._n_outputs]
 
     def embeddings_ith(self, i: int) -> np.ndarray:
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             raise IndexError("no embeddings (create the context with embeddings=True)")
         return self._embd_buf[self._resolve_row(i)]
 

@@ -78,6 +78,7 @@ class Model:
         self.path: str = self.paths[0]
         self.hparams: dict[str, Any] = core.hparams()
         self._metadata: Optional[dict[str, Any]] = None
+        self._vocab: Any = None
         for w in core.warnings:
             log.warning("%s", w)
 
@@ -130,6 +131,16 @@ class Model:
         if self._metadata is None:
             self._metadata = self._core.metadata()
         return self._metadata
+
+    @property
+    def vocab(self) -> Any:
+        """The model's :class:`pyllama.Vocab` (tokenizer), built on first use from the
+        ``tokenizer.ggml.*`` metadata (what llama_model_get_vocab returns)."""
+        if self._vocab is None:
+            from .vocab import Vocab
+
+            self._vocab = Vocab.from_metadata(self.metadata, source=self.path)
+        return self._vocab
 
     def meta(self) -> dict[str, str]:
         """llama.cpp's model->gguf_kv: every non-array key, value as a string, sorted."""

@@ -5,12 +5,20 @@
 //! region usually starts within microseconds) and only then park. The caller is thread 0
 //! and runs its share itself; `run` returns when every thread has finished.
 //!
-//! Protocol: the caller stores the job, bumps `epoch` (SeqCst), unparks only the workers
-//! whose `sleeping` flag is set; a worker sets `sleeping` (SeqCst) and re-reads `epoch`
-//! before parking, so one of the two always sees the other (no lost wake-up).
+//! Protocol: the caller stores the job, then publishes the region in `claim` (epoch in the
+//! high bits, the next unclaimed `ith` in the low 16) and unparks only the workers whose
+//! `sleeping` flag is set; a worker sets `sleeping` (SeqCst) and re-reads `claim` before
+//! parking, so one of the two always sees the other (no lost wake-up).
+//!
+//! The `ith` slots are claimed, not assigned: every thread, the caller included, takes the
+//! next unclaimed slot with a CAS on `claim` until none is left. On a busy machine where a
+//! worker is not running, the caller simply runs that worker's share itself instead of
+//! waiting (possibly milliseconds) for the OS to schedule it. A worker that wakes late finds
+//! nothing to claim and never touches the job. f(ith, nth) is the same call whichever
+//! thread makes it, so results do not depend on scheduling.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -21,7 +29,9 @@ type Job = dyn Fn(usize, usize) + Sync;
 
 struct Shared {
     n_threads: usize,
-    epoch: AtomicUsize,
+    /// (epoch << 16) | next unclaimed ith of the current region.
+    claim: AtomicU64,
+    /// Slots finished by workers in the current region.
     done: AtomicUsize,
     shutdown: AtomicBool,
     panicked: AtomicBool,
@@ -31,7 +41,8 @@ struct Shared {
 }
 
 // SAFETY: `job` is written only by the caller of `run` (serialized by `ThreadPool::lock`)
-// before the epoch bump that publishes it and read by workers after they observe that bump.
+// before the claim word that publishes the region, and read by a worker only after its CAS
+// on that word succeeded.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -47,7 +58,7 @@ impl ThreadPool {
         let n = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads: n,
-            epoch: AtomicUsize::new(0),
+            claim: AtomicU64::new(0),
             done: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -80,20 +91,30 @@ impl ThreadPool {
         }
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: erase the lifetime; we wait below until no worker can still use `f`.
+        // SAFETY: erase the lifetime; we return only when no worker can still use `f`.
         let ptr: *const Job = unsafe { std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), &'static Job>(f) };
         unsafe { *s.job.get() = Some(ptr) };
         s.done.store(0, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        let epoch = (s.claim.load(Ordering::Relaxed) >> 16) + 1;
+        // The caller holds slot 0 from the start: the next claimable slot is 1.
+        s.claim.store((epoch << 16) | 1, Ordering::SeqCst);
         for (i, w) in self.workers.iter().enumerate() {
             if s.sleeping[i + 1].load(Ordering::SeqCst) {
                 w.thread().unpark();
             }
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        let mut mine = 1usize; // slots run by this thread
+        let mut result = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        while let Some(ith) = try_claim(s, epoch, n) {
+            mine += 1;
+            let r = catch_unwind(AssertUnwindSafe(|| f(ith, n)));
+            if result.is_ok() {
+                result = r;
+            }
+        }
         let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) != n - 1 {
+        while s.done.load(Ordering::Acquire) != n - mine {
             if spins < SPIN_LIMIT {
                 std::hint::spin_loop();
                 spins += 1;
@@ -102,7 +123,7 @@ impl ThreadPool {
             }
         }
         unsafe { *s.job.get() = None };
-        if let Err(p) = mine {
+        if let Err(p) = result {
             std::panic::resume_unwind(p);
         }
         if s.panicked.load(Ordering::Relaxed) {
@@ -111,44 +132,64 @@ impl ThreadPool {
     }
 }
 
-fn worker_loop(s: &Shared, ith: usize) {
-    let mut seen = 0usize;
+/// Claim the next slot of region `epoch`, if that region is still current and has one left.
+#[inline]
+fn try_claim(s: &Shared, epoch: u64, n: usize) -> Option<usize> {
+    let mut cur = s.claim.load(Ordering::Acquire);
+    loop {
+        if cur >> 16 != epoch || (cur & 0xffff) as usize >= n {
+            return None;
+        }
+        match s.claim.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some((cur & 0xffff) as usize),
+            Err(v) => cur = v,
+        }
+    }
+}
+
+fn worker_loop(s: &Shared, ith0: usize) {
+    let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
-        loop {
-            let e = s.epoch.load(Ordering::Acquire);
+        let epoch = loop {
+            let e = s.claim.load(Ordering::Acquire) >> 16;
             if e != seen {
-                seen = e;
-                break;
+                break e;
+            }
+            if s.shutdown.load(Ordering::Acquire) {
+                return;
             }
             if spins < SPIN_LIMIT {
                 std::hint::spin_loop();
                 spins += 1;
             } else {
-                s.sleeping[ith].store(true, Ordering::SeqCst);
-                if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+                s.sleeping[ith0].store(true, Ordering::SeqCst);
+                if s.claim.load(Ordering::SeqCst) >> 16 == seen && !s.shutdown.load(Ordering::SeqCst) {
                     std::thread::park();
                 }
-                s.sleeping[ith].store(false, Ordering::SeqCst);
+                s.sleeping[ith0].store(false, Ordering::SeqCst);
             }
-        }
+        };
+        seen = epoch;
         if s.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: published before the epoch bump we just observed; `run` waits for `done`.
-        let job = unsafe { (*s.job.get()).expect("job published") };
-        let f = unsafe { &*job };
-        if catch_unwind(AssertUnwindSafe(|| f(ith, s.n_threads))).is_err() {
-            s.panicked.store(true, Ordering::Relaxed);
+        while let Some(ith) = try_claim(s, epoch, s.n_threads) {
+            // SAFETY: the job was published before the region's claim word, which our
+            // successful CAS read; `run` waits for our `done` before the job goes away.
+            let job = unsafe { (*s.job.get()).expect("job published") };
+            let f = unsafe { &*job };
+            if catch_unwind(AssertUnwindSafe(|| f(ith, s.n_threads))).is_err() {
+                s.panicked.store(true, Ordering::Relaxed);
+            }
+            s.done.fetch_add(1, Ordering::Release);
         }
-        s.done.fetch_add(1, Ordering::Release);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
-        self.shared.epoch.fetch_add(1, Ordering::SeqCst);
         for w in &self.workers {
             w.thread().unpark();
         }

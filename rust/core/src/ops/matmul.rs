@@ -98,26 +98,41 @@ pub fn matmul_with(
     let xrow = quant::row_bytes(vdt, n_in)?;
 
     // Activations in the vec_dot type: [n_tokens][xrow] bytes.
+    let nsc = match vdt {
+        GgmlType::Q8_0 if set != KernelSet::Ref => n_in / 32,
+        GgmlType::Q8_1 if set != KernelSet::Ref => 2 * (n_in / 32),
+        _ => 0,
+    };
+    let mut xscales: *const f32 = std::ptr::null();
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
     } else {
         let qf = quant::quantize_act_fn(vdt, set).ok_or_else(|| bad(format!("no quantizer for {vdt}")))?;
-        scratch.resize(n_tokens * xrow, 0);
+        // [n_tokens][xrow] quantized rows, then (Q8_0/Q8_1 only) [n_tokens][nsc] f32 block
+        // scales converted once here rather than once per weight row in the kernels.
+        let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
+        scratch.resize(sc_off + n_tokens * nsc * 4, 0);
+        let quantize_token = |t: usize, base: *mut u8| {
+            // SAFETY: token t's row and scale slots are disjoint from every other token's.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
+            qf(&x[t * n_in..(t + 1) * n_in], dst);
+            let sc = unsafe { base.add(sc_off + t * nsc * 4) as *mut f32 };
+            fill_scales(vdt, dst, nsc, sc);
+        };
+        let sp = SyncPtr(scratch.as_mut_ptr());
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
-                qf(&x[t * n_in..(t + 1) * n_in], &mut scratch[t * xrow..(t + 1) * xrow]);
+                quantize_token(t, sp.get());
             }
         } else {
-            let sp = SyncPtr(scratch.as_mut_ptr());
             pool.run(&|ith, nth| {
                 for t in split_range(n_tokens, ith, nth) {
-                    // SAFETY: each thread writes its own tokens' rows of scratch.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(sp.get().add(t * xrow), xrow) };
-                    qf(&x[t * n_in..(t + 1) * n_in], dst);
+                    quantize_token(t, sp.get());
                 }
             });
         }
+        xscales = if nsc > 0 { unsafe { scratch.as_ptr().add(sc_off) as *const f32 } } else { std::ptr::null() };
         &scratch[..n_tokens * xrow]
     };
 
@@ -133,6 +148,14 @@ pub fn matmul_with(
             // thread walks its weight rows; within a chunk each weight row is decoded once
             // per TILE tokens.
             let chunk = (TOKEN_CHUNK_BYTES / xrow).clamp(TILE, 256) / TILE * TILE;
+            let xs_addr = xscales as usize; // a plain address so the closure stays Sync
+            let xsc = |t: usize| -> *const f32 {
+                if xs_addr == 0 {
+                    std::ptr::null()
+                } else {
+                    (xs_addr as *const f32).wrapping_add(t * nsc)
+                }
+            };
             pool.run(&|ith, nth| {
                 let mine = split_range(n_rows, ith, nth);
                 let mut t0 = 0;
@@ -145,7 +168,7 @@ pub fn matmul_with(
                         while t + TILE <= t1 {
                             // SAFETY: rows of wrow/xrow bytes checked above; out in bounds.
                             unsafe {
-                                many(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), xrow, tmp.as_mut_ptr());
+                                many(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), xrow, xsc(t), nsc, tmp.as_mut_ptr());
                                 for (c, v) in tmp.iter().enumerate() {
                                     *op.get().add((t + c) * ld_out + r) = *v;
                                 }
@@ -153,7 +176,7 @@ pub fn matmul_with(
                             t += TILE;
                         }
                         while t < t1 {
-                            unsafe { one(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), 0, op.get().add(t * ld_out + r)) };
+                            unsafe { one(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), 0, xsc(t), 0, op.get().add(t * ld_out + r)) };
                             t += 1;
                         }
                     }
@@ -177,6 +200,22 @@ pub fn matmul_with(
         }
     });
     Ok(())
+}
+
+/// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
+/// block, Q8_1 -> (d, s) per block. Exact conversions.
+fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
+    let ts = vdt.type_size();
+    for k in 0..nsc {
+        let (blk, field) = match vdt {
+            GgmlType::Q8_1 => (k / 2, k % 2),
+            _ => (k, 0),
+        };
+        let o = blk * ts + 2 * field;
+        let v = crate::quant::fp::f16_to_f32(u16::from_le_bytes([row[o], row[o + 1]]));
+        // SAFETY: the caller sized `out` for nsc values.
+        unsafe { out.add(k).write_unaligned(v) };
+    }
 }
 
 /// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).

@@ -12,12 +12,16 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::{kquants, legacy, VecDotFn};
+use super::{legacy, VecDotFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
 /// out[c] = dot(w, x + c * xs) for c in 0..NC; w and every x row hold `n` elements.
-pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32);
+/// `xd`: null, or precomputed f32 activation block scales for the Q8_0/Q8_1 activations
+/// (Q8_0: d per block; Q8_1: (d, s) per block), column c's at `xd + c * xds`. The matmul
+/// converts them once per token instead of once per (weight row, block): same values (the
+/// f16 -> f32 conversion is exact), so the results are bit-identical either way.
+pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
 
 /// The prefill tile width: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
@@ -53,7 +57,7 @@ macro_rules! safe_one {
             assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
             let mut out = 0f32;
             // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
-            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, &mut out) };
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
             out
         }
     };
@@ -100,11 +104,37 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
 
 // ------------------------------------------------------------------ helpers
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// f16 at p -> f32. Written in asm: with `_mm_cvtsi32_si128`/`_mm_set1_epi16` LLVM
+/// inserts the 16 bits into whatever register is at hand (vpinsrw), which chained every
+/// block's scale conversion to the previous block's accumulator (Q4_1 ran 3x slower).
+/// `vmovd` from a general register writes the whole register: no false dependency.
+#[inline(always)]
 unsafe fn f16(p: *const u8) -> f32 {
-    let h = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    let h = std::ptr::read_unaligned(p as *const u16) as u32;
+    let r: __m128;
+    std::arch::asm!(
+        "vmovd {r}, {h:e}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    _mm_cvtss_f32(r)
+}
+
+/// Two adjacent f16 at p -> lanes 0 and 1 (d and m of a Q4_1/Q5_1 block, d and s of Q8_1).
+#[inline(always)]
+unsafe fn f16x2(p: *const u8) -> __m128 {
+    let h = std::ptr::read_unaligned(p as *const u32);
+    let r: __m128;
+    std::arch::asm!(
+        "vmovd {r}, {h:e}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
 }
 
 #[inline]
@@ -146,8 +176,10 @@ unsafe fn load128(p: *const u8) -> __m128i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles_32(p: *const u8) -> __m256i {
-    let t = load128(p);
-    let b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    // Broadcast the 16 bytes to both halves (a pure load) and shift only the upper half:
+    // keeps the shuffle port free (vinserti128 competed with the scale conversions).
+    let t = _mm256_broadcastsi128_si256(load128(p));
+    let b = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
 }
 
@@ -193,6 +225,8 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
     wsize: usize,
     x: *const u8,
     xs: usize,
+    xd: *const f32,
+    xds: usize,
     out: *mut f32,
     decode: impl Fn(*const u8) -> (f32, __m256i),
 ) {
@@ -200,10 +234,12 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
         let (dw, qw) = decode(w.add(i * wsize));
+        let vdw = _mm256_set1_ps(dw);
         let aw = _mm256_sign_epi8(qw, qw);
         for c in 0..NC {
             let by = x.add(c * xs + i * 34);
-            let d = _mm256_set1_ps(dw * f16(by));
+            let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
+            let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
             let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
             let q = i16_pairs_to_ps(_mm256_maddubs_epi16(aw, sy));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
@@ -224,40 +260,48 @@ unsafe fn dot_min_q8_1<const NC: usize>(
     wsize: usize,
     x: *const u8,
     xs: usize,
+    xd: *const f32,
+    xds: usize,
     out: *mut f32,
     decode: impl Fn(*const u8) -> __m256i,
 ) {
     let nb = n / 32;
     let mut acc = [_mm256_setzero_ps(); NC];
-    let mut summ = [0f32; NC];
+    // lane 1 accumulates m_w * s_x (lane 0 collects unused d products)
+    let mut summ = [_mm_setzero_ps(); NC];
     for i in 0..nb {
         let bw = w.add(i * wsize);
-        let dw = f16(bw);
-        let mw = f16(bw.add(2));
+        let dm = f16x2(bw); // (d_w, m_w)
         let qw = decode(bw);
         for c in 0..NC {
             let by = x.add(c * xs + i * 36);
-            summ[c] += mw * f16(by.add(2));
-            let d = _mm256_set1_ps(dw * f16(by));
+            let ds = if xd.is_null() {
+                f16x2(by)
+            } else {
+                _mm_castpd_ps(_mm_load_sd(xd.add(c * xds + 2 * i) as *const f64))
+            };
+            let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
+            summ[c] = _mm_add_ps(summ[c], p);
+            let d = _mm256_broadcastss_ps(p);
             let q = i16_pairs_to_ps(_mm256_maddubs_epi16(qw, load256(by.add(4))));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
     }
     for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]) + summ[c];
+        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(_mm_movehdup_ps(summ[c]));
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, out, |b| {
+pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| {
         (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 22, x, xs, out, |b| {
+pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 22, x, xs, xd, xds, out, |b| {
         // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
         let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
         (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
@@ -265,23 +309,23 @@ pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 34, x, xs, out, |b| (f16(b), load256(b.add(2))))
+pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, out, |b| (f16(b), iq4_lookup(b.add(2))))
+pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 20, x, xs, out, |b| nibbles_32(b.add(4)))
+pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 24, x, xs, out, |b| {
+pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC>(n, w, 24, x, xs, xd, xds, out, |b| {
         let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles_32(b.add(8)), hi)
     })
@@ -376,7 +420,7 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -420,7 +464,7 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -477,7 +521,7 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
@@ -533,7 +577,7 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
@@ -589,15 +633,25 @@ pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
         let bw = w.add(i * 110);
         let dw = f16(bw.add(108));
-        let sc16 = kquants::q3k_scales(std::slice::from_raw_parts(bw.add(96), 12));
-        let all = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc16.as_ptr() as *const __m128i));
+        // The 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), high 2 bits in 8..12.
+        let mut a = [0u32; 3];
+        std::ptr::copy_nonoverlapping(bw.add(96), a.as_mut_ptr() as *mut u8, 12);
+        const KM1: u32 = 0x03030303;
+        const KM2: u32 = 0x0f0f0f0f;
+        let sc = _mm_set_epi32(
+            (((a[1] >> 4) & KM2) | (((a[2] >> 6) & KM1) << 4)) as i32,
+            (((a[0] >> 4) & KM2) | (((a[2] >> 4) & KM1) << 4)) as i32,
+            ((a[1] & KM2) | (((a[2] >> 2) & KM1) << 4)) as i32,
+            ((a[0] & KM2) | ((a[2] & KM1) << 4)) as i32,
+        );
+        let all = _mm256_cvtepi8_epi16(_mm_sub_epi8(sc, _mm_set1_epi8(32)));
         let l = _mm256_extracti128_si256(all, 0);
         let h = _mm256_extracti128_si256(all, 1);
         let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
@@ -646,7 +700,7 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
@@ -717,7 +771,7 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -730,12 +784,12 @@ pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs:
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| _mm256_cvtph_ps(load128(p.add(2 * k))), |p, k| f16(p.add(2 * k)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -880,6 +934,27 @@ unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
     super::float::quantize_f16(&src[n8..], &mut dst[2 * n8..]);
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_f16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_cvtph_ps(load128(src.as_ptr().add(2 * k))));
+    }
+    super::float::dequantize_f16(&src[2 * n8..], &mut dst[n8..]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_bf16_avx2(src: &[u8], dst: &mut [f32]) {
+    let n = dst.len().min(src.len() / 2);
+    let n8 = n / 8 * 8;
+    for k in (0..n8).step_by(8) {
+        let v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(src.as_ptr().add(2 * k))), 16);
+        _mm256_storeu_ps(dst.as_mut_ptr().add(k), _mm256_castsi256_ps(v));
+    }
+    super::float::dequantize_bf16(&src[2 * n8..], &mut dst[n8..]);
+}
+
 // Safe entry points (the kernel set was chosen only if the CPU has AVX2/FMA/F16C; the
 // chunking keeps every access inside the slices).
 pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
@@ -893,4 +968,12 @@ pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 }
 pub fn quantize_f16(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_f16_avx2(src, dst) }
+}
+/// Exact conversions (same bits as the scalar ones): used by `dequantize_row` for the
+/// KV cache's F16/BF16 rows, which attention reads for every token.
+pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_f16_avx2(src, dst) }
+}
+pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_bf16_avx2(src, dst) }
 }

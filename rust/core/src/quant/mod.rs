@@ -108,6 +108,14 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         _ => return Err(unsupported(ty, "no dequantize kernel")),
     };
     check_lengths(ty, dst.len(), src.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if kernel_set() == KernelSet::Avx2 {
+        match ty {
+            F16 => return Ok(avx2::dequantize_f16(src, dst)),
+            BF16 => return Ok(avx2::dequantize_bf16(src, dst)),
+            _ => {}
+        }
+    }
     f(src, dst);
     Ok(())
 }

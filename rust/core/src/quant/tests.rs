@@ -154,10 +154,10 @@ fn tiled_kernels_equal_single_column_kernels_bit_for_bit() {
                 .collect();
             let stride = xs.len() / avx2::TILE;
             let mut tiled = [0f32; avx2::TILE];
-            unsafe { many(n, w.as_ptr(), xs.as_ptr(), stride, tiled.as_mut_ptr()) };
+            unsafe { many(n, w.as_ptr(), xs.as_ptr(), stride, std::ptr::null(), 0, tiled.as_mut_ptr()) };
             for (c, t) in tiled.iter().enumerate() {
                 let mut single = 0f32;
-                unsafe { one(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, &mut single) };
+                unsafe { one(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, std::ptr::null(), 0, &mut single) };
                 assert_eq!(t.to_bits(), single.to_bits(), "{ty} column {c}");
             }
         }
@@ -256,4 +256,61 @@ fn unsupported_types_are_named() {
     let e = quantize_row(GgmlType::Q4_K, &[0f32; 256], &mut [0u8; 144]).unwrap_err();
     assert!(e.to_string().contains("Q4_K"), "{e}");
     assert!(vec_dot_fn(GgmlType::MXFP4, kernel_set()).is_none());
+}
+
+#[test]
+fn simd_float_dequantize_is_exact() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx2_available() {
+            return;
+        }
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).chain([1u8, 2, 3, 4, 5, 6]).collect();
+        let n = all.len() / 2;
+        for (ty, simd, scalar) in [
+            (GgmlType::F16, avx2::dequantize_f16 as fn(&[u8], &mut [f32]), float::dequantize_f16 as fn(&[u8], &mut [f32])),
+            (GgmlType::BF16, avx2::dequantize_bf16, float::dequantize_bf16),
+        ] {
+            let mut a = vec![0f32; n];
+            let mut b = vec![0f32; n];
+            simd(&all, &mut a);
+            scalar(&all, &mut b);
+            for i in 0..n {
+                assert_eq!(a[i].to_bits(), b[i].to_bits(), "{ty} element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
+    // The matmul (4-token tiles, precomputed activation scales, 2 threads) must give each
+    // element exactly what one vec_dot call gives: the determinism the forward pass needs.
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(1234);
+    let sets: Vec<KernelSet> = if avx2_available() { vec![KernelSet::Ref, KernelSet::Avx2] } else { vec![KernelSet::Ref] };
+    for set in sets {
+        for ty in WEIGHT_TYPES {
+            let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+            let (n_in, n_out, n_tok) = (bs * 3, 7, 10);
+            let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+            let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let mut out = vec![0f32; n_out * n_tok];
+            let mut scratch = Vec::new();
+            matmul_with(&pool, set, &tv, &x, n_tok, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
+            let dot = vec_dot_fn(ty, set).unwrap();
+            let wrow = ty.row_size(n_in).unwrap();
+            for t in 0..n_tok {
+                let xq = activations(ty, &x[t * n_in..(t + 1) * n_in], set);
+                for r in 0..n_out {
+                    let v = dot(n_in, &w[r * wrow..(r + 1) * wrow], &xq);
+                    assert_eq!(v.to_bits(), out[t * n_out + r].to_bits(), "{ty} {set:?} t={t} r={r}");
+                }
+            }
+        }
+    }
 }
