@@ -720,6 +720,13 @@ impl Context {
                     return bad(format!("decode: token {i} has seq_id {s} outside [0, {})", self.params.n_seq_max));
                 }
             }
+            if k > 1 && self.kv.n_stream() > 1 {
+                // one stream per sequence: a shared token would need a cell in several
+                // streams (llama.cpp: "coupled sequences ... use the -kvu flag")
+                return bad(format!(
+                    "decode: token {i} belongs to {k} sequences, which needs a unified KV cache (kv_unified=True)"
+                ));
+            }
             if batch.pos[i] < 0 {
                 return bad(format!("decode: token {i} has negative position {}", batch.pos[i]));
             }
