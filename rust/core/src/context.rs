@@ -18,7 +18,7 @@ use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::matmul::try_matmul_rows;
 use crate::ops::norm::rms_norm_row;
 use crate::ops::rope::RopeParams;
-use crate::ops::{act, norm};
+use crate::ops::act;
 use crate::quant;
 use crate::threadpool::ThreadPool;
 use std::collections::{HashMap, HashSet};
@@ -218,6 +218,34 @@ pub enum FfnAct {
     GeGlu,
 }
 
+struct RowsPtr(*mut f32);
+unsafe impl Sync for RowsPtr {}
+impl RowsPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
+/// across the pool when there are several (each row's result never depends on the split).
+fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
+    if rows <= 1 || pool.n_threads() == 1 {
+        for (i, r) in data[..rows * w].chunks_exact_mut(w).enumerate() {
+            f(i, r);
+        }
+        return;
+    }
+    let p = RowsPtr(data.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        for i in rows * ith / nth..rows * (ith + 1) / nth {
+            // SAFETY: rows are disjoint and each belongs to exactly one thread.
+            let r = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * w), w) };
+            f(i, r);
+        }
+    });
+}
+
 fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
     if let Some(b) = b {
         for r in x[..n * width].chunks_exact_mut(width) {
@@ -252,15 +280,14 @@ impl Step<'_> {
 
     /// dst = rmsnorm(src) * w, over the live rows (src, dst: x, cur or tmp).
     pub fn norm_x_to_cur(&mut self, w: &[f32], eps: f32) {
-        let ne = self.hp.n_embd;
-        norm::rms_norm_rows(&self.b.x[..self.n * ne], &mut self.b.cur[..self.n * ne], ne, Some(w), eps);
+        let (ne, n) = (self.hp.n_embd, self.n);
+        self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
+        par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
     }
 
     pub fn norm_tmp(&mut self, w: &[f32], eps: f32) {
-        let ne = self.hp.n_embd;
-        for r in self.b.tmp[..self.n * ne].chunks_exact_mut(ne) {
-            rms_norm_row(r, Some(w), eps);
-        }
+        let (ne, n) = (self.hp.n_embd, self.n);
+        par_rows(self.pool, &mut self.b.tmp, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
     }
 
     /// x += tmp
@@ -339,10 +366,19 @@ impl Step<'_> {
             }
         }
         if let Some(r) = c.rope {
-            for t in 0..n {
-                let p = b.pos[t];
-                r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, p, &mut b.rope_cache);
-                r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, p, &mut b.rope_cache);
+            let pos = &b.pos;
+            if hd_k <= 512 {
+                let rope_row = |t: usize, row: &mut [f32]| {
+                    let mut cache = [0f32; 512];
+                    r.apply_heads(row, hd_k, pos[t], &mut cache[..hd_k]);
+                };
+                par_rows(self.pool, &mut b.q, qw, n, &rope_row);
+                par_rows(self.pool, &mut b.k, kw, n, &rope_row);
+            } else {
+                for t in 0..n {
+                    r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
+                    r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, pos[t], &mut b.rope_cache);
+                }
             }
         }
         if c.q_scale != 1.0 {
@@ -413,9 +449,10 @@ impl Step<'_> {
         cb!(self, "ffn_up", il, up, n_ff);
         let b = &mut *self.b;
         let m = n * n_ff;
+        let up = &b.up[..m];
         match a {
-            FfnAct::SwiGlu => act::swiglu(&mut b.gate[..m], &b.up[..m]),
-            FfnAct::GeGlu => act::geglu(&mut b.gate[..m], &b.up[..m]),
+            FfnAct::SwiGlu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::swiglu(g, &up[t * n_ff..(t + 1) * n_ff])),
+            FfnAct::GeGlu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::geglu(g, &up[t * n_ff..(t + 1) * n_ff])),
         }
         cb!(self, if a == FfnAct::SwiGlu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
