@@ -176,11 +176,35 @@ TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_
         + [f"tiny-{a}-{t}" for a in TINY_OTHER for t in ("F32", "Q8_0")])
 
 
+_GENERATED: dict = {}
+
+
+def _generate_tiny(name: str):
+    """tiny-llama-F32 / tiny-gemma3-F32 rebuilt with tests/data/make_tiny.py (same seeds and
+    draws as ../shared/tiny/make_tiny_models.py, so the same weights; only the tokenizer
+    differs, which these tests do not use): the F32 checks run without ../shared."""
+    arch = {"tiny-llama-F32": "llama", "tiny-gemma3-F32": "gemma3"}.get(name)
+    if arch is None or not (DATA / "make_tiny.py").exists():
+        return None
+    if name not in _GENERATED:
+        import importlib.util
+        import tempfile
+
+        spec = importlib.util.spec_from_file_location("make_tiny", DATA / "make_tiny.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _GENERATED[name] = Path(mod.write_tiny(arch, Path(tempfile.mkdtemp(prefix="pyllama-tiny-"))))
+    return _GENERATED[name]
+
+
 def tiny_path(name: str) -> Path:
     for d in TINY_DIRS:
         p = d / f"{name}.gguf"
         if p.exists():
             return p
+    gen = _generate_tiny(name)
+    if gen is not None:
+        return gen
     pytest.skip(f"{name}.gguf not found (looked in {', '.join(map(str, TINY_DIRS))}); "
                 "the tiny fixtures are not tracked in git: set PYLLAMA_TINY_DIR to ../shared/tiny/models")
 
