@@ -875,7 +875,12 @@ impl Context {
                 return Err(Error::Invalid("internal: KV slot vanished between reserve and compute".into()));
             }
             self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
-            self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut())?;
+            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut()) {
+                // keep "the cache holds exactly the finished micro-batches" on errors too
+                self.kv.unapply_slot(&slot);
+                self.slots[u] = slot;
+                return Err(e);
+            }
             self.slots[u] = slot;
         }
         Ok((0, ubatches.len()))
