@@ -273,6 +273,13 @@ def test_bad_input_raises_and_changes_nothing(model):
         make_ctx(ctx.model, type_k="q4_k")
 
 
+def test_quantized_cache_needs_whole_blocks_per_head():
+    # tiny-phi3 has 16-wide heads: half a q8_0 block, which attention cannot read per head
+    m = _core.Model([str(tiny_path("tiny-phi3-F32"))])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        make_ctx(m, type_k="q8_0", type_v="q8_0")
+
+
 def test_hidden_states_are_result_norm(model):
     ctx = make_ctx(model)
     toks = prompt(0)

@@ -588,6 +588,16 @@ impl Context {
         let nl = hp.n_layer;
         let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
         let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
+        // attention reads one head of a cached row at a time: a quantized cache type needs
+        // whole blocks per head
+        for (t, hd, what) in [(p.type_k, hp.n_embd_head_k, "type_k"), (p.type_v, hp.n_embd_head_v, "type_v")] {
+            if hd % t.block_size() != 0 {
+                return Err(Error::Invalid(format!(
+                    "{what} = {t} needs a head size that is a multiple of {} (this model's is {hd})",
+                    t.block_size()
+                )));
+            }
+        }
         let kv = KvCache::new(&ek, &ev, size, n_stream, p.n_seq_max, p.type_k, p.type_v)?;
         let nu = p.n_ubatch;
         let ne = hp.n_embd;

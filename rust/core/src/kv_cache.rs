@@ -16,7 +16,10 @@
 //! one value row per cell.
 //!
 //! Sliding-window layers share the cells of the full cache (llama.cpp's `swa_full`
-//! layout); the window is applied as a mask by position at attention time.
+//! layout, whatever `swa_full` says); the window is applied as a mask by position at
+//! attention time. So no cell is ever reused while its sequence still holds it, and
+//! `seq_pos_min` reports the oldest cached position even where llama.cpp's separate
+//! window cache would already have dropped it.
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
