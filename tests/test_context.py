@@ -190,3 +190,20 @@ def test_set_embeddings_toggle(llama):
     L.llama_set_embeddings(ctx, False)
     assert L.llama_decode(ctx, L.llama_batch_get_one([8, 9])) == 0
     assert L.llama_get_embeddings(ctx) is None and L.llama_get_logits(ctx).shape == (1, 2048)
+
+
+@needs_core
+def test_cache_types(llama, caplog):
+    import numpy as np
+
+    ref = init(llama)
+    assert L.llama_decode(ref, L.llama_batch_get_one(list(range(3, 40)))) == 0
+    for tk, tv in [(L.GGML_TYPE_Q8_0, L.GGML_TYPE_Q8_0), (L.GGML_TYPE_F32, L.GGML_TYPE_F32)]:
+        ctx = init(llama, type_k=tk, type_v=tv)
+        assert ctx is not None
+        assert L.llama_decode(ctx, L.llama_batch_get_one(list(range(3, 40)))) == 0
+        # a different rounding of K/V: close to the F16 cache (logits std ~3), not equal
+        assert np.abs(L.llama_get_logits(ctx) - L.llama_get_logits(ref)).max() < 0.5
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert init(llama, type_k=L.GGML_TYPE_Q4_0) is None
+    assert "unsupported KV cache type" in caplog.text

@@ -295,3 +295,36 @@ def test_random_batches_never_crash(llama):
 
     run()
     assert codes.count(0) >= 10 and codes.count(-1) >= 10, codes
+
+
+def test_threads_share_a_context(llama):
+    """Two Python threads decoding different sequences of one context: calls are
+    serialized, results equal a serial run."""
+    import threading
+
+    ctx = Context(llama, n_seq_max=2, n_ctx=512, kv_unified=True, n_threads=1, n_threads_batch=1)
+    out = {}
+
+    def work(seq):
+        rows = []
+        for i in range(0, 40, 8):
+            b = batch_init(8, 0, 1)
+            for j in range(8):
+                batch_add(b, int(TOKENS[seq * 50 + i + j]), i + j, [seq], j == 7)
+            with ctx.lock:  # decode + read the logits as one step
+                ctx.decode(b)
+                rows.append(ctx.logits[0].copy())
+        out[seq] = np.stack(rows)
+
+    ts = [threading.Thread(target=work, args=(s,)) for s in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for seq in (0, 1):
+        solo = Context(llama, n_ctx=512, n_threads=1, n_threads_batch=1)
+        rows = []
+        for i in range(0, 40, 8):
+            solo.decode(TOKENS[seq * 50 + i: seq * 50 + i + 8])
+            rows.append(solo.logits[0].copy())
+        assert np.array_equal(out[seq], np.stack(rows))

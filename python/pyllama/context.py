@@ -18,8 +18,10 @@ exceptions into llama.h's return codes; :meth:`Context.decode` raises
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence, Union
@@ -151,6 +153,19 @@ class PerfContextData:
     n_reused: int = 0
 
 
+def _serialized(method):
+    """Run ``method`` under the context's lock: one KV cache, one caller at a time (decode
+    releases the GIL while it computes, so another thread could otherwise reach the
+    cache mid-batch)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _core_model_of(model) -> "_core.Model":
     """The ``_core.Model`` behind whatever model object the caller holds (the Rust class
     itself, or the Python ``Model`` wrapper that keeps one)."""
@@ -208,6 +223,7 @@ class Context:
                 raise ValueError(f"pooling_type = {p.pooling_type!r}: expected one of {sorted(_POOLING_NAMES)}")
             p.pooling_type = _POOLING_NAMES[p.pooling_type.lower()]
         self._core = None
+        self._lock = threading.RLock()
         self._init(model, p)
         if abort is not None:
             self.set_abort_callback(abort)
@@ -369,6 +385,7 @@ class Context:
     def kv_unified(self) -> bool:
         return self._kv_unified
 
+    @_serialized
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
         if n_threads < 1 or n_threads_batch < 1:
             raise ValueError(f"n_threads = {n_threads}, n_threads_batch = {n_threads_batch}: both must be >= 1")
@@ -376,9 +393,16 @@ class Context:
         self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
 
     @property
+    def lock(self) -> "threading.RLock":
+        """The re-entrant lock every cache operation and decode takes. Threads sharing a
+        context hold it around a decode and the reading of its outputs."""
+        return self._lock
+
+    @property
     def embeddings_enabled(self) -> bool:
         return self._embeddings
 
+    @_serialized
     def set_embeddings(self, embeddings: bool) -> None:
         """Turn hidden-state extraction on or off for the following decodes (as llama.cpp's
         ``llama_set_embeddings``; with it on, every token of a batch is an output)."""
@@ -394,6 +418,7 @@ class Context:
             raise TypeError("abort callback must be callable or None")
         self._abort = callback
 
+    @_serialized
     def close(self) -> None:
         """Release the KV cache and scratch now (``llama_free``); the object is unusable after."""
         self._core = None
@@ -417,16 +442,19 @@ class Context:
             raise ValueError(f"{what}: seq_id = {s} is outside [0, n_seq_max = {self.n_seq_max})")
         return s
 
+    @_serialized
     def memory_clear(self, data: bool = True) -> None:
         """Empty the cache (all sequences). ``data`` also zeroes the stored K/V."""
         self._live().memory_clear(bool(data))
 
+    @_serialized
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
         p1 < 0 means infinity. Returns False only where a partial removal is impossible."""
         s = self._check_seq(seq_id, "seq_rm", allow_any=True)
         return bool(self._live().seq_rm(s, int(p0), int(p1)))
 
+    @_serialized
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
         src = self._check_seq(seq_id_src, "seq_cp")
@@ -440,25 +468,30 @@ class Context:
                                  "whole sequences can be copied (p0 = p1 = -1)")
         self._live().seq_cp(src, dst, int(p0), int(p1))
 
+    @_serialized
     def seq_keep(self, seq_id: int) -> None:
         """Remove every sequence except ``seq_id``."""
         self._live().seq_keep(self._check_seq(seq_id, "seq_keep"))
 
+    @_serialized
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions [p0, p1) of ``seq_id`` by ``delta`` (K is re-roped, as llama.cpp
         does); cells whose position would become negative are removed."""
         self._live().seq_add(self._check_seq(seq_id, "seq_add"), int(p0), int(p1), int(delta))
 
+    @_serialized
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
         if int(d) < 1:
             raise ValueError(f"seq_div: d = {d} must be >= 1")
         self._live().seq_div(self._check_seq(seq_id, "seq_div"), int(p0), int(p1), int(d))
 
+    @_serialized
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""
         return int(self._live().seq_pos_min(self._check_seq(seq_id, "seq_pos_min")))
 
+    @_serialized
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
         return int(self._live().seq_pos_max(self._check_seq(seq_id, "seq_pos_max")))
@@ -470,6 +503,7 @@ class Context:
             return split_simple(ab.n_tokens, n_ubatch)
         return split_equal(ab, n_ubatch, sequential=False)
 
+    @_serialized
     def _decode_code(self, batch: Batch) -> int:
         """Run ``batch`` and return llama_decode's code: 0 ok, 1 no KV slot (nothing
         changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
@@ -722,10 +756,12 @@ class Context:
             f"{f}:    graphs reused = {d.n_reused:10d}",
         ])
 
+    @_serialized
     def set_debug_dump(self, names: Optional[Sequence[str]]) -> None:
         """Ask the forward pass to keep the named intermediates (e.g. "blk.7.attn_out")."""
         self._live().set_debug_dump(list(names) if names is not None else None)
 
+    @_serialized
     def debug_dump(self) -> dict:
         """The intermediates kept by the last decode: name -> numpy array."""
         return dict(self._live().debug_dump())

@@ -144,15 +144,15 @@ class Model:
 
     def meta(self) -> dict[str, str]:
         """llama.cpp's model->gguf_kv: every non-array key, value as a string, sorted."""
+        md = self._metadata if self._metadata is not None else self._core.metadata(arrays=False)
         types = self._core.metadata_types()
-        md = self.metadata
         return {k: meta_value_str(md[k]) for k in sorted(md) if types[k][0] != 9}
 
     def chat_template(self, name: Optional[str] = None) -> Optional[str]:
         """The chat template (``tokenizer.chat_template`` or ``tokenizer.chat_template.<name>``),
         or None. Untrusted input: render it only in jinja2's sandbox."""
         key = "tokenizer.chat_template" + (f".{name}" if name else "")
-        v = self.metadata.get(key)
+        v = self.metadata.get(key) if self._metadata is not None else self._core.meta_value(key)
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
         return v if isinstance(v, str) else None
@@ -223,11 +223,11 @@ class Model:
     @property
     def n_head(self) -> int:
         """Heads of layer 0 (llama_model_n_head); per layer in hparams["n_head"]."""
-        return self.hparams["n_head"][0]
+        return (self.hparams["n_head"] or [0])[0]
 
     @property
     def n_head_kv(self) -> int:
-        return self.hparams["n_head_kv"][0]
+        return (self.hparams["n_head_kv"] or [0])[0]
 
     # -- tensors ------------------------------------------------------------------------
 

@@ -213,9 +213,10 @@ impl PyModel {
         Ok(PyModel { inner: Arc::new(r.map_err(to_py)?) })
     }
 
+    /// `general.architecture`.
     #[getter]
-    fn arch(&self) -> &'static str {
-        self.inner.arch.name()
+    fn arch(&self) -> String {
+        self.inner.arch_name().to_string()
     }
 
     /// Hyperparameters as a dict (llama.cpp names).
@@ -340,12 +341,22 @@ impl PyModel {
         Ok(Some(arr))
     }
 
-    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Metadata of the first file (after kv_overrides) as key -> Python value. With
+    /// `arrays=False` the arrays (the large tokenizer tables) are left out.
+    #[pyo3(signature = (arrays = true))]
+    fn metadata<'py>(&self, py: Python<'py>, arrays: bool) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.files[0].metadata {
-            d.set_item(k, value_to_py(py, v)?)?;
+            if arrays || !matches!(v, Value::Array { .. }) {
+                d.set_item(k, value_to_py(py, v)?)?;
+            }
         }
         Ok(d)
+    }
+
+    /// One metadata value (None if absent), without converting the rest.
+    fn meta_value(&self, py: Python<'_>, key: &str) -> PyResult<Option<PyObject>> {
+        self.inner.files[0].get(key).map(|v| value_to_py(py, v)).transpose()
     }
 
     fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {

@@ -171,6 +171,7 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
     }
 
     let mut metadata = Vec::with_capacity(n_kv as usize);
+    let mut alignment_at = None;
     let mut seen = HashSet::new();
     for i in 0..n_kv {
         let at = c.pos;
@@ -191,6 +192,9 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
             return c.err(format!("duplicate metadata key '{key}'"));
         }
         let ty = c.u32(&key)?;
+        if key == "general.alignment" {
+            alignment_at = Some(c.pos as u64 - 4);
+        }
         let v = c.value(ty, &key, 0)?;
         metadata.push((key, v));
     }
@@ -200,12 +204,12 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
         match v {
             Value::U32(a) if *a != 0 && a.is_power_of_two() => alignment = *a as u64,
             Value::U32(a) => {
-                return Err(gguf_err(path, None, format!("general.alignment {a} is not a power of two")))
+                return Err(gguf_err(path, alignment_at, format!("general.alignment {a} is not a power of two")))
             }
             other => {
                 return Err(gguf_err(
                     path,
-                    None,
+                    alignment_at,
                     format!("general.alignment must be a u32, found value type {}", other.type_id()),
                 ))
             }

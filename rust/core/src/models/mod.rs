@@ -76,6 +76,22 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &mistral3::Mistral3,
 ];
 
+/// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
+/// tokenizer does not depend on the architecture). `HParams::arch` keeps the real name.
+pub struct VocabOnly;
+
+impl Arch for VocabOnly {
+    fn name(&self) -> &'static str {
+        "(vocab only)"
+    }
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        Ok(HParams::vocab_only(meta.arch, n_vocab))
+    }
+    fn tensors(&self, _hp: &HParams) -> Vec<TensorSpec> {
+        Vec::new()
+    }
+}
+
 pub fn find(name: &str) -> Result<&'static dyn Arch> {
     REGISTRY.iter().copied().find(|a| a.name() == name).ok_or_else(|| {
         let known: Vec<&str> = REGISTRY.iter().map(|a| a.name()).collect();
