@@ -98,6 +98,29 @@ def test_shared_prefix_cell_seen_by_two_sequences(model):
     assert np.array_equal(nxt, ref)
 
 
+def test_shared_token_needs_unified_cache(model):
+    ctx = make_ctx(model, n_seq_max=2, kv_unified=False)
+    toks = prompt(0)
+    n = len(toks)
+    with pytest.raises(ValueError, match="kv_unified"):
+        ctx.decode(toks, None, np.arange(n, dtype=np.int32), np.full(n, 2, np.int32), np.array([[0, 1]] * n, np.int32),
+                   [np.arange(n, dtype=np.int32)], np.arange(n, dtype=np.int32),
+                   np.zeros((n, ctx.n_vocab), np.float32), None, None)
+    assert ctx.seq_pos_max(0) == -1
+
+
+def test_real_model_bit_identical_across_ubatch_and_threads(smollm2_path):
+    # the same promise on a real quantized model (Q4_1 / Q8_0 kernels, 30 layers)
+    ref = json.loads((DATA / "reference" / "smollm2-135m-q4_1.logits.json").read_text())
+    toks = np.array(ref["prompts"][5]["tokens"], np.int32)  # 43 tokens
+    m = _core.Model([str(smollm2_path)])
+    nv = ref["n_vocab"]
+    base = decode_all(make_ctx(m), toks, nv)
+    for nu, nt in [(1, 2), (7, 1), (16, 2)]:
+        got = decode_all(make_ctx(m, n_ubatch=nu, n_threads=nt, n_threads_batch=nt), toks, nv)
+        assert np.array_equal(got, base), (nu, nt)
+
+
 def test_full_cache_returns_1_and_changes_nothing(model):
     nv = n_vocab(model)
     ctx = make_ctx(model, n_ctx=256, n_ubatch=64)
@@ -248,6 +271,13 @@ def test_bad_input_raises_and_changes_nothing(model):
     assert ctx.seq_pos_max(0) == -1
     with pytest.raises(ValueError, match="KV cache type"):
         make_ctx(ctx.model, type_k="q4_k")
+
+
+def test_quantized_cache_needs_whole_blocks_per_head():
+    # tiny-phi3 has 16-wide heads: half a q8_0 block, which attention cannot read per head
+    m = _core.Model([str(tiny_path("tiny-phi3-F32"))])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        make_ctx(m, type_k="q8_0", type_v="q8_0")
 
 
 def test_hidden_states_are_result_norm(model):

@@ -18,7 +18,7 @@ use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::matmul::try_matmul_rows;
 use crate::ops::norm::rms_norm_row;
 use crate::ops::rope::RopeParams;
-use crate::ops::{act, norm};
+use crate::ops::act;
 use crate::quant;
 use crate::threadpool::ThreadPool;
 use std::collections::{HashMap, HashSet};
@@ -205,6 +205,9 @@ pub struct AttnConfig<'r> {
     pub kq_scale: f32,
     pub softcap: f32,
     pub n_swa: usize,
+    /// Llama-4 style attention temperature (mistral3): q *= 1 + scale * ln(1 + floor(pos /
+    /// floor_len)) after rope, as (scale, floor_len).
+    pub attn_temp: Option<(f32, usize)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -213,6 +216,34 @@ pub enum FfnAct {
     SwiGlu,
     /// gelu_tanh(gate) * up (ggml's f16 table)
     GeGlu,
+}
+
+struct RowsPtr(*mut f32);
+unsafe impl Sync for RowsPtr {}
+impl RowsPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
+/// across the pool when there are several (each row's result never depends on the split).
+fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
+    if rows <= 1 || pool.n_threads() == 1 {
+        for (i, r) in data[..rows * w].chunks_exact_mut(w).enumerate() {
+            f(i, r);
+        }
+        return;
+    }
+    let p = RowsPtr(data.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        for i in rows * ith / nth..rows * (ith + 1) / nth {
+            // SAFETY: rows are disjoint and each belongs to exactly one thread.
+            let r = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * w), w) };
+            f(i, r);
+        }
+    });
 }
 
 fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
@@ -249,15 +280,14 @@ impl Step<'_> {
 
     /// dst = rmsnorm(src) * w, over the live rows (src, dst: x, cur or tmp).
     pub fn norm_x_to_cur(&mut self, w: &[f32], eps: f32) {
-        let ne = self.hp.n_embd;
-        norm::rms_norm_rows(&self.b.x[..self.n * ne], &mut self.b.cur[..self.n * ne], ne, Some(w), eps);
+        let (ne, n) = (self.hp.n_embd, self.n);
+        self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
+        par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
     }
 
     pub fn norm_tmp(&mut self, w: &[f32], eps: f32) {
-        let ne = self.hp.n_embd;
-        for r in self.b.tmp[..self.n * ne].chunks_exact_mut(ne) {
-            rms_norm_row(r, Some(w), eps);
-        }
+        let (ne, n) = (self.hp.n_embd, self.n);
+        par_rows(self.pool, &mut self.b.tmp, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
     }
 
     /// x += tmp
@@ -266,7 +296,14 @@ impl Step<'_> {
         act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
     }
 
-    fn mm(pool: &ThreadPool, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) -> Result<()> {
+    fn mm(
+        pool: &ThreadPool,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let n_out = w.n_rows();
         let (n_in, m) = (w.ne[0], n * n_out);
         if x.len() < n * n_in || out.len() < m {
@@ -329,14 +366,31 @@ impl Step<'_> {
             }
         }
         if let Some(r) = c.rope {
-            for t in 0..n {
-                let p = b.pos[t];
-                r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, p, &mut b.rope_cache);
-                r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, p, &mut b.rope_cache);
+            let pos = &b.pos;
+            if hd_k <= 512 {
+                let rope_row = |t: usize, row: &mut [f32]| {
+                    let mut cache = [0f32; 512];
+                    r.apply_heads(row, hd_k, pos[t], &mut cache[..hd_k]);
+                };
+                par_rows(self.pool, &mut b.q, qw, n, &rope_row);
+                par_rows(self.pool, &mut b.k, kw, n, &rope_row);
+            } else {
+                for t in 0..n {
+                    r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
+                    r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, pos[t], &mut b.rope_cache);
+                }
             }
         }
         if c.q_scale != 1.0 {
             act::scale(&mut b.q[..n * qw], c.q_scale);
+        }
+        if let Some((ts, floor_len)) = c.attn_temp {
+            // llm_graph_input_attn_temp::set_input, computed in f64 as there
+            for t in 0..n {
+                let p = b.pos[t] as f64;
+                let f = (((p / floor_len.max(1) as f64).floor() + 1.0).ln() * ts as f64 + 1.0) as f32;
+                act::scale(&mut b.q[t * qw..(t + 1) * qw], f);
+            }
         }
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
@@ -352,16 +406,7 @@ impl Step<'_> {
             let o = (s as usize * kv.size + cell as usize) * rv;
             quant::quantize_row(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
-        let p = AttnParams {
-            il,
-            n_head,
-            n_head_kv,
-            hd_k,
-            hd_v,
-            scale: c.kq_scale,
-            softcap: c.softcap,
-            n_swa: c.n_swa,
-        };
+        let p = AttnParams { il, n_head, n_head_kv, hd_k, hd_v, scale: c.kq_scale, softcap: c.softcap, n_swa: c.n_swa };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, n_head * hd_v);
@@ -379,7 +424,14 @@ impl Step<'_> {
 
     /// `ffn`, or with `gate` None a fused `ffn_up` of 2 * n_ff rows: gate = its first
     /// half, up = its second half (phi3's swiglu of a split row).
-    pub fn ffn_any(&mut self, il: usize, gate: Option<&TensorView>, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
+    pub fn ffn_any(
+        &mut self,
+        il: usize,
+        gate: Option<&TensorView>,
+        up: &TensorView,
+        down: &TensorView,
+        a: FfnAct,
+    ) -> Result<()> {
         let n = self.n;
         let n_ff = down.ne[0];
         let b = &mut *self.b;
@@ -397,9 +449,10 @@ impl Step<'_> {
         cb!(self, "ffn_up", il, up, n_ff);
         let b = &mut *self.b;
         let m = n * n_ff;
+        let up = &b.up[..m];
         match a {
-            FfnAct::SwiGlu => act::swiglu(&mut b.gate[..m], &b.up[..m]),
-            FfnAct::GeGlu => act::geglu(&mut b.gate[..m], &b.up[..m]),
+            FfnAct::SwiGlu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::swiglu(g, &up[t * n_ff..(t + 1) * n_ff])),
+            FfnAct::GeGlu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::geglu(g, &up[t * n_ff..(t + 1) * n_ff])),
         }
         cb!(self, if a == FfnAct::SwiGlu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
@@ -535,6 +588,16 @@ impl Context {
         let nl = hp.n_layer;
         let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
         let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
+        // attention reads one head of a cached row at a time: a quantized cache type needs
+        // whole blocks per head
+        for (t, hd, what) in [(p.type_k, hp.n_embd_head_k, "type_k"), (p.type_v, hp.n_embd_head_v, "type_v")] {
+            if hd % t.block_size() != 0 {
+                return Err(Error::Invalid(format!(
+                    "{what} = {t} needs a head size that is a multiple of {} (this model's is {hd})",
+                    t.block_size()
+                )));
+            }
+        }
         let kv = KvCache::new(&ek, &ev, size, n_stream, p.n_seq_max, p.type_k, p.type_v)?;
         let nu = p.n_ubatch;
         let ne = hp.n_embd;
@@ -662,7 +725,14 @@ impl Context {
         s
     }
 
-    fn check(&self, batch: &BatchRef, ubatches: &[&[i32]], out_rows: &[i32], logits_len: usize, hidden_len: Option<usize>) -> Result<()> {
+    fn check(
+        &self,
+        batch: &BatchRef,
+        ubatches: &[&[i32]],
+        out_rows: &[i32],
+        logits_len: usize,
+        hidden_len: Option<usize>,
+    ) -> Result<()> {
         let n = batch.pos.len();
         let nv = self.n_vocab();
         let ne = self.model.hparams.n_embd;
@@ -697,6 +767,13 @@ impl Context {
                     return bad(format!("decode: token {i} has seq_id {s} outside [0, {})", self.params.n_seq_max));
                 }
             }
+            if k > 1 && self.kv.n_stream() > 1 {
+                // one stream per sequence: a shared token would need a cell in several
+                // streams (llama.cpp: "coupled sequences ... use the -kvu flag")
+                return bad(format!(
+                    "decode: token {i} belongs to {k} sequences, which needs a unified KV cache (kv_unified=True)"
+                ));
+            }
             if batch.pos[i] < 0 {
                 return bad(format!("decode: token {i} has negative position {}", batch.pos[i]));
             }
@@ -722,7 +799,11 @@ impl Context {
         let mut seen = vec![false; n];
         for (u, ub) in ubatches.iter().enumerate() {
             if ub.is_empty() || ub.len() > self.params.n_ubatch {
-                return bad(format!("decode: micro-batch {u} has {} tokens (allowed 1..={})", ub.len(), self.params.n_ubatch));
+                return bad(format!(
+                    "decode: micro-batch {u} has {} tokens (allowed 1..={})",
+                    ub.len(),
+                    self.params.n_ubatch
+                ));
             }
             for &i in ub.iter() {
                 if i < 0 || i as usize >= n || seen[i as usize] {
@@ -804,7 +885,12 @@ impl Context {
                 return Err(Error::Invalid("internal: KV slot vanished between reserve and compute".into()));
             }
             self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
-            self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut())?;
+            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut()) {
+                // keep "the cache holds exactly the finished micro-batches" on errors too
+                self.kv.unapply_slot(&slot);
+                self.slots[u] = slot;
+                return Err(e);
+            }
             self.slots[u] = slot;
         }
         Ok((0, ubatches.len()))
@@ -898,5 +984,31 @@ pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Opti
     };
     let mut r = RopeParams::simple(hp.rope_type, hp.n_rot, base, scale);
     r.freq_factors = freq_factors;
+    // YaRN (llama-context.cpp: yarn_ext_factor 1 for rope.scaling.type "yarn"; the
+    // attention factor cancels ggml's own 1 + 0.1 ln(1/scale) magnitude correction)
+    if hp.rope_scaling_type == "yarn" && scale != 1.0 {
+        let factor = 1.0 / scale;
+        let mscale = |s: f32, m: f32| {
+            if s <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * s.ln() + 1.0
+            }
+        };
+        let mut attn = if hp.rope_yarn_log_mul != 0.0 {
+            mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
+        } else {
+            mscale(factor, 1.0)
+        };
+        attn *= 1.0 / (1.0 + 0.1 * factor.ln());
+        r.ext_factor = 1.0;
+        r.attn_factor = attn;
+        r.corr_dims =
+            crate::ops::rope::yarn_corr_dims(hp.n_rot, hp.n_ctx_orig_yarn, base, hp.yarn_beta_fast, hp.yarn_beta_slow);
+    }
+    // rope.scaling.attn_factor (llama.cpp's default 1; 0 here means absent)
+    if hp.rope_attn_factor != 0.0 {
+        r.attn_factor *= hp.rope_attn_factor;
+    }
     r
 }

@@ -16,7 +16,10 @@
 //! one value row per cell.
 //!
 //! Sliding-window layers share the cells of the full cache (llama.cpp's `swa_full`
-//! layout); the window is applied as a mask by position at attention time.
+//! layout, whatever `swa_full` says); the window is applied as a mask by position at
+//! attention time. So no cell is ever reused while its sequence still holds it, and
+//! `seq_pos_min` reports the oldest cached position even where llama.cpp's separate
+//! window cache would already have dropped it.
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -168,7 +171,10 @@ impl KvCache {
             n.iter()
                 .map(|&e| {
                     t.row_size(e).ok_or_else(|| {
-                        Error::Invalid(format!("KV cache {what} type {t} needs rows that are a multiple of {} (got {e})", t.block_size()))
+                        Error::Invalid(format!(
+                            "KV cache {what} type {t} needs rows that are a multiple of {} (got {e})",
+                            t.block_size()
+                        ))
                     })
                 })
                 .collect()
@@ -181,7 +187,8 @@ impl KvCache {
                 .and_then(|x| x.checked_mul(n_stream))
                 .ok_or_else(|| Error::Invalid("KV cache too large".into()))?;
             let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
+            v.try_reserve_exact(n)
+                .map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
             v.resize(n, 0);
             Ok(v)
         };

@@ -139,6 +139,7 @@ fn gemma_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forwa
         final_softcap: 0.0,
         act: FfnAct::GeGlu,
         fused: false,
+        attn_temp: None,
     };
     Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }
@@ -155,6 +156,7 @@ fn gemma2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forw
         final_softcap: hp.f_final_logit_softcapping,
         act: FfnAct::GeGlu,
         fused: false,
+        attn_temp: None,
     };
     Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }

@@ -6,9 +6,9 @@
 use super::{common_hparams, Arch, TensorSpec};
 use crate::context::{ContextParams, Forward};
 use crate::error::Result;
+use crate::hparams::{HParams, Meta, RopeType};
 use crate::model::Model;
 use std::sync::Arc;
-use crate::hparams::{HParams, Meta, RopeType};
 
 pub struct Gemma3;
 
@@ -193,7 +193,15 @@ impl Forward for Gemma3Forward {
                 k_norm: Some(&l.k_norm),
                 fused_qkv: false,
             };
-            let c = AttnConfig { il, rope: Some(&l.rope), q_scale: self.attn_scale, kq_scale: 1.0, softcap: 0.0, n_swa: l.n_swa };
+            let c = AttnConfig {
+                il,
+                rope: Some(&l.rope),
+                q_scale: self.attn_scale,
+                kq_scale: 1.0,
+                softcap: 0.0,
+                n_swa: l.n_swa,
+                attn_temp: None,
+            };
             st.attn_block(&w, &c)?;
             if il == n_layer - 1 && !st.select_outputs() {
                 return Ok(());

@@ -3,9 +3,9 @@
 use super::{common_hparams, Arch, TensorSpec};
 use crate::context::{ContextParams, Forward};
 use crate::error::Result;
+use crate::hparams::{HParams, Meta, RopeType};
 use crate::model::Model;
 use std::sync::Arc;
-use crate::hparams::{HParams, Meta, RopeType};
 
 pub struct Llama;
 
@@ -168,7 +168,15 @@ impl Forward for LlamaForward {
                 k_norm: None,
                 fused_qkv: false,
             };
-            let c = AttnConfig { il, rope: Some(&l.rope), q_scale: 1.0, kq_scale: self.kq_scale, softcap: 0.0, n_swa: 0 };
+            let c = AttnConfig {
+                il,
+                rope: Some(&l.rope),
+                q_scale: 1.0,
+                kq_scale: self.kq_scale,
+                softcap: 0.0,
+                n_swa: 0,
+                attn_temp: None,
+            };
             st.attn_block(&w, &c)?;
             if il == n_layer - 1 && !st.select_outputs() {
                 return Ok(());

@@ -14,6 +14,14 @@ impl Arch for Mistral3 {
         "mistral3"
     }
 
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        mistral3_forward(model, cp)
+    }
+
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         let mut hp = common_hparams(meta, n_vocab, RopeType::Norm)?;
         hp.f_attn_temp_scale = meta.f("attention.temperature_scale")?.unwrap_or(0.0);
@@ -62,3 +70,29 @@ impl Arch for Mistral3 {
 }
 
 // ---- forward pass ------------------------------------------------------------------
+//
+// The shared pre-norm decoder (ops/decoder.rs), LLaMA-shaped (NORM rope, SwiGLU), with
+// YaRN rope scaling from the file (context.rs `layer_rope`) and, when
+// `attention.temperature_scale` is set, q *= 1 + scale * ln(1 + floor(pos / n_ctx_orig)).
+
+use crate::context::{ContextParams, FfnAct, Forward};
+use crate::model::Model;
+use crate::ops::decoder::{Decoder, DecoderConfig};
+use std::sync::Arc;
+
+fn mistral3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    let hp = &model.hparams;
+    let cfg = DecoderConfig {
+        embd_scale: false,
+        post_norms: false,
+        qk_norm: false,
+        q_scale: 1.0,
+        kq_scale: if hp.f_attention_scale != 0.0 { hp.f_attention_scale } else { 1.0 / (hp.n_embd_head_k as f32).sqrt() },
+        attn_softcap: 0.0,
+        final_softcap: 0.0,
+        act: FfnAct::SwiGlu,
+        fused: false,
+        attn_temp: if hp.f_attn_temp_scale != 0.0 { Some((hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale)) } else { None },
+    };
+    Ok(Box::new(Decoder::new(model, cp, cfg)?))
+}

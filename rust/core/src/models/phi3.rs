@@ -87,6 +87,7 @@ fn phi3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forwar
         final_softcap: 0.0,
         act: FfnAct::SwiGlu,
         fused: true,
+        attn_temp: None,
     };
     Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }

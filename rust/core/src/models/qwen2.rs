@@ -135,6 +135,7 @@ fn qwen_config(hp: &HParams, qk_norm: bool) -> DecoderConfig {
         final_softcap: 0.0,
         act: FfnAct::SwiGlu,
         fused: false,
+        attn_temp: None,
     }
 }
 

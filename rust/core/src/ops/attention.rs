@@ -129,6 +129,7 @@ pub fn attention(
             let h = item % p.n_head;
             let g = h / group;
             let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
+            let (ko, vo) = (koff(g), voff(g));
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
             let pos = inp.pos[t];
             let stream = inp.stream[t] as usize;
@@ -157,7 +158,7 @@ pub fn attention(
                 let mut ssum = 0f32;
                 for &(_, cell) in vis.iter() {
                     let row = kv.k_row(p.il, stream, cell as usize);
-                    let k16 = as_u16(&row[koff(g)..koff(g) + kbytes]).unwrap_or(&[]);
+                    let k16 = as_u16(&row[ko..ko + kbytes]).unwrap_or(&[]);
                     let mut sc = dot_f16_ggml(k16, kbuf) * kscale;
                     if p.softcap != 0.0 {
                         sc = p.softcap * sc.tanh();
@@ -173,7 +174,7 @@ pub fn attention(
                         vs = (sc - m).exp();
                     }
                     let row = kv.v_row(p.il, stream, cell as usize);
-                    let v16 = as_u16(&row[voff(g)..voff(g) + vbytes]).unwrap_or(&[]);
+                    let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
                     mad_f16_acc(acc, vs, v16);
                     ssum = ssum * ms + vs;
                 }
@@ -187,7 +188,7 @@ pub fn attention(
             let mut m = f32::NEG_INFINITY;
             for (j, &(_, cell)) in vis.iter().enumerate() {
                 let row = kv.k_row(p.il, stream, cell as usize);
-                let kb = &row[koff(g)..koff(g) + kbytes];
+                let kb = &row[ko..ko + kbytes];
                 let mut s = match tk {
                     GgmlType::F16 => match as_u16(kb) {
                         Some(k16) => dot_f16(k16, qh),
@@ -216,7 +217,7 @@ pub fn attention(
                 let e = (scores[j] - m).exp();
                 sum += e;
                 let row = kv.v_row(p.il, stream, cell as usize);
-                let vb = &row[voff(g)..voff(g) + vbytes];
+                let vb = &row[vo..vo + vbytes];
                 match tv {
                     GgmlType::F16 => match as_u16(vb) {
                         Some(v16) => axpy_f16(o, e, v16),

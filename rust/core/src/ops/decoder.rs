@@ -38,6 +38,8 @@ pub struct DecoderConfig {
     /// phi3: one `attn_qkv` matrix (and bias) and one `ffn_up` of 2 * n_ff rows holding
     /// gate and up.
     pub fused: bool,
+    /// Attention temperature (scale, floor length) for mistral3; None elsewhere.
+    pub attn_temp: Option<(f32, usize)>,
 }
 
 struct Layer {
@@ -91,7 +93,8 @@ impl Decoder {
             let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
                 let w = weight(model, &b("attn_qkv.weight"))?;
                 let (nq, nk) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il));
-                let split = |v: Vec<f32>| (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec()));
+                let split =
+                    |v: Vec<f32>| (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec()));
                 let (bq, bk, bv) = match vector_opt(model, &b("attn_qkv.bias"))? {
                     Some(v) if v.len() == nq + nk + hp.n_embd_v_gqa(il) => split(v),
                     _ => (None, None, None),
@@ -178,6 +181,7 @@ impl Forward for Decoder {
                 kq_scale: c.kq_scale,
                 softcap: c.attn_softcap,
                 n_swa: l.n_swa,
+                attn_temp: c.attn_temp,
             };
             st.attn_block(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {
