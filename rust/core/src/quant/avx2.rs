@@ -893,6 +893,12 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         // The signed value of the first element with |x| == amax (ggml keeps the first).
         let max = *x.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
         let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            // amax < 127 * FLT_MIN: the scale overflows and ggml's quants are whatever
+            // nearest_int makes of inf/NaN; take them from the scalar code (d is -0.0 anyway).
+            super::kquants::quantize_q8_k(x, b);
+            continue;
+        }
         let mul = _mm256_set1_ps(iscale);
         let lim = _mm256_set1_epi32(127);
         let q = b.as_mut_ptr().add(4);
