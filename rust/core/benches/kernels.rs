@@ -112,7 +112,7 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
         if quant::kernel_set() != quant::KernelSet::Avx2 {
             return None;
         }
-        let (one, many) = quant::avx2::dot_kernels(ty)?;
+        let (one, many) = quant::avx2::dot_kernels(ty)?; // VNNI builds where the CPU has them
         let n = 4096;
         let rows = 16;
         let w = random_weights(ty, n, rows);
