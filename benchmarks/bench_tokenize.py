@@ -1,7 +1,8 @@
 """Tokenizer speed: tokenize ../shared/reference/text-gpl3.txt (35 KB) with each real model.
 
 llama.cpp takes about 17 ms for this text; the goal is no worse than 3x. Prints the vocab
-load time, the first (cold cache) and best of N warm runs. Not a test.
+load time, the first (cold cache) and best of N warm runs. Not a test. For a ratio, run
+bench_tokenize_llamacpp.cpp (llama.cpp's own llama_tokenize) right before or after.
 
     python benchmarks/bench_tokenize.py [TEXT_FILE] [-n 5]
 """

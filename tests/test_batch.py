@@ -204,3 +204,25 @@ def test_out_of_int32_values():
     b = Batch(n_tokens=1, token=np.array([1.5]))
     with pytest.raises(InvalidBatchError, match="must hold integers"):
         alloc(b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-3, N_VOCAB + 2), min_size=1, max_size=8), st.integers(-1, 20), st.booleans())
+def test_get_one_fast_path_equals_general_path(tokens, p_max, output_all):
+    """llama_batch_get_one batches take a shortcut; it must agree with the general path
+    (same fields, or the same error)."""
+    cache = {0: (0, p_max)} if p_max >= 0 else {}
+    fast = batch_get_one(tokens)
+    general = batch_get_one(tokens)
+    n = len(tokens)
+    general.n_seq_id = np.ones(n, dtype=np.int32)  # explicit sequence 0 disables the shortcut
+    general.seq_id = np.zeros((n, 1), dtype=np.int32)
+    res = []
+    for b in (fast, general):
+        try:
+            ab = alloc(b, cache, output_all=output_all)
+            res.append((ab.pos.tolist(), ab.output.tolist(), ab.n_outputs, ab.seq_ids, ab.seq_pos,
+                        ab.token.tolist(), [a.tolist() for a in ab.seq_id_array(4)]))
+        except InvalidBatchError as e:
+            res.append(str(e))
+    assert res[0] == res[1]

@@ -156,3 +156,54 @@ def test_embeddings_and_pooling(llama, pooling, caplog):
         batch_add(b0, 10 + i, i, [0], True)
     assert L.llama_decode(solo, b0) == 0
     assert np.array_equal(L.llama_get_embeddings(solo), e[:4])
+
+
+@needs_core
+def test_accepts_python_model_wrapper(tiny_model_path):
+    """pyllama.Model (and what llama_model_load_from_file returns) works like _core.Model."""
+    import numpy as np
+
+    import pyllama
+
+    m = pyllama.Model.load(tiny_model_path("llama"))
+    ctx = init(m, n_ctx=256)
+    assert ctx is not None and L.llama_get_model(ctx) is m
+    assert L.llama_decode(ctx, L.llama_batch_get_one([5, 6, 7])) == 0
+    direct = init(_core.Model([str(tiny_model_path("llama"))]), n_ctx=256)
+    assert L.llama_decode(direct, L.llama_batch_get_one([5, 6, 7])) == 0
+    assert np.array_equal(L.llama_get_logits(ctx), L.llama_get_logits(direct))
+
+
+@needs_core
+def test_set_embeddings_toggle(llama):
+    import numpy as np
+
+    ctx = init(llama)
+    assert L.llama_decode(ctx, L.llama_batch_get_one([3, 4, 5])) == 0
+    assert L.llama_get_embeddings(ctx) is None and L.llama_get_logits(ctx).shape == (1, 2048)
+    L.llama_set_embeddings(ctx, True)
+    assert L.llama_decode(ctx, L.llama_batch_get_one([6, 7])) == 0
+    assert L.llama_get_embeddings(ctx).shape == (2, 256) and L.llama_get_logits(ctx).shape == (2, 2048)
+    ref = init(llama, embeddings=True)
+    assert L.llama_decode(ref, L.llama_batch_get_one([3, 4, 5, 6, 7])) == 0
+    assert np.array_equal(L.llama_get_embeddings(ref)[3:], L.llama_get_embeddings(ctx))
+    L.llama_set_embeddings(ctx, False)
+    assert L.llama_decode(ctx, L.llama_batch_get_one([8, 9])) == 0
+    assert L.llama_get_embeddings(ctx) is None and L.llama_get_logits(ctx).shape == (1, 2048)
+
+
+@needs_core
+def test_cache_types(llama, caplog):
+    import numpy as np
+
+    ref = init(llama)
+    assert L.llama_decode(ref, L.llama_batch_get_one(list(range(3, 40)))) == 0
+    for tk, tv in [(L.GGML_TYPE_Q8_0, L.GGML_TYPE_Q8_0), (L.GGML_TYPE_F32, L.GGML_TYPE_F32)]:
+        ctx = init(llama, type_k=tk, type_v=tv)
+        assert ctx is not None
+        assert L.llama_decode(ctx, L.llama_batch_get_one(list(range(3, 40)))) == 0
+        # a different rounding of K/V: close to the F16 cache (logits std ~3), not equal
+        assert np.abs(L.llama_get_logits(ctx) - L.llama_get_logits(ref)).max() < 0.5
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert init(llama, type_k=L.GGML_TYPE_Q4_0) is None
+    assert "unsupported KV cache type" in caplog.text

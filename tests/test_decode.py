@@ -210,3 +210,121 @@ def test_encode_not_supported(llama, caplog):
     with caplog.at_level(logging.ERROR, logger="pyllama"):
         assert L.llama_encode(ctx, L.llama_batch_get_one([1, 2])) == -1
     assert "decoder-only" in caplog.text
+
+
+def test_embedding_input_equals_token_input(llama, tiny_model_path):
+    """A batch of input embeddings (rows of token_embd) gives the logits of the tokens."""
+    import pyllama
+
+    E = pyllama.GGUFFile(tiny_model_path("llama")).tensor("token_embd.weight").dequantize().reshape(2048, 256)
+    a = Context(llama, n_threads=2, n_threads_batch=2)
+    a.decode(TOKENS[:10], logits_all=True)
+    b = Context(llama, n_threads=2, n_threads_batch=2)
+    eb = L.llama_batch_init(10, 256, 1)
+    eb.n_tokens = 10
+    eb.embd[:] = E[TOKENS[:10]]
+    eb.pos[:] = np.arange(10)
+    eb.n_seq_id[:] = 1
+    eb.logits[:] = 1
+    assert L.llama_decode(b, eb) == 0
+    assert np.array_equal(b.logits, a.logits)
+
+
+def test_split_cache_limits_each_sequence(llama):
+    """Without a unified cache each sequence has n_ctx_seq cells of its own."""
+    ctx = make_ctx(llama, n_ctx=512, n_seq_max=2, kv_unified=False)
+    assert L.llama_n_ctx_seq(ctx) == 256
+
+    def on(seq, toks, p0):
+        b = batch_init(len(toks), 0, 1)
+        for i, t in enumerate(toks):
+            batch_add(b, int(t), p0 + i, [seq], i == len(toks) - 1)
+        return L.llama_decode(ctx, b)
+
+    assert on(0, TOKENS[:250], 0) == 0
+    assert on(0, TOKENS[250:260], 250) == 1
+    assert on(1, TOKENS[250:260], 0) == 0
+    assert state(ctx, 2) == [(0, 249), (0, 9)]
+
+
+def test_random_batches_never_crash(llama):
+    """Hypothesis: any batch (mostly valid, with occasional bad tokens, seq ids, positions)
+    either decodes (0, the cache grows by exactly its positions) or is refused with -1 / 1
+    and the cache untouched; never an exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ctx = make_ctx(llama, n_ctx=256, n_seq_max=3, n_ubatch=5, kv_unified=True)
+    codes = []
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(st.data())
+    def run(data):
+        if data.draw(st.integers(0, 4)) == 0:
+            L.llama_memory_clear(L.llama_get_memory(ctx), False)
+        before = state(ctx, 3)
+        n = data.draw(st.integers(0, 12))
+        b = batch_init(max(n, 1), 0, 3)
+        nxt = {s: before[s][1] + 1 for s in range(3)}
+        for i in range(n):
+            sids = [data.draw(st.integers(0, 2))]
+            if data.draw(st.integers(0, 7)) == 0:  # shared by two sequences (coupled)
+                sids.append((sids[0] + 1) % 3)
+            if data.draw(st.integers(0, 40)) == 0:
+                sids[0] = data.draw(st.sampled_from([-1, 3, 7]))
+            tok = data.draw(st.one_of(st.integers(0, 2047), st.sampled_from([-2, 2048])) if i == 7
+                            else st.integers(0, 2047))
+            p = max(nxt.get(s, 0) for s in sids) + data.draw(st.sampled_from([0] * 30 + [1, -1]))
+            for s in sids:
+                nxt[s] = p + 1
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, p, len(sids)
+            b.seq_id[i, : len(sids)] = sids
+            b.logits[i] = data.draw(st.booleans())
+            b.n_tokens += 1
+        code = L.llama_decode(ctx, b)
+        codes.append(code)
+        assert code in (0, -1, 1)
+        if code != 0:
+            assert state(ctx, 3) == before
+        else:
+            assert L.llama_get_logits(ctx).shape == (int(b.logits[:n].astype(bool).sum()), 2048)
+            for s in range(3):
+                mine = [int(b.pos[i]) for i in range(n) if s in b.seq_id[i, : b.n_seq_id[i]]]
+                if mine:
+                    assert state(ctx, 3)[s][1] == max(mine)
+
+    run()
+    assert codes.count(0) >= 10 and codes.count(-1) >= 10, codes
+
+
+def test_threads_share_a_context(llama):
+    """Two Python threads decoding different sequences of one context: calls are
+    serialized, results equal a serial run."""
+    import threading
+
+    ctx = Context(llama, n_seq_max=2, n_ctx=512, kv_unified=True, n_threads=1, n_threads_batch=1)
+    out = {}
+
+    def work(seq):
+        rows = []
+        for i in range(0, 40, 8):
+            b = batch_init(8, 0, 1)
+            for j in range(8):
+                batch_add(b, int(TOKENS[seq * 50 + i + j]), i + j, [seq], j == 7)
+            with ctx.lock:  # decode + read the logits as one step
+                ctx.decode(b)
+                rows.append(ctx.logits[0].copy())
+        out[seq] = np.stack(rows)
+
+    ts = [threading.Thread(target=work, args=(s,)) for s in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for seq in (0, 1):
+        solo = Context(llama, n_ctx=512, n_threads=1, n_threads_batch=1)
+        rows = []
+        for i in range(0, 40, 8):
+            solo.decode(TOKENS[seq * 50 + i: seq * 50 + i + 8])
+            rows.append(solo.logits[0].copy())
+        assert np.array_equal(out[seq], np.stack(rows))

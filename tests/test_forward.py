@@ -173,7 +173,14 @@ def test_seq_add_shifts_keys_like_decoding_at_the_new_positions(model):
     ref_ctx = make_ctx(model)
     decode_all(ref_ctx, toks, nv, start=10, outputs="last")
     ref = decode_all(ref_ctx, np.array([7], np.int32), nv, start=n + 10, outputs="last")
-    assert np.abs(got - ref).max() < 0.05
+    d = np.abs(got - ref)
+    # f32 weights: only rounding (f16 K storage, composed rotations); quantized weights
+    # also re-quantize the slightly different activations, which these random models
+    # amplify, so their bound is looser. Without the K-shift the mean is ~1.7 and the max
+    # ~7 on these models (measured), so either bound catches a missing or wrong rotation.
+    quantized = any(t[1] not in ("F32", "F16", "BF16") for t in model.tensors())
+    assert d.mean() < (0.2 if quantized else 0.01), d.mean()
+    assert d.max() < (1.0 if quantized else 0.05), d.max()
 
 
 def test_seq_rm_then_redecode_equals_fresh(model):

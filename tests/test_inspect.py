@@ -68,3 +68,28 @@ def test_inspect_unknown_architecture_still_shows_the_file(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert "mamba9" in d["unsupported"] and d["n_params"] == 4 and d["bpw"] == 32.0
+
+
+def test_inspect_split_model(tmp_path, smollm2_path):
+    """The first part of a split model shows the whole model."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(str(smollm2_path))
+    out = tmp_path / "s.gguf"
+    w = gguf.GGUFWriter(str(out), "llama", split_max_tensors=150)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(f.name, f.contents(), vt, f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    first = tmp_path / "s-00001-of-00002.gguf"
+    res = runner.invoke(app, ["inspect", str(first), "--json", "--tensors"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["n_files"] == 2 and d["n_tensors"] == 272 and len(d["tensors"]) == 272
+    assert d["n_params"] == EXPECTED["smollm2"][-1] and d["tensor_types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}

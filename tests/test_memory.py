@@ -65,7 +65,7 @@ def test_seq_rm_middle_and_pos_min(llama):
 
 
 def test_seq_cp_shares_prefix(llama):
-    ctx = ctx_for(llama, n_seq_max=3)
+    ctx = ctx_for(llama, n_seq_max=3, kv_unified=True)
     decode_seq(ctx, TOKENS[:16], 0, 0)
     L.llama_memory_seq_cp(L.llama_get_memory(ctx), 0, 1, -1, -1)
     assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, 15)
@@ -82,20 +82,51 @@ def test_seq_cp_shares_prefix(llama):
     assert ctx.seq_pos_max(0) == -1 and ctx.seq_pos_max(2) == -1 and ctx.seq_pos_max(1) == 17
 
 
-def test_seq_add_shift_matches_fresh_decode(llama):
-    """Drop the first 8 positions and shift the rest down: the next token's logits must match
-    a fresh decode of the kept tokens at positions 0.. up to the rounding of re-roping the
-    stored (F16) K, as llama.cpp's K shift does."""
-    ctx = ctx_for(llama, n_ctx=256)
-    decode_seq(ctx, TOKENS[:24], 0, 0)
-    ctx.seq_rm(0, 0, 8)
-    L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, 8, -1, -8)
-    assert (ctx.seq_pos_min(0), ctx.seq_pos_max(0)) == (0, 15)
-    shifted = decode_seq(ctx, TOKENS[24:25], 0, 16)
-    fresh_ctx = ctx_for(llama, n_ctx=256)
-    fresh = decode_seq(fresh_ctx, TOKENS[8:25], 0, 0)
-    # logits std is about 3 on these models; an un-reroped K moves them by O(1)
-    assert np.abs(shifted - fresh).max() < 0.1, np.abs(shifted - fresh).max()
+def test_seq_cp_split_cache(llama):
+    """Without a unified cache each sequence has its own cells: llama.cpp copies whole
+    sequences only (a partial range aborts there; here it raises)."""
+    ctx = ctx_for(llama, n_seq_max=2, n_ctx=512)
+    a = decode_seq(ctx, TOKENS[:16], 0, 0)
+    with pytest.raises(ValueError, match="whole sequences"):
+        ctx.seq_cp(0, 1, 0, 8)
+    assert ctx.seq_pos_max(1) == -1
+    ctx.seq_cp(0, 1, -1, -1)
+    assert (ctx.seq_pos_min(1), ctx.seq_pos_max(1)) == (0, 15)
+    assert np.array_equal(decode_seq(ctx, TOKENS[16:17], 1, 16), decode_seq(ctx, TOKENS[16:17], 0, 16))
+    assert a.shape == (2048,)
+
+
+def test_seq_add_rerotates_keys(llama):
+    """A gap opened with seq_add changes the next logits (K is re-roped: relative positions
+    really change), and closing it again restores them up to the rounding of re-roping
+    the F16 keys twice. Without re-roping, both shifts would leave the logits unchanged."""
+    def run(shift):
+        ctx = ctx_for(llama, n_ctx=256, kv_unified=True)
+        decode_seq(ctx, TOKENS[:24], 0, 0)
+        if not shift:
+            return decode_seq(ctx, TOKENS[24:25], 0, 24), None
+        L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, 12, -1, 10)
+        assert (ctx.seq_pos_min(0), ctx.seq_pos_max(0)) == (0, 33)
+        gap = decode_seq(ctx, TOKENS[24:25], 0, 34)
+        ctx.seq_rm(0, 34, -1)
+        ctx.seq_add(0, 22, -1, -10)
+        assert ctx.seq_pos_max(0) == 23
+        return decode_seq(ctx, TOKENS[24:25], 0, 24), gap
+
+    plain, _ = run(False)
+    back, gap = run(True)
+    # logits std is about 3 on these models
+    assert np.abs(gap - plain).max() > 0.5
+    assert np.abs(back - plain).max() < 0.05, np.abs(back - plain).max()
+
+
+def test_seq_rm_shifted_cells_are_removed(llama):
+    ctx = ctx_for(llama, kv_unified=True)
+    decode_seq(ctx, TOKENS[:10], 0, 0)
+    ctx.seq_add(0, 0, 5, -3)  # positions 0..2 would become negative: removed
+    assert (ctx.seq_pos_min(0), ctx.seq_pos_max(0)) == (0, 9)
+    ctx.seq_rm(0, 5, -1)
+    assert (ctx.seq_pos_min(0), ctx.seq_pos_max(0)) == (0, 1)
 
 
 def test_seq_div(llama):

@@ -110,6 +110,12 @@ def test_mmap_is_zero_copy(gemma3_path):
     grown = rss() - before
     assert m._core.is_mmap
     assert grown < 0.2 * size, f"RSS grew by {grown / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
+    # The llama.h metadata functions and the chat template do not convert the tokenizer
+    # arrays to Python either.
+    L.llama_model_meta_count(m)
+    m.chat_template()
+    assert m._metadata is None
+    assert rss() - before < 0.2 * size
     # The weights are views of the mapping, not copies.
     a = m.tensor_raw("blk.0.ffn_down.weight")
     assert not a.flags.owndata and not a.flags.writeable
@@ -440,4 +446,47 @@ def test_llama_api_model_functions(smollm2_path):
     tmpl = L.llama_model_chat_template(m, None)
     assert tmpl is not None and tmpl.startswith(b"{% for message in messages %}")
     assert L.llama_model_chat_template(m, b"tool_use") is None
+    vocab = L.llama_model_get_vocab(m)
+    assert vocab is m.vocab and vocab.n_tokens == 49152
     L.llama_model_free(m)
+
+
+def test_vocab_only_needs_no_schema(tmp_path, smollm2_path):
+    """llama.cpp reads no hyperparameters for vocab-only loads (llama.cpp's own
+    ggml-vocab-*.gguf files carry none), and the tokenizer does not depend on the
+    architecture: such loads work for any architecture name; full loads name it."""
+    f = GGUFFile(smollm2_path)
+    md = f.metadata
+    kvs = [("general.architecture", STR, "bert")]
+    kvs += [(k, STR, v) for k, v in md.items() if k in ("tokenizer.ggml.model", "tokenizer.ggml.pre")]
+    kvs.append(("tokenizer.ggml.tokens", 9, (8, md["tokenizer.ggml.tokens"][:300])))
+    kvs.append(("tokenizer.ggml.merges", 9, (8, md["tokenizer.ggml.merges"][:40])))
+    p = tmp_path / "vocab-bert.gguf"
+    p.write_bytes(build(Spec(kvs=kvs))[0])
+    m = Model.load(p, vocab_only=True)
+    assert m.arch == "bert" and m.n_vocab == 300 and m.n_layer == 0 and m.n_head == 0
+    with pytest.raises(UnsupportedModelError, match="unknown model architecture 'bert'"):
+        Model.load(p)
+    L.llama_backend_init()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    lm = L.llama_model_load_from_file(str(p), params)
+    assert lm is not None and L.llama_model_get_vocab(lm).n_tokens == 300
+
+
+def test_c_style_load_modes(smollm2_path):
+    """load_mode as llama.h's enum; the older use_mmap/use_mlock booleans still work."""
+    L.llama_backend_init()
+    for value, name in [(L.LLAMA_LOAD_MODE_NONE, "none"), (L.LLAMA_LOAD_MODE_DIRECT_IO, "dio"),
+                        (L.LLAMA_LOAD_MODE_MMAP_MLOCK, "mmap+mlock")]:
+        p = L.llama_model_default_params()
+        p.load_mode = value
+        assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == name
+    p = L.llama_model_default_params()
+    p.use_mmap = False
+    assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == "none"
+    p.use_mlock = True
+    assert L.llama_model_load_from_file(str(smollm2_path), p).load_mode == "mlock"
+    p = L.llama_model_default_params()
+    p.load_mode = 17
+    assert L.llama_model_load_from_file(str(smollm2_path), p) is None

@@ -53,3 +53,14 @@ def test_bad_model_is_a_clear_error(tmp_path):
     r = runner.invoke(app, ["tokenize", "-m", str(bad), "-p", "x"])
     assert r.exit_code == 1
     assert "x.gguf" in r.output and "Traceback" not in r.output
+
+
+def test_file_and_stdin_like_llama_cpp(smollm2_path, tmp_path):
+    """-f drops one trailing newline; escapes are processed in -p, -f and --stdin alike."""
+    f = tmp_path / "p.txt"
+    f.write_bytes(b"Hi\\nthere\n")
+    by_file = runner.invoke(app, ["tokenize", "-m", str(smollm2_path), "-f", str(f), "--ids"])
+    by_stdin = runner.invoke(app, ["tokenize", "-m", str(smollm2_path), "--stdin", "--ids"], input=b"Hi\\nthere")
+    by_prompt = runner.invoke(app, ["tokenize", "-m", str(smollm2_path), "-p", "Hi\nthere", "--ids"])
+    assert by_file.exit_code == by_stdin.exit_code == by_prompt.exit_code == 0
+    assert by_file.output == by_stdin.output == by_prompt.output

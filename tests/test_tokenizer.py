@@ -135,3 +135,124 @@ def test_llama_cpp_vocab_suite_gemma4():
     assert len(inp) >= 40
     for text, o in zip(inp, outs):
         assert v.tokenize(text, add_special=False, parse_special=False) == [int(x) for x in o.split()], repr(text)
+
+
+def test_qwen25_reference_corpus_with_suite_vocab():
+    """Qwen2.5-Coder's reference ids, recorded by llama.cpp on the model file, reproduced
+    with llama.cpp's qwen2 suite vocabulary (the same 151,936-token tokenizer): the qwen2
+    pre-tokenizer and special tokens on all 50 texts without the 491 MB model."""
+    v = Vocab.from_metadata(suite_metadata("qwen2"), source="qwen2")
+    data = json.loads((DATA / "qwen2.5-coder-0.5b-q4_k_m.tokenize.json").read_text())
+    assert data["n_vocab"] == v.n_tokens
+    for c in data["cases"]:
+        for add in (0, 1):
+            for parse in (0, 1):
+                assert v.tokenize(c["text"], bool(add), bool(parse)) == c[f"ids_add{add}_parse{parse}"], c["text"]
+        assert v.decode(c["ids_add0_parse1"]) == c["detok_of_ids_add0_parse1"], c["text"]
+
+
+# -- random texts tokenized by llama.cpp itself (crosscheck/make_crosscheck.py) --------------
+
+CROSS = DATA / "crosscheck"
+
+
+def _check_crosscheck(v: Vocab, name: str) -> None:
+    with gzip.open(CROSS / f"crosscheck-{name}.json.gz", "rt", encoding="utf-8") as fh:
+        data = json.load(fh)
+    texts = [base64.b64decode(t) for t in data["texts_b64"]]
+    assert len(texts) >= 200
+    for raw, ids4, det in zip(texts, data["ids"], data["detok_b64"]):
+        for (add, parse), exp in zip(((0, 0), (0, 1), (1, 0), (1, 1)), ids4):
+            assert v.tokenize(raw, add_special=bool(add), parse_special=bool(parse)) == exp, (raw, add, parse)
+        assert v.detokenize_bytes(ids4[1]) == base64.b64decode(det), raw
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_crosscheck_real_models(name, request):
+    """600 random texts (200 of them invalid UTF-8) per model, ids and detokenized bytes
+    exactly as llama.cpp produced them."""
+    _check_crosscheck(request.getfixturevalue(f"{name}_vocab"), name)
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_crosscheck_suite_vocabs(name):
+    _check_crosscheck(Vocab.from_metadata(suite_metadata(name), source=name), name)
+
+
+T5_USER = ["<ud>", "ab cd", "zqzq", "\u2581hello\u2581world\u2581"]
+
+
+def t5_toy_metadata(add_space_prefix: bool, remove_extra_whitespaces: bool) -> dict:
+    """crosscheck/make_t5_toy.py's vocabulary: llama-spm's tokens as a UGM vocabulary."""
+    base = suite_metadata("llama-spm")
+    md = {k: v for k, v in base.items() if not k.startswith("tokenizer.")}
+    types = list(base["tokenizer.ggml.token_type"]) + [4] * len(T5_USER)
+    types[500] = 5
+    md.update({
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.tokens": list(base["tokenizer.ggml.tokens"]) + T5_USER,
+        "tokenizer.ggml.scores": list(base["tokenizer.ggml.scores"]) + [0.0] * len(T5_USER),
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": add_space_prefix,
+        "tokenizer.ggml.remove_extra_whitespaces": remove_extra_whitespaces,
+    })
+    return md
+
+
+@pytest.mark.parametrize("name, prefix, merge", [("t5-toy-a", True, True), ("t5-toy-b", False, False)])
+def test_crosscheck_ugm(name, prefix, merge):
+    """UGM (Viterbi over unigram scores, user-defined tokens, space prefix / merging),
+    against llama.cpp on the same random texts. The precompiled charsmap (XCDA) path is
+    checked with nomic-bert-moe's real vocabulary when a llama.cpp checkout is at hand."""
+    _check_crosscheck(Vocab.from_metadata(t5_toy_metadata(prefix, merge), source=name), name)
+
+
+@pytest.mark.parametrize("name", ["nomic-bert-moe", "gemma-4", "command-r"])
+def test_crosscheck_vocabs_from_llama_cpp_checkout(name):
+    """Vocabularies too big to keep here (3-4 MB compressed), read from a llama.cpp checkout
+    when one is at hand: nomic-bert-moe is a real UGM vocabulary with a precompiled charsmap
+    (XLM-RoBERTa's), gemma-4 the raw-UTF-8 BPE, command-r a 256k BPE."""
+    models = _llama_cpp_models()
+    if models is None:
+        pytest.skip("llama.cpp checkout with models/ggml-vocab-*.gguf not found (set LLAMA_CPP_DIR)")
+    _check_crosscheck(Vocab.from_file(models / f"ggml-vocab-{name}.gguf"), name)
+
+
+def _attrhash(v: Vocab) -> int:
+    h = 0
+    for a in v.attrs:
+        h = (h * 31 + a) % 1000000007
+    return h
+
+
+def _check_special_ids(v: Vocab, name: str) -> None:
+    exp = json.loads((CROSS / "special_ids.json").read_text())[name]
+    got = {"bos": v.bos, "eos": v.eos, "eot": v.eot, "sep": v.sep, "nl": v.nl, "pad": v.pad, "mask": v.mask,
+           "add_bos": int(v.add_bos), "add_eos": int(v.add_eos), "add_sep": int(v.add_sep),
+           "fim": [v.fim_pre, v.fim_suf, v.fim_mid, v.fim_pad, v.fim_rep, v.fim_sep],
+           "eog": sorted(v.eog_ids), "attrhash": _attrhash(v)}
+    if name == "smollm2":
+        # llama.cpp takes the first EOT-looking text in std::unordered_map order, which
+        # depends on the C++ library: here <|endoftext|> (0); pyllama takes <|im_end|> (2),
+        # the chat template's end of turn. Both are end-of-generation tokens either way.
+        assert exp["eot"] == 0 and got["eot"] == 2 and {0, 2} <= set(got["eog"])
+        got["eot"] = exp["eot"]
+    assert got == exp
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_special_ids_real_models(name, request):
+    """Special ids, add_* flags, the EOG set and every token's attributes as llama.cpp loads them."""
+    _check_special_ids(request.getfixturevalue(f"{name}_vocab"), name)
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_special_ids_suite_vocabs(name):
+    _check_special_ids(Vocab.from_metadata(suite_metadata(name), source=name), name)
+
+
+def test_special_ids_t5_toy():
+    _check_special_ids(Vocab.from_metadata(t5_toy_metadata(True, True), source="t5"), "t5-toy-a")

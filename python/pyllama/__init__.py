@@ -18,6 +18,8 @@ from .errors import (
 from .gguf import GGUFFile
 from .batch import Batch
 from .context import Context
+from .llama import Llama
+from .sampling import SamplerChain, SamplerParams
 from .model import Model
 from .vocab import Vocab
 
@@ -29,10 +31,13 @@ __all__ = [
     "ContextFullError",
     "GGUFError",
     "GGUFFile",
+    "Llama",
     "InvalidBatchError",
     "LoadCancelled",
     "Model",
     "PyllamaError",
+    "SamplerChain",
+    "SamplerParams",
     "UnsupportedModelError",
     "Vocab",
 ]

@@ -189,6 +189,16 @@ def llama_set_abort_callback(ctx: Context, abort_callback: Optional[Callable[[An
         c.set_abort_callback(lambda: bool(abort_callback(abort_callback_data)))
 
 
+def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
+    """Extract (final-normed) embeddings from the following decodes, or stop doing so."""
+    _ctx(ctx, "llama_set_embeddings").set_embeddings(embeddings)
+
+
+def llama_set_warmup(ctx: Context, warmup: bool) -> None:
+    """llama.cpp's warm-up mode changes nothing pyllama computes: accepted and ignored."""
+    _ctx(ctx, "llama_set_warmup")
+
+
 def llama_synchronize(ctx: Context) -> None:
     """Decoding is synchronous in pyllama: nothing to wait for."""
     _ctx(ctx, "llama_synchronize")

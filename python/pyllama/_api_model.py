@@ -179,7 +179,7 @@ def _load(paths: list[str], params: llama_model_params) -> Optional[Model]:
             return bool(cb(p, ud))
 
     try:
-        return Model.load(
+        model = Model.load(
             paths,
             load_mode=_mode_of(params),
             progress=progress,
@@ -187,6 +187,11 @@ def _load(paths: list[str], params: llama_model_params) -> Optional[Model]:
             check_tensors=bool(params.check_tensors),
             kv_overrides=_overrides_of(params),
         )
+        if params.vocab_only:
+            # The vocabulary is all such a load is for: surface its errors now. Otherwise
+            # it is built on first use (llama_model_get_vocab), so loading stays light.
+            model.vocab
+        return model
     except LoadCancelled:
         log.info("llama_model_load: cancelled by the progress callback")
         return None

@@ -8,6 +8,7 @@ naming the valid range, where llama.cpp would read out of bounds.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .vocab import (
@@ -42,11 +43,30 @@ LLAMA_TOKEN_TYPE_UNUSED = 5
 LLAMA_TOKEN_TYPE_BYTE = 6
 
 
+_VOCABS: "weakref.WeakKeyDictionary[Any, Vocab]" = weakref.WeakKeyDictionary()
+
+
 def llama_model_get_vocab(model: Any) -> Vocab:
-    """The model's vocabulary (a :class:`Vocab`; a Vocab passes through unchanged)."""
+    """The model's vocabulary: its ``vocab`` attribute when it has one, else built once from
+    its metadata and kept for the model's lifetime (a Vocab passes through unchanged)."""
     if isinstance(model, Vocab):
         return model
-    return model.vocab
+    v = getattr(model, "vocab", None)
+    if isinstance(v, Vocab):
+        return v
+    try:
+        return _VOCABS[model]
+    except (KeyError, TypeError):
+        pass
+    md = model.metadata
+    if callable(md):
+        md = md()
+    v = Vocab.from_metadata(md, source=str(getattr(model, "path", None) or getattr(model, "paths", ["<model>"])[0]))
+    try:
+        _VOCABS[model] = v
+    except TypeError:  # not weak-referenceable: the caller keeps the Vocab
+        pass
+    return v
 
 
 def llama_vocab_type(vocab: Vocab) -> int:
@@ -228,15 +248,10 @@ def llama_detokenize(vocab: Vocab, tokens: Any, n_tokens: int, text: Any, text_l
     if n_tokens < 0:
         raise ValueError(f"llama_detokenize: n_tokens {n_tokens} is negative")
     toks = [int(t) for t in tokens[:n_tokens]]
-    clean = vocab.clean_spaces
-    try:
-        vocab.clean_spaces = False
-        raw = vocab.detokenize(toks, bool(remove_special), bool(unparse_special))
-    finally:
-        vocab.clean_spaces = clean
+    raw = vocab.detokenize_bytes(toks, bool(remove_special), bool(unparse_special), clean_spaces=False)
     if len(raw) > text_len_max:
         return -len(raw)
-    out = vocab.detokenize(toks, bool(remove_special), bool(unparse_special)) if clean else raw
+    out = vocab.detokenize_bytes(toks, bool(remove_special), bool(unparse_special)) if vocab.clean_spaces else raw
     if out:
         mv = _writable(text, "llama_detokenize")
         if len(mv) < len(out):

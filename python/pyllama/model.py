@@ -78,6 +78,7 @@ class Model:
         self.path: str = self.paths[0]
         self.hparams: dict[str, Any] = core.hparams()
         self._metadata: Optional[dict[str, Any]] = None
+        self._vocab: Any = None
         for w in core.warnings:
             log.warning("%s", w)
 
@@ -131,17 +132,27 @@ class Model:
             self._metadata = self._core.metadata()
         return self._metadata
 
+    @property
+    def vocab(self) -> Any:
+        """The model's :class:`pyllama.Vocab` (tokenizer), built on first use from the
+        ``tokenizer.ggml.*`` metadata (what llama_model_get_vocab returns)."""
+        if self._vocab is None:
+            from .vocab import Vocab
+
+            self._vocab = Vocab.from_metadata(self.metadata, source=self.path)
+        return self._vocab
+
     def meta(self) -> dict[str, str]:
         """llama.cpp's model->gguf_kv: every non-array key, value as a string, sorted."""
+        md = self._metadata if self._metadata is not None else self._core.metadata(arrays=False)
         types = self._core.metadata_types()
-        md = self.metadata
         return {k: meta_value_str(md[k]) for k in sorted(md) if types[k][0] != 9}
 
     def chat_template(self, name: Optional[str] = None) -> Optional[str]:
         """The chat template (``tokenizer.chat_template`` or ``tokenizer.chat_template.<name>``),
         or None. Untrusted input: render it only in jinja2's sandbox."""
         key = "tokenizer.chat_template" + (f".{name}" if name else "")
-        v = self.metadata.get(key)
+        v = self.metadata.get(key) if self._metadata is not None else self._core.meta_value(key)
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
         return v if isinstance(v, str) else None
@@ -212,11 +223,11 @@ class Model:
     @property
     def n_head(self) -> int:
         """Heads of layer 0 (llama_model_n_head); per layer in hparams["n_head"]."""
-        return self.hparams["n_head"][0]
+        return (self.hparams["n_head"] or [0])[0]
 
     @property
     def n_head_kv(self) -> int:
-        return self.hparams["n_head_kv"][0]
+        return (self.hparams["n_head_kv"] or [0])[0]
 
     # -- tensors ------------------------------------------------------------------------
 

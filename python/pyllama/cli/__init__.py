@@ -13,3 +13,6 @@ app = typer.Typer(
 from . import inspect as _inspect  # noqa: E402,F401  (registers its command)
 from . import bench as _bench  # noqa: E402,F401
 from . import tokenize as _tokenize  # noqa: E402,F401  (registers its command)
+from . import generate as _generate  # noqa: E402,F401
+from . import chat as _chat  # noqa: E402,F401
+from . import perplexity as _perplexity  # noqa: E402,F401

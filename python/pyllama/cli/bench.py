@@ -30,6 +30,13 @@ def _strs(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _ggml_type(api, name: str) -> int:
+    try:
+        return getattr(api, f"GGML_TYPE_{name.upper()}")
+    except AttributeError:
+        raise typer.BadParameter(f"unknown cache type {name!r} (f32, f16, bf16, q8_0, q4_0, ...)") from None
+
+
 def _run_prompt(api, ctx, vocab, n_prompt: int, n_batch: int, rng: random.Random) -> None:
     n_vocab = api.llama_vocab_n_tokens(vocab)
     add_bos = api.llama_vocab_get_add_bos(vocab)
@@ -103,8 +110,8 @@ def bench(
                                 cp.n_ubatch = nub
                                 cp.n_threads = nt
                                 cp.n_threads_batch = nt
-                                cp.type_k = api.ggml_type_from_name(ctk)
-                                cp.type_v = api.ggml_type_from_name(ctv)
+                                cp.type_k = _ggml_type(api, ctk)
+                                cp.type_v = _ggml_type(api, ctv)
                                 ctx = api.llama_init_from_model(lm, cp)
                                 if ctx is None:
                                     raise typer.Exit(f"failed to create a context for {mpath}")

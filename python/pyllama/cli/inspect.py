@@ -76,7 +76,9 @@ def collect(path: Path) -> dict[str, Any]:
     info["size"] = size
     info["size_mib"] = round(size / 2**20, 2)
     info["bpw"] = round(size * 8 / max(n_params, 1), 2)
-    info["tensor_types"] = dict(sorted(Counter(t.type for t in f.tensors).items()))
+    # A split model's tensors live in several files: take them from the model when loaded.
+    all_tensors = model.tensors if model is not None else f.tensors
+    info["tensor_types"] = dict(sorted(Counter(t.type for t in all_tensors).items()))
     tokens = md.get("tokenizer.ggml.tokens")
     info["tokenizer"] = {
         "model": md.get("tokenizer.ggml.model"),
@@ -95,6 +97,7 @@ def collect(path: Path) -> dict[str, Any]:
     info["chat_template"] = isinstance(tmpl, str)
     info["chat_template_chars"] = len(tmpl) if isinstance(tmpl, str) else 0
     info["_file"] = f
+    info["_tensors"] = all_tensors
     return info
 
 
@@ -132,6 +135,7 @@ def inspect(
         print(f"pyllama inspect: error: {e}", file=sys.stderr)
         raise typer.Exit(1)
     f = info.pop("_file")
+    all_tensors = info.pop("_tensors")
     if as_json:
         if metadata:
             info["metadata"] = {k: (v if not isinstance(v, bytes) else v.hex()) for k, v in f.metadata.items()}
@@ -139,7 +143,7 @@ def inspect(
         if tensors:
             info["tensors"] = [
                 {"name": t.name, "type": t.type, "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes}
-                for t in f.tensors
+                for t in all_tensors
             ]
         print(json.dumps(info, indent=2, ensure_ascii=False, default=str))
         return
@@ -171,5 +175,5 @@ def inspect(
             print(f"  {k:44s} {f.types[k]:12s} {_short(v)}")
     if tensors:
         print()
-        for t in f.tensors:
+        for t in all_tensors:
             print(f"  {t.name:40s} {t.type:7s} {str(list(t.shape)):22s} {t.nbytes:>12d}")

@@ -64,9 +64,11 @@ def tokenize_cmd(
             text = file.read_bytes()
         except OSError as e:
             raise typer.BadParameter(f"cannot read {file}: {e.strerror}") from None
+        if text.endswith(b"\n"):  # llama.cpp's -f drops one trailing newline
+            text = text[:-1]
     else:
         text = sys.stdin.buffer.read()
-    if not no_escape and (prompt is not None or stdin):
+    if not no_escape:  # llama.cpp processes escapes in -p, -f and --stdin text alike
         text = process_escapes(text)
     try:
         vocab = Vocab.from_file(model)

@@ -11,6 +11,8 @@ Words repeat a lot in real text, so the ids of each word are cached.
 
 from __future__ import annotations
 
+import heapq
+
 from .pretokenize import PreTokenizer
 
 
@@ -62,10 +64,12 @@ class BpeSession:
             if tid is not None:
                 return [tid]
         symbols = list(word)
-        ranks = self.ranks
-        if len(symbols) > 1:
-            # llama.cpp's queue pops the lowest rank, leftmost first; merging one pair at a
-            # time with a rescan gives the same result (and words are short).
+        if len(symbols) > 48:
+            symbols = _merge_heap(symbols, self.ranks)
+        elif len(symbols) > 1:
+            ranks = self.ranks
+            # llama.cpp's queue pops the lowest rank, leftmost first; for short words merging
+            # one pair at a time with a rescan gives the same result, with less overhead
             while True:
                 best = None
                 best_i = -1
@@ -108,3 +112,39 @@ class BpeSession:
                     cache.clear()
                 cache[word] = ids
             out.extend(ids)
+
+
+def _merge_heap(symbols: list[str], ranks: dict) -> list[str]:
+    """llama.cpp's merge loop as it is (priority queue of bigrams, stale entries skipped):
+    O(n log n), for long words where rescanning would be quadratic."""
+    n = len(symbols)
+    text = symbols[:]  # current text of each symbol ("" once merged into its left neighbour)
+    prev = list(range(-1, n - 1))
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    heap: list = []
+    get = ranks.get
+
+    def add(left: int, right: int) -> None:
+        if left == -1 or right == -1:
+            return
+        r = get((text[left], text[right]))
+        if r is not None:
+            heapq.heappush(heap, (r, left, right, text[left] + text[right]))
+
+    for i in range(1, n):
+        add(i - 1, i)
+    while heap:
+        _, left, right, merged = heapq.heappop(heap)
+        lt, rt = text[left], text[right]
+        if not lt or not rt or lt + rt != merged:
+            continue
+        text[left] = merged
+        text[right] = ""
+        nx = nxt[right]
+        nxt[left] = nx
+        if nx >= 0:
+            prev[nx] = left
+        add(prev[left], left)
+        add(left, nx)
+    return [t for t in text if t]

@@ -2,7 +2,9 @@
 
 A token can end in the middle of a multi-byte character (byte-fallback and byte-level BPE
 tokens often do); the incomplete tail is held back until the next tokens complete it, so the
-concatenation of everything returned equals ``vocab.decode(all_ids)`` for valid UTF-8.
+concatenation of everything returned equals ``vocab.detokenize(all_ids)`` for valid UTF-8,
+except that, like piece-by-piece output with llama_token_to_piece, it does not apply the
+clean-up of spaces some BPE models ask llama_detokenize for (" ," -> ",").
 """
 
 from __future__ import annotations

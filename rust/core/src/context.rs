@@ -15,7 +15,7 @@ use crate::hparams::HParams;
 use crate::kv_cache::{KvCache, SeqSet, Slot, MAX_SEQ};
 use crate::model::{Model, TensorView};
 use crate::ops::attention::{self, AttnInputs, AttnParams};
-use crate::ops::matmul::matmul;
+use crate::ops::matmul::try_matmul_rows;
 use crate::ops::norm::rms_norm_row;
 use crate::ops::rope::RopeParams;
 use crate::ops::{act, norm};
@@ -191,6 +191,9 @@ pub struct AttnWeights<'w> {
     /// Per-head RMSNorm of q and k (gemma3, qwen3), applied before rope.
     pub q_norm: Option<&'w [f32]>,
     pub k_norm: Option<&'w [f32]>,
+    /// wq, wk and wv are one fused `attn_qkv` matrix (phi3): rows [0, n_q) are q, then
+    /// k, then v.
+    pub fused_qkv: bool,
 }
 
 pub struct AttnConfig<'r> {
@@ -263,9 +266,30 @@ impl Step<'_> {
         act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
     }
 
-    fn mm(pool: &ThreadPool, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
+    fn mm(pool: &ThreadPool, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) -> Result<()> {
         let n_out = w.n_rows();
-        matmul(pool, w, &x[..n * w.ne[0]], n, &mut out[..n * n_out], scratch);
+        let (n_in, m) = (w.ne[0], n * n_out);
+        if x.len() < n * n_in || out.len() < m {
+            return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
+        }
+        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)
+    }
+
+    /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
+    fn mm_rows(
+        pool: &ThreadPool,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        rows: std::ops::Range<usize>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let (n_in, width) = (w.ne[0], rows.len());
+        if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
+            return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
+        }
+        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows, scratch)
     }
 
     /// Self-attention of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
@@ -279,9 +303,15 @@ impl Step<'_> {
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch);
-        Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch);
-        Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch);
+        if w.fused_qkv {
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch)?;
+        } else {
+            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch)?;
+            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch)?;
+            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch)?;
+        }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
         add_bias(&mut b.v, w.bv, vw, n);
@@ -336,25 +366,44 @@ impl Step<'_> {
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, n_head * hd_v);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch);
+        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())
     }
 
     /// Gated feed-forward of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
-    pub fn ffn(&mut self, gate: &TensorView, up: &TensorView, down: &TensorView, a: FfnAct) {
+    pub fn ffn(&mut self, il: usize, gate: &TensorView, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
+        self.ffn_any(il, Some(gate), up, down, a)
+    }
+
+    /// `ffn`, or with `gate` None a fused `ffn_up` of 2 * n_ff rows: gate = its first
+    /// half, up = its second half (phi3's swiglu of a split row).
+    pub fn ffn_any(&mut self, il: usize, gate: Option<&TensorView>, up: &TensorView, down: &TensorView, a: FfnAct) -> Result<()> {
         let n = self.n;
-        let n_ff = gate.n_rows();
+        let n_ff = down.ne[0];
         let b = &mut *self.b;
-        Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch);
-        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch);
+        match gate {
+            Some(gate) => {
+                Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch)?;
+                Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+            }
+            None => {
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch)?;
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch)?;
+            }
+        }
+        cb!(self, "ffn_gate", il, gate, n_ff);
+        cb!(self, "ffn_up", il, up, n_ff);
+        let b = &mut *self.b;
         let m = n * n_ff;
         match a {
             FfnAct::SwiGlu => act::swiglu(&mut b.gate[..m], &b.up[..m]),
             FfnAct::GeGlu => act::geglu(&mut b.gate[..m], &b.up[..m]),
         }
-        Self::mm(self.pool, down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch);
+        cb!(self, if a == FfnAct::SwiGlu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
+        let b = &mut *self.b;
+        Self::mm(self.pool, down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch)
     }
 
     /// Keep only the rows that want output (llama.cpp's `inp_out_ids` in the last layer):
@@ -375,6 +424,18 @@ impl Step<'_> {
     /// Final norm of x, hidden states out, output projection into the logits rows,
     /// optional final softcap.
     pub fn output(&mut self, norm_w: &[f32], eps: f32, output: &TensorView, final_softcap: f32) -> Result<()> {
+        self.output_with_bias(norm_w, eps, output, None, final_softcap)
+    }
+
+    /// `output` with an optional bias added to the logits before the softcap.
+    pub fn output_with_bias(
+        &mut self,
+        norm_w: &[f32],
+        eps: f32,
+        output: &TensorView,
+        bias: Option<&[f32]>,
+        final_softcap: f32,
+    ) -> Result<()> {
         let ne = self.hp.n_embd;
         let n = self.n;
         if n == 0 {
@@ -393,14 +454,16 @@ impl Step<'_> {
         let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
-            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch);
+            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch)?;
+            add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
             }
         } else {
             for j in 0..n {
                 let r = b.out_row[j];
-                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch);
+                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch)?;
+                add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);
                 }

@@ -44,9 +44,60 @@ pub struct HParams {
     pub f_final_logit_softcapping: f32,
     /// Attention scale applied to QK^T (0 = 1/sqrt(n_embd_head_k)).
     pub f_attention_scale: f32,
+    /// `rope.scaling.type`: "none", "linear" (default), "yarn", "longrope".
+    pub rope_scaling_type: String,
+    /// `rope.scaling.original_context_length` (default n_ctx_train).
+    pub n_ctx_orig_yarn: usize,
+    /// `rope.scaling.attn_factor` (0 = not set).
+    pub rope_attn_factor: f32,
+    pub yarn_beta_fast: f32,
+    pub yarn_beta_slow: f32,
+    pub rope_yarn_log_mul: f32,
+    /// Llama-4 / mistral3 query temperature: q *= 1 + scale * ln(1 + floor(pos / floor_scale)).
+    pub f_attn_temp_scale: f32,
+    pub n_attn_temp_floor_scale: usize,
 }
 
 impl HParams {
+    /// The hyperparameters of a vocab-only load whose architecture pyllama cannot run (or
+    /// whose `{arch}.*` keys are absent, as in llama.cpp's ggml-vocab-*.gguf files):
+    /// llama.cpp skips reading hparams for such loads too. Everything but the names is 0.
+    pub fn vocab_only(arch: &str, n_vocab: usize) -> HParams {
+        HParams {
+            arch: arch.to_string(),
+            n_vocab,
+            n_ctx_train: 0,
+            n_embd: 0,
+            n_layer: 0,
+            n_head: Vec::new(),
+            n_head_kv: Vec::new(),
+            n_ff: Vec::new(),
+            n_embd_head_k: 0,
+            n_embd_head_v: 0,
+            n_rot: 0,
+            rope_type: RopeType::None,
+            rope_freq_base: 0.0,
+            rope_freq_scale: 0.0,
+            rope_freq_base_swa: 0.0,
+            rope_freq_scale_swa: 0.0,
+            f_norm_eps: 0.0,
+            f_norm_rms_eps: 0.0,
+            n_swa: 0,
+            swa_layers: Vec::new(),
+            f_attn_logit_softcapping: 0.0,
+            f_final_logit_softcapping: 0.0,
+            f_attention_scale: 0.0,
+            rope_scaling_type: "none".to_string(),
+            n_ctx_orig_yarn: 0,
+            rope_attn_factor: 0.0,
+            yarn_beta_fast: 0.0,
+            yarn_beta_slow: 0.0,
+            rope_yarn_log_mul: 0.0,
+            f_attn_temp_scale: 0.0,
+            n_attn_temp_floor_scale: 0,
+        }
+    }
+
     pub fn n_head(&self, il: usize) -> usize {
         self.n_head[il]
     }

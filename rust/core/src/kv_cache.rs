@@ -480,7 +480,9 @@ impl KvCache {
             c.shift = c.shift.saturating_add(delta);
             self.has_shift = true;
             if c.pos < 0 {
-                st.rm(i);
+                // the cell was occupied (pos >= 0 before the shift): free it and count it
+                st.cells[i] = Cell::EMPTY;
+                st.used -= 1;
                 if new_head == usize::MAX {
                     new_head = i;
                 }
@@ -596,7 +598,10 @@ mod tests {
         assert_eq!(kv.seq_pos_max(2).unwrap(), 1);
         kv.seq_add(0, -1, -1, -10).unwrap();
         assert_eq!(kv.seq_pos_max(0).unwrap(), -1);
-        assert_eq!(kv.seq_pos_max(2).unwrap(), 1);
+        // seq 2 shared its cells with seq 0: a position belongs to the cell, so moving it
+        // below 0 frees the cell for every sequence in it (llama-kv-cells.h pos_add)
+        assert_eq!(kv.seq_pos_max(2).unwrap(), -1);
+        assert_eq!(kv.streams[0].used, 0);
     }
 
     #[test]

@@ -379,13 +379,20 @@ impl Model {
             })?,
         }
         .to_string();
-        let arch = models::find(&arch_name).map_err(|e| match e {
-            Error::Unsupported(m) => Error::Unsupported(format!("{}: {m}", files[0].path)),
-            e => e,
-        })?;
+        let arch: &'static dyn Arch = match models::find(&arch_name) {
+            Ok(a) => a,
+            // llama.cpp reads no hparams for vocab-only loads; any architecture will do.
+            Err(_) if params.vocab_only => &models::VocabOnly,
+            Err(Error::Unsupported(m)) => return Err(Error::Unsupported(format!("{}: {m}", files[0].path))),
+            Err(e) => return Err(e),
+        };
         let n_vocab = Self::guess_n_vocab(&files, &tensor_map);
-        let meta = Meta { file: &files[0], arch: arch.name() };
-        let hparams = arch.hparams(&meta, n_vocab)?;
+        let meta = Meta { file: &files[0], arch: &arch_name };
+        let hparams = match arch.hparams(&meta, n_vocab) {
+            Ok(h) => h,
+            Err(_) if params.vocab_only => HParams::vocab_only(&arch_name, n_vocab),
+            Err(e) => return Err(e),
+        };
         let warnings = files.iter().flat_map(|f| f.warnings().iter().cloned()).collect();
         let model = Model { files, arch, hparams, tensor_map, vocab_only: params.vocab_only, load_mode: mode, warnings };
         if !params.vocab_only {
@@ -449,9 +456,14 @@ impl Model {
         }
     }
 
+    /// `general.architecture` (also for vocab-only loads of architectures without a schema).
+    pub fn arch_name(&self) -> &str {
+        &self.hparams.arch
+    }
+
     /// llama_model_desc: "<arch> <size class> <file type>", e.g. "llama 256M Q4_1".
     pub fn desc(&self) -> String {
-        format!("{} {} {}", self.arch.name(), self.arch.type_name(&self.hparams), self.ftype_name())
+        format!("{} {} {}", self.hparams.arch, self.arch.type_name(&self.hparams), self.ftype_name())
     }
 
     fn guess_n_vocab(files: &[GgufFile], map: &HashMap<String, (usize, usize)>) -> usize {
@@ -510,5 +522,32 @@ impl Model {
 
     pub fn meta(&self, key: &str) -> Option<&Value> {
         self.files[0].get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_names_like_llama_cpp() {
+        assert_eq!(split_prefix("/m/x-00001-of-00003.gguf"), Some(("/m/x".to_string(), 0, 3)));
+        assert_eq!(split_prefix("x-00004-of-00003.gguf"), None);
+        assert_eq!(split_prefix("x-1-of-3.gguf"), None);
+        assert_eq!(split_prefix("x.gguf"), None);
+        assert_eq!(split_path("/m/x", 2, 3), "/m/x-00003-of-00003.gguf");
+    }
+
+    #[test]
+    fn ftype_guess_and_names() {
+        use GgmlType::*;
+        // SmolLM2: 210 Q4_1, 61 F32, 1 Q8_0 -> Q4_1; Gemma 3 270M: Q5_0 is the most common.
+        let smol = std::iter::repeat(Q4_1).take(210).chain(std::iter::repeat(F32).take(61)).chain([Q8_0]);
+        assert_eq!(ftype::guess(smol), 3);
+        assert_eq!(ftype::guess([Q4_K, Q4_K, Q6_K].into_iter()), 15);
+        assert_eq!(ftype::name(15), "Q4_K - Medium");
+        assert_eq!(ftype::name(15 | 1024), "Q4_K - Medium");
+        assert_eq!(ftype::name(3), "Q4_1");
+        assert_eq!(ftype::name(999), "unknown, may not work");
     }
 }

@@ -213,9 +213,10 @@ impl PyModel {
         Ok(PyModel { inner: Arc::new(r.map_err(to_py)?) })
     }
 
+    /// `general.architecture`.
     #[getter]
-    fn arch(&self) -> &'static str {
-        self.inner.arch.name()
+    fn arch(&self) -> String {
+        self.inner.arch_name().to_string()
     }
 
     /// Hyperparameters as a dict (llama.cpp names).
@@ -242,6 +243,17 @@ impl PyModel {
         d.set_item("n_swa", h.n_swa)?;
         d.set_item("swa_layers", h.swa_layers.clone())?;
         d.set_item("f_attention_scale", h.f_attention_scale)?;
+        d.set_item("rope_freq_scale_swa", h.rope_freq_scale_swa)?;
+        d.set_item("f_attn_logit_softcapping", h.f_attn_logit_softcapping)?;
+        d.set_item("f_final_logit_softcapping", h.f_final_logit_softcapping)?;
+        d.set_item("rope_scaling_type", &h.rope_scaling_type)?;
+        d.set_item("n_ctx_orig_yarn", h.n_ctx_orig_yarn)?;
+        d.set_item("rope_attn_factor", h.rope_attn_factor)?;
+        d.set_item("yarn_beta_fast", h.yarn_beta_fast)?;
+        d.set_item("yarn_beta_slow", h.yarn_beta_slow)?;
+        d.set_item("rope_yarn_log_mul", h.rope_yarn_log_mul)?;
+        d.set_item("f_attn_temp_scale", h.f_attn_temp_scale)?;
+        d.set_item("n_attn_temp_floor_scale", h.n_attn_temp_floor_scale)?;
         Ok(d)
     }
 
@@ -329,12 +341,22 @@ impl PyModel {
         Ok(Some(arr))
     }
 
-    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Metadata of the first file (after kv_overrides) as key -> Python value. With
+    /// `arrays=False` the arrays (the large tokenizer tables) are left out.
+    #[pyo3(signature = (arrays = true))]
+    fn metadata<'py>(&self, py: Python<'py>, arrays: bool) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.files[0].metadata {
-            d.set_item(k, value_to_py(py, v)?)?;
+            if arrays || !matches!(v, Value::Array { .. }) {
+                d.set_item(k, value_to_py(py, v)?)?;
+            }
         }
         Ok(d)
+    }
+
+    /// One metadata value (None if absent), without converting the rest.
+    fn meta_value(&self, py: Python<'_>, key: &str) -> PyResult<Option<PyObject>> {
+        self.inner.files[0].get(key).map(|v| value_to_py(py, v)).transpose()
     }
 
     fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {

@@ -171,6 +171,7 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
     }
 
     let mut metadata = Vec::with_capacity(n_kv as usize);
+    let mut alignment_at = None;
     let mut seen = HashSet::new();
     for i in 0..n_kv {
         let at = c.pos;
@@ -191,6 +192,9 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
             return c.err(format!("duplicate metadata key '{key}'"));
         }
         let ty = c.u32(&key)?;
+        if key == "general.alignment" {
+            alignment_at = Some(c.pos as u64 - 4);
+        }
         let v = c.value(ty, &key, 0)?;
         metadata.push((key, v));
     }
@@ -200,12 +204,12 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
         match v {
             Value::U32(a) if *a != 0 && a.is_power_of_two() => alignment = *a as u64,
             Value::U32(a) => {
-                return Err(gguf_err(path, None, format!("general.alignment {a} is not a power of two")))
+                return Err(gguf_err(path, alignment_at, format!("general.alignment {a} is not a power of two")))
             }
             other => {
                 return Err(gguf_err(
                     path,
-                    None,
+                    alignment_at,
                     format!("general.alignment must be a u32, found value type {}", other.type_id()),
                 ))
             }
@@ -306,4 +310,89 @@ pub fn parse(path: &str, buf: &[u8]) -> Result<ParsedHeader> {
 /// `x` rounded up to a multiple of `a` (a power of two), None on overflow.
 pub(crate) fn pad(x: u64, a: u64) -> Option<u64> {
     x.checked_add(a - 1).map(|y| y / a * a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{GgufFile, Storage};
+
+    /// A small valid v3 file: 2 kvs (a string, a u32 array) and 2 F32 tensors.
+    fn small() -> Vec<u8> {
+        let s = |b: &mut Vec<u8>, x: &str| {
+            b.extend((x.len() as u64).to_le_bytes());
+            b.extend(x.as_bytes());
+        };
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        s(&mut b, "general.architecture");
+        b.extend(8u32.to_le_bytes());
+        s(&mut b, "llama");
+        s(&mut b, "a");
+        b.extend(9u32.to_le_bytes());
+        b.extend(4u32.to_le_bytes());
+        b.extend(3u64.to_le_bytes());
+        for v in [1u32, 2, 3] {
+            b.extend(v.to_le_bytes());
+        }
+        for (name, n, off) in [("x", 3u64, 0u64), ("y", 2, 32)] {
+            s(&mut b, name);
+            b.extend(1u32.to_le_bytes());
+            b.extend(n.to_le_bytes());
+            b.extend(0u32.to_le_bytes());
+            b.extend(off.to_le_bytes());
+        }
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.extend([0u8; 32]);
+        b.extend([0u8; 8]);
+        b
+    }
+
+    fn parse(b: &[u8]) -> crate::Result<GgufFile> {
+        GgufFile::from_storage("t.gguf", Storage::from_bytes(b))
+    }
+
+    #[test]
+    fn valid_file_parses() {
+        let f = parse(&small()).unwrap();
+        assert_eq!(f.tensors.len(), 2);
+        assert_eq!(f.tensor_data(&f.tensors[1]).len(), 8);
+        assert_eq!(f.get("a").unwrap().as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let b = small();
+        for n in 0..b.len() {
+            let e = parse(&b[..n]).err().unwrap_or_else(|| panic!("truncation at {n} parsed"));
+            assert!(e.to_string().starts_with("t.gguf: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn byte_flips_never_panic() {
+        let base = small();
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..20000 {
+            let mut b = base.clone();
+            for _ in 0..(next() % 4 + 1) {
+                let i = (next() % b.len() as u64) as usize;
+                b[i] = next() as u8;
+            }
+            if let Ok(f) = parse(&b) {
+                for t in &f.tensors {
+                    assert_eq!(f.tensor_data(t).len() as u64, t.nbytes);
+                }
+            }
+        }
+    }
 }

@@ -149,7 +149,7 @@ impl Storage {
             return Err(Error::Io {
                 path: path.to_string(),
                 what: "cannot read".into(),
-                source: std::io::Error::new(std::io::ErrorKind::Other, "is a directory"),
+                source: std::io::Error::other("is a directory"),
             });
         }
         let len = usize::try_from(meta.len()).map_err(|_| {

@@ -191,6 +191,7 @@ impl Forward for Gemma3Forward {
                 bo: None,
                 q_norm: Some(&l.q_norm),
                 k_norm: Some(&l.k_norm),
+                fused_qkv: false,
             };
             let c = AttnConfig { il, rope: Some(&l.rope), q_scale: self.attn_scale, kq_scale: 1.0, softcap: 0.0, n_swa: l.n_swa };
             st.attn_block(&w, &c)?;
@@ -203,7 +204,7 @@ impl Forward for Gemma3Forward {
             crate::cb!(st, "sa_out", il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn(&l.gate, &l.up, &l.down, FfnAct::GeGlu);
+            st.ffn(il, &l.gate, &l.up, &l.down, FfnAct::GeGlu)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.norm_tmp(&l.post_ffw_norm, self.eps);
             crate::cb!(st, "ffn_post_norm", il, tmp, ne);

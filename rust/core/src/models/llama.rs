@@ -166,6 +166,7 @@ impl Forward for LlamaForward {
                 bo: None,
                 q_norm: None,
                 k_norm: None,
+                fused_qkv: false,
             };
             let c = AttnConfig { il, rope: Some(&l.rope), q_scale: 1.0, kq_scale: self.kq_scale, softcap: 0.0, n_swa: 0 };
             st.attn_block(&w, &c)?;
@@ -176,7 +177,7 @@ impl Forward for LlamaForward {
             crate::cb!(st, "ffn_inp", il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn(&l.gate, &l.up, &l.down, FfnAct::SwiGlu);
+            st.ffn(il, &l.gate, &l.up, &l.down, FfnAct::SwiGlu)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.residual();
             crate::cb!(st, "l_out", il, x, ne);

@@ -1,8 +1,12 @@
 //! Architecture registry (pipeline step 3): `general.architecture` -> one `Arch` per
 //! family. Adding an architecture = one file in this folder + one line in `REGISTRY`.
 
+pub mod gemma;
 pub mod gemma3;
 pub mod llama;
+pub mod mistral3;
+pub mod phi3;
+pub mod qwen2;
 
 use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
@@ -61,7 +65,32 @@ pub trait Arch: Sync {
     }
 }
 
-pub static REGISTRY: &[&dyn Arch] = &[&llama::Llama, &gemma3::Gemma3];
+pub static REGISTRY: &[&dyn Arch] = &[
+    &llama::Llama,
+    &gemma3::Gemma3,
+    &qwen2::Qwen2,
+    &qwen2::Qwen3,
+    &phi3::Phi3,
+    &gemma::Gemma,
+    &gemma::Gemma2,
+    &mistral3::Mistral3,
+];
+
+/// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
+/// tokenizer does not depend on the architecture). `HParams::arch` keeps the real name.
+pub struct VocabOnly;
+
+impl Arch for VocabOnly {
+    fn name(&self) -> &'static str {
+        "(vocab only)"
+    }
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        Ok(HParams::vocab_only(meta.arch, n_vocab))
+    }
+    fn tensors(&self, _hp: &HParams) -> Vec<TensorSpec> {
+        Vec::new()
+    }
+}
 
 pub fn find(name: &str) -> Result<&'static dyn Arch> {
     REGISTRY.iter().copied().find(|a| a.name() == name).ok_or_else(|| {
@@ -71,6 +100,29 @@ pub fn find(name: &str) -> Result<&'static dyn Arch> {
 }
 
 pub const MAX_LAYERS: usize = 512;
+
+/// Separate Q/K/V projections (with optional biases), as llama.cpp's create_tensor_qkv
+/// describes them when no fused `attn_qkv` is present.
+pub fn qkv_specs(il: usize, n_embd: usize, n_q: usize, n_k: usize, n_v: usize) -> Vec<TensorSpec> {
+    let b = |s: &str| format!("blk.{il}.{s}");
+    vec![
+        TensorSpec::req(b("attn_q.weight"), &[n_embd, n_q]),
+        TensorSpec::req(b("attn_k.weight"), &[n_embd, n_k]),
+        TensorSpec::req(b("attn_v.weight"), &[n_embd, n_v]),
+        TensorSpec::opt(b("attn_q.bias"), &[n_q]),
+        TensorSpec::opt(b("attn_k.bias"), &[n_k]),
+        TensorSpec::opt(b("attn_v.bias"), &[n_v]),
+    ]
+}
+
+/// token_embd, output_norm and output (tied to token_embd when absent).
+pub fn io_specs(hp: &HParams) -> Vec<TensorSpec> {
+    vec![
+        TensorSpec::req("token_embd.weight", &[hp.n_embd, hp.n_vocab]),
+        TensorSpec::req("output_norm.weight", &[hp.n_embd]),
+        TensorSpec::tied("output.weight", &[hp.n_embd, hp.n_vocab], "token_embd.weight"),
+    ]
+}
 
 /// The hparams every transformer shares, with llama.cpp's defaults
 /// (src/llama-model.cpp `load_hparams`).
@@ -120,10 +172,11 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
             meta.file.path
         )));
     }
+    let n_ctx_train = meta.u("context_length")?.unwrap_or(2048);
     Ok(HParams {
         arch: meta.arch.to_string(),
         n_vocab,
-        n_ctx_train: meta.u("context_length")?.unwrap_or(2048),
+        n_ctx_train,
         n_embd,
         n_layer,
         n_head,
@@ -144,5 +197,18 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         f_attn_logit_softcapping: meta.f("attn_logit_softcapping")?.unwrap_or(0.0),
         f_final_logit_softcapping: meta.f("final_logit_softcapping")?.unwrap_or(0.0),
         f_attention_scale: 0.0,
+        rope_scaling_type: match meta.get("rope.scaling.type") {
+            None => "linear".to_string(),
+            Some(v) => v.as_str().map(str::to_string).ok_or_else(|| {
+                Error::Unsupported(format!("{}: '{}' must be a string", meta.file.path, meta.key("rope.scaling.type")))
+            })?,
+        },
+        n_ctx_orig_yarn: meta.u("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train),
+        rope_attn_factor: meta.f("rope.scaling.attn_factor")?.unwrap_or(0.0),
+        yarn_beta_fast: meta.f("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+        yarn_beta_slow: meta.f("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+        rope_yarn_log_mul: meta.f("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0),
+        f_attn_temp_scale: 0.0,
+        n_attn_temp_floor_scale: 0,
     })
 }

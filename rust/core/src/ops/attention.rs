@@ -3,17 +3,27 @@
 //!
 //! Each query sees the cells of its (first) sequence with pos <= its own position (and,
 //! on sliding-window layers, pos > its position - n_swa: llama.cpp's `is_masked_swa`
-//! masks when p1 - p0 >= n_swa). The keys come sorted by position (`KvCache::keys_of`),
-//! and the softmax is computed in two passes over them in that order (scores, then
-//! max-subtracted exponentials accumulated with V), so the result depends only on the
-//! sequence's keys, never on the cells they landed in, the micro-batch size, other
-//! sequences or the thread count: the basis of pyllama's determinism guarantee.
+//! masks when p1 - p0 >= n_swa). The keys come sorted by position (`KvCache::keys_of`)
+//! and are reduced in that order, so the result depends only on the sequence's keys,
+//! never on the cells they landed in, the micro-batch size, other sequences or the
+//! thread count: the basis of pyllama's determinism guarantee.
+//!
+//! Numerics. With the default F16 K and V, the kernel is llama.cpp's CPU flash attention
+//! "one_chunk" kernel (ggml-cpu ops.cpp), which llama.cpp runs for every token-generation
+//! step and every micro-batch of fewer than 64 queries: q rounded to f16, q.k over f16,
+//! an online softmax, and the V accumulator kept in f16 (`ggml_vec_mad_f16`, one rounding
+//! per key). Reproducing it keeps pyllama's logits within float noise of llama.cpp's on
+//! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
+//! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
+//! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
+//! >= 64 queries), which is what keeps results independent of n_ubatch. For F32 / Q8_0
+//! caches: scores, then max-subtracted exponentials accumulated with V, in f32.
 //!
 //! Shapes: q [n_tokens, n_head * hd_k], out [n_tokens, n_head * hd_v].
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{axpy_f16, axpy_f32, dot_f16, dot_f32};
+use crate::ops::vec::{axpy_f16, axpy_f32, dot_f16, dot_f16_ggml, dot_f32, mad_f16_acc, scale_f16_acc};
 use crate::threadpool::ThreadPool;
 
 pub struct AttnParams {
@@ -41,7 +51,7 @@ pub struct AttnInputs<'a> {
 
 /// Floats of per-thread scratch `attention` needs.
 pub fn scratch_per_thread(n_kv_max: usize, hd_k: usize, hd_v: usize) -> usize {
-    n_kv_max + hd_k + hd_v + 32
+    n_kv_max + hd_k + hd_v + hd_k.max(hd_v) + 32
 }
 
 fn as_u16(b: &[u8]) -> Option<&[u16]> {
@@ -89,6 +99,13 @@ pub fn attention(
     let voff = |g: usize| tv.row_size(g * p.hd_v).unwrap_or(0);
     let kbytes = tk.row_size(p.hd_k).unwrap_or(0);
     let vbytes = tv.row_size(p.hd_v).unwrap_or(0);
+    // ggml folds the softcap into the scale: s = c * tanh(q.k * scale / c)
+    let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
+    let aligned = |b: &[u8]| as_u16(b).is_some();
+    let f16_kernel = tk == GgmlType::F16
+        && tv == GgmlType::F16
+        && aligned(&kv.k[p.il][..kv.k[p.il].len().min(2)])
+        && aligned(&kv.v[p.il][..kv.v[p.il].len().min(2)]);
 
     pool.run(&|ith, nth| {
         let i0 = n_items * ith / nth;
@@ -99,9 +116,14 @@ pub fn attention(
         // SAFETY: each thread owns scratch [ith*stride, (ith+1)*stride) and the output
         // head slices of its items; items never overlap between threads.
         let scr = unsafe { std::slice::from_raw_parts_mut(scr_ptr.get().add(ith * scratch_stride), scratch_stride) };
-        let (scores, rest) = scr.split_at_mut(scratch_stride - p.hd_k - p.hd_v - 32);
+        let hmax = p.hd_k.max(p.hd_v);
+        let (scores, rest) = scr.split_at_mut(scratch_stride - p.hd_k - p.hd_v - hmax - 32);
         let (kbuf, rest) = rest.split_at_mut(p.hd_k);
-        let vbuf = &mut rest[..p.hd_v];
+        let (vbuf, rest) = rest.split_at_mut(p.hd_v);
+        // the f16 V accumulator of the F16 kernel lives in the last floats
+        // SAFETY: u16 has no invalid bit patterns and needs less alignment than f32;
+        // `rest` holds hmax + 32 floats, more than hmax u16.
+        let acc16 = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut u16, hmax) };
         for item in i0..i1 {
             let t = item / p.n_head;
             let h = item % p.n_head;
@@ -124,6 +146,43 @@ pub fn attention(
             if vis.is_empty() {
                 continue;
             }
+            if f16_kernel {
+                // llama.cpp's one_chunk flash attention for F16 K/V (see the module doc)
+                for (d, x) in kbuf.iter_mut().zip(qh) {
+                    *d = half::f16::from_f32(*x).to_f32();
+                }
+                let acc = &mut acc16[..p.hd_v];
+                acc.fill(0);
+                let mut m = f32::NEG_INFINITY;
+                let mut ssum = 0f32;
+                for &(_, cell) in vis.iter() {
+                    let row = kv.k_row(p.il, stream, cell as usize);
+                    let k16 = as_u16(&row[koff(g)..koff(g) + kbytes]).unwrap_or(&[]);
+                    let mut sc = dot_f16_ggml(k16, kbuf) * kscale;
+                    if p.softcap != 0.0 {
+                        sc = p.softcap * sc.tanh();
+                    }
+                    let mut ms = 1.0f32;
+                    let mut vs = 1.0f32;
+                    if sc > m {
+                        let m_old = m;
+                        m = sc;
+                        ms = (m_old - m).exp();
+                        scale_f16_acc(acc, ms);
+                    } else {
+                        vs = (sc - m).exp();
+                    }
+                    let row = kv.v_row(p.il, stream, cell as usize);
+                    let v16 = as_u16(&row[voff(g)..voff(g) + vbytes]).unwrap_or(&[]);
+                    mad_f16_acc(acc, vs, v16);
+                    ssum = ssum * ms + vs;
+                }
+                let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
+                for (d, a) in o.iter_mut().zip(acc.iter()) {
+                    *d = half::f16::from_bits(*a).to_f32() * inv;
+                }
+                continue;
+            }
             // pass 1: scores
             let mut m = f32::NEG_INFINITY;
             for (j, &(_, cell)) in vis.iter().enumerate() {
@@ -142,9 +201,9 @@ pub fn attention(
                         dot_f32(kbuf, qh)
                     }
                 };
-                s *= p.scale;
+                s *= kscale;
                 if p.softcap != 0.0 {
-                    s = p.softcap * (s / p.softcap).tanh();
+                    s = p.softcap * s.tanh();
                 }
                 scores[j] = s;
                 if s > m {

@@ -14,6 +14,9 @@ struct Kernels {
     dot_f16: fn(&[u16], &[f32]) -> f32,
     axpy_f32: fn(&mut [f32], f32, &[f32]),
     axpy_f16: fn(&mut [f32], f32, &[u16]),
+    mad_f16_acc: fn(&mut [u16], f32, &[u16]),
+    dot_f16_ggml: fn(&[u16], &[f32]) -> f32,
+    scale_f16_acc: fn(&mut [u16], f32),
 }
 
 fn kernels() -> &'static Kernels {
@@ -32,11 +35,22 @@ fn kernels() -> &'static Kernels {
                     dot_f16: |a, b| unsafe { x86::dot_f16_avx2(a, b) },
                     axpy_f32: |y, a, x| unsafe { x86::axpy_f32_avx2(y, a, x) },
                     axpy_f16: |y, a, x| unsafe { x86::axpy_f16_avx2(y, a, x) },
+                    mad_f16_acc: |y, a, x| unsafe { x86::mad_f16_acc_avx2(y, a, x) },
+                    dot_f16_ggml: |a, b| unsafe { x86::dot_f16_ggml_avx2(a, b) },
+                    scale_f16_acc: |y, a| unsafe { x86::scale_f16_acc_avx2(y, a) },
                 };
             }
         }
         let _ = force_ref;
-        Kernels { dot_f32: dot_f32_ref, dot_f16: dot_f16_ref, axpy_f32: axpy_f32_ref, axpy_f16: axpy_f16_ref }
+        Kernels {
+            dot_f32: dot_f32_ref,
+            dot_f16: dot_f16_ref,
+            axpy_f32: axpy_f32_ref,
+            axpy_f16: axpy_f16_ref,
+            mad_f16_acc: mad_f16_acc_ref,
+            dot_f16_ggml: dot_f16_ggml_ref,
+            scale_f16_acc: scale_f16_acc_ref,
+        }
     })
 }
 
@@ -62,6 +76,75 @@ pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
 #[inline]
 pub fn axpy_f16(y: &mut [f32], a: f32, x: &[u16]) {
     (kernels().axpy_f16)(y, a, x)
+}
+
+/// y = f16(y + a * x) elementwise, y and x raw f16 bits: ggml's `ggml_vec_mad_f16`
+/// (fused multiply-add, then rounded to f16), the accumulator of llama.cpp's flash
+/// attention for F16 V.
+#[inline]
+pub fn mad_f16_acc(y: &mut [u16], a: f32, x: &[u16]) {
+    (kernels().mad_f16_acc)(y, a, x)
+}
+
+/// sum_i f16(a[i]) * b[i] in exactly `ggml_vec_dot_f16`'s order on AVX2: 4 accumulators
+/// of 8 lanes over blocks of 32 (fused multiply-add), reduced as (s0+s2)+(s1+s3), then
+/// lanes l+l4, then hadd, hadd; the tail added in f64. `b` holds f16-representable values.
+#[inline]
+pub fn dot_f16_ggml(a: &[u16], b: &[f32]) -> f32 {
+    (kernels().dot_f16_ggml)(a, b)
+}
+
+fn reduce_ggml(acc: &[[f32; 8]; 4]) -> f32 {
+    let mut x0 = [0f32; 8];
+    let mut x1 = [0f32; 8];
+    for l in 0..8 {
+        x0[l] = acc[0][l] + acc[2][l];
+        x1[l] = acc[1][l] + acc[3][l];
+    }
+    for l in 0..8 {
+        x0[l] += x1[l];
+    }
+    let t0 = [x0[0] + x0[4], x0[1] + x0[5], x0[2] + x0[6], x0[3] + x0[7]];
+    let t1 = [t0[0] + t0[1], t0[2] + t0[3]];
+    t1[0] + t1[1]
+}
+
+pub fn dot_f16_ggml_ref(a: &[u16], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n / 32 * 32;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (l, al) in aj.iter_mut().enumerate() {
+                let k = i + j * 8 + l;
+                *al = f16::from_bits(a[k]).to_f32().mul_add(b[k], *al);
+            }
+        }
+    }
+    let mut s = reduce_ggml(&acc) as f64;
+    for i in np..n {
+        s += (f16::from_bits(a[i]).to_f32() * b[i]) as f64;
+    }
+    s as f32
+}
+
+/// y = f16(y * a) elementwise (`ggml_vec_scale_f16`).
+#[inline]
+pub fn scale_f16_acc(y: &mut [u16], a: f32) {
+    (kernels().scale_f16_acc)(y, a)
+}
+
+pub fn mad_f16_acc_ref(y: &mut [u16], a: f32, x: &[u16]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        let v = f16::from_bits(*xi).to_f32().mul_add(a, f16::from_bits(*yi).to_f32());
+        *yi = f16::from_f32(v).to_bits();
+    }
+}
+
+pub fn scale_f16_acc_ref(y: &mut [u16], a: f32) {
+    for yi in y.iter_mut() {
+        *yi = f16::from_f32(f16::from_bits(*yi).to_f32() * a).to_bits();
+    }
 }
 
 /// Horizontal sum of 8 lanes in the order the AVX2 kernels use: (l0+l4, l1+l5, ...) then
@@ -179,6 +262,61 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_ggml_avx2(a: &[u16], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let np = n / 32 * 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let h = _mm_loadu_si128(a.as_ptr().add(i + j * 8) as *const __m128i);
+                *aj = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(b.as_ptr().add(i + j * 8)), *aj);
+            }
+            i += 32;
+        }
+        let mut l = [[0f32; 8]; 4];
+        for j in 0..4 {
+            _mm256_storeu_ps(l[j].as_mut_ptr(), acc[j]);
+        }
+        let mut s = super::reduce_ggml(&l) as f64;
+        for i in np..n {
+            s += (f16::from_bits(a[i]).to_f32() * b[i]) as f64;
+        }
+        s as f32
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_f16_acc_avx2(y: &mut [u16], a: f32, x: &[u16]) {
+        let n = y.len().min(x.len());
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < n8 {
+            let py = y.as_mut_ptr().add(i) as *mut __m128i;
+            let vy = _mm256_cvtph_ps(_mm_loadu_si128(py));
+            let vx = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(vx, va, vy)));
+            i += 8;
+        }
+        super::mad_f16_acc_ref(&mut y[n8..n], a, &x[n8..n]);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_f16_acc_avx2(y: &mut [u16], a: f32) {
+        let n = y.len();
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < n8 {
+            let py = y.as_mut_ptr().add(i) as *mut __m128i;
+            let vy = _mm256_cvtph_ps(_mm_loadu_si128(py));
+            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_mul_ps(vy, va)));
+            i += 8;
+        }
+        super::scale_f16_acc_ref(&mut y[n8..n], a);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn axpy_f16_avx2(y: &mut [f32], a: f32, x: &[u16]) {
         let n = y.len().min(x.len());
         let n8 = n / 8 * 8;
@@ -221,6 +359,16 @@ mod tests {
             for (p, q) in y1.iter().zip(&y2) {
                 assert!((p - q).abs() <= 1e-6);
             }
+            // f16 accumulators: both round the fused result once, so they agree exactly
+            let mut a1 = h.clone();
+            let mut a2 = h.clone();
+            mad_f16_acc(&mut a1, 0.7, &h);
+            mad_f16_acc_ref(&mut a2, 0.7, &h);
+            scale_f16_acc(&mut a1, 0.9);
+            scale_f16_acc_ref(&mut a2, 0.9);
+            assert_eq!(a1, a2);
+            let bq: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            assert_eq!(dot_f16_ggml(&h, &bq), dot_f16_ggml_ref(&h, &bq));
         }
     }
 }

@@ -1,0 +1,173 @@
+"""`pyllama generate`: complete a prompt (llama.cpp's llama-cli / llama-simple flags).
+
+Prints the prompt, then streams the continuation to stdout as it is sampled; the
+llama_perf summary (sampler and context timings) goes to stderr. Without -m it runs the
+default model (SmolLM2-135M-Instruct), fetched once into the cache directory.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+def _fa(value: str) -> str:
+    v = value.lower()
+    if v not in ("on", "off", "auto", "1", "0"):
+        raise typer.BadParameter(f"--flash-attn expects on, off or auto, got {value!r}")
+    return v
+
+
+def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatch_size: int,
+                 threads: Optional[int], threads_batch: Optional[int], load_mode: str,
+                 cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False):
+    """Model path (or the default model) -> (path, Session), with a progress bar on stderr."""
+    from ..generation import Session, load_model, progress_bar, resolve_model_path
+
+    path = resolve_model_path(model, progress=not quiet)
+    m = load_model(path, load_mode=load_mode, progress=None if quiet else progress_bar(f"loading {path.name}"))
+    n_ctx = ctx_size
+    if n_ctx <= 0:
+        n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
+    params = {"n_ctx": n_ctx, "n_batch": batch_size, "n_ubatch": min(ubatch_size, batch_size),
+              "type_k": cache_type_k, "type_v": cache_type_v,
+              "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
+              "no_perf": False}
+    if threads is not None:
+        params["n_threads"] = threads
+        params["n_threads_batch"] = threads_batch if threads_batch is not None else threads
+    elif threads_batch is not None:
+        params["n_threads_batch"] = threads_batch
+    return path, Session(m, **params)
+
+
+def sampler_from_flags(sess, *, temp, top_k, top_p, min_p, typical, repeat_penalty, repeat_last_n,
+                       presence_penalty, frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed):
+    from ..sampling import SamplerParams, build_chain
+
+    params = SamplerParams(
+        seed=seed & 0xFFFFFFFF if seed >= 0 else 0xFFFFFFFF, temp=temp, top_k=top_k, top_p=top_p,
+        min_p=min_p, typ_p=typical, penalty_repeat=repeat_penalty, penalty_last_n=repeat_last_n,
+        penalty_present=presence_penalty, penalty_freq=frequency_penalty, mirostat=mirostat,
+        mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=False)
+    return build_chain(params, n_vocab=sess.n_vocab, vocab=sess.vocab)
+
+
+def perf_summary(sess, chain, n_decoded: int, t_s: float) -> str:
+    from ..sampling import SamplerChain  # noqa: F401
+
+    d = chain.perf()
+    lines = [
+        f"main: decoded {n_decoded} tokens in {t_s:.2f} s, speed: {n_decoded / t_s if t_s > 0 else 0.0:.2f} t/s",
+        "",
+        f"llama_perf_sampler_print:    sampling time = {d['t_sample_ms']:10.2f} ms / {d['n_sample']:5d} runs   "
+        f"({d['t_sample_ms'] / max(1, d['n_sample']):8.2f} ms per token, "
+        f"{1e3 * d['n_sample'] / d['t_sample_ms'] if d['t_sample_ms'] > 0 else 0.0:8.2f} tokens per second)",
+    ]
+    perf_text = getattr(sess.ctx, "perf_text", None)
+    if perf_text:
+        lines.append(perf_text())
+    return "\n".join(lines)
+
+
+@app.command()
+def generate(
+    prompt_arg: Optional[str] = typer.Argument(None, metavar="[PROMPT]", help="prompt (or use -p / -f)"),
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="tokens to generate (-1 = until end of generation or a full context)"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size (0 = from the model, capped at 4096)"),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size"),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads for generation"),
+    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch", help="threads for prompt processing"),
+    gpu_layers: int = typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", help="layers on the GPU (accepted; CPU here)"),
+    load_mode: str = typer.Option("auto", "-lm", "--load-mode", help="auto, none, mmap, mlock, mmap+mlock, dio"),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="K cache type"),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="V cache type"),
+    flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", callback=_fa, help="on, off or auto"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature (<= 0: greedy)"),
+    top_k: int = typer.Option(40, "--top-k", help="top-k (0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", help="top-p (1.0 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", help="min-p (0.0 = off)"),
+    typical: float = typer.Option(1.0, "--typical", "--typical-p", help="locally typical p (1.0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="repeat penalty (1.0 = off)"),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="tokens the penalties look back at"),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty"),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty"),
+    mirostat: int = typer.Option(0, "--mirostat", help="0 off, 1 mirostat, 2 mirostat 2.0"),
+    mirostat_lr: float = typer.Option(0.1, "--mirostat-lr", help="mirostat eta"),
+    mirostat_ent: float = typer.Option(5.0, "--mirostat-ent", help="mirostat tau"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)"),
+    chat: bool = typer.Option(False, "--chat", "-cnv", help="wrap the prompt in the model's chat template"),
+    system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with --chat)"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
+    no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="print only the generated text"),
+    perf: bool = typer.Option(True, "--perf/--no-perf", help="print the timing summary on stderr"),
+) -> None:
+    """Generate text from a prompt, streaming it as it is sampled."""
+    import time
+
+    from ..errors import PyllamaError
+    from ..generation import TextStream
+
+    texts = [t for t in (prompt_arg, prompt) if t is not None]
+    if file is not None:
+        try:
+            texts.append(file.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise typer.BadParameter(f"cannot read prompt file {file}: {e}") from None
+    if len(texts) > 1:
+        raise typer.BadParameter("give the prompt once: a PROMPT argument, -p or -f")
+    text = texts[0] if texts else ""
+    try:
+        _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
+                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
+                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn)
+        chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
+                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                   mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed)
+        if chat:
+            from ..chat import render_chat
+            from ..llama import _token_text
+
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            v = sess.vocab
+            text = render_chat(msgs, sess.model.chat_template(), bos_token=_token_text(v, v.bos),
+                               eos_token=_token_text(v, v.eos))
+            bos = _token_text(v, v.bos)
+            toks = sess.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+        else:
+            toks = sess.tokenize(text, add_special=True, parse_special=True)
+        if not toks:
+            raise typer.BadParameter("the prompt is empty and the model adds no BOS token: give a prompt with -p")
+        out = sys.stdout
+        if not no_display_prompt:
+            out.write(text)
+            out.flush()
+        stream = TextStream(sess.vocab, special=True)
+        t0 = time.perf_counter()
+        n = 0
+        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos, decode_last=False):
+            piece = stream.feed(tok)
+            n += 1
+            if piece:
+                out.write(piece)
+                out.flush()
+        out.write(stream.flush() + "\n")
+        out.flush()
+        dt = time.perf_counter() - t0
+    except (PyllamaError, FileNotFoundError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    if sess.stats.stop_reason == "ctx":
+        typer.echo(f"\nmain: context full (n_ctx = {sess.n_ctx}), stopped", err=True)
+    if perf:
+        typer.echo("\n" + perf_summary(sess, chain, n, dt), err=True)

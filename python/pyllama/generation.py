@@ -1,0 +1,250 @@
+"""The generation loop (pipeline steps 8-16 end to end) and what the CLI and ``Llama`` share.
+
+:class:`Session` holds a model, its vocabulary and one context (sequence 0) and knows which
+tokens are in the KV cache, so a new prompt that starts like the previous one only decodes
+the new part (llama-cpp-python's prefix reuse). :meth:`Session.generate` is llama.cpp's
+examples/simple-chat loop: decode the prompt, then sample, stop on end-of-generation or
+the limit, feed the token back. :class:`TextStream` turns token pieces into text without
+ever splitting a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from .sampling import SamplerChain, SamplerParams, build_chain
+
+__all__ = ["Session", "TextStream", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
+
+
+def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callable[[float], bool]:
+    """A ``progress(p)`` callback for model loading that draws ``label [#####     ]  42%``
+    on stderr (only when it is a terminal, else a single line at the end)."""
+    stream = stream or sys.stderr
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    state = {"last": -1}
+
+    def cb(p: float) -> bool:
+        pct = int(max(0.0, min(1.0, float(p))) * 100)
+        if pct == state["last"]:
+            return True
+        state["last"] = pct
+        if tty:
+            n = pct * width // 100
+            stream.write(f"\r{label} [{'#' * n}{' ' * (width - n)}] {pct:3d}%")
+            if pct >= 100:
+                stream.write("\n")
+            stream.flush()
+        elif pct >= 100:
+            stream.write(f"{label}: done\n")
+            stream.flush()
+        return True
+
+    return cb
+
+
+def load_model(path, *, load_mode: str = "auto", progress: Optional[Callable[[float], bool]] = None):
+    """Load a GGUF model (:class:`pyllama.model.Model`)."""
+    from .model import Model
+
+    return Model.load(path, load_mode=load_mode, progress=progress)
+
+
+def vocab_of(model):
+    """The model's :class:`pyllama.vocab.Vocab` (built once from its metadata and cached)."""
+    v = getattr(model, "vocab", None)
+    if v is not None and not callable(v):
+        return v
+    cached = getattr(model, "_pyllama_vocab", None)
+    if cached is not None:
+        return cached
+    from .vocab import Vocab
+
+    v = Vocab.from_metadata(model.metadata, source=str(getattr(model, "path", "<model>")))
+    try:
+        model._pyllama_vocab = v
+    except AttributeError:
+        pass
+    return v
+
+
+class TextStream:
+    """Token ids in, text out as soon as it is complete UTF-8.
+
+    Pieces are ``vocab.token_to_piece(id, special)`` bytes (what llama.cpp's examples print);
+    a piece that ends inside a multi-byte character is held back until the next one
+    completes it. ``flush()`` returns what is left (an incomplete tail becomes U+FFFD).
+    """
+
+    def __init__(self, vocab, special: bool = True):
+        self.vocab = vocab
+        self.special = special
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, token: int) -> str:
+        return self._dec.decode(self.vocab.token_to_piece(int(token), self.special))
+
+    def feed_bytes(self, data: bytes) -> str:
+        return self._dec.decode(data)
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+@dataclass
+class GenerationStats:
+    n_prompt: int = 0          # prompt tokens decoded (after prefix reuse)
+    n_reused: int = 0          # prompt tokens found in the KV cache already
+    n_gen: int = 0             # tokens sampled and returned
+    t_prompt_s: float = 0.0
+    t_gen_s: float = 0.0
+    stop_reason: str = ""      # "eog", "length", "ctx" (context full) or "stop" (caller)
+
+
+class Session:
+    """A model + vocabulary + context on sequence 0, and the tokens its KV cache holds.
+
+    ``context_params`` are :class:`pyllama.context.Context` keyword arguments
+    (n_ctx, n_batch, n_ubatch, n_threads, n_threads_batch, type_k, type_v, ...).
+    """
+
+    def __init__(self, model, **context_params):
+        from .context import Context
+
+        self.model = model
+        self.vocab = vocab_of(model)
+        self.ctx = Context(model, **context_params)
+        self.tokens: list[int] = []  # what sequence 0 of the KV cache holds, in order
+        self.stats = GenerationStats()
+
+    # -- sizes / tokens ------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.ctx.n_ctx)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.vocab)
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.vocab.is_eog(int(token)))
+
+    def reset(self) -> None:
+        """Forget the KV cache (next prompt is decoded from scratch)."""
+        self.ctx.memory_clear(True)
+        self.tokens = []
+
+    # -- decoding ------------------------------------------------------------------------
+
+    def _decode(self, toks: Sequence[int]) -> None:
+        """Decode ``toks`` after what the cache holds, in n_batch pieces (llama_decode takes
+        at most n_batch tokens); logits are kept for the last token only."""
+        from .errors import ContextFullError
+
+        if len(self.tokens) + len(toks) > self.n_ctx:
+            raise ContextFullError(
+                f"prompt + generated tokens ({len(self.tokens) + len(toks)}) exceed the context "
+                f"size n_ctx = {self.n_ctx}; use a larger -c / n_ctx"
+            )
+        n_batch = max(1, int(self.ctx.n_batch))
+        arr = np.asarray(toks, dtype=np.int32)
+        for i in range(0, arr.shape[0], n_batch):
+            self.ctx.decode(arr[i:i + n_batch])
+            self.tokens.extend(int(t) for t in arr[i:i + n_batch])
+
+    def eval_prompt(self, prompt_tokens: Sequence[int]) -> None:
+        """Bring the cache to exactly ``prompt_tokens`` with logits for its last token,
+        reusing the longest common prefix with what is cached."""
+        prompt_tokens = [int(t) for t in prompt_tokens]
+        if not prompt_tokens:
+            raise ValueError("empty prompt: nothing to decode (pass at least one token)")
+        n_vocab = self.n_vocab
+        for i, t in enumerate(prompt_tokens):
+            if not 0 <= t < n_vocab:
+                raise ValueError(f"prompt token {i} = {t} is not a valid id (n_vocab = {n_vocab})")
+        common = 0
+        for a, b in zip(self.tokens, prompt_tokens):
+            if a != b:
+                break
+            common += 1
+        if common == len(prompt_tokens):
+            common -= 1  # re-decode the last token: its logits are needed
+        if common < len(self.tokens):
+            self.ctx.seq_rm(0, common, -1)
+            del self.tokens[common:]
+        t0 = time.perf_counter()
+        self._decode(prompt_tokens[common:])
+        self.stats = GenerationStats(n_prompt=len(prompt_tokens) - common, n_reused=common,
+                                     t_prompt_s=time.perf_counter() - t0)
+
+    def logits(self) -> np.ndarray:
+        """float32 [n_vocab]: the logits after the last decoded token."""
+        return self.ctx.logits_ith(-1)
+
+    def generate(self, prompt_tokens: Sequence[int], sampler: SamplerChain, max_tokens: int = -1,
+                 *, ignore_eos: bool = False, decode_last: bool = True) -> Iterator[int]:
+        """Decode the prompt, then yield sampled tokens until an end-of-generation token
+        (not yielded), ``max_tokens`` (< 0: until the context is full) or a full context.
+        ``self.stats`` tells which. Closing the iterator early stops cleanly.
+
+        ``decode_last``: also decode the last returned token at the end, so the cache holds
+        prompt + output and a follow-up prompt reuses all of it (llama-simple skips it)."""
+        self.eval_prompt(prompt_tokens)
+        stats = self.stats
+        t0 = time.perf_counter()
+        pending: Optional[int] = None
+        try:
+            while max_tokens < 0 or stats.n_gen < max_tokens:
+                if pending is not None:
+                    if len(self.tokens) >= self.n_ctx:
+                        stats.stop_reason = "ctx"
+                        return
+                    self._decode([pending])
+                    pending = None
+                tok = sampler.sample(self.logits())
+                if not ignore_eos and self.is_eog(tok):
+                    stats.stop_reason = "eog"
+                    return
+                stats.n_gen += 1
+                pending = tok
+                yield tok
+            stats.stop_reason = "length"
+        finally:
+            if not stats.stop_reason:
+                stats.stop_reason = "stop"
+            stats.t_gen_s = time.perf_counter() - t0
+            if decode_last and pending is not None and len(self.tokens) < self.n_ctx:
+                # keep the cache equal to prompt + everything returned, so the next prompt
+                # that continues this text reuses all of it
+                try:
+                    self._decode([pending])
+                except Exception:  # context full or aborted: the cache simply stays shorter
+                    pass
+
+
+def make_sampler(n_vocab: int, vocab=None, **params) -> SamplerChain:
+    """A common_sampling chain from :class:`~pyllama.sampling.SamplerParams` field values."""
+    return build_chain(SamplerParams(**params), n_vocab=n_vocab, vocab=vocab)
+
+
+def resolve_model_path(model: Optional[str | Path], progress: bool = True) -> Path:
+    """-m as given, or the default model (fetched once) when None."""
+    if model is None:
+        from ._models import default_model_path
+
+        return default_model_path(progress=progress)
+    p = Path(model)
+    if not p.exists():
+        raise FileNotFoundError(f"model file not found: {p}")
+    return p

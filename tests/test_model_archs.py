@@ -1,0 +1,116 @@
+"""The architecture registry: every tiny fixture of ../shared/tiny (files llama.cpp loads
+and runs) is rebuilt from its header (tests/data/tiny_headers.json: metadata and tensor
+table, zero weights) and must pass pyllama's schema, with the hparams llama.cpp derives
+(see ../shared/tiny/README.md: SWA patterns, YaRN, head sizes). Unknown architectures
+(phi2, qwen3moe have no schema yet) raise UnsupportedModelError naming them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gguf_build import ARR, STR, Spec, Tensor, build
+from pyllama import Model, UnsupportedModelError
+
+HEADERS = json.loads((Path(__file__).parent / "data" / "tiny_headers.json").read_text())
+TYPE_IDS = {"F32": 0, "F16": 1, "Q8_0": 8}
+TYPE_BYTES = {"F32": 4, "F16": 2}
+
+
+def rebuild(tmp_path: Path, name: str) -> Path:
+    h = HEADERS[name]
+    kvs = []
+    for key, t, et, v in h["kvs"]:
+        if t == ARR:
+            kvs.append((key, ARR, (et, v)))
+        elif t == STR:
+            kvs.append((key, STR, v))
+        else:
+            kvs.append((key, t, v))
+    tensors = []
+    for tname, ty, ne in h["tensors"]:
+        n = 1
+        for d in ne:
+            n *= d
+        nbytes = n // 32 * 34 if ty == "Q8_0" else n * TYPE_BYTES[ty]  # Q8_0: 34 bytes per 32
+        tensors.append(Tensor(tname, ne, TYPE_IDS[ty], bytes(nbytes)))
+    p = tmp_path / name
+    p.write_bytes(build(Spec(kvs=kvs, tensors=tensors))[0])
+    return p
+
+
+SUPPORTED = sorted(n for n in HEADERS if not n.startswith(("tiny-phi2", "tiny-qwen3moe")))
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_tiny_fixture_schema(tmp_path, name):
+    p = rebuild(tmp_path, name)
+    m = Model.load(p, check_tensors=True)
+    md = m.metadata
+    arch = md["general.architecture"]
+    assert m.arch == arch
+    hp = m.hparams
+    assert hp["n_layer"] == md[f"{arch}.block_count"] and hp["n_embd"] == md[f"{arch}.embedding_length"]
+    assert hp["n_head"] == [md[f"{arch}.attention.head_count"]] * m.n_layer  # per layer
+    assert m.n_head_kv == md[f"{arch}.attention.head_count_kv"]
+    assert hp["n_embd_head_k"] == md.get(f"{arch}.attention.key_length", m.n_embd // m.n_head)
+    assert hp["n_vocab"] == 2048 or "fullvocab" in name
+    assert m.desc.startswith(f"{arch} ?B ")  # llama.cpp classifies every tiny model as "?B"
+
+
+def load_tiny(tmp_path, arch):
+    return Model.load(rebuild(tmp_path, f"tiny-{arch}-F32.gguf"))
+
+
+def test_tiny_hparams_llama_cpp_derives(tmp_path):
+    g2 = load_tiny(tmp_path, "gemma2").hparams
+    assert g2["n_swa"] == 64 and g2["swa_layers"] == [True, False]  # default pattern 2
+    assert g2["f_attn_logit_softcapping"] == 50 and g2["f_final_logit_softcapping"] == 30
+    assert g2["f_attention_scale"] == pytest.approx(1 / 32**0.5)
+    g3 = load_tiny(tmp_path, "gemma3").hparams
+    assert g3["swa_layers"] == [True] * 5 + [False] and g3["rope_freq_base_swa"] == 10000
+    assert load_tiny(tmp_path, "phi3").hparams["n_swa"] == 0  # llama.cpp disables Phi SWA
+    assert load_tiny(tmp_path, "qwen3").hparams["n_embd_head_k"] == 32
+    assert load_tiny(tmp_path, "qwen2").hparams["rope_type"] == "neox"
+    m3 = load_tiny(tmp_path, "mistral3").hparams
+    assert m3["rope_type"] == "norm" and m3["rope_scaling_type"] == "yarn"
+    assert m3["rope_freq_scale"] == pytest.approx(1 / 16) and m3["n_ctx_orig_yarn"] == 128
+    assert m3["yarn_beta_fast"] == 32 and m3["yarn_beta_slow"] == 1 and m3["rope_yarn_log_mul"] == 1
+    assert m3["f_attn_temp_scale"] == pytest.approx(0.1) and m3["n_attn_temp_floor_scale"] == 128
+
+
+@pytest.mark.parametrize("name", ["tiny-phi2-F32.gguf", "tiny-qwen3moe-F32.gguf"])
+def test_unregistered_architecture_named(tmp_path, name):
+    arch = name.split("-")[1]
+    with pytest.raises(UnsupportedModelError, match=f"unknown model architecture '{arch}'"):
+        Model.load(rebuild(tmp_path, name))
+    from pyllama import GGUFFile  # the file itself is fine
+
+    assert GGUFFile(rebuild(tmp_path, name)).metadata["general.architecture"] == arch
+
+
+def test_schema_rejects_a_wrong_fused_shape(tmp_path):
+    h = HEADERS["tiny-phi3-F32.gguf"]
+    h2 = {"kvs": h["kvs"], "tensors": [[n, t, ([64, 100] if n == "blk.0.attn_qkv.weight" else ne)] for n, t, ne in h["tensors"]]}
+    HEADERS["tiny-phi3-bad.gguf"] = h2
+    try:
+        with pytest.raises(UnsupportedModelError, match="blk.0.attn_qkv.weight' has wrong shape"):
+            Model.load(rebuild(tmp_path, "tiny-phi3-bad.gguf"))
+    finally:
+        del HEADERS["tiny-phi3-bad.gguf"]
+
+
+TINY = Path("/work/shared/tiny/models")
+
+
+@pytest.mark.skipif(not TINY.exists(), reason="../shared/tiny not present")
+def test_every_real_tiny_file_loads_or_names_its_architecture():
+    for p in sorted(TINY.glob("*.gguf")):
+        try:
+            m = Model.load(p, check_tensors=True)
+        except UnsupportedModelError as e:
+            assert "phi2" in str(e) or "qwen3moe" in str(e), (p, e)
+            continue
+        assert m.n_params > 0, p
