@@ -1,4 +1,6 @@
-//! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- quick]`.
+//! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- MODE]`.
+//! Modes: (none) full table, `quick` shorter timings, `roof` best-case per-core kernel
+//! speed with the weights in cache, `pool` thread-pool cost per parallel region.
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
