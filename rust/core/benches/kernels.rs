@@ -1,4 +1,6 @@
-//! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- quick]`.
+//! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- MODE]`.
+//! Modes: (none) full table, `quick` shorter timings, `roof` best-case per-core kernel
+//! speed with the weights in cache, `pool` thread-pool cost per parallel region.
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
@@ -112,7 +114,7 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
         if quant::kernel_set() != quant::KernelSet::Avx2 {
             return None;
         }
-        let (one, many) = quant::avx2::dot_kernels(ty)?;
+        let (one, many) = quant::avx2::dot_kernels(ty)?; // VNNI builds where the CPU has them
         let n = 4096;
         let rows = 16;
         let w = random_weights(ty, n, rows);

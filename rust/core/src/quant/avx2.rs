@@ -28,7 +28,33 @@ pub const TILE: usize = 4;
 
 /// (single-column, TILE-column) kernels of weight type `ty`, if an AVX2 version exists.
 pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+    dot_kernels_with(ty, vnni_available())
+}
+
+/// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
+/// `PYLLAMA_KERNELS=avx2` turns them off).
+pub fn vnni_available() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        is_x86_feature_detected!("avxvnni")
+            && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("avx2")).unwrap_or(false)
+    })
+}
+
+/// `dot_kernels` with the VNNI choice made by the caller (tests compare both).
+pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
     use GgmlType::*;
+    if vnni {
+        match ty {
+            Q4_0 => return Some((dot_q4_0_vnni::<1>, dot_q4_0_vnni::<TILE>)),
+            Q4_1 => return Some((dot_q4_1_vnni::<1>, dot_q4_1_vnni::<TILE>)),
+            Q5_0 => return Some((dot_q5_0_vnni::<1>, dot_q5_0_vnni::<TILE>)),
+            Q5_1 => return Some((dot_q5_1_vnni::<1>, dot_q5_1_vnni::<TILE>)),
+            Q8_0 => return Some((dot_q8_0_vnni::<1>, dot_q8_0_vnni::<TILE>)),
+            IQ4_NL => return Some((dot_iq4_nl_vnni::<1>, dot_iq4_nl_vnni::<TILE>)),
+            _ => {}
+        }
+    }
     Some(match ty {
         Q4_0 => (dot_q4_0::<1>, dot_q4_0::<TILE>),
         Q4_1 => (dot_q4_1::<1>, dot_q4_1::<TILE>),
@@ -201,6 +227,24 @@ unsafe fn i16_pairs_to_ps(p: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
 }
 
+/// Sums of 4 adjacent u8*i8 products as 8 f32. With V (AVX-VNNI) one `vpdpbusd`; else
+/// `maddubs` + `madd`: the same integers (no i16 saturation is possible with these
+/// formats' ranges), so both variants give bit-identical results.
+#[inline(always)]
+unsafe fn u8_i8_dot_ps<const V: bool>(a: __m256i, b: __m256i) -> __m256 {
+    if V {
+        _mm256_cvtepi32_ps(vnni_dot(a, b))
+    } else {
+        i16_pairs_to_ps(_mm256_maddubs_epi16(a, b))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn vnni_dot(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
+}
+
 /// 16 signed nibble-indexed table values: low nibbles of 16 bytes -> elements 0..16, high -> 16..32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -217,9 +261,8 @@ unsafe fn iq4_lookup(p: *const u8) -> __m256i {
 
 /// Signed-weight family (Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0): per block
 /// acc += (dw*dx) * sum(qw*qx). `decode(block) -> (dw, signed 32 weights)`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_signed_q8_0<const NC: usize>(
+#[inline(always)]
+unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
     n: usize,
     w: *const u8,
     wsize: usize,
@@ -241,7 +284,7 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
             let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
             let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
             let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
-            let q = i16_pairs_to_ps(_mm256_maddubs_epi16(aw, sy));
+            let q = u8_i8_dot_ps::<V>(aw, sy);
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
     }
@@ -252,9 +295,8 @@ unsafe fn dot_signed_q8_0<const NC: usize>(
 
 /// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1): per block
 /// acc += (dw*dx) * sum(qw*qx), summ += mw * sx.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_min_q8_1<const NC: usize>(
+#[inline(always)]
+unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
     n: usize,
     w: *const u8,
     wsize: usize,
@@ -283,7 +325,7 @@ unsafe fn dot_min_q8_1<const NC: usize>(
             let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
             summ[c] = _mm_add_ps(summ[c], p);
             let d = _mm256_broadcastss_ps(p);
-            let q = i16_pairs_to_ps(_mm256_maddubs_epi16(qw, load256(by.add(4))));
+            let q = u8_i8_dot_ps::<V>(qw, load256(by.add(4)));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
     }
@@ -292,40 +334,66 @@ unsafe fn dot_min_q8_1<const NC: usize>(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| {
+/// A 32-element-block kernel in two builds: plain AVX2 and AVX2 + AVX-VNNI (same results).
+macro_rules! legacy_kernel {
+    ($plain:ident, $vnni:ident, $body:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+            $body::<NC, false>(n, w, x, xs, xd, xds, out)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub unsafe fn $vnni<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+            $body::<NC, true>(n, w, x, xs, xd, xds, out)
+        }
+    };
+}
+
+legacy_kernel!(dot_q4_0, dot_q4_0_vnni, body_q4_0);
+
+#[inline(always)]
+unsafe fn body_q4_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| {
         (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
     })
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 22, x, xs, xd, xds, out, |b| {
+legacy_kernel!(dot_q5_0, dot_q5_0_vnni, body_q5_0);
+
+#[inline(always)]
+unsafe fn body_q5_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC, V>(n, w, 22, x, xs, xd, xds, out, |b| {
         // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
         let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
         (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
     })
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q8_0<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
+legacy_kernel!(dot_q8_0, dot_q8_0_vnni, body_q8_0);
+
+#[inline(always)]
+unsafe fn body_q8_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC, V>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_nl<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
+legacy_kernel!(dot_iq4_nl, dot_iq4_nl_vnni, body_iq4_nl);
+
+#[inline(always)]
+unsafe fn body_iq4_nl<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
+legacy_kernel!(dot_q4_1, dot_q4_1_vnni, body_q4_1);
+
+#[inline(always)]
+unsafe fn body_q4_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC, V>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC>(n, w, 24, x, xs, xd, xds, out, |b| {
+legacy_kernel!(dot_q5_1, dot_q5_1_vnni, body_q5_1);
+
+#[inline(always)]
+unsafe fn body_q5_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_min_q8_1::<NC, V>(n, w, 24, x, xs, xd, xds, out, |b| {
         let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles_32(b.add(8)), hi)
     })
@@ -893,6 +961,12 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         // The signed value of the first element with |x| == amax (ggml keeps the first).
         let max = *x.iter().find(|v| v.abs() == amax).unwrap_or(&amax);
         let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            // amax < 127 * FLT_MIN: the scale overflows and ggml's quants are whatever
+            // nearest_int makes of inf/NaN; take them from the scalar code (d is -0.0 anyway).
+            super::kquants::quantize_q8_k(x, b);
+            continue;
+        }
         let mul = _mm256_set1_ps(iscale);
         let lim = _mm256_set1_epi32(127);
         let q = b.as_mut_ptr().add(4);

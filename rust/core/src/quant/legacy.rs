@@ -248,6 +248,16 @@ pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
 /// Activation quantizers as llama.cpp runs them on x86 (ggml-cpu/arch/x86/quants.c,
 /// AVX/AVX2 path): the inverse scale is `127/amax` (not `1/(amax/127)`) and rounding is to
 /// nearest even. The matmul uses these so that its numbers are llama.cpp's on x86.
+/// `_mm256_cvtps_epi32` then saturating packs to i8, in scalar: NaN and out-of-range values
+/// become i32::MIN (the "integer indefinite") and then -128. Only reached when 127/amax
+/// overflows (amax < 127 * f32::MIN_POSITIVE), where the f16 scale is 0 anyway.
+#[inline(always)]
+fn cvt_pack_i8(v: f32) -> (i8, i32) {
+    let r = v.round_ties_even();
+    let i = if r.is_nan() || !(-2147483648.0..2147483648.0).contains(&r) { i32::MIN } else { r as i32 };
+    (i.clamp(-128, 127) as i8, i)
+}
+
 pub fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
         let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
@@ -255,7 +265,7 @@ pub fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
         b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for j in 0..QK {
-            b[2 + j] = (x[j] * id).round_ties_even() as i32 as i8 as u8;
+            b[2 + j] = cvt_pack_i8(x[j] * id).0 as u8;
         }
     }
 }
@@ -268,9 +278,9 @@ pub fn quantize_q8_1_x86(src: &[f32], dst: &mut [u8]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for j in 0..QK {
-            let q = (x[j] * id).round_ties_even() as i32;
-            b[4 + j] = q as i8 as u8;
-            sum += q;
+            let (q, wide) = cvt_pack_i8(x[j] * id);
+            b[4 + j] = q as u8;
+            sum = sum.wrapping_add(wide); // the SIMD version sums the unpacked 32-bit values
         }
         b[2..4].copy_from_slice(&f32_to_f16(d * sum as f32).to_le_bytes());
     }
