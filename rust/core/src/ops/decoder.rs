@@ -1,6 +1,5 @@
-//! The pre-norm decoder most GGUF architectures share, configured per architecture
-//! (qwen2, qwen3, gemma, gemma2, phi3 use it; llama and gemma3 spell their passes out in their
-//! own files as worked examples of the same blocks):
+//! The pre-norm decoder the GGUF architectures share, configured per architecture in
+//! models/<arch>.rs (llama, gemma3, qwen2, qwen3, gemma, gemma2, phi3, mistral3):
 //!
 //! x = embd(tokens) [* sqrt(n_embd)]                                  [n, n_embd]
 //! per layer: cur = rmsnorm(x) * attn_norm
@@ -192,7 +191,8 @@ impl Forward for Decoder {
                 crate::cb!(st, "attn_post_norm", il, tmp, ne);
             }
             st.residual();
-            crate::cb!(st, "ffn_inp", il, x, ne);
+            // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
+            crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
             st.ffn_any(il, l.gate.as_ref(), &l.up, &l.down, c.act)?;
