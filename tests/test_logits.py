@@ -156,12 +156,11 @@ def test_real_model_greedy_and_teacher_forcing(real):
             if margins[k] > 0.25:
                 agree.append(int(lg[len(toks) - 1 + k].argmax()) == g)
     assert np.mean(agree) >= 0.98, np.mean(agree)
-    # Known: on Gemma 3 the chat prompt's continuation flips at step 11, where llama.cpp's
-    # margin is 0.40 (ours 0.37 the other way). Its attention and matmuls match
-    # llama-eval-callback to every printed digit; the rest is last-bit differences
-    # (summation order inside the quantized dot products) that this prompt amplifies
-    # (f32 instead of f16 K/V moves the same logits by ~2). A flip where llama.cpp is
-    # confident (margin >= 1) would be a real bug and still fails.
+    # pyllama's kernels reproduce llama.cpp's x86 summation orders (Q4_K: its repacked
+    # gemm order; Q6_K: its AVX2 lane split; rope, GELU table and the flash-attention sum:
+    # the FMAs GCC contracts), so Gemma 3 follows llama.cpp's greedy path on every prompt
+    # here. A flip where llama.cpp is confident (margin >= 1) is a bug and fails; a flip
+    # at a smaller margin is reported as xfail with the numbers.
     assert all(margin < 1.0 for _, _, margin in flips), flips
     if flips:
         pytest.xfail(f"greedy left llama.cpp's continuation at a low-margin step: {flips}")
