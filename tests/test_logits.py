@@ -119,8 +119,10 @@ def real(real_model_path, request):
     return name, real_model_path, DATA / "reference" / REAL[name]
 
 
-def test_real_model_logits_match_llamacpp(real):
-    name, path, prefix = real
+QWEN25 = DATA / "reference" / "qwen2.5-coder-0.5b-q4_k_m"
+
+
+def check_logits(path: Path, prefix: Path) -> None:
     s = compare_prompts(path, prefix)
     assert s["top1"] >= 0.99, s
     assert s["mean"] <= 0.3, s
@@ -128,8 +130,26 @@ def test_real_model_logits_match_llamacpp(real):
     assert s["kl"] <= 0.01, s
 
 
+def test_real_model_logits_match_llamacpp(real):
+    name, path, prefix = real
+    check_logits(path, prefix)
+
+
+def test_qwen25_logits_match_llamacpp(qwen25_path):
+    # the third reference model: qwen2 (q/k/v biases, 151,936 tokens), Q4_K_M
+    check_logits(qwen25_path, QWEN25)
+
+
 def test_real_model_greedy_and_teacher_forcing(real):
     name, path, prefix = real
+    check_greedy_and_teacher_forcing(path, prefix)
+
+
+def test_qwen25_greedy_and_teacher_forcing(qwen25_path):
+    check_greedy_and_teacher_forcing(qwen25_path, QWEN25)
+
+
+def check_greedy_and_teacher_forcing(path: Path, prefix: Path) -> None:
     ref, _ = load_ref(prefix)
     m = _core.Model([str(path)])
     nv = ref["n_vocab"]
