@@ -64,7 +64,7 @@ pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
         IQ4_NL => (dot_iq4_nl::<1>, dot_iq4_nl::<TILE>),
         Q2_K => (dot_q2_k::<1>, dot_q2_k::<TILE>),
         Q3_K => (dot_q3_k::<1>, dot_q3_k::<TILE>),
-        Q4_K => q4k_kernels(),
+        Q4_K => (dot_q4_k::<1>, dot_q4_k::<TILE>),
         Q5_K => (dot_q5_k::<1>, dot_q5_k::<TILE>),
         Q6_K => (dot_q6_k::<1>, dot_q6_k::<TILE>),
         IQ4_XS => (dot_iq4_xs::<1>, dot_iq4_xs::<TILE>),
@@ -610,15 +610,29 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
-/// The Q4_K (single, tile) kernels. `PYLLAMA_Q4K=llama` reproduces llama.cpp exactly
-/// (gemv order for tokens left over after groups of 4, gemm order within them) at the price
-/// of pyllama's determinism guarantee; `PYLLAMA_Q4K=gemv` uses the gemv order throughout.
-fn q4k_kernels() -> (DotN, DotN) {
-    match std::env::var("PYLLAMA_Q4K").as_deref() {
-        Ok("llama") => (dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>),
-        Ok("gemv") => (dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, false>),
-        _ => (dot_q4_k::<1>, dot_q4_k::<TILE>),
+/// `PYLLAMA_ORDER=llamacpp`: choose the K-quant kernels' summation order per matmul the
+/// way llama.cpp 0c1e570 does on x86 with AVX2 (Q4_K: its repacked gemv order for tokens left
+/// over after groups of 4, gemm order within them; Q6_K: its tiled order for batches of 8 or
+/// more rows, its vec_dot order below). Logits then match llama.cpp bit for bit on the
+/// reference prompts, but depend on the batch size, as llama.cpp's do: pyllama's default
+/// uses the batch (prompt) orders for every token count instead, so results are the same
+/// whatever n_ubatch.
+pub fn llamacpp_order() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("PYLLAMA_ORDER").map(|v| v.eq_ignore_ascii_case("llamacpp")).unwrap_or(false))
+}
+
+/// `dot_kernels`, for a matmul over `n_tokens` activation rows (only differs from
+/// `dot_kernels` under `PYLLAMA_ORDER=llamacpp`).
+pub fn dot_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
+    if llamacpp_order() {
+        match ty {
+            GgmlType::Q4_K => return Some((dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>)),
+            GgmlType::Q6_K if n_tokens < 8 => return Some((dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>)),
+            _ => {}
+        }
     }
+    dot_kernels(ty)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -681,12 +695,18 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     }
 }
 
+/// Q6_K x Q8_K. `TILED = false`: ggml's AVX2 vec_dot order (8 float lanes, one FMA per
+/// super-block each, a horizontal sum at the end); llama.cpp runs it for batches of fewer
+/// than 8 rows. `TILED = true`: the order of llama.cpp's tiled K-quant matmul
+/// (ggml-cpu/tiled, batches of 8 rows or more): per super-block the exact i32 sum times
+/// d_w, then one FMA with d_a into a single accumulator.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
+    let mut acc1 = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 210);
         if NC == 1 {
@@ -737,12 +757,23 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
             let (by, q8) = q8k(x, xs, c, i);
             let sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(q8.add(256)), scales_16), 5);
             sumi[c] = _mm256_sub_epi32(sumi[c], sub);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(by) * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            if TILED {
+                acc1[c] = (dw * hsum_i32(sumi[c]) as f32).mul_add(f32_at(by), acc1[c]);
+            } else {
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(by) * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            }
         }
     }
     for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]);
+        *out.add(c) = if TILED { acc1[c] } else { hsum_ps(acc[c]) };
     }
+}
+
+/// pyllama's Q6_K kernel: llama.cpp's tiled (prompt) order for every token count, so
+/// results do not depend on the batch.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_q6_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
