@@ -342,7 +342,9 @@ pub fn vec_dot_q6_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
             }
             isum += (sc[g] as i8) as i32 * s;
         }
-        sumf += (rd_f16(bx, 208) * yd) * isum as f32;
+        // llama.cpp's tiled K-quant order (its matmuls of >= 8 rows), as the AVX2 kernel:
+        // d_w times the exact sum, then one FMA with d_a.
+        sumf = (rd_f16(bx, 208) * isum as f32).mul_add(yd, sumf);
     }
     sumf
 }
