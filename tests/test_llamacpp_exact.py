@@ -5,10 +5,11 @@ CPU backend (the summation orders of its quantized dot products, GCC's FMA contr
 in rope / GELU / the attention sum, ggml's vector expf in SwiGLU). Where llama.cpp's own
 order depends on the batch (Q4_K: gemv vs repacked gemm rows; Q6_K: vec_dot below 8 rows,
 tiled at 8 or more), pyllama uses the batch order for every token count so that its
-results do not depend on n_ubatch; ``PYLLAMA_ORDER=llamacpp`` switches to llama.cpp's
-batch-dependent choice. llama.cpp also switches its attention to a tiled f32 kernel for
-micro-batches of 64 or more queries, which pyllama does not follow: the 850-token
-reference prompt is excluded here (issue 5's tolerances cover it in test_logits.py).
+results do not depend on n_ubatch. llama.cpp also switches its attention to a tiled f32
+kernel for micro-batches of 64 or more queries; pyllama's default keeps its one kernel, so
+the default-mode check below covers the prompts under 64 tokens. ``PYLLAMA_ORDER=llamacpp``
+makes both choices per micro-batch as llama.cpp does: then every position of every
+reference prompt, the 850-token ones included, is bit-identical on all three models.
 The references were computed on an AVX2 + FMA machine; these tests need the same.
 """
 
@@ -34,12 +35,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def mismatches(model_path: Path, prefix: Path) -> list:
+def mismatches(model_path: Path, prefix: Path, prompts=SHORT) -> list:
     """(prompt, n_rows, rows whose 20 reference logits differ from ours in any bit)."""
     ref, z = load_ref(prefix)
     m = _core.Model([str(model_path)])
     out = []
-    for i in SHORT:
+    for i in (range(len(ref["prompts"])) if prompts is None else prompts):
         toks = np.array(ref["prompts"][i]["tokens"], dtype=np.int32)
         ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=2, n_threads_batch=2)
         lg = decode_all(ctx, toks, ref["n_vocab"])
@@ -61,14 +62,17 @@ import sys, json
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_llamacpp_exact import mismatches
-print(json.dumps(mismatches(Path({model!r}), Path({prefix!r}))))
+print(json.dumps(mismatches(Path({model!r}), Path({prefix!r}), prompts=None)))
 """
 
 
-@pytest.mark.parametrize("which", ["gemma3", "qwen25"])
+@pytest.mark.parametrize("which", ["smollm2", "gemma3", "qwen25"])
 def test_llamacpp_order_bit_identical(which, request):
-    path = request.getfixturevalue("gemma3_path" if which == "gemma3" else "qwen25_path")
-    prefix = DATA / "reference" / ("gemma3-270m-q4_k_m" if which == "gemma3" else "qwen2.5-coder-0.5b-q4_k_m")
+    # all reference prompts, the ~850-token one (two micro-batches of >= 64 queries) included
+    fixture, name = {"smollm2": ("smollm2_path", "smollm2-135m-q4_1"), "gemma3": ("gemma3_path", "gemma3-270m-q4_k_m"),
+                     "qwen25": ("qwen25_path", "qwen2.5-coder-0.5b-q4_k_m")}[which]
+    path = request.getfixturevalue(fixture)
+    prefix = DATA / "reference" / name
     code = _CHILD.format(tests=str(Path(__file__).parent), model=str(path), prefix=str(prefix))
     env = dict(os.environ, PYLLAMA_ORDER="llamacpp")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

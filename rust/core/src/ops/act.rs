@@ -120,6 +120,13 @@ fn avx2_fma() -> bool {
     *F.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
 }
 
+/// `v_expf` for other modules (callers must have checked AVX2 + FMA).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn v_expf_pub(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    v_expf(x)
+}
+
 /// ggml's `ggml_v_expf` (AVX2 + FMA), operation for operation.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

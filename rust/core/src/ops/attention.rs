@@ -107,6 +107,12 @@ pub fn attention(
         && aligned(&kv.k[p.il][..kv.k[p.il].len().min(2)])
         && aligned(&kv.v[p.il][..kv.v[p.il].len().min(2)]);
 
+    // Under PYLLAMA_ORDER=llamacpp, micro-batches of 64 queries or more take llama.cpp's
+    // tiled f32 kernel, as llama.cpp does (ops/attention_tiled.rs).
+    #[cfg(target_arch = "x86_64")]
+    let tiled = n_tokens >= 64 && p.softcap == 0.0 && crate::quant::avx2::llamacpp_order();
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiled = false;
     pool.run(&|ith, nth| {
         let i0 = n_items * ith / nth;
         let i1 = n_items * (ith + 1) / nth;
@@ -146,6 +152,13 @@ pub fn attention(
             o.fill(0.0);
             if vis.is_empty() {
                 continue;
+            }
+            if f16_kernel && tiled {
+                let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
+                let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
+                if crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
+                    continue;
+                }
             }
             if f16_kernel {
                 // llama.cpp's one_chunk flash attention for F16 K/V (see the module doc)
