@@ -296,7 +296,13 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     use crate::threadpool::ThreadPool;
     let pool = ThreadPool::new(2);
     let mut rng = Rng(1234);
-    let sets: Vec<KernelSet> = if avx2_available() { vec![KernelSet::Ref, KernelSet::Avx2] } else { vec![KernelSet::Ref] };
+    let sets: Vec<KernelSet> = if avx2_available() {
+        vec![KernelSet::Ref, KernelSet::Avx2]
+    } else if neon_available() {
+        vec![KernelSet::Ref, KernelSet::Neon]
+    } else {
+        vec![KernelSet::Ref]
+    };
     for set in sets {
         for ty in WEIGHT_TYPES {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
@@ -381,5 +387,221 @@ fn q4_k_and_q6_k_simd_equal_ref_bit_for_bit() {
                 assert_eq!(r.to_bits(), s.to_bits(), "{ty} n={n}: ref {r} simd {s}");
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------- NEON (aarch64)
+// Run on an x86 host with `cargo test --release -p pyllama-core --target
+// aarch64-unknown-linux-gnu` (qemu, see .cargo/config.toml); `QEMU_CPU=cortex-a53` emulates
+// a CPU without dotprod, the default (`max`) one with it.
+
+#[cfg(target_arch = "aarch64")]
+const NEON_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_K,
+];
+
+/// The NEON builds this CPU can run: plain (always) and dotprod (where present).
+#[cfg(target_arch = "aarch64")]
+fn neon_builds() -> Vec<bool> {
+    let mut v = vec![false];
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        v.push(true);
+    } else {
+        eprintln!("no dotprod on this CPU: only the plain NEON build is tested");
+    }
+    v
+}
+
+/// A weight row for the NEON tests: `random_row`, except Q8_K (whose f32 scale random bytes
+/// could make NaN), which is quantized from normal data.
+#[cfg(target_arch = "aarch64")]
+fn neon_weight_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == GgmlType::Q8_K {
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let mut b = vec![0u8; ty.row_size(n).unwrap()];
+        quantize_row(ty, &x, &mut b).unwrap();
+        return b;
+    }
+    random_row(ty, n, rng)
+}
+
+/// f32 copies of a Q8_0/Q8_1 activation row's block scales (what the matmul passes as xd).
+#[cfg(target_arch = "aarch64")]
+fn act_scales(ty: GgmlType, xq: &[u8]) -> Vec<f32> {
+    match vec_dot_type(ty) {
+        GgmlType::Q8_0 => xq.chunks_exact(34).map(|b| fp::rd_f16(b, 0)).collect(),
+        GgmlType::Q8_1 => xq.chunks_exact(36).flat_map(|b| [fp::rd_f16(b, 0), fp::rd_f16(b, 2)]).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
+    // Quantized formats: NEON reduces each block to its exact integer sum and then does the
+    // _ref's float operations in the _ref's order, so the results are bit-identical (with
+    // and without dotprod, with and without precomputed activation scales). Float formats:
+    // within the tolerance the AVX2 test uses.
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for dp in neon_builds() {
+        for ty in NEON_TYPES {
+            let (one, _) = neon::dot_kernels_with(ty, dp).unwrap();
+            let float = ty.block_size() == 1;
+            let bs = if float { 32 } else { ty.block_size() };
+            for nblocks in [1usize, 2, 3, 5, 7] {
+                for extra in [0usize, 3, 17] {
+                    if extra != 0 && !float {
+                        continue;
+                    }
+                    let n = bs * nblocks + extra;
+                    for _ in 0..4 {
+                        let w = neon_weight_row(ty, n, &mut rng);
+                        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                        let xq = activations(ty, &x, KernelSet::Neon);
+                        let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+                        let mut s = 0f32;
+                        unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut s) };
+                        if float {
+                            let m = mass(ty, &w, &xq, n);
+                            let tol = (n / ty.block_size() + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
+                            assert!(((r - s) as f64).abs() <= tol, "{ty} dp={dp} n={n}: ref {r} neon {s} tol {tol}");
+                        } else {
+                            assert_eq!(r.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: ref {r} neon {s}");
+                            let xd = act_scales(ty, &xq);
+                            if !xd.is_empty() {
+                                let mut t = 0f32;
+                                unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, xd.as_ptr(), 0, &mut t) };
+                                assert_eq!(t.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: with f32 scales");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The safe dispatch (kernel_set() is Neon on aarch64 unless PYLLAMA_KERNELS=ref).
+    for ty in NEON_TYPES {
+        assert!(neon::vec_dot_fn(ty).is_some(), "{ty}");
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_tiled_kernels_equal_single_column_kernels_bit_for_bit() {
+    let mut rng = Rng(42);
+    for dp in neon_builds() {
+        for ty in NEON_TYPES {
+            let (one, many) = neon::dot_kernels_with(ty, dp).unwrap();
+            let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+            for n in [bs, bs * 3 + if ty.block_size() == 1 { 5 } else { 0 }] {
+                let w = neon_weight_row(ty, n, &mut rng);
+                let rows: Vec<Vec<u8>> = (0..TILE)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                        activations(ty, &x, KernelSet::Neon)
+                    })
+                    .collect();
+                let stride = rows[0].len();
+                let xs: Vec<u8> = rows.concat();
+                let sc: Vec<f32> = rows.iter().flat_map(|r| act_scales(ty, r)).collect();
+                let sstride = sc.len() / TILE;
+                for with_scales in [false, true] {
+                    if with_scales && sc.is_empty() {
+                        continue;
+                    }
+                    let xd = if with_scales { sc.as_ptr() } else { std::ptr::null() };
+                    let mut tiled = [0f32; TILE];
+                    unsafe { many(n, w.as_ptr(), xs.as_ptr(), stride, xd, sstride, tiled.as_mut_ptr()) };
+                    for (c, t) in tiled.iter().enumerate() {
+                        let mut single = 0f32;
+                        let xdc = if with_scales { sc[c * sstride..].as_ptr() } else { std::ptr::null() };
+                        unsafe { one(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, xdc, 0, &mut single) };
+                        assert_eq!(t.to_bits(), single.to_bits(), "{ty} dp={dp} n={n} column {c} scales={with_scales}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
+    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+        eprintln!("no dotprod on this CPU: nothing to compare");
+        return;
+    }
+    // Extreme quants: all-max and all-min bytes (Q8_0 -128 weights, nibbles 0 and 15).
+    let mut rng = Rng(77);
+    for ty in NEON_TYPES {
+        if ty.block_size() == 1 {
+            continue;
+        }
+        let n = ty.block_size() * 4;
+        for fill in [None, Some(0x00u8), Some(0xFF), Some(0x80)] {
+            let mut w = neon_weight_row(ty, n, &mut rng);
+            if let Some(f) = fill {
+                if ty != GgmlType::Q8_K {
+                    let keep = f16_fields(ty);
+                    for blk in w.chunks_exact_mut(ty.type_size()) {
+                        for (i, b) in blk.iter_mut().enumerate() {
+                            if !keep.iter().any(|&o| i == o || i == o + 1) {
+                                *b = f;
+                            }
+                        }
+                    }
+                }
+            }
+            let x: Vec<f32> = (0..n).map(|_| rng.normal() * 10.0).collect();
+            let xq = activations(ty, &x, KernelSet::Neon);
+            let (p1, _) = neon::dot_kernels_with(ty, false).unwrap();
+            let (d1, _) = neon::dot_kernels_with(ty, true).unwrap();
+            let (mut a, mut b) = (0f32, 0f32);
+            unsafe {
+                p1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut a);
+                d1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut b);
+            }
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} fill {fill:?}");
+            let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+            assert_eq!(a.to_bits(), r.to_bits(), "{ty} fill {fill:?}: neon {a} ref {r}");
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_matmul_equals_ref_matmul_for_quantized_weights() {
+    // Whole matmuls (tiled path, odd row and token counts, 2 threads): NEON == scalar bit
+    // for bit for the quantized formats, so results do not depend on the kernel set.
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(2024);
+    for ty in NEON_TYPES {
+        if ty.block_size() == 1 {
+            continue;
+        }
+        let (n_in, n_out, n_tok) = (ty.block_size() * 2, 5, 7);
+        let w: Vec<u8> = (0..n_out).flat_map(|_| neon_weight_row(ty, n_in, &mut rng)).collect();
+        let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let (mut a, mut b) = (vec![0f32; n_out * n_tok], vec![0f32; n_out * n_tok]);
+        let mut scratch = Vec::new();
+        matmul_with(&pool, KernelSet::Ref, &tv, &x, n_tok, &mut a, n_out, 0..n_out, &mut scratch).unwrap();
+        matmul_with(&pool, KernelSet::Neon, &tv, &x, n_tok, &mut b, n_out, 0..n_out, &mut scratch).unwrap();
+        assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty}");
     }
 }
