@@ -10,13 +10,18 @@
 //! rows it serves per pass over a weight row (1: single token; `TILE`: the prefill tile),
 //! with the `DotN` signature, so the matmul's tiled path uses them the same way.
 //!
-//! Summation order: every quantized kernel reduces each block's (or sub-block's) integer
-//! dot product to its exact i32 value and then does the scalar float operations of the
-//! `_ref` kernel in the `_ref` order (legacy.rs, kquants.rs: for Q4_K and Q6_K the
-//! llama.cpp batch orders). Integer sums are exact whatever the lane partition, so the
-//! NEON results equal the scalar references bit for bit, with or without `dotprod`, for
-//! every NC. The float kernels (F32/F16/BF16) use 4 x 4 f32 FMA lanes and so differ from
-//! the sequential `_ref` sum by normal float rounding (within the tests' tolerance).
+//! Summation order: the kernels follow the float operation order of pyllama's x86 AVX2
+//! kernels (whose legacy-block and float orders are ggml's x86 ones), so an aarch64 build
+//! computes the same floats as an x86 one:
+//! - Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL: per block, 8 lanes of exact sums of 4 adjacent
+//!   products (the lanes of x86's maddubs+madd, and of sdot), FMA'd with d_w * d_x into
+//!   8 f32 accumulators, then avx2.rs's horizontal-sum order (`hsum8`).
+//! - F32/F16/BF16: avx2.rs's `dot_float` order (two 8-lane FMA accumulators, scalar tail).
+//! - Q4_K, Q6_K: the `_ref` order, which is also the AVX2 one (llama.cpp's batch orders).
+//! - Q5_K, Q8_K: the `_ref` order (the AVX2 Q5_K order differs).
+//! Integer sums are exact whatever the instructions, so with and without `dotprod`, and for
+//! every NC, the results are bit-identical; the K-quants equal `_ref` bit for bit, the
+//! rest differ from the sequential `_ref` sums by float rounding only.
 //!
 //! Speed: only tested under qemu on an x86 host; not measured on ARM hardware.
 
@@ -181,6 +186,28 @@ unsafe fn dot32<const DP: bool>(a0: int8x16_t, a1: int8x16_t, p: *const u8) -> i
     vaddvq_s32(dot16::<DP>(s, a1, ld_s8(p.add(16))))
 }
 
+/// Lane k = a[4k..4k+4] . b[4k..4k+4] (exact): the lanes of x86's `maddubs` + `madd`
+/// (and of `sdot`), so the float accumulation below can follow the AVX2 kernels.
+#[inline(always)]
+unsafe fn dot4_lanes<const DP: bool>(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    if DP {
+        sdot(vdupq_n_s32(0), a, b)
+    } else {
+        let p0 = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+        let p1 = vpaddlq_s16(vmull_high_s8(a, b));
+        vpaddq_s32(p0, p1)
+    }
+}
+
+/// The sum of 8 lanes (lo = AVX lanes 0..4, hi = 4..8) in the order of avx2.rs's
+/// `hsum_ps`: ((v4 + v0) + (v6 + v2)) + ((v5 + v1) + (v7 + v3)).
+#[inline(always)]
+unsafe fn hsum8(lo: float32x4_t, hi: float32x4_t) -> f32 {
+    let r = vaddq_f32(hi, lo);
+    let t = vadd_f32(vget_low_f32(r), vget_high_f32(r));
+    vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
+}
+
 /// 16 packed nibble bytes -> (low nibbles = elements 0..16, high nibbles = elements 16..32).
 #[inline(always)]
 unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
@@ -203,8 +230,9 @@ unsafe fn fifth_bits(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 
 // ------------------------------------------------------------------ 32-element blocks
 
-/// Signed-weight family (Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0). Per block, as the _ref:
-/// sumf += (sumi as f32) * (d_w * d_x). `decode(block) -> 32 signed weights`.
+/// Signed-weight family (Q4_0, Q5_0, Q8_0, IQ4_NL against Q8_0), in the order of the AVX2
+/// kernel (ggml's x86 order): per block, 8 lanes of exact 4-product sums, each FMA'd with
+/// d_w * d_x into 8 f32 accumulators; `hsum8` at the end. `decode(block) -> 32 weights`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dot_signed_q8_0<const NC: usize, const DP: bool>(
@@ -219,25 +247,28 @@ unsafe fn dot_signed_q8_0<const NC: usize, const DP: bool>(
     decode: impl Fn(*const u8) -> (int8x16_t, int8x16_t),
 ) {
     let nb = n / 32;
-    let mut sumf = [0f32; NC];
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
     for i in 0..nb {
         let bw = w.add(i * wsize);
         let dw = f16_at(bw);
         let (q0, q1) = decode(bw);
-        for (c, s) in sumf.iter_mut().enumerate() {
+        for (c, a) in acc.iter_mut().enumerate() {
             let by = x.add(c * xs + i * 34);
             let dx = if xd.is_null() { f16_at(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
-            let sumi = dot32::<DP>(q0, q1, by.add(2));
-            *s += sumi as f32 * (dw * dx);
+            let d = dw * dx;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(2)))), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(18)))), d);
         }
     }
-    for (c, s) in sumf.iter().enumerate() {
-        *out.add(c) = *s;
+    for (c, a) in acc.iter().enumerate() {
+        *out.add(c) = hsum8(a.0, a.1);
     }
 }
 
-/// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1). Per block, as the _ref:
-/// sumf += (d_w * d_x) * (sumi as f32) + m_w * s_x.
+/// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1), in the AVX2 kernel's order:
+/// the 8-lane FMA accumulation of the signed family with d_w * d_x, plus the sequential
+/// sum of m_w * s_x, added after the horizontal sum.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
@@ -252,12 +283,14 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
     decode: impl Fn(*const u8) -> (int8x16_t, int8x16_t),
 ) {
     let nb = n / 32;
-    let mut sumf = [0f32; NC];
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
+    let mut summ = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * wsize);
         let (dw, mw) = (f16_at(bw), f16_at(bw.add(2)));
         let (q0, q1) = decode(bw);
-        for (c, s) in sumf.iter_mut().enumerate() {
+        for (c, a) in acc.iter_mut().enumerate() {
             let by = x.add(c * xs + i * 36);
             let (dx, sx) = if xd.is_null() {
                 (f16_at(by), f16_at(by.add(2)))
@@ -265,12 +298,14 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
                 let p = xd.add(c * xds + 2 * i);
                 (std::ptr::read_unaligned(p), std::ptr::read_unaligned(p.add(1)))
             };
-            let sumi = dot32::<DP>(q0, q1, by.add(4));
-            *s += (dw * dx) * sumi as f32 + mw * sx;
+            let d = dw * dx;
+            summ[c] += mw * sx;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(4)))), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(20)))), d);
         }
     }
-    for (c, s) in sumf.iter().enumerate() {
-        *out.add(c) = *s;
+    for (c, a) in acc.iter().enumerate() {
+        *out.add(c) = hsum8(a.0, a.1) + summ[c];
     }
 }
 
@@ -551,8 +586,9 @@ unsafe fn body_q8_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
 
 // ------------------------------------------------------------------ float rows
 
-/// Shared float kernel: 16 elements per step into four 4-lane FMA accumulators per column,
-/// then ((a0 + a1) + (a2 + a3)) summed across lanes, then a scalar tail. `load(p, k)`
+/// Shared float kernel in avx2.rs's `dot_float` order: 16 elements per step into four
+/// 4-lane FMA accumulators per column (= AVX's two 8-lane ones), then `hsum8` of their
+/// sum, then a scalar tail. `load(p, k)`
 /// converts 4 elements starting at element k of row p, `scalar(p, k)` one.
 #[inline(always)]
 unsafe fn dot_float<const NC: usize>(
@@ -579,7 +615,7 @@ unsafe fn dot_float<const NC: usize>(
         k += 16;
     }
     for (c, a) in acc.iter().enumerate() {
-        let mut s = vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
+        let mut s = hsum8(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));
         let xc = x.add(c * xs);
         for k in n16..n {
             s += scalar(w, k) * scalar(xc, k);

@@ -450,10 +450,9 @@ fn act_scales(ty: GgmlType, xq: &[u8]) -> Vec<f32> {
 #[test]
 #[cfg(target_arch = "aarch64")]
 fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
-    // Quantized formats: NEON reduces each block to its exact integer sum and then does the
-    // _ref's float operations in the _ref's order, so the results are bit-identical (with
-    // and without dotprod, with and without precomputed activation scales). Float formats:
-    // within the tolerance the AVX2 test uses.
+    // All formats within the tolerance the AVX2 test uses; K-quants bit-identical to _ref
+    // (same order), legacy blocks bit-identical to the x86 order (`x86_order_dot`), with
+    // and without dotprod, with and without precomputed activation scales.
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for dp in neon_builds() {
         for ty in NEON_TYPES {
@@ -473,12 +472,13 @@ fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
                         let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
                         let mut s = 0f32;
                         unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut s) };
-                        if float {
-                            let m = mass(ty, &w, &xq, n);
-                            let tol = (n / ty.block_size() + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
-                            assert!(((r - s) as f64).abs() <= tol, "{ty} dp={dp} n={n}: ref {r} neon {s} tol {tol}");
-                        } else {
+                        let m = mass(ty, &w, &xq, n);
+                        let tol = (n / ty.block_size() + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
+                        assert!(((r - s) as f64).abs() <= tol, "{ty} dp={dp} n={n}: ref {r} neon {s} tol {tol}");
+                        if ty.block_size() == 256 {
                             assert_eq!(r.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: ref {r} neon {s}");
+                        } else if !float {
+                            assert_eq!(x86_order_dot(ty, n, &w, &xq).to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: x86 order");
                             let xd = act_scales(ty, &xq);
                             if !xd.is_empty() {
                                 let mut t = 0f32;
@@ -574,24 +574,24 @@ fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
                 d1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut b);
             }
             assert_eq!(a.to_bits(), b.to_bits(), "{ty} fill {fill:?}");
-            let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
-            assert_eq!(a.to_bits(), r.to_bits(), "{ty} fill {fill:?}: neon {a} ref {r}");
+            let r = if ty.block_size() == 256 { vec_dot_fn_ref(ty).unwrap()(n, &w, &xq) } else { x86_order_dot(ty, n, &w, &xq) };
+            assert_eq!(a.to_bits(), r.to_bits(), "{ty} fill {fill:?}: neon {a} expected {r}");
         }
     }
 }
 
 #[test]
 #[cfg(target_arch = "aarch64")]
-fn neon_matmul_equals_ref_matmul_for_quantized_weights() {
+fn neon_matmul_equals_ref_matmul_for_k_quants() {
     // Whole matmuls (tiled path, odd row and token counts, 2 threads): NEON == scalar bit
-    // for bit for the quantized formats, so results do not depend on the kernel set.
+    // for bit for the K-quants (same order), so their results do not depend on the set.
     use crate::model::TensorView;
     use crate::ops::matmul::matmul_with;
     use crate::threadpool::ThreadPool;
     let pool = ThreadPool::new(2);
     let mut rng = Rng(2024);
     for ty in NEON_TYPES {
-        if ty.block_size() == 1 {
+        if ty.block_size() != 256 {
             continue;
         }
         let (n_in, n_out, n_tok) = (ty.block_size() * 2, 5, 7);
@@ -603,5 +603,118 @@ fn neon_matmul_equals_ref_matmul_for_quantized_weights() {
         matmul_with(&pool, KernelSet::Ref, &tv, &x, n_tok, &mut a, n_out, 0..n_out, &mut scratch).unwrap();
         matmul_with(&pool, KernelSet::Neon, &tv, &x, n_tok, &mut b, n_out, 0..n_out, &mut scratch).unwrap();
         assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty}");
+    }
+}
+
+/// ggml's x86 (AVX2) float order for the 32-element block formats and F32/F16/BF16, in
+/// scalar code: what avx2.rs computes and neon.rs mirrors. Legacy blocks: per block, 8
+/// lanes of exact sums of 4 adjacent products (obtained from the scalar reference on a block
+/// whose scales are 1 and whose other activations are 0), each FMA'd with d_w * d_x into 8
+/// accumulators; Q4_1/Q5_1 add the sequential sum of m_w * s_x after the horizontal sum.
+/// Floats: two 8-lane FMA accumulators over 16 elements per step, then a scalar tail.
+/// The horizontal sum of 8 lanes is ((v4 + v0) + (v6 + v2)) + ((v5 + v1) + (v7 + v3)).
+fn x86_order_dot(ty: GgmlType, n: usize, w: &[u8], xq: &[u8]) -> f32 {
+    let hsum = |v: [f32; 8]| ((v[4] + v[0]) + (v[6] + v[2])) + ((v[5] + v[1]) + (v[7] + v[3]));
+    if ty.block_size() == 1 {
+        let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row(ty, w, &mut wf).unwrap();
+        dequantize_row(vec_dot_type(ty), xq, &mut xf).unwrap();
+        let (mut a0, mut a1) = ([0f32; 8], [0f32; 8]);
+        let n16 = n / 16 * 16;
+        for k in (0..n16).step_by(16) {
+            for l in 0..8 {
+                a0[l] = wf[k + l].mul_add(xf[k + l], a0[l]);
+                a1[l] = wf[k + 8 + l].mul_add(xf[k + 8 + l], a1[l]);
+            }
+        }
+        let mut s = hsum(std::array::from_fn(|l| a0[l] + a1[l]));
+        for k in n16..n {
+            s += wf[k] * xf[k];
+        }
+        return s;
+    }
+    let vdt = vec_dot_type(ty);
+    let (ts, xs) = (ty.type_size(), vdt.type_size());
+    let min = vdt == GgmlType::Q8_1;
+    let xq_off = if min { 4 } else { 2 };
+    let one = fp::f32_to_f16(1.0).to_le_bytes();
+    let dot_ref = vec_dot_fn_ref(ty).unwrap();
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (bw, bx) in w.chunks_exact(ts).zip(xq.chunks_exact(xs)).take(n / 32) {
+        let mut w1 = bw.to_vec();
+        w1[0..2].copy_from_slice(&one);
+        if min {
+            w1[2..4].fill(0); // m = 0
+        }
+        let d = fp::rd_f16(bw, 0) * fp::rd_f16(bx, 0);
+        for (k, a) in acc.iter_mut().enumerate() {
+            let mut x1 = bx.to_vec();
+            x1[0..2].copy_from_slice(&one);
+            if min {
+                x1[2..4].fill(0);
+            }
+            for (j, q) in x1[xq_off..].iter_mut().enumerate() {
+                if j / 4 != k {
+                    *q = 0;
+                }
+            }
+            let lane = dot_ref(32, &w1, &x1); // the exact integer sum of the 4 products
+            *a = lane.mul_add(d, *a);
+        }
+        if min {
+            summ += fp::rd_f16(bw, 2) * fp::rd_f16(bx, 2);
+        }
+    }
+    hsum(acc) + summ
+}
+
+#[test]
+fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
+    // On x86 this checks the AVX2 kernels against `x86_order_dot`, on aarch64 the NEON
+    // ones: together, an aarch64 build computes the same floats as an x86 one.
+    let kernels = |ty: GgmlType| -> Option<super::DotN> {
+        #[cfg(target_arch = "x86_64")]
+        if avx2_available() {
+            return avx2::dot_kernels(ty).map(|k| k.0 as super::DotN);
+        }
+        #[cfg(target_arch = "aarch64")]
+        return neon::dot_kernels(ty).map(|k| k.0);
+        #[allow(unreachable_code)]
+        {
+            let _ = ty;
+            None
+        }
+    };
+    let mut rng = Rng(31337);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+    ] {
+        let Some(one) = kernels(ty) else {
+            eprintln!("no SIMD kernels here: nothing to compare");
+            return;
+        };
+        for n in [32usize, 96, 160, 35, 51] {
+            if n % 32 != 0 && ty.block_size() != 1 {
+                continue;
+            }
+            for _ in 0..6 {
+                let w = random_row(ty, n, &mut rng);
+                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                let xq = activations(ty, &x, KernelSet::Ref);
+                let mut s = 0f32;
+                unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut s) };
+                let e = x86_order_dot(ty, n, &w, &xq);
+                assert_eq!(s.to_bits(), e.to_bits(), "{ty} n={n}: simd {s} x86 order {e}");
+            }
+        }
     }
 }
