@@ -18,9 +18,10 @@
 //!   8 f32 accumulators, then avx2.rs's horizontal-sum order (`hsum8`).
 //! - F32/F16/BF16: avx2.rs's `dot_float` order (two 8-lane FMA accumulators, scalar tail).
 //! - Q4_K, Q6_K: the `_ref` order, which is also the AVX2 one (llama.cpp's batch orders).
-//! - Q5_K, Q8_K: the `_ref` order (the AVX2 Q5_K order differs).
+//! - Q5_K: the AVX2 kernel's order (8 + 4 f32 lanes per super-block).
+//! - Q8_K: the `_ref` order.
 //! Integer sums are exact whatever the instructions, so with and without `dotprod`, and for
-//! every NC, the results are bit-identical; the K-quants equal `_ref` bit for bit, the
+//! every NC, the results are bit-identical; Q4_K/Q6_K/Q8_K equal `_ref` bit for bit, the
 //! rest differ from the sequential `_ref` sums by float rounding only.
 //!
 //! Speed: only tested under qemu on an x86 host; not measured on ARM hardware.
@@ -471,12 +472,17 @@ unsafe fn body_q4_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     }
 }
 
-/// Q5_K (176 B: d, dmin, scales[12], qh[32], qs[128]) x Q8_K in `vec_dot_q5_k_q8_k_ref`'s
-/// order: exact i32 sums per super-block, then sumf += d*isum - dmin*summ.
+/// Q5_K (176 B: d, dmin, scales[12], qh[32], qs[128]) x Q8_K in the AVX2 kernel's order:
+/// per super-block, 8 i32 lanes (lane k: bytes 4k..4k+4 of every 32-element sub-block,
+/// times its scale, exact) FMA'd with d_w * d_a into 8 f32 lanes, and the 4 exact
+/// min * bsum pair sums FMA'd with -(dmin_w * d_a) into 4 more; the two horizontal sums
+/// are added at the end.
 #[inline(always)]
 unsafe fn body_q5_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
-    let mut sumf = [0f32; NC];
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
+    let mut acc_m = [z; NC];
     for i in 0..nb {
         let bw = w.add(i * 176);
         let (dw, dminw) = (f16_at(bw), f16_at(bw.add(2)));
@@ -494,22 +500,26 @@ unsafe fn body_q5_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
                 q[4 * p + 2 + k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8::<4>(b), hh));
             }
         }
-        for (c, sf) in sumf.iter_mut().enumerate() {
+        for c in 0..NC {
             let (yd, q8) = q8k(x, xs, c, i);
-            let summ = vaddvq_s32(k4_min_products(mins, q8));
-            let mut isum = 0i32;
-            for p in 0..4 {
-                let tl = dot32::<DP>(q[4 * p], q[4 * p + 1], q8.add(64 * p));
-                let th = dot32::<DP>(q[4 * p + 2], q[4 * p + 3], q8.add(64 * p + 32));
-                isum += s[2 * p] * tl + s[2 * p + 1] * th;
+            let prod = k4_min_products(mins, q8);
+            let (mut lo, mut hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+            for j in 0..8 {
+                // sub-block j = 2p + h is q[4p + 2h], q[4p + 2h + 1]
+                let r = 4 * (j / 2) + 2 * (j % 2);
+                lo = vmlaq_n_s32(lo, dot4_lanes::<DP>(q[r], ld_s8(q8.add(32 * j))), s[j]);
+                hi = vmlaq_n_s32(hi, dot4_lanes::<DP>(q[r + 1], ld_s8(q8.add(32 * j + 16))), s[j]);
             }
-            let d = dw * yd;
-            let dmin = dminw * yd;
-            *sf += d * isum as f32 - dmin * summ as f32;
+            let d = yd * dw;
+            acc[c].0 = vfmaq_n_f32(acc[c].0, vcvtq_f32_s32(lo), d);
+            acc[c].1 = vfmaq_n_f32(acc[c].1, vcvtq_f32_s32(hi), d);
+            acc_m[c] = vfmaq_n_f32(acc_m[c], vcvtq_f32_s32(prod), -yd * dminw);
         }
     }
-    for (c, s) in sumf.iter().enumerate() {
-        *out.add(c) = *s;
+    for c in 0..NC {
+        let m = acc_m[c];
+        let hm = (vgetq_lane_f32::<0>(m) + vgetq_lane_f32::<2>(m)) + (vgetq_lane_f32::<1>(m) + vgetq_lane_f32::<3>(m));
+        *out.add(c) = hsum8(acc[c].0, acc[c].1) + hm;
     }
 }
 
