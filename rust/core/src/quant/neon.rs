@@ -18,11 +18,14 @@
 //!   8 f32 accumulators, then avx2.rs's horizontal-sum order (`hsum8`).
 //! - F32/F16/BF16: avx2.rs's `dot_float` order (two 8-lane FMA accumulators, scalar tail).
 //! - Q4_K, Q6_K: the `_ref` order, which is also the AVX2 one (llama.cpp's batch orders).
-//! - Q5_K: the AVX2 kernel's order (8 + 4 f32 lanes per super-block).
+//! - Q2_K, Q3_K, Q5_K, IQ4_XS: the AVX2 kernels' order (per super-block, 8 exact i32
+//!   lanes, each the scaled sum of the 4-product groups at its position in every 32-byte
+//!   chunk, FMA'd into 8 f32 lanes; `hsum8` at the end).
 //! - Q8_K: the `_ref` order.
 //! Integer sums are exact whatever the instructions, so with and without `dotprod`, and for
 //! every NC, the results are bit-identical; Q4_K/Q6_K/Q8_K equal `_ref` bit for bit, the
-//! rest differ from the sequential `_ref` sums by float rounding only.
+//! rest differ from the sequential `_ref` sums by float rounding only. (Checked: logits of
+//! llama.cpp's tiny test models of every weight type, aarch64 under qemu vs x86 AVX2.)
 //!
 //! Speed: only tested under qemu on an x86 host; not measured on ARM hardware.
 
@@ -69,6 +72,9 @@ pub fn dot_kernels_with(ty: GgmlType, dp: bool) -> Option<(DotN, DotN)> {
         Q5_1 => pick!(dot_q5_1, dot_q5_1_dp),
         Q8_0 => pick!(dot_q8_0, dot_q8_0_dp),
         IQ4_NL => pick!(dot_iq4_nl, dot_iq4_nl_dp),
+        Q2_K => pick!(dot_q2_k, dot_q2_k_dp),
+        Q3_K => pick!(dot_q3_k, dot_q3_k_dp),
+        IQ4_XS => pick!(dot_iq4_xs, dot_iq4_xs_dp),
         Q4_K => pick!(dot_q4_k, dot_q4_k_dp),
         Q5_K => pick!(dot_q5_k, dot_q5_k_dp),
         Q6_K => pick!(dot_q6_k, dot_q6_k_dp),
@@ -101,6 +107,9 @@ safe_one!(one_q5_0, GgmlType::Q5_0);
 safe_one!(one_q5_1, GgmlType::Q5_1);
 safe_one!(one_q8_0, GgmlType::Q8_0);
 safe_one!(one_iq4_nl, GgmlType::IQ4_NL);
+safe_one!(one_q2_k, GgmlType::Q2_K);
+safe_one!(one_q3_k, GgmlType::Q3_K);
+safe_one!(one_iq4_xs, GgmlType::IQ4_XS);
 safe_one!(one_q4_k, GgmlType::Q4_K);
 safe_one!(one_q5_k, GgmlType::Q5_K);
 safe_one!(one_q6_k, GgmlType::Q6_K);
@@ -119,6 +128,9 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         Q5_1 => one_q5_1,
         Q8_0 => one_q8_0,
         IQ4_NL => one_iq4_nl,
+        Q2_K => one_q2_k,
+        Q3_K => one_q3_k,
+        IQ4_XS => one_iq4_xs,
         Q4_K => one_q4_k,
         Q5_K => one_q5_k,
         Q6_K => one_q6_k,
@@ -330,6 +342,9 @@ kernel!(dot_q5_0, dot_q5_0_dp, body_q5_0);
 kernel!(dot_q5_1, dot_q5_1_dp, body_q5_1);
 kernel!(dot_q8_0, dot_q8_0_dp, body_q8_0);
 kernel!(dot_iq4_nl, dot_iq4_nl_dp, body_iq4_nl);
+kernel!(dot_q2_k, dot_q2_k_dp, body_q2_k);
+kernel!(dot_q3_k, dot_q3_k_dp, body_q3_k);
+kernel!(dot_iq4_xs, dot_iq4_xs_dp, body_iq4_xs);
 kernel!(dot_q4_k, dot_q4_k_dp, body_q4_k);
 kernel!(dot_q5_k, dot_q5_k_dp, body_q5_k);
 kernel!(dot_q6_k, dot_q6_k_dp, body_q6_k);
@@ -520,6 +535,148 @@ unsafe fn body_q5_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
         let m = acc_m[c];
         let hm = (vgetq_lane_f32::<0>(m) + vgetq_lane_f32::<2>(m)) + (vgetq_lane_f32::<1>(m) + vgetq_lane_f32::<3>(m));
         *out.add(c) = hsum8(acc[c].0, acc[c].1) + hm;
+    }
+}
+
+/// Q2_K (84 B: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin) x Q8_K in the
+/// AVX2 kernel's order: per super-block, acc += -(d_a * dmin_w) * (8 lanes of min * bsum
+/// pairs), then acc += (d_a * d_w) * (8 lanes of scaled 4-product sums).
+#[inline(always)]
+unsafe fn body_q2_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
+    let m3 = vdupq_n_u8(3);
+    for i in 0..nb {
+        let bw = w.add(i * 84);
+        let dw = f16_at(bw.add(80));
+        let dminw = f16_at(bw.add(82));
+        let sm = vld1q_u8(bw);
+        let mut sc = [0i32; 16];
+        for (g, v) in sc.iter_mut().enumerate() {
+            *v = (*bw.add(g) & 0xF) as i32;
+        }
+        let mins = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(vshrq_n_u8::<4>(sm))));
+        let mins_h = vreinterpretq_s16_u16(vmovl_high_u8(vshrq_n_u8::<4>(sm)));
+        // chunk j (0..2) of 32 bytes, shift 2k: elements 128j + 32k + (0..32); the first 16
+        // bytes have scale group 8j + 2k, the next 16 group 8j + 2k + 1.
+        let mut q = [vdupq_n_s8(0); 16];
+        for j in 0..2 {
+            let b0 = vld1q_u8(bw.add(16 + 32 * j));
+            let b1 = vld1q_u8(bw.add(32 + 32 * j));
+            for k in 0..4 {
+                let sh = vdupq_n_s8(-2 * k as i8);
+                q[8 * j + 2 * k] = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(b0, sh), m3));
+                q[8 * j + 2 * k + 1] = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(b1, sh), m3));
+            }
+        }
+        for (c, a) in acc.iter_mut().enumerate() {
+            let (yd, q8) = q8k(x, xs, c, i);
+            let b = q8.add(256) as *const i16;
+            let (bs0, bs1) = (vld1q_s16(b), vld1q_s16(b.add(8)));
+            let p_lo = vpaddq_s32(vmull_s16(vget_low_s16(mins), vget_low_s16(bs0)), vmull_high_s16(mins, bs0));
+            let p_hi = vpaddq_s32(vmull_s16(vget_low_s16(mins_h), vget_low_s16(bs1)), vmull_high_s16(mins_h, bs1));
+            let (mut lo, mut hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+            for r in 0..8 {
+                // r = 4j + k: q8[32r..32r+32]
+                let (j, k) = (r / 4, r % 4);
+                let g = 8 * j + 2 * k;
+                lo = vmlaq_n_s32(lo, dot4_lanes::<DP>(q[g], ld_s8(q8.add(32 * r))), sc[g]);
+                hi = vmlaq_n_s32(hi, dot4_lanes::<DP>(q[g + 1], ld_s8(q8.add(32 * r + 16))), sc[g + 1]);
+            }
+            let dm = -yd * dminw;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(p_lo), dm);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(p_hi), dm);
+            let d = yd * dw;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(lo), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(hi), d);
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        *out.add(c) = hsum8(a.0, a.1);
+    }
+}
+
+/// Q3_K (110 B: hmask[32], qs[64], scales[12], d) x Q8_K in the AVX2 kernel's order:
+/// acc += (d_w * d_a) * (8 lanes of scaled 4-product sums) per super-block.
+#[inline(always)]
+unsafe fn body_q3_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
+    let m3 = vdupq_n_u8(3);
+    let four = vdupq_n_u8(4);
+    for i in 0..nb {
+        let bw = w.add(i * 110);
+        let dw = f16_at(bw.add(108));
+        let scales = super::kquants::q3k_scales(std::slice::from_raw_parts(bw.add(96), 12));
+        let hm = [vld1q_u8(bw), vld1q_u8(bw.add(16))];
+        // chunk j, shift 2k, half h: elements 128j + 32k + 16h + (0..16), high bit 4j + k.
+        let mut q = [vdupq_n_s8(0); 16];
+        for j in 0..2 {
+            for h in 0..2 {
+                let b = vld1q_u8(bw.add(32 + 32 * j + 16 * h));
+                for k in 0..4 {
+                    let ql = vandq_u8(vshlq_u8(b, vdupq_n_s8(-2 * k as i8)), m3);
+                    let clear = vceqq_u8(vandq_u8(hm[h], vdupq_n_u8(1 << (4 * j + k))), vdupq_n_u8(0));
+                    let sub = vandq_u8(clear, four);
+                    q[8 * j + 2 * k + h] = vsubq_s8(vreinterpretq_s8_u8(ql), vreinterpretq_s8_u8(sub));
+                }
+            }
+        }
+        for (c, a) in acc.iter_mut().enumerate() {
+            let (yd, q8) = q8k(x, xs, c, i);
+            let (mut lo, mut hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+            for r in 0..8 {
+                let g = 2 * r; // = 8j + 2k for r = 4j + k
+                lo = vmlaq_n_s32(lo, dot4_lanes::<DP>(q[g], ld_s8(q8.add(32 * r))), scales[g] as i32);
+                hi = vmlaq_n_s32(hi, dot4_lanes::<DP>(q[g + 1], ld_s8(q8.add(32 * r + 16))), scales[g + 1] as i32);
+            }
+            let d = dw * yd;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(lo), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(hi), d);
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        *out.add(c) = hsum8(a.0, a.1);
+    }
+}
+
+/// IQ4_XS (136 B: d, scales_h u16, scales_l[4], qs[128]) x Q8_K in the AVX2 kernel's
+/// order: acc += (d_w * d_a) * (8 lanes of scaled 4-product sums) per super-block.
+#[inline(always)]
+unsafe fn body_iq4_xs<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let z = vdupq_n_f32(0.0);
+    let mut acc = [(z, z); NC];
+    let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+    for i in 0..nb {
+        let bw = w.add(i * 136);
+        let dw = f16_at(bw);
+        let sh = std::ptr::read_unaligned(bw.add(2) as *const u16);
+        let mut ls = [0i32; 8];
+        let mut q = [vdupq_n_s8(0); 16];
+        for ib in 0..8 {
+            let lo = (*bw.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xF;
+            ls[ib] = (lo as i32 | ((((sh >> (2 * ib)) & 3) as i32) << 4)) - 32;
+            let (l, h) = nibbles(bw.add(8 + 16 * ib));
+            q[2 * ib] = vqtbl1q_s8(table, l);
+            q[2 * ib + 1] = vqtbl1q_s8(table, h);
+        }
+        for (c, a) in acc.iter_mut().enumerate() {
+            let (yd, q8) = q8k(x, xs, c, i);
+            let (mut lo, mut hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+            for ib in 0..8 {
+                lo = vmlaq_n_s32(lo, dot4_lanes::<DP>(q[2 * ib], ld_s8(q8.add(32 * ib))), ls[ib]);
+                hi = vmlaq_n_s32(hi, dot4_lanes::<DP>(q[2 * ib + 1], ld_s8(q8.add(32 * ib + 16))), ls[ib]);
+            }
+            let d = dw * yd;
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(lo), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(hi), d);
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        *out.add(c) = hsum8(a.0, a.1);
     }
 }
 
