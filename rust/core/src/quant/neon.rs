@@ -22,12 +22,20 @@
 //!   lanes, each the scaled sum of the 4-product groups at its position in every 32-byte
 //!   chunk, FMA'd into 8 f32 lanes; `hsum8` at the end).
 //! - Q8_K: the `_ref` order.
+//!
 //! Integer sums are exact whatever the instructions, so with and without `dotprod`, and for
 //! every NC, the results are bit-identical; Q4_K/Q6_K/Q8_K equal `_ref` bit for bit, the
 //! rest differ from the sequential `_ref` sums by float rounding only. (Checked: logits of
 //! llama.cpp's tiny test models of every weight type, aarch64 under qemu vs x86 AVX2.)
 //!
 //! Speed: only tested under qemu on an x86 host; not measured on ARM hardware.
+//!
+//! Safety of the raw kernels (`DotN`): `w` holds one row of `n` elements of the weight
+//! type, `x + c * xs` one activation row for every column c < NC, `xd` is null or holds
+//! their f32 block scales (Q8_0/Q8_1), `out` NC floats; the `_dp` builds need dotprod.
+
+// Kernels index several same-length arrays (scales, registers) by one loop index.
+#![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use super::fp::f16_to_f32;
 use super::kquants::scale_min_k4;
@@ -425,10 +433,10 @@ unsafe fn k4_scales_mins(p: *const u8) -> ([i32; 8], int16x8_t) {
     let sc = std::slice::from_raw_parts(p, 12);
     let mut s = [0i32; 8];
     let mut m = [0i16; 8];
-    for j in 0..8 {
+    for (j, (sj, mj)) in s.iter_mut().zip(m.iter_mut()).enumerate() {
         let (a, b) = scale_min_k4(j, sc);
-        s[j] = a as i32;
-        m[j] = b as i16;
+        *sj = a as i32;
+        *mj = b as i16;
     }
     (s, vld1q_s16(m.as_ptr()))
 }
