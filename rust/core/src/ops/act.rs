@@ -50,6 +50,45 @@ pub fn gelu(x: &mut [f32]) {
     }
 }
 
+/// In-place softmax of one row as ggml's `soft_max` computes it on x86-64 with AVX2+FMA:
+/// exp(x - max) through ggml's vector expf in groups of 8 (libm expf for the tail), the sum in
+/// f64, then a multiplication by 1/sum.
+pub fn softmax_ggml(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let n = x.len();
+    let mut i = 0;
+    let mut sum = 0f64;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            i = n / 8 * 8;
+            // SAFETY: AVX2 and FMA are present (checked); i <= n.
+            unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
+        }
+    }
+    for v in x[i..].iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sub_avx2(x: &mut [f32], m: f32, sum: &mut f64) {
+    use std::arch::x86_64::*;
+    for c in x.chunks_exact_mut(8) {
+        let e = v_expf(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(c.as_mut_ptr(), e);
+        // ggml's 8-lane horizontal sum in f32, then added in f64
+        let s4 = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
+        *sum += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+    }
+}
+
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
