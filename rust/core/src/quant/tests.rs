@@ -453,9 +453,9 @@ fn act_scales(ty: GgmlType, xq: &[u8]) -> Vec<f32> {
 #[test]
 #[cfg(target_arch = "aarch64")]
 fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
-    // All formats within the tolerance the AVX2 test uses; K-quants bit-identical to _ref
-    // (same order), legacy blocks bit-identical to the x86 order (`x86_order_dot`), with
-    // and without dotprod, with and without precomputed activation scales.
+    // All formats within the tolerance the AVX2 test uses; Q4_K/Q6_K/Q8_K bit-identical to
+    // _ref (same order), the other quantized formats to the x86 order (`x86_order_dot`),
+    // with and without dotprod, with and without precomputed activation scales.
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for dp in neon_builds() {
         for ty in NEON_TYPES {
@@ -480,7 +480,7 @@ fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
                         assert!(((r - s) as f64).abs() <= tol, "{ty} dp={dp} n={n}: ref {r} neon {s} tol {tol}");
                         if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K) {
                             assert_eq!(r.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: ref {r} neon {s}");
-                        } else if ty.block_size() == 32 {
+                        } else if !float {
                             assert_eq!(x86_order_dot(ty, n, &w, &xq).to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: x86 order");
                             let xd = act_scales(ty, &xq);
                             if !xd.is_empty() {
@@ -579,8 +579,6 @@ fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
             assert_eq!(a.to_bits(), b.to_bits(), "{ty} fill {fill:?}");
             let r = match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K => vec_dot_fn_ref(ty).unwrap()(n, &w, &xq),
-                // the AVX2 orders: checked end to end (tiny models' logits vs x86), not here
-                GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS => continue,
                 _ => x86_order_dot(ty, n, &w, &xq),
             };
             assert_eq!(a.to_bits(), r.to_bits(), "{ty} fill {fill:?}: neon {a} expected {r}");
@@ -638,6 +636,9 @@ fn x86_order_dot(ty: GgmlType, n: usize, w: &[u8], xq: &[u8]) -> f32 {
         }
         return s;
     }
+    if ty.block_size() == 256 {
+        return x86_order_dot_k(ty, n, w, xq, hsum);
+    }
     let vdt = vec_dot_type(ty);
     let (ts, xs) = (ty.type_size(), vdt.type_size());
     let min = vdt == GgmlType::Q8_1;
@@ -674,6 +675,69 @@ fn x86_order_dot(ty: GgmlType, n: usize, w: &[u8], xq: &[u8]) -> f32 {
     hsum(acc) + summ
 }
 
+/// `x86_order_dot` for Q2_K, Q3_K, Q5_K and IQ4_XS (against Q8_K): per super-block, 8 i32
+/// lanes, lane k = the scaled products at positions 4k..4k+4 of every 32-element chunk
+/// (from the reference kernel on a block with d = 1, dmin = 0 and the other activations 0),
+/// FMA'd with d_w * d_a; Q2_K first FMAs 8 lanes of min * bsum pairs with -(d_a * dmin_w),
+/// Q5_K 4 such lanes into a separate accumulator added after the horizontal sum.
+fn x86_order_dot_k(ty: GgmlType, n: usize, w: &[u8], xq: &[u8], hsum: impl Fn([f32; 8]) -> f32) -> f32 {
+    use GgmlType::*;
+    let ts = ty.type_size();
+    let (d_off, dmin_off) = match ty {
+        Q2_K => (80, Some(82)),
+        Q3_K => (108, None),
+        Q5_K => (0, Some(2)),
+        IQ4_XS => (0, None),
+        _ => panic!("{ty}: not an AVX2-order K-quant"),
+    };
+    let one = fp::f32_to_f16(1.0).to_le_bytes();
+    let dot_ref = vec_dot_fn_ref(ty).unwrap();
+    let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
+    for (bw, bx) in w.chunks_exact(ts).zip(xq.chunks_exact(292)).take(n / 256) {
+        let yd = fp::rd_f32(bx, 0);
+        let dw = fp::rd_f16(bw, d_off);
+        let bs: Vec<i32> = (0..16).map(|j| i16::from_le_bytes([bx[260 + 2 * j], bx[261 + 2 * j]]) as i32).collect();
+        let mut w1 = bw.to_vec();
+        w1[d_off..d_off + 2].copy_from_slice(&one);
+        if let Some(o) = dmin_off {
+            w1[o..o + 2].fill(0);
+        }
+        let mut lanes = [0f32; 8];
+        for (k, l) in lanes.iter_mut().enumerate() {
+            let mut x1 = bx.to_vec();
+            x1[0..4].copy_from_slice(&1f32.to_le_bytes());
+            for e in 0..256 {
+                if (e % 32) / 4 != k {
+                    x1[4 + e] = 0;
+                }
+            }
+            *l = dot_ref(256, &w1, &x1); // exact integer
+        }
+        match ty {
+            Q2_K => {
+                let dminw = fp::rd_f16(bw, 82);
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let p = (bw[2 * k] >> 4) as i32 * bs[2 * k] + (bw[2 * k + 1] >> 4) as i32 * bs[2 * k + 1];
+                    *a = (p as f32).mul_add(-yd * dminw, *a);
+                }
+            }
+            Q5_K => {
+                let dminw = fp::rd_f16(bw, 2);
+                for (p, a) in acc_m.iter_mut().enumerate() {
+                    let m = |j: usize| kquants::scale_min_k4(j, &bw[4..16]).1 as i32;
+                    let v = m(2 * p) * (bs[4 * p] + bs[4 * p + 1]) + m(2 * p + 1) * (bs[4 * p + 2] + bs[4 * p + 3]);
+                    *a = (v as f32).mul_add(-yd * dminw, *a);
+                }
+            }
+            _ => {}
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = l.mul_add(yd * dw, *a);
+        }
+    }
+    hsum(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
 #[test]
 fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
     // On x86 this checks the AVX2 kernels against `x86_order_dot`, on aarch64 the NEON
@@ -702,13 +766,17 @@ fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
+        GgmlType::IQ4_XS,
     ] {
         let Some(one) = kernels(ty) else {
             eprintln!("no SIMD kernels here: nothing to compare");
             return;
         };
-        for n in [32usize, 96, 160, 35, 51] {
-            if n % 32 != 0 && ty.block_size() != 1 {
+        for n in [32usize, 96, 160, 35, 51, 256, 768] {
+            if n % ty.block_size() != 0 && ty.block_size() != 1 {
                 continue;
             }
             for _ in 0..6 {
