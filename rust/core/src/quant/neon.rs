@@ -37,7 +37,6 @@
 // Kernels index several same-length arrays (scales, registers) by one loop index.
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
 
-use super::fp::f16_to_f32;
 use super::kquants::scale_min_k4;
 use super::legacy::KVALUES_IQ4NL;
 use super::{DotN, VecDotFn, TILE};
@@ -152,10 +151,14 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
 
 // ------------------------------------------------------------------ helpers
 
-/// f16 at p (unaligned, little-endian) -> f32, exact.
+/// f16 at p (unaligned, little-endian) -> f32, exact: one `fcvt` (base ARMv8 FP; the
+/// block scales are converted once per block, so a software conversion would show).
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    f16_to_f32(std::ptr::read_unaligned(p as *const u16))
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = std::ptr::read_unaligned(p as *const u16);
+    let r: f32;
+    asm!("fcvt {0:s}, {1:h}", out(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags));
+    r
 }
 
 #[inline(always)]

@@ -791,3 +791,15 @@ fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
         }
     }
 }
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_f16_scale_conversion_is_exact() {
+    // The NEON kernels convert block scales with `fcvt`: equal to the scalar conversion for
+    // every f16 (NaNs: both NaN).
+    for h in 0..=u16::MAX {
+        let a = unsafe { neon::f16_at(h.to_le_bytes().as_ptr()) };
+        let b = fp::f16_to_f32(h);
+        assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{h:#06x}: {a} vs {b}");
+    }
+}
