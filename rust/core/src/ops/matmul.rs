@@ -140,10 +140,10 @@ pub fn matmul_with(
     let wdata = w.data;
     let r0 = rows.start;
 
-    #[cfg(target_arch = "x86_64")]
-    if set == KernelSet::Avx2 {
-        if let Some((one, many)) = quant::avx2::dot_kernels_for(w.ty, n_tokens) {
-            const TILE: usize = quant::avx2::TILE;
+    // SIMD sets (AVX2 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
+    if set != KernelSet::Ref {
+        if let Some((one, many)) = quant::tiled_kernels(set, w.ty, n_tokens) {
+            const TILE: usize = quant::TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once
             // per TILE tokens.

@@ -2,7 +2,7 @@
 //! (activations / KV cache), vec_dot.
 //!
 //! Every SIMD kernel has a scalar `_ref` twin. The kernel set is chosen once per process
-//! (`kernel_set()`): AVX2+FMA+F16C when the CPU has them, else the scalar references;
+//! (`kernel_set()`): AVX2+FMA+F16C when the CPU has them, NEON on aarch64, else the scalar references;
 //! `PYLLAMA_KERNELS=ref` forces the references (tests run both).
 //!
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
@@ -14,6 +14,8 @@ pub mod legacy;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -28,6 +30,8 @@ pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
 pub enum KernelSet {
     Ref,
     Avx2,
+    /// aarch64 NEON (+ dotprod where present); see `neon.rs`.
+    Neon,
 }
 
 impl KernelSet {
@@ -35,6 +39,7 @@ impl KernelSet {
         match self {
             KernelSet::Ref => "ref",
             KernelSet::Avx2 => "avx2",
+            KernelSet::Neon => "neon",
         }
     }
 }
@@ -51,6 +56,11 @@ pub fn avx2_available() -> bool {
     }
 }
 
+/// Whether the NEON kernels can run: every aarch64 CPU has NEON (Advanced SIMD).
+pub fn neon_available() -> bool {
+    cfg!(target_arch = "aarch64")
+}
+
 /// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
@@ -58,6 +68,8 @@ pub fn kernel_set() -> KernelSet {
         let forced_ref = std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("ref")).unwrap_or(false);
         if !forced_ref && avx2_available() {
             KernelSet::Avx2
+        } else if !forced_ref && neon_available() {
+            KernelSet::Neon
         } else {
             KernelSet::Ref
         }
@@ -227,8 +239,38 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
             return Some(f);
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if set == KernelSet::Neon {
+        if let Some(f) = neon::vec_dot_fn(ty) {
+            return Some(f);
+        }
+    }
     let _ = set;
     vec_dot_fn_ref(ty)
+}
+
+/// Raw kernel over activation rows: out[c] = dot(w, x + c * xs) for c in 0..NC (NC = 1 or
+/// `TILE`), `xd` null or the activations' precomputed f32 block scales (see `avx2::DotN`,
+/// the same type).
+pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
+
+/// The prefill tile width of every SIMD kernel set: activation rows per pass over a weight row.
+pub const TILE: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(avx2::TILE == TILE);
+
+/// (single-column, TILE-column) raw kernels of weight type `ty` in kernel set `set` for a
+/// matmul over `n_tokens` activation rows, if that set has a SIMD version (the matmul's
+/// tiled path; `None`: use the safe per-element `vec_dot_fn`).
+pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
+    let _ = (ty, n_tokens);
+    match set {
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx2 => avx2::dot_kernels_for(ty, n_tokens),
+        #[cfg(target_arch = "aarch64")]
+        KernelSet::Neon => neon::dot_kernels(ty),
+        _ => None,
+    }
 }
 
 /// `dot(w, x)` over `n` elements, `w` a row of `ty`, `x` a row of `vec_dot_type(ty)`.

@@ -296,7 +296,13 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     use crate::threadpool::ThreadPool;
     let pool = ThreadPool::new(2);
     let mut rng = Rng(1234);
-    let sets: Vec<KernelSet> = if avx2_available() { vec![KernelSet::Ref, KernelSet::Avx2] } else { vec![KernelSet::Ref] };
+    let sets: Vec<KernelSet> = if avx2_available() {
+        vec![KernelSet::Ref, KernelSet::Avx2]
+    } else if neon_available() {
+        vec![KernelSet::Ref, KernelSet::Neon]
+    } else {
+        vec![KernelSet::Ref]
+    };
     for set in sets {
         for ty in WEIGHT_TYPES {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
@@ -381,5 +387,419 @@ fn q4_k_and_q6_k_simd_equal_ref_bit_for_bit() {
                 assert_eq!(r.to_bits(), s.to_bits(), "{ty} n={n}: ref {r} simd {s}");
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------- NEON (aarch64)
+// Run on an x86 host with `cargo test --release -p pyllama-core --target
+// aarch64-unknown-linux-gnu` (qemu, see .cargo/config.toml); `QEMU_CPU=cortex-a53` emulates
+// a CPU without dotprod, the default (`max`) one with it.
+
+#[cfg(target_arch = "aarch64")]
+const NEON_TYPES: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_K,
+    GgmlType::IQ4_XS,
+];
+
+/// The NEON builds this CPU can run: plain (always) and dotprod (where present).
+#[cfg(target_arch = "aarch64")]
+fn neon_builds() -> Vec<bool> {
+    let mut v = vec![false];
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        v.push(true);
+    } else {
+        eprintln!("no dotprod on this CPU: only the plain NEON build is tested");
+    }
+    v
+}
+
+/// A weight row for the NEON tests: `random_row`, except Q8_K (whose f32 scale random bytes
+/// could make NaN), which is quantized from normal data.
+#[cfg(target_arch = "aarch64")]
+fn neon_weight_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == GgmlType::Q8_K {
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let mut b = vec![0u8; ty.row_size(n).unwrap()];
+        quantize_row(ty, &x, &mut b).unwrap();
+        return b;
+    }
+    random_row(ty, n, rng)
+}
+
+/// f32 copies of a Q8_0/Q8_1 activation row's block scales (what the matmul passes as xd).
+#[cfg(target_arch = "aarch64")]
+fn act_scales(ty: GgmlType, xq: &[u8]) -> Vec<f32> {
+    match vec_dot_type(ty) {
+        GgmlType::Q8_0 => xq.chunks_exact(34).map(|b| fp::rd_f16(b, 0)).collect(),
+        GgmlType::Q8_1 => xq.chunks_exact(36).flat_map(|b| [fp::rd_f16(b, 0), fp::rd_f16(b, 2)]).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
+    // All formats within the tolerance the AVX2 test uses; Q4_K/Q6_K/Q8_K bit-identical to
+    // _ref (same order), the other quantized formats to the x86 order (`x86_order_dot`),
+    // with and without dotprod, with and without precomputed activation scales.
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for dp in neon_builds() {
+        for ty in NEON_TYPES {
+            let (one, _) = neon::dot_kernels_with(ty, dp).unwrap();
+            let float = ty.block_size() == 1;
+            let bs = if float { 32 } else { ty.block_size() };
+            for nblocks in [1usize, 2, 3, 5, 7] {
+                for extra in [0usize, 3, 17] {
+                    if extra != 0 && !float {
+                        continue;
+                    }
+                    let n = bs * nblocks + extra;
+                    for _ in 0..4 {
+                        let w = neon_weight_row(ty, n, &mut rng);
+                        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                        let xq = activations(ty, &x, KernelSet::Neon);
+                        let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+                        let mut s = 0f32;
+                        unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut s) };
+                        let m = mass(ty, &w, &xq, n);
+                        let tol = (n / ty.block_size() + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
+                        assert!(((r - s) as f64).abs() <= tol, "{ty} dp={dp} n={n}: ref {r} neon {s} tol {tol}");
+                        if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K) {
+                            assert_eq!(r.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: ref {r} neon {s}");
+                        } else if !float {
+                            assert_eq!(x86_order_dot(ty, n, &w, &xq).to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: x86 order");
+                            let xd = act_scales(ty, &xq);
+                            if !xd.is_empty() {
+                                let mut t = 0f32;
+                                unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, xd.as_ptr(), 0, &mut t) };
+                                assert_eq!(t.to_bits(), s.to_bits(), "{ty} dp={dp} n={n}: with f32 scales");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The safe dispatch (kernel_set() is Neon on aarch64 unless PYLLAMA_KERNELS=ref).
+    for ty in NEON_TYPES {
+        assert!(neon::vec_dot_fn(ty).is_some(), "{ty}");
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_tiled_kernels_equal_single_column_kernels_bit_for_bit() {
+    let mut rng = Rng(42);
+    for dp in neon_builds() {
+        for ty in NEON_TYPES {
+            let (one, many) = neon::dot_kernels_with(ty, dp).unwrap();
+            let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+            for n in [bs, bs * 3 + if ty.block_size() == 1 { 5 } else { 0 }] {
+                let w = neon_weight_row(ty, n, &mut rng);
+                let rows: Vec<Vec<u8>> = (0..TILE)
+                    .map(|_| {
+                        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                        activations(ty, &x, KernelSet::Neon)
+                    })
+                    .collect();
+                let stride = rows[0].len();
+                let xs: Vec<u8> = rows.concat();
+                let sc: Vec<f32> = rows.iter().flat_map(|r| act_scales(ty, r)).collect();
+                let sstride = sc.len() / TILE;
+                for with_scales in [false, true] {
+                    if with_scales && sc.is_empty() {
+                        continue;
+                    }
+                    let xd = if with_scales { sc.as_ptr() } else { std::ptr::null() };
+                    let mut tiled = [0f32; TILE];
+                    unsafe { many(n, w.as_ptr(), xs.as_ptr(), stride, xd, sstride, tiled.as_mut_ptr()) };
+                    for (c, t) in tiled.iter().enumerate() {
+                        let mut single = 0f32;
+                        let xdc = if with_scales { sc[c * sstride..].as_ptr() } else { std::ptr::null() };
+                        unsafe { one(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, xdc, 0, &mut single) };
+                        assert_eq!(t.to_bits(), single.to_bits(), "{ty} dp={dp} n={n} column {c} scales={with_scales}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
+    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+        eprintln!("no dotprod on this CPU: nothing to compare");
+        return;
+    }
+    // Extreme quants: all-max and all-min bytes (Q8_0 -128 weights, nibbles 0 and 15).
+    let mut rng = Rng(77);
+    for ty in NEON_TYPES {
+        if ty.block_size() == 1 {
+            continue;
+        }
+        let n = ty.block_size() * 4;
+        for fill in [None, Some(0x00u8), Some(0xFF), Some(0x80)] {
+            let mut w = neon_weight_row(ty, n, &mut rng);
+            if let Some(f) = fill {
+                if ty != GgmlType::Q8_K {
+                    let keep = f16_fields(ty);
+                    for blk in w.chunks_exact_mut(ty.type_size()) {
+                        for (i, b) in blk.iter_mut().enumerate() {
+                            if !keep.iter().any(|&o| i == o || i == o + 1) {
+                                *b = f;
+                            }
+                        }
+                    }
+                }
+            }
+            let x: Vec<f32> = (0..n).map(|_| rng.normal() * 10.0).collect();
+            let xq = activations(ty, &x, KernelSet::Neon);
+            let (p1, _) = neon::dot_kernels_with(ty, false).unwrap();
+            let (d1, _) = neon::dot_kernels_with(ty, true).unwrap();
+            let (mut a, mut b) = (0f32, 0f32);
+            unsafe {
+                p1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut a);
+                d1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut b);
+            }
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} fill {fill:?}");
+            let r = match ty {
+                GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_K => vec_dot_fn_ref(ty).unwrap()(n, &w, &xq),
+                _ => x86_order_dot(ty, n, &w, &xq),
+            };
+            assert_eq!(a.to_bits(), r.to_bits(), "{ty} fill {fill:?}: neon {a} expected {r}");
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_matmul_equals_ref_matmul_for_k_quants() {
+    // Whole matmuls (tiled path, odd row and token counts, 2 threads): NEON == scalar bit
+    // for bit for the K-quants (same order), so their results do not depend on the set.
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(2024);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_K] {
+        let (n_in, n_out, n_tok) = (ty.block_size() * 2, 5, 7);
+        let w: Vec<u8> = (0..n_out).flat_map(|_| neon_weight_row(ty, n_in, &mut rng)).collect();
+        let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let (mut a, mut b) = (vec![0f32; n_out * n_tok], vec![0f32; n_out * n_tok]);
+        let mut scratch = Vec::new();
+        matmul_with(&pool, KernelSet::Ref, &tv, &x, n_tok, &mut a, n_out, 0..n_out, &mut scratch).unwrap();
+        matmul_with(&pool, KernelSet::Neon, &tv, &x, n_tok, &mut b, n_out, 0..n_out, &mut scratch).unwrap();
+        assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty}");
+    }
+}
+
+/// ggml's x86 (AVX2) float order for the 32-element block formats and F32/F16/BF16, in
+/// scalar code: what avx2.rs computes and neon.rs mirrors. Legacy blocks: per block, 8
+/// lanes of exact sums of 4 adjacent products (obtained from the scalar reference on a block
+/// whose scales are 1 and whose other activations are 0), each FMA'd with d_w * d_x into 8
+/// accumulators; Q4_1/Q5_1 add the sequential sum of m_w * s_x after the horizontal sum.
+/// Floats: two 8-lane FMA accumulators over 16 elements per step, then a scalar tail.
+/// The horizontal sum of 8 lanes is ((v4 + v0) + (v6 + v2)) + ((v5 + v1) + (v7 + v3)).
+fn x86_order_dot(ty: GgmlType, n: usize, w: &[u8], xq: &[u8]) -> f32 {
+    let hsum = |v: [f32; 8]| ((v[4] + v[0]) + (v[6] + v[2])) + ((v[5] + v[1]) + (v[7] + v[3]));
+    if ty.block_size() == 1 {
+        let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row(ty, w, &mut wf).unwrap();
+        dequantize_row(vec_dot_type(ty), xq, &mut xf).unwrap();
+        let (mut a0, mut a1) = ([0f32; 8], [0f32; 8]);
+        let n16 = n / 16 * 16;
+        for k in (0..n16).step_by(16) {
+            for l in 0..8 {
+                a0[l] = wf[k + l].mul_add(xf[k + l], a0[l]);
+                a1[l] = wf[k + 8 + l].mul_add(xf[k + 8 + l], a1[l]);
+            }
+        }
+        let mut s = hsum(std::array::from_fn(|l| a0[l] + a1[l]));
+        for k in n16..n {
+            s += wf[k] * xf[k];
+        }
+        return s;
+    }
+    if ty.block_size() == 256 {
+        return x86_order_dot_k(ty, n, w, xq, hsum);
+    }
+    let vdt = vec_dot_type(ty);
+    let (ts, xs) = (ty.type_size(), vdt.type_size());
+    let min = vdt == GgmlType::Q8_1;
+    let xq_off = if min { 4 } else { 2 };
+    let one = fp::f32_to_f16(1.0).to_le_bytes();
+    let dot_ref = vec_dot_fn_ref(ty).unwrap();
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (bw, bx) in w.chunks_exact(ts).zip(xq.chunks_exact(xs)).take(n / 32) {
+        let mut w1 = bw.to_vec();
+        w1[0..2].copy_from_slice(&one);
+        if min {
+            w1[2..4].fill(0); // m = 0
+        }
+        let d = fp::rd_f16(bw, 0) * fp::rd_f16(bx, 0);
+        for (k, a) in acc.iter_mut().enumerate() {
+            let mut x1 = bx.to_vec();
+            x1[0..2].copy_from_slice(&one);
+            if min {
+                x1[2..4].fill(0);
+            }
+            for (j, q) in x1[xq_off..].iter_mut().enumerate() {
+                if j / 4 != k {
+                    *q = 0;
+                }
+            }
+            let lane = dot_ref(32, &w1, &x1); // the exact integer sum of the 4 products
+            *a = lane.mul_add(d, *a);
+        }
+        if min {
+            summ += fp::rd_f16(bw, 2) * fp::rd_f16(bx, 2);
+        }
+    }
+    hsum(acc) + summ
+}
+
+/// `x86_order_dot` for Q2_K, Q3_K, Q5_K and IQ4_XS (against Q8_K): per super-block, 8 i32
+/// lanes, lane k = the scaled products at positions 4k..4k+4 of every 32-element chunk
+/// (from the reference kernel on a block with d = 1, dmin = 0 and the other activations 0),
+/// FMA'd with d_w * d_a; Q2_K first FMAs 8 lanes of min * bsum pairs with -(d_a * dmin_w),
+/// Q5_K 4 such lanes into a separate accumulator added after the horizontal sum.
+fn x86_order_dot_k(ty: GgmlType, n: usize, w: &[u8], xq: &[u8], hsum: impl Fn([f32; 8]) -> f32) -> f32 {
+    use GgmlType::*;
+    let ts = ty.type_size();
+    let (d_off, dmin_off) = match ty {
+        Q2_K => (80, Some(82)),
+        Q3_K => (108, None),
+        Q5_K => (0, Some(2)),
+        IQ4_XS => (0, None),
+        _ => panic!("{ty}: not an AVX2-order K-quant"),
+    };
+    let one = fp::f32_to_f16(1.0).to_le_bytes();
+    let dot_ref = vec_dot_fn_ref(ty).unwrap();
+    let (mut acc, mut acc_m) = ([0f32; 8], [0f32; 4]);
+    for (bw, bx) in w.chunks_exact(ts).zip(xq.chunks_exact(292)).take(n / 256) {
+        let yd = fp::rd_f32(bx, 0);
+        let dw = fp::rd_f16(bw, d_off);
+        let bs: Vec<i32> = (0..16).map(|j| i16::from_le_bytes([bx[260 + 2 * j], bx[261 + 2 * j]]) as i32).collect();
+        let mut w1 = bw.to_vec();
+        w1[d_off..d_off + 2].copy_from_slice(&one);
+        if let Some(o) = dmin_off {
+            w1[o..o + 2].fill(0);
+        }
+        let mut lanes = [0f32; 8];
+        for (k, l) in lanes.iter_mut().enumerate() {
+            let mut x1 = bx.to_vec();
+            x1[0..4].copy_from_slice(&1f32.to_le_bytes());
+            for e in 0..256 {
+                if (e % 32) / 4 != k {
+                    x1[4 + e] = 0;
+                }
+            }
+            *l = dot_ref(256, &w1, &x1); // exact integer
+        }
+        match ty {
+            Q2_K => {
+                let dminw = fp::rd_f16(bw, 82);
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let p = (bw[2 * k] >> 4) as i32 * bs[2 * k] + (bw[2 * k + 1] >> 4) as i32 * bs[2 * k + 1];
+                    *a = (p as f32).mul_add(-yd * dminw, *a);
+                }
+            }
+            Q5_K => {
+                let dminw = fp::rd_f16(bw, 2);
+                for (p, a) in acc_m.iter_mut().enumerate() {
+                    let m = |j: usize| kquants::scale_min_k4(j, &bw[4..16]).1 as i32;
+                    let v = m(2 * p) * (bs[4 * p] + bs[4 * p + 1]) + m(2 * p + 1) * (bs[4 * p + 2] + bs[4 * p + 3]);
+                    *a = (v as f32).mul_add(-yd * dminw, *a);
+                }
+            }
+            _ => {}
+        }
+        for (a, l) in acc.iter_mut().zip(lanes) {
+            *a = l.mul_add(yd * dw, *a);
+        }
+    }
+    hsum(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+#[test]
+fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
+    // On x86 this checks the AVX2 kernels against `x86_order_dot`, on aarch64 the NEON
+    // ones: together, an aarch64 build computes the same floats as an x86 one.
+    let kernels = |ty: GgmlType| -> Option<super::DotN> {
+        #[cfg(target_arch = "x86_64")]
+        if avx2_available() {
+            return avx2::dot_kernels(ty).map(|k| k.0 as super::DotN);
+        }
+        #[cfg(target_arch = "aarch64")]
+        return neon::dot_kernels(ty).map(|k| k.0);
+        #[allow(unreachable_code)]
+        {
+            let _ = ty;
+            None
+        }
+    };
+    let mut rng = Rng(31337);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
+        GgmlType::IQ4_XS,
+    ] {
+        let Some(one) = kernels(ty) else {
+            eprintln!("no SIMD kernels here: nothing to compare");
+            return;
+        };
+        for n in [32usize, 96, 160, 35, 51, 256, 768] {
+            if n % ty.block_size() != 0 && ty.block_size() != 1 {
+                continue;
+            }
+            for _ in 0..6 {
+                let w = random_row(ty, n, &mut rng);
+                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                let xq = activations(ty, &x, KernelSet::Ref);
+                let mut s = 0f32;
+                unsafe { one(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut s) };
+                let e = x86_order_dot(ty, n, &w, &xq);
+                assert_eq!(s.to_bits(), e.to_bits(), "{ty} n={n}: simd {s} x86 order {e}");
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_f16_scale_conversion_is_exact() {
+    // The NEON kernels convert block scales with `fcvt`: equal to the scalar conversion for
+    // every f16 (NaNs: both NaN).
+    for h in 0..=u16::MAX {
+        let a = unsafe { neon::f16_at(h.to_le_bytes().as_ptr()) };
+        let b = fp::f16_to_f32(h);
+        assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{h:#06x}: {a} vs {b}");
     }
 }
