@@ -1,0 +1,545 @@
+//! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`
+//! for the formats that have one here (Q4_0, Q4_1, Q5_0, Q8_0, Q6_K); every other format
+//! keeps its AVX2 kernel in the AVX-512 kernel set.
+//!
+//! Requirement that shapes everything here: each result is BIT-IDENTICAL to the AVX2
+//! kernel's (`avx2.rs`), so logits do not depend on the CPU. The integer work (decoding the
+//! blocks, the u8 x i8 dot products) is exact whatever the order or register width, so it
+//! runs in 512-bit registers; the float work keeps the AVX2 kernel's exact sequence per
+//! output: one FMA per block into the same 8 lanes, blocks in order, the same horizontal sum.
+//! Two layouts do that:
+//! - `dot_*::<NC>` (the `DotN` interface of avx2.rs: one weight row, NC activation rows):
+//!   two consecutive blocks share a zmm for the integer part, then two 256-bit FMAs in block
+//!   order. The FMA chain (4 cycles per block) stays, so these gain little at NC = 1.
+//! - `rows_*` (`DotRows`: one activation row, several weight rows): two weight rows share a
+//!   zmm, lanes 0..8 row a's 8-lane accumulator, lanes 8..16 row b's; one 512-bit FMA per
+//!   block serves both rows with per-lane identical operations. Independent rows break the
+//!   FMA latency chain that bounds the single-row kernels (AVX2 single-token Q4_0 runs at
+//!   ~4.5 cycles per block, the FMA latency); that is the single-token (decode) speedup.
+//!
+//! Exact integer identities used (u = unsigned code of the weight, x the i8 activation):
+//! Q4_0 w = u - 8, Q5_0 w = u - 16, Q8_0 w = (w ^ 0x80) - 128, so
+//! sum(w * x) = dpbusd(u, x) - off * dpbusd(1, x) per 4-byte group, the same i32 the AVX2
+//! kernel's maddubs/madd (or AVX-VNNI) computes for that group (no saturation is possible:
+//! activations come from the q8 quantizers, |x| <= 127).
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::avx2::{f16, hsum_ps, DotN, TILE};
+use super::VecDotFn;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// One activation row (token) against `nrows` consecutive weight rows `ws` bytes apart:
+/// out[r] = dot(w + r * ws, x) for r in 0..nrows. `xd`: null, or the f32 activation block
+/// scales as in `DotN` (Q8_0: d per block; Q8_1: (d, s) per block).
+pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
+
+/// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
+/// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && super::avx2_available()
+}
+
+/// (single-column, TILE-column) AVX-512 kernels of weight type `ty`, if there are any.
+pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<TILE>),
+        Q4_1 => (dot_q4_1::<1>, dot_q4_1::<TILE>),
+        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<TILE>),
+        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<TILE>),
+        Q6_K => (dot_q6_k::<1>, dot_q6_k::<TILE>),
+        _ => return None,
+    })
+}
+
+/// The single-token multi-row kernel of weight type `ty`, if there is one.
+pub fn rows_kernel(ty: GgmlType) -> Option<DotRows> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => rows_q4_0,
+        Q4_1 => rows_q4_1,
+        Q5_0 => rows_q5_0,
+        Q8_0 => rows_q8_0,
+        _ => return None,
+    })
+}
+
+macro_rules! safe_one {
+    ($name:ident, $k:ident, $wty:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
+            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
+            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+            let mut out = 0f32;
+            // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+            out
+        }
+    };
+}
+
+safe_one!(one_q4_0, dot_q4_0, GgmlType::Q4_0);
+safe_one!(one_q4_1, dot_q4_1, GgmlType::Q4_1);
+safe_one!(one_q5_0, dot_q5_0, GgmlType::Q5_0);
+safe_one!(one_q8_0, dot_q8_0, GgmlType::Q8_0);
+safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
+
+/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths), if AVX-512 has one.
+pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => one_q4_0,
+        Q4_1 => one_q4_1,
+        Q5_0 => one_q5_0,
+        Q8_0 => one_q8_0,
+        Q6_K => one_q6_k,
+        _ => return None,
+    })
+}
+
+// ------------------------------------------------------------------ helpers
+
+macro_rules! kfn {
+    ($(#[$m:meta])* unsafe fn $name:ident $($rest:tt)*) => {
+        $(#[$m])*
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name $($rest)*
+    };
+}
+
+/// Weight bytes prefetched this far ahead in the single-token kernels: the AVX2 kernels'
+/// tuned distance (see `avx2::PF_AHEAD`).
+const PF_AHEAD: usize = 8192;
+
+#[inline(always)]
+unsafe fn prefetch_t1(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_AHEAD) as *const i8);
+}
+
+#[inline(always)]
+unsafe fn prefetch_t0(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_AHEAD) as *const i8);
+}
+
+/// Four f16 packed in a u64 -> 4 f32 (exact). In asm for the same reason as `avx2::f16`:
+/// `vmovq` from a general register writes the whole register (no false dependency).
+#[inline(always)]
+unsafe fn cvt_h4(h: u64) -> __m128 {
+    let r: __m128;
+    std::arch::asm!(
+        "vmovq {r}, {h}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u64 {
+    std::ptr::read_unaligned(p as *const u16) as u64
+}
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u64 {
+    std::ptr::read_unaligned(p as *const u32) as u64
+}
+
+kfn!(unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+});
+
+kfn!(unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+});
+
+kfn!(unsafe fn hi_ps(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
+});
+
+kfn!(unsafe fn lo_ps(v: __m512) -> __m256 {
+    _mm512_castps512_ps256(v)
+});
+
+kfn!(
+    /// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
+    unsafe fn nibbles_32(p: *const u8) -> __m256i {
+    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let b = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+});
+
+kfn!(
+    /// `nibbles_32` of two blocks: a's 32 bytes in the low half, b's in the high half.
+    unsafe fn nibbles_2x32(a: *const u8, b: *const u8) -> __m512i {
+    let ya = _mm256_broadcastsi128_si256(_mm_loadu_si128(a as *const __m128i));
+    let yb = _mm256_broadcastsi128_si256(_mm_loadu_si128(b as *const __m128i));
+    let z = _mm512_srlv_epi64(join(ya, yb), _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
+});
+
+kfn!(
+    /// Sums of 4 adjacent u8 * i8 products (16 i32) minus `t` (exact integers).
+    unsafe fn dot_u8_i8_minus(t: __m512i, u: __m512i, x: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), t), u, x)
+});
+
+// ------------------------------------------------------------------ 32-element block decoders
+// Each gives the unsigned code u (0..=255) of the 32 weights of a block; the signed weight
+// is u - OFF (see the module note).
+
+const OFF_Q4_0: i8 = 8;
+const OFF_Q5_0: i8 = 16;
+const OFF_Q8_0: i8 = -128; // 0x80: 128 as the unsigned operand of vpdpbusd
+
+kfn!(unsafe fn dec1_q4_0(b: *const u8) -> __m256i {
+    nibbles_32(b.add(2))
+});
+kfn!(unsafe fn dec2_q4_0(a: *const u8, b: *const u8) -> __m512i {
+    nibbles_2x32(a.add(2), b.add(2))
+});
+kfn!(unsafe fn dec1_q5_0(b: *const u8) -> __m256i {
+    // bit k of qh is the 5th bit of element k (= byte k of the nibble vector)
+    let nib = nibbles_32(b.add(6));
+    let m = rd32(b.add(2)) as u32;
+    _mm256_mask_add_epi8(nib, m, nib, _mm256_set1_epi8(16))
+});
+kfn!(unsafe fn dec2_q5_0(a: *const u8, b: *const u8) -> __m512i {
+    let nib = nibbles_2x32(a.add(6), b.add(6));
+    let m = rd32(a.add(2)) | (rd32(b.add(2)) << 32);
+    _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
+});
+kfn!(unsafe fn dec1_q8_0(b: *const u8) -> __m256i {
+    _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(-128))
+});
+kfn!(unsafe fn dec2_q8_0(a: *const u8, b: *const u8) -> __m512i {
+    _mm512_xor_si512(join(load256(a.add(2)), load256(b.add(2))), _mm512_set1_epi8(-128))
+});
+
+// ------------------------------------------------------------------ signed family x Q8_0
+
+/// Q4_0 / Q5_0 / Q8_0 against Q8_0 activations, one weight row, NC activation rows: per
+/// block acc += (dw*dx) * q with q the 8 group sums, exactly as `avx2::dot_signed_q8_0`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_signed<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    wsize: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    out: *mut f32,
+    off: i8,
+    dec1: impl Fn(*const u8) -> __m256i,
+    dec2: impl Fn(*const u8, *const u8) -> __m512i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let offz = _mm512_set1_epi8(off);
+    let dx = |c: usize, i: usize, by: *const u8| -> f32 {
+        if xd.is_null() {
+            f16(by)
+        } else {
+            std::ptr::read_unaligned(xd.add(c * xds + i))
+        }
+    };
+    let mut i = 0;
+    while i + 2 <= nb {
+        let pa = w.add(i * wsize);
+        let pb = pa.add(wsize);
+        if NC == 1 {
+            prefetch_t1(pa);
+            prefetch_t1(pb);
+        }
+        let u = dec2(pa, pb);
+        let (dwa, dwb) = (f16(pa), f16(pb));
+        for c in 0..NC {
+            let bya = x.add(c * xs + i * 34);
+            let byb = bya.add(34);
+            let xz = join(load256(bya.add(2)), load256(byb.add(2)));
+            let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
+            let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, u, xz));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwa * dx(c, i, bya)), lo_ps(q), acc[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwb * dx(c, i + 1, byb)), hi_ps(q), acc[c]);
+        }
+        i += 2;
+    }
+    if i < nb {
+        let pa = w.add(i * wsize);
+        let u = dec1(pa);
+        let dwa = f16(pa);
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 34);
+            let xy = load256(by.add(2));
+            let t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(off), xy);
+            let s = _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), t), u, xy);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwa * dx(c, i, by)), _mm256_cvtepi32_ps(s), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+/// Signed family, one activation row against 2 * RP weight rows (pairs share a zmm).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_signed<const RP: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    off: i8,
+    dec2: impl Fn(*const u8, *const u8) -> __m512i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); RP];
+    let offz = _mm512_set1_epi8(off);
+    // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for i in 0..nb {
+        let bx = x.add(i * 34);
+        let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
+        let vdx = _mm_set1_ps(dx);
+        let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
+        let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
+        for p in 0..RP {
+            let pa = w.add(2 * p * ws + i * wsize);
+            let pb = pa.add(ws);
+            prefetch_t1(pa);
+            prefetch_t1(pb);
+            let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(pa, pb), xz));
+            // [dw_a * dx, dw_b * dx]: the same f32 products the AVX2 kernel forms per row
+            let d2 = _mm_mul_ps(cvt_h4(rd16(pa) | (rd16(pb) << 16)), vdx);
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d2));
+            acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
+        }
+    }
+    for p in 0..RP {
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p]));
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p]));
+    }
+}
+
+/// Rows per multi-row call: RP_MAX pairs.
+const RP_MAX: usize = 2;
+
+macro_rules! signed_kernels {
+    ($dot:ident, $rows:ident, $wsize:expr, $off:expr, $dec1:ident, $dec2:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+            dot_signed::<NC>(n, w, $wsize, x, xs, xd, xds, out, $off, |b| $dec1(b), |a, b| $dec2(a, b))
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + 2 * RP_MAX <= nrows {
+                rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                r += 2 * RP_MAX;
+            }
+            while r + 2 <= nrows {
+                rows_signed::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                r += 2;
+            }
+            if r < nrows {
+                $dot::<1>(n, w.add(r * ws), x, 0, xd, 0, out.add(r));
+            }
+        }
+    };
+}
+
+signed_kernels!(dot_q4_0, rows_q4_0, 18, OFF_Q4_0, dec1_q4_0, dec2_q4_0);
+signed_kernels!(dot_q5_0, rows_q5_0, 22, OFF_Q5_0, dec1_q5_0, dec2_q5_0);
+signed_kernels!(dot_q8_0, rows_q8_0, 34, OFF_Q8_0, dec1_q8_0, dec2_q8_0);
+
+// ------------------------------------------------------------------ Q4_1 x Q8_1
+
+/// Q4_1 against Q8_1, one weight row, NC activation rows, as `avx2::dot_min_q8_1`: per block
+/// p = (dw*dx, mw*sx), summ += p (lane 1), acc += p0 * q.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut summ = [_mm_setzero_ps(); NC];
+    let mut i = 0;
+    while i + 2 <= nb {
+        let pa = w.add(i * 20);
+        let pb = pa.add(20);
+        if NC == 1 {
+            prefetch_t0(pa);
+            prefetch_t0(pb);
+        }
+        let dm = cvt_h4(rd32(pa) | (rd32(pb) << 32)); // (dw_a, mw_a, dw_b, mw_b)
+        let u = nibbles_2x32(pa.add(4), pb.add(4));
+        for c in 0..NC {
+            let bya = x.add(c * xs + i * 36);
+            let byb = bya.add(36);
+            let ds = if xd.is_null() {
+                cvt_h4(rd32(bya) | (rd32(byb) << 32))
+            } else {
+                _mm_loadu_ps(xd.add(c * xds + 2 * i))
+            };
+            let p = _mm_mul_ps(dm, ds); // (dwa*dxa, mwa*sxa, dwb*dxb, mwb*sxb)
+            let ph = _mm_movehl_ps(p, p);
+            summ[c] = _mm_add_ps(summ[c], p);
+            summ[c] = _mm_add_ps(summ[c], ph);
+            let xz = join(load256(bya.add(4)), load256(byb.add(4)));
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xz));
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), lo_ps(q), acc[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(ph), hi_ps(q), acc[c]);
+        }
+        i += 2;
+    }
+    if i < nb {
+        let pa = w.add(i * 20);
+        let dm = cvt_h4(rd32(pa));
+        let u = nibbles_32(pa.add(4));
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 36);
+            let ds = if xd.is_null() {
+                cvt_h4(rd32(by))
+            } else {
+                _mm_castpd_ps(_mm_load_sd(xd.add(c * xds + 2 * i) as *const f64))
+            };
+            let p = _mm_mul_ps(dm, ds);
+            summ[c] = _mm_add_ps(summ[c], p);
+            let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load256(by.add(4))));
+            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), q, acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(_mm_movehdup_ps(summ[c]));
+    }
+}
+
+/// Q4_1, one activation row against 2 * RP weight rows (pairs share a zmm).
+#[inline(always)]
+unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); RP];
+    // lanes 1 and 3: the m_w * s_x sums of rows a and b
+    let mut summ = [_mm_setzero_ps(); RP];
+    // lanes 0..8 <- lane 0 (dw_a*dx), lanes 8..16 <- lane 2 (dw_b*dx)
+    let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    for i in 0..nb {
+        let bx = x.add(i * 36);
+        let ds = if xd.is_null() {
+            cvt_h4(rd32(bx) * 0x1_0000_0001)
+        } else {
+            _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
+        }; // (dx, sx, dx, sx)
+        let xz = _mm512_broadcast_i64x4(load256(bx.add(4)));
+        for p in 0..RP {
+            let pa = w.add(2 * p * ws + i * 20);
+            let pb = pa.add(ws);
+            prefetch_t0(pa);
+            prefetch_t0(pb);
+            let u = nibbles_2x32(pa.add(4), pb.add(4));
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xz));
+            let pr = _mm_mul_ps(cvt_h4(rd32(pa) | (rd32(pb) << 32)), ds);
+            summ[p] = _mm_add_ps(summ[p], pr);
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(pr));
+            acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
+        }
+    }
+    for p in 0..RP {
+        let s = summ[p];
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(s));
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(s, s)));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let mut r = 0;
+    while r + 2 * RP_MAX <= nrows {
+        rows_q4_1_body::<RP_MAX>(n, w.add(r * ws), ws, x, xd, out.add(r));
+        r += 2 * RP_MAX;
+    }
+    while r + 2 <= nrows {
+        rows_q4_1_body::<1>(n, w.add(r * ws), ws, x, xd, out.add(r));
+        r += 2;
+    }
+    if r < nrows {
+        dot_q4_1::<1>(n, w.add(r * ws), x, 0, xd, 0, out.add(r));
+    }
+}
+
+// ------------------------------------------------------------------ Q6_K x Q8_K
+
+/// Q6_K against Q8_K as `avx2::dot_q6_k`, with two 32-byte chunks per zmm. The i32 group
+/// sums are exact, and lane l of the zmm's two halves added gives the AVX2 kernel's lane l
+/// (same bytes), so the f32 work (one FMA per super-block) sees the same integers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm512_set1_epi8(0xF);
+    let m30 = _mm512_set1_epi8(0x30);
+    let m32 = _mm512_set1_epi8(32);
+    // sc[m] lane L (i16) = scale 4m + L/8: the scale of each 16 bytes of chunk pair m
+    let sidx = |m: i16| {
+        let mut v = [0i16; 32];
+        for (l, e) in v.iter_mut().enumerate() {
+            *e = 4 * m + (l / 8) as i16;
+        }
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let sidx = [sidx(0), sidx(1), sidx(2), sidx(3)];
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nb {
+        let bw = w.add(i * 210);
+        if NC == 1 {
+            let mut o = 0;
+            while o < 210 {
+                prefetch_t1(bw.add(o));
+                o += 64;
+            }
+        }
+        let dw = f16(bw.add(208));
+        let s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(192) as *const __m128i)));
+        let mut sumi = [_mm512_setzero_si512(); NC];
+        for j in 0..2 {
+            let b12 = _mm512_loadu_si512(bw.add(64 * j) as *const _);
+            let bh = _mm512_broadcast_i64x4(load256(bw.add(128 + 32 * j)));
+            // bits (2k, 2k+1) of qh are bits 4, 5 of chunk k's values
+            let hlo = _mm512_and_si512(_mm512_sllv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), m30);
+            let hhi = _mm512_and_si512(_mm512_srlv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), m30);
+            let q01 = _mm512_or_si512(_mm512_and_si512(b12, m4), hlo);
+            let q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b12, 4), m4), hhi);
+            let sc01 = _mm512_permutexvar_epi16(sidx[2 * j], s16);
+            let sc23 = _mm512_permutexvar_epi16(sidx[2 * j + 1], s16);
+            for c in 0..NC {
+                let q8 = x.add(c * xs + i * 292 + 4 + 128 * j);
+                let y01 = _mm512_loadu_si512(q8 as *const _);
+                let y23 = _mm512_loadu_si512(q8.add(64) as *const _);
+                let p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01), _mm512_maddubs_epi16(m32, y01));
+                let p23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23), _mm512_maddubs_epi16(m32, y23));
+                sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc01, p01);
+                sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc23, p23);
+            }
+        }
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 292);
+            let s = _mm256_add_epi32(_mm512_castsi512_si256(sumi[c]), _mm512_extracti64x4_epi64(sumi[c], 1));
+            let yd = std::ptr::read_unaligned(by as *const f32);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(s), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
