@@ -260,25 +260,29 @@ fn stream_sum(p: &[u8]) -> u64 {
     p.chunks_exact(8).fold(0u64, |a, c| a.wrapping_add(u64::from_le_bytes(c.try_into().unwrap())))
 }
 
-/// Fastest single call of `f` (seconds) over `calls` calls after one warm-up: on a shared
-/// machine the fastest call is the one least disturbed by other processes.
-fn best_call(calls: usize, f: impl FnMut()) -> f64 {
-    best_call_cpu(calls, f).0
-}
-
-/// `best_call`, plus the fewest calling-thread CPU seconds of any call (1 thread: the time
-/// the kernel ran, without the preemptions of a shared machine).
-fn best_call_cpu(calls: usize, mut f: impl FnMut()) -> (f64, f64) {
-    f();
-    let (mut wall, mut cpu) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..calls {
-        let c0 = thread_cpu_seconds();
+/// Runs `f(ith, nth)` on `pool` `calls` times after a warm-up, each part timing its own
+/// thread CPU time. Returns (fastest wall seconds, fewest "max over parts of the part's CPU
+/// seconds"): the second is what the call would take with every part on its own idle core,
+/// a contention-robust stand-in for the wall time on this shared 2-core machine (it can
+/// flatter when one part ran alone on an otherwise idle memory system).
+fn per_part_cpu(pool: &ThreadPool, calls: usize, f: &(dyn Fn(usize, usize) + Sync)) -> (f64, f64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let cpu: Vec<AtomicU64> = (0..pool.n_threads()).map(|_| AtomicU64::new(0)).collect();
+    let (mut wall, mut best) = (f64::INFINITY, f64::INFINITY);
+    for k in 0..=calls {
         let t0 = Instant::now();
-        f();
-        wall = wall.min(t0.elapsed().as_secs_f64());
-        cpu = cpu.min(thread_cpu_seconds() - c0);
+        pool.run(&|ith, nth| {
+            let c0 = thread_cpu_seconds();
+            f(ith, nth);
+            cpu[ith].store((thread_cpu_seconds() - c0).to_bits(), Ordering::Relaxed);
+        });
+        let t = t0.elapsed().as_secs_f64();
+        if k > 0 {
+            wall = wall.min(t);
+            best = best.min(cpu.iter().map(|c| f64::from_bits(c.load(Ordering::Relaxed))).fold(0.0, f64::max));
+        }
     }
-    (wall, cpu)
+    (wall, best)
 }
 
 /// The `tg` mode: single-token matmul bandwidth per format and kernel set vs the read probe.
@@ -290,22 +294,16 @@ fn tg_table(huge: bool, calls: usize) {
     for (i, b) in probe.as_mut().iter_mut().enumerate() {
         *b = i as u8;
     }
-    let mut bw_cpu = 0.0;
-    let bw: Vec<f64> = pools
+    // [wall, per-CPU-second] GB/s for 1 and 2 threads
+    let bw: Vec<[f64; 2]> = pools
         .iter()
-        .enumerate()
-        .map(|(k, p)| {
+        .map(|p| {
             let buf = probe.as_ref();
-            let (t, tc) = best_call_cpu(calls, || {
-                p.run(&|ith, nth| {
-                    let r = split_range(buf.len() / 4096, ith, nth);
-                    black_box(stream_sum(&buf[r.start * 4096..r.end * 4096]));
-                })
+            let (t, tc) = per_part_cpu(p, calls, &|ith, nth| {
+                let r = split_range(buf.len() / 4096, ith, nth);
+                black_box(stream_sum(&buf[r.start * 4096..r.end * 4096]));
             });
-            if k == 0 {
-                bw_cpu = bytes as f64 / tc / 1e9;
-            }
-            bytes as f64 / t / 1e9
+            [bytes as f64 / t / 1e9, bytes as f64 / tc / 1e9]
         })
         .collect();
     drop(probe);
@@ -318,15 +316,17 @@ fn tg_table(huge: bool, calls: usize) {
         if huge { "huge pages (MADV_HUGEPAGE)" } else { "4 KiB pages" }
     );
     println!(
-        "read bandwidth probe (256-bit loads): {:.1} GB/s (1 thread; {:.1} per CPU-second), {:.1} GB/s (2 threads)",
-        bw[0], bw_cpu, bw[1]
+        "read bandwidth probe (256-bit loads), GB/s: 1 thread {:.1} ({:.1} cpu), 2 threads {:.1} ({:.1} cpu)",
+        bw[0][0], bw[0][1], bw[1][0], bw[1][1]
     );
+    println!("GB/s of weights: wall, and `c` per CPU-second of the slowest thread (contention-robust);");
+    println!("% = 2-thread GB/s / 2-thread probe GB/s (wall / cpu)");
     print!("{:<7}", "type");
     for set in &sets {
-        print!(" {:>9} {:>9} {:>9} {:>6}", format!("{} 1t", set.name()), "1t cpu", format!("{} 2t", set.name()), "2t/bw");
+        let n = set.name();
+        print!(" | {:>10} {:>6} {:>10} {:>6} {:>5} {:>5}", format!("{n} 1t"), "1t c", format!("{n} 2t"), "2t c", "%", "% c");
     }
     println!();
-    println!("(GB/s of weights; 1t cpu: per CPU-second of the thread; 2t/bw: 2-thread GB/s / 2-thread probe)");
     let only: Option<String> = std::env::var("PYLLAMA_BENCH_TYPES").ok();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         if only.as_ref().is_some_and(|o| !o.split(',').any(|t| t.eq_ignore_ascii_case(ty.name()))) {
@@ -337,21 +337,31 @@ fn tg_table(huge: bool, calls: usize) {
         let w = Mapped::from_slice(&random_weights(ty, n_in, n_out), huge);
         let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: w.as_ref() };
         let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
-        let mut out = vec![0f32; n_out];
-        let mut scratch = Vec::new();
         print!("{:<7}", ty.name());
         for &set in &sets {
-            let mut g = [0.0; 3];
+            // each thread runs its own row range as a 1-thread matmul (the same split and
+            // kernels as the 2-thread matmul) so that it can time its own CPU
+            let parts: Vec<std::sync::Mutex<(ThreadPool, Vec<f32>, Vec<u8>)>> =
+                (0..2).map(|_| std::sync::Mutex::new((ThreadPool::new(1), vec![0f32; n_out], Vec::new()))).collect();
+            let mut g = [[0.0; 2]; 2];
             for (k, p) in pools.iter().enumerate() {
-                let (t, tc) = best_call_cpu(calls, || {
-                    matmul_with(p, set, &tv, &x, 1, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
+                let (t, tc) = per_part_cpu(p, calls, &|ith, nth| {
+                    let rows = split_range(n_out, ith, nth);
+                    let mut part = parts[ith].lock().unwrap();
+                    let (inner, o, sc) = &mut *part;
+                    matmul_with(inner, set, &tv, &x, 1, o, n_out, rows, sc).unwrap();
                 });
-                g[k] = w.len as f64 / t / 1e9;
-                if k == 0 {
-                    g[2] = w.len as f64 / tc / 1e9;
-                }
+                g[k] = [w.len as f64 / t / 1e9, w.len as f64 / tc / 1e9];
             }
-            print!(" {:>9.1} {:>9.1} {:>9.1} {:>5.0}%", g[0], g[2], g[1], 100.0 * g[1] / bw[1]);
+            print!(
+                " | {:>10.1} {:>6.1} {:>10.1} {:>6.1} {:>4.0}% {:>4.0}%",
+                g[0][0],
+                g[0][1],
+                g[1][0],
+                g[1][1],
+                100.0 * g[1][0] / bw[1][0],
+                100.0 * g[1][1] / bw[1][1]
+            );
         }
         println!();
     }

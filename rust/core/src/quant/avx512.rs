@@ -46,16 +46,14 @@ pub fn available() -> bool {
 }
 
 /// (single-column, TILE-column) AVX-512 kernels of weight type `ty`, if there are any.
+/// Only Q6_K: the 32-element-block formats' AVX-512 builds of these (two blocks per zmm,
+/// the AVX2 float order) were slower than the AVX2 + AVX-VNNI ones and were dropped (see
+/// the module note).
 pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<TILE>),
-        Q4_1 => (dot_q4_1::<1>, dot_q4_1::<TILE>),
-        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<TILE>),
-        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<TILE>),
-        Q6_K => (dot_q6_k::<1>, dot_q6_k::<TILE>),
-        _ => return None,
-    })
+    match ty {
+        GgmlType::Q6_K => Some((dot_q6_k::<1>, dot_q6_k::<TILE>)),
+        _ => None,
+    }
 }
 
 /// The single-token multi-row kernel of weight type `ty`, if there is one.
@@ -84,23 +82,14 @@ macro_rules! safe_one {
     };
 }
 
-safe_one!(one_q4_0, dot_q4_0, GgmlType::Q4_0);
-safe_one!(one_q4_1, dot_q4_1, GgmlType::Q4_1);
-safe_one!(one_q5_0, dot_q5_0, GgmlType::Q5_0);
-safe_one!(one_q8_0, dot_q8_0, GgmlType::Q8_0);
 safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
 
 /// Safe single-row vec_dot of weight type `ty` (checks the slice lengths), if AVX-512 has one.
 pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => one_q4_0,
-        Q4_1 => one_q4_1,
-        Q5_0 => one_q5_0,
-        Q8_0 => one_q8_0,
-        Q6_K => one_q6_k,
-        _ => return None,
-    })
+    match ty {
+        GgmlType::Q6_K => Some(one_q6_k),
+        _ => None,
+    }
 }
 
 // ------------------------------------------------------------------ helpers
@@ -169,13 +158,6 @@ kfn!(unsafe fn lo_ps(v: __m512) -> __m256 {
     _mm512_castps512_ps256(v)
 });
 
-kfn!(
-    /// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
-    unsafe fn nibbles_32(p: *const u8) -> __m256i {
-    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
-    let b = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
-    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
-});
 
 kfn!(
     /// `nibbles_32` of two blocks: a's 32 bytes in the low half, b's in the high half.
@@ -200,96 +182,19 @@ const OFF_Q4_0: i8 = 8;
 const OFF_Q5_0: i8 = 16;
 const OFF_Q8_0: i8 = -128; // 0x80: 128 as the unsigned operand of vpdpbusd
 
-kfn!(unsafe fn dec1_q4_0(b: *const u8) -> __m256i {
-    nibbles_32(b.add(2))
-});
 kfn!(unsafe fn dec2_q4_0(a: *const u8, b: *const u8) -> __m512i {
     nibbles_2x32(a.add(2), b.add(2))
-});
-kfn!(unsafe fn dec1_q5_0(b: *const u8) -> __m256i {
-    // bit k of qh is the 5th bit of element k (= byte k of the nibble vector)
-    let nib = nibbles_32(b.add(6));
-    let m = rd32(b.add(2)) as u32;
-    _mm256_mask_add_epi8(nib, m, nib, _mm256_set1_epi8(16))
 });
 kfn!(unsafe fn dec2_q5_0(a: *const u8, b: *const u8) -> __m512i {
     let nib = nibbles_2x32(a.add(6), b.add(6));
     let m = rd32(a.add(2)) | (rd32(b.add(2)) << 32);
     _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
 });
-kfn!(unsafe fn dec1_q8_0(b: *const u8) -> __m256i {
-    _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(-128))
-});
 kfn!(unsafe fn dec2_q8_0(a: *const u8, b: *const u8) -> __m512i {
     _mm512_xor_si512(join(load256(a.add(2)), load256(b.add(2))), _mm512_set1_epi8(-128))
 });
 
 // ------------------------------------------------------------------ signed family x Q8_0
-
-/// Q4_0 / Q5_0 / Q8_0 against Q8_0 activations, one weight row, NC activation rows: per
-/// block acc += (dw*dx) * q with q the 8 group sums, exactly as `avx2::dot_signed_q8_0`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dot_signed<const NC: usize>(
-    n: usize,
-    w: *const u8,
-    wsize: usize,
-    x: *const u8,
-    xs: usize,
-    xd: *const f32,
-    xds: usize,
-    out: *mut f32,
-    off: i8,
-    dec1: impl Fn(*const u8) -> __m256i,
-    dec2: impl Fn(*const u8, *const u8) -> __m512i,
-) {
-    let nb = n / 32;
-    let mut acc = [_mm256_setzero_ps(); NC];
-    let offz = _mm512_set1_epi8(off);
-    let dx = |c: usize, i: usize, by: *const u8| -> f32 {
-        if xd.is_null() {
-            f16(by)
-        } else {
-            std::ptr::read_unaligned(xd.add(c * xds + i))
-        }
-    };
-    let mut i = 0;
-    while i + 2 <= nb {
-        let pa = w.add(i * wsize);
-        let pb = pa.add(wsize);
-        if NC == 1 {
-            prefetch_t1(pa);
-            prefetch_t1(pb);
-        }
-        let u = dec2(pa, pb);
-        let (dwa, dwb) = (f16(pa), f16(pb));
-        for c in 0..NC {
-            let bya = x.add(c * xs + i * 34);
-            let byb = bya.add(34);
-            let xz = join(load256(bya.add(2)), load256(byb.add(2)));
-            let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
-            let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, u, xz));
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwa * dx(c, i, bya)), lo_ps(q), acc[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwb * dx(c, i + 1, byb)), hi_ps(q), acc[c]);
-        }
-        i += 2;
-    }
-    if i < nb {
-        let pa = w.add(i * wsize);
-        let u = dec1(pa);
-        let dwa = f16(pa);
-        for c in 0..NC {
-            let by = x.add(c * xs + i * 34);
-            let xy = load256(by.add(2));
-            let t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(off), xy);
-            let s = _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), t), u, xy);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dwa * dx(c, i, by)), _mm256_cvtepi32_ps(s), acc[c]);
-        }
-    }
-    for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]);
-    }
-}
 
 /// Signed family, one activation row against 2 * RP weight rows (pairs share a zmm).
 #[inline(always)]
@@ -337,13 +242,8 @@ unsafe fn rows_signed<const RP: usize>(
 /// Rows per multi-row call: RP_MAX pairs.
 const RP_MAX: usize = 2;
 
-macro_rules! signed_kernels {
-    ($dot:ident, $rows:ident, $wsize:expr, $off:expr, $dec1:ident, $dec2:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-            dot_signed::<NC>(n, w, $wsize, x, xs, xd, xds, out, $off, |b| $dec1(b), |a, b| $dec2(a, b))
-        }
-
+macro_rules! signed_rows {
+    ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             let mut r = 0;
@@ -356,75 +256,23 @@ macro_rules! signed_kernels {
                 r += 2;
             }
             if r < nrows {
-                $dot::<1>(n, w.add(r * ws), x, 0, xd, 0, out.add(r));
+                last_row($ty, n, w.add(r * ws), x, xd, out.add(r));
             }
         }
     };
 }
 
-signed_kernels!(dot_q4_0, rows_q4_0, 18, OFF_Q4_0, dec1_q4_0, dec2_q4_0);
-signed_kernels!(dot_q5_0, rows_q5_0, 22, OFF_Q5_0, dec1_q5_0, dec2_q5_0);
-signed_kernels!(dot_q8_0, rows_q8_0, 34, OFF_Q8_0, dec1_q8_0, dec2_q8_0);
-
-// ------------------------------------------------------------------ Q4_1 x Q8_1
-
-/// Q4_1 against Q8_1, one weight row, NC activation rows, as `avx2::dot_min_q8_1`: per block
-/// p = (dw*dx, mw*sx), summ += p (lane 1), acc += p0 * q.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q4_1<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    let nb = n / 32;
-    let mut acc = [_mm256_setzero_ps(); NC];
-    let mut summ = [_mm_setzero_ps(); NC];
-    let mut i = 0;
-    while i + 2 <= nb {
-        let pa = w.add(i * 20);
-        let pb = pa.add(20);
-        if NC == 1 {
-            prefetch_t0(pa);
-            prefetch_t0(pb);
-        }
-        let dm = cvt_h4(rd32(pa) | (rd32(pb) << 32)); // (dw_a, mw_a, dw_b, mw_b)
-        let u = nibbles_2x32(pa.add(4), pb.add(4));
-        for c in 0..NC {
-            let bya = x.add(c * xs + i * 36);
-            let byb = bya.add(36);
-            let ds = if xd.is_null() {
-                cvt_h4(rd32(bya) | (rd32(byb) << 32))
-            } else {
-                _mm_loadu_ps(xd.add(c * xds + 2 * i))
-            };
-            let p = _mm_mul_ps(dm, ds); // (dwa*dxa, mwa*sxa, dwb*dxb, mwb*sxb)
-            let ph = _mm_movehl_ps(p, p);
-            summ[c] = _mm_add_ps(summ[c], p);
-            summ[c] = _mm_add_ps(summ[c], ph);
-            let xz = join(load256(bya.add(4)), load256(byb.add(4)));
-            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xz));
-            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), lo_ps(q), acc[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(ph), hi_ps(q), acc[c]);
-        }
-        i += 2;
-    }
-    if i < nb {
-        let pa = w.add(i * 20);
-        let dm = cvt_h4(rd32(pa));
-        let u = nibbles_32(pa.add(4));
-        for c in 0..NC {
-            let by = x.add(c * xs + i * 36);
-            let ds = if xd.is_null() {
-                cvt_h4(rd32(by))
-            } else {
-                _mm_castpd_ps(_mm_load_sd(xd.add(c * xds + 2 * i) as *const f64))
-            };
-            let p = _mm_mul_ps(dm, ds);
-            summ[c] = _mm_add_ps(summ[c], p);
-            let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load256(by.add(4))));
-            acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), q, acc[c]);
-        }
-    }
-    for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(_mm_movehdup_ps(summ[c]));
-    }
+/// The last row of an odd row count: the AVX2 single-row kernel (bit-identical by definition).
+#[inline(always)]
+unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *const f32, out: *mut f32) {
+    let (one, _) = super::avx2::dot_kernels(ty).expect("an AVX2 kernel for every multi-row format");
+    one(n, w, x, 0, xd, 0, out);
 }
+
+signed_rows!(rows_q4_0, GgmlType::Q4_0, 18, OFF_Q4_0, dec2_q4_0);
+signed_rows!(rows_q5_0, GgmlType::Q5_0, 22, OFF_Q5_0, dec2_q5_0);
+signed_rows!(rows_q8_0, GgmlType::Q8_0, 34, OFF_Q8_0, dec2_q8_0);
+// ------------------------------------------------------------------ Q4_1 x Q8_1
 
 /// Q4_1, one activation row against 2 * RP weight rows (pairs share a zmm).
 #[inline(always)]
@@ -475,7 +323,7 @@ pub unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *con
         r += 2;
     }
     if r < nrows {
-        dot_q4_1::<1>(n, w.add(r * ws), x, 0, xd, 0, out.add(r));
+        last_row(GgmlType::Q4_1, n, w.add(r * ws), x, xd, out.add(r));
     }
 }
 

@@ -393,8 +393,8 @@ fn avx512_kernels_equal_avx2_bit_for_bit() {
         }
         let mut rng = Rng(0xA5A5_0512);
         for ty in AVX512_TYPES {
+            let Some((b1, b4)) = avx512::dot_kernels(ty) else { continue };
             let (a1, a4) = avx2::dot_kernels_with(ty, false).unwrap();
-            let (b1, b4) = avx512::dot_kernels(ty).unwrap();
             let vdt = vec_dot_type(ty);
             for nblocks in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 33] {
                 if ty.block_size() == 256 && nblocks > 9 {
