@@ -77,14 +77,17 @@ pub fn avx2_available() -> bool {
 
 /// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
 /// `PYLLAMA_KERNELS=ref` forces the scalar kernels, `avx2` the AVX2 ones (also without
-/// AVX-VNNI), `avx512` the AVX-512 ones; a set the CPU cannot run falls back to the best it can.
+/// AVX-VNNI), `avx2vnni` the AVX2 ones with AVX-VNNI where the CPU has it, `avx512` the
+/// AVX-512 ones; a set the CPU cannot run falls back to the best it can.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
     *SET.get_or_init(|| {
         let forced = std::env::var("PYLLAMA_KERNELS").unwrap_or_default().to_ascii_lowercase();
         match forced.as_str() {
             "ref" => KernelSet::Ref,
-            "avx2" if avx2_available() => KernelSet::Avx2,
+            // "avx2vnni": the AVX2 set with its AVX-VNNI builds (what an AVX2 + AVX-VNNI CPU
+            // without AVX-512 runs); "avx2" also turns those off (see avx2::vnni_available)
+            "avx2" | "avx2vnni" if avx2_available() => KernelSet::Avx2,
             _ if avx512_available() => KernelSet::Avx512,
             _ if avx2_available() => KernelSet::Avx2,
             _ => KernelSet::Ref,
