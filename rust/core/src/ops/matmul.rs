@@ -161,7 +161,7 @@ pub fn matmul_with(
 
     #[cfg(target_arch = "x86_64")]
     if set.is_simd() {
-        if let Some((one, many)) = quant::dot_kernels(w.ty, set) {
+        if let Some((one, many)) = quant::dot_kernels(w.ty, set, n_tokens) {
             const TILE: usize = quant::avx2::TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once

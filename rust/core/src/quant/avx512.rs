@@ -329,15 +329,16 @@ pub unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *con
 
 // ------------------------------------------------------------------ Q6_K x Q8_K
 
-/// Q6_K against Q8_K as `avx2::dot_q6_k`, with two 32-byte chunks per zmm. The i32 group
-/// sums are exact, and lane l of the zmm's two halves added gives the AVX2 kernel's lane l
-/// (same bytes), so the f32 work (one FMA per super-block) sees the same integers.
+/// Q6_K against Q8_K as `avx2::dot_q6_k` (llama.cpp's tiled order): per super-block the
+/// exact i32 sum of scale * (q - 32) * y, times d_w, then one FMA with d_y into a scalar
+/// accumulator. Only the integer part is vectorized (two 32-byte chunks per zmm, the -32
+/// offset taken off through the activations' block sums), so the float steps are the
+/// AVX2 kernel's.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm512_set1_epi8(0xF);
     let m30 = _mm512_set1_epi8(0x30);
-    let m32 = _mm512_set1_epi8(32);
     // sc[m] lane L (i16) = scale 4m + L/8: the scale of each 16 bytes of chunk pair m
     let sidx = |m: i16| {
         let mut v = [0i16; 32];
@@ -347,7 +348,7 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
         _mm512_loadu_si512(v.as_ptr() as *const _)
     };
     let sidx = [sidx(0), sidx(1), sidx(2), sidx(3)];
-    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut acc = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 210);
         if NC == 1 {
@@ -358,7 +359,8 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
             }
         }
         let dw = f16(bw.add(208));
-        let s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(192) as *const __m128i)));
+        let s16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(192) as *const __m128i));
+        let s16 = _mm512_castsi256_si512(s16y);
         let mut sumi = [_mm512_setzero_si512(); NC];
         for j in 0..2 {
             let b12 = _mm512_loadu_si512(bw.add(64 * j) as *const _);
@@ -372,22 +374,23 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
             let sc23 = _mm512_permutexvar_epi16(sidx[2 * j + 1], s16);
             for c in 0..NC {
                 let q8 = x.add(c * xs + i * 292 + 4 + 128 * j);
-                let y01 = _mm512_loadu_si512(q8 as *const _);
-                let y23 = _mm512_loadu_si512(q8.add(64) as *const _);
-                let p01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01), _mm512_maddubs_epi16(m32, y01));
-                let p23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23), _mm512_maddubs_epi16(m32, y23));
+                // q (0..63) * y pairs fit i16 (|.| <= 2 * 63 * 128)
+                let p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(q8 as *const _));
+                let p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(q8.add(64) as *const _));
                 sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc01, p01);
                 sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc23, p23);
             }
         }
         for c in 0..NC {
             let by = x.add(c * xs + i * 292);
-            let s = _mm256_add_epi32(_mm512_castsi512_si256(sumi[c]), _mm512_extracti64x4_epi64(sumi[c], 1));
+            // 32 * sum over the 16 groups of scale * bsum: the -32 offset of every value
+            let off = _mm256_madd_epi16(_mm256_loadu_si256(by.add(260) as *const __m256i), s16y);
+            let total = _mm512_reduce_add_epi32(sumi[c]).wrapping_sub(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(off)) << 5);
             let yd = std::ptr::read_unaligned(by as *const f32);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(s), acc[c]);
+            acc[c] = (dw * total as f32).mul_add(yd, acc[c]);
         }
     }
     for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]);
+        *out.add(c) = acc[c];
     }
 }

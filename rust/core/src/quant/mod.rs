@@ -270,13 +270,18 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
 }
 
 /// The matmul's (single-column, TILE-column) kernels of weight type `ty` in kernel set `set`
-/// (see `avx2::DotN`), or None for the scalar set / a format without SIMD kernels.
+/// for a product over `n_tokens` activation rows (see `avx2::DotN`, `avx2::dot_kernels_for`),
+/// or None for the scalar set / a format without SIMD kernels. Under
+/// `PYLLAMA_ORDER=llamacpp` the AVX-512 set uses the AVX2 kernels (that mode's orders
+/// depend on n_tokens and have no AVX-512 build).
 #[cfg(target_arch = "x86_64")]
-pub fn dot_kernels(ty: GgmlType, set: KernelSet) -> Option<(avx2::DotN, avx2::DotN)> {
+pub fn dot_kernels(ty: GgmlType, set: KernelSet, n_tokens: usize) -> Option<(avx2::DotN, avx2::DotN)> {
     match set {
         KernelSet::Ref => None,
-        KernelSet::Avx2 => avx2::dot_kernels(ty),
-        KernelSet::Avx512 => avx512::dot_kernels(ty).or_else(|| avx2::dot_kernels(ty)),
+        KernelSet::Avx512 if !avx2::llamacpp_order() => {
+            avx512::dot_kernels(ty).or_else(|| avx2::dot_kernels_for(ty, n_tokens))
+        }
+        _ => avx2::dot_kernels_for(ty, n_tokens),
     }
 }
 
