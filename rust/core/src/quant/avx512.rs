@@ -1,21 +1,27 @@
-//! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`
-//! for the formats that have one here (Q4_0, Q4_1, Q5_0, Q8_0, Q6_K); every other format
-//! keeps its AVX2 kernel in the AVX-512 kernel set.
+//! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`:
+//! the single-token multi-row kernels of Q4_0, Q4_1, Q5_0 and Q8_0 (`rows_kernel`) and the
+//! Q6_K vec_dot / tile kernel (`dot_kernels`). Everything else in the AVX-512 kernel set is
+//! the AVX2 (+ AVX-VNNI) kernels.
 //!
 //! Requirement that shapes everything here: each result is BIT-IDENTICAL to the AVX2
 //! kernel's (`avx2.rs`), so logits do not depend on the CPU. The integer work (decoding the
 //! blocks, the u8 x i8 dot products) is exact whatever the order or register width, so it
 //! runs in 512-bit registers; the float work keeps the AVX2 kernel's exact sequence per
-//! output: one FMA per block into the same 8 lanes, blocks in order, the same horizontal sum.
-//! Two layouts do that:
-//! - `dot_*::<NC>` (the `DotN` interface of avx2.rs: one weight row, NC activation rows):
-//!   two consecutive blocks share a zmm for the integer part, then two 256-bit FMAs in block
-//!   order. The FMA chain (4 cycles per block) stays, so these gain little at NC = 1.
+//! output (same FMAs on the same lanes, blocks in order, the same horizontal sum).
 //! - `rows_*` (`DotRows`: one activation row, several weight rows): two weight rows share a
 //!   zmm, lanes 0..8 row a's 8-lane accumulator, lanes 8..16 row b's; one 512-bit FMA per
 //!   block serves both rows with per-lane identical operations. Independent rows break the
 //!   FMA latency chain that bounds the single-row kernels (AVX2 single-token Q4_0 runs at
-//!   ~4.5 cycles per block, the FMA latency); that is the single-token (decode) speedup.
+//!   ~4.5 cycles per block, about the FMA latency): that is the single-token speedup
+//!   (weights in L1/L2, GB/s of weights per core: Q4_0 14.7 -> 20.1, Q4_1 18.1 -> 22.6,
+//!   Q5_0 13.7 -> 19.7, Q8_0 31.0 -> 43; SmolLM2 Q4_1 tg, 1 thread: ~1.4x).
+//! - Q6_K: two 32-byte chunks per zmm for the exact i32 super-block sum; the float steps
+//!   are the AVX2 kernel's scalar ones (21.4 -> 28 GB/s 1 column, 34.8 -> 48 4 columns).
+//! - Not kept: AVX-512 builds of the 32-element-block vec_dot/tile kernels (two blocks per
+//!   zmm, then two 256-bit FMAs in block order): keeping the AVX2 float order costs an
+//!   extract and a second FMA per block pair, and zmm VNNI has no more throughput than the
+//!   two ymm ports, so they ran 15-35% slower than AVX2 + AVX-VNNI (Q4_0 1/4 columns 12.3/17.9
+//!   vs 14.7/23.5 GB/s).
 //!
 //! Exact integer identities used (u = unsigned code of the weight, x the i8 activation):
 //! Q4_0 w = u - 8, Q5_0 w = u - 16, Q8_0 w = (w ^ 0x80) - 128, so
