@@ -138,6 +138,23 @@ unsafe fn cvt_h4(h: u64) -> __m128 {
     r
 }
 
+/// Eight f16 (lo: 0..4, hi: 4..8) -> 8 f32 (exact), in asm like `cvt_h4`.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn cvt_h8(lo: u64, hi: u64) -> __m256 {
+    let r: __m256;
+    std::arch::asm!(
+        "vmovq {r:x}, {lo}",
+        "vpinsrq {r:x}, {r:x}, {hi}, 1",
+        "vcvtph2ps {r}, {r:x}",
+        lo = in(reg) lo,
+        hi = in(reg) hi,
+        r = out(ymm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u64 {
     std::ptr::read_unaligned(p as *const u16) as u64
@@ -221,19 +238,36 @@ unsafe fn rows_signed<const RP: usize>(
     let offz = _mm512_set1_epi8(off);
     // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
     for i in 0..nb {
         let bx = x.add(i * 34);
         let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm_set1_ps(dx);
         let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
         let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
-        for p in 0..RP {
+        let mut p = 0;
+        while p + 2 <= RP {
+            // two pairs: their four scales in one conversion and one multiply
+            let r0 = w.add(2 * p * ws + i * wsize);
+            let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
+            prefetch_t1(r0);
+            prefetch_t1(r1);
+            prefetch_t1(r2);
+            prefetch_t1(r3);
+            let q01 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r0, r1), xz));
+            let q23 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r2, r3), xz));
+            // [dw_0 * dx, .., dw_3 * dx]: the same f32 products the AVX2 kernel forms per row
+            let d4 = _mm512_castps128_ps512(_mm_mul_ps(cvt_h4(rd16(r0) | (rd16(r1) << 16) | (rd16(r2) << 32) | (rd16(r3) << 48)), vdx));
+            acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, d4), q01, acc[p]);
+            acc[p + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d4), q23, acc[p + 1]);
+            p += 2;
+        }
+        if p < RP {
             let pa = w.add(2 * p * ws + i * wsize);
             let pb = pa.add(ws);
             prefetch_t1(pa);
             prefetch_t1(pb);
             let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(pa, pb), xz));
-            // [dw_a * dx, dw_b * dx]: the same f32 products the AVX2 kernel forms per row
             let d2 = _mm_mul_ps(cvt_h4(rd16(pa) | (rd16(pb) << 16)), vdx);
             let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d2));
             acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
@@ -289,6 +323,9 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
     let mut summ = [_mm_setzero_ps(); RP];
     // lanes 0..8 <- lane 0 (dw_a*dx), lanes 8..16 <- lane 2 (dw_b*dx)
     let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    let idx23 = _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4);
+    // the quad path's m_w * s_x sums: lanes 1, 3, 5, 7 for its 4 rows
+    let mut summ4 = [_mm256_setzero_ps(); RP];
     for i in 0..nb {
         let bx = x.add(i * 36);
         let ds = if xd.is_null() {
@@ -297,7 +334,27 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
             _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
         }; // (dx, sx, dx, sx)
         let xz = _mm512_broadcast_i64x4(load256(bx.add(4)));
-        for p in 0..RP {
+        let ds8 = _mm256_set_m128(ds, ds);
+        let mut p = 0;
+        while p + 2 <= RP {
+            // two pairs: their (d, m) in one conversion, one multiply, one add
+            let r0 = w.add(2 * p * ws + i * 20);
+            let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
+            prefetch_t0(r0);
+            prefetch_t0(r1);
+            prefetch_t0(r2);
+            prefetch_t0(r3);
+            let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles_2x32(r0.add(4), r1.add(4)), xz));
+            let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles_2x32(r2.add(4), r3.add(4)), xz));
+            // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+            let pr = _mm256_mul_ps(cvt_h8(rd32(r0) | (rd32(r1) << 32), rd32(r2) | (rd32(r3) << 32)), ds8);
+            summ4[p / 2] = _mm256_add_ps(summ4[p / 2], pr);
+            let prz = _mm512_castps256_ps512(pr);
+            acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prz), q01, acc[p]);
+            acc[p + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, prz), q23, acc[p + 1]);
+            p += 2;
+        }
+        if p < RP {
             let pa = w.add(2 * p * ws + i * 20);
             let pb = pa.add(ws);
             prefetch_t0(pa);
@@ -310,7 +367,17 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
             acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
         }
     }
-    for p in 0..RP {
+    let mut p = 0;
+    while p + 2 <= RP {
+        let mut m = [0f32; 8];
+        _mm256_storeu_ps(m.as_mut_ptr(), summ4[p / 2]);
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p])) + m[1];
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p])) + m[3];
+        *out.add(2 * p + 2) = hsum_ps(lo_ps(acc[p + 1])) + m[5];
+        *out.add(2 * p + 3) = hsum_ps(hi_ps(acc[p + 1])) + m[7];
+        p += 2;
+    }
+    if p < RP {
         let s = summ[p];
         *out.add(2 * p) = hsum_ps(lo_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(s));
         *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(s, s)));
