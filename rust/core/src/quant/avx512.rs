@@ -13,8 +13,10 @@
 //!   block serves both rows with per-lane identical operations. Independent rows break the
 //!   FMA latency chain that bounds the single-row kernels (AVX2 single-token Q4_0 runs at
 //!   ~4.5 cycles per block, about the FMA latency): that is the single-token speedup
-//!   (weights in L1/L2, GB/s of weights per core: Q4_0 14.7 -> 20.1, Q4_1 18.1 -> 22.6,
-//!   Q5_0 13.7 -> 19.7, Q8_0 31.0 -> 43; SmolLM2 Q4_1 tg, 1 thread: ~1.4x).
+//!   (weights in L1/L2, GB/s of weights per core, AVX2 + AVX-VNNI single row -> AVX-512
+//!   rows: Q4_0 14.2 -> 21.8, Q4_1 18.0 -> 24.2, Q5_0 13.5 -> 21.5, Q8_0 30.5 -> 43; SmolLM2
+//!   Q4_1 tg, 1 thread, tokens per CPU-second: 1.05-1.6x depending on how much of the model
+//!   the shared L3 holds). Scales of 4 rows are converted at once (one vcvtph2ps, one mul).
 //! - Q6_K: two 32-byte chunks per zmm for the exact i32 super-block sum; the float steps
 //!   are the AVX2 kernel's scalar ones (21.4 -> 28 GB/s 1 column, 34.8 -> 48 4 columns).
 //! - Not kept: AVX-512 builds of the 32-element-block vec_dot/tile kernels (two blocks per
