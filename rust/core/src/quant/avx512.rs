@@ -1,5 +1,5 @@
 //! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`:
-//! the single-token multi-row kernels of Q4_0, Q4_1, Q5_0 and Q8_0 (`rows_kernel`) and the
+//! the single-token multi-row kernels of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (`rows_kernel`) and the
 //! Q6_K vec_dot / tile kernel (`dot_kernels`). Everything else in the AVX-512 kernel set is
 //! the AVX2 (+ AVX-VNNI) kernels.
 //!
@@ -72,6 +72,8 @@ pub fn rows_kernel(ty: GgmlType) -> Option<DotRows> {
         Q4_1 => rows_q4_1,
         Q5_0 => rows_q5_0,
         Q8_0 => rows_q8_0,
+        Q5_1 => rows_q5_1,
+        IQ4_NL => rows_iq4_nl,
         _ => return None,
     })
 }
@@ -215,6 +217,12 @@ kfn!(unsafe fn dec2_q5_0(a: *const u8, b: *const u8) -> __m512i {
     let m = rd32(a.add(2)) | (rd32(b.add(2)) << 32);
     _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
 });
+kfn!(
+    /// IQ4_NL: the non-linear table's signed value of each nibble, + 128 (`OFF_Q8_0`).
+    unsafe fn dec2_iq4_nl(a: *const u8, b: *const u8) -> __m512i {
+    let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(super::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    _mm512_xor_si512(_mm512_shuffle_epi8(tbl, nibbles_2x32(a.add(2), b.add(2))), _mm512_set1_epi8(-128))
+});
 kfn!(unsafe fn dec2_q8_0(a: *const u8, b: *const u8) -> __m512i {
     _mm512_xor_si512(join(load256(a.add(2)), load256(b.add(2))), _mm512_set1_epi8(-128))
 });
@@ -314,11 +322,23 @@ unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *cons
 signed_rows!(rows_q4_0, GgmlType::Q4_0, 18, OFF_Q4_0, dec2_q4_0);
 signed_rows!(rows_q5_0, GgmlType::Q5_0, 22, OFF_Q5_0, dec2_q5_0);
 signed_rows!(rows_q8_0, GgmlType::Q8_0, 34, OFF_Q8_0, dec2_q8_0);
+signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, 18, OFF_Q8_0, dec2_iq4_nl);
 // ------------------------------------------------------------------ Q4_1 x Q8_1
 
-/// Q4_1, one activation row against 2 * RP weight rows (pairs share a zmm).
+/// Q4_1 / Q5_1 (weights u * d + m) against Q8_1, one activation row against 2 * RP weight
+/// rows (pairs share a zmm), as `avx2::dot_min_q8_1` per row.
 #[inline(always)]
-unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_min_body<const RP: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    dec2: impl Fn(*const u8, *const u8) -> __m512i,
+) {
     let nb = n / 32;
     let mut acc = [_mm512_setzero_ps(); RP];
     // lanes 1 and 3: the m_w * s_x sums of rows a and b
@@ -340,14 +360,14 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
         let mut p = 0;
         while p + 2 <= RP {
             // two pairs: their (d, m) in one conversion, one multiply, one add
-            let r0 = w.add(2 * p * ws + i * 20);
+            let r0 = w.add(2 * p * ws + i * wsize);
             let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
             prefetch_t0(r0);
             prefetch_t0(r1);
             prefetch_t0(r2);
             prefetch_t0(r3);
-            let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles_2x32(r0.add(4), r1.add(4)), xz));
-            let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles_2x32(r2.add(4), r3.add(4)), xz));
+            let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r0, r1), xz));
+            let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r2, r3), xz));
             // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
             let pr = _mm256_mul_ps(cvt_h8(rd32(r0) | (rd32(r1) << 32), rd32(r2) | (rd32(r3) << 32)), ds8);
             summ4[p / 2] = _mm256_add_ps(summ4[p / 2], pr);
@@ -357,12 +377,11 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
             p += 2;
         }
         if p < RP {
-            let pa = w.add(2 * p * ws + i * 20);
+            let pa = w.add(2 * p * ws + i * wsize);
             let pb = pa.add(ws);
             prefetch_t0(pa);
             prefetch_t0(pb);
-            let u = nibbles_2x32(pa.add(4), pb.add(4));
-            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xz));
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(pa, pb), xz));
             let pr = _mm_mul_ps(cvt_h4(rd32(pa) | (rd32(pb) << 32)), ds);
             summ[p] = _mm_add_ps(summ[p], pr);
             let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(pr));
@@ -386,21 +405,39 @@ unsafe fn rows_q4_1_body<const RP: usize>(n: usize, w: *const u8, ws: usize, x: 
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
-    let mut r = 0;
-    while r + 2 * RP_MAX <= nrows {
-        rows_q4_1_body::<RP_MAX>(n, w.add(r * ws), ws, x, xd, out.add(r));
-        r += 2 * RP_MAX;
-    }
-    while r + 2 <= nrows {
-        rows_q4_1_body::<1>(n, w.add(r * ws), ws, x, xd, out.add(r));
-        r += 2;
-    }
-    if r < nrows {
-        last_row(GgmlType::Q4_1, n, w.add(r * ws), x, xd, out.add(r));
-    }
+macro_rules! min_rows {
+    ($rows:ident, $ty:expr, $wsize:expr, $dec2:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + 2 * RP_MAX <= nrows {
+                rows_min_body::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
+                r += 2 * RP_MAX;
+            }
+            while r + 2 <= nrows {
+                rows_min_body::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
+                r += 2;
+            }
+            if r < nrows {
+                last_row($ty, n, w.add(r * ws), x, xd, out.add(r));
+            }
+        }
+    };
 }
+
+kfn!(unsafe fn dec2_q4_1(a: *const u8, b: *const u8) -> __m512i {
+    nibbles_2x32(a.add(4), b.add(4))
+});
+kfn!(
+    /// Q5_1: bit k of qh (bytes 4..8) is the 5th bit of element k.
+    unsafe fn dec2_q5_1(a: *const u8, b: *const u8) -> __m512i {
+    let nib = nibbles_2x32(a.add(8), b.add(8));
+    let m = rd32(a.add(4)) | (rd32(b.add(4)) << 32);
+    _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
+});
+
+min_rows!(rows_q4_1, GgmlType::Q4_1, 20, dec2_q4_1);
+min_rows!(rows_q5_1, GgmlType::Q5_1, 24, dec2_q5_1);
 
 // ------------------------------------------------------------------ Q6_K x Q8_K
 

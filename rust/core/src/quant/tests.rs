@@ -402,7 +402,8 @@ fn act_scales(vdt: GgmlType, row: &[u8]) -> Vec<f32> {
     }
 }
 
-const AVX512_TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K];
+const AVX512_TYPES: [GgmlType; 7] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K];
 
 #[test]
 fn avx512_kernels_equal_avx2_bit_for_bit() {
