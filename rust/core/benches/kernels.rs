@@ -1,6 +1,12 @@
 //! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- MODE]`.
 //! Modes: (none) full table, `quick` shorter timings, `roof` best-case per-core kernel
-//! speed with the weights in cache, `pool` thread-pool cost per parallel region.
+//! speed with the weights in cache (AVX2 and AVX-512 kernels side by side), `pool`
+//! thread-pool cost per parallel region, `tg` the single-token bandwidth table: per format,
+//! GB/s of weights with 1 and 2 threads for the AVX2 and the AVX-512 kernel sets on a
+//! matrix larger than L3 (1 GiB by default; `PYLLAMA_BENCH_MIB` changes it), beside the
+//! read bandwidth measured on a buffer of the same size, and their ratio. Add `huge` to put
+//! the weights (and the probe's buffer) on transparent huge pages (madvise);
+//! `PYLLAMA_BENCH_TYPES=Q4_1,Q4_K` limits the formats.
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
@@ -13,7 +19,7 @@
 
 use pyllama_core::ggml_type::GgmlType;
 use pyllama_core::model::TensorView;
-use pyllama_core::ops::matmul::matmul;
+use pyllama_core::ops::matmul::{matmul, matmul_with};
 use pyllama_core::quant::{self, fp};
 use pyllama_core::threadpool::{split_range, ThreadPool};
 use std::hint::black_box;
@@ -33,7 +39,11 @@ impl Rng {
 fn random_weights(ty: GgmlType, n_in: usize, n_out: usize) -> Vec<u8> {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let bytes = ty.row_size(n_in).unwrap() * n_out;
-    let mut v: Vec<u8> = (0..bytes).map(|_| (rng.next() >> 32) as u8).collect();
+    let mut v: Vec<u8> = Vec::with_capacity(bytes + 8);
+    while v.len() < bytes {
+        v.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    v.truncate(bytes);
     let fields: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
@@ -107,14 +117,19 @@ fn read_bandwidth(pool: &ThreadPool, buf: &[u64], min: Duration) -> f64 {
 
 /// Best-case kernel speed: 16 weight rows of 4096 (in L1/L2) against one activation row,
 /// the minimum over many short repetitions (so a shared, preempted CPU shows its real
-/// per-core speed). Returns GB/s of weights for the 1-column and 4-column kernels.
-fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
+/// per-core speed). Returns GB/s of weights for the AVX2 1-column and 4-column kernels, the
+/// AVX-512 ones (NaN where the format has none) and the AVX-512 multi-row single-token
+/// kernel (all 16 rows in one call). The kernels get precomputed activation scales, as in
+/// the matmul.
+fn kernel_roof(ty: GgmlType) -> Option<[f64; 5]> {
     #[cfg(target_arch = "x86_64")]
     {
-        if quant::kernel_set() != quant::KernelSet::Avx2 {
+        if !quant::kernel_set().is_simd() {
             return None;
         }
-        let (one, many) = quant::avx2::dot_kernels(ty)?; // VNNI builds where the CPU has them
+        let avx2k = quant::avx2::dot_kernels(ty)?; // VNNI builds where the CPU has them
+        let avx512k = if quant::avx512_available() { quant::avx512::dot_kernels(ty) } else { None };
+        let rowsk = if quant::avx512_available() { quant::avx512::rows_kernel(ty) } else { None };
         let n = 4096;
         let rows = 16;
         let w = random_weights(ty, n, rows);
@@ -126,23 +141,47 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
         for t in 0..4 {
             quant::quantize_row_act(vdt, &x[t * n..(t + 1) * n], &mut xq[t * xrow..(t + 1) * xrow]).unwrap();
         }
-        let mut best = [f64::INFINITY; 2];
-        let mut out = [0f32; 4];
+        // f32 block scales of the 4 activation rows (Q8_0: d; Q8_1: d, s), as the matmul passes
+        let nsc = match vdt {
+            GgmlType::Q8_0 => n / 32,
+            GgmlType::Q8_1 => n / 16,
+            _ => 0,
+        };
+        let mut xd = vec![0f32; 4 * nsc];
+        for t in 0..4 {
+            for k in 0..nsc {
+                let (blk, f) = if vdt == GgmlType::Q8_1 { (k / 2, k % 2) } else { (k, 0) };
+                let o = t * xrow + blk * vdt.type_size() + 2 * f;
+                xd[t * nsc + k] = fp::f16_to_f32(u16::from_le_bytes([xq[o], xq[o + 1]]));
+            }
+        }
+        let xdp = if nsc > 0 { xd.as_ptr() } else { std::ptr::null() };
+        let mut best = [f64::INFINITY; 5];
+        let mut out = [0f32; 16];
         for _ in 0..300 {
-            let t0 = Instant::now();
-            for r in 0..rows {
-                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, std::ptr::null(), 0, out.as_mut_ptr()) };
+            for (k, ks) in [Some(avx2k), avx512k].into_iter().enumerate() {
+                let Some((one, many)) = ks else { continue };
+                let t0 = Instant::now();
+                for r in 0..rows {
+                    unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, xdp, nsc, out.as_mut_ptr()) };
+                }
+                best[2 * k] = best[2 * k].min(t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                for r in 0..rows {
+                    unsafe { many(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, xdp, nsc, out.as_mut_ptr()) };
+                }
+                best[2 * k + 1] = best[2 * k + 1].min(t0.elapsed().as_secs_f64());
             }
-            best[0] = best[0].min(t0.elapsed().as_secs_f64());
-            let t0 = Instant::now();
-            for r in 0..rows {
-                unsafe { many(n, w.as_ptr().add(r * wrow), xq.as_ptr(), xrow, std::ptr::null(), 0, out.as_mut_ptr()) };
+            if let Some(rk) = rowsk {
+                let t0 = Instant::now();
+                unsafe { rk(n, w.as_ptr(), wrow, rows, xq.as_ptr(), xdp, out.as_mut_ptr()) };
+                best[4] = best[4].min(t0.elapsed().as_secs_f64());
             }
-            best[1] = best[1].min(t0.elapsed().as_secs_f64());
             black_box(out);
         }
-        // the 4-column kernel does 4x the work per weight byte: report weight-equivalent GB/s
-        Some((w.len() as f64 / best[0] / 1e9, 4.0 * w.len() as f64 / best[1] / 1e9))
+        // the 4-column kernels do 4x the work per weight byte: report weight-equivalent GB/s
+        let g = |t: f64, k: f64| if t.is_finite() { k * w.len() as f64 / t / 1e9 } else { f64::NAN };
+        Some([g(best[0], 1.0), g(best[1], 4.0), g(best[2], 1.0), g(best[3], 4.0), g(best[4], 1.0)])
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -151,7 +190,189 @@ fn kernel_roof(ty: GgmlType) -> Option<(f64, f64)> {
     }
 }
 
+/// Anonymous memory for the tg table's big buffers, optionally on transparent huge pages
+/// (this machine's THP mode is `madvise`: without the advice the kernel maps 4 KiB pages).
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(len: usize, huge: bool) -> Mapped {
+        // SAFETY: plain anonymous mapping, checked for failure; freed in Drop.
+        unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert!(p != libc::MAP_FAILED, "mmap of {len} bytes failed");
+            if huge {
+                libc::madvise(p, len, libc::MADV_HUGEPAGE);
+            }
+            Mapped { ptr: p as *mut u8, len }
+        }
+    }
+    fn from_slice(v: &[u8], huge: bool) -> Mapped {
+        let mut m = Mapped::new(v.len(), huge);
+        m.as_mut().copy_from_slice(v);
+        m
+    }
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the mapping is len bytes, readable, alive while self is.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what new() mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Sum of a byte range with 256-bit loads and 4 independent accumulators: what a kernel
+/// that only streams its weights could read.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn stream_sum_avx2(p: &[u8]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let n = p.len() / 128;
+    for i in 0..n {
+        let b = p.as_ptr().add(128 * i) as *const __m256i;
+        for k in 0..4 {
+            acc[k] = _mm256_add_epi64(acc[k], _mm256_loadu_si256(b.add(k)));
+        }
+    }
+    let s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
+    let mut out = [0u64; 4];
+    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s);
+    out.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+}
+
+fn stream_sum(p: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: CPU checked.
+        return unsafe { stream_sum_avx2(p) };
+    }
+    p.chunks_exact(8).fold(0u64, |a, c| a.wrapping_add(u64::from_le_bytes(c.try_into().unwrap())))
+}
+
+/// Runs `f(ith, nth)` on `pool` `calls` times after a warm-up, each part timing its own
+/// thread CPU time. Returns (fastest wall seconds, fewest "max over parts of the part's CPU
+/// seconds"): the second is what the call would take with every part on its own idle core,
+/// a contention-robust stand-in for the wall time on this shared 2-core machine (it can
+/// flatter when one part ran alone on an otherwise idle memory system).
+fn per_part_cpu(pool: &ThreadPool, calls: usize, f: &(dyn Fn(usize, usize) + Sync)) -> (f64, f64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let cpu: Vec<AtomicU64> = (0..pool.n_threads()).map(|_| AtomicU64::new(0)).collect();
+    let (mut wall, mut best) = (f64::INFINITY, f64::INFINITY);
+    for k in 0..=calls {
+        let t0 = Instant::now();
+        pool.run(&|ith, nth| {
+            let c0 = thread_cpu_seconds();
+            f(ith, nth);
+            cpu[ith].store((thread_cpu_seconds() - c0).to_bits(), Ordering::Relaxed);
+        });
+        let t = t0.elapsed().as_secs_f64();
+        if k > 0 {
+            wall = wall.min(t);
+            best = best.min(cpu.iter().map(|c| f64::from_bits(c.load(Ordering::Relaxed))).fold(0.0, f64::max));
+        }
+    }
+    (wall, best)
+}
+
+/// The `tg` mode: single-token matmul bandwidth per format and kernel set vs the read probe.
+fn tg_table(huge: bool, calls: usize) {
+    let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let bytes = mib << 20;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut probe = Mapped::new(bytes, huge);
+    for (i, b) in probe.as_mut().iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    // [wall, per-CPU-second] GB/s for 1 and 2 threads
+    let bw: Vec<[f64; 2]> = pools
+        .iter()
+        .map(|p| {
+            let buf = probe.as_ref();
+            let (t, tc) = per_part_cpu(p, calls, &|ith, nth| {
+                let r = split_range(buf.len() / 4096, ith, nth);
+                black_box(stream_sum(&buf[r.start * 4096..r.end * 4096]));
+            });
+            [bytes as f64 / t / 1e9, bytes as f64 / tc / 1e9]
+        })
+        .collect();
+    drop(probe);
+    let mut sets = vec![quant::KernelSet::Avx2];
+    if quant::avx512_available() {
+        sets.push(quant::KernelSet::Avx512);
+    }
+    println!(
+        "single-token matmul, {mib} MiB of weights (L3 is 480 MiB here), {}; best of {calls} calls",
+        if huge { "huge pages (MADV_HUGEPAGE)" } else { "4 KiB pages" }
+    );
+    println!(
+        "read bandwidth probe (256-bit loads), GB/s: 1 thread {:.1} ({:.1} cpu), 2 threads {:.1} ({:.1} cpu)",
+        bw[0][0], bw[0][1], bw[1][0], bw[1][1]
+    );
+    println!("GB/s of weights: wall, and `c` per CPU-second of the slowest thread (contention-robust);");
+    println!("% = 2-thread GB/s / 2-thread probe GB/s (wall / cpu)");
+    print!("{:<7}", "type");
+    for set in &sets {
+        let n = set.name();
+        print!(" | {:>10} {:>6} {:>10} {:>6} {:>5} {:>5}", format!("{n} 1t"), "1t c", format!("{n} 2t"), "2t c", "%", "% c");
+    }
+    println!();
+    let only: Option<String> = std::env::var("PYLLAMA_BENCH_TYPES").ok();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        if only.as_ref().is_some_and(|o| !o.split(',').any(|t| t.eq_ignore_ascii_case(ty.name()))) {
+            continue;
+        }
+        let n_in = 4096;
+        let n_out = (bytes / ty.row_size(n_in).unwrap()).max(1);
+        let w = Mapped::from_slice(&random_weights(ty, n_in, n_out), huge);
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: w.as_ref() };
+        let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
+        print!("{:<7}", ty.name());
+        for &set in &sets {
+            // each thread runs its own row range as a 1-thread matmul (the same split and
+            // kernels as the 2-thread matmul) so that it can time its own CPU
+            let parts: Vec<std::sync::Mutex<(ThreadPool, Vec<f32>, Vec<u8>)>> =
+                (0..2).map(|_| std::sync::Mutex::new((ThreadPool::new(1), vec![0f32; n_out], Vec::new()))).collect();
+            let mut g = [[0.0; 2]; 2];
+            for (k, p) in pools.iter().enumerate() {
+                let (t, tc) = per_part_cpu(p, calls, &|ith, nth| {
+                    let rows = split_range(n_out, ith, nth);
+                    let mut part = parts[ith].lock().unwrap();
+                    let (inner, o, sc) = &mut *part;
+                    matmul_with(inner, set, &tv, &x, 1, o, n_out, rows, sc).unwrap();
+                });
+                g[k] = [w.len as f64 / t / 1e9, w.len as f64 / tc / 1e9];
+            }
+            print!(
+                " | {:>10.1} {:>6.1} {:>10.1} {:>6.1} {:>4.0}% {:>4.0}%",
+                g[0][0],
+                g[0][1],
+                g[1][0],
+                g[1][1],
+                100.0 * g[1][0] / bw[1][0],
+                100.0 * g[1][1] / bw[1][1]
+            );
+        }
+        println!();
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "tg") {
+        let quick = std::env::args().any(|a| a == "quick");
+        tg_table(std::env::args().any(|a| a == "huge"), if quick { 5 } else { 12 });
+        return;
+    }
     if std::env::args().any(|a| a == "pool") {
         // Per-region overhead of the thread pool: back-to-back empty regions (a decode step
         // makes ~200 of them per token), median of 20 rounds of 2000.
@@ -174,14 +395,16 @@ fn main() {
         return;
     }
     if std::env::args().any(|a| a == "roof") {
-        println!("best-case kernel speed (weights in cache), GB/s of weights: 1 column, 4 columns (x4 work)");
+        println!("best-case kernel speed (weights in cache), GB/s of weights: 1 column, 4 columns (x4 work),");
+        println!("AVX2 (with AVX-VNNI where present) and AVX-512; `rows` = AVX-512 single-token kernel over 16 rows");
+        println!("{:<7} {:>8} {:>8} {:>8} {:>8} {:>8}", "type", "avx2 1c", "avx2 4c", "512 1c", "512 4c", "512 rows");
         for ty in [
             GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL,
             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
             GgmlType::F16, GgmlType::BF16, GgmlType::F32,
         ] {
-            if let Some((a, b)) = kernel_roof(ty) {
-                println!("{:<7} {:>8.1} {:>8.1}", ty.name(), a, b);
+            if let Some(g) = kernel_roof(ty) {
+                println!("{:<7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}", ty.name(), g[0], g[1], g[2], g[3], g[4]);
             }
         }
         return;

@@ -101,7 +101,7 @@ fn quantize<'py>(
 
 /// out[t, r] = dot(weight row r, x row t) with pyllama's kernels. `raw`/`type_name`/`shape`
 /// describe the weight as gguf-py does (shape = (n_out, n_in)); x is float32 [n_tokens, n_in].
-/// `kernels` is "auto" (the process-wide choice), "ref" or "avx2".
+/// `kernels` is "auto" (the process-wide choice), "ref", "avx2" or "avx512".
 #[pyfunction]
 #[pyo3(signature = (raw, type_name, shape, x, n_threads = 1, kernels = "auto"))]
 fn matmul<'py>(
@@ -146,11 +146,13 @@ fn parse_kernels(s: &str) -> PyResult<quant::KernelSet> {
         "ref" => Ok(quant::KernelSet::Ref),
         "avx2" if quant::avx2_available() => Ok(quant::KernelSet::Avx2),
         "avx2" => Err(PyValueError::new_err("this CPU lacks AVX2/FMA/F16C")),
-        _ => Err(PyValueError::new_err(format!("unknown kernel set '{s}' (auto, ref, avx2)"))),
+        "avx512" if quant::avx512_available() => Ok(quant::KernelSet::Avx512),
+        "avx512" => Err(PyValueError::new_err("this CPU lacks AVX-512 F/BW/VL/VNNI")),
+        _ => Err(PyValueError::new_err(format!("unknown kernel set '{s}' (auto, ref, avx2, avx512)"))),
     }
 }
 
-/// The kernel set in use: "avx2" or "ref" (PYLLAMA_KERNELS=ref forces "ref").
+/// The kernel set in use: "avx512", "avx2" or "ref" (PYLLAMA_KERNELS=ref|avx2|avx512 forces one).
 #[pyfunction]
 fn kernel_set() -> &'static str {
     quant::kernel_set().name()

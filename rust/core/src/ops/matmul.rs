@@ -140,6 +140,25 @@ pub fn matmul_with(
     let wdata = w.data;
     let r0 = rows.start;
 
+    #[cfg(target_arch = "x86_64")]
+    if n_tokens == 1 {
+        if let Some(rows_k) = quant::rows_kernel(w.ty, set) {
+            // Single token: one call per thread over all its rows (several weight rows per
+            // pass break the per-row FMA chain; each element is still bit-identical to `one`).
+            let xs_addr = xscales as usize; // a plain address so the closure stays Sync
+            pool.run(&|ith, nth| {
+                let mine = split_range(n_rows, ith, nth);
+                if !mine.is_empty() {
+                    // SAFETY: rows r0 + mine are inside wdata (checked above); out row 0 has n_rows values.
+                    unsafe {
+                        rows_k(n_in, wdata.as_ptr().add((r0 + mine.start) * wrow), wrow, mine.len(), xq.as_ptr(), xs_addr as *const f32, op.get().add(mine.start))
+                    };
+                }
+            });
+            return Ok(());
+        }
+    }
+
     // SIMD sets (AVX2 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
     if set != KernelSet::Ref {
         if let Some((one, many)) = quant::tiled_kernels(set, w.ty, n_tokens) {

@@ -135,7 +135,7 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
 /// block's scale conversion to the previous block's accumulator (Q4_1 ran 3x slower).
 /// `vmovd` from a general register writes the whole register: no false dependency.
 #[inline(always)]
-unsafe fn f16(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16(p: *const u8) -> f32 {
     let h = std::ptr::read_unaligned(p as *const u16) as u32;
     let r: __m128;
     std::arch::asm!(
@@ -171,7 +171,7 @@ unsafe fn f32_at(p: *const u8) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     let r = _mm_add_ss(r, _mm_movehdup_ps(r));

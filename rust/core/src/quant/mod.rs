@@ -2,8 +2,11 @@
 //! (activations / KV cache), vec_dot.
 //!
 //! Every SIMD kernel has a scalar `_ref` twin. The kernel set is chosen once per process
-//! (`kernel_set()`): AVX2+FMA+F16C when the CPU has them, NEON on aarch64, else the scalar references;
-//! `PYLLAMA_KERNELS=ref` forces the references (tests run both).
+//! (`kernel_set()`): AVX-512 (F+BW+VL+VNNI) when the CPU has it, else AVX2+FMA+F16C, NEON on
+//! aarch64, else the scalar references; `PYLLAMA_KERNELS=ref|avx2|avx512` forces one (tests
+//! run all). The AVX-512 set has kernels for some formats only (`avx512.rs`) and uses the
+//! AVX2 ones for the rest; its results are bit-identical to the AVX2 set's, and the NEON
+//! kernels follow the same float order, so logits do not depend on the CPU.
 //!
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
@@ -16,6 +19,8 @@ pub mod float;
 pub mod avx2;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -32,6 +37,8 @@ pub enum KernelSet {
     Avx2,
     /// aarch64 NEON (+ dotprod where present); see `neon.rs`.
     Neon,
+    /// AVX-512 kernels where `avx512.rs` has them, AVX2 for the other formats.
+    Avx512,
 }
 
 impl KernelSet {
@@ -40,7 +47,25 @@ impl KernelSet {
             KernelSet::Ref => "ref",
             KernelSet::Avx2 => "avx2",
             KernelSet::Neon => "neon",
+            KernelSet::Avx512 => "avx512",
         }
+    }
+
+    /// Whether this set runs the x86 SIMD kernels (AVX2, or AVX-512 on top of them).
+    pub fn is_simd(self) -> bool {
+        self != KernelSet::Ref
+    }
+}
+
+/// Whether the AVX-512 kernels can run on this CPU (AVX-512 F, BW, VL and VNNI, plus AVX2).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -62,16 +87,22 @@ pub fn neon_available() -> bool {
 }
 
 /// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
+/// `PYLLAMA_KERNELS=ref` forces the scalar kernels, `avx2` the AVX2 ones (also without
+/// AVX-VNNI), `avx2vnni` the AVX2 ones with AVX-VNNI where the CPU has it, `avx512` the
+/// AVX-512 ones; a set the CPU cannot run falls back to the best it can.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
     *SET.get_or_init(|| {
-        let forced_ref = std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("ref")).unwrap_or(false);
-        if !forced_ref && avx2_available() {
-            KernelSet::Avx2
-        } else if !forced_ref && neon_available() {
-            KernelSet::Neon
-        } else {
-            KernelSet::Ref
+        let forced = std::env::var("PYLLAMA_KERNELS").unwrap_or_default().to_ascii_lowercase();
+        match forced.as_str() {
+            "ref" => KernelSet::Ref,
+            // "avx2vnni": the AVX2 set with its AVX-VNNI builds (what an AVX2 + AVX-VNNI CPU
+            // without AVX-512 runs); "avx2" also turns those off (see avx2::vnni_available)
+            "avx2" | "avx2vnni" if avx2_available() => KernelSet::Avx2,
+            _ if avx512_available() => KernelSet::Avx512,
+            _ if avx2_available() => KernelSet::Avx2,
+            _ if neon_available() => KernelSet::Neon,
+            _ => KernelSet::Ref,
         }
     })
 }
@@ -121,7 +152,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     };
     check_lengths(ty, dst.len(), src.len())?;
     #[cfg(target_arch = "x86_64")]
-    if kernel_set() == KernelSet::Avx2 {
+    if kernel_set().is_simd() {
         match ty {
             F16 => return Ok(avx2::dequantize_f16(src, dst)),
             BF16 => return Ok(avx2::dequantize_bf16(src, dst)),
@@ -167,7 +198,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
 pub fn quantize_act_fn(ty: GgmlType, set: KernelSet) -> Option<QuantizeFn> {
     use GgmlType::*;
     #[cfg(target_arch = "x86_64")]
-    if set == KernelSet::Avx2 {
+    if set.is_simd() {
         match ty {
             Q8_0 => return Some(avx2::quantize_q8_0),
             Q8_1 => return Some(avx2::quantize_q8_1),
@@ -234,9 +265,16 @@ pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
 /// version exists).
 pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
     #[cfg(target_arch = "x86_64")]
-    if set == KernelSet::Avx2 {
-        if let Some(f) = avx2::vec_dot_fn(ty) {
-            return Some(f);
+    {
+        if set == KernelSet::Avx512 {
+            if let Some(f) = avx512::vec_dot_fn(ty) {
+                return Some(f);
+            }
+        }
+        if set.is_simd() {
+            if let Some(f) = avx2::vec_dot_fn(ty) {
+                return Some(f);
+            }
         }
     }
     #[cfg(target_arch = "aarch64")]
@@ -261,14 +299,36 @@ const _: () = assert!(avx2::TILE == TILE);
 
 /// (single-column, TILE-column) raw kernels of weight type `ty` in kernel set `set` for a
 /// matmul over `n_tokens` activation rows, if that set has a SIMD version (the matmul's
-/// tiled path; `None`: use the safe per-element `vec_dot_fn`).
+/// tiled path; `None`: use the safe per-element `vec_dot_fn`). Under
+/// `PYLLAMA_ORDER=llamacpp` the AVX-512 set uses the AVX2 kernels (that mode's orders
+/// depend on n_tokens and have no AVX-512 build).
 pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
     let _ = (ty, n_tokens);
     match set {
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx2 => avx2::dot_kernels_for(ty, n_tokens),
+        KernelSet::Avx512 if !avx2::llamacpp_order() => {
+            avx512::dot_kernels(ty).or_else(|| avx2::dot_kernels_for(ty, n_tokens))
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx2 | KernelSet::Avx512 => avx2::dot_kernels_for(ty, n_tokens),
         #[cfg(target_arch = "aarch64")]
         KernelSet::Neon => neon::dot_kernels(ty),
+        _ => None,
+    }
+}
+
+/// `tiled_kernels` (x86 name used by the AVX-512 work).
+#[cfg(target_arch = "x86_64")]
+pub fn dot_kernels(ty: GgmlType, set: KernelSet, n_tokens: usize) -> Option<(DotN, DotN)> {
+    tiled_kernels(set, ty, n_tokens)
+}
+
+/// The single-token kernel over several weight rows (see `avx512::DotRows`) of weight type
+/// `ty` in kernel set `set`, if there is one; the matmul uses it when n_tokens == 1.
+#[cfg(target_arch = "x86_64")]
+pub fn rows_kernel(ty: GgmlType, set: KernelSet) -> Option<avx512::DotRows> {
+    match set {
+        KernelSet::Avx512 => avx512::rows_kernel(ty),
         _ => None,
     }
 }

@@ -296,17 +296,20 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     use crate::threadpool::ThreadPool;
     let pool = ThreadPool::new(2);
     let mut rng = Rng(1234);
-    let sets: Vec<KernelSet> = if avx2_available() {
-        vec![KernelSet::Ref, KernelSet::Avx2]
-    } else if neon_available() {
-        vec![KernelSet::Ref, KernelSet::Neon]
-    } else {
-        vec![KernelSet::Ref]
-    };
+    let mut sets = vec![KernelSet::Ref];
+    if avx2_available() {
+        sets.push(KernelSet::Avx2);
+    }
+    if avx512_available() {
+        sets.push(KernelSet::Avx512);
+    }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
     for set in sets {
-        for ty in WEIGHT_TYPES {
+        for (ty, n_tok) in WEIGHT_TYPES.iter().flat_map(|&t| [(t, 10), (t, 1)]) {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
-            let (n_in, n_out, n_tok) = (bs * 3, 7, 10);
+            let (n_in, n_out) = (bs * 3, 7);
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
             let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
@@ -385,6 +388,162 @@ fn q4_k_and_q6_k_simd_equal_ref_bit_for_bit() {
                 let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
                 let s = vec_dot_fn(ty, KernelSet::Avx2).unwrap()(n, &w, &xq);
                 assert_eq!(r.to_bits(), s.to_bits(), "{ty} n={n}: ref {r} simd {s}");
+            }
+        }
+    }
+}
+
+/// The f32 activation block scales the matmul precomputes (`DotN`'s `xd`): Q8_0 d per
+/// block, Q8_1 (d, s) per block; empty for other activation types.
+#[cfg(target_arch = "x86_64")]
+fn act_scales(vdt: GgmlType, row: &[u8]) -> Vec<f32> {
+    let h = |o: usize| fp::f16_to_f32(u16::from_le_bytes([row[o], row[o + 1]]));
+    match vdt {
+        GgmlType::Q8_0 => row.chunks_exact(34).enumerate().map(|(k, _)| h(34 * k)).collect(),
+        GgmlType::Q8_1 => row.chunks_exact(36).enumerate().flat_map(|(k, _)| [h(36 * k), h(36 * k + 2)]).collect(),
+        _ => Vec::new(),
+    }
+}
+
+const AVX512_TYPES: [GgmlType; 7] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K];
+
+#[test]
+fn avx512_kernels_equal_avx2_bit_for_bit() {
+    // The AVX-512 kernels promise the AVX2 kernels' exact f32 results (logits must not depend
+    // on the CPU): 1 and TILE columns, with and without precomputed activation scales, odd
+    // block counts (the 2-blocks-per-zmm loop's tail), random bytes (Q8_0 weights of -128).
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx512_available() {
+            eprintln!("no AVX-512 (F/BW/VL/VNNI) on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = Rng(0xA5A5_0512);
+        for ty in AVX512_TYPES {
+            let Some((b1, b4)) = avx512::dot_kernels(ty) else { continue };
+            let (a1, a4) = avx2::dot_kernels_with(ty, false).unwrap();
+            let vdt = vec_dot_type(ty);
+            for nblocks in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 33] {
+                if ty.block_size() == 256 && nblocks > 9 {
+                    continue;
+                }
+                let n = ty.block_size() * nblocks;
+                for round in 0..12 {
+                    let w = random_row(ty, n, &mut rng);
+                    let xs: Vec<u8> = (0..avx2::TILE)
+                        .flat_map(|c| {
+                            let scale = if round % 3 == 0 { 1e3 } else { 1.0 };
+                            let x: Vec<f32> = (0..n).map(|k| if (k + c) % 97 == 0 { 0.0 } else { rng.normal() * scale }).collect();
+                            activations(ty, &x, KernelSet::Avx2)
+                        })
+                        .collect();
+                    let stride = xs.len() / avx2::TILE;
+                    let sc: Vec<f32> = xs.chunks_exact(stride).flat_map(|r| act_scales(vdt, r)).collect();
+                    let nsc = sc.len() / avx2::TILE;
+                    for (xd, xds) in [(std::ptr::null(), 0), (sc.as_ptr(), nsc)] {
+                        if !xd.is_null() && nsc == 0 {
+                            continue;
+                        }
+                        let (mut a, mut b) = ([0f32; avx2::TILE], [0f32; avx2::TILE]);
+                        unsafe {
+                            a4(n, w.as_ptr(), xs.as_ptr(), stride, xd, xds, a.as_mut_ptr());
+                            b4(n, w.as_ptr(), xs.as_ptr(), stride, xd, xds, b.as_mut_ptr());
+                        }
+                        assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits), "{ty} n={n} tile, xd={}", !xd.is_null());
+                        for c in 0..avx2::TILE {
+                            let (mut s, mut t) = (0f32, 0f32);
+                            let xdc = if xd.is_null() { xd } else { unsafe { xd.add(c * nsc) } };
+                            unsafe {
+                                a1(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, xdc, 0, &mut s);
+                                b1(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, xdc, 0, &mut t);
+                            }
+                            assert_eq!(s.to_bits(), t.to_bits(), "{ty} n={n} column {c}: avx2 {s} avx512 {t}");
+                            assert_eq!(s.to_bits(), a[c].to_bits(), "{ty} n={n} column {c}");
+                        }
+                    }
+                    // the safe single-row entry points too
+                    let x0 = &xs[..stride];
+                    let s = vec_dot_fn(ty, KernelSet::Avx2).unwrap()(n, &w, x0);
+                    let t = vec_dot_fn(ty, KernelSet::Avx512).unwrap()(n, &w, x0);
+                    assert_eq!(s.to_bits(), t.to_bits(), "{ty} n={n} vec_dot");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
+    // The single-token kernels that interleave 2 and 4 weight rows: every row's result is
+    // the AVX2 single-row kernel's, for every row count (4-row groups, a pair, a last row).
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx512_available() {
+            eprintln!("no AVX-512 (F/BW/VL/VNNI) on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = Rng(0x0512_0001);
+        for ty in AVX512_TYPES {
+            let Some(rows) = avx512::rows_kernel(ty) else { continue };
+            let (a1, _) = avx2::dot_kernels_with(ty, false).unwrap();
+            let vdt = vec_dot_type(ty);
+            for nblocks in [1usize, 2, 3, 7, 8, 20] {
+                let n = 32 * nblocks;
+                let wrow = ty.row_size(n).unwrap();
+                for nrows in 1..=11 {
+                    let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
+                    let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                    let xq = activations(ty, &x, KernelSet::Avx2);
+                    let sc = act_scales(vdt, &xq);
+                    for xd in [std::ptr::null(), sc.as_ptr()] {
+                        let mut got = vec![f32::NAN; nrows];
+                        unsafe { rows(n, w.as_ptr(), wrow, nrows, xq.as_ptr(), xd, got.as_mut_ptr()) };
+                        for r in 0..nrows {
+                            let mut want = 0f32;
+                            unsafe { a1(n, w.as_ptr().add(r * wrow), xq.as_ptr(), 0, std::ptr::null(), 0, &mut want) };
+                            assert_eq!(want.to_bits(), got[r].to_bits(), "{ty} n={n} nrows={nrows} row {r}: {want} vs {}", got[r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_avx512_equals_avx2_bit_for_bit() {
+    // Whole matmuls (1 token: the multi-row path; 10 tokens: tiles and tail; 1 and 2
+    // threads) give the same bits with either kernel set, for every weight format.
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    if !avx512_available() {
+        eprintln!("no AVX-512 (F/BW/VL/VNNI) on this CPU: nothing to compare");
+        return;
+    }
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut rng = Rng(0x0512_0002);
+    for ty in WEIGHT_TYPES {
+        let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+        for (n_in, n_out) in [(bs * 3, 7), (bs * 8, 13)] {
+            let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            for n_tok in [1usize, 10] {
+                let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+                for pool in &pools {
+                    let mut outs = Vec::new();
+                    for set in [KernelSet::Avx2, KernelSet::Avx512] {
+                        let mut out = vec![0f32; n_out * n_tok];
+                        let mut scratch = Vec::new();
+                        matmul_with(pool, set, &tv, &x, n_tok, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
+                        outs.push(out);
+                    }
+                    let (a, b) = (&outs[0], &outs[1]);
+                    for k in 0..a.len() {
+                        assert_eq!(a[k].to_bits(), b[k].to_bits(), "{ty} n_in={n_in} n_tok={n_tok} element {k}: {} vs {}", a[k], b[k]);
+                    }
+                }
             }
         }
     }

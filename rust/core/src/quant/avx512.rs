@@ -1,0 +1,508 @@
+//! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`:
+//! the single-token multi-row kernels of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (`rows_kernel`) and the
+//! Q6_K vec_dot / tile kernel (`dot_kernels`). Everything else in the AVX-512 kernel set is
+//! the AVX2 (+ AVX-VNNI) kernels.
+//!
+//! Requirement that shapes everything here: each result is BIT-IDENTICAL to the AVX2
+//! kernel's (`avx2.rs`), so logits do not depend on the CPU. The integer work (decoding the
+//! blocks, the u8 x i8 dot products) is exact whatever the order or register width, so it
+//! runs in 512-bit registers; the float work keeps the AVX2 kernel's exact sequence per
+//! output (same FMAs on the same lanes, blocks in order, the same horizontal sum).
+//! - `rows_*` (`DotRows`: one activation row, several weight rows): two weight rows share a
+//!   zmm, lanes 0..8 row a's 8-lane accumulator, lanes 8..16 row b's; one 512-bit FMA per
+//!   block serves both rows with per-lane identical operations. Independent rows break the
+//!   FMA latency chain that bounds the single-row kernels (AVX2 single-token Q4_0 runs at
+//!   ~4.5 cycles per block, about the FMA latency): that is the single-token speedup
+//!   (weights in L1/L2, GB/s of weights per core, AVX2 + AVX-VNNI single row -> AVX-512
+//!   rows: Q4_0 14.2 -> 21.8, Q4_1 18.0 -> 24.2, Q5_0 13.5 -> 21.5, Q8_0 30.5 -> 43; SmolLM2
+//!   Q4_1 tg, 1 thread, tokens per CPU-second: 1.05-1.6x depending on how much of the model
+//!   the shared L3 holds). Scales of 4 rows are converted at once (one vcvtph2ps, one mul).
+//! - Q6_K: two 32-byte chunks per zmm for the exact i32 super-block sum; the float steps
+//!   are the AVX2 kernel's scalar ones (21.4 -> 28 GB/s 1 column, 34.8 -> 48 4 columns).
+//! - Not kept: AVX-512 builds of the 32-element-block vec_dot/tile kernels (two blocks per
+//!   zmm, then two 256-bit FMAs in block order): keeping the AVX2 float order costs an
+//!   extract and a second FMA per block pair, and zmm VNNI has no more throughput than the
+//!   two ymm ports, so they ran 15-35% slower than AVX2 + AVX-VNNI (Q4_0 1/4 columns 12.3/17.9
+//!   vs 14.7/23.5 GB/s).
+//!
+//! Exact integer identities used (u = unsigned code of the weight, x the i8 activation):
+//! Q4_0 w = u - 8, Q5_0 w = u - 16, Q8_0 w = (w ^ 0x80) - 128, so
+//! sum(w * x) = dpbusd(u, x) - off * dpbusd(1, x) per 4-byte group, the same i32 the AVX2
+//! kernel's maddubs/madd (or AVX-VNNI) computes for that group (no saturation is possible:
+//! activations come from the q8 quantizers, |x| <= 127).
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::avx2::{f16, hsum_ps, DotN, TILE};
+use super::VecDotFn;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// One activation row (token) against `nrows` consecutive weight rows `ws` bytes apart:
+/// out[r] = dot(w + r * ws, x) for r in 0..nrows. `xd`: null, or the f32 activation block
+/// scales as in `DotN` (Q8_0: d per block; Q8_1: (d, s) per block).
+pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
+
+/// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
+/// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && super::avx2_available()
+}
+
+/// (single-column, TILE-column) AVX-512 kernels of weight type `ty`, if there are any.
+/// Only Q6_K: the 32-element-block formats' AVX-512 builds of these (two blocks per zmm,
+/// the AVX2 float order) were slower than the AVX2 + AVX-VNNI ones and were dropped (see
+/// the module note).
+pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+    match ty {
+        GgmlType::Q6_K => Some((dot_q6_k::<1>, dot_q6_k::<TILE>)),
+        _ => None,
+    }
+}
+
+/// The single-token multi-row kernel of weight type `ty`, if there is one.
+pub fn rows_kernel(ty: GgmlType) -> Option<DotRows> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => rows_q4_0,
+        Q4_1 => rows_q4_1,
+        Q5_0 => rows_q5_0,
+        Q8_0 => rows_q8_0,
+        Q5_1 => rows_q5_1,
+        IQ4_NL => rows_iq4_nl,
+        _ => return None,
+    })
+}
+
+macro_rules! safe_one {
+    ($name:ident, $k:ident, $wty:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
+            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
+            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+            let mut out = 0f32;
+            // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+            out
+        }
+    };
+}
+
+safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
+
+/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths), if AVX-512 has one.
+pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    match ty {
+        GgmlType::Q6_K => Some(one_q6_k),
+        _ => None,
+    }
+}
+
+// ------------------------------------------------------------------ helpers
+
+macro_rules! kfn {
+    ($(#[$m:meta])* unsafe fn $name:ident $($rest:tt)*) => {
+        $(#[$m])*
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name $($rest)*
+    };
+}
+
+/// Weight bytes prefetched this far ahead in the single-token kernels: the AVX2 kernels'
+/// tuned distance (see `avx2::PF_AHEAD`).
+const PF_AHEAD: usize = 8192;
+
+#[inline(always)]
+unsafe fn prefetch_t1(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_AHEAD) as *const i8);
+}
+
+#[inline(always)]
+unsafe fn prefetch_t0(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_AHEAD) as *const i8);
+}
+
+/// Four f16 packed in a u64 -> 4 f32 (exact). In asm for the same reason as `avx2::f16`:
+/// `vmovq` from a general register writes the whole register (no false dependency).
+#[inline(always)]
+unsafe fn cvt_h4(h: u64) -> __m128 {
+    let r: __m128;
+    std::arch::asm!(
+        "vmovq {r}, {h}",
+        "vcvtph2ps {r}, {r}",
+        h = in(reg) h,
+        r = out(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
+/// Eight f16 (lo: 0..4, hi: 4..8) -> 8 f32 (exact), in asm like `cvt_h4`.
+#[inline]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn cvt_h8(lo: u64, hi: u64) -> __m256 {
+    let r: __m256;
+    std::arch::asm!(
+        "vmovq {r:x}, {lo}",
+        "vpinsrq {r:x}, {r:x}, {hi}, 1",
+        "vcvtph2ps {r}, {r:x}",
+        lo = in(reg) lo,
+        hi = in(reg) hi,
+        r = out(ymm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
+#[inline(always)]
+unsafe fn rd16(p: *const u8) -> u64 {
+    std::ptr::read_unaligned(p as *const u16) as u64
+}
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> u64 {
+    std::ptr::read_unaligned(p as *const u32) as u64
+}
+
+kfn!(unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+});
+
+kfn!(unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+});
+
+kfn!(unsafe fn hi_ps(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))
+});
+
+kfn!(unsafe fn lo_ps(v: __m512) -> __m256 {
+    _mm512_castps512_ps256(v)
+});
+
+
+kfn!(
+    /// `nibbles_32` of two blocks: a's 32 bytes in the low half, b's in the high half.
+    unsafe fn nibbles_2x32(a: *const u8, b: *const u8) -> __m512i {
+    let ya = _mm256_broadcastsi128_si256(_mm_loadu_si128(a as *const __m128i));
+    let yb = _mm256_broadcastsi128_si256(_mm_loadu_si128(b as *const __m128i));
+    let z = _mm512_srlv_epi64(join(ya, yb), _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
+});
+
+kfn!(
+    /// Sums of 4 adjacent u8 * i8 products (16 i32) minus `t` (exact integers).
+    unsafe fn dot_u8_i8_minus(t: __m512i, u: __m512i, x: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), t), u, x)
+});
+
+// ------------------------------------------------------------------ 32-element block decoders
+// Each gives the unsigned code u (0..=255) of the 32 weights of a block; the signed weight
+// is u - OFF (see the module note).
+
+const OFF_Q4_0: i8 = 8;
+const OFF_Q5_0: i8 = 16;
+const OFF_Q8_0: i8 = -128; // 0x80: 128 as the unsigned operand of vpdpbusd
+
+kfn!(unsafe fn dec2_q4_0(a: *const u8, b: *const u8) -> __m512i {
+    nibbles_2x32(a.add(2), b.add(2))
+});
+kfn!(unsafe fn dec2_q5_0(a: *const u8, b: *const u8) -> __m512i {
+    let nib = nibbles_2x32(a.add(6), b.add(6));
+    let m = rd32(a.add(2)) | (rd32(b.add(2)) << 32);
+    _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
+});
+kfn!(
+    /// IQ4_NL: the non-linear table's signed value of each nibble, + 128 (`OFF_Q8_0`).
+    unsafe fn dec2_iq4_nl(a: *const u8, b: *const u8) -> __m512i {
+    let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(super::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    _mm512_xor_si512(_mm512_shuffle_epi8(tbl, nibbles_2x32(a.add(2), b.add(2))), _mm512_set1_epi8(-128))
+});
+kfn!(unsafe fn dec2_q8_0(a: *const u8, b: *const u8) -> __m512i {
+    _mm512_xor_si512(join(load256(a.add(2)), load256(b.add(2))), _mm512_set1_epi8(-128))
+});
+
+// ------------------------------------------------------------------ signed family x Q8_0
+
+/// Signed family, one activation row against 2 * RP weight rows (pairs share a zmm).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_signed<const RP: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    off: i8,
+    dec2: impl Fn(*const u8, *const u8) -> __m512i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); RP];
+    let offz = _mm512_set1_epi8(off);
+    // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    for i in 0..nb {
+        let bx = x.add(i * 34);
+        let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
+        let vdx = _mm_set1_ps(dx);
+        let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
+        let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
+        let mut p = 0;
+        while p + 2 <= RP {
+            // two pairs: their four scales in one conversion and one multiply
+            let r0 = w.add(2 * p * ws + i * wsize);
+            let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
+            prefetch_t1(r0);
+            prefetch_t1(r1);
+            prefetch_t1(r2);
+            prefetch_t1(r3);
+            let q01 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r0, r1), xz));
+            let q23 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r2, r3), xz));
+            // [dw_0 * dx, .., dw_3 * dx]: the same f32 products the AVX2 kernel forms per row
+            let d4 = _mm512_castps128_ps512(_mm_mul_ps(cvt_h4(rd16(r0) | (rd16(r1) << 16) | (rd16(r2) << 32) | (rd16(r3) << 48)), vdx));
+            acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, d4), q01, acc[p]);
+            acc[p + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d4), q23, acc[p + 1]);
+            p += 2;
+        }
+        if p < RP {
+            let pa = w.add(2 * p * ws + i * wsize);
+            let pb = pa.add(ws);
+            prefetch_t1(pa);
+            prefetch_t1(pb);
+            let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(pa, pb), xz));
+            let d2 = _mm_mul_ps(cvt_h4(rd16(pa) | (rd16(pb) << 16)), vdx);
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d2));
+            acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
+        }
+    }
+    for p in 0..RP {
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p]));
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p]));
+    }
+}
+
+/// Rows per multi-row call: RP_MAX pairs.
+const RP_MAX: usize = 2;
+
+macro_rules! signed_rows {
+    ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + 2 * RP_MAX <= nrows {
+                rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                r += 2 * RP_MAX;
+            }
+            while r + 2 <= nrows {
+                rows_signed::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                r += 2;
+            }
+            if r < nrows {
+                last_row($ty, n, w.add(r * ws), x, xd, out.add(r));
+            }
+        }
+    };
+}
+
+/// The last row of an odd row count: the AVX2 single-row kernel (bit-identical by definition).
+#[inline(always)]
+unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *const f32, out: *mut f32) {
+    let (one, _) = super::avx2::dot_kernels(ty).expect("an AVX2 kernel for every multi-row format");
+    one(n, w, x, 0, xd, 0, out);
+}
+
+signed_rows!(rows_q4_0, GgmlType::Q4_0, 18, OFF_Q4_0, dec2_q4_0);
+signed_rows!(rows_q5_0, GgmlType::Q5_0, 22, OFF_Q5_0, dec2_q5_0);
+signed_rows!(rows_q8_0, GgmlType::Q8_0, 34, OFF_Q8_0, dec2_q8_0);
+signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, 18, OFF_Q8_0, dec2_iq4_nl);
+// ------------------------------------------------------------------ Q4_1 x Q8_1
+
+/// Q4_1 / Q5_1 (weights u * d + m) against Q8_1, one activation row against 2 * RP weight
+/// rows (pairs share a zmm), as `avx2::dot_min_q8_1` per row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_min_body<const RP: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    dec2: impl Fn(*const u8, *const u8) -> __m512i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); RP];
+    // lanes 1 and 3: the m_w * s_x sums of rows a and b
+    let mut summ = [_mm_setzero_ps(); RP];
+    // lanes 0..8 <- lane 0 (dw_a*dx), lanes 8..16 <- lane 2 (dw_b*dx)
+    let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    let idx23 = _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4);
+    // the quad path's m_w * s_x sums: lanes 1, 3, 5, 7 for its 4 rows
+    let mut summ4 = [_mm256_setzero_ps(); RP];
+    for i in 0..nb {
+        let bx = x.add(i * 36);
+        let ds = if xd.is_null() {
+            cvt_h4(rd32(bx) * 0x1_0000_0001)
+        } else {
+            _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
+        }; // (dx, sx, dx, sx)
+        let xz = _mm512_broadcast_i64x4(load256(bx.add(4)));
+        let ds8 = _mm256_set_m128(ds, ds);
+        let mut p = 0;
+        while p + 2 <= RP {
+            // two pairs: their (d, m) in one conversion, one multiply, one add
+            let r0 = w.add(2 * p * ws + i * wsize);
+            let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
+            prefetch_t0(r0);
+            prefetch_t0(r1);
+            prefetch_t0(r2);
+            prefetch_t0(r3);
+            let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r0, r1), xz));
+            let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r2, r3), xz));
+            // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+            let pr = _mm256_mul_ps(cvt_h8(rd32(r0) | (rd32(r1) << 32), rd32(r2) | (rd32(r3) << 32)), ds8);
+            summ4[p / 2] = _mm256_add_ps(summ4[p / 2], pr);
+            let prz = _mm512_castps256_ps512(pr);
+            acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prz), q01, acc[p]);
+            acc[p + 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, prz), q23, acc[p + 1]);
+            p += 2;
+        }
+        if p < RP {
+            let pa = w.add(2 * p * ws + i * wsize);
+            let pb = pa.add(ws);
+            prefetch_t0(pa);
+            prefetch_t0(pb);
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(pa, pb), xz));
+            let pr = _mm_mul_ps(cvt_h4(rd32(pa) | (rd32(pb) << 32)), ds);
+            summ[p] = _mm_add_ps(summ[p], pr);
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(pr));
+            acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
+        }
+    }
+    let mut p = 0;
+    while p + 2 <= RP {
+        let mut m = [0f32; 8];
+        _mm256_storeu_ps(m.as_mut_ptr(), summ4[p / 2]);
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p])) + m[1];
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p])) + m[3];
+        *out.add(2 * p + 2) = hsum_ps(lo_ps(acc[p + 1])) + m[5];
+        *out.add(2 * p + 3) = hsum_ps(hi_ps(acc[p + 1])) + m[7];
+        p += 2;
+    }
+    if p < RP {
+        let s = summ[p];
+        *out.add(2 * p) = hsum_ps(lo_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(s));
+        *out.add(2 * p + 1) = hsum_ps(hi_ps(acc[p])) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(s, s)));
+    }
+}
+
+macro_rules! min_rows {
+    ($rows:ident, $ty:expr, $wsize:expr, $dec2:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + 2 * RP_MAX <= nrows {
+                rows_min_body::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
+                r += 2 * RP_MAX;
+            }
+            while r + 2 <= nrows {
+                rows_min_body::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
+                r += 2;
+            }
+            if r < nrows {
+                last_row($ty, n, w.add(r * ws), x, xd, out.add(r));
+            }
+        }
+    };
+}
+
+kfn!(unsafe fn dec2_q4_1(a: *const u8, b: *const u8) -> __m512i {
+    nibbles_2x32(a.add(4), b.add(4))
+});
+kfn!(
+    /// Q5_1: bit k of qh (bytes 4..8) is the 5th bit of element k.
+    unsafe fn dec2_q5_1(a: *const u8, b: *const u8) -> __m512i {
+    let nib = nibbles_2x32(a.add(8), b.add(8));
+    let m = rd32(a.add(4)) | (rd32(b.add(4)) << 32);
+    _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
+});
+
+min_rows!(rows_q4_1, GgmlType::Q4_1, 20, dec2_q4_1);
+min_rows!(rows_q5_1, GgmlType::Q5_1, 24, dec2_q5_1);
+
+// ------------------------------------------------------------------ Q6_K x Q8_K
+
+/// Q6_K against Q8_K as `avx2::dot_q6_k` (llama.cpp's tiled order): per super-block the
+/// exact i32 sum of scale * (q - 32) * y, times d_w, then one FMA with d_y into a scalar
+/// accumulator. Only the integer part is vectorized (two 32-byte chunks per zmm, the -32
+/// offset taken off through the activations' block sums), so the float steps are the
+/// AVX2 kernel's.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm512_set1_epi8(0xF);
+    let m30 = _mm512_set1_epi8(0x30);
+    // sc[m] lane L (i16) = scale 4m + L/8: the scale of each 16 bytes of chunk pair m
+    let sidx = |m: i16| {
+        let mut v = [0i16; 32];
+        for (l, e) in v.iter_mut().enumerate() {
+            *e = 4 * m + (l / 8) as i16;
+        }
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let sidx = [sidx(0), sidx(1), sidx(2), sidx(3)];
+    let mut acc = [0f32; NC];
+    for i in 0..nb {
+        let bw = w.add(i * 210);
+        if NC == 1 {
+            let mut o = 0;
+            while o < 210 {
+                prefetch_t1(bw.add(o));
+                o += 64;
+            }
+        }
+        let dw = f16(bw.add(208));
+        let s16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(192) as *const __m128i));
+        let s16 = _mm512_castsi256_si512(s16y);
+        let mut sumi = [_mm512_setzero_si512(); NC];
+        for j in 0..2 {
+            let b12 = _mm512_loadu_si512(bw.add(64 * j) as *const _);
+            let bh = _mm512_broadcast_i64x4(load256(bw.add(128 + 32 * j)));
+            // bits (2k, 2k+1) of qh are bits 4, 5 of chunk k's values
+            let hlo = _mm512_and_si512(_mm512_sllv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), m30);
+            let hhi = _mm512_and_si512(_mm512_srlv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), m30);
+            let q01 = _mm512_or_si512(_mm512_and_si512(b12, m4), hlo);
+            let q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b12, 4), m4), hhi);
+            let sc01 = _mm512_permutexvar_epi16(sidx[2 * j], s16);
+            let sc23 = _mm512_permutexvar_epi16(sidx[2 * j + 1], s16);
+            for c in 0..NC {
+                let q8 = x.add(c * xs + i * 292 + 4 + 128 * j);
+                // q (0..63) * y pairs fit i16 (|.| <= 2 * 63 * 128)
+                let p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(q8 as *const _));
+                let p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(q8.add(64) as *const _));
+                sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc01, p01);
+                sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc23, p23);
+            }
+        }
+        for c in 0..NC {
+            let by = x.add(c * xs + i * 292);
+            // 32 * sum over the 16 groups of scale * bsum: the -32 offset of every value
+            let off = _mm256_madd_epi16(_mm256_loadu_si256(by.add(260) as *const __m256i), s16y);
+            let total = _mm512_reduce_add_epi32(sumi[c]).wrapping_sub(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(off)) << 5);
+            let yd = std::ptr::read_unaligned(by as *const f32);
+            acc[c] = (dw * total as f32).mul_add(yd, acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *out.add(c) = acc[c];
+    }
+}
