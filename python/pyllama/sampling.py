@@ -27,6 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import _core
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 LLAMA_TOKEN_NULL = -1
 
@@ -191,6 +193,10 @@ def _exp_shifted(logits: np.ndarray, max_l) -> np.ndarray:
     """exp(logits - max) in float32 (expf), also when the maximum is not finite: +inf logits
     (a temperature near 0 overflows) share all the mass, all -inf gives a uniform draw
     (llama.cpp would produce NaN there)."""
+    if math.isfinite(max_l):
+        # the usual case, without errstate (it costs more than the exp of 40 values): every
+        # exponent is <= 0, so nothing overflows; underflow to 0 is silent in numpy
+        return np.exp(logits - max_l)
     if np.isposinf(max_l):
         return (logits == max_l).astype(np.float32)
     if np.isneginf(max_l) or np.isnan(max_l):
@@ -219,6 +225,17 @@ def _top_indices(logits: np.ndarray, k: int) -> np.ndarray:
     """Positions of the k largest values of ``logits`` [n], largest first (ties: lower position
     first). Never sorts the whole row when k is small: a threshold from a strided sample
     selects a few hundred candidates in one vectorized pass, and only those are sorted."""
+    n = logits.shape[0]
+    if k <= 0:
+        return np.zeros(0, np.intp)
+    if k <= 1024 and logits.dtype == np.float32:
+        # one pass in Rust, same order (the numpy path below is its reference)
+        return _core.top_k_indices(logits, k)
+    return _top_indices_np(logits, k)
+
+
+def _top_indices_np(logits: np.ndarray, k: int) -> np.ndarray:
+    """:func:`_top_indices` in numpy (any k, any float dtype)."""
     n = logits.shape[0]
     if k <= 0:
         return np.zeros(0, np.intp)
@@ -489,6 +506,9 @@ def _temp_impl(cur: TokenDataArray, temp: float) -> None:
         best = cur.logits[i]
         cur.logits = np.full(cur.size, -np.inf, np.float32)
         cur.logits[i] = best
+        return
+    if temp >= 1.0:  # dividing by >= 1 cannot overflow: skip errstate's cost
+        cur.logits = cur.logits / np.float32(temp)
         return
     with np.errstate(over="ignore"):  # a tiny temperature overflows to +-inf, as in C
         cur.logits = cur.logits / np.float32(temp)
@@ -969,16 +989,28 @@ class SamplerChain(Sampler):
         return " -> ".join(["logits"] + [s.name for s in self.samplers])
 
     # sampler interface
+    def _plan(self) -> tuple:
+        """(samplers whose apply does something, samplers whose accept does something),
+        recomputed when ``samplers`` changes: the default chain is 11 samplers of which 5
+        are disabled, and a method call per disabled sampler per token adds up."""
+        key = tuple(self.samplers)
+        plan = self.__dict__.get("_plan_cache")
+        if plan is None or plan[0] != key:
+            applies = tuple(s for s in key if not isinstance(s, EmptySampler) or "apply" in s.__dict__)
+            accepts = tuple(s for s in key if type(s).accept is not Sampler.accept or "accept" in s.__dict__)
+            plan = self._plan_cache = (key, applies, accepts)
+        return plan
+
     def apply(self, cur: TokenDataArray) -> None:
         t0 = time.perf_counter() if not self.no_perf else 0.0
-        for s in self.samplers:
+        for s in self._plan()[1]:
             s.apply(cur)
         if not self.no_perf:
             self.t_sample_us += (time.perf_counter() - t0) * 1e6
 
     def accept(self, token: int) -> None:
         t0 = time.perf_counter() if not self.no_perf else 0.0
-        for s in self.samplers:
+        for s in self._plan()[2]:
             s.accept(token)
         self.n_sample += 1
         if not self.no_perf:

@@ -240,7 +240,24 @@ impl PyContext {
     }
 }
 
+/// Positions (int64 [min(k, n)]) of the k largest logits of a float32 row, largest first,
+/// ties by lower position, NaN last: the candidate step of top-k (pyllama.sampling), in one
+/// pass instead of a handful of numpy calls per token.
+#[pyfunction]
+fn top_k_indices<'py>(py: Python<'py>, logits: PyReadonlyArray1<'py, f32>, k: usize) -> Bound<'py, numpy::PyArray1<i64>> {
+    let idx = match logits.as_slice() {
+        Ok(s) => pyllama_core::sampling::top_k_indices(s, k),
+        Err(_) => {
+            let v: Vec<f32> = logits.as_array().iter().copied().collect();
+            pyllama_core::sampling::top_k_indices(&v, k)
+        }
+    };
+    let out: Vec<i64> = idx.into_iter().map(i64::from).collect();
+    numpy::PyArray1::from_vec(py, out)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyContext>()?;
+    m.add_function(wrap_pyfunction!(top_k_indices, m)?)?;
     Ok(())
 }

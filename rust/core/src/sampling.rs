@@ -1,0 +1,155 @@
+//! Candidate selection for the samplers (pipeline step 15), the one part of a sampler
+//! chain that has to look at every logit of a row.
+//!
+//! The samplers themselves live in Python (pyllama.sampling); their usual first step,
+//! top-k over 49k-262k logits, costs ten numpy calls there (partition, nonzero, sort ...),
+//! each paying its dispatch cost with caches that the forward pass just evicted. Here it
+//! is one pass over the row. Only comparisons happen, so the result is exact: the same
+//! positions in the same order as the numpy path (`_top_indices`) returns.
+
+use std::cmp::Ordering;
+
+/// The order every sampler's "sort" uses: larger logit first, on equal logits the lower
+/// position first; NaN ranks below every number (numpy's argsort(-x) puts it last).
+#[inline]
+fn cmp_rank(a: f32, ia: u32, b: f32, ib: u32) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (false, false) => b.partial_cmp(&a).unwrap_or(Ordering::Equal).then(ia.cmp(&ib)),
+        (false, true) => Ordering::Less,
+        (true, false) => Ordering::Greater,
+        (true, true) => ia.cmp(&ib),
+    }
+}
+
+/// Positions of the `k` best entries of `logits` (best first, in [`cmp_rank`] order).
+///
+/// Small k: one scan that keeps the k best seen so far in a sorted buffer; once it is full
+/// only values above its last entry are looked at, and those are rare after the first few
+/// thousand entries (about k * ln(n / k) insertions for a row in random order), so the
+/// scan is a vectorizable compare over chunks of 64. Large k, or a row whose order makes
+/// the buffer churn (e.g. ascending), falls back to select_nth + sort of the k survivors.
+pub fn top_k_indices(logits: &[f32], k: usize) -> Vec<u32> {
+    let n = logits.len();
+    let k = k.min(n);
+    if k == 0 {
+        return Vec::new();
+    }
+    assert!(n <= u32::MAX as usize, "top_k_indices: row longer than u32::MAX");
+    if k <= 128 {
+        if let Some(r) = top_k_scan(logits, k) {
+            return r;
+        }
+    }
+    top_k_select(logits, k)
+}
+
+fn top_k_scan(logits: &[f32], k: usize) -> Option<Vec<u32>> {
+    let n = logits.len();
+    // (value, position) of the best k so far, best first. Capacity k + 1: insert, then pop.
+    let mut vals: Vec<f32> = Vec::with_capacity(k + 1);
+    let mut idx: Vec<u32> = Vec::with_capacity(k + 1);
+    let budget = 4096 + 32 * k; // insertions allowed before the scan gives up
+    let mut inserts = 0usize;
+
+    let insert = |v: f32, i: u32, vals: &mut Vec<f32>, idx: &mut Vec<u32>| {
+        // first slot that the new entry beats; positions only grow, so among equal values
+        // the earlier entry stays ahead
+        let j = vals
+            .iter()
+            .zip(idx.iter())
+            .position(|(&bv, &bi)| cmp_rank(v, i, bv, bi) == Ordering::Less)
+            .unwrap_or(vals.len());
+        vals.insert(j, v);
+        idx.insert(j, i);
+        if vals.len() > k {
+            vals.pop();
+            idx.pop();
+        }
+    };
+
+    let mut i = 0usize;
+    while i < n && vals.len() < k {
+        insert(logits[i], i as u32, &mut vals, &mut idx);
+        i += 1;
+    }
+    const CH: usize = 64;
+    while i < n {
+        let thr = vals[k - 1];
+        let end = (i + CH).min(n);
+        let chunk = &logits[i..end];
+        // NaN threshold: any number beats it, so look at every entry
+        let any = thr.is_nan() || chunk.iter().fold(false, |a, &v| a | (v > thr));
+        if any {
+            for (o, &v) in chunk.iter().enumerate() {
+                let p = (i + o) as u32;
+                if cmp_rank(v, p, vals[k - 1], idx[k - 1]) == Ordering::Less {
+                    insert(v, p, &mut vals, &mut idx);
+                    inserts += 1;
+                }
+            }
+            if inserts > budget {
+                return None;
+            }
+        }
+        i = end;
+    }
+    Some(idx)
+}
+
+fn top_k_select(logits: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let cmp = |&a: &u32, &b: &u32| cmp_rank(logits[a as usize], a, logits[b as usize], b);
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, cmp);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(cmp);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition: sort every position by rank, keep k.
+    fn naive(logits: &[f32], k: usize) -> Vec<u32> {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        idx.sort_by(|&a, &b| cmp_rank(logits[a as usize], a, logits[b as usize], b));
+        idx.truncate(k);
+        idx
+    }
+
+    fn lcg(state: &mut u64) -> u32 {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (*state >> 33) as u32
+    }
+
+    #[test]
+    fn matches_full_sort_on_random_rows_with_ties_nan_and_inf() {
+        let mut s = 7u64;
+        for case in 0..200 {
+            let n = 1 + (lcg(&mut s) as usize % 3000);
+            let levels = 1 + lcg(&mut s) % 50; // few levels -> many ties
+            let mut row: Vec<f32> = (0..n).map(|_| (lcg(&mut s) % levels) as f32 * 0.25 - 3.0).collect();
+            if case % 3 == 0 {
+                for _ in 0..3 {
+                    let j = lcg(&mut s) as usize % n;
+                    row[j] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][lcg(&mut s) as usize % 3];
+                }
+            }
+            for &k in &[1usize, 2, 5, 40, 128, 129, 500, n, n + 3] {
+                assert_eq!(top_k_indices(&row, k), naive(&row, k), "case {case} n {n} k {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn ascending_row_falls_back_and_stays_exact() {
+        let row: Vec<f32> = (0..50_000).map(|i| i as f32).collect();
+        assert_eq!(top_k_indices(&row, 40), naive(&row, 40));
+        let all_nan = vec![f32::NAN; 100];
+        assert_eq!(top_k_indices(&all_nan, 5), vec![0, 1, 2, 3, 4]);
+        assert!(top_k_indices(&row, 0).is_empty());
+        assert!(top_k_indices(&[], 3).is_empty());
+    }
+}
