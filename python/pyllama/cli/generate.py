@@ -59,11 +59,16 @@ def sampler_from_flags(sess, *, temp, top_k, top_p, min_p, typical, repeat_penal
 
 
 def perf_summary(sess, chain, n_decoded: int, t_s: float) -> str:
-    from ..sampling import SamplerChain  # noqa: F401
-
+    """llama-simple's and llama_perf's lines, plus the generation rate alone (after the
+    prompt, everything per token: decode, sampling, detokenize, print), the number to set
+    beside ``pyllama bench``'s tg."""
     d = chain.perf()
+    st = sess.stats
+    gen_rate = st.n_gen / st.t_gen_s if st.t_gen_s > 0 else 0.0
     lines = [
         f"main: decoded {n_decoded} tokens in {t_s:.2f} s, speed: {n_decoded / t_s if t_s > 0 else 0.0:.2f} t/s",
+        f"main: generation (after the prompt, end to end) = {st.n_gen} tokens in {st.t_gen_s:.2f} s, "
+        f"{gen_rate:.2f} t/s; prompt = {st.n_prompt} tokens in {st.t_prompt_s:.2f} s",
         "",
         f"llama_perf_sampler_print:    sampling time = {d['t_sample_ms']:10.2f} ms / {d['n_sample']:5d} runs   "
         f"({d['t_sample_ms'] / max(1, d['n_sample']):8.2f} ms per token, "
