@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("-c", "--ctx-size", default="2048,8192", help="n_ctx values, comma-separated")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="single-token decodes after the fill")
     ap.add_argument("--fill", type=float, default=1.0, help="fraction of n_ctx - n_gen to prefill")
+    ap.add_argument("--prompt-tokens", type=int, default=None,
+                    help="prefill exactly this many tokens instead (e.g. 32: a generate-like run)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lib", type=Path, default=DEFAULT_LIB, help="directory with libllama.so")
@@ -133,11 +135,11 @@ def main() -> None:
     exe = build_llamacpp(args.lib, args.include, args.build_dir)
     env = dict(os.environ, LD_LIBRARY_PATH=f"{args.lib}:{os.environ.get('LD_LIBRARY_PATH', '')}")
 
-    print("| model | n_ctx | impl | load ms | ctx ms | RSS load MiB | RSS ctx MiB | RSS fill MiB | peak RSS MiB | peak ratio | load ratio |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | n_ctx | prefill | impl | load ms | ctx ms | RSS load MiB | RSS ctx MiB | RSS fill MiB | peak RSS MiB | peak ratio | load ratio |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in models:
         for n_ctx in [int(x) for x in args.ctx_size.split(",")]:
-            n_fill = int((n_ctx - args.n_gen) * args.fill)
+            n_fill = int((n_ctx - args.n_gen) * args.fill) if args.prompt_tokens is None else args.prompt_tokens
             res: dict[str, list[dict]] = {"llama.cpp": [], "pyllama": []}
             for _ in range(args.reps):
                 res["llama.cpp"].append(_run([str(exe), model, str(n_ctx), str(n_fill), str(args.n_gen),
@@ -150,7 +152,7 @@ def main() -> None:
                 d = med[impl]
                 load = d["load_ms"]
                 extra = f" (+{d['import_ms']:.0f} import)" if "import_ms" in d else ""
-                print(f"| {Path(model).name} | {n_ctx} | {impl} | {load:.1f}{extra} | {d['ctx_ms']:.1f} | "
+                print(f"| {Path(model).name} | {n_ctx} | {n_fill} | {impl} | {load:.1f}{extra} | {d['ctx_ms']:.1f} | "
                       f"{d['rss_load_kb'] / 1024:.1f} | {d['rss_ctx_kb'] / 1024:.1f} | {d['rss_fill_kb'] / 1024:.1f} | {d['peak_kb'] / 1024:.1f} | "
                       f"{d['peak_kb'] / ref['peak_kb']:.3f} | {load / ref['load_ms']:.2f} |", flush=True)
 

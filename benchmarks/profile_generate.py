@@ -52,6 +52,7 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
     core = ctx._core
     t_fwd = [0.0]
     real_decode = core.decode
+    real_decode_one = getattr(core, "decode_one", None)
 
     class _Timed:
         """Proxy for the Rust context that times decode and forwards everything else."""
@@ -62,6 +63,12 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
         def decode(self, *a):
             t0 = time.perf_counter()
             r = real_decode(*a)
+            t_fwd[0] += time.perf_counter() - t0
+            return r
+
+        def decode_one(self, *a):  # the generation step's call (pyllama >= this script)
+            t0 = time.perf_counter()
+            r = real_decode_one(*a)
             t_fwd[0] += time.perf_counter() - t0
             return r
 

@@ -149,3 +149,19 @@ def test_single_token_fast_path_codes(llama, caplog):
     assert L.llama_decode(ctx, L.llama_batch_get_one(np.array([9], np.int32))) == 1
     np.testing.assert_array_equal(L.llama_get_logits_ith(ctx, -1), before)
     assert L.llama_memory_seq_pos_max(L.llama_get_memory(ctx), 0) == 255
+
+
+def test_core_decode_one_rejects_bad_input_with_exceptions(llama):
+    ctx = Context(llama, n_ctx=256, n_threads=1, n_threads_batch=1)
+    core = ctx._core
+    row = np.zeros(ctx.n_vocab, np.float32)
+    with pytest.raises(Exception, match="outside"):
+        core.decode_one(ctx.n_vocab, row)  # token id out of range: an error, no crash
+    with pytest.raises(Exception, match="outside"):
+        core.decode_one(-1, row)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        core.decode_one(3, np.zeros(2 * ctx.n_vocab, np.float32)[::2])
+    with pytest.raises(Exception):
+        core.decode_one(3, np.zeros(ctx.n_vocab - 1, np.float32))  # row too short
+    assert core.seq_pos_max(0) == -1  # nothing was decoded
+    assert core.decode_one(3, row) == 0 and core.seq_pos_max(0) == 0 and np.isfinite(row).all()

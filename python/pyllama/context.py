@@ -322,7 +322,6 @@ class Context:
         self._n_outputs = 0
         self._output_ids = np.full(n_batch, -1, dtype=np.int32)  # batch index -> output row
         self._embd_seq: dict = {}
-        self._one = None  # constant arrays of the single-token decode (_decode_one)
 
         self._abort: Optional[Callable[[], bool]] = None
         if params.abort_callback is not None:
@@ -538,19 +537,11 @@ class Context:
     def _decode_one(self, core: "_core.Context", tok: np.ndarray) -> int:
         """``_decode_code`` for the token-generation step: one valid token id continuing
         sequence 0, logits for it, no abort callback, no embeddings. Same effects and codes
-        as the general path (which it skips: allocation, split and output map are constant
-        here) for a tenth of its Python time; the arrays handed to Rust are made once."""
-        one = self._one
-        if one is None:
-            n_seq_max = int(core.n_seq_max)
-            one = self._one = (np.zeros(1, np.int32), np.ones(1, np.int32), np.zeros((1, max(1, n_seq_max)), np.int32),
-                               [np.zeros(1, np.int32)], np.zeros(1, np.int32))
-        pos, n_seq_id, seq_id, ubatches, out_rows = one
-        pos[0] = core.seq_pos_max(0) + 1
+        as the general path, which it skips (allocation, split and output map are constant
+        here), and one Rust call with two scalars and the logits row instead of eight arrays."""
         t0 = _time_us()
         try:
-            ret, _ = core.decode(tok[:1], None, pos, n_seq_id, seq_id, ubatches, out_rows,
-                                 self._logits_buf[:1], None, None)
+            ret = core.decode_one(int(tok[0]), self._logits_buf[0])
         except Exception as e:  # fatal: Rust failed mid-way
             self._fatal_exc = e
             self._last_error = f"{type(e).__name__}: {e}"

@@ -4,7 +4,9 @@
 
 use crate::errors::to_py;
 use crate::gguf::PyModel;
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{
+    PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2, PyUntypedArrayMethods,
+};
 use pyllama_core::context::{BatchRef, Context, ContextParams};
 use pyllama_core::kv_cache::parse_cache_type;
 use pyo3::exceptions::PyValueError;
@@ -188,6 +190,29 @@ impl PyContext {
             return Err(e);
         }
         r.map_err(to_py)
+    }
+
+    /// The token-generation step without the general call's arrays: `token` at the
+    /// position after sequence 0's last, logits into `logits` (float32 [n_vocab], one row
+    /// of the context's output buffer). Same work and codes as `decode` with a one-token
+    /// batch (0 ok, 1 no KV slot); the caller has validated `token`.
+    fn decode_one(&mut self, py: Python<'_>, token: i32, mut logits: PyReadwriteArray1<'_, f32>) -> PyResult<i32> {
+        let lg = logits
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("decode_one: logits must be a C-contiguous float32 array"))?;
+        let pos = self.inner.kv.seq_pos_max(0).map_err(to_py)? + 1;
+        let (tok, pos, n_seq_id, seq_id, ub, orow) = ([token], [pos], [1i32], [0i32], [0i32], [0i32]);
+        let batch = BatchRef {
+            tokens: Some(&tok),
+            embd: None,
+            pos: &pos,
+            n_seq_id: &n_seq_id,
+            seq_id: &seq_id,
+            seq_cols: 1,
+        };
+        let inner = &mut self.inner;
+        let r = py.allow_threads(|| inner.decode(&batch, &[&ub], &orow, lg, None, &mut || false));
+        r.map(|(ret, _)| ret).map_err(to_py)
     }
 
     #[pyo3(signature = (data = true))]
