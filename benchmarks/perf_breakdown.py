@@ -32,10 +32,15 @@ CATEGORIES = [
     ("matmul (driver)", re.compile(r"ops::matmul")),
     ("quantize activations", re.compile(r"quant::\w+::quantize_")),
     ("attention", re.compile(r"ops::attention|ops::vec::|dot_f16|axpy_f|mad_f16|scale_f16")),
-    ("norm/rope/act", re.compile(r"ops::(norm|rope|act)|gelu|silu|rms_norm|RopeParams")),
-    ("thread pool wait", re.compile(r"threadpool|spin_loop|futex|sched_yield|syscall")),
+    ("norm/rope/act", re.compile(r"ops::(norm|rope|act)|gelu|silu|rms_norm|RopeParams|expf|tanhf")),
+    # the pool's worker loop is inlined into the thread's entry (__rust_begin_short_backtrace):
+    # samples there are a worker spinning for the next parallel region
+    ("thread pool wait", re.compile(r"threadpool|spin_loop|futex|sched_yield|__rust_begin_short_backtrace|"
+                                    r"\[k\] (__schedule|do_sched_yield|finish_task_switch|do_syscall_64|_raw_spin)")),
+    ("python GC", re.compile(r"gc_collect|visit_decref|visit_reachable|subtract_refs|move_unreachable")),
+    ("numpy BLAS threads", re.compile(r"blas_thread_server")),
     ("kv cache / batch", re.compile(r"kv_cache|context::Context|load_ubatch")),
-    ("forward (other)", re.compile(r"ops::decoder|models::")),
+    ("forward glue (Step, decoder)", re.compile(r"ops::decoder|models::|context::Step")),
     ("python / numpy", re.compile(r"_Py|Py[A-Z]|libpython|python3|numpy|_multiarray|ufunc|npy_|PyArray")),
     ("memcpy/memset", re.compile(r"mem(cpy|set|move)|__memcpy|__memset")),
     ("kernel", re.compile(r"^\[k\]|\[kernel")),

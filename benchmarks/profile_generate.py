@@ -51,6 +51,7 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
     ctx = sess.ctx
     core = ctx._core
     t_fwd = [0.0]
+    c_fwd = [0.0]  # thread CPU time of the calling thread: robust to other processes' load
     real_decode = core.decode
     real_decode_one = getattr(core, "decode_one", None)
 
@@ -61,33 +62,39 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
             return getattr(core, name)
 
         def decode(self, *a):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             r = real_decode(*a)
             t_fwd[0] += time.perf_counter() - t0
+            c_fwd[0] += time.thread_time() - c0
             return r
 
         def decode_one(self, *a):  # the generation step's call (pyllama >= this script)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             r = real_decode_one(*a)
             t_fwd[0] += time.perf_counter() - t0
+            c_fwd[0] += time.thread_time() - c0
             return r
 
     t_ctx_decode = [0.0]
+    c_ctx_decode = [0.0]
     real_ctx_decode = ctx.decode
 
     def timed_ctx_decode(*a, **k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         r = real_ctx_decode(*a, **k)
         t_ctx_decode[0] += time.perf_counter() - t0
+        c_ctx_decode[0] += time.thread_time() - c0
         return r
 
     t_sample = [0.0]
+    c_sample = [0.0]
     real_sample = chain.sample
 
     def timed_sample(logits):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         r = real_sample(logits)
         t_sample[0] += time.perf_counter() - t0
+        c_sample[0] += time.thread_time() - c0
         return r
 
     sess.reset()
@@ -97,26 +104,30 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
     out = io.StringIO()
     stream = TextStream(sess.vocab, special=True)
     t_detok = 0.0
+    c_detok = 0.0
     n_gen = 0
     try:
         gen = sess.generate(prompt_toks, chain, n, ignore_eos=True, decode_last=False)
         first = next(gen)  # the prompt is decoded here: start the clock after it
         t_fwd[0] = t_ctx_decode[0] = t_sample[0] = 0.0
-        t0 = time.perf_counter()
+        c_fwd[0] = c_ctx_decode[0] = c_sample[0] = 0.0
+        t0, c0 = time.perf_counter(), time.thread_time()
         tok = first
         while True:
-            a = time.perf_counter()
+            a, ac = time.perf_counter(), time.thread_time()
             piece = stream.feed(tok)
             if piece:
                 out.write(piece)
                 out.flush()
             t_detok += time.perf_counter() - a
+            c_detok += time.thread_time() - ac
             n_gen += 1
             try:
                 tok = next(gen)
             except StopIteration:
                 break
         wall = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
     finally:
         ctx._core = core
         del ctx.decode
@@ -131,6 +142,10 @@ def _profile_generate(sess, chain, prompt_toks, n: int) -> dict:
         "sampling": t_sample[0],
         "detok_print": t_detok,
         "loop": wall - t_ctx_decode[0] - t_sample[0] - t_detok,
+        "cpu_decode_wrapper": c_ctx_decode[0] - c_fwd[0],
+        "cpu_sampling": c_sample[0],
+        "cpu_detok_print": c_detok,
+        "cpu_loop": cpu - c_ctx_decode[0] - c_sample[0] - c_detok,
     }
 
 
@@ -166,9 +181,14 @@ def main() -> None:
         print(f"  bench-style tg (llama_decode loop): {statistics.median(tg):8.2f} t/s")
         print(f"  generate loop:                      {gen_tps:8.2f} t/s "
               f"({100 * (statistics.median(tg) / gen_tps - 1):+.1f}% time per token vs tg)")
+        print(f"    {'':15s} {'wall':>9s}           {'':5s}   {'main-thread CPU':>15s}")
         for k in ("forward", "decode_wrapper", "sampling", "detok_print", "loop"):
             us = 1e6 * med[k] / steps
-            print(f"    {k:15s} {us:9.1f} us/token  {100 * med[k] / med['wall']:5.1f}%")
+            cpu = f"{1e6 * med['cpu_' + k] / steps:9.1f} us/token" if "cpu_" + k in med else ""
+            print(f"    {k:15s} {us:9.1f} us/token  {100 * med[k] / med['wall']:5.1f}%   {cpu}")
+        py = sum(med["cpu_" + k] for k in ("sampling", "detok_print", "loop")) / steps
+        print(f"  generate's own per-token CPU (sampling + detokenize/print + loop): {1e6 * py:.1f} us "
+              f"= {100 * py * statistics.median(tg):.1f}% of a bench-tg token here")
 
 
 if __name__ == "__main__":
