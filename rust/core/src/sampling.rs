@@ -36,11 +36,57 @@ pub fn top_k_indices(logits: &[f32], k: usize) -> Vec<u32> {
     }
     assert!(n <= u32::MAX as usize, "top_k_indices: row longer than u32::MAX");
     if k <= 128 {
+        if n >= 8192 {
+            if let Some(r) = top_k_sampled(logits, k) {
+                return r;
+            }
+        }
         if let Some(r) = top_k_scan(logits, k) {
             return r;
         }
     }
     top_k_select(logits, k)
+}
+
+/// Long rows: a threshold from every 8th entry, then one vectorizable pass that keeps the
+/// entries at or above it, and a sort of those few. The threshold is the (k/2)-th best of
+/// the sample, so it is at most the row's k-th best value and about k/2 * 8 entries pass;
+/// every entry left out is below it (or NaN) and so ranks after every candidate: the row's
+/// best k are the candidates' best k. None (take the scan) when fewer than k pass, or far
+/// too many (a row with huge ties), or the sample has no usable threshold.
+fn top_k_sampled(logits: &[f32], k: usize) -> Option<Vec<u32>> {
+    const STRIDE: usize = 8;
+    let sample: Vec<f32> = logits.iter().step_by(STRIDE).copied().collect();
+    let ks = (k / 2).max(1);
+    let best = top_k_scan(&sample, ks)?;
+    let t0 = sample[*best.last()? as usize];
+    if t0.is_nan() {
+        return None;
+    }
+    let limit = 64 * k + 4096;
+    let mut cand: Vec<u32> = Vec::with_capacity(4 * k * STRIDE);
+    for (c, chunk) in logits.chunks(64).enumerate() {
+        if chunk.iter().fold(false, |a, &v| a | (v >= t0)) {
+            for (o, &v) in chunk.iter().enumerate() {
+                if v >= t0 {
+                    cand.push((c * 64 + o) as u32);
+                }
+            }
+            if cand.len() > limit {
+                return None;
+            }
+        }
+    }
+    if cand.len() < k {
+        return None;
+    }
+    let cmp = |&a: &u32, &b: &u32| cmp_rank(logits[a as usize], a, logits[b as usize], b);
+    if k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, cmp);
+        cand.truncate(k);
+    }
+    cand.sort_unstable_by(cmp);
+    Some(cand)
 }
 
 fn top_k_scan(logits: &[f32], k: usize) -> Option<Vec<u32>> {
@@ -54,11 +100,10 @@ fn top_k_scan(logits: &[f32], k: usize) -> Option<Vec<u32>> {
     let insert = |v: f32, i: u32, vals: &mut Vec<f32>, idx: &mut Vec<u32>| {
         // first slot that the new entry beats; positions only grow, so among equal values
         // the earlier entry stays ahead
-        let j = vals
-            .iter()
-            .zip(idx.iter())
-            .position(|(&bv, &bi)| cmp_rank(v, i, bv, bi) == Ordering::Less)
-            .unwrap_or(vals.len());
+        // the buffer is in rank order and `i` is the largest position so far, so the
+        // entries ahead of the new one are a prefix: numbers >= v (all of them when v is NaN)
+        let j = if v.is_nan() { vals.len() } else { vals.partition_point(|&e| !e.is_nan() && e >= v) };
+        debug_assert!(j == vals.len() || cmp_rank(v, i, vals[j], idx[j]) == Ordering::Less);
         vals.insert(j, v);
         idx.insert(j, i);
         if vals.len() > k {
@@ -81,9 +126,12 @@ fn top_k_scan(logits: &[f32], k: usize) -> Option<Vec<u32>> {
         let any = thr.is_nan() || chunk.iter().fold(false, |a, &v| a | (v > thr));
         if any {
             for (o, &v) in chunk.iter().enumerate() {
-                let p = (i + o) as u32;
-                if cmp_rank(v, p, vals[k - 1], idx[k - 1]) == Ordering::Less {
-                    insert(v, p, &mut vals, &mut idx);
+                // beats the k-th best (vals[k-1], at a lower position): strictly greater,
+                // or any number when the k-th best is NaN; a NaN never beats anything here
+                let t = vals[k - 1];
+                let beats = if t.is_nan() { !v.is_nan() } else { v > t };
+                if beats {
+                    insert(v, (i + o) as u32, &mut vals, &mut idx);
                     inserts += 1;
                 }
             }
@@ -138,6 +186,29 @@ mod tests {
                 }
             }
             for &k in &[1usize, 2, 5, 40, 128, 129, 500, n, n + 3] {
+                assert_eq!(top_k_indices(&row, k), naive(&row, k), "case {case} n {n} k {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn long_rows_through_the_sampled_threshold_match_the_full_sort() {
+        let mut s = 11u64;
+        for case in 0..12 {
+            let n = 8192 + (lcg(&mut s) as usize % 60000);
+            let levels = [3u32, 40, 100_000][case % 3]; // 3 levels: huge ties -> fallback
+            let mut row: Vec<f32> = (0..n).map(|_| (lcg(&mut s) % levels) as f32 * 0.01).collect();
+            if case % 4 == 1 {
+                for j in (0..n).step_by(8) {
+                    row[j] = f32::NAN; // the whole sample is NaN: no threshold
+                }
+            }
+            if case % 4 == 2 {
+                for j in (0..n).step_by(97) {
+                    row[j] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3];
+                }
+            }
+            for &k in &[1usize, 2, 40, 128] {
                 assert_eq!(top_k_indices(&row, k), naive(&row, k), "case {case} n {n} k {k}");
             }
         }
