@@ -176,7 +176,7 @@ pub fn attention(
                     let row = kv.v_row(p.il, stream, cell as usize);
                     let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
                     mad_f16_acc(acc, vs, v16);
-                    ssum = ssum * ms + vs;
+                    ssum = crate::ops::vec::fmaf(ssum, ms, vs); // GCC: fma(S, ms, vs)
                 }
                 let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
                 for (d, a) in o.iter_mut().zip(acc.iter()) {
