@@ -165,3 +165,54 @@ def test_core_decode_one_rejects_bad_input_with_exceptions(llama):
         core.decode_one(3, np.zeros(ctx.n_vocab - 1, np.float32))  # row too short
     assert core.seq_pos_max(0) == -1  # nothing was decoded
     assert core.decode_one(3, row) == 0 and core.seq_pos_max(0) == 0 and np.isfinite(row).all()
+
+
+def _tokens(chain, rows):
+    out = []
+    for r in rows:
+        out.append(chain.sample(r))
+        last = chain.last
+        out.append((last.ids.tolist(), last.selected, last.sorted))
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    dict(),                                              # llama.cpp's defaults: top-k 40, top-p .95, min-p .05, temp .8
+    dict(top_k=5, top_p=0.5, min_p=0.2, temp=1.5),
+    dict(top_k=128, top_p=1.0, min_p=0.0, temp=1.0),     # only top-k -> dist
+    dict(top_k=1),
+    dict(top_k=40, top_p=0.9, min_p=0.1, min_keep=3),    # min_keep > 1: the samplers run
+    dict(top_k=40, temp=0.0),                            # greedy through temperature: the samplers run
+])
+def test_fused_default_tail_equals_the_samplers(monkeypatch, params):
+    """The one-call default chain picks the same tokens, keeps the same candidates and
+    draws the same random numbers as the samplers applied one by one."""
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal(49152).astype(np.float32) * s for s in (0.5, 1, 2, 4, 8) for _ in range(40)]
+    rows[7][123] = np.inf          # non-finite candidates: the samplers take over, stream stays aligned
+    rows[9][:] = -np.inf
+    rows[9][:3] = (1.0, 2.0, 3.0)  # only 3 finite logits: -inf among the top 40
+    with monkeypatch.context() as m:
+        m.setattr(S, "_default_tail_of", lambda applies: None)
+        slow = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=49152)
+        want = _tokens(slow, rows)
+        assert slow._plan()[3] is None
+    fast = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=49152)
+    got = _tokens(fast, rows)
+    assert got == want
+    if params.get("min_keep", 0) <= 1 and params.get("temp", 0.8) > 0:
+        assert fast._plan()[3] is not None  # the fused path did run
+
+
+def test_fused_tail_probabilities_match_the_samplers(monkeypatch):
+    row = (np.random.default_rng(4).standard_normal(262144) * 3).astype(np.float32)
+    with monkeypatch.context() as m:
+        m.setattr(S, "_default_tail_of", lambda applies: None)
+        slow = S.build_chain(S.SamplerParams(seed=1), n_vocab=len(row))
+        t_slow = slow.sample(row)
+    fast = S.build_chain(S.SamplerParams(seed=1), n_vocab=len(row))
+    assert fast.sample(row) == t_slow
+    np.testing.assert_array_equal(fast.last.ids, slow.last.ids)
+    np.testing.assert_array_equal(fast.last.logits, slow.last.logits)
+    # numpy's float32 exp and libm's expf may differ in the last bit
+    np.testing.assert_allclose(fast.last.p, slow.last.p, rtol=1e-6)

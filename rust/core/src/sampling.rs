@@ -155,6 +155,81 @@ fn top_k_select(logits: &[f32], k: usize) -> Vec<u32> {
     idx
 }
 
+/// What the default chain leaves after top-k: the kept candidates (best first), their
+/// logits after the temperature, dist's probabilities and the chosen index into them.
+pub struct Tail {
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub probs: Vec<f32>,
+    pub selected: usize,
+}
+
+/// llama.cpp's default chain in one pass: top-k `k` -> top-p `top_p` (off when >= 1) ->
+/// min-p (`log_min_p` = ln(min_p) rounded to f32; off when None) -> temperature `temp`
+/// (> 0) -> dist with the uniform double `rnd`, min_keep 1 everywhere.
+///
+/// Step for step what pyllama.sampling's samplers do on a sorted candidate list (the same
+/// float32 / float64 operations in the same order; `exp` is libm's expf, as in llama.cpp),
+/// so the chain can hand a row here instead of making ~25 numpy calls on 40 candidates.
+/// None when a candidate is not finite (the samplers' special cases): take the samplers.
+pub fn default_tail(row: &[f32], k: usize, top_p: f32, log_min_p: Option<f32>, temp: f32, rnd: f64) -> Option<Tail> {
+    if k == 0 || row.is_empty() || !(temp > 0.0) {
+        return None;
+    }
+    let mut ids = top_k_indices(row, k);
+    let mut l: Vec<f32> = ids.iter().map(|&i| row[i as usize]).collect();
+    if !l.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    // top-p: softmax (f32 exp of logit - max, f64 total, p / f32(total)), f32 running sum,
+    // keep up to the first index where it reaches p
+    if top_p < 1.0 {
+        let max = l[0];
+        let e: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
+        let total = e.iter().map(|&v| v as f64).sum::<f64>() as f32;
+        let mut cum = 0f32;
+        let mut last = l.len();
+        for (i, &v) in e.iter().enumerate() {
+            cum += v / total;
+            if cum >= top_p {
+                last = i + 1;
+                break;
+            }
+        }
+        l.truncate(last);
+        ids.truncate(last);
+    }
+    // min-p on sorted candidates: cut at the first logit below max + ln(p), never the first
+    if let Some(lp) = log_min_p {
+        let min_logit = l[0] + lp;
+        if let Some(j) = l.iter().skip(1).position(|&v| v < min_logit) {
+            l.truncate(j + 1);
+            ids.truncate(j + 1);
+        }
+    }
+    for v in l.iter_mut() {
+        *v /= temp;
+    }
+    // dist: f32 exp, f64 running sum, first index whose running sum reaches sum * rnd
+    let n = l.len();
+    if n == 1 {
+        return Some(Tail { ids, logits: l, probs: vec![1.0], selected: 0 });
+    }
+    let max = l[0];
+    let e: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
+    let mut cum = Vec::with_capacity(n);
+    let mut acc = 0f64;
+    for &v in &e {
+        acc += v as f64;
+        cum.push(acc);
+    }
+    let sum = acc;
+    let target = sum * rnd;
+    let selected = cum.iter().position(|&c| c >= target).unwrap_or(n).min(n - 1);
+    let probs = e.iter().map(|&v| (v as f64 / sum) as f32).collect();
+    Some(Tail { ids, logits: l, probs, selected })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
