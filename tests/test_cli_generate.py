@@ -21,6 +21,9 @@ def test_generate_prints_llama_cpp_greedy_text(smollm2_path):
     # llama.cpp's greedy ids 7042 30 198 198 504 detokenize to " Paris.\n\nThe"
     assert r.stdout == case["prompt"] + " Paris.\n\nThe" + "\n"
     assert "llama_perf_sampler_print:" in r.stderr and "main: decoded 5 tokens" in r.stderr
+    # the rate to compare with `pyllama bench` tg: the 5 generated tokens, prompt apart
+    assert "main: generation (after the prompt, end to end) = 5 tokens in" in r.stderr
+    assert "; prompt = 5 tokens in" in r.stderr  # "The capital of France is": 5 tokens, no BOS
 
 
 def test_generate_positional_prompt_file_and_flags(smollm2_path, tmp_path):

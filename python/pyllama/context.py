@@ -509,6 +509,13 @@ class Context:
         changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
         (nothing changed), < -1 fatal. Logs the reason for every nonzero code."""
         core = self._live()
+        if (batch.n_tokens == 1 and batch.embd is None and batch.pos is None and batch.seq_id is None
+                and batch.n_seq_id is None and batch.logits is None and self._abort is None
+                and not self._embeddings):
+            tok = batch.token
+            if (isinstance(tok, np.ndarray) and tok.dtype == np.int32 and tok.ndim == 1 and tok.shape[0] >= 1
+                    and 0 <= int(tok[0]) < self.n_vocab):
+                return self._decode_one(core, tok)
         n_seq_max = int(core.n_seq_max)
         try:
             if int(batch.n_tokens) > self._n_batch:
@@ -525,6 +532,50 @@ class Context:
             log.error("llama_decode: failed to initialize batch: %s", e)
             return -1
 
+        return self._decode_allocated(core, ab, n_seq_max)
+
+    def _decode_one(self, core: "_core.Context", tok: np.ndarray) -> int:
+        """``_decode_code`` for the token-generation step: one valid token id continuing
+        sequence 0, logits for it, no abort callback, no embeddings. Same effects and codes
+        as the general path, which it skips (allocation, split and output map are constant
+        here), and one Rust call with two scalars and the logits row instead of eight arrays."""
+        t0 = _time_us()
+        try:
+            ret = core.decode_one(int(tok[0]), self._logits_buf[0])
+        except Exception as e:  # fatal: Rust failed mid-way
+            self._fatal_exc = e
+            self._last_error = f"{type(e).__name__}: {e}"
+            self._n_outputs = 0
+            self._output_ids.fill(-1)
+            log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
+            return -3
+        t1 = _time_us()
+        if ret != 0:
+            if ret == 1:
+                self._last_error = f"failed to find a memory slot for batch of size 1 (n_ctx = {int(core.n_ctx)})"
+                log.warning("llama_decode: %s", self._last_error)
+                return 1
+            self._output_ids.fill(-1)
+            self._embd_seq = {}
+            self._n_outputs = 0
+            self._last_error = f"the forward pass returned {ret}"
+            log.error("llama_decode: %s", self._last_error)
+            return int(ret) if ret < 0 else -3
+        if self._n_outputs != 1 or self._output_ids[0] != 0:
+            self._output_ids.fill(-1)
+            self._output_ids[0] = 0
+        if self._embd_seq:
+            self._embd_seq = {}
+        self._n_outputs = 1
+        if not self._has_evaluated_once:
+            self._t_load_us = _time_us() - self._t_start_us
+            self._has_evaluated_once = True
+        self._n_eval += 1
+        if not self._no_perf:
+            self._t_eval_us += t1 - t0
+        return 0
+
+    def _decode_allocated(self, core: "_core.Context", ab: AllocatedBatch, n_seq_max: int) -> int:
         n = ab.n_tokens
         n_outputs = ab.n_outputs
         n_ubatch = int(core.n_ubatch)

@@ -123,12 +123,14 @@ class Session:
         self.ctx = Context(model, **context_params)
         self.tokens: list[int] = []  # what sequence 0 of the KV cache holds, in order
         self.stats = GenerationStats()
+        self._n_ctx = int(self.ctx.n_ctx)  # fixed for the context's life; read per token
+        self._one = np.zeros(1, dtype=np.int32)  # the generation step's batch, reused
 
     # -- sizes / tokens ------------------------------------------------------------------
 
     @property
     def n_ctx(self) -> int:
-        return int(self.ctx.n_ctx)
+        return self._n_ctx
 
     @property
     def n_vocab(self) -> int:
@@ -162,6 +164,14 @@ class Session:
         for i in range(0, arr.shape[0], n_batch):
             self.ctx.decode(arr[i:i + n_batch])
             self.tokens.extend(int(t) for t in arr[i:i + n_batch])
+
+    def _decode_one(self, tok: int) -> None:
+        """``_decode([tok])`` for the generation step, without the list/array round trip
+        (the caller has checked that the context has room)."""
+        one = self._one
+        one[0] = tok
+        self.ctx.decode(one)
+        self.tokens.append(tok)
 
     def eval_prompt(self, prompt_tokens: Sequence[int]) -> None:
         """Bring the cache to exactly ``prompt_tokens`` with logits for its last token,
@@ -207,10 +217,10 @@ class Session:
         try:
             while max_tokens < 0 or stats.n_gen < max_tokens:
                 if pending is not None:
-                    if len(self.tokens) >= self.n_ctx:
+                    if len(self.tokens) >= self._n_ctx:
                         stats.stop_reason = "ctx"
                         return
-                    self._decode([pending])
+                    self._decode_one(pending)
                     pending = None
                 tok = sampler.sample(self.logits())
                 if not ignore_eos and self.is_eog(tok):

@@ -27,6 +27,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import _core
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 LLAMA_TOKEN_NULL = -1
 
@@ -191,6 +193,10 @@ def _exp_shifted(logits: np.ndarray, max_l) -> np.ndarray:
     """exp(logits - max) in float32 (expf), also when the maximum is not finite: +inf logits
     (a temperature near 0 overflows) share all the mass, all -inf gives a uniform draw
     (llama.cpp would produce NaN there)."""
+    if math.isfinite(max_l):
+        # the usual case, without errstate (it costs more than the exp of 40 values): every
+        # exponent is <= 0, so nothing overflows; underflow to 0 is silent in numpy
+        return np.exp(logits - max_l)
     if np.isposinf(max_l):
         return (logits == max_l).astype(np.float32)
     if np.isneginf(max_l) or np.isnan(max_l):
@@ -219,6 +225,17 @@ def _top_indices(logits: np.ndarray, k: int) -> np.ndarray:
     """Positions of the k largest values of ``logits`` [n], largest first (ties: lower position
     first). Never sorts the whole row when k is small: a threshold from a strided sample
     selects a few hundred candidates in one vectorized pass, and only those are sorted."""
+    n = logits.shape[0]
+    if k <= 0:
+        return np.zeros(0, np.intp)
+    if k <= 1024 and logits.dtype == np.float32:
+        # one pass in Rust, same order (the numpy path below is its reference)
+        return _core.top_k_indices(logits, k)
+    return _top_indices_np(logits, k)
+
+
+def _top_indices_np(logits: np.ndarray, k: int) -> np.ndarray:
+    """:func:`_top_indices` in numpy (any k, any float dtype)."""
     n = logits.shape[0]
     if k <= 0:
         return np.zeros(0, np.intp)
@@ -354,7 +371,7 @@ class DistSampler(Sampler):
             return
         cur.selected = 0
         if cur.size == 1:
-            self.rng.uniform_double()  # llama.cpp draws once even here, keep the stream aligned
+            self._draw()  # llama.cpp draws once even here, keep the stream aligned
             cur.p = np.ones(1, np.float32)
             return
         max_l = cur.logits[0] if cur.sorted else cur.logits.max()
@@ -362,12 +379,19 @@ class DistSampler(Sampler):
         # sum_run in llama.cpp is a running double sum: cumsum in float64 is the same order
         cum = np.cumsum(p, dtype=np.float64)
         sum_cum = cum[-1]
-        rnd = self.rng.uniform_double()
+        rnd = self._draw()
         sel = int(np.searchsorted(cum, sum_cum * rnd, side="left"))
         cur.selected = min(sel, cur.size - 1)
         cur.p = (p / sum_cum).astype(np.float32)
 
+    def _draw(self) -> float:
+        """The next uniform double, or the one the chain's fused path drew for this sample
+        before it found the row needed the samplers (so the stream stays aligned)."""
+        rnd = self.__dict__.pop("_pending", None)
+        return self.rng.uniform_double() if rnd is None else rnd
+
     def reset(self) -> None:
+        self.__dict__.pop("_pending", None)
         self.seed_cur = _rng_seed(self.seed)
         self.rng.seed(self.seed_cur)
 
@@ -489,6 +513,9 @@ def _temp_impl(cur: TokenDataArray, temp: float) -> None:
         best = cur.logits[i]
         cur.logits = np.full(cur.size, -np.inf, np.float32)
         cur.logits[i] = best
+        return
+    if temp >= 1.0:  # dividing by >= 1 cannot overflow: skip errstate's cost
+        cur.logits = cur.logits / np.float32(temp)
         return
     with np.errstate(over="ignore"):  # a tiny temperature overflows to +-inf, as in C
         cur.logits = cur.logits / np.float32(temp)
@@ -969,16 +996,28 @@ class SamplerChain(Sampler):
         return " -> ".join(["logits"] + [s.name for s in self.samplers])
 
     # sampler interface
+    def _plan(self) -> tuple:
+        """(samplers whose apply does something, samplers whose accept does something),
+        recomputed when ``samplers`` changes: the default chain is 11 samplers of which 5
+        are disabled, and a method call per disabled sampler per token adds up."""
+        key = tuple(self.samplers)
+        plan = self.__dict__.get("_plan_cache")
+        if plan is None or plan[0] != key:
+            applies = tuple(s for s in key if not isinstance(s, EmptySampler) or "apply" in s.__dict__)
+            accepts = tuple(s for s in key if type(s).accept is not Sampler.accept or "accept" in s.__dict__)
+            plan = self._plan_cache = (key, applies, accepts, _default_tail_of(applies))
+        return plan
+
     def apply(self, cur: TokenDataArray) -> None:
         t0 = time.perf_counter() if not self.no_perf else 0.0
-        for s in self.samplers:
+        for s in self._plan()[1]:
             s.apply(cur)
         if not self.no_perf:
             self.t_sample_us += (time.perf_counter() - t0) * 1e6
 
     def accept(self, token: int) -> None:
         t0 = time.perf_counter() if not self.no_perf else 0.0
-        for s in self.samplers:
+        for s in self._plan()[2]:
             s.accept(token)
         self.n_sample += 1
         if not self.no_perf:
@@ -993,6 +1032,11 @@ class SamplerChain(Sampler):
 
     def sample(self, logits) -> int:
         """Apply the chain to one row of logits [n_vocab], accept and return the token."""
+        tail = self._plan()[3]
+        if tail is not None and isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.ndim == 1:
+            token = self._sample_tail(logits, tail)
+            if token is not None:
+                return token
         cur = TokenDataArray.from_logits(logits)
         self.apply(cur)
         if not (0 <= cur.selected < cur.size):
@@ -1003,6 +1047,29 @@ class SamplerChain(Sampler):
             )
         token = int(cur.ids[cur.selected])
         self.last = cur
+        self.accept(token)
+        return token
+
+    def _sample_tail(self, logits: np.ndarray, tail: tuple):
+        """The default chain (top-k -> top-p -> min-p -> temperature -> dist) in one Rust
+        call instead of ~25 numpy calls on the 40 survivors, which cost more than the
+        whole forward pass of a small model's output layer once its caches are cold. Same
+        steps, same float32/float64 operations and the same draw; None when the row needs
+        the samplers (a non-finite candidate), with the draw handed to the dist sampler."""
+        k, top_p, log_min_p, temp, dist = tail
+        t0 = time.perf_counter() if not self.no_perf else 0.0
+        rnd = dist._draw()
+        r = _core.sample_default_tail(logits, k, top_p, log_min_p, temp, rnd)
+        if r is None:
+            dist._pending = rnd
+            return None
+        ids, lg, probs, sel = r
+        cur = TokenDataArray.__new__(TokenDataArray)
+        cur.ids, cur.logits, cur.p, cur.selected, cur.sorted = ids, lg, probs, sel, True
+        token = int(ids[sel])
+        self.last = cur
+        if not self.no_perf:
+            self.t_sample_us += (time.perf_counter() - t0) * 1e6
         self.accept(token)
         return token
 
@@ -1020,6 +1087,32 @@ class SamplerChain(Sampler):
         """The chain llama.cpp's common/sampling.cpp builds for these parameters."""
         params = params or SamplerParams()
         return build_chain(params, n_vocab=n_vocab, vocab=vocab, no_perf=no_perf)
+
+
+def _default_tail_of(applies: tuple):
+    """(k, top_p, log_min_p, temp, dist) when the active samplers are exactly llama.cpp's
+    default chain shape: top-k (1..128) [-> top-p] [-> min-p] [-> temperature > 0] -> dist,
+    min_keep <= 1, none of them patched; else None (the samplers run one by one)."""
+    if len(applies) < 2 or any("apply" in s.__dict__ for s in applies):
+        return None
+    first, dist = applies[0], applies[-1]
+    if type(first) is not TopKSampler or not 1 <= first.k <= 128 or type(dist) is not DistSampler:
+        return None
+    top_p, log_min_p, temp = np.float32(1.0), None, 1.0
+    order = 0
+    for s in applies[1:-1]:
+        t = type(s)
+        if t is TopPSampler and order < 1 and s.min_keep <= 1:
+            top_p, order = np.float32(s.p), 1
+        elif t is MinPSampler and order < 2 and s.min_keep <= 1 and s.p > 0.0:
+            log_min_p, order = np.float32(math.log(s.p)), 2
+        elif t is TempExtSampler and order < 3 and s.delta <= 0 and s.temp > 0.0:
+            temp, order = s.temp, 3
+        elif t is TempSampler and order < 3 and s.temp > 0.0:
+            temp, order = s.temp, 3
+        else:
+            return None
+    return first.k, float(top_p), None if log_min_p is None else float(log_min_p), float(np.float32(temp)), dist
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 import typer
 
 from . import app
+from .generate import freeze_heap
 
 
 def _ints(s: str) -> list[int]:
@@ -125,6 +126,7 @@ def bench(
                                     _run_prompt(api, ctx, vocab, pp, nb, rng)
                                 if tg:
                                     _run_gen(api, ctx, vocab, 1, rng)
+                                freeze_heap()  # as `pyllama generate` does: no GC walks of the vocabulary
                                 samples = []
                                 for r in range(reps):
                                     api.llama_memory_clear(mem, False)

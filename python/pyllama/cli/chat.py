@@ -98,7 +98,7 @@ def chat(
 ) -> None:
     """Chat with a model in the terminal (empty line or Ctrl-D to quit)."""
     from ..errors import PyllamaError
-    from .generate import open_session, sampler_from_flags
+    from .generate import freeze_heap, open_session, sampler_from_flags
 
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
@@ -108,6 +108,7 @@ def chat(
                                      repeat_penalty=repeat_penalty, repeat_last_n=64, presence_penalty=0.0,
                                      frequency_penalty=0.0, mirostat=0, mirostat_lr=0.1, mirostat_ent=5.0, seed=seed)
         loop = ChatLoop(sess, chat_template, system)
+        freeze_heap()
     except (PyllamaError, FileNotFoundError, ValueError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

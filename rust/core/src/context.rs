@@ -89,6 +89,29 @@ pub fn vector_opt(model: &Model, name: &str) -> Result<Option<Vec<f32>>> {
     vector(model, name).map(Some)
 }
 
+/// `n` zero floats from the allocator's zeroed path (calloc: large blocks come from fresh
+/// zero pages), or None when the allocation fails. The per-token scratch is sized for
+/// n_ubatch rows, but token generation writes only the first: written through `resize`,
+/// every page would be resident from the start (~13 MB for SmolLM2, ~18 MB for Gemma 3 at
+/// n_ubatch 512); this way a page costs memory only once a batch that large touches it,
+/// as with llama.cpp's compute buffer.
+fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: layout has non-zero size; the block is n zeroed f32 (a valid value for all
+    // bits zero), allocated by the global allocator with exactly the layout Vec<f32> of
+    // capacity n frees it with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut f32;
+        if p.is_null() {
+            return None;
+        }
+        Some(Vec::from_raw_parts(p, n, n))
+    }
+}
+
 /// Scratch sized for `n_ubatch` tokens.
 pub struct Buffers {
     /// Residual stream [n, n_embd].
@@ -740,10 +763,7 @@ impl Context {
         let attn_stride = attention::scratch_per_thread(size, hp.n_embd_head_k, hp.n_embd_head_v);
         let z = |m: usize| -> Result<Vec<f32>> {
             let n = m.checked_mul(nu).ok_or_else(|| Error::Invalid("n_ubatch too large".into()))?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| Error::Invalid(format!("cannot allocate {n} floats of scratch")))?;
-            v.resize(n, 0.0);
-            Ok(v)
+            zeroed_f32(n).ok_or_else(|| Error::Invalid(format!("cannot allocate {n} floats of scratch")))
         };
         let b = Buffers {
             x: z(ne)?,

@@ -15,3 +15,4 @@ pub use error::{Error, Result};
 pub use ggml_type::GgmlType;
 pub mod context;
 pub mod kv_cache;
+pub mod sampling;

@@ -4,7 +4,9 @@
 
 use crate::errors::to_py;
 use crate::gguf::PyModel;
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{
+    PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2, PyUntypedArrayMethods,
+};
 use pyllama_core::context::{BatchRef, Context, ContextParams};
 use pyllama_core::kv_cache::parse_cache_type;
 use pyo3::exceptions::PyValueError;
@@ -190,6 +192,29 @@ impl PyContext {
         r.map_err(to_py)
     }
 
+    /// The token-generation step without the general call's arrays: `token` at the
+    /// position after sequence 0's last, logits into `logits` (float32 [n_vocab], one row
+    /// of the context's output buffer). Same work and codes as `decode` with a one-token
+    /// batch (0 ok, 1 no KV slot); the caller has validated `token`.
+    fn decode_one(&mut self, py: Python<'_>, token: i32, mut logits: PyReadwriteArray1<'_, f32>) -> PyResult<i32> {
+        let lg = logits
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("decode_one: logits must be a C-contiguous float32 array"))?;
+        let pos = self.inner.kv.seq_pos_max(0).map_err(to_py)? + 1;
+        let (tok, pos, n_seq_id, seq_id, ub, orow) = ([token], [pos], [1i32], [0i32], [0i32], [0i32]);
+        let batch = BatchRef {
+            tokens: Some(&tok),
+            embd: None,
+            pos: &pos,
+            n_seq_id: &n_seq_id,
+            seq_id: &seq_id,
+            seq_cols: 1,
+        };
+        let inner = &mut self.inner;
+        let r = py.allow_threads(|| inner.decode(&batch, &[&ub], &orow, lg, None, &mut || false));
+        r.map(|(ret, _)| ret).map_err(to_py)
+    }
+
     #[pyo3(signature = (data = true))]
     fn memory_clear(&mut self, data: bool) {
         self.inner.kv.clear(data)
@@ -240,7 +265,58 @@ impl PyContext {
     }
 }
 
+/// Positions (int64 [min(k, n)]) of the k largest logits of a float32 row, largest first,
+/// ties by lower position, NaN last: the candidate step of top-k (pyllama.sampling), in one
+/// pass instead of a handful of numpy calls per token.
+#[pyfunction]
+fn top_k_indices<'py>(py: Python<'py>, logits: PyReadonlyArray1<'py, f32>, k: usize) -> Bound<'py, numpy::PyArray1<i64>> {
+    let idx = match logits.as_slice() {
+        Ok(s) => pyllama_core::sampling::top_k_indices(s, k),
+        Err(_) => {
+            let v: Vec<f32> = logits.as_array().iter().copied().collect();
+            pyllama_core::sampling::top_k_indices(&v, k)
+        }
+    };
+    let out: Vec<i64> = idx.into_iter().map(i64::from).collect();
+    numpy::PyArray1::from_vec(py, out)
+}
+
+/// llama.cpp's default sampler chain after the logits (top-k -> top-p -> min-p ->
+/// temperature -> dist) over a float32 row, in one call: see
+/// `pyllama_core::sampling::default_tail`. Returns (ids int64, logits float32, probs
+/// float32, selected) of the kept candidates, or None when the samplers must handle the
+/// row (a non-finite candidate). `top_p` >= 1 and `log_min_p` None turn those steps off.
+#[pyfunction]
+#[pyo3(signature = (logits, k, top_p, log_min_p, temp, rnd))]
+#[allow(clippy::type_complexity)]
+fn sample_default_tail<'py>(
+    py: Python<'py>,
+    logits: PyReadonlyArray1<'py, f32>,
+    k: usize,
+    top_p: f32,
+    log_min_p: Option<f32>,
+    temp: f32,
+    rnd: f64,
+) -> Option<(Bound<'py, numpy::PyArray1<i64>>, Bound<'py, numpy::PyArray1<f32>>, Bound<'py, numpy::PyArray1<f32>>, usize)> {
+    let t = match logits.as_slice() {
+        Ok(s) => pyllama_core::sampling::default_tail(s, k, top_p, log_min_p, temp, rnd),
+        Err(_) => {
+            let v: Vec<f32> = logits.as_array().iter().copied().collect();
+            pyllama_core::sampling::default_tail(&v, k, top_p, log_min_p, temp, rnd)
+        }
+    }?;
+    let ids: Vec<i64> = t.ids.into_iter().map(i64::from).collect();
+    Some((
+        numpy::PyArray1::from_vec(py, ids),
+        numpy::PyArray1::from_vec(py, t.logits),
+        numpy::PyArray1::from_vec(py, t.probs),
+        t.selected,
+    ))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(sample_default_tail, m)?)?;
     m.add_class::<PyContext>()?;
+    m.add_function(wrap_pyfunction!(top_k_indices, m)?)?;
     Ok(())
 }
