@@ -143,14 +143,14 @@ pub fn matmul_with(
 
     #[cfg(target_arch = "x86_64")]
     if packed_bytes(set, w.ty, n_in, n_tokens) > 0 {
-        use quant::avx2::{pack_offset, pack_q8_0_group, packed_kernel, PACK_BLOCK, PACK_COLS};
+        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_group, pack_q8_1_group, packed_kernel, PACK_COLS};
         if let (Some(packed), Some((one, _, _))) = (packed_kernel(w.ty), quant::avx2::tile_kernels(w.ty)) {
             // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
             // after the rows and scales in scratch; the last n_tokens % PACK_COLS tokens
             // take the single-column kernel.
             let nb = n_in / 32;
             let n_groups = n_tokens / PACK_COLS;
-            let gbytes = nb * PACK_BLOCK;
+            let gbytes = nb * pack_block_bytes(w.ty);
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pack_offset(w.ty);
@@ -164,7 +164,12 @@ pub fn matmul_with(
                     unsafe {
                         let base = sp.get();
                         let xd = (xs_addr as *const f32).add(t * nsc);
-                        pack_q8_0_group(nb, base.add(t * xrow), xrow, xd, nsc, off, base.add(pack_off + g * gbytes));
+                        let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
+                        if vdt == GgmlType::Q8_1 {
+                            pack_q8_1_group(nb, x, xrow, xd, nsc, dst);
+                        } else {
+                            pack_q8_0_group(nb, x, xrow, xd, nsc, off, dst);
+                        }
                     }
                 }
             });
@@ -273,9 +278,9 @@ pub fn matmul_with(
 fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        use quant::avx2::{packed_kernel, PACK_BLOCK, PACK_COLS};
+        use quant::avx2::{pack_block_bytes, packed_kernel, PACK_COLS};
         if set == KernelSet::Avx2 && n_tokens >= PACK_COLS && packed_kernel(ty).is_some() {
-            return n_tokens / PACK_COLS * (n_in / 32) * PACK_BLOCK;
+            return n_tokens / PACK_COLS * (n_in / 32) * pack_block_bytes(ty);
         }
     }
     let _ = (set, ty, n_in, n_tokens);
@@ -325,11 +330,13 @@ mod tests {
         }
         let vnni_cpu = is_x86_feature_detected!("avxvnni");
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             let nb = 7;
             let n = 32 * nb;
             let wrow = ty.row_size(n).unwrap();
-            let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+            let vdt = quant::vec_dot_type(ty);
+            let q81 = vdt == GgmlType::Q8_1;
+            let xrow = vdt.row_size(n).unwrap();
             for case in 0..6 {
                 let mut w: Vec<u8> = (0..wrow).map(|_| next(&mut s) as u8).collect();
                 if case == 1 {
@@ -338,10 +345,13 @@ mod tests {
                     w.fill(0x00);
                 }
                 for b in 0..nb {
-                    // finite scales, except in case 1
+                    // finite scales (and mins), except in case 1
                     if case != 1 {
-                        let d = half::f16::from_f32(0.01 + (next(&mut s) % 100) as f32 * 1e-3).to_bits();
-                        w[b * ty.type_size()..b * ty.type_size() + 2].copy_from_slice(&d.to_le_bytes());
+                        for f in 0..(1 + q81 as usize) {
+                            let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                            let o = b * ty.type_size() + 2 * f;
+                            w[o..o + 2].copy_from_slice(&d.to_le_bytes());
+                        }
                     }
                 }
                 let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
@@ -353,18 +363,25 @@ mod tests {
                             _ => (next(&mut s) % 2001) as f32 / 1000.0 - 1.0,
                         })
                         .collect();
-                    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                    quant::quantize_row_act(vdt, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
                 }
-                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb)
+                // the f32 block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
+                let per = 1 + q81 as usize;
+                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
                     .map(|k| {
-                        let (c, b) = (k / nb, k % nb);
-                        let o = c * xrow + b * 34;
+                        let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
+                        let o = c * xrow + b * vdt.type_size() + 2 * f;
                         half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
                     })
                     .collect();
-                let mut packed = vec![0u8; nb * avx2::PACK_BLOCK];
+                let mut packed = vec![0u8; nb * avx2::pack_block_bytes(ty)];
                 unsafe {
-                    avx2::pack_q8_0_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb, avx2::pack_offset(ty), packed.as_mut_ptr())
+                    if q81 {
+                        avx2::pack_q8_1_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
+                    } else {
+                        let off = avx2::pack_offset(ty);
+                        avx2::pack_q8_0_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
+                    }
                 };
                 for vnni in [false, true] {
                     if vnni && !vnni_cpu {

@@ -533,6 +533,97 @@ pub unsafe fn packed_q8_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut
     })
 }
 
+/// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
+/// then their 8 x 32 i8 quants (see `pack_q8_1_group`).
+pub const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
+
+/// Packs PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks each, their (d, s) f32
+/// pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8 columns][s_x of the 8
+/// columns][quants of column 0..8: 8 x 32 i8].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK_Q8_1);
+        for c in 0..PACK_COLS {
+            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
+            *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
+            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * 36 + 4)));
+        }
+    }
+}
+
+/// The packed Q4_1/Q5_1 kernel: per block, d_w * d_x and m_w * s_x of all 8 columns in
+/// one multiply each; the min terms summed in an 8-column vector (one add per block), the
+/// quant dots as in `dot_min_q8_1`. Each column sees exactly the plain kernel's
+/// operations (same products, same adds in block order, same final hsum + min sum).
+#[inline(always)]
+unsafe fn dot_packed_min<const V: bool>(
+    nb: usize,
+    w: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> __m256i,
+) {
+    #[repr(align(32))]
+    struct D([f32; PACK_COLS]);
+    let mut dbuf = D([0f32; PACK_COLS]);
+    let mut acc = [_mm256_setzero_ps(); PACK_COLS];
+    let mut summ = _mm256_setzero_ps();
+    for i in 0..nb {
+        let bw = w.add(i * wsize);
+        let dm = f16x2(bw); // (d_w, m_w)
+        let qw = decode(bw);
+        let b = xp.add(i * PACK_BLOCK_Q8_1);
+        let d = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(b as *const f32));
+        let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        summ = _mm256_add_ps(summ, _mm256_mul_ps(m, _mm256_loadu_ps(b.add(32) as *const f32)));
+        _mm256_store_ps(dbuf.0.as_mut_ptr(), d);
+        for c in 0..PACK_COLS {
+            let q = u8_i8_dot_ps::<V>(qw, load256(b.add(64 + 32 * c)));
+            let dc = broadcast_mem(dbuf.0.as_ptr().add(c));
+            acc[c] = _mm256_fmadd_ps(dc, q, acc[c]);
+        }
+    }
+    let mut sm = [0f32; PACK_COLS];
+    _mm256_storeu_ps(sm.as_mut_ptr(), summ);
+    for c in 0..PACK_COLS {
+        *out.add(c) = hsum_ps(acc[c]) + sm[c];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q4_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<false>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q4_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<true>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+}
+
+#[inline(always)]
+unsafe fn q5_1_quants(b: *const u8) -> __m256i {
+    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_32(b.add(8)), hi)
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q5_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<false>(nb, w, 24, xp, out, |b| q5_1_quants(b))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q5_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<true>(nb, w, 24, xp, out, |b| q5_1_quants(b))
+}
+
+/// Bytes per block of a packed group for weight type `ty`'s activations (0: not packed).
+pub fn pack_block_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => PACK_BLOCK,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => PACK_BLOCK_Q8_1,
+        _ => 0,
+    }
+}
+
 /// The packed kernel of weight type `ty` (None: the type uses `tile_kernels`).
 pub fn packed_kernel(ty: GgmlType) -> Option<PackedDot> {
     packed_kernel_with(ty, vnni_available())
@@ -548,6 +639,10 @@ pub fn packed_kernel_with(ty: GgmlType, vnni: bool) -> Option<PackedDot> {
         (Q5_0, true) => packed_q5_0_vnni,
         (Q8_0, false) => packed_q8_0,
         (Q8_0, true) => packed_q8_0_vnni,
+        (Q4_1, false) => packed_q4_1,
+        (Q4_1, true) => packed_q4_1_vnni,
+        (Q5_1, false) => packed_q5_1,
+        (Q5_1, true) => packed_q5_1_vnni,
         _ => return None,
     })
 }
