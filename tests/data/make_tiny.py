@@ -1,11 +1,12 @@
-"""Write the tiny random-weight llama and gemma3 GGUF models of ../shared/tiny at test time
-(no .gguf is tracked in git).
+"""Write the tiny random-weight F32 GGUF models of ../shared/tiny at test time (no .gguf is
+tracked in git).
 
-The weights follow ../shared/tiny/make_tiny_models.py exactly (same seeds, same draws in
-the same order), so ``tiny-llama`` and ``tiny-gemma3`` here hold the same F32 tensors as
-``tiny-llama-F32.gguf`` / ``tiny-gemma3-F32.gguf`` there (checked against them when those
-files exist). Only the tokenizer differs: a synthetic 2048-token BPE vocabulary, since
-the tests that use these files feed token ids directly.
+The weights and hyperparameters follow ../shared/tiny/make_tiny_models.py exactly (same
+specs, same seeds, same draws in the same order), so ``tiny-<arch>-F32.gguf`` here holds the
+same tensors as the file of that name there (tests/test_tiny_generated.py checks this when
+those files exist), and llama.cpp's logits for those files apply. Only the tokenizer
+differs: a synthetic 2048-token vocabulary, since the tests that use these files feed token
+ids directly.
 """
 
 from __future__ import annotations
@@ -16,50 +17,103 @@ import numpy as np
 
 N_VOCAB = 2048
 
-SPECS = {
-    "llama": dict(name="tiny-llama", arch="llama", seed=1000, n_layer=2, n_embd=256, n_ff=512, n_head=4,
-                  n_head_kv=2, head_dim=64, rope_base=10000.0, eps=1e-5, scale={}),
-    "gemma3": dict(name="tiny-gemma3", arch="gemma3", seed=1009, n_layer=6, n_embd=64, n_ff=128, n_head=4,
-                   n_head_kv=1, head_dim=32, rope_base=1000000.0, rope_base_swa=10000.0, eps=1e-6,
-                   sliding_window=64, scale=dict(embd=1 / 3, output_norm=3.0, post_norm=3.0)),
-}
+BASE = dict(n_layer=2, n_ctx=2048, n_embd=64, n_head=4, n_head_kv=2, head_dim=16,
+            n_ff=192, rope_base=10000.0, eps=1e-5, tied=True)
+
+# In the order of ../shared/tiny/make_tiny_models.py's SPECS: the seed is 1000 + index.
+_SPECS = [
+    dict(name="tiny-llama", arch="llama", n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
+         rope_base=10000.0, eps=1e-5),
+    None,  # tiny-llama-fullvocab (needs the full SmolLM2 vocabulary; not generated here)
+    dict(name="tiny-qwen2", arch="qwen2", head_dim=16, rope_base=1000000.0, eps=1e-6),
+    dict(name="tiny-qwen3", arch="qwen3", head_dim=32, rope_base=1000000.0, eps=1e-6),
+    dict(name="tiny-qwen3moe", arch="qwen3moe", head_dim=32, rope_base=1000000.0, eps=1e-6,
+         n_expert=4, n_expert_used=2, n_ff_exp=64, tied=False),
+    dict(name="tiny-phi3", arch="phi3", head_dim=16, n_ff=128, rope_base=10000.0, eps=1e-5,
+         tied=False, sliding_window=128),
+    dict(name="tiny-phi2", arch="phi2", n_head=4, n_head_kv=4, head_dim=16, n_rot=8, n_ff=256,
+         eps=1e-5, tied=False),
+    dict(name="tiny-gemma", arch="gemma", n_head=4, n_head_kv=1, head_dim=32, eps=1e-6,
+         scale=dict(embd=1 / 3, output_norm=3.0, attn_output=3.0, ffn_down=3.0)),
+    dict(name="tiny-gemma2", arch="gemma2", n_head=4, n_head_kv=2, head_dim=32, eps=1e-6,
+         sliding_window=64, attn_softcap=50.0, final_softcap=30.0,
+         scale=dict(embd=1 / 3, output_norm=3.0, post_norm=3.0, attn_q=2.0, attn_k=2.0)),
+    dict(name="tiny-gemma3", arch="gemma3", n_layer=6, n_head=4, n_head_kv=1, head_dim=32, n_ff=128,
+         eps=1e-6, rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=64,
+         scale=dict(embd=1 / 3, output_norm=3.0, post_norm=3.0)),
+    dict(name="tiny-mistral3", arch="mistral3", head_dim=32, rope_base=1000000.0, eps=1e-5,
+         yarn=dict(factor=16.0, orig_ctx=128, beta_fast=32.0, beta_slow=1.0, log_mul=1.0),
+         attn_temp_scale=0.1),
+]
+SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
-def write_tiny(arch: str, out_dir: Path) -> Path:
-    """Write ``out_dir/<name>-F32.gguf`` for ``arch`` in {"llama", "gemma3"}; return its path."""
+def write_tiny(arch: str, out_dir: Path, qtype: str = "F32") -> Path:
+    """Write ``out_dir/tiny-<arch>-<qtype>.gguf`` (qtype "F32", or "Q8_0": every 2-D weight
+    quantized as ``llama-quantize --pure Q8_0`` does, norms, biases and the MoE router kept
+    F32); return its path."""
     import gguf  # test dependency (gguf-py)
 
+    if qtype not in ("F32", "Q8_0"):
+        raise ValueError(qtype)
     s = SPECS[arch]
-    path = Path(out_dir) / f"{s['name']}-F32.gguf"
+    path = Path(out_dir) / f"{s['name']}-{qtype}.gguf"
     if path.exists():
         return path
     A = s["arch"]
-    n_embd, n_ff, hd = s["n_embd"], s["n_ff"], s["head_dim"]
+    n_embd, n_ff, hd, n_layer = s["n_embd"], s["n_ff"], s["head_dim"], s["n_layer"]
     n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
     w = gguf.GGUFWriter(str(path), A)
     rng = np.random.default_rng(s["seed"])
 
     w.add_type("model")
     w.add_name(s["name"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_uint32(f"{A}.context_length", 2048)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_uint32(f"{A}.context_length", s["n_ctx"])
     w.add_uint32(f"{A}.embedding_length", n_embd)
-    w.add_uint32(f"{A}.block_count", s["n_layer"])
+    w.add_uint32(f"{A}.block_count", n_layer)
     w.add_uint32(f"{A}.feed_forward_length", n_ff)
     w.add_uint32(f"{A}.attention.head_count", s["n_head"])
     w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
-    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
-    w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
-    if A == "gemma3":
+    if A == "phi2":
+        w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    else:
+        w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
+        w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
+    if n_q != n_embd or A in ("gemma", "gemma2", "gemma3", "qwen3", "qwen3moe", "mistral3"):
         w.add_uint32(f"{A}.attention.key_length", hd)
         w.add_uint32(f"{A}.attention.value_length", hd)
-        w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
-        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
-    else:
+    if A in ("llama", "mistral3"):
         w.add_uint32(f"{A}.vocab_size", N_VOCAB)
         w.add_uint32(f"{A}.rope.dimension_count", hd)
+    if A == "phi3":
+        w.add_uint32(f"{A}.rope.scaling.original_context_length", s["n_ctx"])
+        w.add_uint32(f"{A}.rope.dimension_count", hd)
+        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    if A == "phi2":
+        w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
+    if A == "qwen3moe":
+        w.add_uint32(f"{A}.expert_count", s["n_expert"])
+        w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+        w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
+    if A == "gemma2":
+        w.add_float32(f"{A}.attn_logit_softcapping", s["attn_softcap"])
+        w.add_float32(f"{A}.final_logit_softcapping", s["final_softcap"])
+        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    if A == "gemma3":
+        w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
+        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    if A == "mistral3":
+        y = s["yarn"]
+        w.add_string(f"{A}.rope.scaling.type", "yarn")
+        w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
+        w.add_uint32(f"{A}.rope.scaling.original_context_length", y["orig_ctx"])
+        w.add_float32(f"{A}.rope.scaling.yarn_beta_fast", y["beta_fast"])
+        w.add_float32(f"{A}.rope.scaling.yarn_beta_slow", y["beta_slow"])
+        w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
+        w.add_float32(f"{A}.attention.temperature_scale", s["attn_temp_scale"])
 
-    # synthetic byte-free vocabulary: ids 0..2047, 0 = eos/eog, 1 = bos
+    # synthetic vocabulary: ids 0..2047, 0 = eos/eog, 1 = bos
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list([f"<t{i}>" for i in range(N_VOCAB)])
@@ -69,37 +123,83 @@ def write_tiny(arch: str, out_dir: Path) -> Path:
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
 
+    scales = s.get("scale", {})
+
     def add(name, ne, kind, scale=None):
         shape = tuple(reversed(ne))
-        sc = np.float32(s["scale"].get(scale, 1.0)) if scale else np.float32(1.0)
+        sc = np.float32(scales.get(scale, 1.0)) if scale else np.float32(1.0)
         if kind == "w":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(ne[0]))
         elif kind == "embd":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(3.0 / np.sqrt(n_embd))
-        else:  # norm
+        elif kind == "norm":
             a = np.float32(1.0) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
-        w.add_tensor(name, np.ascontiguousarray((a * sc).astype(np.float32)))
+        elif kind == "bias":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
+        else:  # router
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(n_embd))
+        a = np.ascontiguousarray((a * sc).astype(np.float32))
+        if qtype == "Q8_0" and kind in ("w", "embd"):
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
 
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
-    for i in range(s["n_layer"]):
+    for i in range(n_layer):
         b = f"blk.{i}."
+        if A == "phi2":
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            add(b + "attn_norm.bias", [n_embd], "bias")
+            add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
+            add(b + "attn_qkv.bias", [n_q + 2 * n_kv], "bias")
+            add(b + "attn_output.weight", [n_q, n_embd], "w")
+            add(b + "attn_output.bias", [n_embd], "bias")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.bias", [n_ff], "bias")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+            add(b + "ffn_down.bias", [n_embd], "bias")
+            continue
         add(b + "attn_norm.weight", [n_embd], "norm")
-        add(b + "attn_q.weight", [n_embd, n_q], "w", scale="attn_q")
-        add(b + "attn_k.weight", [n_embd, n_kv], "w", scale="attn_k")
-        add(b + "attn_v.weight", [n_embd, n_kv], "w")
-        if A == "gemma3":
+        if A == "phi3":
+            add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
+        else:
+            add(b + "attn_q.weight", [n_embd, n_q], "w", scale="attn_q")
+            add(b + "attn_k.weight", [n_embd, n_kv], "w", scale="attn_k")
+            add(b + "attn_v.weight", [n_embd, n_kv], "w")
+            if A == "qwen2":
+                add(b + "attn_q.bias", [n_q], "bias")
+                add(b + "attn_k.bias", [n_kv], "bias")
+                add(b + "attn_v.bias", [n_kv], "bias")
+        if A in ("qwen3", "qwen3moe", "gemma3"):
             add(b + "attn_q_norm.weight", [hd], "norm")
             add(b + "attn_k_norm.weight", [hd], "norm")
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
-        if A == "gemma3":
+        if A in ("gemma2", "gemma3"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
         add(b + "ffn_norm.weight", [n_embd], "norm")
-        add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
-        add(b + "ffn_up.weight", [n_embd, n_ff], "w")
-        add(b + "ffn_down.weight", [n_ff, n_embd], "w", scale="ffn_down")
-        if A == "gemma3":
+        if A == "phi3":
+            add(b + "ffn_up.weight", [n_embd, 2 * n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        elif A == "qwen3moe":
+            ne_, fe = s["n_expert"], s["n_ff_exp"]
+            add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router")
+            add(b + "ffn_gate_exps.weight", [n_embd, fe, ne_], "w")
+            add(b + "ffn_up_exps.weight", [n_embd, fe, ne_], "w")
+            add(b + "ffn_down_exps.weight", [fe, n_embd, ne_], "w")
+        else:
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w", scale="ffn_down")
+        if A in ("gemma2", "gemma3"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
+    if A == "phi2":
+        add("output_norm.bias", [n_embd], "bias")
+    if not s["tied"]:
+        add("output.weight", [n_embd, N_VOCAB], "embd")
+        if A == "phi2":
+            add("output.bias", [N_VOCAB], "bias")
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -16,7 +16,7 @@ use crate::kv_cache::{KvCache, SeqSet, Slot, MAX_SEQ};
 use crate::model::{Model, TensorView};
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::matmul::try_matmul_rows;
-use crate::ops::norm::rms_norm_row;
+use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::ops::act;
 use crate::quant;
@@ -196,6 +196,15 @@ pub struct AttnWeights<'w> {
     pub fused_qkv: bool,
 }
 
+/// The expert weights of one MoE layer: router {n_embd, n_expert}, gate/up
+/// {n_embd, n_ff_exp, n_expert}, down {n_ff_exp, n_embd, n_expert}.
+pub struct MoeWeights<'w> {
+    pub router: &'w TensorView<'static>,
+    pub gate: &'w TensorView<'static>,
+    pub up: &'w TensorView<'static>,
+    pub down: &'w TensorView<'static>,
+}
+
 pub struct AttnConfig<'r> {
     pub il: usize,
     pub rope: Option<&'r RopeParams>,
@@ -283,6 +292,116 @@ impl Step<'_> {
         let (ne, n) = (self.hp.n_embd, self.n);
         self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
         par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
+    }
+
+    /// cur = layernorm(x) * w + b over the live rows (phi2's `LLM_NORM`).
+    pub fn layer_norm_x_to_cur(&mut self, w: &[f32], b: Option<&[f32]>, eps: f32) {
+        let (ne, n) = (self.hp.n_embd, self.n);
+        self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
+        par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| layer_norm_row(r, Some(w), b, eps));
+    }
+
+    /// Sequential (ungated) GELU feed-forward with biases: tmp = down(gelu(up cur + up_b)) + down_b
+    /// (phi2's `build_ffn(..., LLM_FFN_GELU, LLM_FFN_SEQ)`).
+    pub fn ffn_gelu_seq(
+        &mut self,
+        il: usize,
+        up: &TensorView,
+        up_b: Option<&[f32]>,
+        down: &TensorView,
+        down_b: Option<&[f32]>,
+    ) -> Result<()> {
+        let n = self.n;
+        let n_ff = down.ne[0];
+        let b = &mut *self.b;
+        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+        add_bias(&mut b.up, up_b, n_ff, n);
+        cb!(self, "ffn_up", il, up, n_ff);
+        let b = &mut *self.b;
+        par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| act::gelu(r));
+        cb!(self, "ffn_gelu", il, up, n_ff);
+        let b = &mut *self.b;
+        Self::mm(self.pool, down, &b.up, n, &mut b.tmp, &mut b.mm_scratch)?;
+        add_bias(&mut b.tmp, down_b, self.hp.n_embd, n);
+        Ok(())
+    }
+
+    /// Mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn` with softmax gating,
+    /// SwiGLU experts and, with `norm_w`, the selected weights renormalized to sum 1):
+    /// in `cur` [n, n_embd], out `tmp` [n, n_embd]. Per token: router logits, softmax,
+    /// the `n_used` most probable experts (ties to the lower id), and the sum over them
+    /// (in selection order) of weight * down_e(silu(gate_e x) * up_e x). Tokens are
+    /// grouped per expert so each expert's matrices are streamed once per micro-batch.
+    pub fn ffn_moe(&mut self, il: usize, m: &MoeWeights, n_used: usize, norm_w: bool) -> Result<()> {
+        let (n, ne) = (self.n, self.hp.n_embd);
+        let n_exp = m.router.ne[1];
+        let nf = m.gate.ne[1];
+        if n_used == 0 || n_used > n_exp || m.gate.ne[2] != n_exp || m.up.ne[2] != n_exp || m.down.ne[2] != n_exp {
+            return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
+        }
+        let b = &mut *self.b;
+        let mut probs = vec![0f32; n * n_exp];
+        Self::mm(self.pool, m.router, &b.cur, n, &mut probs, &mut b.mm_scratch)?;
+        // selection and weights per token
+        let mut sel = vec![0usize; n * n_used];
+        let mut wts = vec![0f32; n * n_used];
+        for t in 0..n {
+            let p = &mut probs[t * n_exp..(t + 1) * n_exp];
+            act::softmax_ggml(p);
+            let mut idx: Vec<usize> = (0..n_exp).collect();
+            idx.sort_by(|&a, &c| p[c].partial_cmp(&p[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&c)));
+            let mut sum = 0f64;
+            for j in 0..n_used {
+                sel[t * n_used + j] = idx[j];
+                wts[t * n_used + j] = p[idx[j]];
+                sum += p[idx[j]] as f64;
+            }
+            if norm_w {
+                let s = (sum as f32).max(6.103_515_6e-5);
+                for w in &mut wts[t * n_used..(t + 1) * n_used] {
+                    *w /= s;
+                }
+            }
+        }
+        // per expert: gather its tokens, run gate/up/down, scatter weight * out
+        let mut contrib = vec![0f32; n * n_used * ne];
+        let mut xg = vec![0f32; n * ne];
+        let mut g = vec![0f32; n * nf];
+        let mut u = vec![0f32; n * nf];
+        let mut o = vec![0f32; n * ne];
+        let b = &mut *self.b;
+        for e in 0..n_exp {
+            let slots: Vec<usize> = (0..n * n_used).filter(|&k| sel[k] == e).collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let mt = slots.len();
+            for (r, &k) in slots.iter().enumerate() {
+                let t = k / n_used;
+                xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
+            }
+            Self::mm_rows(self.pool, m.gate, &xg, mt, &mut g, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, m.up, &xg, mt, &mut u, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
+            for r in 0..mt {
+                act::swiglu(&mut g[r * nf..(r + 1) * nf], &u[r * nf..(r + 1) * nf]);
+            }
+            Self::mm_rows(self.pool, m.down, &g, mt, &mut o, e * ne..(e + 1) * ne, &mut b.mm_scratch)?;
+            for (r, &k) in slots.iter().enumerate() {
+                let w = wts[k];
+                for (c, v) in contrib[k * ne..(k + 1) * ne].iter_mut().zip(&o[r * ne..(r + 1) * ne]) {
+                    *c = v * w;
+                }
+            }
+        }
+        for t in 0..n {
+            let dst = &mut b.tmp[t * ne..(t + 1) * ne];
+            dst.copy_from_slice(&contrib[t * n_used * ne..(t * n_used + 1) * ne]);
+            for j in 1..n_used {
+                let k = t * n_used + j;
+                act::add_assign(dst, &contrib[k * ne..(k + 1) * ne]);
+            }
+        }
+        Ok(())
     }
 
     pub fn norm_tmp(&mut self, w: &[f32], eps: f32) {
@@ -489,12 +608,22 @@ impl Step<'_> {
         bias: Option<&[f32]>,
         final_softcap: f32,
     ) -> Result<()> {
-        let ne = self.hp.n_embd;
         let n = self.n;
         if n == 0 {
             return Ok(());
         }
         self.norm_x_to_cur(norm_w, eps);
+        self.project_outputs(output, bias, final_softcap)
+    }
+
+    /// The output projection of `cur` (already normed: hidden states out, logits rows,
+    /// optional bias and final softcap); `output_with_bias` after the final norm.
+    pub fn project_outputs(&mut self, output: &TensorView, bias: Option<&[f32]>, final_softcap: f32) -> Result<()> {
+        let ne = self.hp.n_embd;
+        let n = self.n;
+        if n == 0 {
+            return Ok(());
+        }
         cb!(self, "result_norm", -1, cur, ne);
         let b = &mut *self.b;
         if let Some(h) = self.hidden.as_deref_mut() {

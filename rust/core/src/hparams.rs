@@ -56,6 +56,11 @@ pub struct HParams {
     /// Llama-4 / mistral3 query temperature: q *= 1 + scale * ln(1 + floor(pos / floor_scale)).
     pub f_attn_temp_scale: f32,
     pub n_attn_temp_floor_scale: usize,
+    /// Mixture of experts (qwen3moe): experts per layer, experts used per token, and the
+    /// experts' feed-forward width (0 when the model has no experts).
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
 }
 
 impl HParams {
@@ -95,6 +100,9 @@ impl HParams {
             rope_yarn_log_mul: 0.0,
             f_attn_temp_scale: 0.0,
             n_attn_temp_floor_scale: 0,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_exp: 0,
         }
     }
 

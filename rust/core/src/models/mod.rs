@@ -5,6 +5,7 @@ pub mod gemma;
 pub mod gemma3;
 pub mod llama;
 pub mod mistral3;
+pub mod phi2;
 pub mod phi3;
 pub mod qwen2;
 
@@ -70,7 +71,9 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &gemma3::Gemma3,
     &qwen2::Qwen2,
     &qwen2::Qwen3,
+    &qwen2::Qwen3Moe,
     &phi3::Phi3,
+    &phi2::Phi2,
     &gemma::Gemma,
     &gemma::Gemma2,
     &mistral3::Mistral3,
@@ -210,5 +213,8 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         rope_yarn_log_mul: meta.f("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0),
         f_attn_temp_scale: 0.0,
         n_attn_temp_floor_scale: 0,
+        n_expert: meta.u("expert_count")?.unwrap_or(0),
+        n_expert_used: meta.u("expert_used_count")?.unwrap_or(0),
+        n_ff_exp: meta.u("expert_feed_forward_length")?.unwrap_or(0),
     })
 }

@@ -8,6 +8,7 @@ use crate::hparams::{HParams, Meta, RopeType};
 
 pub struct Qwen2;
 pub struct Qwen3;
+pub struct Qwen3Moe;
 
 fn ffn(il: usize, n_embd: usize, n_ff: usize) -> Vec<TensorSpec> {
     let b = |s: &str| format!("blk.{il}.{s}");
@@ -109,6 +110,67 @@ impl Arch for Qwen3 {
             v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
             v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
             v.extend(ffn(il, n_embd, hp.n_ff[il]));
+        }
+        v
+    }
+}
+
+impl Arch for Qwen3Moe {
+    fn name(&self) -> &'static str {
+        "qwen3moe"
+    }
+
+    fn build_forward(
+        &self,
+        model: &std::sync::Arc<crate::model::Model>,
+        cp: &crate::context::ContextParams,
+    ) -> Result<Box<dyn crate::context::Forward>> {
+        qwen3_forward(model, cp)
+    }
+
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        let mut hp = common_hparams(meta, n_vocab, RopeType::Neox)?;
+        if hp.n_expert == 0 || hp.n_expert_used == 0 || hp.n_expert_used > hp.n_expert {
+            return Err(crate::error::Error::Unsupported(format!(
+                "{}: qwen3moe needs expert_count > 0 and 0 < expert_used_count <= expert_count (got {} and {})",
+                meta.file.path, hp.n_expert, hp.n_expert_used
+            )));
+        }
+        if hp.n_ff_exp == 0 {
+            hp.n_ff_exp = hp.n_ff.first().copied().unwrap_or(0) / hp.n_expert_used;
+        }
+        // the dense width is unused; the scratch buffers hold the experts' width
+        for f in hp.n_ff.iter_mut() {
+            *f = (*f).max(hp.n_ff_exp);
+        }
+        Ok(hp)
+    }
+
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        match hp.n_layer {
+            48 => "30B.A3B",
+            94 => "235B.A22B",
+            _ => "?B",
+        }
+    }
+
+    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
+        let n_embd = hp.n_embd;
+        let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
+        let mut v = io_specs(hp);
+        for il in 0..hp.n_layer {
+            let n_q = hp.n_embd_head_k * hp.n_head(il);
+            let b = |s: &str| format!("blk.{il}.{s}");
+            v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
+            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
+            v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
+            v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
+            v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
+            v.push(TensorSpec::req(b("ffn_norm.weight"), &[n_embd]));
+            v.push(TensorSpec::req(b("ffn_gate_inp.weight"), &[n_embd, ne]));
+            v.push(TensorSpec::req(b("ffn_gate_exps.weight"), &[n_embd, nf, ne]));
+            v.push(TensorSpec::req(b("ffn_up_exps.weight"), &[n_embd, nf, ne]));
+            v.push(TensorSpec::req(b("ffn_down_exps.weight"), &[nf, n_embd, ne]));
         }
         v
     }

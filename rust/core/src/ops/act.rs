@@ -11,7 +11,9 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4;
 
 #[inline]
 pub fn gelu_f32(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    // `1 + GELU_COEF_A*x*x` as GCC compiles ggml_gelu_f32 (contracted to one FMA), so
+    // the table is bit-identical to llama.cpp's on x86-64.
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// 65536 entries: f32(f16(gelu(f32(h)))) for every f16 bit pattern h.
@@ -48,15 +50,135 @@ pub fn gelu(x: &mut [f32]) {
     }
 }
 
+/// In-place softmax of one row as ggml's `soft_max` computes it on x86-64 with AVX2+FMA:
+/// exp(x - max) through ggml's vector expf in groups of 8 (libm expf for the tail), the sum in
+/// f64, then a multiplication by 1/sum.
+pub fn softmax_ggml(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let n = x.len();
+    let mut i = 0;
+    let mut sum = 0f64;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            i = n / 8 * 8;
+            // SAFETY: AVX2 and FMA are present (checked); i <= n.
+            unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
+        }
+    }
+    for v in x[i..].iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_sub_avx2(x: &mut [f32], m: f32, sum: &mut f64) {
+    use std::arch::x86_64::*;
+    for c in x.chunks_exact_mut(8) {
+        let e = v_expf(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(c.as_mut_ptr(), e);
+        // ggml's 8-lane horizontal sum in f32, then added in f64
+        let s4 = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
+        *sum += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+    }
+}
+
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// gate = silu(gate) * up (SwiGLU).
+/// gate = silu(gate) * up (SwiGLU), as ggml's `ggml_vec_swiglu_f32` computes it on x86-64
+/// with AVX2+FMA: groups of 8 through its vector expf (`ggml_v_expf`, an approximation
+/// within 1.5 ulp), the tail through libm's expf; so the results are bit-identical to
+/// llama.cpp's there.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
+    let n = gate.len().min(up.len());
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_fma() {
+            i = n / 8 * 8;
+            // SAFETY: AVX2 and FMA are present (checked); i <= both lengths.
+            unsafe { swiglu_avx2(&mut gate[..i], &up[..i]) };
+        }
+    }
+    for (g, u) in gate[i..n].iter_mut().zip(&up[i..n]) {
         *g = silu(*g) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_fma() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+}
+
+/// ggml's `ggml_v_expf` (AVX2 + FMA), operation for operation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn v_expf(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000)); // 0x1.8p23
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r); // 0x1.715476p+0
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(f32::from_bits(0x35bf_be8e)), // 0x1.7f7d1cp-20
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x), // 0x1.62e4p-1
+    );
+    let e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    let one_bits = _mm256_castps_si256(_mm256_set1_ps(1.0));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, one_bits));
+    let absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let c = _mm256_castps_si256(_mm256_cmp_ps(absn, _mm256_set1_ps(126.0), _CMP_GT_OQ));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm256_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            u,
+            _mm256_fmadd_ps(_mm256_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm256_set1_ps(f32::from_bits(0x3eff_fedb))),
+        ),
+        u,
+        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+    );
+    if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_castps_si256(_mm256_cmp_ps(absn, _mm256_set1_ps(192.0), _CMP_GT_OQ));
+    _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            _mm256_castsi256_ps(d),
+            _mm256_or_ps(
+                _mm256_and_ps(_mm256_castsi256_ps(c), _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(g.as_mut_ptr(), _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr())));
     }
 }
 

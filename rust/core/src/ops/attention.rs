@@ -193,7 +193,7 @@ pub fn attention(
                             v = (s - m[j]).exp();
                         }
                         vs[j] = v;
-                        ssum[j] = ssum[j] * ms + v;
+                        ssum[j] = crate::ops::vec::fmaf(ssum[j], ms, v); // GCC: fma(S, ms, vs)
                     }
                     let row = kv.v_row(p.il, stream, cell as usize);
                     let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);

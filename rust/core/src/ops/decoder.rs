@@ -12,7 +12,8 @@
 //! logits = output . (rmsnorm(x) * output_norm) [+ output.bias] [final softcap]
 
 use crate::context::{
-    layer_rope, vector, vector_opt, weight, weight_opt, AttnConfig, AttnWeights, ContextParams, FfnAct, Forward, Step,
+    layer_rope, vector, vector_opt, weight, weight_opt, AttnConfig, AttnWeights, ContextParams, FfnAct, Forward, MoeWeights,
+    Step,
 };
 use crate::error::Result;
 use crate::model::{Model, TensorView};
@@ -41,6 +42,13 @@ pub struct DecoderConfig {
     pub attn_temp: Option<(f32, usize)>,
 }
 
+/// A layer's feed-forward: dense (gate may be absent: phi3's fused up) or a mixture of
+/// experts (a layer with `ffn_gate_inp`, as qwen3moe's).
+enum Ffn {
+    Dense { gate: Option<TensorView<'static>>, up: TensorView<'static>, down: TensorView<'static> },
+    Moe { router: TensorView<'static>, gate: TensorView<'static>, up: TensorView<'static>, down: TensorView<'static> },
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     wq: TensorView<'static>,
@@ -55,9 +63,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: Option<TensorView<'static>>,
-    up: TensorView<'static>,
-    down: TensorView<'static>,
+    ffn: Ffn,
     post_ffw_norm: Option<Vec<f32>>,
     rope: RopeParams,
     n_swa: usize,
@@ -71,6 +77,8 @@ pub struct Decoder {
     output_bias: Option<Vec<f32>>,
     layers: Vec<Layer>,
     eps: f32,
+    /// Experts used per token in MoE layers (hparams `expert_used_count`).
+    n_expert_used: usize,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
     _model: Arc<Model>,
 }
@@ -123,9 +131,19 @@ impl Decoder {
                 k_norm: req_if(cfg.qk_norm, "attn_k_norm.weight")?,
                 post_attn_norm: req_if(cfg.post_norms, "post_attention_norm.weight")?,
                 ffn_norm: vector(model, &b("ffn_norm.weight"))?,
-                gate: if cfg.fused { None } else { Some(weight(model, &b("ffn_gate.weight"))?) },
-                up: weight(model, &b("ffn_up.weight"))?,
-                down: weight(model, &b("ffn_down.weight"))?,
+                ffn: match weight_opt(model, &b("ffn_gate_inp.weight"))? {
+                    Some(router) => Ffn::Moe {
+                        router,
+                        gate: weight(model, &b("ffn_gate_exps.weight"))?,
+                        up: weight(model, &b("ffn_up_exps.weight"))?,
+                        down: weight(model, &b("ffn_down_exps.weight"))?,
+                    },
+                    None => Ffn::Dense {
+                        gate: if cfg.fused { None } else { Some(weight(model, &b("ffn_gate.weight"))?) },
+                        up: weight(model, &b("ffn_up.weight"))?,
+                        down: weight(model, &b("ffn_down.weight"))?,
+                    },
+                },
                 post_ffw_norm: req_if(cfg.post_norms, "post_ffw_norm.weight")?,
                 rope: layer_rope(hp, cp, il, factors.clone()),
                 n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
@@ -140,6 +158,7 @@ impl Decoder {
             output_bias: vector_opt(model, "output.bias")?,
             layers,
             eps: hp.f_norm_rms_eps,
+            n_expert_used: hp.n_expert_used,
             _model: model.clone(),
         })
     }
@@ -195,7 +214,13 @@ impl Forward for Decoder {
             crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
             st.norm_x_to_cur(&l.ffn_norm, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            st.ffn_any(il, l.gate.as_ref(), &l.up, &l.down, c.act)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => st.ffn_any(il, gate.as_ref(), up, down, c.act)?,
+                Ffn::Moe { router, gate, up, down } => {
+                    let m = MoeWeights { router, gate, up, down };
+                    st.ffn_moe(il, &m, self.n_expert_used, true)?
+                }
+            }
             crate::cb!(st, "ffn_out", il, tmp, ne);
             if let Some(pn) = &l.post_ffw_norm {
                 st.norm_tmp(pn, self.eps);

@@ -211,7 +211,7 @@ pub fn matmul_with(
 
     #[cfg(target_arch = "x86_64")]
     if set == KernelSet::Avx2 {
-        if let Some((one, many, tile)) = quant::avx2::tile_kernels(w.ty) {
+        if let Some((one, many, tile)) = quant::avx2::tile_kernels_for(w.ty, n_tokens) {
             const MAX_TILE: usize = quant::avx2::WIDE_TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once

@@ -61,7 +61,29 @@ impl RopeParams {
     }
 
     /// Rotate one head (`x.len()` = head size) with a cache from `fill_cache`.
+    /// Rotate one head in place with a cache from `fill_cache`. Each rotated pair is
+    /// computed as ggml's C code compiles (GCC contracts `x0*c - x1*s` into
+    /// `fma(x0, c, -(x1*s))` and `x0*s + x1*c` into `fma(x0, s, x1*c)` on FMA machines), so
+    /// the results are bit-identical to llama.cpp's rope on x86-64 with FMA.
     pub fn apply(&self, x: &mut [f32], cache: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if fma_available() {
+                // SAFETY: the CPU has FMA (checked above).
+                return unsafe { self.apply_fma(x, cache) };
+            }
+        }
+        self.apply_generic(x, cache)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn apply_fma(&self, x: &mut [f32], cache: &[f32]) {
+        self.apply_generic(x, cache)
+    }
+
+    #[inline(always)]
+    fn apply_generic(&self, x: &mut [f32], cache: &[f32]) {
         let n = self.n_dims;
         match self.rope_type {
             RopeType::None => {}
@@ -70,8 +92,8 @@ impl RopeParams {
                 while i0 < n {
                     let (c, s) = (cache[i0], cache[i0 + 1]);
                     let (x0, x1) = (x[i0], x[i0 + 1]);
-                    x[i0] = x0 * c - x1 * s;
-                    x[i0 + 1] = x0 * s + x1 * c;
+                    x[i0] = x0.mul_add(c, -(x1 * s));
+                    x[i0 + 1] = x0.mul_add(s, x1 * c);
                     i0 += 2;
                 }
             }
@@ -82,15 +104,14 @@ impl RopeParams {
                     let ic = i0 / 2;
                     let (c, s) = (cache[i0], cache[i0 + 1]);
                     let (x0, x1) = (x[ic], x[ic + half]);
-                    x[ic] = x0 * c - x1 * s;
-                    x[ic + half] = x0 * s + x1 * c;
+                    x[ic] = x0.mul_add(c, -(x1 * s));
+                    x[ic + half] = x0.mul_add(s, x1 * c);
                     i0 += 2;
                 }
             }
         }
     }
 
-    /// Rotate `n_heads` heads of size `head_dim` laid out back to back in `x`.
     pub fn apply_heads(&self, x: &mut [f32], head_dim: usize, pos: i32, cache: &mut [f32]) {
         self.fill_cache(pos, &mut cache[..head_dim]);
         for h in x.chunks_exact_mut(head_dim) {
@@ -100,6 +121,12 @@ impl RopeParams {
 }
 
 /// ggml_rope_yarn_corr_dims: the first and last dimension the YaRN ramp blends.
+#[cfg(target_arch = "x86_64")]
+fn fma_available() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| is_x86_feature_detected!("fma"))
+}
+
 pub fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, freq_base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
     let corr_dim = |n_rot: f32| {
         n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * freq_base.ln())

@@ -490,3 +490,26 @@ mod tests {
         }
     }
 }
+
+/// a * b + c with one rounding, as GCC compiles ggml's scalar `a*b + c` on FMA machines
+/// (it contracts by default): the FMA instruction when the CPU has it, else the libm fmaf.
+#[inline]
+pub fn fmaf(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static F: OnceLock<bool> = OnceLock::new();
+        if *F.get_or_init(|| is_x86_feature_detected!("fma")) {
+            // SAFETY: the CPU has FMA (checked above).
+            return unsafe { fmaf_x86(a, b, c) };
+        }
+    }
+    a.mul_add(b, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn fmaf_x86(a: f32, b: f32, c: f32) -> f32 {
+    use std::arch::x86_64::*;
+    _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+}

@@ -55,6 +55,17 @@ pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
     tile_kernels_with(ty, vnni_available())
 }
 
+/// `tile_kernels` for a matmul over `n_tokens` activation rows: under
+/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K kernels of `dot_kernels_for`, in 4-column tiles
+/// (llama.cpp's Q4_K gemm order works on groups of 4 tokens).
+pub fn tile_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
+    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+        let (one, many) = dot_kernels_for(ty, n_tokens)?;
+        return Some((one, many, TILE));
+    }
+    tile_kernels(ty)
+}
+
 /// `tile_kernels` with the VNNI choice made by the caller.
 pub fn tile_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN, usize)> {
     use GgmlType::*;
@@ -844,12 +855,19 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
     (b, b.add(4))
 }
 
+/// Q4_K x Q8_K in the summation orders of llama.cpp's repacked q4_K_8x8 kernels (used on
+/// x86 whenever a Q4_K tensor's row count is a multiple of 8): exact i32 sums of
+/// scale * dot and of min * bsum, converted to f32 and FMA'd (times d_w * d_a, resp.
+/// dmin_w * d_a) into separate scale and min accumulators; the result is their difference.
+/// `SB = false`: one FMA per 256-element super-block (ggml_gemv_q4_K_8x8_q8_K, the
+/// single-token kernel); `SB = true`: one FMA per 64-element pair of sub-blocks
+/// (ggml_gemm_q4_K_8x8_q8_K, llama.cpp's 4-token kernel).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = [_mm256_setzero_ps(); NC];
-    let mut acc_m = [_mm_setzero_ps(); NC];
+    let mut acc = [0f32; NC];
+    let mut acc_m = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 144);
         if NC == 1 {
@@ -862,6 +880,19 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
         let sc128 = _mm256_extracti128_si256(ms, 0);
         let scales = _mm256_set_m128i(sc128, sc128);
         let mut sumi = [_mm256_setzero_si256(); NC];
+        let mut dsc = [0f32; NC];
+        let mut dmn = [0f32; NC];
+        let mut prod = [_mm_setzero_si128(); NC];
+        for c in 0..NC {
+            let (by, q8) = q8k(x, xs, c, i);
+            let yd = f32_at(by);
+            dsc[c] = dw * yd;
+            dmn[c] = dminw * yd;
+            let bs = load256(q8.add(256));
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            // lane j: min(2j) * bsum(sub-block 2j) + min(2j+1) * bsum(sub-block 2j+1)
+            prod[c] = _mm_madd_epi16(mins, q8s);
+        }
         let q4 = bw.add(16);
         for j in 0..4 {
             let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
@@ -873,22 +904,60 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
                 let (_, q8) = q8k(x, xs, c, i);
                 let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
                 let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+                if SB {
+                    let isum = hsum_i32(_mm256_add_epi32(pl, ph));
+                    let mut lanes = [0i32; 4];
+                    _mm_storeu_si128(lanes.as_mut_ptr() as *mut __m128i, prod[c]);
+                    acc[c] = (isum as f32).mul_add(dsc[c], acc[c]);
+                    acc_m[c] = (lanes[j] as f32).mul_add(dmn[c], acc_m[c]);
+                } else {
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+                }
             }
         }
-        for c in 0..NC {
-            let (by, q8) = q8k(x, xs, c, i);
-            let yd = f32_at(by);
-            let bs = load256(q8.add(256));
-            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
-            let prod = _mm_madd_epi16(mins, q8s);
-            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(-yd * dminw), _mm_cvtepi32_ps(prod), acc_m[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        if !SB {
+            for c in 0..NC {
+                acc[c] = (hsum_i32(sumi[c]) as f32).mul_add(dsc[c], acc[c]);
+                acc_m[c] = (hsum_i32_128(prod[c]) as f32).mul_add(dmn[c], acc_m[c]);
+            }
         }
     }
     for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]) + hsum_ps128(acc_m[c]);
+        *out.add(c) = acc[c] - acc_m[c];
     }
+}
+
+/// pyllama's Q4_K kernel: the 64-element order of llama.cpp's gemm for every token count,
+/// so results stay independent of the batch (llama.cpp's own choice between its gemv and
+/// gemm orders depends on how many rows the batch has).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
+}
+
+/// `PYLLAMA_ORDER=llamacpp`: choose the K-quant kernels' summation order per matmul the
+/// way llama.cpp 0c1e570 does on x86 with AVX2 (Q4_K: its repacked gemv order for tokens left
+/// over after groups of 4, gemm order within them; Q6_K: its tiled order for batches of 8 or
+/// more rows, its vec_dot order below). Logits then match llama.cpp bit for bit on the
+/// reference prompts, but depend on the batch size, as llama.cpp's do: pyllama's default
+/// uses the batch (prompt) orders for every token count instead, so results are the same
+/// whatever n_ubatch.
+pub fn llamacpp_order() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("PYLLAMA_ORDER").map(|v| v.eq_ignore_ascii_case("llamacpp")).unwrap_or(false))
+}
+
+/// `dot_kernels`, for a matmul over `n_tokens` activation rows (only differs from
+/// `dot_kernels` under `PYLLAMA_ORDER=llamacpp`).
+pub fn dot_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
+    if llamacpp_order() {
+        match ty {
+            GgmlType::Q4_K => return Some((dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>)),
+            GgmlType::Q6_K if n_tokens < 8 => return Some((dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>)),
+            _ => {}
+        }
+    }
+    dot_kernels(ty)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -951,13 +1020,18 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     }
 }
 
+/// Q6_K x Q8_K. `TILED = false`: ggml's AVX2 vec_dot order (8 float lanes, one FMA per
+/// super-block each, a horizontal sum at the end); llama.cpp runs it for batches of fewer
+/// than 8 rows. `TILED = true`: the order of llama.cpp's tiled K-quant matmul
+/// (ggml-cpu/tiled, batches of 8 rows or more): per super-block the exact i32 sum times
+/// d_w, then one FMA with d_a into a single accumulator.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
-    let m32s = _mm256_set1_epi8(32);
     let mut acc = [_mm256_setzero_ps(); NC];
+    let mut acc1 = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 210);
         if NC == 1 {
@@ -994,20 +1068,37 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
                 let mut s = _mm256_setzero_si256();
                 for k in 0..4 {
                     let y = load256(q8.add(32 * k));
-                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], y), _mm256_maddubs_epi16(m32s, y));
+                    let p = _mm256_maddubs_epi16(q[k], y);
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(sc[k], p));
                 }
                 sumi[c] = _mm256_add_epi32(sumi[c], s);
             }
         }
+        // The -32 offset of the 6-bit values comes off at the end, as 32 * scale * bsum per
+        // pair of 16-element groups (lane k: groups 2k and 2k+1), exactly as ggml's AVX2
+        // kernel does: the float result depends on how the integer sum is split over lanes.
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
         for c in 0..NC {
-            let (by, _) = q8k(x, xs, c, i);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(by) * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            let (by, q8) = q8k(x, xs, c, i);
+            let sub = _mm256_slli_epi32(_mm256_madd_epi16(load256(q8.add(256)), scales_16), 5);
+            sumi[c] = _mm256_sub_epi32(sumi[c], sub);
+            if TILED {
+                acc1[c] = (dw * hsum_i32(sumi[c]) as f32).mul_add(f32_at(by), acc1[c]);
+            } else {
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(f32_at(by) * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            }
         }
     }
     for c in 0..NC {
-        *out.add(c) = hsum_ps(acc[c]);
+        *out.add(c) = if TILED { acc1[c] } else { hsum_ps(acc[c]) };
     }
+}
+
+/// pyllama's Q6_K kernel: llama.cpp's tiled (prompt) order for every token count, so
+/// results do not depend on the batch.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+    dot_q6_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1278,6 +1369,14 @@ unsafe fn round_pack_32(v: [__m256; 4], id: f32, dst: *mut u8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32_128(s: __m128i) -> i32 {
     let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     _mm_cvtsi128_si32(s)

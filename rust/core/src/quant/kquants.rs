@@ -264,30 +264,39 @@ pub fn vec_dot_q3_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     sumf
 }
 
+/// Q4_K x Q8_K in the order of llama.cpp's repacked q4_K_8x8 gemm kernel (used on x86
+/// whenever a Q4_K tensor's row count is a multiple of 8): per pair of 32-element
+/// sub-blocks, an exact i32 sum of scale * dot and of min * bsum, each converted to f32 and
+/// FMA'd (times d_w * d_a, resp. dmin_w * d_a) into separate accumulators; the result is
+/// their difference. The AVX2 kernel computes exactly the same.
 pub fn vec_dot_q4_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
+    let mut sumf_m = 0.0f32;
     for (bx, by) in x.chunks_exact(144).zip(y.chunks_exact(292)).take(n / QK_K) {
         let (yd, q8, bsums) = q8k_parts(by);
         let sc = &bx[4..16];
         let qs = &bx[16..144];
-        let mut isum = 0i32;
-        let mut summ = 0i32;
-        for sub in 0..8 {
-            let (s, m) = scale_min_k4(sub, sc);
-            let mut t = 0i32;
-            for l in 0..32 {
-                let q = qs[(sub / 2) * 32 + l];
-                let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 };
-                t += q as i32 * (q8[32 * sub + l] as i8) as i32;
+        let dsc = rd_f16(bx, 0) * yd;
+        let dmn = rd_f16(bx, 2) * yd;
+        for pair in 0..4 {
+            let mut isum = 0i32;
+            let mut summ = 0i32;
+            for sub in 2 * pair..2 * pair + 2 {
+                let (s, m) = scale_min_k4(sub, sc);
+                let mut t = 0i32;
+                for l in 0..32 {
+                    let q = qs[(sub / 2) * 32 + l];
+                    let q = if sub % 2 == 0 { q & 0xF } else { q >> 4 };
+                    t += q as i32 * (q8[32 * sub + l] as i8) as i32;
+                }
+                isum += s as i32 * t;
+                summ += m as i32 * (bsums[2 * sub] + bsums[2 * sub + 1]);
             }
-            isum += s as i32 * t;
-            summ += m as i32 * (bsums[2 * sub] + bsums[2 * sub + 1]);
+            sumf = (isum as f32).mul_add(dsc, sumf);
+            sumf_m = (summ as f32).mul_add(dmn, sumf_m);
         }
-        let d = rd_f16(bx, 0) * yd;
-        let dmin = rd_f16(bx, 2) * yd;
-        sumf += d * isum as f32 - dmin * summ as f32;
     }
-    sumf
+    sumf - sumf_m
 }
 
 pub fn vec_dot_q5_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
@@ -333,7 +342,9 @@ pub fn vec_dot_q6_k_q8_k_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
             }
             isum += (sc[g] as i8) as i32 * s;
         }
-        sumf += (rd_f16(bx, 208) * yd) * isum as f32;
+        // llama.cpp's tiled K-quant order (its matmuls of >= 8 rows), as the AVX2 kernel:
+        // d_w times the exact sum, then one FMA with d_a.
+        sumf = (rd_f16(bx, 208) * isum as f32).mul_add(yd, sumf);
     }
     sumf
 }

@@ -359,3 +359,27 @@ fn vnni_kernels_equal_plain_avx2_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn q4_k_and_q6_k_simd_equal_ref_bit_for_bit() {
+    // Both follow llama.cpp's batch-matmul order (Q4_K: repacked gemm, per 64 elements;
+    // Q6_K: tiled, per super-block), so the scalar and AVX2 kernels agree exactly.
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx2_available() {
+            return;
+        }
+        let mut rng = Rng(7);
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            for nb in [1usize, 2, 5, 11] {
+                let n = 256 * nb;
+                let w = random_row(ty, n, &mut rng);
+                let x: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
+                let xq = activations(ty, &x, KernelSet::Ref);
+                let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+                let s = vec_dot_fn(ty, KernelSet::Avx2).unwrap()(n, &w, &xq);
+                assert_eq!(r.to_bits(), s.to_bits(), "{ty} n={n}: ref {r} simd {s}");
+            }
+        }
+    }
+}
