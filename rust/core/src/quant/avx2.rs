@@ -6,6 +6,11 @@
 //! same code, so each output element sees exactly the same operations in the same order
 //! whichever is used (the matmul's determinism rests on this).
 //!
+//! For prefill, the 32-block types also have packed kernels (`packed_kernel`): the matmul
+//! lays 8 tokens' Q8_0/Q8_1 activations out block by block with their scales (and offset
+//! corrections) so each column costs one integer dot, one conversion and one FMA, with
+//! the same per-column operations as the plain kernels.
+//!
 //! The algorithms follow ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c): integer dot
 //! products with `maddubs`/`madd` per block, one FMA per block into 8 float lanes, a
 //! horizontal sum at the end. They are tested against the scalar `_ref` kernels.
@@ -49,7 +54,9 @@ pub const WIDE_TILE: usize = 8;
 /// registers (decoding each weight block once per 8 tokens instead of 4), 4 where 8 would
 /// spill (Q4_1/Q5_1 keep two accumulators per column, the float kernels two). Measured
 /// with `cargo bench --bench prefill` (1 thread, GMAC/s, 4 -> 8 columns): Q5_0 31 -> 33,
-/// Q8_0 35 -> 37, Q4_K 37 -> 42, Q6_K 35 -> 40; Q4_1 38 -> 26 (spills, kept at 4).
+/// Q8_0 35 -> 37, Q4_K 37 -> 42 (llama.cpp-order Q4_K: 31 -> 33), Q6_K 35 -> 40;
+/// Q4_1 38 -> 26 (spills, kept at 4). Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 prefill mostly runs the
+/// packed kernels instead (`packed_kernel`); their tiles serve PYLLAMA_KERNELS checks.
 /// Same per-column code whatever NC, so the width changes no result.
 pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
     tile_kernels_with(ty, vnni_available())
