@@ -131,26 +131,34 @@ pub fn attention(
         // is converted from f16 once per group instead of once per head, and the heads'
         // dot products run as independent chains. Per head, the operations and their
         // order are exactly those of the single-head kernel.
-        // Items are (token, KV head); thread ith takes items ith, ith + nth, ...: a causal
+        // Items are (token, heads); thread ith takes items ith, ith + nth, ...: a causal
         // batch's later tokens see more keys, and contiguous ranges left the first thread
         // idle for most of the region.
-        let n_items = n_tokens * p.n_head_kv;
+        // Heads per item: the whole group when there are enough items to share out
+        // (prefill), else fewer (a single-token decode of Gemma 3 has one KV head: one
+        // item would leave the other threads idle). Per head the result is the same.
+        let sub = [group, 2, 1]
+            .into_iter()
+            .find(|&s| s <= group && group % s == 0 && n_tokens * (p.n_head / s) >= 4 * pool.n_threads())
+            .unwrap_or(1);
+        let per_tok = p.n_head / sub;
+        let n_items = n_tokens * per_tok;
         pool.run(&|ith, nth| {
             let (hk, hv) = (p.hd_k, p.hd_v);
-            let mut qb = vec![0f32; group * hk];
-            let mut acc = vec![0u16; group * hv];
-            let mut m = vec![0f32; group];
-            let mut ssum = vec![0f32; group];
-            let mut sc = vec![0f32; group];
-            let mut vs = vec![0f32; group];
+            let mut qb = vec![0f32; sub * hk];
+            let mut acc = vec![0u16; sub * hv];
+            let mut m = vec![0f32; sub];
+            let mut ssum = vec![0f32; sub];
+            let mut sc = vec![0f32; sub];
+            let mut vs = vec![0f32; sub];
             let mut item = ith;
             while item < n_items {
-                let t = item / p.n_head_kv;
-                let g = item % p.n_head_kv;
+                let t = item / per_tok;
+                let h0 = item % per_tok * sub;
+                let g = h0 / group; // the KV head of heads h0..h0 + sub (sub divides group)
                 item += nth;
-                let h0 = g * group;
-                // SAFETY: heads h0..h0 + group of token t belong to this item only.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), group * hv) };
+                // SAFETY: heads h0..h0 + sub of token t belong to this item only.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
                 o.fill(0.0);
                 let vis = visible(t);
                 if vis.is_empty() {
@@ -158,7 +166,7 @@ pub fn attention(
                 }
                 let stream = inp.stream[t] as usize;
                 let (ko, vo) = (koff(g), voff(g));
-                for (d, x) in qb.iter_mut().zip(&q[t * qw + h0 * hk..t * qw + (h0 + group) * hk]) {
+                for (d, x) in qb.iter_mut().zip(&q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk]) {
                     *d = half::f16::from_f32(*x).to_f32();
                 }
                 acc.fill(0);
@@ -168,16 +176,16 @@ pub fn attention(
                     let row = kv.k_row(p.il, stream, cell as usize);
                     let k16 = as_u16(&row[ko..ko + kbytes]).unwrap_or(&[]);
                     let mut j = 0;
-                    while j + 2 <= group {
+                    while j + 2 <= sub {
                         let (s0, s1) = dot_f16_ggml_2(k16, &qb[j * hk..(j + 1) * hk], &qb[(j + 1) * hk..(j + 2) * hk]);
                         sc[j] = s0 * kscale;
                         sc[j + 1] = s1 * kscale;
                         j += 2;
                     }
-                    if j < group {
+                    if j < sub {
                         sc[j] = dot_f16_ggml(k16, &qb[j * hk..(j + 1) * hk]) * kscale;
                     }
-                    for j in 0..group {
+                    for j in 0..sub {
                         let mut s = sc[j];
                         if p.softcap != 0.0 {
                             s = p.softcap * s.tanh();
@@ -199,7 +207,7 @@ pub fn attention(
                     let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
                     mad_f16_acc_n(&mut acc, hv, &vs, v16);
                 }
-                for j in 0..group {
+                for j in 0..sub {
                     let inv = if ssum[j] == 0.0 { 0.0 } else { 1.0 / ssum[j] };
                     for (d, a) in o[j * hv..(j + 1) * hv].iter_mut().zip(&acc[j * hv..(j + 1) * hv]) {
                         *d = half::f16::from_bits(*a).to_f32() * inv;
