@@ -23,7 +23,9 @@
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{axpy_f16, axpy_f32, dot_f16, dot_f16_ggml, dot_f32, mad_f16_acc, scale_f16_acc};
+use crate::ops::vec::{
+    axpy_f16, axpy_f32, dot_f16, dot_f16_ggml, dot_f16_ggml_2, dot_f32, mad_f16_acc_n, scale_f16_acc,
+};
 use crate::threadpool::ThreadPool;
 
 pub struct AttnParams {
@@ -107,16 +109,124 @@ pub fn attention(
         && aligned(&kv.k[p.il][..kv.k[p.il].len().min(2)])
         && aligned(&kv.v[p.il][..kv.v[p.il].len().min(2)]);
 
+    // Visible keys of token t: sorted by position, those with pos <= t's position (and
+    // inside the sliding window).
+    let visible = |t: usize| -> &[(i32, u32)] {
+        let pos = inp.pos[t];
+        let (r0, r1) = inp.key_range[t];
+        let keys = &inp.keys[r0 as usize..r1 as usize];
+        let hi = keys.partition_point(|k| k.0 <= pos);
+        let lo = if p.n_swa > 0 {
+            let w = p.n_swa as i64;
+            keys[..hi].partition_point(|k| pos as i64 - k.0 as i64 >= w)
+        } else {
+            0
+        };
+        &keys[lo..hi]
+    };
+
     // Under PYLLAMA_ORDER=llamacpp, micro-batches of 64 queries or more take llama.cpp's
-    // tiled f32 kernel, as llama.cpp does (ops/attention_tiled.rs).
+    // tiled f32 kernel, as llama.cpp does (ops/attention_tiled.rs), in the per-item loop below.
     #[cfg(target_arch = "x86_64")]
-    let tiled = n_tokens >= 64 && p.softcap == 0.0 && crate::quant::avx2::llamacpp_order();
+    let tiled = f16_kernel && n_tokens >= 64 && p.softcap == 0.0 && crate::quant::avx2::llamacpp_order();
     #[cfg(not(target_arch = "x86_64"))]
     let tiled = false;
+
+    if f16_kernel && !tiled {
+        // llama.cpp's one_chunk flash attention for F16 K/V (see the module doc), for all
+        // the heads of a GQA group at once: they see the same keys, so each K and V row
+        // is converted from f16 once per group instead of once per head, and the heads'
+        // dot products run as independent chains. Per head, the operations and their
+        // order are exactly those of the single-head kernel.
+        // Items are (token, heads); thread ith takes items ith, ith + nth, ...: a causal
+        // batch's later tokens see more keys, and contiguous ranges left the first thread
+        // idle for most of the region.
+        // Heads per item: the whole group when there are enough items to share out
+        // (prefill), else fewer (a single-token decode of Gemma 3 has one KV head: one
+        // item would leave the other threads idle). Per head the result is the same.
+        let sub = [group, 2, 1]
+            .into_iter()
+            .find(|&s| s <= group && group % s == 0 && n_tokens * (p.n_head / s) >= 4 * pool.n_threads())
+            .unwrap_or(1);
+        let per_tok = p.n_head / sub;
+        let n_items = n_tokens * per_tok;
+        pool.run(&|ith, nth| {
+            let (hk, hv) = (p.hd_k, p.hd_v);
+            let mut qb = vec![0f32; sub * hk];
+            let mut acc = vec![0u16; sub * hv];
+            let mut m = vec![0f32; sub];
+            let mut ssum = vec![0f32; sub];
+            let mut sc = vec![0f32; sub];
+            let mut vs = vec![0f32; sub];
+            let mut item = ith;
+            while item < n_items {
+                let t = item / per_tok;
+                let h0 = item % per_tok * sub;
+                let g = h0 / group; // the KV head of heads h0..h0 + sub (sub divides group)
+                item += nth;
+                // SAFETY: heads h0..h0 + sub of token t belong to this item only.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
+                o.fill(0.0);
+                let vis = visible(t);
+                if vis.is_empty() {
+                    continue;
+                }
+                let stream = inp.stream[t] as usize;
+                let (ko, vo) = (koff(g), voff(g));
+                for (d, x) in qb.iter_mut().zip(&q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk]) {
+                    *d = half::f16::from_f32(*x).to_f32();
+                }
+                acc.fill(0);
+                m.fill(f32::NEG_INFINITY);
+                ssum.fill(0.0);
+                for &(_, cell) in vis.iter() {
+                    let row = kv.k_row(p.il, stream, cell as usize);
+                    let k16 = as_u16(&row[ko..ko + kbytes]).unwrap_or(&[]);
+                    let mut j = 0;
+                    while j + 2 <= sub {
+                        let (s0, s1) = dot_f16_ggml_2(k16, &qb[j * hk..(j + 1) * hk], &qb[(j + 1) * hk..(j + 2) * hk]);
+                        sc[j] = s0 * kscale;
+                        sc[j + 1] = s1 * kscale;
+                        j += 2;
+                    }
+                    if j < sub {
+                        sc[j] = dot_f16_ggml(k16, &qb[j * hk..(j + 1) * hk]) * kscale;
+                    }
+                    for j in 0..sub {
+                        let mut s = sc[j];
+                        if p.softcap != 0.0 {
+                            s = p.softcap * s.tanh();
+                        }
+                        let mut ms = 1.0f32;
+                        let mut v = 1.0f32;
+                        if s > m[j] {
+                            let m_old = m[j];
+                            m[j] = s;
+                            ms = (m_old - s).exp();
+                            scale_f16_acc(&mut acc[j * hv..(j + 1) * hv], ms);
+                        } else {
+                            v = (s - m[j]).exp();
+                        }
+                        vs[j] = v;
+                        ssum[j] = crate::ops::vec::fmaf(ssum[j], ms, v); // GCC: fma(S, ms, vs)
+                    }
+                    let row = kv.v_row(p.il, stream, cell as usize);
+                    let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
+                    mad_f16_acc_n(&mut acc, hv, &vs, v16);
+                }
+                for j in 0..sub {
+                    let inv = if ssum[j] == 0.0 { 0.0 } else { 1.0 / ssum[j] };
+                    for (d, a) in o[j * hv..(j + 1) * hv].iter_mut().zip(&acc[j * hv..(j + 1) * hv]) {
+                        *d = half::f16::from_bits(*a).to_f32() * inv;
+                    }
+                }
+            }
+        });
+        return;
+    }
+
     pool.run(&|ith, nth| {
-        let i0 = n_items * ith / nth;
-        let i1 = n_items * (ith + 1) / nth;
-        if i0 >= i1 {
+        if ith >= n_items {
             return;
         }
         // SAFETY: each thread owns scratch [ith*stride, (ith+1)*stride) and the output
@@ -125,77 +235,27 @@ pub fn attention(
         let hmax = p.hd_k.max(p.hd_v);
         let (scores, rest) = scr.split_at_mut(scratch_stride - p.hd_k - p.hd_v - hmax - 32);
         let (kbuf, rest) = rest.split_at_mut(p.hd_k);
-        let (vbuf, rest) = rest.split_at_mut(p.hd_v);
-        // the f16 V accumulator of the F16 kernel lives in the last floats
-        // SAFETY: u16 has no invalid bit patterns and needs less alignment than f32;
-        // `rest` holds hmax + 32 floats, more than hmax u16.
-        let acc16 = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut u16, hmax) };
-        for item in i0..i1 {
+        let (vbuf, _) = rest.split_at_mut(p.hd_v);
+        // strided items, as in the F16 kernel above (balanced causal work)
+        for item in (ith..n_items).step_by(nth) {
             let t = item / p.n_head;
             let h = item % p.n_head;
             let g = h / group;
             let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
             let (ko, vo) = (koff(g), voff(g));
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
-            let pos = inp.pos[t];
             let stream = inp.stream[t] as usize;
-            let (r0, r1) = inp.key_range[t];
-            let keys = &inp.keys[r0 as usize..r1 as usize];
-            let hi = keys.partition_point(|k| k.0 <= pos);
-            let lo = if p.n_swa > 0 {
-                let w = p.n_swa as i64;
-                keys[..hi].partition_point(|k| pos as i64 - k.0 as i64 >= w)
-            } else {
-                0
-            };
-            let vis = &keys[lo..hi];
+            let vis = visible(t);
             o.fill(0.0);
             if vis.is_empty() {
                 continue;
             }
-            if f16_kernel && tiled {
+            if tiled {
                 let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
                 let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
                 if crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
                     continue;
                 }
-            }
-            if f16_kernel {
-                // llama.cpp's one_chunk flash attention for F16 K/V (see the module doc)
-                for (d, x) in kbuf.iter_mut().zip(qh) {
-                    *d = half::f16::from_f32(*x).to_f32();
-                }
-                let acc = &mut acc16[..p.hd_v];
-                acc.fill(0);
-                let mut m = f32::NEG_INFINITY;
-                let mut ssum = 0f32;
-                for &(_, cell) in vis.iter() {
-                    let row = kv.k_row(p.il, stream, cell as usize);
-                    let k16 = as_u16(&row[ko..ko + kbytes]).unwrap_or(&[]);
-                    let mut sc = dot_f16_ggml(k16, kbuf) * kscale;
-                    if p.softcap != 0.0 {
-                        sc = p.softcap * sc.tanh();
-                    }
-                    let mut ms = 1.0f32;
-                    let mut vs = 1.0f32;
-                    if sc > m {
-                        let m_old = m;
-                        m = sc;
-                        ms = (m_old - m).exp();
-                        scale_f16_acc(acc, ms);
-                    } else {
-                        vs = (sc - m).exp();
-                    }
-                    let row = kv.v_row(p.il, stream, cell as usize);
-                    let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
-                    mad_f16_acc(acc, vs, v16);
-                    ssum = crate::ops::vec::fmaf(ssum, ms, vs); // GCC: fma(S, ms, vs)
-                }
-                let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
-                for (d, a) in o.iter_mut().zip(acc.iter()) {
-                    *d = half::f16::from_bits(*a).to_f32() * inv;
-                }
-                continue;
             }
             // pass 1: scores
             let mut m = f32::NEG_INFINITY;

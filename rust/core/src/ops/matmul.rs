@@ -112,7 +112,8 @@ pub fn matmul_with(
         // [n_tokens][xrow] quantized rows, then (Q8_0/Q8_1 only) [n_tokens][nsc] f32 block
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
-        scratch.resize(sc_off + n_tokens * nsc * 4, 0);
+        let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
+        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -159,14 +160,83 @@ pub fn matmul_with(
         }
     }
 
-    // SIMD sets (AVX2 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
-    if set != KernelSet::Ref {
-        if let Some((one, many)) = quant::tiled_kernels(set, w.ty, n_tokens) {
-            const TILE: usize = quant::TILE;
+
+    #[cfg(target_arch = "x86_64")]
+    if packed_bytes(set, w.ty, n_in, n_tokens) > 0 {
+        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_group, pack_q8_1_group, packed_kernel, PACK_COLS};
+        if let (Some(packed), Some((one, _, _))) = (packed_kernel(w.ty), quant::avx2::tile_kernels(w.ty)) {
+            // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
+            // after the rows and scales in scratch; the last n_tokens % PACK_COLS tokens
+            // take the single-column kernel.
+            let nb = n_in / 32;
+            let n_groups = n_tokens / PACK_COLS;
+            let gbytes = nb * pack_block_bytes(w.ty);
+            let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
+            let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
+            let off = pack_offset(w.ty);
+            let sp = SyncPtr(scratch.as_mut_ptr());
+            let xs_addr = xscales as usize;
+            pool.run(&|ith, nth| {
+                for g in split_range(n_groups, ith, nth) {
+                    let t = g * PACK_COLS;
+                    // SAFETY: group g's rows, scales and packed bytes lie inside scratch
+                    // (sized above); each group's packed bytes are written by one thread.
+                    unsafe {
+                        let base = sp.get();
+                        let xd = (xs_addr as *const f32).add(t * nsc);
+                        let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
+                        if vdt == GgmlType::Q8_1 {
+                            pack_q8_1_group(nb, x, xrow, xd, nsc, dst);
+                        } else {
+                            pack_q8_0_group(nb, x, xrow, xd, nsc, off, dst);
+                        }
+                    }
+                }
+            });
+            let xp = SyncPtr(scratch.as_mut_ptr());
+            let xq = SyncPtr(scratch.as_mut_ptr());
+            pool.run(&|ith, nth| {
+                let mine = split_range(n_rows, ith, nth);
+                let mut tmp = [0f32; PACK_COLS];
+                // group-outer: the group's packed activations (nb * PACK_BLOCK bytes) stay
+                // in L1 while the thread's weight rows stream from L2 (blocks of rows that
+                // fit L1 with the group measured the same)
+                for g in 0..n_groups {
+                    let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                    let t = g * PACK_COLS;
+                    for r in mine.clone() {
+                        // SAFETY: row r + r0 < n_out (checked); out in bounds (checked).
+                        unsafe {
+                            packed(nb, wdata.as_ptr().add((r0 + r) * wrow), gp, tmp.as_mut_ptr());
+                            for (c, v) in tmp.iter().enumerate() {
+                                *op.get().add((t + c) * ld_out + r) = *v;
+                            }
+                        }
+                    }
+                }
+                for r in mine {
+                    for t in n_groups * PACK_COLS..n_tokens {
+                        // SAFETY: as above; token t's row and scales are in scratch.
+                        unsafe {
+                            let xd = (xs_addr as *const f32).add(t * nsc);
+                            let x = xq.get().add(t * xrow) as *const u8;
+                            one(n_in, wdata.as_ptr().add((r0 + r) * wrow), x, 0, xd, 0, op.get().add(t * ld_out + r));
+                        }
+                    }
+                }
+            });
+            return Ok(());
+        }
+    }
+
+    // SIMD sets (AVX2 / AVX-512 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
+    if set.is_simd() {
+        if let Some((one, many, tile)) = quant::tiled_kernels(set, w.ty, n_tokens) {
+            const MAX_TILE: usize = quant::MAX_TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once
-            // per TILE tokens.
-            let chunk = (TOKEN_CHUNK_BYTES / xrow).clamp(TILE, 256) / TILE * TILE;
+            // per `tile` tokens.
+            let chunk = (TOKEN_CHUNK_BYTES / xrow).clamp(tile, 256) / tile * tile;
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
             let xsc = |t: usize| -> *const f32 {
                 if xs_addr == 0 {
@@ -183,16 +253,17 @@ pub fn matmul_with(
                     for r in mine.clone() {
                         let wr = &wdata[(r0 + r) * wrow..(r0 + r + 1) * wrow];
                         let mut t = t0;
-                        let mut tmp = [0f32; TILE];
-                        while t + TILE <= t1 {
-                            // SAFETY: rows of wrow/xrow bytes checked above; out in bounds.
+                        let mut tmp = [0f32; MAX_TILE];
+                        while t + tile <= t1 {
+                            // SAFETY: rows of wrow/xrow bytes checked above; out in bounds;
+                            // the kernel writes `tile` <= MAX_TILE values into tmp.
                             unsafe {
                                 many(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), xrow, xsc(t), nsc, tmp.as_mut_ptr());
-                                for (c, v) in tmp.iter().enumerate() {
+                                for (c, v) in tmp[..tile].iter().enumerate() {
                                     *op.get().add((t + c) * ld_out + r) = *v;
                                 }
                             }
-                            t += TILE;
+                            t += tile;
                         }
                         while t < t1 {
                             unsafe { one(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), 0, xsc(t), 0, op.get().add(t * ld_out + r)) };
@@ -221,6 +292,22 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// Bytes of packed activation groups the matmul of a `ty` weight needs (0: not packed).
+/// Only the AVX2 set packs, and only weight types with a packed kernel and at least one
+/// full group of tokens.
+fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use quant::avx2::{pack_block_bytes, packed_kernel, PACK_COLS};
+        // the AVX-512 set uses the AVX2 packed kernels (bit-identical results)
+        if set.is_simd() && n_tokens >= PACK_COLS && packed_kernel(ty).is_some() {
+            return n_tokens / PACK_COLS * (n_in / 32) * pack_block_bytes(ty);
+        }
+    }
+    let _ = (set, ty, n_in, n_tokens);
+    0
+}
+
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
 /// block, Q8_1 -> (d, s) per block. Exact conversions.
 fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
@@ -239,3 +326,99 @@ fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
 
 /// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).
 const TOKEN_CHUNK_BYTES: usize = 64 * 1024;
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use crate::ggml_type::GgmlType;
+    use crate::quant::{self, avx2};
+
+    /// xorshift: deterministic test data without a dependency.
+    fn next(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    #[test]
+    fn packed_kernels_equal_single_column_kernels_bit_for_bit() {
+        // The packed prefill kernels (weights shifted to unsigned, offset corrections,
+        // vectorized d_w * d_x) must give every column exactly what the plain single-column
+        // kernel gives, in both the VNNI and the plain AVX2 builds, also at the extremes
+        // (all quants at +-127 in the activations, extreme weight quants).
+        if !quant::avx2_available() {
+            return;
+        }
+        let vnni_cpu = is_x86_feature_detected!("avxvnni");
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
+            let nb = 7;
+            let n = 32 * nb;
+            let wrow = ty.row_size(n).unwrap();
+            let vdt = quant::vec_dot_type(ty);
+            let q81 = vdt == GgmlType::Q8_1;
+            let xrow = vdt.row_size(n).unwrap();
+            for case in 0..6 {
+                let mut w: Vec<u8> = (0..wrow).map(|_| next(&mut s) as u8).collect();
+                if case == 1 {
+                    w.fill(0xFF); // every weight quant at its top (scale bytes too: a NaN d)
+                } else if case == 2 {
+                    w.fill(0x00);
+                }
+                for b in 0..nb {
+                    // finite scales (and mins), except in case 1
+                    if case != 1 {
+                        for f in 0..(1 + q81 as usize) {
+                            let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                            let o = b * ty.type_size() + 2 * f;
+                            w[o..o + 2].copy_from_slice(&d.to_le_bytes());
+                        }
+                    }
+                }
+                let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
+                for c in 0..avx2::PACK_COLS {
+                    let x: Vec<f32> = (0..n)
+                        .map(|k| match case {
+                            3 => 1.0,
+                            4 => if k % 2 == 0 { -1.0 } else { 1.0 },
+                            _ => (next(&mut s) % 2001) as f32 / 1000.0 - 1.0,
+                        })
+                        .collect();
+                    quant::quantize_row_act(vdt, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                }
+                // the f32 block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
+                let per = 1 + q81 as usize;
+                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
+                    .map(|k| {
+                        let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
+                        let o = c * xrow + b * vdt.type_size() + 2 * f;
+                        half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
+                    })
+                    .collect();
+                let mut packed = vec![0u8; nb * avx2::pack_block_bytes(ty)];
+                unsafe {
+                    if q81 {
+                        avx2::pack_q8_1_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
+                    } else {
+                        let off = avx2::pack_offset(ty);
+                        avx2::pack_q8_0_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
+                    }
+                };
+                for vnni in [false, true] {
+                    if vnni && !vnni_cpu {
+                        continue;
+                    }
+                    let k = avx2::packed_kernel_with(ty, vnni).unwrap();
+                    let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+                    let mut got = [0f32; avx2::PACK_COLS];
+                    unsafe { k(nb, w.as_ptr(), packed.as_ptr(), got.as_mut_ptr()) };
+                    for c in 0..avx2::PACK_COLS {
+                        let mut want = 0f32;
+                        unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                        assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} vnni={vnni} case {case} column {c}");
+                    }
+                }
+            }
+        }
+    }
+}

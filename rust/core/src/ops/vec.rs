@@ -16,6 +16,8 @@ struct Kernels {
     axpy_f16: fn(&mut [f32], f32, &[u16]),
     mad_f16_acc: fn(&mut [u16], f32, &[u16]),
     dot_f16_ggml: fn(&[u16], &[f32]) -> f32,
+    dot_f16_ggml_2: fn(&[u16], &[f32], &[f32]) -> (f32, f32),
+    mad_f16_acc_n: fn(&mut [u16], usize, &[f32], &[u16]),
     scale_f16_acc: fn(&mut [u16], f32),
 }
 
@@ -37,6 +39,8 @@ fn kernels() -> &'static Kernels {
                     axpy_f16: |y, a, x| unsafe { x86::axpy_f16_avx2(y, a, x) },
                     mad_f16_acc: |y, a, x| unsafe { x86::mad_f16_acc_avx2(y, a, x) },
                     dot_f16_ggml: |a, b| unsafe { x86::dot_f16_ggml_avx2(a, b) },
+                    dot_f16_ggml_2: |a, b0, b1| unsafe { x86::dot_f16_ggml_2_avx2(a, b0, b1) },
+                    mad_f16_acc_n: |y, stride, a, x| unsafe { x86::mad_f16_acc_n_avx2(y, stride, a, x) },
                     scale_f16_acc: |y, a| unsafe { x86::scale_f16_acc_avx2(y, a) },
                 };
             }
@@ -49,6 +53,8 @@ fn kernels() -> &'static Kernels {
             axpy_f16: axpy_f16_ref,
             mad_f16_acc: mad_f16_acc_ref,
             dot_f16_ggml: dot_f16_ggml_ref,
+            dot_f16_ggml_2: dot_f16_ggml_2_ref,
+            mad_f16_acc_n: mad_f16_acc_n_ref,
             scale_f16_acc: scale_f16_acc_ref,
         }
     })
@@ -92,6 +98,33 @@ pub fn mad_f16_acc(y: &mut [u16], a: f32, x: &[u16]) {
 #[inline]
 pub fn dot_f16_ggml(a: &[u16], b: &[f32]) -> f32 {
     (kernels().dot_f16_ggml)(a, b)
+}
+
+/// `dot_f16_ggml(a, b0)` and `dot_f16_ggml(a, b1)` in one pass over `a` (two heads of a
+/// GQA group against the same key): each result bit-identical to the single call, the
+/// f16 -> f32 conversion of `a` done once and two independent FMA chains in flight.
+#[inline]
+pub fn dot_f16_ggml_2(a: &[u16], b0: &[f32], b1: &[f32]) -> (f32, f32) {
+    (kernels().dot_f16_ggml_2)(a, b0, b1)
+}
+
+pub fn dot_f16_ggml_2_ref(a: &[u16], b0: &[f32], b1: &[f32]) -> (f32, f32) {
+    (dot_f16_ggml_ref(a, b0), dot_f16_ggml_ref(a, b1))
+}
+
+/// `mad_f16_acc(y[g * stride..][..x.len()], a[g], x)` for every g < a.len(): the heads of
+/// a GQA group accumulating the same V row, converted from f16 once. Bit-identical to the
+/// separate calls.
+#[inline]
+pub fn mad_f16_acc_n(y: &mut [u16], stride: usize, a: &[f32], x: &[u16]) {
+    assert!(x.len() <= stride && y.len() >= (a.len().max(1) - 1) * stride + x.len());
+    (kernels().mad_f16_acc_n)(y, stride, a, x)
+}
+
+pub fn mad_f16_acc_n_ref(y: &mut [u16], stride: usize, a: &[f32], x: &[u16]) {
+    for (g, &ag) in a.iter().enumerate() {
+        mad_f16_acc_ref(&mut y[g * stride..g * stride + x.len()], ag, x);
+    }
 }
 
 fn reduce_ggml(acc: &[[f32; 8]; 4]) -> f32 {
@@ -286,6 +319,55 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_ggml_2_avx2(a: &[u16], b0: &[f32], b1: &[f32]) -> (f32, f32) {
+        let n = a.len().min(b0.len()).min(b1.len());
+        let np = n / 32 * 32;
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for j in 0..4 {
+                let h = _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i + j * 8) as *const __m128i));
+                acc0[j] = _mm256_fmadd_ps(h, _mm256_loadu_ps(b0.as_ptr().add(i + j * 8)), acc0[j]);
+                acc1[j] = _mm256_fmadd_ps(h, _mm256_loadu_ps(b1.as_ptr().add(i + j * 8)), acc1[j]);
+            }
+            i += 32;
+        }
+        let finish = |acc: &[__m256; 4], b: &[f32]| {
+            let mut l = [[0f32; 8]; 4];
+            for j in 0..4 {
+                _mm256_storeu_ps(l[j].as_mut_ptr(), acc[j]);
+            }
+            let mut s = super::reduce_ggml(&l) as f64;
+            for i in np..n {
+                s += (f16::from_bits(a[i]).to_f32() * b[i]) as f64;
+            }
+            s as f32
+        };
+        (finish(&acc0, b0), finish(&acc1, b1))
+    }
+
+    /// Caller (`mad_f16_acc_n`) checked y.len() >= (a.len() - 1) * stride + x.len().
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_f16_acc_n_avx2(y: &mut [u16], stride: usize, a: &[f32], x: &[u16]) {
+        let n = x.len();
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            let vx = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+            for (g, &ag) in a.iter().enumerate() {
+                let py = y.as_mut_ptr().add(g * stride + i) as *mut __m128i;
+                let vy = _mm256_cvtph_ps(_mm_loadu_si128(py));
+                _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(vx, _mm256_set1_ps(ag), vy)));
+            }
+            i += 8;
+        }
+        for (g, &ag) in a.iter().enumerate() {
+            super::mad_f16_acc_ref(&mut y[g * stride + n8..g * stride + n], ag, &x[n8..n]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn mad_f16_acc_avx2(y: &mut [u16], a: f32, x: &[u16]) {
         let n = y.len().min(x.len());
         let n8 = n / 8 * 8;
@@ -369,6 +451,42 @@ mod tests {
             assert_eq!(a1, a2);
             let bq: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
             assert_eq!(dot_f16_ggml(&h, &bq), dot_f16_ggml_ref(&h, &bq));
+        }
+    }
+
+    #[test]
+    fn grouped_f16_kernels_equal_single_calls_bit_for_bit() {
+        // The GQA-group kernels the attention uses must give each head exactly the single
+        // kernel's bits (same FMAs, same reduction, same f16 roundings).
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        };
+        for n in [1usize, 8, 31, 64, 100, 256] {
+            let k: Vec<u16> = (0..n).map(|_| f16::from_f32(rnd()).to_bits()).collect();
+            let q0: Vec<f32> = (0..n).map(|_| f16::from_f32(rnd()).to_f32()).collect();
+            let q1: Vec<f32> = (0..n).map(|_| f16::from_f32(rnd()).to_f32()).collect();
+            let (s0, s1) = dot_f16_ggml_2(&k, &q0, &q1);
+            assert_eq!(s0.to_bits(), dot_f16_ggml(&k, &q0).to_bits(), "n={n}");
+            assert_eq!(s1.to_bits(), dot_f16_ggml(&k, &q1).to_bits(), "n={n}");
+            let (r0, r1) = dot_f16_ggml_2_ref(&k, &q0, &q1);
+            assert_eq!((r0.to_bits(), r1.to_bits()), (dot_f16_ggml_ref(&k, &q0).to_bits(), dot_f16_ggml_ref(&k, &q1).to_bits()));
+            for groups in [1usize, 3, 4] {
+                let stride = n + 5;
+                let a: Vec<f32> = (0..groups).map(|_| rnd()).collect();
+                let y0: Vec<u16> = (0..groups * stride).map(|_| f16::from_f32(rnd()).to_bits()).collect();
+                let mut grouped = y0.clone();
+                mad_f16_acc_n(&mut grouped, stride, &a, &k);
+                let mut single = y0.clone();
+                for (g, &ag) in a.iter().enumerate() {
+                    mad_f16_acc(&mut single[g * stride..g * stride + n], ag, &k);
+                }
+                assert_eq!(grouped, single, "n={n} groups={groups}");
+                let mut r = y0.clone();
+                mad_f16_acc_n_ref(&mut r, stride, &a, &k);
+                assert_eq!(r, single, "ref n={n} groups={groups}");
+            }
         }
     }
 }

@@ -6,6 +6,11 @@
 //! same code, so each output element sees exactly the same operations in the same order
 //! whichever is used (the matmul's determinism rests on this).
 //!
+//! For prefill, the 32-block types also have packed kernels (`packed_kernel`): the matmul
+//! lays 8 tokens' Q8_0/Q8_1 activations out block by block with their scales (and offset
+//! corrections) so each column costs one integer dot, one conversion and one FMA, with
+//! the same per-column operations as the plain kernels.
+//!
 //! The algorithms follow ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c): integer dot
 //! products with `maddubs`/`madd` per block, one FMA per block into 8 float lanes, a
 //! horizontal sum at the end. They are tested against the scalar `_ref` kernels.
@@ -38,6 +43,64 @@ pub fn vnni_available() -> bool {
     *V.get_or_init(|| {
         is_x86_feature_detected!("avxvnni")
             && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("avx2")).unwrap_or(false)
+    })
+}
+
+/// The widest prefill tile: `tile_kernels` returns kernels of TILE or WIDE_TILE columns.
+pub const WIDE_TILE: usize = 8;
+
+/// (single-column kernel, tile kernel, tile width) of weight type `ty` for the matmul.
+/// The width is chosen per type: 8 columns where the kernel keeps its 8 accumulators in
+/// registers (decoding each weight block once per 8 tokens instead of 4), 4 where 8 would
+/// spill (Q4_1/Q5_1 keep two accumulators per column, the float kernels two). Measured
+/// with `cargo bench --bench prefill` (1 thread, GMAC/s, 4 -> 8 columns): Q5_0 31 -> 33,
+/// Q8_0 35 -> 37, Q4_K 37 -> 42 (llama.cpp-order Q4_K: 31 -> 33), Q6_K 35 -> 40;
+/// Q4_1 38 -> 26 (spills, kept at 4). Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 prefill mostly runs the
+/// packed kernels instead (`packed_kernel`); their tiles serve PYLLAMA_KERNELS checks.
+/// Same per-column code whatever NC, so the width changes no result.
+pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
+    tile_kernels_with(ty, vnni_available())
+}
+
+/// `tile_kernels` for a matmul over `n_tokens` activation rows: under
+/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K kernels of `dot_kernels_for`, in 4-column tiles
+/// (llama.cpp's Q4_K gemm order works on groups of 4 tokens).
+pub fn tile_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
+    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+        let (one, many) = dot_kernels_for(ty, n_tokens)?;
+        return Some((one, many, TILE));
+    }
+    tile_kernels(ty)
+}
+
+/// `tile_kernels` with the VNNI choice made by the caller.
+pub fn tile_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN, usize)> {
+    use GgmlType::*;
+    const W: usize = WIDE_TILE;
+    if vnni {
+        match ty {
+            Q4_0 => return Some((dot_q4_0_vnni::<1>, dot_q4_0_vnni::<W>, W)),
+            Q5_0 => return Some((dot_q5_0_vnni::<1>, dot_q5_0_vnni::<W>, W)),
+            Q8_0 => return Some((dot_q8_0_vnni::<1>, dot_q8_0_vnni::<W>, W)),
+            IQ4_NL => return Some((dot_iq4_nl_vnni::<1>, dot_iq4_nl_vnni::<W>, W)),
+            _ => {}
+        }
+    }
+    Some(match ty {
+        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<W>, W),
+        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<W>, W),
+        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<W>, W),
+        IQ4_NL => (dot_iq4_nl::<1>, dot_iq4_nl::<W>, W),
+        Q2_K => (dot_q2_k::<1>, dot_q2_k::<W>, W),
+        Q3_K => (dot_q3_k::<1>, dot_q3_k::<W>, W),
+        Q4_K => (dot_q4_k::<1>, dot_q4_k::<W>, W),
+        Q5_K => (dot_q5_k::<1>, dot_q5_k::<W>, W),
+        Q6_K => (dot_q6_k::<1>, dot_q6_k::<W>, W),
+        IQ4_XS => (dot_iq4_xs::<1>, dot_iq4_xs::<W>, W),
+        _ => {
+            let (one, many) = dot_kernels_with(ty, vnni)?;
+            (one, many, TILE)
+        }
     })
 }
 
@@ -331,6 +394,275 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
     for c in 0..NC {
         *out.add(c) = hsum_ps(acc[c]);
     }
+}
+
+// ------------------------------------------------------------------ packed prefill tiles
+
+/// Columns (tokens) of a packed activation group.
+pub const PACK_COLS: usize = 8;
+/// Bytes of one block of a packed group: the 8 columns' f32 scales d_x, their 8 x 32 i8
+/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_group`).
+pub const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
+
+/// The weight offset of a signed 32-block type for the packed kernels: its quants plus
+/// this are all in 0..=255, so they can be the unsigned operand of `vpdpbusd`/`maddubs`
+/// without the per-column `vpsignb` of the plain kernels. 0: no packed kernel.
+pub fn pack_offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// A packed tile kernel: out[c] = dot(w, column c) for the PACK_COLS columns of one
+/// packed group `xp` (nb blocks of PACK_BLOCK bytes), `nb` 32-element blocks.
+pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
+
+/// Packs PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks each, their f32 scales
+/// at `xd + c * xds`) for weight offset `off`: per block, [d_x of the 8 columns: 8 f32]
+/// [quants of column 0..8: 8 x 32 i8][-off * (sum of each 4 consecutive quants) of column
+/// 0..8: 8 x 8 i32]. The corrections make sum((q_w + off) * q_x) over each 4 quants equal
+/// sum(q_w * q_x): the same i32 in every lane as the plain kernels compute.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn pack_q8_0_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let moff = _mm256_set1_epi32(-off);
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK);
+        for c in 0..PACK_COLS {
+            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
+            let y = load256(x.add(c * xs + i * 34 + 2));
+            _mm256_storeu_si256(b.add(32 + 32 * c) as *mut __m256i, y);
+            // maddubs(1, y): i16 pair sums of y (exact), madd(., 1): sums of 4
+            let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
+            _mm256_storeu_si256(b.add(32 + 256 + 32 * c) as *mut __m256i, _mm256_mullo_epi32(s4, moff));
+        }
+    }
+}
+
+/// The packed signed-family kernel (Q4_0, Q5_0, Q8_0 against Q8_0). `decode(block) ->
+/// (d_w, q_w + off as u8)`. Per block and column: i32 lanes = correction + sum of 4
+/// (q_w + off) * q_x (one `vpdpbusd`, or `maddubs` + `madd` + add when !V, exact: no i16
+/// saturation for off <= 16), the f32 scales d_w * d_x of all 8 columns in one multiply,
+/// then acc[c] += d * f32(lanes) and a final `hsum_ps`: each column gets exactly the
+/// operations of the plain kernel (`dot_signed_q8_0`), hence the same bits.
+/// S: the plain AVX2 build for off = 128 (Q8_0), where maddubs could saturate: the
+/// plain kernels' sign trick on the unshifted weights, corrections unused.
+#[inline(always)]
+unsafe fn dot_packed_signed<const V: bool, const S: bool>(
+    nb: usize,
+    w: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> (f32, __m256i),
+) {
+    #[repr(align(32))]
+    struct D([f32; PACK_COLS]);
+    let mut dbuf = D([0f32; PACK_COLS]);
+    let mut acc = [_mm256_setzero_ps(); PACK_COLS];
+    let ones16 = _mm256_set1_epi16(1);
+    for i in 0..nb {
+        let (dw, qu) = decode(w.add(i * wsize));
+        let b = xp.add(i * PACK_BLOCK);
+        let d = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(b as *const f32));
+        _mm256_store_ps(dbuf.0.as_mut_ptr(), d);
+        // S: qu holds the signed weights (see above)
+        let aw = if S { _mm256_sign_epi8(qu, qu) } else { qu };
+        for c in 0..PACK_COLS {
+            let y = load256(b.add(32 + 32 * c));
+            let q = if S {
+                let sy = _mm256_sign_epi8(y, qu);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones16)
+            } else {
+                let corr = load256(b.add(32 + 256 + 32 * c));
+                if V {
+                    vnni_dot_acc(corr, qu, y)
+                } else {
+                    _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(qu, y), ones16))
+                }
+            };
+            // a broadcast load from the just-stored scales: a load-port uop instead of a
+            // shuffle (the shuffle port is busy decoding weights)
+            let dc = broadcast_mem(dbuf.0.as_ptr().add(c));
+            acc[c] = _mm256_fmadd_ps(dc, _mm256_cvtepi32_ps(q), acc[c]);
+        }
+    }
+    for c in 0..PACK_COLS {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+/// `vbroadcastss` from memory, in asm so that LLVM keeps it a load rather than turning
+/// the store-then-load of `dot_packed_signed` back into register shuffles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn broadcast_mem(p: *const f32) -> __m256 {
+    let r: __m256;
+    std::arch::asm!(
+        "vbroadcastss {r}, dword ptr [{p}]",
+        p = in(reg) p,
+        r = out(ymm_reg) r,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+    r
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn vnni_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, a, b)
+}
+
+/// Q5_0 weights + 16: low nibbles | (high bit << 4), in 0..=31.
+#[inline(always)]
+unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
+    let hi = _mm256_and_si256(bits_32(b.add(2)), _mm256_set1_epi8(0x10));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q4_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<false, false>(nb, w, 18, xp, out, |b| (f16(b), nibbles_32(b.add(2))))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q4_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<true, false>(nb, w, 18, xp, out, |b| (f16(b), nibbles_32(b.add(2))))
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q5_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<false, false>(nb, w, 22, xp, out, |b| q5_0_unsigned(b))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q5_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<true, false>(nb, w, 22, xp, out, |b| q5_0_unsigned(b))
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q8_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<false, true>(nb, w, 34, xp, out, |b| (f16(b), load256(b.add(2))))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q8_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_signed::<true, false>(nb, w, 34, xp, out, |b| {
+        (f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8)))
+    })
+}
+
+/// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
+/// then their 8 x 32 i8 quants (see `pack_q8_1_group`).
+pub const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
+
+/// Packs PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks each, their (d, s) f32
+/// pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8 columns][s_x of the 8
+/// columns][quants of column 0..8: 8 x 32 i8].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK_Q8_1);
+        for c in 0..PACK_COLS {
+            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
+            *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
+            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * 36 + 4)));
+        }
+    }
+}
+
+/// The packed Q4_1/Q5_1 kernel: per block, d_w * d_x and m_w * s_x of all 8 columns in
+/// one multiply each; the min terms summed in an 8-column vector (one add per block), the
+/// quant dots as in `dot_min_q8_1`. Each column sees exactly the plain kernel's
+/// operations (same products, same adds in block order, same final hsum + min sum).
+#[inline(always)]
+unsafe fn dot_packed_min<const V: bool>(
+    nb: usize,
+    w: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> __m256i,
+) {
+    #[repr(align(32))]
+    struct D([f32; PACK_COLS]);
+    let mut dbuf = D([0f32; PACK_COLS]);
+    let mut acc = [_mm256_setzero_ps(); PACK_COLS];
+    let mut summ = _mm256_setzero_ps();
+    for i in 0..nb {
+        let bw = w.add(i * wsize);
+        let dm = f16x2(bw); // (d_w, m_w)
+        let qw = decode(bw);
+        let b = xp.add(i * PACK_BLOCK_Q8_1);
+        let d = _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(b as *const f32));
+        let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        summ = _mm256_add_ps(summ, _mm256_mul_ps(m, _mm256_loadu_ps(b.add(32) as *const f32)));
+        _mm256_store_ps(dbuf.0.as_mut_ptr(), d);
+        for c in 0..PACK_COLS {
+            let q = u8_i8_dot_ps::<V>(qw, load256(b.add(64 + 32 * c)));
+            let dc = broadcast_mem(dbuf.0.as_ptr().add(c));
+            acc[c] = _mm256_fmadd_ps(dc, q, acc[c]);
+        }
+    }
+    let mut sm = [0f32; PACK_COLS];
+    _mm256_storeu_ps(sm.as_mut_ptr(), summ);
+    for c in 0..PACK_COLS {
+        *out.add(c) = hsum_ps(acc[c]) + sm[c];
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q4_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<false>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q4_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<true>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+}
+
+#[inline(always)]
+unsafe fn q5_1_quants(b: *const u8) -> __m256i {
+    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_32(b.add(8)), hi)
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn packed_q5_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<false>(nb, w, 24, xp, out, |b| q5_1_quants(b))
+}
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn packed_q5_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+    dot_packed_min::<true>(nb, w, 24, xp, out, |b| q5_1_quants(b))
+}
+
+/// Bytes per block of a packed group for weight type `ty`'s activations (0: not packed).
+pub fn pack_block_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => PACK_BLOCK,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => PACK_BLOCK_Q8_1,
+        _ => 0,
+    }
+}
+
+/// The packed kernel of weight type `ty` (None: the type uses `tile_kernels`).
+pub fn packed_kernel(ty: GgmlType) -> Option<PackedDot> {
+    packed_kernel_with(ty, vnni_available())
+}
+
+/// `packed_kernel` with the VNNI choice made by the caller (tests compare both).
+pub fn packed_kernel_with(ty: GgmlType, vnni: bool) -> Option<PackedDot> {
+    use GgmlType::*;
+    Some(match (ty, vnni) {
+        (Q4_0, false) => packed_q4_0,
+        (Q4_0, true) => packed_q4_0_vnni,
+        (Q5_0, false) => packed_q5_0,
+        (Q5_0, true) => packed_q5_0_vnni,
+        (Q8_0, false) => packed_q8_0,
+        (Q8_0, true) => packed_q8_0_vnni,
+        (Q4_1, false) => packed_q4_1,
+        (Q4_1, true) => packed_q4_1_vnni,
+        (Q5_1, false) => packed_q5_1,
+        (Q5_1, true) => packed_q5_1_vnni,
+        _ => return None,
+    })
 }
 
 /// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1): per block

@@ -297,31 +297,32 @@ pub const TILE: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(avx2::TILE == TILE);
 
-/// (single-column, TILE-column) raw kernels of weight type `ty` in kernel set `set` for a
-/// matmul over `n_tokens` activation rows, if that set has a SIMD version (the matmul's
-/// tiled path; `None`: use the safe per-element `vec_dot_fn`). Under
-/// `PYLLAMA_ORDER=llamacpp` the AVX-512 set uses the AVX2 kernels (that mode's orders
-/// depend on n_tokens and have no AVX-512 build).
-pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
+/// (single-column, tile, tile width) raw kernels of weight type `ty` in kernel set `set` for
+/// a matmul over `n_tokens` activation rows, if that set has a SIMD version (the matmul's
+/// tiled path; `None`: use the safe per-element `vec_dot_fn`). The AVX2 set picks its tile
+/// width per weight type (`avx2::tile_kernels_for`, up to `MAX_TILE`); the AVX-512 set
+/// uses its Q6_K kernels and the AVX2 ones otherwise (and always under
+/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on n_tokens); NEON tiles by `TILE`.
+pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
     let _ = (ty, n_tokens);
     match set {
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx512 if !avx2::llamacpp_order() => {
-            avx512::dot_kernels(ty).or_else(|| avx2::dot_kernels_for(ty, n_tokens))
-        }
+        KernelSet::Avx512 if !avx2::llamacpp_order() => match avx512::dot_kernels(ty) {
+            Some((one, many)) => Some((one, many, TILE)),
+            None => avx2::tile_kernels_for(ty, n_tokens),
+        },
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx2 | KernelSet::Avx512 => avx2::dot_kernels_for(ty, n_tokens),
+        KernelSet::Avx2 | KernelSet::Avx512 => avx2::tile_kernels_for(ty, n_tokens),
         #[cfg(target_arch = "aarch64")]
-        KernelSet::Neon => neon::dot_kernels(ty),
+        KernelSet::Neon => neon::dot_kernels(ty).map(|(one, many)| (one, many, TILE)),
         _ => None,
     }
 }
 
-/// `tiled_kernels` (x86 name used by the AVX-512 work).
+/// The widest tile any set uses (the matmul's per-tile output buffer).
+pub const MAX_TILE: usize = 8;
 #[cfg(target_arch = "x86_64")]
-pub fn dot_kernels(ty: GgmlType, set: KernelSet, n_tokens: usize) -> Option<(DotN, DotN)> {
-    tiled_kernels(set, ty, n_tokens)
-}
+const _: () = assert!(avx2::WIDE_TILE <= MAX_TILE);
 
 /// The single-token kernel over several weight rows (see `avx512::DotRows`) of weight type
 /// `ty` in kernel set `set`, if there is one; the matmul uses it when n_tokens == 1.
