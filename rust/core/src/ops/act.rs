@@ -55,13 +55,13 @@ pub fn gelu(x: &mut [f32]) {
 /// f64, then a multiplication by 1/sum.
 pub fn softmax_ggml(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let n = x.len();
+    #[allow(unused_mut)] // only the x86-64 vector path advances it
     let mut i = 0;
     let mut sum = 0f64;
     #[cfg(target_arch = "x86_64")]
     {
         if avx2_fma() {
-            i = n / 8 * 8;
+            i = x.len() / 8 * 8;
             // SAFETY: AVX2 and FMA are present (checked); i <= n.
             unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
         }
@@ -100,6 +100,7 @@ pub fn silu(x: f32) -> f32 {
 /// llama.cpp's there.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());
+    #[allow(unused_mut)] // only the x86-64 vector path advances it
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
     {
