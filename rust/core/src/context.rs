@@ -145,6 +145,11 @@ pub struct Buffers {
     /// Micro-batch-local indices of the tokens that want output, and their logits rows.
     pub out_idx: Vec<usize>,
     pub out_row: Vec<usize>,
+    /// MoE layers only (see `Step::ffn_moe`): per token the router probabilities, the
+    /// selected weights, the weighted expert outputs, a gathered input row and an expert
+    /// output row; and the selected expert ids followed by one expert's slots.
+    pub moe: Vec<f32>,
+    pub moe_idx: Vec<usize>,
 }
 
 /// Named intermediates kept for `debug_dump`: name -> (rows appended, row width).
@@ -355,6 +360,7 @@ impl Step<'_> {
     /// the `n_used` most probable experts (ties to the lower id), and the sum over them
     /// (in selection order) of weight * down_e(silu(gate_e x) * up_e x). Tokens are
     /// grouped per expert so each expert's matrices are streamed once per micro-batch.
+    /// Scratch: `moe` / `moe_idx` (reserved at context creation), `gate` / `up`.
     pub fn ffn_moe(&mut self, il: usize, m: &MoeWeights, n_used: usize, norm_w: bool) -> Result<()> {
         let (n, ne) = (self.n, self.hp.n_embd);
         let n_exp = m.router.ne[1];
@@ -363,21 +369,34 @@ impl Step<'_> {
             return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
         }
         let b = &mut *self.b;
-        let mut probs = vec![0f32; n * n_exp];
-        Self::mm(self.pool, m.router, &b.cur, n, &mut probs, &mut b.mm_scratch)?;
-        // selection and weights per token
-        let mut sel = vec![0usize; n * n_used];
-        let mut wts = vec![0f32; n * n_used];
+        let nk = n * n_used; // (token, selection) slots
+        let need = n * n_exp + nk + nk * ne + 2 * n * ne;
+        if b.moe.len() < need || b.moe_idx.capacity() < 2 * nk || b.gate.len() < n * nf || b.up.len() < n * nf {
+            return Err(Error::Invalid(format!("internal: MoE scratch too small for layer {il}")));
+        }
+        let (probs, rest) = b.moe.split_at_mut(n * n_exp);
+        let (wts, rest) = rest.split_at_mut(nk);
+        let (contrib, rest) = rest.split_at_mut(nk * ne);
+        let (xg, o) = rest.split_at_mut(n * ne);
+        Self::mm(self.pool, m.router, &b.cur, n, probs, &mut b.mm_scratch)?;
+        // selection and weights per token: n_used passes of argmax (the first maximum wins)
+        let idx = &mut b.moe_idx;
+        idx.clear();
         for t in 0..n {
             let p = &mut probs[t * n_exp..(t + 1) * n_exp];
             act::softmax_ggml(p);
-            let mut idx: Vec<usize> = (0..n_exp).collect();
-            idx.sort_by(|&a, &c| p[c].partial_cmp(&p[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&c)));
             let mut sum = 0f64;
             for j in 0..n_used {
-                sel[t * n_used + j] = idx[j];
-                wts[t * n_used + j] = p[idx[j]];
-                sum += p[idx[j]] as f64;
+                let mut best = usize::MAX;
+                for (e, &v) in p.iter().enumerate() {
+                    let taken = idx[t * n_used..t * n_used + j].contains(&e);
+                    if !taken && (best == usize::MAX || v > p[best]) {
+                        best = e;
+                    }
+                }
+                idx.push(best);
+                wts[t * n_used + j] = p[best];
+                sum += p[best] as f64;
             }
             if norm_w {
                 let s = (sum as f32).max(6.103_515_6e-5);
@@ -387,29 +406,29 @@ impl Step<'_> {
             }
         }
         // per expert: gather its tokens, run gate/up/down, scatter weight * out
-        let mut contrib = vec![0f32; n * n_used * ne];
-        let mut xg = vec![0f32; n * ne];
-        let mut g = vec![0f32; n * nf];
-        let mut u = vec![0f32; n * nf];
-        let mut o = vec![0f32; n * ne];
-        let b = &mut *self.b;
         for e in 0..n_exp {
-            let slots: Vec<usize> = (0..n * n_used).filter(|&k| sel[k] == e).collect();
-            if slots.is_empty() {
+            idx.truncate(nk);
+            for k in 0..nk {
+                if idx[k] == e {
+                    idx.push(k);
+                }
+            }
+            let mt = idx.len() - nk;
+            if mt == 0 {
                 continue;
             }
-            let mt = slots.len();
-            for (r, &k) in slots.iter().enumerate() {
-                let t = k / n_used;
+            for r in 0..mt {
+                let t = idx[nk + r] / n_used;
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
-            Self::mm_rows(self.pool, m.gate, &xg, mt, &mut g, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
-            Self::mm_rows(self.pool, m.up, &xg, mt, &mut u, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
             for r in 0..mt {
-                act::swiglu(&mut g[r * nf..(r + 1) * nf], &u[r * nf..(r + 1) * nf]);
+                act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
             }
-            Self::mm_rows(self.pool, m.down, &g, mt, &mut o, e * ne..(e + 1) * ne, &mut b.mm_scratch)?;
-            for (r, &k) in slots.iter().enumerate() {
+            Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch)?;
+            for r in 0..mt {
+                let k = idx[nk + r];
                 let w = wts[k];
                 for (c, v) in contrib[k * ne..(k + 1) * ne].iter_mut().zip(&o[r * ne..(r + 1) * ne]) {
                     *c = v * w;
@@ -790,6 +809,12 @@ impl Context {
             keys_tmp: Vec::with_capacity(size),
             out_idx: Vec::with_capacity(nu),
             out_row: Vec::with_capacity(nu),
+            moe: if hp.n_expert > 0 {
+                z(hp.n_expert + hp.n_expert_used * (1 + ne) + 2 * ne)?
+            } else {
+                Vec::new()
+            },
+            moe_idx: Vec::with_capacity(2 * nu * hp.n_expert_used),
         };
         let pool = ThreadPool::new(p.n_threads);
         let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
