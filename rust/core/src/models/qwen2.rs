@@ -1,6 +1,7 @@
 //! Qwen2 / Qwen2.5 (q/k/v biases) and Qwen3 (per-head Q/K RMSNorm, head size from
 //! `attention.key_length`): RMSNorm, NEOX rope, GQA, SwiGLU. See llama.cpp's
-//! src/models/qwen2.cpp and qwen3.cpp. Schemas and hparams only so far.
+//! src/models/qwen2.cpp, qwen3.cpp and qwen3moe.cpp. Qwen3-MoE is Qwen3 with mixture-of-
+//! experts feed-forward layers (the shared decoder runs them, see `Step::ffn_moe`).
 
 use super::{common_hparams, io_specs, qkv_specs, Arch, TensorSpec};
 use crate::error::Result;
@@ -69,6 +70,20 @@ impl Arch for Qwen2 {
     }
 }
 
+/// Qwen3's attention block (also Qwen3-MoE's): norm, q/k/v (head size from key_length,
+/// optional biases), output, per-head q/k norms.
+fn qwen3_attn_specs(hp: &HParams, il: usize) -> Vec<TensorSpec> {
+    let n_embd = hp.n_embd;
+    let n_q = hp.n_embd_head_k * hp.n_head(il);
+    let b = |s: &str| format!("blk.{il}.{s}");
+    let mut v = vec![TensorSpec::req(b("attn_norm.weight"), &[n_embd])];
+    v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
+    v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
+    v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
+    v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
+    v
+}
+
 impl Arch for Qwen3 {
     fn name(&self) -> &'static str {
         "qwen3"
@@ -102,13 +117,7 @@ impl Arch for Qwen3 {
         let n_embd = hp.n_embd;
         let mut v = io_specs(hp);
         for il in 0..hp.n_layer {
-            let n_q = hp.n_embd_head_k * hp.n_head(il);
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-            v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
-            v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
-            v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
+            v.extend(qwen3_attn_specs(hp, il));
             v.extend(ffn(il, n_embd, hp.n_ff[il]));
         }
         v
@@ -159,13 +168,8 @@ impl Arch for Qwen3Moe {
         let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
         let mut v = io_specs(hp);
         for il in 0..hp.n_layer {
-            let n_q = hp.n_embd_head_k * hp.n_head(il);
             let b = |s: &str| format!("blk.{il}.{s}");
-            v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-            v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
-            v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
-            v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
+            v.extend(qwen3_attn_specs(hp, il));
             v.push(TensorSpec::req(b("ffn_norm.weight"), &[n_embd]));
             v.push(TensorSpec::req(b("ffn_gate_inp.weight"), &[n_embd, ne]));
             v.push(TensorSpec::req(b("ffn_gate_exps.weight"), &[n_embd, nf, ne]));

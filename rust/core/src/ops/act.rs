@@ -60,7 +60,7 @@ pub fn softmax_ggml(x: &mut [f32]) {
     let mut sum = 0f64;
     #[cfg(target_arch = "x86_64")]
     {
-        if avx2_fma() {
+        if super::vec::has_avx2_fma() {
             i = x.len() / 8 * 8;
             // SAFETY: AVX2 and FMA are present (checked); i <= n.
             unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
@@ -84,8 +84,7 @@ unsafe fn exp_sub_avx2(x: &mut [f32], m: f32, sum: &mut f64) {
         let e = v_expf(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(m)));
         _mm256_storeu_ps(c.as_mut_ptr(), e);
         // ggml's 8-lane horizontal sum in f32, then added in f64
-        let s4 = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
-        *sum += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+        *sum += super::vec::hsum8_ggml(c) as f64;
     }
 }
 
@@ -104,7 +103,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if avx2_fma() {
+        if super::vec::has_avx2_fma() {
             i = n / 8 * 8;
             // SAFETY: AVX2 and FMA are present (checked); i <= both lengths.
             unsafe { swiglu_avx2(&mut gate[..i], &up[..i]) };
@@ -115,11 +114,6 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
-    *F.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-}
 
 /// `v_expf` for other modules (callers must have checked AVX2 + FMA).
 #[cfg(target_arch = "x86_64")]

@@ -12,6 +12,8 @@
 //! Tiles are taken by position (pos / 64), which is llama.cpp's cell tiling for a sequence
 //! that fills the cache from cell 0, as in a fresh context.
 
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86-64 only (llamacpp order)
+
 use std::cell::RefCell;
 
 const TILE: usize = 64;
@@ -32,7 +34,7 @@ pub fn attend<'a>(
     kscale: f32,
     out: &mut [f32],
 ) -> bool {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+    if !(super::vec::has_avx2_fma() && is_x86_feature_detected!("f16c")) {
         return false;
     }
     let hd_k = q.len();
@@ -145,9 +147,7 @@ unsafe fn attend_avx2<'a>(
             let x = _mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(8 * g)), _mm256_set1_ps(m));
             let e = super::act::v_expf_pub(x);
             _mm256_storeu_ps(row.as_mut_ptr().add(8 * g), e);
-            let c = &row[8 * g..8 * g + 8];
-            let s4 = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
-            sum += ((s4[0] + s4[2]) + (s4[1] + s4[3])) as f64;
+            sum += super::vec::hsum8_ggml(&row[8 * g..8 * g + 8]) as f64;
         }
         s = (s as f64 + sum) as f32;
         // V: one FMA chain per output element over the tile's keys in order

@@ -55,9 +55,7 @@ pub fn layer_norm_row(x: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, eps: 
             x[i + k] -= mean;
             d[k] = x[i + k] * x[i + k];
         }
-        let s4 = [d[0] + d[4], d[1] + d[5], d[2] + d[6], d[3] + d[7]];
-        let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
-        var += (s2[0] + s2[1]) as f64;
+        var += super::vec::hsum8_ggml(&d) as f64;
         i += 8;
     }
     while i < n {

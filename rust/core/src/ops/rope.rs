@@ -68,7 +68,7 @@ impl RopeParams {
     pub fn apply(&self, x: &mut [f32], cache: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if fma_available() {
+            if super::vec::has_avx2_fma() {
                 // SAFETY: the CPU has FMA (checked above).
                 return unsafe { self.apply_fma(x, cache) };
             }
@@ -121,12 +121,6 @@ impl RopeParams {
 }
 
 /// ggml_rope_yarn_corr_dims: the first and last dimension the YaRN ramp blends.
-#[cfg(target_arch = "x86_64")]
-fn fma_available() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| is_x86_feature_detected!("fma"))
-}
-
 pub fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, freq_base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
     let corr_dim = |n_rot: f32| {
         n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * freq_base.ln())

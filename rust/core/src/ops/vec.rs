@@ -491,15 +491,29 @@ mod tests {
     }
 }
 
+/// Whether the CPU has AVX2 and FMA (checked once): the x86 builds of ggml's vector expf,
+/// FMA-contracted scalar code and the ops that use them.
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx2_fma() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+}
+
+/// ggml's horizontal sum of 8 f32 lanes on AVX2 (`hsum_float_8` / the 8-lane reductions
+/// in vec.cpp): halves added lane-wise, then pairs, then the last two.
+#[inline]
+pub fn hsum8_ggml(c: &[f32]) -> f32 {
+    let s4 = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
 /// a * b + c with one rounding, as GCC compiles ggml's scalar `a*b + c` on FMA machines
 /// (it contracts by default): the FMA instruction when the CPU has it, else the libm fmaf.
 #[inline]
 pub fn fmaf(a: f32, b: f32, c: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::sync::OnceLock;
-        static F: OnceLock<bool> = OnceLock::new();
-        if *F.get_or_init(|| is_x86_feature_detected!("fma")) {
+        if has_avx2_fma() {
             // SAFETY: the CPU has FMA (checked above).
             return unsafe { fmaf_x86(a, b, c) };
         }
