@@ -890,6 +890,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
         let mut dsc = [0f32; NC];
         let mut dmn = [0f32; NC];
         let mut prod = [_mm_setzero_si128(); NC];
+        let mut min_lanes = [[0i32; 4]; NC];
         for c in 0..NC {
             let (by, q8) = q8k(x, xs, c, i);
             let yd = f32_at(by);
@@ -899,6 +900,9 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
             let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
             // lane j: min(2j) * bsum(sub-block 2j) + min(2j+1) * bsum(sub-block 2j+1)
             prod[c] = _mm_madd_epi16(mins, q8s);
+            if SB {
+                _mm_storeu_si128(min_lanes[c].as_mut_ptr() as *mut __m128i, prod[c]);
+            }
         }
         let q4 = bw.add(16);
         for j in 0..4 {
@@ -913,10 +917,8 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
                 let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
                 if SB {
                     let isum = hsum_i32(_mm256_add_epi32(pl, ph));
-                    let mut lanes = [0i32; 4];
-                    _mm_storeu_si128(lanes.as_mut_ptr() as *mut __m128i, prod[c]);
                     acc[c] = (isum as f32).mul_add(dsc[c], acc[c]);
-                    acc_m[c] = (lanes[j] as f32).mul_add(dmn[c], acc_m[c]);
+                    acc_m[c] = (min_lanes[c][j] as f32).mul_add(dmn[c], acc_m[c]);
                 } else {
                     sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
                 }
