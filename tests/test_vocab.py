@@ -349,16 +349,35 @@ def _small_md(base: str) -> dict:
     return dict(_CACHE[base])
 
 
-def test_long_words_merge_like_short_ones(gpt2):
-    """Words over 48 symbols take the priority-queue merge loop (llama.cpp's own); it must
-    agree with the rescanning loop used for short words, and stay fast on huge words."""
-    from pyllama.vocab.bpe import _merge_heap
+def _bpe_reference(word: str, rank, text_to_id) -> list[int]:
+    """llama.cpp's BPE word loop written plainly (merge the lowest-ranked adjacent pair,
+    leftmost on ties, until none is listed), without byte fallback."""
+    symbols = list(word)
+    while len(symbols) > 1:
+        best = None
+        for i in range(len(symbols) - 1):
+            r = rank(symbols[i], symbols[i + 1])
+            if r is not None and (best is None or r < best[0]):
+                best = (r, i)
+        if best is None:
+            break
+        i = best[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return [text_to_id[s] for s in symbols]
 
-    sess = gpt2._bpe
-    for w in ("Ġinternationalization", "abcabcabcabc", "ĠĠĠĠĠĠĠĠĠĠ", "thequickbrownfoxjumpsoverthelazydog"):
-        short = sess.encode_word(w)
-        heap = [gpt2.text_to_id[s] for s in _merge_heap(list(w), sess.ranks)]
-        assert short == heap
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(word=st.text(alphabet="Ġabcdehilnorst", min_size=1, max_size=60))
+def test_bpe_word_matches_plain_merge_loop(gpt2, word):
+    """The Rust merge loop (a priority queue with stale entries, as llama.cpp's) gives the
+    ids of the plain rescanning loop over the same merge ranks."""
+    store = gpt2._store
+    assert gpt2._bpe.encode_word(word) == _bpe_reference(word, store.rank, gpt2.text_to_id)
+
+
+def test_long_words_merge_like_short_ones(gpt2):
+    for w in ("Ġinternationalization", "abcabcabcabc", "ĠĠĠĠĠĠĠĠĠĠ", "thequickbrownfoxjumpsoverthelazydog" * 3):
+        assert gpt2._bpe.encode_word(w) == _bpe_reference(w, gpt2._store.rank, gpt2.text_to_id)
     ids = gpt2.tokenize("x" + "ab" * 20000, add_special=False)
     assert gpt2.detokenize(ids) == "x" + "ab" * 20000
 
@@ -377,7 +396,7 @@ def test_spm_word_cache_equals_whole_fragment(gemma3, parts):
     cut: list[int] = []
     gemma3._spm.tokenize(text, cut)
     whole: list[int] = []
-    spm_tokenize(text, gemma3.bytes_to_id, gemma3.scores, gemma3.byte_to_token, whole)
+    spm_tokenize(text, gemma3._store, gemma3.byte_to_token, whole)
     assert cut == whole
 
 

@@ -138,8 +138,11 @@ class Model:
         ``tokenizer.ggml.*`` metadata (what llama_model_get_vocab returns)."""
         if self._vocab is None:
             from .vocab import Vocab
+            from .vocab._vocab import _small_metadata
 
-            self._vocab = Vocab.from_metadata(self.metadata, source=self.path)
+            # the token tables go from the file to Rust directly, never through Python lists
+            self._vocab = Vocab.from_metadata(_small_metadata(self._core), source=self.path,
+                                              store_factory=self._core.vocab_store)
         return self._vocab
 
     def meta(self) -> dict[str, str]:

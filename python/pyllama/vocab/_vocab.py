@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from array import array
 from os import PathLike
 from typing import Iterable, Sequence
 
@@ -16,6 +17,7 @@ from ..errors import PyllamaError, UnsupportedModelError
 from .bpe import CHAR_TO_BYTE, BpeSession
 from .pretokenize import PRE_TYPES, PreConfig, PreTokenizer
 from .spm import SpmSession
+from ._store import TokenBytes, TokenIndex, TokenTexts
 from ._unicode import decode_utf8_like_llama
 
 log = logging.getLogger("pyllama")
@@ -64,6 +66,22 @@ _EOG_TEXTS = frozenset((
 _C_SPACE = b" \t\n\v\f\r"  # C isspace() in the "C" locale
 
 
+def _core():
+    from .. import _core as core
+
+    return core
+
+
+def _small_metadata(f) -> dict:
+    """A GGUF file's (or model's) metadata without its arrays, plus the one small array
+    the vocabulary reads (UGM's precompiled_charsmap)."""
+    md = dict(f.metadata(arrays=False))
+    cm = f.meta_value(_K + "precompiled_charsmap")
+    if cm is not None:
+        md[_K + "precompiled_charsmap"] = cm
+    return md
+
+
 class Vocab:
     """A model's vocabulary and tokenizer. Build with :meth:`from_metadata` or :meth:`from_file`.
 
@@ -76,18 +94,23 @@ class Vocab:
     def from_file(cls, path: str | PathLike) -> "Vocab":
         from .. import _core
 
-        return cls.from_metadata(_core.GGUFFile(str(path), "auto").metadata(), source=str(path))
+        f = _core.GGUFFile(str(path), "auto")
+        return cls.from_metadata(_small_metadata(f), source=str(path), store_factory=f.vocab_store)
 
     @classmethod
-    def from_metadata(cls, md: dict, source: str = "<metadata>") -> "Vocab":
+    def from_metadata(cls, md: dict, source: str = "<metadata>", store_factory=None) -> "Vocab":
+        """Build from GGUF metadata as a dict. The token tables come from ``md``'s
+        ``tokenizer.ggml.tokens`` / ``scores`` / ``token_type`` / ``merges`` lists, or, when
+        ``store_factory`` is given (``Model`` and ``from_file`` pass the file's
+        ``vocab_store``), straight from the file without Python lists."""
         v = cls.__new__(cls)
-        v._load(md, source)
+        v._load(md, source, store_factory)
         return v
 
     def _err(self, what: str) -> PyllamaError:
         return PyllamaError(f"{self.source}: {what}")
 
-    def _load(self, md: dict, source: str) -> None:
+    def _load(self, md: dict, source: str, store_factory=None) -> None:
         self.source = source
         model = md.get(_K + "model")
         if model is None:
@@ -116,13 +139,13 @@ class Vocab:
         self.escape_whitespaces = True
         self.treat_whitespace_as_suffix = False
         self.pre_config: PreConfig | None = None
-        self._bpe_ranks: dict = {}
+        merges = None
 
         if model in ("no_vocab", "none"):
             self.type = VOCAB_TYPE_NONE
             self.bos = self.eos = self.unk = self.sep = self.pad = self.mask = self.nl = LLAMA_TOKEN_NULL
             n = md.get("general.vocab_size") or 0  # llama.cpp: LLM_KV_VOCAB_SIZE
-            self._set_tokens([""] * int(n), None, None)
+            self._set_tokens(_core().VocabStore.from_lists([""] * int(n)))
             self.eog_ids = frozenset()
             self._special_cache = []
             return
@@ -134,21 +157,12 @@ class Vocab:
             self.add_sep = True
         elif model in ("gpt2", "gemma4"):
             self.type = VOCAB_TYPE_BPE
-            merges = md.get(_K + "merges")
-            if merges is None:
-                raise self._err("cannot find tokenizer merges (tokenizer.ggml.merges) in model file")
-            if not isinstance(merges, list):
-                raise self._err(f"{_K}merges must be an array of strings")
-            ranks = {}
-            for i, w in enumerate(merges):
-                if isinstance(w, bytes):
-                    w = w.decode("utf-8", "surrogateescape")
-                if not isinstance(w, str):
-                    raise self._err(f"{_K}merges[{i}] is not a string")
-                p = w.find(" ", 1)
-                key = (w[:p], w[p + 1 :]) if p != -1 else ("", "")
-                ranks.setdefault(key, i)  # unordered_map::emplace keeps the first
-            self._bpe_ranks = ranks
+            if store_factory is None:
+                merges = md.get(_K + "merges")
+                if merges is None:
+                    raise self._err("cannot find tokenizer merges (tokenizer.ggml.merges) in model file")
+                if not isinstance(merges, list):
+                    raise self._err(f"{_K}merges must be an array of strings")
             self.bos = self.eos = 11
             self.unk = LLAMA_TOKEN_NULL
             if model == "gemma4":
@@ -208,25 +222,15 @@ class Vocab:
         self.add_space_prefix = bool(self._get_bool(md, "add_space_prefix", self.add_space_prefix))
         self.remove_extra_whitespaces = bool(self._get_bool(md, "remove_extra_whitespaces", False))
 
-        tokens = md.get(_K + "tokens")
-        if tokens is None:
-            raise self._err("cannot find tokenizer vocab (tokenizer.ggml.tokens) in model file")
-        if not isinstance(tokens, list):
-            raise self._err(f"{_K}tokens must be an array of strings")
-        n = len(tokens)
-        scores = md.get(_K + "scores")
-        if scores is not None:
-            if not isinstance(scores, list):
-                raise self._err(f"{_K}scores must be an array")
-            if len(scores) < n:
-                raise self._err(f"Index out of array bounds for scores ({len(scores)} < {n})")
-        toktypes = md.get(_K + "token_type")
-        if toktypes is not None:
-            if not isinstance(toktypes, list):
-                raise self._err(f"{_K}token_type must be an array of int32")
-            if len(toktypes) < n:
-                raise self._err(f"Index out of array bounds for toktypes ({len(toktypes)} < {n})")
-        self._set_tokens(tokens, scores, toktypes)
+        if store_factory is not None:
+            try:
+                store = store_factory(self.type == VOCAB_TYPE_BPE)
+            except ValueError as e:
+                raise self._err(str(e)) from None
+        else:
+            store = self._store_from_lists(md, merges)
+        self._set_tokens(store)
+        n = self.n_tokens
 
         # newline token
         if self.type == VOCAB_TYPE_SPM:
@@ -290,54 +294,52 @@ class Vocab:
             raise self._err(f"{_K}{key} must be a bool, got {type(v).__name__}")
         return bool(v)
 
-    def _set_tokens(self, tokens: list, scores, toktypes) -> None:
+    def _store_from_lists(self, md: dict, merges):
+        tokens = md.get(_K + "tokens")
+        if tokens is None:
+            raise self._err("cannot find tokenizer vocab (tokenizer.ggml.tokens) in model file")
+        if not isinstance(tokens, list):
+            raise self._err(f"{_K}tokens must be an array of strings")
         n = len(tokens)
-        if set(map(type, tokens)) <= {str} and all(tokens):
-            # the usual case, kept to list comprehensions: 262k tokens load in ~0.1 s
-            texts = tokens
-            tbytes = [t.encode("utf-8", "surrogatepass") for t in tokens]
-        else:
-            texts = []
-            tbytes = []
-            for i, t in enumerate(tokens):
-                if isinstance(t, bytes):
-                    b = t
-                    s = t.decode("utf-8", "surrogateescape")
-                elif isinstance(t, str):
-                    s = t
-                    b = t.encode("utf-8", "surrogatepass")
-                else:
-                    raise self._err(f"{_K}tokens[{i}] is not a string")
-                if not b:
-                    log.warning("%s: empty token at index %d", self.source, i)
-                    s = f"[EMPTY_{i}]"
-                    b = s.encode()
-                texts.append(s)
-                tbytes.append(b)
-        self.texts = texts
-        self.texts_bytes = tbytes
-        self.text_to_id = {s: i for i, s in enumerate(texts)}  # later duplicates win, as in llama.cpp
-        self.bytes_to_id = {b: i for i, b in enumerate(tbytes)}
-        self.n_tokens = n
-        if scores is None:
-            self.scores = [0.0] * n
-        else:
-            sc = scores[:n]
+        scores = md.get(_K + "scores")
+        if scores is not None:
+            if not isinstance(scores, list):
+                raise self._err(f"{_K}scores must be an array")
+            if len(scores) < n:
+                raise self._err(f"Index out of array bounds for scores ({len(scores)} < {n})")
+            scores = scores[:n]
             # GGUF allows float32 or int32 scores; anything else is a broken file
-            if set(map(type, sc)) - {float}:
-                if set(map(type, sc)) - {float, int}:
-                    raise self._err(f"{_K}scores must be an array of float32 or int32")
-                sc = [float(x) for x in sc]
-            self.scores = sc
-        if toktypes is None:
-            self.attrs = [ATTR_NORMAL] * n
-        else:
-            tt = toktypes[:n]
-            if set(map(type, tt)) - {int}:
+            if set(map(type, scores)) - {float, int}:
+                raise self._err(f"{_K}scores must be an array of float32 or int32")
+        toktypes = md.get(_K + "token_type")
+        if toktypes is not None:
+            if not isinstance(toktypes, list):
                 raise self._err(f"{_K}token_type must be an array of int32")
-            tta = _TYPE_TO_ATTR
-            self.attrs = [tta.get(t, ATTR_UNDEFINED) for t in tt]
-        self.max_token_len = max((len(b) for b in tbytes), default=0)
+            if len(toktypes) < n:
+                raise self._err(f"Index out of array bounds for toktypes ({len(toktypes)} < {n})")
+            toktypes = toktypes[:n]
+            if set(map(type, toktypes)) - {int}:
+                raise self._err(f"{_K}token_type must be an array of int32")
+        try:
+            return _core().VocabStore.from_lists(tokens, scores, toktypes, merges)
+        except (TypeError, OverflowError) as e:
+            raise self._err(f"{_K}{e}") from None
+
+    def _set_tokens(self, store) -> None:
+        """Take the token tables from ``store`` (a ``_core.VocabStore``)."""
+        self._store = store
+        for i in store.empty_ids():
+            log.warning("%s: empty token at index %d", self.source, i)
+        self.texts = TokenTexts(store)
+        self.texts_bytes = TokenBytes(store)
+        # one index serves both: str keys are matched by their UTF-8 (surrogateescape) bytes
+        self.text_to_id = self.bytes_to_id = TokenIndex(store)
+        self.n_tokens = len(store)
+        self.scores = array("f")
+        self.scores.frombytes(store.scores_bytes())
+        tta = _TYPE_TO_ATTR
+        self.attrs = [tta.get(t, ATTR_UNDEFINED) for t in store.types()]
+        self.max_token_len = store.max_token_len
 
     def _find_special_by_text(self) -> None:
         t2i = self.text_to_id
@@ -446,10 +448,10 @@ class Vocab:
 
     def _init_tokenizer(self) -> None:
         if self.type == VOCAB_TYPE_SPM:
-            self._spm = SpmSession(self.bytes_to_id, self.texts_bytes, self.scores, self.byte_to_token)
+            self._spm = SpmSession(self._store, self.byte_to_token)
         elif self.type == VOCAB_TYPE_BPE:
             cfg = self.pre_config
-            self._bpe = BpeSession(self.text_to_id, self._bpe_ranks, PreTokenizer(cfg.regexes),
+            self._bpe = BpeSession(self._store, PreTokenizer(cfg.regexes),
                                    byte_encode=cfg.byte_encode, ignore_merges=self.ignore_merges,
                                    gemma4_newlines=self.tokenizer_pre in ("gemma4", "granite-embed-multi-311m"))
         elif self.type == VOCAB_TYPE_WPM:

@@ -165,7 +165,7 @@ impl<'a> Meta<'a> {
             None => default.map(|d| vec![d; n_layer]).ok_or_else(|| {
                 Error::Unsupported(format!("{}: missing required metadata key '{}'", self.file.path, self.key(suffix)))
             }),
-            Some(Value::Array { values, .. }) => {
+            Some(Value::Array(values)) => {
                 if values.len() != n_layer {
                     return Err(Error::Unsupported(format!(
                         "{}: '{}' has {} entries, expected one per layer ({})",

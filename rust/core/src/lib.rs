@@ -10,6 +10,7 @@ pub mod models;
 pub mod ops;
 pub mod quant;
 pub mod threadpool;
+pub mod vocab;
 
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;

@@ -203,7 +203,7 @@ fn apply_override(f: &mut GgufFile, key: &str, v: &Value) -> Result<()> {
         Value::Bool(_) => "bool",
         Value::F32(_) | Value::F64(_) => "float",
         Value::String(_) => "str",
-        Value::Array { .. } => "array",
+        Value::Array(_) => "array",
         _ => "int",
     };
     let bad = |old: &Value| {

@@ -27,8 +27,8 @@ pub fn value_to_py(py: Python<'_>, v: &Value) -> PyResult<PyObject> {
             Ok(s) => s.into_pyobject(py)?.into_any().unbind(),
             Err(_) => PyBytes::new(py, b).into_any().unbind(),
         },
-        Value::Array { values, .. } => {
-            let items: Vec<PyObject> = values.iter().map(|x| value_to_py(py, x)).collect::<PyResult<_>>()?;
+        Value::Array(a) => {
+            let items: Vec<PyObject> = a.iter().map(|x| value_to_py(py, &x)).collect::<PyResult<_>>()?;
             PyList::new(py, items)?.into_any().unbind()
         }
     })
@@ -92,13 +92,30 @@ impl PyGgufFile {
     }
 
     /// Metadata as an ordered dict of key -> Python value (int, float, bool, str, bytes
-    /// for non-UTF-8 strings, list for arrays).
-    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// for non-UTF-8 strings, list for arrays; arrays left out with `arrays=False`).
+    #[pyo3(signature = (arrays = true))]
+    fn metadata<'py>(&self, py: Python<'py>, arrays: bool) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.metadata {
-            d.set_item(k, value_to_py(py, v)?)?;
+            if arrays || !matches!(v, Value::Array(_)) {
+                d.set_item(k, value_to_py(py, v)?)?;
+            }
         }
         Ok(d)
+    }
+
+    /// One metadata value (None if absent), without converting the rest.
+    fn meta_value(&self, py: Python<'_>, key: &str) -> PyResult<Option<PyObject>> {
+        self.inner.get(key).map(|v| value_to_py(py, v)).transpose()
+    }
+
+    /// The vocabulary tables built from this file's tokenizer metadata (see Model).
+    fn vocab_store(&self, py: Python<'_>, merges: bool) -> PyResult<crate::vocab::PyVocabStore> {
+        let inner = self.inner.clone();
+        let s = py
+            .allow_threads(move || pyllama_core::vocab::store_from_metadata(|k| inner.get(k), merges))
+            .map_err(PyValueError::new_err)?;
+        Ok(crate::vocab::PyVocabStore { inner: Arc::new(s) })
     }
 
     /// Metadata value types: key -> GGUF value type id (and element type for arrays).
@@ -106,7 +123,7 @@ impl PyGgufFile {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.metadata {
             let et = match v {
-                Value::Array { elem_type, .. } => Some(*elem_type),
+                Value::Array(a) => Some(a.elem_type),
                 _ => None,
             };
             d.set_item(k, (v.type_id(), et))?;
@@ -318,7 +335,7 @@ impl PyModel {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.files[0].metadata {
             let et = match v {
-                Value::Array { elem_type, .. } => Some(*elem_type),
+                Value::Array(a) => Some(a.elem_type),
                 _ => None,
             };
             d.set_item(k, (v.type_id(), et))?;
@@ -341,13 +358,23 @@ impl PyModel {
         Ok(Some(arr))
     }
 
+    /// The vocabulary tables built from this model's tokenizer metadata (merges too when
+    /// `merges`: BPE). ValueError with llama.cpp's message on a malformed tokenizer.
+    fn vocab_store(&self, py: Python<'_>, merges: bool) -> PyResult<crate::vocab::PyVocabStore> {
+        let inner = self.inner.clone();
+        let s = py
+            .allow_threads(move || pyllama_core::vocab::store_from_metadata(|k| inner.files[0].get(k), merges))
+            .map_err(PyValueError::new_err)?;
+        Ok(crate::vocab::PyVocabStore { inner: Arc::new(s) })
+    }
+
     /// Metadata of the first file (after kv_overrides) as key -> Python value. With
     /// `arrays=False` the arrays (the large tokenizer tables) are left out.
     #[pyo3(signature = (arrays = true))]
     fn metadata<'py>(&self, py: Python<'py>, arrays: bool) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in &self.inner.files[0].metadata {
-            if arrays || !matches!(v, Value::Array { .. }) {
+            if arrays || !matches!(v, Value::Array(_)) {
                 d.set_item(k, value_to_py(py, v)?)?;
             }
         }

@@ -8,6 +8,7 @@ mod context;
 mod errors;
 mod gguf;
 mod quant;
+mod vocab;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -16,5 +17,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gguf::register(m)?;
     quant::register(m)?;
     context::register(m)?;
+    vocab::register(m)?;
     Ok(())
 }

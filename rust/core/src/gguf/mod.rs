@@ -48,8 +48,8 @@ pub enum Value {
     Bool(bool),
     /// Raw bytes: GGUF strings are meant to be UTF-8 but nothing enforces it.
     String(Vec<u8>),
-    /// `elem_type` is the declared element type (kept for empty arrays and for writers).
-    Array { elem_type: u32, values: Vec<Value> },
+    /// An array, stored compactly (see [`Array`]).
+    Array(Array),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -67,7 +67,7 @@ impl Value {
             Value::F32(_) => vtype::F32,
             Value::Bool(_) => vtype::BOOL,
             Value::String(_) => vtype::STRING,
-            Value::Array { .. } => vtype::ARRAY,
+            Value::Array(_) => vtype::ARRAY,
             Value::U64(_) => vtype::U64,
             Value::I64(_) => vtype::I64,
             Value::F64(_) => vtype::F64,
@@ -111,11 +111,159 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
-            Value::Array { values, .. } => Some(values),
+            Value::Array(a) => Some(a),
             _ => None,
         }
+    }
+}
+
+/// Byte size of one element of a fixed-size GGUF value type (None: string or array).
+pub fn fixed_size(ty: u32) -> Option<usize> {
+    match ty {
+        vtype::U8 | vtype::I8 | vtype::BOOL => Some(1),
+        vtype::U16 | vtype::I16 => Some(2),
+        vtype::U32 | vtype::I32 | vtype::F32 => Some(4),
+        vtype::U64 | vtype::I64 | vtype::F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// A GGUF array. Tokenizer arrays hold hundreds of thousands of elements, so they are not
+/// kept as one `Value` each (32 bytes plus a heap block per string): strings live in one
+/// byte blob with end offsets, fixed-size elements as their little-endian bytes, and only
+/// nested arrays as values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Array {
+    /// The declared element type (kept for empty arrays and for writers).
+    pub elem_type: u32,
+    data: ArrayData,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum ArrayData {
+    Strings { blob: Vec<u8>, ends: Vec<usize> },
+    Fixed(Vec<u8>),
+    Nested(Vec<Value>),
+}
+
+impl Array {
+    pub(crate) fn strings(blob: Vec<u8>, ends: Vec<usize>) -> Array {
+        Array { elem_type: vtype::STRING, data: ArrayData::Strings { blob, ends } }
+    }
+    /// `bytes.len()` must be a multiple of the element size.
+    pub(crate) fn fixed(elem_type: u32, bytes: Vec<u8>) -> Array {
+        Array { elem_type, data: ArrayData::Fixed(bytes) }
+    }
+    pub(crate) fn nested(elem_type: u32, values: Vec<Value>) -> Array {
+        Array { elem_type, data: ArrayData::Nested(values) }
+    }
+
+    /// Build from values that all have type `elem_type` (None if one does not).
+    pub fn from_values(elem_type: u32, values: &[Value]) -> Option<Array> {
+        if values.iter().any(|v| v.type_id() != elem_type) {
+            return None;
+        }
+        if elem_type == vtype::STRING {
+            let mut blob = Vec::new();
+            let mut ends = Vec::with_capacity(values.len());
+            for v in values {
+                if let Value::String(b) = v {
+                    blob.extend_from_slice(b);
+                }
+                ends.push(blob.len());
+            }
+            return Some(Array::strings(blob, ends));
+        }
+        if fixed_size(elem_type).is_some() {
+            let mut bytes = Vec::new();
+            for v in values {
+                match *v {
+                    Value::U8(x) => bytes.push(x),
+                    Value::I8(x) => bytes.push(x as u8),
+                    Value::Bool(x) => bytes.push(x as u8),
+                    Value::U16(x) => bytes.extend(x.to_le_bytes()),
+                    Value::I16(x) => bytes.extend(x.to_le_bytes()),
+                    Value::U32(x) => bytes.extend(x.to_le_bytes()),
+                    Value::I32(x) => bytes.extend(x.to_le_bytes()),
+                    Value::F32(x) => bytes.extend(x.to_le_bytes()),
+                    Value::U64(x) => bytes.extend(x.to_le_bytes()),
+                    Value::I64(x) => bytes.extend(x.to_le_bytes()),
+                    Value::F64(x) => bytes.extend(x.to_le_bytes()),
+                    _ => return None,
+                }
+            }
+            return Some(Array::fixed(elem_type, bytes));
+        }
+        Some(Array::nested(elem_type, values.to_vec()))
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.data {
+            ArrayData::Strings { ends, .. } => ends.len(),
+            ArrayData::Fixed(b) => b.len() / fixed_size(self.elem_type).unwrap_or(1),
+            ArrayData::Nested(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as raw bytes, for string arrays.
+    pub fn str_at(&self, i: usize) -> Option<&[u8]> {
+        match &self.data {
+            ArrayData::Strings { blob, ends } => {
+                let end = *ends.get(i)?;
+                let start = if i == 0 { 0 } else { ends[i - 1] };
+                Some(&blob[start..end])
+            }
+            _ => None,
+        }
+    }
+
+    /// All elements' little-endian bytes, for arrays of a fixed-size type.
+    pub fn fixed_bytes(&self) -> Option<&[u8]> {
+        match &self.data {
+            ArrayData::Fixed(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Element `i` as a `Value`.
+    pub fn get(&self, i: usize) -> Option<Value> {
+        match &self.data {
+            ArrayData::Strings { .. } => self.str_at(i).map(|b| Value::String(b.to_vec())),
+            ArrayData::Fixed(b) => {
+                let n = fixed_size(self.elem_type)?;
+                let e = b.get(i * n..i * n + n)?;
+                let u = |k: usize| -> [u8; 8] {
+                    let mut a = [0u8; 8];
+                    a[..k].copy_from_slice(&e[..k]);
+                    a
+                };
+                Some(match self.elem_type {
+                    vtype::U8 => Value::U8(e[0]),
+                    vtype::I8 => Value::I8(e[0] as i8),
+                    vtype::BOOL => Value::Bool(e[0] != 0),
+                    vtype::U16 => Value::U16(u16::from_le_bytes([e[0], e[1]])),
+                    vtype::I16 => Value::I16(i16::from_le_bytes([e[0], e[1]])),
+                    vtype::U32 => Value::U32(u32::from_le_bytes(u(4)[..4].try_into().unwrap())),
+                    vtype::I32 => Value::I32(i32::from_le_bytes(u(4)[..4].try_into().unwrap())),
+                    vtype::F32 => Value::F32(f32::from_le_bytes(u(4)[..4].try_into().unwrap())),
+                    vtype::U64 => Value::U64(u64::from_le_bytes(u(8))),
+                    vtype::I64 => Value::I64(i64::from_le_bytes(u(8))),
+                    vtype::F64 => Value::F64(f64::from_le_bytes(u(8))),
+                    _ => return None,
+                })
+            }
+            ArrayData::Nested(v) => v.get(i).cloned(),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Value> + '_ {
+        (0..self.len()).filter_map(move |i| self.get(i))
     }
 }
 
@@ -179,7 +327,7 @@ impl GgufFile {
     /// Type id of a metadata value, and the element type for arrays.
     pub fn type_of(&self, key: &str) -> Option<(u32, Option<u32>)> {
         self.get(key).map(|v| match v {
-            Value::Array { elem_type, .. } => (vtype::ARRAY, Some(*elem_type)),
+            Value::Array(a) => (vtype::ARRAY, Some(a.elem_type)),
             v => (v.type_id(), None),
         })
     }

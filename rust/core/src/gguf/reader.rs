@@ -1,7 +1,7 @@
 //! Bounds-checked parsing of the GGUF header. Never panics: every read checks the
 //! remaining length, every size computation uses checked arithmetic.
 
-use super::{gguf_err, vtype, TensorInfo, Value, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use super::{fixed_size, gguf_err, vtype, Array, TensorInfo, Value, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 use crate::error::Result;
 use crate::ggml_type::GgmlType;
 use std::collections::HashSet;
@@ -57,6 +57,9 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
     }
     fn string(&mut self, what: &str) -> Result<Vec<u8>> {
+        Ok(self.string_slice(what)?.to_vec())
+    }
+    fn string_slice(&mut self, what: &str) -> Result<&'a [u8]> {
         let start = self.pos;
         let n = self.u64(what)?;
         if n > MAX_STRING_LENGTH {
@@ -70,7 +73,7 @@ impl<'a> Cursor<'a> {
                 self.remaining().saturating_sub(8)
             ));
         }
-        Ok(self.take(n as usize, what)?.to_vec())
+        self.take(n as usize, what)
     }
 
     fn value(&mut self, ty: u32, what: &str, depth: u32) -> Result<Value> {
@@ -121,15 +124,36 @@ impl<'a> Cursor<'a> {
                         self.remaining()
                     ));
                 }
-                let mut values = Vec::new();
-                if values.try_reserve_exact(n as usize).is_err() {
-                    self.pos = at;
-                    return self.err(format!("{what}: cannot allocate an array of {n} elements"));
+                let n = n as usize;
+                if let Some(size) = fixed_size(elem_type) {
+                    // fits: checked above against the bytes left
+                    let bytes = self.take(n * size, what)?.to_vec();
+                    Value::Array(Array::fixed(elem_type, bytes))
+                } else if elem_type == vtype::STRING {
+                    let mut ends = Vec::new();
+                    if ends.try_reserve_exact(n).is_err() {
+                        self.pos = at;
+                        return self.err(format!("{what}: cannot allocate an array of {n} elements"));
+                    }
+                    let mut blob = Vec::new();
+                    for _ in 0..n {
+                        let s = self.string_slice(what)?;
+                        blob.extend_from_slice(s);
+                        ends.push(blob.len());
+                    }
+                    blob.shrink_to_fit();
+                    Value::Array(Array::strings(blob, ends))
+                } else {
+                    let mut values = Vec::new();
+                    if values.try_reserve_exact(n).is_err() {
+                        self.pos = at;
+                        return self.err(format!("{what}: cannot allocate an array of {n} elements"));
+                    }
+                    for _ in 0..n {
+                        values.push(self.value(elem_type, what, depth + 1)?);
+                    }
+                    Value::Array(Array::nested(elem_type, values))
                 }
-                for _ in 0..n {
-                    values.push(self.value(elem_type, what, depth + 1)?);
-                }
-                Value::Array { elem_type, values }
             }
             t => return self.err(format!("{what}: invalid value type {t}")),
         })
