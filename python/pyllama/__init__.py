@@ -15,13 +15,35 @@ from .errors import (
     PyllamaError,
     UnsupportedModelError,
 )
-from .gguf import GGUFFile
-from .batch import Batch
-from .context import Context
-from .llama import Llama
-from .sampling import SamplerChain, SamplerParams
-from .model import Model
-from .vocab import Vocab
+
+# The rest is imported on first use (PEP 562): a program that only loads a model and
+# decodes does not pay for the vocabulary, sampling, chat and generation modules.
+_LAZY = {
+    "GGUFFile": ".gguf",
+    "Batch": ".batch",
+    "Context": ".context",
+    "Llama": ".llama",
+    "SamplerChain": ".sampling",
+    "SamplerParams": ".sampling",
+    "Model": ".model",
+    "Vocab": ".vocab",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pyllama' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",

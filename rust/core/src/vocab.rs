@@ -68,21 +68,26 @@ impl Index {
     }
 }
 
-/// Byte strings in one blob; `ends[i]` is where string `i` stops.
+/// Byte strings in one blob; `ends[i]` is where string `i` stops (4 GiB at most).
 #[derive(Default)]
 struct Strings {
     blob: Vec<u8>,
-    ends: Vec<usize>,
+    ends: Vec<u32>,
 }
+
+const TOO_LARGE: &str = "the vocabulary's texts exceed 4 GiB";
 
 impl Strings {
     fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.blob[start..self.ends[i]]
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.blob[start..self.ends[i] as usize]
     }
-    fn push(&mut self, b: &[u8]) {
+    /// False (and nothing stored) when the blob would pass 4 GiB.
+    fn push(&mut self, b: &[u8]) -> bool {
+        let Ok(end) = u32::try_from(self.blob.len() + b.len()) else { return false };
         self.blob.extend_from_slice(b);
-        self.ends.push(self.blob.len());
+        self.ends.push(end);
+        true
     }
     fn len(&self) -> usize {
         self.ends.len()
@@ -114,6 +119,7 @@ pub struct VocabStore {
 pub struct VocabStoreBuilder {
     tokens: Strings,
     empty: Vec<u32>,
+    too_large: bool,
 }
 
 impl VocabStoreBuilder {
@@ -125,13 +131,14 @@ impl VocabStoreBuilder {
         self.tokens.blob.reserve_exact(bytes);
     }
     pub fn push(&mut self, text: &[u8]) {
-        if text.is_empty() {
+        let ok = if text.is_empty() {
             let id = self.tokens.len();
             self.empty.push(id as u32);
-            self.tokens.push(format!("[EMPTY_{id}]").as_bytes());
+            self.tokens.push(format!("[EMPTY_{id}]").as_bytes())
         } else {
-            self.tokens.push(text);
-        }
+            self.tokens.push(text)
+        };
+        self.too_large |= !ok;
     }
     pub fn len(&self) -> usize {
         self.tokens.len()
@@ -147,7 +154,10 @@ impl VocabStoreBuilder {
         mut scores: Vec<f32>,
         mut types: Vec<i32>,
         merges: Option<impl Iterator<Item = &'m [u8]>>,
-    ) -> VocabStore {
+    ) -> std::result::Result<VocabStore, String> {
+        if self.too_large {
+            return Err(TOO_LARGE.into());
+        }
         let mut tokens = self.tokens;
         tokens.blob.shrink_to_fit();
         let n = tokens.len();
@@ -161,11 +171,13 @@ impl VocabStoreBuilder {
         scores.truncate(n);
         types.resize(n, 1);
         types.truncate(n);
-        let merges = merges.map(|it| {
+        let merges = merges.map(|it| -> std::result::Result<Merges, String> {
             let mut texts = Strings::default();
             let mut split = Vec::new();
             for m in it {
-                texts.push(m);
+                if !texts.push(m) {
+                    return Err(TOO_LARGE.into());
+                }
                 let p = m.iter().skip(1).position(|&c| c == b' ').map_or(0, |p| p + 1);
                 split.push(p as u32);
             }
@@ -187,13 +199,14 @@ impl VocabStoreBuilder {
                     index.slots[slot] = rank as u32 + 1; // emplace: the first rank stays
                 }
             }
-            Merges { texts, split, index }
+            Ok(Merges { texts, split, index })
         });
+        let merges = merges.transpose()?;
         let mut store = VocabStore { tokens, index, scores, types, merges, empty: self.empty, byte_tokens: [None; 256] };
         for b in 0..256usize {
             store.byte_tokens[b] = store.id(format!("<0x{b:02X}>").as_bytes()).or_else(|| store.id(&[b as u8]));
         }
-        store
+        Ok(store)
     }
 }
 
@@ -494,7 +507,7 @@ pub fn store_from_metadata<'a>(
     for i in 0..n {
         b.push(tokens.str_at(i).unwrap_or(&[]));
     }
-    Ok(b.finish(scores, types, merges.map(|m| (0..m.len()).map(move |i| m.str_at(i).unwrap_or(&[])))))
+    b.finish(scores, types, merges.map(|m| (0..m.len()).map(move |i| m.str_at(i).unwrap_or(&[]))))
 }
 
 #[cfg(test)]
@@ -506,7 +519,7 @@ mod tests {
         for t in tokens {
             b.push(t.as_bytes());
         }
-        b.finish(scores, vec![], merges.map(|m| m.iter().map(|s| s.as_bytes())))
+        b.finish(scores, vec![], merges.map(|m| m.iter().map(|s| s.as_bytes()))).unwrap()
     }
 
     #[test]

@@ -81,7 +81,9 @@ impl PyVocabStore {
         }
         let scores = scores.unwrap_or_default().into_iter().map(|x| x as f32).collect();
         let types = types.unwrap_or_default().into_iter().map(|x| x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).collect();
-        let store = b.finish(scores, types, merges.map(|_| merge_bytes.iter().map(|v| v.as_slice())));
+        let store = b
+            .finish(scores, types, merges.map(|_| merge_bytes.iter().map(|v| v.as_slice())))
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
         Ok(PyVocabStore { inner: Arc::new(store) })
     }
 

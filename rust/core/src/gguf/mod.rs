@@ -143,13 +143,15 @@ pub struct Array {
 
 #[derive(Clone, Debug, PartialEq)]
 enum ArrayData {
-    Strings { blob: Vec<u8>, ends: Vec<usize> },
+    Strings { blob: Vec<u8>, ends: Vec<u32> },
     Fixed(Vec<u8>),
     Nested(Vec<Value>),
 }
 
 impl Array {
-    pub(crate) fn strings(blob: Vec<u8>, ends: Vec<usize>) -> Array {
+    /// `ends[i]`: where string i stops in `blob` (a GGUF array of strings holds at most
+    /// 4 GiB of text; the reader refuses more).
+    pub(crate) fn strings(blob: Vec<u8>, ends: Vec<u32>) -> Array {
         Array { elem_type: vtype::STRING, data: ArrayData::Strings { blob, ends } }
     }
     /// `bytes.len()` must be a multiple of the element size.
@@ -161,6 +163,7 @@ impl Array {
     }
 
     /// Build from values that all have type `elem_type` (None if one does not).
+    /// (None also when the strings exceed 4 GiB.)
     pub fn from_values(elem_type: u32, values: &[Value]) -> Option<Array> {
         if values.iter().any(|v| v.type_id() != elem_type) {
             return None;
@@ -172,7 +175,7 @@ impl Array {
                 if let Value::String(b) = v {
                     blob.extend_from_slice(b);
                 }
-                ends.push(blob.len());
+                ends.push(u32::try_from(blob.len()).ok()?);
             }
             return Some(Array::strings(blob, ends));
         }
@@ -215,8 +218,8 @@ impl Array {
     pub fn str_at(&self, i: usize) -> Option<&[u8]> {
         match &self.data {
             ArrayData::Strings { blob, ends } => {
-                let end = *ends.get(i)?;
-                let start = if i == 0 { 0 } else { ends[i - 1] };
+                let end = *ends.get(i)? as usize;
+                let start = if i == 0 { 0 } else { ends[i - 1] as usize };
                 Some(&blob[start..end])
             }
             _ => None,

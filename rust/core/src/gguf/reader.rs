@@ -139,7 +139,11 @@ impl<'a> Cursor<'a> {
                     for _ in 0..n {
                         let s = self.string_slice(what)?;
                         blob.extend_from_slice(s);
-                        ends.push(blob.len());
+                        let Ok(end) = u32::try_from(blob.len()) else {
+                            self.pos = at;
+                            return self.err(format!("{what}: array of strings holds more than 4 GiB of text"));
+                        };
+                        ends.push(end);
                     }
                     blob.shrink_to_fit();
                     Value::Array(Array::strings(blob, ends))
