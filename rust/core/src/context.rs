@@ -120,6 +120,8 @@ pub struct Buffers {
     pub cur: Vec<f32>,
     /// Output of a block [n, n_embd].
     pub tmp: Vec<f32>,
+    /// q [n, n_q] and k [n, n_kv]: empty except inside `attn_block`, which lends them
+    /// `gate`'s and `up`'s memory.
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
@@ -494,6 +496,19 @@ impl Step<'_> {
     /// Q/K/V projections, optional per-head q/k norms, rope, K/V stored into the cells
     /// of this micro-batch, attention over the cache, output projection.
     pub fn attn_block(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+        // q and k borrow the FFN's gate and up buffers while attention runs (a layer's
+        // attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of scratch
+        let b = &mut *self.b;
+        std::mem::swap(&mut b.q, &mut b.gate);
+        std::mem::swap(&mut b.k, &mut b.up);
+        let r = self.attn_block_qk(w, c);
+        let b = &mut *self.b;
+        std::mem::swap(&mut b.q, &mut b.gate);
+        std::mem::swap(&mut b.k, &mut b.up);
+        r
+    }
+
+    fn attn_block_qk(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
         let hp = self.hp;
         let il = c.il;
         let n = self.n;
@@ -788,12 +803,12 @@ impl Context {
             x: z(ne)?,
             cur: z(ne.max(qw))?,
             tmp: z(ne)?,
-            q: z(qw)?,
-            k: z(kw)?,
+            q: Vec::new(), // gate's memory during attn_block
+            k: Vec::new(), // up's memory during attn_block
             v: z(vw)?,
             att: z(aw)?,
-            gate: z(ff)?,
-            up: z(ff)?,
+            gate: z(ff.max(qw))?,
+            up: z(ff.max(kw))?,
             row: vec![0.0; hp.n_vocab.max(1)],
             rope_cache: vec![0.0; hp.n_embd_head_k.max(hp.n_rot) + 2],
             attn_scratch: vec![0.0; attn_stride * n_thr],
