@@ -412,3 +412,99 @@ def test_llama_model_get_vocab_from_vocab_only_model(smollm2_path):
     buf = np.zeros(8, np.int32)
     n = L.llama_tokenize(vocab, b"Hello world", 11, buf, 8, True, False)
     assert buf[:n].tolist() == [19556, 905]  # the reference corpus' first case
+
+
+# -- the vocabulary built straight from a GGUF file (Rust tables, no Python lists) -------------
+
+def _vocab_file(tmp_path, kvs, name="v.gguf"):
+    from gguf_build import ARR, STR, Spec, build
+
+    base = [("general.architecture", STR, "llama"), ("tokenizer.ggml.model", STR, "gpt2"),
+            ("tokenizer.ggml.pre", STR, "gpt-2")]
+    keys = {k for k, _, _ in kvs}
+    data, _ = build(Spec(kvs=[kv for kv in base if kv[0] not in keys] + kvs))
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+_TOKS = ["a", "b", "c", "ab", "abc", "Ġ", "Ġa", "<|endoftext|>"]
+_MERGES = ["a b", "ab c", "Ġ a"]
+
+
+def _good_kvs():
+    from gguf_build import ARR, F32, I32, STR
+
+    return [("tokenizer.ggml.tokens", ARR, (STR, _TOKS)),
+            ("tokenizer.ggml.scores", ARR, (F32, [0.0] * len(_TOKS))),
+            ("tokenizer.ggml.token_type", ARR, (I32, [1] * 7 + [3])),
+            ("tokenizer.ggml.merges", ARR, (STR, _MERGES))]
+
+
+def test_vocab_from_file_equals_vocab_from_lists(tmp_path):
+    from pyllama import GGUFFile
+
+    p = _vocab_file(tmp_path, _good_kvs())
+    direct = Vocab.from_file(p)
+    lists = Vocab.from_metadata(GGUFFile(p).metadata, source=str(p))
+    for text in ("abc", "ab a", " abcab", "cba", "<|endoftext|>x"):
+        assert direct.tokenize(text, parse_special=True) == lists.tokenize(text, parse_special=True)
+    # "abc": a+b (rank 0), then ab+c (1); "Ġab": a+b (rank 0) beats Ġ+a (2), leaving Ġ, ab
+    assert direct.tokenize("abc ab") == [4, 5, 3]
+    assert list(direct.texts) == _TOKS and direct.texts_bytes[3] == b"ab"
+    assert direct.text_to_id["Ġa"] == 6 and "zz" not in direct.text_to_id
+    assert direct.attrs == lists.attrs and list(direct.scores) == list(lists.scores)
+
+
+@pytest.mark.parametrize(
+    "key, kv, match",
+    [
+        ("tokenizer.ggml.tokens", ("I32", [1, 2, 3]), "tokenizer.ggml.tokens must be an array of strings"),
+        ("tokenizer.ggml.tokens", ("STR1", "abc"), "tokenizer.ggml.tokens must be an array of strings"),
+        ("tokenizer.ggml.scores", ("STR", ["x"] * 8), "scores must be an array of float32 or int32"),
+        ("tokenizer.ggml.scores", ("F32", [0.0] * 3), r"Index out of array bounds for scores \(3 < 8\)"),
+        ("tokenizer.ggml.token_type", ("F32", [1.0] * 8), "token_type must be an array of int32"),
+        ("tokenizer.ggml.merges", ("I32", [1]), "tokenizer.ggml.merges must be an array of strings"),
+        ("tokenizer.ggml.merges", None, "cannot find tokenizer merges"),
+        ("tokenizer.ggml.tokens", None, "cannot find tokenizer vocab"),
+    ],
+)
+def test_bad_tokenizer_arrays_in_a_file_raise_named_errors(tmp_path, key, kv, match):
+    import gguf_build as G
+
+    kvs = [x for x in _good_kvs() if x[0] != key]
+    if kv is not None:
+        ty, val = kv
+        kvs.append((key, G.STR, val) if ty == "STR1" else (key, G.ARR, (getattr(G, ty), val)))
+    p = _vocab_file(tmp_path, kvs)
+    with pytest.raises(PyllamaError, match=match) as ei:
+        Vocab.from_file(p)
+    assert str(p) in str(ei.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(toks=st.lists(st.text(alphabet="abcĠé\x00", min_size=0, max_size=4), min_size=1, max_size=30),
+       pairs=st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=20),
+       text=st.text(alphabet="abc é", max_size=20))
+def test_file_and_list_vocabularies_agree_on_any_tables(tmp_path_factory, toks, pairs, text):
+    """Whatever the tables (duplicates, empty tokens, merges of non-tokens), the vocabulary
+    read from the file and the one built from Python lists hold the same texts and ids and
+    tokenize alike."""
+    from gguf_build import ARR, STR
+
+    from pyllama import GGUFFile
+
+    merges = [f"{toks[a % len(toks)]} {toks[b % len(toks)]}" for a, b in pairs]
+    p = _vocab_file(tmp_path_factory.mktemp("v"), [("tokenizer.ggml.tokens", ARR, (STR, toks)),
+                                                   ("tokenizer.ggml.merges", ARR, (STR, merges))])
+    try:
+        direct = Vocab.from_file(p)
+    except PyllamaError as e:
+        with pytest.raises(PyllamaError) as e2:
+            Vocab.from_metadata(GGUFFile(p).metadata, source=str(p))
+        assert str(e2.value) == str(e)
+        return
+    lists = Vocab.from_metadata(GGUFFile(p).metadata, source=str(p))
+    assert list(direct.texts) == list(lists.texts)
+    assert [direct.text_to_id.get(t) for t in toks] == [lists.text_to_id.get(t) for t in toks]
+    assert direct.tokenize(text) == lists.tokenize(text)
