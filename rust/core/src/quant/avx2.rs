@@ -941,7 +941,85 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
 /// gemm orders depends on how many rows the batch has).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
+    if NC == 8 {
+        dot_q4_k_w8(n, w, x, xs, out)
+    } else {
+        dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
+    }
+}
+
+/// The 8-column tile of `dot_q4_k_ord::<8, true>` with the same floats: the eight exact
+/// i32 sums of a 64-element group are reduced together (a tree of hadds instead of eight
+/// horizontal sums; integer sums do not depend on their order), converted and fused into
+/// eight accumulator lanes with the same `fma(isum, d_w * d_a, acc)` per column as the
+/// scalar loop, and the mins likewise.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_w8(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
+    let nb = n / 256;
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm256_setzero_ps();
+    for i in 0..nb {
+        let bw = w.add(i * 144);
+        let dw = f16(bw);
+        let dminw = f16(bw.add(2));
+        let ms = k4_mins_and_scales(bw.add(4));
+        let mins = _mm256_extracti128_si256(ms, 1);
+        let sc128 = _mm256_extracti128_si256(ms, 0);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut yd = [0f32; 8];
+        let mut prod = [_mm_setzero_si128(); 8];
+        for c in 0..8 {
+            let (by, q8) = q8k(x, xs, c, i);
+            yd[c] = f32_at(by);
+            let bs = load256(q8.add(256));
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            // lane j: min(2j) * bsum(sub-block 2j) + min(2j+1) * bsum(sub-block 2j+1)
+            prod[c] = _mm_madd_epi16(mins, q8s);
+        }
+        let ydv = _mm256_loadu_ps(yd.as_ptr());
+        // d_w * d_a and dmin_w * d_a per column, as the scalar products
+        let dsc = _mm256_mul_ps(_mm256_set1_ps(dw), ydv);
+        let dmn = _mm256_mul_ps(_mm256_set1_ps(dminw), ydv);
+        // mins transposed: min_j[c] = prod[c] lane j
+        let tr = |p: &[__m128i]| {
+            let t0 = _mm_unpacklo_epi32(p[0], p[1]);
+            let t1 = _mm_unpacklo_epi32(p[2], p[3]);
+            let t2 = _mm_unpackhi_epi32(p[0], p[1]);
+            let t3 = _mm_unpackhi_epi32(p[2], p[3]);
+            [_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)]
+        };
+        let (lo, hi) = (tr(&prod[..4]), tr(&prod[4..]));
+        let q4 = bw.add(16);
+        for j in 0..4 {
+            let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
+            let scale_h = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
+            let bits = load256(q4.add(32 * j));
+            let q4l = _mm256_and_si256(bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for c in 0..8 {
+                let (_, q8) = q8k(x, xs, c, i);
+                let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                v[c] = _mm256_add_epi32(pl, ph);
+            }
+            let s01 = _mm256_hadd_epi32(v[0], v[1]);
+            let s23 = _mm256_hadd_epi32(v[2], v[3]);
+            let s45 = _mm256_hadd_epi32(v[4], v[5]);
+            let s67 = _mm256_hadd_epi32(v[6], v[7]);
+            let s0123 = _mm256_hadd_epi32(s01, s23);
+            let s4567 = _mm256_hadd_epi32(s45, s67);
+            let isum = _mm256_add_epi32(
+                _mm256_permute2x128_si256(s0123, s4567, 0x20),
+                _mm256_permute2x128_si256(s0123, s4567, 0x31),
+            );
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dsc, acc);
+            let mj = _mm256_set_m128i(hi[j], lo[j]);
+            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mj), dmn, acc_m);
+        }
+    }
+    _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_m));
 }
 
 /// `PYLLAMA_ORDER=llamacpp`: choose the K-quant kernels' summation order per matmul the
