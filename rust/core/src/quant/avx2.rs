@@ -1004,16 +1004,7 @@ unsafe fn dot_q4_k_w8(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut
                 let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
                 v[c] = _mm256_add_epi32(pl, ph);
             }
-            let s01 = _mm256_hadd_epi32(v[0], v[1]);
-            let s23 = _mm256_hadd_epi32(v[2], v[3]);
-            let s45 = _mm256_hadd_epi32(v[4], v[5]);
-            let s67 = _mm256_hadd_epi32(v[6], v[7]);
-            let s0123 = _mm256_hadd_epi32(s01, s23);
-            let s4567 = _mm256_hadd_epi32(s45, s67);
-            let isum = _mm256_add_epi32(
-                _mm256_permute2x128_si256(s0123, s4567, 0x20),
-                _mm256_permute2x128_si256(s0123, s4567, 0x31),
-            );
+            let isum = hsum_i32_x8(&v);
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dsc, acc);
             let mj = _mm256_set_m128i(hi[j], lo[j]);
             acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mj), dmn, acc_m);
@@ -1450,6 +1441,19 @@ unsafe fn round_pack_32(v: [__m256; 4], id: f32, dst: *mut u8) -> __m256i {
     let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(dst as *mut __m256i, p);
     sum
+}
+
+/// Lane c = the (wrapping) sum of the 8 lanes of v[c]: eight horizontal sums at once.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32_x8(v: &[__m256i; 8]) -> __m256i {
+    let s01 = _mm256_hadd_epi32(v[0], v[1]);
+    let s23 = _mm256_hadd_epi32(v[2], v[3]);
+    let s45 = _mm256_hadd_epi32(v[4], v[5]);
+    let s67 = _mm256_hadd_epi32(v[6], v[7]);
+    let s0123 = _mm256_hadd_epi32(s01, s23);
+    let s4567 = _mm256_hadd_epi32(s45, s67);
+    _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20), _mm256_permute2x128_si256(s0123, s4567, 0x31))
 }
 
 #[inline]
