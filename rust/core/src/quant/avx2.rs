@@ -1607,3 +1607,145 @@ pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
 pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_bf16_avx2(src, dst) }
 }
+
+// ------------------------------------------------------------------ single-token multi-row
+
+/// Weight rows per pass of the AVX2 multi-row kernels.
+const ROWS: usize = 4;
+
+/// `dot_signed_q8_0::<1, V>` for R consecutive weight rows (`ws` bytes apart) against one
+/// activation row, interleaved block by block: every row gets exactly the single-row
+/// kernel's operations (so the same bits), but the R accumulators are independent FMA
+/// chains (the single-row kernel waits on one FMA's latency per block) and the activation
+/// block is loaded once for all of them.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_signed<const R: usize, const V: bool>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> (f32, __m256i),
+) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let by = x.add(i * 34);
+        let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
+        let vdx = _mm256_set1_ps(dx);
+        let y = load256(by.add(2));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let bw = w.add(r * ws + i * wsize);
+            prefetch_w(bw);
+            let (dw, qw) = decode(bw);
+            let d = _mm256_mul_ps(_mm256_set1_ps(dw), vdx);
+            let aw = _mm256_sign_epi8(qw, qw);
+            let sy = _mm256_sign_epi8(y, qw);
+            *a = _mm256_fmadd_ps(d, u8_i8_dot_ps::<V>(aw, sy), *a);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        *out.add(r) = hsum_ps(*a);
+    }
+}
+
+/// `dot_min_q8_1::<1, V>` for R weight rows, as `rows_signed`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_min<const R: usize, const V: bool>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    wsize: usize,
+    x: *const u8,
+    xd: *const f32,
+    out: *mut f32,
+    decode: impl Fn(*const u8) -> __m256i,
+) {
+    let nb = n / 32;
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summ = [_mm_setzero_ps(); R];
+    for i in 0..nb {
+        let by = x.add(i * 36);
+        let ds = if xd.is_null() { f16x2(by) } else { _mm_castpd_ps(_mm_load_sd(xd.add(2 * i) as *const f64)) };
+        let y = load256(by.add(4));
+        for r in 0..R {
+            let bw = w.add(r * ws + i * wsize);
+            prefetch_w_l1(bw);
+            let p = _mm_mul_ps(f16x2(bw), ds); // (d_w * d_x, m_w * s_x)
+            summ[r] = _mm_add_ps(summ[r], p);
+            let q = u8_i8_dot_ps::<V>(decode(bw), y);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), q, acc[r]);
+        }
+    }
+    for r in 0..R {
+        *out.add(r) = hsum_ps(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(summ[r]));
+    }
+}
+
+/// A multi-row kernel (`avx512::DotRows`) in a plain AVX2 and an AVX-VNNI build: ROWS rows
+/// per pass, then single rows.
+macro_rules! rows_kernel {
+    ($plain:ident, $vnni:ident, $fam:ident, $wsize:expr, $dec:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $plain(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + ROWS <= nrows {
+                $fam::<ROWS, false>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
+                r += ROWS;
+            }
+            while r < nrows {
+                $fam::<1, false>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
+                r += 1;
+            }
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub unsafe fn $vnni(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            let mut r = 0;
+            while r + ROWS <= nrows {
+                $fam::<ROWS, true>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
+                r += ROWS;
+            }
+            while r < nrows {
+                $fam::<1, true>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
+                r += 1;
+            }
+        }
+    };
+}
+
+rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, 18, |b| (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8))));
+rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, 22, |b| {
+    let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+});
+rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, |b| (f16(b), load256(b.add(2))));
+rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, |b| (f16(b), iq4_lookup(b.add(2))));
+rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, |b| nibbles_32(b.add(4)));
+rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, |b| {
+    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_32(b.add(8)), hi)
+});
+
+/// The AVX2 single-token multi-row kernel of `ty` (VNNI build when `vnni`), if there is one.
+pub fn rows_kernel_with(ty: GgmlType, vnni: bool) -> Option<super::avx512::DotRows> {
+    use GgmlType::*;
+    Some(match (ty, vnni) {
+        (Q4_0, false) => rows_q4_0,
+        (Q4_0, true) => rows_q4_0_vnni,
+        (Q5_0, false) => rows_q5_0,
+        (Q5_0, true) => rows_q5_0_vnni,
+        (Q8_0, false) => rows_q8_0,
+        (Q8_0, true) => rows_q8_0_vnni,
+        (IQ4_NL, false) => rows_iq4_nl,
+        (IQ4_NL, true) => rows_iq4_nl_vnni,
+        (Q4_1, false) => rows_q4_1,
+        (Q4_1, true) => rows_q4_1_vnni,
+        (Q5_1, false) => rows_q5_1,
+        (Q5_1, true) => rows_q5_1_vnni,
+        _ => return None,
+    })
+}

@@ -324,12 +324,21 @@ pub const MAX_TILE: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(avx2::WIDE_TILE <= MAX_TILE);
 
+/// `PYLLAMA_NO_ROWS=1`: single-token matmuls use the single-row kernels (for comparisons;
+/// results are the same bits either way).
+#[cfg(target_arch = "x86_64")]
+fn no_rows() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_ROWS").is_some_and(|v| v != "0"))
+}
+
 /// The single-token kernel over several weight rows (see `avx512::DotRows`) of weight type
 /// `ty` in kernel set `set`, if there is one; the matmul uses it when n_tokens == 1.
 #[cfg(target_arch = "x86_64")]
 pub fn rows_kernel(ty: GgmlType, set: KernelSet) -> Option<avx512::DotRows> {
     match set {
         KernelSet::Avx512 => avx512::rows_kernel(ty),
+        KernelSet::Avx2 if !no_rows() => avx2::rows_kernel_with(ty, avx2::vnni_available()),
         _ => None,
     }
 }

@@ -474,6 +474,49 @@ fn avx512_kernels_equal_avx2_bit_for_bit() {
 }
 
 #[test]
+fn avx2_multi_row_kernels_equal_single_row_bit_for_bit() {
+    // The AVX2 single-token kernels that interleave 4 weight rows: every row's result is the
+    // single-row kernel's, plain AVX2 and AVX-VNNI builds, for every row count.
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = Rng(0x0a2_0001);
+        for vnni in [false, true] {
+            if vnni && !is_x86_feature_detected!("avxvnni") {
+                continue;
+            }
+            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
+                let rows = avx2::rows_kernel_with(ty, vnni).expect("a multi-row kernel");
+                let (a1, _) = avx2::dot_kernels_with(ty, vnni).unwrap();
+                let vdt = vec_dot_type(ty);
+                for nblocks in [1usize, 2, 3, 7, 20] {
+                    let n = 32 * nblocks;
+                    let wrow = ty.row_size(n).unwrap();
+                    for nrows in 1..=9 {
+                        let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
+                        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                        let xq = activations(ty, &x, KernelSet::Avx2);
+                        let sc = act_scales(vdt, &xq);
+                        for xd in [std::ptr::null(), sc.as_ptr()] {
+                            let mut got = vec![f32::NAN; nrows];
+                            unsafe { rows(n, w.as_ptr(), wrow, nrows, xq.as_ptr(), xd, got.as_mut_ptr()) };
+                            for r in 0..nrows {
+                                let mut want = 0f32;
+                                unsafe { a1(n, w.as_ptr().add(r * wrow), xq.as_ptr(), 0, std::ptr::null(), 0, &mut want) };
+                                assert_eq!(want.to_bits(), got[r].to_bits(), "{ty} vnni={vnni} n={n} nrows={nrows} row {r}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
     // The single-token kernels that interleave 2 and 4 weight rows: every row's result is
     // the AVX2 single-row kernel's, for every row count (4-row groups, a pair, a last row).
