@@ -11,5 +11,13 @@ fuzz_target!(|data: &[u8]| {
             let d = f.tensor_data(t);
             assert_eq!(d.len() as u64, t.nbytes);
         }
+        // the vocabulary tables built from whatever tokenizer arrays parsed, and both merge loops
+        for merges in [false, true] {
+            if let Ok(v) = pyllama_core::vocab::store_from_metadata(|k| f.get(k), merges) {
+                let mut out = Vec::new();
+                v.bpe_word("hello world".as_bytes(), Default::default(), &mut out);
+                let _ = v.spm("\u{2581}hello".as_bytes(), &mut out);
+            }
+        }
     }
 });

@@ -562,6 +562,75 @@ mod tests {
         assert_eq!(s.spm(b"d", &mut out), Err(b'd'));
     }
 
+    /// A GGUF header with tokenizer arrays, byte-flipped at random: parsing either fails or
+    /// gives tables whose build and merge loops never panic.
+    #[test]
+    fn corrupted_tokenizer_arrays_never_panic() {
+        use crate::gguf::{GgufFile, Storage};
+        fn s(b: &mut Vec<u8>, t: &str) {
+            b.extend((t.len() as u64).to_le_bytes());
+            b.extend(t.as_bytes());
+        }
+        fn strs(b: &mut Vec<u8>, key: &str, items: &[&str]) {
+            s(b, key);
+            b.extend(9u32.to_le_bytes());
+            b.extend(8u32.to_le_bytes());
+            b.extend((items.len() as u64).to_le_bytes());
+            for t in items {
+                s(b, t);
+            }
+        }
+        let mut base = Vec::new();
+        base.extend(b"GGUF");
+        base.extend(3u32.to_le_bytes());
+        base.extend(0u64.to_le_bytes());
+        base.extend(4u64.to_le_bytes());
+        strs(&mut base, "tokenizer.ggml.tokens", &["a", "b", "ab", "\u{2581}", "<0x61>", ""]);
+        strs(&mut base, "tokenizer.ggml.merges", &["a b", "\u{2581} a", "ab ab"]);
+        s(&mut base, "tokenizer.ggml.scores");
+        base.extend(9u32.to_le_bytes());
+        base.extend(6u32.to_le_bytes());
+        base.extend(6u64.to_le_bytes());
+        for v in [0.0f32, -1.0, -0.5, 2.0, 0.0, 1.0] {
+            base.extend(v.to_le_bytes());
+        }
+        s(&mut base, "tokenizer.ggml.token_type");
+        base.extend(9u32.to_le_bytes());
+        base.extend(5u32.to_le_bytes());
+        base.extend(6u64.to_le_bytes());
+        for v in [1i32, 1, 1, 1, 6, 3] {
+            base.extend(v.to_le_bytes());
+        }
+        let mut seed = 0x5eed_0f_70c3u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut parsed = 0;
+        for _ in 0..3000 {
+            let mut b = base.clone();
+            for _ in 0..1 + next() % 3 {
+                let i = (next() % b.len() as u64) as usize;
+                b[i] = next() as u8;
+            }
+            let Ok(f) = GgufFile::from_storage("t.gguf", Storage::from_bytes(&b)) else { continue };
+            parsed += 1;
+            for merges in [false, true] {
+                if let Ok(v) = store_from_metadata(|k| f.get(k), merges) {
+                    let mut out = vec![];
+                    v.bpe_word("abab\u{2581}ab".as_bytes(), BpeOptions::default(), &mut out);
+                    v.bpe_word(&[0xff, 0x61, 0xc3], BpeOptions { byte_encode: true, ..Default::default() }, &mut out);
+                    let _ = v.spm("\u{2581}abba\u{2581}".as_bytes(), &mut out);
+                    let _ = v.spm(&[0xe2, 0x96], &mut out);
+                    assert!(out.iter().all(|&id| (id as usize) < v.len()));
+                }
+            }
+        }
+        assert!(parsed > 100, "only {parsed} corrupted files parsed: the test exercises too little");
+    }
+
     #[test]
     fn bridges() {
         let s = store(&["\u{2581}a", "a\u{2581}b", "\u{2581}\u{2581}", "x"], None, vec![]);
