@@ -508,3 +508,13 @@ def test_file_and_list_vocabularies_agree_on_any_tables(tmp_path_factory, toks, 
     assert list(direct.texts) == list(lists.texts)
     assert [direct.text_to_id.get(t) for t in toks] == [lists.text_to_id.get(t) for t in toks]
     assert direct.tokenize(text) == lists.tokenize(text)
+
+
+def test_vocab_deep_copy_shares_the_immutable_tables(gpt2):
+    import copy
+
+    v = copy.deepcopy(gpt2)
+    assert v._store is gpt2._store
+    assert v.tokenize("Hello world") == gpt2.tokenize("Hello world")
+    v.attrs[0] = 0  # the mutable parts are copies
+    assert gpt2.attrs[0] != 0 or v.attrs is not gpt2.attrs

@@ -91,6 +91,15 @@ impl PyVocabStore {
         self.inner.len()
     }
 
+    /// Immutable: a copy is the same object (so a deep copy of a `Vocab` works and shares it).
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
     /// Raw bytes of token `i`.
     fn token_bytes<'py>(&self, py: Python<'py>, i: isize) -> PyResult<Bound<'py, PyBytes>> {
         Ok(PyBytes::new(py, self.inner.token(self.check(i)?)))
