@@ -612,11 +612,11 @@ unsafe fn dot_packed_min<const V: bool>(
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn packed_q4_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<false>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+    dot_packed_min::<false>(nb, w, 20, xp, out, |b| q4_1_quants(b))
 }
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub unsafe fn packed_q4_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<true>(nb, w, 20, xp, out, |b| nibbles_32(b.add(4)))
+    dot_packed_min::<true>(nb, w, 20, xp, out, |b| q4_1_quants(b))
 }
 
 #[inline(always)]
@@ -723,55 +723,72 @@ macro_rules! legacy_kernel {
     };
 }
 
+/// Signed-family block decoders (one per weight type, shared by the vec_dot, tile and
+/// multi-row kernels): (d_w, the 32 quants as i8).
+#[inline(always)]
+unsafe fn dec_q4_0(b: *const u8) -> (f32, __m256i) {
+    (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+}
+#[inline(always)]
+unsafe fn dec_q5_0(b: *const u8) -> (f32, __m256i) {
+    // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
+    let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+}
+#[inline(always)]
+unsafe fn dec_q8_0(b: *const u8) -> (f32, __m256i) {
+    (f16(b), load256(b.add(2)))
+}
+#[inline(always)]
+unsafe fn dec_iq4_nl(b: *const u8) -> (f32, __m256i) {
+    (f16(b), iq4_lookup(b.add(2)))
+}
+/// Q4_1 quants (u8, 0..=15); Q5_1's are `q5_1_quants`.
+#[inline(always)]
+unsafe fn q4_1_quants(b: *const u8) -> __m256i {
+    nibbles_32(b.add(4))
+}
+
 legacy_kernel!(dot_q4_0, dot_q4_0_vnni, body_q4_0);
 
 #[inline(always)]
 unsafe fn body_q4_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| {
-        (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
-    })
+    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_q4_0(b))
 }
 
 legacy_kernel!(dot_q5_0, dot_q5_0_vnni, body_q5_0);
 
 #[inline(always)]
 unsafe fn body_q5_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 22, x, xs, xd, xds, out, |b| {
-        // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
-        let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
-    })
+    dot_signed_q8_0::<NC, V>(n, w, 22, x, xs, xd, xds, out, |b| dec_q5_0(b))
 }
 
 legacy_kernel!(dot_q8_0, dot_q8_0_vnni, body_q8_0);
 
 #[inline(always)]
 unsafe fn body_q8_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 34, x, xs, xd, xds, out, |b| (f16(b), load256(b.add(2))))
+    dot_signed_q8_0::<NC, V>(n, w, 34, x, xs, xd, xds, out, |b| dec_q8_0(b))
 }
 
 legacy_kernel!(dot_iq4_nl, dot_iq4_nl_vnni, body_iq4_nl);
 
 #[inline(always)]
 unsafe fn body_iq4_nl<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| (f16(b), iq4_lookup(b.add(2))))
+    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_iq4_nl(b))
 }
 
 legacy_kernel!(dot_q4_1, dot_q4_1_vnni, body_q4_1);
 
 #[inline(always)]
 unsafe fn body_q4_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 20, x, xs, xd, xds, out, |b| nibbles_32(b.add(4)))
+    dot_min_q8_1::<NC, V>(n, w, 20, x, xs, xd, xds, out, |b| q4_1_quants(b))
 }
 
 legacy_kernel!(dot_q5_1, dot_q5_1_vnni, body_q5_1);
 
 #[inline(always)]
 unsafe fn body_q5_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 24, x, xs, xd, xds, out, |b| {
-        let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
-        _mm256_or_si256(nibbles_32(b.add(8)), hi)
-    })
+    dot_min_q8_1::<NC, V>(n, w, 24, x, xs, xd, xds, out, |b| q5_1_quants(b))
 }
 
 // ------------------------------------------------------------------ K-quants
@@ -873,8 +890,13 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
 pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
+    // the 8-column SB tile reduces its columns' i32 sums together and keeps its
+    // accumulators in vector lanes (see below); every other shape keeps them in scalars
+    let lanes8 = SB && NC == 8;
     let mut acc = [0f32; NC];
     let mut acc_m = [0f32; NC];
+    let mut acc8 = _mm256_setzero_ps();
+    let mut acc8_m = _mm256_setzero_ps();
     for i in 0..nb {
         let bw = w.add(i * 144);
         if NC == 1 {
@@ -900,8 +922,26 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
             let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
             // lane j: min(2j) * bsum(sub-block 2j) + min(2j+1) * bsum(sub-block 2j+1)
             prod[c] = _mm_madd_epi16(mins, q8s);
-            if SB {
+            if SB && !lanes8 {
                 _mm_storeu_si128(min_lanes[c].as_mut_ptr() as *mut __m128i, prod[c]);
+            }
+        }
+        // lanes8: d_w * d_a, dmin_w * d_a and the mins of group j, one lane per column
+        let (mut dsc8, mut dmn8, mut mins8) = (_mm256_setzero_ps(), _mm256_setzero_ps(), [_mm256_setzero_si256(); 4]);
+        if lanes8 {
+            dsc8 = _mm256_loadu_ps(dsc.as_ptr());
+            dmn8 = _mm256_loadu_ps(dmn.as_ptr());
+            let p = &*(prod.as_ptr() as *const [__m128i; 8]);
+            let tr = |p: &[__m128i]| {
+                let t0 = _mm_unpacklo_epi32(p[0], p[1]);
+                let t1 = _mm_unpacklo_epi32(p[2], p[3]);
+                let t2 = _mm_unpackhi_epi32(p[0], p[1]);
+                let t3 = _mm_unpackhi_epi32(p[2], p[3]);
+                [_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)]
+            };
+            let (lo, hi) = (tr(&p[..4]), tr(&p[4..]));
+            for j in 0..4 {
+                mins8[j] = _mm256_set_m128i(hi[j], lo[j]);
             }
         }
         let q4 = bw.add(16);
@@ -911,16 +951,27 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
             let bits = load256(q4.add(32 * j));
             let q4l = _mm256_and_si256(bits, m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let mut v = [_mm256_setzero_si256(); NC];
             for c in 0..NC {
                 let (_, q8) = q8k(x, xs, c, i);
                 let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
                 let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
-                if SB {
-                    let isum = hsum_i32(_mm256_add_epi32(pl, ph));
-                    acc[c] = (isum as f32).mul_add(dsc[c], acc[c]);
+                v[c] = _mm256_add_epi32(pl, ph);
+            }
+            if lanes8 {
+                // the same fma(isum, d_w * d_a, acc) per column as below, in eight lanes:
+                // integer sums do not depend on their order, so one hadd tree gives all 8
+                let isum = hsum_i32_x8(&*(v.as_ptr() as *const [__m256i; 8]));
+                acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dsc8, acc8);
+                acc8_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins8[j]), dmn8, acc8_m);
+            } else if SB {
+                for c in 0..NC {
+                    acc[c] = (hsum_i32(v[c]) as f32).mul_add(dsc[c], acc[c]);
                     acc_m[c] = (min_lanes[c][j] as f32).mul_add(dmn[c], acc_m[c]);
-                } else {
-                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+                }
+            } else {
+                for c in 0..NC {
+                    sumi[c] = _mm256_add_epi32(sumi[c], v[c]);
                 }
             }
         }
@@ -930,6 +981,10 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
                 acc_m[c] = (hsum_i32_128(prod[c]) as f32).mul_add(dmn[c], acc_m[c]);
             }
         }
+    }
+    if lanes8 {
+        _mm256_storeu_ps(out, _mm256_sub_ps(acc8, acc8_m));
+        return;
     }
     for c in 0..NC {
         *out.add(c) = acc[c] - acc_m[c];
@@ -941,76 +996,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
 /// gemm orders depends on how many rows the batch has).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    if NC == 8 {
-        dot_q4_k_w8(n, w, x, xs, out)
-    } else {
-        dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
-    }
-}
-
-/// The 8-column tile of `dot_q4_k_ord::<8, true>` with the same floats: the eight exact
-/// i32 sums of a 64-element group are reduced together (a tree of hadds instead of eight
-/// horizontal sums; integer sums do not depend on their order), converted and fused into
-/// eight accumulator lanes with the same `fma(isum, d_w * d_a, acc)` per column as the
-/// scalar loop, and the mins likewise.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_w8(n: usize, w: *const u8, x: *const u8, xs: usize, out: *mut f32) {
-    let nb = n / 256;
-    let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm256_setzero_ps();
-    for i in 0..nb {
-        let bw = w.add(i * 144);
-        let dw = f16(bw);
-        let dminw = f16(bw.add(2));
-        let ms = k4_mins_and_scales(bw.add(4));
-        let mins = _mm256_extracti128_si256(ms, 1);
-        let sc128 = _mm256_extracti128_si256(ms, 0);
-        let scales = _mm256_set_m128i(sc128, sc128);
-        let mut yd = [0f32; 8];
-        let mut prod = [_mm_setzero_si128(); 8];
-        for c in 0..8 {
-            let (by, q8) = q8k(x, xs, c, i);
-            yd[c] = f32_at(by);
-            let bs = load256(q8.add(256));
-            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
-            // lane j: min(2j) * bsum(sub-block 2j) + min(2j+1) * bsum(sub-block 2j+1)
-            prod[c] = _mm_madd_epi16(mins, q8s);
-        }
-        let ydv = _mm256_loadu_ps(yd.as_ptr());
-        // d_w * d_a and dmin_w * d_a per column, as the scalar products
-        let dsc = _mm256_mul_ps(_mm256_set1_ps(dw), ydv);
-        let dmn = _mm256_mul_ps(_mm256_set1_ps(dminw), ydv);
-        // mins transposed: min_j[c] = prod[c] lane j
-        let tr = |p: &[__m128i]| {
-            let t0 = _mm_unpacklo_epi32(p[0], p[1]);
-            let t1 = _mm_unpacklo_epi32(p[2], p[3]);
-            let t2 = _mm_unpackhi_epi32(p[0], p[1]);
-            let t3 = _mm_unpackhi_epi32(p[2], p[3]);
-            [_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)]
-        };
-        let (lo, hi) = (tr(&prod[..4]), tr(&prod[4..]));
-        let q4 = bw.add(16);
-        for j in 0..4 {
-            let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
-            let scale_h = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
-            let bits = load256(q4.add(32 * j));
-            let q4l = _mm256_and_si256(bits, m4);
-            let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            let mut v = [_mm256_setzero_si256(); 8];
-            for c in 0..8 {
-                let (_, q8) = q8k(x, xs, c, i);
-                let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
-                let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
-                v[c] = _mm256_add_epi32(pl, ph);
-            }
-            let isum = hsum_i32_x8(&v);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dsc, acc);
-            let mj = _mm256_set_m128i(hi[j], lo[j]);
-            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mj), dmn, acc_m);
-        }
-    }
-    _mm256_storeu_ps(out, _mm256_sub_ps(acc, acc_m));
+    dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
 /// `PYLLAMA_ORDER=llamacpp`: choose the K-quant kernels' summation order per matmul the
@@ -1686,49 +1672,48 @@ unsafe fn rows_min<const R: usize, const V: bool>(
     }
 }
 
-/// A multi-row kernel (`avx512::DotRows`) in a plain AVX2 and an AVX-VNNI build: ROWS rows
-/// per pass, then single rows.
+/// ROWS rows per pass, then single rows: `pass(r, true)` covers rows r..r + ROWS.
+#[inline(always)]
+fn by_rows(nrows: usize, mut pass: impl FnMut(usize, bool)) {
+    let mut r = 0;
+    while r + ROWS <= nrows {
+        pass(r, true);
+        r += ROWS;
+    }
+    while r < nrows {
+        pass(r, false);
+        r += 1;
+    }
+}
+
+/// A multi-row kernel (`avx512::DotRows`) of family `$fam` with block decoder `$dec`, in a
+/// plain AVX2 build and an AVX-VNNI one.
 macro_rules! rows_kernel {
-    ($plain:ident, $vnni:ident, $fam:ident, $wsize:expr, $dec:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
-            let mut r = 0;
-            while r + ROWS <= nrows {
-                $fam::<ROWS, false>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
-                r += ROWS;
-            }
-            while r < nrows {
-                $fam::<1, false>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
-                r += 1;
-            }
-        }
-        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
-            let mut r = 0;
-            while r + ROWS <= nrows {
-                $fam::<ROWS, true>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
-                r += ROWS;
-            }
-            while r < nrows {
-                $fam::<1, true>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $dec);
-                r += 1;
-            }
+    ($plain:ident, $vnni:ident, $fam:ident, $wsize:expr, $dec:ident) => {
+        rows_kernel!(@build $plain, false, "avx2,fma,f16c", $fam, $wsize, $dec);
+        rows_kernel!(@build $vnni, true, "avx2,fma,f16c,avxvnni", $fam, $wsize, $dec);
+    };
+    (@build $name:ident, $v:expr, $feat:literal, $fam:ident, $wsize:expr, $dec:ident) => {
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $name(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            by_rows(nrows, |r, four| {
+                let (w, out) = (w.add(r * ws), out.add(r));
+                if four {
+                    $fam::<ROWS, $v>(n, w, ws, $wsize, x, xd, out, |b| $dec(b))
+                } else {
+                    $fam::<1, $v>(n, w, ws, $wsize, x, xd, out, |b| $dec(b))
+                }
+            })
         }
     };
 }
 
-rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, 18, |b| (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8))));
-rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, 22, |b| {
-    let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
-});
-rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, |b| (f16(b), load256(b.add(2))));
-rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, |b| (f16(b), iq4_lookup(b.add(2))));
-rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, |b| nibbles_32(b.add(4)));
-rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, |b| {
-    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
-    _mm256_or_si256(nibbles_32(b.add(8)), hi)
-});
+rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, 18, dec_q4_0);
+rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, 22, dec_q5_0);
+rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, dec_q8_0);
+rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, dec_iq4_nl);
+rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, q4_1_quants);
+rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, q5_1_quants);
 
 /// The AVX2 single-token multi-row kernel of `ty` (VNNI build when `vnni`), if there is one.
 pub fn rows_kernel_with(ty: GgmlType, vnni: bool) -> Option<super::avx512::DotRows> {
