@@ -534,6 +534,15 @@ class Context:
 
         return self._decode_allocated(core, ab, n_seq_max)
 
+    def _fatal(self, e: Exception) -> int:
+        """Record a failure inside the forward pass (no outputs left) and return -3."""
+        self._fatal_exc = e
+        self._last_error = f"{type(e).__name__}: {e}"
+        self._n_outputs = 0
+        self._output_ids.fill(-1)
+        log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
+        return -3
+
     def _decode_one(self, core: "_core.Context", tok: np.ndarray) -> int:
         """``_decode_code`` for the token-generation step: one valid token id continuing
         sequence 0, logits for it, no abort callback, no embeddings. Same effects and codes
@@ -543,12 +552,7 @@ class Context:
         try:
             ret = core.decode_one(int(tok[0]), self._logits_buf[0])
         except Exception as e:  # fatal: Rust failed mid-way
-            self._fatal_exc = e
-            self._last_error = f"{type(e).__name__}: {e}"
-            self._n_outputs = 0
-            self._output_ids.fill(-1)
-            log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
-            return -3
+            return self._fatal(e)
         t1 = _time_us()
         if ret != 0:
             if ret == 1:
@@ -624,12 +628,7 @@ class Context:
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                           logits_buf[:n_outputs], hidden, abort)
         except Exception as e:  # fatal: Rust failed mid-way
-            self._fatal_exc = e
-            self._last_error = f"{type(e).__name__}: {e}"
-            self._n_outputs = 0
-            self._output_ids.fill(-1)
-            log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
-            return -3
+            return self._fatal(e)
         t1 = _time_us()
 
         if ret == 1:

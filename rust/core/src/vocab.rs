@@ -242,6 +242,51 @@ impl Symbols {
     fn text<'t>(&self, text: &'t [u8], i: usize) -> &'t [u8] {
         &text[self.start[i]..self.start[i] + self.len[i]]
     }
+    /// llama.cpp's merge loop over the symbols of `text`: queue every adjacent pair that
+    /// `key(left, right, both)` scores (greater key first, then leftmost), pop, skip entries
+    /// made stale by an earlier merge, merge, and queue the merged symbol's new pairs.
+    fn merged(text: &[u8], key: impl Fn(&[u8], &[u8], &[u8]) -> Option<f64>) -> Symbols {
+        let mut sym = Symbols::of(text);
+        let mut heap = BinaryHeap::new();
+        let push = |heap: &mut BinaryHeap<Bigram>, sym: &Symbols, l: isize, r: isize| {
+            if l < 0 || r < 0 {
+                return;
+            }
+            let (l, r) = (l as usize, r as usize);
+            let size = sym.len[l] + sym.len[r];
+            let both = &text[sym.start[l]..sym.start[l] + size];
+            if let Some(k) = key(sym.text(text, l), sym.text(text, r), both) {
+                heap.push(Bigram { key: k, left: l, right: r, size });
+            }
+        };
+        for i in 1..sym.start.len() {
+            push(&mut heap, &sym, i as isize - 1, i as isize);
+        }
+        while let Some(b) = heap.pop() {
+            let (ll, rl) = (sym.len[b.left], sym.len[b.right]);
+            if ll == 0 || rl == 0 || ll + rl != b.size {
+                continue;
+            }
+            sym.merge(b.left, b.right);
+            push(&mut heap, &sym, sym.prev[b.left], b.left as isize);
+            push(&mut heap, &sym, b.left as isize, sym.next[b.left]);
+        }
+        sym
+    }
+
+    /// The texts of the symbols left, in order.
+    fn pieces<'t>(&'t self, text: &'t [u8]) -> impl Iterator<Item = &'t [u8]> + 't {
+        let mut i: isize = if self.start.is_empty() { -1 } else { 0 };
+        std::iter::from_fn(move || {
+            if i < 0 {
+                return None;
+            }
+            let s = self.text(text, i as usize);
+            i = self.next[i as usize];
+            Some(s)
+        })
+    }
+
     /// Merge `right` into `left`.
     fn merge(&mut self, left: usize, right: usize) {
         self.len[left] += self.len[right];
@@ -358,50 +403,26 @@ impl VocabStore {
                 return;
             }
         }
-        let mut sym = Symbols::of(word);
-        let mut heap = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<Bigram>, sym: &Symbols, l: isize, r: isize| {
-            if l < 0 || r < 0 {
-                return;
-            }
-            let (l, r) = (l as usize, r as usize);
-            if let Some(rank) = self.rank(sym.text(word, l), sym.text(word, r)) {
-                heap.push(Bigram { key: -(rank as f64), left: l, right: r, size: sym.len[l] + sym.len[r] });
-            }
-        };
-        for i in 1..sym.start.len() {
-            push(&mut heap, &sym, i as isize - 1, i as isize);
-        }
-        while let Some(b) = heap.pop() {
-            let (ll, rl) = (sym.len[b.left], sym.len[b.right]);
-            if ll == 0 || rl == 0 || ll + rl != b.size {
-                continue;
-            }
-            sym.merge(b.left, b.right);
-            push(&mut heap, &sym, sym.prev[b.left], b.left as isize);
-            push(&mut heap, &sym, b.left as isize, sym.next[b.left]);
-        }
-        let mut i = if sym.start.is_empty() { -1 } else { 0 };
-        while i >= 0 {
-            let s = sym.text(word, i as usize);
+        // lowest rank first: the key is the negated rank
+        let sym = Symbols::merged(word, |l, r, _| self.rank(l, r).map(|rank| -(rank as f64)));
+        for s in sym.pieces(word) {
             if let Some(id) = self.id(s) {
                 out.push(id);
-            } else {
-                for &c in s {
-                    let t = if opts.byte_encode {
-                        // the GPT-2 stand-in of a byte >= 0x80 is never a one-byte text
-                        if c < 0x80 {
-                            self.id(&[c])
-                        } else {
-                            None
-                        }
-                    } else {
-                        self.id(format!("<0x{c:02X}>").as_bytes())
-                    };
-                    out.extend(t); // bytes without a token are dropped, as in llama.cpp
-                }
+                continue;
             }
-            i = sym.next[i as usize];
+            for &c in s {
+                let t = if opts.byte_encode {
+                    // the GPT-2 stand-in of a byte >= 0x80 is never a one-byte text
+                    if c < 0x80 {
+                        self.id(&[c])
+                    } else {
+                        None
+                    }
+                } else {
+                    self.id(format!("<0x{c:02X}>").as_bytes())
+                };
+                out.extend(t); // bytes without a token are dropped, as in llama.cpp
+            }
         }
     }
 
@@ -411,34 +432,9 @@ impl VocabStore {
         if text.is_empty() {
             return Ok(());
         }
-        let mut sym = Symbols::of(text);
-        let mut heap = BinaryHeap::new();
-        let push = |heap: &mut BinaryHeap<Bigram>, sym: &Symbols, l: isize, r: isize| {
-            if l < 0 || r < 0 {
-                return;
-            }
-            let (l, r) = (l as usize, r as usize);
-            let size = sym.len[l] + sym.len[r];
-            let s = sym.start[l];
-            if let Some(id) = self.id(&text[s..s + size]) {
-                heap.push(Bigram { key: self.scores[id as usize] as f64, left: l, right: r, size });
-            }
-        };
-        for i in 1..sym.start.len() {
-            push(&mut heap, &sym, i as isize - 1, i as isize);
-        }
-        while let Some(b) = heap.pop() {
-            let (ll, rl) = (sym.len[b.left], sym.len[b.right]);
-            if ll == 0 || rl == 0 || ll + rl != b.size {
-                continue;
-            }
-            sym.merge(b.left, b.right);
-            push(&mut heap, &sym, sym.prev[b.left], b.left as isize);
-            push(&mut heap, &sym, b.left as isize, sym.next[b.left]);
-        }
-        let mut i = 0isize;
-        while i >= 0 {
-            let s = sym.text(text, i as usize);
+        // highest score first: a pair is queued when its concatenation is a token
+        let sym = Symbols::merged(text, |_, _, both| self.id(both).map(|id| self.scores[id as usize] as f64));
+        for s in sym.pieces(text) {
             if let Some(id) = self.id(s) {
                 out.push(id);
             } else {
@@ -446,7 +442,6 @@ impl VocabStore {
                     out.push(self.byte_tokens[c as usize].ok_or(c)?);
                 }
             }
-            i = sym.next[i as usize];
         }
         Ok(())
     }

@@ -111,11 +111,7 @@ impl PyGgufFile {
 
     /// The vocabulary tables built from this file's tokenizer metadata (see Model).
     fn vocab_store(&self, py: Python<'_>, merges: bool) -> PyResult<crate::vocab::PyVocabStore> {
-        let inner = self.inner.clone();
-        let s = py
-            .allow_threads(move || pyllama_core::vocab::store_from_metadata(|k| inner.get(k), merges))
-            .map_err(PyValueError::new_err)?;
-        Ok(crate::vocab::PyVocabStore { inner: Arc::new(s) })
+        crate::vocab::PyVocabStore::from_gguf(py, self.inner.clone(), |f| f, merges)
     }
 
     /// Metadata value types: key -> GGUF value type id (and element type for arrays).
@@ -361,11 +357,7 @@ impl PyModel {
     /// The vocabulary tables built from this model's tokenizer metadata (merges too when
     /// `merges`: BPE). ValueError with llama.cpp's message on a malformed tokenizer.
     fn vocab_store(&self, py: Python<'_>, merges: bool) -> PyResult<crate::vocab::PyVocabStore> {
-        let inner = self.inner.clone();
-        let s = py
-            .allow_threads(move || pyllama_core::vocab::store_from_metadata(|k| inner.files[0].get(k), merges))
-            .map_err(PyValueError::new_err)?;
-        Ok(crate::vocab::PyVocabStore { inner: Arc::new(s) })
+        crate::vocab::PyVocabStore::from_gguf(py, self.inner.clone(), |m| &m.files[0], merges)
     }
 
     /// Metadata of the first file (after kv_overrides) as key -> Python value. With

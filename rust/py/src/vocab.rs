@@ -2,6 +2,7 @@
 //! SPM merge loops over them. The Python `Vocab` wraps it (views named `texts`,
 //! `texts_bytes`, `text_to_id`, `bytes_to_id` keep its old dict/list interface).
 
+use pyllama_core::gguf::GgufFile;
 use pyllama_core::vocab::{BpeOptions, VocabStore, VocabStoreBuilder};
 use pyo3::exceptions::{PyIndexError, PyLookupError, PyTypeError};
 use pyo3::prelude::*;
@@ -41,6 +42,16 @@ pub struct PyVocabStore {
 }
 
 impl PyVocabStore {
+    /// Build from the tokenizer metadata of the GGUF file `file(&owner)` (merges too when
+    /// `merges`: BPE), without the GIL. ValueError with llama.cpp's message on a malformed
+    /// tokenizer.
+    pub fn from_gguf<T: Send + Sync>(py: Python<'_>, owner: Arc<T>, file: fn(&T) -> &GgufFile, merges: bool) -> PyResult<Self> {
+        let s = py
+            .allow_threads(move || pyllama_core::vocab::store_from_metadata(|k| file(&owner).get(k), merges))
+            .map_err(pyo3::exceptions::PyValueError::new_err)?;
+        Ok(PyVocabStore { inner: Arc::new(s) })
+    }
+
     fn check(&self, i: isize) -> PyResult<usize> {
         let n = self.inner.len() as isize;
         let j = if i < 0 { i + n } else { i };

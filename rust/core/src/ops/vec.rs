@@ -307,6 +307,14 @@ mod x86 {
             }
             i += 32;
         }
+        finish_f16_dot(&acc, a, b, np, n)
+    }
+
+    /// ggml's tail of an f16 dot: the four 8-lane accumulators reduced in its order, then
+    /// the elements past the last 32 added in f64.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish_f16_dot(acc: &[__m256; 4], a: &[u16], b: &[f32], np: usize, n: usize) -> f32 {
         let mut l = [[0f32; 8]; 4];
         for j in 0..4 {
             _mm256_storeu_ps(l[j].as_mut_ptr(), acc[j]);
@@ -333,18 +341,7 @@ mod x86 {
             }
             i += 32;
         }
-        let finish = |acc: &[__m256; 4], b: &[f32]| {
-            let mut l = [[0f32; 8]; 4];
-            for j in 0..4 {
-                _mm256_storeu_ps(l[j].as_mut_ptr(), acc[j]);
-            }
-            let mut s = super::reduce_ggml(&l) as f64;
-            for i in np..n {
-                s += (f16::from_bits(a[i]).to_f32() * b[i]) as f64;
-            }
-            s as f32
-        };
-        (finish(&acc0, b0), finish(&acc1, b1))
+        (finish_f16_dot(&acc0, a, b0, np, n), finish_f16_dot(&acc1, a, b1, np, n))
     }
 
     /// Caller (`mad_f16_acc_n`) checked y.len() >= (a.len() - 1) * stride + x.len().
