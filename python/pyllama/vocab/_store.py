@@ -2,7 +2,8 @@
 vocabulary code uses (``texts[i]``, ``texts_bytes[i]``, ``text_to_id.get(s)``).
 
 The tables themselves live in Rust, compactly: as Python lists and dicts of str and bytes
-they took ~30 MiB for a 49k-token vocabulary (over 100 MiB for Gemma's 262k).
+they took ~30 MiB for SmolLM2's 49k-token vocabulary (measured with tracemalloc), and about
+90 MB with the metadata copy for Gemma's 262k.
 """
 
 from __future__ import annotations

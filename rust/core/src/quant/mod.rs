@@ -336,9 +336,12 @@ fn no_rows() -> bool {
 /// `ty` in kernel set `set`, if there is one; the matmul uses it when n_tokens == 1.
 #[cfg(target_arch = "x86_64")]
 pub fn rows_kernel(ty: GgmlType, set: KernelSet) -> Option<avx512::DotRows> {
+    if no_rows() {
+        return None;
+    }
     match set {
         KernelSet::Avx512 => avx512::rows_kernel(ty),
-        KernelSet::Avx2 if !no_rows() => avx2::rows_kernel_with(ty, avx2::vnni_available()),
+        KernelSet::Avx2 => avx2::rows_kernel_with(ty, avx2::vnni_available()),
         _ => None,
     }
 }
