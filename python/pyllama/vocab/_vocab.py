@@ -301,29 +301,28 @@ class Vocab:
         if not isinstance(tokens, list):
             raise self._err(f"{_K}tokens must be an array of strings")
         n = len(tokens)
-        scores = md.get(_K + "scores")
-        if scores is not None:
-            if not isinstance(scores, list):
-                raise self._err(f"{_K}scores must be an array")
-            if len(scores) < n:
-                raise self._err(f"Index out of array bounds for scores ({len(scores)} < {n})")
-            scores = scores[:n]
-            # GGUF allows float32 or int32 scores; anything else is a broken file
-            if set(map(type, scores)) - {float, int}:
-                raise self._err(f"{_K}scores must be an array of float32 or int32")
-        toktypes = md.get(_K + "token_type")
-        if toktypes is not None:
-            if not isinstance(toktypes, list):
-                raise self._err(f"{_K}token_type must be an array of int32")
-            if len(toktypes) < n:
-                raise self._err(f"Index out of array bounds for toktypes ({len(toktypes)} < {n})")
-            toktypes = toktypes[:n]
-            if set(map(type, toktypes)) - {int}:
-                raise self._err(f"{_K}token_type must be an array of int32")
+        # GGUF allows float32 or int32 scores; anything else is a broken file
+        scores = self._numbers(md, "scores", "scores", n, {float, int}, "float32 or int32")
+        toktypes = self._numbers(md, "token_type", "toktypes", n, {int}, "int32")
         try:
             return _core().VocabStore.from_lists(tokens, scores, toktypes, merges)
         except (TypeError, OverflowError) as e:
             raise self._err(f"{_K}{e}") from None
+
+    def _numbers(self, md: dict, key: str, what: str, n: int, types: set, type_name: str):
+        """The first ``n`` entries of the number array ``tokenizer.ggml.<key>`` (None if
+        absent), with the checks and messages of the Rust ``store_from_metadata``."""
+        v = md.get(_K + key)
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise self._err(f"{_K}{key} must be an array")
+        if len(v) < n:
+            raise self._err(f"Index out of array bounds for {what} ({len(v)} < {n})")
+        v = v[:n]
+        if set(map(type, v)) - types:
+            raise self._err(f"{_K}{key} must be an array of {type_name}")
+        return v
 
     def _set_tokens(self, store) -> None:
         """Take the token tables from ``store`` (a ``_core.VocabStore``)."""
