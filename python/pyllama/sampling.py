@@ -1060,6 +1060,10 @@ class SamplerChain(Sampler):
         t0 = time.perf_counter() if not self.no_perf else 0.0
         rnd = dist._draw()
         r = _core.sample_default_tail(logits, k, top_p, log_min_p, temp, rnd)
+        if r is not None and not math.isfinite(r[1][0]):
+            # a tiny temperature overflowed the best logit to +inf: the Rust tail's softmax
+            # would give NaN; the samplers' give that token all the mass
+            r = None
         if r is None:
             dist._pending = rnd
             return None
