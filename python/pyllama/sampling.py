@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy as _copy
 import math
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -288,9 +289,18 @@ class _StdRng:
         return float(x) if x < 1.0 else float(np.nextafter(np.float32(1.0), np.float32(0.0)))
 
     def discrete(self, p: np.ndarray) -> int:
-        """std::discrete_distribution<int>(p)(rng): normalized cumulative sums, lower_bound."""
+        """std::discrete_distribution<int>(p)(rng), as libstdc++ (bits/random.tcc) does it.
+
+        Fewer than two weights: ``param_type::_M_initialize`` clears them and ``operator()``
+        returns 0 *without drawing*, so a single candidate consumes no random numbers.
+        Otherwise: the double weights are summed left to right (``std::accumulate``),
+        divided by the sum, accumulated left to right (``std::partial_sum``), the last
+        cumulative value is set to 1, and one uniform double picks by ``lower_bound``."""
+        if p.shape[0] < 2:
+            return 0
         w = p.astype(np.float64)
-        cp = np.cumsum(w / w.sum())
+        with np.errstate(invalid="ignore", divide="ignore"):  # all-zero weights: NaN, index 0
+            cp = np.cumsum(w / np.cumsum(w)[-1])  # cumsum: the sequential order of the C loops
         cp[-1] = 1.0
         return int(np.searchsorted(cp, self.uniform_double(), side="left"))
 
@@ -615,79 +625,247 @@ class TopNSigmaSampler(Sampler):
         cur.logits = logits
 
 
+# -- mirostat: llama.cpp's float32 arithmetic, operation for operation ------------------
+#
+# llama.cpp computes mirostat in float: logf / powf / log2f / expf from the C library,
+# float running sums, float division, then std::discrete_distribution. The float32 steps
+# are done here in float32, in the same order. The C library's float functions are not
+# correctly rounded (glibc's logf and log2f are up to 0.82 / 0.75 ulp off near 1, expf
+# 0.502 ulp), and numpy's float32 SIMD exp / log2 disagree with them in the last bit for
+# 10-40% of arguments, enough to move mirostat's k across an integer. So the values come
+# from the same C functions llama.cpp calls (ctypes), vectorized: numpy's float64 value
+# rounded to float32 decides wherever it cannot differ from libm's (far from a rounding
+# midpoint, or far from a comparison threshold), and libm is called for the rest. Without
+# a loadable libm the float64 value rounded to float32 is used (correctly rounded).
+
+_F32_1 = np.float32(1.0)
+_F32_2 = np.float32(2.0)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LIBM: dict | None = None
+
+
+def _libm() -> dict:
+    """The C library's expf / logf / log2f / powf through ctypes ({} when unavailable)."""
+    global _LIBM
+    if _LIBM is None:
+        import ctypes
+        import sys
+
+        names = {"win32": ["ucrtbase", "msvcrt"], "darwin": ["libm.dylib", "libSystem.dylib"]}.get(
+            sys.platform, ["libm.so.6", "libm.so"])
+        found: dict = {}
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                fns = {f: getattr(lib, f) for f in ("expf", "logf", "log2f", "powf")}
+            except (OSError, AttributeError):
+                continue
+            for f, fn in fns.items():
+                fn.restype = ctypes.c_float
+                fn.argtypes = [ctypes.c_float] * (2 if f == "powf" else 1)
+            found = fns
+            break
+        _LIBM = found
+    return _LIBM
+
+
+def _near_midpoint(y: np.ndarray, tol: float) -> np.ndarray:
+    """Where float64 ``y`` lies within ``tol`` float32 ulp of a midpoint between two float32
+    values (a libm off by < 0.5 + tol ulp may round it either way): the 29 mantissa bits
+    that rounding to float32 drops are within tol * 2^29 of 2^28. Results in float32's
+    subnormal range (fewer bits kept) always count as near."""
+    b = np.abs(y).view(np.uint64)
+    low = b & np.uint64(0x1FFFFFFF)
+    t = np.uint64(int(tol * (1 << 29)))
+    half = np.uint64(1 << 28)
+    near = (low > half - t) & (low < half + t)
+    tiny = (b < np.uint64(0x3810000000000000)) & (b != np.uint64(0))  # 0 < |y| < 2^-126
+    return near | tiny
+
+
+def _libm_f32(name: str, f64, x, tol: float):
+    """float32 ``name(x)`` as the C library computes it, for a float32 array or scalar."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        y = f64(x.astype(np.float64))
+        c = y.astype(np.float32)
+    fn = _libm().get(name)
+    if fn is None:
+        return c
+    if c.ndim == 0:
+        return np.float32(fn(float(x)))
+    idx = np.flatnonzero(_near_midpoint(np.atleast_1d(y), tol))
+    if idx.shape[0]:
+        c[idx] = np.array([fn(v) for v in x[idx].tolist()], np.float32)
+    return c
+
+
+def _expf(x) -> np.ndarray:
+    return _libm_f32("expf", np.exp, x, 0.004)  # glibc: < 0.502 ulp
+
+
+def _logf(x) -> np.ndarray:
+    return _libm_f32("logf", np.log, x, 0.5)  # up to 0.82 ulp near 1: always ask libm
+
+
+def _log2f(x) -> np.float32:
+    return _libm_f32("log2f", np.log2, x, 0.5)
+
+
+def _powf(x, y) -> np.float32:
+    fn = _libm().get("powf")
+    if fn is not None:
+        return np.float32(fn(float(np.float32(x)), float(np.float32(y))))
+    with np.errstate(all="ignore"):
+        return np.float32(np.power(np.float64(np.float32(x)), np.float64(np.float32(y))))
+
+
+def _first_surprise_above(p: np.ndarray, mu: np.float32) -> int | None:
+    """First i with -log2f(p[i]) > mu (libm's log2f), or None. numpy's float64 log2
+    decides wherever it is more than 2 float32 ulp from mu; libm decides the rest."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = -np.log2(p.astype(np.float64))
+        over = s > mu
+        near = np.abs(s - mu) <= 2.0 * float(np.spacing(np.abs(mu)))
+    if near.any() and _libm().get("log2f") is not None:
+        fn = _libm()["log2f"]
+        for i in np.flatnonzero(near).tolist():
+            over[i] = np.float32(-fn(float(p[i]))) > mu
+    elif near.any():
+        over[near] = -_log2f(p[near]) > mu
+    hits = np.flatnonzero(over)
+    return int(hits[0]) if hits.shape[0] else None
+
+
+def _c_int(k: np.float32, machine: str | None = None) -> int:
+    """C's ``int(k)`` for a float k. In range it truncates; NaN and out-of-range values are
+    undefined behaviour in C++ and give what the CPU's conversion instruction gives:
+    x86's cvttss2si returns INT_MIN for all of them, aarch64's fcvtzs saturates (NaN -> 0)."""
+    k = float(k)
+    if math.isfinite(k) and -2147483649.0 < k < 2147483648.0:
+        return int(k)
+    x86 = _X86 if machine is None else machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+    if x86:
+        return _INT_MIN
+    if math.isnan(k):
+        return 0
+    return _INT_MAX if k > 0 else _INT_MIN
+
+
+def _mirostat_k(k: np.float32, machine: str | None = None) -> int:
+    """``std::max(int(k), 1)``: mirostat v1's top-k size (a nearly flat row makes k
+    overflow to inf: 1 on x86-64, every candidate on aarch64, as in llama.cpp there)."""
+    return max(_c_int(k, machine), 1)
+
+
+def _softmax_f32(cur: TokenDataArray) -> None:
+    """``llama_sampler_softmax_impl(cur, true)`` as llama.cpp computes it: sort, p =
+    expf(logit - max) (float32 subtraction), a float32 running sum, float32 division."""
+    if cur.size == 0:
+        raise ValueError("softmax of an empty candidate list")
+    if not cur.sorted:
+        cur._sort()
+    max_l = cur.logits[0]
+    if math.isfinite(max_l):
+        p = _expf(cur.logits - max_l)  # float32 subtraction, then expf
+    else:
+        p = _exp_shifted(cur.logits, max_l)
+    total = np.cumsum(p, dtype=np.float32)[-1]  # cum_sum += p, left to right in float
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cur.p = p / total
+
+
+def _mirostat_update(mu: np.float32, tau: np.float32, eta: np.float32, p: np.float32) -> np.float32:
+    """mu - eta * (-log2f(p) - tau), in float."""
+    with np.errstate(all="ignore"):
+        e = np.float32(-_log2f(p)) - tau
+        return np.float32(mu - np.float32(eta * e))
+
+
 class MirostatSampler(Sampler):
+    """Mirostat 1.0 (llama.cpp's ``llama_sampler_init_mirostat``): estimate the Zipf
+    exponent from the ``m`` most likely tokens, keep the k tokens that give surprise ``mu``,
+    draw one, move ``mu`` toward ``tau``. ``m <= 0`` uses every candidate (llama.cpp's loop
+    bound is ``size_t(m - 1)``)."""
+
     name = "mirostat"
 
     def __init__(self, n_vocab: int, seed: int, tau: float, eta: float, m: int = 100):
         self.n_vocab = int(n_vocab)
         self.seed = int(seed) & 0xFFFFFFFF
         self.seed_cur = _rng_seed(self.seed)
-        self.tau = float(np.float32(tau))
-        self.eta = float(np.float32(eta))
+        self.tau = np.float32(tau)
+        self.eta = np.float32(eta)
         self.m = int(m)
-        self.mu = 2.0 * self.tau
+        self.mu = np.float32(_F32_2 * self.tau)
         self.rng = _StdRng(self.seed_cur)
+        self._t = np.zeros(0, np.float32)  # t_i = logf(float(i + 2) / float(i + 1)), cached
+
+    def _t_i(self, n: int) -> np.ndarray:
+        if self._t.shape[0] < n:
+            i = np.arange(max(n, 2 * self._t.shape[0]), dtype=np.float32)
+            self._t = _logf((i + _F32_2) / (i + _F32_1))
+        return self._t[:n]
 
     def apply(self, cur: TokenDataArray) -> None:
         if cur.size == 0:
             cur.selected = -1
             return
-        cur._softmax(True)
-        n = min(self.m - 1, cur.size - 1)
-        if n > 0:
-            i = np.arange(n, dtype=np.float64)
-            t_i = np.log((i + 2) / (i + 1))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                b_i = np.log(cur.p[:n].astype(np.float64) / cur.p[1 : n + 1])
-            s_hat = float((t_i * b_i).sum() / (t_i * t_i).sum())
-        else:
-            s_hat = float("nan")
-        eps = s_hat - 1
-        try:
-            k = (eps * 2.0**self.mu) / (1 - self.n_vocab ** (-eps))
-            k = k ** (1 / s_hat)
-        except (ZeroDivisionError, OverflowError, ValueError):
-            k = float("nan")
-        kk = int(k) if math.isfinite(k) and k < 2**31 else (cur.size if k == math.inf else 1)
-        _top_k_impl(cur, max(kk, 1))
-        cur._softmax(True)
+        _softmax_f32(cur)
+        n = cur.size - 1 if self.m <= 0 else min(self.m - 1, cur.size - 1)
+        with np.errstate(all="ignore"):
+            p = cur.p
+            t = self._t_i(n)
+            b = _logf(p[:n] / p[1:n + 1])
+            # float running sums, as the C loop (no reassociation, no FMA)
+            sum_ti_bi = np.cumsum(t * b, dtype=np.float32)[-1] if n else np.float32(0.0)
+            sum_ti_sq = np.cumsum(t * t, dtype=np.float32)[-1] if n else np.float32(0.0)
+            s_hat = np.float32(sum_ti_bi / sum_ti_sq)
+            eps = np.float32(s_hat - _F32_1)
+            num = np.float32(eps * _powf(_F32_2, self.mu))
+            den = np.float32(_F32_1 - _powf(np.float32(self.n_vocab), -eps))
+            k = _powf(np.float32(num / den), np.float32(_F32_1 / s_hat))
+        _top_k_impl(cur, _mirostat_k(k))
+        _softmax_f32(cur)
         idx = self.rng.discrete(cur.p)
         cur.selected = idx
-        self.mu = self.mu - self.eta * (-math.log2(float(cur.p[idx])) - self.tau)
+        self.mu = _mirostat_update(self.mu, self.tau, self.eta, cur.p[idx])
 
     def reset(self) -> None:
-        self.mu = 2.0 * self.tau
+        self.mu = np.float32(_F32_2 * self.tau)
         self.seed_cur = _rng_seed(self.seed)
         self.rng.seed(self.seed_cur)
 
 
 class MirostatV2Sampler(Sampler):
+    """Mirostat 2.0 (``llama_sampler_init_mirostat_v2``): keep the candidates whose surprise
+    -log2(p) is at most ``mu`` (at least one), draw one, move ``mu`` toward ``tau``."""
+
     name = "mirostat-v2"
 
     def __init__(self, seed: int, tau: float, eta: float):
         self.seed = int(seed) & 0xFFFFFFFF
         self.seed_cur = _rng_seed(self.seed)
-        self.tau = float(np.float32(tau))
-        self.eta = float(np.float32(eta))
-        self.mu = 2.0 * self.tau
+        self.tau = np.float32(tau)
+        self.eta = np.float32(eta)
+        self.mu = np.float32(_F32_2 * self.tau)
         self.rng = _StdRng(self.seed_cur)
 
     def apply(self, cur: TokenDataArray) -> None:
         if cur.size == 0:
             cur.selected = -1
             return
-        cur._softmax(True)
-        with np.errstate(divide="ignore"):
-            surprise = -np.log2(cur.p)
-        over = np.flatnonzero(surprise > self.mu)
-        cur._truncate(max(1, int(over[0]) if over.shape[0] else cur.size))
-        cur._softmax(True)
+        _softmax_f32(cur)
+        cut = _first_surprise_above(cur.p, self.mu)
+        cur._truncate(max(1, cur.size if cut is None else cut))
+        _softmax_f32(cur)
         idx = self.rng.discrete(cur.p)
         cur.selected = idx
-        self.mu = self.mu - self.eta * (-math.log2(float(cur.p[idx])) - self.tau)
+        self.mu = _mirostat_update(self.mu, self.tau, self.eta, cur.p[idx])
 
     def reset(self) -> None:
-        self.mu = 2.0 * self.tau
+        self.mu = np.float32(_F32_2 * self.tau)
         self.seed_cur = _rng_seed(self.seed)
         self.rng.seed(self.seed_cur)
 
