@@ -613,13 +613,15 @@ class TopNSigmaSampler(Sampler):
             return
         valid = cur.logits != -np.inf
         vals = cur.logits[valid]
-        if vals.shape[0]:
-            mx = max(float(cur.logits[0]), float(vals.max()))
-            mean = float(vals.sum(dtype=np.float32)) / vals.shape[0]
-            std = math.sqrt(float(((vals.astype(np.float64) - mean) ** 2).sum()) / vals.shape[0])
-        else:
-            mx, std = float(cur.logits[0]), 0.0
-        cut = np.float32(mx - self.n * std)
+        # +inf / huge logits make the statistics inf or NaN (then nothing is cut), silently
+        with np.errstate(over="ignore", invalid="ignore"):
+            if vals.shape[0]:
+                mx = max(float(cur.logits[0]), float(vals.max()))
+                mean = float(vals.sum(dtype=np.float32)) / vals.shape[0]
+                std = math.sqrt(float(((vals.astype(np.float64) - mean) ** 2).sum()) / vals.shape[0])
+            else:
+                mx, std = float(cur.logits[0]), 0.0
+            cut = np.float32(mx - self.n * std)
         logits = _scratch(self, cur.logits)
         logits[logits < cut] = -np.inf
         cur.logits = logits
@@ -907,7 +909,7 @@ class PenaltiesSampler(Sampler):
         toks = np.fromiter(self.token_count.keys(), np.int64, len(self.token_count))
         counts = np.fromiter(self.token_count.values(), np.float32, len(self.token_count))
         n = cur.size
-        if n > toks.max() and np.array_equal(cur.ids[toks], toks):
+        if toks.min() >= 0 and n > toks.max() and np.array_equal(cur.ids[toks], toks):
             pos = toks  # untouched full-vocabulary array: position == id
             cnt = counts
         else:
@@ -929,14 +931,72 @@ class PenaltiesSampler(Sampler):
         self.token_count.clear()
 
 
+def _bias_token(t, name: str, n_vocab: int) -> int:
+    """A logit-bias key as a token id: an int, or a string of digits (JSON object keys are
+    strings, so llama-cpp-python's int(key) accepts '15043'); 0 <= id < n_vocab when
+    n_vocab > 0."""
+    if isinstance(t, str):
+        txt = t.strip()
+        if not (txt[1:] if txt[:1] in "+-" else txt).isdigit() or not txt.isascii():
+            raise ValueError(f"{name}: key {t!r} is not a token id (keys are token ids: ints "
+                             "or strings of digits such as '15043')")
+        tok = int(txt)
+    elif isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)):
+        tok = int(t)
+    else:
+        raise TypeError(f"{name}: key {t!r} ({type(t).__name__}) is not a token id (keys are "
+                        "token ids: ints or strings of digits such as '15043')")
+    if tok < 0 or (n_vocab > 0 and tok >= n_vocab):
+        raise ValueError(f"{name}: token id {tok} is out of range (the vocabulary has "
+                         f"{n_vocab} tokens: ids 0..{n_vocab - 1})" if n_vocab > 0 else
+                         f"{name}: token id {tok} is negative")
+    return tok
+
+
+def _bias_value(b, name: str, tok: int) -> float:
+    if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: the bias of token {tok} must be a number, got "
+                        f"{type(b).__name__} {b!r}")
+    v = float(b)
+    if math.isnan(v):
+        raise ValueError(f"{name}: the bias of token {tok} is NaN (use -inf to ban a token)")
+    with np.errstate(over="ignore"):  # beyond float32: +-inf, as C's float conversion
+        return float(np.float32(v))
+
+
+def normalize_logit_bias(logit_bias, n_vocab: int = 0, name: str = "logit_bias") -> list[tuple[int, float]]:
+    """``logit_bias`` as checked (token, bias) pairs: a {token: bias} mapping or an iterable
+    of (token, bias) pairs / objects with ``.token`` and ``.bias``. Token ids are ints or
+    strings of digits, within 0..n_vocab-1 (when ``n_vocab`` > 0); biases are numbers, not
+    NaN (+-inf allowed). Anything else raises TypeError / ValueError naming ``name``."""
+    if logit_bias is None:
+        return []
+    if isinstance(logit_bias, (str, bytes)) or not hasattr(logit_bias, "__iter__"):
+        raise TypeError(f"{name} must be a dict {{token_id: bias}} or (token_id, bias) pairs, "
+                        f"got {type(logit_bias).__name__}")
+    items = logit_bias.items() if hasattr(logit_bias, "items") else logit_bias
+    out = []
+    for i, item in enumerate(items):
+        if hasattr(item, "token") and hasattr(item, "bias"):
+            t, b = item.token, item.bias
+        else:
+            try:
+                t, b = item
+            except (TypeError, ValueError):
+                raise TypeError(f"{name}[{i}] must be a (token_id, bias) pair, got {item!r}") from None
+        tok = _bias_token(t, name, int(n_vocab))
+        out.append((tok, _bias_value(b, name, tok)))
+    return out
+
+
 class LogitBiasSampler(Sampler):
     name = "logit-bias"
 
     def __init__(self, n_vocab: int, logit_bias: Iterable):
-        """``logit_bias``: (token, bias) pairs or a {token: bias} mapping."""
+        """``logit_bias``: (token, bias) pairs or a {token: bias} mapping (checked by
+        :func:`normalize_logit_bias`: bad keys, values or ids raise TypeError / ValueError)."""
         self.n_vocab = int(n_vocab)
-        items = logit_bias.items() if hasattr(logit_bias, "items") else logit_bias
-        self.logit_bias = [(int(t), float(np.float32(b))) for t, b in items]
+        self.logit_bias = normalize_logit_bias(logit_bias, self.n_vocab)
 
     def apply(self, cur: TokenDataArray) -> None:
         if not self.logit_bias:
@@ -1055,7 +1115,7 @@ class DrySampler(Sampler):
         for tok, rl in max_rep.items():
             if any(len(t) == 0 for t in self.breakers.get(tok, ())):
                 continue
-            hit = np.flatnonzero(ids == tok) if not (tok < cur.size and ids[tok] == tok) else [tok]
+            hit = [tok] if 0 <= tok < cur.size and ids[tok] == tok else np.flatnonzero(ids == tok)
             if len(hit) == 0:
                 continue
             e = rl - self.dry_allowed_length
@@ -1427,6 +1487,12 @@ def init_penalties(last_n: int, repeat: float, freq: float, present: float) -> S
 
 def init_dry(vocab, multiplier: float, base: float, allowed_length: int, penalty_last_n: int,
              seq_breakers: Sequence[str] = ()) -> Sampler:
+    if isinstance(seq_breakers, (str, bytes)):
+        raise TypeError(f"dry sequence breakers must be a list of str, got the single "
+                        f"{type(seq_breakers).__name__} {seq_breakers!r} (wrap it in a list)")
+    for i, b in enumerate(seq_breakers or ()):
+        if not isinstance(b, str):
+            raise TypeError(f"dry sequence breaker {i} must be a str, got {type(b).__name__} {b!r}")
     penalty_last_n = max(int(penalty_last_n), 0)
     if not (multiplier != 0.0 and base >= 1.0 and penalty_last_n != 0):
         return EmptySampler("?dry")
