@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
 from .generation import Session, TextStream, load_model
-from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, build_chain
+from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, build_chain, normalize_logit_bias
 
 __all__ = ["Llama"]
 
@@ -140,7 +140,8 @@ class Llama:
             seed=self._seed if seed is None else seed, temp=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, typ_p=typical_p, penalty_repeat=repeat_penalty, penalty_freq=frequency_penalty,
             penalty_present=presence_penalty, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta, logit_bias=dict(logit_bias or {}), no_perf=True,
+            mirostat_eta=mirostat_eta, logit_bias=dict(_check_logit_bias(logit_bias, self._session.n_vocab)),
+            no_perf=True,
         )
         return build_chain(params, n_vocab=self._session.n_vocab, vocab=self._session.vocab)
 
@@ -160,7 +161,7 @@ class Llama:
             max_tokens = sess.n_ctx - len(prompt_tokens)
         if len(prompt_tokens) >= sess.n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {sess.n_ctx}")
-        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        stops = _check_stop(stop)
         stream = TextStream(sess.vocab, special=False)
         text = ""
         sent = 0
@@ -221,6 +222,10 @@ class Llama:
         ``stream=True``. ``max_tokens`` None or <= 0 generates until the context is full."""
         if logprobs:
             raise NotImplementedError("create_completion(logprobs=...) is not supported by pyllama yet")
+        # argument checks here, before any work (a stream=True call is a generator: checks
+        # in it would only fail at the first next())
+        _check_stop(stop)
+        _check_logit_bias(logit_bias, self._session.n_vocab)
         prompt_tokens = self._completion_tokens(prompt)
         sampler = self._sampler(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
@@ -325,6 +330,8 @@ class Llama:
                 raise NotImplementedError(f"create_chat_completion({k}=...) is not supported by pyllama yet")
         extra = {k: v for k, v in template_kwargs.items()
                  if k not in ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs")}
+        _check_stop(stop)
+        _check_logit_bias(logit_bias, self._session.n_vocab)
         prompt_tokens = self._chat_prompt_tokens(messages, **extra)
         sampler = self._sampler(
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
@@ -368,6 +375,29 @@ class Llama:
                          "logprobs": None, "finish_reason": finish}],
             "usage": usage(),
         }
+
+
+def _check_stop(stop) -> list[str]:
+    """``stop`` as a list of non-empty strings: None, a str, or a list / tuple of str
+    (llama-cpp-python's forms); anything else is a TypeError naming what was wrong."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if not isinstance(stop, (list, tuple)):
+        raise TypeError(f"stop must be a str or a list of str, got {type(stop).__name__} {stop!r}")
+    for i, s in enumerate(stop):
+        if not isinstance(s, str):
+            raise TypeError(f"stop[{i}] must be a str, got {type(s).__name__} {s!r}")
+    return [s for s in stop if s]
+
+
+def _check_logit_bias(logit_bias, n_vocab: int) -> list[tuple[int, float]]:
+    """``logit_bias`` as llama-cpp-python takes it ({token_id: bias}, ids may be strings of
+    digits as JSON keys are), checked: TypeError / ValueError say which entry is wrong."""
+    if logit_bias is not None and not hasattr(logit_bias, "items"):
+        raise TypeError(f"logit_bias must be a dict {{token_id: bias}}, got {type(logit_bias).__name__}")
+    return normalize_logit_bias(logit_bias, n_vocab, "logit_bias")
 
 
 def _token_text(vocab, token: int) -> str:
