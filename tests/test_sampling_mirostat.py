@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,13 @@ DATA = Path(__file__).parent / "data" / "sampling"
 REF = json.loads((DATA / "mirostat_reference.json").read_text())
 LOGITS = np.load(DATA / "mirostat_logits.npy")
 N_VOCAB = REF["n_vocab"]
+N_PLAIN = REF["n_steps"] - REF["n_edge_rows"]
+# The reference is llama.cpp on x86-64 with glibc. Elsewhere llama.cpp itself gives other
+# streams: int(k) of an overflowed k saturates on aarch64 (pyllama does the same there),
+# and another libm rounds the edge rows differently; off glibc only the first N_PLAIN rows
+# of the plain runs are compared.
+X86 = S._X86
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
 def _sampler(spec: str):
@@ -68,10 +76,16 @@ def test_reference_covers_the_interesting_branches():
     assert all(max(r["sizes"]) > 1 for spec, r in runs.items() if not spec.endswith(":1"))
 
 
+@pytest.mark.skipif(not X86, reason="reference recorded on x86-64 (int(k) of inf differs on this CPU)")
 @pytest.mark.parametrize("spec", sorted(REF["runs"]))
 def test_token_stream_matches_llama_cpp(spec):
     ref = REF["runs"][spec]
     toks, sizes, probs = _stream(spec)
+    if not GLIBC:
+        if spec.split(":")[0].endswith("r"):
+            pytest.skip("edge rows: reference made with glibc's libm")
+        ref = {k: v[:N_PLAIN] for k, v in ref.items()}
+        toks, sizes, probs = toks[:N_PLAIN], sizes[:N_PLAIN], probs[:N_PLAIN]
     first = next((i for i, (a, b) in enumerate(zip(toks, ref["tokens"])) if a != b), None)
     assert first is None, (
         f"{spec}: token stream leaves llama.cpp's at step {first} "
