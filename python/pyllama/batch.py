@@ -197,6 +197,9 @@ def _field(batch: Batch, name: str, n: int, dtype, ndim: int) -> Optional[np.nda
     return arr
 
 
+_POS_MAX = 2**31 - 1  # llama_pos is int32
+
+
 def allocate(
     batch: Batch,
     *,
@@ -207,11 +210,14 @@ def allocate(
     seq_pos_max: Callable[[int], int],
     output_all: bool = False,
     warn: Optional[Callable[[str], None]] = None,
+    kv_unified: bool = True,
 ) -> AllocatedBatch:
     """Validate ``batch`` against the cache and fill in what it leaves out.
 
     ``seq_pos_min/max(s)`` report the cache's first/last position of sequence ``s`` (-1 when
-    empty). ``output_all`` (embeddings contexts) marks every entry as an output. Raises
+    empty). ``output_all`` (embeddings contexts) marks every entry as an output.
+    ``kv_unified=False`` (one KV stream per sequence) refuses entries shared by several
+    sequences, as llama.cpp does without ``-kvu``. Raises
     :class:`InvalidBatchError` with a message modelled on llama.cpp's, naming the entry.
     """
     n = int(batch.n_tokens)
@@ -283,7 +289,12 @@ def allocate(
                 v = int(row[s])
                 if v < 0 or v >= n_seq_max:
                     raise InvalidBatchError(f"invalid seq_id[{i}][{s}] = {v} >= {n_seq_max}")
-            seq_ids.append(tuple(sorted(set(row.tolist()))) if k > 1 else (int(row[0]),))
+            sids = tuple(sorted(set(row.tolist()))) if k > 1 else (int(row[0]),)
+            if len(sids) > 1 and not kv_unified:
+                raise InvalidBatchError(
+                    f"entry {i} belongs to sequences {list(sids)}: tokens shared by several sequences "
+                    "need a unified KV cache (kv_unified=True)")
+            seq_ids.append(sids)
 
     # positions: given, or continuing each entry's first sequence in the cache
     pos = _field(batch, "pos", n, np.int32, 1)
@@ -295,6 +306,10 @@ def allocate(
             p = nxt.get(s0)
             if p is None:
                 p = seq_pos_max(s0) + 1
+            if p > _POS_MAX:
+                raise InvalidBatchError(
+                    f"entry {i}: sequence {s0} would continue at position {p}, past the largest "
+                    f"position {_POS_MAX} (positions are int32)")
             pos[i] = p
             nxt[s0] = p + 1
     else:
@@ -406,6 +421,8 @@ def _allocate_get_one(batch: Batch, n: int, n_vocab: int, seq_pos_max, output_al
     elif int(token.min()) < 0 or int(token.max()) >= n_vocab:
         return None
     p0 = seq_pos_max(0) + 1
+    if p0 + n - 1 > _POS_MAX:
+        return None
     output = np.zeros(n, dtype=bool)
     output[-1] = True
     if output_all:

@@ -308,6 +308,8 @@ class Vocab:
             return _core().VocabStore.from_lists(tokens, scores, toktypes, merges)
         except (TypeError, OverflowError) as e:
             raise self._err(f"{_K}{e}") from None
+        except ValueError as e:  # a broken table (e.g. a BYTE token that names no byte)
+            raise self._err(str(e)) from None
 
     def _numbers(self, md: dict, key: str, what: str, n: int, types: set, type_name: str):
         """The first ``n`` entries of the number array ``tokenizer.ggml.<key>`` (None if

@@ -9,7 +9,7 @@
 //! their intermediates as llama.cpp does (`attn_norm-0`, `Qcur-0`, `kqv_out-0`,
 //! `ffn_out-0`, `l_out-0`, `result_norm`, `result_output`) for the debug dump.
 
-use crate::error::{Error, Result};
+use crate::error::{alloc, Error, Result};
 use crate::ggml_type::GgmlType;
 use crate::hparams::HParams;
 use crate::kv_cache::{KvCache, SeqSet, Slot, MAX_SEQ};
@@ -757,8 +757,13 @@ impl Context {
         if p.n_ctx == 0 || p.n_ubatch == 0 {
             return Err(Error::Invalid("n_ctx and n_ubatch must be positive".into()));
         }
+        // positions are int32 (llama_pos): a context cannot hold more cells than that
+        if p.n_ctx > i32::MAX as usize {
+            return Err(Error::Invalid(format!("n_ctx = {} must be at most {} (positions are int32)", p.n_ctx, i32::MAX)));
+        }
         p.n_threads = p.n_threads.clamp(1, 512);
         p.n_threads_batch = p.n_threads_batch.clamp(1, 512);
+        model.check_mapped_files()?;
         let hp = &model.hparams;
         // llama.cpp: with separate streams each sequence gets n_ctx / n_seq_max cells,
         // padded to 256, and n_ctx becomes n_ctx_seq * n_seq_max.
@@ -795,41 +800,52 @@ impl Context {
         let ff = max_l(&|il| hp.n_ff[il]).max(1);
         let n_thr = p.n_threads.max(p.n_threads_batch);
         let attn_stride = attention::scratch_per_thread(size, hp.n_embd_head_k, hp.n_embd_head_v);
-        let z = |m: usize| -> Result<Vec<f32>> {
-            let n = m.checked_mul(nu).ok_or_else(|| Error::Invalid("n_ubatch too large".into()))?;
-            zeroed_f32(n).ok_or_else(|| Error::Invalid(format!("cannot allocate {n} floats of scratch")))
+        // Every size below comes from the file's hyperparameters or the caller's n_ctx /
+        // n_ubatch: each allocation is fallible and names its buffer.
+        let z = |m: usize, what: &str| -> Result<Vec<f32>> {
+            let n = alloc::mul(what, m, nu)?;
+            zeroed_f32(n).ok_or_else(|| alloc::too_large(what, n as u128, 4))
         };
+        let mm_cap = alloc::mul("the matmul scratch", nu, alloc::mul("the matmul scratch", ne.max(ff).max(aw) + 64, 2)?)?;
         let b = Buffers {
-            x: z(ne)?,
-            cur: z(ne.max(qw))?,
-            tmp: z(ne)?,
+            x: z(ne, "the residual stream [n_ubatch, n_embd]")?,
+            cur: z(ne.max(qw), "the normed input [n_ubatch, max(n_embd, n_q)]")?,
+            tmp: z(ne, "the block output [n_ubatch, n_embd]")?,
             q: Vec::new(), // gate's memory during attn_block
             k: Vec::new(), // up's memory during attn_block
-            v: z(vw)?,
-            att: z(aw)?,
-            gate: z(ff.max(qw))?,
-            up: z(ff.max(kw))?,
-            row: vec![0.0; hp.n_vocab.max(1)],
-            rope_cache: vec![0.0; hp.n_embd_head_k.max(hp.n_rot) + 2],
-            attn_scratch: vec![0.0; attn_stride * n_thr],
+            v: z(vw, "V [n_ubatch, n_embd_v_gqa]")?,
+            att: z(aw, "the attention output [n_ubatch, n_head * n_embd_head_v]")?,
+            gate: z(ff.max(qw), "the FFN gate [n_ubatch, n_ff]")?,
+            up: z(ff.max(kw), "the FFN up [n_ubatch, n_ff]")?,
+            row: alloc::filled(hp.n_vocab.max(1), 0.0, "a logits row [n_vocab]")?,
+            rope_cache: alloc::filled(hp.n_embd_head_k.max(hp.n_rot) + 2, 0.0, "the rope cache")?,
+            attn_scratch: alloc::filled(
+                alloc::mul("the attention scratch [n_threads, n_ctx]", attn_stride, n_thr)?,
+                0.0,
+                "the attention scratch [n_threads, n_ctx]",
+            )?,
             attn_stride,
-            mm_scratch: Vec::with_capacity(nu * (ne.max(ff).max(aw) + 64) * 2),
+            mm_scratch: alloc::with_capacity(mm_cap, "the matmul scratch")?,
             kv_bytes: Vec::new(),
-            pos: Vec::with_capacity(nu),
-            seq0: Vec::with_capacity(nu),
-            stream: Vec::with_capacity(nu),
-            key_range: Vec::with_capacity(nu),
-            cells: Vec::with_capacity(nu),
-            keys: Vec::with_capacity(size),
-            keys_tmp: Vec::with_capacity(size),
-            out_idx: Vec::with_capacity(nu),
-            out_row: Vec::with_capacity(nu),
+            pos: alloc::with_capacity(nu, "positions [n_ubatch]")?,
+            seq0: alloc::with_capacity(nu, "sequence ids [n_ubatch]")?,
+            stream: alloc::with_capacity(nu, "streams [n_ubatch]")?,
+            key_range: alloc::with_capacity(nu, "key ranges [n_ubatch]")?,
+            cells: alloc::with_capacity(nu, "cells [n_ubatch]")?,
+            keys: alloc::with_capacity(size, "the key list [n_ctx]")?,
+            keys_tmp: alloc::with_capacity(size, "the key list [n_ctx]")?,
+            out_idx: alloc::with_capacity(nu, "output indices [n_ubatch]")?,
+            out_row: alloc::with_capacity(nu, "output rows [n_ubatch]")?,
             moe: if hp.n_expert > 0 {
-                z(hp.n_expert + hp.n_expert_used * (1 + ne) + 2 * ne)?
+                let m = alloc::mul("the MoE scratch", hp.n_expert_used, 1 + ne)?;
+                z(hp.n_expert + m + 2 * ne, "the MoE scratch [n_ubatch, n_expert_used * n_embd]")?
             } else {
                 Vec::new()
             },
-            moe_idx: Vec::with_capacity(2 * nu * hp.n_expert_used),
+            moe_idx: alloc::with_capacity(
+                alloc::mul("the MoE routing [n_ubatch, n_expert_used]", 2 * nu, hp.n_expert_used)?,
+                "the MoE routing [n_ubatch, n_expert_used]",
+            )?,
         };
         let pool = ThreadPool::new(p.n_threads);
         let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
@@ -841,10 +857,10 @@ impl Context {
             pool_batch,
             b,
             debug: None,
-            ub_tokens: Vec::with_capacity(nu),
+            ub_tokens: alloc::with_capacity(nu, "micro-batch tokens [n_ubatch]")?,
             ub_embd: Vec::new(),
             slots: Vec::new(),
-            slot_scratch: Vec::with_capacity(size),
+            slot_scratch: alloc::with_capacity(size, "the slot search scratch [n_ctx]")?,
             model,
         })
     }

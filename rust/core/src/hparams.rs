@@ -120,6 +120,79 @@ impl HParams {
     }
 }
 
+/// llama.cpp's LLAMA_MAX_EXPERTS.
+pub const MAX_EXPERTS: usize = 512;
+/// The largest width pyllama accepts for any per-token dimension (n_embd, n_ff, head
+/// counts, head sizes): far above every real model (n_ff ~ 1e5), and small enough that
+/// every product of two of them fits in 48 bits, so shape arithmetic cannot overflow.
+pub const MAX_DIM: usize = 1 << 24;
+
+impl HParams {
+    /// Bounds every hyperparameter against the architecture before anything is sized from
+    /// it (pipeline step 4): a corrupted or hostile count must fail here with the key's
+    /// name, not as a huge allocation or an index out of range later. `moe`: whether the
+    /// architecture's forward pass has experts.
+    pub fn check(&self, path: &str, moe: bool) -> Result<()> {
+        let bad = |m: String| Err(Error::Unsupported(format!("{path}: {m}")));
+        let a = &self.arch;
+        let dims: [(&str, usize); 5] = [
+            ("embedding_length", self.n_embd),
+            ("attention.key_length", self.n_embd_head_k),
+            ("attention.value_length", self.n_embd_head_v),
+            ("rope.dimension_count", self.n_rot),
+            ("expert_feed_forward_length", self.n_ff_exp),
+        ];
+        for (key, v) in dims {
+            if v > MAX_DIM {
+                return bad(format!("{a}.{key} = {v} is larger than pyllama's limit of {MAX_DIM}"));
+            }
+        }
+        for il in 0..self.n_layer {
+            for (key, v) in [
+                ("attention.head_count", self.n_head[il]),
+                ("attention.head_count_kv", self.n_head_kv[il]),
+                ("feed_forward_length", self.n_ff[il]),
+            ] {
+                if v > MAX_DIM {
+                    return bad(format!("{a}.{key} = {v} (layer {il}) is larger than pyllama's limit of {MAX_DIM}"));
+                }
+            }
+        }
+        if self.n_layer > 0 && (self.n_embd_head_k == 0 || self.n_embd_head_v == 0) {
+            return bad(format!(
+                "{a}.attention.key_length ({}) and {a}.attention.value_length ({}) must be positive",
+                self.n_embd_head_k, self.n_embd_head_v
+            ));
+        }
+        // llama.cpp's load_hparams asserts these (GGML_ASSERT aborts there).
+        if self.n_expert > MAX_EXPERTS {
+            return bad(format!("{a}.expert_count = {} is more than llama.cpp's {MAX_EXPERTS} experts", self.n_expert));
+        }
+        if self.n_expert_used > self.n_expert {
+            return bad(format!(
+                "{a}.expert_used_count = {} is more than {a}.expert_count = {}",
+                self.n_expert_used, self.n_expert
+            ));
+        }
+        if (self.n_expert == 0) != (self.n_expert_used == 0) {
+            return bad(format!(
+                "{a}.expert_count = {} and {a}.expert_used_count = {}: both must be 0 or both positive",
+                self.n_expert, self.n_expert_used
+            ));
+        }
+        if self.n_expert > 0 && !moe {
+            return bad(format!(
+                "{a}.expert_count = {}: mixture-of-experts '{a}' models are not supported (pyllama's '{a}' is dense)",
+                self.n_expert
+            ));
+        }
+        if moe && self.n_expert == 0 {
+            return bad(format!("{a}.expert_count is missing or 0, but '{a}' is a mixture-of-experts architecture"));
+        }
+        Ok(())
+    }
+}
+
 /// Typed access to `{arch}.*` keys with clear errors.
 pub struct Meta<'a> {
     pub file: &'a GgufFile,

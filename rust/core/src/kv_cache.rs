@@ -21,7 +21,7 @@
 //! `seq_pos_min` reports the oldest cached position even where llama.cpp's separate
 //! window cache would already have dropped it.
 
-use crate::error::{Error, Result};
+use crate::error::{alloc, Error, Result};
 use crate::ggml_type::GgmlType;
 
 /// The most sequences a context may hold (llama.h LLAMA_MAX_SEQ).
@@ -84,8 +84,8 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn new(size: usize) -> Stream {
-        Stream { cells: vec![Cell::EMPTY; size], head: 0, used: 0 }
+    fn new(size: usize) -> Result<Stream> {
+        Ok(Stream { cells: alloc::filled(size, Cell::EMPTY, "the KV cells [n_ctx]")?, head: 0, used: 0 })
     }
 
     fn clear(&mut self) {
@@ -181,25 +181,18 @@ impl KvCache {
         };
         let row_k = rows(n_embd_k, type_k, "K")?;
         let row_v = rows(n_embd_v, type_v, "V")?;
-        let alloc = |rb: usize| -> Result<Vec<u8>> {
-            let n = rb
-                .checked_mul(size)
-                .and_then(|x| x.checked_mul(n_stream))
-                .ok_or_else(|| Error::Invalid("KV cache too large".into()))?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .map_err(|_| Error::Invalid(format!("cannot allocate {n} bytes for the KV cache")))?;
-            v.resize(n, 0);
-            Ok(v)
+        let layer = |rb: usize, what: &str| -> Result<Vec<u8>> {
+            let n = alloc::mul(what, alloc::mul(what, rb, size)?, n_stream)?;
+            alloc::filled(n, 0u8, what)
         };
-        let k = row_k.iter().map(|&r| alloc(r)).collect::<Result<Vec<_>>>()?;
-        let v = row_v.iter().map(|&r| alloc(r)).collect::<Result<Vec<_>>>()?;
+        let k = row_k.iter().map(|&r| layer(r, "the KV cache's K of one layer [n_ctx, n_embd_k_gqa]")).collect::<Result<Vec<_>>>()?;
+        let v = row_v.iter().map(|&r| layer(r, "the KV cache's V of one layer [n_ctx, n_embd_v_gqa]")).collect::<Result<Vec<_>>>()?;
         Ok(KvCache {
             type_k,
             type_v,
             n_seq_max,
             size,
-            streams: (0..n_stream).map(|_| Stream::new(size)).collect(),
+            streams: (0..n_stream).map(|_| Stream::new(size)).collect::<Result<Vec<_>>>()?,
             row_k,
             row_v,
             k,
@@ -422,7 +415,7 @@ impl KvCache {
             return Ok(());
         }
         let size = self.size;
-        let mut dst_st = Stream::new(size);
+        let mut dst_st = Stream::new(size)?;
         for (i, c) in self.streams[s0].cells.iter().enumerate() {
             if c.seq.has(s) {
                 dst_st.cells[i] = Cell { pos: c.pos, shift: c.shift, seq: SeqSet::only(d) };

@@ -388,7 +388,7 @@ impl Model {
         };
         let n_vocab = Self::guess_n_vocab(&files, &tensor_map);
         let meta = Meta { file: &files[0], arch: &arch_name };
-        let hparams = match arch.hparams(&meta, n_vocab) {
+        let hparams = match arch.hparams(&meta, n_vocab).and_then(|h| h.check(&files[0].path, arch.moe()).map(|_| h)) {
             Ok(h) => h,
             Err(_) if params.vocab_only => HParams::vocab_only(&arch_name, n_vocab),
             Err(e) => return Err(e),
@@ -522,6 +522,29 @@ impl Model {
 
     pub fn meta(&self, key: &str) -> Option<&Value> {
         self.files[0].get(key)
+    }
+
+    /// Memory-mapped weights are read from the file itself: if the file was truncated
+    /// after loading, touching a page past its new end raises SIGBUS (llama.cpp has the
+    /// same hazard). Checked at context creation, where the weights start to be read, so
+    /// the common case (a download or copy overwriting the model) is an error here rather
+    /// than a crash in the first decode. Copies in RAM (load_mode none / dio) are immune.
+    pub fn check_mapped_files(&self) -> Result<()> {
+        for f in self.files.iter().filter(|f| f.storage.is_mmap()) {
+            let now = std::fs::metadata(&f.path).map(|m| m.len()).unwrap_or(0);
+            if now < f.file_size {
+                return Err(Error::Io {
+                    path: f.path.clone(),
+                    what: format!(
+                        "the model file shrank from {} to {now} bytes after it was memory-mapped; reading its \
+                         weights would crash (SIGBUS). Load it again, or load with load_mode='none' to keep a copy in RAM",
+                        f.file_size
+                    ),
+                    source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file truncated"),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

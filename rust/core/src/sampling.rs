@@ -210,6 +210,11 @@ pub fn default_tail(row: &[f32], k: usize, top_p: f32, log_min_p: Option<f32>, t
     for v in l.iter_mut() {
         *v /= temp;
     }
+    if !l[0].is_finite() {
+        // a temperature so small that the best logit overflowed: exp(inf - inf) would be
+        // NaN here; the samplers handle such rows
+        return None;
+    }
     // dist: f32 exp, f64 running sum, first index whose running sum reaches sum * rnd
     let n = l.len();
     if n == 1 {

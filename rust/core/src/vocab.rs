@@ -171,6 +171,20 @@ impl VocabStoreBuilder {
         scores.truncate(n);
         types.resize(n, 1);
         types.truncate(n);
+        // A BYTE token stands for the byte its text names ("<0x0A>"): detokenizing and SPM's
+        // byte fallback read it from the text, so any other text is a broken vocabulary.
+        for (id, &t) in types.iter().enumerate() {
+            if t == TOKEN_TYPE_BYTE {
+                let text = tokens.get(id);
+                let ok = text.len() == 6 && text.starts_with(b"<0x") && text[5] == b'>' && text[3..5].iter().all(u8::is_ascii_hexdigit);
+                if !ok {
+                    return Err(format!(
+                        "tokenizer.ggml.token_type: token {id} is a BYTE token (type 6) but its text {:?} is not of the form <0xXX>",
+                        String::from_utf8_lossy(text)
+                    ));
+                }
+            }
+        }
         let merges = merges.map(|it| -> std::result::Result<Merges, String> {
             let mut texts = Strings::default();
             let mut split = Vec::new();
@@ -446,6 +460,9 @@ impl VocabStore {
         Ok(())
     }
 }
+
+/// llama.h's LLAMA_TOKEN_TYPE_BYTE.
+const TOKEN_TYPE_BYTE: i32 = 6;
 
 /// Build the store from GGUF metadata (`tokenizer.ggml.tokens`, `scores`, `token_type`,
 /// and `merges` when `want_merges`), with llama.cpp's checks. Errors are messages without

@@ -4,15 +4,12 @@
 
 use crate::errors::to_py;
 use crate::gguf::PyModel;
-use numpy::{
-    PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2, PyUntypedArrayMethods,
-};
+use numpy::{PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray, PyUntypedArrayMethods};
 use pyllama_core::context::{BatchRef, Context, ContextParams};
 use pyllama_core::kv_cache::parse_cache_type;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::borrow::Cow;
 use std::sync::Arc;
 
 #[pyclass(name = "Context", module = "pyllama._core")]
@@ -22,18 +19,66 @@ pub struct PyContext {
     model: Py<PyModel>,
 }
 
-fn slice1<'a>(a: &'a PyReadonlyArray1<'_, i32>) -> Cow<'a, [i32]> {
-    match a.as_slice() {
-        Ok(s) => Cow::Borrowed(s),
-        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+/// Runs `f`, turning a Rust panic (a pyllama bug) into a RuntimeError that names it, so no
+/// `PanicException` (a BaseException that `except Exception` does not catch) reaches Python.
+/// The Python layer treats it as a fatal decode error (llama_decode's < -1).
+fn no_panic<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(pyo3::exceptions::PyRuntimeError::new_err(format!("{what}: internal error (a pyllama bug): {msg}")))
+        }
     }
 }
 
-fn slice2<'a, T: numpy::Element + Copy>(a: &'a PyReadonlyArray2<'_, T>) -> Cow<'a, [T]> {
-    match a.as_slice() {
-        Ok(s) => Cow::Borrowed(s),
-        Err(_) => Cow::Owned(a.as_array().iter().copied().collect()),
+/// An owned copy of a 1-d int32 array. decode validates the batch and then runs with the
+/// GIL released, calling back into Python (the abort callback) between micro-batches: a
+/// callback or another thread may rewrite the caller's arrays meanwhile, so Rust works on
+/// its own copy of what it checked (a few bytes per token, nothing beside a forward pass).
+fn owned1<T: numpy::Element + Copy>(a: &Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Vec<T>> {
+    let r = a.try_readonly().map_err(|e| PyValueError::new_err(format!("decode: {what}: {e}")))?;
+    Ok(match r.as_slice() {
+        Ok(s) => s.to_vec(),
+        Err(_) => r.as_array().iter().copied().collect(),
+    })
+}
+
+fn owned2<T: numpy::Element + Copy>(a: &Bound<'_, PyArray2<T>>, what: &str) -> PyResult<(Vec<T>, usize)> {
+    let r = a.try_readonly().map_err(|e| PyValueError::new_err(format!("decode: {what}: {e}")))?;
+    let cols = r.shape()[1];
+    Ok((
+        match r.as_slice() {
+            Ok(s) => s.to_vec(),
+            Err(_) => r.as_array().iter().copied().collect(),
+        },
+        cols,
+    ))
+}
+
+/// The writable output buffer: a read-only, non-contiguous or already borrowed array is a
+/// ValueError naming it (numpy's `readwrite()` would panic).
+fn out_buf<'py, D: numpy::ndarray::Dimension>(
+    a: &Bound<'py, PyArray<f32, D>>,
+    what: &str,
+) -> PyResult<PyReadwriteArray<'py, f32, D>> {
+    let w = a.try_readwrite().map_err(|e| {
+        PyValueError::new_err(format!("{what} must be a writeable float32 array not in use elsewhere ({e})"))
+    })?;
+    if !w.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!("{what} must be a C-contiguous float32 array")));
     }
+    Ok(w)
+}
+
+/// A read-only view of a float32 row; an array a running decode is writing into is a
+/// ValueError (numpy's `readonly()` would panic).
+fn in_row<'py>(a: &Bound<'py, PyArray1<f32>>, what: &str) -> PyResult<PyReadonlyArray1<'py, f32>> {
+    a.try_readonly().map_err(|e| PyValueError::new_err(format!("{what}: the array is being written ({e})")))
 }
 
 #[pymethods]
@@ -131,34 +176,35 @@ impl PyContext {
     fn decode(
         &mut self,
         py: Python<'_>,
-        tokens: Option<PyReadonlyArray1<'_, i32>>,
-        embd: Option<PyReadonlyArray2<'_, f32>>,
-        pos: PyReadonlyArray1<'_, i32>,
-        n_seq_id: PyReadonlyArray1<'_, i32>,
-        seq_id: PyReadonlyArray2<'_, i32>,
-        ubatches: Vec<PyReadonlyArray1<'_, i32>>,
-        out_rows: PyReadonlyArray1<'_, i32>,
-        mut logits: PyReadwriteArray2<'_, f32>,
-        mut hidden: Option<PyReadwriteArray2<'_, f32>>,
+        tokens: Option<Bound<'_, PyArray1<i32>>>,
+        embd: Option<Bound<'_, PyArray2<f32>>>,
+        pos: Bound<'_, PyArray1<i32>>,
+        n_seq_id: Bound<'_, PyArray1<i32>>,
+        seq_id: Bound<'_, PyArray2<i32>>,
+        ubatches: Vec<Bound<'_, PyArray1<i32>>>,
+        out_rows: Bound<'_, PyArray1<i32>>,
+        logits: Bound<'_, PyArray2<f32>>,
+        hidden: Option<Bound<'_, PyArray2<f32>>>,
         abort: Option<PyObject>,
     ) -> PyResult<(i32, usize)> {
-        let tok = tokens.as_ref().map(slice1);
-        let emb = embd.as_ref().map(slice2);
-        let pos_s = slice1(&pos);
-        let nsi = slice1(&n_seq_id);
-        let seq_cols = seq_id.shape()[1];
-        let sid = slice2(&seq_id);
-        let ubs: Vec<Cow<[i32]>> = ubatches.iter().map(slice1).collect();
-        let ub_refs: Vec<&[i32]> = ubs.iter().map(|c| c.as_ref()).collect();
-        let orow = slice1(&out_rows);
-        let lg = logits
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("decode: logits must be a C-contiguous float32 array"))?;
-        let hd = match hidden.as_mut() {
-            Some(h) => Some(
-                h.as_slice_mut()
-                    .map_err(|_| PyValueError::new_err("decode: hidden must be a C-contiguous float32 array"))?,
-            ),
+        if let Some(f) = &abort {
+            if !f.bind(py).is_callable() {
+                return Err(pyo3::exceptions::PyTypeError::new_err("decode: abort must be callable or None"));
+            }
+        }
+        let tok = tokens.as_ref().map(|a| owned1(a, "tokens")).transpose()?;
+        let emb = embd.as_ref().map(|a| owned2(a, "embd")).transpose()?.map(|(v, _)| v);
+        let pos_s = owned1(&pos, "pos")?;
+        let nsi = owned1(&n_seq_id, "n_seq_id")?;
+        let (sid, seq_cols) = owned2(&seq_id, "seq_id")?;
+        let ubs: Vec<Vec<i32>> = ubatches.iter().map(|a| owned1(a, "ubatches")).collect::<PyResult<_>>()?;
+        let ub_refs: Vec<&[i32]> = ubs.iter().map(|c| c.as_slice()).collect();
+        let orow = owned1(&out_rows, "out_rows")?;
+        let mut lg_w = out_buf(&logits, "decode: logits")?;
+        let mut hd_w = hidden.as_ref().map(|h| out_buf(h, "decode: hidden")).transpose()?;
+        let lg = lg_w.as_slice_mut().map_err(|_| PyValueError::new_err("decode: logits must be C-contiguous"))?;
+        let hd = match hd_w.as_mut() {
+            Some(h) => Some(h.as_slice_mut().map_err(|_| PyValueError::new_err("decode: hidden must be C-contiguous"))?),
             None => None,
         };
         let batch = BatchRef {
@@ -184,23 +230,28 @@ impl PyContext {
                     }),
                 }
             };
-            inner.decode(&batch, &ub_refs, &orow, lg, hd, &mut ab)
+            no_panic("decode", || inner.decode(&batch, &ub_refs, &orow, lg, hd, &mut ab).map_err(to_py))
         });
         if let Some(e) = cb_err {
             return Err(e);
         }
-        r.map_err(to_py)
+        r
     }
 
     /// The token-generation step without the general call's arrays: `token` at the
     /// position after sequence 0's last, logits into `logits` (float32 [n_vocab], one row
     /// of the context's output buffer). Same work and codes as `decode` with a one-token
-    /// batch (0 ok, 1 no KV slot); the caller has validated `token`.
-    fn decode_one(&mut self, py: Python<'_>, token: i32, mut logits: PyReadwriteArray1<'_, f32>) -> PyResult<i32> {
-        let lg = logits
-            .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("decode_one: logits must be a C-contiguous float32 array"))?;
-        let pos = self.inner.kv.seq_pos_max(0).map_err(to_py)? + 1;
+    /// batch (0 ok, 1 no KV slot, -1 when sequence 0 already ends at the largest int32
+    /// position); the caller has validated `token`.
+    fn decode_one(&mut self, py: Python<'_>, token: i32, logits: Bound<'_, PyArray1<f32>>) -> PyResult<i32> {
+        let mut lg_w = out_buf(&logits, "decode_one: logits")?;
+        let lg = lg_w.as_slice_mut().map_err(|_| PyValueError::new_err("decode_one: logits must be C-contiguous"))?;
+        let last = self.inner.kv.seq_pos_max(0).map_err(to_py)?;
+        if last == i32::MAX {
+            // the next position does not fit llama_pos: an invalid batch, nothing changed
+            return Ok(-1);
+        }
+        let pos = last + 1;
         let (tok, pos, n_seq_id, seq_id, ub, orow) = ([token], [pos], [1i32], [0i32], [0i32], [0i32]);
         let batch = BatchRef {
             tokens: Some(&tok),
@@ -211,8 +262,10 @@ impl PyContext {
             seq_cols: 1,
         };
         let inner = &mut self.inner;
-        let r = py.allow_threads(|| inner.decode(&batch, &[&ub], &orow, lg, None, &mut || false));
-        r.map(|(ret, _)| ret).map_err(to_py)
+        let r = py.allow_threads(|| {
+            no_panic("decode_one", || inner.decode(&batch, &[&ub], &orow, lg, None, &mut || false).map_err(to_py))
+        });
+        r.map(|(ret, _)| ret)
     }
 
     #[pyo3(signature = (data = true))]
@@ -269,7 +322,8 @@ impl PyContext {
 /// ties by lower position, NaN last: the candidate step of top-k (pyllama.sampling), in one
 /// pass instead of a handful of numpy calls per token.
 #[pyfunction]
-fn top_k_indices<'py>(py: Python<'py>, logits: PyReadonlyArray1<'py, f32>, k: usize) -> Bound<'py, numpy::PyArray1<i64>> {
+fn top_k_indices<'py>(py: Python<'py>, logits: Bound<'py, PyArray1<f32>>, k: usize) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+    let logits = in_row(&logits, "top_k_indices: logits")?;
     let idx = match logits.as_slice() {
         Ok(s) => pyllama_core::sampling::top_k_indices(s, k),
         Err(_) => {
@@ -278,7 +332,7 @@ fn top_k_indices<'py>(py: Python<'py>, logits: PyReadonlyArray1<'py, f32>, k: us
         }
     };
     let out: Vec<i64> = idx.into_iter().map(i64::from).collect();
-    numpy::PyArray1::from_vec(py, out)
+    Ok(numpy::PyArray1::from_vec(py, out))
 }
 
 /// llama.cpp's default sampler chain after the logits (top-k -> top-p -> min-p ->
@@ -291,27 +345,29 @@ fn top_k_indices<'py>(py: Python<'py>, logits: PyReadonlyArray1<'py, f32>, k: us
 #[allow(clippy::type_complexity)]
 fn sample_default_tail<'py>(
     py: Python<'py>,
-    logits: PyReadonlyArray1<'py, f32>,
+    logits: Bound<'py, PyArray1<f32>>,
     k: usize,
     top_p: f32,
     log_min_p: Option<f32>,
     temp: f32,
     rnd: f64,
-) -> Option<(Bound<'py, numpy::PyArray1<i64>>, Bound<'py, numpy::PyArray1<f32>>, Bound<'py, numpy::PyArray1<f32>>, usize)> {
+) -> PyResult<Option<(Bound<'py, numpy::PyArray1<i64>>, Bound<'py, numpy::PyArray1<f32>>, Bound<'py, numpy::PyArray1<f32>>, usize)>> {
+    let logits = in_row(&logits, "sample_default_tail: logits")?;
     let t = match logits.as_slice() {
         Ok(s) => pyllama_core::sampling::default_tail(s, k, top_p, log_min_p, temp, rnd),
         Err(_) => {
             let v: Vec<f32> = logits.as_array().iter().copied().collect();
             pyllama_core::sampling::default_tail(&v, k, top_p, log_min_p, temp, rnd)
         }
-    }?;
+    };
+    let Some(t) = t else { return Ok(None) };
     let ids: Vec<i64> = t.ids.into_iter().map(i64::from).collect();
-    Some((
+    Ok(Some((
         numpy::PyArray1::from_vec(py, ids),
         numpy::PyArray1::from_vec(py, t.logits),
         numpy::PyArray1::from_vec(py, t.probs),
         t.selected,
-    ))
+    )))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -25,6 +25,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Unsupported(_) => UnsupportedModelError::new_err(msg),
         Error::Cancelled => LoadCancelled::new_err(msg),
         Error::Invalid(_) => pyo3::exceptions::PyValueError::new_err(msg),
+        Error::Alloc(_) => pyo3::exceptions::PyMemoryError::new_err(msg),
     }
 }
 

@@ -49,6 +49,11 @@ pub trait Arch: Sync {
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams>;
     /// Every tensor the forward pass uses, with its expected shape.
     fn tensors(&self, hp: &HParams) -> Vec<TensorSpec>;
+    /// Whether the forward pass has mixture-of-experts layers (`{arch}.expert_count` > 0
+    /// is refused for the others: a dense forward pass would run without the experts).
+    fn moe(&self) -> bool {
+        false
+    }
     /// llama.cpp's size class for llama_model_desc ("270M", "1B"; "?B" when unknown).
     fn type_name(&self, _hp: &HParams) -> &'static str {
         "?B"

@@ -59,14 +59,18 @@ impl Arch for Phi2 {
             TensorSpec::req("output.bias", &[n_vocab]),
         ];
         for il in 0..hp.n_layer {
-            let n_gqa = hp.n_embd_k_gqa(il);
+            // llama.cpp: {n_embd, n_embd + 2 n_embd_gqa} and wo {n_embd, n_embd}; the same for
+            // real files, written with the q/k/v widths the forward pass slices by, so a file
+            // whose key/value lengths disagree with its tensors fails at load.
+            let n_qkv = hp.n_embd_head_k * hp.n_head(il) + hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il);
+            let n_o = hp.n_embd_head_v * hp.n_head(il);
             let b = |s: &str| format!("blk.{il}.{s}");
             v.extend([
                 TensorSpec::req(b("attn_norm.weight"), &[n_embd]),
                 TensorSpec::req(b("attn_norm.bias"), &[n_embd]),
-                TensorSpec::req(b("attn_qkv.weight"), &[n_embd, n_embd + 2 * n_gqa]),
-                TensorSpec::req(b("attn_qkv.bias"), &[n_embd + 2 * n_gqa]),
-                TensorSpec::req(b("attn_output.weight"), &[n_embd, n_embd]),
+                TensorSpec::req(b("attn_qkv.weight"), &[n_embd, n_qkv]),
+                TensorSpec::req(b("attn_qkv.bias"), &[n_qkv]),
+                TensorSpec::req(b("attn_output.weight"), &[n_o, n_embd]),
                 TensorSpec::req(b("attn_output.bias"), &[n_embd]),
                 TensorSpec::req(b("ffn_up.weight"), &[n_embd, hp.n_ff[il]]),
                 TensorSpec::req(b("ffn_up.bias"), &[hp.n_ff[il]]),

@@ -61,9 +61,13 @@ impl Arch for Qwen2 {
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
             v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-            // llama.cpp's loader uses {n_embd, n_embd} for wq: n_head * head size must be n_embd.
-            v.extend(qkv_specs(il, n_embd, n_embd, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-            v.push(TensorSpec::req(b("attn_output.weight"), &[n_embd, n_embd]));
+            // llama.cpp's loader uses {n_embd, n_embd} for wq and wo, which is the same as these
+            // for every real qwen2 file (n_head * head size = n_embd); stating the dims the
+            // forward pass uses makes a file whose key/value lengths disagree with its
+            // tensors fail here, at load.
+            let (n_q, n_o) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_head_v * hp.n_head(il));
+            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
+            v.push(TensorSpec::req(b("attn_output.weight"), &[n_o, n_embd]));
             v.extend(ffn(il, n_embd, hp.n_ff[il]));
         }
         v
@@ -127,6 +131,10 @@ impl Arch for Qwen3 {
 impl Arch for Qwen3Moe {
     fn name(&self) -> &'static str {
         "qwen3moe"
+    }
+
+    fn moe(&self) -> bool {
+        true
     }
 
     fn build_forward(
