@@ -10,10 +10,12 @@ a ``llama_batch`` is a :class:`pyllama.batch.Batch` whose pointer fields are num
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from . import _api_check as _chk
+from ._api_check import checked, describe, int32, integer, opt_int32
 from .batch import LLAMA_MAX_SEQ, LLAMA_TOKEN_NULL, Batch, batch_get_one, batch_init
 from .context import (  # noqa: F401  (re-exported constants)
     LLAMA_ATTENTION_TYPE_CAUSAL,
@@ -36,6 +38,7 @@ from .context import (  # noqa: F401  (re-exported constants)
     Context,
     ContextParams,
     PerfContextData,
+    _core_model_of,
 )
 
 log = logging.getLogger("pyllama")
@@ -77,18 +80,36 @@ class llama_memory_t:  # noqa: N801 (llama.h's type name)
         return f"llama_memory_t({self.ctx!r})"
 
 
-def _mem_ctx(mem: Union[llama_memory_t, Context]) -> Context:
-    if isinstance(mem, llama_memory_t):
-        return mem.ctx
-    if isinstance(mem, Context):
-        return mem
-    raise TypeError(f"expected a llama_memory_t (from llama_get_memory), got {type(mem).__name__}")
+# -- argument checkers (see _api_check): each names the function and the parameter
 
 
-def _ctx(ctx: Context, fn: str) -> Context:
-    if not isinstance(ctx, Context):
-        raise TypeError(f"{fn}: expected a llama_context, got {type(ctx).__name__}")
-    return ctx
+def _usable(c: Context, fn: str, name: str) -> Context:
+    if c._core is None:
+        raise ValueError(f"{fn}: {name} has been freed (llama_free)")
+    if _chk.is_freed(c.model):
+        raise ValueError(f"{fn}: the model of {name} has been freed (llama_model_free); "
+                         "free the context (llama_free) before its model")
+    return c
+
+
+def _CTX(v: Any, fn: str, name: str) -> Context:
+    """A live llama_context (not freed, nor its model)."""
+    if not isinstance(v, Context):
+        raise TypeError(f"{fn}: {name} must be a llama_context, got {describe(v)}")
+    return _usable(v, fn, name)
+
+
+def _MEM(v: Any, fn: str, name: str) -> Context:
+    """A llama_memory_t (or the context itself): the live context it belongs to."""
+    if isinstance(v, llama_memory_t):
+        v = v.ctx
+    elif not isinstance(v, Context):
+        raise TypeError(f"{fn}: {name} must be a llama_memory_t (from llama_get_memory), got {describe(v)}")
+    return _usable(v, fn, name)
+
+
+_BATCH = _chk.instance(Batch, "a llama_batch (llama_batch_get_one / llama_batch_init)")
+_PARAMS = _chk.instance(ContextParams, "a llama_context_params (llama_context_default_params())")
 
 
 # ---------------------------------------------------------------------- params, init, free
@@ -103,169 +124,224 @@ def llama_max_parallel_sequences() -> int:
     return LLAMA_MAX_SEQ
 
 
-def llama_init_from_model(model, params: ContextParams) -> Optional[Context]:
-    """Create a context: n_ctx 0 -> n_ctx_train, rounded up to a multiple of 256;
-    n_batch <= n_ctx; n_ubatch <= n_batch; n_seq_max <= 256. KV cache and scratch are
-    reserved now. None (with the reason logged) when the parameters or memory do not allow it.
-    """
+def _init(model, params: ContextParams, fn: str) -> Optional[Context]:
     if model is None:
-        log.error("llama_init_from_model: model cannot be NULL")
+        log.error("%s: model cannot be NULL", fn)
+        return None
+    try:
+        _core_model_of(model)
+    except TypeError:
+        raise TypeError(f"{fn}: model must be a llama_model (llama_model_load_from_file), "
+                        f"got {describe(model)}") from None
+    if _chk.is_freed(model):
+        log.error("%s: model has been freed (llama_model_free)", fn)
         return None
     try:
         return Context(model, params)
     except Exception as e:  # llama.h reports through the log and a null context
-        log.error("llama_init_from_model: failed to initialize the context: %s", e)
+        log.error("%s: failed to initialize the context: %s", fn, e)
         return None
 
 
+@checked(params=_PARAMS)
+def llama_init_from_model(model, params: ContextParams) -> Optional[Context]:
+    """Create a context: n_ctx 0 -> n_ctx_train, rounded up to a multiple of 256;
+    n_batch <= n_ctx; n_ubatch <= n_batch; n_seq_max <= 256. KV cache and scratch are
+    reserved now. None (with the reason logged) when the model is NULL or freed, or the
+    parameters or memory do not allow it; TypeError for what is not a model or params.
+    """
+    return _init(model, params, "llama_init_from_model")
+
+
+@checked(params=_PARAMS)
 def llama_new_context_with_model(model, params: ContextParams) -> Optional[Context]:
     """Deprecated llama.h name of :func:`llama_init_from_model`."""
-    return llama_init_from_model(model, params)
+    return _init(model, params, "llama_new_context_with_model")
 
 
+@checked(ctx=_chk.instance(Context, "a llama_context", none_ok=True))
 def llama_free(ctx: Context) -> None:
-    """Release the context's KV cache and buffers."""
+    """Release the context's KV cache and buffers. NULL and an already freed context are
+    no-ops (as Python's close()); any later use of the context is a ValueError."""
     if ctx is not None:
-        _ctx(ctx, "llama_free").close()
+        ctx.close()
 
 
 # ---------------------------------------------------------------------- getters / setters
 
 
+@checked(ctx=_CTX)
 def llama_n_ctx(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_ctx").n_ctx
+    return ctx.n_ctx
 
 
+@checked(ctx=_CTX)
 def llama_n_ctx_seq(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_ctx_seq").n_ctx_seq
+    return ctx.n_ctx_seq
 
 
+@checked(ctx=_CTX)
 def llama_n_batch(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_batch").n_batch
+    return ctx.n_batch
 
 
+@checked(ctx=_CTX)
 def llama_n_ubatch(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_ubatch").n_ubatch
+    return ctx.n_ubatch
 
 
+@checked(ctx=_CTX)
 def llama_n_seq_max(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_seq_max").n_seq_max
+    return ctx.n_seq_max
 
 
+@checked(ctx=_CTX)
 def llama_get_model(ctx: Context):
     """The model object the context was created from."""
-    return _ctx(ctx, "llama_get_model").model
+    return ctx.model
 
 
+@checked(ctx=_CTX)
 def llama_get_memory(ctx: Context) -> llama_memory_t:
-    return llama_memory_t(_ctx(ctx, "llama_get_memory"))
+    return llama_memory_t(ctx)
 
 
+@checked(ctx=_CTX)
 def llama_pooling_type(ctx: Context) -> int:
-    return _ctx(ctx, "llama_pooling_type").pooling_type
+    return ctx.pooling_type
 
 
+@checked(ctx=_CTX, n_threads=integer, n_threads_batch=integer)
 def llama_set_n_threads(ctx: Context, n_threads: int, n_threads_batch: int) -> None:
     """Threads for single-token decodes and for batches (prompt processing)."""
-    _ctx(ctx, "llama_set_n_threads").set_n_threads(n_threads, n_threads_batch)
+    ctx.set_n_threads(n_threads, n_threads_batch)
 
 
+@checked(ctx=_CTX)
 def llama_n_threads(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_threads").n_threads
+    return ctx.n_threads
 
 
+@checked(ctx=_CTX)
 def llama_n_threads_batch(ctx: Context) -> int:
-    return _ctx(ctx, "llama_n_threads_batch").n_threads_batch
+    return ctx.n_threads_batch
 
 
+@checked(ctx=_CTX, abort_callback=_chk.callback)
 def llama_set_abort_callback(ctx: Context, abort_callback: Optional[Callable[[Any], bool]],
                              abort_callback_data: Any = None) -> None:
     """``abort_callback(abort_callback_data)`` is asked before each micro-batch of a
-    decode; True stops it (llama_decode returns 2). None removes the callback."""
-    c = _ctx(ctx, "llama_set_abort_callback")
+    decode; True stops it (llama_decode returns 2). None removes the callback; anything
+    else that is not callable is a TypeError."""
     if abort_callback is None:
-        c.set_abort_callback(None)
+        ctx.set_abort_callback(None)
     else:
-        c.set_abort_callback(lambda: bool(abort_callback(abort_callback_data)))
+        ctx.set_abort_callback(lambda: bool(abort_callback(abort_callback_data)))
 
 
+@checked(ctx=_CTX)
 def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
     """Extract (final-normed) embeddings from the following decodes, or stop doing so."""
-    _ctx(ctx, "llama_set_embeddings").set_embeddings(embeddings)
+    ctx.set_embeddings(embeddings)
 
 
+@checked(ctx=_CTX)
 def llama_set_warmup(ctx: Context, warmup: bool) -> None:
     """llama.cpp's warm-up mode changes nothing pyllama computes: accepted and ignored."""
-    _ctx(ctx, "llama_set_warmup")
 
 
+@checked(ctx=_CTX)
 def llama_synchronize(ctx: Context) -> None:
     """Decoding is synchronous in pyllama: nothing to wait for."""
-    _ctx(ctx, "llama_synchronize")
 
 
 # ---------------------------------------------------------------------- memory
+# seq ids, positions and deltas are int32 (llama_seq_id, llama_pos): a non-integer is a
+# TypeError, a value outside int32 a ValueError naming the parameter; within int32 the
+# llama.h conventions hold (seq_id < 0 in seq_rm: every sequence, p0 < 0: 0, p1 < 0: inf).
 
 
+@checked(mem=_MEM)
 def llama_memory_clear(mem: llama_memory_t, data: bool = True) -> None:
-    _mem_ctx(mem).memory_clear(data)
+    mem.memory_clear(data)
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_rm(mem: llama_memory_t, seq_id: int, p0: int, p1: int) -> bool:
     """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf)."""
-    return _mem_ctx(mem).seq_rm(seq_id, p0, p1)
+    return mem._seq_rm(seq_id, p0, p1, "llama_memory_seq_rm")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_cp(mem: llama_memory_t, seq_id_src: int, seq_id_dst: int, p0: int, p1: int) -> None:
-    _mem_ctx(mem).seq_cp(seq_id_src, seq_id_dst, p0, p1)
+    mem._seq_cp(seq_id_src, seq_id_dst, p0, p1, "llama_memory_seq_cp")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_keep(mem: llama_memory_t, seq_id: int) -> None:
-    _mem_ctx(mem).seq_keep(seq_id)
+    mem._seq_keep(seq_id, "llama_memory_seq_keep")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_add(mem: llama_memory_t, seq_id: int, p0: int, p1: int, delta: int) -> None:
-    _mem_ctx(mem).seq_add(seq_id, p0, p1, delta)
+    mem._seq_add(seq_id, p0, p1, delta, "llama_memory_seq_add")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_div(mem: llama_memory_t, seq_id: int, p0: int, p1: int, d: int) -> None:
-    _mem_ctx(mem).seq_div(seq_id, p0, p1, d)
+    mem._seq_div(seq_id, p0, p1, d, "llama_memory_seq_div")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_pos_min(mem: llama_memory_t, seq_id: int) -> int:
-    return _mem_ctx(mem).seq_pos_min(seq_id)
+    return mem._seq_pos_min(seq_id, "llama_memory_seq_pos_min")
 
 
+@checked(mem=_MEM)
 def llama_memory_seq_pos_max(mem: llama_memory_t, seq_id: int) -> int:
-    return _mem_ctx(mem).seq_pos_max(seq_id)
+    return mem._seq_pos_max(seq_id, "llama_memory_seq_pos_max")
 
 
+@checked(mem=_MEM)
 def llama_memory_can_shift(mem: llama_memory_t) -> bool:
     """RoPE models can shift positions (seq_add/seq_div re-rope K)."""
-    _mem_ctx(mem)
     return True
 
 
 # ---------------------------------------------------------------------- batches
 
 
+@checked(n_tokens=opt_int32)
 def llama_batch_get_one(tokens, n_tokens: Optional[int] = None) -> Batch:
-    """A batch of ``tokens`` for sequence 0, positions continuing the cache, logits for
-    the last token only. ``n_tokens`` (llama.h's second argument) may restrict it to a prefix."""
+    """A batch of ``tokens`` (int32 numpy array, used in place; ctypes llama_token array;
+    or a sequence of ints) for sequence 0, positions continuing the cache, logits for the
+    last token only. ``n_tokens`` (llama.h's second argument) may restrict it to a prefix."""
+    if tokens is None or isinstance(tokens, (str, bytes, bytearray, int, float)):
+        raise TypeError(f"llama_batch_get_one: tokens must be an array of token ids, got {describe(tokens)}")
     b = batch_get_one(tokens)
     if n_tokens is not None:
         if n_tokens < 0 or n_tokens > b.n_tokens:
-            raise ValueError(f"llama_batch_get_one: n_tokens = {n_tokens} outside [0, {b.n_tokens}]")
-        b.n_tokens = int(n_tokens)
+            raise ValueError(f"llama_batch_get_one: n_tokens = {n_tokens} outside [0, len(tokens) = {b.n_tokens}]")
+        b.n_tokens = n_tokens
     return b
 
 
+@checked(n_tokens=int32, embd=int32, n_seq_max=int32)
 def llama_batch_init(n_tokens: int, embd: int, n_seq_max: int) -> Batch:
     """Room for ``n_tokens`` entries (``embd`` > 0: float32 embeddings of that width
-    instead of token ids), each in up to ``n_seq_max`` sequences. ``n_tokens`` starts at 0."""
-    return batch_init(n_tokens, embd, n_seq_max)
+    instead of token ids), each in up to ``n_seq_max`` sequences. ``n_tokens`` starts at 0.
+    Sizes that do not fit in memory are a MemoryError naming them."""
+    try:
+        return batch_init(n_tokens, embd, n_seq_max)
+    except (MemoryError, ValueError) as e:
+        if not isinstance(e, MemoryError) and "too big" not in str(e):  # numpy: more than it can index
+            raise
+        per_entry = 4 * (2 + n_seq_max) + 1 + (4 * embd if embd else 4)
+        raise MemoryError(f"llama_batch_init: n_tokens = {n_tokens}, embd = {embd}, n_seq_max = {n_seq_max} "
+                          f"need {n_tokens * per_entry / 2**30:.1f} GiB") from None
 
 
+@checked(batch=_BATCH)
 def llama_batch_free(batch: Batch) -> None:
     """Drop the batch's arrays (numpy frees them when nothing else refers to them)."""
     for name in ("token", "embd", "pos", "n_seq_id", "seq_id", "logits"):
@@ -276,23 +352,26 @@ def llama_batch_free(batch: Batch) -> None:
 # ---------------------------------------------------------------------- decode / encode
 
 
+@checked(ctx=_CTX, batch=_BATCH)
 def llama_decode(ctx: Context, batch: Batch) -> int:
     """Process a batch with the decoder.
 
     Returns 0 on success; 1 when the KV cache has no room for the batch (nothing changed:
     free cells with llama_memory_seq_rm or use a smaller batch); 2 when the abort callback
     stopped it (the cache keeps the micro-batches finished before); -1 for an invalid batch
-    (nothing changed); < -1 on a fatal error. The reason is logged.
+    (nothing changed); < -1 on a fatal error. The reason is logged. What is not a
+    llama_batch (or a batch whose n_tokens is not an integer) is a TypeError.
     """
-    return _ctx(ctx, "llama_decode")._decode_code(batch)
+    integer(batch.n_tokens, "llama_decode", "batch.n_tokens")
+    return ctx._decode_code(batch)
 
 
+@checked(ctx=_CTX, batch=_BATCH)
 def llama_encode(ctx: Context, batch: Batch) -> int:
     """Encoder pass (encoder-decoder and non-causal embedding models). The architectures
     pyllama runs are decoder-only: this logs why and returns -1; use llama_decode (with
     ``embeddings=True`` for hidden states)."""
-    c = _ctx(ctx, "llama_encode")
-    arch = getattr(c._core_model, "arch", "?")
+    arch = getattr(ctx._core_model, "arch", "?")
     log.error("llama_encode: %s is a decoder-only architecture with no encoder; use llama_decode", arch)
     return -1
 
@@ -300,59 +379,65 @@ def llama_encode(ctx: Context, batch: Batch) -> int:
 # ---------------------------------------------------------------------- outputs
 
 
+@checked(ctx=_CTX)
 def llama_get_logits(ctx: Context) -> np.ndarray:
     """float32 [n_outputs, n_vocab] view of the last decode's logits, in batch order."""
-    return _ctx(ctx, "llama_get_logits").logits
+    return ctx.logits
 
 
+@checked(ctx=_CTX, i=int32)
 def llama_get_logits_ith(ctx: Context, i: int) -> Optional[np.ndarray]:
     """Logits row of batch entry ``i`` (mapped through the output ids); ``i < 0`` counts
     back from the last output row. None (reason logged) when that entry has no output."""
-    c = _ctx(ctx, "llama_get_logits_ith")
     try:
-        return c.logits_ith(i)
+        return ctx.logits_ith(i)
     except IndexError as e:
         log.error("llama_get_logits_ith: invalid logits id %d, reason: %s", i, e)
         return None
 
 
+@checked(ctx=_CTX)
 def llama_get_embeddings(ctx: Context) -> Optional[np.ndarray]:
     """float32 [n_outputs, n_embd] per-token embeddings of the last decode (None without
     ``embeddings=True``)."""
-    return _ctx(ctx, "llama_get_embeddings").embeddings
+    return ctx.embeddings
 
 
+@checked(ctx=_CTX, i=int32)
 def llama_get_embeddings_ith(ctx: Context, i: int) -> Optional[np.ndarray]:
-    c = _ctx(ctx, "llama_get_embeddings_ith")
     try:
-        return c.embeddings_ith(i)
+        return ctx.embeddings_ith(i)
     except IndexError as e:
         log.error("llama_get_embeddings_ith: invalid embeddings id %d, reason: %s", i, e)
         return None
 
 
+@checked(ctx=_CTX, seq_id=int32)
 def llama_get_embeddings_seq(ctx: Context, seq_id: int) -> Optional[np.ndarray]:
     """Pooled embedding of ``seq_id`` (pooling mean/cls/last), None when there is none."""
-    return _ctx(ctx, "llama_get_embeddings_seq").embeddings_seq(seq_id)
+    return ctx.embeddings_seq(seq_id)
 
 
 # ---------------------------------------------------------------------- perf
 
 
 def llama_perf_context(ctx: Context) -> PerfContextData:
+    """The context's timings; zeros for NULL (as llama.cpp)."""
     if ctx is None:
         return PerfContextData()
-    return _ctx(ctx, "llama_perf_context").perf()
+    return _CTX(ctx, "llama_perf_context", "ctx").perf()
 
 
+@checked(ctx=_CTX)
 def llama_perf_context_print(ctx: Context) -> None:
     """Log load, prompt-eval and eval times as llama.cpp prints them (INFO level)."""
-    for line in _ctx(ctx, "llama_perf_context_print").perf_text().splitlines():
+    for line in ctx.perf_text().splitlines():
         log.info("%s", line)
 
 
+@checked(ctx=_CTX)
 def llama_perf_context_reset(ctx: Context) -> None:
-    _ctx(ctx, "llama_perf_context_reset").perf_reset()
+    ctx.perf_reset()
 
 
 __all__ = [n for n in dir() if n.startswith(("llama_", "LLAMA_", "GGML_TYPE_"))]

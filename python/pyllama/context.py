@@ -38,6 +38,7 @@ from .batch import (
     split_equal,
     split_simple,
 )
+from ._api_check import describe as _describe, int32 as _int32, integer as _integer
 from .errors import Aborted, ContextFullError, InvalidBatchError
 
 log = logging.getLogger("pyllama")
@@ -175,13 +176,40 @@ def _core_model_of(model) -> "_core.Model":
         inner = getattr(model, name, None)
         if isinstance(inner, _core.Model):
             return inner
-    raise TypeError(f"expected a pyllama model, got {type(model).__name__}")
+    raise TypeError(f"Context: model: expected a pyllama model (pyllama.Model, from Model.load or "
+                    f"llama_model_load_from_file), got {_describe(model)}")
 
 
 def _n_vocab_of(hparams: dict) -> int:
     """Logits width: the output matrix's rows, which is what the forward pass writes and
     what llama.cpp's vocab.n_tokens() equals for every well-formed model."""
     return int(hparams["n_vocab"])
+
+
+_INT_PARAMS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch",
+               "rope_scaling_type", "attention_type", "flash_attn_type", "yarn_orig_ctx")
+_FLOAT_PARAMS = ("rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor",
+                 "yarn_beta_fast", "yarn_beta_slow", "defrag_thold")
+
+
+def _check_param_types(p: "ContextParams") -> None:
+    """The kinds of the parameters the context reads: integers (no floats or strings,
+    which int() would quietly truncate or parse), numbers, and int-or-name for the cache
+    types and pooling. TypeError naming the parameter; the values are checked later."""
+    for name in _INT_PARAMS:
+        _integer(getattr(p, name), "Context", name)
+    for name in _FLOAT_PARAMS:
+        v = getattr(p, name)
+        if isinstance(v, (bool, str, bytes)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Context: {name} must be a number, got {_describe(v)}")
+    for name in ("rope_freq_base", "rope_freq_scale"):  # 0: the model's value; NaN or < 0 poison every logit
+        v = float(getattr(p, name))
+        if not (0.0 <= v < float("inf")):
+            raise ValueError(f"Context: {name} = {v} must be finite and >= 0 (0: the model's own)")
+    for name in ("type_k", "type_v", "pooling_type"):
+        v = getattr(p, name)
+        if not isinstance(v, str):
+            _integer(v, "Context", name)
 
 
 def _type_name(t: Union[int, str], what: str) -> str:
@@ -211,6 +239,9 @@ class Context:
     """
 
     def __init__(self, model, params: Optional[ContextParams] = None, **kwargs) -> None:
+        if params is not None and not isinstance(params, ContextParams):
+            raise TypeError(f"Context: params must be a ContextParams (llama_context_default_params()), "
+                            f"got {_describe(params)}")
         p = ContextParams() if params is None else ContextParams(**{f.name: getattr(params, f.name) for f in fields(ContextParams)})
         abort = kwargs.pop("abort_callback", None)
         names = {f.name for f in fields(ContextParams)}
@@ -222,6 +253,9 @@ class Context:
             if p.pooling_type.lower() not in _POOLING_NAMES:
                 raise ValueError(f"pooling_type = {p.pooling_type!r}: expected one of {sorted(_POOLING_NAMES)}")
             p.pooling_type = _POOLING_NAMES[p.pooling_type.lower()]
+        _check_param_types(p)
+        if p.abort_callback is not None and not callable(p.abort_callback):
+            raise TypeError(f"Context: abort_callback must be callable or None, got {_describe(p.abort_callback)}")
         self._core = None
         self._lock = threading.RLock()
         self._init(model, p)
@@ -415,7 +449,7 @@ class Context:
         """``callback()`` is asked before each micro-batch; True stops ``decode`` (the cache
         keeps the micro-batches already finished)."""
         if callback is not None and not callable(callback):
-            raise TypeError("abort callback must be callable or None")
+            raise TypeError(f"Context.set_abort_callback: callback must be callable or None, got {_describe(callback)}")
         self._abort = callback
 
     @_serialized
@@ -434,12 +468,18 @@ class Context:
 
     # ------------------------------------------------------------------ memory (KV cache)
 
-    def _check_seq(self, seq_id: int, what: str, allow_any: bool = False) -> int:
-        s = int(seq_id)
+    # Sequence ids, positions and deltas are llama.h's int32 llama_seq_id / llama_pos: a
+    # non-integer is a TypeError and a value outside int32 a ValueError, naming the
+    # parameter. Within int32, llama.h's conventions hold (seq_id < 0 in seq_rm: every
+    # sequence; p0 < 0: 0; p1 < 0: infinity). The llama_memory_* functions call the
+    # _seq_* forms with their own name, so messages name what the caller called.
+
+    def _check_seq(self, seq_id: int, fn: str, name: str = "seq_id", allow_any: bool = False) -> int:
+        s = _int32(seq_id, fn, name)
         if allow_any and s < 0:
             return -1
         if s < 0 or s >= self.n_seq_max:
-            raise ValueError(f"{what}: seq_id = {s} is outside [0, n_seq_max = {self.n_seq_max})")
+            raise ValueError(f"{fn}: {name} = {s} is outside [0, n_seq_max = {self.n_seq_max})")
         return s
 
     @_serialized
@@ -447,54 +487,81 @@ class Context:
         """Empty the cache (all sequences). ``data`` also zeroes the stored K/V."""
         self._live().memory_clear(bool(data))
 
-    @_serialized
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
         p1 < 0 means infinity. Returns False only where a partial removal is impossible."""
-        s = self._check_seq(seq_id, "seq_rm", allow_any=True)
-        return bool(self._live().seq_rm(s, int(p0), int(p1)))
+        return self._seq_rm(seq_id, p0, p1, "Context.seq_rm")
 
     @_serialized
+    def _seq_rm(self, seq_id, p0, p1, fn: str) -> bool:
+        s = self._check_seq(seq_id, fn, allow_any=True)
+        p0, p1 = _int32(p0, fn, "p0"), _int32(p1, fn, "p1")
+        return bool(self._live().seq_rm(s, p0, p1))
+
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
-        src = self._check_seq(seq_id_src, "seq_cp")
-        dst = self._check_seq(seq_id_dst, "seq_cp")
+        self._seq_cp(seq_id_src, seq_id_dst, p0, p1, "Context.seq_cp")
+
+    @_serialized
+    def _seq_cp(self, seq_id_src, seq_id_dst, p0, p1, fn: str) -> None:
+        src = self._check_seq(seq_id_src, fn, "seq_id_src")
+        dst = self._check_seq(seq_id_dst, fn, "seq_id_dst")
+        p0, p1 = _int32(p0, fn, "p0"), _int32(p1, fn, "p1")
         if not self._kv_unified and src != dst:
             # separate cells per sequence: like llama.cpp, only whole sequences are copied
             # (its rule for a "full" range, which it asserts)
             size = self._n_ctx_seq
             if (0 < p0 and p0 + 1 < size) or (0 < p1 and p1 + 1 < size):
-                raise ValueError(f"seq_cp({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
+                raise ValueError(f"{fn}({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
                                  "whole sequences can be copied (p0 = p1 = -1)")
-        self._live().seq_cp(src, dst, int(p0), int(p1))
+        self._live().seq_cp(src, dst, p0, p1)
 
-    @_serialized
     def seq_keep(self, seq_id: int) -> None:
         """Remove every sequence except ``seq_id``."""
-        self._live().seq_keep(self._check_seq(seq_id, "seq_keep"))
+        self._seq_keep(seq_id, "Context.seq_keep")
 
     @_serialized
+    def _seq_keep(self, seq_id, fn: str) -> None:
+        self._live().seq_keep(self._check_seq(seq_id, fn))
+
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions [p0, p1) of ``seq_id`` by ``delta`` (K is re-roped, as llama.cpp
         does); cells whose position would become negative are removed."""
-        self._live().seq_add(self._check_seq(seq_id, "seq_add"), int(p0), int(p1), int(delta))
+        self._seq_add(seq_id, p0, p1, delta, "Context.seq_add")
 
     @_serialized
+    def _seq_add(self, seq_id, p0, p1, delta, fn: str) -> None:
+        s = self._check_seq(seq_id, fn)
+        p0, p1, delta = _int32(p0, fn, "p0"), _int32(p1, fn, "p1"), _int32(delta, fn, "delta")
+        self._live().seq_add(s, p0, p1, delta)
+
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
-        if int(d) < 1:
-            raise ValueError(f"seq_div: d = {d} must be >= 1")
-        self._live().seq_div(self._check_seq(seq_id, "seq_div"), int(p0), int(p1), int(d))
+        self._seq_div(seq_id, p0, p1, d, "Context.seq_div")
 
     @_serialized
+    def _seq_div(self, seq_id, p0, p1, d, fn: str) -> None:
+        s = self._check_seq(seq_id, fn)
+        p0, p1, d = _int32(p0, fn, "p0"), _int32(p1, fn, "p1"), _int32(d, fn, "d")
+        if d < 1:
+            raise ValueError(f"{fn}: d = {d} must be >= 1")
+        self._live().seq_div(s, p0, p1, d)
+
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""
-        return int(self._live().seq_pos_min(self._check_seq(seq_id, "seq_pos_min")))
+        return self._seq_pos_min(seq_id, "Context.seq_pos_min")
 
     @_serialized
+    def _seq_pos_min(self, seq_id, fn: str) -> int:
+        return int(self._live().seq_pos_min(self._check_seq(seq_id, fn)))
+
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
-        return int(self._live().seq_pos_max(self._check_seq(seq_id, "seq_pos_max")))
+        return self._seq_pos_max(seq_id, "Context.seq_pos_max")
+
+    @_serialized
+    def _seq_pos_max(self, seq_id, fn: str) -> int:
+        return int(self._live().seq_pos_max(self._check_seq(seq_id, fn)))
 
     # ------------------------------------------------------------------ decode
 
@@ -691,7 +758,12 @@ class Context:
         """
         if isinstance(tokens_or_batch, Batch):
             batch = tokens_or_batch
+            _integer(batch.n_tokens, "Context.decode", "batch.n_tokens")
+        elif tokens_or_batch is None or isinstance(tokens_or_batch, (str, bytes, int, float)):
+            raise TypeError("Context.decode: tokens_or_batch must be a Batch or a sequence of token ids, "
+                            f"got {_describe(tokens_or_batch)}")
         else:
+            seq_id = _int32(seq_id, "Context.decode", "seq_id")
             batch = batch_get_one(tokens_or_batch)
             if seq_id != 0 or logits_all:
                 n = batch.n_tokens
@@ -749,6 +821,8 @@ class Context:
 
     def logits_ith(self, i: int) -> np.ndarray:
         """float32 [n_vocab] logits of batch entry ``i`` (i < 0: output row n_outputs + i)."""
+        i = _int32(i, "Context.logits_ith", "i")
+        self._live()
         return self._logits_buf[self._resolve_row(i)]
 
     @property
@@ -760,6 +834,8 @@ class Context:
         return self._embd_buf[: self._n_outputs]
 
     def embeddings_ith(self, i: int) -> np.ndarray:
+        i = _int32(i, "Context.embeddings_ith", "i")
+        self._live()
         if self._embd_buf is None or not self._embeddings:
             raise IndexError("no embeddings (create the context with embeddings=True)")
         return self._embd_buf[self._resolve_row(i)]
@@ -767,7 +843,9 @@ class Context:
     def embeddings_seq(self, seq_id: int) -> Optional[np.ndarray]:
         """float32 [n_embd] pooled embedding of ``seq_id`` over its tokens in the last batch
         (pooling mean/cls/last), or None when there is none."""
-        return self._embd_seq.get(int(seq_id))
+        seq_id = _int32(seq_id, "Context.embeddings_seq", "seq_id")
+        self._live()
+        return self._embd_seq.get(seq_id)
 
     # ------------------------------------------------------------------ perf / debug
 
@@ -809,6 +887,8 @@ class Context:
     @_serialized
     def set_debug_dump(self, names: Optional[Sequence[str]]) -> None:
         """Ask the forward pass to keep the named intermediates (e.g. "blk.7.attn_out")."""
+        if names is not None and (not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names)):
+            raise TypeError(f"Context.set_debug_dump: names must be a list of str or None, got {_describe(names)}")
         self._live().set_debug_dump(list(names) if names is not None else None)
 
     @_serialized

@@ -1,0 +1,341 @@
+"""Misuse of the public API (issue 24, hardening): every wrong argument is a TypeError
+(wrong kind of object) or ValueError (a value llama.h's types cannot hold, a buffer
+shorter than its stated length, a freed object) whose message names the function and the
+parameter; never an AttributeError from inside, a numpy casting error, a hang or a crash.
+Where llama.h defines the outcome (NULL for a size query, seq_id < 0 for every sequence,
+a negative count for a short buffer) that outcome is kept.
+
+The tiny random-weight llama model gives the contexts; GPT-2's vocabulary the tokenizer.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import inspect
+import logging
+import re
+
+import numpy as np
+import pytest
+
+import pyllama.llama_api as L
+from pyllama.batch import Batch
+from pyllama.context import Context
+from pyllama.errors import InvalidBatchError
+from pyllama.model import Model
+from pyllama.sampling import SamplerChain, TokenDataArray
+from pyllama.vocab import Vocab
+
+from test_tokenizer import suite_metadata
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+OUT_OF_INT32 = (2**31, INT32_MIN - 1, 2**40)
+NOT_INTEGERS = (1.5, "x", None, [0])
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model_path):
+    return str(tiny_model_path("llama")).encode()
+
+
+def load(path):
+    L.llama_backend_init()
+    m = L.llama_model_load_from_file(path, L.llama_model_default_params())
+    assert m is not None
+    return m
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return load(model_path)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return Vocab.from_metadata(suite_metadata("gpt-2"), source="gpt-2")
+
+
+def new_ctx(model, **kw):
+    p = L.llama_context_default_params()
+    p.n_ctx = 256
+    p.n_threads = p.n_threads_batch = 1
+    for k, v in kw.items():
+        setattr(p, k, v)
+    ctx = L.llama_init_from_model(model, p)
+    assert ctx is not None
+    return ctx
+
+
+@pytest.fixture
+def ctx(model):
+    """A context holding positions 0..7 of sequence 0 (room for 2 sequences)."""
+    c = new_ctx(model, n_seq_max=2)
+    assert L.llama_decode(c, L.llama_batch_get_one(np.arange(1, 9, dtype=np.int32))) == 0
+    yield c
+    L.llama_free(c)
+
+
+def raises(exc, fn, pattern):
+    """pytest.raises(exc) with a message that starts with ``fn: `` and then matches ``pattern``
+    (a regex: the parameter and what is wrong with it)."""
+    return pytest.raises(exc, match=rf"^{re.escape(fn)}: .*{pattern}")
+
+
+# ---------------------------------------------------------------------- memory: int32 arguments
+
+# valid arguments after mem; seq_cp copies 0 -> 1 whole (a split cache copies only whole sequences)
+MEM_ARGS = {
+    "llama_memory_seq_rm": (0, 0, -1),
+    "llama_memory_seq_cp": (0, 1, -1, -1),
+    "llama_memory_seq_keep": (0,),
+    "llama_memory_seq_add": (0, 0, -1, 0),
+    "llama_memory_seq_div": (0, 0, -1, 1),
+    "llama_memory_seq_pos_min": (0,),
+    "llama_memory_seq_pos_max": (0,),
+}
+
+
+def _mem_cases():
+    for fn, args in MEM_ARGS.items():
+        names = list(inspect.signature(getattr(L, fn)).parameters)[1:]
+        assert len(names) == len(args)
+        for j, name in enumerate(names):
+            yield fn, args, j, name
+
+
+@pytest.mark.parametrize("fn, args, j, name", list(_mem_cases()))
+def test_memory_functions_reject_non_int32_naming_the_parameter(ctx, fn, args, j, name):
+    """Over int32 was a bare OverflowError naming nothing (or, for seq_rm's seq_id, quietly
+    "every sequence"); a float was truncated; a string was int()'s message."""
+    f = getattr(L, fn)
+    mem = L.llama_get_memory(ctx)
+    idiomatic = getattr(ctx, fn[len("llama_memory_"):])
+    cname = "Context." + fn[len("llama_memory_"):]
+    for bad in OUT_OF_INT32:
+        a = list(args)
+        a[j] = bad
+        with raises(ValueError, fn, f"{name} = {bad} does not fit int32"):
+            f(mem, *a)
+        with raises(ValueError, cname, f"{name} = {bad} does not fit int32"):
+            idiomatic(*a)
+    for bad in NOT_INTEGERS:
+        a = list(args)
+        a[j] = bad
+        with raises(TypeError, fn, f"{name} must be an integer"):
+            f(mem, *a)
+        with raises(TypeError, cname, f"{name} must be an integer"):
+            idiomatic(*a)
+    # nothing changed, and the valid call works
+    assert (L.llama_memory_seq_pos_min(mem, 0), L.llama_memory_seq_pos_max(mem, 0)) == (0, 7)
+    f(mem, *args)
+
+
+def test_memory_keeps_llama_h_conventions(ctx):
+    mem = L.llama_get_memory(ctx)
+    # numpy integers and bools are integers
+    assert L.llama_memory_seq_pos_max(mem, np.int64(0)) == 7
+    assert ctx.seq_pos_min(np.int32(0)) == 0
+    # the int32 extremes are accepted
+    L.llama_memory_seq_add(mem, 0, INT32_MIN, INT32_MIN, 0)
+    assert L.llama_memory_seq_rm(mem, 0, INT32_MAX, INT32_MAX) is True
+    assert L.llama_memory_seq_pos_max(mem, 0) == 7
+    # p1 < 0: to the end; p0 < 0: from 0
+    assert L.llama_memory_seq_rm(mem, 0, 6, -5) is True
+    assert L.llama_memory_seq_pos_max(mem, 0) == 5
+    assert L.llama_memory_seq_rm(mem, 0, -3, 2) is True
+    assert L.llama_memory_seq_pos_min(mem, 0) == 2
+    # seq_id < 0 in seq_rm: every sequence (any negative int32)
+    assert L.llama_memory_seq_rm(mem, INT32_MIN, -1, -1) is True
+    assert L.llama_memory_seq_pos_max(mem, 0) == -1
+    # other functions: a seq id outside [0, n_seq_max) is a ValueError naming it
+    with raises(ValueError, "llama_memory_seq_keep", r"seq_id = -1 is outside \[0, n_seq_max = 2\)"):
+        L.llama_memory_seq_keep(mem, -1)
+    with raises(ValueError, "llama_memory_seq_cp", r"seq_id_dst = 2 is outside"):
+        L.llama_memory_seq_cp(mem, 0, 2, -1, -1)
+    with raises(ValueError, "Context.seq_div", r"d = 0 must be >= 1"):
+        ctx.seq_div(0, 0, -1, 0)
+
+
+# ---------------------------------------------------------------------- contexts and batches
+
+
+def test_abort_callback_must_be_callable(ctx):
+    """42 was accepted and then aborted every decode (the wrapper called 42(None))."""
+    for bad in (42, "x", 1.5):
+        with raises(TypeError, "llama_set_abort_callback", "abort_callback must be callable or None"):
+            L.llama_set_abort_callback(ctx, bad, None)
+        with raises(TypeError, "Context.set_abort_callback", "callback must be callable or None"):
+            ctx.set_abort_callback(bad)
+    assert L.llama_decode(ctx, L.llama_batch_get_one(np.array([5], np.int32))) == 0
+    L.llama_set_abort_callback(ctx, lambda data: data == "stop", "stop")
+    assert L.llama_decode(ctx, L.llama_batch_get_one(np.array([5], np.int32))) == 2
+    L.llama_set_abort_callback(ctx, None, None)
+    assert L.llama_decode(ctx, L.llama_batch_get_one(np.array([5], np.int32))) == 0
+
+
+def test_context_params_kinds(model):
+    """int() used to take "2" and 256.5 and say "invalid literal" for "x"."""
+    for name, bad in [("n_ctx", "x"), ("n_ctx", None), ("n_ctx", 256.5), ("n_seq_max", "2"),
+                      ("n_threads", 1.5), ("type_k", None), ("pooling_type", 1.0)]:
+        with raises(TypeError, "Context", f"{name} must be an integer"):
+            Context(model, **{name: bad})
+    for name in ("rope_freq_base", "rope_freq_scale"):
+        for bad in (float("nan"), float("inf"), -1.0):
+            with raises(ValueError, "Context", f"{name} = {bad} must be finite and >= 0"):
+                Context(model, n_ctx=256, n_threads=1, **{name: bad})
+        with raises(TypeError, "Context", f"{name} must be a number"):
+            Context(model, **{name: "1"})
+    with raises(TypeError, "Context", "params must be a ContextParams"):
+        Context(model, 42)
+    with raises(TypeError, "Context", "expected a pyllama model"):
+        Context(None)
+    p = L.llama_context_default_params()
+    p.abort_callback = 42
+    with raises(TypeError, "Context", "abort_callback must be callable"):
+        Context(model, p)
+
+
+def test_init_from_model_null_freed_and_wrong_kinds(model_path, model, caplog):
+    p = L.llama_context_default_params()
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert L.llama_init_from_model(None, p) is None  # llama.h: NULL model -> NULL, logged
+    for bad in (42, "model.gguf", Vocab.from_metadata(suite_metadata("gpt-2"), source="gpt-2")):
+        with raises(TypeError, "llama_init_from_model", "model must be a llama_model"):
+            L.llama_init_from_model(bad, p)
+    for bad in (None, 42, "x", L.llama_model_default_params()):
+        with raises(TypeError, "llama_init_from_model", "params must be a llama_context_params"):
+            L.llama_init_from_model(model, bad)
+    # a parameter value llama.h rejects stays a NULL context with the reason logged
+    p.n_ctx = "x"
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert L.llama_init_from_model(model, p) is None
+    assert "n_ctx must be an integer" in caplog.text
+
+
+CTX_FUNCS = [n for n in dir(L) if n.startswith("llama_") and inspect.isfunction(getattr(L, n))
+             and list(inspect.signature(getattr(L, n)).parameters)[:1] == ["ctx"]]
+
+
+def _valid_ctx_args(fn):
+    return {"llama_set_n_threads": (1, 1), "llama_set_abort_callback": (None,), "llama_set_embeddings": (False,),
+            "llama_set_warmup": (False,), "llama_decode": (L.llama_batch_get_one(np.array([3], np.int32)),),
+            "llama_encode": (L.llama_batch_get_one(np.array([3], np.int32)),), "llama_get_logits_ith": (-1,),
+            "llama_get_embeddings_ith": (0,), "llama_get_embeddings_seq": (0,)}.get(fn, ())
+
+
+def test_freed_context_is_a_clear_error_everywhere(model):
+    """After llama_free most getters returned stale values, logits_ith returned None and
+    llama_encode -1; now every function says the context was freed. Freeing twice is a
+    no-op, as Python's close()."""
+    assert len(CTX_FUNCS) > 25
+    ctx = new_ctx(model)
+    mem = L.llama_get_memory(ctx)
+    L.llama_free(ctx)
+    L.llama_free(ctx)
+    L.llama_free(None)
+    for fn in CTX_FUNCS:
+        if fn == "llama_free":
+            continue
+        with raises(ValueError, fn, r"ctx has been freed \(llama_free\)"):
+            getattr(L, fn)(ctx, *_valid_ctx_args(fn))
+    with raises(ValueError, "llama_memory_seq_rm", "mem has been freed"):
+        L.llama_memory_seq_rm(mem, 0, 0, -1)
+    for call in (lambda: ctx.decode([1]), lambda: ctx.logits_ith(0), lambda: ctx.seq_rm(0),
+                 lambda: ctx.embeddings_seq(0)):
+        with pytest.raises(ValueError, match="freed"):
+            call()
+
+
+def test_decode_batch_objects(ctx):
+    for bad in (None, 42, "x", [1, 2], np.array([1], np.int32)):
+        with raises(TypeError, "llama_decode", "batch must be a llama_batch"):
+            L.llama_decode(ctx, bad)
+        with raises(TypeError, "llama_encode", "batch must be a llama_batch"):
+            L.llama_encode(ctx, bad)
+    for bad in (None, "2", 2.0):
+        b = Batch(n_tokens=bad, token=np.array([5, 6], np.int32))
+        with raises(TypeError, "llama_decode", "batch.n_tokens must be an integer"):
+            L.llama_decode(ctx, b)
+        with raises(TypeError, "Context.decode", "batch.n_tokens must be an integer"):
+            ctx.decode(b)
+    # inconsistent contents are llama.h's -1 (invalid batch, nothing changed)
+    b = L.llama_batch_init(4, 0, 1)
+    for n in (0, 5, -3, 2**40):
+        b.n_tokens = n
+        assert L.llama_decode(ctx, b) == -1
+    assert L.llama_decode(ctx, Batch(n_tokens=1, token=np.array([2048], np.int32))) == -1  # token >= n_vocab
+    L.llama_batch_free(b)
+    L.llama_batch_free(b)
+    assert L.llama_decode(ctx, b) == -1
+    for bad in (None, 42):
+        with raises(TypeError, "llama_batch_free", "batch must be a llama_batch"):
+            L.llama_batch_free(bad)
+    assert L.llama_memory_seq_pos_max(L.llama_get_memory(ctx), 0) == 7
+
+
+def test_batch_constructors():
+    with raises(ValueError, "llama_batch_init", "n_tokens = 1099511627776 does not fit int32"):
+        L.llama_batch_init(2**40, 0, 1)
+    with raises(ValueError, "llama_batch_init", "n_seq_max = 1099511627776 does not fit int32"):
+        L.llama_batch_init(4, 0, 2**40)
+    with raises(TypeError, "llama_batch_init", "n_tokens must be an integer"):
+        L.llama_batch_init(4.0, 0, 1)
+    with pytest.raises(MemoryError, match=r"^llama_batch_init: n_tokens = 1048576, embd = 1048576, n_seq_max = 1 need"):
+        L.llama_batch_init(2**20, 2**20, 1)  # 4 TiB of embeddings
+    with pytest.raises(ValueError, match="n_tokens_alloc = -1 must be >= 0"):
+        L.llama_batch_init(-1, 0, 1)
+    # llama_batch_get_one: int32 arrays in place, other integer arrays converted
+    t = np.array([1, 2, 3], np.int32)
+    assert L.llama_batch_get_one(t).token is t
+    assert L.llama_batch_get_one(np.array([1, 2], np.int64)).token.dtype == np.int32
+    assert L.llama_batch_get_one((ctypes.c_int32 * 3)(1, 2, 3), 2).n_tokens == 2
+    for bad in (None, 42, "abc", b"ab", 1.5):
+        with raises(TypeError, "llama_batch_get_one", "tokens must be an array of token ids"):
+            L.llama_batch_get_one(bad)
+    with raises(TypeError, "llama_batch_get_one", "tokens must be integers, got dtype float"):
+        L.llama_batch_get_one(np.array([1.0, 2.0]))
+    with raises(ValueError, "llama_batch_get_one", r"tokens must be 1-D, got shape \(2, 2\)"):
+        L.llama_batch_get_one(np.zeros((2, 2), np.int32))
+    with raises(ValueError, "llama_batch_get_one", r"tokens\[0\] = 1099511627776 does not fit int32"):
+        L.llama_batch_get_one([2**40])
+    with raises(ValueError, "llama_batch_get_one", r"n_tokens = 5 outside \[0, len\(tokens\) = 3\]"):
+        L.llama_batch_get_one(t, 5)
+    with raises(TypeError, "llama_batch_get_one", "n_tokens must be an integer, got float"):
+        L.llama_batch_get_one(t, 1.5)
+
+
+def test_outputs_index_arguments(ctx):
+    assert L.llama_get_logits_ith(ctx, -1) is not None
+    assert L.llama_get_logits_ith(ctx, 3) is None  # no output there: llama.h's NULL
+    assert L.llama_get_logits_ith(ctx, np.int64(7)) is not None
+    for fn in ("llama_get_logits_ith", "llama_get_embeddings_ith"):
+        for bad in OUT_OF_INT32:
+            with raises(ValueError, fn, f"i = {bad} does not fit int32"):
+                getattr(L, fn)(ctx, bad)
+        for bad in NOT_INTEGERS:
+            with raises(TypeError, fn, "i must be an integer"):
+                getattr(L, fn)(ctx, bad)
+    with raises(TypeError, "llama_get_embeddings_seq", "seq_id must be an integer"):
+        L.llama_get_embeddings_seq(ctx, "x")
+    with raises(TypeError, "Context.logits_ith", "i must be an integer"):
+        ctx.logits_ith(1.5)
+    with raises(TypeError, "Context.embeddings_seq", "seq_id must be an integer"):
+        ctx.embeddings_seq(None)
+
+
+def test_idiomatic_decode_arguments(ctx):
+    for bad in (None, 42, "x", 1.5):
+        with raises(TypeError, "Context.decode", "tokens_or_batch must be a Batch or a sequence of token ids"):
+            ctx.decode(bad)
+    with raises(TypeError, "Context.decode", "seq_id must be an integer"):
+        ctx.decode([1], seq_id="x")
+    with raises(ValueError, "Context.decode", "seq_id = 1099511627776 does not fit int32"):
+        ctx.decode([1], seq_id=2**40)
+    with pytest.raises(InvalidBatchError, match=r"seq_id\[0\]\[0\] = 5 >= 2"):
+        ctx.decode([1], seq_id=5)
+    with raises(TypeError, "llama_set_n_threads", "n_threads must be an integer"):
+        L.llama_set_n_threads(ctx, "x", 1)
+    with raises(TypeError, "Context.set_debug_dump", "names must be a list of str"):
+        ctx.set_debug_dump("blk.0.attn_out")
