@@ -339,3 +339,127 @@ def test_idiomatic_decode_arguments(ctx):
         L.llama_set_n_threads(ctx, "x", 1)
     with raises(TypeError, "Context.set_debug_dump", "names must be a list of str"):
         ctx.set_debug_dump("blk.0.attn_out")
+
+
+# ---------------------------------------------------------------------- vocab: buffers
+
+
+def test_tokenize_output_buffer_contract(vocab):
+    """llama-cpp-python passes ``(llama_token * n)()``; pyllama takes numpy int32 arrays
+    too. Short, mistyped, read-only or strided buffers were numpy broadcast/casting errors
+    (or silently wrong: a float32 buffer got the ids as floats, a list grew)."""
+    text = b"hello world"
+    fn = "llama_tokenize"
+
+    def tok(buf, n_max):
+        return L.llama_tokenize(vocab, text, len(text), buf, n_max, False, False)
+
+    for buf in (np.zeros(16, np.int32), (ctypes.c_int32 * 16)(), array.array("i", [0] * 16)):
+        assert tok(buf, 16) == 2 and list(buf[:2]) == [31373, 995]
+    assert tok(None, 0) == -2  # the size query
+    assert tok(np.zeros(16, np.int32), 1) == -2 and tok(np.zeros(16, np.int32), -1) == -2
+    with raises(ValueError, fn, "tokens holds 4 tokens but n_tokens_max = 16"):
+        tok(np.zeros(4, np.int32), 16)
+    with raises(ValueError, fn, "tokens holds 2 tokens but n_tokens_max = 16"):
+        tok((ctypes.c_int32 * 2)(), 16)
+    with raises(ValueError, fn, f"tokens holds 16 tokens but n_tokens_max = {INT32_MAX}"):
+        tok(np.zeros(16, np.int32), INT32_MAX)
+    for dt in (np.float32, np.int64, np.uint32, np.int16):
+        with raises(TypeError, fn, f"tokens must be an int32 array, got dtype {np.dtype(dt)}"):
+            tok(np.zeros(16, dt), 16)
+    with raises(TypeError, fn, "tokens must hold int32 values, got buffer format '<q'"):
+        tok((ctypes.c_int64 * 16)(), 16)
+    for bad in ([0] * 16, None, 42, "x" * 16):
+        with raises(TypeError, fn, "tokens must be a writable int32 buffer"):
+            tok(bad, 16)
+    ro = np.zeros(16, np.int32)
+    ro.flags.writeable = False
+    with raises(ValueError, fn, "tokens is read-only"):
+        tok(ro, 16)
+    with raises(ValueError, fn, "tokens must be contiguous"):
+        tok(np.zeros(32, np.int32)[::2], 16)
+    with raises(ValueError, fn, r"tokens must be 1-D, got shape \(4, 4\)"):
+        tok(np.zeros((4, 4), np.int32), 16)
+    with raises(ValueError, fn, "n_tokens_max = 2147483648 does not fit int32"):
+        tok(np.zeros(16, np.int32), 2**31)
+    with raises(TypeError, fn, "n_tokens_max must be an integer, got float"):
+        tok(np.zeros(16, np.int32), 16.0)
+    # the text
+    buf = np.zeros(8, np.int32)
+    with raises(TypeError, fn, "text must be bytes"):
+        L.llama_tokenize(vocab, None, 0, buf, 8, False, False)
+    with raises(ValueError, fn, r"text_len = -1 outside \[0, len\(text\) = 11\]"):
+        L.llama_tokenize(vocab, text, -1, buf, 8, False, False)
+    with raises(ValueError, fn, r"text_len = 12 outside"):
+        L.llama_tokenize(vocab, text, 12, buf, 8, False, False)
+    assert L.llama_tokenize(vocab, "hello", 5, buf, 8, False, False) == 1  # str is encoded
+
+
+def test_byte_output_buffers(vocab):
+    """llama_token_to_piece and llama_detokenize write into bytearray / numpy uint8 /
+    create_string_buffer buffers, which must hold the length passed with them."""
+    t = 995  # "Ġworld" -> b" world"
+    fn = "llama_token_to_piece"
+    for buf in (bytearray(16), np.zeros(16, np.uint8), np.zeros(16, np.int8), ctypes.create_string_buffer(16)):
+        assert L.llama_token_to_piece(vocab, t, buf, 16, 0, False) == 6 and bytes(buf[:6]) == b" world"
+    assert L.llama_token_to_piece(vocab, t, None, 0, 0, False) == -6  # size query
+    assert L.llama_token_to_piece(vocab, t, bytearray(4), -5, 0, False) == -6
+    with raises(ValueError, fn, "buf holds 2 bytes but length = 16"):
+        L.llama_token_to_piece(vocab, t, bytearray(2), 16, 0, False)
+    for bad in (np.zeros(16, np.float32), np.zeros(16, np.int32)):
+        with raises(TypeError, fn, "buf must hold bytes, got items of 4 bytes"):
+            L.llama_token_to_piece(vocab, t, bad, 16, 0, False)
+    for bad in (None, "x" * 16, [0] * 16, 42):
+        with raises(TypeError, fn, "buf must be a writable byte buffer"):
+            L.llama_token_to_piece(vocab, t, bad, 16, 0, False)
+    with raises(ValueError, fn, "buf is read-only"):
+        L.llama_token_to_piece(vocab, t, b"\0" * 16, 16, 0, False)
+    with raises(ValueError, fn, "buf must be a contiguous buffer"):
+        L.llama_token_to_piece(vocab, t, np.zeros(32, np.uint8)[::2], 16, 0, False)
+    with raises(ValueError, fn, r"token -1 out of range: valid ids are 0\.\.50256"):
+        L.llama_token_to_piece(vocab, -1, bytearray(8), 8, 0, False)
+    with raises(ValueError, fn, "length = 2147483648 does not fit int32"):
+        L.llama_token_to_piece(vocab, t, bytearray(4), 2**31, 0, False)
+
+    fn = "llama_detokenize"
+    ids = np.array([31373, 995], np.int32)
+    for toks in (ids, [31373, 995], (ctypes.c_int32 * 2)(31373, 995), np.array([31373, 995], np.int64)):
+        out = bytearray(32)
+        assert L.llama_detokenize(vocab, toks, 2, out, 32, False, False) == 11 and bytes(out[:11]) == b"hello world"
+    assert L.llama_detokenize(vocab, ids, 2, None, 0, False, False) == -11
+    assert L.llama_detokenize(vocab, None, 0, bytearray(4), 4, False, False) == 0
+    with raises(ValueError, fn, "tokens holds 2 tokens but n_tokens = 5"):  # used to read the 2 silently
+        L.llama_detokenize(vocab, ids, 5, bytearray(32), 32, False, False)
+    with raises(TypeError, fn, "tokens must hold integers, got dtype float32"):  # used to truncate floats
+        L.llama_detokenize(vocab, ids.astype(np.float32), 2, bytearray(32), 32, False, False)
+    with raises(ValueError, fn, r"tokens\[1\] = 1000000 out of range: valid ids are 0\.\.50256"):
+        L.llama_detokenize(vocab, [31373, 10**6], 2, bytearray(32), 32, False, False)
+    with raises(TypeError, fn, r"tokens\[0\] must be an integer, got str"):
+        L.llama_detokenize(vocab, ["a"], 1, bytearray(32), 32, False, False)
+    for bad in (None, 42, "ab", {0: 1}):
+        with raises(TypeError, fn, "tokens must be an array of token ids"):
+            L.llama_detokenize(vocab, bad, 1, bytearray(32), 32, False, False)
+    with raises(ValueError, fn, "text holds 4 bytes but text_len_max = 32"):
+        L.llama_detokenize(vocab, ids, 2, bytearray(4), 32, False, False)
+    with raises(TypeError, fn, "text must be a writable byte buffer"):
+        L.llama_detokenize(vocab, ids, 2, None, 32, False, False)
+    with raises(ValueError, fn, "n_tokens = -1 must be >= 0"):
+        L.llama_detokenize(vocab, ids, -1, bytearray(32), 32, False, False)
+
+
+
+def test_vocab_token_arguments(vocab):
+    assert L.llama_vocab_is_eog(vocab, 10**6) is False  # llama.cpp: not an EOG id
+    for fn in ("llama_vocab_get_text", "llama_vocab_get_score", "llama_vocab_get_attr", "llama_vocab_is_control",
+               "llama_vocab_is_eog", "llama_token_get_text", "llama_token_is_eog"):
+        for bad in NOT_INTEGERS:
+            with raises(TypeError, fn, "token must be an integer"):
+                getattr(L, fn)(vocab, bad)
+        with raises(ValueError, fn, "token = 2147483648 does not fit int32"):
+            getattr(L, fn)(vocab, 2**31)
+    for fn in ("llama_vocab_get_text", "llama_vocab_get_score", "llama_vocab_is_control"):
+        with raises(ValueError, fn, r"token 50257 out of range: valid ids are 0\.\.50256"):
+            getattr(L, fn)(vocab, 50257)
+    # deprecated llama.h spellings name themselves
+    with raises(TypeError, "llama_token_bos", "vocab must be a llama_vocab"):
+        L.llama_token_bos(None)
