@@ -463,3 +463,123 @@ def test_vocab_token_arguments(vocab):
     # deprecated llama.h spellings name themselves
     with raises(TypeError, "llama_token_bos", "vocab must be a llama_vocab"):
         L.llama_token_bos(None)
+
+
+# ---------------------------------------------------------------------- models
+
+
+def test_model_loading_arguments(model_path, caplog):
+    L.llama_backend_init()
+    p = L.llama_model_default_params()
+    for bad in (None, 42, ["a.gguf"]):
+        with raises(TypeError, "llama_model_load_from_file", "path_model must be a path"):
+            L.llama_model_load_from_file(bad, p)
+    for bad in (None, 42, L.llama_context_default_params()):
+        with raises(TypeError, "llama_model_load_from_file", "params must be a llama_model_params"):
+            L.llama_model_load_from_file(model_path, bad)
+    fn = "llama_model_load_from_splits"
+    for bad in (None, 42):
+        with raises(TypeError, fn, "paths must be a sequence of paths"):
+            L.llama_model_load_from_splits(bad, 1, p)
+    with raises(TypeError, fn, r"paths must be a sequence of paths \(a list, even for one part\), got bytes"):
+        L.llama_model_load_from_splits(model_path, 1, p)  # used to load each character as a path
+    with raises(ValueError, fn, r"n_paths = -1 outside \[0, len\(paths\) = 1\]"):  # used to drop the last part
+        L.llama_model_load_from_splits([model_path], -1, p)
+    with raises(ValueError, fn, r"n_paths = 2 outside"):
+        L.llama_model_load_from_splits([model_path], 2, p)
+    with raises(TypeError, fn, "n_paths must be an integer"):
+        L.llama_model_load_from_splits([model_path], "1", p)
+    with raises(TypeError, fn, r"paths\[1\] must be a path"):
+        L.llama_model_load_from_splits([model_path, None], 2, p)
+    with raises(TypeError, fn, "params must be a llama_model_params"):
+        L.llama_model_load_from_splits([model_path], 1, None)
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert L.llama_model_load_from_splits([model_path], 0, p) is None  # llama.h: empty list -> NULL
+    assert "list of splits is empty" in caplog.text
+    assert isinstance(L.llama_model_load_from_splits([model_path], 1, p), Model)
+    with raises(ValueError, "llama_load_mode_name", "load_mode = 42 is not a load mode"):
+        L.llama_load_mode_name(42)
+    with raises(TypeError, "llama_load_mode_name", "load_mode must be an integer"):
+        L.llama_load_mode_name(None)
+    with raises(ValueError, "llama_load_mode_from_str", "s = 'x' is not a load mode"):
+        L.llama_load_mode_from_str(b"x")
+    with raises(TypeError, "llama_load_mode_from_str", "s must be bytes or str, got None"):
+        L.llama_load_mode_from_str(None)
+    # idiomatic
+    for bad in (None, 42):
+        with raises(TypeError, "Model.load", "path must be a path"):
+            Model.load(bad)
+    with raises(TypeError, "Model.load", r"path\[0\] must be a path"):
+        Model.load([None])
+    with raises(ValueError, "Model.load", "unknown load mode None"):
+        Model.load(model_path, load_mode=None)
+    with raises(TypeError, "Model.load", "progress must be callable"):
+        Model.load(model_path, progress=42)
+    with raises(TypeError, "Model.load", "kv_overrides must be a mapping"):
+        Model.load(model_path, kv_overrides=[("a", 1)])
+    with raises(TypeError, "Model", "core must be a pyllama._core.Model"):
+        Model(None)
+
+
+def test_model_accessors(model):
+    with raises(TypeError, "Model.tensor_raw", "name must be a str"):
+        model.tensor_raw(None)
+    with raises(TypeError, "Model.chat_template", "name must be a str or None"):
+        model.chat_template(42)
+    with raises(TypeError, "llama_model_chat_template", "name must be bytes or str, got int"):
+        L.llama_model_chat_template(model, 42)
+    assert L.llama_model_chat_template(model, None) is None  # the tiny model has no template
+    from pyllama import _core
+
+    with raises(TypeError, "llama_model_n_embd", r"model must be a llama_model .*got pyllama._core.Model \(wrap"):
+        L.llama_model_n_embd(model._core)
+    with raises(TypeError, "llama_model_get_vocab", "model must be a llama_model"):
+        L.llama_model_get_vocab(None)
+    assert isinstance(model._core, _core.Model)
+
+
+def test_model_string_buffers(model):
+    """llama_model_desc / llama_model_meta_*: snprintf into a buffer of buf_size bytes."""
+    fn = "llama_model_desc"
+    assert L.llama_model_desc(model) == "llama ?B all F32"
+    buf = bytearray(64)
+    assert L.llama_model_desc(model, buf, 64) == 16 and bytes(buf[:17]) == b"llama ?B all F32\0"
+    assert L.llama_model_desc(model, bytearray(4), 0) == 16
+    with raises(ValueError, fn, "buf holds 4 bytes but buf_size = 64"):  # was clamped to the buffer
+        L.llama_model_desc(model, bytearray(4), 64)
+    with raises(ValueError, fn, "buf_size = -1 must be >= 0"):
+        L.llama_model_desc(model, bytearray(4), -1)
+    with raises(TypeError, fn, "buf must be a writable byte buffer"):
+        L.llama_model_desc(model, None, 64)
+    for f in (L.llama_model_meta_key_by_index, L.llama_model_meta_val_str_by_index):
+        assert f(model, -1, bytearray(8), 8) == -1
+        with raises(ValueError, f.__name__, "i = 2147483648 does not fit int32"):
+            f(model, 2**31, bytearray(8), 8)
+        with raises(ValueError, f.__name__, "buf holds 8 bytes but buf_size = 9"):
+            f(model, 0, bytearray(8), 9)
+    with raises(TypeError, "llama_model_meta_val_str", "key must be bytes or str, got None"):
+        L.llama_model_meta_val_str(model, None, bytearray(8), 8)
+    assert L.llama_model_meta_val_str(model, b"no.such.key", bytearray(8), 8) == -1
+
+
+def test_model_freed_before_its_context(model_path, caplog):
+    """llama_model_free changed nothing: the model and its contexts went on working (in
+    llama.cpp they would read freed memory). Now both say so; llama_free still works."""
+    m = load(model_path)
+    ctx = new_ctx(m)
+    L.llama_model_free(m)
+    L.llama_model_free(m)  # twice: no-op
+    L.llama_model_free(None)
+    with raises(ValueError, "llama_decode", r"the model of ctx has been freed \(llama_model_free\)"):
+        L.llama_decode(ctx, L.llama_batch_get_one(np.array([1], np.int32)))
+    with raises(ValueError, "llama_n_ctx", "model of ctx has been freed"):
+        L.llama_n_ctx(ctx)
+    for fn in ("llama_model_n_embd", "llama_model_desc", "llama_model_meta_count", "llama_model_get_vocab"):
+        with raises(ValueError, fn, r"model has been freed \(llama_model_free\)"):
+            getattr(L, fn)(m)
+    with caplog.at_level(logging.ERROR, logger="pyllama"):
+        assert L.llama_init_from_model(m, L.llama_context_default_params()) is None
+    assert "model has been freed" in caplog.text
+    L.llama_free(ctx)
+    with raises(TypeError, "llama_model_free", "model must be a llama_model"):
+        L.llama_model_free(42)

@@ -15,6 +15,9 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
+from . import _api_check as _chk
+from . import _core
+from ._api_check import checked, describe, int32, opt_text, size, text
 from .errors import LoadCancelled, PyllamaError
 from .model import LOAD_MODES, Model, _fspath
 
@@ -67,20 +70,23 @@ def llama_supports_mlock() -> bool:
     return True
 
 
+@checked(load_mode=int32)
 def llama_load_mode_name(load_mode: int) -> bytes:
     """b"auto", b"none", b"mmap", b"mlock", b"mmap+mlock" or b"dio"."""
     try:
-        return _MODE_BY_VALUE[int(load_mode)].encode()
+        return _MODE_BY_VALUE[load_mode].encode()
     except KeyError:
-        raise ValueError(f"unknown load mode {load_mode}") from None
+        raise ValueError(f"llama_load_mode_name: load_mode = {load_mode} is not a load mode "
+                         f"(known: {sorted(_MODE_BY_VALUE)})") from None
 
 
+@checked(s=text)
 def llama_load_mode_from_str(s: Union[str, bytes]) -> int:
     """The llama_load_mode value of a name; ValueError for an unknown name (llama.cpp
     throws std::invalid_argument)."""
-    name = s.decode() if isinstance(s, bytes) else s
+    name = s.decode("utf-8", "replace") if isinstance(s, bytes) else s
     if name not in LOAD_MODES:
-        raise ValueError(f"unknown load mode: {name}")
+        raise ValueError(f"llama_load_mode_from_str: s = {name!r} is not a load mode (known: {', '.join(LOAD_MODES)})")
     return LOAD_MODES[name]
 
 
@@ -128,6 +134,27 @@ class llama_model_params:
 
 def llama_model_default_params() -> llama_model_params:
     return llama_model_params()
+
+
+# -- argument checkers (see _api_check): each names the function and the parameter
+
+_PARAMS = _chk.instance(llama_model_params, "a llama_model_params (llama_model_default_params())")
+
+
+def _MODEL(v: Any, fn: str, name: str) -> Model:
+    """A loaded, not freed, llama_model."""
+    if not isinstance(v, Model):
+        hint = " (wrap a _core.Model with pyllama.Model(core))" if isinstance(v, _core.Model) else ""
+        raise TypeError(f"{fn}: {name} must be a llama_model (llama_model_load_from_file), got {describe(v)}{hint}")
+    if _chk.is_freed(v):
+        raise ValueError(f"{fn}: {name} has been freed (llama_model_free)")
+    return v
+
+
+def _path(v: Any, fn: str, name: str):
+    if isinstance(v, (str, bytes)) or hasattr(v, "__fspath__"):
+        return v
+    raise TypeError(f"{fn}: {name} must be a path (str, bytes or os.PathLike), got {describe(v)}")
 
 
 def _mode_of(params: llama_model_params) -> str:
@@ -200,6 +227,7 @@ def _load(paths: list[str], params: llama_model_params) -> Optional[Model]:
         return None
 
 
+@checked(path_model=_path, params=_PARAMS)
 def llama_model_load_from_file(path_model: Union[str, bytes], params: llama_model_params) -> Optional[Model]:
     """Load a model (a split model's parts are found from its first part). None on failure."""
     return _load([_fspath(path_model)], params)
@@ -208,75 +236,112 @@ def llama_model_load_from_file(path_model: Union[str, bytes], params: llama_mode
 def llama_model_load_from_splits(paths: Sequence[Union[str, bytes]], *args: Any) -> Optional[Model]:
     """``llama_model_load_from_splits(paths, n_paths, params)`` as in llama.h (or
     ``(paths, params)``): every part of a split model, in order."""
+    fn = "llama_model_load_from_splits"
+    if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+        raise TypeError(f"{fn}: paths must be a sequence of paths (a list, even for one part), got {describe(paths)}")
+    try:
+        paths = list(paths)
+    except TypeError:
+        raise TypeError(f"{fn}: paths must be a sequence of paths, got {describe(paths)}") from None
     if len(args) == 2:
         n_paths, params = args
-        paths = list(paths)[: int(n_paths)]
+        n_paths = int32(n_paths, fn, "n_paths")
+        if not 0 <= n_paths <= len(paths):
+            raise ValueError(f"{fn}: n_paths = {n_paths} outside [0, len(paths) = {len(paths)}]")
+        paths = paths[:n_paths]
     elif len(args) == 1:
         (params,) = args
     else:
-        raise TypeError("llama_model_load_from_splits(paths, n_paths, params)")
+        raise TypeError(f"{fn}(paths, n_paths, params): got {1 + len(args)} arguments")
+    _PARAMS(params, fn, "params")
+    for i, p in enumerate(paths):
+        _path(p, fn, f"paths[{i}]")
     if not paths:
-        log.error("llama_model_load_from_splits: list of splits is empty")
+        log.error("%s: list of splits is empty", fn)
         return None
     return _load([_fspath(p) for p in paths], params)
 
 
+@checked(model=_chk.instance(Model, "a llama_model (llama_model_load_from_file)", none_ok=True))
 def llama_model_free(model: Optional[Model]) -> None:
     """Drop the model's reference to the weights (the mapping closes once no context or
-    array uses them any more)."""
-    if model is not None and hasattr(model, "_core"):
+    array uses them any more). Any later use of the model, or of a context made from it,
+    through these functions is a ValueError (llama.cpp would read freed memory); NULL and
+    a second free are no-ops."""
+    if model is not None:
         model._metadata = None
+        _chk.mark_freed(model)
 
 
+@checked(model=_MODEL)
 def llama_model_n_ctx_train(model: Model) -> int:
     return model.n_ctx_train
 
 
+@checked(model=_MODEL)
 def llama_model_n_embd(model: Model) -> int:
     return model.n_embd
 
 
+@checked(model=_MODEL)
 def llama_model_n_layer(model: Model) -> int:
     return model.n_layer
 
 
+@checked(model=_MODEL)
 def llama_model_n_head(model: Model) -> int:
     return model.n_head
 
 
+@checked(model=_MODEL)
 def llama_model_n_head_kv(model: Model) -> int:
     return model.n_head_kv
 
 
+@checked(model=_MODEL)
 def llama_model_n_params(model: Model) -> int:
     return model.n_params
 
 
+@checked(model=_MODEL)
 def llama_model_size(model: Model) -> int:
     return model.size
 
 
+@checked(model=_MODEL)
 def llama_model_ftype(model: Model) -> int:
     return model.ftype
 
 
-def _write(buf: Any, buf_size: int, s: str) -> int:
+def _out(buf: Any, buf_size: int, fn: str):
+    """``buf`` as a writable byte view of at least ``buf_size`` bytes (None: no buffer,
+    allowed with buf_size 0, llama.h's size query)."""
+    return _chk.bytes_out(buf, fn, "buf", buf_size, "buf_size")
+
+
+def _write(mv: Optional[memoryview], buf_size: int, s: str) -> int:
+    """snprintf(buf, buf_size, "%s", s): the NUL-terminated prefix that fits; the full length."""
     data = s.encode("utf-8")
-    if buf is not None and buf_size > 0:
-        mv = memoryview(buf).cast("B")
-        n = min(len(data), int(buf_size) - 1, len(mv) - 1)
-        if n >= 0:
-            mv[:n] = data[:n]
-            mv[n] = 0
+    if mv is not None and buf_size > 0:
+        n = min(len(data), buf_size - 1)
+        mv[:n] = data[:n]
+        mv[n] = 0
     return len(data)
 
 
+def _write_empty(mv: Optional[memoryview], buf_size: int) -> int:
+    if mv is not None and buf_size > 0:
+        mv[0] = 0
+    return -1
+
+
+@checked(model=_MODEL, buf_size=size)
 def llama_model_desc(model: Model, buf: Any = None, buf_size: int = 0) -> Union[int, str]:
     """Writes e.g. "llama 256M Q4_1" into buf and returns its length; without a buffer,
     returns the string."""
-    if buf is None:
+    if buf is None and buf_size == 0:
         return model.desc
-    return _write(buf, buf_size, model.desc)
+    return _write(_out(buf, buf_size, "llama_model_desc"), buf_size, model.desc)
 
 
 def _meta_items(model: Model) -> list[tuple[str, str]]:
@@ -287,42 +352,44 @@ def _meta_items(model: Model) -> list[tuple[str, str]]:
     return cache
 
 
+@checked(model=_MODEL, key=text, buf_size=size)
 def llama_model_meta_val_str(model: Model, key: Union[str, bytes], buf: Any, buf_size: int) -> int:
     """The value of a (non-array) metadata key as a string; -1 if absent."""
-    k = key.decode() if isinstance(key, bytes) else key
+    mv = _out(buf, buf_size, "llama_model_meta_val_str")
+    k = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
     for kk, v in _meta_items(model):
         if kk == k:
-            return _write(buf, buf_size, v)
-    if buf is not None and buf_size > 0:
-        memoryview(buf).cast("B")[0] = 0
-    return -1
+            return _write(mv, buf_size, v)
+    return _write_empty(mv, buf_size)
 
 
+@checked(model=_MODEL)
 def llama_model_meta_count(model: Model) -> int:
     return len(_meta_items(model))
 
 
+@checked(model=_MODEL, i=int32, buf_size=size)
 def llama_model_meta_key_by_index(model: Model, i: int, buf: Any, buf_size: int) -> int:
+    mv = _out(buf, buf_size, "llama_model_meta_key_by_index")
     items = _meta_items(model)
     if not 0 <= i < len(items):
-        if buf is not None and buf_size > 0:
-            memoryview(buf).cast("B")[0] = 0
-        return -1
-    return _write(buf, buf_size, items[i][0])
+        return _write_empty(mv, buf_size)
+    return _write(mv, buf_size, items[i][0])
 
 
+@checked(model=_MODEL, i=int32, buf_size=size)
 def llama_model_meta_val_str_by_index(model: Model, i: int, buf: Any, buf_size: int) -> int:
+    mv = _out(buf, buf_size, "llama_model_meta_val_str_by_index")
     items = _meta_items(model)
     if not 0 <= i < len(items):
-        if buf is not None and buf_size > 0:
-            memoryview(buf).cast("B")[0] = 0
-        return -1
-    return _write(buf, buf_size, items[i][1])
+        return _write_empty(mv, buf_size)
+    return _write(mv, buf_size, items[i][1])
 
 
+@checked(model=_MODEL, name=opt_text)
 def llama_model_chat_template(model: Model, name: Optional[Union[str, bytes]]) -> Optional[bytes]:
     """The model's chat template (or the named one), or None."""
-    n = name.decode() if isinstance(name, bytes) else name
+    n = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
     t = model.chat_template(n or None)
     return None if t is None else t.encode("utf-8")
 

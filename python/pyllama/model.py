@@ -11,6 +11,7 @@ are used in place, never copied.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping as MappingABC, Sequence as SequenceABC
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -18,6 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
+from ._api_check import describe as _describe
 from .errors import LoadCancelled  # noqa: F401  (re-exported for callers of Model.load)
 
 log = logging.getLogger("pyllama")
@@ -72,6 +74,9 @@ class Model:
     """A loaded model. Create with :meth:`Model.load`."""
 
     def __init__(self, core: "_core.Model"):
+        if not isinstance(core, _core.Model):
+            raise TypeError(f"Model: core must be a pyllama._core.Model (load a file with Model.load(path)), "
+                            f"got {_describe(core)}")
         self._core = core
         self.arch: str = core.arch
         self.paths: list[str] = core.paths
@@ -106,12 +111,25 @@ class Model:
         Raises GGUFError (malformed file), UnsupportedModelError (well-formed but not
         runnable), LoadCancelled, FileNotFoundError / OSError, ValueError (bad argument).
         """
-        if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
+        def is_path(p) -> bool:
+            return isinstance(p, (str, bytes)) or hasattr(p, "__fspath__")
+
+        if is_path(path):
             paths = [_fspath(path)]  # type: ignore[arg-type]
+        elif isinstance(path, SequenceABC):
+            for i, p in enumerate(path):
+                if not is_path(p):
+                    raise TypeError(f"Model.load: path[{i}] must be a path (str, bytes or os.PathLike), got {_describe(p)}")
+            paths = [_fspath(p) for p in path]
         else:
-            paths = [_fspath(p) for p in path]  # type: ignore[union-attr]
-        if load_mode not in LOAD_MODES:
-            raise ValueError(f"unknown load mode {load_mode!r} (expected one of {', '.join(LOAD_MODES)})")
+            raise TypeError(f"Model.load: path must be a path (str, bytes or os.PathLike) or a list of the parts "
+                            f"of a split model, got {_describe(path)}")
+        if not isinstance(load_mode, str) or load_mode not in LOAD_MODES:
+            raise ValueError(f"Model.load: unknown load mode {load_mode!r} (expected one of {', '.join(LOAD_MODES)})")
+        if progress is not None and not callable(progress):
+            raise TypeError(f"Model.load: progress must be callable or None, got {_describe(progress)}")
+        if kv_overrides is not None and not isinstance(kv_overrides, MappingABC):
+            raise TypeError(f"Model.load: kv_overrides must be a mapping of key -> value, got {_describe(kv_overrides)}")
         core = _core.Model(
             paths,
             load_mode,
@@ -154,6 +172,8 @@ class Model:
     def chat_template(self, name: Optional[str] = None) -> Optional[str]:
         """The chat template (``tokenizer.chat_template`` or ``tokenizer.chat_template.<name>``),
         or None. Untrusted input: render it only in jinja2's sandbox."""
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Model.chat_template: name must be a str or None, got {_describe(name)}")
         key = "tokenizer.chat_template" + (f".{name}" if name else "")
         v = self.metadata.get(key) if self._metadata is not None else self._core.meta_value(key)
         if isinstance(v, bytes):
@@ -240,6 +260,8 @@ class Model:
 
     def tensor_raw(self, name: str) -> np.ndarray:
         """A tensor's bytes as a read-only uint8 array (no copy under mmap)."""
+        if not isinstance(name, str):
+            raise TypeError(f"Model.tensor_raw: name must be a str, got {_describe(name)}")
         a = self._core.tensor_raw(name)
         if a is None:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
