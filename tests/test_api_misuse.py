@@ -583,3 +583,239 @@ def test_model_freed_before_its_context(model_path, caplog):
     L.llama_free(ctx)
     with raises(TypeError, "llama_model_free", "model must be a llama_model"):
         L.llama_model_free(42)
+
+
+# ---------------------------------------------------------------------- samplers and chat
+
+
+def test_sampler_lifetime(ctx):
+    """llama_sampler_free did nothing, so a freed sampler went on sampling; a chain could
+    be added to itself (RecursionError at the next sample) and a sampler to two chains."""
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    greedy = L.llama_sampler_init_greedy()
+    L.llama_sampler_chain_add(chain, greedy)
+    with raises(ValueError, "llama_sampler_chain_add", "cannot add a chain to itself"):
+        L.llama_sampler_chain_add(chain, chain)
+    other = L.llama_sampler_chain_init(None)
+    with raises(ValueError, "llama_sampler_chain_add", "smpl already belongs to a chain"):
+        L.llama_sampler_chain_add(other, greedy)
+    assert 0 <= L.llama_sampler_sample(chain, ctx, -1) < 2048
+    removed = L.llama_sampler_chain_remove(chain, 0)
+    assert removed is greedy
+    L.llama_sampler_chain_add(other, greedy)  # owned by nobody after remove
+    L.llama_sampler_free(other)
+    L.llama_sampler_free(other)  # twice: no-op
+    L.llama_sampler_free(None)
+    for s, name in ((other, "smpl"), (greedy, "smpl")):  # a chain frees what it owns
+        with raises(ValueError, "llama_sampler_sample", rf"{name} has been freed \(llama_sampler_free\)"):
+            L.llama_sampler_sample(s, ctx, -1)
+        with raises(ValueError, "llama_sampler_name", "smpl has been freed"):
+            L.llama_sampler_name(s)
+    with raises(ValueError, "llama_sampler_chain_n", "chain has been freed"):
+        L.llama_sampler_chain_n(other)
+    with raises(ValueError, "llama_sampler_chain_add", "smpl has been freed"):
+        L.llama_sampler_chain_add(chain, greedy)
+    with raises(TypeError, "llama_sampler_free", "smpl must be a llama_sampler"):
+        L.llama_sampler_free(42)
+    # index arguments
+    with raises(ValueError, "llama_sampler_sample", "idx = 1099511627776 does not fit int32"):
+        L.llama_sampler_sample(chain, ctx, 2**40)
+    with raises(ValueError, "llama_sampler_sample", r"no logits for output index 5"):
+        L.llama_sampler_sample(L.llama_sampler_init_greedy(), ctx, 5)
+    with raises(TypeError, "llama_sampler_chain_get", "i must be an integer"):
+        L.llama_sampler_chain_get(chain, "0")
+    assert L.llama_sampler_chain_get(None, 0) is None  # llama.cpp: NULL for a NULL chain
+    assert L.llama_sampler_chain_get(greedy, 0) is None  # ... and for a non-chain
+    with raises(TypeError, "llama_sampler_accept", "token must be an integer"):
+        L.llama_sampler_accept(chain, 1.5)
+    with raises(TypeError, "llama_sampler_apply", "cur_p must be a llama_token_data_array"):
+        L.llama_sampler_apply(chain, [1.0, 2.0])
+
+
+def test_chat_template_arguments():
+    fn = "llama_chat_apply_template"
+    msgs = [L.llama_chat_message(b"user", b"hi")]
+    n = L.llama_chat_apply_template(None, msgs, 1, True, None, 0)
+    buf = ctypes.create_string_buffer(128)
+    assert L.llama_chat_apply_template(None, msgs, 1, True, buf, 128) == n
+    assert L.llama_chat_apply_template(None, [{"role": "user", "content": "hi"}], 1, True, None, 0) == n
+    assert L.llama_chat_apply_template(b"not a known template", msgs, 1, True, None, 0) == -1
+    with raises(ValueError, fn, r"n_msg = 5 outside \[0, len\(chat\) = 1\]"):  # C would read past the end
+        L.llama_chat_apply_template(None, msgs, 5, True, None, 0)
+    with raises(ValueError, fn, r"n_msg = -1 outside"):  # used to drop the last message
+        L.llama_chat_apply_template(None, msgs, -1, True, None, 0)
+    with raises(ValueError, fn, "buf holds 4 bytes but length = 128"):
+        L.llama_chat_apply_template(None, msgs, 1, True, bytearray(4), 128)
+    with raises(ValueError, fn, "buf is read-only"):
+        L.llama_chat_apply_template(None, msgs, 1, True, b"\0" * 128, 128)
+    for bad in (None, 42, "hi", (m for m in msgs)):
+        with raises(TypeError, fn, "chat must be a sequence of llama_chat_message"):
+            L.llama_chat_apply_template(None, bad, 1, True, None, 0)
+    with raises(TypeError, fn, r"chat\[0\] must be a llama_chat_message, got tuple"):
+        L.llama_chat_apply_template(None, [("user", "hi")], 1, True, None, 0)
+    with raises(TypeError, fn, r"chat\[0\].role must be bytes or str, got None"):
+        L.llama_chat_apply_template(None, [L.llama_chat_message(None, b"x")], 1, True, None, 0)
+    with raises(TypeError, fn, "tmpl must be bytes or str, got int"):
+        L.llama_chat_apply_template(42, msgs, 1, True, None, 0)
+    fn = "llama_chat_builtin_templates"
+    names = L.llama_chat_builtin_templates()
+    out = (ctypes.c_char_p * len(names))()
+    assert L.llama_chat_builtin_templates(out, len(names)) == len(names) and out[0] == names[0].encode()
+    with raises(ValueError, fn, "output holds 2 entries but len = 5"):
+        L.llama_chat_builtin_templates([None] * 2, 5)
+    with raises(TypeError, fn, "output must be a writable array of strings"):
+        L.llama_chat_builtin_templates(42, 1)
+
+
+# ---------------------------------------------------------------------- every llama_* function
+
+API = {n: getattr(L, n) for n in dir(L) if n.startswith("llama_") and inspect.isfunction(getattr(L, n))}
+
+#: parameters that take an object (a handle, a buffer, a string, a callback): each gets
+#: None, 42 and "x" in turn
+OBJECT_PARAMS = {"ctx", "mem", "model", "vocab", "batch", "smpl", "chain", "cur_p", "params", "tokens", "buf",
+                 "text", "chat", "tmpl", "output", "abort_callback", "path_model", "key", "name", "s"}
+#: integer parameters (int32 / size_t in llama.h): None, "x", 1.5 and 2**40
+INT_PARAMS = {"n_tokens", "embd", "n_seq_max", "text_len", "n_tokens_max", "token", "length", "lstrip",
+              "text_len_max", "i", "idx", "seq_id", "p0", "p1", "delta", "d", "seq_id_src", "seq_id_dst",
+              "n_threads", "n_threads_batch", "n_msg", "len_", "buf_size", "load_mode"}
+
+#: (function, parameter, value) -> what llama.h defines for it
+DOCUMENTED = {
+    ("llama_free", "ctx", None): None,
+    ("llama_perf_context", "ctx", None): L.llama_perf_context_data(),
+    ("llama_init_from_model", "model", None): None,
+    ("llama_new_context_with_model", "model", None): None,
+    ("llama_model_free", "model", None): None,
+    ("llama_sampler_free", "smpl", None): None,
+    ("llama_sampler_chain_get", "chain", None): None,
+    ("llama_sampler_chain_init", "params", None): "a chain",
+    ("llama_set_abort_callback", "abort_callback", None): None,
+    ("llama_batch_get_one", "n_tokens", None): "a batch",
+    ("llama_model_chat_template", "name", None): None,
+    ("llama_model_chat_template", "name", "x"): None,
+    ("llama_model_meta_val_str", "key", "x"): -1,
+    ("llama_model_load_from_file", "path_model", "x"): None,  # no such file: NULL, logged
+    ("llama_chat_apply_template", "tmpl", None): "size",  # chatml
+    ("llama_chat_apply_template", "tmpl", "x"): -1,  # not a built-in template
+    ("llama_chat_apply_template", "buf", None): "size",  # only measure (llama.cpp checks buf)
+    ("llama_chat_builtin_templates", "output", None): "names",
+    ("llama_sampler_chain_get", "i", 42): None,
+    ("llama_sampler_chain_remove", "i", 42): None,
+    ("llama_get_logits_ith", "i", 42): None,
+    ("llama_get_embeddings_ith", "i", 42): None,
+    ("llama_get_embeddings_seq", "seq_id", 42): None,
+}
+
+#: checked elsewhere or not applicable
+SKIP = {
+    "llama_sampler_init_grammar": "not implemented (NotImplementedError)",
+    "llama_sampler_init_grammar_lazy_patterns": "not implemented (NotImplementedError)",
+    "llama_sampler_init_penalties": "*args; its values are the sampler checks' (sampling.py)",
+    "llama_model_load_from_splits": "*args: test_model_loading_arguments",
+}
+
+
+def _valid(fn, model, model_path, vocab, ctx):
+    chain = L.llama_sampler_chain_init(None)
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+    v = dict(
+        ctx=ctx, mem=L.llama_get_memory(ctx), model=model, vocab=vocab, smpl=chain, chain=chain,
+        batch=L.llama_batch_get_one(np.array([5], np.int32)), cur_p=TokenDataArray.from_logits(np.zeros(8, np.float32)),
+        params=L.llama_context_default_params(), tokens=np.zeros(16, np.int32), buf=bytearray(64), text=b"hello",
+        chat=[L.llama_chat_message(b"user", b"hi")], tmpl=b"chatml", output=[None] * 32, abort_callback=lambda d: False,
+        path_model=model_path, key=b"general.architecture", name=b"tool_use", s=b"mmap",
+        n_tokens=1, embd=0, n_seq_max=1, text_len=5, n_tokens_max=16, token=5, length=64, lstrip=0, text_len_max=64,
+        i=-1, idx=-1, seq_id=0, p0=0, p1=-1, delta=0, d=1, seq_id_src=0, seq_id_dst=0, n_threads=1, n_threads_batch=1,
+        n_msg=1, len_=4, buf_size=64, load_mode=1,
+        add_special=False, parse_special=False, special=False, remove_special=False, unparse_special=False,
+        add_ass=True, data=True, embeddings=False, warmup=False, abort_callback_data=None,
+        seed=1, k=5, p=0.9, min_keep=1, t=0.8, exponent=1.0, n=1.0, n_vocab=8, tau=5.0, eta=0.1, m=100,
+        dry_multiplier=0.0, dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=-1, seq_breakers=(),
+        num_breakers=None, n_logit_bias=0, logit_bias=[],
+    )
+    if fn == "llama_sampler_init_temp_ext":
+        v["delta"] = 0.0
+    if fn in ("llama_model_load_from_file",):
+        v["params"] = L.llama_model_default_params()
+    if fn == "llama_sampler_chain_init":
+        v["params"] = L.llama_sampler_chain_default_params()
+    if fn == "llama_detokenize":
+        v["tokens"], v["n_tokens"] = np.array([31373, 995], np.int32), 2
+    if fn == "llama_sampler_chain_add":
+        v["smpl"] = L.llama_sampler_init_greedy()
+    if fn == "llama_model_get_vocab":
+        v["model"] = vocab
+    return v
+
+
+def _sweep_cases():
+    for fn, f in sorted(API.items()):
+        if fn in SKIP:
+            continue
+        for p in inspect.signature(f).parameters.values():
+            if p.name in OBJECT_PARAMS:
+                yield fn, p.name, (None, 42, "x")
+            elif p.name in INT_PARAMS and not fn.startswith("llama_sampler_init_"):
+                yield fn, p.name, (None, "x", 1.5) + (() if p.name.startswith("n_threads") else (2**40,))
+
+
+def test_sweep_covers_the_api():
+    """Every public function is swept or skipped with a reason, and every parameter
+    name is known (a new function with a new parameter must say how to misuse it)."""
+    assert len(API) > 140
+    known = OBJECT_PARAMS | INT_PARAMS | {
+        "add_special", "parse_special", "special", "remove_special", "unparse_special", "add_ass", "data",
+        "embeddings", "warmup", "abort_callback_data", "seed", "k", "p", "min_keep", "t", "delta", "exponent",
+        "n", "n_vocab", "tau", "eta", "m", "dry_multiplier", "dry_base", "dry_allowed_length",
+        "dry_penalty_last_n", "seq_breakers", "num_breakers", "n_logit_bias", "logit_bias", "grammar_str",
+        "grammar_root", "args", "paths"}
+    for fn, f in API.items():
+        for p in inspect.signature(f).parameters:
+            assert p in known, f"{fn}({p}): add the parameter to OBJECT_PARAMS / INT_PARAMS or the known list"
+    swept = {fn for fn, _, _ in _sweep_cases()}
+    no_args = {fn for fn, f in API.items() if not inspect.signature(f).parameters}
+    assert set(API) - swept - no_args - set(SKIP) == {
+        # parameters are bools / floats / sampler settings only (the sampler checks' domain)
+        fn for fn in API if fn.startswith("llama_sampler_init_") and fn not in swept and fn not in SKIP
+        and fn not in no_args}
+
+
+@pytest.mark.parametrize("fn, param, bads", list(_sweep_cases()), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_function_rejects_wrong_arguments_by_name(fn, param, bads, model, model_path, vocab, ctx, caplog):
+    """None / 42 / "x" for each object parameter and None / "x" / 1.5 / 2**40 for each
+    integer one: a TypeError or ValueError that starts with the function's name and names
+    the parameter, or the value llama.h documents for it. Never an AttributeError, an
+    IndexError, a numpy error or a crash."""
+    f = API[fn]
+    names = list(inspect.signature(f).parameters)
+    for bad in bads:
+        v = _valid(fn, model, model_path, vocab, ctx)
+        args = [v[n] for n in names]
+        args[names.index(param)] = bad
+        key = (fn, param, bad)
+        if key in DOCUMENTED:
+            with caplog.at_level(logging.CRITICAL, logger="pyllama"):
+                r = f(*args)
+            want = DOCUMENTED[key]
+            if want == "a chain":
+                assert isinstance(r, SamplerChain)
+            elif want == "a batch":
+                assert isinstance(r, L.llama_batch)
+            elif want == "size":
+                assert isinstance(r, int) and r > 0
+            elif want == "names":
+                assert isinstance(r, list) and r
+            else:
+                assert r == want, (key, r)
+            continue
+        try:
+            with caplog.at_level(logging.CRITICAL, logger="pyllama"):
+                r = f(*args)
+        except (TypeError, ValueError) as e:
+            msg = str(e)
+            assert msg.startswith(f"{fn}: "), f"{fn}({param}={bad!r}): message does not name the function: {msg}"
+            assert re.search(rf"\b{re.escape(param)}\b", msg), \
+                f"{fn}({param}={bad!r}): message does not name the parameter: {msg}"
+        else:
+            pytest.fail(f"{fn}({param}={bad!r}) returned {r!r}")

@@ -9,11 +9,14 @@ non-chain, a chain that selects nothing) raises ``ValueError`` / ``RuntimeError`
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import _api_check as _chk
 from . import sampling as _s
+from ._api_check import checked, describe, int32
 from .sampling import LLAMA_DEFAULT_SEED, LLAMA_TOKEN_NULL, Sampler, SamplerChain, TokenDataArray
 
 _log = logging.getLogger("pyllama")
@@ -42,24 +45,64 @@ def llama_sampler_chain_default_params() -> llama_sampler_chain_params:
     return llama_sampler_chain_params(no_perf=True)
 
 
+# -- argument checks (see _api_check): the object-typed parameters at function entry.
+# A freed sampler (llama_sampler_free) is a ValueError wherever it is used again, as is
+# adding a sampler to a second chain (llama.h: the chain takes ownership and frees it).
+
+_in_a_chain: "weakref.WeakSet[Sampler]" = weakref.WeakSet()
+
+
+def _SMPL(v, fn: str, name: str) -> Sampler:
+    if not isinstance(v, Sampler):
+        raise TypeError(f"{fn}: {name} must be a llama_sampler (llama_sampler_init_*), got {describe(v)}")
+    if _chk.is_freed(v):
+        raise ValueError(f"{fn}: {name} has been freed (llama_sampler_free)")
+    return v
+
+
+def _chain(chain, fn: str, name: str = "chain") -> SamplerChain:
+    if not isinstance(chain, SamplerChain):
+        raise ValueError(f"{fn}: invalid sampler passed - requires a sampler created with llama_sampler_chain_init()"
+                         f" ({name} is {describe(chain)})")
+    if _chk.is_freed(chain):
+        raise ValueError(f"{fn}: {name} has been freed (llama_sampler_free)")
+    return chain
+
+
+_CUR_P = _chk.instance(TokenDataArray, "a llama_token_data_array (TokenDataArray)")
+
+
 def llama_sampler_chain_init(params: llama_sampler_chain_params | None = None) -> SamplerChain:
+    if params is not None and not isinstance(params, llama_sampler_chain_params):
+        raise TypeError("llama_sampler_chain_init: params must be a llama_sampler_chain_params "
+                        f"(llama_sampler_chain_default_params()), got {describe(params)}")
     params = params or llama_sampler_chain_default_params()
     return SamplerChain(no_perf=params.no_perf)
 
 
-def _chain(chain, fn: str) -> SamplerChain:
-    if not isinstance(chain, SamplerChain):
-        raise ValueError(f"{fn}: invalid sampler passed - requires a sampler created with llama_sampler_chain_init()")
-    return chain
-
-
+@checked(smpl=_SMPL)
 def llama_sampler_chain_add(chain: SamplerChain, smpl: Sampler) -> None:
-    _chain(chain, "llama_sampler_chain_add").add(smpl)
+    """Append ``smpl``; the chain owns it from now on (llama_sampler_free of the chain
+    frees it; adding it to a chain again is a ValueError)."""
+    fn = "llama_sampler_chain_add"
+    chain = _chain(chain, fn)
+    if smpl is chain:
+        raise ValueError(f"{fn}: cannot add a chain to itself")
+    if smpl in _in_a_chain:
+        raise ValueError(f"{fn}: smpl already belongs to a chain (the chain owns it; clone it with llama_sampler_clone)")
+    chain.add(smpl)
+    _in_a_chain.add(smpl)
 
 
+@checked(i=int32)
 def llama_sampler_chain_get(chain, i: int):
+    """The i-th sampler (i == -1: the chain itself); None for a NULL or non-chain sampler
+    or an index out of range, as llama.cpp."""
+    if chain is not None and not isinstance(chain, Sampler):
+        raise TypeError(f"llama_sampler_chain_get: chain must be a llama_sampler, got {describe(chain)}")
     if not isinstance(chain, SamplerChain):
         return None
+    _chain(chain, "llama_sampler_chain_get")
     if i == -1:
         return chain
     if i < 0 or i >= len(chain):
@@ -71,37 +114,57 @@ def llama_sampler_chain_n(chain: SamplerChain) -> int:
     return len(_chain(chain, "llama_sampler_chain_n"))
 
 
+@checked(i=int32)
 def llama_sampler_chain_remove(chain: SamplerChain, i: int):
+    """Take the i-th sampler out of the chain (the caller owns it again); None if out of range."""
     chain = _chain(chain, "llama_sampler_chain_remove")
     if i < 0 or i >= len(chain):
         return None
-    return chain.remove(i)
+    smpl = chain.remove(i)
+    _in_a_chain.discard(smpl)
+    return smpl
 
 
+@checked(smpl=_SMPL)
 def llama_sampler_name(smpl: Sampler) -> str:
     return smpl.name
 
 
+@checked(smpl=_SMPL, token=int32)
 def llama_sampler_accept(smpl: Sampler, token: int) -> None:
-    smpl.accept(int(token))
+    smpl.accept(token)
 
 
+@checked(smpl=_SMPL, cur_p=_CUR_P)
 def llama_sampler_apply(smpl: Sampler, cur_p: TokenDataArray) -> None:
     smpl.apply(cur_p)
 
 
+@checked(smpl=_SMPL)
 def llama_sampler_reset(smpl: Sampler) -> None:
     smpl.reset()
 
 
+@checked(smpl=_SMPL)
 def llama_sampler_clone(smpl: Sampler) -> Sampler:
     return smpl.clone()
 
 
+@checked(smpl=_chk.instance(Sampler, "a llama_sampler", none_ok=True))
 def llama_sampler_free(smpl: Sampler | None) -> None:
-    """Nothing to free in Python; kept so llama.h-style code ports unchanged."""
+    """Mark the sampler (and, for a chain, the samplers it owns) freed: any later use
+    through these functions is a ValueError, where llama.cpp would use freed memory. NULL
+    and a second free are no-ops."""
+    if smpl is None:
+        return
+    if isinstance(smpl, SamplerChain):
+        for s in smpl.samplers:
+            llama_sampler_free(s)
+    _in_a_chain.discard(smpl)
+    _chk.mark_freed(smpl)
 
 
+@checked(smpl=_SMPL)
 def llama_sampler_get_seed(smpl: Sampler) -> int:
     if isinstance(smpl, (_s.DistSampler, _s.MirostatSampler, _s.MirostatV2Sampler)):
         return smpl.seed_cur
@@ -113,11 +176,13 @@ def llama_sampler_get_seed(smpl: Sampler) -> int:
     return LLAMA_DEFAULT_SEED
 
 
+@checked(smpl=_SMPL, idx=int32)
 def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
     """Read logits row ``idx`` of ``ctx`` (``llama_get_logits_ith``), apply ``smpl``, accept
     and return the selected token."""
     from . import _api_context
 
+    _api_context._CTX(ctx, "llama_sampler_sample", "ctx")
     logits = _api_context.llama_get_logits_ith(ctx, idx)
     if logits is None:
         raise ValueError(f"llama_sampler_sample: no logits for output index {idx} (was logits[{idx}] requested in the batch?)")
@@ -194,6 +259,12 @@ def llama_sampler_init_penalties(*args) -> Sampler:
 
 def llama_sampler_init_dry(vocab, dry_multiplier: float, dry_base: float, dry_allowed_length: int,
                            dry_penalty_last_n: int, seq_breakers=(), num_breakers: int | None = None) -> Sampler:
+    from .model import Model
+    from .vocab import Vocab
+
+    if not isinstance(vocab, (Vocab, Model)):
+        raise TypeError(f"llama_sampler_init_dry: vocab must be a llama_vocab (llama_model_get_vocab), "
+                        f"got {describe(vocab)}")
     seq = list(seq_breakers or ())
     if num_breakers is not None:
         seq = seq[:num_breakers]
@@ -236,7 +307,7 @@ def llama_perf_sampler(chain: SamplerChain) -> llama_perf_sampler_data:
 
 
 def llama_perf_sampler_print(chain: SamplerChain) -> None:
-    d = llama_perf_sampler(chain)
+    d = llama_perf_sampler(_chain(chain, "llama_perf_sampler_print"))
     _log.info("%s:    samplers time = %10.2f ms / %5d runs", "llama_perf_sampler_print", d.t_sample_ms, d.n_sample)
 
 
@@ -256,40 +327,65 @@ def _text(x) -> str:
     return x.decode("utf-8", "replace") if isinstance(x, (bytes, bytearray)) else str(x)
 
 
+def _message(m, fn: str, i: int) -> dict:
+    """One llama_chat_message (or {"role", "content"} dict) as str role/content."""
+    if isinstance(m, dict):
+        if "role" not in m:
+            raise ValueError(f"{fn}: chat[{i}] has no 'role'")
+        role, content = m["role"], m.get("content", "")
+    elif isinstance(m, llama_chat_message):
+        role, content = m.role, m.content
+    else:
+        raise TypeError(f"{fn}: chat[{i}] must be a llama_chat_message, got {describe(m)}")
+    for what, v in (("role", role), ("content", content)):
+        if not isinstance(v, (str, bytes, bytearray)):
+            raise TypeError(f"{fn}: chat[{i}].{what} must be bytes or str, got {describe(v)}")
+    return {"role": _text(role), "content": _text(content)}
+
+
+@checked(tmpl=_chk.opt_text, n_msg=int32, length=int32)
 def llama_chat_apply_template(tmpl, chat, n_msg: int, add_ass: bool, buf, length: int) -> int:
     """llama.cpp's built-in chat formats (no Jinja, like llama.h): ``tmpl`` is a template
     text (the family is detected from it), a built-in name, or None for chatml. Writes at
-    most ``length`` bytes into ``buf`` and returns the full formatted size; -1 when the
-    template is not one of the built-in families (render it with pyllama.chat instead)."""
+    most ``length`` bytes into ``buf`` (None: only measure) and returns the full formatted
+    size; -1 when the template is not one of the built-in families (render it with
+    pyllama.chat instead). ``chat`` holds at least ``n_msg`` llama_chat_message."""
     from . import chat as _chat
 
+    fn = "llama_chat_apply_template"
+    if isinstance(chat, (str, bytes, bytearray)) or not hasattr(chat, "__len__") or not hasattr(chat, "__getitem__"):
+        raise TypeError(f"{fn}: chat must be a sequence of llama_chat_message, got {describe(chat)}")
+    if not 0 <= n_msg <= len(chat):
+        raise ValueError(f"{fn}: n_msg = {n_msg} outside [0, len(chat) = {len(chat)}]")
+    mv = None if buf is None else _chk.bytes_out(buf, fn, "buf", length, "length")
+    msgs = [_message(chat[i], fn, i) for i in range(n_msg)]
     name = _chat.detect_builtin("chatml" if tmpl is None else _text(tmpl))
     if name is None:
         _log.warning("llama_chat_apply_template: template not supported by the built-in formats "
                      "(use pyllama.chat.ChatTemplate for Jinja templates)")
         return -1
-    msgs = []
-    for m in list(chat)[:n_msg]:
-        if isinstance(m, dict):
-            msgs.append({"role": _text(m["role"]), "content": _text(m.get("content", ""))})
-        else:
-            msgs.append({"role": _text(m.role), "content": _text(m.content)})
     out = _chat.apply_builtin(name, msgs, bool(add_ass)).encode("utf-8")
-    if buf is not None and length > 0:
+    if mv is not None and length > 0:
         n = min(length, len(out))
-        mv = memoryview(buf).cast("B")
         mv[:n] = out[:n]
     return len(out)
 
 
+@checked(len_=int32)
 def llama_chat_builtin_templates(output=None, len_: int = 0):
     """Names of the built-in chat formats: a list (called without arguments), or
-    llama.h's form filling ``output`` and returning the count."""
+    llama.h's form filling ``output`` (a list or ctypes c_char_p array of at least
+    ``len_`` entries) and returning the count."""
     from .chat import BUILTIN_TEMPLATES
 
     names = list(BUILTIN_TEMPLATES)
     if output is None:
         return names
+    fn = "llama_chat_builtin_templates"
+    if isinstance(output, (str, bytes, bytearray)) or not hasattr(output, "__setitem__") or not hasattr(output, "__len__"):
+        raise TypeError(f"{fn}: output must be a writable array of strings, got {describe(output)}")
+    if len_ > len(output):
+        raise ValueError(f"{fn}: output holds {len(output)} entries but len = {len_}")
     for i in range(min(len_, len(names))):
         output[i] = names[i].encode()
     return len(names)
