@@ -420,3 +420,83 @@ def test_mutated_model_files_load_run_or_fail_cleanly(tiny_model_path, tmp_path,
     assert any(k.startswith("load:") for k in counts), counts
     assert any(k.startswith("decoded") for k in counts), counts
     print(arch, counts)
+
+
+_SCAN_CHILD = textwrap.dedent(r'''
+    import inspect, json, random, resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+    import numpy as np
+    from pyllama import _core
+    path, n_calls = sys.argv[1], int(sys.argv[2])
+    rng = random.Random(1234)
+
+    def arrays():
+        out = []
+        for dt in (np.float32, np.int32, np.int64, np.uint8, np.float64):
+            a = np.arange(12, dtype=dt).reshape(3, 4)
+            ro = a.copy(); ro.setflags(write=False)
+            out += [a, a[:, ::2], ro, a.ravel(), ro.ravel(), np.zeros(0, dt), np.full(5, np.nan).astype(dt)]
+        return out
+    pool = [None, 0, 1, -1, 2**31, -2**31 - 1, 2**63, 1.5, float("nan"), "x", "", "f16", "Q4_0", b"\xff",
+            [], [1, 2], [[1]], (1,), (2**40, 2**40), {}, object()] + arrays()
+
+    model = _core.Model([path])
+    ctx = _core.Context(model, n_ctx=256, n_seq_max=2, n_ubatch=8, n_threads=1, n_threads_batch=1)
+    gf = _core.GGUFFile(path)
+    targets = [(n, getattr(_core, n)) for n in dir(_core)
+               if callable(getattr(_core, n)) and not isinstance(getattr(_core, n), type)]
+    for obj in (ctx, model, gf):
+        for n in dir(obj):
+            if n.startswith("_"):
+                continue
+            m = getattr(obj, n)
+            if callable(m):
+                targets.append((type(obj).__name__ + "." + n, m))
+    i32 = [np.array(v, dtype=np.int32) for v in ([0, 1], [1], [-1, 5], [2**31 - 1], [])]
+    i32 += [np.zeros((2, 1), np.int32), np.ones((2, 2), np.int32)[:, ::2]]
+    f32 = [np.zeros((1, 2048), np.float32), np.zeros(2048, np.float32), np.zeros((1, 2048), np.float32)[:, ::2]]
+    ro = np.zeros((1, 2048), np.float32); ro.setflags(write=False); f32.append(ro)
+    ro1 = np.zeros(2048, np.float32); ro1.setflags(write=False); f32.append(ro1)
+    by_name = {"logits": f32, "hidden": f32 + [None], "embd": [None] + f32, "x": f32,
+               "tokens": i32 + [None], "pos": i32, "n_seq_id": i32, "seq_id": i32, "out_rows": i32,
+               "ubatches": [[a] for a in i32] + [[]], "raw": [np.zeros(34, np.uint8), np.zeros(0, np.uint8)],
+               "type_name": ["Q4_0", "F32", "Q8_K", "bogus", ""], "shape": [(32,), (1, 32), (0,), (2**40,), ()],
+               "abort": [None, 42, lambda: True]}
+
+    def plausible(fn):
+        sig = getattr(fn, "__text_signature__", None)
+        if not sig:
+            return None
+        names = [p.strip().split("=")[0].lstrip("*") for p in sig.strip("()").split(",")]
+        names = [n for n in names if n and n not in ("self", "$self", "/", "")]
+        return [rng.choice(by_name.get(n, pool)) for n in names]
+
+    panics, calls = [], 0
+    for i in range(n_calls):
+        name, fn = targets[i % len(targets)]
+        args = plausible(fn) if rng.random() < 0.6 else None
+        if args is None:
+            args = [rng.choice(pool) for _ in range(rng.randint(0, 10))]
+        calls += 1
+        try:
+            fn(*args)
+        except Exception:
+            pass
+        except BaseException as e:  # PanicException derives from BaseException
+            panics.append([name, repr(args)[:200], f"{type(e).__name__}: {e}"[:300]])
+    print(json.dumps({"calls": calls, "targets": len(targets), "panics": panics}))
+''')
+
+
+def test_core_api_scan_never_panics(tiny_model_path):
+    """Every function and method of the compiled module called with hostile arguments
+    (None, huge and negative integers, NaN, wrong dtypes, read-only / non-contiguous / empty
+    arrays, wrong arity): exceptions only, never a PanicException (a BaseException that
+    `except Exception` does not catch) or a crash."""
+    n = 20000 if os.environ.get("PYLLAMA_SLOW") else 3000
+    r = subprocess.run([sys.executable, "-c", _SCAN_CHILD, str(tiny_model_path("qwen2")), str(n)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout.splitlines()[-1])
+    assert rep["calls"] == n and rep["targets"] > 30
+    assert rep["panics"] == [], rep["panics"][:10]
