@@ -15,6 +15,37 @@ from typing import Optional
 import typer
 
 from . import app
+from ._checks import (BATCH, CTX_SIZE, FINITE, MAX_TEXT_BYTES, POSITIVE, PROBABILITY, SEED, UBATCH, integer,
+                      kv_cache_type, load_mode as _load_mode, utf8_text)
+
+
+def _template(ctx, param, value):
+    """--chat-template: a built-in name, or (as llama.cpp with --jinja) a Jinja template's text."""
+    from ..chat import BUILTIN_TEMPLATES
+
+    if value is None or value in BUILTIN_TEMPLATES or "{%" in value or "{{" in value:
+        return value
+    raise typer.BadParameter(f"{value!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
+                             "nor a Jinja template (text with {% or {{)")
+
+
+def _read_line(n: int) -> Optional[str]:
+    """The next line of standard input without its newline (None at EOF): at most
+    MAX_TEXT_BYTES, and UTF-8, or an error line and exit 1."""
+    buf = getattr(sys.stdin, "buffer", None)
+    line = buf.readline(MAX_TEXT_BYTES + 1) if buf is not None else sys.stdin.readline(MAX_TEXT_BYTES + 1)
+    if not line:
+        return None
+    if len(line) > MAX_TEXT_BYTES:
+        typer.echo(f"error: input line {n} is longer than {MAX_TEXT_BYTES // 2**20} MiB", err=True)
+        raise typer.Exit(1)
+    if isinstance(line, bytes):
+        try:
+            line = utf8_text(line, f"input line {n}", flag=None)
+        except typer.BadParameter as e:
+            typer.echo(f"error: {e.message}", err=True)
+            raise typer.Exit(1) from None
+    return line.rstrip("\n")
 
 
 class ChatLoop:
@@ -79,22 +110,27 @@ class ChatLoop:
 def chat(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message"),
-    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="built-in template name (chatml, llama3, gemma, ...) instead of the model's"),
-    ctx_size: int = typer.Option(4096, "-c", "--ctx-size"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size"),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size"),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="max tokens per reply (-1 = until end of turn)"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
-    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch"),
-    load_mode: str = typer.Option("auto", "-lm", "--load-mode"),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k"),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v"),
-    temp: float = typer.Option(0.8, "--temp"),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    min_p: float = typer.Option(0.05, "--min-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: int = typer.Option(-1, "-s", "--seed"),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", callback=_template,
+        help="built-in template name (chatml, llama2, llama3, gemma, phi3, ...) or a Jinja template's text, "
+             "instead of the model's"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE,
+                                 help="context size (0 = from the model, capped at 4096)"),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
+                                  help="max tokens per reply (-1 or -2 = until end of turn)"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="(<= 0 = the default)"),
+    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch", help="(<= 0 = the default)"),
+    load_mode: str = typer.Option("auto", "-lm", "--load-mode", callback=_load_mode),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type),
+    temp: float = typer.Option(0.8, "--temp", callback=FINITE, help="(<= 0: greedy)"),
+    top_k: int = typer.Option(40, "--top-k", help="(<= 0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", callback=PROBABILITY, help="in [0, 1] (1.0 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="in [0, 1] (0.0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=POSITIVE, help="> 0 (1.0 = off)"),
+    seed: int = typer.Option(-1, "-s", "--seed", callback=SEED, help="0..4294967295 (-1 = random)"),
 ) -> None:
     """Chat with a model in the terminal (empty line or Ctrl-D to quit)."""
     from ..errors import PyllamaError
@@ -109,22 +145,26 @@ def chat(
                                      frequency_penalty=0.0, mirostat=0, mirostat_lr=0.1, mirostat_ent=5.0, seed=seed)
         loop = ChatLoop(sess, chat_template, system)
         freeze_heap()
-    except (PyllamaError, FileNotFoundError, ValueError, OSError) as e:
+    except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
+        raise
+    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     tty = sys.stdin.isatty()
+    n_line = 0
     while True:
         if tty:
             sys.stdout.write("\033[32m> \033[0m")
             sys.stdout.flush()
-        line = sys.stdin.readline()
-        if not line or not line.strip():
+        n_line += 1
+        line = _read_line(n_line)
+        if line is None or not line.strip():
             break
         if tty:
             sys.stdout.write("\033[33m")
         try:
-            loop.turn(line.rstrip("\n"), sampler, n_predict, write=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-        except (PyllamaError, ValueError) as e:
+            loop.turn(line, sampler, n_predict, write=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+        except (PyllamaError, ValueError, MemoryError) as e:
             typer.echo(f"\nerror: {e}", err=True)
             raise typer.Exit(1) from None
         sys.stdout.write("\033[0m\n" if tty else "\n")

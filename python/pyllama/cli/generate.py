@@ -14,6 +14,8 @@ from typing import Optional
 import typer
 
 from . import app
+from ._checks import (BATCH, CTX_SIZE, FINITE, POSITIVE, PROBABILITY, SEED, UBATCH, integer, kv_cache_type,
+                      load_mode as _load_mode, read_text_file, threads as _threads)
 
 
 def _fa(value: str) -> str:
@@ -38,6 +40,7 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
               "type_k": cache_type_k, "type_v": cache_type_v,
               "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
               "no_perf": False}
+    threads, threads_batch = _threads(threads), _threads(threads_batch)  # <= 0: the default, as llama.cpp
     if threads is not None:
         params["n_threads"] = threads
         params["n_threads_batch"] = threads_batch if threads_batch is not None else threads
@@ -101,30 +104,36 @@ def generate(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="tokens to generate (-1 = until end of generation or a full context)"),
-    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size (0 = from the model, capped at 4096)"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size"),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads for generation"),
-    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch", help="threads for prompt processing"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
+                                  help="tokens to generate (-1 or -2 = until end of generation or a full context)"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE,
+                                 help="context size (0 = from the model, capped at 4096)"),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size"),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads for generation (<= 0 = the default)"),
+    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch",
+                                                help="threads for prompt processing (<= 0 = the default)"),
     gpu_layers: int = typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", help="layers on the GPU (accepted; CPU here)"),
-    load_mode: str = typer.Option("auto", "-lm", "--load-mode", help="auto, none, mmap, mlock, mmap+mlock, dio"),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="K cache type"),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="V cache type"),
+    load_mode: str = typer.Option("auto", "-lm", "--load-mode", callback=_load_mode,
+                                  help="auto, none, mmap, mlock, mmap+mlock, dio"),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type, help="K cache type"),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type, help="V cache type"),
     flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", callback=_fa, help="on, off or auto"),
-    temp: float = typer.Option(0.8, "--temp", help="temperature (<= 0: greedy)"),
-    top_k: int = typer.Option(40, "--top-k", help="top-k (0 = off)"),
-    top_p: float = typer.Option(0.95, "--top-p", help="top-p (1.0 = off)"),
-    min_p: float = typer.Option(0.05, "--min-p", help="min-p (0.0 = off)"),
-    typical: float = typer.Option(1.0, "--typical", "--typical-p", help="locally typical p (1.0 = off)"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="repeat penalty (1.0 = off)"),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="tokens the penalties look back at"),
-    presence_penalty: float = typer.Option(0.0, "--presence-penalty"),
-    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty"),
-    mirostat: int = typer.Option(0, "--mirostat", help="0 off, 1 mirostat, 2 mirostat 2.0"),
-    mirostat_lr: float = typer.Option(0.1, "--mirostat-lr", help="mirostat eta"),
-    mirostat_ent: float = typer.Option(5.0, "--mirostat-ent", help="mirostat tau"),
-    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)"),
+    temp: float = typer.Option(0.8, "--temp", callback=FINITE, help="temperature (<= 0: greedy)"),
+    top_k: int = typer.Option(40, "--top-k", help="top-k (<= 0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", callback=PROBABILITY, help="top-p, in [0, 1] (1.0 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="min-p, in [0, 1] (0.0 = off)"),
+    typical: float = typer.Option(1.0, "--typical", "--typical-p", callback=PROBABILITY,
+                                  help="locally typical p, in [0, 1] (1.0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=POSITIVE, help="repeat penalty, > 0 (1.0 = off)"),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", callback=integer(0),
+                                      help="tokens the penalties look back at (0 = off)"),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty", callback=FINITE),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", callback=FINITE),
+    mirostat: int = typer.Option(0, "--mirostat", callback=integer(0, 2), help="0 off, 1 mirostat, 2 mirostat 2.0"),
+    mirostat_lr: float = typer.Option(0.1, "--mirostat-lr", callback=FINITE, help="mirostat eta"),
+    mirostat_ent: float = typer.Option(5.0, "--mirostat-ent", callback=FINITE, help="mirostat tau"),
+    seed: int = typer.Option(-1, "-s", "--seed", callback=SEED, help="RNG seed, 0..4294967295 (-1 = random)"),
     chat: bool = typer.Option(False, "--chat", "-cnv", help="wrap the prompt in the model's chat template"),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with --chat)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
@@ -139,10 +148,7 @@ def generate(
 
     texts = [t for t in (prompt_arg, prompt) if t is not None]
     if file is not None:
-        try:
-            texts.append(file.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise typer.BadParameter(f"cannot read prompt file {file}: {e}") from None
+        texts.append(read_text_file(file, "-f"))
     if len(texts) > 1:
         raise typer.BadParameter("give the prompt once: a PROMPT argument, -p or -f")
     text = texts[0] if texts else ""
@@ -185,7 +191,9 @@ def generate(
         out.write(stream.flush() + "\n")
         out.flush()
         dt = time.perf_counter() - t0
-    except (PyllamaError, FileNotFoundError, ValueError, OSError) as e:
+    except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
+        raise
+    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     if sess.stats.stop_reason == "ctx":

@@ -20,6 +20,19 @@ import numpy as np
 import typer
 
 from . import app
+from ._checks import BATCH, UBATCH, kv_cache_type, load_mode as _load_mode, read_text_file
+
+
+def _ctx_size(ctx, param, value):
+    if value < 4:  # n_ctx/2 .. n_ctx-2 must hold at least one scored position
+        raise typer.BadParameter(f"{value}: the context must hold at least 4 tokens")
+    return value
+
+
+def _chunks(ctx, param, value):
+    if value == 0:  # llama-perplexity would print PPL = nan; any negative value means all, as there
+        raise typer.BadParameter("0 chunks scores nothing: give a count >= 1, or -1 for all")
+    return value
 
 
 def nll_of_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -45,6 +58,10 @@ def perplexity(ctx, tokens: Sequence[int], n_ctx: int, n_batch: int, n_chunks: i
                          f"{n_ctx}; the text tokenizes to only {tokens.shape[0]} tokens")
     n_chunk_max = tokens.shape[0] // n_ctx
     n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
+    if n_chunk == 0:
+        raise ValueError("n_chunks = 0: no chunk to score (give -1 for all)")
+    if n_batch < 1:
+        raise ValueError(f"n_batch = {n_batch} must be >= 1")
     n_batch = min(n_batch, n_ctx)
     num_batches = (n_ctx + n_batch - 1) // n_batch
     first = n_ctx // 2
@@ -87,26 +104,21 @@ def perplexity(ctx, tokens: Sequence[int], n_ctx: int, n_batch: int, n_chunks: i
 def perplexity_cmd(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
     file: Path = typer.Option(..., "-f", "--file", help="text file to score"),
-    ctx_size: int = typer.Option(512, "-c", "--ctx-size", help="tokens per chunk"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", help="logical batch size (capped at -c)"),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", help="physical batch size"),
-    chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads"),
-    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch"),
-    load_mode: str = typer.Option("auto", "-lm", "--load-mode"),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k"),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v"),
+    ctx_size: int = typer.Option(512, "-c", "--ctx-size", callback=_ctx_size, help="tokens per chunk (>= 4)"),
+    batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size (capped at -c)"),
+    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),
+    chunks: int = typer.Option(-1, "--chunks", callback=_chunks, help="score at most this many chunks (< 0 = all)"),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="(<= 0 = the default)"),
+    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch", help="(<= 0 = the default)"),
+    load_mode: str = typer.Option("auto", "-lm", "--load-mode", callback=_load_mode),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type),
 ) -> None:
     """Perplexity of a text file, the way llama-perplexity computes it."""
     from ..errors import PyllamaError
     from .generate import open_session
 
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as e:
-        raise typer.BadParameter(f"cannot read {file}: {e}") from None
-    if ctx_size < 4:
-        raise typer.BadParameter(f"-c {ctx_size}: the context must hold at least 4 tokens")
+    text = read_text_file(file, "-f")
     n_batch = min(batch_size, ctx_size)
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=n_batch, ubatch_size=min(ubatch_size, n_batch),
@@ -117,6 +129,9 @@ def perplexity_cmd(
         print("perplexity: tokenizing the input ..", file=sys.stderr)
         tokens = sess.tokenize(text, add_special=True, parse_special=False)
         print(f"perplexity: tokenization took {1e3 * (time.perf_counter() - t0):g} ms", file=sys.stderr)
+        if len(tokens) < 2 * ctx_size:  # before the "calculating" line, as llama-perplexity
+            raise ValueError(f"you need at least {2 * ctx_size} tokens to evaluate perplexity with a context of "
+                             f"{ctx_size} (-c); {file} tokenizes to only {len(tokens)} tokens")
         n_chunk_max = len(tokens) // ctx_size
         n_chunk = n_chunk_max if chunks < 0 else min(chunks, n_chunk_max)
         print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={ctx_size}, "
@@ -133,7 +148,9 @@ def perplexity_cmd(
 
         ppl, err = perplexity(sess.ctx, tokens, ctx_size, n_batch, chunks, add_bos=bool(v.add_bos),
                               bos=int(v.bos), on_chunk=on_chunk)
-    except (PyllamaError, ValueError, FileNotFoundError, OSError) as e:
+    except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
+        raise
+    except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"\nerror: {e}", err=True)
         raise typer.Exit(1) from None
     sys.stdout.write("\n")

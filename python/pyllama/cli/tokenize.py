@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from . import app
+from ._checks import read_file_bytes, read_limited
 
 _HEX2 = re.compile(rb"[ \t\n\v\f\r]*[+-]?[0-9a-fA-F]+")
 
@@ -60,14 +61,15 @@ def tokenize_cmd(
     if prompt is not None:
         text = prompt.encode("utf-8", "surrogateescape")
     elif file is not None:
-        try:
-            text = file.read_bytes()
-        except OSError as e:
-            raise typer.BadParameter(f"cannot read {file}: {e.strerror}") from None
+        text = read_file_bytes(file, "-f")  # raw bytes, as llama-tokenize: no UTF-8 check
         if text.endswith(b"\n"):  # llama.cpp's -f drops one trailing newline
             text = text[:-1]
     else:
-        text = sys.stdin.buffer.read()
+        try:
+            text = read_limited(sys.stdin.buffer, "standard input")
+        except typer.BadParameter as e:
+            e.param_hint = "'--stdin'"
+            raise
     if not no_escape:  # llama.cpp processes escapes in -p, -f and --stdin text alike
         text = process_escapes(text)
     try:

@@ -1,0 +1,169 @@
+"""Flag and input-file checks shared by the subcommands: a bad value is a usage error that
+names the flag (exit 2), never a traceback or a silently odd run.
+
+Numbers follow llama.cpp's common/arg.cpp where it defines a meaning (``-t <= 0``: the
+default thread count; ``--temp < 0``: greedy; ``--top-k <= 0``: off; ``-ub 0``: same as
+``-b``) and are refused where it would crash or compute nonsense (``-b 0``, ``-c < 0``,
+NaN or infinite floats, probabilities outside [0, 1], ``--repeat-penalty <= 0``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import typer
+
+# The most -f/--file (and --stdin) will read: far above any prompt or perplexity corpus
+# pyllama can tokenize in reasonable time, low enough that an endless stream such as
+# /dev/zero ends in a message instead of a MemoryError.
+MAX_TEXT_BYTES = 256 * 2**20
+_CHUNK = 2**20
+
+
+def number(lo: Optional[float] = None, hi: Optional[float] = None, *, lo_open: bool = False,
+           what: str = "") -> Callable:
+    """Option callback for a float flag: finite, and within [lo, hi] (lo excluded when
+    ``lo_open``). ``what`` names the range in the message ("a probability")."""
+
+    def check(ctx, param, value):
+        if value is None:
+            return value
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        low_bad = lo is not None and (value <= lo if lo_open else value < lo)
+        if low_bad or (hi is not None and value > hi):
+            if lo is not None and hi is not None:
+                rng = f"in [{lo:g}, {hi:g}]"
+            elif lo is not None:
+                rng = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            else:
+                rng = f"<= {hi:g}"
+            raise typer.BadParameter(f"{value:g} is out of range: it must be {rng}" + (f" ({what})" if what else ""))
+        return value
+
+    return check
+
+
+def integer(lo: Optional[int] = None, hi: Optional[int] = None, note: str = "") -> Callable:
+    """Option callback for an int flag: within [lo, hi]; ``note`` says what the special
+    values mean ("-1 = random")."""
+
+    def check(ctx, param, value):
+        if value is None:
+            return value
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            if lo is not None and hi is not None:
+                rng = f"in {lo}..{hi}"
+            elif lo is not None:
+                rng = f">= {lo}"
+            else:
+                rng = f"<= {hi}"
+            raise typer.BadParameter(f"{value} is out of range: it must be {rng}" + (f" ({note})" if note else ""))
+        return value
+
+    return check
+
+
+def one_of(choices: Iterable[str], *, lower: bool = True) -> Callable:
+    """Option callback: the value must be one of ``choices`` (compared lower-cased)."""
+    choices = tuple(choices)
+
+    def check(ctx, param, value):
+        if value is None:
+            return value
+        v = value.lower() if lower else value
+        if v not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}")
+        return v
+
+    return check
+
+
+def load_mode(ctx, param, value):
+    from ..model import LOAD_MODES
+
+    return one_of(LOAD_MODES)(ctx, param, value)
+
+
+def kv_cache_type(ctx, param, value):
+    """llama.cpp's -ctk/-ctv names (common/arg.cpp's kv_cache_types); whether this build
+    implements a listed type is the library's answer when the context is made."""
+    from ..context import GGML_TYPE_NAMES
+
+    return one_of(GGML_TYPE_NAMES.values())(ctx, param, value)
+
+
+def threads(value: Optional[int]) -> Optional[int]:
+    """llama.cpp's -t / -tb: a value <= 0 means the default thread count (0 here)."""
+    return None if value is None else max(value, 0)
+
+
+def read_limited(fh, name: str, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """All of binary stream ``fh``, read in bounded chunks; a usage-style error when it
+    holds more than ``limit`` bytes (an endless device such as /dev/zero included)."""
+    chunks = []
+    n = 0
+    while True:
+        b = fh.read(min(_CHUNK, limit + 1 - n))
+        if not b:
+            break
+        chunks.append(b)
+        n += len(b)
+        if n > limit:
+            raise typer.BadParameter(f"{name}: more than {limit // 2**20} MiB of input (the most pyllama reads); "
+                                     "is it an endless stream such as /dev/zero?")
+    return b"".join(chunks)
+
+
+def read_file_bytes(path: Path, flag: str = "-f", limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of ``path`` for option ``flag``: a usage error naming the file when it is
+    missing, a directory, unreadable or larger than ``limit``."""
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+                raise typer.BadParameter(f"{path} is {st.st_size / 2**20:.0f} MiB, over the {limit // 2**20} MiB "
+                                         "that pyllama reads from a file", param_hint=f"'{flag}'")
+            try:
+                return read_limited(fh, str(path), limit)
+            except typer.BadParameter as e:
+                e.param_hint = f"'{flag}'"
+                raise
+    except OSError as e:
+        raise typer.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=f"'{flag}'") from None
+
+
+def utf8_text(data: bytes, name: str, flag: Optional[str] = "-f") -> str:
+    """``data`` decoded as UTF-8, or a usage error naming ``name`` and the byte offset of
+    the first invalid sequence.
+
+    An error rather than errors="replace": llama.cpp hands the raw bytes to its byte-level
+    tokenizer, so replacing them with U+FFFD would silently tokenize (and score) different
+    text than llama.cpp does, and a file that is not UTF-8 is nearly always the wrong file
+    or a legacy encoding that one ``iconv`` fixes. (``pyllama tokenize`` keeps the raw bytes,
+    as llama-tokenize does: showing byte-level tokenization is its job.)"""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = data[e.start:e.start + 1].hex()
+        raise typer.BadParameter(
+            f"{name} is not UTF-8 text: invalid byte 0x{bad} at byte offset {e.start} ({e.reason}); "
+            "convert it first, e.g. iconv -f latin1 -t utf-8", param_hint=f"'{flag}'" if flag else None) from None
+
+
+def read_text_file(path: Path, flag: str = "-f") -> str:
+    return utf8_text(read_file_bytes(path, flag), str(path), flag)
+
+
+# The callbacks of the flags several subcommands share.
+CTX_SIZE = integer(0, note="0 = from the model")
+BATCH = integer(1)
+UBATCH = integer(0, note="0 = same as -b")
+SEED = integer(-1, 2**32 - 1, note="-1 = random")
+FINITE = number()
+PROBABILITY = number(0, 1)
+POSITIVE = number(0, lo_open=True)
