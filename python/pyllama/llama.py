@@ -1,5 +1,5 @@
-"""``pyllama.Llama``: the high-level class shaped like llama-cpp-python's ``llama_cpp.Llama``,
-so code written for it runs by changing the import.
+"""``pyllama.Llama``: the high-level class shaped like llama-cpp-python's ``llama_cpp.Llama``
+(0.3.36), so code written for it runs by changing the import.
 
     >>> from pyllama import Llama
     >>> llm = Llama("model.gguf", n_ctx=2048, seed=42)
@@ -8,122 +8,462 @@ so code written for it runs by changing the import.
     ...         [{"role": "user", "content": "Hi"}], stream=True):
     ...     print(chunk["choices"][0]["delta"].get("content", ""), end="")
 
-Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
+Every method takes llama-cpp-python's parameters, by the same names and with the same
+defaults, and nothing else: an unknown keyword is a TypeError. A parameter pyllama cannot
+honour yet (grammar, embeddings, LoRA, ...) raises NotImplementedError when given a
+non-default value, saying what is missing; one that only matters on a GPU logs a warning
+once. Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
 their ``...chunk`` stream forms). Prompt tokens already in the KV cache from the previous
 call are not decoded again (longest common prefix), as llama-cpp-python does.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
 
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
 from .generation import Session, TextStream, load_model
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, build_chain, normalize_logit_bias
 
-__all__ = ["Llama"]
+__all__ = [
+    "Llama",
+    "LogitsProcessor",
+    "LogitsProcessorList",
+    "StoppingCriteria",
+    "StoppingCriteriaList",
+    "MinTokensLogitsProcessor",
+]
+
+log = logging.getLogger("pyllama")
+
+# llama.h's enum values llama-cpp-python uses as defaults (pyllama.llama_api has them all)
+LLAMA_SPLIT_MODE_LAYER = 1
+LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED = -1
+LLAMA_POOLING_TYPE_UNSPECIFIED = -1
+LLAMA_ATTENTION_TYPE_UNSPECIFIED = -1
+
+# llama-cpp-python's chat format names -> pyllama's built-in formats
+_CHAT_FORMAT_ALIASES = {"llama-2": "llama2", "llama-3": "llama3", "phi-3": "phi3", "mistral-v7": "mistral-v7"}
+
+
+# -- logits processors and stopping criteria (llama-cpp-python's semantics) ------------------
+
+LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
+
+
+class LogitsProcessorList(List[LogitsProcessor]):
+    """Processors applied in order: each gets (input_ids: intc [n_tokens], scores: single
+    [n_vocab]) and returns the new scores."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+class StoppingCriteriaList(List[StoppingCriteria]):
+    """Generation stops when any criterion, given (input_ids, logits), returns True."""
+
+    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> bool:
+        return any([criterion(input_ids, logits) for criterion in self])
+
+
+class MinTokensLogitsProcessor:
+    """Forbids ``token_eos`` until ``min_tokens`` tokens follow the prompt (the prompt is
+    the input_ids of the first call)."""
+
+    def __init__(self, min_tokens: int, token_eos: int):
+        self.min_tokens = min_tokens
+        self.token_eos = token_eos
+        self.prompt_tokens: Optional[int] = None
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if self.prompt_tokens is None:
+            self.prompt_tokens = len(input_ids)
+        if len(input_ids) - self.prompt_tokens < self.min_tokens:
+            scores[self.token_eos] = -np.inf
+        return scores
+
+
+class _ProcessedSampler:
+    """A sampler chain behind llama-cpp-python's logits processors: they see the tokens in
+    the KV cache (prompt + generated so far) and a copy of the raw logits row, in that
+    order, before the chain (logit bias included) runs."""
+
+    def __init__(self, chain, processors, session: Session):
+        self.chain = chain
+        self.processors = processors
+        self.session = session
+
+    def sample(self, logits) -> int:
+        ids = np.asarray(self.session.tokens, dtype=np.intc)
+        scores = np.array(logits, dtype=np.single)
+        for p in self.processors:
+            scores = p(ids, scores)
+        return self.chain.sample(np.ascontiguousarray(scores, dtype=np.float32))
+
+
+# -- refusing what is not built, warning about what this machine cannot do ---------------
+
+_warned: set = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", msg)
+
+
+def _not_yet(where: str, param: str, value: Any, why: str) -> NotImplementedError:
+    return NotImplementedError(f"{where}({param}={value!r}): {why}")
+
+
+_GRAMMAR_WHY = ("grammar-constrained sampling (GBNF, LlamaGrammar) is not implemented in pyllama yet "
+                "(issue 13); pass grammar=None, or constrain the output yourself with a logits_processor")
+_TFS_WHY = ("tail-free sampling was removed from llama.cpp (llama-cpp-python accepts tfs_z and ignores it); "
+            "pass tfs_z=1.0, or use top_p / min_p / typical_p")
+_STATE_WHY = ("saving and restoring context state (KV cache) is not implemented in pyllama yet (issue 15); "
+              "re-run the prompt instead (pyllama reuses the cached prefix of the previous call)")
+_EMBED_WHY = ("embedding mode (create_embedding / embed) is not implemented in pyllama.Llama yet (issue 16); "
+              "use pyllama.Context(model, embeddings=True) and Context.embeddings_seq for now")
+
+
+@contextmanager
+def _quiet(verbose: bool):
+    """verbose=False: pyllama's own INFO / WARNING log lines are held back while loading (as
+    llama-cpp-python silences llama.cpp's log)."""
+    if verbose:
+        yield
+        return
+    prev = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(prev)
+
+
+class _Tokenizer:
+    """llama-cpp-python's LlamaTokenizer over the model's vocabulary."""
+
+    def __init__(self, llama: "Llama"):
+        self._vocab = llama._vocab
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return list(self._vocab.tokenize(text, add_special=add_bos, parse_special=special))
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
+                   special: bool = False) -> bytes:
+        v = self._vocab
+        if prev_tokens is None:
+            return b"".join(v.token_to_piece(int(t), special) for t in tokens)
+        prev = b"".join(v.token_to_piece(int(t), special) for t in prev_tokens)
+        full = prev + b"".join(v.token_to_piece(int(t), special) for t in tokens)
+        return full[len(prev):]
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
 
 
 class Llama:
+    """A model and one context (sequence 0), with llama-cpp-python's methods."""
+
     def __init__(
         self,
         model_path: Union[str, Path],
         *,
+        # model
+        n_gpu_layers: int = 0,
+        split_mode: int = LLAMA_SPLIT_MODE_LAYER,
+        main_gpu: int = 0,
+        tensor_split: Optional[List[float]] = None,
+        vocab_only: bool = False,
+        use_mmap: bool = True,
+        use_mlock: bool = False,
+        kv_overrides: Optional[Dict[str, Union[bool, int, float, str]]] = None,
+        # context
+        seed: int = LLAMA_DEFAULT_SEED,
         n_ctx: int = 512,
         n_batch: int = 512,
         n_ubatch: int = 512,
         n_threads: Optional[int] = None,
         n_threads_batch: Optional[int] = None,
-        n_gpu_layers: int = 0,
-        seed: int = LLAMA_DEFAULT_SEED,
+        rope_scaling_type: Optional[int] = LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
+        pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED,
+        attention_type: int = LLAMA_ATTENTION_TYPE_UNSPECIFIED,
+        rope_freq_base: float = 0.0,
+        rope_freq_scale: float = 0.0,
+        yarn_ext_factor: float = -1.0,
+        yarn_attn_factor: float = 1.0,
+        yarn_beta_fast: float = 32.0,
+        yarn_beta_slow: float = 1.0,
+        yarn_orig_ctx: int = 0,
+        logits_all: bool = False,
+        embedding: bool = False,
+        offload_kqv: bool = True,
+        flash_attn: bool = False,
+        op_offload: Optional[bool] = None,
+        swa_full: Optional[bool] = None,
+        # sampling
+        no_perf: bool = False,
+        last_n_tokens_size: int = 64,
+        # LoRA
+        lora_base: Optional[str] = None,
+        lora_scale: float = 1.0,
+        lora_path: Optional[str] = None,
+        # backend
+        numa: Union[bool, int] = False,
+        # chat
         chat_format: Optional[str] = None,
+        chat_handler: Optional[Callable[..., Any]] = None,
+        # speculative decoding
+        draft_model: Optional[Any] = None,
+        tokenizer: Optional[Any] = None,
+        # KV cache types: a GGML_TYPE id, or a name ("f16", "q8_0", ...)
         type_k: Optional[Union[int, str]] = None,
         type_v: Optional[Union[int, str]] = None,
-        flash_attn: bool = False,
-        use_mmap: bool = True,
-        use_mlock: bool = False,
-        verbose: bool = False,
-        **_ignored: Any,
+        spm_infill: bool = False,
+        verbose: bool = True,
     ):
         """Load ``model_path`` and create a context of ``n_ctx`` tokens (0 = the model's
         training context). ``chat_format``: None (the model's own template, else chatml), a
-        built-in name (chatml, llama3, gemma, phi3, zephyr, mistral-v7, llama2) or a Jinja
-        template text. ``n_gpu_layers`` is accepted for compatibility (CPU only here).
+        built-in name (chatml, llama-2, llama-3, gemma, phi-3, zephyr, mistral-v7, ...),
+        "chat_template.default" or a Jinja template text. ``vocab_only`` loads only the
+        vocabulary (tokenize / detokenize work; generation does not). ``logits_all`` keeps
+        the logits of every token :meth:`eval` decodes in ``scores`` (and is required for
+        ``logprobs``, as in llama-cpp-python).
         """
-        self.model_path = str(model_path)
+        where = "Llama"
+        # refused: not built yet
+        if embedding:
+            raise _not_yet(where, "embedding", embedding, _EMBED_WHY)
+        if lora_path is not None:
+            raise _not_yet(where, "lora_path", lora_path, "LoRA adapters are not supported by pyllama yet; "
+                           "merge the adapter into the model (llama.cpp's llama-export-lora) and load the result")
+        if draft_model is not None:
+            raise _not_yet(where, "draft_model", draft_model, "speculative decoding is not implemented in "
+                           "pyllama.Llama yet; pass draft_model=None (output is the same, only slower)")
+        if spm_infill:
+            raise _not_yet(where, "spm_infill", spm_infill, "fill-in-the-middle prompts (prefix/suffix/middle "
+                           "tokens) are not implemented in pyllama yet")
+        yarn = {"yarn_ext_factor": (yarn_ext_factor, -1.0), "yarn_attn_factor": (yarn_attn_factor, 1.0),
+                "yarn_beta_fast": (yarn_beta_fast, 32.0), "yarn_beta_slow": (yarn_beta_slow, 1.0),
+                "yarn_orig_ctx": (yarn_orig_ctx, 0)}
+        for name, (v, default) in yarn.items():
+            if v != default:
+                raise _not_yet(where, name, v, "YaRN overrides are not supported by pyllama yet (the model's "
+                               "own rope scaling is used); leave the yarn_* parameters at their defaults")
+        # not possible on this machine: a warning, once
+        if n_gpu_layers is not None and n_gpu_layers > 0:
+            _warn_once("n_gpu_layers", f"Llama(n_gpu_layers={n_gpu_layers}): pyllama.Llama has no GPU "
+                       "offload; every layer runs on the CPU")
+        if split_mode != LLAMA_SPLIT_MODE_LAYER or main_gpu != 0 or tensor_split is not None:
+            _warn_once("split", "Llama(split_mode / main_gpu / tensor_split): there is one (CPU) device; "
+                       "the model is not split")
+        if numa:
+            _warn_once("numa", f"Llama(numa={numa!r}): pyllama sets no NUMA policy; threads are not pinned")
+        if lora_base is not None:
+            _warn_once("lora_base", "Llama(lora_base=...) only matters with lora_path; ignored")
+
         self.verbose = verbose
-        load_mode = "mlock" if use_mlock else ("mmap" if use_mmap else "none")
-        if use_mlock and use_mmap:
-            load_mode = "mmap+mlock"
-        self._model = load_model(self.model_path, load_mode=load_mode)
-        cparams: dict[str, Any] = {"n_ctx": n_ctx, "n_batch": n_batch, "n_ubatch": min(n_ubatch, n_batch)}
-        if n_threads is not None:
-            cparams["n_threads"] = n_threads
-        if n_threads_batch is not None or n_threads is not None:
-            cparams["n_threads_batch"] = n_threads_batch if n_threads_batch is not None else n_threads
-        if type_k is not None:
-            cparams["type_k"] = type_k
-        if type_v is not None:
-            cparams["type_v"] = type_v
-        if flash_attn:
-            cparams["flash_attn_type"] = 1
-        self._session = Session(self._model, **cparams)
+        self.model_path = str(model_path)
+        if not Path(self.model_path).exists():
+            raise ValueError(f"Model path does not exist: {model_path}")
+        self._init_kwargs = dict(
+            n_gpu_layers=n_gpu_layers, split_mode=split_mode, main_gpu=main_gpu, tensor_split=tensor_split,
+            vocab_only=vocab_only, use_mmap=use_mmap, use_mlock=use_mlock, kv_overrides=kv_overrides,
+            seed=seed, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+            n_threads_batch=n_threads_batch, rope_scaling_type=rope_scaling_type, pooling_type=pooling_type,
+            attention_type=attention_type, rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale,
+            logits_all=logits_all, offload_kqv=offload_kqv, flash_attn=flash_attn, op_offload=op_offload,
+            swa_full=swa_full, no_perf=no_perf, last_n_tokens_size=last_n_tokens_size, numa=numa,
+            chat_format=chat_format, chat_handler=chat_handler, type_k=type_k, type_v=type_v, verbose=verbose)
+        load_mode = "mmap+mlock" if (use_mmap and use_mlock) else (
+            "mlock" if use_mlock else ("mmap" if use_mmap else "none"))
+        t0 = time.perf_counter()
+        with _quiet(verbose):
+            from .model import Model
+
+            self._model = Model.load(self.model_path, load_mode=load_mode, vocab_only=vocab_only,
+                                     kv_overrides=kv_overrides)
+            from .generation import vocab_of
+
+            self._vocab = vocab_of(self._model)
+            self._session: Optional[Session] = None
+            self.n_batch = min(n_ctx, n_batch) if n_ctx else n_batch
+            if not vocab_only:
+                cparams: dict[str, Any] = {"n_ctx": n_ctx, "n_batch": self.n_batch,
+                                           "n_ubatch": min(n_ubatch, self.n_batch), "no_perf": no_perf,
+                                           "pooling_type": pooling_type, "attention_type": attention_type,
+                                           "rope_freq_base": rope_freq_base, "rope_freq_scale": rope_freq_scale,
+                                           "rope_scaling_type": (LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+                                                                 if rope_scaling_type is None else rope_scaling_type),
+                                           "offload_kqv": offload_kqv}
+                if n_threads is not None:
+                    cparams["n_threads"] = n_threads
+                if n_threads_batch is not None or n_threads is not None:
+                    cparams["n_threads_batch"] = n_threads_batch if n_threads_batch is not None else n_threads
+                if type_k is not None:
+                    cparams["type_k"] = type_k
+                if type_v is not None:
+                    cparams["type_v"] = type_v
+                if flash_attn:
+                    cparams["flash_attn_type"] = 1
+                if swa_full is not None:
+                    cparams["swa_full"] = swa_full
+                if op_offload is not None:
+                    cparams["op_offload"] = op_offload
+                self._session = Session(self._model, **cparams)
+        if verbose:
+            n = self._session.n_ctx if self._session else 0
+            print(f"pyllama: loaded {self.model_path} ({self._model.desc}) in "
+                  f"{time.perf_counter() - t0:.2f} s, n_ctx = {n}, n_vocab = {len(self._vocab)}", file=sys.stderr)
         self.n_gpu_layers = n_gpu_layers
-        self._seed = seed
+        self._seed = seed or LLAMA_DEFAULT_SEED
+        self._logits_all = bool(logits_all)
+        self.last_n_tokens_size = last_n_tokens_size
         self.chat_format = chat_format
+        self.chat_handler = chat_handler
+        self.draft_model = None
+        self.cache = None
+        self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
+        self.spm_infill = spm_infill
+        self.tokenizer_ = tokenizer or _Tokenizer(self)
         self._chat_template: Optional[ChatTemplate] = None
+        self._sampler = None  # the chain of a running generate()
+        self._requires_eval = True  # the context's last logits are not those of input_ids[-1]
+        # every architecture pyllama runs is a transformer (no recurrent state)
+        self._is_recurrent = False
+        self._is_hybrid = False
+        self._n_vocab = len(self._vocab)
+        self._n_ctx = self._session.n_ctx if self._session else 0
+        self.scores: np.ndarray = np.ndarray(
+            ((self._n_ctx if logits_all else self.n_batch) if self._session else 0, self._n_vocab),
+            dtype=np.single)
+        self.metadata = {k: str(v) for k, v in self._model.metadata.items() if not isinstance(v, (list, tuple))}
 
-    # -- llama-cpp-python's small API ------------------------------------------------
+    # -- the model and its vocabulary -------------------------------------------------
 
-    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+    @property
+    def model(self):
+        """The :class:`pyllama.Model`."""
+        return self._model
+
+    @property
+    def ctx(self):
+        """The :class:`pyllama.Context` (None for a vocab_only model)."""
+        return self._session.ctx if self._session else None
+
+    def _sess(self) -> Session:
+        if self._session is None:
+            raise RuntimeError("this Llama was created with vocab_only=True: it can tokenize and detokenize "
+                               "but has no context to decode with")
+        return self._session
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
         """Token ids of ``text`` (BOS first when ``add_bos`` and the model adds one)."""
-        return self._session.tokenize(text, add_special=add_bos, parse_special=special)
+        return self.tokenizer_.tokenize(text, add_bos, special)
 
-    def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
+    def detokenize(self, tokens: List[int], prev_tokens: Optional[List[int]] = None,
                    special: bool = False) -> bytes:
-        v = self._session.vocab
-        if prev_tokens is None:
-            return b"".join(v.token_to_piece(int(t), special) for t in tokens)
-        full = b"".join(v.token_to_piece(int(t), special) for t in list(prev_tokens) + list(tokens))
-        prev = b"".join(v.token_to_piece(int(t), special) for t in prev_tokens)
-        return full[len(prev):]
+        """The bytes of ``tokens``; with ``prev_tokens``, only what ``tokens`` adds after them."""
+        return self.tokenizer_.detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def tokenizer(self):
+        return _Tokenizer(self)
 
     def n_ctx(self) -> int:
-        return self._session.n_ctx
+        return self._n_ctx
 
     def n_vocab(self) -> int:
-        return self._session.n_vocab
+        return self._n_vocab
 
     def n_embd(self) -> int:
         return int(self._model.n_embd)
 
     def token_eos(self) -> int:
-        return int(self._session.vocab.eos)
+        return int(self._vocab.eos)
 
     def token_bos(self) -> int:
-        return int(self._session.vocab.bos)
+        return int(self._vocab.bos)
 
     def token_nl(self) -> int:
-        return int(self._session.vocab.nl)
+        return int(self._vocab.nl)
+
+    def pooling_type(self) -> int:
+        return int(self._sess().ctx.pooling_type)
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the KV cache (sequence 0)."""
+        return len(self._session.tokens) if self._session else 0
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """intc [n_ctx]: the tokens in the KV cache, then zeros (a copy)."""
+        out = np.zeros(self._n_ctx, dtype=np.intc)
+        if self._session:
+            out[: len(self._session.tokens)] = self._session.tokens
+        return out
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return np.asarray(self._session.tokens if self._session else [], dtype=np.intc)
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores[: self.n_tokens, :]
+
+    @property
+    def eval_tokens(self):
+        from collections import deque
+
+        return deque(self._input_ids.tolist(), maxlen=self._n_ctx)
 
     def reset(self) -> None:
         """Forget the KV cache (the next call decodes its whole prompt)."""
-        self._session.reset()
+        if self._session:
+            self._session.reset()
+        self._requires_eval = True
 
     def set_seed(self, seed: int) -> None:
+        """The seed of the next sampling call that gives none (each such call then draws the
+        following one from it, as llama-cpp-python does)."""
         self._seed = seed
 
-    @property
-    def metadata(self) -> dict:
-        return {k: str(v) for k, v in self._model.metadata.items() if not isinstance(v, (list, tuple))}
+    def set_cache(self, cache) -> None:
+        if cache is not None:
+            raise _not_yet("Llama.set_cache", "cache", cache, "prompt caches (LlamaRAMCache / LlamaDiskCache) "
+                           "need state save/restore, not implemented in pyllama yet (issue 15); the previous "
+                           "call's prefix is reused without one")
+        self.cache = None
+
+    def save_state(self):
+        raise NotImplementedError(f"Llama.save_state(): {_STATE_WHY}")
+
+    def load_state(self, state) -> None:
+        raise NotImplementedError(f"Llama.load_state(): {_STATE_WHY}")
 
     def close(self) -> None:
-        close = getattr(self._session.ctx, "close", None)
-        if close:
-            close()
+        if self._session is not None:
+            close = getattr(self._session.ctx, "close", None)
+            if close:
+                close()
 
     def __enter__(self) -> "Llama":
         return self
@@ -131,19 +471,149 @@ class Llama:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __getstate__(self):
+        return {"model_path": self.model_path, **self._init_kwargs, "seed": self._seed}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    # -- low-level loop: eval / sample / generate ---------------------------------------
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Decode ``tokens`` after the cached ones (in n_batch pieces); with logits_all the
+        logits of each land in ``scores``."""
+        sess = self._sess()
+        toks = [int(t) for t in tokens]
+        for i, t in enumerate(toks):
+            if not 0 <= t < self._n_vocab:
+                raise ValueError(f"token {i} = {t} is not a valid id (n_vocab = {self._n_vocab})")
+        n = self.n_tokens
+        if n + len(toks) > self._n_ctx:
+            from .errors import ContextFullError
+
+            raise ContextFullError(f"{n} cached + {len(toks)} new tokens exceed n_ctx = {self._n_ctx}")
+        for i in range(0, len(toks), self.n_batch):
+            chunk = np.asarray(toks[i:i + self.n_batch], dtype=np.int32)
+            sess.ctx.decode(chunk, logits_all=self._logits_all)
+            if self._logits_all:
+                self.scores[n:n + len(chunk)] = sess.ctx.logits
+            sess.tokens.extend(int(t) for t in chunk)
+            n += len(chunk)
+            self._requires_eval = False
+
+    def _chain(self, *, top_k=40, top_p=0.95, min_p=0.05, typical_p=1.0, temp=0.80, repeat_penalty=1.0,
+               frequency_penalty=0.0, presence_penalty=0.0, tfs_z=1.0, mirostat_mode=0, mirostat_eta=0.1,
+               mirostat_tau=5.0, penalize_nl=True, logits_processor=None, grammar=None, logit_bias=None,
+               where="Llama.sample"):
+        if grammar is not None:
+            raise _not_yet(where, "grammar", grammar, _GRAMMAR_WHY)
+        if tfs_z != 1.0:
+            raise _not_yet(where, "tfs_z", tfs_z, _TFS_WHY)
+        if not penalize_nl:
+            raise _not_yet(where, "penalize_nl", penalize_nl, "llama.cpp's penalties sampler no longer exempts "
+                           "newlines (llama-cpp-python ignores it); use logit_bias on token_nl() instead")
+        sess = self._sess()
+        params = SamplerParams(
+            seed=self._seed, temp=temp, top_p=top_p, top_k=top_k, min_p=min_p, typ_p=typical_p,
+            penalty_last_n=self.last_n_tokens_size, penalty_repeat=repeat_penalty,
+            penalty_freq=frequency_penalty, penalty_present=presence_penalty, mirostat=mirostat_mode,
+            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+            logit_bias=dict(_check_logit_bias(logit_bias, self._n_vocab)), no_perf=True)
+        chain = build_chain(params, n_vocab=self._n_vocab, vocab=self._vocab)
+        if logits_processor:
+            if not all(callable(p) for p in logits_processor):
+                raise TypeError("logits_processor must be a list of callables (input_ids, scores) -> scores")
+            return _ProcessedSampler(chain, list(logits_processor), sess)
+        return chain
+
+    def _row(self, idx: Optional[int]) -> np.ndarray:
+        sess = self._sess()
+        if self.n_tokens == 0:
+            raise RuntimeError("nothing decoded yet: call eval(tokens) before sample()")
+        if idx is None or idx == self.n_tokens - 1:
+            if self._requires_eval:
+                raise RuntimeError("the context's logits are stale (reset or truncated): eval() first")
+            return sess.ctx.logits_ith(-1)
+        if self._logits_all and 0 <= idx < self.n_tokens:
+            return self.scores[idx]
+        raise ValueError(f"sample(idx={idx}): only the last decoded token ({self.n_tokens - 1}) has logits; "
+                         "create the Llama with logits_all=True to sample at earlier positions")
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+               mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor: Optional[LogitsProcessorList] = None, grammar: Optional[Any] = None,
+               idx: Optional[int] = None) -> int:
+        """Sample a token from the logits at position ``idx`` (default: the last decoded)."""
+        sampler = self._sampler or self._chain(
+            top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp, repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,
+            penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar)
+        return sampler.sample(self._row(idx))
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: Optional[LogitsProcessorList] = None,
+                 stopping_criteria: Optional[StoppingCriteriaList] = None, grammar: Optional[Any] = None):
+        """Yield sampled tokens after ``tokens`` without end (the caller stops; end-of-generation
+        tokens are yielded too). ``send(list_of_tokens)`` appends tokens after the yielded one.
+        With ``reset``, the cached prefix shared with ``tokens`` is kept and the rest dropped."""
+        chain = self._chain(
+            top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp, repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,
+            penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar, where="Llama.generate")
+        return self._generate(list(tokens), chain, reset, stopping_criteria)
+
+    def _generate(self, tokens: list, chain, reset: bool, stopping_criteria):
+        sess = self._sess()
+        if reset and self.n_tokens > 0:
+            prefix = Llama.longest_token_prefix(sess.tokens, tokens)
+            if prefix == len(tokens) == self.n_tokens and not self._requires_eval:
+                reset, tokens = False, []  # the whole prompt is cached with its logits
+            else:
+                keep = prefix - 1 if prefix == len(tokens) else prefix
+                if keep > 0:
+                    sess.ctx.seq_rm(0, keep, -1)
+                    del sess.tokens[keep:]
+                    self._requires_eval = True
+                    reset, tokens = False, tokens[keep:]
+        if reset:
+            self.reset()
+        sample_idx = self.n_tokens + len(tokens) - 1
+        self._sampler = chain
+        try:
+            while True:
+                self.eval(tokens)
+                while sample_idx < self.n_tokens:
+                    token = self.sample(idx=sample_idx)
+                    row = self._row(sample_idx)
+                    sample_idx += 1
+                    if stopping_criteria is not None and stopping_criteria(self._input_ids[:sample_idx], row):
+                        return
+                    more = yield token
+                    tokens = [token] + (list(more) if more is not None else [])
+                    if sample_idx < self.n_tokens and token != sess.tokens[sample_idx]:
+                        sess.ctx.seq_rm(0, sample_idx, -1)
+                        del sess.tokens[sample_idx:]
+                        self._requires_eval = True
+                        break
+        finally:
+            self._sampler = None
+
     # -- completion ------------------------------------------------------------------
 
-    def _sampler(self, *, temperature, top_p, top_k, min_p, typical_p, repeat_penalty,
-                 frequency_penalty, presence_penalty, seed, mirostat_mode, mirostat_tau,
-                 mirostat_eta, logit_bias):
-        params = SamplerParams(
-            seed=self._seed if seed is None else seed, temp=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, typ_p=typical_p, penalty_repeat=repeat_penalty, penalty_freq=frequency_penalty,
-            penalty_present=presence_penalty, mirostat=mirostat_mode, mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta, logit_bias=dict(_check_logit_bias(logit_bias, self._session.n_vocab)),
-            no_perf=True,
-        )
-        return build_chain(params, n_vocab=self._session.n_vocab, vocab=self._session.vocab)
+    def _next_seed(self, seed: Optional[int]) -> None:
+        """llama-cpp-python: an explicit seed becomes the Llama's seed; otherwise the next
+        seed is drawn from the current one (so calls differ, reproducibly)."""
+        if seed is not None:
+            self.set_seed(seed)
+        else:
+            self.set_seed(random.Random(self._seed).randint(0, 2**32))
 
     def _completion_tokens(self, prompt: Union[str, bytes, Sequence[int]], add_bos: bool = True,
                            special: bool = True) -> list[int]:
@@ -153,10 +623,11 @@ class Llama:
         return [int(t) for t in prompt]
 
     def _stream_text(self, prompt_tokens: list[int], max_tokens: Optional[int], stop, sampler,
-                     ) -> Iterator[tuple[str, Optional[str]]]:
+                     stopping_criteria=None, record=None) -> Iterator[tuple[str, Optional[str]]]:
         """Yield (text, finish_reason) pieces: text is safe to show (never part of a stop
-        string or a split UTF-8 character); the last item carries the finish reason."""
-        sess = self._session
+        string or a split UTF-8 character); the last item carries the finish reason.
+        ``record(token, logits_row)`` sees each generated token kept in the output."""
+        sess = self._sess()
         if max_tokens is None or max_tokens <= 0:
             max_tokens = sess.n_ctx - len(prompt_tokens)
         if len(prompt_tokens) >= sess.n_ctx:
@@ -165,10 +636,21 @@ class Llama:
         stream = TextStream(sess.vocab, special=False)
         text = ""
         sent = 0
+        self._requires_eval = True
         gen = sess.generate(prompt_tokens, sampler, max_tokens)
         finish = None
+        criterion_hit = False
         try:
             for tok in gen:
+                if stopping_criteria is not None or record is not None:
+                    row = sess.logits()
+                    # llama-cpp-python asks after sampling, before the token is kept
+                    if stopping_criteria is not None and stopping_criteria(
+                            np.asarray(sess.tokens, dtype=np.intc), row):
+                        criterion_hit = True
+                        break
+                    if record is not None:
+                        record(tok, row)
                 text += stream.feed(tok)
                 hit = _first_stop(text, stops, sent)
                 if hit is not None:
@@ -190,12 +672,34 @@ class Llama:
             end = hit if hit is not None else len(text)
             if end > sent:
                 yield text[sent:end], None
-            finish = "stop" if (hit is not None or sess.stats.stop_reason == "eog") else "length"
+            finish = "stop" if (hit is not None or criterion_hit or sess.stats.stop_reason == "eog") else "length"
         yield "", finish
+
+    def _check_completion_args(self, where, *, tfs_z, grammar, logprobs, echo, stream, stop, logit_bias,
+                               stopping_criteria, logits_processor, suffix):
+        if grammar is not None:
+            raise _not_yet(where, "grammar", grammar, _GRAMMAR_WHY)
+        if tfs_z != 1.0:
+            raise _not_yet(where, "tfs_z", tfs_z, _TFS_WHY)
+        if logprobs is not None:
+            if not self._logits_all:
+                raise ValueError("logprobs is not supported for models created with logits_all=False")
+            if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
+                raise TypeError(f"logprobs must be an int >= 0 (the number of top tokens) or None, got {logprobs!r}")
+            if echo or stream:
+                raise _not_yet(where, "logprobs", logprobs, "logprobs together with echo=True or stream=True "
+                               "is not implemented in pyllama yet; use echo=False, stream=False")
+        if suffix is not None and not isinstance(suffix, str):
+            raise TypeError(f"suffix must be a str or None, got {type(suffix).__name__}")
+        for name, v in (("stopping_criteria", stopping_criteria), ("logits_processor", logits_processor)):
+            if v is not None and not all(callable(c) for c in v):
+                raise TypeError(f"{name} must be a list of callables (input_ids, scores) -> ...")
+        _check_stop(stop)
+        _check_logit_bias(logit_bias, self._n_vocab)
 
     def create_completion(
         self,
-        prompt: Union[str, bytes, Sequence[int]],
+        prompt: Union[str, List[int]],
         suffix: Optional[str] = None,
         max_tokens: Optional[int] = 16,
         temperature: float = 0.8,
@@ -204,41 +708,56 @@ class Llama:
         typical_p: float = 1.0,
         logprobs: Optional[int] = None,
         echo: bool = False,
-        stop: Optional[Union[str, list[str]]] = None,
+        stop: Optional[Union[str, List[str]]] = [],
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         repeat_penalty: float = 1.0,
         top_k: int = 40,
         stream: bool = False,
         seed: Optional[int] = None,
+        tfs_z: float = 1.0,
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         model: Optional[str] = None,
-        logit_bias: Optional[dict[int, float]] = None,
-        **_ignored: Any,
+        stopping_criteria: Optional[StoppingCriteriaList] = None,
+        logits_processor: Optional[LogitsProcessorList] = None,
+        grammar: Optional[Any] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
     ):
         """Complete ``prompt``; a ``text_completion`` dict, or an iterator of chunks with
-        ``stream=True``. ``max_tokens`` None or <= 0 generates until the context is full."""
-        if logprobs:
-            raise NotImplementedError("create_completion(logprobs=...) is not supported by pyllama yet")
+        ``stream=True``. ``max_tokens`` None or <= 0 generates until the context is full.
+        ``logprobs=N`` (needs logits_all=True) adds each generated token's log-probability
+        and the N most likely alternatives (from the model's logits, before sampling)."""
         # argument checks here, before any work (a stream=True call is a generator: checks
         # in it would only fail at the first next())
-        _check_stop(stop)
-        _check_logit_bias(logit_bias, self._session.n_vocab)
+        self._check_completion_args("Llama.create_completion", tfs_z=tfs_z, grammar=grammar, logprobs=logprobs,
+                                    echo=echo, stream=stream, stop=stop, logit_bias=logit_bias,
+                                    stopping_criteria=stopping_criteria, logits_processor=logits_processor,
+                                    suffix=suffix)
+        self._sess()
         prompt_tokens = self._completion_tokens(prompt)
-        sampler = self._sampler(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
+        self._next_seed(seed)
+        sampler = self._chain(
+            temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, seed=seed, mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
+            presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias,
+            logits_processor=logits_processor, where="Llama.create_completion")
         cid = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path
         prompt_text = prompt if isinstance(prompt, str) else (
             prompt.decode("utf-8", "replace") if isinstance(prompt, bytes)
             else self.detokenize(prompt_tokens).decode("utf-8", "replace"))
-        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler)
+        recorded: list = []
+        record = None
+        if logprobs is not None:
+            def record(tok, row):
+                lp = Llama.logits_to_logprobs(row)
+                top = np.argsort(-lp, kind="stable")[:logprobs]
+                recorded.append((int(tok), float(lp[tok]), [(int(i), float(lp[i])) for i in top]))
+        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler, stopping_criteria, record)
 
         def usage():
             n = self._session.stats.n_gen
@@ -271,31 +790,101 @@ class Llama:
         if suffix:
             text += suffix
         c = chunk(text, finish)
+        if logprobs is not None:
+            c["choices"][0]["logprobs"] = self._logprobs_dict(prompt_tokens, recorded, len(prompt_text))
         c["usage"] = usage()
         return c
 
-    def __call__(self, prompt, **kwargs):
-        return self.create_completion(prompt, **kwargs)
+    def _logprobs_dict(self, prompt_tokens, recorded, text_offset) -> dict:
+        """llama-cpp-python's CompletionLogprobs for the generated tokens."""
+        tokens, offsets, token_lp, top_lp = [], [], [], []
+        prev = list(prompt_tokens)
+        pos = text_offset
+        for tok, lp, top in recorded:
+            s = self.detokenize([tok], prev_tokens=prev).decode("utf-8", errors="ignore")
+            tokens.append(s)
+            offsets.append(pos)
+            token_lp.append(lp)
+            d = {self.detokenize([i], prev_tokens=prev).decode("utf-8", errors="ignore"): v for i, v in top}
+            d[s] = lp
+            top_lp.append(d)
+            pos += len(s)
+            prev.append(tok)
+        return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lp, "top_logprobs": top_lp}
+
+    def __call__(
+        self,
+        prompt: str,
+        suffix: Optional[str] = None,
+        max_tokens: Optional[int] = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: Optional[int] = None,
+        echo: bool = False,
+        stop: Optional[Union[str, List[str]]] = [],
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: Optional[int] = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: Optional[str] = None,
+        stopping_criteria: Optional[StoppingCriteriaList] = None,
+        logits_processor: Optional[LogitsProcessorList] = None,
+        grammar: Optional[Any] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
+    ):
+        """:meth:`create_completion`."""
+        return self.create_completion(
+            prompt=prompt, suffix=suffix, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+            min_p=min_p, typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed, tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model,
+            stopping_criteria=stopping_criteria, logits_processor=logits_processor, grammar=grammar,
+            logit_bias=logit_bias)
+
+    # -- embeddings (not yet) ----------------------------------------------------------
+
+    def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None):
+        raise NotImplementedError(f"Llama.create_embedding(): {_EMBED_WHY}")
+
+    def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        raise NotImplementedError(f"Llama.embed(): {_EMBED_WHY}")
 
     # -- chat ------------------------------------------------------------------------
 
-    def _render_chat(self, messages, add_generation_prompt=True, **extra) -> str:
-        fmt = self.chat_format
-        v = self._session.vocab
+    def _render_chat(self, messages, add_generation_prompt=True) -> str:
+        fmt = _CHAT_FORMAT_ALIASES.get(self.chat_format, self.chat_format)
+        v = self._vocab
         if fmt in BUILTIN_TEMPLATES:
             return apply_builtin(fmt, messages, add_generation_prompt)
         if self._chat_template is None:
-            src = fmt if fmt else self._model.chat_template()
+            if fmt in (None, "chat_template.default"):
+                src = self._model.chat_template()
+            elif "{{" in fmt or "{%" in fmt:
+                src = fmt
+            else:
+                raise ValueError(f"unknown chat_format {self.chat_format!r}: expected one of "
+                                 f"{', '.join(sorted(set(BUILTIN_TEMPLATES) | set(_CHAT_FORMAT_ALIASES)))}, "
+                                 "'chat_template.default', None or a Jinja template text")
             if not src:
                 return apply_builtin("chatml", messages, add_generation_prompt)
             self._chat_template = ChatTemplate(
                 src, bos_token=_token_text(v, v.bos), eos_token=_token_text(v, v.eos),
                 name=f"{Path(self.model_path).name}: chat template")
-        return self._chat_template.render(messages, add_generation_prompt, **extra)
+        return self._chat_template.render(messages, add_generation_prompt)
 
-    def _chat_prompt_tokens(self, messages, **extra) -> list[int]:
-        text = self._render_chat(messages, True, **extra)
-        v = self._session.vocab
+    def _chat_prompt_tokens(self, messages) -> list[int]:
+        text = self._render_chat(messages, True)
+        v = self._vocab
         bos_text = _token_text(v, v.bos)
         # templates usually print BOS themselves; add it only when they do not
         add_bos = not (bos_text and text.startswith(bos_text))
@@ -303,41 +892,73 @@ class Llama:
 
     def create_chat_completion(
         self,
-        messages: list[dict],
+        messages: List[Dict[str, Any]],
+        functions: Optional[List[Dict[str, Any]]] = None,
+        function_call: Optional[Any] = None,
+        tools: Optional[List[Dict[str, Any]]] = None,
+        tool_choice: Optional[Any] = None,
         temperature: float = 0.2,
         top_p: float = 0.95,
         top_k: int = 40,
         min_p: float = 0.05,
         typical_p: float = 1.0,
         stream: bool = False,
-        stop: Optional[Union[str, list[str]]] = None,
+        stop: Optional[Union[str, List[str]]] = [],
         seed: Optional[int] = None,
+        response_format: Optional[Dict[str, Any]] = None,
         max_tokens: Optional[int] = None,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         repeat_penalty: float = 1.0,
+        tfs_z: float = 1.0,
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         model: Optional[str] = None,
-        logit_bias: Optional[dict[int, float]] = None,
-        **template_kwargs: Any,
+        logits_processor: Optional[LogitsProcessorList] = None,
+        grammar: Optional[Any] = None,
+        logit_bias: Optional[Dict[int, float]] = None,
+        logprobs: Optional[bool] = None,
+        top_logprobs: Optional[int] = None,
     ):
-        """Answer ``messages`` with the model's chat template; a ``chat.completion`` dict, or
-        an iterator of ``chat.completion.chunk`` dicts with ``stream=True``."""
-        for k in ("tools", "tool_choice", "functions", "function_call", "response_format"):
-            if template_kwargs.get(k):
-                raise NotImplementedError(f"create_chat_completion({k}=...) is not supported by pyllama yet")
-        extra = {k: v for k, v in template_kwargs.items()
-                 if k not in ("tools", "tool_choice", "functions", "function_call", "response_format", "logprobs", "top_logprobs")}
-        _check_stop(stop)
-        _check_logit_bias(logit_bias, self._session.n_vocab)
-        prompt_tokens = self._chat_prompt_tokens(messages, **extra)
-        sampler = self._sampler(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
+        """Answer ``messages`` with the chat format (or ``chat_handler``); a ``chat.completion``
+        dict, or an iterator of ``chat.completion.chunk`` dicts with ``stream=True``."""
+        if self.chat_handler is not None:
+            return self.chat_handler(
+                llama=self, messages=messages, functions=functions, function_call=function_call, tools=tools,
+                tool_choice=tool_choice, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                typical_p=typical_p, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream, stop=stop,
+                seed=seed, response_format=response_format, max_tokens=max_tokens,
+                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model,
+                logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
+        where = "Llama.create_chat_completion"
+        for name, v in (("functions", functions), ("function_call", function_call), ("tools", tools),
+                        ("tool_choice", tool_choice)):
+            if v is not None:
+                raise _not_yet(where, name, v, "function / tool calling is not implemented in pyllama yet; "
+                               "describe the tools in a system message and parse the reply yourself")
+        if response_format is not None and response_format.get("type", "text") != "text":
+            raise _not_yet(where, "response_format", response_format, "JSON mode / JSON schema output needs "
+                           "grammar-constrained sampling, not implemented in pyllama yet (issue 13); use "
+                           "response_format=None and ask for JSON in the prompt")
+        if logprobs or top_logprobs:
+            raise _not_yet(where, "logprobs" if logprobs else "top_logprobs", logprobs or top_logprobs,
+                           "chat completion log-probabilities are not implemented in pyllama yet; "
+                           "create_completion(logprobs=N) on the rendered prompt has them")
+        self._check_completion_args(where, tfs_z=tfs_z, grammar=grammar, logprobs=None, echo=False,
+                                    stream=stream, stop=stop, logit_bias=logit_bias, stopping_criteria=None,
+                                    logits_processor=logits_processor, suffix=None)
+        self._sess()
+        prompt_tokens = self._chat_prompt_tokens(messages)
+        self._next_seed(seed)
+        sampler = self._chain(
+            temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, seed=seed, mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias)
+            presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias,
+            logits_processor=logits_processor, where=where)
         cid = f"chatcmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path
@@ -354,14 +975,10 @@ class Llama:
                 yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                             "finish_reason": None}]}
                 for text, finish in pieces:
-                    if finish is None:
-                        if text:
-                            yield {**base, "choices": [{"index": 0, "delta": {"content": text},
-                                                        "logprobs": None, "finish_reason": None}]}
-                    else:
-                        if text:
-                            yield {**base, "choices": [{"index": 0, "delta": {"content": text},
-                                                        "logprobs": None, "finish_reason": None}]}
+                    if text:
+                        yield {**base, "choices": [{"index": 0, "delta": {"content": text},
+                                                    "logprobs": None, "finish_reason": None}]}
+                    if finish is not None:
                         yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
                                                     "finish_reason": finish}], "usage": usage()}
             return gen()
@@ -375,6 +992,68 @@ class Llama:
                          "logprobs": None, "finish_reason": finish}],
             "usage": usage(),
         }
+
+    def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any):
+        """:meth:`create_chat_completion` as the ``openai`` package's types."""
+        try:
+            from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        except ImportError:
+            raise ImportError("create_chat_completion_openai_v1 needs the openai package (pip install openai)")
+        if kwargs.get("stream", False):
+            return (ChatCompletionChunk(**c) for c in self.create_chat_completion(*args, **kwargs))
+        return ChatCompletion(**self.create_chat_completion(*args, **kwargs))
+
+    # -- helpers ---------------------------------------------------------------------
+
+    @staticmethod
+    def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+        """log_softmax in float32 (infinite maxima treated as 0, as llama-cpp-python does)."""
+        mx = np.amax(logits, axis=axis, keepdims=True)
+        if mx.ndim > 0:
+            mx[~np.isfinite(mx)] = 0
+        elif not np.isfinite(mx):
+            mx = 0
+        shifted = np.subtract(logits, mx, dtype=np.single)
+        with np.errstate(divide="ignore"):
+            return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+    @staticmethod
+    def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
+                        local_dir: Optional[str] = None, local_dir_use_symlinks: Any = "auto",
+                        cache_dir: Optional[str] = None, **kwargs: Any) -> "Llama":
+        """Download ``filename`` (a glob) from the Hugging Face Hub repo and load it
+        (needs ``huggingface-hub``). ``additional_files`` (split parts) are fetched too."""
+        import fnmatch
+
+        try:
+            from huggingface_hub import HfFileSystem, hf_hub_download
+        except ImportError:
+            raise ImportError("Llama.from_pretrained needs the huggingface-hub package "
+                              "(pip install huggingface-hub)")
+        files = [str(Path(f["name"] if isinstance(f, dict) else f).relative_to(repo_id))
+                 for f in HfFileSystem().ls(repo_id, recursive=True)]
+
+        def one(pattern):
+            m = [f for f in files if fnmatch.fnmatch(f, pattern)]
+            if len(m) != 1:
+                raise ValueError(f"{len(m)} files in {repo_id} match {pattern!r} (need exactly one): {files}")
+            p = Path(m[0])
+            return hf_hub_download(repo_id=repo_id, filename=p.name, subfolder=str(p.parent),
+                                   local_dir=local_dir, cache_dir=cache_dir)
+
+        path = one(filename)
+        for extra in additional_files or []:
+            one(extra)
+        return cls(model_path=path, **kwargs)
 
 
 def _check_stop(stop) -> list[str]:
