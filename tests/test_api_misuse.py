@@ -825,22 +825,17 @@ def test_every_function_rejects_wrong_arguments_by_name(fn, param, bads, model, 
 # batch.py and Context.set_n_threads belong to another change; these say what is left.
 
 
-@pytest.mark.xfail(strict=True, reason="batch.py: a ragged seq_id list reaches np.asarray (numpy's message)")
 def test_ragged_seq_id_is_an_invalid_batch(ctx):
     b = Batch(n_tokens=2, token=np.array([5, 6], np.int32), n_seq_id=[1, 2], seq_id=[[0], [0, 1]])
     assert L.llama_decode(ctx, b) == -1
 
 
-@pytest.mark.xfail(strict=True, reason="batch.py: embd of complex / str / object dtype is cast (ComplexWarning, "
-                                       "numpy's 'could not convert', None -> NaN) instead of refused")
 @pytest.mark.parametrize("embd", [np.zeros((1, 256), np.complex64), np.array([["a"] * 256]),
                                   np.array([[None] * 256])], ids=["complex", "str", "object"])
 def test_non_real_embeddings_are_an_invalid_batch(ctx, embd):
     assert L.llama_decode(ctx, Batch(n_tokens=1, embd=embd)) == -1
 
 
-@pytest.mark.xfail(strict=True, reason="Context.set_n_threads (thread bounds, another change): 'x' is a '<' "
-                                       "TypeError naming nothing, 1.5 is truncated")
 @pytest.mark.parametrize("bad", ["x", 1.5])
 def test_idiomatic_set_n_threads_kinds(ctx, bad):
     with raises(TypeError, "Context.set_n_threads", "n_threads must be an integer"):

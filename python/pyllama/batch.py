@@ -177,7 +177,10 @@ def _field(batch: Batch, name: str, n: int, dtype, ndim: int) -> Optional[np.nda
     arr = getattr(batch, name)
     if arr is None:
         return None
-    arr = np.asarray(arr)
+    try:
+        arr = np.asarray(arr)
+    except ValueError as e:  # ragged nested lists
+        raise InvalidBatchError(f"batch.{name} is not a rectangular array: {e}") from None
     if arr.ndim != ndim:
         raise InvalidBatchError(f"batch.{name} must be {ndim}-D, got shape {arr.shape}")
     if arr.shape[0] < n:
@@ -235,7 +238,12 @@ def allocate(
     token = _field(batch, "token", n, np.int32, 1)
     embd = batch.embd
     if embd is not None:
-        embd = np.asarray(embd)
+        try:
+            embd = np.asarray(embd)
+        except ValueError as e:
+            raise InvalidBatchError(f"batch.embd is not a rectangular array: {e}") from None
+        if not (np.issubdtype(embd.dtype, np.floating) or np.issubdtype(embd.dtype, np.integer)):
+            raise InvalidBatchError(f"batch.embd must hold real numbers, got dtype {embd.dtype}")
         if embd.ndim == 1 and n_embd > 0 and embd.shape[0] >= n * n_embd:
             embd = embd[: n * n_embd].reshape(n, n_embd)  # a flat C-style buffer
         if embd.ndim != 2:

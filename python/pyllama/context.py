@@ -87,6 +87,21 @@ def default_n_threads() -> int:
     return max(1, min(n, 8))
 
 
+GGML_MAX_N_THREADS = 512  # ggml's limit on a compute thread pool
+
+
+def _clamp_threads(n: int, name: str) -> int:
+    """``n`` capped at GGML_MAX_N_THREADS, with a warning when it was more: 100,000
+    threads would make each token take seconds, and llama.cpp cannot start more either."""
+    if n > GGML_MAX_N_THREADS:
+        import warnings
+
+        warnings.warn(f"{name} = {n} is more than the maximum of {GGML_MAX_N_THREADS} threads; "
+                      f"using {GGML_MAX_N_THREADS}", RuntimeWarning, stacklevel=3)
+        return GGML_MAX_N_THREADS
+    return n
+
+
 def _time_us() -> int:
     return time.perf_counter_ns() // 1000
 
@@ -322,8 +337,8 @@ class Context:
             if n_ctx != n_ctx_seq * n_seq_max:
                 n_ctx = n_ctx_seq * n_seq_max
                 log.warning("llama_context: n_ctx is not divisible by n_seq_max - rounding to %d", n_ctx)
-        n_threads = int(params.n_threads) or default_n_threads()
-        n_threads_batch = int(params.n_threads_batch) or n_threads
+        n_threads = _clamp_threads(int(params.n_threads) or default_n_threads(), "n_threads")
+        n_threads_batch = _clamp_threads(int(params.n_threads_batch) or n_threads, "n_threads_batch")
 
         self._n_ctx_seq = n_ctx_seq
         self._n_batch = n_batch
@@ -421,10 +436,14 @@ class Context:
 
     @_serialized
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        n_threads = _integer(n_threads, "Context.set_n_threads", "n_threads")
+        n_threads_batch = _integer(n_threads_batch, "Context.set_n_threads", "n_threads_batch")
         if n_threads < 1 or n_threads_batch < 1:
             raise ValueError(f"n_threads = {n_threads}, n_threads_batch = {n_threads_batch}: both must be >= 1")
-        self._live().set_n_threads(int(n_threads), int(n_threads_batch))
-        self._n_threads, self._n_threads_batch = int(n_threads), int(n_threads_batch)
+        n_threads = _clamp_threads(int(n_threads), "n_threads")
+        n_threads_batch = _clamp_threads(int(n_threads_batch), "n_threads_batch")
+        self._live().set_n_threads(n_threads, n_threads_batch)
+        self._n_threads, self._n_threads_batch = n_threads, n_threads_batch
 
     @property
     def lock(self) -> "threading.RLock":
@@ -593,7 +612,8 @@ class Context:
                 seq_pos_min=lambda s: int(core.seq_pos_min(s)),
                 seq_pos_max=lambda s: int(core.seq_pos_max(s)),
                 output_all=self._embeddings,
-                warn=lambda m: log.warning("llama_decode: %s", m))
+                warn=lambda m: log.warning("llama_decode: %s", m),
+                kv_unified=self._kv_unified)
         except InvalidBatchError as e:
             self._last_error = str(e)
             log.error("llama_decode: failed to initialize batch: %s", e)
@@ -622,6 +642,11 @@ class Context:
             return self._fatal(e)
         t1 = _time_us()
         if ret != 0:
+            if ret == -1:
+                self._last_error = ("sequence 0 would continue at position 2147483648, past the largest "
+                                    "position 2147483647 (positions are int32)")
+                log.error("llama_decode: failed to initialize batch: %s", self._last_error)
+                return -1
             if ret == 1:
                 self._last_error = f"failed to find a memory slot for batch of size 1 (n_ctx = {int(core.n_ctx)})"
                 log.warning("llama_decode: %s", self._last_error)
