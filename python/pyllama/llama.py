@@ -41,6 +41,8 @@ __all__ = [
     "StoppingCriteria",
     "StoppingCriteriaList",
     "MinTokensLogitsProcessor",
+    "LlamaDraftModel",
+    "LlamaPromptLookupDecoding",
 ]
 
 log = logging.getLogger("pyllama")
@@ -93,6 +95,42 @@ class MinTokensLogitsProcessor:
         if len(input_ids) - self.prompt_tokens < self.min_tokens:
             scores[self.token_eos] = -np.inf
         return scores
+
+
+class LlamaDraftModel:
+    """A draft model for speculative decoding: called with the tokens so far (intc array),
+    returns the tokens it guesses come next (intc array)."""
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        raise NotImplementedError
+
+
+class LlamaPromptLookupDecoding(LlamaDraftModel):
+    """Prompt lookup decoding: guess that the text continues as it did after the last
+    earlier occurrence of its final n-gram (longest n-gram first, up to ``max_ngram_size``)."""
+
+    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
+        self.max_ngram_size = max_ngram_size
+        self.num_pred_tokens = num_pred_tokens
+
+    @staticmethod
+    def find_candidate_pred_tokens(input_ids: np.ndarray, max_ngram_size: int, num_pred_tokens: int) -> np.ndarray:
+        """Up to ``num_pred_tokens`` tokens that followed the first earlier match of the last
+        n tokens (n from ``max_ngram_size`` down to 1); empty when nothing matches."""
+        ids = np.asarray(input_ids)
+        n_ids = ids.shape[0]
+        for n in range(min(max_ngram_size, n_ids - 1), 0, -1):
+            tail = ids[-n:]
+            windows = np.lib.stride_tricks.sliding_window_view(ids, n)  # (n_ids - n + 1, n)
+            for start in np.flatnonzero(np.all(windows == tail, axis=1)):
+                begin = start + n
+                end = min(begin + num_pred_tokens, n_ids)
+                if begin < end:
+                    return ids[begin:end]
+        return np.array([], dtype=np.intc)
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        return self.find_candidate_pred_tokens(input_ids, self.max_ngram_size, self.num_pred_tokens)
 
 
 class _ProcessedSampler:

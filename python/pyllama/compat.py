@@ -1,0 +1,134 @@
+"""Run code written for llama-cpp-python on pyllama: :func:`as_llama_cpp` registers a
+``llama_cpp`` package in ``sys.modules`` whose modules are pyllama's.
+
+    >>> import pyllama.compat
+    >>> pyllama.compat.as_llama_cpp()
+    >>> from llama_cpp import Llama          # pyllama.Llama
+    >>> import llama_cpp.llama_cpp as C      # pyllama.llama_api (llama.h names)
+
+What maps where:
+
+    llama_cpp                     Llama, LogitsProcessorList, ..., the llama_types, the
+                                  llama.h functions and constants, __version__
+    llama_cpp.llama               pyllama.llama
+    llama_cpp.llama_cpp           pyllama.llama_api
+    llama_cpp.llama_types         pyllama.llama_types
+    llama_cpp.llama_chat_format   pyllama.llama_chat_format
+    llama_cpp.llama_speculative   LlamaDraftModel, LlamaPromptLookupDecoding
+    llama_cpp.llama_grammar       LlamaGrammar: not implemented yet (issue 13), raises
+    llama_cpp.llama_cache         LlamaRAMCache, LlamaDiskCache: not yet (issue 15), raise
+    llama_cpp._internals          llama-cpp-python's private wrappers: not provided
+
+A class that is not built yet raises NotImplementedError when used, saying what is
+missing, rather than failing at import: code that only imports it keeps working.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+__all__ = ["as_llama_cpp", "LlamaGrammar", "LlamaRAMCache", "LlamaDiskCache"]
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the llama-cpp-python release whose API this follows
+
+
+class LlamaGrammar:
+    """llama-cpp-python's grammar class; pyllama has no grammar sampler yet (issue 13)."""
+
+    _WHY = ("grammar-constrained sampling (GBNF / JSON schema) is not implemented in pyllama yet (issue 13); "
+            "generate without a grammar, or constrain tokens with a logits_processor")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise NotImplementedError(f"LlamaGrammar: {self._WHY}")
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+        raise NotImplementedError(f"LlamaGrammar.from_string: {cls._WHY}")
+
+    @classmethod
+    def from_file(cls, file: str, verbose: bool = True) -> "LlamaGrammar":
+        raise NotImplementedError(f"LlamaGrammar.from_file: {cls._WHY}")
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
+        raise NotImplementedError(f"LlamaGrammar.from_json_schema: {cls._WHY}")
+
+
+class BaseLlamaCache:
+    """llama-cpp-python's prompt caches (prompt tokens -> saved context state): they need
+    state save/restore, not implemented in pyllama yet (issue 15)."""
+
+    _WHY = ("prompt caches need context state save/restore, not implemented in pyllama yet (issue 15); "
+            "without one pyllama still reuses the previous call's cached prefix")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise NotImplementedError(f"{type(self).__name__}: {self._WHY}")
+
+
+class LlamaRAMCache(BaseLlamaCache):
+    pass
+
+
+class LlamaDiskCache(BaseLlamaCache):
+    pass
+
+
+LlamaCache = LlamaRAMCache
+
+
+def _module(name: str, doc: str, **attrs: Any) -> types.ModuleType:
+    m = types.ModuleType(name, doc)
+    m.__dict__.update(attrs)
+    return m
+
+
+def _internals_getattr(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(
+        f"llama_cpp._internals.{name}: llama-cpp-python's private wrappers (LlamaModel, LlamaContext, "
+        "LlamaBatch, LlamaSampler) are not provided by pyllama; use pyllama.Model, pyllama.Context, "
+        "pyllama.Batch and pyllama.SamplerChain, or the llama.h functions in llama_cpp.llama_cpp")
+
+
+def as_llama_cpp() -> types.ModuleType:
+    """Register ``llama_cpp`` and its submodules (see the module docstring) in
+    ``sys.modules``, replacing a llama-cpp-python imported before; return the package."""
+    from . import llama as llama_mod
+    from . import llama_api, llama_chat_format, llama_types
+
+    speculative = _module("llama_cpp.llama_speculative", "pyllama's llama_speculative",
+                          LlamaDraftModel=llama_mod.LlamaDraftModel,
+                          LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding)
+    grammar = _module("llama_cpp.llama_grammar", "pyllama: grammars are not implemented yet (issue 13)",
+                      LlamaGrammar=LlamaGrammar)
+    cache = _module("llama_cpp.llama_cache", "pyllama: prompt caches are not implemented yet (issue 15)",
+                    BaseLlamaCache=BaseLlamaCache, LlamaCache=LlamaCache, LlamaRAMCache=LlamaRAMCache,
+                    LlamaDiskCache=LlamaDiskCache)
+    internals = _module("llama_cpp._internals", "not provided by pyllama")
+    internals.__getattr__ = _internals_getattr  # type: ignore[attr-defined]
+
+    pkg = _module("llama_cpp", "llama-cpp-python's API on pyllama (pyllama.compat.as_llama_cpp)")
+    pkg.__path__ = []  # a package: its submodules come from sys.modules
+    for mod in (llama_api, llama_types):
+        pkg.__dict__.update({k: getattr(mod, k) for k in getattr(mod, "__all__", [k for k in dir(mod) if not k.startswith("_")])})
+    pkg.__dict__.update({k: getattr(llama_mod, k) for k in llama_mod.__all__})
+    pkg.__dict__.update(LlamaGrammar=LlamaGrammar, BaseLlamaCache=BaseLlamaCache, LlamaCache=LlamaCache,
+                        LlamaRAMCache=LlamaRAMCache, LlamaDiskCache=LlamaDiskCache,
+                        LlamaDraftModel=llama_mod.LlamaDraftModel,
+                        LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding)
+    from . import __version__
+
+    pkg.__version__ = __version__
+    subs = {"llama": llama_mod, "llama_cpp": llama_api, "llama_types": llama_types,
+            "llama_chat_format": llama_chat_format, "llama_speculative": speculative, "llama_grammar": grammar,
+            "llama_cache": cache, "_internals": internals}
+    for k in [k for k in sys.modules if k == "llama_cpp" or k.startswith("llama_cpp.")]:
+        del sys.modules[k]
+    sys.modules["llama_cpp"] = pkg
+    for name, mod in subs.items():
+        sys.modules[f"llama_cpp.{name}"] = mod
+        setattr(pkg, name, mod)
+    return pkg
