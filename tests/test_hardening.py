@@ -500,3 +500,16 @@ def test_core_api_scan_never_panics(tiny_model_path):
     rep = json.loads(r.stdout.splitlines()[-1])
     assert rep["calls"] == n and rep["targets"] > 30
     assert rep["panics"] == [], rep["panics"][:10]
+
+
+def test_abort_callback_switching_embeddings_on_mid_decode(tiny_model_path):
+    """An abort callback that turns embeddings on while a decode runs made the decode raise
+    `TypeError: 'NoneType' object is not subscriptable` (it pooled a buffer it never made);
+    the decode now finishes as it started, and the next one produces embeddings."""
+    model = Model.load(tiny_model_path("llama"))
+    with Context(model, n_ctx=256, n_ubatch=2, n_threads=1, pooling_type="mean") as ctx:
+        ctx.set_abort_callback(lambda: ctx.set_embeddings(True) or False)
+        ctx.decode([1, 2, 3, 4])
+        ctx.set_abort_callback(None)
+        ctx.decode([5, 6])
+        assert ctx.embeddings_seq(0).shape == (model.n_embd,)

@@ -753,7 +753,8 @@ class Context:
 
         self._n_outputs = n_outputs
         self._output_ids[:n] = out_rows
-        if self._embeddings and self._pooling != LLAMA_POOLING_TYPE_NONE and n_outputs:
+        # embd_buf, not self._embeddings: an abort callback may switch embeddings on mid-decode
+        if embd_buf is not None and self._pooling != LLAMA_POOLING_TYPE_NONE and n_outputs:
             self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling)
 
         if not self._has_evaluated_once:
