@@ -202,12 +202,18 @@ class _Tokenizer:
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
                    special: bool = False) -> bytes:
-        v = self._vocab
         if prev_tokens is None:
-            return b"".join(v.token_to_piece(int(t), special) for t in tokens)
-        prev = b"".join(v.token_to_piece(int(t), special) for t in prev_tokens)
-        full = prev + b"".join(v.token_to_piece(int(t), special) for t in tokens)
-        return full[len(prev):]
+            return self._pieces(tokens, special)
+        prev = self._pieces(prev_tokens, special)
+        return self._pieces(list(prev_tokens) + list(tokens), special)[len(prev):]
+
+    def _pieces(self, tokens: Sequence[int], special: bool) -> bytes:
+        # llama-cpp-python: the pieces joined, less the leading space SPM models print after BOS
+        v = self._vocab
+        out = b"".join(v.token_to_piece(int(t), special) for t in tokens)
+        if len(tokens) > 0 and int(tokens[0]) == v.bos and out[:1] == b" ":
+            return out[1:]
+        return out
 
     def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
