@@ -22,6 +22,7 @@ import typer
 # /dev/zero ends in a message instead of a MemoryError.
 MAX_TEXT_BYTES = 256 * 2**20
 _CHUNK = 2**20
+FLT_MAX = 3.4028234663852886e38
 
 
 def number(lo: Optional[float] = None, hi: Optional[float] = None, *, lo_open: bool = False,
@@ -34,6 +35,8 @@ def number(lo: Optional[float] = None, hi: Optional[float] = None, *, lo_open: b
             return value
         if not math.isfinite(value):
             raise typer.BadParameter(f"{value} is not a finite number")
+        if abs(value) > FLT_MAX:  # the samplers compute in float32, as llama.cpp's std::stof
+            raise typer.BadParameter(f"{value:g} is out of the float32 range")
         low_bad = lo is not None and (value <= lo if lo_open else value < lo)
         if low_bad or (hi is not None and value > hi):
             if lo is not None and hi is not None:
@@ -166,4 +169,11 @@ UBATCH = integer(0, note="0 = same as -b")
 SEED = integer(-1, 2**32 - 1, note="-1 = random")
 FINITE = number()
 PROBABILITY = number(0, 1)
-POSITIVE = number(0, lo_open=True)
+
+
+def repeat_penalty(ctx, param, value):
+    """llama.cpp's check: finite, > 0, and 1/value finite in float32 (the penalty divides)."""
+    value = number(0, lo_open=True)(ctx, param, value)
+    if value is not None and 1.0 / value > FLT_MAX:
+        raise typer.BadParameter(f"{value:g} is too small: 1/{value:g} overflows float32")
+    return value

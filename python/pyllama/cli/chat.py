@@ -15,8 +15,9 @@ from typing import Optional
 import typer
 
 from . import app
-from ._checks import (BATCH, CTX_SIZE, FINITE, MAX_TEXT_BYTES, POSITIVE, PROBABILITY, SEED, UBATCH, integer,
-                      kv_cache_type, load_mode as _load_mode, utf8_text)
+from ._checks import (BATCH, CTX_SIZE, FINITE, MAX_TEXT_BYTES, PROBABILITY, SEED, UBATCH, integer,
+                      kv_cache_type, load_mode as _load_mode, repeat_penalty as _repeat_penalty,
+                      utf8_text)
 
 
 def _template(ctx, param, value):
@@ -129,7 +130,7 @@ def chat(
     top_k: int = typer.Option(40, "--top-k", help="(<= 0 = off)"),
     top_p: float = typer.Option(0.95, "--top-p", callback=PROBABILITY, help="in [0, 1] (1.0 = off)"),
     min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="in [0, 1] (0.0 = off)"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=POSITIVE, help="> 0 (1.0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=_repeat_penalty, help="> 0 (1.0 = off)"),
     seed: int = typer.Option(-1, "-s", "--seed", callback=SEED, help="0..4294967295 (-1 = random)"),
 ) -> None:
     """Chat with a model in the terminal (empty line or Ctrl-D to quit)."""

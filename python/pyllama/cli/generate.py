@@ -14,8 +14,9 @@ from typing import Optional
 import typer
 
 from . import app
-from ._checks import (BATCH, CTX_SIZE, FINITE, POSITIVE, PROBABILITY, SEED, UBATCH, integer, kv_cache_type,
-                      load_mode as _load_mode, read_text_file, threads as _threads)
+from ._checks import (BATCH, CTX_SIZE, FINITE, PROBABILITY, SEED, UBATCH, integer, kv_cache_type,
+                      load_mode as _load_mode, repeat_penalty as _repeat_penalty,
+                      read_text_file, threads as _threads)
 
 
 def _fa(value: str) -> str:
@@ -103,7 +104,7 @@ def generate(
     prompt_arg: Optional[str] = typer.Argument(None, metavar="[PROMPT]", help="prompt (or use -p / -f)"),
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file (UTF-8, at most 256 MiB)"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
                                   help="tokens to generate (-1 or -2 = until end of generation or a full context)"),
     ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE,
@@ -125,7 +126,7 @@ def generate(
     min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="min-p, in [0, 1] (0.0 = off)"),
     typical: float = typer.Option(1.0, "--typical", "--typical-p", callback=PROBABILITY,
                                   help="locally typical p, in [0, 1] (1.0 = off)"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=POSITIVE, help="repeat penalty, > 0 (1.0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=_repeat_penalty, help="repeat penalty, > 0 (1.0 = off)"),
     repeat_last_n: int = typer.Option(64, "--repeat-last-n", callback=integer(0),
                                       help="tokens the penalties look back at (0 = off)"),
     presence_penalty: float = typer.Option(0.0, "--presence-penalty", callback=FINITE),
@@ -152,6 +153,8 @@ def generate(
     if len(texts) > 1:
         raise typer.BadParameter("give the prompt once: a PROMPT argument, -p or -f")
     text = texts[0] if texts else ""
+    if system is not None and not chat:
+        typer.echo("warning: -sys/--system is only used with --chat: ignored", err=True)
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,

@@ -103,7 +103,7 @@ def perplexity(ctx, tokens: Sequence[int], n_ctx: int, n_batch: int, n_chunks: i
 @app.command("perplexity")
 def perplexity_cmd(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
-    file: Path = typer.Option(..., "-f", "--file", help="text file to score"),
+    file: Path = typer.Option(..., "-f", "--file", help="text file to score (UTF-8, at most 256 MiB)"),
     ctx_size: int = typer.Option(512, "-c", "--ctx-size", callback=_ctx_size, help="tokens per chunk (>= 4)"),
     batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size (capped at -c)"),
     ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),

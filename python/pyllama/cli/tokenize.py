@@ -43,8 +43,8 @@ def process_escapes(data: bytes) -> bytes:
 def tokenize_cmd(
     model: Path = typer.Option(..., "-m", "--model", help="GGUF model file (only its vocabulary is read)"),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to tokenize"),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
-    stdin: bool = typer.Option(False, "--stdin", help="read the text from standard input"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file (its raw bytes, at most 256 MiB)"),
+    stdin: bool = typer.Option(False, "--stdin", help="read the text from standard input (at most 256 MiB)"),
     ids: bool = typer.Option(False, "--ids", help="print only the ids, as a Python-style list"),
     no_bos: bool = typer.Option(False, "--no-bos", help="do not add BOS even if the model asks for it"),
     no_parse_special: bool = typer.Option(False, "--no-parse-special", help="treat <|special|> texts as plain text"),
