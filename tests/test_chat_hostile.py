@@ -177,6 +177,7 @@ HOSTILE = {
     "nested_parens": ("{{ " + "(" * 10000 + "1" + ")" * 10000 + " }}", NEST),
     "nested_lists": ("{{ " + "[" * 10000 + "1" + "]" * 10000 + " }}", NEST),
     "huge_template": ("{{ 'x' }}" * 200_000, SOURCE),
+    "many_tokens": ("{{ [" + ",".join(["1"] * 200_000) + "]|length }}", SOURCE),  # 400k characters: 4 s to compile
 }
 
 

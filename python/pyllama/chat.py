@@ -9,12 +9,15 @@ and filters Hugging Face's ``apply_chat_template`` provides (``raise_exception``
 
 The sandbox alone does not stop a template from running forever or filling the memory
 (``{% for i in range(100000) %}{% for j in range(100000) %}``, ``'a' * 10**10``,
-``10 ** 10**9``), so every render also runs on a budget (see "Limits" below): each loop
+``10 ** (10 ** 9)``), so every render also runs on a budget (see "Limits" below): each loop
 iteration, call, filter and arithmetic operator counts against :data:`MAX_OPS` and a
 deadline of :data:`TIME_LIMIT` seconds, and every text, list or number the template makes
-is checked *before* it is built against :data:`MAX_OUTPUT` characters and
-:data:`MAX_INT_BITS` bits. Going over raises :class:`ChatTemplateError` naming the template
-and the limit; ``ChatTemplate(..., max_ops=, time_limit=, max_output=)`` raises them.
+is checked against :data:`MAX_OUTPUT` characters and :data:`MAX_INT_BITS` bits -- before it
+is built where an operation can make something much larger than its inputs (repetition,
+powers, padding and indent widths, format widths, replace, join, JSON indentation). Going
+over raises :class:`ChatTemplateError` naming the template and the limit;
+``ChatTemplate(..., max_ops=, time_limit=, max_output=)`` raises them. jinja2's constant
+folding no longer runs filters or these operators at compile time.
 
 When a model has no template, or a name is given instead of one, llama.cpp's built-in
 formats (src/llama-chat.cpp) are used: ``chatml`` and a few common families, detected from
@@ -41,6 +44,7 @@ __all__ = [
     "MAX_OUTPUT",
     "MAX_INT_BITS",
     "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_TOKENS",
     "detect_builtin",
     "apply_builtin",
     "render_chat",
@@ -69,9 +73,12 @@ MAX_OUTPUT = 4_000_000
 #: Bits an integer made by the template may have (``10 ** 1000`` is fine, ``10 ** 10**9``
 #: is refused before it is computed).
 MAX_INT_BITS = 4096
-#: Characters of template text ChatTemplate compiles (compiling is ~2.5 us a character;
-#: the largest of llama.cpp's templates is 17k).
+#: Characters of template text ChatTemplate compiles (the largest of llama.cpp's templates
+#: has 17k) ...
 MAX_TEMPLATE_CHARS = 500_000
+#: ... and tokens (compiling costs ~10 us a token, in the parser, code generator and Python's
+#: compiler; the largest of llama.cpp's templates has 3.8k).
+MAX_TEMPLATE_TOKENS = 50_000
 
 
 class _LimitExceeded(Exception):
@@ -678,6 +685,7 @@ def _make_env():
     from jinja2.compiler import CodeGenerator, optimizeconst
     from jinja2.ext import Extension
     from jinja2.filters import make_attrgetter
+    from jinja2.lexer import TokenStream
     from jinja2.runtime import LoopContext
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
     from jinja2.utils import _PassArg, generate_lorem_ipsum, pass_context, pass_environment
@@ -766,6 +774,18 @@ def _make_env():
         code_generator_class = _CodeGenerator
         intercepted_binops = frozenset(["+", "-", "*", "**", "%"])
         concat = staticmethod(_checked_join)
+
+        def _tokenize(self, source, name, filename=None, state=None):
+            stream = super()._tokenize(source, name, filename, state)
+
+            def counted():
+                for n, token in enumerate(stream):
+                    if n >= MAX_TEMPLATE_TOKENS:
+                        raise _LimitExceeded(f"the template has more than {MAX_TEMPLATE_TOKENS} tokens, over the "
+                                             f"template size limit (MAX_TEMPLATE_TOKENS={MAX_TEMPLATE_TOKENS})")
+                    yield token
+
+            return TokenStream(counted(), name, filename)
 
         @staticmethod
         def pyllama_check(value):
@@ -917,7 +937,7 @@ class ChatTemplate:
     be longer than ``max_output`` characters (:data:`MAX_OUTPUT`) plus twice the
     characters of the messages and variables given; numbers are limited to
     :data:`MAX_INT_BITS` bits and the template text to :data:`MAX_TEMPLATE_CHARS`
-    characters. Going over any of them raises :class:`ChatTemplateError` naming the
+    characters and :data:`MAX_TEMPLATE_TOKENS` tokens. Going over any of them raises :class:`ChatTemplateError` naming the
     template and the limit. Pass larger values to raise them (they are attributes too).
     """
 
@@ -944,6 +964,8 @@ class ChatTemplate:
             raise ChatTemplateError(f"{name}: syntax error at line {e.lineno}: {e.message}") from None
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"{name}: {e}") from None
+        except _LimitExceeded as e:
+            raise ChatTemplateError(f"{name}: cannot compile: {e}") from None
         except (RecursionError, MemoryError, SyntaxError) as e:
             # jinja2's parser and code generator recurse per nesting level, and Python refuses
             # generated code nested past its own limits (IndentationError, "too many statically
