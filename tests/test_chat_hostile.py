@@ -137,7 +137,7 @@ HOSTILE = {
     "format_filter_width": ("{{ '%1000000000s'|format('a') }}", SIZE),
     "ljust_method": ("{{ 'a'.ljust(10**10) }}", SIZE),
     "zfill_method": ("{{ '1'.zfill(10**10) }}", SIZE),
-    "expandtabs_method": ("{{ 'a\\tb'.expandtabs(10**10) }}", SIZE),
+    "expandtabs_method": ("{{ 'a\\tb'.expandtabs(10**9) }}", SIZE),
     "to_bytes_method": ("{{ (1).to_bytes(10**10, 'big')|length }}", SIZE),
     "namespace_doubling": ("{% set ns = namespace(x='a') %}{% for i in range(40) %}{% set ns.x = ns.x ~ ns.x %}"
                            "{% endfor %}{{ ns.x|length }}", SIZE),
