@@ -1,0 +1,1003 @@
+"""GBNF grammars (llama.cpp's src/llama-grammar.cpp): the parser, the pushdown matcher and
+the grammar sampler that masks tokens a grammar cannot accept (issue 13, step 15 of the
+pipeline: a sampler in the chain).
+
+Parsing gives llama.cpp's rule elements, so the parser tests compare with llama.cpp's own
+expected element lists. All rules are laid out in one flat element list; a *position* is
+an index into it (llama.cpp's ``const llama_grammar_element *``) and a *stack* is a tuple
+of positions, top last. Stacks are advanced until their top is a terminal (a char class or
+a token) or they are empty (the grammar may end there).
+
+The sampler keeps each vocabulary token's code points (decoded from its bytes once per
+vocabulary) in a trie ordered so that every trie node's tokens are one contiguous range of
+a sorted token order; a token mask is one walk of that trie against the stacks, cached per
+set of stacks. llama.cpp walks each candidate on its own; the verdicts are the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import PyllamaError
+
+__all__ = [
+    "GrammarError", "Grammar", "GrammarMatcher", "GrammarSampler", "parse_grammar",
+    "END", "ALT", "RULE_REF", "CHAR", "CHAR_NOT", "CHAR_RNG_UPPER", "CHAR_ALT", "CHAR_ANY",
+    "TOKEN", "TOKEN_NOT", "GRETYPE_NAMES",
+]
+
+# llama_gretype
+END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
+GRETYPE_NAMES = ["END", "ALT", "RULE_REF", "CHAR", "CHAR_NOT", "CHAR_RNG_UPPER", "CHAR_ALT", "CHAR_ANY",
+                 "TOKEN", "TOKEN_NOT"]
+
+MAX_REPETITION_THRESHOLD = 2000
+_UINT64_MAX = (1 << 64) - 1
+
+
+class GrammarError(PyllamaError, ValueError):
+    """A grammar llama.cpp refuses: ``line`` and ``column`` (1-based, None when the
+    problem is not at one place, e.g. an undefined rule) and ``expected``."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None,
+                 expected: str | None = None):
+        self.message, self.line, self.column, self.expected = message, line, column, expected
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"grammar: {message}{where}")
+
+
+# ---------------------------------------------------------------------------------------
+# parser (llama_grammar_parser)
+
+
+def _is_word_char(c: str) -> bool:
+    return ("a" <= c <= "z") or ("A" <= c <= "Z") or c == "-" or ("0" <= c <= "9")
+
+
+def _is_digit(c: str) -> bool:
+    return "0" <= c <= "9"
+
+
+class _Parser:
+    def __init__(self, src: str, vocab=None):
+        nul = src.find("\0")
+        self.src = src if nul < 0 else src[:nul]  # a C string ends at NUL
+        self.vocab = vocab
+        self.symbol_ids: dict[str, int] = {}
+        self.rules: list[list[tuple[int, int]]] = []
+
+    # -- helpers ---------------------------------------------------------------
+    def at(self, i: int) -> str:
+        return self.src[i] if i < len(self.src) else ""
+
+    def fail(self, msg: str, pos: int | None, expected: str | None = None):
+        if pos is None:
+            raise GrammarError(msg, expected=expected)
+        line = self.src.count("\n", 0, pos) + 1
+        col = pos - (self.src.rfind("\n", 0, pos) + 1) + 1
+        raise GrammarError(msg, line, col, expected)
+
+    def space(self, pos: int, newline_ok: bool) -> int:
+        s = self.src
+        n = len(s)
+        while pos < n:
+            c = s[pos]
+            if c == " " or c == "\t":
+                pos += 1
+            elif c == "#":
+                while pos < n and s[pos] not in "\r\n":
+                    pos += 1
+            elif newline_ok and (c == "\r" or c == "\n"):
+                pos += 1
+            else:
+                break
+        return pos
+
+    def name(self, pos: int) -> int:
+        end = pos
+        while _is_word_char(self.at(end)):
+            end += 1
+        if end == pos:
+            self.fail("expecting name", pos, "name")
+        return end
+
+    def integer(self, pos: int) -> int:
+        end = pos
+        while _is_digit(self.at(end)):
+            end += 1
+        if end == pos:
+            self.fail("expecting integer", pos, "integer")
+        return end
+
+    def hex(self, pos: int, size: int) -> tuple[int, int]:
+        value, p, end = 0, pos, pos + size
+        while p < end and self.at(p):
+            c = self.at(p)
+            if c in "0123456789abcdefABCDEF":
+                value = (value << 4) + int(c, 16)
+                p += 1
+            else:
+                break
+        if p != end:
+            self.fail(f"expecting {size} hex chars", pos, f"{size} hex digits")
+        return value, p
+
+    def char(self, pos: int) -> tuple[int, int]:
+        c = self.at(pos)
+        if c == "\\":
+            e = self.at(pos + 1)
+            if e == "x":
+                return self.hex(pos + 2, 2)
+            if e == "u":
+                return self.hex(pos + 2, 4)
+            if e == "U":
+                return self.hex(pos + 2, 8)
+            if e in ("t", "r", "n"):
+                return {"t": 9, "r": 13, "n": 10}[e], pos + 2
+            if e and e in '\\"[]-':
+                return ord(e), pos + 2
+            self.fail("unknown escape", pos, "one of \\x \\u \\U \\t \\r \\n \\\\ \\\" \\[ \\] \\-")
+        if c:
+            return ord(c), pos + 1
+        self.fail("unexpected end of input", pos, "a character")
+
+    def token(self, pos: int) -> tuple[int, int]:
+        start = pos
+        if self.at(pos) != "<":
+            self.fail("expecting '<'", pos, "'<'")
+        pos += 1
+        if self.at(pos) == "[":
+            pos += 1
+            end = self.integer(pos)
+            tid = int(self.src[pos:end])
+            if tid > 0xFFFFFFFF:
+                self.fail("parsed token id is too big", pos, "a token id below 2**32")
+            pos = end
+            if self.at(pos) != "]":
+                self.fail("expecting ']'", pos, "']'")
+            pos += 1
+            if self.at(pos) != ">":
+                self.fail("expecting '>'", pos, "'>'")
+            return tid, pos + 1
+        if self.vocab is None:
+            self.fail("no vocab to parse token", start, "<[id]> (a <text> token needs a vocabulary)")
+        while self.at(pos) and self.at(pos) != ">":
+            pos += 1
+        if self.at(pos) != ">":
+            self.fail("expecting '>'", pos, "'>'")
+        pos += 1
+        text = self.src[start:pos]
+        toks = self.vocab.tokenize(text, add_special=False, parse_special=True)
+        if len(toks) != 1:
+            self.fail(f"invalid token '{text}' (it must be exactly one token)", start, "a single token")
+        return int(toks[0]), pos
+
+    def get_symbol_id(self, name: str) -> int:
+        return self.symbol_ids.setdefault(name, len(self.symbol_ids))
+
+    def generate_symbol_id(self, base: str) -> int:
+        next_id = len(self.symbol_ids)
+        self.symbol_ids[f"{base}_{next_id}"] = next_id
+        return next_id
+
+    def add_rule(self, rule_id: int, rule: list) -> None:
+        while len(self.rules) <= rule_id:
+            self.rules.append([])
+        self.rules[rule_id] = rule
+
+    # -- grammar -----------------------------------------------------------------
+    def alternates(self, pos: int, rule_name: str, rule_id: int, nested: bool) -> int:
+        rule: list[tuple[int, int]] = []
+        pos = self.sequence(pos, rule_name, rule, nested)
+        while self.at(pos) == "|":
+            rule.append((ALT, 0))
+            pos = self.space(pos + 1, True)
+            pos = self.sequence(pos, rule_name, rule, nested)
+        rule.append((END, 0))
+        self.add_rule(rule_id, rule)
+        return pos
+
+    def sequence(self, pos: int, rule_name: str, rule: list, nested: bool) -> int:
+        last_sym_start = len(rule)
+        n_prev_rules = 1
+
+        def repetitions(min_times: int, max_times: int) -> None:
+            nonlocal n_prev_rules
+            no_max = max_times == _UINT64_MAX
+            if last_sym_start == len(rule):
+                self.fail("expecting preceding item to */+/?/{", pos, "an item before */+/?/{")
+            prev = rule[last_sym_start:]
+            total = 1
+            if not no_max and max_times > 0:
+                total = max_times
+            elif min_times > 0:
+                total = min_times
+            if n_prev_rules * total > MAX_REPETITION_THRESHOLD:
+                self.fail("number of rules that are going to be repeated multiplied by the new repetition "
+                          f"exceeds {MAX_REPETITION_THRESHOLD}", pos, "fewer repetitions")
+            if min_times == 0:
+                del rule[last_sym_start:]
+            else:
+                for _ in range(1, min_times):
+                    rule.extend(prev)
+            last_rec = 0
+            n_opt = 1 if no_max else max_times - min_times
+            for i in range(n_opt):
+                rec = list(prev)
+                rec_id = self.generate_symbol_id(rule_name)
+                if i > 0 or no_max:
+                    rec.append((RULE_REF, rec_id if no_max else last_rec))
+                rec.append((ALT, 0))
+                rec.append((END, 0))
+                self.add_rule(rec_id, rec)
+                last_rec = rec_id
+            if n_opt > 0:
+                rule.append((RULE_REF, last_rec))
+            n_prev_rules *= total
+
+        while True:
+            c = self.at(pos)
+            if not c:
+                break
+            if c == '"':
+                pos += 1
+                last_sym_start, n_prev_rules = len(rule), 1
+                while self.at(pos) != '"':
+                    if not self.at(pos):
+                        self.fail("unexpected end of input", pos, "'\"'")
+                    ch, pos = self.char(pos)
+                    rule.append((CHAR, ch))
+                pos = self.space(pos + 1, nested)
+            elif c == "[":
+                pos += 1
+                start_type = CHAR
+                if self.at(pos) == "^":
+                    pos += 1
+                    start_type = CHAR_NOT
+                last_sym_start, n_prev_rules = len(rule), 1
+                while self.at(pos) != "]":
+                    if not self.at(pos):
+                        self.fail("unexpected end of input", pos, "']'")
+                    ch, pos = self.char(pos)
+                    rule.append((CHAR_ALT if last_sym_start < len(rule) else start_type, ch))
+                    if self.at(pos) == "-" and self.at(pos + 1) != "]":
+                        if not self.at(pos + 1):
+                            self.fail("unexpected end of input", pos + 1, "']'")
+                        ch, pos = self.char(pos + 1)
+                        rule.append((CHAR_RNG_UPPER, ch))
+                pos = self.space(pos + 1, nested)
+            elif c == "<" or c == "!":
+                typ = TOKEN
+                if c == "!":
+                    typ = TOKEN_NOT
+                    pos += 1
+                tid, pos = self.token(pos)
+                last_sym_start, n_prev_rules = len(rule), 1
+                rule.append((typ, tid))
+                pos = self.space(pos, nested)
+            elif _is_word_char(c):
+                end = self.name(pos)
+                ref = self.get_symbol_id(self.src[pos:end])
+                pos = self.space(end, nested)
+                last_sym_start, n_prev_rules = len(rule), 1
+                rule.append((RULE_REF, ref))
+            elif c == "(":
+                pos = self.space(pos + 1, True)
+                n_before = len(self.symbol_ids)
+                sub = self.generate_symbol_id(rule_name)
+                pos = self.alternates(pos, rule_name, sub, True)
+                n_prev_rules = max(1, len(self.symbol_ids) - n_before)
+                last_sym_start = len(rule)
+                rule.append((RULE_REF, sub))
+                if self.at(pos) != ")":
+                    self.fail("expecting ')'", pos, "')'")
+                pos = self.space(pos + 1, nested)
+            elif c == ".":
+                last_sym_start, n_prev_rules = len(rule), 1
+                rule.append((CHAR_ANY, 0))
+                pos = self.space(pos + 1, nested)
+            elif c == "*":
+                pos = self.space(pos + 1, nested)
+                repetitions(0, _UINT64_MAX)
+            elif c == "+":
+                pos = self.space(pos + 1, nested)
+                repetitions(1, _UINT64_MAX)
+            elif c == "?":
+                pos = self.space(pos + 1, nested)
+                repetitions(0, 1)
+            elif c == "{":
+                pos = self.space(pos + 1, nested)
+                if not _is_digit(self.at(pos)):
+                    self.fail("expecting an int", pos, "an integer")
+                end = self.integer(pos)
+                min_times = int(self.src[pos:end])
+                pos = self.space(end, nested)
+                max_times = _UINT64_MAX
+                if self.at(pos) == "}":
+                    max_times = min_times
+                    pos = self.space(pos + 1, nested)
+                elif self.at(pos) == ",":
+                    pos = self.space(pos + 1, nested)
+                    if _is_digit(self.at(pos)):
+                        end = self.integer(pos)
+                        max_times = int(self.src[pos:end])
+                        pos = self.space(end, nested)
+                    if self.at(pos) != "}":
+                        self.fail("expecting '}'", pos, "'}'")
+                    pos = self.space(pos + 1, nested)
+                else:
+                    self.fail("expecting ','", pos, "',' or '}'")
+                if min_times > MAX_REPETITION_THRESHOLD:
+                    self.fail(f"number of repetitions exceeds {MAX_REPETITION_THRESHOLD}", pos,
+                              f"at most {MAX_REPETITION_THRESHOLD} repetitions")
+                if max_times != _UINT64_MAX and max_times > MAX_REPETITION_THRESHOLD:
+                    max_times = _UINT64_MAX  # as llama.cpp: a large bound becomes no bound
+                if max_times < min_times:
+                    # llama.cpp's unsigned n_opt would wrap around and loop ~forever
+                    self.fail(f"repetition {{{min_times},{max_times}}} has max < min", pos, "max >= min")
+                repetitions(min_times, max_times)
+            else:
+                break
+        return pos
+
+    def rule(self, pos: int) -> int:
+        end = self.name(pos)
+        name = self.src[pos:end]
+        p = self.space(end, False)
+        rule_id = self.get_symbol_id(name)
+        if self.src[p:p + 3] != "::=":
+            self.fail("expecting ::=", p, "'::='")
+        p = self.space(p + 3, True)
+        p = self.alternates(p, name, rule_id, False)
+        c = self.at(p)
+        if c == "\r":
+            p += 2 if self.at(p + 1) == "\n" else 1
+        elif c == "\n":
+            p += 1
+        elif c:
+            self.fail("expecting newline or end", p, "a newline or the end of the grammar")
+        return self.space(p, True)
+
+    def parse(self) -> None:
+        pos = self.space(0, True)
+        while pos < len(self.src):
+            pos = self.rule(pos)
+        names = {v: k for k, v in self.symbol_ids.items()}
+        for rule in self.rules:
+            if not rule:
+                raise GrammarError("Undefined rule")
+            for typ, val in rule:
+                if typ == RULE_REF and (val >= len(self.rules) or not self.rules[val]):
+                    raise GrammarError(f"Undefined rule identifier '{names[val]}'",
+                                       expected=f"a definition of rule '{names[val]}'")
+
+
+def parse_grammar(text: str, vocab=None) -> tuple[dict[str, int], list[list[tuple[int, int]]]]:
+    """llama_grammar_parser::parse: ``(symbol_ids, rules)``, each rule a list of
+    ``(type, value)`` ending in ``(END, 0)``; raises GrammarError where llama.cpp fails."""
+    if not isinstance(text, str):
+        raise TypeError(f"grammar text must be a str, got {type(text).__name__}")
+    p = _Parser(text, vocab)
+    try:
+        p.parse()
+    except RecursionError:
+        raise GrammarError("grammar nests too deeply", expected="less nesting") from None
+    return p.symbol_ids, p.rules
+
+
+# ---------------------------------------------------------------------------------------
+# the compiled grammar and its matcher
+
+
+def decode_utf8(data: bytes, partial: tuple[int, int] = (0, 0)) -> tuple[list[int], tuple[int, int]]:
+    """llama.cpp's decode_utf8(string, partial_start): code points (without the terminating
+    0) and the partial state ``(value, n_remain)``; n_remain -1 marks an invalid sequence
+    (then no code points count). A NUL byte ends the input, as in a C string."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        data = data[:nul]
+    cps: list[int] = []
+    value, n_remain = partial
+    i, n = 0, len(data)
+    while i < n and n_remain > 0:
+        b = data[i]
+        if b >> 6 != 2:
+            return [], (0, -1)
+        value = (value << 6) + (b & 0x3F)
+        i += 1
+        n_remain -= 1
+    if partial[1] > 0 and n_remain == 0:
+        cps.append(value)
+    while i < n:
+        b = data[i]
+        n_remain = _UTF8_LOOKUP[b >> 4] - 1
+        if n_remain < 0:
+            return [], (0, n_remain)
+        value = b & ((1 << (7 - n_remain)) - 1)
+        i += 1
+        while i < n and n_remain > 0:
+            value = (value << 6) + (data[i] & 0x3F)
+            i += 1
+            n_remain -= 1
+        if n_remain == 0:
+            cps.append(value)
+    return cps, (value, n_remain)
+
+
+_UTF8_LOOKUP = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)
+
+
+class Grammar:
+    """A parsed and checked grammar: flat elements, the start stacks, and the memoized
+    expansions the matcher needs. Immutable; matchers share it."""
+
+    def __init__(self, text: str, root: str = "root", vocab=None):
+        symbol_ids, rules = parse_grammar(text, vocab)
+        if not rules:
+            raise GrammarError("empty grammar", expected="at least one rule")
+        if root not in symbol_ids:
+            raise GrammarError(f"grammar does not contain a '{root}' symbol", expected=f"a rule named '{root}'")
+        self.text, self.root, self.symbol_ids, self.rules = text, root, symbol_ids, rules
+        _check_left_recursion(rules, {v: k for k, v in symbol_ids.items()})
+        # flat layout: position -> (type, value); rule_start[rule id] -> first position
+        self.types: list[int] = []
+        self.values: list[int] = []
+        self.rule_start: list[int] = []
+        for rule in rules:
+            self.rule_start.append(len(self.types))
+            for t, v in rule:
+                self.types.append(t)
+                self.values.append(v)
+        self._closure: dict[int, tuple[tuple[tuple[int, ...], ...], bool]] = {}
+        self._classes: dict[int, tuple] = {}
+        self.start_stacks = self._start_stacks(self.rule_start[symbol_ids[root]])
+
+    @classmethod
+    def from_string(cls, text: str, root: str = "root", vocab=None) -> "Grammar":
+        return cls(text, root, vocab)
+
+    def _is_eos(self, pos: int) -> bool:
+        t = self.types[pos]
+        return t == END or t == ALT
+
+    def _alternatives(self, pos: int) -> Iterable[int]:
+        """First positions of the alternatives starting at ``pos`` (a rule's first element)."""
+        while True:
+            yield pos
+            while not self._is_eos(pos):
+                pos += 1
+            if self.types[pos] == ALT:
+                pos += 1
+            else:
+                return
+
+    def _start_stacks(self, pos: int) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        for alt in self._alternatives(pos):
+            self.advance(() if self._is_eos(alt) else (alt,), out)
+        return out
+
+    def char_class(self, pos: int) -> tuple:
+        """``(positive, ranges, any, next position)`` of the char element at ``pos``."""
+        cc = self._classes.get(pos)
+        if cc is None:
+            types, values = self.types, self.values
+            positive = types[pos] in (CHAR, CHAR_ANY)
+            ranges, any_ = [], False
+            p = pos
+            while True:
+                if types[p + 1] == CHAR_RNG_UPPER:
+                    ranges.append((values[p], values[p + 1]))
+                    p += 2
+                elif types[p] == CHAR_ANY:
+                    any_ = True
+                    p += 1
+                else:
+                    ranges.append((values[p], values[p]))
+                    p += 1
+                if types[p] != CHAR_ALT:
+                    break
+            cc = self._classes[pos] = (positive, tuple(ranges), any_, p)
+        return cc
+
+    def match_char(self, pos: int, chr_: int) -> bool:
+        positive, ranges, any_, _ = self.char_class(pos)
+        found = any_
+        if not found:
+            for lo, hi in ranges:
+                if lo <= chr_ <= hi:
+                    found = True
+                    break
+        return found == positive
+
+    def match_partial_char(self, pos: int, partial: tuple[int, int]) -> bool:
+        positive, ranges, any_, _ = self.char_class(pos)
+        value, n_remain = partial
+        if n_remain < 0 or (n_remain == 1 and value < 2):
+            return False
+        low = value << (n_remain * 6)
+        high = low | ((1 << (n_remain * 6)) - 1)
+        if low == 0:
+            if n_remain == 2:
+                low = 1 << 11
+            elif n_remain == 3:
+                low = 1 << 16
+        if any_:
+            # llama.cpp returns true at the '.' (ranges before it in the class are checked first)
+            for lo, hi in ranges:
+                if lo <= high and low <= hi:
+                    return positive
+            return True
+        for lo, hi in ranges:
+            if lo <= high and low <= hi:
+                return positive
+        return not positive
+
+    def closure(self, pos: int) -> tuple[tuple[tuple[int, ...], ...], bool]:
+        """llama_grammar_advance_stack for a stack whose top is ``pos``, relative to the rest:
+        the suffixes (ending at a terminal) that replace ``pos``, and whether ``pos`` can be
+        consumed entirely (then the stack below is advanced too)."""
+        c = self._closure.get(pos)
+        if c is not None:
+            return c
+        types, values, rule_start = self.types, self.values, self.rule_start
+        out: list[tuple[int, ...]] = []
+        out_set: set = set()
+        nullable = False
+        todo = [(pos,)]
+        seen: set = set()
+        while todo:
+            st = todo.pop()
+            if st in seen:
+                continue
+            seen.add(st)
+            if not st:
+                nullable = True
+                continue
+            top = st[-1]
+            t = types[top]
+            if t == RULE_REF:
+                base = st[:-1]
+                if not self._is_eos(top + 1):
+                    base = base + (top + 1,)
+                for alt in self._alternatives(rule_start[values[top]]):
+                    todo.append(base if self._is_eos(alt) else base + (alt,))
+            elif t in (CHAR, CHAR_NOT, CHAR_ANY, TOKEN, TOKEN_NOT):
+                if st not in out_set:
+                    out_set.add(st)
+                    out.append(st)
+            else:  # pragma: no cover - the parser never leaves a stack on these
+                raise AssertionError(f"grammar stack on element {GRETYPE_NAMES[t]}")
+        c = self._closure[pos] = (tuple(out), nullable)
+        return c
+
+    def advance(self, stack: tuple[int, ...], out: list) -> None:
+        """Append to ``out`` the stacks ``stack`` expands to (no duplicates)."""
+        while True:
+            if not stack:
+                if () not in out:
+                    out.append(())
+                return
+            suffixes, nullable = self.closure(stack[-1])
+            base = stack[:-1]
+            for s in suffixes:
+                ns = base + s
+                if ns not in out:
+                    out.append(ns)
+            if not nullable:
+                return
+            stack = base
+
+    def after_char(self, stack: tuple[int, ...], out: list) -> None:
+        """Advance ``stack`` (top: a char element that matched) past its char class."""
+        nxt = self.char_class(stack[-1])[3]
+        base = stack[:-1]
+        self.advance(base if self._is_eos(nxt) else base + (nxt,), out)
+
+    def accept_chr(self, stacks: Sequence[tuple[int, ...]], chr_: int) -> list[tuple[int, ...]]:
+        """llama_grammar_accept: the stacks after one code point."""
+        out: list[tuple[int, ...]] = []
+        types = self.types
+        for st in stacks:
+            if not st:
+                continue
+            t = types[st[-1]]
+            if t == TOKEN or t == TOKEN_NOT:
+                continue
+            if self.match_char(st[-1], chr_):
+                self.after_char(st, out)
+        return out
+
+    def matcher(self) -> "GrammarMatcher":
+        return GrammarMatcher(self)
+
+
+def _check_left_recursion(rules, names) -> None:
+    n = len(rules)
+    visited, in_progress, may_be_empty = [False] * n, [False] * n, [False] * n
+
+    def eos(e):
+        return e[0] == END or e[0] == ALT
+
+    def detect(i: int) -> bool:
+        if in_progress[i]:
+            return True
+        in_progress[i] = True
+        rule = rules[i]
+        at_start = True
+        for e in rule:
+            if eos(e):
+                if at_start:
+                    may_be_empty[i] = True
+                    break
+                at_start = True
+            else:
+                at_start = False
+        recurse = True
+        for e in rule:
+            if e[0] == RULE_REF and recurse:
+                if detect(e[1]):
+                    return True
+                if not may_be_empty[e[1]]:
+                    recurse = False
+            elif eos(e):
+                recurse = True
+            else:
+                recurse = False
+        in_progress[i] = False
+        visited[i] = True
+        return False
+
+    for i in range(n):
+        if not visited[i]:
+            try:
+                found = detect(i)
+            except RecursionError:
+                raise GrammarError("grammar nests too deeply", expected="less nesting") from None
+            if found:
+                raise GrammarError(f"unsupported grammar, left recursion detected for nonterminal "
+                                   f"'{names.get(i, i)}' (rule index {i})", expected="no left recursion")
+
+
+class GrammarMatcher:
+    """The mutable part of llama_grammar: stacks and the partial UTF-8 state."""
+
+    def __init__(self, grammar: Grammar):
+        self.grammar = grammar
+        self.stacks: list[tuple[int, ...]] = list(grammar.start_stacks)
+        self.partial: tuple[int, int] = (0, 0)
+
+    def reset(self) -> None:
+        self.stacks = list(self.grammar.start_stacks)
+        self.partial = (0, 0)
+
+    def copy(self) -> "GrammarMatcher":
+        m = GrammarMatcher.__new__(GrammarMatcher)
+        m.grammar, m.stacks, m.partial = self.grammar, list(self.stacks), self.partial
+        return m
+
+    @property
+    def can_end(self) -> bool:
+        """An empty stack: the grammar may end here (end-of-generation is allowed)."""
+        return any(not st for st in self.stacks)
+
+    @property
+    def failed(self) -> bool:
+        return not self.stacks
+
+    def accept_token(self, token: int, piece: bytes) -> None:
+        """llama_grammar_accept_token; raises GrammarError (leaving the state unchanged) when
+        no stack survives, as llama.cpp throws."""
+        new = self.next_stacks(token, piece)
+        if not new[0]:
+            raise GrammarError(f"unexpected empty grammar stack after accepting piece {piece!r} ({token})")
+        self.stacks, self.partial = new
+
+    def next_stacks(self, token: int, piece: bytes) -> tuple[list, tuple[int, int]]:
+        g = self.grammar
+        cps, partial = decode_utf8(piece, self.partial)
+        out: list[tuple[int, ...]] = []
+        for st in self.stacks:
+            if not st:
+                continue
+            top = st[-1]
+            t = g.types[top]
+            if t == TOKEN or t == TOKEN_NOT:
+                if (g.values[top] == token) == (t == TOKEN):
+                    base = st[:-1]
+                    g.advance(base if g._is_eos(top + 1) else base + (top + 1,), out)
+                continue
+            cur = [st]
+            for cp in cps:
+                cur = g.accept_chr(cur, cp)
+                if not cur:
+                    break
+            for s in cur:
+                if s not in out:
+                    out.append(s)
+        return out, partial
+
+    def accept_string(self, text: str | bytes) -> None:
+        """llama_grammar_accept_str (text only, no token ids)."""
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        cps, partial = decode_utf8(data, self.partial)
+        for cp in cps:
+            self.stacks = self.grammar.accept_chr(self.stacks, cp)
+        self.partial = partial
+        if not self.stacks:
+            raise GrammarError(f"unexpected empty grammar stack after accepting {text!r}")
+
+    def allows(self, token: int, piece: bytes) -> bool:
+        """llama_grammar_reject_candidates for one candidate (not end-of-generation)."""
+        if not piece or piece[0] == 0:
+            return False
+        cps, partial = decode_utf8(piece, self.partial)
+        return any(self._allows_stack(st, token, cps, 0, partial) for st in self.stacks)
+
+    def _allows_stack(self, st, token, cps, i, partial) -> bool:
+        g = self.grammar
+        if not st:
+            return i == len(cps) and partial[1] == 0
+        top = st[-1]
+        t = g.types[top]
+        if t == TOKEN or t == TOKEN_NOT:
+            if i == len(cps):
+                return partial[1] == 0
+            return (g.values[top] == token) == (t == TOKEN)
+        if i == len(cps):
+            return partial[1] == 0 or g.match_partial_char(top, partial)
+        if not g.match_char(top, cps[i]):
+            return False
+        nxt: list = []
+        g.after_char(st, nxt)
+        return any(self._allows_stack(s, token, cps, i + 1, partial) for s in nxt)
+
+
+def match_string(grammar: Grammar, items: Iterable[tuple[int, bytes]]) -> bool:
+    """test-grammar-integration's match_string: accept each (token, piece); True iff some
+    stack is empty at the end."""
+    m = grammar.matcher()
+    for token, piece in items:
+        try:
+            m.accept_token(token, piece)
+        except GrammarError:
+            return False
+    return m.can_end
+
+
+# ---------------------------------------------------------------------------------------
+# the sampler
+
+
+class _VocabTrie:
+    """Every token's code points (decoded from the start state), as a trie whose nodes
+    cover contiguous ranges of ``order`` (tokens sorted by code points)."""
+
+    def __init__(self, pieces: list[bytes], eog: set[int]):
+        n = len(pieces)
+        self.n_vocab = n
+        self.pieces = pieces
+        self.eog = np.zeros(n, bool)
+        for t in eog:
+            if 0 <= t < n:
+                self.eog[t] = True
+        # valid candidates: not EOG, non-empty, first byte not NUL, decodes without error
+        keys = []
+        first = np.zeros(n, np.uint8)
+        for t, p in enumerate(pieces):
+            if p:
+                first[t] = p[0]
+            if self.eog[t] or not p or p[0] == 0:
+                continue
+            cps, partial = decode_utf8(p)
+            if partial[1] < 0:
+                continue
+            keys.append((tuple(cps), partial, t))
+        keys.sort()
+        self.first_byte = first
+        self.order = np.array([k[2] for k in keys], np.int32)
+        # node: [children {cp: node}, lo, hi, n_complete_end, [(partial, idx)...] partial ends]
+        root = [{}, 0, len(keys), 0, []]
+        self.root = root
+        # build iteratively: insert in sorted order, nodes' ranges grow as tokens come
+        for idx, (cps, partial, _t) in enumerate(keys):
+            node = root
+            for cp in cps:
+                ch = node[0].get(cp)
+                if ch is None:
+                    ch = node[0][cp] = [{}, idx, idx, 0, []]
+                node = ch
+                node[2] = idx + 1
+            if partial[1] == 0:
+                node[3] += 1  # complete ends sort first at a node: (cps, (0, 0)) is smallest
+            else:
+                node[4].append((partial, idx))
+        self.children_items = None
+
+
+class GrammarSampler:
+    """llama_sampler_init_grammar: ``apply`` sets the logits of tokens the grammar rejects
+    to -inf (end-of-generation tokens only where the grammar can end), ``accept`` advances
+    the grammar. Usable in a SamplerChain (it has the Sampler interface)."""
+
+    name = "grammar"
+    _MASK_CACHE = 256
+
+    def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root"):
+        self.vocab = vocab
+        self.grammar = grammar_str if isinstance(grammar_str, Grammar) else Grammar(grammar_str, grammar_root, vocab)
+        self.matcher = self.grammar.matcher()
+        self._trie = _trie_for(vocab)
+        self._masks: OrderedDict = OrderedDict()
+
+    # Sampler interface
+    def apply(self, cur) -> None:
+        mask = self.allowed_mask()
+        keep = mask[cur.ids]
+        if keep.all():
+            return
+        logits = np.array(cur.logits, dtype=np.float32)
+        logits[~keep] = -np.inf
+        cur.logits = logits
+
+    def accept(self, token: int) -> None:
+        tr = self._trie
+        if tr.eog[token]:
+            if self.matcher.can_end:
+                return
+            raise GrammarError(f"end-of-generation token {token} accepted where the grammar cannot end")
+        self.matcher.accept_token(int(token), tr.pieces[token])
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+    def clone(self) -> "GrammarSampler":
+        c = GrammarSampler.__new__(GrammarSampler)
+        c.vocab, c.grammar, c._trie, c._masks = self.vocab, self.grammar, self._trie, self._masks
+        c.matcher = self.matcher.copy()
+        return c
+
+    def __deepcopy__(self, memo):
+        return self.clone()
+
+    def __repr__(self) -> str:
+        return "<GrammarSampler grammar>"
+
+    # checks
+    def allows(self, token: int) -> bool:
+        """The verdict on one token without building a mask (grammar-first sampling)."""
+        tr = self._trie
+        if tr.eog[token]:
+            return self.matcher.can_end
+        return self.matcher.allows(int(token), tr.pieces[token])
+
+    def allowed_mask(self) -> np.ndarray:
+        """bool [n_vocab]: the tokens the grammar accepts now (cached per grammar state)."""
+        m = self.matcher
+        key = (tuple(m.stacks), m.partial)
+        mask = self._masks.get(key)
+        if mask is not None:
+            self._masks.move_to_end(key)
+            return mask
+        tr = self._trie
+        if m.partial[1] != 0:
+            mask = self._mask_slow()
+        else:
+            mask = self._mask_trie()
+        if m.can_end:
+            mask |= tr.eog
+        mask.flags.writeable = False
+        self._masks[key] = mask
+        if len(self._masks) > self._MASK_CACHE:
+            self._masks.popitem(last=False)
+        return mask
+
+    def _mask_slow(self) -> np.ndarray:
+        """After a token that ended inside a UTF-8 sequence: only tokens that start with
+        continuation bytes can follow; check those one by one (llama.cpp's way)."""
+        tr = self._trie
+        mask = np.zeros(tr.n_vocab, bool)
+        cand = np.nonzero((tr.first_byte >> 6) == 2)[0]
+        for t in cand:
+            t = int(t)
+            if not tr.eog[t] and self.matcher.allows(t, tr.pieces[t]):
+                mask[t] = True
+        return mask
+
+    def _mask_trie(self) -> np.ndarray:
+        g = self.grammar
+        tr = self._trie
+        types, values = g.types, g.values
+        allowed = np.zeros(len(tr.order), bool)  # over sorted positions
+        token_ids: dict[int, int] = _token_positions(tr)
+        todo = [(tr.root, self.matcher.stacks)]
+        trans: dict = {}
+        while todo:
+            node, stacks = todo.pop()
+            children, lo, hi, n_complete, partial_ends = node
+            if not stacks:
+                continue
+            # tokens that end here with no partial sequence: any live stack accepts them
+            if n_complete:
+                allowed[lo:lo + n_complete] = True
+            char_stacks = []
+            for st in stacks:
+                if not st:
+                    continue
+                top = st[-1]
+                t = types[top]
+                if t == TOKEN or t == TOKEN_NOT:
+                    # every token below continues with a code point: only the id decides
+                    rest_lo = lo + n_complete + len(partial_ends)
+                    if t == TOKEN:
+                        p = token_ids.get(values[top])
+                        if p is not None and rest_lo <= p < hi:
+                            allowed[p] = True
+                    else:
+                        p = token_ids.get(values[top])
+                        if p is not None and rest_lo <= p < hi:
+                            allowed[rest_lo:p] = True
+                            allowed[p + 1:hi] = True
+                        else:
+                            allowed[rest_lo:hi] = True
+                else:
+                    char_stacks.append(st)
+            if not char_stacks:
+                continue
+            for partial, idx in partial_ends:
+                if not allowed[idx]:
+                    for st in char_stacks:
+                        if g.match_partial_char(st[-1], partial):
+                            allowed[idx] = True
+                            break
+            if not children:
+                continue
+            skey = tuple(char_stacks)
+            for cp, child in children.items():
+                k = (skey, cp)
+                nxt = trans.get(k)
+                if nxt is None:
+                    nxt = []
+                    for st in char_stacks:
+                        if g.match_char(st[-1], cp):
+                            g.after_char(st, nxt)
+                    trans[k] = nxt
+                if nxt:
+                    todo.append((child, nxt))
+        mask = np.zeros(tr.n_vocab, bool)
+        mask[tr.order[allowed]] = True
+        return mask
+
+
+_TRIES: dict = {}
+
+
+def _pieces_of(vocab) -> tuple[list[bytes], set[int]]:
+    v = getattr(vocab, "vocab", vocab)  # a Model carries its Vocab
+    n = len(v)
+    pieces = [v.token_to_piece(t, special=True) for t in range(n)]
+    return pieces, set(int(t) for t in v.eog_ids)
+
+
+def _trie_for(vocab) -> _VocabTrie:
+    """One trie per vocabulary object (weakly keyed would be nicer; vocabularies live as
+    long as their models and are few)."""
+    key = id(getattr(vocab, "vocab", vocab))
+    hit = _TRIES.get(key)
+    if hit is not None and hit[0] is getattr(vocab, "vocab", vocab):
+        return hit[1]
+    pieces, eog = _pieces_of(vocab)
+    tr = _VocabTrie(pieces, eog)
+    _TRIES[key] = (getattr(vocab, "vocab", vocab), tr)
+    return tr
+
+
+def _token_positions(tr: _VocabTrie) -> dict[int, int]:
+    pos = getattr(tr, "_positions", None)
+    if pos is None:
+        pos = tr._positions = {int(t): i for i, t in enumerate(tr.order)}
+    return pos

@@ -1,0 +1,137 @@
+"""GBNF grammars (pyllama.grammar) against llama.cpp's own grammar tests, carried over as
+data (tests/data/grammar/llama_cpp_cases.json, from tools/extract_grammar_cases.py), plus
+every grammar shipped in llama.cpp's grammars/, a parser fuzz, and generation on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyllama.grammar import (GRETYPE_NAMES, Grammar, GrammarError, decode_utf8, match_string,
+                             parse_grammar)
+
+DATA = Path(__file__).parent / "data" / "grammar"
+CASES = json.loads((DATA / "llama_cpp_cases.json").read_text())
+GBNF_FILES = sorted(DATA.glob("*.gbnf"))
+GRAMMAR_CASES = [c for c in CASES["integration"] if "grammar" in c]
+
+
+def _items(segments) -> list[tuple[int, bytes]]:
+    """test-grammar-integration's parse_tokens: token(N) -> (N, b"<[N]>"), text -> one
+    (0, utf-8) item per code point; invalid UTF-8 bytes -> U+FFFD."""
+    out = []
+    for kind, val in segments:
+        if kind == "token":
+            out.append((val, f"<[{val}]>".encode()))
+        elif kind == "text":
+            out.extend((0, ch.encode("utf-8")) for ch in val)
+        else:
+            text = bytes.fromhex(val).decode("utf-8", "replace")
+            out.extend((0, ch.encode("utf-8")) for ch in text)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES["parser_ok"], ids=lambda c: c["grammar"].strip()[:40])
+def test_parser_elements_equal_llama_cpp(case):
+    symbols, rules = parse_grammar(case["grammar"])
+    assert symbols == case["symbols"]
+    flat = [[GRETYPE_NAMES[t], v] for rule in rules for t, v in rule]
+    assert flat == case["elements"]
+
+
+@pytest.mark.parametrize("text", CASES["parser_fail"], ids=lambda t: t.strip()[:40])
+def test_parser_fails_where_llama_cpp_fails(text):
+    with pytest.raises(GrammarError):
+        parse_grammar(text)
+
+
+@pytest.mark.parametrize("case", CASES["build_fail"], ids=lambda c: c["grammar"].strip()[:40])
+def test_build_fails_where_llama_cpp_fails(case):
+    with pytest.raises(GrammarError):
+        Grammar(case["grammar"], case["root"])
+
+
+@pytest.mark.parametrize("case", CASES["build_ok"], ids=lambda c: c["root"])
+def test_build_with_custom_root(case):
+    Grammar(case["grammar"], case["root"])
+
+
+@pytest.mark.parametrize("case", GRAMMAR_CASES, ids=lambda c: c["desc"])
+def test_integration_verdicts_equal_llama_cpp(case):
+    g = Grammar(case["grammar"])
+    wrong = [s for s in case["passing"] if not match_string(g, _items(s))]
+    wrong += [s for s in case["failing"] if match_string(g, _items(s))]
+    assert not wrong
+
+
+def test_case_counts():
+    """The extraction found every case (a changed llama.cpp test file shows up here)."""
+    assert len(CASES["parser_ok"]) == 17 and len(CASES["parser_fail"]) == 7
+    assert len(GRAMMAR_CASES) == 14 and len(CASES["integration"]) == 47
+    assert len(CASES["build_fail"]) == 7 and len(CASES["build_ok"]) == 1
+
+
+@pytest.mark.parametrize("path", GBNF_FILES, ids=lambda p: p.name)
+def test_llama_cpp_grammar_files_parse(path):
+    g = Grammar(path.read_text())
+    assert g.start_stacks
+
+
+def test_error_names_line_column_and_expected():
+    with pytest.raises(GrammarError) as ei:
+        parse_grammar('root ::= "a"\nfoo ::= ( "b" \n')
+    e = ei.value
+    assert (e.line, e.column, e.expected) == (3, 1, "')'")
+    assert "line 3, column 1" in str(e)
+    with pytest.raises(GrammarError, match="Undefined rule identifier 'numero'"):
+        parse_grammar("root ::= numero\n")
+    with pytest.raises(GrammarError, match="left recursion"):
+        Grammar('root ::= root "a" | "a"')
+    with pytest.raises(GrammarError, match="does not contain a 'root'"):
+        Grammar('foo ::= "a"')
+
+
+def test_empty_alternative_and_tokens():
+    g = Grammar('root ::= "a" | ')  # llama.cpp accepts an empty alternative
+    assert match_string(g, []) and match_string(g, [(0, b"a")])
+    g = Grammar("root ::= <[5]> !<[5]>")
+    assert match_string(g, [(5, b"x"), (6, b"y")])
+    assert not match_string(g, [(5, b"x"), (5, b"x")])
+    with pytest.raises(GrammarError, match="no vocab"):
+        parse_grammar("root ::= <think>")
+
+
+def test_partial_utf8():
+    # a two-byte character split across tokens is accepted, a wrong continuation is not
+    g = Grammar("root ::= [é] \"x\"")
+    m = g.matcher()
+    assert m.allows(1, b"\xc3")
+    m.accept_token(1, b"\xc3")
+    assert m.allows(2, b"\xa9x") and not m.allows(2, b"\xa8")
+    m.accept_token(2, b"\xa9x")
+    assert m.can_end
+    assert decode_utf8(b"\xe2\x82") == ([], ((0x2 << 6) | 0x2, 1))
+    assert decode_utf8(b"\x80")[1][1] == -1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list('root::=|"ab\\[]^-(){}*+?.,<>!#0123456789 \n\txu')) | st.characters(),
+               max_size=60))
+def test_parser_fuzz_parse_or_grammar_error(text):
+    try:
+        Grammar(text)
+    except GrammarError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_parser_fuzz_after_valid_prefix(tail):
+    try:
+        Grammar('root ::= "a" ' + tail)
+    except GrammarError:
+        pass
