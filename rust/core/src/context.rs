@@ -20,6 +20,7 @@ use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::ops::act;
 use crate::quant;
+use crate::state;
 use crate::threadpool::ThreadPool;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -743,6 +744,8 @@ pub struct Context {
     ub_embd: Vec<f32>,
     slots: Vec<Slot>,
     slot_scratch: Vec<(u32, u32)>,
+    /// The vocabulary's hash for saved states (computed on first use).
+    vocab_hash: std::sync::OnceLock<u64>,
     pub model: Arc<Model>,
 }
 
@@ -861,6 +864,7 @@ impl Context {
             ub_embd: Vec::new(),
             slots: Vec::new(),
             slot_scratch: alloc::with_capacity(size, "the slot search scratch [n_ctx]")?,
+            vocab_hash: std::sync::OnceLock::new(),
             model,
         })
     }
@@ -1165,6 +1169,77 @@ impl Context {
             hidden,
         };
         self.fwd.forward(&mut st)
+    }
+
+    // ---- saved state (state.rs has the format) ------------------------------------------
+
+    /// What a saved state must match to be loaded here.
+    pub fn fingerprint(&self) -> state::Fingerprint {
+        let hp = &self.model.hparams;
+        let vocab_hash = *self.vocab_hash.get_or_init(|| {
+            let Some(a) = self.model.files.first().and_then(|f| f.get("tokenizer.ggml.tokens")).and_then(|v| v.as_array())
+            else {
+                return 0;
+            };
+            // each string with its length, so ["ab", "c"] and ["a", "bc"] differ
+            let mut buf = Vec::new();
+            for i in 0..a.len() {
+                let s = a.str_at(i).unwrap_or(&[]);
+                buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                buf.extend_from_slice(s);
+            }
+            state::xxh64(&buf, 0)
+        });
+        state::Fingerprint {
+            arch: hp.arch.clone(),
+            n_embd: hp.n_embd as u32,
+            n_layer: hp.n_layer as u32,
+            n_vocab: hp.n_vocab as u32,
+            vocab_hash,
+            type_k: self.kv.type_k as u32,
+            type_v: self.kv.type_v as u32,
+            n_embd_k_gqa: (0..hp.n_layer).map(|il| hp.n_embd_k_gqa(il) as u32).collect(),
+            n_embd_v_gqa: (0..hp.n_layer).map(|il| hp.n_embd_v_gqa(il) as u32).collect(),
+        }
+    }
+
+    fn save_args<'a>(&self, seq: Option<usize>, flags: u32, outputs: state::Outputs<'a>, tokens: &'a [i32]) -> state::SaveArgs<'a> {
+        state::SaveArgs { seq, flags, outputs, tokens, n_vocab: self.n_vocab(), n_embd: self.model.hparams.n_embd }
+    }
+
+    /// Bytes `state_save` writes for the whole context (seq None) or one sequence.
+    pub fn state_size(&self, seq: Option<usize>, flags: u32, outputs: state::Outputs, tokens: &[i32]) -> state::SResult<usize> {
+        state::size(&self.fingerprint(), &self.kv, &self.save_args(seq, flags, outputs, tokens))
+    }
+
+    /// Write the state into `dst`; returns the bytes written.
+    pub fn state_save(
+        &self,
+        seq: Option<usize>,
+        flags: u32,
+        outputs: state::Outputs,
+        tokens: &[i32],
+        dst: &mut [u8],
+    ) -> state::SResult<usize> {
+        state::save(&self.fingerprint(), &self.kv, &self.save_args(seq, flags, outputs, tokens), dst)
+    }
+
+    /// Check `data` completely and, when `apply`, load it (the whole context for dest None,
+    /// else into sequence `dest`). On any error nothing has changed. Returns the parsed
+    /// state (tokens and outputs for the caller).
+    pub fn state_load<'a>(
+        &mut self,
+        data: &'a [u8],
+        dest: Option<usize>,
+        lim: &state::Limits,
+        apply: bool,
+    ) -> state::SResult<state::Parsed<'a>> {
+        let p = state::parse(&self.fingerprint(), &self.kv, data, dest, lim)?;
+        let slot = state::plan(&self.kv, &p, dest)?;
+        if apply {
+            state::apply(&mut self.kv, &p, dest, slot);
+        }
+        Ok(p)
     }
 
     pub fn set_debug_dump(&mut self, names: Option<Vec<String>>) {

@@ -51,6 +51,13 @@ impl SeqSet {
     pub fn count(&self) -> u32 {
         self.0.iter().map(|w| w.count_ones()).sum()
     }
+    /// The set as four 64-bit words (bit s of word s / 64), for saved states.
+    pub fn words(&self) -> [u64; 4] {
+        self.0
+    }
+    pub fn from_words(w: [u64; 4]) -> SeqSet {
+        SeqSet(w)
+    }
     pub fn only(s: usize) -> SeqSet {
         let mut r = SeqSet::default();
         r.add(s);

@@ -17,3 +17,4 @@ pub use ggml_type::GgmlType;
 pub mod context;
 pub mod kv_cache;
 pub mod sampling;
+pub mod state;
