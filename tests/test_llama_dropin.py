@@ -78,17 +78,13 @@ def test_refused_constructor_parameters_say_why(smollm2_path, kw, why):
 
 
 REFUSED_CALLS = {
-    "completion-grammar": (lambda m: m.create_completion(PROMPT, grammar=object()), "issue 13"),
     "completion-tfs_z": (lambda m: m.create_completion(PROMPT, tfs_z=0.9), "tail-free"),
-    "completion-stream-grammar": (lambda m: m.create_completion(PROMPT, stream=True, grammar=object()), "issue 13"),
-    "call-grammar": (lambda m: m(PROMPT, grammar=object()), "issue 13"),
-    "chat-grammar": (lambda m: m.create_chat_completion(CHAT, grammar=object()), "issue 13"),
     "chat-tools": (lambda m: m.create_chat_completion(CHAT, tools=[{"type": "function"}]), "tool calling"),
     "chat-functions": (lambda m: m.create_chat_completion(CHAT, functions=[{"name": "f"}]), "tool calling"),
-    "chat-json": (lambda m: m.create_chat_completion(CHAT, response_format={"type": "json_object"}), "JSON"),
+    "chat-json-schema": (lambda m: m.create_chat_completion(
+        CHAT, response_format={"type": "json_object", "schema": {"type": "object"}}), "JSON-schema"),
     "chat-logprobs": (lambda m: m.create_chat_completion(CHAT, logprobs=True), "log-probabilities"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
-    "generate-grammar": (lambda m: m.generate([1], grammar=object()), "issue 13"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
     "embed": (lambda m: m.embed("hi"), "issue 16"),
     "create_embedding": (lambda m: m.create_embedding("hi"), "issue 16"),
@@ -103,6 +99,21 @@ def test_refused_call_parameters_say_why(llm, name):
     fn, why = REFUSED_CALLS[name]
     with pytest.raises(NotImplementedError, match=why):
         fn(llm)
+
+
+BAD_GRAMMAR_CALLS = {
+    "completion": lambda m: m.create_completion(PROMPT, grammar=object()),
+    "completion-stream": lambda m: m.create_completion(PROMPT, stream=True, grammar=object()),
+    "call": lambda m: m(PROMPT, grammar=object()),
+    "chat": lambda m: m.create_chat_completion(CHAT, grammar=object()),
+    "generate": lambda m: m.generate([1], grammar=object()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_GRAMMAR_CALLS))
+def test_grammar_must_be_a_llama_grammar(llm, name):
+    with pytest.raises(TypeError, match="LlamaGrammar"):
+        BAD_GRAMMAR_CALLS[name](llm)
 
 
 def test_logprobs_without_logits_all_is_refused_as_in_llama_cpp_python(llm):

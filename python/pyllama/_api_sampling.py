@@ -287,10 +287,28 @@ def llama_sampler_init_logit_bias(n_vocab: int, n_logit_bias: int, logit_bias) -
     return _s.init_logit_bias(n_vocab, items)
 
 
-def llama_sampler_init_grammar(vocab, grammar_str: str, grammar_root: str = "root"):
-    raise NotImplementedError(
-        "llama_sampler_init_grammar: GBNF grammars are not supported by pyllama yet"
-    )
+def llama_sampler_init_grammar(vocab, grammar_str, grammar_root="root"):
+    """A GBNF grammar sampler (pyllama.grammar.GrammarSampler) for a chain; None (and the
+    reason logged) where llama.cpp returns nullptr: a grammar that does not parse, has no
+    ``grammar_root`` rule or is left-recursive. An empty grammar gives an inactive sampler."""
+    from .grammar import GrammarError, GrammarSampler
+    from .model import Model
+    from .vocab import Vocab
+
+    if not isinstance(vocab, (Vocab, Model)):
+        raise TypeError(f"llama_sampler_init_grammar: vocab must be a llama_vocab (llama_model_get_vocab), "
+                        f"got {describe(vocab)}")
+    if isinstance(grammar_str, bytes):
+        grammar_str = grammar_str.decode("utf-8")
+    if isinstance(grammar_root, bytes):
+        grammar_root = grammar_root.decode("utf-8")
+    if not grammar_str:
+        return _s.EmptySampler("grammar")  # llama.cpp: no grammar, the sampler does nothing
+    try:
+        return GrammarSampler(vocab, grammar_str, grammar_root or "root")
+    except GrammarError as e:
+        _log.error("llama_sampler_init_grammar: %s", e)
+        return None
 
 
 def llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str: str, grammar_root: str = "root", *args):

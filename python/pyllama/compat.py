@@ -15,7 +15,7 @@ What maps where:
     llama_cpp.llama_types         pyllama.llama_types
     llama_cpp.llama_chat_format   pyllama.llama_chat_format
     llama_cpp.llama_speculative   LlamaDraftModel, LlamaPromptLookupDecoding
-    llama_cpp.llama_grammar       LlamaGrammar: not implemented yet (issue 13), raises
+    llama_cpp.llama_grammar       LlamaGrammar (GBNF; JSON schemas not yet, issue 13)
     llama_cpp.llama_cache         LlamaRAMCache, LlamaDiskCache: not yet (issue 15), raise
     llama_cpp._internals          llama-cpp-python's private wrappers: not provided
 
@@ -29,31 +29,11 @@ import sys
 import types
 from typing import Any
 
+from .llama_grammar import LlamaGrammar
+
 __all__ = ["as_llama_cpp", "LlamaGrammar", "LlamaRAMCache", "LlamaDiskCache"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the llama-cpp-python release whose API this follows
-
-
-class LlamaGrammar:
-    """llama-cpp-python's grammar class; pyllama has no grammar sampler yet (issue 13)."""
-
-    _WHY = ("grammar-constrained sampling (GBNF / JSON schema) is not implemented in pyllama yet (issue 13); "
-            "generate without a grammar, or constrain tokens with a logits_processor")
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        raise NotImplementedError(f"LlamaGrammar: {self._WHY}")
-
-    @classmethod
-    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
-        raise NotImplementedError(f"LlamaGrammar.from_string: {cls._WHY}")
-
-    @classmethod
-    def from_file(cls, file: str, verbose: bool = True) -> "LlamaGrammar":
-        raise NotImplementedError(f"LlamaGrammar.from_file: {cls._WHY}")
-
-    @classmethod
-    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
-        raise NotImplementedError(f"LlamaGrammar.from_json_schema: {cls._WHY}")
 
 
 class BaseLlamaCache:
@@ -102,8 +82,7 @@ def as_llama_cpp() -> types.ModuleType:
     speculative = _module("llama_cpp.llama_speculative", "pyllama's llama_speculative",
                           LlamaDraftModel=llama_mod.LlamaDraftModel,
                           LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding)
-    grammar = _module("llama_cpp.llama_grammar", "pyllama: grammars are not implemented yet (issue 13)",
-                      LlamaGrammar=LlamaGrammar)
+    from . import llama_grammar as grammar
     cache = _module("llama_cpp.llama_cache", "pyllama: prompt caches are not implemented yet (issue 15)",
                     BaseLlamaCache=BaseLlamaCache, LlamaCache=LlamaCache, LlamaRAMCache=LlamaRAMCache,
                     LlamaDiskCache=LlamaDiskCache)

@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import PyllamaError
+from .sampling import Sampler
 
 __all__ = [
     "GrammarError", "Grammar", "GrammarMatcher", "GrammarSampler", "parse_grammar",
@@ -425,7 +426,8 @@ def decode_utf8(data: bytes, partial: tuple[int, int] = (0, 0)) -> tuple[list[in
             n_remain -= 1
         if n_remain == 0:
             cps.append(value)
-    return cps, (value, n_remain)
+    # llama.cpp keeps the last value when nothing is pending; it is never read then
+    return cps, ((value, n_remain) if n_remain else (0, 0))
 
 
 _UTF8_LOOKUP = (1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 2, 2, 3, 4)
@@ -819,7 +821,7 @@ class _VocabTrie:
         self.children_items = None
 
 
-class GrammarSampler:
+class GrammarSampler(Sampler):
     """llama_sampler_init_grammar: ``apply`` sets the logits of tokens the grammar rejects
     to -inf (end-of-generation tokens only where the grammar can end), ``accept`` advances
     the grammar. Usable in a SamplerChain (it has the Sampler interface)."""

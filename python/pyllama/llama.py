@@ -10,7 +10,7 @@
 
 Every method takes llama-cpp-python's parameters, by the same names and with the same
 defaults, and nothing else: an unknown keyword is a TypeError. A parameter pyllama cannot
-honour yet (grammar, embeddings, LoRA, ...) raises NotImplementedError when given a
+honour yet (JSON-schema grammars, embeddings, LoRA, ...) raises NotImplementedError when given a
 non-default value, saying what is missing; one that only matters on a GPU logs a warning
 once. Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
 their ``...chunk`` stream forms). Prompt tokens already in the KV cache from the previous
@@ -32,7 +32,8 @@ import numpy as np
 
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
 from .generation import Session, TextStream, load_model
-from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, build_chain, normalize_logit_bias
+from .grammar import GrammarError
+from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
 
 __all__ = [
     "Llama",
@@ -151,6 +152,75 @@ class _ProcessedSampler:
         return self.chain.sample(np.ascontiguousarray(scores, dtype=np.float32))
 
 
+class _GrammarFirstSampler:
+    """A sampler chain under a grammar, as llama.cpp's common_sampler_sample: the chain
+    picks a token from the raw logits; only when the grammar rejects it are the logits
+    masked by the grammar (every token it rejects -> -inf) and the chain run again. The
+    chain and the grammar accept only the token finally chosen."""
+
+    def __init__(self, chain, grammar):
+        self.chain = chain
+        self.grammar = grammar  # pyllama.grammar.GrammarSampler
+
+    def _pick(self, logits):
+        cur = TokenDataArray.from_logits(logits)
+        self.chain.apply(cur)
+        if not (0 <= cur.selected < cur.size):
+            raise RuntimeError(f"sampler chain {self.chain.describe()} selected no token")
+        return cur, int(cur.ids[cur.selected])
+
+    def sample(self, logits) -> int:
+        cur, token = self._pick(logits)
+        if not self.grammar.allows(token):
+            mask = self.grammar.allowed_mask()
+            if not mask.any():
+                raise GrammarError("no token of the vocabulary can continue the grammar here "
+                                   "(the grammar needs text no token spells)")
+            masked = np.where(mask, np.asarray(logits, dtype=np.float32), np.float32(-np.inf)).astype(np.float32)
+            cur, token = self._pick(masked)
+            if not mask[token]:
+                raise GrammarError(f"the sampler chain chose token {token}, which the grammar rejects")
+        self.chain.last = cur
+        self.chain.accept(token)
+        self.grammar.accept(token)
+        return token
+
+
+def _grammar_arg(where: str, grammar: Any) -> Any:
+    from .llama_grammar import LlamaGrammar
+
+    if grammar is not None and not isinstance(grammar, LlamaGrammar):
+        raise TypeError(f"{where}: grammar must be a LlamaGrammar (LlamaGrammar.from_string(gbnf)), "
+                        f"got {type(grammar).__name__}")
+    return grammar
+
+
+def _response_format_grammar(where: str, response_format: Any, grammar: Any) -> Any:
+    """llama-cpp-python's response_format: {"type": "json_object"} constrains the reply with
+    llama.cpp's json.gbnf (unless a grammar is given); a schema is refused until the
+    JSON-schema conversion exists."""
+    if response_format is None:
+        return grammar
+    if not isinstance(response_format, dict):
+        raise TypeError(f"{where}: response_format must be a dict such as {{'type': 'json_object'}}, "
+                        f"got {type(response_format).__name__}")
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return grammar
+    if kind != "json_object":
+        raise ValueError(f"{where}: response_format type {kind!r} is not one of 'text', 'json_object'")
+    if response_format.get("schema") is not None:
+        raise _not_yet(where, "response_format", response_format,
+                       "JSON-schema constrained output needs the JSON-schema to GBNF conversion, not implemented "
+                       "in pyllama yet (issue 13); use {'type': 'json_object'} without a schema, or pass a "
+                       "GBNF grammar=LlamaGrammar.from_string(...)")
+    if grammar is not None:
+        return grammar
+    from .llama_grammar import JSON_GBNF, LlamaGrammar
+
+    return LlamaGrammar.from_string(JSON_GBNF)
+
+
 # -- refusing what is not built, warning about what this machine cannot do ---------------
 
 _warned: set = set()
@@ -166,8 +236,6 @@ def _not_yet(where: str, param: str, value: Any, why: str) -> NotImplementedErro
     return NotImplementedError(f"{where}({param}={value!r}): {why}")
 
 
-_GRAMMAR_WHY = ("grammar-constrained sampling (GBNF, LlamaGrammar) is not implemented in pyllama yet "
-                "(issue 13); pass grammar=None, or constrain the output yourself with a logits_processor")
 _TFS_WHY = ("tail-free sampling was removed from llama.cpp (llama-cpp-python accepts tfs_z and ignores it); "
             "pass tfs_z=1.0, or use top_p / min_p / typical_p")
 _STATE_WHY = ("saving and restoring context state (KV cache) is not implemented in pyllama yet (issue 15); "
@@ -549,8 +617,7 @@ class Llama:
                frequency_penalty=0.0, presence_penalty=0.0, tfs_z=1.0, mirostat_mode=0, mirostat_eta=0.1,
                mirostat_tau=5.0, penalize_nl=True, logits_processor=None, grammar=None, logit_bias=None,
                where="Llama.sample"):
-        if grammar is not None:
-            raise _not_yet(where, "grammar", grammar, _GRAMMAR_WHY)
+        grammar = _grammar_arg(where, grammar)
         if tfs_z != 1.0:
             raise _not_yet(where, "tfs_z", tfs_z, _TFS_WHY)
         if not penalize_nl:
@@ -564,6 +631,8 @@ class Llama:
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
             logit_bias=dict(_check_logit_bias(logit_bias, self._n_vocab)), no_perf=True)
         chain = build_chain(params, n_vocab=self._n_vocab, vocab=self._vocab)
+        if grammar is not None:
+            chain = _GrammarFirstSampler(chain, grammar.sampler(self._vocab))
         if logits_processor:
             if not all(callable(p) for p in logits_processor):
                 raise TypeError("logits_processor must be a list of callables (input_ids, scores) -> scores")
@@ -721,8 +790,7 @@ class Llama:
 
     def _check_completion_args(self, where, *, tfs_z, grammar, logprobs, echo, stream, stop, logit_bias,
                                stopping_criteria, logits_processor, suffix):
-        if grammar is not None:
-            raise _not_yet(where, "grammar", grammar, _GRAMMAR_WHY)
+        _grammar_arg(where, grammar)
         if tfs_z != 1.0:
             raise _not_yet(where, "tfs_z", tfs_z, _TFS_WHY)
         if logprobs is not None:
@@ -787,7 +855,7 @@ class Llama:
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias,
-            logits_processor=logits_processor, where="Llama.create_completion")
+            logits_processor=logits_processor, grammar=grammar, where="Llama.create_completion")
         cid = f"cmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path
@@ -983,10 +1051,7 @@ class Llama:
             if v is not None:
                 raise _not_yet(where, name, v, "function / tool calling is not implemented in pyllama yet; "
                                "describe the tools in a system message and parse the reply yourself")
-        if response_format is not None and response_format.get("type", "text") != "text":
-            raise _not_yet(where, "response_format", response_format, "JSON mode / JSON schema output needs "
-                           "grammar-constrained sampling, not implemented in pyllama yet (issue 13); use "
-                           "response_format=None and ask for JSON in the prompt")
+        grammar = _response_format_grammar(where, response_format, grammar)
         if logprobs or top_logprobs:
             raise _not_yet(where, "logprobs" if logprobs else "top_logprobs", logprobs or top_logprobs,
                            "chat completion log-probabilities are not implemented in pyllama yet; "
@@ -1002,7 +1067,7 @@ class Llama:
             repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
             presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, logit_bias=logit_bias,
-            logits_processor=logits_processor, where=where)
+            logits_processor=logits_processor, grammar=grammar, where=where)
         cid = f"chatcmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path

@@ -1,0 +1,94 @@
+"""llama-cpp-python's ``llama_grammar`` module on pyllama: :class:`LlamaGrammar` holds GBNF
+text (checked when made), ``Llama(..., grammar=...)`` turns it into a
+:class:`pyllama.grammar.GrammarSampler` for the model's vocabulary. JSON-schema conversion
+is not built yet (issue 13, a later step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from .grammar import Grammar, GrammarError, GrammarSampler
+
+__all__ = ["LlamaGrammar", "LLAMA_GRAMMAR_DEFAULT_ROOT", "JSON_GBNF", "GrammarError"]
+
+LLAMA_GRAMMAR_DEFAULT_ROOT = "root"
+
+# llama.cpp's grammars/json.gbnf
+JSON_GBNF = r'''root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+
+
+class LlamaGrammar:
+    """A GBNF grammar (llama-cpp-python's class shape: ``from_string``, ``from_file``,
+    ``_grammar``, ``_root``). The text is parsed here, so a bad grammar raises
+    :class:`GrammarError` (line, column, what was expected) before any generation; a
+    grammar with ``<token>`` references is checked again against the model's vocabulary."""
+
+    def __init__(self, *args, _grammar: str, **kwargs):
+        if not isinstance(_grammar, str):
+            raise TypeError(f"LlamaGrammar: grammar text must be a str, got {type(_grammar).__name__}")
+        self._grammar = _grammar
+        self._root = kwargs.get("_root", LLAMA_GRAMMAR_DEFAULT_ROOT)
+        try:
+            self._compiled: Grammar | None = Grammar(_grammar, self._root)
+        except GrammarError as e:
+            if "no vocab" not in e.message:
+                raise
+            self._compiled = None  # <text> token references: resolved with the model's vocabulary
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+        return cls(_grammar=grammar)
+
+    @classmethod
+    def from_file(cls, file: Union[str, Path], verbose: bool = True) -> "LlamaGrammar":
+        try:
+            with open(file, encoding="utf-8") as f:
+                grammar = f.read()
+        except Exception as err:
+            raise Exception(f"{cls.from_file.__name__}: error reading grammar file: {err}") from err
+        if grammar:
+            return cls.from_string(grammar, verbose=verbose)
+        raise ValueError(f"{cls.from_file.__name__}: error parsing grammar file: params_grammer is empty")
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
+        raise NotImplementedError(
+            "LlamaGrammar.from_json_schema: JSON-schema to GBNF conversion is not implemented in pyllama yet "
+            "(issue 13, a later step); write the GBNF yourself and use LlamaGrammar.from_string, or "
+            "response_format={'type': 'json_object'} without a schema")
+
+    def sampler(self, vocab) -> GrammarSampler:
+        """A fresh grammar sampler for ``vocab`` (a Vocab or Model)."""
+        g = self._compiled
+        if g is None:
+            g = Grammar(self._grammar, self._root, getattr(vocab, "vocab", vocab))
+        return GrammarSampler(vocab, g)
+
+    def __repr__(self) -> str:
+        return f"LlamaGrammar(root={self._root!r}, {len(self._grammar)} characters)"
