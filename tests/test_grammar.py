@@ -135,3 +135,124 @@ def test_parser_fuzz_after_valid_prefix(tail):
         Grammar('root ::= "a" ' + tail)
     except GrammarError:
         pass
+
+
+# -- the sampler on a real vocabulary ------------------------------------------------------
+
+JSON_GBNF = (DATA / "json.gbnf").read_text()
+
+
+@pytest.fixture(scope="module")
+def smol_vocab(smollm2_path):
+    from pyllama.model import Model
+
+    return Model.load(str(smollm2_path), vocab_only=True).vocab
+
+
+@pytest.fixture(scope="module")
+def smol_llm(smollm2_path):
+    from pyllama import Llama
+
+    return Llama(str(smollm2_path), n_ctx=512, verbose=False)
+
+
+def _per_candidate(gs) -> "np.ndarray":
+    import numpy as np
+
+    return np.array([gs.allows(t) for t in range(gs._trie.n_vocab)])
+
+
+@pytest.mark.parametrize("grammar, prefixes", [
+    (JSON_GBNF, ["", '{"', 'na', 'me":', ' "x', "y\\", 'u00e9", "n": [1, -2.5e']),
+    ('root ::= "héllo" | [α-ω]+ "!" | "日本" .', ["", "\u03b1", "\u03b2\u03b3"]),
+    ("root ::= <[28]> (!<[2]>)* <[2]>", [""]),
+])
+def test_trie_mask_equals_per_candidate_verdicts(smol_vocab, grammar, prefixes):
+    """The trie walk gives llama.cpp's per-candidate verdict for every token of the vocabulary,
+    after each of the (cumulative) prefixes."""
+    from pyllama.grammar import GrammarSampler
+
+    gs = GrammarSampler(smol_vocab, grammar)
+    for text in prefixes:
+        for t in smol_vocab.tokenize(text, add_special=False, parse_special=False):
+            gs.accept(t)
+        assert (gs.allowed_mask() == _per_candidate(gs)).all(), text
+
+
+def test_partial_utf8_token_mask(smol_vocab):
+    """After a token ending inside a UTF-8 sequence only continuations are allowed."""
+    from pyllama.grammar import GrammarSampler
+
+    gs = GrammarSampler(smol_vocab, 'root ::= "é" "x"')
+    tr = gs._trie
+    lead = next(t for t, p in enumerate(tr.pieces) if p == b"\xc3")
+    gs.accept(lead)
+    assert gs.matcher.partial[1] == 1
+    mask = gs.allowed_mask()
+    assert mask.any() and (mask == _per_candidate(gs)).all()
+    assert all(tr.pieces[t].startswith(b"\xa9") for t in mask.nonzero()[0])
+
+
+def test_sampler_in_a_chain(smol_vocab):
+    import numpy as np
+
+    from pyllama.llama_api import llama_sampler_init_grammar
+    from pyllama.sampling import GreedySampler, SamplerChain
+
+    gs = llama_sampler_init_grammar(smol_vocab, 'root ::= "ab" "c"*', "root")
+    chain = SamplerChain([gs, GreedySampler()])
+    rng = np.random.default_rng(0)
+    text = b""
+    for _ in range(4):
+        tok = chain.sample(rng.standard_normal(len(smol_vocab)).astype(np.float32))
+        assert not smol_vocab.is_eog(tok) or text.startswith(b"ab")
+        if smol_vocab.is_eog(tok):
+            break
+        text += smol_vocab.token_to_piece(tok, special=True)
+    assert text.startswith(b"ab"[:len(text)]) and set(text[2:]) <= {ord("c")}
+    assert llama_sampler_init_grammar(smol_vocab, "root ::= (", "root") is None
+    assert llama_sampler_init_grammar(smol_vocab, 'foo ::= "a"', "root") is None
+
+
+def test_json_generation_parses(smol_llm):
+    from pyllama.llama_grammar import LlamaGrammar
+
+    g = LlamaGrammar.from_string(JSON_GBNF)
+    r = smol_llm.create_completion("Describe a cat as a JSON object with name and age:\n", max_tokens=64,
+                                   temperature=0.0, grammar=g)
+    assert r["choices"][0]["finish_reason"] == "stop"
+    json.loads(r["choices"][0]["text"])
+
+
+def test_json_object_response_format(smol_llm):
+    r = smol_llm.create_chat_completion([{"role": "user", "content": "Give me a JSON object with a name."}],
+                                        max_tokens=64, temperature=0.0, response_format={"type": "json_object"})
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert isinstance(json.loads(r["choices"][0]["message"]["content"]), dict)
+
+
+def test_grammar_admitting_the_greedy_text_changes_nothing(smol_llm):
+    from pyllama.llama_grammar import LlamaGrammar
+
+    prompt = "The capital of France is"
+    free = smol_llm.create_completion(prompt, max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    lit = free.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    g = LlamaGrammar.from_string(f'root ::= "{lit}" .*')
+    constrained = smol_llm.create_completion(prompt, max_tokens=24, temperature=0.0, grammar=g)
+    assert constrained["choices"][0]["text"] == free
+
+
+def test_llama_grammar_api(tmp_path):
+    from pyllama.llama_grammar import LlamaGrammar
+
+    f = tmp_path / "g.gbnf"
+    f.write_text('root ::= "yes" | "no"\n')
+    g = LlamaGrammar.from_file(f)
+    assert g._root == "root" and "yes" in g._grammar
+    with pytest.raises(GrammarError):
+        LlamaGrammar.from_string("root ::= [a-")
+    with pytest.raises(NotImplementedError, match="JSON-schema"):
+        LlamaGrammar.from_json_schema('{"type": "object"}')
+    import pyllama.compat
+
+    assert pyllama.compat.as_llama_cpp().llama_grammar.LlamaGrammar is LlamaGrammar
