@@ -13,6 +13,7 @@ from .errors import (
     InvalidBatchError,
     LoadCancelled,
     PyllamaError,
+    StateError,
     UnsupportedModelError,
 )
 
@@ -63,6 +64,7 @@ __all__ = [
     "PyllamaError",
     "SamplerChain",
     "SamplerParams",
+    "StateError",
     "StoppingCriteriaList",
     "UnsupportedModelError",
     "Vocab",

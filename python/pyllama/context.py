@@ -922,6 +922,170 @@ class Context:
         """The intermediates kept by the last decode: name -> numpy array."""
         return dict(self._live().debug_dump())
 
+    # ------------------------------------------------------------------ saved state
+    #
+    # The KV cache and the last decode's outputs (logits, embeddings, which batch entry
+    # each output row belongs to) in one checked blob (rust/core/src/state.rs). Loading
+    # validates everything first: a state that does not fit raises StateError and the
+    # context is exactly as before.
+
+    def _state_outputs(self) -> dict:
+        n = self._n_outputs
+        if n == 0:
+            return {}
+        ids = self._output_ids
+        batch_idx = np.nonzero(ids >= 0)[0]
+        rows = np.full(n, -1, dtype=np.int32)
+        rows[ids[batch_idx]] = batch_idx
+        out = {"out_rows": rows, "logits": self._logits_buf[:n]}
+        if self._embd_buf is not None and self._embeddings:
+            out["embd"] = self._embd_buf[:n]
+        return out
+
+    @staticmethod
+    def _tokens_arg(tokens, fn: str) -> Optional[np.ndarray]:
+        if tokens is None:
+            return None
+        t = np.asarray(tokens)
+        if t.ndim != 1 or (t.size and not np.issubdtype(t.dtype, np.integer)):
+            raise TypeError(f"{fn}: tokens must be a 1-D sequence of token ids, got {_describe(tokens)}")
+        return np.ascontiguousarray(t, dtype=np.int32) if t.size else np.zeros(0, np.int32)
+
+    def _check_tokens(self, t: Optional[np.ndarray], fn: str) -> None:
+        if t is not None and t.size and (int(t.min()) < 0 or int(t.max()) >= self.n_vocab):
+            raise ValueError(f"{fn}: tokens hold ids outside [0, n_vocab = {self.n_vocab})")
+
+    @staticmethod
+    def _bytes_arg(data, fn: str) -> np.ndarray:
+        if isinstance(data, np.ndarray):
+            if data.dtype not in (np.uint8, np.int8) or data.ndim != 1:
+                raise TypeError(f"{fn}: data must be bytes or a 1-D uint8 array, got {data.dtype} {data.shape}")
+            return np.ascontiguousarray(data).view(np.uint8)
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise TypeError(f"{fn}: data must be bytes (from save_state), got {_describe(data)}") from None
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        return np.frombuffer(mv.cast("B") if (mv.format != "B" or mv.ndim != 1) else mv, dtype=np.uint8)
+
+    def _state_seq(self, seq_id, fn: str) -> Optional[int]:
+        return None if seq_id is None else self._check_seq(seq_id, fn)
+
+    @_serialized
+    def state_size(self, seq_id: Optional[int] = None, *, tokens=None, flags: int = 0) -> int:
+        """Bytes of the saved state of the whole context (or of sequence ``seq_id``)."""
+        s = self._state_seq(seq_id, "Context.state_size")
+        out = self._state_outputs() if s is None else {}
+        return int(self._live().state_size(seq_id=s, flags=int(flags), tokens=self._tokens_arg(tokens, "Context.state_size"), **out))
+
+    @_serialized
+    def _state_save_into(self, dst: np.ndarray, seq_id: Optional[int], tokens, flags: int, fn: str) -> int:
+        """Write the state into the uint8 array ``dst``; returns the bytes written."""
+        s = self._state_seq(seq_id, fn)
+        out = self._state_outputs() if s is None else {}
+        t = self._tokens_arg(tokens, fn)
+        self._check_tokens(t, fn)
+        return int(self._live().state_save(seq_id=s, flags=int(flags), tokens=t, dst=dst, **out))
+
+    @_serialized
+    def save_state(self, *, tokens=None) -> bytes:
+        """The whole context's state (KV cache, the last decode's logits and embeddings) as
+        bytes for :meth:`load_state`; ``tokens`` (the ids behind the cache) travel with it."""
+        t = self._tokens_arg(tokens, "Context.save_state")
+        self._check_tokens(t, "Context.save_state")
+        return self._live().state_save(tokens=t, **self._state_outputs())
+
+    @_serialized
+    def seq_save_state(self, seq_id: int, *, tokens=None, flags: int = 0) -> bytes:
+        """The KV cells of one sequence as bytes for :meth:`seq_load_state`."""
+        s = self._check_seq(seq_id, "Context.seq_save_state")
+        t = self._tokens_arg(tokens, "Context.seq_save_state")
+        self._check_tokens(t, "Context.seq_save_state")
+        return self._live().state_save(seq_id=s, flags=int(flags), tokens=t)
+
+    @_serialized
+    def _state_load(self, data, dest_seq_id: Optional[int], fn: str, *, max_tokens: Optional[int] = None,
+                    apply: bool = True, whole: bool = False) -> tuple:
+        """Check and (with ``apply``) load a state; returns (bytes read, tokens). Raises
+        StateError, the context unchanged, when it does not fit. ``whole``: the data must
+        be exactly one state (a file), nothing after it."""
+        arr = self._bytes_arg(data, fn)
+        dest = self._state_seq(dest_seq_id, fn)
+        if whole and arr.shape[0] >= 28:
+            total = int(arr[20:28].view("<u8")[0])  # the header's total_len (state.rs)
+            if total < arr.shape[0]:
+                from .errors import StateError
+
+                raise StateError(f"{fn}: {arr.shape[0] - total} bytes follow the state")
+        n_read, tokens, rows, logits, embd = self._live().state_load(
+            arr, n_batch=self._n_batch, dest_seq_id=dest, max_tokens=max_tokens, apply=apply)
+        if apply and dest is None:
+            n = int(rows.shape[0])
+            if n:
+                if self._logits_buf.shape[0] < n:
+                    self._logits_buf = np.zeros((max(n, self.n_seq_max), self.n_vocab), dtype=np.float32)
+                if logits is not None:
+                    self._logits_buf[:n] = logits
+                else:
+                    self._logits_buf[:n] = 0.0
+                if embd is not None:
+                    if self._embd_buf is None or self._embd_buf.shape[0] < n:
+                        self._embd_buf = np.zeros((max(n, self.n_seq_max), self.n_embd), dtype=np.float32)
+                    self._embd_buf[:n] = embd
+            self._output_ids.fill(-1)
+            self._output_ids[rows] = np.arange(n, dtype=np.int32)
+            self._n_outputs = n
+            self._embd_seq = {}
+        return n_read, tokens
+
+    def load_state(self, data) -> int:
+        """Restore a state from :meth:`save_state` (bytes, bytearray or uint8 array);
+        returns the bytes read. A state from another model, KV type or layout, one with more
+        cells than this context holds, or a truncated or corrupted one raises
+        :class:`~pyllama.StateError` and leaves the context as it was."""
+        return self._state_load(data, None, "Context.load_state")[0]
+
+    def seq_load_state(self, data, dest_seq_id: int, *, flags: int = 0) -> int:
+        """Put a sequence state from :meth:`seq_save_state` into ``dest_seq_id`` (its
+        current cells are replaced); returns the bytes read. Raises StateError as
+        :meth:`load_state`, also when the cells do not fit."""
+        self._check_seq(dest_seq_id, "Context.seq_load_state")
+        return self._state_load(data, dest_seq_id, "Context.seq_load_state")[0]
+
+    @staticmethod
+    def _read_file(path, fn: str) -> bytes:
+        with open(os.fspath(path), "rb") as f:
+            return f.read()
+
+
+    def _load_file(self, path, dest: Optional[int], fn: str, max_tokens: Optional[int]) -> tuple:
+        return self._state_load(self._read_file(path, fn), dest, fn, max_tokens=max_tokens, whole=True)
+
+    def save_state_file(self, path, tokens=None) -> int:
+        """Write :meth:`save_state` (with ``tokens``) to ``path``; returns the bytes written."""
+        data = self.save_state(tokens=tokens)
+        with open(os.fspath(path), "wb") as f:
+            f.write(data)
+        return len(data)
+
+    def load_state_file(self, path, *, max_tokens: Optional[int] = None) -> np.ndarray:
+        """Restore a state file from :meth:`save_state_file`; returns its tokens (int32).
+        More than ``max_tokens`` tokens is a StateError."""
+        return self._load_file(path, None, "Context.load_state_file", max_tokens)[1]
+
+    def seq_save_state_file(self, path, seq_id: int, tokens=None) -> int:
+        """Write :meth:`seq_save_state` (with ``tokens``) to ``path``; returns the bytes written."""
+        data = self.seq_save_state(seq_id, tokens=tokens)
+        with open(os.fspath(path), "wb") as f:
+            f.write(data)
+        return len(data)
+
+    def seq_load_state_file(self, path, dest_seq_id: int, *, max_tokens: Optional[int] = None) -> np.ndarray:
+        """Load a sequence state file into ``dest_seq_id``; returns its tokens."""
+        self._check_seq(dest_seq_id, "Context.seq_load_state_file")
+        return self._load_file(path, dest_seq_id, "Context.seq_load_state_file", max_tokens)[1]
+
     def __repr__(self) -> str:
         if self._core is None:
             return "Context(freed)"

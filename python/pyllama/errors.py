@@ -1,6 +1,6 @@
 """The exception hierarchy: everything pyllama raises on purpose derives from PyllamaError."""
 
-from ._core import GGUFError, LoadCancelled, PyllamaError, UnsupportedModelError
+from ._core import GGUFError, LoadCancelled, PyllamaError, StateError, UnsupportedModelError
 
 
 class InvalidBatchError(PyllamaError, ValueError):
@@ -22,5 +22,6 @@ __all__ = [
     "InvalidBatchError",
     "LoadCancelled",
     "PyllamaError",
+    "StateError",
     "UnsupportedModelError",
 ]

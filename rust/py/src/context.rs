@@ -2,7 +2,7 @@
 //! context) validates and splits the batch; `decode` runs the micro-batches with the GIL
 //! released and writes logits straight into the caller's numpy buffer.
 
-use crate::errors::to_py;
+use crate::errors::{state_err, to_py};
 use crate::gguf::PyModel;
 use numpy::{PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray, PyUntypedArrayMethods};
 use pyllama_core::context::{BatchRef, Context, ContextParams};
@@ -79,6 +79,20 @@ fn out_buf<'py, D: numpy::ndarray::Dimension>(
 /// ValueError (numpy's `readonly()` would panic).
 fn in_row<'py>(a: &Bound<'py, PyArray1<f32>>, what: &str) -> PyResult<PyReadonlyArray1<'py, f32>> {
     a.try_readonly().map_err(|e| PyValueError::new_err(format!("{what}: the array is being written ({e})")))
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a Option<PyReadonlyArray1<'_, T>>) -> PyResult<&'a [T]> {
+    match a {
+        None => Ok(&[]),
+        Some(a) => a.as_slice().map_err(|_| PyValueError::new_err("state: arrays must be C-contiguous")),
+    }
+}
+
+fn slice2<'a>(a: &'a Option<numpy::PyReadonlyArray2<'_, f32>>) -> PyResult<&'a [f32]> {
+    match a {
+        None => Ok(&[]),
+        Some(a) => a.as_slice().map_err(|_| PyValueError::new_err("state: arrays must be C-contiguous")),
+    }
 }
 
 #[pymethods]
@@ -292,6 +306,110 @@ impl PyContext {
     }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> {
         self.inner.kv.seq_pos_max(seq_id).map_err(to_py)
+    }
+
+    /// Bytes `state_save` writes with the same arguments.
+    #[pyo3(signature = (seq_id = None, flags = 0, out_rows = None, logits = None, embd = None, tokens = None))]
+    fn state_size(
+        &self,
+        seq_id: Option<usize>,
+        flags: u32,
+        out_rows: Option<PyReadonlyArray1<'_, i32>>,
+        logits: Option<numpy::PyReadonlyArray2<'_, f32>>,
+        embd: Option<numpy::PyReadonlyArray2<'_, f32>>,
+        tokens: Option<PyReadonlyArray1<'_, i32>>,
+    ) -> PyResult<usize> {
+        let (r, l, e, t) = (slice(&out_rows)?, slice2(&logits)?, slice2(&embd)?, slice(&tokens)?);
+        let out = pyllama_core::state::Outputs { rows: r, logits: l, embd: e };
+        self.inner.state_size(seq_id, flags, out, t).map_err(state_err)
+    }
+
+    /// The state of the whole context (seq_id None) or of one sequence: bytes, or, with
+    /// `dst` (a writable uint8 array), written there and its length returned. `out_rows`
+    /// [n_outputs] are the batch indices of the output rows, `logits` / `embd` their rows.
+    #[pyo3(signature = (seq_id = None, flags = 0, out_rows = None, logits = None, embd = None, tokens = None, dst = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn state_save(
+        &mut self,
+        py: Python<'_>,
+        seq_id: Option<usize>,
+        flags: u32,
+        out_rows: Option<PyReadonlyArray1<'_, i32>>,
+        logits: Option<numpy::PyReadonlyArray2<'_, f32>>,
+        embd: Option<numpy::PyReadonlyArray2<'_, f32>>,
+        tokens: Option<PyReadonlyArray1<'_, i32>>,
+        dst: Option<Bound<'_, PyArray1<u8>>>,
+    ) -> PyResult<PyObject> {
+        let (r, l, e, t) = (slice(&out_rows)?, slice2(&logits)?, slice2(&embd)?, slice(&tokens)?);
+        let inner = &mut self.inner;
+        let n = {
+            let out = pyllama_core::state::Outputs { rows: r, logits: l, embd: e };
+            inner.state_size(seq_id, flags, out, t).map_err(state_err)?
+        };
+        if let Some(dst) = dst {
+            let mut w = dst.try_readwrite().map_err(|e| PyValueError::new_err(format!("state_save: dst must be a writeable uint8 array not in use elsewhere ({e})")))?;
+            let buf = w.as_slice_mut().map_err(|_| PyValueError::new_err("state_save: dst must be C-contiguous"))?;
+            let out = pyllama_core::state::Outputs { rows: r, logits: l, embd: e };
+            let done = py.allow_threads(|| no_panic("state_save", || inner.state_save(seq_id, flags, out, t, buf).map_err(state_err)))?;
+            return Ok(done.into_pyobject(py)?.into_any().unbind());
+        }
+        let mut res: PyResult<usize> = Ok(0);
+        let b = pyo3::types::PyBytes::new_with(py, n, |buf| {
+            let out = pyllama_core::state::Outputs { rows: r, logits: l, embd: e };
+            res = py.allow_threads(|| no_panic("state_save", || inner.state_save(seq_id, flags, out, t, buf).map_err(state_err)));
+            Ok(())
+        })?;
+        res?;
+        Ok(b.into_any().unbind())
+    }
+
+    /// Check `data` (a uint8 array) completely and, when `apply`, load it into the whole
+    /// context (dest_seq_id None) or sequence `dest_seq_id`; a refused state raises
+    /// StateError and changes nothing. Returns (bytes read, tokens int32, out_rows int32,
+    /// logits float32 [n, n_vocab] or None, embd float32 [n, n_embd] or None).
+    #[pyo3(signature = (data, *, n_batch, dest_seq_id = None, max_tokens = None, apply = true))]
+    #[allow(clippy::type_complexity)]
+    fn state_load<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: PyReadonlyArray1<'py, u8>,
+        n_batch: usize,
+        dest_seq_id: Option<usize>,
+        max_tokens: Option<usize>,
+        apply: bool,
+    ) -> PyResult<(
+        usize,
+        Bound<'py, PyArray1<i32>>,
+        Bound<'py, PyArray1<i32>>,
+        Option<Bound<'py, PyArray2<f32>>>,
+        Option<Bound<'py, PyArray2<f32>>>,
+    )> {
+        let owned;
+        let d: &[u8] = match data.as_slice() {
+            Ok(s) => s,
+            Err(_) => {
+                owned = data.as_array().iter().copied().collect::<Vec<u8>>();
+                &owned
+            }
+        };
+        let (nv, ne) = (self.inner.n_vocab(), self.inner.model.hparams.n_embd);
+        let lim = pyllama_core::state::Limits { n_batch, max_tokens, n_vocab: nv, n_embd: ne };
+        let inner = &mut self.inner;
+        let p = py.allow_threads(|| no_panic("state_load", || inner.state_load(d, dest_seq_id, &lim, apply).map_err(state_err)))?;
+        let rows2 = |v: Vec<f32>, w: usize| -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+            if v.is_empty() || w == 0 {
+                return Ok(None);
+            }
+            let n = v.len() / w;
+            Ok(Some(PyArray1::from_vec(py, v).reshape([n, w])?))
+        };
+        Ok((
+            p.n_read,
+            PyArray1::from_vec(py, p.tokens),
+            PyArray1::from_vec(py, p.out_rows),
+            rows2(p.logits, nv)?,
+            rows2(p.embd, ne)?,
+        ))
     }
 
     /// Keep the named intermediates (llama.cpp names: "attn_norm-0", "Qcur-3",

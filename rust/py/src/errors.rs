@@ -10,6 +10,16 @@ create_exception!(_core, PyllamaError, PyException, "Base class of every pyllama
 create_exception!(_core, GGUFError, PyllamaError, "A malformed GGUF file.");
 create_exception!(_core, UnsupportedModelError, PyllamaError, "A well-formed file pyllama cannot run.");
 create_exception!(_core, LoadCancelled, PyllamaError, "The progress callback cancelled the load.");
+create_exception!(
+    _core,
+    StateError,
+    PyllamaError,
+    "A saved state that does not fit this context (another model, KV type or layout, more cells than it holds) or is truncated or corrupted; the context is unchanged."
+);
+
+pub fn state_err(e: pyllama_core::state::StateError) -> PyErr {
+    StateError::new_err(e.0)
+}
 
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
@@ -35,5 +45,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GGUFError", py.get_type::<GGUFError>())?;
     m.add("UnsupportedModelError", py.get_type::<UnsupportedModelError>())?;
     m.add("LoadCancelled", py.get_type::<LoadCancelled>())?;
+    m.add("StateError", py.get_type::<StateError>())?;
     Ok(())
 }
