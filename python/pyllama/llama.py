@@ -238,10 +238,21 @@ def _not_yet(where: str, param: str, value: Any, why: str) -> NotImplementedErro
 
 _TFS_WHY = ("tail-free sampling was removed from llama.cpp (llama-cpp-python accepts tfs_z and ignores it); "
             "pass tfs_z=1.0, or use top_p / min_p / typical_p")
-_STATE_WHY = ("saving and restoring context state (KV cache) is not implemented in pyllama yet (issue 15); "
-              "re-run the prompt instead (pyllama reuses the cached prefix of the previous call)")
 _EMBED_WHY = ("embedding mode (create_embedding / embed) is not implemented in pyllama.Llama yet (issue 16); "
               "use pyllama.Context(model, embeddings=True) and Context.embeddings_seq for now")
+
+
+class LlamaState:
+    """What Llama.save_state returns (llama-cpp-python's class, same fields)."""
+
+    def __init__(self, input_ids: np.ndarray, scores: np.ndarray, n_tokens: int, llama_state: bytes,
+                 llama_state_size: int, seed: int):
+        self.input_ids = input_ids
+        self.scores = scores
+        self.n_tokens = n_tokens
+        self.llama_state = llama_state
+        self.llama_state_size = llama_state_size
+        self.seed = seed
 
 
 @contextmanager
@@ -565,11 +576,46 @@ class Llama:
                            "call's prefix is reused without one")
         self.cache = None
 
-    def save_state(self):
-        raise NotImplementedError(f"Llama.save_state(): {_STATE_WHY}")
+    def save_state(self) -> "LlamaState":
+        """The KV cache, the last logits, the cached tokens and the seed, for load_state
+        (llama-cpp-python's LlamaState)."""
+        ctx = self._sess().ctx
+        data = ctx.save_state()
+        if self.verbose:
+            print(f"Llama.save_state: saving {len(data)} bytes of llama state", file=sys.stderr)
+        return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
+                          llama_state=data, llama_state_size=len(data), seed=self._seed)
 
-    def load_state(self, state) -> None:
-        raise NotImplementedError(f"Llama.load_state(): {_STATE_WHY}")
+    def load_state(self, state: "LlamaState") -> None:
+        """Restore a save_state() result. A state from another model or context layout
+        raises RuntimeError (from pyllama.StateError) and changes nothing."""
+        from .errors import StateError
+
+        sess = self._sess()
+        try:
+            n_tokens = int(state.n_tokens)
+            ids = np.asarray(state.input_ids)
+            scores = np.asarray(state.scores, dtype=np.single)
+            data = bytes(state.llama_state)[: int(state.llama_state_size)]
+        except (AttributeError, TypeError, ValueError) as e:
+            raise TypeError(f"Llama.load_state: state must be a LlamaState (from save_state), got "
+                            f"{type(state).__name__} ({e})") from None
+        if not 0 <= n_tokens <= min(self._n_ctx, ids.shape[0] if ids.ndim == 1 else -1):
+            raise ValueError(f"Llama.load_state: n_tokens = {n_tokens} does not fit input_ids / n_ctx = {self._n_ctx}")
+        if scores.ndim != 2 or scores.shape[1] != self._n_vocab:
+            raise ValueError(f"Llama.load_state: scores must be [n, n_vocab = {self._n_vocab}], got {scores.shape}")
+        try:
+            sess.ctx.load_state(data)
+        except StateError as e:
+            raise RuntimeError(f"Failed to set llama state data: {e}") from e
+        # the context took it: now the Python side (nothing above changed it)
+        n_sc = min(scores.shape[0], self.scores.shape[0])
+        self.scores[:n_sc, :] = scores[:n_sc]
+        rest = self.scores[n_sc:, :]
+        rest[rest > 0] = 0.0
+        sess.tokens = [int(t) for t in ids[:n_tokens]]
+        self._requires_eval = True
+        self._seed = state.seed
 
     def close(self) -> None:
         if self._session is not None:

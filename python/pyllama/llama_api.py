@@ -9,4 +9,5 @@ Each area lives in its own module; this one gathers them.
 from ._api_context import *  # noqa: F401,F403
 from ._api_model import *  # noqa: F401,F403
 from ._api_sampling import *  # noqa: F401,F403
+from ._api_state import *  # noqa: F401,F403
 from ._api_vocab import *  # noqa: F401,F403

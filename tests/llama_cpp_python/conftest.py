@@ -131,7 +131,6 @@ def _in_vendor_root(_vendor_root, monkeypatch):
 # test node name (without the file) -> what pyllama lacks
 _REC = "mamba (recurrent) is not an architecture pyllama runs (no local model either)"
 _HYB = "falcon-h1 (hybrid attention + SSM) is not an architecture pyllama runs (no local model either)"
-_STATE = "Llama.save_state / load_state (context state save/restore) are not implemented yet (issue 15)"
 _SCHEMA = "LlamaGrammar.from_json_schema (JSON-schema to GBNF conversion) is not implemented yet (issue 13)"
 XFAIL: dict[str, str] = {
     "test_llama.py::test_llama_cpp_tokenization":
@@ -140,7 +139,6 @@ XFAIL: dict[str, str] = {
     "test_llama.py::test_real_model":
         "uses llama_cpp._internals (LlamaModel, LlamaContext, LlamaBatch, LlamaSampler: llama-cpp-python's "
         "private wrappers), which pyllama does not provide; it also expects Qwen3.5's token ids",
-    "test_llama.py::test_real_llama": "save_state / load_state need issue 15 (its grammar= part runs)",
     "test_llama.py::test_recurrent_model_prompt_cache_reset": _REC,
     "test_llama.py::test_hybrid_model_prompt_cache_reset": _HYB,
     "test_llama.py::test_real_llama_embeddings":
@@ -152,7 +150,6 @@ for _t in ("test_exact_cached_prompt_reuse_matches_fresh", "test_loaded_exact_ca
            "test_ram_cache_exact_prompt_hit_matches_fresh", "test_shorter_prompt_prefix_reuse_matches_fresh"):
     XFAIL[f"test_llama.py::{_t}[llama_cpp_recurrent_model_path-True-False]"] = _REC
     XFAIL[f"test_llama.py::{_t}[llama_cpp_hybrid_model_path-False-True]"] = _HYB
-XFAIL["test_llama.py::test_loaded_exact_cached_prompt_reuse_matches_fresh[llama_cpp_transformer_model_path-False-False]"] = _STATE
 XFAIL["test_llama.py::test_ram_cache_exact_prompt_hit_matches_fresh[llama_cpp_transformer_model_path-False-False]"] = (
     "LlamaRAMCache (prompt cache of saved states) is not implemented yet (issue 15)")
 
