@@ -835,6 +835,8 @@ class GrammarSampler(Sampler):
         self.matcher = self.grammar.matcher()
         self._trie = _trie_for(vocab)
         self._masks: OrderedDict = OrderedDict()
+        # interned stack sets: {stacks: id}, [(char stacks, token stacks)], [{code point: next id}]
+        self._sets: tuple[dict, list, list] = ({}, [], [])
 
     # Sampler interface
     def apply(self, cur) -> None:
@@ -859,7 +861,7 @@ class GrammarSampler(Sampler):
 
     def clone(self) -> "GrammarSampler":
         c = GrammarSampler.__new__(GrammarSampler)
-        c.vocab, c.grammar, c._trie, c._masks = self.vocab, self.grammar, self._trie, self._masks
+        c.vocab, c.grammar, c._trie, c._masks, c._sets = self.vocab, self.grammar, self._trie, self._masks, self._sets
         c.matcher = self.matcher.copy()
         return c
 
@@ -911,65 +913,84 @@ class GrammarSampler(Sampler):
         return mask
 
     def _mask_trie(self) -> np.ndarray:
+        """One walk of the vocabulary trie. Stack sets are interned as ids, and each id's
+        code point -> next id transitions are kept (across tokens: they depend on the
+        grammar only), so a node costs a dict lookup per child; allowed ranges are
+        collected and set in one numpy pass at the end."""
         g = self.grammar
         tr = self._trie
         types, values = g.types, g.values
-        allowed = np.zeros(len(tr.order), bool)  # over sorted positions
-        token_ids: dict[int, int] = _token_positions(tr)
-        todo = [(tr.root, self.matcher.stacks)]
-        trans: dict = {}
+        ids, infos, tmaps = self._sets
+        if len(infos) > 200_000:  # bound the memory of long generations with deep stacks
+            ids.clear(), infos.clear(), tmaps.clear()
+
+        def intern(stacks) -> int:
+            key = tuple(stacks)
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(infos)
+                char_stacks = tuple(st for st in key if st and types[st[-1]] not in (TOKEN, TOKEN_NOT))
+                token_stacks = tuple(st for st in key if st and types[st[-1]] in (TOKEN, TOKEN_NOT))
+                infos.append((char_stacks, token_stacks))
+                tmaps.append({})
+            return sid
+
+        starts: list[int] = []
+        ends: list[int] = []
+        singles: list[int] = []
+        token_ids = _token_positions(tr)
+        todo = [(tr.root, intern(self.matcher.stacks))]
         while todo:
-            node, stacks = todo.pop()
+            node, sid = todo.pop()
             children, lo, hi, n_complete, partial_ends = node
-            if not stacks:
-                continue
             # tokens that end here with no partial sequence: any live stack accepts them
             if n_complete:
-                allowed[lo:lo + n_complete] = True
-            char_stacks = []
-            for st in stacks:
-                if not st:
-                    continue
+                starts.append(lo)
+                ends.append(lo + n_complete)
+            char_stacks, token_stacks = infos[sid]
+            for st in token_stacks:
+                # every token below continues with a code point: only the id decides
                 top = st[-1]
-                t = types[top]
-                if t == TOKEN or t == TOKEN_NOT:
-                    # every token below continues with a code point: only the id decides
-                    rest_lo = lo + n_complete + len(partial_ends)
-                    if t == TOKEN:
-                        p = token_ids.get(values[top])
-                        if p is not None and rest_lo <= p < hi:
-                            allowed[p] = True
-                    else:
-                        p = token_ids.get(values[top])
-                        if p is not None and rest_lo <= p < hi:
-                            allowed[rest_lo:p] = True
-                            allowed[p + 1:hi] = True
-                        else:
-                            allowed[rest_lo:hi] = True
+                rest_lo = lo + n_complete + len(partial_ends)
+                p = token_ids.get(values[top])
+                inside = p is not None and rest_lo <= p < hi
+                if types[top] == TOKEN:
+                    if inside:
+                        singles.append(p)
+                elif inside:
+                    starts += (rest_lo, p + 1)
+                    ends += (p, hi)
                 else:
-                    char_stacks.append(st)
+                    starts.append(rest_lo)
+                    ends.append(hi)
             if not char_stacks:
                 continue
             for partial, idx in partial_ends:
-                if not allowed[idx]:
-                    for st in char_stacks:
-                        if g.match_partial_char(st[-1], partial):
-                            allowed[idx] = True
-                            break
+                for st in char_stacks:
+                    if g.match_partial_char(st[-1], partial):
+                        singles.append(idx)
+                        break
             if not children:
                 continue
-            skey = tuple(char_stacks)
+            tmap = tmaps[sid]
             for cp, child in children.items():
-                k = (skey, cp)
-                nxt = trans.get(k)
-                if nxt is None:
-                    nxt = []
+                nsid = tmap.get(cp)
+                if nsid is None:
+                    nxt: list = []
                     for st in char_stacks:
                         if g.match_char(st[-1], cp):
                             g.after_char(st, nxt)
-                    trans[k] = nxt
-                if nxt:
-                    todo.append((child, nxt))
+                    nsid = tmap[cp] = intern(nxt) if nxt else -1
+                if nsid >= 0:
+                    todo.append((child, nsid))
+        n = len(tr.order)
+        diff = np.zeros(n + 1, np.int32)
+        if starts:
+            np.add.at(diff, np.asarray(starts), 1)
+            np.add.at(diff, np.asarray(ends), -1)
+        allowed = np.cumsum(diff[:n]) > 0
+        if singles:
+            allowed[np.asarray(singles)] = True
         mask = np.zeros(tr.n_vocab, bool)
         mask[tr.order[allowed]] = True
         return mask

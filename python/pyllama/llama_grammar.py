@@ -84,11 +84,19 @@ class LlamaGrammar:
             "response_format={'type': 'json_object'} without a schema")
 
     def sampler(self, vocab) -> GrammarSampler:
-        """A fresh grammar sampler for ``vocab`` (a Vocab or Model)."""
-        g = self._compiled
-        if g is None:
-            g = Grammar(self._grammar, self._root, getattr(vocab, "vocab", vocab))
-        return GrammarSampler(vocab, g)
+        """A grammar sampler for ``vocab`` (a Vocab or Model) in the start state. Samplers of
+        one LlamaGrammar and vocabulary share their mask caches, so a second completion with
+        the same grammar reuses the first one's masks."""
+        v = getattr(vocab, "vocab", vocab)
+        proto = self.__dict__.get("_proto")
+        if proto is None or proto[0] is not v:
+            g = self._compiled
+            if g is None:
+                g = Grammar(self._grammar, self._root, v)
+            proto = self._proto = (v, GrammarSampler(v, g))
+        s = proto[1].clone()
+        s.reset()
+        return s
 
     def __repr__(self) -> str:
         return f"LlamaGrammar(root={self._root!r}, {len(self._grammar)} characters)"
