@@ -315,3 +315,17 @@ def test_trie_mask_equals_per_candidate_on_random_grammars(grammar, choices):
             # matched by id there) but accepting it by its text leaves no stack
             assert "<[" in grammar
             break
+
+
+def test_text_token_references_use_the_vocabulary(smol_vocab):
+    from pyllama.grammar import GrammarSampler
+
+    g = Grammar('root ::= "hi" <|im_start|>', vocab=smol_vocab)
+    im_start = smol_vocab.tokenize("<|im_start|>", add_special=False, parse_special=True)
+    assert g.rules[0][-2] == (8, im_start[0])  # TOKEN
+    with pytest.raises(GrammarError, match="exactly one token"):
+        Grammar("root ::= <hello world>", vocab=smol_vocab)
+    gs = GrammarSampler(smol_vocab, g)
+    for t in smol_vocab.tokenize("hi", add_special=False):
+        gs.accept(t)
+    assert gs.allowed_mask().nonzero()[0].tolist() == im_start
