@@ -674,11 +674,13 @@ API = {n: getattr(L, n) for n in dir(L) if n.startswith("llama_") and inspect.is
 #: parameters that take an object (a handle, a buffer, a string, a callback): each gets
 #: None, 42 and "x" in turn
 OBJECT_PARAMS = {"ctx", "mem", "model", "vocab", "batch", "smpl", "chain", "cur_p", "params", "tokens", "buf",
-                 "text", "chat", "tmpl", "output", "abort_callback", "path_model", "key", "name", "s"}
+                 "text", "chat", "tmpl", "output", "abort_callback", "path_model", "key", "name", "s",
+                 "dst", "src", "tokens_out", "n_token_count_out"}
 #: integer parameters (int32 / size_t in llama.h): None, "x", 1.5 and 2**40
 INT_PARAMS = {"n_tokens", "embd", "n_seq_max", "text_len", "n_tokens_max", "token", "length", "lstrip",
               "text_len_max", "i", "idx", "seq_id", "p0", "p1", "delta", "d", "seq_id_src", "seq_id_dst",
-              "n_threads", "n_threads_batch", "n_msg", "len_", "buf_size", "load_mode"}
+              "n_threads", "n_threads_batch", "n_msg", "len_", "buf_size", "load_mode",
+              "size", "n_token_capacity", "n_token_count", "dest_seq_id", "flags"}
 
 #: (function, parameter, value) -> what llama.h defines for it
 DOCUMENTED = {
@@ -705,6 +707,10 @@ DOCUMENTED = {
     ("llama_get_logits_ith", "i", 42): None,
     ("llama_get_embeddings_ith", "i", 42): None,
     ("llama_get_embeddings_seq", "seq_id", 42): None,
+    # llama_state_*: NULL tokens_out / n_token_count_out store nothing (the file is missing: 0)
+    **{(f, p, None): r for f, r in (("llama_state_load_file", False), ("llama_load_session_file", False),
+                                    ("llama_state_seq_load_file", 0))
+       for p in ("tokens_out", "n_token_count_out")},
 }
 
 #: checked elsewhere or not applicable
@@ -733,6 +739,10 @@ def _valid(fn, model, model_path, vocab, ctx):
         seed=1, k=5, p=0.9, min_keep=1, t=0.8, exponent=1.0, n=1.0, n_vocab=8, tau=5.0, eta=0.1, m=100,
         dry_multiplier=0.0, dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=-1, seq_breakers=(),
         num_breakers=None, n_logit_bias=0, logit_bias=[],
+        dst=bytearray(64), src=bytes(64), size=64, tokens_out=np.zeros(16, np.int32), n_token_capacity=16,
+        n_token_count=2, n_token_count_out=ctypes.c_size_t(0), dest_seq_id=0, flags=0,
+        # a directory that does not exist: saving and loading fail (0 / False) without a file
+        path_session=b"/nonexistent-pyllama-dir/s.bin", filepath=b"/nonexistent-pyllama-dir/s.bin",
     )
     if fn == "llama_sampler_init_temp_ext":
         v["delta"] = 0.0
@@ -769,7 +779,7 @@ def test_sweep_covers_the_api():
         "embeddings", "warmup", "abort_callback_data", "seed", "k", "p", "min_keep", "t", "delta", "exponent",
         "n", "n_vocab", "tau", "eta", "m", "dry_multiplier", "dry_base", "dry_allowed_length",
         "dry_penalty_last_n", "seq_breakers", "num_breakers", "n_logit_bias", "logit_bias", "grammar_str",
-        "grammar_root", "args", "paths"}
+        "grammar_root", "args", "paths", "path_session", "filepath"}
     for fn, f in API.items():
         for p in inspect.signature(f).parameters:
             assert p in known, f"{fn}({p}): add the parameter to OBJECT_PARAMS / INT_PARAMS or the known list"

@@ -71,23 +71,23 @@ def _path(v: Any, fn: str, name: str) -> str:
     raise TypeError(f"{fn}: {name} must be a path (bytes or str), got {describe(v)}")
 
 
-def _set_size_out(out: Any, value: int, fn: str, name: str) -> None:
-    """Store ``value`` through a ``size_t *``: ctypes.c_size_t (or byref / pointer of one),
-    a numpy integer array or a list of at least one element. None: nothing stored."""
+def _size_out(out: Any, fn: str, name: str):
+    """A ``size_t *`` output: ctypes.c_size_t (or byref / pointer of one), a numpy integer
+    array or a list of at least one element; returns a setter. None: nothing is stored."""
     if out is None:
-        return
+        return lambda value: None
     target = getattr(out, "_obj", out)  # ctypes.byref(x) -> x
     if isinstance(target, ctypes._Pointer):
         target = target.contents
-    if isinstance(target, ctypes._SimpleCData):
-        target.value = value
-    elif isinstance(target, np.ndarray) and target.size >= 1:
-        target.flat[0] = value
-    elif isinstance(target, list) and target:
-        target[0] = value
-    else:
-        raise TypeError(f"{fn}: {name} must be a size_t pointer (ctypes.c_size_t, byref or pointer of one), "
-                        f"got {describe(out)}")
+    if isinstance(target, ctypes._SimpleCData) and isinstance(target.value, int):
+        return lambda value: setattr(target, "value", value)
+    if isinstance(target, np.ndarray) and target.size >= 1 and np.issubdtype(target.dtype, np.integer) \
+            and target.flags.writeable:
+        return lambda value: target.flat.__setitem__(0, value)
+    if isinstance(target, list) and target:
+        return lambda value: target.__setitem__(0, value)
+    raise TypeError(f"{fn}: {name} must be a size_t pointer (ctypes.c_size_t, byref or pointer of one), "
+                    f"got {describe(out)}")
 
 
 def _tokens_in(tokens: Any, n: int, fn: str) -> np.ndarray:
@@ -148,6 +148,7 @@ def _load_file(ctx: Context, path_session, tokens_out, n_token_capacity, n_token
     path = _path(path_session, fn, "path_session" if dest is None else "filepath")
     cap = _chk.size(n_token_capacity, fn, "n_token_capacity")
     out = _chk.int32_out(tokens_out, fn, "tokens_out", cap, "n_token_capacity") if tokens_out is not None else None
+    set_count = _size_out(n_token_count_out, fn, "n_token_count_out")
     try:
         data = ctx._read_file(path, fn)
         # without tokens_out (sequence files) only the count is asked for: check, don't load
@@ -160,7 +161,7 @@ def _load_file(ctx: Context, path_session, tokens_out, n_token_capacity, n_token
     n = int(tokens.shape[0])
     if out is not None:
         out[:n] = tokens
-    _set_size_out(n_token_count_out, n, fn, "n_token_count_out")
+    set_count(n)
     return n_read if apply else 0
 
 
