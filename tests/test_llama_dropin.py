@@ -88,8 +88,6 @@ REFUSED_CALLS = {
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
     "embed": (lambda m: m.embed("hi"), "issue 16"),
     "create_embedding": (lambda m: m.create_embedding("hi"), "issue 16"),
-    "save_state": (lambda m: m.save_state(), "issue 15"),
-    "load_state": (lambda m: m.load_state(None), "issue 15"),
     "set_cache": (lambda m: m.set_cache(object()), "issue 15"),
 }
 
