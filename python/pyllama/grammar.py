@@ -795,6 +795,13 @@ class _VocabTrie:
                 first[t] = p[0]
             if self.eog[t] or not p or p[0] == 0:
                 continue
+            if b"\0" not in p:
+                try:
+                    # valid UTF-8 decodes as llama.cpp's decoder does; the rest goes the slow way
+                    keys.append((tuple(map(ord, p.decode("utf-8"))), (0, 0), t))
+                    continue
+                except UnicodeDecodeError:
+                    pass
             cps, partial = decode_utf8(p)
             if partial[1] < 0:
                 continue
@@ -802,23 +809,36 @@ class _VocabTrie:
         keys.sort()
         self.first_byte = first
         self.order = np.array([k[2] for k in keys], np.int32)
-        # node: [children {cp: node}, lo, hi, n_complete_end, [(partial, idx)...] partial ends]
-        root = [{}, 0, len(keys), 0, []]
+        # node: [children {cp: node} or None, lo, hi, n_complete_end, [(partial, idx)...] partial ends]
+        root = [{}, 0, len(keys), 0, ()]
         self.root = root
-        # build iteratively: insert in sorted order, nodes' ranges grow as tokens come
+        # keys are sorted, so a node's tokens are contiguous: keep the path to the previous
+        # key, close (set hi of) the nodes it leaves, open nodes for the new suffix
+        path = [root]
+        prev: tuple = ()
         for idx, (cps, partial, _t) in enumerate(keys):
-            node = root
-            for cp in cps:
-                ch = node[0].get(cp)
-                if ch is None:
-                    ch = node[0][cp] = [{}, idx, idx, 0, []]
-                node = ch
-                node[2] = idx + 1
+            k, m = 0, min(len(prev), len(cps))
+            while k < m and prev[k] == cps[k]:
+                k += 1
+            while len(path) > k + 1:
+                path.pop()[2] = idx
+            for d in range(len(path) - 1, len(cps)):
+                ch = [None, idx, idx, 0, ()]  # leaves (most nodes) get no dict or list
+                parent = path[-1]
+                if parent[0] is None:
+                    parent[0] = {}
+                parent[0][cps[d]] = ch
+                path.append(ch)
+            node = path[-1]
             if partial[1] == 0:
                 node[3] += 1  # complete ends sort first at a node: (cps, (0, 0)) is smallest
-            else:
+            elif node[4]:
                 node[4].append((partial, idx))
-        self.children_items = None
+            else:
+                node[4] = [(partial, idx)]
+            prev = cps
+        for node in path[1:]:
+            node[2] = len(keys)
 
 
 class GrammarSampler(Sampler):
