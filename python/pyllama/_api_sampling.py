@@ -313,7 +313,8 @@ def llama_sampler_init_grammar(vocab, grammar_str, grammar_root="root"):
 
 def llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str: str, grammar_root: str = "root", *args):
     raise NotImplementedError(
-        "llama_sampler_init_grammar_lazy_patterns: GBNF grammars are not supported by pyllama yet"
+        "llama_sampler_init_grammar_lazy_patterns: lazy grammars (trigger patterns and tokens) are not "
+        "implemented in pyllama yet (issue 13); llama_sampler_init_grammar works"
     )
 
 

@@ -851,7 +851,8 @@ class GrammarSampler(Sampler):
 
     def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root"):
         self.vocab = vocab
-        self.grammar = grammar_str if isinstance(grammar_str, Grammar) else Grammar(grammar_str, grammar_root, vocab)
+        v = getattr(vocab, "vocab", vocab)  # a Model carries its Vocab
+        self.grammar = grammar_str if isinstance(grammar_str, Grammar) else Grammar(grammar_str, grammar_root, v)
         self.matcher = self.grammar.matcher()
         self._trie = _trie_for(vocab)
         self._masks: OrderedDict = OrderedDict()
