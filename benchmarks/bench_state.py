@@ -31,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF path (default: the installed Gemma 3 270M)")
     ap.add_argument("--n-ctx", type=int, default=8192)
-    ap.add_argument("--n-fill", type=int, default=8192, help="tokens decoded before saving")
+    ap.add_argument("--n-fill", type=int, default=8191, help="tokens decoded before saving (one cell is left for the check after)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--type-k", default="f16")
@@ -45,7 +45,7 @@ def main() -> None:
         kw.update(n_threads=a.threads, n_threads_batch=a.threads)
     ctx = Context(model, **kw)
     rng = np.random.default_rng(0)
-    toks = rng.integers(10, ctx.n_vocab - 10, size=min(a.n_fill, ctx.n_ctx)).astype(np.int32)
+    toks = rng.integers(10, ctx.n_vocab - 10, size=min(a.n_fill, ctx.n_ctx - 1)).astype(np.int32)
     t0 = time.perf_counter()
     for i in range(0, len(toks), 512):
         ctx.decode(toks[i:i + 512])
