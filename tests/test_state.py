@@ -293,3 +293,15 @@ def test_llama_save_state_load_state(smollm2_path):
     bad = LlamaState(st.input_ids, st.scores, st.n_tokens, st.llama_state[:-1], st.llama_state_size - 1, 7)
     with pytest.raises(RuntimeError, match="Failed to set llama state data"):
         m.load_state(bad)
+
+
+def test_round_trip_separate_streams(llama):
+    """kv_unified=False: one stream per sequence, each restored in place."""
+    a = ctx_of(llama, n_seq_max=2, n_ctx=512)
+    a.decode(PROMPT, seq_id=0)
+    a.decode(PROMPT[:5], seq_id=1)
+    data = a.save_state()
+    b = ctx_of(llama, n_seq_max=2, n_ctx=512, n_threads=2)
+    b.load_state(data)
+    for s in (0, 1):
+        np.testing.assert_array_equal(continue_logits(b, seq_id=s), continue_logits(a, seq_id=s))
