@@ -261,17 +261,8 @@ fn put_rows(w: &mut W, buf: &[u8], base: usize, rb: usize, cells: &[usize]) {
     }
 }
 
-fn write_all(
-    w: &mut W,
-    fp: &Fingerprint,
-    kv: &KvCache,
-    seq: Option<usize>,
-    flags: u32,
-    out: &Outputs,
-    tokens: &[i32],
-    n_vocab: usize,
-    n_embd: usize,
-) {
+fn write_all(w: &mut W, fp: &Fingerprint, kv: &KvCache, a: &SaveArgs) {
+    let (seq, flags, out, tokens, n_vocab, n_embd) = (a.seq, a.flags, &a.outputs, a.tokens, a.n_vocab, a.n_embd);
     let cells = cells_of(kv, seq);
     w.put(MAGIC);
     w.u32(VERSION);
@@ -323,10 +314,10 @@ fn write_all(
     w.u32(n_out as u32);
     if n_out > 0 {
         w.i32s(out.rows);
-        let lr = if n_vocab > 0 { out.logits.len() / n_vocab } else { 0 };
+        let lr = out.logits.len().checked_div(n_vocab).unwrap_or(0);
         w.u32(lr as u32);
         w.f32s(&out.logits[..lr * n_vocab]);
-        let er = if n_embd > 0 { out.embd.len() / n_embd } else { 0 };
+        let er = out.embd.len().checked_div(n_embd).unwrap_or(0);
         w.u32(er as u32);
         w.f32s(&out.embd[..er * n_embd]);
     }
@@ -371,7 +362,7 @@ fn check_save(kv: &KvCache, a: &SaveArgs) -> SResult<()> {
 pub fn size(fp: &Fingerprint, kv: &KvCache, a: &SaveArgs) -> SResult<usize> {
     check_save(kv, a)?;
     let mut w = W { buf: None, p: 0 };
-    write_all(&mut w, fp, kv, a.seq, a.flags, &a.outputs, a.tokens, a.n_vocab, a.n_embd);
+    write_all(&mut w, fp, kv, a);
     Ok(w.p)
 }
 
@@ -382,7 +373,7 @@ pub fn save(fp: &Fingerprint, kv: &KvCache, a: &SaveArgs, dst: &mut [u8]) -> SRe
         return err(format!("the destination holds {} bytes, the state needs {n}", dst.len()));
     }
     let mut w = W { buf: Some(&mut dst[..n]), p: 0 };
-    write_all(&mut w, fp, kv, a.seq, a.flags, &a.outputs, a.tokens, a.n_vocab, a.n_embd);
+    write_all(&mut w, fp, kv, a);
     Ok(n)
 }
 
