@@ -305,3 +305,17 @@ def test_round_trip_separate_streams(llama):
     b.load_state(data)
     for s in (0, 1):
         np.testing.assert_array_equal(continue_logits(b, seq_id=s), continue_logits(a, seq_id=s))
+
+
+def test_partial_only_flag_on_a_sliding_window_model(gemma3):
+    """LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: pyllama's SWA layers share the full cache's
+    cells, so the partial state is the whole sequence and restores the same thing."""
+    src = ctx_of(gemma3)
+    src.decode(PROMPT)
+    n = L.llama_state_seq_get_size_ext(src, 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+    buf = np.zeros(n, np.uint8)
+    assert L.llama_state_seq_get_data_ext(src, buf, n, 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == n
+    ref = continue_logits(src)
+    dst = ctx_of(gemma3, n_seq_max=4, n_ctx=1024)
+    assert L.llama_state_seq_set_data_ext(dst, buf, n, 2, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == n
+    np.testing.assert_array_equal(continue_logits(dst, seq_id=2), ref)
