@@ -572,8 +572,8 @@ class Llama:
     def set_cache(self, cache) -> None:
         if cache is not None:
             raise _not_yet("Llama.set_cache", "cache", cache, "prompt caches (LlamaRAMCache / LlamaDiskCache) "
-                           "need state save/restore, not implemented in pyllama yet (issue 15); the previous "
-                           "call's prefix is reused without one")
+                           "are not implemented in pyllama yet (issue 15); Llama.save_state / load_state work, "
+                           "and the previous call's prefix is reused without a cache")
         self.cache = None
 
     def save_state(self) -> "LlamaState":
