@@ -810,20 +810,33 @@ class _VocabTrie:
         self.first_byte = first
         self.order = np.array([k[2] for k in keys], np.int32)
         # node: [children {cp: node} or None, lo, hi, n_complete_end, [(partial, idx)...] partial ends]
-        root = [{}, 0, len(keys), 0, ()]
+        root = [{}, 0, len(keys), 0, (), 0]
         self.root = root
         # keys are sorted, so a node's tokens are contiguous: keep the path to the previous
         # key, close (set hi of) the nodes it leaves, open nodes for the new suffix
+        # sub (node[5]): what lies strictly below a node, for the mask's shortcut: bit c for
+        # each ASCII code point c on an edge below, _SUB_NONASCII for any other code point,
+        # _SUB_PARTIAL for a token ending in a partial UTF-8 sequence below
         path = [root]
         prev: tuple = ()
+
+        def close(idx: int) -> None:
+            node = path.pop()
+            node[2] = idx
+            cp = prev[len(path) - 1]
+            bits = node[5] | ((1 << cp) if cp < 128 else _SUB_NONASCII)
+            if node[4]:
+                bits |= _SUB_PARTIAL
+            path[-1][5] |= bits
+
         for idx, (cps, partial, _t) in enumerate(keys):
             k, m = 0, min(len(prev), len(cps))
             while k < m and prev[k] == cps[k]:
                 k += 1
             while len(path) > k + 1:
-                path.pop()[2] = idx
+                close(idx)
             for d in range(len(path) - 1, len(cps)):
-                ch = [None, idx, idx, 0, ()]  # leaves (most nodes) get no dict or list
+                ch = [None, idx, idx, 0, (), 0]  # leaves (most nodes) get no dict or list
                 parent = path[-1]
                 if parent[0] is None:
                     parent[0] = {}
@@ -837,8 +850,8 @@ class _VocabTrie:
             else:
                 node[4] = [(partial, idx)]
             prev = cps
-        for node in path[1:]:
-            node[2] = len(keys)
+        while len(path) > 1:
+            close(len(keys))
 
 
 class GrammarSampler(Sampler):
@@ -858,6 +871,7 @@ class GrammarSampler(Sampler):
         self._masks: OrderedDict = OrderedDict()
         # interned stack sets: {stacks: id}, [(char stacks, token stacks)], [{code point: next id}]
         self._sets: tuple[dict, list, list] = ({}, [], [])
+        self._fixes: list = []  # per stack-set id: fix_of's bits (None until asked)
 
     # Sampler interface
     def apply(self, cur) -> None:
@@ -883,6 +897,7 @@ class GrammarSampler(Sampler):
     def clone(self) -> "GrammarSampler":
         c = GrammarSampler.__new__(GrammarSampler)
         c.vocab, c.grammar, c._trie, c._masks, c._sets = self.vocab, self.grammar, self._trie, self._masks, self._sets
+        c._fixes = self._fixes
         c.matcher = self.matcher.copy()
         return c
 
@@ -903,7 +918,7 @@ class GrammarSampler(Sampler):
     def allowed_mask(self) -> np.ndarray:
         """bool [n_vocab]: the tokens the grammar accepts now (cached per grammar state)."""
         m = self.matcher
-        key = (tuple(m.stacks), m.partial)
+        key = (tuple(sorted(m.stacks)), m.partial)
         mask = self._masks.get(key)
         if mask is not None:
             self._masks.move_to_end(key)
@@ -943,16 +958,55 @@ class GrammarSampler(Sampler):
         types, values = g.types, g.values
         ids, infos, tmaps = self._sets
         if len(infos) > 200_000:  # bound the memory of long generations with deep stacks
-            ids.clear(), infos.clear(), tmaps.clear()
+            ids.clear(), infos.clear(), tmaps.clear(), self._fixes.clear()
+
+        fixes = self._fixes
+
+        def fix_of(sid: int) -> int:
+            """ASCII code points c after which the stack set ``sid`` is itself again (bits),
+            and _SUB_NONASCII when every code point >= 128 leads back to it too (its char
+            classes do not tell those apart, so code point 128 speaks for all); 0 where the
+            set has token stacks (the shortcut does not apply)."""
+            while len(fixes) <= sid:
+                fixes.append(None)
+            f = fixes[sid]
+            if f is None:
+                f = 0
+                char_stacks, token_stacks, uniform = infos[sid]
+                if not token_stacks:
+                    tmap = tmaps[sid]
+                    for cp in range(128):
+                        nsid = tmap.get(cp)
+                        if nsid is None:
+                            nxt: list = []
+                            for st in char_stacks:
+                                if g.match_char(st[-1], cp):
+                                    g.after_char(st, nxt)
+                            nsid = tmap[cp] = intern(nxt) if nxt else -1
+                        if nsid == sid:
+                            f |= 1 << cp
+                    if uniform:
+                        nsid = tmap.get(128)
+                        if nsid is None:
+                            nxt = []
+                            for st in char_stacks:
+                                if g.match_char(st[-1], 128):
+                                    g.after_char(st, nxt)
+                            nsid = tmap[128] = intern(nxt) if nxt else -1
+                        if nsid == sid:
+                            f |= _SUB_NONASCII
+                fixes[sid] = f
+            return f
 
         def intern(stacks) -> int:
-            key = tuple(stacks)
+            key = tuple(sorted(stacks))  # a set: the same stacks in another order are the same state
             sid = ids.get(key)
             if sid is None:
                 sid = ids[key] = len(infos)
                 char_stacks = tuple(st for st in key if st and types[st[-1]] not in (TOKEN, TOKEN_NOT))
                 token_stacks = tuple(st for st in key if st and types[st[-1]] in (TOKEN, TOKEN_NOT))
-                infos.append((char_stacks, token_stacks))
+                uniform = all(_uniform_above_ascii(g.char_class(st[-1])) for st in char_stacks)
+                infos.append((char_stacks, token_stacks, uniform))
                 tmaps.append({})
             return sid
 
@@ -963,12 +1017,12 @@ class GrammarSampler(Sampler):
         todo = [(tr.root, intern(self.matcher.stacks))]
         while todo:
             node, sid = todo.pop()
-            children, lo, hi, n_complete, partial_ends = node
+            children, lo, hi, n_complete, partial_ends, sub = node
             # tokens that end here with no partial sequence: any live stack accepts them
             if n_complete:
                 starts.append(lo)
                 ends.append(lo + n_complete)
-            char_stacks, token_stacks = infos[sid]
+            char_stacks, token_stacks, uniform = infos[sid]
             for st in token_stacks:
                 # every token below continues with a code point: only the id decides
                 top = st[-1]
@@ -993,8 +1047,17 @@ class GrammarSampler(Sampler):
                         break
             if not children:
                 continue
+            if sub & ~fix_of(sid) == 0:
+                # every path below spells only code points that lead back to this very stack
+                # set, and every token below ends complete: all of them are allowed
+                rest_lo = lo + n_complete + len(partial_ends)
+                starts.append(rest_lo)
+                ends.append(hi)
+                continue
             tmap = tmaps[sid]
             for cp, child in children.items():
+                if uniform and cp > 128:
+                    cp = 128  # the classes cannot tell code points >= 128 apart
                 nsid = tmap.get(cp)
                 if nsid is None:
                     nxt: list = []
@@ -1018,6 +1081,15 @@ class GrammarSampler(Sampler):
 
 
 _TRIES: dict = {}
+_SUB_NONASCII = 1 << 128
+_SUB_PARTIAL = 1 << 129
+
+
+def _uniform_above_ascii(cc) -> bool:
+    """A char class (Grammar.char_class) gives one verdict for every code point >= 128
+    (the decoder can produce values up to 2**31 from malformed bytes)."""
+    positive, ranges, any_, _ = cc
+    return any_ or all(hi < 128 or (lo <= 128 and hi >= 0x7FFFFFFF) for lo, hi in ranges)
 
 
 def _pieces_of(vocab) -> tuple[list[bytes], set[int]]:
