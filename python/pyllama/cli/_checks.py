@@ -177,3 +177,112 @@ def repeat_penalty(ctx, param, value):
     if value is not None and 1.0 / value > FLT_MAX:
         raise typer.BadParameter(f"{value:g} is too small: 1/{value:g} overflows float32")
     return value
+
+
+def flash_attn(ctx, param, value):
+    """-fa: llama.cpp's on / off / auto (and 1 / 0)."""
+    if value is None:
+        return value
+    v = value.lower()
+    if v not in ("on", "off", "auto", "1", "0"):
+        raise typer.BadParameter(f"--flash-attn expects on, off or auto, got {value!r}")
+    return v
+
+
+# ---- option definitions shared by generate and chat -------------------------------------
+#
+# One definition per flag, so both subcommands spell, check and document it alike (and a
+# flag added to one cannot be missing from the other, where click would then read ``-ngl``
+# as ``-n gl``). Each call makes a fresh typer.Option: one per command parameter.
+
+def opt_ctx_size():
+    return typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE, help="context size (0 = from the model, capped at 4096)")
+
+
+def opt_batch_size():
+    return typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size")
+
+
+def opt_ubatch_size():
+    return typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)")
+
+
+def opt_threads():
+    return typer.Option(None, "-t", "--threads", help="threads for generation (<= 0 = the default)")
+
+
+def opt_threads_batch():
+    return typer.Option(None, "-tb", "--threads-batch", help="threads for prompt processing (<= 0 = the default)")
+
+
+def opt_gpu_layers():
+    return typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", help="layers on the GPU (accepted; CPU here)")
+
+
+def opt_load_mode():
+    return typer.Option("auto", "-lm", "--load-mode", callback=load_mode, help="auto, none, mmap, mlock, mmap+mlock, dio")
+
+
+def opt_cache_type_k():
+    return typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type, help="K cache type")
+
+
+def opt_cache_type_v():
+    return typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type, help="V cache type")
+
+
+def opt_flash_attn():
+    return typer.Option("auto", "-fa", "--flash-attn", callback=flash_attn, help="on, off or auto")
+
+
+def opt_temp():
+    return typer.Option(0.8, "--temp", callback=FINITE, help="temperature (<= 0: greedy)")
+
+
+def opt_top_k():
+    return typer.Option(40, "--top-k", help="top-k (<= 0 = off)")
+
+
+def opt_top_p():
+    return typer.Option(0.95, "--top-p", callback=PROBABILITY, help="top-p, in [0, 1] (1.0 = off)")
+
+
+def opt_min_p():
+    return typer.Option(0.05, "--min-p", callback=PROBABILITY, help="min-p, in [0, 1] (0.0 = off)")
+
+
+def opt_typical():
+    return typer.Option(1.0, "--typical", "--typical-p", callback=PROBABILITY,
+                        help="locally typical p, in [0, 1] (1.0 = off)")
+
+
+def opt_repeat_penalty():
+    return typer.Option(1.0, "--repeat-penalty", callback=repeat_penalty, help="repeat penalty, > 0 (1.0 = off)")
+
+
+def opt_repeat_last_n():
+    return typer.Option(64, "--repeat-last-n", callback=integer(0), help="tokens the penalties look back at (0 = off)")
+
+
+def opt_presence_penalty():
+    return typer.Option(0.0, "--presence-penalty", callback=FINITE)
+
+
+def opt_frequency_penalty():
+    return typer.Option(0.0, "--frequency-penalty", callback=FINITE)
+
+
+def opt_mirostat():
+    return typer.Option(0, "--mirostat", callback=integer(0, 2), help="0 off, 1 mirostat, 2 mirostat 2.0")
+
+
+def opt_mirostat_lr():
+    return typer.Option(0.1, "--mirostat-lr", callback=FINITE, help="mirostat eta")
+
+
+def opt_mirostat_ent():
+    return typer.Option(5.0, "--mirostat-ent", callback=FINITE, help="mirostat tau")
+
+
+def opt_seed():
+    return typer.Option(-1, "-s", "--seed", callback=SEED, help="RNG seed, 0..4294967295 (-1 = random)")

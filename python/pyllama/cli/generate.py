@@ -14,16 +14,8 @@ from typing import Optional
 import typer
 
 from . import app
-from ._checks import (BATCH, CTX_SIZE, FINITE, PROBABILITY, SEED, UBATCH, integer, kv_cache_type,
-                      load_mode as _load_mode, repeat_penalty as _repeat_penalty,
-                      read_text_file, threads as _threads)
-
-
-def _fa(value: str) -> str:
-    v = value.lower()
-    if v not in ("on", "off", "auto", "1", "0"):
-        raise typer.BadParameter(f"--flash-attn expects on, off or auto, got {value!r}")
-    return v
+from . import _checks as O
+from ._checks import integer, read_text_file, threads as _threads
 
 
 def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatch_size: int,
@@ -107,34 +99,29 @@ def generate(
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file (UTF-8, at most 256 MiB)"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
                                   help="tokens to generate (-1 or -2 = until end of generation or a full context)"),
-    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE,
-                                 help="context size (0 = from the model, capped at 4096)"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size"),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="threads for generation (<= 0 = the default)"),
-    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch",
-                                                help="threads for prompt processing (<= 0 = the default)"),
-    gpu_layers: int = typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", help="layers on the GPU (accepted; CPU here)"),
-    load_mode: str = typer.Option("auto", "-lm", "--load-mode", callback=_load_mode,
-                                  help="auto, none, mmap, mlock, mmap+mlock, dio"),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type, help="K cache type"),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type, help="V cache type"),
-    flash_attn: str = typer.Option("auto", "-fa", "--flash-attn", callback=_fa, help="on, off or auto"),
-    temp: float = typer.Option(0.8, "--temp", callback=FINITE, help="temperature (<= 0: greedy)"),
-    top_k: int = typer.Option(40, "--top-k", help="top-k (<= 0 = off)"),
-    top_p: float = typer.Option(0.95, "--top-p", callback=PROBABILITY, help="top-p, in [0, 1] (1.0 = off)"),
-    min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="min-p, in [0, 1] (0.0 = off)"),
-    typical: float = typer.Option(1.0, "--typical", "--typical-p", callback=PROBABILITY,
-                                  help="locally typical p, in [0, 1] (1.0 = off)"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=_repeat_penalty, help="repeat penalty, > 0 (1.0 = off)"),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n", callback=integer(0),
-                                      help="tokens the penalties look back at (0 = off)"),
-    presence_penalty: float = typer.Option(0.0, "--presence-penalty", callback=FINITE),
-    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", callback=FINITE),
-    mirostat: int = typer.Option(0, "--mirostat", callback=integer(0, 2), help="0 off, 1 mirostat, 2 mirostat 2.0"),
-    mirostat_lr: float = typer.Option(0.1, "--mirostat-lr", callback=FINITE, help="mirostat eta"),
-    mirostat_ent: float = typer.Option(5.0, "--mirostat-ent", callback=FINITE, help="mirostat tau"),
-    seed: int = typer.Option(-1, "-s", "--seed", callback=SEED, help="RNG seed, 0..4294967295 (-1 = random)"),
+    ctx_size: int = O.opt_ctx_size(),
+    batch_size: int = O.opt_batch_size(),
+    ubatch_size: int = O.opt_ubatch_size(),
+    threads: Optional[int] = O.opt_threads(),
+    threads_batch: Optional[int] = O.opt_threads_batch(),
+    gpu_layers: int = O.opt_gpu_layers(),
+    load_mode: str = O.opt_load_mode(),
+    cache_type_k: str = O.opt_cache_type_k(),
+    cache_type_v: str = O.opt_cache_type_v(),
+    flash_attn: str = O.opt_flash_attn(),
+    temp: float = O.opt_temp(),
+    top_k: int = O.opt_top_k(),
+    top_p: float = O.opt_top_p(),
+    min_p: float = O.opt_min_p(),
+    typical: float = O.opt_typical(),
+    repeat_penalty: float = O.opt_repeat_penalty(),
+    repeat_last_n: int = O.opt_repeat_last_n(),
+    presence_penalty: float = O.opt_presence_penalty(),
+    frequency_penalty: float = O.opt_frequency_penalty(),
+    mirostat: int = O.opt_mirostat(),
+    mirostat_lr: float = O.opt_mirostat_lr(),
+    mirostat_ent: float = O.opt_mirostat_ent(),
+    seed: int = O.opt_seed(),
     chat: bool = typer.Option(False, "--chat", "-cnv", help="wrap the prompt in the model's chat template"),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with --chat)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
