@@ -10,6 +10,7 @@ The conversation is checked through /save, i.e. what the model is given next tur
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -30,7 +31,8 @@ PROMPT = r"> \x1b\[0m"  # the coloured prompt (stdout is a terminal)
 
 def _spawn(model, *args):
     c = pexpect.spawn(sys.executable, ["-m", "pyllama", "chat", "-m", str(model), "--temp", "0", "-c", "512",
-                                       *args], encoding="utf-8", timeout=T, dimensions=(50, 300))
+                                       *args], encoding="utf-8", timeout=T, dimensions=(50, 300),
+                      env={**os.environ, "TERM": "xterm"})  # readline's arrow keys, whatever CI sets
     c.expect("template   : ")
     c.expect(PROMPT)
     return c
@@ -137,10 +139,15 @@ def test_multiline_timings_and_ctrl_d(smollm2_path, tmp_path):
 
 
 @needs_pexpect
-def test_no_show_timings(smollm2_path):
+def test_no_show_timings_and_history(smollm2_path, tmp_path):
     c = _spawn(smollm2_path, "-n", "4", "--no-show-timings")
     out = _send(c, "Hi")
     assert "\x1b[33m" in out and "Prompt:" not in out and "Generation:" not in out, out
+    c.send("\x1b[A")  # readline: the up arrow recalls "Hi"
+    c.expect("Hi")
+    c.sendline("")
+    c.expect(PROMPT)
+    assert [m["content"] for m in _saved(c, tmp_path / "h.json") if m["role"] == "user"] == ["Hi", "Hi"]
     c.sendcontrol("c")  # at an empty prompt: exit
     _exit(c, 0)
 
