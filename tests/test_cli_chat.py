@@ -199,3 +199,24 @@ def test_chat_and_generate_share_the_common_flags():
     for flag in SHARED:
         g, c = param("generate", flag), param("chat", flag)
         assert (g.opts, g.secondary_opts, g.default, g.help) == (c.opts, c.secondary_opts, c.default, c.help), flag
+
+
+@needs_pexpect
+def test_ctrl_c_during_a_long_prompt(smollm2_path, tmp_path):
+    """Ctrl-C while a long /read is decoded (micro-batches of 16 on one thread: seconds)
+    stops between micro-batches; the KV cache stays in step, so the next turn works."""
+    doc = tmp_path / "long.txt"
+    doc.write_text(" ".join(["the cat sat on the mat and looked at the dog"] * 30), encoding="utf-8")
+    c = _spawn(smollm2_path, "-n", "4", "-c", "4096", "-b", "16", "-ub", "16", "-t", "1")
+    c.sendline(f"/read {doc}")
+    c.expect("Loaded text")
+    c.sendcontrol("c")
+    c.expect("reply interrupted")
+    c.expect(PROMPT)
+    out = _send(c, "Hi")
+    assert "Generation:" in out, out
+    msgs = _saved(c, tmp_path / "p.json")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
+    assert msgs[0]["content"] == doc.read_text(encoding="utf-8") and msgs[3]["content"].strip()
+    c.sendcontrol("d")
+    _exit(c, 0)

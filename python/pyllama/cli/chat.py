@@ -131,7 +131,16 @@ class ChatLoop:
 
         stream = TextStream(self.sess.vocab, special=True)
         out = []
-        gen = self.sess.generate(self.tokens(True), sampler, max_tokens)
+        toks = self.tokens(True)
+        pre = None
+        if stop is not None:
+            # the prompt first, with stop() as the abort callback: a long prompt (/read,
+            # /load) can be interrupted between micro-batches
+            pre = self._eval_prompt(toks, stop)
+            if pre is None:
+                self.messages.append({"role": "assistant", "content": ""})
+                return ""
+        gen = self.sess.generate(toks, sampler, max_tokens)
         try:
             for tok in gen:
                 piece = stream.feed(tok)
@@ -143,6 +152,9 @@ class ChatLoop:
                     break
         finally:
             gen.close()  # the last token is decoded, so the next turn reuses the whole cache
+            if pre is not None:  # generate re-decoded the prompt's last token only: count it all
+                st = self.sess.stats
+                st.n_prompt, st.n_reused, st.t_prompt_s = pre.n_prompt, pre.n_reused, st.t_prompt_s + pre.t_prompt_s
         tail = stream.flush()
         if tail:
             out.append(tail)
@@ -151,6 +163,23 @@ class ChatLoop:
         reply = "".join(out)
         self.messages.append({"role": "assistant", "content": reply})
         return reply
+
+    def _eval_prompt(self, toks: list[int], stop: Callable[[], bool]):
+        """``sess.eval_prompt(toks)`` that ``stop()`` can abort: its stats, or None when
+        aborted (the cache is cut back to the tokens the session knows it holds)."""
+        from ..errors import Aborted
+
+        sess = self.sess
+        sess.ctx.set_abort_callback(stop)
+        try:
+            sess.eval_prompt(toks)
+        except Aborted:
+            # llama_decode keeps the micro-batches it finished; Session has not counted them
+            sess.ctx.seq_rm(0, len(sess.tokens), -1)
+            return None
+        finally:
+            sess.ctx.set_abort_callback(None)  # the one-token fast path needs none
+        return sess.stats
 
     def regen_ready(self) -> bool:
         """Drop the last reply (True), or False when there is none to drop."""
