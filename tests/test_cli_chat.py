@@ -33,7 +33,8 @@ def _spawn(model, *args):
     c = pexpect.spawn(sys.executable, ["-m", "pyllama", "chat", "-m", str(model), "--temp", "0", "-c", "512",
                                        *args], encoding="utf-8", timeout=T, dimensions=(50, 300),
                       env={**os.environ, "TERM": "xterm"})  # readline's arrow keys, whatever CI sets
-    c.expect("template   : ")
+    i = c.expect(["template   : ", pexpect.EOF])
+    assert i == 0, f"pyllama chat did not start: {c.before[-2000:]}"
     c.expect(PROMPT)
     return c
 
