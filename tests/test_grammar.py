@@ -251,8 +251,9 @@ def test_llama_grammar_api(tmp_path):
     assert g._root == "root" and "yes" in g._grammar
     with pytest.raises(GrammarError):
         LlamaGrammar.from_string("root ::= [a-")
-    with pytest.raises(NotImplementedError, match="JSON-schema"):
-        LlamaGrammar.from_json_schema('{"type": "object"}')
+    assert "root ::=" in LlamaGrammar.from_json_schema('{"type": "object"}')._grammar
+    with pytest.raises(GrammarError, match="'pattern'"):
+        LlamaGrammar.from_json_schema('{"type": "string", "pattern": "a+"}')
     import pyllama.compat
 
     assert pyllama.compat.as_llama_cpp().llama_grammar.LlamaGrammar is LlamaGrammar

@@ -1,7 +1,7 @@
 """llama-cpp-python's ``llama_grammar`` module on pyllama: :class:`LlamaGrammar` holds GBNF
 text (checked when made), ``Llama(..., grammar=...)`` turns it into a
-:class:`pyllama.grammar.GrammarSampler` for the model's vocabulary. JSON-schema conversion
-is not built yet (issue 13, a later step)."""
+:class:`pyllama.grammar.GrammarSampler` for the model's vocabulary. ``from_json_schema`` converts
+a JSON schema with :mod:`pyllama.json_schema`."""
 
 from __future__ import annotations
 
@@ -78,10 +78,11 @@ class LlamaGrammar:
 
     @classmethod
     def from_json_schema(cls, json_schema: str, verbose: bool = True) -> "LlamaGrammar":
-        raise NotImplementedError(
-            "LlamaGrammar.from_json_schema: JSON-schema to GBNF conversion is not implemented in pyllama yet "
-            "(issue 13, a later step); write the GBNF yourself and use LlamaGrammar.from_string, or "
-            "response_format={'type': 'json_object'} without a schema")
+        """GBNF for ``json_schema`` (a JSON string or dict) by :mod:`pyllama.json_schema`
+        (llama.cpp's converter semantics); a keyword it does not build raises GrammarError
+        naming the keyword and its JSON path."""
+        from .json_schema import json_schema_to_grammar
+        return cls.from_string(json_schema_to_grammar(json_schema), verbose=verbose)
 
     def sampler(self, vocab) -> GrammarSampler:
         """A grammar sampler for ``vocab`` (a Vocab or Model) in the start state. Samplers of
