@@ -197,8 +197,9 @@ def _grammar_arg(where: str, grammar: Any) -> Any:
 
 def _response_format_grammar(where: str, response_format: Any, grammar: Any) -> Any:
     """llama-cpp-python's response_format: {"type": "json_object"} constrains the reply with
-    llama.cpp's json.gbnf (unless a grammar is given); a schema is refused until the
-    JSON-schema conversion exists."""
+    llama.cpp's json.gbnf (unless a grammar is given); {"type": "json_object", "schema": S}
+    (llama-cpp-python) and {"type": "json_schema", "json_schema": {"schema": S}} (OpenAI)
+    constrain it with S converted by pyllama.json_schema."""
     if response_format is None:
         return grammar
     if not isinstance(response_format, dict):
@@ -207,15 +208,24 @@ def _response_format_grammar(where: str, response_format: Any, grammar: Any) -> 
     kind = response_format.get("type", "text")
     if kind == "text":
         return grammar
-    if kind != "json_object":
-        raise ValueError(f"{where}: response_format type {kind!r} is not one of 'text', 'json_object'")
-    if response_format.get("schema") is not None:
-        raise _not_yet(where, "response_format", response_format,
-                       "JSON-schema constrained output needs the JSON-schema to GBNF conversion, not implemented "
-                       "in pyllama yet (issue 13); use {'type': 'json_object'} without a schema, or pass a "
-                       "GBNF grammar=LlamaGrammar.from_string(...)")
+    schema = None
+    if kind == "json_schema":
+        js = response_format.get("json_schema")
+        if not isinstance(js, dict) or "schema" not in js:
+            raise ValueError(f"{where}: response_format type 'json_schema' needs "
+                             "{'json_schema': {'schema': {...}}}")
+        schema = js["schema"]
+    elif kind == "json_object":
+        schema = response_format.get("schema")
+    else:
+        raise ValueError(f"{where}: response_format type {kind!r} is not one of 'text', 'json_object', "
+                         "'json_schema'")
     if grammar is not None:
         return grammar
+    if schema is not None:
+        from .llama_grammar import LlamaGrammar
+
+        return LlamaGrammar.from_json_schema(schema)
     from .llama_grammar import JSON_GBNF, LlamaGrammar
 
     return LlamaGrammar.from_string(JSON_GBNF)

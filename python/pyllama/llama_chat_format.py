@@ -162,9 +162,11 @@ def chat_formatter_to_chat_completion_handler(chat_formatter: ChatFormatter) -> 
                 repeat_penalty=1.0, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None,
                 logits_processor=None, grammar=None, logit_bias=None, logprobs=None, top_logprobs=None,
                 **kwargs):
-        if tools or functions or (response_format and response_format.get("type", "text") != "text"):
-            raise NotImplementedError("chat handlers: tools / functions / JSON response_format need "
-                                      "grammar-constrained sampling, not implemented in pyllama yet (issue 13)")
+        if tools or functions:
+            raise NotImplementedError("chat handlers: tools / functions need tool calling, not implemented "
+                                      "in pyllama yet (issue 13)")
+        from .llama import _response_format_grammar
+        grammar = _response_format_grammar("chat handler", response_format, grammar)
         if logprobs or top_logprobs:
             raise NotImplementedError("chat handlers: logprobs are not implemented in pyllama yet")
         r = chat_formatter(messages=messages, **kwargs)
