@@ -131,7 +131,6 @@ def _in_vendor_root(_vendor_root, monkeypatch):
 # test node name (without the file) -> what pyllama lacks
 _REC = "mamba (recurrent) is not an architecture pyllama runs (no local model either)"
 _HYB = "falcon-h1 (hybrid attention + SSM) is not an architecture pyllama runs (no local model either)"
-_SCHEMA = "LlamaGrammar.from_json_schema (JSON-schema to GBNF conversion) is not implemented yet (issue 13)"
 XFAIL: dict[str, str] = {
     "test_llama.py::test_llama_cpp_tokenization":
         "asserts llama._ctx.ctx, llama-cpp-python's private context handle: pyllama's Llama has none (a "
@@ -143,8 +142,6 @@ XFAIL: dict[str, str] = {
     "test_llama.py::test_hybrid_model_prompt_cache_reset": _HYB,
     "test_llama.py::test_real_llama_embeddings":
         "embedding=True / Llama.embed and BERT models (bge-small) are not implemented yet (issue 16)",
-    "test_llama_grammar.py::test_composed_pydantic_grammar": _SCHEMA,
-    "test_llama_grammar.py::test_grammar_anyof": _SCHEMA,
 }
 for _t in ("test_exact_cached_prompt_reuse_matches_fresh", "test_loaded_exact_cached_prompt_reuse_matches_fresh",
            "test_ram_cache_exact_prompt_hit_matches_fresh", "test_shorter_prompt_prefix_reuse_matches_fresh"):
