@@ -50,6 +50,66 @@ def _rep(item: str, lo: int, hi: int | None, sep: str) -> str:
     return f"( {res} )?" if lo == 0 else res
 
 
+def _int_range(lo: int, hi: int) -> str:
+    """llama.cpp's build_min_max_int for both bounds given (digit-range rules)."""
+    out: list[str] = []
+    w = out.append
+
+    def dr(a, b):
+        w(f"[{a}]" if a == b else f"[{a}-{b}]")
+
+    def more(n):
+        w("[0-9]" if n == 1 else f"[0-9]{{{n}}}")
+
+    def uni(f: str, t: str):
+        i = 0
+        while i < len(f) and i < len(t) and f[i] == t[i]:
+            i += 1
+        if i > 0:
+            w(f'"{f[:i]}"')
+        if i < len(f) and i < len(t):
+            if i > 0:
+                w(" ")
+            n = len(f) - i - 1
+            if n > 0:
+                fs, ts, z, nn = f[i + 1:], t[i + 1:], "0" * n, "9" * n
+                reached = False
+                w("(")
+                if fs == z:
+                    dr(f[i], chr(ord(t[i]) - 1)); w(" "); more(n)
+                else:
+                    w(f"[{f[i]}] ("); uni(fs, nn); w(")")
+                    if ord(f[i]) < ord(t[i]) - 1:
+                        w(" | ")
+                        if ts == nn:
+                            dr(chr(ord(f[i]) + 1), t[i]); reached = True
+                        else:
+                            dr(chr(ord(f[i]) + 1), chr(ord(t[i]) - 1))
+                        w(" "); more(n)
+                if not reached:
+                    w(" | "); dr(t[i], t[i]); w(" "); uni(z, ts)
+                w(")")
+            else:
+                w(f"[{f[i]}-{t[i]}]")
+
+    def both(lo, hi):
+        if lo < 0 and hi < 0:
+            w('"-" ('); both(-hi, -lo); w(")")
+            return
+        if lo < 0:
+            w('"-" ('); both(0, -lo); w(") | ")
+            lo = 0
+        ls, hs = str(lo), str(hi)
+        for d in range(len(ls), len(hs)):
+            uni(ls, "9" * d)
+            ls = "1" + "0" * d
+            w(" | ")
+        uni(ls, hs)
+
+    both(lo, hi)
+    return "".join(out)
+
+
 class _Conv:
     def __init__(self, root: Any):
         self.root = root
@@ -82,7 +142,7 @@ class _Conv:
             raise GrammarError(f"JSON schema: {path} is not a schema object")
         handled = {"type", "properties", "required", "additionalProperties", "items", "enum",
                    "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-                   "minItems", "maxItems"} | IGNORED
+                   "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} | IGNORED
         for k in s:
             if k not in handled:
                 raise self.refuse(k, f"{path}/{k}")
@@ -128,6 +188,13 @@ class _Conv:
         if t == "string" and ("minLength" in s or "maxLength" in s):
             ch = self.prim("char")
             return self.add(name, '"\\"" ' + _rep(ch, s.get("minLength", 0), s.get("maxLength"), "") + ' "\\"" space')
+        bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in s]
+        if bounds:
+            lo = s.get("minimum", s["exclusiveMinimum"] + 1 if "exclusiveMinimum" in s else None)
+            hi = s.get("maximum", s["exclusiveMaximum"] - 1 if "exclusiveMaximum" in s else None)
+            if t != "integer" or lo is None or hi is None or not all(isinstance(s[k], int) for k in bounds):
+                raise self.refuse(bounds[0], f"{path}/{bounds[0]} (only integer types with both bounds)")
+            return self.add(name, f"({_int_range(lo, hi)}) space")
         if t in ("string", "number", "integer", "boolean", "null"):
             return self.add(name, self.prim(t)) if name == "root" else self.prim(t)
         if t is None:
