@@ -50,16 +50,17 @@ def _rep(item: str, lo: int, hi: int | None, sep: str) -> str:
     return f"( {res} )?" if lo == 0 else res
 
 
-def _int_range(lo: int, hi: int) -> str:
-    """llama.cpp's build_min_max_int for both bounds given (digit-range rules)."""
+def _int_range(lo, hi) -> str:
+    """llama.cpp's build_min_max_int (digit-range rules); lo / hi None: unbounded."""
     out: list[str] = []
     w = out.append
 
     def dr(a, b):
         w(f"[{a}]" if a == b else f"[{a}-{b}]")
 
-    def more(n):
-        w("[0-9]" if n == 1 else f"[0-9]{{{n}}}")
+    def more(n, m=None):
+        m = n if m is None else m
+        w("[0-9]" if n == m == 1 else f"[0-9]{{{n}}}" if n == m else f"[0-9]{{{n},{m}}}")
 
     def uni(f: str, t: str):
         i = 0
@@ -106,7 +107,41 @@ def _int_range(lo: int, hi: int) -> str:
             w(" | ")
         uni(ls, hs)
 
-    both(lo, hi)
+    def gen(lo, hi, dec=16, top=True):
+        if lo is not None and hi is not None:
+            both(lo, hi)
+            return
+        less = max(dec - 1, 1)
+        if lo is not None:
+            if lo < 0:
+                w('"-" ('); gen(None, -lo, dec, False); w(") | [0] | [1-9] "); more(0, dec - 1)
+            elif lo == 0:
+                if top:
+                    w("[0] | [1-9] "); more(0, less)
+                else:
+                    more(1, dec)
+            elif lo <= 9:
+                c, start = str(lo), "1" if top else "0"
+                if c > start:
+                    dr(start, chr(ord(c) - 1)); w(" "); more(1, less); w(" | ")
+                dr(c, "9"); w(" "); more(0, less)
+            else:
+                ms = str(lo)
+                c = ms[0]
+                if c > "1":
+                    dr("1" if top else "0", chr(ord(c) - 1)); w(" "); more(len(ms), less); w(" | ")
+                dr(c, c); w(" ("); gen(int(ms[1:]), None, less, False); w(")")
+                if c < "9":
+                    w(" | "); dr(chr(ord(c) + 1), "9"); w(" "); more(len(ms) - 1, less)
+            return
+        if hi >= 0:
+            if top:
+                w('"-" [1-9] '); more(0, less); w(" | ")
+            both(0, hi)
+        else:
+            w('"-" ('); gen(-hi, None, dec, False); w(")")
+
+    gen(lo, hi)
     return "".join(out)
 
 
@@ -192,8 +227,8 @@ class _Conv:
         if bounds:
             lo = s.get("minimum", s["exclusiveMinimum"] + 1 if "exclusiveMinimum" in s else None)
             hi = s.get("maximum", s["exclusiveMaximum"] - 1 if "exclusiveMaximum" in s else None)
-            if t != "integer" or lo is None or hi is None or not all(isinstance(s[k], int) for k in bounds):
-                raise self.refuse(bounds[0], f"{path}/{bounds[0]} (only integer types with both bounds)")
+            if t != "integer" or not all(isinstance(s[k], int) and not isinstance(s[k], bool) for k in bounds):
+                raise self.refuse(bounds[0], f"{path}/{bounds[0]} (only integer types with integer bounds)")
             return self.add(name, f"({_int_range(lo, hi)}) space")
         if t in ("string", "number", "integer", "boolean", "null"):
             return self.add(name, self.prim(t)) if name == "root" else self.prim(t)
