@@ -123,3 +123,9 @@ def test_generated_documents_accepted(sd):
     except ImportError:
         return
     jsonschema.validate(doc, schema)
+
+
+def test_prefix_items_tuple():
+    g = Grammar(json_schema_to_grammar({"prefixItems": [{"type": "integer"}, {"type": "string"}]}))
+    assert match_string(g, [(0, b'[1, "a"]')])
+    assert not match_string(g, [(0, b'["a", 1]')]) and not match_string(g, [(0, b"[1]")])

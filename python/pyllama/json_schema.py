@@ -1,6 +1,9 @@
-"""JSON schema -> GBNF, following llama.cpp's common/json-schema-to-grammar (a first
-subset: types, enum/const, objects with properties/required/additionalProperties false,
-arrays with items, anyOf/oneOf, local $ref). Anything else raises GrammarError naming the
+"""JSON schema -> GBNF, following llama.cpp's common/json-schema-to-grammar (a subset:
+types and type lists, enum/const, objects with properties/required (llama.cpp's order:
+required then optional, each in schema order) and additionalProperties false, arrays with
+items/prefixItems/minItems/maxItems, string minLength/maxLength, integer bounds, anyOf/oneOf,
+local $ref). Not built yet: format, pattern, allOf, number (non-integer) bounds,
+additionalProperties true/schema. Anything else raises GrammarError naming the
 keyword and its JSON path; nothing is ignored silently."""
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ class _Conv:
             raise GrammarError(f"JSON schema: {path} is not a schema object")
         handled = {"type", "properties", "required", "additionalProperties", "items", "enum",
                    "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
-                   "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} | IGNORED
+                   "minItems", "maxItems", "prefixItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} | IGNORED
         for k in s:
             if k not in handled:
                 raise self.refuse(k, f"{path}/{k}")
@@ -209,6 +212,10 @@ class _Conv:
             return self.add(name, " | ".join(alts))
         if t == "object" or (t is None and "properties" in s):
             return self.obj(s, name, path)
+        tup = s.get("prefixItems", s.get("items") if isinstance(s.get("items"), list) else None)
+        if (t == "array" or t is None) and isinstance(tup, list):
+            parts = [self.visit(x, f"{name}-tuple-{i}", f"{path}/prefixItems/{i}") for i, x in enumerate(tup)]
+            return self.add(name, '"[" space ' + ' "," space '.join(parts) + ' "]" space')
         if t == "array" or (t is None and "items" in s):
             items = s.get("items")
             if items is None and "minItems" not in s and "maxItems" not in s:
