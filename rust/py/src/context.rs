@@ -36,28 +36,20 @@ fn no_panic<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
-/// An owned copy of a 1-d int32 array. decode validates the batch and then runs with the
-/// GIL released, calling back into Python (the abort callback) between micro-batches: a
-/// callback or another thread may rewrite the caller's arrays meanwhile, so Rust works on
-/// its own copy of what it checked (a few bytes per token, nothing beside a forward pass).
-fn owned1<T: numpy::Element + Copy>(a: &Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Vec<T>> {
+/// An owned copy of an input array, in C order. decode validates the batch and then runs
+/// with the GIL released, calling back into Python (the abort callback) between
+/// micro-batches: a callback or another thread may rewrite the caller's arrays meanwhile,
+/// so Rust works on its own copy of what it checked (a few bytes per token for ids and
+/// positions, n_embd floats per token for an embedding batch: small beside a forward pass).
+fn owned<T: numpy::Element + Copy, D: numpy::ndarray::Dimension>(
+    a: &Bound<'_, PyArray<T, D>>,
+    what: &str,
+) -> PyResult<Vec<T>> {
     let r = a.try_readonly().map_err(|e| PyValueError::new_err(format!("decode: {what}: {e}")))?;
     Ok(match r.as_slice() {
         Ok(s) => s.to_vec(),
         Err(_) => r.as_array().iter().copied().collect(),
     })
-}
-
-fn owned2<T: numpy::Element + Copy>(a: &Bound<'_, PyArray2<T>>, what: &str) -> PyResult<(Vec<T>, usize)> {
-    let r = a.try_readonly().map_err(|e| PyValueError::new_err(format!("decode: {what}: {e}")))?;
-    let cols = r.shape()[1];
-    Ok((
-        match r.as_slice() {
-            Ok(s) => s.to_vec(),
-            Err(_) => r.as_array().iter().copied().collect(),
-        },
-        cols,
-    ))
 }
 
 /// The writable output buffer: a read-only, non-contiguous or already borrowed array is a
@@ -206,14 +198,14 @@ impl PyContext {
                 return Err(pyo3::exceptions::PyTypeError::new_err("decode: abort must be callable or None"));
             }
         }
-        let tok = tokens.as_ref().map(|a| owned1(a, "tokens")).transpose()?;
-        let emb = embd.as_ref().map(|a| owned2(a, "embd")).transpose()?.map(|(v, _)| v);
-        let pos_s = owned1(&pos, "pos")?;
-        let nsi = owned1(&n_seq_id, "n_seq_id")?;
-        let (sid, seq_cols) = owned2(&seq_id, "seq_id")?;
-        let ubs: Vec<Vec<i32>> = ubatches.iter().map(|a| owned1(a, "ubatches")).collect::<PyResult<_>>()?;
+        let tok = tokens.as_ref().map(|a| owned(a, "tokens")).transpose()?;
+        let emb = embd.as_ref().map(|a| owned(a, "embd")).transpose()?;
+        let pos_s = owned(&pos, "pos")?;
+        let nsi = owned(&n_seq_id, "n_seq_id")?;
+        let (sid, seq_cols) = (owned(&seq_id, "seq_id")?, seq_id.shape()[1]);
+        let ubs: Vec<Vec<i32>> = ubatches.iter().map(|a| owned(a, "ubatches")).collect::<PyResult<_>>()?;
         let ub_refs: Vec<&[i32]> = ubs.iter().map(|c| c.as_slice()).collect();
-        let orow = owned1(&out_rows, "out_rows")?;
+        let orow = owned(&out_rows, "out_rows")?;
         let mut lg_w = out_buf(&logits, "decode: logits")?;
         let mut hd_w = hidden.as_ref().map(|h| out_buf(h, "decode: hidden")).transpose()?;
         let lg = lg_w.as_slice_mut().map_err(|_| PyValueError::new_err("decode: logits must be C-contiguous"))?;
