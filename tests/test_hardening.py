@@ -60,19 +60,26 @@ def _int_keys(path: Path, arch: str) -> list[str]:
     return sorted(keys | set(EXTRA_KEYS))
 
 
-def _sweep(path: Path, arch: str, values) -> dict:
-    cases = [[f"{arch}.{k}", v] for k in _int_keys(path, arch) for v in values]
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(path), json.dumps(cases)],
-                       capture_output=True, text=True, timeout=600)
-    done, last = {}, None
+def _run_child(script: str, *args: str, timeout: int):
+    """Run a child script that prints JSON lines: ["start", case...] before each case and
+    any other record after it. Returns (the child's returncode and stderr tail, the last case
+    started, the other records), so a crash is reported with the case that caused it."""
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout)
+    last, records = None, []
     for line in r.stdout.splitlines():
         rec = json.loads(line)
         if rec[0] == "start":
-            last = (rec[1], rec[2])
+            last = rec[1:]
         else:
-            done[(rec[1], rec[2])] = rec[3]
-    assert r.returncode == 0 and len(done) == len(cases), (
-        f"{arch}: the child died (exit {r.returncode}) at {last}:\n{r.stderr[-3000:]}")
+            records.append(rec)
+    return (r.returncode, r.stderr[-3000:]), last, records
+
+
+def _sweep(path: Path, arch: str, values) -> dict:
+    cases = [[f"{arch}.{k}", v] for k in _int_keys(path, arch) for v in values]
+    (rc, err), last, records = _run_child(_CHILD, str(path), json.dumps(cases), timeout=600)
+    done = {(rec[1], rec[2]): rec[3] for rec in records}
+    assert rc == 0 and len(done) == len(cases), f"{arch}: the child died (exit {rc}) at {last}:\n{err}"
     return done
 
 
@@ -404,17 +411,10 @@ def test_mutated_model_files_load_run_or_fail_cleanly(tiny_model_path, tmp_path,
     CI runs 150 files per architecture; PYLLAMA_SLOW=1 runs 3000."""
     n = 3000 if os.environ.get("PYLLAMA_SLOW") else 150
     src = tiny_model_path(arch)
-    r = subprocess.run([sys.executable, "-c", _FUZZ_CHILD, str(src), str(tmp_path), str(n), str(7 + len(arch))],
-                       capture_output=True, text=True, timeout=1200)
-    last, counts = None, None
-    for line in r.stdout.splitlines():
-        rec = json.loads(line)
-        if rec[0] == "start":
-            last = rec[1]
-        else:
-            counts = rec[1]
-    assert r.returncode == 0 and counts is not None, (
-        f"{arch}: mutated file {last} killed the child (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    (rc, err), last, records = _run_child(_FUZZ_CHILD, str(src), str(tmp_path), str(n), str(7 + len(arch)),
+                                          timeout=1200)
+    counts = records[-1][1] if records else None
+    assert rc == 0 and counts is not None, f"{arch}: mutated file {last} killed the child (exit {rc}):\n{err}"
     assert sum(counts.values()) == n
     # the corpus must exercise every stage, or it tests nothing past the parser
     assert any(k.startswith("load:") for k in counts), counts
