@@ -218,21 +218,20 @@ def int32_out(buf: Any, fn: str, name: str, n: int, n_name: str):
     return arr
 
 
-def bytes_out(buf: Any, fn: str, name: str, n: int, n_name: str):
-    """An output buffer of ``n`` bytes: bytearray, numpy uint8/int8 array, ctypes char
-    array (``create_string_buffer``) or anything else with a writable, contiguous
-    one-byte-per-item buffer, holding at least ``n`` bytes. Returned as a 'B' memoryview.
-    ``None`` passes when ``n <= 0`` (nothing is written)."""
-    if buf is None and n <= 0:
-        return None
+def _byte_view(buf: Any, fn: str, name: str, n: int, n_name: str, writable: bool) -> memoryview:
+    """``buf``'s bytes as a 'B' memoryview after the checks both byte buffers share: a
+    buffer of one-byte items, contiguous, writable when ``writable``, at least ``n`` long."""
+    kinds = ("a writable byte buffer (bytearray, numpy uint8 array, ctypes.create_string_buffer)" if writable
+             else "a byte buffer (bytes, numpy uint8 array, ctypes uint8 array)")
+    if buf is None or isinstance(buf, str):
+        raise TypeError(f"{fn}: {name} must be {kinds}, got {describe(buf)}")
     try:
         mv = memoryview(buf)
     except TypeError:
-        raise TypeError(f"{fn}: {name} must be a writable byte buffer (bytearray, numpy uint8 array, "
-                        f"ctypes.create_string_buffer), got {describe(buf)}") from None
+        raise TypeError(f"{fn}: {name} must be {kinds}, got {describe(buf)}") from None
     if mv.itemsize != 1:
         raise TypeError(f"{fn}: {name} must hold bytes, got items of {mv.itemsize} bytes (format {mv.format!r})")
-    if mv.readonly:
+    if writable and mv.readonly:
         raise ValueError(f"{fn}: {name} is read-only")
     if not mv.c_contiguous:
         raise ValueError(f"{fn}: {name} must be a contiguous buffer")
@@ -240,6 +239,22 @@ def bytes_out(buf: Any, fn: str, name: str, n: int, n_name: str):
     if n > len(mv):
         raise ValueError(f"{fn}: {name} holds {len(mv)} bytes but {n_name} = {n}")
     return mv
+
+
+def bytes_out(buf: Any, fn: str, name: str, n: int, n_name: str):
+    """An output buffer of ``n`` bytes: bytearray, numpy uint8/int8 array, ctypes char
+    array (``create_string_buffer``) or anything else with a writable, contiguous
+    one-byte-per-item buffer, holding at least ``n`` bytes. Returned as a 'B' memoryview.
+    ``None`` passes when ``n <= 0`` (nothing is written)."""
+    if buf is None and n <= 0:
+        return None
+    return _byte_view(buf, fn, name, n, n_name, writable=True)
+
+
+def bytes_in(buf: Any, fn: str, name: str, n: int, n_name: str) -> np.ndarray:
+    """An input buffer of at least ``n`` bytes (bytes, bytearray, numpy uint8 array, ctypes
+    uint8 array): its first ``n`` bytes as a uint8 view (no copy)."""
+    return np.frombuffer(_byte_view(buf, fn, name, n, n_name, writable=False), dtype=np.uint8, count=n)
 
 
 def int_seq(tokens: Any, fn: str, name: str, n: int, n_name: str) -> np.ndarray:

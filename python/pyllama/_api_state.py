@@ -41,28 +41,6 @@ def _flags(v: Any, fn: str, name: str) -> int:
     return f
 
 
-def _bytes_in(buf: Any, fn: str, name: str, n: int, n_name: str) -> np.ndarray:
-    """An input buffer of at least ``n`` bytes (bytes, bytearray, numpy uint8 array,
-    ctypes uint8 array): its first ``n`` bytes as a uint8 view (no copy)."""
-    if buf is None:
-        raise TypeError(f"{fn}: {name} must be a byte buffer, got None")
-    if isinstance(buf, str):
-        raise TypeError(f"{fn}: {name} must be a byte buffer, got str")
-    try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise TypeError(f"{fn}: {name} must be a byte buffer (bytes, numpy uint8 array, ctypes uint8 array), "
-                        f"got {describe(buf)}") from None
-    if mv.itemsize != 1:
-        raise TypeError(f"{fn}: {name} must hold bytes, got items of {mv.itemsize} bytes (format {mv.format!r})")
-    if not mv.c_contiguous:
-        raise ValueError(f"{fn}: {name} must be a contiguous buffer")
-    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-    if n > len(mv):
-        raise ValueError(f"{fn}: {name} holds {len(mv)} bytes but {n_name} = {n}")
-    return np.frombuffer(mv, dtype=np.uint8, count=n)
-
-
 def _path(v: Any, fn: str, name: str) -> str:
     if isinstance(v, (bytes, bytearray)):
         return os.fsdecode(bytes(v))
@@ -128,7 +106,7 @@ def llama_state_get_data(ctx: Context, dst, size: int) -> int:
 
 def _set_data(ctx: Context, src, size, dest: Optional[int], fn: str) -> int:
     size = _chk.size(size, fn, "size")
-    data = _bytes_in(src, fn, "src", size, "size")
+    data = _chk.bytes_in(src, fn, "src", size, "size")
     try:
         return ctx._state_load(data, dest, fn)[0]
     except StateError as e:
@@ -309,7 +287,7 @@ def llama_set_state_data(ctx: Context, src) -> int:
     try:
         n = memoryview(src).nbytes
     except TypeError:
-        n = 0  # _bytes_in names the wrong type
+        n = 0  # bytes_in names the wrong type
     return _set_data(ctx, src, n, None, fn)
 
 
