@@ -48,6 +48,7 @@ __all__ = [
     "detect_builtin",
     "apply_builtin",
     "render_chat",
+    "ChatFormat",
 ]
 
 
@@ -1183,3 +1184,52 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None = No
         return apply_builtin(template, messages, add_generation_prompt)
     return ChatTemplate(template, bos_token=bos_token, eos_token=eos_token).render(
         messages, add_generation_prompt, **extra)
+
+
+def _special_text(vocab, token) -> str:
+    if token is None or token < 0:
+        return ""
+    return vocab.token_to_piece(int(token), True).decode("utf-8", "replace")
+
+
+class ChatFormat:
+    """A model's chat prompt: which template renders the messages and how the text becomes
+    tokens. ``template`` is a built-in name, a Jinja template's text, or None for the
+    model's own template (``tokenizer.chat_template``; chatml when it has none, as llama.cpp).
+
+    ``name`` says which template is in use (the CLI banner, the server's /props).
+    ``render(messages, add_generation_prompt, **extra)`` returns the prompt text;
+    ``tokens(...)`` tokenizes it with special tokens parsed and BOS added unless the
+    template printed it itself.
+    """
+
+    def __init__(self, model, vocab, template: str | None = None, origin: str = "given"):
+        self.vocab = vocab
+        self.bos_text = _special_text(vocab, vocab.bos)
+        src = template if template is not None else model.chat_template()
+        origin = origin if template is not None else "the model's"
+        self.source = src or ""
+        if src and src not in BUILTIN_TEMPLATES:
+            self._tmpl: ChatTemplate | None = ChatTemplate(
+                src, bos_token=self.bos_text, eos_token=_special_text(vocab, vocab.eos), name="chat template")
+            self._builtin = None
+            family = detect_builtin(src)
+            self.name = f"{origin} Jinja template" + (f" ({family} family)" if family else "")
+        else:
+            self._tmpl = None
+            self._builtin = src or "chatml"
+            self.name = f"{self._builtin} ({origin})" if src else "chatml (the model has none)"
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra) -> str:
+        if self._tmpl is not None:
+            return self._tmpl.render(messages, add_generation_prompt, **extra)
+        if extra:
+            raise ChatTemplateError(f"the built-in {self._builtin} template takes no template variables "
+                                    f"(got {', '.join(sorted(extra))}); use a Jinja template")
+        return apply_builtin(self._builtin, messages, add_generation_prompt)
+
+    def tokens(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               **extra) -> list[int]:
+        text = self.render(messages, add_generation_prompt, **extra)
+        add_bos = not (self.bos_text and text.startswith(self.bos_text))
+        return list(self.vocab.tokenize(text, add_special=add_bos, parse_special=True))

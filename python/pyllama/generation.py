@@ -21,7 +21,7 @@ import numpy as np
 
 from .sampling import SamplerChain, SamplerParams, build_chain
 
-__all__ = ["Session", "TextStream", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
+__all__ = ["Session", "TextStream", "StopText", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
 
 
 def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callable[[float], bool]:
@@ -96,6 +96,66 @@ class TextStream:
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
+
+
+class StopText:
+    """Generated tokens in, text that is safe to show out: never half a UTF-8 character and
+    never text that is, or may still become, part of a stop string (llama-server's partial
+    stop hold-back). ``Llama`` and the server both stream through it.
+
+    ``feed(token)`` returns the new safe text; once a stop string appears, ``stopped`` turns
+    true and the text ends where the stop string began (the stop string is not shown).
+    ``finish()`` returns what was held back at the end of generation (cut at a stop string).
+    ``text`` is everything shown so far.
+    """
+
+    def __init__(self, vocab, stops: Sequence[str] = (), special: bool = False):
+        self._stream = TextStream(vocab, special=special)
+        self.stops = [s for s in stops if s]
+        self._buf = ""   # decoded text not shown yet
+        self.text = ""   # shown text
+        self.stopped = False
+        self.stop_word = ""  # the stop string that ended the text
+
+    def _take(self, final: bool) -> str:
+        buf = self._buf
+        hit = None
+        for s in self.stops:
+            i = buf.find(s)
+            if i != -1 and (hit is None or i < hit):
+                hit = i
+        if hit is not None:
+            self.stopped = True
+            self.stop_word = next(s for s in self.stops if buf.find(s) == hit)
+            out, self._buf = buf[:hit], ""
+        else:
+            keep = 0 if final else _partial_stop_len(buf, self.stops)
+            out, self._buf = buf[:len(buf) - keep], buf[len(buf) - keep:]
+        self.text += out
+        return out
+
+    def feed(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        self._buf += self._stream.feed(token)
+        return self._take(False)
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        self._buf += self._stream.flush()
+        return self._take(True)
+
+
+def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    n = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                n = max(n, k)
+                break
+    return n
 
 
 @dataclass

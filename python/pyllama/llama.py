@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 import numpy as np
 
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
-from .generation import Session, TextStream, load_model
+from .generation import Session, StopText, load_model
 from .grammar import GrammarError
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
 
@@ -801,13 +801,9 @@ class Llama:
             max_tokens = sess.n_ctx - len(prompt_tokens)
         if len(prompt_tokens) >= sess.n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {sess.n_ctx}")
-        stops = _check_stop(stop)
-        stream = TextStream(sess.vocab, special=False)
-        text = ""
-        sent = 0
+        out = StopText(sess.vocab, _check_stop(stop))
         self._requires_eval = True
         gen = sess.generate(prompt_tokens, sampler, max_tokens)
-        finish = None
         criterion_hit = False
         try:
             for tok in gen:
@@ -820,28 +816,17 @@ class Llama:
                         break
                     if record is not None:
                         record(tok, row)
-                text += stream.feed(tok)
-                hit = _first_stop(text, stops, sent)
-                if hit is not None:
-                    if hit > sent:
-                        yield text[sent:hit], None
-                    sent = hit
-                    finish = "stop"
+                piece = out.feed(tok)
+                if piece:
+                    yield piece, None
+                if out.stopped:
                     break
-                # hold back a tail that could still become a stop string
-                safe = len(text) - _partial_stop_len(text, stops)
-                if safe > sent:
-                    yield text[sent:safe], None
-                    sent = safe
         finally:
             gen.close()
-        if finish is None:
-            text += stream.flush()
-            hit = _first_stop(text, stops, sent)
-            end = hit if hit is not None else len(text)
-            if end > sent:
-                yield text[sent:end], None
-            finish = "stop" if (hit is not None or criterion_hit or sess.stats.stop_reason == "eog") else "length"
+        piece = out.finish()
+        if piece:
+            yield piece, None
+        finish = "stop" if (out.stopped or criterion_hit or sess.stats.stop_reason == "eog") else "length"
         yield "", finish
 
     def _check_completion_args(self, where, *, tfs_z, grammar, logprobs, echo, stream, stop, logit_bias,
@@ -1248,26 +1233,3 @@ def _token_text(vocab, token: int) -> str:
     if token is None or token < 0:
         return ""
     return vocab.token_to_piece(int(token), True).decode("utf-8", "replace")
-
-
-def _first_stop(text: str, stops: list[str], start: int) -> Optional[int]:
-    """Index in ``text`` where the earliest stop string begins at or after ``start``
-    (searching a little before ``start`` is unnecessary: text before it was already shown
-    only if it could not begin a stop string)."""
-    best = None
-    for s in stops:
-        i = text.find(s, max(0, start))
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
-
-
-def _partial_stop_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    n = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                n = max(n, k)
-                break
-    return n

@@ -5,7 +5,7 @@ import typer
 
 app = typer.Typer(
     name="pyllama",
-    help="Run GGUF language models: inspect, tokenize, generate, chat, perplexity, bench.",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, perplexity, bench.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -16,3 +16,4 @@ from . import tokenize as _tokenize  # noqa: E402,F401  (registers its command)
 from . import generate as _generate  # noqa: E402,F401
 from . import chat as _chat  # noqa: E402,F401
 from . import perplexity as _perplexity  # noqa: E402,F401
+from . import serve as _serve  # noqa: E402,F401

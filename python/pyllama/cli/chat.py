@@ -72,24 +72,11 @@ class ChatLoop:
     rendered tokens."""
 
     def __init__(self, sess, template: Optional[str] = None, system: Optional[str] = None):
-        from ..chat import BUILTIN_TEMPLATES, ChatTemplate, detect_builtin
-        from ..llama import _token_text
+        from ..chat import ChatFormat
 
         self.sess = sess
-        v = sess.vocab
-        self.bos_text = _token_text(v, v.bos)
-        src = template if template is not None else sess.model.chat_template()
-        origin = "--chat-template" if template is not None else "the model's"
-        if src and src not in BUILTIN_TEMPLATES:
-            self._tmpl = ChatTemplate(src, bos_token=self.bos_text, eos_token=_token_text(v, v.eos),
-                                      name="chat template")
-            self._builtin = None
-            family = detect_builtin(src)
-            self.template_name = f"{origin} Jinja template" + (f" ({family} family)" if family else "")
-        else:
-            self._tmpl = None
-            self._builtin = src or "chatml"
-            self.template_name = f"{self._builtin} ({origin})" if src else "chatml (the model has none)"
+        self.format = ChatFormat(sess.model, sess.vocab, template, origin="--chat-template")
+        self.template_name = self.format.name
         self.system = system
         self.messages: list[dict] = []
         self.clear()
@@ -100,17 +87,11 @@ class ChatLoop:
         self.sess.reset()
 
     def render(self, add_ass: bool) -> str:
-        from ..chat import apply_builtin
-
-        if self._tmpl is not None:
-            return self._tmpl.render(self.messages, add_ass)
-        return apply_builtin(self._builtin, self.messages, add_ass)
+        return self.format.render(self.messages, add_ass)
 
     def tokens(self, add_ass: bool) -> list[int]:
         """The rendered conversation's tokens; BOS added unless the template prints it."""
-        text = self.render(add_ass)
-        add_bos = not (self.bos_text and text.startswith(self.bos_text))
-        return self.sess.tokenize(text, add_special=add_bos, parse_special=True)
+        return self.format.tokens(self.messages, add_ass)
 
     def turn(self, user: str, sampler, max_tokens: int = -1, write=None,
              stop: Optional[Callable[[], bool]] = None) -> str:

@@ -1,0 +1,162 @@
+"""`pyllama serve`: an OpenAI- and llama-server-compatible HTTP server (llama-server's flags).
+
+Loads the model, makes one context with a sequence per slot (-np), starts the scheduler
+thread (continuous batching, see pyllama/server/engine.py) and serves the routes of
+pyllama/server/app.py with uvicorn. Needs the `server` extra: pip install 'pyllama[server]'.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from . import app
+from . import _checks as O
+from ._checks import integer, threads as _threads
+
+
+def _need_server_deps() -> None:
+    missing = []
+    for mod in ("starlette", "uvicorn"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        typer.echo(f"error: pyllama serve needs {' and '.join(missing)}: pip install 'pyllama[server]'", err=True)
+        raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve(
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8080, "--port", callback=integer(0, 65535), help="port to listen on (0 = any free)"),
+    parallel: int = typer.Option(-1, "-np", "--parallel", callback=integer(-1, 256),
+                                 help="slots: requests decoded together (-1 = 4 with a unified KV cache)"),
+    kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified",
+                                    help="one KV cache shared by all slots (the default with -np -1)"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", callback=O.CTX_SIZE,
+                                 help="context size of all slots together (0 = from the model)"),
+    batch_size: int = O.opt_batch_size(),
+    ubatch_size: int = O.opt_ubatch_size(),
+    threads: Optional[int] = O.opt_threads(),
+    threads_batch: Optional[int] = O.opt_threads_batch(),
+    gpu_layers: int = O.opt_gpu_layers(),
+    load_mode: str = O.opt_load_mode(),
+    cache_type_k: str = O.opt_cache_type_k(),
+    cache_type_v: str = O.opt_cache_type_v(),
+    flash_attn: str = O.opt_flash_attn(),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 = until the end"),
+                                  help="default tokens to generate per request (-1 = until end or a full slot)"),
+    keep: int = typer.Option(0, "--keep", callback=integer(-1), help="tokens kept at the start by a context shift"),
+    temp: float = O.opt_temp(),
+    top_k: int = O.opt_top_k(),
+    top_p: float = O.opt_top_p(),
+    min_p: float = O.opt_min_p(),
+    typical: float = O.opt_typical(),
+    repeat_penalty: float = O.opt_repeat_penalty(),
+    repeat_last_n: int = O.opt_repeat_last_n(),
+    presence_penalty: float = O.opt_presence_penalty(),
+    frequency_penalty: float = O.opt_frequency_penalty(),
+    mirostat: int = O.opt_mirostat(),
+    mirostat_lr: float = O.opt_mirostat_lr(),
+    mirostat_ent: float = O.opt_mirostat_ent(),
+    seed: int = O.opt_seed(),
+    api_key: List[str] = typer.Option([], "--api-key", help="require this key (Bearer or X-Api-Key); "
+                                      "repeat or comma-separate for several"),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="file with one API key per line"),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name in responses and /v1/models"),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template",
+                                                help="built-in template name or Jinja template text"),
+    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="Jinja template file"),
+    jinja: bool = typer.Option(True, "--jinja", help="Jinja chat templates (always on; accepted for llama-server's "
+                               "command lines)"),
+    embedding: bool = typer.Option(False, "--embedding", "--embeddings", help="embeddings endpoints (not available yet)"),
+    reranking: bool = typer.Option(False, "--reranking", "--rerank", help="reranking endpoint (not available yet)"),
+    metrics: bool = typer.Option(False, "--metrics", help="Prometheus metrics at /metrics"),
+    slots: bool = typer.Option(True, "--slots/--no-slots", help="slot states at /slots"),
+    context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
+                                       help="when a slot is full, drop half its tokens after --keep and go on"),
+    cache_reuse: int = typer.Option(0, "--cache-reuse", callback=integer(0),
+                                    help="reuse cached chunks by KV shifting (only 0 = off is supported)"),
+    timeout: float = typer.Option(600, "-to", "--timeout", callback=O.number(0, lo_open=True),
+                                  help="seconds a request may wait for progress"),
+    threads_http: int = typer.Option(-1, "--threads-http", callback=integer(-1),
+                                     help="threads that tokenize and render templates (-1 = default)"),
+    cont_batching: bool = typer.Option(True, "-cb", "--cont-batching", help="continuous batching (always on)"),
+    swa_full: bool = typer.Option(True, "--swa-full", help="full-size cache for sliding-window layers (always on)"),
+    no_ui: bool = typer.Option(False, "--no-ui", "--no-webui", help="no web UI (there is none; accepted)"),
+    queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
+                                   help="requests that may wait for a slot; more get 503"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
+) -> None:
+    """Serve the model over HTTP: OpenAI's /v1/completions, /v1/chat/completions, /v1/models
+    and llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots,
+    /metrics, /health. Requests share one context: each slot is a sequence, decoded together."""
+    _need_server_deps()
+    if embedding or reranking:
+        raise typer.BadParameter("embeddings and reranking are not available in pyllama serve yet "
+                                 "(no encoder models or pooled outputs)", param_hint="--embedding/--reranking")
+    if cache_reuse:
+        raise typer.BadParameter("only 0 (off) is supported: pyllama reuses the longest cached prefix of a "
+                                 "slot, not shifted chunks", param_hint="--cache-reuse")
+    if chat_template is not None and chat_template_file is not None:
+        raise typer.BadParameter("give --chat-template or --chat-template-file, not both")
+    keys = [k.strip() for v in api_key for k in v.split(",") if k.strip()]
+    if api_key_file is not None:
+        try:
+            keys += [ln.strip() for ln in api_key_file.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {api_key_file}: {e}", param_hint="--api-key-file") from None
+    if chat_template_file is not None:
+        try:
+            chat_template = chat_template_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {chat_template_file}: {e}",
+                                     param_hint="--chat-template-file") from None
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from ..errors import PyllamaError
+    from ..generation import load_model, progress_bar, resolve_model_path
+    from ..sampling import SamplerParams
+    from ..server import EngineConfig, ServerConfig, ServerState, create_app
+
+    if gpu_layers:
+        typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
+    n_parallel = 4 if parallel < 0 else max(parallel, 1)
+    unified = kv_unified or parallel < 0
+    try:
+        path = resolve_model_path(model)
+        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))
+        n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
+        threads_, threads_batch_ = _threads(threads), _threads(threads_batch)
+        defaults = SamplerParams(
+            seed=seed & 0xFFFFFFFF if seed >= 0 else 0xFFFFFFFF, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+            typ_p=typical, penalty_repeat=repeat_penalty, penalty_last_n=repeat_last_n,
+            penalty_present=presence_penalty, penalty_freq=frequency_penalty, mirostat=mirostat,
+            mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=True)
+        ecfg = EngineConfig(n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
+                            n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
+                            n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
+                            type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size)
+        cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
+                           metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
+                           n_predict=n_predict, sampling=defaults, engine=ecfg)
+        state = ServerState(m, cfg)
+    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+    import uvicorn
+
+    e = state.engine
+    typer.echo(f"pyllama serve: {path.name}, {n_parallel} slots x {e.n_ctx_slot} tokens"
+               f"{' (unified KV cache of ' + str(e.n_ctx) + ')' if unified else ''}, "
+               f"chat template: {state.chat.name}", err=True)
+    typer.echo(f"main: server is listening on http://{host}:{port} - starting the main loop", err=True)
+    uvicorn.run(create_app(state), host=host, port=port, log_level="info" if verbose else "warning",
+                timeout_keep_alive=5)

@@ -1,0 +1,839 @@
+"""The HTTP side of ``pyllama serve``: an ASGI app (Starlette, served by uvicorn) with
+OpenAI's routes and llama-server's own, in their shapes.
+
+Handlers parse and check a request, tokenize (in a worker thread: a long prompt must not
+stall the event loop), make :class:`~pyllama.server.engine.Job` s and read their events from
+an asyncio queue that the scheduler thread fills. A client that goes away cancels its jobs.
+Errors use OpenAI's shape ``{"error": {"code", "message", "type"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .engine import Engine, EngineConfig, Job, PromptTooLong, QueueFull
+from .params import (COMMON_FIELDS, BadRequest, check_fields, parse_generation, response_format_schema)
+
+log = logging.getLogger("pyllama.server")
+
+__all__ = ["ServerConfig", "ServerState", "create_app"]
+
+_VERSION = "pyllama 0.1.0"
+
+
+@dataclass
+class ServerConfig:
+    model_path: str = ""
+    alias: Optional[str] = None
+    api_keys: list = field(default_factory=list)
+    chat_template: Optional[str] = None   # built-in name or Jinja text; None: the model's
+    metrics: bool = False
+    slots: bool = True
+    timeout: float = 600.0                # seconds without progress before a request is dropped
+    threads_http: int = 0                 # worker threads for tokenizing / templates (0: anyio's default)
+    max_body: int = 16 * 1024 * 1024      # bytes
+    n_predict: int = -1                   # default when a request gives no max_tokens / n_predict
+    max_n: int = 16                       # most choices per request ('n')
+    sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class ServerState:
+    """Model, vocabulary, chat format and engine: what every handler reads."""
+
+    def __init__(self, model, config: ServerConfig):
+        from ..chat import ChatFormat
+        from ..generation import vocab_of
+
+        self.config = config
+        self.model = model
+        self.vocab = vocab_of(model)
+        self.n_vocab = len(self.vocab)
+        self.chat = ChatFormat(model, self.vocab, config.chat_template, origin="--chat-template")
+        self.engine = Engine(model, self.vocab, config.engine)
+        self.model_id = config.alias or Path(config.model_path).name
+        self.created = int(time.time())
+        self.t_start = time.time()
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _error(status: int, message: str, type_: Optional[str] = None):
+    from starlette.responses import JSONResponse
+
+    if type_ is None:
+        type_ = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 405: "invalid_request_error", 413: "invalid_request_error", 501: "not_supported_error",
+                 503: "unavailable_error", 504: "timeout_error"}.get(status, "server_error")
+    return JSONResponse({"error": {"code": status, "message": message, "type": type_}}, status_code=status)
+
+
+async def _read_json(request, limit: int) -> Any:
+    n = request.headers.get("content-length")
+    if n is not None:
+        try:
+            if int(n) > limit:
+                raise BadRequest(f"the request body is {int(n)} bytes, over the limit of {limit}", 413)
+        except ValueError:
+            raise BadRequest("bad Content-Length header") from None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"the request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise BadRequest("the request body is empty: expected a JSON object")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the request body is not UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise BadRequest("the request body's JSON is nested too deeply") from None
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _piece(vocab, tok: int) -> str:
+    return vocab.token_to_piece(int(tok), False).decode("utf-8", "replace")
+
+
+def _piece_bytes(vocab, tok: int) -> list:
+    return list(vocab.token_to_piece(int(tok), False))
+
+
+class _Run:
+    """The jobs of one request and the queue their events arrive on."""
+
+    def __init__(self, state: ServerState, loop):
+        self.state = state
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.jobs: list[Job] = []
+
+    def emit_for(self, index: int):
+        put = self.queue.put_nowait
+        loop = self.loop
+
+        def emit(ev: dict) -> None:
+            ev["index"] = index
+            loop.call_soon_threadsafe(put, ev)
+        return emit
+
+    def cancel(self) -> None:
+        for j in self.jobs:
+            j.cancel()
+        self.state.engine.wake()
+
+    async def events(self):
+        """Every job's events, as they come, until each job is done; raises TimeoutError
+        when nothing has come for the configured timeout."""
+        left = len(self.jobs)
+        timeout = self.state.config.timeout
+        while left:
+            ev = await asyncio.wait_for(self.queue.get(), timeout=timeout if timeout > 0 else None)
+            if ev["type"] in ("done", "error"):
+                left -= 1
+            yield ev
+
+
+def _make_job(state: ServerState, prompt: list, g, emit) -> Job:
+    """A job with its own sampler chain (own seed: batch mates cannot change its output)."""
+    from ..llama import _GrammarFirstSampler
+    from ..sampling import build_chain
+
+    chain = build_chain(g.sampling, n_vocab=state.n_vocab, vocab=state.vocab)
+    sampler = chain
+    grammar = _grammar_of(state, g)
+    if grammar is not None:
+        sampler = _GrammarFirstSampler(chain, grammar.sampler(state.vocab))
+    return Job(prompt=prompt, sampler=sampler, chain=chain, emit=emit, n_predict=g.n_predict,
+               stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos)
+
+
+def _grammar_of(state: ServerState, g):
+    from ..grammar import GrammarError
+    from ..llama_grammar import JSON_GBNF, LlamaGrammar
+
+    try:
+        if g.grammar is not None:
+            return LlamaGrammar.from_string(g.grammar, verbose=False)
+        if g.json_schema == "json":
+            return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+        if g.json_schema is not None:
+            return LlamaGrammar.from_json_schema(json.dumps(g.json_schema), verbose=False)
+    except (GrammarError, ValueError, TypeError) as e:
+        raise BadRequest(f"grammar: {e}") from None
+    return None
+
+
+async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> None:
+    """Make and queue n jobs per prompt (choice index = prompt * n + j). With a seed, choice
+    j samples with seed + j, so n choices differ yet each is reproducible."""
+    from ..sampling import SamplerParams
+
+    from starlette.concurrency import run_in_threadpool
+
+    for p in prompts:
+        state.engine.check_prompt(len(p))
+    base_seed = g.sampling.seed
+    specs = []
+    for pi, p in enumerate(prompts):
+        for j in range(n):
+            gj = g
+            if n > 1 and g.seed_given:
+                gj = _with_seed(g, (base_seed + j) % 2**32, SamplerParams)
+            specs.append((pi * n + j, p, gj))
+
+    def build():
+        return [(_make_job(state, p, gj, run.emit_for(i)), gj) for i, p, gj in specs]
+
+    built = await run_in_threadpool(build)
+    for job, gj in built:
+        if not gj.cache_prompt:
+            job.n_cached = -1  # the engine reads this as "do not reuse the cache"
+        run.jobs.append(job)
+    try:
+        for job in run.jobs:
+            state.engine.submit(job)
+    except BaseException:
+        run.cancel()
+        raise
+
+
+def _with_seed(g, seed: int, SamplerParams):
+    import copy
+
+    g2 = copy.copy(g)
+    g2.sampling = copy.copy(g.sampling)
+    g2.sampling.seed = seed
+    return g2
+
+
+async def _until_disconnect(request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _collect(request, run: _Run) -> dict:
+    """Non-streaming: all events per choice index; cancels the jobs if the client leaves."""
+    per: dict = {}
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        async def consume():
+            async for ev in run.events():
+                per.setdefault(ev["index"], []).append(ev)
+        task = asyncio.ensure_future(consume())
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            run.cancel()
+            raise _ClientGone()
+        task.result()
+    except asyncio.TimeoutError:
+        run.cancel()
+        raise BadRequest(f"no progress for {run.state.config.timeout:g} s (--timeout); the request was dropped",
+                         504) from None
+    finally:
+        watcher.cancel()
+    for evs in per.values():
+        for ev in evs:
+            if ev["type"] == "error":
+                raise BadRequest(ev["message"], 500, "server_error")
+    return per
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _tokenize_prompt(state: ServerState, prompt, add_special: bool = True) -> list:
+    """llama-server's prompt forms: a string, a list of token ids, or a list mixing strings and
+    ids (strings are tokenized; BOS added once, at the start, when the model wants one)."""
+    v = state.vocab
+    if isinstance(prompt, str):
+        return list(v.tokenize(prompt, add_special=add_special, parse_special=True))
+    if isinstance(prompt, list):
+        out: list = []
+        for i, x in enumerate(prompt):
+            if isinstance(x, bool):
+                raise BadRequest(f"prompt[{i}]: expected a token id or a string, got {x!r}")
+            if isinstance(x, int):
+                if not 0 <= x < state.n_vocab:
+                    raise BadRequest(f"prompt[{i}] = {x} is not a valid token id (n_vocab = {state.n_vocab})")
+                out.append(x)
+            elif isinstance(x, str):
+                out.extend(v.tokenize(x, add_special=add_special and i == 0, parse_special=True))
+            else:
+                raise BadRequest(f"prompt[{i}]: expected a token id or a string, got {type(x).__name__}")
+        return out
+    raise BadRequest(f"'prompt' must be a string, a list of token ids or a list of those, got {type(prompt).__name__}")
+
+
+def _prompts(state: ServerState, prompt) -> list:
+    """One prompt or several: a list of strings / of token lists is several prompts."""
+    if prompt is None:
+        raise BadRequest("'prompt' is required")
+    if isinstance(prompt, list) and prompt and all(isinstance(x, (str, list)) for x in prompt) \
+            and (len(prompt) > 1 and any(isinstance(x, str) for x in prompt) or any(isinstance(x, list) for x in prompt)):
+        if len(prompt) > 64:
+            raise BadRequest(f"'prompt' has {len(prompt)} prompts; at most 64 per request")
+        return [_tokenize_prompt(state, p) for p in prompt]
+    return [_tokenize_prompt(state, prompt)]
+
+
+def _int_field(body: dict, name: str, lo: int, hi: int, default: int) -> int:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadRequest(f"'{name}' must be an integer from {lo} to {hi}, got {v!r}")
+    return v
+
+
+# ------------------------------------------------------------------------------ the app
+
+
+def create_app(state: ServerState):
+    """The Starlette app for ``state`` (its engine is started and stopped with the app)."""
+    import contextlib
+
+    import anyio.to_thread
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    cfg = state.config
+    keys = [k.encode("utf-8") for k in cfg.api_keys]
+
+    def authorized(request: Request) -> bool:
+        if not keys:
+            return True
+        got = request.headers.get("authorization", "")
+        token = got[7:].strip() if got[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        tb = token.encode("utf-8", "replace")
+        ok = False
+        for k in keys:  # compare with every key, each in constant time
+            ok |= hmac.compare_digest(tb, k)
+        return ok
+
+    def endpoint(fn, public: bool = False):
+        async def handler(request: Request):
+            if not public and not authorized(request):
+                return _error(401, "Invalid API Key")
+            try:
+                return await fn(request)
+            except BadRequest as e:
+                return _error(e.status, e.message, e.type)
+            except PromptTooLong as e:
+                return _error(400, str(e), "exceed_context_size_error")
+            except QueueFull as e:
+                return _error(503, str(e))
+            except _ClientGone:
+                from starlette.responses import Response
+                return Response(status_code=499)
+            except (ValueError, TypeError) as e:  # e.g. a chat template or tokenizer refusing input
+                return _error(400, f"{type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 (a bug: say so, keep serving)
+                log.exception("error in %s", request.url.path)
+                return _error(500, f"internal error: {type(e).__name__}: {e}")
+        return handler
+
+    # ---------------------------------------------------------------- llama-server's own
+
+    async def health(request):
+        return JSONResponse({"status": "ok"})
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{
+            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "pyllama",
+            "meta": {"n_vocab": state.n_vocab, "n_ctx_train": int(getattr(state.model, "n_ctx_train", 0)),
+                     "n_ctx": state.engine.n_ctx_slot}}]})
+
+    async def props(request):
+        e = state.engine
+        return JSONResponse({
+            "default_generation_settings": {"id": 0, "n_ctx": e.n_ctx_slot, "params": _defaults(cfg)},
+            "total_slots": len(e.slots), "model_path": cfg.model_path, "model_alias": state.model_id,
+            "chat_template": state.chat.source, "chat_template_name": state.chat.name,
+            "bos_token": _special(state.vocab, state.vocab.bos),
+            "eos_token": _special(state.vocab, state.vocab.eos),
+            "build_info": _VERSION, "modalities": {"vision": False, "audio": False},
+            "endpoint_slots": cfg.slots, "endpoint_metrics": cfg.metrics})
+
+    async def slots(request):
+        if not cfg.slots:
+            return _error(501, "This server does not support slots endpoint. Start it without `--no-slots`")
+        return JSONResponse(state.engine.slots_info())
+
+    async def metrics(request):
+        if not cfg.metrics:
+            return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+
+    async def tokenize(request):
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            {"content", "add_special", "parse_special", "with_pieces"}, "/tokenize")
+        content = body.get("content", "")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string")
+        flags = {}
+        for k, d in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
+            v = body.get(k, d)
+            if not isinstance(v, bool):
+                raise BadRequest(f"'{k}' must be true or false")
+            flags[k] = v
+        toks = await run_in_threadpool(lambda: list(state.vocab.tokenize(
+            content, add_special=flags["add_special"], parse_special=flags["parse_special"])))
+        if not flags["with_pieces"]:
+            return JSONResponse({"tokens": toks})
+        out = []
+        for t in toks:
+            b = state.vocab.token_to_piece(int(t), True)
+            try:
+                piece: Any = b.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": t, "piece": piece})
+        return JSONResponse({"tokens": out})
+
+    async def detokenize(request):
+        body = check_fields(await _read_json(request, cfg.max_body), {"tokens"}, "/detokenize")
+        toks = body.get("tokens", [])
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise BadRequest("'tokens' must be a list of token ids")
+        for i, t in enumerate(toks):
+            if not 0 <= t < state.n_vocab:
+                raise BadRequest(f"tokens[{i}] = {t} is not a valid token id (n_vocab = {state.n_vocab})")
+        text = b"".join(state.vocab.token_to_piece(int(t), True) for t in toks).decode("utf-8", "replace")
+        return JSONResponse({"content": text})
+
+    async def apply_template(request):
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            {"messages", "chat_template_kwargs", "add_generation_prompt", "model"}, "/apply-template")
+        msgs = _messages(body)
+        kw = _template_kwargs(body)
+        agp = body.get("add_generation_prompt", True)
+        if not isinstance(agp, bool):
+            raise BadRequest("'add_generation_prompt' must be true or false")
+        text = await run_in_threadpool(lambda: state.chat.render(msgs, agp, **kw))
+        return JSONResponse({"prompt": text})
+
+    async def not_supported(request):
+        return _error(501, "pyllama does not serve embeddings or reranking yet (no encoder models or pooling "
+                           "output in the server); this endpoint is not available")
+
+    # ---------------------------------------------------------------- generation
+
+    async def run_generation(request, body, prompts, g, n, shape):
+        """Queue the jobs and answer in ``shape`` ("native", "oai", "chat")."""
+        loop = asyncio.get_running_loop()
+        run = _Run(state, loop)
+        await _submit(state, run, prompts, g, n)
+        meta = {"id": ("chatcmpl-" if shape == "chat" else "cmpl-") + uuid.uuid4().hex,
+                "created": int(time.time()), "model": state.model_id}
+        if g.stream:
+            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        per = await _collect(request, run)
+        return JSONResponse(_final(state, per, prompts, n, shape, meta, body))
+
+    async def completion_native(request):
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            COMMON_FIELDS | {"prompt", "content", "response_fields", "return_tokens"}, request.url.path)
+        if "prompt" not in body and "content" in body:
+            body["prompt"] = body.pop("content")
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        prompts = await run_in_threadpool(lambda: _prompts(state, body.get("prompt")))
+        return await run_generation(request, body, prompts, g, 1, "native")
+
+    async def completion_oai(request):
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            COMMON_FIELDS | {"prompt", "n", "logprobs", "echo", "suffix", "best_of",
+                                             "stream_options"}, "/v1/completions")
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        n = _int_field(body, "n", 1, cfg.max_n, 1)
+        if _int_field(body, "best_of", 1, cfg.max_n, 1) != 1:
+            raise BadRequest("'best_of' > 1 is not supported (pass n for several choices)")
+        if body.get("suffix"):
+            raise BadRequest("'suffix' (fill-in-the-middle) is not supported")
+        lp = body.get("logprobs")
+        if lp is not None:
+            if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20:
+                raise BadRequest(f"'logprobs' must be an integer from 0 to 20, got {lp!r}")
+            g.n_probs = lp if lp > 0 else -1
+        if body.get("echo") not in (None, False, True):
+            raise BadRequest("'echo' must be true or false")
+        if body.get("echo") and lp is not None:
+            raise BadRequest("'echo' with 'logprobs' (prompt log-probabilities) is not supported")
+        _stream_options(body, g)
+        prompts = await run_in_threadpool(lambda: _prompts(state, body.get("prompt")))
+        return await run_generation(request, body, prompts, g, n, "oai")
+
+    async def chat_completion(request):
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            COMMON_FIELDS | {"messages", "n", "logprobs", "top_logprobs", "response_format",
+                                             "tools", "tool_choice", "parallel_tool_calls", "stream_options",
+                                             "max_completion_tokens", "chat_template_kwargs"},
+                            request.url.path)
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
+                             defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
+        n = _int_field(body, "n", 1, cfg.max_n, 1)
+        tools = body.get("tools")
+        if tools:
+            raise BadRequest("'tools': tool calling is not supported by pyllama serve yet; describe the tools "
+                             "in a system message and ask for JSON with response_format instead")
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise BadRequest(f"'tool_choice' = {body.get('tool_choice')!r} needs tools, which are not supported yet")
+        if body.get("parallel_tool_calls") not in (None, True, False):
+            raise BadRequest("'parallel_tool_calls' must be true or false")
+        lp = body.get("logprobs")
+        if lp not in (None, True, False):
+            raise BadRequest("'logprobs' must be true or false")
+        tl = body.get("top_logprobs")
+        if tl is not None:
+            if isinstance(tl, bool) or not isinstance(tl, int) or not 0 <= tl <= 20:
+                raise BadRequest(f"'top_logprobs' must be an integer from 0 to 20, got {tl!r}")
+            if not lp:
+                raise BadRequest("'top_logprobs' needs 'logprobs': true")
+        if lp:
+            g.n_probs = tl if tl else -1
+        kind, schema = response_format_schema(body.get("response_format"))
+        if kind is not None:
+            if g.grammar is not None or g.json_schema is not None:
+                raise BadRequest("pass either 'response_format' or 'grammar' / 'json_schema', not both")
+            g.json_schema = "json" if kind == "json" else schema
+        _stream_options(body, g)
+        msgs = _messages(body)
+        kw = _template_kwargs(body)
+        prompt = await run_in_threadpool(lambda: state.chat.tokens(msgs, True, **kw))
+        return await run_generation(request, body, [prompt], g, n, "chat")
+
+    def _stream_options(body, g):
+        so = body.get("stream_options")
+        if so is None:
+            return
+        if not g.stream:
+            raise BadRequest("'stream_options' is only allowed with 'stream': true")
+        if not isinstance(so, dict) or any(k != "include_usage" for k in so) \
+                or not isinstance(so.get("include_usage", False), bool):
+            raise BadRequest("'stream_options' must be {\"include_usage\": true|false}")
+
+    routes = [
+        Route("/health", endpoint(health, public=True), methods=["GET"]),
+        Route("/v1/health", endpoint(health, public=True), methods=["GET"]),
+        Route("/models", endpoint(models), methods=["GET"]),
+        Route("/v1/models", endpoint(models), methods=["GET"]),
+        Route("/props", endpoint(props), methods=["GET"]),
+        Route("/slots", endpoint(slots), methods=["GET"]),
+        Route("/metrics", endpoint(metrics), methods=["GET"]),
+        Route("/tokenize", endpoint(tokenize), methods=["POST"]),
+        Route("/detokenize", endpoint(detokenize), methods=["POST"]),
+        Route("/apply-template", endpoint(apply_template), methods=["POST"]),
+        Route("/completion", endpoint(completion_native), methods=["POST"]),
+        Route("/completions", endpoint(completion_native), methods=["POST"]),
+        Route("/v1/completions", endpoint(completion_oai), methods=["POST"]),
+        Route("/chat/completions", endpoint(chat_completion), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint(chat_completion), methods=["POST"]),
+    ]
+    for path in ("/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
+                 "/v1/reranking", "/infill"):
+        routes.append(Route(path, endpoint(not_supported), methods=["POST"]))
+
+    async def http_error(request, exc):
+        msg = {404: f"File Not Found: {request.url.path}", 405: f"method {request.method} is not allowed on "
+               f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, msg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if cfg.threads_http > 0:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = cfg.threads_http
+        state.start()
+        try:
+            yield
+        finally:
+            state.stop()
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+
+
+# ------------------------------------------------------------------------ response shapes
+
+
+def _defaults(cfg: ServerConfig) -> dict:
+    from ..sampling import SamplerParams
+
+    p = SamplerParams()
+    return {"n_predict": cfg.n_predict, "temperature": p.temp, "top_k": p.top_k, "top_p": p.top_p,
+            "min_p": p.min_p, "typical_p": p.typ_p, "repeat_last_n": p.penalty_last_n,
+            "repeat_penalty": p.penalty_repeat, "presence_penalty": p.penalty_present,
+            "frequency_penalty": p.penalty_freq, "mirostat": p.mirostat, "seed": -1,
+            "samplers": list(p.samplers)}
+
+
+def _special(vocab, tok) -> str:
+    if tok is None or tok < 0:
+        return ""
+    return vocab.token_to_piece(int(tok), True).decode("utf-8", "replace")
+
+
+def _messages(body: dict) -> list:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list of {\"role\", \"content\"} objects")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role' string")
+        m = dict(m)
+        c = m.get("content")
+        if isinstance(c, list):  # OpenAI's content parts: text only
+            texts = []
+            for j, part in enumerate(c):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported "
+                                     f"(got type {part.get('type') if isinstance(part, dict) else part!r})")
+                texts.append(part["text"])
+            m["content"] = "".join(texts)
+        elif c is not None and not isinstance(c, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
+        out.append(m)
+    return out
+
+
+def _template_kwargs(body: dict) -> dict:
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
+        raise BadRequest("'chat_template_kwargs' must be an object with identifier keys")
+    reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
+    bad = reserved & set(kw)
+    if bad:
+        raise BadRequest(f"'chat_template_kwargs' may not set {', '.join(sorted(bad))}")
+    return kw
+
+
+def _usage(dones: list) -> dict:
+    n_p = sum(d["n_prompt"] for d in dones)
+    n_g = sum(d["n_gen"] for d in dones)
+    return {"prompt_tokens": n_p, "completion_tokens": n_g, "total_tokens": n_p + n_g,
+            "prompt_tokens_details": {"cached_tokens": sum(d["n_cached"] for d in dones)}}
+
+
+def _oai_logprobs(state, evs: list, text_offset: int) -> dict:
+    v = state.vocab
+    tokens, offsets, token_lp, top_lp = [], [], [], []
+    pos = text_offset
+    for ev in evs:
+        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
+            continue
+        s = _piece(v, ev["token"])
+        tokens.append(s)
+        offsets.append(pos)
+        token_lp.append(ev["logprob"])
+        top_lp.append({_piece(v, t): lp for t, lp in (ev["top"] or [])} or None)
+        pos += len(s)
+    return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lp, "top_logprobs": top_lp}
+
+
+def _chat_logprobs(state, evs: list) -> dict:
+    v = state.vocab
+    content = []
+    for ev in evs:
+        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
+            continue
+        t = ev["token"]
+        content.append({"token": _piece(v, t), "logprob": ev["logprob"], "bytes": _piece_bytes(v, t),
+                        "top_logprobs": [{"token": _piece(v, i), "logprob": lp, "bytes": _piece_bytes(v, i)}
+                                         for i, lp in (ev["top"] or [])]})
+    return {"content": content}
+
+
+def _native_probs(state, evs: list) -> list:
+    v = state.vocab
+    out = []
+    for ev in evs:
+        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
+            continue
+        t = ev["token"]
+        out.append({"id": t, "token": _piece(v, t), "bytes": _piece_bytes(v, t), "logprob": ev["logprob"],
+                    "top_logprobs": [{"id": i, "token": _piece(v, i), "bytes": _piece_bytes(v, i), "logprob": lp}
+                                     for i, lp in (ev["top"] or [])]})
+    return out
+
+
+def _native_final(state, done: dict, evs: list, prompt: list, content: str, job_slot: int) -> dict:
+    out = {"index": done["index"], "content": content,
+           "tokens": [ev["token"] for ev in evs if ev["type"] == "token" and ev["token"] is not None],
+           "id_slot": job_slot, "stop": True, "model": state.model_id,
+           "tokens_predicted": done["n_gen"], "tokens_evaluated": done["n_prompt"],
+           "generation_settings": {"n_ctx": state.engine.n_ctx_slot},
+           "prompt": state.vocab.detokenize(prompt, unparse_special=True),
+           "has_new_line": "\n" in content, "truncated": done["truncated"],
+           "stop_type": done["stop_type"], "stopping_word": done["stopping_word"],
+           "tokens_cached": done["n_cached"] + done["n_gen"], "timings": done["timings"]}
+    return out
+
+
+def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict):
+    choices, dones = [], []
+    for idx in sorted(per):
+        evs = per[idx]
+        done = next(ev for ev in evs if ev["type"] == "done")
+        dones.append(done)
+        text = "".join(ev["text"] for ev in evs if ev["type"] == "token")
+        prompt = prompts[idx // n]
+        if shape == "native":
+            res = _native_final(state, done, evs, prompt, text, -1)
+            if any(ev.get("logprob") is not None for ev in evs if ev["type"] == "token"):
+                res["completion_probabilities"] = _native_probs(state, evs)
+            choices.append(res)
+            continue
+        if shape == "oai":
+            prompt_text = ""
+            if body.get("echo"):
+                prompt_text = _prompt_text(state, prompt)
+                text = prompt_text + text
+            lp = _oai_logprobs(state, evs, len(prompt_text)) if body.get("logprobs") is not None else None
+            choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
+        else:
+            lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
+            choices.append({"index": idx, "message": {"role": "assistant", "content": text},
+                            "logprobs": lp, "finish_reason": done["finish_reason"]})
+    if shape == "native":
+        return choices[0] if len(choices) == 1 else choices
+    timings = dones[0]["timings"] if dones else {}
+    return {"id": meta["id"], "object": "chat.completion" if shape == "chat" else "text_completion",
+            "created": meta["created"], "model": meta["model"], "system_fingerprint": _VERSION,
+            "choices": choices, "usage": _usage(dones), "timings": timings}
+
+
+def _prompt_text(state, prompt: list) -> str:
+    return b"".join(state.vocab.token_to_piece(int(t), False) for t in prompt).decode("utf-8", "replace")
+
+
+async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict):
+    """SSE chunks as the scheduler emits tokens. Leaving early (client gone) cancels the jobs."""
+    dones: list = []
+    finished = False
+    try:
+        base = {"id": meta["id"], "created": meta["created"], "model": meta["model"],
+                "system_fingerprint": _VERSION}
+        if shape == "chat":
+            for i in range(len(run.jobs)):
+                yield _sse({**base, "object": "chat.completion.chunk",
+                            "choices": [{"index": i, "delta": {"role": "assistant", "content": None},
+                                         "logprobs": None, "finish_reason": None}]})
+        elif shape == "oai" and body.get("echo"):
+            for i in range(len(run.jobs)):
+                yield _sse({**base, "object": "text_completion",
+                            "choices": [{"text": _prompt_text(state, prompts[i // n]), "index": i,
+                                         "logprobs": None, "finish_reason": None}]})
+        try:
+            async for ev in run.events():
+                i = ev["index"]
+                if ev["type"] == "error":
+                    yield _sse({"error": {"code": 500, "message": ev["message"], "type": "server_error"}})
+                    continue
+                if ev["type"] == "token":
+                    if not ev["text"] and (ev["logprob"] is None or shape == "oai"):
+                        continue
+                    if shape == "native":
+                        c = {"index": i, "content": ev["text"], "tokens": [ev["token"]] if ev["token"] is not None
+                             else [], "stop": False, "id_slot": -1}
+                        if ev["logprob"] is not None:
+                            c["completion_probabilities"] = _native_probs(state, [ev])
+                        yield _sse(c)
+                    elif shape == "oai":
+                        lp = _oai_logprobs(state, [ev], 0) if body.get("logprobs") is not None else None
+                        yield _sse({**base, "object": "text_completion",
+                                    "choices": [{"text": ev["text"], "index": i, "logprobs": lp,
+                                                 "finish_reason": None}]})
+                    else:
+                        lp = _chat_logprobs(state, [ev]) if body.get("logprobs") else None
+                        yield _sse({**base, "object": "chat.completion.chunk",
+                                    "choices": [{"index": i, "delta": {"content": ev["text"]}, "logprobs": lp,
+                                                 "finish_reason": None}]})
+                    continue
+                # done
+                dones.append(ev)
+                if shape == "native":
+                    yield _sse(_native_final(state, ev, [], prompts[i // n], "", -1))
+                elif shape == "oai":
+                    yield _sse({**base, "object": "text_completion",
+                                "choices": [{"text": "", "index": i, "logprobs": None,
+                                             "finish_reason": ev["finish_reason"]}], "timings": ev["timings"]})
+                else:
+                    yield _sse({**base, "object": "chat.completion.chunk",
+                                "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                             "finish_reason": ev["finish_reason"]}], "timings": ev["timings"]})
+        except asyncio.TimeoutError:
+            run.cancel()
+            yield _sse({"error": {"code": 504, "message": f"no progress for {state.config.timeout:g} s "
+                                  "(--timeout); the request was dropped", "type": "timeout_error"}})
+            finished = True
+            return
+        so = body.get("stream_options") or {}
+        if shape != "native" and so.get("include_usage"):
+            yield _sse({**base, "object": "chat.completion.chunk" if shape == "chat" else "text_completion",
+                        "choices": [], "usage": _usage(dones)})
+        if shape != "native":
+            yield b"data: [DONE]\n\n"
+        finished = True
+    finally:
+        if not finished:
+            run.cancel()
+
+
+def _prometheus(state: ServerState) -> str:
+    e = state.engine
+    m = e.m
+    rows = [
+        ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", m["prompt_tokens_total"]),
+        ("prompt_seconds_total", "counter", "Prompt process time", m["prompt_seconds_total"]),
+        ("tokens_predicted_total", "counter", "Number of generation tokens processed.", m["tokens_predicted_total"]),
+        ("tokens_predicted_seconds_total", "counter", "Predict process time", m["tokens_predicted_seconds_total"]),
+        ("n_decode_total", "counter", "Total number of llama_decode() calls", m["n_decode_total"]),
+        ("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
+         m["n_busy_slots_total"] / m["n_decode_total"] if m["n_decode_total"] else 0.0),
+        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+         m["prompt_tokens_total"] / m["prompt_seconds_total"] if m["prompt_seconds_total"] else 0.0),
+        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+         m["tokens_predicted_total"] / m["tokens_predicted_seconds_total"]
+         if m["tokens_predicted_seconds_total"] else 0.0),
+        ("requests_processing", "gauge", "Number of requests processing.", e.n_busy),
+        ("requests_deferred", "gauge", "Number of requests deferred.", e.n_waiting),
+        ("n_tokens_max", "counter", "Largest observed n_tokens.", m["n_tokens_max"]),
+    ]
+    out = []
+    for name, kind, help_, val in rows:
+        out.append(f"# HELP llamacpp:{name} {help_}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {val}\n")
+    return "".join(out)

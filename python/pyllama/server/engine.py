@@ -1,0 +1,545 @@
+"""The server's engine: one model, one context with one sequence per slot, and the scheduler
+thread that is the context's only user (continuous batching, as llama-server).
+
+HTTP handlers never touch the context: they build a :class:`Job` (prompt tokens, a sampler,
+stop rules and an ``emit`` callback) and :meth:`Engine.submit` it. The scheduler thread
+loops over steps; each step is one ``llama_decode`` over every active slot: the token each
+generating slot sampled last, then prompt chunks of the slots still reading their prompt,
+up to n_batch tokens. After the decode every slot with an output samples its next token and
+emits it. The Rust forward pass releases the GIL, so the event loop keeps serving HTTP while
+the model runs.
+
+Batch invariance: pyllama's forward pass gives a sequence the same logits whatever else is
+in the batch or the cache (tests/test_determinism.py), and each job samples with its own
+seeded chain, so a request's output does not depend on its batch mates or arrival order.
+
+Prompt cache: an idle slot keeps its sequence in the KV cache; a new job goes to the idle
+slot whose cached tokens share the longest prefix with its prompt, and only the rest of the
+prompt is decoded (llama-server's slot similarity and prompt cache).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..batch import batch_add, batch_init
+from ..context import Context
+from ..generation import StopText
+
+log = logging.getLogger("pyllama.server")
+
+__all__ = ["Engine", "EngineConfig", "Job", "QueueFull", "PromptTooLong"]
+
+
+class QueueFull(Exception):
+    """The waiting queue is full (HTTP 503)."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt that no slot can hold (HTTP 400)."""
+
+
+@dataclass
+class EngineConfig:
+    """What ``pyllama serve`` sets up. ``n_parallel`` slots share one context of ``n_ctx``
+    cells; with ``kv_unified`` each slot may use the whole context (llama-server's default
+    when -np is not given), otherwise each gets ``n_ctx / n_parallel`` cells."""
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_parallel: int = 4
+    kv_unified: bool = True
+    n_threads: int = 0
+    n_threads_batch: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    context_shift: bool = False
+    n_keep: int = 0
+    max_queue: int = 64
+
+
+@dataclass
+class Job:
+    """One generation. ``emit(event)`` is called from the scheduler thread with dicts:
+
+    - ``{"type": "token", "token": id, "text": str, "logprob": float|None, "top": [(id, lp)]}``
+      per generated token (``text`` may be empty while a stop string or UTF-8 character is
+      incomplete);
+    - ``{"type": "done", "finish_reason": "stop"|"length", "stop_type": "eos"|"word"|"limit",
+      "stopping_word": str, "text": str, ...}`` once, with usage and timings;
+    - ``{"type": "error", "message": str}`` if the decode failed.
+    """
+
+    prompt: list
+    sampler: Any                 # .sample(logits) -> token (a SamplerChain or grammar-first sampler)
+    chain: Any                   # the SamplerChain inside (prompt tokens are accepted into it)
+    emit: Callable[[dict], None]
+    n_predict: int = -1          # < 0: until the slot is full
+    stops: list = field(default_factory=list)
+    n_probs: int = 0             # top log-probabilities per token (0: none; -1: the token's only)
+    ignore_eos: bool = False
+    id: int = 0
+    cancelled: bool = False
+    # filled by the engine
+    slot: int = -1
+    n_cached: int = 0
+    n_gen: int = 0
+    t_queued: float = 0.0
+    t_start: float = 0.0
+    t_prompt_done: float = 0.0
+    t_end: float = 0.0
+    done: bool = False
+
+    def cancel(self) -> None:
+        """Stop this job at the next step (a client that went away); its slot is freed."""
+        self.cancelled = True
+
+
+class Slot:
+    def __init__(self, sid: int):
+        self.id = sid                 # also its sequence id in the context
+        self.cache: list = []         # the tokens the KV cache holds for this sequence
+        self.job: Optional[Job] = None
+        self.pending: list = []       # prompt tokens still to decode
+        self.next_token: Optional[int] = None  # sampled, decoded in the next step
+        self.out: Optional[StopText] = None
+        self.t_last = 0.0
+        self.n_shifted = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None
+
+
+class Engine:
+    """Owns the context and the scheduler thread. ``start()`` / ``stop()``; ``submit(job)``."""
+
+    def __init__(self, model, vocab, config: EngineConfig):
+        self.model = model
+        self.vocab = vocab
+        self.config = config
+        self.ctx = Context(model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
+                           n_seq_max=config.n_parallel, kv_unified=config.kv_unified,
+                           n_threads=config.n_threads, n_threads_batch=config.n_threads_batch,
+                           type_k=config.type_k, type_v=config.type_v, no_perf=False)
+        self.n_ctx = int(self.ctx.n_ctx)
+        self.n_ctx_slot = int(self.ctx.n_ctx_seq)
+        self.n_batch = int(self.ctx.n_batch)
+        self.n_vocab = len(vocab)
+        self.slots = [Slot(i) for i in range(config.n_parallel)]
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._ids = itertools.count(1)
+        self._batch = batch_init(self.n_batch, 0, 1)
+        # llama-server's /metrics counters
+        self.m = {"prompt_tokens_total": 0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0,
+                  "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0, "n_busy_slots_total": 0,
+                  "n_tokens_max": 0, "requests_total": 0, "requests_cancelled": 0}
+        self.fatal: Optional[str] = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pyllama-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.ctx.close()
+
+    # -- the queue ------------------------------------------------------------------------
+
+    def check_prompt(self, n_prompt: int) -> None:
+        """A prompt of ``n_prompt`` tokens must leave room for at least one generated token
+        in a slot (llama-server: 'the request exceeds the available context size')."""
+        if n_prompt == 0:
+            raise ValueError("the prompt is empty (it tokenizes to no tokens)")
+        if self.config.context_shift:
+            return  # a long prompt keeps its first n_keep tokens and its end (see _truncate)
+        if n_prompt >= self.n_ctx_slot:
+            raise PromptTooLong(f"the prompt is {n_prompt} tokens, which does not fit the context of a slot "
+                                f"({self.n_ctx_slot} tokens, room for the prompt and one generated token "
+                                f"needed; -c {self.n_ctx} over {len(self.slots)} slots"
+                                f"{', unified KV cache' if self.config.kv_unified else ''})")
+
+    def submit(self, job: Job) -> Job:
+        """Queue ``job`` (its prompt already checked); raises :class:`QueueFull`."""
+        self.check_prompt(len(job.prompt))
+        if self.fatal is not None:
+            raise RuntimeError(f"the engine has stopped: {self.fatal}")
+        with self._cv:
+            if len(self._queue) >= self.config.max_queue:
+                raise QueueFull(f"the server is busy: {len(self._queue)} requests are waiting "
+                                f"(the queue holds {self.config.max_queue}); try again later")
+            job.id = next(self._ids)
+            job.t_queued = time.perf_counter()
+            self._queue.append(job)
+            self.m["requests_total"] += 1
+            self._cv.notify_all()
+        return job
+
+    def wake(self) -> None:
+        """Make the scheduler look at cancellations now."""
+        with self._cv:
+            self._cv.notify_all()
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def n_busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    # -- the scheduler thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stopping and not self._queue and not any(s.busy for s in self.slots):
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    self._drop_cancelled_waiting()
+                    starts = self._assign()
+                for slot, job in starts:
+                    self._start(slot, job)
+                self._step()
+        except BaseException as e:  # a bug: fail every job instead of leaving clients hanging
+            self.fatal = f"{type(e).__name__}: {e}"
+            log.exception("scheduler stopped")
+            for s in self.slots:
+                if s.job is not None:
+                    self._fail(s, self.fatal)
+            with self._cv:
+                while self._queue:
+                    job = self._queue.popleft()
+                    job.done = True
+                    job.emit({"type": "error", "message": self.fatal})
+        finally:
+            with self._cv:
+                for s in self.slots:
+                    if s.job is not None:
+                        self._fail(s, "the server is shutting down")
+                while self._queue:
+                    job = self._queue.popleft()
+                    job.done = True
+                    job.emit({"type": "error", "message": "the server is shutting down"})
+
+    def _drop_cancelled_waiting(self) -> None:
+        if any(j.cancelled for j in self._queue):
+            keep = collections.deque()
+            for j in self._queue:
+                if j.cancelled:
+                    j.done = True
+                    self.m["requests_cancelled"] += 1
+                else:
+                    keep.append(j)
+            self._queue = keep
+
+    def _assign(self) -> list:
+        """Pair waiting jobs (FIFO) with idle slots: the idle slot whose cache shares the
+        longest prefix with the prompt, else the least recently used one."""
+        starts = []
+        while self._queue:
+            idle = [s for s in self.slots if not s.busy]
+            if not idle:
+                break
+            job = self._queue.popleft()
+            best, best_n = None, 0
+            for s in idle:
+                n = _common_prefix(s.cache, job.prompt)
+                if n > best_n:
+                    best, best_n = s, n
+            if best is None:
+                best = min(idle, key=lambda s: s.t_last)
+            best.job = job
+            starts.append((best, job))
+        return starts
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        job.slot = slot.id
+        job.t_start = time.perf_counter()
+        prompt = job.prompt
+        if len(prompt) >= self.n_ctx_slot:  # only with context shift: keep n_keep + the tail
+            prompt = self._truncate(prompt)
+            job.prompt = prompt
+        common = _common_prefix(slot.cache, prompt) if job.n_cached >= 0 else 0  # < 0: cache_prompt false
+        if common == len(prompt):
+            common -= 1  # decode the last prompt token again: its logits are needed
+        common = max(common, 0)
+        if common < len(slot.cache):
+            self.ctx.seq_rm(slot.id, common, -1)
+            del slot.cache[common:]
+        job.n_cached = common
+        slot.pending = list(prompt[common:])
+        slot.next_token = None
+        slot.n_shifted = 0
+        slot.out = StopText(self.vocab, job.stops)
+        # llama-server pushes the prompt into the sampler so repetition penalties see it
+        if job.chain is not None:
+            for t in prompt:
+                job.chain.accept(int(t))
+
+    def _truncate(self, prompt: list) -> list:
+        """llama-server's prompt truncation under --context-shift: keep the first n_keep
+        tokens and the last part, dropping whole blocks of (n_ctx_slot - n_keep) / 2."""
+        n_ctx = self.n_ctx_slot
+        n_keep = min(max(self.config.n_keep, 0), n_ctx - 4)
+        n_block = max(1, (n_ctx - n_keep) // 2)
+        n_erase = (len(prompt) - n_keep - n_block) // n_block * n_block
+        return prompt[:n_keep] + prompt[n_keep + n_erase:]
+
+    # -- one step --------------------------------------------------------------------------
+
+    def _room(self, slot: Slot, n: int) -> bool:
+        """Whether ``slot`` can take ``n`` more cells (unified: counting every slot's cache,
+        idle caches are dropped, least recently used first, to make room)."""
+        if len(slot.cache) + n > self.n_ctx_slot:
+            return False
+        if not self.config.kv_unified:
+            return True
+        used = sum(len(s.cache) for s in self.slots) + self._reserved
+        if used + n <= self.n_ctx:
+            return True
+        for s in sorted((s for s in self.slots if not s.busy and s.cache), key=lambda s: s.t_last):
+            self.ctx.seq_rm(s.id, -1, -1)
+            used -= len(s.cache)
+            s.cache = []
+            if used + n <= self.n_ctx:
+                return True
+        return False
+
+    def _context_shift(self, slot: Slot) -> bool:
+        """llama-server's context shift: drop half of what follows the first n_keep tokens and
+        move the rest down (K re-roped). False when it cannot free anything."""
+        n_past = len(slot.cache)
+        n_keep = min(max(self.config.n_keep, 0), n_past - 1)
+        n_discard = (n_past - n_keep) // 2
+        if n_discard <= 0:
+            return False
+        self.ctx.seq_rm(slot.id, n_keep, n_keep + n_discard)
+        self.ctx.seq_add(slot.id, n_keep + n_discard, n_past, -n_discard)
+        del slot.cache[n_keep:n_keep + n_discard]
+        slot.n_shifted += 1
+        return True
+
+    def _step(self) -> None:
+        for s in self.slots:
+            if s.job is not None and s.job.cancelled:
+                self.m["requests_cancelled"] += 1
+                self._release(s)
+        b = self._batch
+        b.n_tokens = 0
+        self._reserved = 0
+        rows = []  # (batch index, slot)
+        # 1. the generating slots' last sampled tokens
+        for s in self.slots:
+            if s.job is None or s.next_token is None:
+                continue
+            if not self._room(s, 1):
+                if not (self.config.context_shift and self._context_shift(s)):
+                    self._finish(s, "length", "limit")
+                    continue
+            batch_add(b, s.next_token, len(s.cache), (s.id,), True)
+            self._reserved += 1
+            rows.append((b.n_tokens - 1, s))
+        # 2. prompt chunks, in arrival order, while the batch has room
+        for s in sorted((s for s in self.slots if s.job is not None and s.pending), key=lambda s: s.job.id):
+            budget = self.n_batch - b.n_tokens
+            if budget <= 0:
+                break
+            k = min(len(s.pending), budget)
+            if not self._room(s, k):
+                if self.config.kv_unified and not any(x.busy and x.cache and x is not s for x in self.slots):
+                    self._fail(s, f"the KV cache has no room for the prompt ({len(s.pending)} more tokens, "
+                                  f"{self.n_ctx} cells)")
+                continue  # wait for other slots to finish (unified cache)
+            pos = len(s.cache)
+            for j in range(k):
+                batch_add(b, s.pending[j], pos + j, (s.id,), j == k - 1 and k == len(s.pending))
+            self._reserved += k
+            if k == len(s.pending):
+                rows.append((b.n_tokens - 1, s))
+        if b.n_tokens == 0:
+            if not any(s.busy for s in self.slots):
+                return
+            # every busy slot is waiting for room that cannot come: fail them rather than spin
+            for s in self.slots:
+                if s.busy:
+                    self._fail(s, "the KV cache is full")
+            return
+
+        n = b.n_tokens
+        tokens = b.token[:n].copy()
+        seqs = b.seq_id[:n, 0].copy()
+        n_prompt = n - sum(1 for _, s in rows if s.next_token is not None)
+        t0 = time.perf_counter()
+        try:
+            self.ctx.decode(b)
+        except Exception as e:
+            msg = f"decode failed: {type(e).__name__}: {e}"
+            log.error("%s", msg)
+            for sid in set(int(x) for x in seqs):
+                self._fail(self.slots[sid], msg)
+            return
+        dt = time.perf_counter() - t0
+        self.m["n_decode_total"] += 1
+        self.m["n_busy_slots_total"] += sum(1 for s in self.slots if s.busy)
+        n_gen_rows = sum(1 for _, s in rows if s.next_token is not None)
+        if n_prompt:
+            self.m["prompt_tokens_total"] += n_prompt
+            self.m["prompt_seconds_total"] += dt * n_prompt / n
+        if n_gen_rows:
+            self.m["tokens_predicted_seconds_total"] += dt * n_gen_rows / n
+
+        # the cache now holds what was decoded
+        for i in range(n):
+            s = self.slots[int(seqs[i])]
+            s.cache.append(int(tokens[i]))
+        for s in self.slots:
+            if s.job is not None and s.pending:
+                done = sum(1 for i in range(n) if int(seqs[i]) == s.id)
+                del s.pending[:done]
+
+        now = time.perf_counter()
+        for i, s in rows:
+            job = s.job
+            if job is None:
+                continue
+            if s.next_token is None:  # the prompt's last chunk
+                job.t_prompt_done = now
+            s.next_token = None
+            if job.n_predict == 0:  # llama-server: n_predict 0 only caches the prompt
+                self._finish(s, "length", "limit")
+                continue
+            self._sample(s, job, self.ctx.logits_ith(i))
+        self.m["n_tokens_max"] = max(self.m["n_tokens_max"], max(len(s.cache) for s in self.slots))
+
+    def _sample(self, s: Slot, job: Job, row: np.ndarray) -> None:
+        tok = int(job.sampler.sample(row))
+        eog = bool(self.vocab.is_eog(tok))
+        if eog and not job.ignore_eos:
+            self._finish(s, "stop", "eos")
+            return
+        job.n_gen += 1
+        self.m["tokens_predicted_total"] += 1
+        lp = top = None
+        if job.n_probs:
+            lps = _log_softmax(row)
+            lp = float(lps[tok])
+            if job.n_probs > 0:
+                k = min(job.n_probs, lps.shape[0])
+                idx = np.argpartition(-lps, k - 1)[:k]
+                idx = idx[np.lexsort((idx, -lps[idx]))]
+                top = [(int(t), float(lps[t])) for t in idx]
+        text = s.out.feed(tok)
+        job.emit({"type": "token", "token": tok, "text": text, "logprob": lp, "top": top})
+        if s.out.stopped:
+            self._finish(s, "stop", "word")
+        elif 0 <= job.n_predict <= job.n_gen:
+            self._finish(s, "length", "limit")
+        else:
+            s.next_token = tok
+
+    def _finish(self, s: Slot, reason: str, stop_type: str) -> None:
+        job = s.job
+        tail = s.out.finish() if s.out is not None else ""
+        if tail:
+            job.emit({"type": "token", "token": None, "text": tail, "logprob": None, "top": None})
+        if s.out is not None and s.out.stopped and stop_type != "word":
+            reason, stop_type = "stop", "word"
+        job.t_end = time.perf_counter()
+        if not job.t_prompt_done:
+            job.t_prompt_done = job.t_end
+        word = ""
+        if stop_type == "word":
+            word = s.out.stop_word
+        job.done = True
+        job.emit({"type": "done", "finish_reason": reason, "stop_type": stop_type, "stopping_word": word,
+                  "text": s.out.text if s.out is not None else "", "n_prompt": len(job.prompt),
+                  "n_cached": job.n_cached, "n_gen": job.n_gen, "timings": _timings(job),
+                  "truncated": s.n_shifted > 0})
+        self._release(s)
+
+    def _fail(self, s: Slot, message: str) -> None:
+        job = s.job
+        if job is not None and not job.done:
+            job.done = True
+            job.emit({"type": "error", "message": message})
+        # the sequence may be half decoded: forget it
+        try:
+            self.ctx.seq_rm(s.id, -1, -1)
+        except Exception:  # noqa: BLE001 (a dead context: nothing more to clean)
+            pass
+        s.cache = []
+        self._release(s)
+
+    def _release(self, s: Slot) -> None:
+        if s.job is not None and not s.job.done:
+            s.job.done = True
+            s.job.t_end = time.perf_counter()
+        s.job = None
+        s.pending = []
+        s.next_token = None
+        s.out = None
+        s.t_last = time.perf_counter()
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def slots_info(self) -> list:
+        out = []
+        for s in self.slots:
+            job = s.job
+            out.append({"id": s.id, "n_ctx": self.n_ctx_slot, "is_processing": s.busy,
+                        "id_task": job.id if job is not None else -1,
+                        "n_past": len(s.cache), "n_prompt_pending": len(s.pending),
+                        "n_decoded": job.n_gen if job is not None else 0})
+        return out
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    x = np.asarray(row, dtype=np.float32)
+    m = np.max(x)
+    if not np.isfinite(m):
+        m = np.float32(0.0)
+    z = x - m
+    return z - np.float32(np.log(np.sum(np.exp(z, dtype=np.float32), dtype=np.float32)))
+
+
+def _timings(job: Job) -> dict:
+    n_p = len(job.prompt) - job.n_cached
+    t_p = max(job.t_prompt_done - job.t_start, 0.0) * 1e3
+    t_g = max(job.t_end - job.t_prompt_done, 0.0) * 1e3
+    return {"cache_n": job.n_cached, "prompt_n": n_p, "prompt_ms": t_p,
+            "prompt_per_token_ms": t_p / n_p if n_p else 0.0,
+            "prompt_per_second": 1e3 * n_p / t_p if t_p > 0 else 0.0,
+            "predicted_n": job.n_gen, "predicted_ms": t_g,
+            "predicted_per_token_ms": t_g / job.n_gen if job.n_gen else 0.0,
+            "predicted_per_second": 1e3 * job.n_gen / t_g if t_g > 0 else 0.0}
+
