@@ -271,8 +271,9 @@ def test_error_shapes(server):
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="x", messages=[], max_tokens=4)
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(model="x", messages=MSGS, tools=[{"type": "function", "function": {"name": "f"}}])
-    assert "tool" in str(e.value)
+        c.chat.completions.create(model="x", messages=MSGS, tools=[{"type": "function", "function": {"name": "f"}}],
+                                  tool_choice={"type": "function", "function": {"name": "g"}})
+    assert "names no function" in str(e.value)
     r = server.http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = server.http.get("/no/such/route")
@@ -405,3 +406,98 @@ def test_malformed_bodies(server):
     check()
     assert server.client().completions.create(model="x", prompt="hi", max_tokens=2).choices[0].text is not None
     server.idle()
+
+
+def test_logit_bias(server):
+    toks = server.post("/tokenize", {"content": " banana"}).json()["tokens"]
+    assert len(toks) == 1
+    r = server.client().completions.create(model="x", prompt=PROMPT, max_tokens=3, temperature=0,
+                                           logit_bias={str(toks[0]): 100})
+    assert r.choices[0].text == " banana" * 3
+    # llama-server's form: [text, bias] pairs; false bans a token
+    want = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0}).json()
+    first = want["tokens"][0]
+    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0,
+                                    "logit_bias": [[first, False]]}).json()
+    assert r["tokens"][0] != first
+
+
+def test_context_full_and_context_shift(smollm2_path):
+    s = Server(smollm2_path, "-np", 1, "-c", 256)
+    try:
+        r = s.post("/completion", {"prompt": "Go:", "n_predict": 400, "ignore_eos": True}).json()
+        # the cache fills up (256 cells); the token sampled from the last cell's logits is returned too
+        assert r["tokens_predicted"] + r["tokens_evaluated"] == 257 and r["stop_type"] == "limit"
+        assert r["truncated"] is False
+        r = s.client().completions.create(model="x", prompt="Go:", max_tokens=400, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 257 - r.usage.prompt_tokens
+    finally:
+        s.close()
+    s = Server(smollm2_path, "-np", 1, "-c", 256, "--context-shift", "--keep", 4)
+    try:
+        r = s.post("/completion", {"prompt": "Go:", "n_predict": 400, "ignore_eos": True}).json()
+        assert r["tokens_predicted"] == 400 and r["truncated"] is True
+        slots = s.idle()
+        assert slots[0]["n_past"] <= 256
+    finally:
+        s.close()
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _check_call(call):
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city"} and isinstance(args["city"], str)
+
+
+def test_tool_calls_generic_format(server):
+    """SmolLM2's template knows no tools: llama.cpp's generic format (a system message and a
+    JSON reply constrained by a grammar)."""
+    c = server.client()
+    r = c.chat.completions.create(model="x", messages=ASK, tools=WEATHER, tool_choice="required", max_tokens=80,
+                                  temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content is None
+    _check_call(r.choices[0].message.tool_calls[0])
+    deltas = [ch.choices[0].delta for ch in c.chat.completions.create(
+        model="x", messages=ASK, tools=WEATHER, tool_choice="required", max_tokens=80, temperature=0, stream=True)
+        if ch.choices]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.arguments == r.choices[0].message.tool_calls[0].function.arguments
+    # auto: either a call or a reply, never the JSON wrapper as text
+    r = c.chat.completions.create(model="x", messages=ASK, tools=WEATHER, max_tokens=120, temperature=0)
+    m = r.choices[0].message
+    if m.tool_calls:
+        _check_call(m.tool_calls[0])
+    else:
+        assert m.content and not m.content.lstrip().startswith('{"response"')
+    # the call's result goes back in and the conversation continues
+    call = r.choices[0].message.tool_calls[0] if m.tool_calls else None
+    if call is not None:
+        follow = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        r2 = c.chat.completions.create(model="x", messages=follow, tools=WEATHER, max_tokens=60, temperature=0)
+        assert r2.choices[0].message.content or r2.choices[0].message.tool_calls
+
+
+def test_tool_calls_hermes_format(qwen25_path):
+    """Qwen 2.5's template prints <tool_call> blocks: the tools go to the template, the reply
+    is constrained to <tool_call> JSON blocks and parsed back."""
+    s = Server(qwen25_path, "-np", 1, "-c", 2048)
+    try:
+        props = s.http.get("/props").json()
+        assert "<tool_call>" in props["chat_template"]
+        prompt = s.post("/apply-template", {"messages": ASK}).json()["prompt"]
+        assert "get_weather" not in prompt
+        r = s.client().chat.completions.create(model="x", messages=ASK, tools=WEATHER, tool_choice="required",
+                                               max_tokens=60, temperature=0)
+        assert r.choices[0].finish_reason == "tool_calls"
+        _check_call(r.choices[0].message.tool_calls[0])
+    finally:
+        s.close()

@@ -450,19 +450,20 @@ def create_app(state: ServerState):
 
     # ---------------------------------------------------------------- generation
 
-    async def run_generation(request, body, prompts, g, n, shape):
-        """Queue the jobs and answer in ``shape`` ("native", "oai", "chat")."""
+    async def run_generation(request, body, prompts, g, n, shape, tools=None):
+        """Queue the jobs and answer in ``shape`` ("native", "oai", "chat"); ``tools`` (a
+        ToolCalls) turns chat replies into tool calls."""
         loop = asyncio.get_running_loop()
         run = _Run(state, loop)
         await _submit(state, run, prompts, g, n)
         meta = {"id": ("chatcmpl-" if shape == "chat" else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": state.model_id}
         if g.stream:
-            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body),
+            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body, tools),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         per = await _collect(request, run)
-        return JSONResponse(_final(state, per, prompts, n, shape, meta, body))
+        return JSONResponse(_final(state, per, prompts, n, shape, meta, body, tools))
 
     async def completion_native(request):
         body = check_fields(await _read_json(request, cfg.max_body),
@@ -505,14 +506,19 @@ def create_app(state: ServerState):
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
                              defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
         n = _int_field(body, "n", 1, cfg.max_n, 1)
-        tools = body.get("tools")
-        if tools:
-            raise BadRequest("'tools': tool calling is not supported by pyllama serve yet; describe the tools "
-                             "in a system message and ask for JSON with response_format instead")
-        if body.get("tool_choice") not in (None, "none", "auto"):
-            raise BadRequest(f"'tool_choice' = {body.get('tool_choice')!r} needs tools, which are not supported yet")
+        tools = None
         if body.get("parallel_tool_calls") not in (None, True, False):
             raise BadRequest("'parallel_tool_calls' must be true or false")
+        if body.get("tools") is not None:
+            from ..tool_calls import ToolCallError, ToolCalls
+
+            try:
+                tools = ToolCalls(state.chat.source, body["tools"], body.get("tool_choice", "auto"),
+                                  bool(body.get("parallel_tool_calls", False)))
+            except ToolCallError as e:
+                raise BadRequest(str(e)) from None
+        elif body.get("tool_choice") not in (None, "none", "auto"):
+            raise BadRequest(f"'tool_choice' = {body.get('tool_choice')!r} needs 'tools'")
         lp = body.get("logprobs")
         if lp not in (None, True, False):
             raise BadRequest("'logprobs' must be true or false")
@@ -532,8 +538,16 @@ def create_app(state: ServerState):
         _stream_options(body, g)
         msgs = _messages(body)
         kw = _template_kwargs(body)
+        if tools is not None:
+            if tools.grammar is not None:
+                if g.grammar is not None or g.json_schema is not None:
+                    raise BadRequest("'tools' constrain the reply with their own grammar: pass no 'grammar', "
+                                     "'json_schema' or 'response_format' with them")
+                g.grammar = tools.grammar
+            msgs = tools.messages(msgs)
+            kw = {**kw, **tools.template_vars()}
         prompt = await run_in_threadpool(lambda: state.chat.tokens(msgs, True, **kw))
-        return await run_generation(request, body, [prompt], g, n, "chat")
+        return await run_generation(request, body, [prompt], g, n, "chat", tools)
 
     def _stream_options(body, g):
         so = body.get("stream_options")
@@ -703,7 +717,19 @@ def _native_final(state, done: dict, evs: list, prompt: list, content: str, job_
     return out
 
 
-def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict):
+def _chat_message(text: str, tools) -> tuple:
+    """(message dict, finish_reason override or None) for a chat reply."""
+    if tools is None:
+        return {"role": "assistant", "content": text}, None
+    content, calls = tools.parse(text)
+    msg: dict = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+        return msg, "tool_calls"
+    return msg, None
+
+
+def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None):
     choices, dones = [], []
     for idx in sorted(per):
         evs = per[idx]
@@ -726,8 +752,9 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
             choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
         else:
             lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
-            choices.append({"index": idx, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": done["finish_reason"]})
+            msg, fin = _chat_message(text, tools)
+            choices.append({"index": idx, "message": msg, "logprobs": lp,
+                            "finish_reason": fin or done["finish_reason"]})
     if shape == "native":
         return choices[0] if len(choices) == 1 else choices
     timings = dones[0]["timings"] if dones else {}
@@ -740,9 +767,12 @@ def _prompt_text(state, prompt: list) -> str:
     return b"".join(state.vocab.token_to_piece(int(t), False) for t in prompt).decode("utf-8", "replace")
 
 
-async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict):
-    """SSE chunks as the scheduler emits tokens. Leaving early (client gone) cancels the jobs."""
+async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None):
+    """SSE chunks as the scheduler emits tokens. Leaving early (client gone) cancels the jobs.
+    With tools, a choice's reply is held until it is complete (it may be a tool call, which
+    is sent as one delta) and then sent as content or tool_calls."""
     dones: list = []
+    held: dict = {}
     finished = False
     try:
         base = {"id": meta["id"], "created": meta["created"], "model": meta["model"],
@@ -777,6 +807,8 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                         yield _sse({**base, "object": "text_completion",
                                     "choices": [{"text": ev["text"], "index": i, "logprobs": lp,
                                                  "finish_reason": None}]})
+                    elif tools is not None:
+                        held.setdefault(i, []).append(ev["text"])
                     else:
                         lp = _chat_logprobs(state, [ev]) if body.get("logprobs") else None
                         yield _sse({**base, "object": "chat.completion.chunk",
@@ -792,9 +824,21 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                                 "choices": [{"text": "", "index": i, "logprobs": None,
                                              "finish_reason": ev["finish_reason"]}], "timings": ev["timings"]})
                 else:
+                    fin = None
+                    if tools is not None:
+                        msg, fin = _chat_message("".join(held.pop(i, [])), tools)
+                        delta: dict = {}
+                        if msg["content"]:
+                            delta["content"] = msg["content"]
+                        if msg.get("tool_calls"):
+                            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
+                        if delta:
+                            yield _sse({**base, "object": "chat.completion.chunk",
+                                        "choices": [{"index": i, "delta": delta, "logprobs": None,
+                                                     "finish_reason": None}]})
                     yield _sse({**base, "object": "chat.completion.chunk",
                                 "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                             "finish_reason": ev["finish_reason"]}], "timings": ev["timings"]})
+                                             "finish_reason": fin or ev["finish_reason"]}], "timings": ev["timings"]})
         except asyncio.TimeoutError:
             run.cancel()
             yield _sse({"error": {"code": 504, "message": f"no progress for {state.config.timeout:g} s "
