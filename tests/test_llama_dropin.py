@@ -80,8 +80,7 @@ def test_refused_constructor_parameters_say_why(smollm2_path, kw, why):
 
 REFUSED_CALLS = {
     "completion-tfs_z": (lambda m: m.create_completion(PROMPT, tfs_z=0.9), "tail-free"),
-    "chat-tools": (lambda m: m.create_chat_completion(CHAT, tools=[{"type": "function"}]), "tool calling"),
-    "chat-functions": (lambda m: m.create_chat_completion(CHAT, functions=[{"name": "f"}]), "tool calling"),
+    "chat-functions": (lambda m: m.create_chat_completion(CHAT, functions=[{"name": "f"}]), "legacy functions"),
     "chat-logprobs": (lambda m: m.create_chat_completion(CHAT, logprobs=True), "log-probabilities"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
@@ -296,3 +295,26 @@ def test_chat_json_schema_response_format(llm):
         out = llm.create_chat_completion(CHAT, response_format=rf, max_tokens=48, temperature=0.0)
         doc = json.loads(out["choices"][0]["message"]["content"])
         assert set(doc) == {"name", "age"} and isinstance(doc["age"], int) and isinstance(doc["name"], str)
+
+
+def test_chat_tools(llm):
+    """tools= with llama.cpp's generic format on SmolLM2 (its template has no tool support):
+    tool_choice "required" gives a parsed call, streamed as one tool_calls delta too."""
+    import json
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "What time is it in Rome?"}]
+    r = llm.create_chat_completion(msgs, tools=tools, tool_choice="required", max_tokens=60, temperature=0)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_time" and set(json.loads(call["function"]["arguments"])) == {"city"}
+    chunks = list(llm.create_chat_completion(msgs, tools=tools, tool_choice="required", max_tokens=60,
+                                             temperature=0, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert [c["function"]["arguments"] for c in calls] == [call["function"]["arguments"]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    with pytest.raises(ValueError, match="names no function"):
+        llm.create_chat_completion(msgs, tools=tools, tool_choice={"type": "function", "function": {"name": "x"}})

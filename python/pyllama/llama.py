@@ -33,6 +33,7 @@ import numpy as np
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
 from .generation import Session, StopText, load_model
 from .grammar import GrammarError
+from .tool_calls import reply_message
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
 
 __all__ = [
@@ -1014,10 +1015,21 @@ class Llama:
 
     # -- chat ------------------------------------------------------------------------
 
-    def _render_chat(self, messages, add_generation_prompt=True) -> str:
+    def _template_source(self) -> str:
+        """The chat template's text (or built-in name) that renders this Llama's chats."""
+        fmt = _CHAT_FORMAT_ALIASES.get(self.chat_format, self.chat_format)
+        if fmt in BUILTIN_TEMPLATES:
+            return fmt
+        if fmt in (None, "chat_template.default"):
+            return self._model.chat_template() or "chatml"
+        return fmt
+
+    def _render_chat(self, messages, add_generation_prompt=True, **extra) -> str:
         fmt = _CHAT_FORMAT_ALIASES.get(self.chat_format, self.chat_format)
         v = self._vocab
         if fmt in BUILTIN_TEMPLATES:
+            if extra:
+                raise ValueError(f"the built-in {fmt} chat format takes no template variables ({', '.join(extra)})")
             return apply_builtin(fmt, messages, add_generation_prompt)
         if self._chat_template is None:
             if fmt in (None, "chat_template.default"):
@@ -1029,14 +1041,16 @@ class Llama:
                                  f"{', '.join(sorted(set(BUILTIN_TEMPLATES) | set(_CHAT_FORMAT_ALIASES)))}, "
                                  "'chat_template.default', None or a Jinja template text")
             if not src:
+                if extra:
+                    raise ValueError(f"the built-in chatml chat format takes no template variables ({', '.join(extra)})")
                 return apply_builtin("chatml", messages, add_generation_prompt)
             self._chat_template = ChatTemplate(
                 src, bos_token=_token_text(v, v.bos), eos_token=_token_text(v, v.eos),
                 name=f"{Path(self.model_path).name}: chat template")
-        return self._chat_template.render(messages, add_generation_prompt)
+        return self._chat_template.render(messages, add_generation_prompt, **extra)
 
-    def _chat_prompt_tokens(self, messages) -> list[int]:
-        text = self._render_chat(messages, True)
+    def _chat_prompt_tokens(self, messages, **extra) -> list[int]:
+        text = self._render_chat(messages, True, **extra)
         v = self._vocab
         bos_text = _token_text(v, v.bos)
         # templates usually print BOS themselves; add it only when they do not
@@ -1087,12 +1101,29 @@ class Llama:
                 mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model,
                 logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
         where = "Llama.create_chat_completion"
-        for name, v in (("functions", functions), ("function_call", function_call), ("tools", tools),
-                        ("tool_choice", tool_choice)):
+        for name, v in (("functions", functions), ("function_call", function_call)):
             if v is not None:
-                raise _not_yet(where, name, v, "function / tool calling is not implemented in pyllama yet; "
-                               "describe the tools in a system message and parse the reply yourself")
+                raise _not_yet(where, name, v, "the legacy functions / function_call API is not implemented; "
+                               "pass tools= and tool_choice= (OpenAI's current shape)")
+        tc = None
+        if tools is not None:
+            from .tool_calls import ToolCalls
+
+            tc = ToolCalls(self._template_source(), tools, tool_choice)
+        elif tool_choice not in (None, "none", "auto"):
+            raise ValueError(f"{where}: tool_choice={tool_choice!r} needs tools=")
         grammar = _response_format_grammar(where, response_format, grammar)
+        extra: dict = {}
+        if tc is not None:
+            if tc.grammar is not None:
+                if grammar is not None:
+                    raise ValueError(f"{where}: tools constrain the reply with their own grammar; "
+                                     "pass no grammar / response_format with them")
+                from .llama_grammar import LlamaGrammar
+
+                grammar = LlamaGrammar.from_string(tc.grammar, verbose=False)
+            messages = tc.messages(messages)
+            extra = tc.template_vars()
         if logprobs or top_logprobs:
             raise _not_yet(where, "logprobs" if logprobs else "top_logprobs", logprobs or top_logprobs,
                            "chat completion log-probabilities are not implemented in pyllama yet; "
@@ -1101,7 +1132,7 @@ class Llama:
                                     stream=stream, stop=stop, logit_bias=logit_bias, stopping_criteria=None,
                                     logits_processor=logits_processor, suffix=None)
         self._sess()
-        prompt_tokens = self._chat_prompt_tokens(messages)
+        prompt_tokens = self._chat_prompt_tokens(messages, **extra)
         self._next_seed(seed)
         sampler = self._chain(
             temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
@@ -1124,11 +1155,23 @@ class Llama:
                 base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name}
                 yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                             "finish_reason": None}]}
+                held = []
                 for text, finish in pieces:
-                    if text:
+                    if text and tc is not None:  # a reply that may be a tool call is sent whole
+                        held.append(text)
+                    elif text:
                         yield {**base, "choices": [{"index": 0, "delta": {"content": text},
                                                     "logprobs": None, "finish_reason": None}]}
                     if finish is not None:
+                        if tc is not None:
+                            msg, fin = reply_message("".join(held), tc)
+                            finish = fin or finish
+                            delta = {k: v for k, v in msg.items() if k != "role" and v}
+                            if "tool_calls" in delta:
+                                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+                            if delta:
+                                yield {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                            "finish_reason": None}]}
                         yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
                                                     "finish_reason": finish}], "usage": usage()}
             return gen()
@@ -1136,10 +1179,10 @@ class Llama:
         for text, f in pieces:
             out.append(text)
             finish = f if f is not None else finish
+        msg, fin = reply_message("".join(out), tc)
         return {
             "id": cid, "object": "chat.completion", "created": created, "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(out)},
-                         "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fin or finish}],
             "usage": usage(),
         }
 
@@ -1233,3 +1276,4 @@ def _token_text(vocab, token: int) -> str:
     if token is None or token < 0:
         return ""
     return vocab.token_to_piece(int(token), True).decode("utf-8", "replace")
+

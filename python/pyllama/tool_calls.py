@@ -24,7 +24,7 @@ import re
 import uuid
 from typing import Any, Optional
 
-__all__ = ["ToolCalls", "ToolCallError"]
+__all__ = ["ToolCalls", "ToolCallError", "reply_message"]
 
 
 class ToolCallError(ValueError):
@@ -188,3 +188,14 @@ class ToolCalls:
         args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                 "function": {"name": name, "arguments": args}}
+
+
+def reply_message(text: str, tools: Optional[ToolCalls]) -> tuple:
+    """(OpenAI assistant message, "tool_calls" or None): the reply, parsed into tool calls
+    when the request had tools."""
+    if tools is None:
+        return {"role": "assistant", "content": text}, None
+    content, calls = tools.parse(text)
+    if calls:
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": content}, None

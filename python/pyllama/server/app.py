@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .engine import Engine, EngineConfig, Job, PromptTooLong, QueueFull
+from ..tool_calls import reply_message
 from .params import (COMMON_FIELDS, BadRequest, check_fields, parse_generation, response_format_schema)
 
 log = logging.getLogger("pyllama.server")
@@ -717,18 +718,6 @@ def _native_final(state, done: dict, evs: list, prompt: list, content: str, job_
     return out
 
 
-def _chat_message(text: str, tools) -> tuple:
-    """(message dict, finish_reason override or None) for a chat reply."""
-    if tools is None:
-        return {"role": "assistant", "content": text}, None
-    content, calls = tools.parse(text)
-    msg: dict = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-        return msg, "tool_calls"
-    return msg, None
-
-
 def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None):
     choices, dones = [], []
     for idx in sorted(per):
@@ -752,7 +741,7 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
             choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
         else:
             lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
-            msg, fin = _chat_message(text, tools)
+            msg, fin = reply_message(text, tools)
             choices.append({"index": idx, "message": msg, "logprobs": lp,
                             "finish_reason": fin or done["finish_reason"]})
     if shape == "native":
@@ -826,7 +815,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                 else:
                     fin = None
                     if tools is not None:
-                        msg, fin = _chat_message("".join(held.pop(i, [])), tools)
+                        msg, fin = reply_message("".join(held.pop(i, [])), tools)
                         delta: dict = {}
                         if msg["content"]:
                             delta["content"] = msg["content"]
