@@ -62,9 +62,14 @@ class Server:
                 raise RuntimeError("server did not start in 120 s")
             time.sleep(0.2)
         self.http = httpx.Client(base_url=self.url, timeout=120)
+        self._clients: dict = {}
 
     def client(self, key="none"):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        """One openai client per key, closed with the server (an unclosed one leaves its
+        sockets to the garbage collector: a ResourceWarning, an error under pytest here)."""
+        if key not in self._clients:
+            self._clients[key] = openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        return self._clients[key]
 
     def post(self, path, body, **kw):
         return self.http.post(path, json=body, **kw)
@@ -79,6 +84,8 @@ class Server:
             time.sleep(0.05)
 
     def close(self):
+        for c in self._clients.values():
+            c.close()
         self.http.close()
         self.proc.terminate()
         try:

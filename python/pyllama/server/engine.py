@@ -410,13 +410,13 @@ class Engine:
             self.m["tokens_predicted_seconds_total"] += dt * n_gen_rows / n
 
         # the cache now holds what was decoded
-        for i in range(n):
-            s = self.slots[int(seqs[i])]
-            s.cache.append(int(tokens[i]))
-        for s in self.slots:
-            if s.job is not None and s.pending:
-                done = sum(1 for i in range(n) if int(seqs[i]) == s.id)
-                del s.pending[:done]
+        toks = tokens.tolist()
+        for sid in set(seqs.tolist()):
+            s = self.slots[sid]
+            mine = [t for t, q in zip(toks, seqs.tolist()) if q == sid]
+            s.cache.extend(mine)
+            if s.pending:
+                del s.pending[:len(mine)]
 
         now = time.perf_counter()
         for i, s in rows:
