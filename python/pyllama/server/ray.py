@@ -8,8 +8,11 @@ Each replica is a Ray actor that loads the model once, starts its own
 proxy spreads requests over the replicas (at most ``max_ongoing_requests`` each, by default
 twice the slots, so a replica keeps its batch full and the rest wait in Ray's router for the
 first free replica). Every response carries an ``x-pyllama-replica`` header naming the replica
-that answered. Needs ``pip install 'ray[serve]'`` (and pyllama, plus the model file at the
-same path, on every node that runs a replica).
+that answered. Ray Serve's health check replaces a replica whose engine has died. A client
+that goes away (streaming or not) is cancelled through the proxy and frees its slot.
+
+Needs ``pip install 'ray[serve]'`` (and pyllama, plus the model file at the same path, on
+every node that runs a replica).
 
 One machine (Ray starts a local cluster; the proxy listens on 127.0.0.1:8000)::
 
@@ -25,7 +28,10 @@ or from Python::
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     serve.run(app("/models/m.gguf", num_replicas=2, num_cpus=4, n_parallel=4), name="pyllama")
 
-A cluster of several machines::
+A cluster of several machines (keep Ray's ports on a private network; with Ray's token
+authentication, ``RAY_AUTH_MODE=token`` and the same token on every node: ``ray
+get-auth-token --generate`` on the head, then ``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token`` on
+the others)::
 
     # head node
     ray start --head --port=6379
@@ -52,6 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
@@ -105,6 +112,19 @@ def _replica_name() -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
 
 
+_state = None  # this replica's ServerState (each replica is a Ray actor: a process of its own)
+
+
+class _Replica:
+    """The deployment class that ``serve.ingress`` wraps around the app: Ray Serve calls its
+    ``check_health`` every few seconds and replaces a replica whose engine has died."""
+
+    def check_health(self) -> None:
+        st = _state
+        if st is not None and st.engine.fatal is not None:
+            raise RuntimeError(f"the pyllama engine has stopped: {st.engine.fatal}")
+
+
 def _replica_app(s: dict):
     """Load the model, make the engine and the Starlette app (the engine starts and stops with
     the app's lifespan, which Ray Serve runs when the replica starts and stops)."""
@@ -124,7 +144,8 @@ def _replica_app(s: dict):
     cfg = ServerConfig(model_path=str(path), alias=s["alias"], api_keys=list(s["api_keys"]),
                        chat_template=s["chat_template"], metrics=s["metrics"], slots=s["slots"],
                        timeout=s["timeout"], n_predict=s["n_predict"], sampling=sampling, engine=ecfg)
-    state = ServerState(model, cfg)
+    global _state
+    state = _state = ServerState(model, cfg)
     asgi = create_app(state)
     name = _replica_name()
     if hasattr(asgi, "add_middleware"):  # keep the Starlette app (Ray adds its exception handlers to it)
@@ -132,8 +153,8 @@ def _replica_app(s: dict):
     else:
         asgi = _ReplicaHeader(asgi, name)
     e = state.engine
-    log.warning("pyllama replica %s: %s, %d slots x %d tokens, %d threads", name, path.name, len(e.slots),
-                e.n_ctx_slot, s["threads"])
+    print(f"pyllama replica {name}: {path.name}, {len(e.slots)} slots x {e.n_ctx_slot} tokens, "
+          f"{s['threads']} threads, chat template: {state.chat.name}", file=sys.stderr, flush=True)
     return asgi
 
 
@@ -158,9 +179,10 @@ def app(model: Union[str, Path, None] = None, *, num_replicas: Union[int, str] =
     ``n_predict``, ``api_keys``, ``alias``, ``chat_template``, ``metrics``, ``slots``,
     ``timeout``, ``load_mode``: as ``pyllama serve``'s flags, per replica. ``sampling``:
     default :class:`~pyllama.sampling.SamplerParams` fields (``{"temp": 0.7}``).
-    ``max_ongoing_requests``: requests Ray sends one replica at a time (default 2 *
-    n_parallel). ``num_replicas="auto"`` with ``ray_actor_options`` / Ray's autoscaling
-    defaults is passed through as is.
+    ``max_ongoing_requests``: the most requests Ray's router gives one replica at a time
+    (default 2 * n_parallel; more wait in the router). ``num_replicas="auto"``: Ray Serve's
+    default autoscaling. ``ray_actor_options``: more Ray actor options per replica (e.g.
+    ``{"runtime_env": ...}``; its ``num_cpus`` wins over the argument).
     """
     from ..sampling import SamplerParams
 
@@ -211,7 +233,7 @@ def app(model: Union[str, Path, None] = None, *, num_replicas: Union[int, str] =
         return _replica_app(settings)
 
     opts = {"num_cpus": num_cpus, **(ray_actor_options or {})}
-    deployment = serve.deployment(serve.ingress(build_asgi_app)(), name=name, num_replicas=num_replicas,
+    deployment = serve.deployment(serve.ingress(build_asgi_app)(_Replica), name=name, num_replicas=num_replicas,
                                   ray_actor_options=opts, max_ongoing_requests=max_ongoing_requests)
     return deployment.bind()
 
