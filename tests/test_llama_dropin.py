@@ -63,7 +63,6 @@ def test_unknown_constructor_keyword_is_a_type_error(smollm2_path, kw):
 # -- refused until built ---------------------------------------------------------------------
 
 REFUSED_INIT = [
-    ({"embedding": True}, "issue 16"),
     ({"lora_path": "adapter.gguf"}, "LoRA"),
     ({"draft_model": object()}, "speculative"),
     ({"spm_infill": True}, "fill-in-the-middle"),
@@ -84,8 +83,6 @@ REFUSED_CALLS = {
     "chat-logprobs": (lambda m: m.create_chat_completion(CHAT, logprobs=True), "log-probabilities"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
-    "embed": (lambda m: m.embed("hi"), "issue 16"),
-    "create_embedding": (lambda m: m.create_embedding("hi"), "issue 16"),
     "set_cache": (lambda m: m.set_cache(object()), "issue 15"),
 }
 
@@ -318,3 +315,38 @@ def test_chat_tools(llm):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     with pytest.raises(ValueError, match="names no function"):
         llm.create_chat_completion(msgs, tools=tools, tool_choice={"type": "function", "function": {"name": "x"}})
+
+
+def test_embed_needs_embedding_mode(llm):
+    with pytest.raises(RuntimeError, match="embedding=True"):
+        llm.embed("hi")
+
+
+def test_embed_and_create_embedding(smollm2_path):
+    """Llama(embedding=True): per-token vectors with the decoder's pooling (none), pooled
+    with pooling_type; several inputs packed in one decode give what each gives alone."""
+    import numpy as np
+
+    from pyllama import Context, Model
+    from pyllama.generation import vocab_of
+
+    e = Llama(str(smollm2_path), embedding=True, pooling_type=1, verbose=False, n_ctx=512)
+    one = e.embed("Hello world")
+    assert isinstance(one, list) and len(one) == e.n_embd()
+    many = e.embed(["Hello world", "A second, longer sentence to embed.", "x"], normalize=True)
+    assert np.allclose(np.asarray(many[0]), np.asarray(one) / np.linalg.norm(one), atol=1e-6)
+    assert all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in many)
+    # the same as pooling by hand over an embeddings context's per-token hidden states
+    m = Model.load(smollm2_path)
+    toks = vocab_of(m).tokenize("A second, longer sentence to embed.", add_special=True)
+    ctx = Context(m, n_ctx=512, embeddings=True)
+    ctx.decode(toks)
+    want = ctx.embeddings.mean(axis=0)
+    got = np.asarray(e.embed("A second, longer sentence to embed."))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    r = e.create_embedding(["a", "b c"])
+    assert [d["index"] for d in r["data"]] == [0, 1] and r["usage"]["prompt_tokens"] > 0
+    none = Llama(str(smollm2_path), embedding=True, verbose=False, n_ctx=512)
+    per_token = none.embed("Hello world")
+    assert len(per_token) == len(none.tokenize(b"Hello world"))
+    assert len(per_token[0]) == none.n_embd()

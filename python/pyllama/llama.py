@@ -249,8 +249,6 @@ def _not_yet(where: str, param: str, value: Any, why: str) -> NotImplementedErro
 
 _TFS_WHY = ("tail-free sampling was removed from llama.cpp (llama-cpp-python accepts tfs_z and ignores it); "
             "pass tfs_z=1.0, or use top_p / min_p / typical_p")
-_EMBED_WHY = ("embedding mode (create_embedding / embed) is not implemented in pyllama.Llama yet (issue 16); "
-              "use pyllama.Context(model, embeddings=True) and Context.embeddings_seq for now")
 
 
 class LlamaState:
@@ -382,8 +380,6 @@ class Llama:
         """
         where = "Llama"
         # refused: not built yet
-        if embedding:
-            raise _not_yet(where, "embedding", embedding, _EMBED_WHY)
         if lora_path is not None:
             raise _not_yet(where, "lora_path", lora_path, "LoRA adapters are not supported by pyllama yet; "
                            "merge the adapter into the model (llama.cpp's llama-export-lora) and load the result")
@@ -460,12 +456,17 @@ class Llama:
                     cparams["swa_full"] = swa_full
                 if op_offload is not None:
                     cparams["op_offload"] = op_offload
+                if embedding:
+                    # embed() packs several inputs (one sequence each) into a decode; one
+                    # unified cache lets each use the whole context
+                    cparams.update(embeddings=True, n_seq_max=64, kv_unified=True)
                 self._session = Session(self._model, **cparams)
         if verbose:
             n = self._session.n_ctx if self._session else 0
             print(f"pyllama: loaded {self.model_path} ({self._model.desc}) in "
                   f"{time.perf_counter() - t0:.2f} s, n_ctx = {n}, n_vocab = {len(self._vocab)}", file=sys.stderr)
         self.n_gpu_layers = n_gpu_layers
+        self._embedding = bool(embedding)
         self._seed = seed or LLAMA_DEFAULT_SEED
         self._logits_all = bool(logits_all)
         self.last_n_tokens_size = last_n_tokens_size
@@ -1004,14 +1005,48 @@ class Llama:
             stopping_criteria=stopping_criteria, logits_processor=logits_processor, grammar=grammar,
             logit_bias=logit_bias)
 
-    # -- embeddings (not yet) ----------------------------------------------------------
+    # -- embeddings ------------------------------------------------------------------
 
     def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None):
-        raise NotImplementedError(f"Llama.create_embedding(): {_EMBED_WHY}")
+        """OpenAI's embeddings response for ``input`` (a string or a list of strings): one
+        entry per input, pooled (a vector) or, with pooling none, one vector per token, not
+        normalized (llama-cpp-python's behaviour)."""
+        data, n = self.embed(input, return_count=True)
+        if isinstance(input, str):
+            data = [data]
+        return {"object": "list", "model": model or self.model_path,
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
               return_count: bool = False):
-        raise NotImplementedError(f"Llama.embed(): {_EMBED_WHY}")
+        """Embeddings of ``input`` (a string or a list of strings) with the context's pooling
+        (``pooling_type``; decoder models have none unless given, so each token gets a
+        vector): a list of floats per input (a list of such lists with pooling none),
+        euclidean-normalized with ``normalize``; inputs longer than n_batch are cut with
+        ``truncate``, refused without. Needs ``Llama(..., embedding=True)``."""
+        from .embedding import embed_token_lists
+
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        if isinstance(input, str):
+            texts, one = [input], True
+        elif isinstance(input, list) and all(isinstance(t, str) for t in input):
+            texts, one = list(input), False
+        else:
+            raise TypeError(f"Llama.embed: input must be a string or a list of strings, got {type(input).__name__}")
+        sess = self._sess()
+        toks = [self.tokenize(t.encode("utf-8")) for t in texts]
+        if truncate:
+            toks = [t[:self.n_batch] for t in toks]
+        for i, t in enumerate(toks):
+            if len(t) > self.n_batch:
+                raise ValueError(f"Requested tokens ({len(t)}) exceed batch size of {self.n_batch} (input {i})")
+        out = embed_token_lists(sess.ctx, toks, normalize_mode=2 if normalize else -1)
+        self.reset()
+        data = [e.tolist() for e in out]
+        result = data[0] if one else data
+        return (result, sum(len(t) for t in toks)) if return_count else result
 
     # -- chat ------------------------------------------------------------------------
 
