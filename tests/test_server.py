@@ -285,8 +285,9 @@ def test_error_shapes(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = server.http.get("/no/such/route")
     assert r.status_code == 404 and "error" in r.json()
-    r = server.post("/v1/embeddings", {"input": "x"})
+    r = server.post("/v1/embeddings", {"input": "x"})  # a generation server: start with --embedding
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "--embeddings" in r.json()["error"]["message"]
     r = server.post("/completion", {"prompt": [1, 2, 10**9]})
     assert r.status_code == 400 and "10000000" in r.json()["error"]["message"]
 
@@ -518,5 +519,33 @@ def test_tool_calls_hermes_format(qwen25_path):
                                                max_tokens=60, temperature=0)
         assert r.choices[0].finish_reason == "tool_calls"
         _check_call(r.choices[0].message.tool_calls[0])
+    finally:
+        s.close()
+
+
+def test_embeddings_server(smollm2_path):
+    """--embedding --pooling mean: /v1/embeddings through the openai client (which asks for
+    base64) equals Llama(embedding=True).embed(normalize=True); an input's vector does not
+    depend on what else is in the request; completions are refused on this server."""
+    from pyllama import Llama
+
+    s = Server(smollm2_path, "--embedding", "--pooling", "mean", "-np", 4, "-c", 2048)
+    try:
+        texts = ["The cat sat on the mat.", "Stock markets fell today.", "A kitten rests on a rug."]
+        r = s.client().embeddings.create(model="x", input=texts)
+        got = np.array([d.embedding for d in r.data], dtype=np.float32)
+        llm = Llama(str(smollm2_path), embedding=True, pooling_type=1, n_ctx=512, verbose=False, n_threads=2)
+        want = np.array(llm.embed(texts, normalize=True), dtype=np.float32)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+        assert r.usage.prompt_tokens == sum(len(llm.tokenize(t.encode())) for t in texts)
+        sims = got @ got.T
+        assert sims[0, 2] > sims[0, 1]  # the two cat sentences are closer
+        alone = s.client().embeddings.create(model="x", input=texts[1], encoding_format="float").data[0].embedding
+        assert np.array_equal(np.asarray(alone, dtype=np.float32), got[1])
+        native = s.post("/embedding", {"content": texts[0], "embd_normalize": -1}).json()
+        raw = np.asarray(native[0]["embedding"][0], dtype=np.float32)
+        np.testing.assert_allclose(raw / np.linalg.norm(raw), got[0], atol=2e-6)
+        r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 501 and "embeddings" in r.json()["error"]["message"]
     finally:
         s.close()

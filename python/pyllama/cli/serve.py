@@ -75,7 +75,10 @@ def serve(
     chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="Jinja template file"),
     jinja: bool = typer.Option(True, "--jinja", help="Jinja chat templates (always on; accepted for llama-server's "
                                "command lines)"),
-    embedding: bool = typer.Option(False, "--embedding", "--embeddings", help="embeddings endpoints (not available yet)"),
+    embedding: bool = typer.Option(False, "--embedding", "--embeddings",
+                                   help="serve embeddings (/v1/embeddings, /embedding) instead of completions"),
+    pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
+                                          help="pooling of embeddings: none, mean, cls, last (default: the model's)"),
     reranking: bool = typer.Option(False, "--reranking", "--rerank", help="reranking endpoint (not available yet)"),
     metrics: bool = typer.Option(False, "--metrics", help="Prometheus metrics at /metrics"),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="slot states at /slots"),
@@ -98,9 +101,11 @@ def serve(
     and llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots,
     /metrics, /health. Requests share one context: each slot is a sequence, decoded together."""
     _need_server_deps()
-    if embedding or reranking:
-        raise typer.BadParameter("embeddings and reranking are not available in pyllama serve yet "
-                                 "(no encoder models or pooled outputs)", param_hint="--embedding/--reranking")
+    if reranking or pooling == "rank":
+        raise typer.BadParameter("reranking needs a model with a classifier head, which pyllama cannot run yet",
+                                 param_hint="--reranking/--pooling rank")
+    if pooling is not None and not embedding:
+        raise typer.BadParameter("--pooling only applies with --embedding", param_hint="--pooling")
     if cache_reuse:
         raise typer.BadParameter("only 0 (off) is supported: pyllama reuses the longest cached prefix of a "
                                  "slot, not shifted chunks", param_hint="--cache-reuse")
@@ -142,7 +147,8 @@ def serve(
         ecfg = EngineConfig(n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
                             n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
-                            type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size)
+                            type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size,
+                            embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1))
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg)

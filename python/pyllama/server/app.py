@@ -446,14 +446,90 @@ def create_app(state: ServerState):
         return JSONResponse({"prompt": text})
 
     async def not_supported(request):
-        return _error(501, "pyllama does not serve embeddings or reranking yet (no encoder models or pooling "
-                           "output in the server); this endpoint is not available")
+        return _error(501, "reranking and fill-in-the-middle are not available in pyllama serve yet "
+                           "(no model with a classifier head runs in pyllama)")
+
+    async def embeddings(request, oai: bool):
+        if not cfg.engine.embedding:
+            return _error(501, "This server does not support embeddings. Start it with `--embeddings`")
+        allowed = {"input", "model", "encoding_format", "user"} if oai else {"content", "input", "embd_normalize"}
+        body = check_fields(await _read_json(request, cfg.max_body), allowed, request.url.path)
+        inp = body.get("input", body.get("content"))
+        if inp is None:
+            raise BadRequest("'input' is required")
+        from ..embedding import as_inputs
+
+        try:
+            items, _ = as_inputs(inp)
+        except TypeError as e:
+            raise BadRequest(str(e)) from None
+        if len(items) > 256:
+            raise BadRequest(f"'input' has {len(items)} items; at most 256 per request")
+        if oai and state.engine.pooling == 0:
+            raise BadRequest("Pooling type 'none' is not OAI compatible. Please use a different pooling type "
+                             "(start the server with --pooling mean, cls or last)")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise BadRequest("'encoding_format' must be 'float' or 'base64'")
+        norm = body.get("embd_normalize", 2)
+        if isinstance(norm, bool) or not isinstance(norm, int):
+            raise BadRequest("'embd_normalize' must be an integer (-1 none, 0 max-abs, 1 taxicab, 2 euclidean, "
+                             ">2 p-norm)")
+
+        def tok(x):
+            if isinstance(x, str):
+                return list(state.vocab.tokenize(x, add_special=True, parse_special=True))
+            for t in x:
+                if not 0 <= t < state.n_vocab:
+                    raise BadRequest(f"token {t} is not a valid token id (n_vocab = {state.n_vocab})")
+            return list(x)
+
+        prompts = await run_in_threadpool(lambda: [tok(x) for x in items])
+        for p in prompts:
+            state.engine.check_embed_input(len(p))
+        loop = asyncio.get_running_loop()
+        run = _Run(state, loop)
+        for i, p in enumerate(prompts):
+            run.jobs.append(Job(prompt=p, sampler=None, chain=None, emit=run.emit_for(i), embed=True,
+                                normalize=norm))
+        try:
+            for job in run.jobs:
+                state.engine.submit(job)
+        except BaseException:
+            run.cancel()
+            raise
+        per = await _collect(request, run)
+        dones = [next(ev for ev in per[i] if ev["type"] == "done") for i in sorted(per)]
+        if not oai:
+            return JSONResponse([{"index": i, "embedding": d["embedding"]} for i, d in enumerate(dones)])
+        data = []
+        for i, d in enumerate(dones):
+            vec = d["embedding"][0]
+            if fmt == "base64":
+                import base64
+
+                import numpy as np
+
+                vec = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode("ascii")
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        n = sum(d["n_prompt"] for d in dones)
+        return JSONResponse({"object": "list", "data": data, "model": state.model_id,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    async def embeddings_oai(request):
+        return await embeddings(request, True)
+
+    async def embeddings_native(request):
+        return await embeddings(request, False)
 
     # ---------------------------------------------------------------- generation
 
     async def run_generation(request, body, prompts, g, n, shape, tools=None):
         """Queue the jobs and answer in ``shape`` ("native", "oai", "chat"); ``tools`` (a
         ToolCalls) turns chat replies into tool calls."""
+        if cfg.engine.embedding:
+            raise BadRequest("This server does not support completions: it was started with --embeddings",
+                             501, "not_supported_error")
         loop = asyncio.get_running_loop()
         run = _Run(state, loop)
         await _submit(state, run, prompts, g, n)
@@ -577,8 +653,10 @@ def create_app(state: ServerState):
         Route("/chat/completions", endpoint(chat_completion), methods=["POST"]),
         Route("/v1/chat/completions", endpoint(chat_completion), methods=["POST"]),
     ]
-    for path in ("/embedding", "/embeddings", "/v1/embeddings", "/rerank", "/reranking", "/v1/rerank",
-                 "/v1/reranking", "/infill"):
+    routes += [Route("/embedding", endpoint(embeddings_native), methods=["POST"]),
+               Route("/embeddings", endpoint(embeddings_native), methods=["POST"]),
+               Route("/v1/embeddings", endpoint(embeddings_oai), methods=["POST"])]
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/infill"):
         routes.append(Route(path, endpoint(not_supported), methods=["POST"]))
 
     async def http_error(request, exc):

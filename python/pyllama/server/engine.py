@@ -65,6 +65,8 @@ class EngineConfig:
     context_shift: bool = False
     n_keep: int = 0
     max_queue: int = 64
+    embedding: bool = False   # an embeddings server: every token is an output, no generation
+    pooling: int = -1         # LLAMA_POOLING_TYPE_* with embedding (-1: the model's, none for decoders)
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Job:
     stops: list = field(default_factory=list)
     n_probs: int = 0             # top log-probabilities per token (0: none; -1: the token's only)
     ignore_eos: bool = False
+    embed: bool = False          # an embeddings job: the prompt is decoded in one step, then "done"
+    normalize: int = 2           # with embed: llama.cpp's --embd-normalize
     id: int = 0
     cancelled: bool = False
     # filled by the engine
@@ -127,10 +131,14 @@ class Engine:
         self.model = model
         self.vocab = vocab
         self.config = config
+        extra = {}
+        if config.embedding:
+            extra = {"embeddings": True, "pooling_type": config.pooling}
         self.ctx = Context(model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
                            n_seq_max=config.n_parallel, kv_unified=config.kv_unified,
                            n_threads=config.n_threads, n_threads_batch=config.n_threads_batch,
-                           type_k=config.type_k, type_v=config.type_v, no_perf=False)
+                           type_k=config.type_k, type_v=config.type_v, no_perf=False, **extra)
+        self.pooling = int(self.ctx.pooling_type)
         self.n_ctx = int(self.ctx.n_ctx)
         self.n_ctx_slot = int(self.ctx.n_ctx_seq)
         self.n_batch = int(self.ctx.n_batch)
@@ -177,9 +185,20 @@ class Engine:
                                 f"needed; -c {self.n_ctx} over {len(self.slots)} slots"
                                 f"{', unified KV cache' if self.config.kv_unified else ''})")
 
+    def check_embed_input(self, n: int) -> None:
+        """An embeddings input is decoded in one step: it must fit the batch and a slot."""
+        if n == 0:
+            raise ValueError("an input is empty (it tokenizes to no tokens)")
+        if n > self.n_batch or n > self.n_ctx_slot:
+            raise PromptTooLong(f"an input is {n} tokens, too large to process: the batch size is {self.n_batch} "
+                                f"and a slot holds {self.n_ctx_slot} (raise -b / -ub or -c)")
+
     def submit(self, job: Job) -> Job:
         """Queue ``job`` (its prompt already checked); raises :class:`QueueFull`."""
-        self.check_prompt(len(job.prompt))
+        if job.embed:
+            self.check_embed_input(len(job.prompt))
+        else:
+            self.check_prompt(len(job.prompt))
         if self.fatal is not None:
             raise RuntimeError(f"the engine has stopped: {self.fatal}")
         with self._cv:
@@ -280,10 +299,13 @@ class Engine:
         if len(prompt) >= self.n_ctx_slot:  # only with context shift: keep n_keep + the tail
             prompt = self._truncate(prompt)
             job.prompt = prompt
-        common = _common_prefix(slot.cache, prompt) if job.n_cached >= 0 else 0  # < 0: cache_prompt false
+        # < 0: cache_prompt false; an embedding needs every token of its input in one decode
+        common = _common_prefix(slot.cache, prompt) if job.n_cached >= 0 and not job.embed else 0
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
         common = max(common, 0)
+        if job.embed and slot.cache:
+            common = 0
         if common < len(slot.cache):
             self.ctx.seq_rm(slot.id, common, -1)
             del slot.cache[common:]
@@ -293,7 +315,7 @@ class Engine:
         slot.n_shifted = 0
         slot.out = StopText(self.vocab, job.stops)
         # llama-server pushes the prompt into the sampler so repetition penalties see it
-        if job.chain is not None:
+        if job.chain is not None and not job.embed:
             for t in prompt:
                 job.chain.accept(int(t))
 
@@ -349,6 +371,7 @@ class Engine:
         b.n_tokens = 0
         self._reserved = 0
         rows = []  # (batch index, slot)
+        embeds = []  # (first batch index, n tokens, slot) of embedding inputs
         # 1. the generating slots' last sampled tokens
         for s in self.slots:
             if s.job is None or s.next_token is None:
@@ -366,16 +389,21 @@ class Engine:
             if budget <= 0:
                 break
             k = min(len(s.pending), budget)
+            if s.job.embed and k < len(s.pending):
+                continue  # an embedding input goes into one decode whole: wait for room in the batch
             if not self._room(s, k):
                 if self.config.kv_unified and not any(x.busy and x.cache and x is not s for x in self.slots):
                     self._fail(s, f"the KV cache has no room for the prompt ({len(s.pending)} more tokens, "
                                   f"{self.n_ctx} cells)")
                 continue  # wait for other slots to finish (unified cache)
             pos = len(s.cache)
+            first = b.n_tokens
             for j in range(k):
-                batch_add(b, s.pending[j], pos + j, (s.id,), j == k - 1 and k == len(s.pending))
+                batch_add(b, s.pending[j], pos + j, (s.id,), s.job.embed or (j == k - 1 and k == len(s.pending)))
             self._reserved += k
-            if k == len(s.pending):
+            if s.job.embed:
+                embeds.append((first, k, s))
+            elif k == len(s.pending):
                 rows.append((b.n_tokens - 1, s))
         if b.n_tokens == 0:
             if not any(s.busy for s in self.slots):
@@ -419,6 +447,10 @@ class Engine:
                 del s.pending[:len(mine)]
 
         now = time.perf_counter()
+        for first, k, s in embeds:
+            if s.job is not None:
+                s.job.t_prompt_done = now
+                self._finish_embed(s, first, k)
         for i, s in rows:
             job = s.job
             if job is None:
@@ -476,6 +508,24 @@ class Engine:
                   "text": s.out.text if s.out is not None else "", "n_prompt": len(job.prompt),
                   "n_cached": job.n_cached, "n_gen": job.n_gen, "timings": _timings(job),
                   "truncated": s.n_shifted > 0})
+        self._release(s)
+
+    def _finish_embed(self, s: Slot, first: int, k: int) -> None:
+        from ..embedding import normalize
+
+        job = s.job
+        if self.pooling != 0:
+            v = self.ctx.embeddings_seq(s.id)
+            vecs = [normalize(v, job.normalize)]
+        else:
+            vecs = [normalize(self.ctx.embeddings_ith(first + j), job.normalize) for j in range(k)]
+        job.t_end = time.perf_counter()
+        job.done = True
+        job.emit({"type": "done", "embedding": [x.tolist() for x in vecs], "n_prompt": len(job.prompt),
+                  "n_cached": 0, "n_gen": 0, "finish_reason": "stop", "timings": _timings(job)})
+        # the input's cells are of no use to a later request
+        self.ctx.seq_rm(s.id, -1, -1)
+        s.cache = []
         self._release(s)
 
     def _fail(self, s: Slot, message: str) -> None:
