@@ -1,0 +1,130 @@
+"""`pyllama embedding`: llama.cpp's llama-embedding (same flags and output formats).
+
+The prompt (-p or -f) is split at --embd-separator (default a newline) into inputs; each is
+one sequence, decoded with the chosen pooling, normalized per --embd-normalize and printed:
+by default llama-embedding's ``embedding N: ...`` lines (a cosine-similarity matrix under
+several pooled inputs), or ``--embd-output-format json|json+|array|raw``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+from . import _checks as O
+from ._checks import integer, read_text_file, threads as _threads
+
+
+def _fmt(x: float, normalize: int) -> str:
+    return f"{x:1.0f}" if normalize == 0 else f"{x:1.7f}"
+
+
+@app.command("embedding")
+def embedding(
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to embed (split at --embd-separator)"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
+    pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
+                                          help="none, mean, cls or last (default: the model's; none for decoders)"),
+    embd_normalize: int = typer.Option(2, "--embd-normalize", callback=integer(-1),
+                                       help="-1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, >2 p-norm"),
+    embd_output_format: str = typer.Option("", "--embd-output-format",
+                                           callback=O.one_of(("", "json", "json+", "array", "raw")),
+                                           help="'' (llama-embedding's text), json, json+ (with cosine similarities), "
+                                                "array, raw"),
+    embd_separator: str = typer.Option("\n", "--embd-separator", help="separator between inputs in the text"),
+    ctx_size: int = O.opt_ctx_size(),
+    batch_size: int = O.opt_batch_size(),
+    ubatch_size: int = O.opt_ubatch_size(),
+    threads: Optional[int] = O.opt_threads(),
+    threads_batch: Optional[int] = O.opt_threads_batch(),
+    load_mode: str = O.opt_load_mode(),
+) -> None:
+    """Print the embeddings of a text's lines (llama.cpp's llama-embedding)."""
+    import numpy as np
+
+    from ..context import Context
+    from ..embedding import POOLING_NAMES, embed_token_lists
+    from ..errors import PyllamaError
+    from ..generation import load_model, progress_bar, resolve_model_path, vocab_of
+
+    if pooling == "rank":
+        raise typer.BadParameter("rank pooling needs a reranking model (a classifier head), which pyllama "
+                                 "cannot run yet", param_hint="--pooling")
+    if prompt is not None and file is not None:
+        raise typer.BadParameter("give the text once: -p or -f")
+    text = read_text_file(file, "-f") if file is not None else (prompt or "")
+    if not embd_separator:
+        raise typer.BadParameter("the separator is empty", param_hint="--embd-separator")
+    inputs = text.split(embd_separator) if text else [""]
+    try:
+        path = resolve_model_path(model)
+        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))
+        v = vocab_of(m)
+        toks = [list(v.tokenize(t, add_special=True, parse_special=True)) for t in inputs]
+        n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
+        kw = {}
+        t, tb = _threads(threads), _threads(threads_batch)
+        if t:
+            kw["n_threads"] = t
+        if tb or t:
+            kw["n_threads_batch"] = tb or t
+        ctx = Context(m, n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
+                      embeddings=True, n_seq_max=min(max(len(toks), 1), 64), kv_unified=True,
+                      pooling_type=POOLING_NAMES[pooling] if pooling else -1, **kw)
+        embs = embed_token_lists(ctx, toks, normalize_mode=embd_normalize)
+    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    pooled = int(ctx.pooling_type) != 0
+    rows: list = []  # one vector per input (pooled) or per token of every input (pooling none)
+    for e in embs:
+        rows.extend([e] if e.ndim == 1 else list(e))
+    out = sys.stdout
+    fmt = embd_output_format
+    if fmt == "":
+        n_embd = rows[0].shape[0]
+        for j, r in enumerate(rows):
+            if not pooled:
+                vals = " ".join(f"{x:9.6f}" for x in r[:3]) + "  ... " + " ".join(f"{x:9.6f}" for x in r[-3:])
+            else:
+                k = min(16, n_embd) if len(rows) > 1 else n_embd
+                vals = " ".join((f"{x:6.0f}" if embd_normalize == 0 else f"{x:9.6f}") for x in r[:k])
+            out.write(f"embedding {j}: {vals}\n")
+        if pooled and len(rows) > 1:
+            out.write("\ncosine similarity matrix:\n\n")
+            out.write("".join(f"{t[:6]:>6} " for t in inputs) + "\n")
+            for i in range(len(rows)):
+                out.write("".join(f"{_cos(rows[i], rows[j]):6.2f} " for j in range(len(rows))) + f"{inputs[i][:10]}\n")
+    elif fmt in ("json", "json+", "array"):
+        items = ["[" + ",".join(_fmt(float(x), embd_normalize) for x in r) + "]" for r in rows]
+        if fmt == "array":
+            out.write("[" + ",".join(items) + "]\n")
+        else:
+            out.write('{\n  "object": "list",\n  "data": [\n')
+            out.write(",\n".join(f'    {{\n      "object": "embedding",\n      "index": {j},\n      "embedding": {it}\n    }}'
+                                 for j, it in enumerate(items)))
+            out.write("\n  ]")
+            if fmt == "json+" and pooled and len(rows) > 1:
+                out.write(',\n  "cosineSimilarity": [\n')
+                out.write(",\n".join("    [" + ", ".join(f"{_cos(rows[i], rows[j]):6.2f}" for j in range(len(rows))) + "]"
+                                     for i in range(len(rows))))
+                out.write("\n  ]")
+            out.write("\n}\n")
+    else:  # raw
+        for r in rows:
+            out.write(" ".join(_fmt(float(x), embd_normalize) for x in r) + "\n")
+    out.flush()
+
+
+def _cos(a, b) -> float:
+    import numpy as np
+
+    na, nb = float(np.linalg.norm(a.astype(np.float64))), float(np.linalg.norm(b.astype(np.float64)))
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a.astype(np.float64), b.astype(np.float64)) / (na * nb))
