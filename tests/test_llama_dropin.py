@@ -83,7 +83,6 @@ REFUSED_CALLS = {
     "chat-logprobs": (lambda m: m.create_chat_completion(CHAT, logprobs=True), "log-probabilities"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
-    "set_cache": (lambda m: m.set_cache(object()), "issue 15"),
 }
 
 
@@ -350,3 +349,43 @@ def test_embed_and_create_embedding(smollm2_path):
     per_token = none.embed("Hello world")
     assert len(per_token) == len(none.tokenize(b"Hello world"))
     assert len(per_token[0]) == none.n_embd()
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_prompt_cache(smollm2_path, tmp_path, kind, caplog):
+    """A second Llama sharing the cache starts from the first one's saved state (load_state
+    called, only the new tokens decoded) and completes exactly as a fresh Llama does."""
+    from pyllama.llama_cache import LlamaDiskCache, LlamaRAMCache
+
+    make = (lambda: LlamaRAMCache()) if kind == "ram" else (lambda: LlamaDiskCache(str(tmp_path / "c")))
+    prompt = "The history of the Roman Empire begins with"
+    more = prompt + " the founding of Rome, when"
+    fresh = Llama(str(smollm2_path), n_ctx=256, verbose=False, n_threads=2)
+    want = fresh.create_completion(more, max_tokens=8, temperature=0)["choices"][0]["text"]
+    writer = Llama(str(smollm2_path), n_ctx=256, verbose=False, n_threads=2)
+    writer.set_cache(make())
+    writer.create_completion(prompt, max_tokens=4, temperature=0)
+    reader = Llama(str(smollm2_path), n_ctx=256, verbose=False, n_threads=2)
+    cache = make()  # the disk cache reopened from its directory
+    reader.set_cache(cache if kind == "disk" else writer.cache)
+    loads = []
+    orig = reader.load_state
+    reader.load_state = lambda st: (loads.append(st.n_tokens), orig(st))
+    got = reader.create_completion(more, max_tokens=8, temperature=0)["choices"][0]["text"]
+    assert got == want and len(loads) == 1 and loads[0] > 5
+    assert reader._session.stats.n_reused >= len(reader.tokenize(prompt.encode())) - 1
+    with pytest.raises(TypeError):
+        reader.set_cache(object())
+    if kind == "disk":
+        files = list((tmp_path / "c").glob("*.pyllama-cache"))
+        assert len(files) == 2
+        for f in files:  # a damaged file is dropped, never loaded
+            f.write_bytes(f.read_bytes()[:-10] + b"0123456789")
+        reader.load_state = orig
+        with pytest.raises(KeyError):
+            cache[reader.tokenize(more.encode())]
+        assert "damaged" in caplog.text and not list((tmp_path / "c").glob("*.pyllama-cache"))
+    else:
+        small = LlamaRAMCache(capacity_bytes=1)
+        small[[1, 2]] = writer.save_state()
+        assert len(small.cache_state) == 0  # over capacity: dropped

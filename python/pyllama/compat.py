@@ -15,8 +15,8 @@ What maps where:
     llama_cpp.llama_types         pyllama.llama_types
     llama_cpp.llama_chat_format   pyllama.llama_chat_format
     llama_cpp.llama_speculative   LlamaDraftModel, LlamaPromptLookupDecoding
-    llama_cpp.llama_grammar       LlamaGrammar (GBNF; JSON schemas not yet, issue 13)
-    llama_cpp.llama_cache         LlamaRAMCache, LlamaDiskCache: not yet (issue 15), raise
+    llama_cpp.llama_grammar       LlamaGrammar (GBNF, JSON schemas)
+    llama_cpp.llama_cache         LlamaRAMCache, LlamaDiskCache (pyllama.llama_cache)
     llama_cpp._internals          llama-cpp-python's private wrappers: not provided
 
 A class that is not built yet raises NotImplementedError when used, saying what is
@@ -36,26 +36,7 @@ __all__ = ["as_llama_cpp", "LlamaGrammar", "LlamaRAMCache", "LlamaDiskCache"]
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the llama-cpp-python release whose API this follows
 
 
-class BaseLlamaCache:
-    """llama-cpp-python's prompt caches (prompt tokens -> saved context state): they need
-    state save/restore, not implemented in pyllama yet (issue 15)."""
-
-    _WHY = ("prompt caches need context state save/restore, not implemented in pyllama yet (issue 15); "
-            "without one pyllama still reuses the previous call's cached prefix")
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        raise NotImplementedError(f"{type(self).__name__}: {self._WHY}")
-
-
-class LlamaRAMCache(BaseLlamaCache):
-    pass
-
-
-class LlamaDiskCache(BaseLlamaCache):
-    pass
-
-
-LlamaCache = LlamaRAMCache
+from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache  # noqa: E402
 
 
 def _module(name: str, doc: str, **attrs: Any) -> types.ModuleType:
@@ -83,9 +64,7 @@ def as_llama_cpp() -> types.ModuleType:
                           LlamaDraftModel=llama_mod.LlamaDraftModel,
                           LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding)
     from . import llama_grammar as grammar
-    cache = _module("llama_cpp.llama_cache", "pyllama: prompt caches are not implemented yet (issue 15)",
-                    BaseLlamaCache=BaseLlamaCache, LlamaCache=LlamaCache, LlamaRAMCache=LlamaRAMCache,
-                    LlamaDiskCache=LlamaDiskCache)
+    from . import llama_cache as cache
     internals = _module("llama_cpp._internals", "not provided by pyllama")
     internals.__getattr__ = _internals_getattr  # type: ignore[attr-defined]
 

@@ -582,11 +582,39 @@ class Llama:
         self._seed = seed
 
     def set_cache(self, cache) -> None:
-        if cache is not None:
-            raise _not_yet("Llama.set_cache", "cache", cache, "prompt caches (LlamaRAMCache / LlamaDiskCache) "
-                           "are not implemented in pyllama yet (issue 15); Llama.save_state / load_state work, "
-                           "and the previous call's prefix is reused without a cache")
-        self.cache = None
+        """Use a prompt cache (:class:`pyllama.llama_cache.LlamaRAMCache` or
+        ``LlamaDiskCache``), or None for none: each completion starts from the cached state
+        sharing the longest prefix with its prompt and stores its own state afterwards."""
+        from .llama_cache import BaseLlamaCache
+
+        if cache is not None and not isinstance(cache, BaseLlamaCache):
+            raise TypeError(f"Llama.set_cache: cache must be a LlamaRAMCache / LlamaDiskCache or None, "
+                            f"got {type(cache).__name__}")
+        self.cache = cache
+
+    def _cache_lookup(self, prompt_tokens: list) -> None:
+        """Load the cached state that shares more of the prompt than the context holds."""
+        if self.cache is None:
+            return
+        try:
+            item = self.cache[prompt_tokens]
+        except KeyError:
+            if self.verbose:
+                print("Llama._create_completion: cache miss", file=sys.stderr)
+            return
+        ids = np.asarray(item.input_ids)[: int(item.n_tokens)].tolist()
+        if Llama.longest_token_prefix(ids, prompt_tokens) > Llama.longest_token_prefix(self._sess().tokens,
+                                                                                       prompt_tokens):
+            self.load_state(item)
+            if self.verbose:
+                print("Llama._create_completion: cache hit", file=sys.stderr)
+
+    def _cache_store(self) -> None:
+        if self.cache is None or self._session is None or not self._session.tokens:
+            return
+        if self.verbose:
+            print("Llama._create_completion: cache save", file=sys.stderr)
+        self.cache[list(self._session.tokens)] = self.save_state()
 
     def save_state(self) -> "LlamaState":
         """The KV cache, the last logits, the cached tokens and the seed, for load_state
@@ -804,6 +832,7 @@ class Llama:
         if len(prompt_tokens) >= sess.n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {sess.n_ctx}")
         out = StopText(sess.vocab, _check_stop(stop))
+        self._cache_lookup(prompt_tokens)
         self._requires_eval = True
         gen = sess.generate(prompt_tokens, sampler, max_tokens)
         criterion_hit = False
@@ -825,6 +854,7 @@ class Llama:
                     break
         finally:
             gen.close()
+        self._cache_store()
         piece = out.finish()
         if piece:
             yield piece, None

@@ -147,8 +147,6 @@ for _t in ("test_exact_cached_prompt_reuse_matches_fresh", "test_loaded_exact_ca
            "test_ram_cache_exact_prompt_hit_matches_fresh", "test_shorter_prompt_prefix_reuse_matches_fresh"):
     XFAIL[f"test_llama.py::{_t}[llama_cpp_recurrent_model_path-True-False]"] = _REC
     XFAIL[f"test_llama.py::{_t}[llama_cpp_hybrid_model_path-False-True]"] = _HYB
-XFAIL["test_llama.py::test_ram_cache_exact_prompt_hit_matches_fresh[llama_cpp_transformer_model_path-False-False]"] = (
-    "LlamaRAMCache (prompt cache of saved states) is not implemented yet (issue 15)")
 
 
 def pytest_collection_modifyitems(config, items):
