@@ -154,15 +154,26 @@ def test_no_show_timings_and_history(smollm2_path, tmp_path):
 
 
 def test_a_full_context_is_said_and_clear_goes_on(smollm2_path):
-    """-c 64 (a 256-token context: pyllama pads n_ctx to 256): the first reply fills the context (said, reply kept), the next message does
+    """--no-context-shift, -c 64 (a 256-token context: pyllama pads n_ctx to 256): the first reply fills the context (said, reply kept), the next message does
     not fit (an error naming /clear, the chat goes on), after /clear a message works."""
     r = CliRunner().invoke(app, ["chat", "-m", str(smollm2_path), "--temp", "0", "-c", "64", "-n", "-1",
-                                 "--no-show-timings"],
+                                 "--no-show-timings", "--no-context-shift"],
                            input="Write a long story about a dragon.\nAnd then?\n/clear\nHi\n")
     assert r.exit_code == 0, r.output
     assert "context full (n_ctx = 256)" in r.stderr and "/clear" in r.stderr, r.stderr
     assert "exceed the context size" in r.stderr and "Chat history cleared." in r.stderr, r.stderr
     assert len([ln for ln in r.stdout.split("\n") if ln.strip()]) >= 2  # the first and the last reply
+
+
+def test_context_shift_goes_on(smollm2_path):
+    """The default: a reply longer than the context shifts it and goes on (said); the next
+    message drops the oldest messages to fit instead of failing."""
+    r = CliRunner().invoke(app, ["chat", "-m", str(smollm2_path), "--temp", "0", "-c", "64", "-n", "400",
+                                 "--no-show-timings"],
+                           input="Write a very long story about a dragon, in many chapters.\nAnd then?\n")
+    assert r.exit_code == 0, r.output
+    assert "shifted" in r.stderr and "oldest messages were dropped" in r.stderr, r.stderr
+    assert "exceed the context size" not in r.stderr, r.stderr
 
 
 def test_banner_names_model_context_and_template(smollm2_path):

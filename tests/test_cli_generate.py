@@ -112,3 +112,15 @@ def test_gemma_chat_has_one_bos(gemma3_path):
     loop.turn("Hi", build_chain(SamplerParams(temp=0.0), n_vocab=sess.n_vocab), 2)
     bos = sess.vocab.bos
     assert sess.tokens[0] == bos and sess.tokens.count(bos) == 1
+
+
+def test_generate_context_shift(smollm2_path):
+    """-c 64 pads to a 256-token context: without --context-shift generation stops there; with
+    it the context is shifted and -n 400 tokens come out (the perf line counts them)."""
+    base = ["generate", "-m", str(smollm2_path), "-p", "Once upon a time", "-c", "64", "-n", "400", "--temp", "0",
+            "--ignore-eos", "--no-display-prompt"]
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 0 and "context full (n_ctx = 256)" in r.stderr, r.stderr
+    r = CliRunner().invoke(app, base + ["--context-shift", "--keep", "-1"])
+    assert r.exit_code == 0, r.output
+    assert "context full" not in r.stderr and "decoded 400 tokens" in r.stderr, r.stderr

@@ -21,7 +21,7 @@ import numpy as np
 
 from .sampling import SamplerChain, SamplerParams, build_chain
 
-__all__ = ["Session", "TextStream", "StopText", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
+__all__ = ["Session", "TextStream", "StopText", "context_shift", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
 
 
 def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callable[[float], bool]:
@@ -158,6 +158,22 @@ def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
     return n
 
 
+def context_shift(ctx, seq_id: int, tokens: list, n_keep: int = 0) -> int:
+    """llama.cpp's context shift for a full sequence: keep its first ``n_keep`` tokens, drop
+    half of the rest (the oldest) and move the remainder down (K is re-roped, so attention
+    sees them at their new positions). ``tokens`` (what the sequence holds) is cut to match.
+    Returns how many tokens were dropped (0 when nothing can be)."""
+    n_past = len(tokens)
+    n_keep = min(max(int(n_keep), 0), n_past - 1)
+    n_discard = (n_past - n_keep) // 2
+    if n_discard <= 0:
+        return 0
+    ctx.seq_rm(seq_id, n_keep, n_keep + n_discard)
+    ctx.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
+    del tokens[n_keep:n_keep + n_discard]
+    return n_discard
+
+
 @dataclass
 class GenerationStats:
     n_prompt: int = 0          # prompt tokens decoded (after prefix reuse)
@@ -166,6 +182,7 @@ class GenerationStats:
     t_prompt_s: float = 0.0
     t_gen_s: float = 0.0
     stop_reason: str = ""      # "eog", "length", "ctx" (context full) or "stop" (caller)
+    n_shifted: int = 0         # tokens dropped by context shifts during generation
 
 
 class Session:
@@ -263,10 +280,13 @@ class Session:
         return self.ctx.logits_ith(-1)
 
     def generate(self, prompt_tokens: Sequence[int], sampler: SamplerChain, max_tokens: int = -1,
-                 *, ignore_eos: bool = False, decode_last: bool = True) -> Iterator[int]:
+                 *, ignore_eos: bool = False, decode_last: bool = True, shift: bool = False,
+                 n_keep: int = 0) -> Iterator[int]:
         """Decode the prompt, then yield sampled tokens until an end-of-generation token
         (not yielded), ``max_tokens`` (< 0: until the context is full) or a full context.
-        ``self.stats`` tells which. Closing the iterator early stops cleanly.
+        ``self.stats`` tells which. Closing the iterator early stops cleanly. With ``shift``
+        a full context is shifted (:func:`context_shift`, keeping ``n_keep`` tokens) and
+        generation goes on; ``max_tokens < 0`` then means until end of generation.
 
         ``decode_last``: also decode the last returned token at the end, so the cache holds
         prompt + output and a follow-up prompt reuses all of it (llama-simple skips it)."""
@@ -278,8 +298,11 @@ class Session:
             while max_tokens < 0 or stats.n_gen < max_tokens:
                 if pending is not None:
                     if len(self.tokens) >= self._n_ctx:
-                        stats.stop_reason = "ctx"
-                        return
+                        dropped = context_shift(self.ctx, 0, self.tokens, n_keep) if shift else 0
+                        if not dropped:
+                            stats.stop_reason = "ctx"
+                            return
+                        stats.n_shifted += dropped
                     self._decode_one(pending)
                     pending = None
                 tok = sampler.sample(self.logits())

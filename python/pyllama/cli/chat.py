@@ -71,13 +71,17 @@ class ChatLoop:
     """The conversation (messages) on a Session; the KV cache holds a prefix of its
     rendered tokens."""
 
-    def __init__(self, sess, template: Optional[str] = None, system: Optional[str] = None):
+    def __init__(self, sess, template: Optional[str] = None, system: Optional[str] = None,
+                 shift: bool = False, n_keep: int = 0):
         from ..chat import ChatFormat
 
         self.sess = sess
         self.format = ChatFormat(sess.model, sess.vocab, template, origin="--chat-template")
         self.template_name = self.format.name
         self.system = system
+        self.shift = shift      # a full context shifts (and old messages go) instead of stopping
+        self.n_keep = n_keep
+        self.dropped = 0        # messages the last turn dropped to fit
         self.messages: list[dict] = []
         self.clear()
 
@@ -99,11 +103,23 @@ class ChatLoop:
         A prompt that does not fit the context raises ContextFullError, the message dropped."""
         self.messages.append({"role": "user", "content": user})
         try:
+            self.dropped = self.fit() if self.shift else 0
             return self.reply(sampler, max_tokens, write, stop)
         except BaseException:
             if self.messages and self.messages[-1]["role"] == "user":
                 self.messages.pop()
             raise
+
+    def fit(self) -> int:
+        """Drop the oldest messages (never the system message or the new one) until the
+        conversation leaves a quarter of the context for the reply, as ollama truncates;
+        how many were dropped."""
+        n = 0
+        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        while len(self.messages) - first > 1 and len(self.tokens(True)) > self.sess.n_ctx * 3 // 4:
+            del self.messages[first]
+            n += 1
+        return n
 
     def reply(self, sampler, max_tokens: int = -1, write=None, stop: Optional[Callable[[], bool]] = None) -> str:
         """Generate the assistant's reply to the conversation as it is and append it; stop
@@ -121,7 +137,7 @@ class ChatLoop:
             if pre is None:
                 self.messages.append({"role": "assistant", "content": ""})
                 return ""
-        gen = self.sess.generate(toks, sampler, max_tokens)
+        gen = self.sess.generate(toks, sampler, max_tokens, shift=self.shift, n_keep=self.n_keep)
         try:
             for tok in gen:
                 piece = stream.feed(tok)
@@ -364,6 +380,9 @@ def chat(
     mirostat_lr: float = O.opt_mirostat_lr(),
     mirostat_ent: float = O.opt_mirostat_ent(),
     seed: int = O.opt_seed(),
+    context_shift: bool = typer.Option(True, "--context-shift/--no-context-shift",
+                                       help="when the context is full, drop the oldest tokens / messages and go on"),
+    keep: int = typer.Option(0, "--keep", callback=integer(0), help="tokens a context shift keeps at the start"),
 ) -> None:
     """Chat with a model in the terminal (/help lists the commands; Ctrl-D or /exit to quit)."""
     from ..errors import PyllamaError
@@ -377,7 +396,7 @@ def chat(
                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                      mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed)
-        loop = ChatLoop(sess, chat_template, system)
+        loop = ChatLoop(sess, chat_template, system, shift=context_shift, n_keep=keep)
         freeze_heap()
     except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
         raise
@@ -415,14 +434,20 @@ def chat(
             write("\033[0m\n" if color else "\n")
             if not isinstance(e, ContextFullError):
                 raise
-            say(f"error: {e}\n(context shift is not implemented yet: /clear starts a new conversation)")
+            say(f"error: {e}\n(/clear starts a new conversation" + (
+                "; --context-shift drops old messages to make room)" if not context_shift else ")"))
             return False
         write("\033[0m\n" if color else "\n")
         if intr.hit:
             say("[ reply interrupted: kept in the conversation; Ctrl-C again or Ctrl-D to exit ]")
+        if loop.dropped:
+            say(f"[ context: the {loop.dropped} oldest messages were dropped to make room ]")
+            loop.dropped = 0
+        if sess.stats.n_shifted:
+            say(f"[ context full (n_ctx = {sess.n_ctx}): shifted, {sess.stats.n_shifted} earlier tokens dropped ]")
         if sess.stats.stop_reason == "ctx":
-            say(f"[ context full (n_ctx = {sess.n_ctx}): the reply was cut; context shift is not "
-                "implemented yet, /clear starts a new conversation ]")
+            say(f"[ context full (n_ctx = {sess.n_ctx}): the reply was cut; /clear starts a new conversation"
+                + (", --context-shift would go on ]" if not context_shift else " ]"))
         if show_timings:
             say(_timings(sess))
         return intr.hit

@@ -125,6 +125,9 @@ def generate(
     chat: bool = typer.Option(False, "--chat", "-cnv", help="wrap the prompt in the model's chat template"),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with --chat)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
+    context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
+                                       help="when the context is full, drop the oldest half (after --keep) and go on"),
+    keep: int = typer.Option(0, "--keep", callback=integer(-1), help="tokens a context shift keeps (-1 = the prompt)"),
     no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="print only the generated text"),
     perf: bool = typer.Option(True, "--perf/--no-perf", help="print the timing summary on stderr"),
 ) -> None:
@@ -172,7 +175,9 @@ def generate(
         stream = TextStream(sess.vocab, special=True)
         t0 = time.perf_counter()
         n = 0
-        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos, decode_last=False):
+        n_keep = len(toks) if keep < 0 else keep
+        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos, decode_last=False,
+                                 shift=context_shift, n_keep=n_keep):
             piece = stream.feed(tok)
             n += 1
             if piece:

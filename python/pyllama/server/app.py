@@ -169,7 +169,7 @@ def _make_job(state: ServerState, prompt: list, g, emit) -> Job:
     if grammar is not None:
         sampler = _GrammarFirstSampler(chain, grammar.sampler(state.vocab))
     return Job(prompt=prompt, sampler=sampler, chain=chain, emit=emit, n_predict=g.n_predict,
-               stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos)
+               stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos, n_keep=g.n_keep)
 
 
 def _grammar_of(state: ServerState, g):
@@ -544,7 +544,7 @@ def create_app(state: ServerState):
 
     async def completion_native(request):
         body = check_fields(await _read_json(request, cfg.max_body),
-                            COMMON_FIELDS | {"prompt", "content", "response_fields", "return_tokens"}, request.url.path)
+                            COMMON_FIELDS | {"prompt", "content"}, request.url.path)
         if "prompt" not in body and "content" in body:
             body["prompt"] = body.pop("content")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)

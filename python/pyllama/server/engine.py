@@ -32,7 +32,7 @@ import numpy as np
 
 from ..batch import batch_add, batch_init
 from ..context import Context
-from ..generation import StopText
+from ..generation import StopText, context_shift
 
 log = logging.getLogger("pyllama.server")
 
@@ -89,6 +89,7 @@ class Job:
     stops: list = field(default_factory=list)
     n_probs: int = 0             # top log-probabilities per token (0: none; -1: the token's only)
     ignore_eos: bool = False
+    n_keep: Optional[int] = None # tokens a context shift keeps (None: --keep; -1: the prompt)
     embed: bool = False          # an embeddings job: the prompt is decoded in one step, then "done"
     normalize: int = 2           # with embed: llama.cpp's --embd-normalize
     id: int = 0
@@ -297,7 +298,7 @@ class Engine:
         job.t_start = time.perf_counter()
         prompt = job.prompt
         if len(prompt) >= self.n_ctx_slot:  # only with context shift: keep n_keep + the tail
-            prompt = self._truncate(prompt)
+            prompt = self._truncate(prompt, job)
             job.prompt = prompt
         # < 0: cache_prompt false; an embedding needs every token of its input in one decode
         common = _common_prefix(slot.cache, prompt) if job.n_cached >= 0 and not job.embed else 0
@@ -319,11 +320,18 @@ class Engine:
             for t in prompt:
                 job.chain.accept(int(t))
 
-    def _truncate(self, prompt: list) -> list:
+    def _n_keep(self, job: Optional[Job]) -> int:
+        n = self.config.n_keep if job is None or job.n_keep is None else job.n_keep
+        if n < 0 and job is not None:
+            n = len(job.prompt)
+        return max(0, min(n, self.n_ctx_slot - 4))
+
+    def _truncate(self, prompt: list, job: Optional[Job] = None) -> list:
         """llama-server's prompt truncation under --context-shift: keep the first n_keep
         tokens and the last part, dropping whole blocks of (n_ctx_slot - n_keep) / 2."""
         n_ctx = self.n_ctx_slot
-        n_keep = min(max(self.config.n_keep, 0), n_ctx - 4)
+        n_keep = min(self._n_keep(job) if job is not None and job.n_keep != -1 else max(self.config.n_keep, 0),
+                     n_ctx - 4)
         n_block = max(1, (n_ctx - n_keep) // 2)
         n_erase = (len(prompt) - n_keep - n_block) // n_block * n_block
         return prompt[:n_keep] + prompt[n_keep + n_erase:]
@@ -349,16 +357,10 @@ class Engine:
         return False
 
     def _context_shift(self, slot: Slot) -> bool:
-        """llama-server's context shift: drop half of what follows the first n_keep tokens and
-        move the rest down (K re-roped). False when it cannot free anything."""
-        n_past = len(slot.cache)
-        n_keep = min(max(self.config.n_keep, 0), n_past - 1)
-        n_discard = (n_past - n_keep) // 2
-        if n_discard <= 0:
+        """llama-server's context shift (generation.context_shift on the slot's sequence).
+        False when it cannot free anything."""
+        if not context_shift(self.ctx, slot.id, slot.cache, self._n_keep(slot.job)):
             return False
-        self.ctx.seq_rm(slot.id, n_keep, n_keep + n_discard)
-        self.ctx.seq_add(slot.id, n_keep + n_discard, n_past, -n_discard)
-        del slot.cache[n_keep:n_keep + n_discard]
         slot.n_shifted += 1
         return True
 

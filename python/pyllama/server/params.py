@@ -39,7 +39,7 @@ class GenSettings:
     grammar: Optional[str] = None        # GBNF text
     json_schema: Any = None              # a schema to turn into a grammar
     cache_prompt: bool = True
-    n_keep: int = 0
+    n_keep: Optional[int] = None         # None: the server's --keep; -1: the whole prompt
     stream: bool = False
     seed_given: bool = False
 
@@ -212,6 +212,8 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
         g.stream = _bool(body, "stream")
     if body.get("n_keep") is not None:
         g.n_keep = _num(body, "n_keep", _INT)
+        if g.n_keep < -1:
+            raise BadRequest(f"'n_keep' must be >= -1 (-1 = the whole prompt), got {g.n_keep}")
     if body.get("n_probs") is not None:
         g.n_probs = _num(body, "n_probs", _INT)
         if not 0 <= g.n_probs <= 100:
