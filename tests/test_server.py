@@ -371,6 +371,20 @@ def test_client_disconnect_frees_slot(server):
     assert all(s["n_past"] < 900 for s in slots)  # it stopped well before filling its 1024 cells
 
 
+def test_a_failing_sampler_fails_only_its_request(server):
+    """A grammar with no way on after "a" (a class that matches nothing): that request gets
+    an error, the others in flight and after it are served."""
+    with cf.ThreadPoolExecutor(3) as ex:
+        bad = ex.submit(server.post, "/completion", {"prompt": "x", "n_predict": 8,
+                                                      "grammar": 'root ::= "a" [^\\x00-\\U0010FFFF]'})
+        good = [ex.submit(server.post, "/completion", {"prompt": "Hello", "n_predict": 8, "temperature": 0})
+                for _ in range(2)]
+        r = bad.result()
+        assert r.status_code == 500 and "grammar" in r.json()["error"]["message"].lower(), r.text
+        assert all(g.result().status_code == 200 for g in good)
+    assert server.post("/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+
+
 def test_client_timeout_cancels_non_streaming(server):
     """A client that gives up on a non-streaming request (closes the connection) frees the
     slot instead of leaving it generating 3000 tokens for nobody."""

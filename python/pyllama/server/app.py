@@ -138,7 +138,10 @@ class _Run:
 
         def emit(ev: dict) -> None:
             ev["index"] = index
-            loop.call_soon_threadsafe(put, ev)
+            try:
+                loop.call_soon_threadsafe(put, ev)
+            except RuntimeError:  # the event loop has closed (server shutting down): nobody to tell
+                pass
         return emit
 
     def cancel(self) -> None:

@@ -463,7 +463,11 @@ class Engine:
             if job.n_predict == 0:  # llama-server: n_predict 0 only caches the prompt
                 self._finish(s, "length", "limit")
                 continue
-            self._sample(s, job, self.ctx.logits_ith(i))
+            try:
+                self._sample(s, job, self.ctx.logits_ith(i))
+            except Exception as e:  # this request's sampler (e.g. a grammar with no way on): only it fails
+                log.warning("job %d: sampling failed: %s: %s", job.id, type(e).__name__, e)
+                self._fail(s, f"sampling failed: {type(e).__name__}: {e}")
         self.m["n_tokens_max"] = max(self.m["n_tokens_max"], max(len(s.cache) for s in self.slots))
 
     def _sample(self, s: Slot, job: Job, row: np.ndarray) -> None:
