@@ -449,22 +449,24 @@ def test_logit_bias(server):
                                            logit_bias={str(toks[0]): 100})
     assert r.choices[0].text == " banana" * 3
     # llama-server's form: [text, bias] pairs; false bans a token
-    want = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0}).json()
+    want = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0,
+                                       "return_tokens": True}).json()
     first = want["tokens"][0]
-    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0,
+    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0, "return_tokens": True,
                                     "logit_bias": [[first, False]]}).json()
     assert r["tokens"][0] != first
+    assert {"token": first, "bias": None} in r["generation_settings"]["logit_bias"]
 
 
 def test_context_full_and_context_shift(smollm2_path):
     s = Server(smollm2_path, "-np", 1, "-c", 256)
     try:
         r = s.post("/completion", {"prompt": "Go:", "n_predict": 400, "ignore_eos": True}).json()
-        # the cache fills up (256 cells); the token sampled from the last cell's logits is returned too
-        assert r["tokens_predicted"] + r["tokens_evaluated"] == 257 and r["stop_type"] == "limit"
-        assert r["truncated"] is False
+        # prompt + generated tokens fill the slot (llama-server's rule), and it says so
+        assert r["tokens_predicted"] + r["tokens_evaluated"] == 256 and r["stop_type"] == "limit"
+        assert r["truncated"] is True
         r = s.client().completions.create(model="x", prompt="Go:", max_tokens=400, extra_body={"ignore_eos": True})
-        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 257 - r.usage.prompt_tokens
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 256 - r.usage.prompt_tokens
     finally:
         s.close()
     s = Server(smollm2_path, "-np", 1, "-c", 256, "--context-shift", "--keep", 4)
@@ -561,5 +563,41 @@ def test_embeddings_server(smollm2_path):
         np.testing.assert_allclose(raw / np.linalg.norm(raw), got[0], atol=2e-6)
         r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 501 and "embeddings" in r.json()["error"]["message"]
+    finally:
+        s.close()
+
+
+def test_llama_server_compat_details(server, smollm2_path):
+    """Shapes llama-server's own suite checks: prefill of a final assistant message, two
+    assistant messages refused, CORS preflight without a key, /props from the flags, the
+    metrics header, the context error's fields."""
+    msgs = [{"role": "user", "content": "Say a name."}, {"role": "assistant", "content": "Whill"}]
+    p = server.post("/apply-template", {"messages": msgs}).json()["prompt"]
+    assert p.endswith("<|im_start|>assistant\nWhill")
+    r = server.post("/v1/chat/completions", {"messages": msgs + [{"role": "assistant", "content": "x"}]})
+    assert r.status_code == 400 and "2 or more assistant" in r.json()["error"]["message"]
+    r = server.http.options("/v1/completions", headers={"Origin": "http://example.org",
+                                                         "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.org"
+    assert server.http.get("/metrics").headers["process-start-time-unix"].isdigit()
+    r = server.post("/completion", {"prompt": "word " * 2000})
+    e = r.json()["error"]
+    assert r.status_code == 400 and e["type"] == "exceed_context_size_error"
+    assert e["n_ctx"] == 1024 and e["n_prompt_tokens"] > 1024 and "exceeds the available context size" in e["message"]
+    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 3, "response_fields": ["content",
+                                                                                          "generation_settings/n_predict"]})
+    assert set(r.json()) == {"content", "generation_settings/n_predict"} and r.json()["generation_settings/n_predict"] == 3
+
+
+def test_no_jinja_and_server_defaults(smollm2_path):
+    s = Server(smollm2_path, "-np", 1, "-c", 512, "--no-jinja", "--seed", 42, "--temp", 0.5)
+    try:
+        props = s.http.get("/props").json()
+        assert props["chat_template"] == "chatml" and props["default_generation_settings"]["params"]["seed"] == 42
+        assert props["default_generation_settings"]["params"]["temperature"] == 0.5
+        p = s.post("/apply-template", {"messages": MSGS}).json()["prompt"]
+        assert p == "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"
+        r = s.post("/chat/completions", {"messages": MSGS, "chat_template_kwargs": {"x": 1}})
+        assert r.status_code == 400 and "Jinja" in r.json()["error"]["message"]
     finally:
         s.close()

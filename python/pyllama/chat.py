@@ -1228,8 +1228,17 @@ class ChatFormat:
                                     f"(got {', '.join(sorted(extra))}); use a Jinja template")
         return apply_builtin(self._builtin, messages, add_generation_prompt)
 
+    @property
+    def jinja(self) -> bool:
+        """Whether a Jinja template renders (built-in formats take no template variables)."""
+        return self._tmpl is not None
+
     def tokens(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **extra) -> list[int]:
-        text = self.render(messages, add_generation_prompt, **extra)
+        return self.tokenize(self.render(messages, add_generation_prompt, **extra))
+
+    def tokenize(self, text: str) -> list[int]:
+        """A rendered prompt's tokens: special tokens parsed, BOS added unless the text
+        starts with it (templates usually print it)."""
         add_bos = not (self.bos_text and text.startswith(self.bos_text))
         return list(self.vocab.tokenize(text, add_special=add_bos, parse_special=True))

@@ -73,8 +73,9 @@ def serve(
     chat_template: Optional[str] = typer.Option(None, "--chat-template",
                                                 help="built-in template name or Jinja template text"),
     chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="Jinja template file"),
-    jinja: bool = typer.Option(True, "--jinja", help="Jinja chat templates (always on; accepted for llama-server's "
-                               "command lines)"),
+    jinja: bool = typer.Option(True, "--jinja/--no-jinja",
+                               help="render the Jinja chat template (default), or with --no-jinja the built-in "
+                                    "format it matches (llama.cpp's llama_chat_apply_template)"),
     embedding: bool = typer.Option(False, "--embedding", "--embeddings",
                                    help="serve embeddings (/v1/embeddings, /embedding) instead of completions"),
     pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
@@ -93,6 +94,8 @@ def serve(
     cont_batching: bool = typer.Option(True, "-cb", "--cont-batching", help="continuous batching (always on)"),
     swa_full: bool = typer.Option(True, "--swa-full", help="full-size cache for sliding-window layers (always on)"),
     no_ui: bool = typer.Option(False, "--no-ui", "--no-webui", help="no web UI (there is none; accepted)"),
+    cors_origins: str = typer.Option("*", "--cors-origins",
+                                     help="comma-separated origins browsers may call from (* = any, llama-server's default)"),
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
@@ -124,6 +127,21 @@ def serve(
             raise typer.BadParameter(f"cannot read {chat_template_file}: {e}",
                                      param_hint="--chat-template-file") from None
 
+    if not jinja:
+        from ..chat import BUILTIN_TEMPLATES, detect_builtin
+
+        if chat_template is None:
+            try:  # the template text only: the model is loaded below
+                chat_template = _model_template(model)
+            except (OSError, ValueError) as e:
+                raise typer.BadParameter(f"cannot read the model's chat template: {e}", param_hint="--no-jinja") from None
+        if chat_template and chat_template not in BUILTIN_TEMPLATES:
+            fam = detect_builtin(chat_template)
+            if fam is None:
+                raise typer.BadParameter("the chat template is not one of the built-in formats "
+                                         f"({', '.join(BUILTIN_TEMPLATES)}); drop --no-jinja to render it",
+                                         param_hint="--no-jinja")
+            chat_template = fam
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from ..errors import PyllamaError
     from ..generation import load_model, progress_bar, resolve_model_path
@@ -151,7 +169,8 @@ def serve(
                             embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1))
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
-                           n_predict=n_predict, sampling=defaults, engine=ecfg)
+                           n_predict=n_predict, sampling=defaults, engine=ecfg,
+                           cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
         state = ServerState(m, cfg)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -166,3 +185,13 @@ def serve(
     typer.echo(f"main: server is listening on http://{host}:{port} - starting the main loop", err=True)
     uvicorn.run(create_app(state), host=host, port=port, log_level="info" if verbose else "warning",
                 timeout_keep_alive=5)
+
+
+def _model_template(model: Optional[Path]) -> str:
+    """The model file's tokenizer.chat_template ("" when it has none)."""
+    from ..generation import resolve_model_path
+    from ..gguf import GGUFFile
+
+    f = GGUFFile(str(resolve_model_path(model)))
+    v = f.metadata.get("tokenizer.chat_template", "")
+    return v if isinstance(v, str) else ""

@@ -28,6 +28,8 @@ log = logging.getLogger("pyllama.server")
 __all__ = ["ServerConfig", "ServerState", "create_app"]
 
 _VERSION = "pyllama 0.1.0"
+# llama-server's fingerprint shape is b<build>-<commit>; clients (and its tests) look for the "b"
+_FINGERPRINT = "b1-pyllama-0.1.0"
 
 
 @dataclass
@@ -43,6 +45,7 @@ class ServerConfig:
     max_body: int = 16 * 1024 * 1024      # bytes
     n_predict: int = -1                   # default when a request gives no max_tokens / n_predict
     max_n: int = 16                       # most choices per request ('n')
+    cors_origins: list = field(default_factory=lambda: ["*"])  # origins browsers may call from
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -74,14 +77,14 @@ class ServerState:
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _error(status: int, message: str, type_: Optional[str] = None):
+def _error(status: int, message: str, type_: Optional[str] = None, **extra):
     from starlette.responses import JSONResponse
 
     if type_ is None:
         type_ = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                  405: "invalid_request_error", 413: "invalid_request_error", 501: "not_supported_error",
                  503: "unavailable_error", 504: "timeout_error"}.get(status, "server_error")
-    return JSONResponse({"error": {"code": status, "message": message, "type": type_}}, status_code=status)
+    return JSONResponse({"error": {"code": status, "message": message, "type": type_, **extra}}, status_code=status)
 
 
 async def _read_json(request, limit: int) -> Any:
@@ -200,6 +203,9 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
 
     for p in prompts:
         state.engine.check_prompt(len(p))
+    if g.ignore_eos:  # as llama-server: end-of-generation tokens are never sampled
+        for t in getattr(state.vocab, "eog_ids", ()):
+            g.sampling.logit_bias[int(t)] = float("-inf")
     base_seed = g.sampling.seed
     specs = []
     for pi, p in enumerate(prompts):
@@ -355,7 +361,7 @@ def create_app(state: ServerState):
             except BadRequest as e:
                 return _error(e.status, e.message, e.type)
             except PromptTooLong as e:
-                return _error(400, str(e), "exceed_context_size_error")
+                return _error(400, str(e), "exceed_context_size_error", n_prompt_tokens=e.n_prompt, n_ctx=e.n_ctx)
             except QueueFull as e:
                 return _error(503, str(e))
             except _ClientGone:
@@ -387,7 +393,7 @@ def create_app(state: ServerState):
             "chat_template": state.chat.source, "chat_template_name": state.chat.name,
             "bos_token": _special(state.vocab, state.vocab.bos),
             "eos_token": _special(state.vocab, state.vocab.eos),
-            "build_info": _VERSION, "modalities": {"vision": False, "audio": False},
+            "build_info": _FINGERPRINT, "modalities": {"vision": False, "audio": False},
             "endpoint_slots": cfg.slots, "endpoint_metrics": cfg.metrics})
 
     async def slots(request):
@@ -398,7 +404,8 @@ def create_app(state: ServerState):
     async def metrics(request):
         if not cfg.metrics:
             return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`")
-        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(int(state.t_start))})
 
     async def tokenize(request):
         body = check_fields(await _read_json(request, cfg.max_body),
@@ -439,13 +446,10 @@ def create_app(state: ServerState):
 
     async def apply_template(request):
         body = check_fields(await _read_json(request, cfg.max_body),
-                            {"messages", "chat_template_kwargs", "add_generation_prompt", "model"}, "/apply-template")
-        msgs = _messages(body)
-        kw = _template_kwargs(body)
-        agp = body.get("add_generation_prompt", True)
-        if not isinstance(agp, bool):
-            raise BadRequest("'add_generation_prompt' must be true or false")
-        text = await run_in_threadpool(lambda: state.chat.render(msgs, agp, **kw))
+                            {"messages", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                             "model", "tools", "tool_choice", "parallel_tool_calls"}, "/apply-template")
+        tools = _tools(state, body)
+        text = await run_in_threadpool(lambda: _chat_prompt(state, body, tools))
         return JSONResponse({"prompt": text})
 
     async def not_supported(request):
@@ -539,15 +543,21 @@ def create_app(state: ServerState):
         meta = {"id": ("chatcmpl-" if shape == "chat" else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": state.model_id}
         if g.stream:
-            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body, tools),
+            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body, tools, g),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         per = await _collect(request, run)
-        return JSONResponse(_final(state, per, prompts, n, shape, meta, body, tools))
+        return JSONResponse(_final(state, per, prompts, n, shape, meta, body, tools, g))
 
     async def completion_native(request):
         body = check_fields(await _read_json(request, cfg.max_body),
-                            COMMON_FIELDS | {"prompt", "content"}, request.url.path)
+                            COMMON_FIELDS | {"prompt", "content", "return_tokens", "response_fields"},
+                            request.url.path)
+        if body.get("return_tokens") not in (None, True, False):
+            raise BadRequest("'return_tokens' must be true or false")
+        rf = body.get("response_fields")
+        if rf is not None and (not isinstance(rf, list) or not all(isinstance(x, str) for x in rf)):
+            raise BadRequest("'response_fields' must be a list of field names (a/b for nested ones)")
         if "prompt" not in body and "content" in body:
             body["prompt"] = body.pop("content")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
@@ -581,24 +591,13 @@ def create_app(state: ServerState):
         body = check_fields(await _read_json(request, cfg.max_body),
                             COMMON_FIELDS | {"messages", "n", "logprobs", "top_logprobs", "response_format",
                                              "tools", "tool_choice", "parallel_tool_calls", "stream_options",
-                                             "max_completion_tokens", "chat_template_kwargs"},
+                                             "max_completion_tokens", "chat_template_kwargs", "add_generation_prompt",
+                                             "continue_final_message"},
                             request.url.path)
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
                              defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
         n = _int_field(body, "n", 1, cfg.max_n, 1)
-        tools = None
-        if body.get("parallel_tool_calls") not in (None, True, False):
-            raise BadRequest("'parallel_tool_calls' must be true or false")
-        if body.get("tools") is not None:
-            from ..tool_calls import ToolCallError, ToolCalls
-
-            try:
-                tools = ToolCalls(state.chat.source, body["tools"], body.get("tool_choice", "auto"),
-                                  bool(body.get("parallel_tool_calls", False)))
-            except ToolCallError as e:
-                raise BadRequest(str(e)) from None
-        elif body.get("tool_choice") not in (None, "none", "auto"):
-            raise BadRequest(f"'tool_choice' = {body.get('tool_choice')!r} needs 'tools'")
+        tools = _tools(state, body)
         lp = body.get("logprobs")
         if lp not in (None, True, False):
             raise BadRequest("'logprobs' must be true or false")
@@ -616,17 +615,12 @@ def create_app(state: ServerState):
                 raise BadRequest("pass either 'response_format' or 'grammar' / 'json_schema', not both")
             g.json_schema = "json" if kind == "json" else schema
         _stream_options(body, g)
-        msgs = _messages(body)
-        kw = _template_kwargs(body)
-        if tools is not None:
-            if tools.grammar is not None:
-                if g.grammar is not None or g.json_schema is not None:
-                    raise BadRequest("'tools' constrain the reply with their own grammar: pass no 'grammar', "
-                                     "'json_schema' or 'response_format' with them")
-                g.grammar = tools.grammar
-            msgs = tools.messages(msgs)
-            kw = {**kw, **tools.template_vars()}
-        prompt = await run_in_threadpool(lambda: state.chat.tokens(msgs, True, **kw))
+        if tools is not None and tools.grammar is not None:
+            if g.grammar is not None or g.json_schema is not None:
+                raise BadRequest("'tools' constrain the reply with their own grammar: pass no 'grammar', "
+                                 "'json_schema' or 'response_format' with them")
+            g.grammar = tools.grammar
+        prompt = await run_in_threadpool(lambda: state.chat.tokenize(_chat_prompt(state, body, tools)))
         return await run_generation(request, body, [prompt], g, n, "chat", tools)
 
     def _stream_options(body, g):
@@ -677,7 +671,16 @@ def create_app(state: ServerState):
         finally:
             state.stop()
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    # browsers may call from these origins (llama-server's default: any, echoed, with credentials)
+    any_origin = "*" in cfg.cors_origins
+    cors = Middleware(CORSMiddleware, allow_origins=[] if any_origin else list(cfg.cors_origins),
+                      allow_origin_regex=".*" if any_origin else None, allow_credentials=True,
+                      allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan,
+                     middleware=[cors])
 
 
 # ------------------------------------------------------------------------ response shapes
@@ -686,12 +689,29 @@ def create_app(state: ServerState):
 def _defaults(cfg: ServerConfig) -> dict:
     from ..sampling import SamplerParams
 
-    p = SamplerParams()
-    return {"n_predict": cfg.n_predict, "temperature": p.temp, "top_k": p.top_k, "top_p": p.top_p,
-            "min_p": p.min_p, "typical_p": p.typ_p, "repeat_last_n": p.penalty_last_n,
-            "repeat_penalty": p.penalty_repeat, "presence_penalty": p.penalty_present,
-            "frequency_penalty": p.penalty_freq, "mirostat": p.mirostat, "seed": -1,
-            "samplers": list(p.samplers)}
+    return _settings(cfg.sampling or SamplerParams(), cfg.n_predict)
+
+
+def _settings(p, n_predict: int, g=None) -> dict:
+    """llama-server's generation_settings: the sampling parameters in effect."""
+    from ..sampling import LLAMA_DEFAULT_SEED
+
+    out = {"n_predict": n_predict, "seed": -1 if p.seed == LLAMA_DEFAULT_SEED else int(p.seed),
+           "temperature": p.temp, "dynatemp_range": p.dynatemp_range, "dynatemp_exponent": p.dynatemp_exponent,
+           "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "top_n_sigma": p.top_n_sigma,
+           "xtc_probability": p.xtc_probability, "xtc_threshold": p.xtc_threshold, "typical_p": p.typ_p,
+           "repeat_last_n": p.penalty_last_n, "repeat_penalty": p.penalty_repeat,
+           "presence_penalty": p.penalty_present, "frequency_penalty": p.penalty_freq,
+           "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
+           "dry_penalty_last_n": p.dry_penalty_last_n, "dry_sequence_breakers": list(p.dry_sequence_breakers),
+           "mirostat": p.mirostat, "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta,
+           "min_keep": p.min_keep, "samplers": list(p.samplers),
+           "logit_bias": [{"token": t, "bias": (None if b == float("-inf") else b)} for t, b in sorted(p.logit_bias.items())]}
+    if g is not None:
+        out.update({"stop": list(g.stops), "ignore_eos": g.ignore_eos, "n_probs": g.n_probs,
+                    "n_keep": g.n_keep if g.n_keep is not None else 0, "cache_prompt": g.cache_prompt,
+                    "stream": g.stream, "grammar": g.grammar or ""})
+    return out
 
 
 def _special(vocab, tok) -> str:
@@ -717,24 +737,81 @@ def _messages(body: dict) -> list:
                     raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported "
                                      f"(got type {part.get('type') if isinstance(part, dict) else part!r})")
                 texts.append(part["text"])
-            m["content"] = "".join(texts)
+            m["content"] = "\n".join(texts)  # llama.cpp joins text parts with a newline
         elif c is not None and not isinstance(c, str):
             raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
         out.append(m)
     return out
 
 
-def _template_kwargs(body: dict) -> dict:
+def _tools(state: "ServerState", body: dict):
+    """The request's ToolCalls (None without tools)."""
+    if body.get("parallel_tool_calls") not in (None, True, False):
+        raise BadRequest("'parallel_tool_calls' must be true or false")
+    if body.get("tools") in (None, []):
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise BadRequest(f"'tool_choice' = {body.get('tool_choice')!r} needs 'tools'")
+        return None
+    from ..tool_calls import ToolCallError, ToolCalls
+
+    try:
+        return ToolCalls(state.chat.source, body["tools"], body.get("tool_choice", "auto"),
+                         bool(body.get("parallel_tool_calls", False)))
+    except ToolCallError as e:
+        raise BadRequest(str(e)) from None
+
+
+def _chat_prompt(state: "ServerState", body: dict, tools) -> str:
+    """The prompt text of a chat request, as llama-server renders it: a final assistant
+    message is continued (prefilled), not closed; the template sees the tools; Jinja
+    templates get llama.cpp's extra variables (today's date, enable_thinking)."""
+    msgs = _messages(body)
+    agp = body.get("add_generation_prompt", True)
+    if not isinstance(agp, bool):
+        raise BadRequest("'add_generation_prompt' must be true or false")
+    cont = body.get("continue_final_message", False)
+    if cont not in (True, False, None, "content"):
+        raise BadRequest("'continue_final_message' must be true, false or \"content\"")
+    cont = bool(cont)
+    if not cont and msgs[-1]["role"] == "assistant":
+        if len(msgs) >= 2 and msgs[-2]["role"] == "assistant":
+            raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
+        cont, agp = True, False
+    elif cont and agp:
+        raise BadRequest("Cannot set both add_generation_prompt and continue_final_message to true.")
+    prefix = ""
+    if cont:
+        last = msgs[-1]
+        if last["role"] != "assistant":
+            raise BadRequest("'continue_final_message' needs an assistant message at the end")
+        if last.get("tool_calls"):
+            raise BadRequest("Cannot continue an assistant message that contains tool calls.")
+        msgs, prefix, agp = msgs[:-1], last.get("content") or "", True
+    kw = _template_kwargs(state, body)
+    if tools is not None:
+        msgs = tools.messages(msgs)
+        kw = {**kw, **tools.template_vars()}
+    return state.chat.render(msgs, agp, **kw) + prefix
+
+
+def _template_kwargs(state: "ServerState", body: dict) -> dict:
     kw = body.get("chat_template_kwargs")
+    base: dict = {}
+    if state.chat.jinja:  # llama.cpp's extra context for Jinja templates
+        base["date_string"] = time.strftime("%d %b %Y")
+        if "enable_thinking" in state.chat.source:
+            base["enable_thinking"] = True
     if kw is None:
-        return {}
+        return base
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
         raise BadRequest("'chat_template_kwargs' must be an object with identifier keys")
     reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
     bad = reserved & set(kw)
     if bad:
         raise BadRequest(f"'chat_template_kwargs' may not set {', '.join(sorted(bad))}")
-    return kw
+    if not state.chat.jinja:
+        raise BadRequest("'chat_template_kwargs' needs a Jinja chat template (this server renders a built-in one)")
+    return {**base, **kw}
 
 
 def _usage(dones: list) -> dict:
@@ -786,20 +863,39 @@ def _native_probs(state, evs: list) -> list:
     return out
 
 
-def _native_final(state, done: dict, evs: list, prompt: list, content: str, job_slot: int) -> dict:
+def _native_final(state, done: dict, evs: list, prompt: list, content: str, g, body: dict) -> dict:
+    toks = [ev["token"] for ev in evs if ev["type"] == "token" and ev["token"] is not None]
     out = {"index": done["index"], "content": content,
-           "tokens": [ev["token"] for ev in evs if ev["type"] == "token" and ev["token"] is not None],
-           "id_slot": job_slot, "stop": True, "model": state.model_id,
+           "tokens": toks if body.get("return_tokens") else [],
+           "id_slot": done["slot"], "stop": True, "model": state.model_id,
            "tokens_predicted": done["n_gen"], "tokens_evaluated": done["n_prompt"],
-           "generation_settings": {"n_ctx": state.engine.n_ctx_slot},
+           "generation_settings": _settings(g.sampling, g.n_predict, g),
            "prompt": state.vocab.detokenize(prompt, unparse_special=True),
            "has_new_line": "\n" in content, "truncated": done["truncated"],
            "stop_type": done["stop_type"], "stopping_word": done["stopping_word"],
-           "tokens_cached": done["n_cached"] + done["n_gen"], "timings": done["timings"]}
+           "tokens_cached": done["n_cache"], "timings": done["timings"]}
+    fields = body.get("response_fields")
+    if fields:
+        out = _pick_fields(out, fields)
     return out
 
 
-def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None):
+def _pick_fields(obj: dict, fields: list) -> dict:
+    """llama-server's response_fields: only these (a/b names a nested field), flat."""
+    res = {}
+    for f in fields:
+        cur: Any = obj
+        for part in f.split("/"):
+            if not isinstance(cur, dict) or part not in cur:
+                cur = None
+                break
+            cur = cur[part]
+        if cur is not None:
+            res[f] = cur
+    return res
+
+
+def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None):
     choices, dones = [], []
     for idx in sorted(per):
         evs = per[idx]
@@ -808,7 +904,7 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
         text = "".join(ev["text"] for ev in evs if ev["type"] == "token")
         prompt = prompts[idx // n]
         if shape == "native":
-            res = _native_final(state, done, evs, prompt, text, -1)
+            res = _native_final(state, done, evs, prompt, text, g, body)
             if any(ev.get("logprob") is not None for ev in evs if ev["type"] == "token"):
                 res["completion_probabilities"] = _native_probs(state, evs)
             choices.append(res)
@@ -829,7 +925,7 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
         return choices[0] if len(choices) == 1 else choices
     timings = dones[0]["timings"] if dones else {}
     return {"id": meta["id"], "object": "chat.completion" if shape == "chat" else "text_completion",
-            "created": meta["created"], "model": meta["model"], "system_fingerprint": _VERSION,
+            "created": meta["created"], "model": meta["model"], "system_fingerprint": _FINGERPRINT,
             "choices": choices, "usage": _usage(dones), "timings": timings}
 
 
@@ -837,7 +933,7 @@ def _prompt_text(state, prompt: list) -> str:
     return b"".join(state.vocab.token_to_piece(int(t), False) for t in prompt).decode("utf-8", "replace")
 
 
-async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None):
+async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None):
     """SSE chunks as the scheduler emits tokens. Leaving early (client gone) cancels the jobs.
     With tools, a choice's reply is held until it is complete (it may be a tool call, which
     is sent as one delta) and then sent as content or tool_calls."""
@@ -846,7 +942,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
     finished = False
     try:
         base = {"id": meta["id"], "created": meta["created"], "model": meta["model"],
-                "system_fingerprint": _VERSION}
+                "system_fingerprint": _FINGERPRINT}
         if shape == "chat":
             for i in range(len(run.jobs)):
                 yield _sse({**base, "object": "chat.completion.chunk",
@@ -867,8 +963,9 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                     if not ev["text"] and (ev["logprob"] is None or shape == "oai"):
                         continue
                     if shape == "native":
-                        c = {"index": i, "content": ev["text"], "tokens": [ev["token"]] if ev["token"] is not None
-                             else [], "stop": False, "id_slot": -1}
+                        c = {"index": i, "content": ev["text"],
+                             "tokens": [ev["token"]] if ev["token"] is not None and body.get("return_tokens") else [],
+                             "stop": False, "id_slot": run.jobs[i].slot}
                         if ev["logprob"] is not None:
                             c["completion_probabilities"] = _native_probs(state, [ev])
                         yield _sse(c)
@@ -888,7 +985,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                 # done
                 dones.append(ev)
                 if shape == "native":
-                    yield _sse(_native_final(state, ev, [], prompts[i // n], "", -1))
+                    yield _sse(_native_final(state, ev, [], prompts[i // n], "", g, body))
                 elif shape == "oai":
                     yield _sse({**base, "object": "text_completion",
                                 "choices": [{"text": "", "index": i, "logprobs": None,
@@ -918,7 +1015,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
         so = body.get("stream_options") or {}
         if shape != "native" and so.get("include_usage"):
             yield _sse({**base, "object": "chat.completion.chunk" if shape == "chat" else "text_completion",
-                        "choices": [], "usage": _usage(dones)})
+                        "choices": [], "usage": _usage(dones), "timings": dones[0]["timings"] if dones else {}})
         if shape != "native":
             yield b"data: [DONE]\n\n"
         finished = True
@@ -936,7 +1033,7 @@ def _prometheus(state: ServerState) -> str:
         ("tokens_predicted_total", "counter", "Number of generation tokens processed.", m["tokens_predicted_total"]),
         ("tokens_predicted_seconds_total", "counter", "Predict process time", m["tokens_predicted_seconds_total"]),
         ("n_decode_total", "counter", "Total number of llama_decode() calls", m["n_decode_total"]),
-        ("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
+        ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
          m["n_busy_slots_total"] / m["n_decode_total"] if m["n_decode_total"] else 0.0),
         ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
          m["prompt_tokens_total"] / m["prompt_seconds_total"] if m["prompt_seconds_total"] else 0.0),
@@ -946,6 +1043,12 @@ def _prometheus(state: ServerState) -> str:
         ("requests_processing", "gauge", "Number of requests processing.", e.n_busy),
         ("requests_deferred", "gauge", "Number of requests deferred.", e.n_waiting),
         ("n_tokens_max", "counter", "Largest observed n_tokens.", m["n_tokens_max"]),
+        ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache.",
+         m["prompt_tokens_cached_total"]),
+        # no speculative decoding in pyllama: llama-server's counters, always 0
+        ("spec_decode_num_drafts_total", "counter", "Number of speculative drafts.", 0),
+        ("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", 0),
+        ("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted draft tokens.", 0),
     ]
     out = []
     for name, kind, help_, val in rows:

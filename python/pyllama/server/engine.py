@@ -44,7 +44,13 @@ class QueueFull(Exception):
 
 
 class PromptTooLong(ValueError):
-    """A prompt that no slot can hold (HTTP 400)."""
+    """A prompt that no slot can hold (HTTP 400 with llama-server's exceed_context_size_error)."""
+
+    def __init__(self, n_prompt: int, n_ctx: int, why: str = ""):
+        super().__init__(f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
+                         f"try increasing it{why}")
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
 
 
 @dataclass
@@ -154,7 +160,7 @@ class Engine:
         # llama-server's /metrics counters
         self.m = {"prompt_tokens_total": 0, "prompt_seconds_total": 0.0, "tokens_predicted_total": 0,
                   "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0, "n_busy_slots_total": 0,
-                  "n_tokens_max": 0, "requests_total": 0, "requests_cancelled": 0}
+                  "n_tokens_max": 0, "requests_total": 0, "requests_cancelled": 0, "prompt_tokens_cached_total": 0}
         self.fatal: Optional[str] = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -181,18 +187,17 @@ class Engine:
         if self.config.context_shift:
             return  # a long prompt keeps its first n_keep tokens and its end (see _truncate)
         if n_prompt >= self.n_ctx_slot:
-            raise PromptTooLong(f"the prompt is {n_prompt} tokens, which does not fit the context of a slot "
-                                f"({self.n_ctx_slot} tokens, room for the prompt and one generated token "
-                                f"needed; -c {self.n_ctx} over {len(self.slots)} slots"
-                                f"{', unified KV cache' if self.config.kv_unified else ''})")
+            raise PromptTooLong(n_prompt, self.n_ctx_slot,
+                                f" (a slot holds the prompt and at least one generated token; -c {self.n_ctx} "
+                                f"over {len(self.slots)} slots{', unified KV cache' if self.config.kv_unified else ''})")
 
     def check_embed_input(self, n: int) -> None:
         """An embeddings input is decoded in one step: it must fit the batch and a slot."""
         if n == 0:
             raise ValueError("an input is empty (it tokenizes to no tokens)")
         if n > self.n_batch or n > self.n_ctx_slot:
-            raise PromptTooLong(f"an input is {n} tokens, too large to process: the batch size is {self.n_batch} "
-                                f"and a slot holds {self.n_ctx_slot} (raise -b / -ub or -c)")
+            raise PromptTooLong(n, min(self.n_batch, self.n_ctx_slot),
+                                f" (an input is decoded in one batch: -b {self.n_batch}, a slot holds {self.n_ctx_slot})")
 
     def submit(self, job: Job) -> Job:
         """Queue ``job`` (its prompt already checked); raises :class:`QueueFull`."""
@@ -311,6 +316,7 @@ class Engine:
             self.ctx.seq_rm(slot.id, common, -1)
             del slot.cache[common:]
         job.n_cached = common
+        self.m["prompt_tokens_cached_total"] += common
         slot.pending = list(prompt[common:])
         slot.next_token = None
         slot.n_shifted = 0
@@ -379,8 +385,13 @@ class Engine:
             if s.job is None or s.next_token is None:
                 continue
             if not self._room(s, 1):
-                if not (self.config.context_shift and self._context_shift(s)):
-                    self._finish(s, "length", "limit")
+                if len(s.cache) + 1 > self.n_ctx_slot:
+                    # only reachable with context shift on (otherwise _sample stopped at the limit)
+                    if not (self.config.context_shift and self._context_shift(s)):
+                        self._finish(s, "length", "limit", truncated=True)
+                        continue
+                else:  # the unified cache is full of other slots' tokens (llama-server: an error)
+                    self._fail(s, "Context size has been exceeded.")
                     continue
             batch_add(b, s.next_token, len(s.cache), (s.id,), True)
             self._reserved += 1
@@ -493,10 +504,13 @@ class Engine:
             self._finish(s, "stop", "word")
         elif 0 <= job.n_predict <= job.n_gen:
             self._finish(s, "length", "limit")
+        elif len(s.cache) + 1 >= self.n_ctx_slot and not self.config.context_shift:
+            # prompt + generated tokens fill the slot: llama-server stops here, truncated
+            self._finish(s, "length", "limit", truncated=True)
         else:
             s.next_token = tok
 
-    def _finish(self, s: Slot, reason: str, stop_type: str) -> None:
+    def _finish(self, s: Slot, reason: str, stop_type: str, truncated: bool = False) -> None:
         job = s.job
         tail = s.out.finish() if s.out is not None else ""
         if tail:
@@ -513,7 +527,7 @@ class Engine:
         job.emit({"type": "done", "finish_reason": reason, "stop_type": stop_type, "stopping_word": word,
                   "text": s.out.text if s.out is not None else "", "n_prompt": len(job.prompt),
                   "n_cached": job.n_cached, "n_gen": job.n_gen, "timings": _timings(job),
-                  "truncated": s.n_shifted > 0})
+                  "truncated": truncated or s.n_shifted > 0, "slot": s.id, "n_cache": len(s.cache)})
         self._release(s)
 
     def _finish_embed(self, s: Slot, first: int, k: int) -> None:
@@ -595,7 +609,9 @@ def _timings(job: Job) -> dict:
     return {"cache_n": job.n_cached, "prompt_n": n_p, "prompt_ms": t_p,
             "prompt_per_token_ms": t_p / n_p if n_p else 0.0,
             "prompt_per_second": 1e3 * n_p / t_p if t_p > 0 else 0.0,
+            # the first generated token comes from the prompt's decode: rates are over the
+            # n_gen - 1 decodes after it (llama-server's)
             "predicted_n": job.n_gen, "predicted_ms": t_g,
-            "predicted_per_token_ms": t_g / job.n_gen if job.n_gen else 0.0,
-            "predicted_per_second": 1e3 * job.n_gen / t_g if t_g > 0 else 0.0}
+            "predicted_per_token_ms": t_g / (job.n_gen - 1) if job.n_gen > 1 else 0.0,
+            "predicted_per_second": 1e3 * (job.n_gen - 1) / t_g if job.n_gen > 1 and t_g > 0 else 0.0}
 
