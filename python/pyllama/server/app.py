@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import logging
 import time
 import uuid
@@ -672,15 +673,55 @@ def create_app(state: ServerState):
             state.stop()
 
     from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
 
-    # browsers may call from these origins (llama-server's default: any, echoed, with credentials)
-    any_origin = "*" in cfg.cors_origins
-    cors = Middleware(CORSMiddleware, allow_origins=[] if any_origin else list(cfg.cors_origins),
-                      allow_origin_regex=".*" if any_origin else None, allow_credentials=True,
-                      allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan,
-                     middleware=[cors])
+                     middleware=[Middleware(_LlamaServerHeaders, origins=list(cfg.cors_origins))])
+
+
+_LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+
+
+class _LlamaServerHeaders:
+    """llama-server's CORS and header spelling, as plain ASGI middleware: an OPTIONS request
+    (a browser's preflight) is answered 200 with no key needed; a request whose Origin is
+    allowed (``--cors-origins``: "*" any, "localhost" local pages only, or a list) gets the
+    origin echoed with credentials, llama-server's methods and "*" headers; response header
+    names go out Title-Cased as llama-server writes them (clients that compare them
+    case-sensitively exist)."""
+
+    def __init__(self, app, origins: list):
+        self.app = app
+        self.any = "*" in origins
+        self.local = "localhost" in origins
+        self.exact = {o for o in origins if o not in ("*", "localhost")}
+
+    def allowed(self, origin: str) -> bool:
+        return self.any or origin in self.exact or (self.local and bool(_LOCAL_ORIGIN.match(origin)))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        origin = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"), None)
+        extra = []
+        if origin is not None and self.allowed(origin):
+            extra = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")),
+                     (b"Access-Control-Allow-Credentials", b"true"),
+                     (b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+                     (b"Access-Control-Allow-Headers", b"*")]
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"Content-Length", b"0"), *extra]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_titled(msg):
+            if msg["type"] == "http.response.start":
+                msg = dict(msg)
+                msg["headers"] = [(b"-".join(w[:1].upper() + w[1:] for w in k.split(b"-")), v)
+                                  for k, v in msg.get("headers", [])] + extra
+            await send(msg)
+
+        await self.app(scope, receive, send_titled)
 
 
 # ------------------------------------------------------------------------ response shapes
