@@ -601,3 +601,16 @@ def test_no_jinja_and_server_defaults(smollm2_path):
         assert r.status_code == 400 and "Jinja" in r.json()["error"]["message"]
     finally:
         s.close()
+
+
+def test_id_slot_and_input_tokens(server):
+    """id_slot pins a request to a slot (two choices pinned to slot 0 run one after the other,
+    without locking the scheduler); /chat/completions/input_tokens counts a chat prompt."""
+    r = server.post("/v1/chat/completions", {"messages": MSGS, "max_tokens": 4, "n": 2, "id_slot": 0})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 2, "id_slot": 3})
+    assert r.json()["id_slot"] == 3
+    r = server.post("/completion", {"prompt": PROMPT, "n_predict": 2, "id_slot": 9})
+    assert r.status_code == 400 and "id_slot 9" in r.json()["error"]["message"]
+    n = server.post("/chat/completions/input_tokens", {"messages": MSGS}).json()["input_tokens"]
+    assert n == server.client().chat.completions.create(model="x", messages=MSGS, max_tokens=1).usage.prompt_tokens

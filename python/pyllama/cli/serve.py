@@ -96,6 +96,9 @@ def serve(
     no_ui: bool = typer.Option(False, "--no-ui", "--no-webui", help="no web UI (there is none; accepted)"),
     cors_origins: str = typer.Option("*", "--cors-origins",
                                      help="comma-separated origins browsers may call from (* = any, llama-server's default)"),
+    reasoning: str = typer.Option("auto", "--reasoning", callback=O.one_of(("on", "off", "auto")),
+                                  help="thinking models: on / off sets the template's enable_thinking; auto leaves "
+                                       "the template's default"),
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
@@ -170,7 +173,7 @@ def serve(
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,
-                           cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
+                           reasoning=reasoning, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
         state = ServerState(m, cfg)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -47,6 +47,7 @@ class ServerConfig:
     n_predict: int = -1                   # default when a request gives no max_tokens / n_predict
     max_n: int = 16                       # most choices per request ('n')
     cors_origins: list = field(default_factory=lambda: ["*"])  # origins browsers may call from
+    reasoning: str = "auto"               # on / off: the template's enable_thinking; auto: the template's default
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -204,6 +205,9 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
 
     for p in prompts:
         state.engine.check_prompt(len(p))
+    cap = state.config.n_predict
+    if cap > 0 and (g.n_predict < 0 or g.n_predict > cap):  # -n caps every request, as llama-server's
+        g.n_predict = cap
     if g.ignore_eos:  # as llama-server: end-of-generation tokens are never sampled
         for t in getattr(state.vocab, "eog_ids", ()):
             g.sampling.logit_bias[int(t)] = float("-inf")
@@ -223,6 +227,7 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
     for job, gj in built:
         if not gj.cache_prompt:
             job.n_cached = -1  # the engine reads this as "do not reuse the cache"
+        job.id_slot = gj.id_slot
         run.jobs.append(job)
     try:
         for job in run.jobs:
@@ -624,6 +629,17 @@ def create_app(state: ServerState):
         prompt = await run_in_threadpool(lambda: state.chat.tokenize(_chat_prompt(state, body, tools)))
         return await run_generation(request, body, [prompt], g, n, "chat", tools)
 
+    async def chat_input_tokens(request):
+        """How many tokens a chat request's prompt is (llama-server's /chat/completions/input_tokens)."""
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            COMMON_FIELDS | {"messages", "n", "logprobs", "top_logprobs", "response_format", "tools",
+                                             "tool_choice", "parallel_tool_calls", "stream_options",
+                                             "max_completion_tokens", "chat_template_kwargs", "add_generation_prompt",
+                                             "continue_final_message"}, request.url.path)
+        tools = _tools(state, body)
+        toks = await run_in_threadpool(lambda: state.chat.tokenize(_chat_prompt(state, body, tools)))
+        return JSONResponse({"input_tokens": len(toks)})
+
     def _stream_options(body, g):
         so = body.get("stream_options")
         if so is None:
@@ -650,6 +666,8 @@ def create_app(state: ServerState):
         Route("/v1/completions", endpoint(completion_oai), methods=["POST"]),
         Route("/chat/completions", endpoint(chat_completion), methods=["POST"]),
         Route("/v1/chat/completions", endpoint(chat_completion), methods=["POST"]),
+        Route("/chat/completions/input_tokens", endpoint(chat_input_tokens), methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", endpoint(chat_input_tokens), methods=["POST"]),
     ]
     routes += [Route("/embedding", endpoint(embeddings_native), methods=["POST"]),
                Route("/embeddings", endpoint(embeddings_native), methods=["POST"]),
@@ -840,8 +858,8 @@ def _template_kwargs(state: "ServerState", body: dict) -> dict:
     base: dict = {}
     if state.chat.jinja:  # llama.cpp's extra context for Jinja templates
         base["date_string"] = time.strftime("%d %b %Y")
-        if "enable_thinking" in state.chat.source:
-            base["enable_thinking"] = True
+        if "enable_thinking" in state.chat.source or state.config.reasoning != "auto":
+            base["enable_thinking"] = state.config.reasoning != "off"
     if kw is None:
         return base
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
@@ -1005,7 +1023,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                         continue
                     if shape == "native":
                         c = {"index": i, "content": ev["text"],
-                             "tokens": [ev["token"]] if ev["token"] is not None and body.get("return_tokens") else [],
+                             "tokens": [ev["token"]] if ev["token"] is not None else [],
                              "stop": False, "id_slot": run.jobs[i].slot}
                         if ev["logprob"] is not None:
                             c["completion_probabilities"] = _native_probs(state, [ev])

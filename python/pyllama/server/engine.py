@@ -96,6 +96,7 @@ class Job:
     n_probs: int = 0             # top log-probabilities per token (0: none; -1: the token's only)
     ignore_eos: bool = False
     n_keep: Optional[int] = None # tokens a context shift keeps (None: --keep; -1: the prompt)
+    id_slot: int = -1            # run in this slot (waits for it); -1: the best idle one
     embed: bool = False          # an embeddings job: the prompt is decoded in one step, then "done"
     normalize: int = 2           # with embed: llama.cpp's --embd-normalize
     id: int = 0
@@ -201,6 +202,8 @@ class Engine:
 
     def submit(self, job: Job) -> Job:
         """Queue ``job`` (its prompt already checked); raises :class:`QueueFull`."""
+        if job.id_slot >= len(self.slots):
+            raise ValueError(f"id_slot {job.id_slot} does not exist (the server has {len(self.slots)} slots)")
         if job.embed:
             self.check_embed_input(len(job.prompt))
         else:
@@ -280,13 +283,23 @@ class Engine:
 
     def _assign(self) -> list:
         """Pair waiting jobs (FIFO) with idle slots: the idle slot whose cache shares the
-        longest prefix with the prompt, else the least recently used one."""
+        longest prefix with the prompt, else the least recently used one; a job that asked
+        for a slot (id_slot) waits for that one, without holding up the jobs behind it."""
         starts = []
+        waiting = collections.deque()
         while self._queue:
             idle = [s for s in self.slots if not s.busy]
             if not idle:
                 break
             job = self._queue.popleft()
+            if job.id_slot >= 0:
+                slot = self.slots[job.id_slot]
+                if slot.busy:
+                    waiting.append(job)
+                    continue
+                slot.job = job
+                starts.append((slot, job))
+                continue
             best, best_n = None, 0
             for s in idle:
                 n = _common_prefix(s.cache, job.prompt)
@@ -296,6 +309,7 @@ class Engine:
                 best = min(idle, key=lambda s: s.t_last)
             best.job = job
             starts.append((best, job))
+        self._queue.extendleft(reversed(waiting))
         return starts
 
     def _start(self, slot: Slot, job: Job) -> None:

@@ -42,6 +42,7 @@ class GenSettings:
     n_keep: Optional[int] = None         # None: the server's --keep; -1: the whole prompt
     stream: bool = False
     seed_given: bool = False
+    id_slot: int = -1                    # the slot to run in (-1: the one whose cache fits best)
 
 
 # name -> (SamplerParams field, type, check) for llama-server's sampling fields
@@ -218,9 +219,10 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
         g.n_probs = _num(body, "n_probs", _INT)
         if not 0 <= g.n_probs <= 100:
             raise BadRequest(f"'n_probs' must be 0..100, got {g.n_probs}")
-    if body.get("id_slot") is not None and body.get("id_slot") != -1:
-        raise BadRequest("'id_slot': choosing a slot is not supported (pass -1 or leave it out); "
-                         "the server picks the slot whose cache fits the prompt best")
+    if body.get("id_slot") is not None:
+        g.id_slot = _num(body, "id_slot", _INT)
+        if g.id_slot < -1:
+            raise BadRequest(f"'id_slot' must be a slot number or -1 (any), got {g.id_slot}")
     if body.get("samplers") is not None:
         s = body["samplers"]
         if isinstance(s, str) or not isinstance(s, list) or not all(isinstance(x, str) for x in s):
