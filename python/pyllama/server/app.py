@@ -205,9 +205,6 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
 
     for p in prompts:
         state.engine.check_prompt(len(p))
-    cap = state.config.n_predict
-    if cap > 0 and (g.n_predict < 0 or g.n_predict > cap):  # -n caps every request, as llama-server's
-        g.n_predict = cap
     if g.ignore_eos:  # as llama-server: end-of-generation tokens are never sampled
         for t in getattr(state.vocab, "eog_ids", ()):
             g.sampling.logit_bias[int(t)] = float("-inf")
