@@ -202,7 +202,8 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
     n_predict = default_n_predict
     for name in max_tokens_names:
         if name in body and body[name] is not None:
-            n_predict = _num(body, name, _INT)
+            v = _num(body, name, _INT)
+            n_predict = v if v != -1 else default_n_predict  # -1: the server's -n (llama-server)
     g.n_predict = n_predict if n_predict >= 0 else -1
     g.stops = parse_stop(body.get("stop"))
     if body.get("ignore_eos") is not None:
