@@ -25,33 +25,40 @@ CACHE = Path(os.environ.get("PYLLAMA_CACHE", Path.home() / ".cache" / "pyllama")
 SDIST = "llama-cpp-python==0.3.36"
 
 
-def build_llama_bench() -> Path:
-    exe = CACHE / "build" / "bin" / "llama-bench"
+def build_llama_bench(target: str = "llama-bench") -> Path:
+    """Return build/bin/<target> (llama-bench, llama-server, ...), building it first if missing."""
+    exe = CACHE / "build" / "bin" / target
     if exe.exists():
         return exe
     CACHE.mkdir(parents=True, exist_ok=True)
-    tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
-    if not tars:
-        print(f"downloading the {SDIST} sdist ...", file=sys.stderr)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-             SDIST, "-d", str(CACHE)],
-            check=False,
-        )
-        tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
-        if not tars:
-            sys.exit("could not download the llama-cpp-python sdist")
     src = CACHE / "src"
     if not src.exists():
+        tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
+        if not tars:
+            print(f"downloading the {SDIST} sdist ...", file=sys.stderr)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                 SDIST, "-d", str(CACHE)],
+                check=False,
+            )
+            tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
+            if not tars:
+                sys.exit("could not download the llama-cpp-python sdist")
         with tarfile.open(tars[0]) as t:
             t.extractall(src)
     root = next(src.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
     build = CACHE / "build"
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(["cmake", "-S", str(root), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", "llama-bench"],
-                   check=True)
+    # cmake/ninja may be pip-installed next to this interpreter without the venv being activated
+    bindir = str(Path(sys.executable).parent)
+    cmake = shutil.which("cmake") or shutil.which("cmake", path=bindir) or "cmake"
+    ninja = shutil.which("ninja") or shutil.which("ninja", path=bindir)
+    gen = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja and not (build / "CMakeCache.txt").exists() else []
+    server = target == "llama-server"
+    # the server's web UI is not needed: skip its download from Hugging Face (no network needed)
+    extra = ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF"] if server else ["-DLLAMA_BUILD_SERVER=OFF"]
+    subprocess.run([cmake, "-S", str(root), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", *extra], check=True)
+    subprocess.run([cmake, "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", target], check=True)
     return exe
 
 

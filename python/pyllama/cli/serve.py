@@ -169,6 +169,7 @@ def serve(
                             n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
                             type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size,
+                            flash_attn={"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
                             embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1))
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),

@@ -71,6 +71,7 @@ class EngineConfig:
     context_shift: bool = False
     n_keep: int = 0
     max_queue: int = 64
+    flash_attn: int = -1      # LLAMA_FLASH_ATTN_TYPE: -1 auto, 0 off, 1 on
     embedding: bool = False   # an embeddings server: every token is an output, no generation
     pooling: int = -1         # LLAMA_POOLING_TYPE_* with embedding (-1: the model's, none for decoders)
 
@@ -145,7 +146,8 @@ class Engine:
         self.ctx = Context(model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
                            n_seq_max=config.n_parallel, kv_unified=config.kv_unified,
                            n_threads=config.n_threads, n_threads_batch=config.n_threads_batch,
-                           type_k=config.type_k, type_v=config.type_v, no_perf=False, **extra)
+                           type_k=config.type_k, type_v=config.type_v, no_perf=False,
+                           flash_attn_type=config.flash_attn, **extra)
         self.pooling = int(self.ctx.pooling_type)
         self.n_ctx = int(self.ctx.n_ctx)
         self.n_ctx_slot = int(self.ctx.n_ctx_seq)
