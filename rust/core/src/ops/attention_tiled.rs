@@ -9,8 +9,10 @@
 //! quant::avx2::llamacpp_order): pyllama's default keeps one attention kernel for every
 //! micro-batch size.
 //!
-//! Tiles are taken by position (pos / 64), which is llama.cpp's cell tiling for a sequence
-//! that fills the cache from cell 0, as in a fresh context.
+//! Tiles are taken by KV cell (cell / 64, the key's slot in its tile cell % 64, keys in
+//! cell order), as llama.cpp tiles its K/V view: for a sequence that fills the cache from
+//! cell 0 that is its positions, and for several sequences packed into one unified cache
+//! (an embeddings batch) each sequence's keys fall into tiles by where its cells lie.
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86-64 only (llamacpp order)
 
@@ -20,10 +22,11 @@ const TILE: usize = 64;
 
 thread_local! {
     static KT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static BY_CELL: RefCell<Vec<(i32, u32)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One (query, head): `q` [hd_k] (f32, already scaled as the graph scales it), `vis` the
-/// visible keys (position, cell) in ascending position, `k_row(cell)` / `v_row(cell)` the
+/// visible keys (position, cell) in any order (taken in cell order), `k_row(cell)` / `v_row(cell)` the
 /// f16 bits of that head's K / V, `kscale` the softmax scale; writes `out` [hd_v].
 #[cfg(target_arch = "x86_64")]
 pub fn attend<'a>(
@@ -41,13 +44,25 @@ pub fn attend<'a>(
     if hd_k % 8 != 0 || out.len() % 8 != 0 {
         return false;
     }
+    let sorted = vis.windows(2).all(|w| w[0].1 < w[1].1);
     KT.with(|kt| {
         let mut kt = kt.borrow_mut();
         if kt.len() < hd_k * TILE {
             kt.resize(hd_k * TILE, 0.0);
         }
-        // SAFETY: CPU features checked above; buffer sizes checked / sized here.
-        unsafe { attend_avx2(q, vis, k_row, v_row, kscale, out, &mut kt) };
+        if sorted {
+            // SAFETY: CPU features checked above; buffer sizes checked / sized here.
+            unsafe { attend_avx2(q, vis, k_row, v_row, kscale, out, &mut kt) };
+        } else {
+            BY_CELL.with(|bc| {
+                let mut bc = bc.borrow_mut();
+                bc.clear();
+                bc.extend_from_slice(vis);
+                bc.sort_unstable_by_key(|k| k.1);
+                // SAFETY: as above.
+                unsafe { attend_avx2(q, &bc, k_row, v_row, kscale, out, &mut kt) };
+            });
+        }
     });
     true
 }
@@ -84,16 +99,16 @@ unsafe fn attend_avx2<'a>(
     let mut row = [f32::NEG_INFINITY; TILE];
     let mut i = 0;
     while i < vis.len() {
-        let tile = vis[i].0.div_euclid(TILE as i32);
+        let tile = vis[i].1 / TILE as u32;
         let mut j = i;
-        while j < vis.len() && vis[j].0.div_euclid(TILE as i32) == tile {
+        while j < vis.len() && vis[j].1 / TILE as u32 == tile {
             j += 1;
         }
         let keys = &vis[i..j];
         // K tile transposed to f32: kt[d * 64 + slot]
         let mut used = [false; TILE];
-        for &(pos, cell) in keys {
-            let slot = pos.rem_euclid(TILE as i32) as usize;
+        for &(_, cell) in keys {
+            let slot = cell as usize % TILE;
             used[slot] = true;
             let k = k_row(cell);
             let mut d = 0;
@@ -151,8 +166,8 @@ unsafe fn attend_avx2<'a>(
         }
         s = (s as f64 + sum) as f32;
         // V: one FMA chain per output element over the tile's keys in order
-        for &(pos, cell) in keys {
-            let p = _mm256_set1_ps(row[pos.rem_euclid(TILE as i32) as usize]);
+        for &(_, cell) in keys {
+            let p = _mm256_set1_ps(row[cell as usize % TILE]);
             let v = v_row(cell);
             let mut d = 0;
             while d + 8 <= hd_v {
