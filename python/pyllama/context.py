@@ -755,7 +755,7 @@ class Context:
         self._output_ids[:n] = out_rows
         # embd_buf, not self._embeddings: an abort callback may switch embeddings on mid-decode
         if embd_buf is not None and self._pooling != LLAMA_POOLING_TYPE_NONE and n_outputs:
-            self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling)
+            self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling, ubatches)
 
         if not self._has_evaluated_once:
             self._t_load_us = _time_us() - self._t_start_us
@@ -1093,23 +1093,125 @@ class Context:
                 f"n_seq_max={self.n_seq_max})")
 
 
-def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int) -> dict:
+def _fma32(a: np.ndarray, b, c: np.ndarray) -> np.ndarray:
+    """float32 ``a * b + c`` rounded once, as the FMA instruction (elementwise). The product
+    of two float32 is exact in float64; the float64 sum is rounded to odd (its lowest bit
+    set where it is inexact), which makes the final rounding to float32 the correct one."""
+    p = a.astype(np.float64) * np.float64(b)
+    c = c.astype(np.float64)
+    s = p + c
+    t = s - p
+    err = (p - (s - t)) + (c - t)  # s + err == p + c exactly (TwoSum)
+    fix = (err != 0) & ((s.view(np.uint64) & 1) == 0)
+    if fix.any():
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _hsum8_tinyblas(acc: np.ndarray) -> np.ndarray:
+    """llamafile's ``hsum(__m256)`` over 8 lane rows: high half + low half, then
+    (l0 + l2) + (l1 + l3)."""
+    t = acc[4:8] + acc[0:4]
+    return (t[0] + t[2]) + (t[1] + t[3])
+
+
+def _mean_pool(x: np.ndarray, js: list, w: np.float32, tinyblas: bool) -> np.ndarray:
+    """One sequence's mean over a micro-batch exactly as llama.cpp's AVX2 CPU backend
+    computes ``ggml_mul_mat(ggml_cont(ggml_transpose(t_embd)), inp_mean)`` for it: the dot
+    product, over the micro-batch's tokens, of each hidden-state column with the weights
+    (1/n at the sequence's n tokens, 0 elsewhere). ``x``: the micro-batch's hidden states
+    [n_tokens, n_embd] in micro-batch order; ``js``: the sequence's rows in it (ascending).
+    Zero weights add exact zeros, so only the sequence's rows are visited, in their lanes.
+
+    ``tinyblas``: llamafile_sgemm's tinyBLAS<8> f32 path (llama.cpp takes it for 2 or more
+    sequences when n_tokens % 8 == 0 and n_embd % 4 == 0): one 8-lane FMA accumulator,
+    then ``hsum``. Else ``ggml_vec_dot_f32``: 4 accumulators of 8 lanes over the first
+    n_tokens & ~31 tokens (FMA), reduced as ((a0 + a2) + (a1 + a3)), high + low half, hadd,
+    hadd; then the remaining tokens one by one into that float sum as GCC 12 -O3 compiles
+    the scalar loop: runs of 8, then of 4, multiplied as vectors (product rounded) and
+    added in order, the last 1-3 with scalar FMAs."""
+    n, ne = x.shape
+    js = np.asarray(js, dtype=np.int64)
+    if tinyblas:
+        acc = np.zeros((8, ne), dtype=np.float32)
+        for b in np.unique(js // 8):
+            sel = js[(js >= 8 * b) & (js < 8 * b + 8)]
+            acc[sel % 8] = _fma32(x[sel], w, acc[sel % 8])
+        return _hsum8_tinyblas(acc)
+    np_ = n & ~31
+    acc = np.zeros((32, ne), dtype=np.float32)
+    head = js[js < np_]
+    for b in np.unique(head // 32):
+        sel = head[(head >= 32 * b) & (head < 32 * b + 32)]
+        acc[sel % 32] = _fma32(x[sel], w, acc[sel % 32])
+    v = (acc[0:8] + acc[16:24]) + (acc[8:16] + acc[24:32])
+    t = v[4:8] + v[0:4]
+    s = (t[0] + t[1]) + (t[2] + t[3])
+    left = n - np_
+    unfused = (left // 8) * 8  # leftovers [0, unfused) are multiplied then added
+    r = left - unfused
+    if r >= 4:
+        unfused += 4
+    for j in js[js >= np_]:
+        if j - np_ < unfused:
+            s = s + x[j] * w
+        else:
+            s = _fma32(x[j], w, s)
+    return s
+
+
+@functools.lru_cache(maxsize=1)
+def _llamacpp_order() -> bool:
+    """``PYLLAMA_ORDER=llamacpp``, read once as the Rust core reads it."""
+    return os.environ.get("PYLLAMA_ORDER", "").lower() == "llamacpp"
+
+
+def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Optional[list] = None) -> dict:
     """Per-sequence pooled embeddings over all of a sequence's tokens in the batch, as
     llama.cpp's mean / CLS (first position) / LAST (last position) pooling; an entry in
-    several sequences counts for each. hidden: [n_tokens, n_embd] (all tokens are outputs)."""
+    several sequences counts for each. hidden: [n_tokens, n_embd] (all tokens are outputs);
+    ubatches: the micro-batches the batch was decoded in (batch indices, micro-batch order).
+
+    Mean is llama.cpp's pooling matmul (``ggml_mul_mat`` of the transposed hidden states and
+    the 1/n weights) in its float order (:func:`_mean_pool`). That order depends on the
+    micro-batch (one sequence or several, its token count, where the sequence sits in it);
+    by default each sequence is pooled as llama.cpp pools a sequence alone in a micro-batch
+    (so a vector does not depend on the other sequences in the batch, and a prompt embedded
+    alone is llama.cpp's bit for bit). Under ``PYLLAMA_ORDER=llamacpp`` a sequence within
+    one micro-batch is pooled as llama.cpp pools it there. A sequence split across
+    micro-batches is pooled over all its tokens as if alone, in both modes: llama.cpp keeps
+    only its last micro-batch's part (``embd_seq`` is overwritten per micro-batch), which
+    depends on where the batch was cut, and that is not copied."""
     members: dict = {}
     for i, sids in enumerate(ab.seq_ids):
         for s in sids:
             members.setdefault(s, []).append(i)
     out = {}
-    for s, idx in members.items():
-        if pooling == LLAMA_POOLING_TYPE_MEAN:
-            out[s] = hidden[idx].mean(axis=0, dtype=np.float32)
-        else:
-            p = ab.pos[idx]
-            if pooling == LLAMA_POOLING_TYPE_CLS:
-                k = idx[int(np.argmin(p))]  # first of the smallest position
+    if pooling == LLAMA_POOLING_TYPE_MEAN:
+        ne = hidden.shape[1]
+        where: dict = {}  # batch index -> (micro-batch, index in it)
+        n_unq: list = []
+        if _llamacpp_order() and ubatches is not None:
+            for u, ub in enumerate(ubatches):
+                for j, i in enumerate(ub):
+                    where[int(i)] = (u, j)
+                n_unq.append(len({s for i in ub for s in ab.seq_ids[int(i)]}))
+        for s, idx in members.items():
+            w = np.float32(1.0) / np.float32(len(idx))
+            us = {where[i][0] for i in idx} if where else set()
+            if len(us) == 1:
+                u = us.pop()
+                ub = [int(i) for i in ubatches[u]]
+                tinyblas = n_unq[u] >= 2 and len(ub) % 8 == 0 and ne % 4 == 0
+                out[s] = _mean_pool(hidden[ub], sorted(where[i][1] for i in idx), w, tinyblas)
             else:
-                k = idx[len(idx) - 1 - int(np.argmax(p[::-1]))]  # last of the largest position
-            out[s] = hidden[k].copy()
+                out[s] = _mean_pool(hidden[idx], list(range(len(idx))), w, False)
+        return out
+    for s, idx in members.items():
+        p = ab.pos[idx]
+        if pooling == LLAMA_POOLING_TYPE_CLS:
+            k = idx[int(np.argmin(p))]  # first of the smallest position
+        else:
+            k = idx[len(idx) - 1 - int(np.argmax(p[::-1]))]  # last of the largest position
+        out[s] = hidden[k].copy()
     return out
