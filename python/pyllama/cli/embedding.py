@@ -74,7 +74,7 @@ def embedding(
         if tb or t:
             kw["n_threads_batch"] = tb or t
         ctx = Context(m, n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
-                      embeddings=True, n_seq_max=min(max(len(toks), 1), 64), kv_unified=True,
+                      embeddings=True, n_seq_max=min(max(len(toks), 1), 256), kv_unified=True,
                       pooling_type=POOLING_NAMES[pooling] if pooling else -1, **kw)
         embs = embed_token_lists(ctx, toks, normalize_mode=embd_normalize)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
