@@ -1,9 +1,10 @@
 """JSON schema -> GBNF with llama.cpp's semantics (common/json-schema.cpp, which reads a
 schema into nodes, and common/json-schema-to-grammar.cpp, which writes the rules; the
 llama.cpp vendored in llama-cpp-python 0.3.36). For every schema in llama.cpp's
-test-json-schema-to-grammar.cpp the grammar text is llama.cpp's, byte for byte, except
-for the deviations listed at the end; the rule names, their order and the layout are the
-same (values carry no trailing whitespace; ``space`` sits after ``{``, ``[``, ``:``, ``,``
+test-json-schema-to-grammar.cpp the grammar text is llama.cpp's, byte for byte (72 of
+its 81 cases; the other 9 differ by the deviations listed at the end only, and its 33
+integration cases give its verdict on every string); the rule names, their order and the
+layout are the same (values carry no trailing whitespace; ``space`` sits after ``{``, ``[``, ``:``, ``,``
 and before ``}`` / ``]``).
 
 Supported, as llama.cpp does it:
@@ -79,7 +80,8 @@ value the grammar admits and passes silently. Also as in llama.cpp: ``oneOf`` is
 exclusive, and an additional property's key may not be a proper prefix of a declared
 name (llama.cpp's exclusion trie), so some valid keys are not offered.
 
-Deviations from llama.cpp's grammar text, each where llama.cpp's grammar is wrong:
+Deviations from llama.cpp's grammar text, each where llama.cpp's grammar is wrong (found
+by tests/test_json_schema.py's differential and generation tests):
 
 1. A pattern is matched against the JSON text between the quotes, so the translation
    keeps that text valid JSON for the string it stands for: a literal ``"`` or ``\\`` (or
@@ -96,9 +98,17 @@ Deviations from llama.cpp's grammar text, each where llama.cpp's grammar is wron
    ``("ab.")+``).
 3. A property named ``""`` at the top level gets its own rule (llama.cpp names its value
    rule ``root``, so the whole grammar became that property's value).
-4. Property names in the additional-properties key rule are escaped inside character
-   classes (llama.cpp writes ``]``, ``-``, ``\\`` and ``^`` raw there, which breaks or
-   changes the class).
+4. The additional-properties key rule (a string that is none of the declared names):
+   where a key leaves every declared name it does so with a character the ``char`` rule
+   admits (llama.cpp's ``[^"...]`` let a raw control character or a bare backslash in,
+   so the model wrote invalid JSON); declared names are followed as their JSON text
+   spells them (an escape for ``"``, ``\\`` and control characters) and escaped inside
+   character classes (llama.cpp wrote ``]``, ``-``, ``\\`` and ``^`` raw there).
+5. Integer bounds: a minimum whose digits after the first start with a zero keeps its
+   width (llama.cpp's ``minimum: 100`` let ``10`` in, ``1005`` let ``15`` in); a
+   not-leading digit position may hold 0 (``minimum: 1105`` shut ``10000``..``10999``
+   out); no leading zero after the minus sign of a negative maximum (``maximum: -5``
+   let ``-05`` in).
 """
 
 from __future__ import annotations
@@ -300,9 +310,19 @@ def _int_range(lo: int | None, hi: int | None) -> str:
             else:
                 ms = str(lo)
                 c = ms[0]
-                if c > "1":
+                if c > ("1" if top else "0"):  # deviation 5: llama.cpp's c > '1' lost 0 here
                     dr("1" if top else "0", chr(ord(c) - 1)); w(" "); more(len(ms), less); w(" | ")
-                dr(c, c); w(" ("); gen(int(ms[1:]), None, less, False); w(")")
+                dr(c, c); w(" (")
+                rest = ms[1:]
+                if rest.startswith("0") and len(rest) > 1:
+                    # deviation 5: the rest keeps its width (llama.cpp's int(rest) dropped
+                    # the leading zeros, so minimum 100 let 10 in)
+                    uni(rest, "9" * len(rest))
+                    if len(rest) < less:
+                        w(" | "); more(len(rest) + 1, less)
+                else:
+                    gen(int(rest), None, less, False)
+                w(")")
                 if c < "9":
                     w(" | "); dr(chr(ord(c) + 1), "9"); w(" "); more(len(ms) - 1, less)
             return
@@ -311,7 +331,8 @@ def _int_range(lo: int | None, hi: int | None) -> str:
                 w('"-" [1-9] '); more(0, less); w(" | ")
             both(0, hi)
         else:
-            w('"-" ('); gen(-hi, None, dec, False); w(")")
+            # deviation 5: no leading zero after the sign (llama.cpp's top_level=false let "-05" in)
+            w('"-" ('); gen(-hi, None, dec, True); w(")")
 
     gen(lo, hi)
     return "".join(out)
@@ -917,7 +938,7 @@ class _Converter:
 
     def not_strings(self, strings: list[str]) -> str:
         """A JSON string that is none of ``strings`` (llama.cpp's _not_strings over a trie
-        of code points, children in code point order)."""
+        of code points, children in code point order; deviation 4)."""
         trie: list[dict] = [{"children": {}, "end": False}]
         for s in strings:
             cur = 0
@@ -935,11 +956,14 @@ class _Converter:
             children = sorted(trie[idx]["children"].items())
             rejects = ""
             for k, (ch, child) in enumerate(children):
-                c = _class_char(ord(ch))  # deviation 4: escaped in the class
-                rejects += c
                 if k:
                     out.append(" | ")
-                out.append(f"[{c}]")
+                if _needs_json_escape(ord(ch)):  # deviation 4: as the JSON text spells it
+                    out.append(format_literal(_json_text(ord(ch))))
+                else:
+                    c = _class_char(ord(ch))  # deviation 4: escaped in the class
+                    rejects += c
+                    out.append(f"[{c}]")
                 if trie[child]["children"]:
                     out.append(" (")
                     visit(child)
@@ -947,7 +971,9 @@ class _Converter:
                 else:
                     out.append(f" {char_rule}+")
             if children:
-                out.append(f' | [^"{rejects}] {char_rule}*')
+                # deviation 4: what may differ is a character char admits (llama.cpp's
+                # [^"...] let a raw control character or a bare backslash in)
+                out.append(f' | [^"\\\\\\x7F\\x00-\\x1F{rejects}] {char_rule}*')
 
         visit(0)
         out.append(" )")
