@@ -49,6 +49,7 @@ __all__ = [
     "apply_builtin",
     "render_chat",
     "ChatFormat",
+    "special_text",
 ]
 
 
@@ -1186,7 +1187,8 @@ def render_chat(messages: Sequence[Mapping[str, Any]], template: str | None = No
         messages, add_generation_prompt, **extra)
 
 
-def _special_text(vocab, token) -> str:
+def special_text(vocab, token) -> str:
+    """A special token's text (BOS / EOS for templates), "" for none."""
     if token is None or token < 0:
         return ""
     return vocab.token_to_piece(int(token), True).decode("utf-8", "replace")
@@ -1205,13 +1207,13 @@ class ChatFormat:
 
     def __init__(self, model, vocab, template: str | None = None, origin: str = "given"):
         self.vocab = vocab
-        self.bos_text = _special_text(vocab, vocab.bos)
+        self.bos_text = special_text(vocab, vocab.bos)
         src = template if template is not None else model.chat_template()
         origin = origin if template is not None else "the model's"
         self.source = src or ""
         if src and src not in BUILTIN_TEMPLATES:
             self._tmpl: ChatTemplate | None = ChatTemplate(
-                src, bos_token=self.bos_text, eos_token=_special_text(vocab, vocab.eos), name="chat template")
+                src, bos_token=self.bos_text, eos_token=special_text(vocab, vocab.eos), name="chat template")
             self._builtin = None
             family = detect_builtin(src)
             self.name = f"{origin} Jinja template" + (f" ({family} family)" if family else "")

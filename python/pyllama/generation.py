@@ -21,7 +21,7 @@ import numpy as np
 
 from .sampling import SamplerChain, SamplerParams, build_chain
 
-__all__ = ["Session", "TextStream", "StopText", "context_shift", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
+__all__ = ["Session", "TextStream", "StopText", "context_shift", "common_prefix", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
 
 
 def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callable[[float], bool]:
@@ -158,6 +158,17 @@ def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
     return n
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (prompt-cache reuse: Session, the
+    server's slots, Llama's prompt caches)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def context_shift(ctx, seq_id: int, tokens: list, n_keep: int = 0) -> int:
     """llama.cpp's context shift for a full sequence: keep its first ``n_keep`` tokens, drop
     half of the rest (the oldest) and move the remainder down (K is re-roped, so attention
@@ -260,11 +271,7 @@ class Session:
         for i, t in enumerate(prompt_tokens):
             if not 0 <= t < n_vocab:
                 raise ValueError(f"prompt token {i} = {t} is not a valid id (n_vocab = {n_vocab})")
-        common = 0
-        for a, b in zip(self.tokens, prompt_tokens):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(self.tokens, prompt_tokens)
         if common == len(prompt_tokens):
             common -= 1  # re-decode the last token: its logits are needed
         if common < len(self.tokens):

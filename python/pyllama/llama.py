@@ -10,11 +10,12 @@
 
 Every method takes llama-cpp-python's parameters, by the same names and with the same
 defaults, and nothing else: an unknown keyword is a TypeError. A parameter pyllama cannot
-honour yet (JSON-schema grammars, embeddings, LoRA, ...) raises NotImplementedError when given a
-non-default value, saying what is missing; one that only matters on a GPU logs a warning
+honour yet (LoRA, a draft model, the legacy functions=, ...) raises NotImplementedError when
+given a non-default value, saying what is missing; one that only matters on a GPU logs a warning
 once. Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
 their ``...chunk`` stream forms). Prompt tokens already in the KV cache from the previous
-call are not decoded again (longest common prefix), as llama-cpp-python does.
+call are not decoded again (longest common prefix), as llama-cpp-python does; with
+``set_cache`` a prompt cache (pyllama.llama_cache) extends that across calls and instances.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 import numpy as np
 
 from .chat import BUILTIN_TEMPLATES, ChatTemplate, apply_builtin
-from .generation import Session, StopText, load_model
+from .chat import special_text as _token_text
+from .generation import Session, StopText, common_prefix, load_model
 from .grammar import GrammarError
 from .tool_calls import reply_message
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
@@ -1277,12 +1279,7 @@ class Llama:
 
     @staticmethod
     def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
+        return common_prefix(a, b)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
@@ -1337,8 +1334,4 @@ def _check_logit_bias(logit_bias, n_vocab: int) -> list[tuple[int, float]]:
     return normalize_logit_bias(logit_bias, n_vocab, "logit_bias")
 
 
-def _token_text(vocab, token: int) -> str:
-    if token is None or token < 0:
-        return ""
-    return vocab.token_to_piece(int(token), True).decode("utf-8", "replace")
 

@@ -25,18 +25,11 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from .generation import common_prefix
+
 log = logging.getLogger("pyllama")
 
 __all__ = ["BaseLlamaCache", "LlamaRAMCache", "LlamaDiskCache", "LlamaCache"]
-
-
-def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class BaseLlamaCache:
@@ -59,7 +52,7 @@ class BaseLlamaCache:
     def _find_longest_prefix_key(self, key: Tuple[int, ...]) -> Optional[Tuple[int, ...]]:
         best, best_n = None, 0
         for k in self._keys():
-            n = _prefix(k, key)
+            n = common_prefix(k, key)
             if n > best_n:
                 best, best_n = k, n
         return best

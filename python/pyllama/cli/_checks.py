@@ -231,6 +231,10 @@ def opt_cache_type_v():
     return typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type, help="V cache type")
 
 
+# -fa values -> llama_context_params.flash_attn_type (anything else: -1, auto)
+FLASH_ATTN_TYPES = {"on": 1, "1": 1, "off": 0, "0": 0}
+
+
 def opt_flash_attn():
     return typer.Option("auto", "-fa", "--flash-attn", callback=flash_attn, help="on, off or auto")
 

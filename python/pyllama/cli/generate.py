@@ -31,7 +31,7 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
         n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
     params = {"n_ctx": n_ctx, "n_batch": batch_size, "n_ubatch": min(ubatch_size, batch_size),
               "type_k": cache_type_k, "type_v": cache_type_v,
-              "flash_attn_type": {"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
+              "flash_attn_type": O.FLASH_ATTN_TYPES.get(flash_attn, -1),
               "no_perf": False}
     threads, threads_batch = _threads(threads), _threads(threads_batch)  # <= 0: the default, as llama.cpp
     if threads is not None:
@@ -57,16 +57,23 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def sampler_from_flags(sess, *, temp, top_k, top_p, min_p, typical, repeat_penalty, repeat_last_n,
-                       presence_penalty, frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed):
-    from ..sampling import SamplerParams, build_chain
+def sampler_params(*, temp, top_k, top_p, min_p, typical, repeat_penalty, repeat_last_n, presence_penalty,
+                   frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed, no_perf: bool = False):
+    """The sampling flags (shared by generate, chat and serve) as SamplerParams; seed -1 = random."""
+    from ..sampling import SamplerParams
 
-    params = SamplerParams(
+    return SamplerParams(
         seed=seed & 0xFFFFFFFF if seed >= 0 else 0xFFFFFFFF, temp=temp, top_k=top_k, top_p=top_p,
         min_p=min_p, typ_p=typical, penalty_repeat=repeat_penalty, penalty_last_n=repeat_last_n,
         penalty_present=presence_penalty, penalty_freq=frequency_penalty, mirostat=mirostat,
-        mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=False)
-    return build_chain(params, n_vocab=sess.n_vocab, vocab=sess.vocab)
+        mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=no_perf)
+
+
+def sampler_from_flags(sess, **flags):
+    """A sampler chain for ``sess`` from the sampling flags (see :func:`sampler_params`)."""
+    from ..sampling import build_chain
+
+    return build_chain(sampler_params(**flags), n_vocab=sess.n_vocab, vocab=sess.vocab)
 
 
 def perf_summary(sess, chain, n_decoded: int, t_s: float) -> str:

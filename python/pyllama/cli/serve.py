@@ -16,6 +16,7 @@ import typer
 from . import app
 from . import _checks as O
 from ._checks import integer, threads as _threads
+from .generate import sampler_params
 
 
 def _need_server_deps() -> None:
@@ -148,7 +149,6 @@ def serve(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from ..errors import PyllamaError
     from ..generation import load_model, progress_bar, resolve_model_path
-    from ..sampling import SamplerParams
     from ..server import EngineConfig, ServerConfig, ServerState, create_app
 
     if gpu_layers:
@@ -160,16 +160,15 @@ def serve(
         m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))
         n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
         threads_, threads_batch_ = _threads(threads), _threads(threads_batch)
-        defaults = SamplerParams(
-            seed=seed & 0xFFFFFFFF if seed >= 0 else 0xFFFFFFFF, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-            typ_p=typical, penalty_repeat=repeat_penalty, penalty_last_n=repeat_last_n,
-            penalty_present=presence_penalty, penalty_freq=frequency_penalty, mirostat=mirostat,
-            mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=True)
+        defaults = sampler_params(
+            temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed, no_perf=True)
         ecfg = EngineConfig(n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
                             n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
                             type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size,
-                            flash_attn={"on": 1, "1": 1, "off": 0, "0": 0}.get(flash_attn, -1),
+                            flash_attn=O.FLASH_ATTN_TYPES.get(flash_attn, -1),
                             embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1))
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .engine import Engine, EngineConfig, Job, PromptTooLong, QueueFull
+from ..chat import special_text
 from ..tool_calls import reply_message
 from .params import (COMMON_FIELDS, BadRequest, check_fields, parse_generation, response_format_schema)
 
@@ -394,8 +395,8 @@ def create_app(state: ServerState):
             "default_generation_settings": {"id": 0, "n_ctx": e.n_ctx_slot, "params": _defaults(cfg)},
             "total_slots": len(e.slots), "model_path": cfg.model_path, "model_alias": state.model_id,
             "chat_template": state.chat.source, "chat_template_name": state.chat.name,
-            "bos_token": _special(state.vocab, state.vocab.bos),
-            "eos_token": _special(state.vocab, state.vocab.eos),
+            "bos_token": special_text(state.vocab, state.vocab.bos),
+            "eos_token": special_text(state.vocab, state.vocab.eos),
             "build_info": _FINGERPRINT, "modalities": {"vision": False, "audio": False},
             "endpoint_slots": cfg.slots, "endpoint_metrics": cfg.metrics})
 
@@ -770,10 +771,6 @@ def _settings(p, n_predict: int, g=None) -> dict:
     return out
 
 
-def _special(vocab, tok) -> str:
-    if tok is None or tok < 0:
-        return ""
-    return vocab.token_to_piece(int(tok), True).decode("utf-8", "replace")
 
 
 def _messages(body: dict) -> list:
@@ -877,13 +874,17 @@ def _usage(dones: list) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(d["n_cached"] for d in dones)}}
 
 
+def _scored(evs: list) -> list:
+    """The token events that carry a log-probability (a stop string's held-back tail does not)."""
+    return [ev for ev in evs if ev["type"] == "token" and ev["token"] is not None and ev["logprob"] is not None]
+
+
 def _oai_logprobs(state, evs: list, text_offset: int) -> dict:
+    """OpenAI's completions logprobs: tokens, text_offset, token_logprobs, top_logprobs."""
     v = state.vocab
     tokens, offsets, token_lp, top_lp = [], [], [], []
     pos = text_offset
-    for ev in evs:
-        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
-            continue
+    for ev in _scored(evs):
         s = _piece(v, ev["token"])
         tokens.append(s)
         offsets.append(pos)
@@ -893,30 +894,25 @@ def _oai_logprobs(state, evs: list, text_offset: int) -> dict:
     return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lp, "top_logprobs": top_lp}
 
 
-def _chat_logprobs(state, evs: list) -> dict:
+def _prob(v, t: int, lp: float, with_id: bool) -> dict:
+    """One token's entry: OpenAI's chat shape (token, logprob, bytes), llama-server's adds id."""
+    d = {"id": t} if with_id else {}
+    d.update(token=_piece(v, t), logprob=lp, bytes=_piece_bytes(v, t))
+    return d
+
+
+def _probs(state, evs: list, with_id: bool) -> list:
     v = state.vocab
-    content = []
-    for ev in evs:
-        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
-            continue
-        t = ev["token"]
-        content.append({"token": _piece(v, t), "logprob": ev["logprob"], "bytes": _piece_bytes(v, t),
-                        "top_logprobs": [{"token": _piece(v, i), "logprob": lp, "bytes": _piece_bytes(v, i)}
-                                         for i, lp in (ev["top"] or [])]})
-    return {"content": content}
+    return [{**_prob(v, ev["token"], ev["logprob"], with_id),
+             "top_logprobs": [_prob(v, i, lp, with_id) for i, lp in (ev["top"] or [])]} for ev in _scored(evs)]
+
+
+def _chat_logprobs(state, evs: list) -> dict:
+    return {"content": _probs(state, evs, False)}
 
 
 def _native_probs(state, evs: list) -> list:
-    v = state.vocab
-    out = []
-    for ev in evs:
-        if ev["type"] != "token" or ev["token"] is None or ev["logprob"] is None:
-            continue
-        t = ev["token"]
-        out.append({"id": t, "token": _piece(v, t), "bytes": _piece_bytes(v, t), "logprob": ev["logprob"],
-                    "top_logprobs": [{"id": i, "token": _piece(v, i), "bytes": _piece_bytes(v, i), "logprob": lp}
-                                     for i, lp in (ev["top"] or [])]})
-    return out
+    return _probs(state, evs, True)
 
 
 def _native_final(state, done: dict, evs: list, prompt: list, content: str, g, body: dict) -> dict:

@@ -32,7 +32,8 @@ import numpy as np
 
 from ..batch import batch_add, batch_init
 from ..context import Context
-from ..generation import StopText, context_shift
+from ..llama import Llama
+from ..generation import StopText, common_prefix, context_shift
 
 log = logging.getLogger("pyllama.server")
 
@@ -304,7 +305,7 @@ class Engine:
                 continue
             best, best_n = None, 0
             for s in idle:
-                n = _common_prefix(s.cache, job.prompt)
+                n = common_prefix(s.cache, job.prompt)
                 if n > best_n:
                     best, best_n = s, n
             if best is None:
@@ -322,7 +323,7 @@ class Engine:
             prompt = self._truncate(prompt, job)
             job.prompt = prompt
         # < 0: cache_prompt false; an embedding needs every token of its input in one decode
-        common = _common_prefix(slot.cache, prompt) if job.n_cached >= 0 and not job.embed else 0
+        common = common_prefix(slot.cache, prompt) if job.n_cached >= 0 and not job.embed else 0
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
         common = max(common, 0)
@@ -507,7 +508,7 @@ class Engine:
         self.m["tokens_predicted_total"] += 1
         lp = top = None
         if job.n_probs:
-            lps = _log_softmax(row)
+            lps = Llama.logits_to_logprobs(row)
             lp = float(lps[tok])
             if job.n_probs > 0:
                 k = min(job.n_probs, lps.shape[0])
@@ -600,22 +601,6 @@ class Engine:
         return out
 
 
-def _common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    x = np.asarray(row, dtype=np.float32)
-    m = np.max(x)
-    if not np.isfinite(m):
-        m = np.float32(0.0)
-    z = x - m
-    return z - np.float32(np.log(np.sum(np.exp(z, dtype=np.float32), dtype=np.float32)))
 
 
 def _timings(job: Job) -> dict:
