@@ -178,7 +178,8 @@ def _make_job(state: ServerState, prompt: list, g, emit) -> Job:
     if grammar is not None:
         sampler = _GrammarFirstSampler(chain, grammar.sampler(state.vocab))
     return Job(prompt=prompt, sampler=sampler, chain=chain, emit=emit, n_predict=g.n_predict,
-               stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos, n_keep=g.n_keep)
+               stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos, n_keep=g.n_keep,
+               cache_prompt=g.cache_prompt, id_slot=g.id_slot)
 
 
 def _grammar_of(state: ServerState, g):
@@ -200,8 +201,6 @@ def _grammar_of(state: ServerState, g):
 async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> None:
     """Make and queue n jobs per prompt (choice index = prompt * n + j). With a seed, choice
     j samples with seed + j, so n choices differ yet each is reproducible."""
-    from ..sampling import SamplerParams
-
     from starlette.concurrency import run_in_threadpool
 
     for p in prompts:
@@ -215,18 +214,13 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
         for j in range(n):
             gj = g
             if n > 1 and g.seed_given:
-                gj = _with_seed(g, (base_seed + j) % 2**32, SamplerParams)
+                gj = _with_seed(g, (base_seed + j) % 2**32)
             specs.append((pi * n + j, p, gj))
 
     def build():
-        return [(_make_job(state, p, gj, run.emit_for(i)), gj) for i, p, gj in specs]
+        return [_make_job(state, p, gj, run.emit_for(i)) for i, p, gj in specs]
 
-    built = await run_in_threadpool(build)
-    for job, gj in built:
-        if not gj.cache_prompt:
-            job.n_cached = -1  # the engine reads this as "do not reuse the cache"
-        job.id_slot = gj.id_slot
-        run.jobs.append(job)
+    run.jobs.extend(await run_in_threadpool(build))
     try:
         for job in run.jobs:
             state.engine.submit(job)
@@ -235,7 +229,7 @@ async def _submit(state: ServerState, run: _Run, prompts: list, g, n: int) -> No
         raise
 
 
-def _with_seed(g, seed: int, SamplerParams):
+def _with_seed(g, seed: int):
     import copy
 
     g2 = copy.copy(g)

@@ -99,6 +99,7 @@ class Job:
     ignore_eos: bool = False
     n_keep: Optional[int] = None # tokens a context shift keeps (None: --keep; -1: the prompt)
     id_slot: int = -1            # run in this slot (waits for it); -1: the best idle one
+    cache_prompt: bool = True    # reuse the slot's cached prefix (llama-server's cache_prompt)
     embed: bool = False          # an embeddings job: the prompt is decoded in one step, then "done"
     normalize: int = 2           # with embed: llama.cpp's --embd-normalize
     id: int = 0
@@ -318,17 +319,13 @@ class Engine:
     def _start(self, slot: Slot, job: Job) -> None:
         job.slot = slot.id
         job.t_start = time.perf_counter()
+        if len(job.prompt) >= self.n_ctx_slot:  # only with context shift: keep n_keep + the tail
+            job.prompt = self._truncate(job)
         prompt = job.prompt
-        if len(prompt) >= self.n_ctx_slot:  # only with context shift: keep n_keep + the tail
-            prompt = self._truncate(prompt, job)
-            job.prompt = prompt
-        # < 0: cache_prompt false; an embedding needs every token of its input in one decode
-        common = common_prefix(slot.cache, prompt) if job.n_cached >= 0 and not job.embed else 0
+        # an embedding needs every token of its input in one decode
+        common = common_prefix(slot.cache, prompt) if job.cache_prompt and not job.embed else 0
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
-        common = max(common, 0)
-        if job.embed and slot.cache:
-            common = 0
         if common < len(slot.cache):
             self.ctx.seq_rm(slot.id, common, -1)
             del slot.cache[common:]
@@ -343,19 +340,19 @@ class Engine:
             for t in prompt:
                 job.chain.accept(int(t))
 
-    def _n_keep(self, job: Optional[Job]) -> int:
-        n = self.config.n_keep if job is None or job.n_keep is None else job.n_keep
-        if n < 0 and job is not None:
+    def _n_keep(self, job: Job) -> int:
+        """Tokens a shift or truncation keeps: the request's n_keep, else --keep; -1 is the
+        whole prompt; at most n_ctx_slot - 4 (llama-server's rules)."""
+        n = self.config.n_keep if job.n_keep is None else job.n_keep
+        if n < 0:
             n = len(job.prompt)
         return max(0, min(n, self.n_ctx_slot - 4))
 
-    def _truncate(self, prompt: list, job: Optional[Job] = None) -> list:
+    def _truncate(self, job: Job) -> list:
         """llama-server's prompt truncation under --context-shift: keep the first n_keep
         tokens and the last part, dropping whole blocks of (n_ctx_slot - n_keep) / 2."""
-        n_ctx = self.n_ctx_slot
-        n_keep = min(self._n_keep(job) if job is not None and job.n_keep != -1 else max(self.config.n_keep, 0),
-                     n_ctx - 4)
-        n_block = max(1, (n_ctx - n_keep) // 2)
+        prompt, n_keep = job.prompt, self._n_keep(job)
+        n_block = max(1, (self.n_ctx_slot - n_keep) // 2)
         n_erase = (len(prompt) - n_keep - n_block) // n_block * n_block
         return prompt[:n_keep] + prompt[n_keep + n_erase:]
 
