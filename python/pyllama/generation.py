@@ -194,6 +194,8 @@ class GenerationStats:
     t_gen_s: float = 0.0
     stop_reason: str = ""      # "eog", "length", "ctx" (context full) or "stop" (caller)
     n_shifted: int = 0         # tokens dropped by context shifts during generation
+    n_drafted: int = 0         # draft tokens decoded for verification (speculative decoding)
+    n_accepted: int = 0        # of them, those the sampler picked too (kept in the cache)
 
 
 class Session:
@@ -213,6 +215,7 @@ class Session:
         self.stats = GenerationStats()
         self._n_ctx = int(self.ctx.n_ctx)  # fixed for the context's life; read per token
         self._one = np.zeros(1, dtype=np.int32)  # the generation step's batch, reused
+        self._row: Optional[np.ndarray] = None  # speculative decoding: the row last sampled from
 
     # -- sizes / tokens ------------------------------------------------------------------
 
@@ -283,12 +286,15 @@ class Session:
                                      t_prompt_s=time.perf_counter() - t0)
 
     def logits(self) -> np.ndarray:
-        """float32 [n_vocab]: the logits after the last decoded token."""
+        """float32 [n_vocab]: the logits the last token was sampled from, which are those
+        after the last decoded token (with a draft model, those of its place in the batch)."""
+        if self._row is not None:
+            return self._row
         return self.ctx.logits_ith(-1)
 
     def generate(self, prompt_tokens: Sequence[int], sampler: SamplerChain, max_tokens: int = -1,
                  *, ignore_eos: bool = False, decode_last: bool = True, shift: bool = False,
-                 n_keep: int = 0) -> Iterator[int]:
+                 n_keep: int = 0, draft=None) -> Iterator[int]:
         """Decode the prompt, then yield sampled tokens until an end-of-generation token
         (not yielded), ``max_tokens`` (< 0: until the context is full) or a full context.
         ``self.stats`` tells which. Closing the iterator early stops cleanly. With ``shift``
@@ -296,7 +302,17 @@ class Session:
         generation goes on; ``max_tokens < 0`` then means until end of generation.
 
         ``decode_last``: also decode the last returned token at the end, so the cache holds
-        prompt + output and a follow-up prompt reuses all of it (llama-simple skips it)."""
+        prompt + output and a follow-up prompt reuses all of it (llama-simple skips it).
+
+        ``draft``: a :class:`~pyllama.llama_speculative.LlamaDraftModel`; see
+        :meth:`_generate_draft`. The tokens yielded are the same as without it."""
+        if draft is not None:
+            if shift:
+                raise ValueError("Session.generate: a draft model and context shifting cannot be combined "
+                                 "(pass shift=False or draft=None)")
+            yield from self._generate_draft(prompt_tokens, sampler, max_tokens, draft,
+                                            ignore_eos=ignore_eos, decode_last=decode_last)
+            return
         self.eval_prompt(prompt_tokens)
         stats = self.stats
         t0 = time.perf_counter()
@@ -327,6 +343,86 @@ class Session:
             if decode_last and pending is not None and len(self.tokens) < self.n_ctx:
                 # keep the cache equal to prompt + everything returned, so the next prompt
                 # that continues this text reuses all of it
+                try:
+                    self._decode([pending])
+                except Exception:  # context full or aborted: the cache simply stays shorter
+                    pass
+
+
+    def _generate_draft(self, prompt_tokens: Sequence[int], sampler: SamplerChain, max_tokens: int, draft,
+                        *, ignore_eos: bool, decode_last: bool) -> Iterator[int]:
+        """Speculative decoding: each step decodes the last sampled token and the draft
+        model's guess after it in one batch, with logits for every row, then samples row
+        by row while the sampled token equals the next guess; the first token that differs
+        ends the step and the unused guesses are removed from the KV cache (seq_rm). The
+        sampler sees exactly the rows and the tokens one-by-one decoding gives it (batch
+        invariance), accepts only the tokens it picked, and draws its random numbers in the
+        same order, so the yielded tokens equal :meth:`generate`'s without a draft."""
+        from .llama_speculative import draft_tokens
+
+        self.eval_prompt(prompt_tokens)
+        stats = self.stats
+        t0 = time.perf_counter()
+        n_batch = max(1, int(self.ctx.n_batch))
+        n_vocab = self.n_vocab
+        rows = self.ctx.logits_ith(-1)[None, :]  # (n_rows, n_vocab): rows[j] predicts batch[j + 1]
+        batch: list[int] = []  # the tokens rows were computed for; batch[0] is in self.tokens
+        pending: Optional[int] = None  # sampled, yielded, not decoded yet
+        held: Optional[int] = None  # a guess picked and being yielded: decoded, joins self.tokens after
+        try:
+            while max_tokens < 0 or stats.n_gen < max_tokens:
+                if pending is not None:
+                    if len(self.tokens) >= self._n_ctx:
+                        stats.stop_reason = "ctx"
+                        return
+                    # guesses only where they could still be used: room in the context and the
+                    # batch, and no more than the tokens still to generate after `pending`
+                    n_max = min(self._n_ctx - len(self.tokens), n_batch) - 1
+                    if max_tokens >= 0:
+                        n_max = min(n_max, max_tokens - stats.n_gen - 1)
+                    hist = np.asarray(self.tokens + [pending], dtype=np.intc)
+                    batch = [pending] + draft_tokens(draft, hist, n_max, n_vocab)
+                    self._row = None
+                    self.ctx.decode(np.asarray(batch, dtype=np.int32), logits_all=True)
+                    rows = self.ctx.logits
+                    self.tokens.append(pending)  # the guesses join self.tokens once accepted
+                    stats.n_drafted += len(batch) - 1
+                    pending = None
+                for j in range(rows.shape[0]):
+                    self._row = rows[j]
+                    tok = sampler.sample(rows[j])
+                    if not ignore_eos and self.is_eog(tok):
+                        stats.stop_reason = "eog"
+                        return
+                    stats.n_gen += 1
+                    if j + 1 < len(batch) and tok == batch[j + 1]:
+                        # a guess the sampler picked: already decoded; like a pending token it
+                        # is not in self.tokens while the caller looks at it
+                        stats.n_accepted += 1
+                        held = tok
+                        yield tok
+                        self.tokens.append(tok)
+                        held = None
+                        if 0 <= max_tokens <= stats.n_gen:
+                            break
+                    else:
+                        pending = tok
+                        yield tok
+                        break
+                # drop the guesses not used (the cache then holds exactly self.tokens)
+                if self.ctx.seq_pos_max(0) >= len(self.tokens):
+                    self.ctx.seq_rm(0, len(self.tokens), -1)
+            stats.stop_reason = "length"
+        finally:
+            if not stats.stop_reason:
+                stats.stop_reason = "stop"
+            stats.t_gen_s = time.perf_counter() - t0
+            if held is not None:
+                self.tokens.append(held)
+            if self.ctx.seq_pos_max(0) >= len(self.tokens):
+                self.ctx.seq_rm(0, len(self.tokens), -1)
+            self._row = None
+            if decode_last and pending is not None and len(self.tokens) < self.n_ctx:
                 try:
                     self._decode([pending])
                 except Exception:  # context full or aborted: the cache simply stays shorter

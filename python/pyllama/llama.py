@@ -10,7 +10,7 @@
 
 Every method takes llama-cpp-python's parameters, by the same names and with the same
 defaults, and nothing else: an unknown keyword is a TypeError. A parameter pyllama cannot
-honour yet (LoRA, a draft model, the legacy functions=, ...) raises NotImplementedError when
+honour yet (LoRA, the legacy functions=, ...) raises NotImplementedError when
 given a non-default value, saying what is missing; one that only matters on a GPU logs a warning
 once. Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
 their ``...chunk`` stream forms). Prompt tokens already in the KV cache from the previous
@@ -36,6 +36,7 @@ from .chat import special_text as _token_text
 from .generation import Session, StopText, common_prefix, load_model
 from .grammar import GrammarError
 from .tool_calls import reply_message
+from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding, draft_tokens
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
 
 __all__ = [
@@ -99,42 +100,6 @@ class MinTokensLogitsProcessor:
         if len(input_ids) - self.prompt_tokens < self.min_tokens:
             scores[self.token_eos] = -np.inf
         return scores
-
-
-class LlamaDraftModel:
-    """A draft model for speculative decoding: called with the tokens so far (intc array),
-    returns the tokens it guesses come next (intc array)."""
-
-    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
-        raise NotImplementedError
-
-
-class LlamaPromptLookupDecoding(LlamaDraftModel):
-    """Prompt lookup decoding: guess that the text continues as it did after the last
-    earlier occurrence of its final n-gram (longest n-gram first, up to ``max_ngram_size``)."""
-
-    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
-        self.max_ngram_size = max_ngram_size
-        self.num_pred_tokens = num_pred_tokens
-
-    @staticmethod
-    def find_candidate_pred_tokens(input_ids: np.ndarray, max_ngram_size: int, num_pred_tokens: int) -> np.ndarray:
-        """Up to ``num_pred_tokens`` tokens that followed the first earlier match of the last
-        n tokens (n from ``max_ngram_size`` down to 1); empty when nothing matches."""
-        ids = np.asarray(input_ids)
-        n_ids = ids.shape[0]
-        for n in range(min(max_ngram_size, n_ids - 1), 0, -1):
-            tail = ids[-n:]
-            windows = np.lib.stride_tricks.sliding_window_view(ids, n)  # (n_ids - n + 1, n)
-            for start in np.flatnonzero(np.all(windows == tail, axis=1)):
-                begin = start + n
-                end = min(begin + num_pred_tokens, n_ids)
-                if begin < end:
-                    return ids[begin:end]
-        return np.array([], dtype=np.intc)
-
-    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
-        return self.find_candidate_pred_tokens(input_ids, self.max_ngram_size, self.num_pred_tokens)
 
 
 class _ProcessedSampler:
@@ -385,9 +350,9 @@ class Llama:
         if lora_path is not None:
             raise _not_yet(where, "lora_path", lora_path, "LoRA adapters are not supported by pyllama yet; "
                            "merge the adapter into the model (llama.cpp's llama-export-lora) and load the result")
-        if draft_model is not None:
-            raise _not_yet(where, "draft_model", draft_model, "speculative decoding is not implemented in "
-                           "pyllama.Llama yet; pass draft_model=None (output is the same, only slower)")
+        if draft_model is not None and not callable(draft_model):
+            raise TypeError(f"{where}: draft_model must be a LlamaDraftModel (such as "
+                            f"LlamaPromptLookupDecoding()) or None, got {type(draft_model).__name__}")
         if spm_infill:
             raise _not_yet(where, "spm_infill", spm_infill, "fill-in-the-middle prompts (prefix/suffix/middle "
                            "tokens) are not implemented in pyllama yet")
@@ -422,7 +387,8 @@ class Llama:
             attention_type=attention_type, rope_freq_base=rope_freq_base, rope_freq_scale=rope_freq_scale,
             logits_all=logits_all, offload_kqv=offload_kqv, flash_attn=flash_attn, op_offload=op_offload,
             swa_full=swa_full, no_perf=no_perf, last_n_tokens_size=last_n_tokens_size, numa=numa,
-            chat_format=chat_format, chat_handler=chat_handler, type_k=type_k, type_v=type_v, verbose=verbose)
+            chat_format=chat_format, chat_handler=chat_handler, type_k=type_k, type_v=type_v, verbose=verbose,
+            draft_model=draft_model)
         load_mode = "mmap+mlock" if (use_mmap and use_mlock) else (
             "mlock" if use_mlock else ("mmap" if use_mmap else "none"))
         t0 = time.perf_counter()
@@ -474,7 +440,7 @@ class Llama:
         self.last_n_tokens_size = last_n_tokens_size
         self.chat_format = chat_format
         self.chat_handler = chat_handler
-        self.draft_model = None
+        self.draft_model = draft_model
         self.cache = None
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
         self.spm_infill = spm_infill
@@ -482,6 +448,7 @@ class Llama:
         self._chat_template: Optional[ChatTemplate] = None
         self._sampler = None  # the chain of a running generate()
         self._requires_eval = True  # the context's last logits are not those of input_ids[-1]
+        self._rows_at: Optional[int] = None  # position of ctx.logits[0] after an all-rows _eval
         # every architecture pyllama runs is a transformer (no recurrent state)
         self._is_recurrent = False
         self._is_hybrid = False
@@ -577,6 +544,7 @@ class Llama:
         if self._session:
             self._session.reset()
         self._requires_eval = True
+        self._rows_at = None
 
     def set_seed(self, seed: int) -> None:
         """The seed of the next sampling call that gives none (each such call then draws the
@@ -657,6 +625,7 @@ class Llama:
         rest[rest > 0] = 0.0
         sess.tokens = [int(t) for t in ids[:n_tokens]]
         self._requires_eval = True
+        self._rows_at = None
         self._seed = state.seed
 
     def close(self) -> None:
@@ -682,6 +651,11 @@ class Llama:
     def eval(self, tokens: Sequence[int]) -> None:
         """Decode ``tokens`` after the cached ones (in n_batch pieces); with logits_all the
         logits of each land in ``scores``."""
+        self._eval(tokens, self._logits_all)
+
+    def _eval(self, tokens: Sequence[int], all_rows: bool) -> None:
+        """eval(); ``all_rows`` keeps the last piece's logits for every token in the context
+        (a draft's verification reads them through _row) even without logits_all."""
         sess = self._sess()
         toks = [int(t) for t in tokens]
         for i, t in enumerate(toks):
@@ -694,9 +668,12 @@ class Llama:
             raise ContextFullError(f"{n} cached + {len(toks)} new tokens exceed n_ctx = {self._n_ctx}")
         for i in range(0, len(toks), self.n_batch):
             chunk = np.asarray(toks[i:i + self.n_batch], dtype=np.int32)
-            sess.ctx.decode(chunk, logits_all=self._logits_all)
+            self._rows_at = None
+            sess.ctx.decode(chunk, logits_all=all_rows or self._logits_all)
             if self._logits_all:
                 self.scores[n:n + len(chunk)] = sess.ctx.logits
+            if all_rows:
+                self._rows_at = n  # ctx.logits[j] belongs to position n + j
             sess.tokens.extend(int(t) for t in chunk)
             n += len(chunk)
             self._requires_eval = False
@@ -737,6 +714,8 @@ class Llama:
             return sess.ctx.logits_ith(-1)
         if self._logits_all and 0 <= idx < self.n_tokens:
             return self.scores[idx]
+        if self._rows_at is not None and self._rows_at <= idx < self.n_tokens:
+            return sess.ctx.logits[idx - self._rows_at]
         raise ValueError(f"sample(idx={idx}): only the last decoded token ({self.n_tokens - 1}) has logits; "
                          "create the Llama with logits_all=True to sample at earlier positions")
 
@@ -762,7 +741,10 @@ class Llama:
                  stopping_criteria: Optional[StoppingCriteriaList] = None, grammar: Optional[Any] = None):
         """Yield sampled tokens after ``tokens`` without end (the caller stops; end-of-generation
         tokens are yielded too). ``send(list_of_tokens)`` appends tokens after the yielded one.
-        With ``reset``, the cached prefix shared with ``tokens`` is kept and the rest dropped."""
+        With ``reset``, the cached prefix shared with ``tokens`` is kept and the rest dropped.
+        With a ``draft_model``, each sampled token is decoded together with the draft's guess
+        after it; guesses are kept while the sampler picks them and the rest are removed from
+        the KV cache, so the tokens yielded are the same as without the draft."""
         chain = self._chain(
             top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, tfs_z=tfs_z,
@@ -787,24 +769,42 @@ class Llama:
             self.reset()
         sample_idx = self.n_tokens + len(tokens) - 1
         self._sampler = chain
+        draft = self.draft_model
+        verifying = False  # the prompt needs its last row only; a draft needs every row
+        last = None  # the last token yielded
         try:
             while True:
-                self.eval(tokens)
+                self._eval(tokens, self._logits_all or verifying)
                 while sample_idx < self.n_tokens:
                     token = self.sample(idx=sample_idx)
                     row = self._row(sample_idx)
                     sample_idx += 1
                     if stopping_criteria is not None and stopping_criteria(self._input_ids[:sample_idx], row):
                         return
+                    last = token
                     more = yield token
                     tokens = [token] + (list(more) if more is not None else [])
-                    if sample_idx < self.n_tokens and token != sess.tokens[sample_idx]:
+                    # a guess the sampler did not pick (or tokens sent after one it did):
+                    # drop the guesses from here on
+                    if sample_idx < self.n_tokens and (token != sess.tokens[sample_idx] or len(tokens) > 1):
                         sess.ctx.seq_rm(0, sample_idx, -1)
                         del sess.tokens[sample_idx:]
                         self._requires_eval = True
                         break
+                if draft is not None:
+                    n_max = min(self._n_ctx - self.n_tokens, self.n_batch) - len(tokens)
+                    hist = np.asarray(sess.tokens + tokens, dtype=np.intc)
+                    tokens.extend(draft_tokens(draft, hist, n_max, self._n_vocab))
+                    verifying = True
         finally:
             self._sampler = None
+            if draft is not None and sample_idx < self.n_tokens:
+                # closed while verifying: keep the guesses up to the last token yielded only
+                keep = sample_idx + 1 if sess.tokens[sample_idx] == last else sample_idx
+                if keep < self.n_tokens:
+                    sess.ctx.seq_rm(0, keep, -1)
+                    del sess.tokens[keep:]
+                    self._requires_eval = True
 
     # -- completion ------------------------------------------------------------------
 
@@ -836,7 +836,8 @@ class Llama:
         out = StopText(sess.vocab, _check_stop(stop))
         self._cache_lookup(prompt_tokens)
         self._requires_eval = True
-        gen = sess.generate(prompt_tokens, sampler, max_tokens)
+        self._rows_at = None
+        gen = sess.generate(prompt_tokens, sampler, max_tokens, draft=self.draft_model)
         criterion_hit = False
         try:
             for tok in gen:
@@ -869,7 +870,8 @@ class Llama:
         if tfs_z != 1.0:
             raise _not_yet(where, "tfs_z", tfs_z, _TFS_WHY)
         if logprobs is not None:
-            if not self._logits_all:
+            # llama-cpp-python: a draft model turns logits_all on
+            if not self._logits_all and self.draft_model is None:
                 raise ValueError("logprobs is not supported for models created with logits_all=False")
             if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
                 raise TypeError(f"logprobs must be an int >= 0 (the number of top tokens) or None, got {logprobs!r}")
