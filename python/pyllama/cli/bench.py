@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import typer
 
 from . import app
@@ -128,6 +127,8 @@ def _ggml_type(api, name: str) -> int:
 
 
 def _run_prompt(api, ctx, vocab, n_prompt: int, n_batch: int, rng: random.Random) -> None:
+    import numpy as np  # here, not at the top: `pyllama --help` does not pay for numpy
+
     n_vocab = api.llama_vocab_n_tokens(vocab)
     add_bos = api.llama_vocab_get_add_bos(vocab)
     done = 0
@@ -142,6 +143,8 @@ def _run_prompt(api, ctx, vocab, n_prompt: int, n_batch: int, rng: random.Random
 
 
 def _run_gen(api, ctx, vocab, n_gen: int, rng: random.Random) -> None:
+    import numpy as np
+
     n_vocab = api.llama_vocab_n_tokens(vocab)
     tok = api.llama_vocab_bos(vocab) if api.llama_vocab_get_add_bos(vocab) else rng.randrange(n_vocab)
     buf = np.zeros(1, dtype=np.int32)

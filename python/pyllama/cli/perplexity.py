@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 import typer
 
 from . import app
@@ -36,6 +35,8 @@ def _chunks(ctx, param, value):
 
 
 def nll_of_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    import numpy as np  # here, not at the top: `pyllama --help` does not pay for numpy
+
     """float64 [n]: -log softmax(logits[i])[targets[i]] for logits float32 [n, n_vocab]
     (llama-perplexity's log_softmax: float exp terms summed in double)."""
     mx = logits.max(axis=1, keepdims=True)
@@ -50,6 +51,8 @@ def perplexity(ctx, tokens: Sequence[int], n_ctx: int, n_batch: int, n_chunks: i
     """Perplexity of ``tokens`` with chunks of ``n_ctx`` on ``ctx`` (a pyllama Context with
     room for n_ctx tokens). Returns (ppl, its +/- estimate). ``on_chunk(i, n_chunk, ppl_so_far,
     seconds_for_chunk)`` is called after every chunk."""
+    import numpy as np
+
     from ..batch import batch_get_one
 
     tokens = np.asarray(tokens, dtype=np.int32)

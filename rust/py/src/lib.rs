@@ -13,6 +13,13 @@ mod vocab;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // What this extension was built as (`pyllama info` reports it).
+    let build = pyo3::types::PyDict::new(m.py());
+    build.set_item("profile", if cfg!(debug_assertions) { "debug" } else { "release" })?;
+    build.set_item("target_arch", std::env::consts::ARCH)?;
+    build.set_item("target_os", std::env::consts::OS)?;
+    build.set_item("abi3", "cp39")?;
+    m.add("BUILD", build)?;
     errors::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;

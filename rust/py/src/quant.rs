@@ -158,6 +158,13 @@ fn kernel_set() -> &'static str {
     quant::kernel_set().name()
 }
 
+/// The CPU features the kernel choice depends on: [(name, detected)], and whether the AVX2
+/// set runs its AVX-VNNI builds.
+#[pyfunction]
+fn cpu_features() -> (Vec<(&'static str, bool)>, bool) {
+    (quant::cpu_features(), quant::avx2_vnni_in_use())
+}
+
 /// The activation type a weight type is multiplied with ("Q8_0", "Q8_K", "F16", ...).
 #[pyfunction]
 fn vec_dot_type(type_name: &str) -> PyResult<&'static str> {
@@ -169,6 +176,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_set, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(vec_dot_type, m)?)?;
     Ok(())
 }

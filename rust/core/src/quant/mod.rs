@@ -86,6 +86,52 @@ pub fn neon_available() -> bool {
     cfg!(target_arch = "aarch64")
 }
 
+/// The CPU features the kernel choice depends on, as (name, detected) in a fixed order:
+/// what `pyllama info` and `llama_print_system_info` report.
+pub fn cpu_features() -> Vec<(&'static str, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vec![
+            ("sse3", is_x86_feature_detected!("sse3")),
+            ("ssse3", is_x86_feature_detected!("ssse3")),
+            ("avx", is_x86_feature_detected!("avx")),
+            ("avx2", is_x86_feature_detected!("avx2")),
+            ("fma", is_x86_feature_detected!("fma")),
+            ("f16c", is_x86_feature_detected!("f16c")),
+            ("avxvnni", is_x86_feature_detected!("avxvnni")),
+            ("avx512f", is_x86_feature_detected!("avx512f")),
+            ("avx512bw", is_x86_feature_detected!("avx512bw")),
+            ("avx512vl", is_x86_feature_detected!("avx512vl")),
+            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
+            ("avx512bf16", is_x86_feature_detected!("avx512bf16")),
+        ]
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        vec![
+            ("neon", true),
+            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
+            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
+        ]
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        Vec::new()
+    }
+}
+
+/// Whether the AVX2 set also runs its AVX-VNNI builds (false off x86-64).
+pub fn avx2_vnni_in_use() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::vnni_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
 /// `PYLLAMA_KERNELS=ref` forces the scalar kernels, `avx2` the AVX2 ones (also without
 /// AVX-VNNI), `avx2vnni` the AVX2 ones with AVX-VNNI where the CPU has it, `avx512` the
