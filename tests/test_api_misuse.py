@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import io
 import inspect
 import logging
 import re
@@ -222,7 +223,10 @@ def _valid_ctx_args(fn):
     return {"llama_set_n_threads": (1, 1), "llama_set_abort_callback": (None,), "llama_set_embeddings": (False,),
             "llama_set_warmup": (False,), "llama_decode": (L.llama_batch_get_one(np.array([3], np.int32)),),
             "llama_encode": (L.llama_batch_get_one(np.array([3], np.int32)),), "llama_get_logits_ith": (-1,),
-            "llama_get_embeddings_ith": (0,), "llama_get_embeddings_seq": (0,)}.get(fn, ())
+            "llama_get_embeddings_ith": (0,), "llama_get_embeddings_seq": (0,),
+            "llama_attach_threadpool": (L.ggml_threadpool_new(L.ggml_threadpool_params_default(1)), None),
+            "llama_set_causal_attn": (True,), "llama_set_sampler": (0, None), "llama_process": (1, None),
+            **{f: (-1,) for f in CTX_FUNCS if f.startswith("llama_get_sampled_")}}.get(fn, ())
 
 
 def test_freed_context_is_a_clear_error_everywhere(model):
@@ -675,12 +679,14 @@ API = {n: getattr(L, n) for n in dir(L) if n.startswith("llama_") and inspect.is
 #: None, 42 and "x" in turn
 OBJECT_PARAMS = {"ctx", "mem", "model", "vocab", "batch", "smpl", "chain", "cur_p", "params", "tokens", "buf",
                  "text", "chat", "tmpl", "output", "abort_callback", "path_model", "key", "name", "s",
-                 "dst", "src", "tokens_out", "n_token_count_out"}
+                 "dst", "src", "tokens_out", "n_token_count_out", "threadpool", "file", "split_path",
+                 "split_prefix", "path_prefix"}
 #: integer parameters (int32 / size_t in llama.h): None, "x", 1.5 and 2**40
 INT_PARAMS = {"n_tokens", "embd", "n_seq_max", "text_len", "n_tokens_max", "token", "length", "lstrip",
               "text_len_max", "i", "idx", "seq_id", "p0", "p1", "delta", "d", "seq_id_src", "seq_id_dst",
               "n_threads", "n_threads_batch", "n_msg", "len_", "buf_size", "load_mode",
-              "size", "n_token_capacity", "n_token_count", "dest_seq_id", "flags"}
+              "size", "n_token_capacity", "n_token_count", "dest_seq_id", "flags", "id", "flash_attn_type",
+              "ftype", "numa", "split_no", "split_count", "maxlen", "type"}
 
 #: (function, parameter, value) -> what llama.h defines for it
 DOCUMENTED = {
@@ -698,6 +704,15 @@ DOCUMENTED = {
     ("llama_model_chat_template", "name", "x"): None,
     ("llama_model_meta_val_str", "key", "x"): -1,
     ("llama_model_load_from_file", "path_model", "x"): None,  # no such file: NULL, logged
+    ("llama_load_model_from_file", "path_model", "x"): None,
+    ("llama_free_model", "model", None): None,
+    ("llama_model_meta_key_str", "key", 42): None,  # not a llama_model_meta_key: nullptr
+    ("llama_sampler_copy", "src", None): None,  # NULL: nothing to copy
+    ("llama_sampler_copy", "dst", None): None,
+    ("llama_set_sampler", "smpl", None): True,  # NULL detaches
+    ("llama_batch_ext_free", "batch", None): None,
+    ("llama_split_path", "path_prefix", "x"): len("x-00001-of-00002.gguf"),  # any text is a prefix
+    ("llama_split_prefix", "split_path", "x"): 0,  # not a split name
     ("llama_chat_apply_template", "tmpl", None): "size",  # chatml
     ("llama_chat_apply_template", "tmpl", "x"): -1,  # not a built-in template
     ("llama_chat_apply_template", "buf", None): "size",  # only measure (llama.cpp checks buf)
@@ -719,6 +734,11 @@ SKIP = {
     "llama_sampler_init_grammar_lazy_patterns": "not implemented (NotImplementedError)",
     "llama_sampler_init_penalties": "*args; its values are the sampler checks' (sampling.py)",
     "llama_model_load_from_splits": "*args: test_model_loading_arguments",
+    "llama_sampler_init": "ctx is the user's data (any value); test_llama_h_coverage checks iface",
+    "llama_log_set": "callback and user data: test_llama_h_coverage",
+    "llama_log_get": "out-lists: test_llama_h_coverage",
+    "llama_model_save_to_file": "writes a file (\"x\" is a valid path): test_llama_h_coverage",
+    **{fn: "not supported (NotImplementedError): test_llama_h_coverage" for fn in L.NOT_SUPPORTED},
 }
 
 
@@ -746,7 +766,7 @@ def _valid(fn, model, model_path, vocab, ctx):
     )
     if fn == "llama_sampler_init_temp_ext":
         v["delta"] = 0.0
-    if fn in ("llama_model_load_from_file",):
+    if fn in ("llama_model_load_from_file", "llama_load_model_from_file", "llama_model_load_from_file_ptr"):
         v["params"] = L.llama_model_default_params()
     if fn == "llama_sampler_chain_init":
         v["params"] = L.llama_sampler_chain_default_params()
@@ -756,6 +776,25 @@ def _valid(fn, model, model_path, vocab, ctx):
         v["smpl"] = L.llama_sampler_init_greedy()
     if fn == "llama_model_get_vocab":
         v["model"] = vocab
+    v.update(threadpool=L.ggml_threadpool_new(L.ggml_threadpool_params_default(1)), threadpool_batch=None,
+             file=io.BytesIO(b""), split_path=bytearray(64), split_prefix=bytearray(64), path_prefix=b"m",
+             maxlen=64, split_no=0, split_count=2, id=5, flash_attn_type=-1, ftype=15, numa=0, type=1,
+             value=True, pos=3, causal_attn=True, n_suppress_tokens=None)
+    if fn == "llama_split_prefix":
+        v["split_path"] = b"m-00001-of-00002.gguf"
+    if fn == "llama_model_meta_key_str":
+        v["key"] = 0
+    if fn == "llama_sampler_copy":
+        v["src"], v["dst"] = L.llama_sampler_init_greedy(), L.llama_sampler_init_greedy()
+    if fn.startswith("llama_batch_ext_") or fn == "llama_process":
+        v["batch"] = L.llama_batch_ext_init(ctx)
+        L.llama_batch_ext_add_token(v["batch"], 0, 5)
+        v["idx"] = 0
+        n_embd = L.llama_model_n_embd(model)
+        v["embd"] = L.llama_embd(np.zeros(n_embd, np.float32), 1, n_embd)
+    if fn.startswith("llama_sampler_init_grammar"):
+        v.update(grammar_str=b'root ::= "a"', grammar_root=b"root", trigger_patterns=[], num_trigger_patterns=0,
+                 trigger_words=[], num_trigger_words=0, trigger_tokens=[], num_trigger_tokens=0)
     return v
 
 
@@ -779,7 +818,12 @@ def test_sweep_covers_the_api():
         "embeddings", "warmup", "abort_callback_data", "seed", "k", "p", "min_keep", "t", "delta", "exponent",
         "n", "n_vocab", "tau", "eta", "m", "dry_multiplier", "dry_base", "dry_allowed_length",
         "dry_penalty_last_n", "seq_breakers", "num_breakers", "n_logit_bias", "logit_bias", "grammar_str",
-        "grammar_root", "args", "paths", "path_session", "filepath"}
+        "grammar_root", "args", "paths", "path_session", "filepath", "threadpool_batch", "value", "pos",
+        "causal_attn", "log_callback", "user_data", "n_suppress_tokens", "iface", "target", "decay",
+        "trigger_words", "num_trigger_words", "trigger_tokens", "num_trigger_tokens", "trigger_patterns",
+        "num_trigger_patterns", "metadata", "set_tensor_data", "set_tensor_data_ud", "fname_inp", "fname_out",
+        "lctx", "lopt_params", "dataset", "result_train", "result_eval", "idata_split", "callback_train",
+        "callback_eval", "tensor", "userdata"}
     for fn, f in API.items():
         for p in inspect.signature(f).parameters:
             assert p in known, f"{fn}({p}): add the parameter to OBJECT_PARAMS / INT_PARAMS or the known list"

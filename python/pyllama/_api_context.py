@@ -10,6 +10,7 @@ a ``llama_batch`` is a :class:`pyllama.batch.Batch` whose pointer fields are num
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -137,7 +138,12 @@ def _init(model, params: ContextParams, fn: str) -> Optional[Context]:
         log.error("%s: model has been freed (llama_model_free)", fn)
         return None
     try:
-        return Context(model, params)
+        ctx = Context(model, params)
+        if params.samplers is not None and params.n_samplers:
+            from ._api_batch_ext import init_samplers
+
+            init_samplers(ctx, params)  # llama_sampler_seq_config entries
+        return ctx
     except Exception as e:  # llama.h reports through the log and a null context
         log.error("%s: failed to initialize the context: %s", fn, e)
         return None
@@ -243,6 +249,32 @@ def llama_set_abort_callback(ctx: Context, abort_callback: Optional[Callable[[An
 def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
     """Extract (final-normed) embeddings from the following decodes, or stop doing so."""
     ctx.set_embeddings(embeddings)
+
+
+@checked(ctx=_CTX)
+def llama_n_rs_seq(ctx: Context) -> int:
+    """Recurrent-state snapshots per sequence: 0, as llama.cpp clamps it for every
+    architecture without recurrent rollback (all that pyllama runs)."""
+    return 0
+
+
+@checked(ctx=_CTX)
+def llama_get_causal_attn(ctx: Context) -> bool:
+    """True: the decoder-only models pyllama runs attend causally (non-causal attention
+    is not implemented)."""
+    return ctx._causal
+
+
+@checked(ctx=_CTX)
+def llama_set_causal_attn(ctx: Context, causal_attn: bool) -> None:
+    """True keeps causal attention; False is a ValueError: pyllama's attention kernels
+    are causal only, so non-causal attention (bidirectional embedding models) cannot be
+    switched on."""
+    if not isinstance(causal_attn, (bool, int, np.bool_)):
+        raise TypeError(f"llama_set_causal_attn: causal_attn must be a bool, got {describe(causal_attn)}")
+    if not causal_attn:
+        raise ValueError(f"llama_set_causal_attn: causal_attn = False: non-causal attention is not supported "
+                         f"(pyllama's attention for {ctx._core_model.arch} is causal only)")
 
 
 @checked(ctx=_CTX)
@@ -352,6 +384,11 @@ def llama_batch_free(batch: Batch) -> None:
 # ---------------------------------------------------------------------- decode / encode
 
 
+#: llama_set_sampler's samplers, context -> {seq_id: chain}: a context with any decodes
+#: through _api_batch_ext.decode_and_sample, which runs them on the outputs afterwards
+_SEQ_SAMPLERS: "weakref.WeakKeyDictionary[Context, dict]" = weakref.WeakKeyDictionary()
+
+
 @checked(ctx=_CTX, batch=_BATCH)
 def llama_decode(ctx: Context, batch: Batch) -> int:
     """Process a batch with the decoder.
@@ -363,6 +400,10 @@ def llama_decode(ctx: Context, batch: Batch) -> int:
     llama_batch (or a batch whose n_tokens is not an integer) is a TypeError.
     """
     integer(batch.n_tokens, "llama_decode", "batch.n_tokens")
+    if _SEQ_SAMPLERS and ctx in _SEQ_SAMPLERS:
+        from ._api_batch_ext import decode_and_sample
+
+        return decode_and_sample(ctx, batch, "llama_decode")
     return ctx._decode_code(batch)
 
 

@@ -19,6 +19,7 @@ from . import _api_check as _chk
 from . import _core
 from ._api_check import checked, describe, int32, opt_text, size, text
 from .errors import LoadCancelled, PyllamaError
+from ._api_system import NOT_SUPPORTED
 from .model import LOAD_MODES, Model, _fspath
 
 log = logging.getLogger("pyllama")
@@ -392,6 +393,292 @@ def llama_model_chat_template(model: Model, name: Optional[Union[str, bytes]]) -
     n = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
     t = model.chat_template(n or None)
     return None if t is None else t.encode("utf-8")
+
+
+
+# -- deprecated llama.h names --------------------------------------------------------------
+
+llama_load_model_from_file = _chk.alias(llama_model_load_from_file, "llama_load_model_from_file")
+llama_free_model = _chk.alias(llama_model_free, "llama_free_model")
+llama_n_ctx_train = _chk.alias(llama_model_n_ctx_train, "llama_n_ctx_train")
+llama_n_embd = _chk.alias(llama_model_n_embd, "llama_n_embd")
+llama_n_layer = _chk.alias(llama_model_n_layer, "llama_n_layer")
+llama_n_head = _chk.alias(llama_model_n_head, "llama_n_head")
+
+
+# -- introspection --------------------------------------------------------------------------
+
+# enum llama_rope_type (llama.h; GGML_ROPE_TYPE_* values)
+LLAMA_ROPE_TYPE_NONE = -1
+LLAMA_ROPE_TYPE_NORM = 0
+LLAMA_ROPE_TYPE_NEOX = 2
+LLAMA_ROPE_TYPE_MROPE = 8
+LLAMA_ROPE_TYPE_IMROPE = 40
+LLAMA_ROPE_TYPE_VISION = 24
+
+_ROPE_TYPES = {"none": LLAMA_ROPE_TYPE_NONE, "norm": LLAMA_ROPE_TYPE_NORM, "neox": LLAMA_ROPE_TYPE_NEOX,
+               "mrope": LLAMA_ROPE_TYPE_MROPE, "imrope": LLAMA_ROPE_TYPE_IMROPE, "vision": LLAMA_ROPE_TYPE_VISION}
+
+# llama-arch.cpp's llm_arch_is_recurrent / _hybrid / _diffusion and llama_model_has_encoder /
+# _has_decoder, by GGUF architecture name (pyllama runs none of these; a vocab-only load
+# of one still answers as llama.cpp would)
+_RECURRENT = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
+_HYBRID = {"jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
+           "qwen3next", "kimi-linear", "qwen35", "qwen35moe"}
+_DIFFUSION = {"dream", "llada", "llada-moe", "rnd1"}
+_ENCODER = {"t5", "t5encoder", "eagle3", "dflash"}
+
+
+def _meta(model: Model, key: str) -> Any:
+    md = model._metadata if model._metadata is not None else None
+    return md.get(key) if md is not None else model._core.meta_value(key)
+
+
+@checked(model=_MODEL)
+def llama_model_rope_type(model: Model) -> int:
+    """LLAMA_ROPE_TYPE_NORM (llama, mistral3), _NEOX (qwen2/3, phi2/3, gemma*), ... as
+    llama.cpp's llama_model_rope_type gives for the architecture."""
+    rt = model.hparams.get("rope_type", "none")
+    try:
+        return _ROPE_TYPES[rt]
+    except KeyError:
+        raise ValueError(f"llama_model_rope_type: {model.arch} has an unknown rope type {rt!r}") from None
+
+
+@checked(model=_MODEL)
+def llama_model_n_embd_inp(model: Model) -> int:
+    """Width of the input embeddings: n_embd (no deepstack/MTP inputs in pyllama's models)."""
+    return model.n_embd
+
+
+@checked(model=_MODEL)
+def llama_model_n_embd_out(model: Model) -> int:
+    """Width of the output embeddings: n_embd (no model pyllama runs projects them)."""
+    return model.n_embd
+
+
+@checked(model=_MODEL)
+def llama_model_n_layer_nextn(model: Model) -> int:
+    """Next-token-prediction (MTP) layers: 0 (pyllama loads none)."""
+    return int(model.hparams.get("n_layer_nextn", 0))
+
+
+@checked(model=_MODEL)
+def llama_model_n_swa(model: Model) -> int:
+    """The sliding-window size of the model's SWA layers, 0 when it has none."""
+    return int(model.hparams.get("n_swa") or 0)
+
+
+@checked(model=_MODEL)
+def llama_model_rope_freq_scale_train(model: Model) -> float:
+    """1 / ``{arch}.rope.scaling.factor`` (1.0 without scaling), as llama.cpp."""
+    return float(model.hparams.get("rope_freq_scale", 1.0))
+
+
+def _cls_labels(model: Model) -> list:
+    v = _meta(model, f"{model.arch}.classifier.output_labels")
+    return list(v) if isinstance(v, list) else []
+
+
+@checked(model=_MODEL)
+def llama_model_n_cls_out(model: Model) -> int:
+    """Classifier outputs: the number of ``{arch}.classifier.output_labels``, else 1 (llama.cpp's default)."""
+    return len(_cls_labels(model)) or 1
+
+
+def _uint32(v: Any, fn: str, name: str) -> int:
+    v = _chk.integer(v, fn, name)
+    if not 0 <= v < 2**32:
+        raise ValueError(f"{fn}: {name} = {v} does not fit uint32 [0, {2**32 - 1}]")
+    return v
+
+
+@checked(model=_MODEL, i=_uint32)
+def llama_model_cls_label(model: Model, i: int) -> Optional[bytes]:
+    """Label ``i`` of ``{arch}.classifier.output_labels``, None when there is none."""
+    labels = _cls_labels(model)
+    if i >= len(labels):
+        return None
+    v = labels[i]
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+# enum llama_model_meta_key
+_META_KEYS = ("general.sampling.sequence", "general.sampling.top_k", "general.sampling.top_p",
+              "general.sampling.min_p", "general.sampling.xtc_probability", "general.sampling.xtc_threshold",
+              "general.sampling.temp", "general.sampling.penalty_last_n", "general.sampling.penalty_repeat",
+              "general.sampling.mirostat", "general.sampling.mirostat_tau", "general.sampling.mirostat_eta")
+(LLAMA_MODEL_META_KEY_SAMPLING_SEQUENCE, LLAMA_MODEL_META_KEY_SAMPLING_TOP_K, LLAMA_MODEL_META_KEY_SAMPLING_TOP_P,
+ LLAMA_MODEL_META_KEY_SAMPLING_MIN_P, LLAMA_MODEL_META_KEY_SAMPLING_XTC_PROBABILITY,
+ LLAMA_MODEL_META_KEY_SAMPLING_XTC_THRESHOLD, LLAMA_MODEL_META_KEY_SAMPLING_TEMP,
+ LLAMA_MODEL_META_KEY_SAMPLING_PENALTY_LAST_N, LLAMA_MODEL_META_KEY_SAMPLING_PENALTY_REPEAT,
+ LLAMA_MODEL_META_KEY_SAMPLING_MIROSTAT, LLAMA_MODEL_META_KEY_SAMPLING_MIROSTAT_TAU,
+ LLAMA_MODEL_META_KEY_SAMPLING_MIROSTAT_ETA) = range(len(_META_KEYS))
+
+
+@checked(key=int32)
+def llama_model_meta_key_str(key: int) -> Optional[bytes]:
+    """The GGUF key of a llama_model_meta_key (b"general.sampling.top_k"...), None for another value."""
+    return _META_KEYS[key].encode() if 0 <= key < len(_META_KEYS) else None
+
+
+@checked(model=_MODEL)
+def llama_model_has_encoder(model: Model) -> bool:
+    return model.arch in _ENCODER
+
+
+@checked(model=_MODEL)
+def llama_model_has_decoder(model: Model) -> bool:
+    return model.arch != "t5encoder"
+
+
+@checked(model=_MODEL)
+def llama_model_decoder_start_token(model: Model) -> int:
+    """-1 (LLAMA_TOKEN_NULL): only encoder-decoder models (T5) have one; pyllama runs none."""
+    return -1
+
+
+@checked(model=_MODEL)
+def llama_model_is_recurrent(model: Model) -> bool:
+    return model.arch in _RECURRENT
+
+
+@checked(model=_MODEL)
+def llama_model_is_hybrid(model: Model) -> bool:
+    return model.arch in _HYBRID
+
+
+@checked(model=_MODEL)
+def llama_model_is_diffusion(model: Model) -> bool:
+    return model.arch in _DIFFUSION
+
+
+# -- loading from a file object, saving, building from user data ------------------------------
+
+
+def _FILE(v: Any, fn: str, name: str):
+    if not callable(getattr(v, "read", None)) or isinstance(v, (str, bytes)):
+        raise TypeError(f"{fn}: {name} must be a binary file object open for reading (open(path, 'rb'), "
+                        f"io.BytesIO), got {describe(v)}")
+    return v
+
+
+@checked(file=_FILE, params=_PARAMS)
+def llama_model_load_from_file_ptr(file: Any, params: llama_model_params) -> Optional[Model]:
+    """llama.h's FILE * form: ``file`` is a Python binary file object (``open(path, "rb")``,
+    ``io.BytesIO``...) and the GGUF is read from its current position, so it may sit inside
+    a larger file. A file at position 0 of a file on disk is loaded from its path (every
+    load mode works, mmap included); otherwise the GGUF from the current position is first
+    copied to a temporary file, which is removed once loaded (under mmap the mapping
+    outlives the name on POSIX systems). None (reason logged) on failure."""
+    import os
+    import shutil
+    import tempfile
+
+    fn = "llama_model_load_from_file_ptr"
+    try:
+        pos = file.tell()
+    except (OSError, AttributeError, ValueError):
+        pos = None
+    name = getattr(file, "name", None)
+    if pos == 0 and isinstance(name, (str, bytes)) and os.path.isfile(name):
+        return _load([_fspath(name)], params)
+    fd, tmp = tempfile.mkstemp(suffix=".gguf", prefix="pyllama-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                shutil.copyfileobj(file, out, 1 << 20)
+            except (OSError, ValueError, TypeError) as e:
+                log.error("%s: cannot read the GGUF from file: %s", fn, e)
+                return None
+        return _load([tmp], params)
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+# ggml type ids by name (ggml.h enum ggml_type), for the tensor infos of a saved file
+_GGML_TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
+                  "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "IQ2_XXS": 16,
+                  "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ4_XS": 23,
+                  "I8": 24, "I16": 25, "I32": 26, "I64": 27, "F64": 28, "IQ1_M": 29, "BF16": 30, "TQ1_0": 34,
+                  "TQ2_0": 35, "MXFP4": 39}
+_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                12: "<d"}
+
+
+def _gguf_value(t: int, elem: Optional[int], v: Any, key: str) -> bytes:
+    import struct
+
+    if t == 8:
+        b = v if isinstance(v, bytes) else str(v).encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+    if t == 9:
+        if elem is None or elem == 9:
+            raise ValueError(f"metadata key {key!r}: nested arrays cannot be written")
+        return struct.pack("<IQ", elem, len(v)) + b"".join(_gguf_value(elem, None, x, key) for x in v)
+    return struct.pack(_GGUF_SCALAR[t], v)
+
+
+def _save_gguf(model: Model, path: str) -> None:
+    """The model as one GGUF v3 file: its metadata (after kv_overrides; a split model's
+    ``split.*`` keys dropped) and every tensor's bytes as loaded, aligned as
+    ``general.alignment`` says (32 when absent)."""
+    import struct
+
+    core = model._core
+    md = core.metadata()
+    types = core.metadata_types()
+    items = [(k, v) for k, v in md.items() if not k.startswith("split.")]
+    align = int(md.get("general.alignment", 32) or 32)
+    tensors = core.tensors()
+    head = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(items))]
+    for k, v in items:
+        t, elem = types[k]
+        kb = k.encode("utf-8")
+        head.append(struct.pack("<Q", len(kb)) + kb + struct.pack("<I", t) + _gguf_value(t, elem, v, k))
+    offset = 0
+    offsets = []
+    for name, ty, ne, _off, nbytes in tensors:
+        if ty not in _GGML_TYPE_IDS:
+            raise ValueError(f"tensor {name!r}: type {ty} has no ggml type id")
+        nb = name.encode("utf-8")
+        head.append(struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(ne))
+                    + b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", _GGML_TYPE_IDS[ty], offset))
+        offsets.append(offset)
+        offset += -(-nbytes // align) * align
+    header = b"".join(head)
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(b"\0" * (-len(header) % align))
+        for (name, _ty, _ne, _off, nbytes), off in zip(tensors, offsets):
+            raw = core.tensor_raw(name)
+            f.write(memoryview(raw))
+            f.write(b"\0" * (-nbytes % align))
+
+
+@checked(model=_MODEL, path_model=_path)
+def llama_model_save_to_file(model: Model, path_model: Union[str, bytes]) -> None:
+    """Write the model as one GGUF file (metadata after kv_overrides, tensors as loaded).
+    A model loaded with vocab_only has no tensors to write: ValueError. I/O errors raise
+    OSError (llama.cpp throws)."""
+    if model.vocab_only:
+        raise ValueError("llama_model_save_to_file: model was loaded with vocab_only: it has no tensors to save")
+    _save_gguf(model, _fspath(path_model))
+
+
+def llama_model_init_from_user(metadata: Any, set_tensor_data: Any, set_tensor_data_ud: Any,
+                               params: llama_model_params) -> Optional[Model]:
+    """Not supported: see NOT_SUPPORTED["llama_model_init_from_user"]."""
+    raise NotImplementedError(f"llama_model_init_from_user: not supported by pyllama: "
+                              f"{NOT_SUPPORTED['llama_model_init_from_user']}")
+
+
+NOT_SUPPORTED["llama_model_init_from_user"] = (
+    "it builds a model from a gguf_context and fills ggml tensors through a callback; pyllama has neither "
+    "(write a GGUF file, e.g. with gguf-py's GGUFWriter, and load it with llama_model_load_from_file)")
 
 
 __all__ = [n for n in dir() if n.startswith(("llama_", "LLAMA_"))]

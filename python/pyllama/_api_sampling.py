@@ -9,6 +9,7 @@ non-chain, a chain that selects nothing) raises ``ValueError`` / ``RuntimeError`
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -135,9 +136,20 @@ def llama_sampler_accept(smpl: Sampler, token: int) -> None:
     smpl.accept(token)
 
 
+def _apply_rest(smpl: Sampler, cur_p: TokenDataArray) -> None:
+    """A chain attached to a sequence (llama_set_sampler) skips the samplers that run
+    after each decode, as llama.cpp's chain skips its backend samplers."""
+    n = getattr(smpl, "_backend_n", 0)
+    if n and isinstance(smpl, SamplerChain):
+        for s in smpl.samplers[n:]:
+            s.apply(cur_p)
+    else:
+        smpl.apply(cur_p)
+
+
 @checked(smpl=_SMPL, cur_p=_CUR_P)
 def llama_sampler_apply(smpl: Sampler, cur_p: TokenDataArray) -> None:
-    smpl.apply(cur_p)
+    _apply_rest(smpl, cur_p)
 
 
 @checked(smpl=_SMPL)
@@ -160,6 +172,8 @@ def llama_sampler_free(smpl: Sampler | None) -> None:
     if isinstance(smpl, SamplerChain):
         for s in smpl.samplers:
             llama_sampler_free(s)
+    elif callable(getattr(smpl, "free", None)):
+        smpl.free()  # llama_sampler_init's iface.free
     _in_a_chain.discard(smpl)
     _chk.mark_freed(smpl)
 
@@ -180,9 +194,13 @@ def llama_sampler_get_seed(smpl: Sampler) -> int:
 def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
     """Read logits row ``idx`` of ``ctx`` (``llama_get_logits_ith``), apply ``smpl``, accept
     and return the selected token."""
-    from . import _api_context
+    from . import _api_batch_ext, _api_context
 
     _api_context._CTX(ctx, "llama_sampler_sample", "ctx")
+    if ctx in _api_batch_ext._RESULTS:
+        r = _api_batch_ext._result(ctx, idx, "llama_sampler_sample")
+        if r is not None:
+            return _sample_sampled(smpl, r)
     logits = _api_context.llama_get_logits_ith(ctx, idx)
     if logits is None:
         raise ValueError(f"llama_sampler_sample: no logits for output index {idx} (was logits[{idx}] requested in the batch?)")
@@ -190,6 +208,22 @@ def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
         return smpl.sample(logits)
     cur = TokenDataArray.from_logits(logits)
     smpl.apply(cur)
+    if not (0 <= cur.selected < cur.size):
+        raise RuntimeError(f"llama_sampler_sample: sampler {smpl.name!r} selected no token")
+    token = int(cur.ids[cur.selected])
+    smpl.accept(token)
+    return token
+
+
+def _sample_sampled(smpl: Sampler, r) -> int:
+    """llama_sampler_sample on an output a sequence sampler already sampled: its token
+    (accepted), or the rest of ``smpl`` applied to the candidates it kept."""
+    if r.token != LLAMA_TOKEN_NULL:
+        smpl.accept(r.token)
+        return int(r.token)
+    ids = r.ids if r.ids is not None else np.arange(r.logits.shape[0], dtype=np.int32)
+    cur = TokenDataArray(ids, r.logits, r.probs)
+    _apply_rest(smpl, cur)
     if not (0 <= cur.selected < cur.size):
         raise RuntimeError(f"llama_sampler_sample: sampler {smpl.name!r} selected no token")
     token = int(cur.ids[cur.selected])
@@ -311,11 +345,378 @@ def llama_sampler_init_grammar(vocab, grammar_str, grammar_root="root"):
         return None
 
 
-def llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str: str, grammar_root: str = "root", *args):
-    raise NotImplementedError(
-        "llama_sampler_init_grammar_lazy_patterns: lazy grammars (trigger patterns and tokens) are not "
-        "implemented in pyllama yet (issue 13); llama_sampler_init_grammar works"
-    )
+def _strings(v, n, fn: str, name: str, n_name: str) -> list:
+    """A ``const char **`` argument: a sequence of bytes/str, its first ``n`` (None: all)."""
+    if v is None:
+        v = ()
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
+        raise TypeError(f"{fn}: {name} must be a sequence of strings, got {describe(v)}")
+    items = list(v)
+    if n is not None:
+        n = _chk.size(n, fn, n_name)
+        if n > len(items):
+            raise ValueError(f"{fn}: {name} holds {len(items)} strings but {n_name} = {n}")
+        items = items[:n]
+    out = []
+    for i, x in enumerate(items):
+        if not isinstance(x, (str, bytes)):
+            raise TypeError(f"{fn}: {name}[{i}] must be bytes or str, got {describe(x)}")
+        out.append(x.decode("utf-8") if isinstance(x, bytes) else x)
+    return out
+
+
+def _tokens(v, n, fn: str, name: str, n_name: str) -> list:
+    if v is None:
+        v = ()
+    if n is None:
+        n = len(v) if hasattr(v, "__len__") else 0
+    return [int(t) for t in _chk.int_seq(v, fn, name, _chk.size(n, fn, n_name), n_name)]
+
+
+def _lazy(fn: str, vocab, grammar_str, grammar_root, patterns: list, tokens: list):
+    from .grammar import GrammarError, LazyGrammarSampler
+    from .model import Model
+    from .vocab import Vocab
+
+    if not isinstance(vocab, (Vocab, Model)):
+        raise TypeError(f"{fn}: vocab must be a llama_vocab (llama_model_get_vocab), got {describe(vocab)}")
+    grammar_str = _chk.text(grammar_str, fn, "grammar_str")
+    grammar_root = _chk.opt_text(grammar_root, fn, "grammar_root")
+    if isinstance(grammar_str, bytes):
+        grammar_str = grammar_str.decode("utf-8")
+    if isinstance(grammar_root, bytes):
+        grammar_root = grammar_root.decode("utf-8")
+    if not grammar_str:
+        return _s.EmptySampler("grammar")
+    n_vocab = getattr(vocab, "n_tokens", None) or getattr(vocab, "n_vocab", 0)
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise ValueError(f"{fn}: trigger_tokens[{i}] = {t} out of range: valid ids are 0..{n_vocab - 1}")
+    try:
+        return LazyGrammarSampler(vocab, grammar_str, grammar_root or "root", patterns, tokens)
+    except GrammarError as e:
+        _log.error("%s: %s", fn, e)
+        return None
+
+
+def llama_sampler_init_grammar_lazy_patterns(vocab, grammar_str, grammar_root, trigger_patterns,
+                                             num_trigger_patterns, trigger_tokens, num_trigger_tokens):
+    """A lazy grammar (pyllama.grammar.LazyGrammarSampler): nothing is constrained until
+    one of ``trigger_tokens`` is accepted (the grammar starts with it) or the output so
+    far matches one of ``trigger_patterns`` (regular expressions; the grammar is fed the
+    text from the first non-empty capture group on). None (reason logged) where
+    llama.cpp returns nullptr: a grammar that does not parse, lacks the root rule, or a
+    pattern that does not compile. ``num_*`` take the first that many (None: all)."""
+    fn = "llama_sampler_init_grammar_lazy_patterns"
+    return _lazy(fn, vocab, grammar_str, grammar_root,
+                 _strings(trigger_patterns, num_trigger_patterns, fn, "trigger_patterns", "num_trigger_patterns"),
+                 _tokens(trigger_tokens, num_trigger_tokens, fn, "trigger_tokens", "num_trigger_tokens"))
+
+
+def _word_pattern(words: list) -> str:
+    """llama.cpp's deprecated trigger words as one pattern: ``[\\s\\S]*?(w1|w2)[\\s\\S]*``
+    with the regex metacharacters of each word escaped."""
+    return "[\\s\\S]*?(" + "|".join(re.sub(r"[.^$|()*+?\[\]{}\\]", lambda m: "\\" + m.group(0), w)
+                                   for w in words) + ")[\\s\\S]*"
+
+
+def llama_sampler_init_grammar_lazy(vocab, grammar_str, grammar_root, trigger_words, num_trigger_words,
+                                    trigger_tokens, num_trigger_tokens):
+    """Deprecated form of llama_sampler_init_grammar_lazy_patterns: trigger *words*
+    (literal text anywhere in the output) instead of patterns."""
+    fn = "llama_sampler_init_grammar_lazy"
+    words = _strings(trigger_words, num_trigger_words, fn, "trigger_words", "num_trigger_words")
+    return _lazy(fn, vocab, grammar_str, grammar_root, [_word_pattern(words)] if words else [],
+                 _tokens(trigger_tokens, num_trigger_tokens, fn, "trigger_tokens", "num_trigger_tokens"))
+
+
+# -- samplers written in Python (llama_sampler_init) ------------------------------------------
+
+
+class llama_sampler_i:  # noqa: N801 (llama.h's type name)
+    """llama.h's struct llama_sampler_i: the callables of a user sampler, each taking the
+    llama_sampler first as in C: ``name(smpl) -> bytes | str``, ``accept(smpl, token)``,
+    ``apply(smpl, cur_p)`` (required; edits the llama_token_data_array), ``reset(smpl)``,
+    ``clone(smpl) -> llama_sampler``, ``free(smpl)``. Any other object with these
+    attributes works too. The backend_* members of llama.h have no role here."""
+
+    def __init__(self, name=None, accept=None, apply=None, reset=None, clone=None, free=None):
+        self.name, self.accept, self.apply, self.reset, self.clone, self.free = name, accept, apply, reset, clone, free
+
+
+class UserSampler(Sampler):
+    """A llama_sampler made by llama_sampler_init: ``iface`` (a llama_sampler_i) and
+    ``ctx`` (the user's data), usable alone or inside a chain."""
+
+    def __init__(self, iface, ctx) -> None:
+        self.iface = iface
+        self.ctx = ctx
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        f = getattr(self.iface, "name", None)
+        if f is None:
+            return "(null)"
+        n = f(self)
+        return n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n)
+
+    def apply(self, cur: TokenDataArray) -> None:
+        self.iface.apply(self, cur)
+
+    def accept(self, token: int) -> None:
+        f = getattr(self.iface, "accept", None)
+        if f is not None:
+            f(self, token)
+
+    def reset(self) -> None:
+        f = getattr(self.iface, "reset", None)
+        if f is not None:
+            f(self)
+
+    def clone(self) -> Sampler:
+        f = getattr(self.iface, "clone", None)
+        if f is not None:
+            c = f(self)
+            if not isinstance(c, Sampler):
+                raise TypeError(f"llama_sampler_clone: the clone callback of sampler {self.name!r} returned "
+                                f"{describe(c)}, not a llama_sampler")
+            return c
+        if self.ctx is None:
+            return UserSampler(self.iface, None)
+        raise ValueError(f"llama_sampler_clone: sampler {self.name!r} does not support cloning "
+                         "(its iface has no clone and its ctx is not None)")
+
+    def free(self) -> None:
+        f = getattr(self.iface, "free", None)
+        if f is not None:
+            f(self)
+
+    def __repr__(self) -> str:
+        return f"<UserSampler {self.name}>"
+
+
+def llama_sampler_init(iface, ctx) -> Sampler:
+    """A sampler implemented in Python: ``iface`` has the llama_sampler_i callables
+    (``apply`` required, the others may be None), ``ctx`` is the user's data (the
+    sampler's ``.ctx``). It works alone (llama_sampler_apply / _sample) and inside a
+    chain; llama_sampler_free calls ``iface.free``."""
+    fn = "llama_sampler_init"
+    if iface is None or not callable(getattr(iface, "apply", None)):
+        raise TypeError(f"{fn}: iface must have a callable apply(smpl, cur_p) (a llama_sampler_i), got {describe(iface)}")
+    for m in ("name", "accept", "reset", "clone", "free"):
+        f = getattr(iface, m, None)
+        if f is not None and not callable(f):
+            raise TypeError(f"{fn}: iface.{m} must be callable or None, got {describe(f)}")
+    return UserSampler(iface, ctx)
+
+
+def llama_sampler_copy(src, dst) -> None:
+    """Copy ``src``'s mutable state (RNG, history, grammar position...) into ``dst``, a
+    sampler of the same kind and configuration (a chain: the same samplers, copied one by
+    one); ``dst`` stays the same object (a chain keeps it). None or src is dst: no-op;
+    different kinds: ValueError (llama.cpp asserts)."""
+    fn = "llama_sampler_copy"
+    if src is None or dst is None or src is dst:
+        return
+    src = _SMPL(src, fn, "src")
+    dst = _SMPL(dst, fn, "dst")
+    if type(src) is not type(dst) or (isinstance(src, UserSampler) and src.iface is not dst.iface):
+        raise ValueError(f"{fn}: cannot copy between different sampler types ({src.name!r} -> {dst.name!r})")
+    if isinstance(src, SamplerChain):
+        if len(src) != len(dst):
+            raise ValueError(f"{fn}: chains of different lengths ({len(src)} -> {len(dst)})")
+        for a, b in zip(src.samplers, dst.samplers):
+            llama_sampler_copy(a, b)
+        dst.no_perf, dst.t_sample_us, dst.n_sample = src.no_perf, src.t_sample_us, src.n_sample
+        return
+    tmp = src.clone()
+    if isinstance(dst, UserSampler):
+        dst.free()
+        dst.ctx = tmp.ctx
+        return
+    dst.__dict__.clear()
+    dst.__dict__.update(tmp.__dict__)
+
+
+# -- infill and adaptive-p (llama-sampler.cpp) ------------------------------------------------
+
+
+class InfillSampler(Sampler):
+    """llama_sampler_init_infill, step for step as llama.cpp: softmax (sorted); when
+    3 * p(EOG) * n > p(text) keep only the end-of-generation tokens; otherwise merge the
+    probability of each token into a token whose piece it prefixes (the likelier of the
+    two keeps it), drop non-EOG tokens under p = 0.2 and renormalise; when no text token
+    is left, the single candidate is EOT (EOS without one). float32 throughout."""
+
+    name = "infill"
+
+    def __init__(self, vocab) -> None:
+        self.vocab = vocab
+
+    def apply(self, cur: TokenDataArray) -> None:
+        v = self.vocab
+        cur._softmax(True)
+        ids = [int(t) for t in cur.ids]
+        p = [np.float32(x) for x in cur.p]
+        logit = [np.float32(x) for x in cur.logits]
+        eog = [v.is_eog(t) for t in ids]
+        p_txt = p_eog = np.float32(0)
+        for i in range(len(ids)):
+            if eog[i]:
+                p_eog = np.float32(p_eog + p[i])
+            else:
+                p_txt = np.float32(p_txt + p[i])
+        n = len(ids)
+        if np.float32(3 * p_eog * n) > p_txt:
+            keep = [i for i in range(n) if eog[i]]
+            p_sum = np.float32(0)
+            for i in keep:
+                p_sum = np.float32(p_sum + p[i])
+            self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
+            return
+        pieces = {}
+
+        def piece(t: int) -> bytes:
+            if t not in pieces:
+                pieces[t] = v.token_to_piece(t, False, 0)
+            return pieces[t]
+
+        ninf = np.float32(-np.inf)
+        for i0 in range(n):
+            for i1 in range(n):
+                if logit[i0] == ninf:
+                    break
+                if i0 == i1 or logit[i1] == ninf:
+                    continue
+                a, b = piece(ids[i0]), piece(ids[i1])
+                if a and len(a) <= len(b) and b[: len(a)] == a:
+                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                    p[dst] = np.float32(p[dst] + p[src])
+                    logit[src] = ninf
+                    p[src] = np.float32(0)
+        keep = []
+        n_non_eog = 0
+        p_sum = np.float32(0)
+        for i in range(n):
+            if p[i] < np.float32(0.2) and not eog[i]:
+                continue
+            if not eog[i]:
+                n_non_eog += 1
+            p_sum = np.float32(p_sum + p[i])
+            keep.append(i)
+        if n_non_eog == 0:
+            t = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
+            if t == LLAMA_TOKEN_NULL:
+                raise ValueError("infill sampler: the vocabulary has neither an EOT nor an EOS token")
+            p0 = p[keep[0]] if keep else p[0]
+            self._set(cur, [t], [np.float32(1.0)], [p0])
+            return
+        self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
+
+    @staticmethod
+    def _set(cur: TokenDataArray, ids, logits, p) -> None:
+        cur.ids = np.array(ids, np.int32)
+        cur.logits = np.array(logits, np.float32)
+        cur.p = np.array(p, np.float32)
+
+    def clone(self) -> "InfillSampler":
+        return InfillSampler(self.vocab)
+
+    def __deepcopy__(self, memo):
+        return self.clone()
+
+
+def llama_sampler_init_infill(vocab) -> Sampler:
+    """llama.cpp's fill-in-the-middle sampler (use it after top-k / top-p)."""
+    from .model import Model
+    from .vocab import Vocab
+
+    if isinstance(vocab, Model):
+        vocab = vocab.vocab
+    if not isinstance(vocab, Vocab):
+        raise TypeError(f"llama_sampler_init_infill: vocab must be a llama_vocab (llama_model_get_vocab), "
+                        f"got {describe(vocab)}")
+    return InfillSampler(vocab)
+
+
+def _softmax_nosort(cur: TokenDataArray) -> None:
+    """llama_sampler_softmax_impl(cur_p, false) in float32: expf(logit - max), a running
+    float sum, a float division."""
+    if cur.size == 0:
+        raise ValueError("softmax of an empty candidate list")
+    max_l = cur.logits[0] if cur.sorted else cur.logits.max()
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = _s._expf(np.float32(cur.logits - np.float32(max_l))) if np.isfinite(max_l) else \
+            _s._exp_shifted(cur.logits, max_l)
+        total = np.cumsum(p, dtype=np.float32)[-1]
+        cur.p = (p / total).astype(np.float32)
+
+
+class AdaptivePSampler(Sampler):
+    """llama_sampler_init_adaptive_p: select tokens whose original probability is near
+    ``target``, steering with an exponential moving average of the chosen tokens'
+    probabilities (decay clamped to [0, 0.99]); a negative target samples the
+    distribution as it is. It selects, so it ends a chain. float32 as llama.cpp; the draw
+    is std::discrete_distribution over std::mt19937."""
+
+    name = "adaptive-p"
+    _WIDTH_INV = np.float32(1.0) / np.float32(0.3)
+
+    def __init__(self, target: float, decay: float, seed: int) -> None:
+        self.target = np.float32(target)
+        self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
+        self.seed = int(seed) & 0xFFFFFFFF
+        self.seed_cur = _s._rng_seed(self.seed)
+        self.rng = _s._StdRng(self.seed_cur)
+        self._reset_ema()
+
+    def _reset_ema(self) -> None:
+        one = np.float32(1.0)
+        self.weighted_sum = np.float32(self.target / np.float32(one - self.decay))
+        self.total_weight = np.float32(one / np.float32(one - self.decay))
+        self.original_probs = np.zeros(0, np.float32)
+        self.pending_token_id = LLAMA_TOKEN_NULL
+        self.pending_token_idx = -1
+
+    def apply(self, cur: TokenDataArray) -> None:
+        _softmax_nosort(cur)
+        if self.target < 0:
+            cur.selected = self.rng.discrete(cur.p)
+            return
+        self.original_probs = cur.p.copy()
+        target = np.float32(min(max(float(self.target), 0.0), 1.0))
+        if self.total_weight == 0:
+            adapted = target
+        else:
+            adapted = np.float32(np.float32(2.0) * target - np.float32(self.weighted_sum / self.total_weight))
+        adapted = np.float32(min(max(float(adapted), 0.0), 1.0))
+        logits = np.array(cur.logits, np.float32)
+        live = logits != -np.inf
+        dist = np.abs(np.float32(cur.p[live] - adapted) * self._WIDTH_INV).astype(np.float32)
+        logits[live] = np.float32(5.0) - np.float32(10.0) * dist * dist / (np.float32(1.0) + dist)
+        cur.logits = logits
+        _softmax_nosort(cur)
+        idx = self.rng.discrete(cur.p)
+        cur.selected = idx
+        self.pending_token_id = int(cur.ids[idx])
+        self.pending_token_idx = idx
+
+    def accept(self, token: int) -> None:
+        if self.pending_token_id == token and self.pending_token_id != LLAMA_TOKEN_NULL:
+            p = self.original_probs[self.pending_token_idx]
+            self.weighted_sum = np.float32(p + np.float32(self.decay * self.weighted_sum))
+            self.total_weight = np.float32(np.float32(1.0) + np.float32(self.decay * self.total_weight))
+        self.pending_token_id = LLAMA_TOKEN_NULL
+        self.pending_token_idx = -1
+
+    def reset(self) -> None:
+        self._reset_ema()
+        self.seed_cur = _s._rng_seed(self.seed)
+        self.rng.seed(self.seed_cur)
+
+
+def llama_sampler_init_adaptive_p(target: float, decay: float, seed: int) -> Sampler:
+    return AdaptivePSampler(target, decay, seed)
 
 
 # -- perf ---------------------------------------------------------------------------------

@@ -214,6 +214,20 @@ def llama_vocab_get_add_sep(vocab: Vocab) -> bool:
     return vocab.add_sep
 
 
+@checked(vocab=_VOCAB)
+def llama_vocab_get_suppress_tokens(vocab: Vocab, n_suppress_tokens: Any = None) -> np.ndarray:
+    """int32 array of ``tokenizer.ggml.suppress_tokens`` (ids outside the vocabulary
+    dropped, as llama.cpp; empty without the key). llama.h's out-count
+    ``n_suppress_tokens`` may be a ctypes.c_int32 (or byref of one) or a one-element
+    list, which receives the count; None stores nothing."""
+    toks = np.array(vocab.suppress_tokens, dtype=np.int32)
+    if n_suppress_tokens is not None:
+        from ._api_state import _size_out
+
+        _size_out(n_suppress_tokens, "llama_vocab_get_suppress_tokens", "n_suppress_tokens")(int(toks.shape[0]))
+    return toks
+
+
 # deprecated llama.h names, kept because llama-cpp-python code still calls them
 llama_token_get_text = _chk.alias(llama_vocab_get_text, "llama_token_get_text")
 llama_token_get_score = _chk.alias(llama_vocab_get_score, "llama_token_get_score")

@@ -17,8 +17,9 @@ set of stacks. llama.cpp walks each candidate on its own; the verdicts are the s
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .errors import PyllamaError
 from .sampling import Sampler
 
 __all__ = [
-    "GrammarError", "Grammar", "GrammarMatcher", "GrammarSampler", "parse_grammar",
+    "GrammarError", "Grammar", "GrammarMatcher", "GrammarSampler", "LazyGrammarSampler", "parse_grammar",
     "END", "ALT", "RULE_REF", "CHAR", "CHAR_NOT", "CHAR_RNG_UPPER", "CHAR_ALT", "CHAR_ANY",
     "TOKEN", "TOKEN_NOT", "GRETYPE_NAMES",
 ]
@@ -1117,3 +1118,88 @@ def _token_positions(tr: _VocabTrie) -> dict[int, int]:
     if pos is None:
         pos = tr._positions = {int(t): i for i, t in enumerate(tr.order)}
     return pos
+
+
+class LazyGrammarSampler(GrammarSampler):
+    """llama_sampler_init_grammar_lazy_patterns: a grammar that constrains nothing until a
+    trigger appears in the output, as llama.cpp's lazy grammars (llama-grammar.cpp
+    llama_grammar_accept_impl). Accepted tokens are buffered; when one of
+    ``trigger_tokens`` is accepted the grammar starts with that token; when the buffered
+    text matches one of ``trigger_patterns`` (a full match for a pattern written
+    ``^...$``, else a search; byte-level regular expressions) the grammar is fed the
+    buffered text from the first non-empty capture group (or the match) onwards, and
+    constrains every token after that. ``reset`` waits for a trigger again."""
+
+    def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root",
+                 trigger_patterns: Sequence[str] = (), trigger_tokens: Sequence[int] = ()):
+        super().__init__(vocab, grammar_str, grammar_root)
+        self.trigger_tokens = [int(t) for t in trigger_tokens]
+        self.trigger_patterns = []
+        for p in trigger_patterns:
+            try:
+                self.trigger_patterns.append((p, re.compile(p.encode("utf-8"))))
+            except re.error as e:
+                raise GrammarError(f"trigger pattern {p!r} is not a valid regular expression: {e}") from None
+        self._await()
+
+    def _await(self) -> None:
+        self.awaiting_trigger = True
+        self.trigger_buffer = b""
+        self.trigger_positions: list[tuple[int, int, int]] = []  # (token, start, end) in the buffer
+
+    def apply(self, cur) -> None:
+        if not self.awaiting_trigger:
+            super().apply(cur)
+
+    def _find(self, p: str, rx) -> Optional[int]:
+        m = rx.fullmatch(self.trigger_buffer) if p[:1] == "^" and p[-1:] == "$" else None
+        if m is None:
+            m = rx.search(self.trigger_buffer)
+        if m is None:
+            return None
+        for i in range(1, m.re.groups + 1):
+            if m.start(i) != -1 and m.end(i) > m.start(i):
+                return m.start(i)
+        return m.start(0)
+
+    def accept(self, token: int) -> None:
+        if not self.awaiting_trigger:
+            super().accept(token)
+            return
+        piece = self._trie.pieces[token]
+        if token in self.trigger_tokens:
+            self.awaiting_trigger = False
+            self.trigger_buffer = b""
+            self.trigger_positions = []
+            self.matcher.accept_token(int(token), piece)
+            return
+        n = len(self.trigger_buffer)
+        self.trigger_positions.append((int(token), n, n + len(piece)))
+        self.trigger_buffer += piece
+        for p, rx in self.trigger_patterns:
+            start = self._find(p, rx)
+            if start is None:
+                continue
+            self.awaiting_trigger = False
+            # replay the buffered tokens that overlap [start, end), the first one cut
+            for tok, t0, t1 in self.trigger_positions:
+                if t1 <= start:
+                    continue
+                self.matcher.accept_token(tok, self.trigger_buffer[max(t0, start):t1])
+            self.trigger_buffer = b""
+            self.trigger_positions = []
+            return
+
+    def reset(self) -> None:
+        super().reset()
+        self._await()
+
+    def clone(self) -> "LazyGrammarSampler":
+        c = LazyGrammarSampler.__new__(LazyGrammarSampler)
+        c.__dict__.update(self.__dict__)
+        c.matcher = self.matcher.copy()
+        c.trigger_positions = list(self.trigger_positions)
+        return c
+
+    def __repr__(self) -> str:
+        return f"<LazyGrammarSampler grammar awaiting_trigger={self.awaiting_trigger}>"

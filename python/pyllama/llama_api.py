@@ -11,3 +11,6 @@ from ._api_model import *  # noqa: F401,F403
 from ._api_sampling import *  # noqa: F401,F403
 from ._api_state import *  # noqa: F401,F403
 from ._api_vocab import *  # noqa: F401,F403
+from ._api_system import *  # noqa: F401,F403
+from ._api_system import NOT_SUPPORTED  # noqa: F401  (llama.h functions that raise NotImplementedError)
+from ._api_batch_ext import *  # noqa: F401,F403

@@ -76,9 +76,10 @@ def _small_metadata(f) -> dict:
     """A GGUF file's (or model's) metadata without its arrays, plus the one small array
     the vocabulary reads (UGM's precompiled_charsmap)."""
     md = dict(f.metadata(arrays=False))
-    cm = f.meta_value(_K + "precompiled_charsmap")
-    if cm is not None:
-        md[_K + "precompiled_charsmap"] = cm
+    for key in ("precompiled_charsmap", "suppress_tokens"):
+        v = f.meta_value(_K + key)
+        if v is not None:
+            md[_K + key] = v
     return md
 
 
@@ -122,6 +123,10 @@ class Vocab:
             raise self._err(f"{_K}pre must be a string, got {type(pre).__name__}")
         self.tokenizer_model = model
         self.tokenizer_pre = pre or ""
+        sup = md.get(_K + "suppress_tokens")
+        if sup is not None and (not isinstance(sup, list) or not all(type(t) is int for t in sup)):
+            raise self._err(f"invalid gguf type for {_K}suppress_tokens (an array of int32)")
+        self._suppress_raw = sup or []
 
         # defaults, llama_vocab::impl
         self.bos = 1
@@ -497,6 +502,11 @@ class Vocab:
 
     def attr(self, token: int) -> int:
         return self.attrs[self.check_id(token)]
+
+    @property
+    def suppress_tokens(self) -> list[int]:
+        """``tokenizer.ggml.suppress_tokens``, ids outside the vocabulary dropped (llama.cpp)."""
+        return [t for t in getattr(self, "_suppress_raw", ()) if 0 <= t < self.n_tokens]
 
     def is_eog(self, token: int) -> bool:
         return token != LLAMA_TOKEN_NULL and token in self.eog_ids
