@@ -30,3 +30,5 @@ python -m pytest -q "$@"
 # The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
 # with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).
 bash scripts/test_wheel.sh
+# The documentation site, warnings as errors (scripts/docs.sh).
+bash scripts/docs.sh
