@@ -9,6 +9,7 @@
 //! their intermediates as llama.cpp does (`attn_norm-0`, `Qcur-0`, `kqv_out-0`,
 //! `ffn_out-0`, `l_out-0`, `result_norm`, `result_output`) for the debug dump.
 
+use crate::adapter::{Cvec, LoraSet};
 use crate::error::{alloc, Error, Result};
 use crate::ggml_type::GgmlType;
 use crate::hparams::HParams;
@@ -153,6 +154,10 @@ pub struct Buffers {
     /// output row; and the selected expert ids followed by one expert's slots.
     pub moe: Vec<f32>,
     pub moe_idx: Vec<usize>,
+    /// The LoRA adapters set on the context (None: the plain matmuls, nothing else).
+    pub lora: Option<LoraSet>,
+    /// The control vector (inactive until set).
+    pub cvec: Cvec,
 }
 
 /// Named intermediates kept for `debug_dump`: name -> (rows appended, row width).
@@ -305,11 +310,23 @@ impl Step<'_> {
         let ne = self.hp.n_embd;
         let n = self.n;
         if let Some(tokens) = self.tokens {
+            // a token_embd LoRA adds to the rows before the scale (llama.cpp's build_inp_embd
+            // returns them and the Gemma graphs scale after)
+            let lora = self.b.lora.as_ref().is_some_and(|l| l.has_embd());
             for (t, &id) in tokens.iter().enumerate().take(n) {
                 let dst = &mut self.b.x[t * ne..(t + 1) * ne];
                 quant::dequantize_row(tok_embd.ty, tok_embd.row(id as usize), dst)?;
-                if scale != 1.0 {
+                if scale != 1.0 && !lora {
                     act::scale(dst, scale);
+                }
+            }
+            if lora {
+                let b = &mut *self.b;
+                if let Some(l) = b.lora.as_mut() {
+                    l.add_embd(self.pool, &tokens[..n], &mut b.x, ne, &mut b.mm_scratch)?;
+                }
+                if scale != 1.0 {
+                    act::scale(&mut b.x[..n * ne], scale);
                 }
             }
         } else if let Some(e) = self.embd {
@@ -345,14 +362,14 @@ impl Step<'_> {
         let n = self.n;
         let n_ff = down.ne[0];
         let b = &mut *self.b;
-        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+        Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.up, up_b, n_ff, n);
         cb!(self, "ffn_up", il, up, n_ff);
         let b = &mut *self.b;
         par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| act::gelu(r));
         cb!(self, "ffn_gelu", il, up, n_ff);
         let b = &mut *self.b;
-        Self::mm(self.pool, down, &b.up, n, &mut b.tmp, &mut b.mm_scratch)?;
+        Self::mm(self.pool, down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, down_b, self.hp.n_embd, n);
         Ok(())
     }
@@ -381,7 +398,7 @@ impl Step<'_> {
         let (wts, rest) = rest.split_at_mut(nk);
         let (contrib, rest) = rest.split_at_mut(nk * ne);
         let (xg, o) = rest.split_at_mut(n * ne);
-        Self::mm(self.pool, m.router, &b.cur, n, probs, &mut b.mm_scratch)?;
+        Self::mm(self.pool, m.router, &b.cur, n, probs, &mut b.mm_scratch, &mut b.lora)?;
         // selection and weights per token: n_used passes of argmax (the first maximum wins)
         let idx = &mut b.moe_idx;
         idx.clear();
@@ -424,12 +441,12 @@ impl Step<'_> {
                 let t = idx[nk + r] / n_used;
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
-            Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
-            Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
                 act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
             }
-            Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
                 let k = idx[nk + r];
                 let w = wts[k];
@@ -460,6 +477,20 @@ impl Step<'_> {
         act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
     }
 
+    /// x += the control vector's direction for layer il, where one is set (llama.cpp's
+    /// build_cvec at the end of every layer, before "l_out").
+    #[inline]
+    pub fn cvec(&mut self, il: usize) {
+        let b = &mut *self.b;
+        if let Some(d) = b.cvec.dir(il) {
+            let ne = d.len();
+            for r in b.x[..self.n * ne].chunks_exact_mut(ne) {
+                act::add_assign(r, d);
+            }
+        }
+    }
+
+    /// out [n, n_out] = w x (+ the LoRA adapters' terms for w, when any is set).
     fn mm(
         pool: &ThreadPool,
         w: &TensorView,
@@ -467,16 +498,22 @@ impl Step<'_> {
         n: usize,
         out: &mut [f32],
         scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
     ) -> Result<()> {
         let n_out = w.n_rows();
         let (n_in, m) = (w.ne[0], n * n_out);
         if x.len() < n * n_in || out.len() < m {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
-        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)
+        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
+        if let Some(l) = lora {
+            l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
+        }
+        Ok(())
     }
 
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
+    #[allow(clippy::too_many_arguments)]
     fn mm_rows(
         pool: &ThreadPool,
         w: &TensorView,
@@ -485,12 +522,17 @@ impl Step<'_> {
         out: &mut [f32],
         rows: std::ops::Range<usize>,
         scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
     ) -> Result<()> {
         let (n_in, width) = (w.ne[0], rows.len());
         if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
             return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
         }
-        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows, scratch)
+        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        if let Some(l) = lora {
+            l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * width], rows, scratch)?;
+        }
+        Ok(())
     }
 
     /// Self-attention of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
@@ -518,13 +560,13 @@ impl Step<'_> {
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
         } else {
-            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch)?;
-            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch)?;
-            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch)?;
+            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
         }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
@@ -588,7 +630,7 @@ impl Step<'_> {
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, n_head * hd_v);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch)?;
+        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())
@@ -614,12 +656,12 @@ impl Step<'_> {
         let b = &mut *self.b;
         match gate {
             Some(gate) => {
-                Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch)?;
-                Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch)?;
+                Self::mm(self.pool, gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             }
             None => {
-                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch)?;
-                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch)?;
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
             }
         }
         cb!(self, "ffn_gate", il, gate, n_ff);
@@ -633,7 +675,7 @@ impl Step<'_> {
         }
         cb!(self, if a == FfnAct::SwiGlu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
-        Self::mm(self.pool, down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch)
+        Self::mm(self.pool, down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)
     }
 
     /// Keep only the rows that want output (llama.cpp's `inp_out_ids` in the last layer):
@@ -694,7 +736,7 @@ impl Step<'_> {
         let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
-            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch)?;
+            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
@@ -702,7 +744,7 @@ impl Step<'_> {
         } else {
             for j in 0..n {
                 let r = b.out_row[j];
-                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch)?;
+                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
                 add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);
@@ -849,6 +891,8 @@ impl Context {
                 alloc::mul("the MoE routing [n_ubatch, n_expert_used]", 2 * nu, hp.n_expert_used)?,
                 "the MoE routing [n_ubatch, n_expert_used]",
             )?,
+            lora: None,
+            cvec: Cvec::disabled(),
         };
         let pool = ThreadPool::new(p.n_threads);
         let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
@@ -886,6 +930,32 @@ impl Context {
 
     pub fn n_vocab(&self) -> usize {
         self.model.hparams.n_vocab
+    }
+
+    /// Replace the context's LoRA adapters (llama_set_adapters_lora): (adapter, scale) in
+    /// order, zero scales dropped; an empty list restores the plain forward pass. Every
+    /// adapter must have been loaded for this context's model. On error nothing changes.
+    pub fn set_loras(&mut self, adapters: Vec<(Arc<crate::adapter::LoraAdapter>, f32)>) -> Result<()> {
+        let me = Arc::as_ptr(&self.model) as usize;
+        for (a, _) in &adapters {
+            if a.model_id != me {
+                return Err(Error::Invalid(format!("LoRA adapter {} was loaded for another model", a.path)));
+            }
+        }
+        let adapters: Vec<_> = adapters.into_iter().filter(|(_, s)| *s != 0.0).collect();
+        self.b.lora = if adapters.is_empty() { None } else { Some(LoraSet::new(adapters, self.params.n_ubatch)?) };
+        Ok(())
+    }
+
+    /// The adapters set, with their scales.
+    pub fn loras(&self) -> Vec<(Arc<crate::adapter::LoraAdapter>, f32)> {
+        self.b.lora.as_ref().map(|l| l.adapters.clone()).unwrap_or_default()
+    }
+
+    /// llama_set_adapter_cvec: data None clears; on error nothing changes.
+    pub fn set_cvec(&mut self, data: Option<&[f32]>, n_embd: i32, il_start: i32, il_end: i32) -> Result<()> {
+        let hp = &self.model.hparams;
+        self.b.cvec.apply(data, n_embd, il_start, il_end, hp.n_embd, hp.n_layer)
     }
 
     /// Re-rotate the keys of shifted cells (llama.cpp's K-shift) and clear the shifts.

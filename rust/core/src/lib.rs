@@ -1,6 +1,7 @@
 //! pyllama's core: everything heavy, no Python. See DESIGN.md at the repository root for
 //! the pipeline and the Rust/Python boundary.
 
+pub mod adapter;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;

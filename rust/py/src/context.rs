@@ -5,6 +5,7 @@
 use crate::errors::{state_err, to_py};
 use crate::gguf::PyModel;
 use numpy::{PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray, PyUntypedArrayMethods};
+use pyllama_core::adapter::LoraAdapter;
 use pyllama_core::context::{BatchRef, Context, ContextParams};
 use pyllama_core::kv_cache::parse_cache_type;
 use pyo3::exceptions::PyValueError;
@@ -404,6 +405,29 @@ impl PyContext {
         ))
     }
 
+    /// Replace the LoRA adapters: [(adapter, scale), ...] in order (zero scales are
+    /// dropped; [] restores the plain forward pass). On error nothing changes.
+    fn set_loras(&mut self, adapters: Vec<(Py<PyLoraAdapter>, f32)>) -> PyResult<()> {
+        let v = adapters.iter().map(|(a, s)| (a.get().inner.clone(), *s)).collect();
+        self.inner.set_loras(v).map_err(to_py)
+    }
+
+    /// The adapters' paths and scales as set (zero scales dropped).
+    fn lora_paths(&self) -> Vec<(String, f32)> {
+        self.inner.loras().iter().map(|(a, s)| (a.path.clone(), *s)).collect()
+    }
+
+    /// llama_set_adapter_cvec: `data` float32 [n_embd * k] holds layers 1..=k (None
+    /// disables the vector); applied to layers il_start..=il_end. On error nothing changes.
+    #[pyo3(signature = (data, n_embd, il_start, il_end))]
+    fn set_cvec(&mut self, data: Option<PyReadonlyArray1<'_, f32>>, n_embd: i32, il_start: i32, il_end: i32) -> PyResult<()> {
+        let d = match &data {
+            None => None,
+            Some(a) => Some(a.as_slice().map_err(|_| PyValueError::new_err("set_cvec: data must be C-contiguous"))?),
+        };
+        self.inner.set_cvec(d, n_embd, il_start, il_end).map_err(to_py)
+    }
+
     /// Keep the named intermediates (llama.cpp names: "attn_norm-0", "Qcur-3",
     /// "kqv_out-0", "ffn_out-0", "l_out-0", "result_norm", "result_output"; "*" = all)
     /// of every following decode; None turns the dump off.
@@ -426,6 +450,72 @@ impl PyContext {
         }
         Ok(d)
     }
+}
+
+/// A LoRA adapter loaded for one model (llama_adapter_lora): checked against the model
+/// when loaded, applied by `Context.set_loras` without changing the model's weights.
+#[pyclass(name = "LoraAdapter", module = "pyllama._core", frozen)]
+pub struct PyLoraAdapter {
+    inner: Arc<LoraAdapter>,
+    #[pyo3(get)]
+    model: Py<PyModel>,
+}
+
+#[pymethods]
+impl PyLoraAdapter {
+    /// Read `path` and check it against `model` (general.type adapter, adapter.type lora,
+    /// the model's architecture, a base tensor of the right shape for every A/B pair).
+    #[new]
+    fn new(py: Python<'_>, model: Py<PyModel>, path: std::path::PathBuf) -> PyResult<Self> {
+        let m = model.get().inner.clone();
+        let p = path.to_string_lossy().into_owned();
+        let inner = py.allow_threads(|| no_panic_core(|| LoraAdapter::load(&m, &p))).map_err(to_py)?;
+        Ok(PyLoraAdapter { inner: Arc::new(inner), model })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        &self.inner.path
+    }
+
+    /// `adapter.lora.alpha` (0 when absent: the scale is then the user's scale as is).
+    #[getter]
+    fn alpha(&self) -> f32 {
+        self.inner.alpha
+    }
+
+    #[getter]
+    fn alora_invocation_tokens(&self) -> Vec<i32> {
+        self.inner.alora_invocation_tokens.clone()
+    }
+
+    /// Base weight name -> rank, for every adapted weight (token_embd included).
+    fn ranks(&self) -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = self.inner.weights.iter().map(|(k, w)| (k.clone(), w.rank())).collect();
+        if let Some(e) = &self.inner.embd {
+            v.push(("token_embd.weight".to_string(), e.rank()));
+        }
+        v.sort();
+        v
+    }
+
+    /// The file's metadata (arrays included when `arrays`).
+    #[pyo3(signature = (arrays = true))]
+    fn metadata<'py>(&self, py: Python<'py>, arrays: bool) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.inner.file.metadata {
+            if arrays || !matches!(v, pyllama_core::gguf::Value::Array(_)) {
+                d.set_item(k, crate::gguf::value_to_py(py, v)?)?;
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// Core errors out of `f`, and a panic (a pyllama bug) as an error too.
+fn no_panic_core<T>(f: impl FnOnce() -> pyllama_core::Result<T>) -> pyllama_core::Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err(pyllama_core::Error::Invalid("internal error (a pyllama bug) while loading a LoRA adapter".into())))
 }
 
 /// Positions (int64 [min(k, n)]) of the k largest logits of a float32 row, largest first,
@@ -483,6 +573,7 @@ fn sample_default_tail<'py>(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample_default_tail, m)?)?;
     m.add_class::<PyContext>()?;
+    m.add_class::<PyLoraAdapter>()?;
     m.add_function(wrap_pyfunction!(top_k_indices, m)?)?;
     Ok(())
 }

@@ -206,6 +206,7 @@ impl Forward for Phi2Forward {
                 return Ok(());
             }
             st.residual();
+            st.cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
         }
         st.layer_norm_x_to_cur(&self.output_norm, Some(&self.output_norm_b), self.eps);

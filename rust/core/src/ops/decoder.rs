@@ -227,6 +227,7 @@ impl Forward for Decoder {
                 crate::cb!(st, "ffn_post_norm", il, tmp, ne);
             }
             st.residual();
+            st.cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
         }
         st.output_with_bias(&self.output_norm, self.eps, &self.output, self.output_bias.as_deref(), c.final_softcap)
