@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 from . import _api_check as _chk
@@ -569,8 +570,8 @@ def llama_model_load_from_file_ptr(file: Any, params: llama_model_params) -> Opt
     ``io.BytesIO``...) and the GGUF is read from its current position, so it may sit inside
     a larger file. A file at position 0 of a file on disk is loaded from its path (every
     load mode works, mmap included); otherwise the GGUF from the current position is first
-    copied to a temporary file, which is removed once loaded (under mmap the mapping
-    outlives the name on POSIX systems). None (reason logged) on failure."""
+    copied to a temporary file (every load mode works on it too), which is removed when the
+    model is garbage-collected. None (reason logged) on failure."""
     import os
     import shutil
     import tempfile
@@ -590,13 +591,29 @@ def llama_model_load_from_file_ptr(file: Any, params: llama_model_params) -> Opt
                 shutil.copyfileobj(file, out, 1 << 20)
             except (OSError, ValueError, TypeError) as e:
                 log.error("%s: cannot read the GGUF from file: %s", fn, e)
-                return None
-        return _load([tmp], params)
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+                model = None
+            else:
+                model = True
+        if model:
+            model = _load([tmp], params)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    if model is None:
+        _unlink(tmp)
+    else:
+        # the contexts re-check the mapped file by its name: keep it as long as the model
+        weakref.finalize(model, _unlink, tmp)
+    return model
+
+
+def _unlink(path: str) -> None:
+    import os
+
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 # ggml type ids by name (ggml.h enum ggml_type), for the tensor infos of a saved file
@@ -634,6 +651,8 @@ def _save_gguf(model: Model, path: str) -> None:
     items = [(k, v) for k, v in md.items() if not k.startswith("split.")]
     align = int(md.get("general.alignment", 32) or 32)
     tensors = core.tensors()
+    if core.n_files() == 1:
+        tensors = sorted(tensors, key=lambda t: t[3])  # the file's order
     head = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(items))]
     for k, v in items:
         t, elem = types[k]
