@@ -731,7 +731,6 @@ DOCUMENTED = {
 #: checked elsewhere or not applicable
 SKIP = {
     "llama_sampler_init_grammar": "test_grammar.py (None on a bad grammar, TypeError on a bad vocab)",
-    "llama_sampler_init_grammar_lazy_patterns": "not implemented (NotImplementedError)",
     "llama_sampler_init_penalties": "*args; its values are the sampler checks' (sampling.py)",
     "llama_model_load_from_splits": "*args: test_model_loading_arguments",
     "llama_sampler_init": "ctx is the user's data (any value); test_llama_h_coverage checks iface",

@@ -492,9 +492,10 @@ def llama_get_sampled_logits_ith(ctx: Context, i: int) -> Optional[np.ndarray]:
 
 @checked(ctx=_CTX, i=int32)
 def llama_get_sampled_logits_count_ith(ctx: Context, i: int) -> int:
-    """How many sampled logits entry ``i`` has; n_vocab when no sequence sampler ran at
-    all (llama.cpp: the raw logits are the candidates then)."""
-    if not _RESULTS.get(ctx):
+    """How many sampled logits entry ``i`` has (0 when its sequence has no sampler);
+    n_vocab when the context has no sequence sampler at all (llama.cpp: the raw logits
+    are the candidates then)."""
+    if ctx not in _SEQ_SAMPLERS:
         return ctx.n_vocab
     r = _result(ctx, i, "llama_get_sampled_logits_count_ith")
     return 0 if r is None else int(r.logits.shape[0])

@@ -112,8 +112,10 @@ class ContextParams:
     (``llama_context_default_params()``), except ``n_threads``/``n_threads_batch`` which
     default to the CPUs available (capped) instead of a fixed 4.
 
-    Fields pyllama accepts but does not act on (GPU/offload, samplers, MTP, cb_eval) are
-    kept for source compatibility. ``abort_callback(abort_callback_data) -> bool`` is a
+    Fields pyllama accepts but does not act on (GPU/offload, MTP, cb_eval) are kept for
+    source compatibility. ``samplers`` / ``n_samplers`` (llama_sampler_seq_config) are
+    attached by ``llama_init_from_model`` and run by ``llama_decode`` / ``llama_process``
+    (pyllama._api_batch_ext). ``abort_callback(abort_callback_data) -> bool`` is a
     Python callable.
     """
 

@@ -1151,6 +1151,14 @@ class LazyGrammarSampler(GrammarSampler):
         if not self.awaiting_trigger:
             super().apply(cur)
 
+    def allows(self, token: int) -> bool:
+        return True if self.awaiting_trigger else super().allows(token)
+
+    def allowed_mask(self) -> np.ndarray:
+        if self.awaiting_trigger:
+            return np.ones(self._trie.n_vocab, bool)
+        return super().allowed_mask()
+
     def _find(self, p: str, rx) -> Optional[int]:
         m = rx.fullmatch(self.trigger_buffer) if p[:1] == "^" and p[-1:] == "$" else None
         if m is None:
