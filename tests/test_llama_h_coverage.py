@@ -145,6 +145,7 @@ def test_model_introspection(tiny):
     assert L.llama_model_n_swa(m) == 0
     # hparams.n_swa from {arch}.attention.sliding_window (tests/data/make_tiny.py: 64)
     assert L.llama_model_n_swa(tiny("gemma2")) == L.llama_model_n_swa(tiny("gemma3")) == 64
+    assert L.llama_model_n_swa(tiny("phi3")) == 0  # models/phi3.cpp: "Phi SWA is currently disabled"
     # rope_freq_scale_train = 1 / {arch}.rope.scaling.factor (mistral3's tiny model: YaRN factor 16)
     assert L.llama_model_rope_freq_scale_train(m) == 1.0
     assert L.llama_model_rope_freq_scale_train(tiny("mistral3")) == pytest.approx(1 / 16)

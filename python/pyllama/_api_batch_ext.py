@@ -13,7 +13,10 @@ state does not advance then: ``llama_sampler_sample(chain, ctx, i)`` returns the
 token and accepts it, or applies the rest of the chain to the kept candidates. pyllama
 runs these samplers on the CPU with the same code as everywhere else, so the tokens are
 the ones llama_sampler_sample would pick without a backend sampler; only the candidate
-lists differ in form (min-p removes candidates where ggml masks them to -inf).
+lists differ in form (min-p removes candidates where ggml masks them to -inf). With
+n_outputs_max_per_seq > 1 every output row of a sequence draws at decode time, in batch
+order; llama.cpp's dist sampler rolls back the draws of rows that are never accepted
+(speculative decoding), pyllama's does not.
 """
 
 from __future__ import annotations
