@@ -194,10 +194,12 @@ def llama_sampler_get_seed(smpl: Sampler) -> int:
 def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
     """Read logits row ``idx`` of ``ctx`` (``llama_get_logits_ith``), apply ``smpl``, accept
     and return the selected token."""
-    from . import _api_batch_ext, _api_context
+    from . import _api_context
 
     _api_context._CTX(ctx, "llama_sampler_sample", "ctx")
-    if ctx in _api_batch_ext._RESULTS:
+    if _api_context._SEQ_SAMPLERS and ctx in _api_context._SEQ_SAMPLERS:  # llama_set_sampler
+        from . import _api_batch_ext
+
         r = _api_batch_ext._result(ctx, idx, "llama_sampler_sample")
         if r is not None:
             return _sample_sampled(smpl, r)
