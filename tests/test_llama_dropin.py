@@ -63,7 +63,6 @@ def test_unknown_constructor_keyword_is_a_type_error(smollm2_path, kw):
 # -- refused until built ---------------------------------------------------------------------
 
 REFUSED_INIT = [
-    ({"lora_path": "adapter.gguf"}, "LoRA"),
     ({"spm_infill": True}, "fill-in-the-middle"),
     ({"yarn_ext_factor": 0.5}, "YaRN"),
     ({"yarn_orig_ctx": 4096}, "YaRN"),

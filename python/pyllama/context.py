@@ -473,6 +473,67 @@ class Context:
             raise TypeError(f"Context.set_abort_callback: callback must be callable or None, got {_describe(callback)}")
         self._abort = callback
 
+    # ------------------------------------------------------------------ adapters
+
+    @_serialized
+    def set_lora_adapters(self, adapters) -> None:
+        """Apply LoRA adapters to the following decodes (``llama_set_adapters_lora``):
+        ``[(LoraAdapter, scale), ...]`` (a bare adapter means scale 1.0; a dict
+        adapter -> scale works too). Each adapted weight W computes
+        ``W x + sum of scale * alpha / rank * B (A x)`` (``scale`` as is when the adapter
+        has no alpha); zero scales are dropped; ``[]`` or None removes every adapter and
+        gives the plain model's logits exactly. The KV cache is kept as is (as llama.cpp).
+        Raises TypeError / ValueError for a bad list or an adapter loaded for another
+        model; the adapters set before stay then."""
+        from .adapter import _lora_list
+
+        items = _lora_list(adapters, "Context.set_lora_adapters")
+        core = self._live()
+        for a, _ in items:
+            if a._core.model is not self._core_model:
+                raise ValueError(f"Context.set_lora_adapters: adapter {a.path} was loaded for another model "
+                                 f"({a._core.model.paths[0]}), not this context's ({self._core_model.paths[0]})")
+        items = [(a, s) for a, s in items if s != 0.0]
+        core.set_loras([(a._core, s) for a, s in items])
+        self._loras = items
+
+    @property
+    def lora_adapters(self) -> list:
+        """The adapters set, as [(LoraAdapter, scale), ...] (zero scales dropped)."""
+        return list(getattr(self, "_loras", []))
+
+    @_serialized
+    def set_control_vector(self, cvec, *, layer_start: int = 1, layer_end: Optional[int] = None) -> None:
+        """Add a :class:`~pyllama.adapter.ControlVector`'s direction for layer il to the
+        output of every layer il in [layer_start, layer_end] (both inclusive; layer_end None
+        = the last layer; layer 0 never has one), as llama.cpp's ``--control-vector`` with
+        ``--control-vector-layer-range``. None removes it. Raises ValueError when the
+        vector's n_embd is not the model's (nothing changes then)."""
+        from .adapter import ControlVector
+
+        if cvec is None:
+            self.set_cvec(None, 0, -1, -1)
+            return
+        if not isinstance(cvec, ControlVector):
+            raise TypeError(f"Context.set_control_vector: expected a ControlVector (ControlVector.load(...)) or "
+                            f"None, got {_describe(cvec)}")
+        n_layer = int(self._core_model.hparams()["n_layer"])
+        start = _int32(layer_start, "Context.set_control_vector", "layer_start")
+        end = n_layer if layer_end is None else _int32(layer_end, "Context.set_control_vector", "layer_end")
+        self.set_cvec(cvec.data, cvec.n_embd, start, end)
+
+    @_serialized
+    def set_cvec(self, data, n_embd: int, il_start: int, il_end: int) -> None:
+        """``llama_set_adapter_cvec``: ``data`` float32 [k * n_embd] holds the directions of
+        layers 1..k (None disables the control vector); applied to layers il_start..il_end.
+        Raises ValueError on a wrong n_embd (the context is unchanged)."""
+        fn = "Context.set_cvec"
+        n_embd = _int32(n_embd, fn, "n_embd")
+        il_start = _int32(il_start, fn, "il_start")
+        il_end = _int32(il_end, fn, "il_end")
+        arr = None if data is None else np.ascontiguousarray(data, dtype=np.float32).ravel()
+        self._live().set_cvec(arr, n_embd, il_start, il_end)
+
     @_serialized
     def close(self) -> None:
         """Release the KV cache and scratch now (``llama_free``); the object is unusable after."""

@@ -347,9 +347,15 @@ class Llama:
         """
         where = "Llama"
         # refused: not built yet
-        if lora_path is not None:
-            raise _not_yet(where, "lora_path", lora_path, "LoRA adapters are not supported by pyllama yet; "
-                           "merge the adapter into the model (llama.cpp's llama-export-lora) and load the result")
+        if lora_base is not None:
+            # llama.cpp applies an adapter on top of the loaded weights at run time (no
+            # merge), so there is no separate base to compute with; llama-cpp-python 0.3.36
+            # stores lora_base and never reads it
+            raise ValueError(f"{where}: lora_base={lora_base!r} is not used by llama.cpp (adapters are applied at "
+                             "run time on top of the loaded model's weights); load the model you want the adapter "
+                             "applied to as model_path and leave lora_base None")
+        if lora_path is not None and vocab_only:
+            raise ValueError(f"{where}: lora_path needs the model's weights, but vocab_only=True loads none")
         if draft_model is not None and not callable(draft_model):
             raise TypeError(f"{where}: draft_model must be a LlamaDraftModel (such as "
                             f"LlamaPromptLookupDecoding()) or None, got {type(draft_model).__name__}")
@@ -372,8 +378,6 @@ class Llama:
                        "the model is not split")
         if numa:
             _warn_once("numa", f"Llama(numa={numa!r}): pyllama sets no NUMA policy; threads are not pinned")
-        if lora_base is not None:
-            _warn_once("lora_base", "Llama(lora_base=...) only matters with lora_path; ignored")
 
         self.verbose = verbose
         self.model_path = str(model_path)
@@ -388,6 +392,7 @@ class Llama:
             logits_all=logits_all, offload_kqv=offload_kqv, flash_attn=flash_attn, op_offload=op_offload,
             swa_full=swa_full, no_perf=no_perf, last_n_tokens_size=last_n_tokens_size, numa=numa,
             chat_format=chat_format, chat_handler=chat_handler, type_k=type_k, type_v=type_v, verbose=verbose,
+            lora_base=lora_base, lora_scale=lora_scale, lora_path=lora_path,
             draft_model=draft_model)
         load_mode = "mmap+mlock" if (use_mmap and use_mlock) else (
             "mlock" if use_mlock else ("mmap" if use_mmap else "none"))
@@ -429,6 +434,12 @@ class Llama:
                     # unified cache lets each use the whole context
                     cparams.update(embeddings=True, n_seq_max=64, kv_unified=True)
                 self._session = Session(self._model, **cparams)
+                if lora_path is not None:
+                    # as llama-cpp-python: one adapter, lora_scale, set before any decode
+                    from .adapter import LoraAdapter
+
+                    self._lora_adapter = LoraAdapter(self._model, lora_path)
+                    self._session.ctx.set_lora_adapters([(self._lora_adapter, lora_scale)])
         if verbose:
             n = self._session.n_ctx if self._session else 0
             print(f"pyllama: loaded {self.model_path} ({self._model.desc}) in "

@@ -14,3 +14,4 @@ from ._api_vocab import *  # noqa: F401,F403
 from ._api_system import *  # noqa: F401,F403
 from ._api_system import NOT_SUPPORTED  # noqa: F401  (llama.h functions that raise NotImplementedError)
 from ._api_batch_ext import *  # noqa: F401,F403
+from ._api_adapter import *  # noqa: F401,F403

@@ -79,7 +79,18 @@ impl LoraAdapter {
     pub fn load(model: &Arc<Model>, path: &str) -> Result<LoraAdapter> {
         // read into memory (an adapter is small; llama.cpp copies it too), so a file
         // rewritten later cannot fault the mapped pages
-        let file = Arc::new(GgufFile::open(path, LoadMode::None)?);
+        Self::from_file(model, GgufFile::open(path, LoadMode::None)?)
+    }
+
+    /// An adapter from the bytes of a GGUF file (`name` stands for the path in messages).
+    pub fn from_bytes(model: &Arc<Model>, name: &str, bytes: &[u8]) -> Result<LoraAdapter> {
+        Self::from_file(model, GgufFile::from_storage(name, crate::gguf::Storage::from_bytes(bytes))?)
+    }
+
+    fn from_file(model: &Arc<Model>, file: GgufFile) -> Result<LoraAdapter> {
+        let file = Arc::new(file);
+        let path = file.path.clone();
+        let path = path.as_str();
         let general_type = meta_str(&file, "general.type").unwrap_or("");
         if general_type != "adapter" {
             return Err(bad(path, format!("expect general.type to be 'adapter', but got: '{general_type}'")));

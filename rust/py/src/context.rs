@@ -473,6 +473,15 @@ impl PyLoraAdapter {
         Ok(PyLoraAdapter { inner: Arc::new(inner), model })
     }
 
+    /// An adapter from the bytes of a GGUF file (llama_adapter_lora_init_from_file_ptr);
+    /// `name` is used in messages.
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, model: Py<PyModel>, data: &[u8], name: String) -> PyResult<Self> {
+        let m = model.get().inner.clone();
+        let inner = py.allow_threads(|| no_panic_core(|| LoraAdapter::from_bytes(&m, &name, data))).map_err(to_py)?;
+        Ok(PyLoraAdapter { inner: Arc::new(inner), model })
+    }
+
     #[getter]
     fn path(&self) -> &str {
         &self.inner.path
