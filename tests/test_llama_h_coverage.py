@@ -632,3 +632,16 @@ def test_batch_ext_embeddings(tiny, ctx):
     eb.embd[0], eb.pos[0], eb.n_seq_id[0], eb.seq_id[0, 0], eb.logits[0] = row, 0, 1, 0, 1
     assert L.llama_decode(ctx, eb) == 0
     assert np.array_equal(got, L.llama_get_logits_ith(ctx, 0))
+
+
+def test_batch_ext_from_another_context(tiny, ctx):
+    """llama_batch_ext carries limits, not its context: another context of the model runs it."""
+    b = L.llama_batch_ext_init(ctx)
+    idx = L.llama_batch_ext_add_token(b, 0, 9)
+    assert L.llama_batch_ext_set_pos(b, idx, 0) and L.llama_batch_ext_set_output_logits(b, idx, True)
+    p = L.llama_context_default_params()
+    p.n_ctx, p.n_threads, p.n_threads_batch = 256, 1, 1
+    other = L.llama_init_from_model(tiny("llama"), p)
+    assert L.llama_process(other, L.LLAMA_PROCESS_TYPE_DECODE, b) == 0
+    assert np.array_equal(L.llama_get_logits_ith(other, 0), _logits(tiny("llama"), [9]))
+    L.llama_free(other)

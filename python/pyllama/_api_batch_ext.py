@@ -77,7 +77,6 @@ class llama_batch_ext:  # noqa: N801 (llama.h's type name)
         self.n_embd_inp = ctx.n_embd
         self.n_seq_max = ctx.n_seq_max
         self.n_vocab = ctx.n_vocab
-        self.ctx = ctx
         self.clear()
 
     def clear(self) -> None:
@@ -286,14 +285,13 @@ def llama_batch_ext_set_pos(batch: llama_batch_ext, idx: int, pos: Any) -> bool:
 @checked(ctx=_CTX, type=int32, batch=_BX)
 def llama_process(ctx: Context, type: int, batch: llama_batch_ext) -> int:  # noqa: A002 (llama.h's name)
     """Run ``batch`` through the decoder (LLAMA_PROCESS_TYPE_DECODE) or the encoder
-    (_ENCODE: pyllama's models have none, -1 as llama_encode). Return codes as llama_decode."""
+    (_ENCODE: pyllama's models have none, -1 as llama_encode). Return codes as llama_decode.
+    A batch made for another context of the same model works (the decode validates token
+    ids, sequence ids and the size against this context)."""
     if type == LLAMA_PROCESS_TYPE_ENCODE:
         return llama_encode(ctx, Batch(n_tokens=0))
     if type != LLAMA_PROCESS_TYPE_DECODE:
         log.error("llama_process: unknown process type %d", type)
-        return -1
-    if batch.ctx is not ctx:
-        log.error("llama_process: batch was made for another context (llama_batch_ext_init(ctx))")
         return -1
     if len(batch) == 0:
         log.error("llama_process: n_tokens == 0")
