@@ -7,7 +7,7 @@ two of its formats).
   {...}}\\n</tool_call>`` blocks, possibly after some text. With ``tool_choice`` "required"
   or a named function the reply is constrained to such blocks by a grammar; with "auto" it
   is free and parsed afterwards (llama.cpp constrains it lazily after the ``<tool_call>``
-  trigger; pyllama has no lazy grammars yet).
+  trigger; pyllama.grammar.LazyGrammarSampler can, but is not used here yet).
 - **Generic** (every other template): a system message describes the tools and the reply is
   constrained to a JSON object, ``{"tool_call": {"name", "arguments"}}`` (or
   ``{"tool_calls": [...]}`` with parallel calls) or ``{"response": "..."}`` (not with
