@@ -290,3 +290,53 @@ def opt_mirostat_ent():
 
 def opt_seed():
     return typer.Option(-1, "-s", "--seed", callback=SEED, help="RNG seed, 0..4294967295 (-1 = random)")
+
+
+# -- LoRA adapters and control vectors (llama.cpp's common/arg.cpp flags and formats) --------
+
+def opt_lora():
+    return typer.Option(None, "--lora", metavar="FNAME",
+                        help="LoRA adapter (repeatable; comma-separated values load several)")
+
+
+def opt_lora_scaled():
+    return typer.Option(None, "--lora-scaled", metavar="FNAME:SCALE,...",
+                        help="LoRA adapter with a scale (repeatable; format FNAME:SCALE, comma-separated)")
+
+
+def opt_control_vector():
+    return typer.Option(None, "--control-vector", metavar="FNAME",
+                        help="control vector (repeatable; comma-separated values add several)")
+
+
+def opt_control_vector_scaled():
+    return typer.Option(None, "--control-vector-scaled", metavar="FNAME:SCALE,...",
+                        help="control vector with a scale (repeatable; format FNAME:SCALE, comma-separated)")
+
+
+def opt_control_vector_layer_range():
+    return typer.Option(None, "--control-vector-layer-range", metavar="START END",
+                        help="layers the control vectors apply to, both inclusive (default: 1 to the last)")
+
+
+def adapter_files(plain: Optional[list], scaled: Optional[list], flag: str) -> list:
+    """[(path, scale)] from repeated `--lora FNAME[,FNAME]` (scale 1) and
+    `--lora-scaled FNAME:SCALE[,...]` values, in the order llama.cpp's parser adds them
+    (all the plain ones, then the scaled ones, as separate options)."""
+    out = []
+    for v in plain or []:
+        out += [(p, 1.0) for p in str(v).split(",") if p]
+    for v in scaled or []:
+        for item in str(v).split(","):
+            path, sep, scale = item.rpartition(":")
+            if not sep or not path:
+                raise typer.BadParameter(f"{item!r}: expected FNAME:SCALE", param_hint=f"'{flag}-scaled'")
+            try:
+                s = float(scale)
+            except ValueError:
+                raise typer.BadParameter(f"{item!r}: SCALE {scale!r} is not a number",
+                                         param_hint=f"'{flag}-scaled'") from None
+            if not math.isfinite(s):
+                raise typer.BadParameter(f"{item!r}: SCALE must be finite", param_hint=f"'{flag}-scaled'")
+            out.append((path, s))
+    return out

@@ -383,15 +383,23 @@ def chat(
     context_shift: bool = typer.Option(True, "--context-shift/--no-context-shift",
                                        help="when the context is full, drop the oldest tokens / messages and go on"),
     keep: int = typer.Option(0, "--keep", callback=integer(0), help="tokens a context shift keeps at the start"),
+    lora: Optional[list[str]] = O.opt_lora(),
+    lora_scaled: Optional[list[str]] = O.opt_lora_scaled(),
+    control_vector: Optional[list[str]] = O.opt_control_vector(),
+    control_vector_scaled: Optional[list[str]] = O.opt_control_vector_scaled(),
+    control_vector_layer_range: Optional[tuple[int, int]] = O.opt_control_vector_layer_range(),
 ) -> None:
     """Chat with a model in the terminal (/help lists the commands; Ctrl-D or /exit to quit)."""
     from ..errors import PyllamaError
     from .generate import freeze_heap, open_session, sampler_from_flags
 
+    loras = O.adapter_files(lora, lora_scaled, "--lora")
+    cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     try:
         path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
-                                  cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn)
+                                  cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+                                  loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range)
         sampler = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                      presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

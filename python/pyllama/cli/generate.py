@@ -20,8 +20,12 @@ from ._checks import integer, read_text_file, threads as _threads
 
 def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatch_size: int,
                  threads: Optional[int], threads_batch: Optional[int], load_mode: str,
-                 cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False):
-    """Model path (or the default model) -> (path, Session), with a progress bar on stderr."""
+                 cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False,
+                 loras: Optional[list] = None, control_vectors: Optional[list] = None,
+                 cvec_range: Optional[tuple] = None):
+    """Model path (or the default model) -> (path, Session), with a progress bar on stderr.
+    ``loras`` / ``control_vectors``: [(path, scale)] applied to the session's context as
+    llama.cpp's common_init_from_params does (see :func:`apply_adapters`)."""
     from ..generation import Session, load_model, progress_bar, resolve_model_path
 
     path = resolve_model_path(model, progress=not quiet)
@@ -39,7 +43,28 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
         params["n_threads_batch"] = threads_batch if threads_batch is not None else threads
     elif threads_batch is not None:
         params["n_threads_batch"] = threads_batch
-    return path, Session(m, **params)
+    sess = Session(m, **params)
+    apply_adapters(sess, loras or [], control_vectors or [], cvec_range)
+    return path, sess
+
+
+def apply_adapters(sess, loras: list, control_vectors: list, cvec_range: Optional[tuple]) -> None:
+    """--lora / --lora-scaled and --control-vector[-scaled] / --control-vector-layer-range,
+    with llama.cpp's rules: every adapter loaded, then all set at once; control vectors
+    summed (ControlVector.load) and applied to layers [start, end], where start <= 0
+    means 1 and end <= 0 the last layer."""
+    from ..adapter import ControlVector, LoraAdapter
+
+    if control_vectors:
+        n_layer = int(sess.model.hparams["n_layer"])
+        start, end = cvec_range if cvec_range is not None else (-1, -1)
+        start = 1 if start <= 0 else start
+        end = n_layer if end <= 0 else end
+        sess.ctx.set_control_vector(ControlVector.load(control_vectors), layer_start=start, layer_end=end)
+    elif cvec_range is not None:
+        typer.echo("warning: --control-vector-layer-range is only used with --control-vector: ignored", err=True)
+    if loras:
+        sess.ctx.set_lora_adapters([(LoraAdapter(sess.model, p), s) for p, s in loras])
 
 
 def freeze_heap() -> None:
@@ -137,6 +162,11 @@ def generate(
     keep: int = typer.Option(0, "--keep", callback=integer(-1), help="tokens a context shift keeps (-1 = the prompt)"),
     no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="print only the generated text"),
     perf: bool = typer.Option(True, "--perf/--no-perf", help="print the timing summary on stderr"),
+    lora: Optional[list[str]] = O.opt_lora(),
+    lora_scaled: Optional[list[str]] = O.opt_lora_scaled(),
+    control_vector: Optional[list[str]] = O.opt_control_vector(),
+    control_vector_scaled: Optional[list[str]] = O.opt_control_vector_scaled(),
+    control_vector_layer_range: Optional[tuple[int, int]] = O.opt_control_vector_layer_range(),
 ) -> None:
     """Generate text from a prompt, streaming it as it is sampled."""
     import time
@@ -152,10 +182,13 @@ def generate(
     text = texts[0] if texts else ""
     if system is not None and not chat:
         typer.echo("warning: -sys/--system is only used with --chat: ignored", err=True)
+    loras = O.adapter_files(lora, lora_scaled, "--lora")
+    cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
-                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn)
+                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+                                   loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
