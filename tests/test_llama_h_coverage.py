@@ -645,3 +645,23 @@ def test_batch_ext_from_another_context(tiny, ctx):
     assert L.llama_process(other, L.LLAMA_PROCESS_TYPE_DECODE, b) == 0
     assert np.array_equal(L.llama_get_logits_ith(other, 0), _logits(tiny("llama"), [9]))
     L.llama_free(other)
+
+
+def test_save_to_file_writes_the_overridden_metadata(tiny_model_path, tmp_path):
+    """As llama.cpp's saver writes the loaded model: kv_overrides are in the saved file."""
+    params = L.llama_model_default_params()
+    params.kv_overrides = {"llama.context_length": 1024}
+    m = L.llama_model_load_from_file(str(tiny_model_path("llama")).encode(), params)
+    out = tmp_path / "overridden.gguf"
+    L.llama_model_save_to_file(m, str(out))
+    m2 = L.llama_model_load_from_file(str(out).encode(), L.llama_model_default_params())
+    assert L.llama_model_n_ctx_train(m2) == 1024
+
+
+def test_save_to_file_refuses_a_vocab_only_model(smollm2_path, tmp_path):
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    v = L.llama_model_load_from_file(str(smollm2_path).encode(), params)
+    with pytest.raises(ValueError, match="llama_model_save_to_file: model was loaded with vocab_only"):
+        L.llama_model_save_to_file(v, str(tmp_path / "v.gguf"))
+    assert not (tmp_path / "v.gguf").exists()
