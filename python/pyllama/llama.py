@@ -58,8 +58,8 @@ LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED = -1
 LLAMA_POOLING_TYPE_UNSPECIFIED = -1
 LLAMA_ATTENTION_TYPE_UNSPECIFIED = -1
 
-# llama-cpp-python's chat format names -> pyllama's built-in formats
-_CHAT_FORMAT_ALIASES = {"llama-2": "llama2", "llama-3": "llama3", "phi-3": "phi3", "mistral-v7": "mistral-v7"}
+# chat format names for llama.cpp's built-in formats that llama_chat_format does not register
+_CHAT_FORMAT_ALIASES = {"phi-3": "phi3"}
 
 
 # -- logits processors and stopping criteria (llama-cpp-python's semantics) ------------------
@@ -338,12 +338,18 @@ class Llama:
         verbose: bool = True,
     ):
         """Load ``model_path`` and create a context of ``n_ctx`` tokens (0 = the model's
-        training context). ``chat_format``: None (the model's own template, else chatml), a
-        built-in name (chatml, llama-2, llama-3, gemma, phi-3, zephyr, mistral-v7, ...),
-        "chat_template.default" or a Jinja template text. ``vocab_only`` loads only the
-        vocabulary (tokenize / detokenize work; generation does not). ``logits_all`` keeps
+        training context). ``chat_format``: a name registered in pyllama.llama_chat_format
+        (llama-cpp-python's formats and prompt text: chatml, llama-2, llama-3, alpaca, vicuna,
+        mistral-instruct, gemma, qwen, zephyr, ...), one of llama.cpp's built-ins pyllama
+        renders (phi-3, mistral-v7, llama2-sys, ...), "chat_template.default" /
+        "chat_template.NAME" (the model's templates) or a Jinja template text; None chooses
+        as llama-cpp-python does (the model's template, or the registered format it is word
+        for word; "llama-2" with a warning when the GGUF has none). ``vocab_only`` loads only
+        the vocabulary (tokenize / detokenize work; generation does not). ``logits_all`` keeps
         the logits of every token :meth:`eval` decodes in ``scores`` (and is required for
-        ``logprobs``, as in llama-cpp-python).
+        ``logprobs``, as in llama-cpp-python). ``draft_model`` (a
+        :class:`~pyllama.llama_speculative.LlamaDraftModel`) turns on speculative decoding:
+        the same output, fewer decode calls when its guesses are right.
         """
         where = "Llama"
         # refused: not built yet
@@ -451,6 +457,21 @@ class Llama:
         self.last_n_tokens_size = last_n_tokens_size
         self.chat_format = chat_format
         self.chat_handler = chat_handler
+        self._chat_fallback = False  # no template in the GGUF: "llama-2" was chosen (warned at first use)
+        if chat_format is None and chat_handler is None:
+            # llama-cpp-python's choice: a known template word for word -> its registered
+            # format, another template -> the template itself, none -> "llama-2"
+            from .llama_chat_format import guess_chat_format_from_gguf_metadata
+
+            tmpl = self._model.chat_template()
+            if tmpl:
+                self.chat_format = (guess_chat_format_from_gguf_metadata({"tokenizer.chat_template": tmpl})
+                                    or "chat_template.default")
+            else:
+                self.chat_format, self._chat_fallback = "llama-2", True
+            if verbose:
+                print(f"pyllama: chat format {self.chat_format}" + (" (the GGUF has no chat template)"
+                                                                    if self._chat_fallback else ""), file=sys.stderr)
         self.draft_model = draft_model
         self.cache = None
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
@@ -1095,47 +1116,91 @@ class Llama:
 
     # -- chat ------------------------------------------------------------------------
 
+    def _chat_format_kind(self):
+        """How ``chat_format`` renders: ("template", Jinja text) for the model's template
+        (None, "chat_template.default", "chat_template.NAME") or a template text given as
+        chat_format, ("formatter", f) for a name registered in pyllama.llama_chat_format
+        (llama-cpp-python's prompt text), ("handler", h) for a name registered with
+        register_chat_completion_handler only, ("builtin", name) for llama.cpp's built-in
+        formats pyllama renders (llama2-sys, mistral-v7, phi3 / phi-3, ...). A GGUF without
+        a chat template gets llama-cpp-python's fallback, the "llama-2" format, with a
+        warning naming it (once per Llama)."""
+        from . import llama_chat_format as lcf
+
+        fmt = self.chat_format
+        if fmt is None or fmt == "chat_template.default":
+            src = self._model.chat_template()
+            if src:
+                return "template", src
+            self._chat_fallback = True
+            fmt = "llama-2"
+        if self._chat_fallback and fmt == "llama-2":
+            self._chat_fallback = False  # warn once
+            log.warning("%s has no chat template (tokenizer.chat_template): chat completions use "
+                        "llama-cpp-python's fallback chat format 'llama-2'; pass chat_format= to choose one",
+                        Path(self.model_path).name)
+        if fmt.startswith("chat_template."):
+            src = self._model.metadata.get(f"tokenizer.{fmt}")
+            if not isinstance(src, str):
+                raise ValueError(f"chat_format {fmt!r}: the model has no tokenizer.{fmt} template")
+            return "template", src
+        if fmt in lcf._FORMATS:
+            return "formatter", lcf._FORMATS[fmt]
+        try:
+            return "handler", lcf.get_chat_completion_handler(fmt)
+        except lcf.LlamaChatCompletionHandlerNotFoundException:
+            pass
+        builtin = _CHAT_FORMAT_ALIASES.get(fmt, fmt)
+        if builtin in BUILTIN_TEMPLATES:
+            return "builtin", builtin
+        if "{{" in fmt or "{%" in fmt:
+            return "template", fmt
+        raise ValueError(f"unknown chat_format {fmt!r}: expected a name registered in llama_chat_format "
+                         f"({', '.join(sorted(lcf._FORMATS))}), a llama.cpp built-in "
+                         f"({', '.join(sorted(set(BUILTIN_TEMPLATES) | set(_CHAT_FORMAT_ALIASES)))}), "
+                         "'chat_template.default' (or another chat_template.NAME of the model), None or a "
+                         "Jinja template text")
+
     def _template_source(self) -> str:
-        """The chat template's text (or built-in name) that renders this Llama's chats."""
-        fmt = _CHAT_FORMAT_ALIASES.get(self.chat_format, self.chat_format)
-        if fmt in BUILTIN_TEMPLATES:
-            return fmt
-        if fmt in (None, "chat_template.default"):
-            return self._model.chat_template() or "chatml"
-        return fmt
+        """The chat template's text (or format name) that renders this Llama's chats."""
+        kind, what = self._chat_format_kind()
+        return what if kind in ("template", "builtin") else str(self.chat_format)
 
     def _render_chat(self, messages, add_generation_prompt=True, **extra) -> str:
-        fmt = _CHAT_FORMAT_ALIASES.get(self.chat_format, self.chat_format)
-        v = self._vocab
-        if fmt in BUILTIN_TEMPLATES:
-            if extra:
-                raise ValueError(f"the built-in {fmt} chat format takes no template variables ({', '.join(extra)})")
-            return apply_builtin(fmt, messages, add_generation_prompt)
-        if self._chat_template is None:
-            if fmt in (None, "chat_template.default"):
-                src = self._model.chat_template()
-            elif "{{" in fmt or "{%" in fmt:
-                src = fmt
-            else:
-                raise ValueError(f"unknown chat_format {self.chat_format!r}: expected one of "
-                                 f"{', '.join(sorted(set(BUILTIN_TEMPLATES) | set(_CHAT_FORMAT_ALIASES)))}, "
-                                 "'chat_template.default', None or a Jinja template text")
-            if not src:
-                if extra:
-                    raise ValueError(f"the built-in chatml chat format takes no template variables ({', '.join(extra)})")
-                return apply_builtin("chatml", messages, add_generation_prompt)
-            self._chat_template = ChatTemplate(
-                src, bos_token=_token_text(v, v.bos), eos_token=_token_text(v, v.eos),
-                name=f"{Path(self.model_path).name}: chat template")
-        return self._chat_template.render(messages, add_generation_prompt, **extra)
+        return self._chat_render(messages, add_generation_prompt, **extra)[0]
 
-    def _chat_prompt_tokens(self, messages, **extra) -> list[int]:
-        text = self._render_chat(messages, True, **extra)
+    def _chat_render(self, messages, add_generation_prompt=True, **extra):
+        """(prompt text, stop strings, stopping criteria, whether the text holds BOS)."""
+        kind, what = self._chat_format_kind()
         v = self._vocab
         bos_text = _token_text(v, v.bos)
+        if kind == "formatter":
+            if not add_generation_prompt:
+                raise ValueError(f"chat format {self.chat_format!r} always ends with the assistant's turn "
+                                 "(llama-cpp-python's formatters have no add_generation_prompt)")
+            r = what(messages=messages, **extra)
+            stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+            return r.prompt, stops, r.stopping_criteria, bool(r.added_special)
+        if kind == "builtin":
+            if extra:
+                raise ValueError(f"the built-in {what} chat format takes no template variables ({', '.join(extra)})")
+            text = apply_builtin(what, messages, add_generation_prompt)
+        else:
+            if self._chat_template is None or self._chat_template.source != what:
+                self._chat_template = ChatTemplate(
+                    what, bos_token=bos_text, eos_token=_token_text(v, v.eos),
+                    name=f"{Path(self.model_path).name}: chat template")
+            text = self._chat_template.render(messages, add_generation_prompt, **extra)
         # templates usually print BOS themselves; add it only when they do not
-        add_bos = not (bos_text and text.startswith(bos_text))
-        return self.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        return text, [], None, bool(bos_text) and text.startswith(bos_text)
+
+    def _chat_prompt_tokens(self, messages, **extra) -> list[int]:
+        return self._chat_prompt(messages, **extra)[0]
+
+    def _chat_prompt(self, messages, **extra):
+        """(prompt tokens, the format's stop strings, its stopping criteria)."""
+        text, stops, criteria, has_bos = self._chat_render(messages, True, **extra)
+        return self.tokenize(text.encode("utf-8"), add_bos=not has_bos, special=True), stops, criteria
 
     def create_chat_completion(
         self,
@@ -1169,9 +1234,15 @@ class Llama:
         top_logprobs: Optional[int] = None,
     ):
         """Answer ``messages`` with the chat format (or ``chat_handler``); a ``chat.completion``
-        dict, or an iterator of ``chat.completion.chunk`` dicts with ``stream=True``."""
-        if self.chat_handler is not None:
-            return self.chat_handler(
+        dict, or an iterator of ``chat.completion.chunk`` dicts with ``stream=True``. A
+        ``chat_format`` registered in llama_chat_format gives llama-cpp-python's prompt text
+        and stop strings (see :meth:`_chat_format_kind`)."""
+        handler = self.chat_handler
+        if handler is None and self.chat_format is not None:
+            kind, what = self._chat_format_kind()
+            handler = what if kind == "handler" else None
+        if handler is not None:
+            return handler(
                 llama=self, messages=messages, functions=functions, function_call=function_call, tools=tools,
                 tool_choice=tool_choice, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                 typical_p=typical_p, logprobs=logprobs, top_logprobs=top_logprobs, stream=stream, stop=stop,
@@ -1212,7 +1283,9 @@ class Llama:
                                     stream=stream, stop=stop, logit_bias=logit_bias, stopping_criteria=None,
                                     logits_processor=logits_processor, suffix=None)
         self._sess()
-        prompt_tokens = self._chat_prompt_tokens(messages, **extra)
+        prompt_tokens, format_stops, criteria = self._chat_prompt(messages, **extra)
+        if format_stops:
+            stop = _check_stop(stop) + format_stops
         self._next_seed(seed)
         sampler = self._chain(
             temp=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
@@ -1223,7 +1296,7 @@ class Llama:
         cid = f"chatcmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path
-        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler)
+        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler, criteria)
 
         def usage():
             n = self._session.stats.n_gen
