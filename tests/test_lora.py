@@ -395,3 +395,42 @@ def test_cli_control_vector_and_errors(smollm2_path, work):
     wrong = ML.write_cvec(work / "cv-64.gguf", 64, [1], seed=1)
     bad = runner.invoke(app, base + ["--control-vector", str(wrong)])
     assert bad.exit_code == 1 and "n_embd does not match" in bad.output
+
+
+def test_server_lora_adapters_route(smollm2_path, smol_adapter):
+    # llama-server's GET / POST /lora-adapters: the listed scales, then POSTed ones (ids not
+    # named get 0) used by the requests that follow; compared with Llama's greedy text
+    pytest.importorskip("httpx")
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from test_server import Server
+
+    from pyllama.llama import Llama
+
+    prompt = "The capital of France is"
+    want = {s: _greedy(Llama(str(smollm2_path), n_ctx=256, verbose=False, **({"lora_path": str(smol_adapter),
+                                                                              "lora_scale": s} if s else {})), prompt)
+            for s in (0.0, 0.25, 1.0)}
+    srv = Server(smollm2_path, "-np", 2, "-c", 1024, "--lora", smol_adapter)
+    try:
+        def complete():
+            r = srv.post("/completion", {"prompt": prompt, "n_predict": 12, "temperature": 0})
+            assert r.status_code == 200, r.text
+            return r.json()["content"]
+
+        assert srv.http.get("/lora-adapters").json() == [
+            {"id": 0, "path": str(smol_adapter), "scale": 1.0, "task_name": "", "prompt_prefix": ""}]
+        assert complete() == want[1.0]
+        assert srv.post("/lora-adapters", [{"id": 0, "scale": 0.25}]).json() == {"success": True}
+        assert srv.http.get("/lora-adapters").json()[0]["scale"] == 0.25
+        assert complete() == want[0.25]
+        assert srv.post("/lora-adapters", []).json() == {"success": True}
+        assert complete() == want[0.0]
+        assert srv.post("/lora-adapters", [{"id": 0, "scale": 1}]).json() == {"success": True}
+        assert complete() == want[1.0]
+        bad = srv.post("/lora-adapters", {"id": 0, "scale": 1})
+        assert bad.status_code == 400 and "must be an array" in bad.text
+        bad = srv.post("/completion", {"prompt": prompt, "lora": [{"id": 0, "scale": 0.5}]})
+        assert bad.status_code == 400 and "'lora'" in bad.text
+    finally:
+        srv.close()

@@ -103,10 +103,15 @@ def serve(
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
+    lora: Optional[list[str]] = O.opt_lora(),
+    lora_scaled: Optional[list[str]] = O.opt_lora_scaled(),
+    control_vector: Optional[list[str]] = O.opt_control_vector(),
+    control_vector_scaled: Optional[list[str]] = O.opt_control_vector_scaled(),
+    control_vector_layer_range: Optional[tuple[int, int]] = O.opt_control_vector_layer_range(),
 ) -> None:
     """Serve the model over HTTP: OpenAI's /v1/completions, /v1/chat/completions, /v1/models
     and llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots,
-    /metrics, /health. Requests share one context: each slot is a sequence, decoded together."""
+    /metrics, /health, /lora-adapters. Requests share one context: each slot is a sequence, decoded together."""
     _need_server_deps()
     if reranking or pooling == "rank":
         raise typer.BadParameter("reranking needs a model with a classifier head, which pyllama cannot run yet",
@@ -169,7 +174,10 @@ def serve(
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
                             type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size,
                             flash_attn=O.FLASH_ATTN_TYPES.get(flash_attn, -1),
-                            embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1))
+                            embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1),
+                            loras=O.adapter_files(lora, lora_scaled, "--lora"),
+                            control_vectors=O.adapter_files(control_vector, control_vector_scaled, "--control-vector"),
+                            cvec_range=control_vector_layer_range)
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import re
 import logging
 import time
@@ -399,6 +400,25 @@ def create_app(state: ServerState):
             return _error(501, "This server does not support slots endpoint. Start it without `--no-slots`")
         return JSONResponse(state.engine.slots_info())
 
+    async def lora_adapters(request):
+        if request.method == "GET":
+            return JSONResponse(state.engine.lora_info())
+        body = await _read_json(request, cfg.max_body)
+        if not isinstance(body, list):
+            raise BadRequest("Request body must be an array")
+        config = {}
+        for i, entry in enumerate(body):
+            if not isinstance(entry, dict):
+                raise BadRequest(f"entry {i} must be an object {{\"id\": int, \"scale\": number}}")
+            aid, scale = entry.get("id", -1), entry.get("scale", 0.0)
+            if isinstance(aid, bool) or not isinstance(aid, int):
+                raise BadRequest(f"entry {i}: 'id' must be an integer")
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+                raise BadRequest(f"entry {i}: 'scale' must be a finite number")
+            config[aid] = float(scale)
+        state.engine.set_lora_scales(config)
+        return JSONResponse({"success": True})
+
     async def metrics(request):
         if not cfg.metrics:
             return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`")
@@ -650,6 +670,7 @@ def create_app(state: ServerState):
         Route("/props", endpoint(props), methods=["GET"]),
         Route("/slots", endpoint(slots), methods=["GET"]),
         Route("/metrics", endpoint(metrics), methods=["GET"]),
+        Route("/lora-adapters", endpoint(lora_adapters), methods=["GET", "POST"]),
         Route("/tokenize", endpoint(tokenize), methods=["POST"]),
         Route("/detokenize", endpoint(detokenize), methods=["POST"]),
         Route("/apply-template", endpoint(apply_template), methods=["POST"]),

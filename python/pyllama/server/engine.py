@@ -75,6 +75,9 @@ class EngineConfig:
     flash_attn: int = -1      # LLAMA_FLASH_ATTN_TYPE: -1 auto, 0 off, 1 on
     embedding: bool = False   # an embeddings server: every token is an output, no generation
     pooling: int = -1         # LLAMA_POOLING_TYPE_* with embedding (-1: the model's, none for decoders)
+    loras: list = field(default_factory=list)            # [(path, scale)]: --lora / --lora-scaled
+    control_vectors: list = field(default_factory=list)  # [(path, scale)]: --control-vector[-scaled]
+    cvec_range: Optional[tuple] = None                   # --control-vector-layer-range (start, end)
 
 
 @dataclass
@@ -167,6 +170,66 @@ class Engine:
                   "tokens_predicted_seconds_total": 0.0, "n_decode_total": 0, "n_busy_slots_total": 0,
                   "n_tokens_max": 0, "requests_total": 0, "requests_cancelled": 0, "prompt_tokens_cached_total": 0}
         self.fatal: Optional[str] = None
+        self._init_adapters(model, config)
+
+    # -- LoRA adapters and control vectors --------------------------------------------------
+
+    def _init_adapters(self, model, config: EngineConfig) -> None:
+        """Load --lora / --control-vector files as llama-server does (common_init_from_params):
+        a control vector on layers [start, end] (start <= 0: 1; end <= 0: the last layer);
+        every adapter loaded, then set with its scale."""
+        from ..adapter import ControlVector, LoraAdapter
+
+        if config.control_vectors:
+            n_layer = int(model.hparams["n_layer"])
+            start, end = config.cvec_range if config.cvec_range is not None else (-1, -1)
+            self.ctx.set_control_vector(ControlVector.load(config.control_vectors),
+                                        layer_start=1 if start <= 0 else start, layer_end=n_layer if end <= 0 else end)
+        self.loras = [LoraAdapter(model, p) for p, _ in config.loras]
+        self.lora_scales = [float(sc) for _, sc in config.loras]
+        self._lora_pending: Optional[list] = None  # scales POSTed, applied before the next job starts
+        if self.loras:
+            self.ctx.set_lora_adapters(list(zip(self.loras, self.lora_scales)))
+
+    def lora_info(self) -> list:
+        """GET /lora-adapters: llama-server's entries (id, path, scale, task_name,
+        prompt_prefix; aLoRA invocation string and tokens when the adapter has them)."""
+        with self._cv:
+            scales = list(self._lora_pending if self._lora_pending is not None else self.lora_scales)
+        out = []
+        for i, (a, sc) in enumerate(zip(self.loras, scales)):
+            md = a.metadata
+            e = {"id": i, "path": a.path, "scale": sc, "task_name": md.get("adapter.lora.task_name", ""),
+                 "prompt_prefix": md.get("adapter.lora.prompt_prefix", "")}
+            toks = a.alora_invocation_tokens
+            if toks:
+                e["alora_invocation_string"] = b"".join(
+                    self.vocab.token_to_piece(t, special=True) for t in toks).decode("utf-8", "replace")
+                e["alora_invocation_tokens"] = toks
+            out.append(e)
+        return out
+
+    def set_lora_scales(self, config: dict) -> None:
+        """POST /lora-adapters: adapter id -> scale; adapters not named get 0 (llama-server's
+        construct_lora_list). Jobs already running finish with the scales they started
+        with: the new ones are set before the next job starts (new jobs wait for the running
+        ones to finish first), and the slots' cached prompts, computed with the old
+        adapters, are dropped."""
+        scales = [float(config.get(i, 0.0)) for i in range(len(self.loras))]
+        with self._cv:
+            self._lora_pending = scales
+            self._cv.notify_all()
+
+    def _apply_pending_lora(self) -> None:
+        scales, self._lora_pending = self._lora_pending, None
+        if scales is None or scales == self.lora_scales:
+            return
+        self.ctx.set_lora_adapters(list(zip(self.loras, scales)))
+        self.lora_scales = scales
+        for s in self.slots:
+            if s.cache:
+                self.ctx.seq_rm(s.id, -1, -1)
+                s.cache = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -249,7 +312,12 @@ class Engine:
                     if self._stopping:
                         break
                     self._drop_cancelled_waiting()
-                    starts = self._assign()
+                    if self._lora_pending is not None and any(s.busy for s in self.slots):
+                        starts = []  # new adapter scales wait for the running jobs to finish
+                    else:
+                        if self._lora_pending is not None:
+                            self._apply_pending_lora()
+                        starts = self._assign()
                 for slot, job in starts:
                     self._start(slot, job)
                 self._step()
