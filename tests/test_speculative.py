@@ -156,3 +156,14 @@ def test_draft_model_is_abstract_and_lookup_checks_its_parameters():
         LlamaPromptLookupDecoding()(np.array([1, 2, 1], dtype=np.intc), foo=1)
     got = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=3)(np.array([5, 6, 7, 8, 5, 6], dtype=np.intc))
     assert got.tolist() == [7, 8, 5]
+
+
+def test_logprobs_with_a_draft_model_match_logits_all(smollm2_path):
+    """llama-cpp-python turns logits_all on with a draft model, so logprobs= works; the
+    log-probabilities are those of the rows each token was sampled from."""
+    plain = Llama(str(smollm2_path), n_ctx=512, verbose=False, logits_all=True)
+    spec = Llama(str(smollm2_path), n_ctx=512, verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4))
+    a = plain.create_completion(PROMPT, max_tokens=20, temperature=0.0, logprobs=3)["choices"][0]["logprobs"]
+    b = spec.create_completion(PROMPT, max_tokens=20, temperature=0.0, logprobs=3)["choices"][0]["logprobs"]
+    assert spec._session.stats.n_accepted > 0
+    assert b == a
