@@ -260,3 +260,21 @@ def test_compat_registers_internals_and_the_ctypes_names(smol):
     finally:
         LL.llama_log_set(None, None)
     assert any(b"nonexistent" in t for _, t in seen)
+
+
+def test_llama_ctx_is_a_view_of_its_context(smollm2_path):
+    from pyllama import Llama
+
+    llm = Llama(str(smollm2_path), n_ctx=256, verbose=False)
+    view = llm._ctx
+    assert view.ctx is llm.ctx and view is llm._ctx and view.n_ctx() == llm.n_ctx()
+    toks = llm.tokenize(b"Hello there")
+    llm.eval(toks)
+    np.testing.assert_array_equal(view.get_logits_ith(-1), llm.ctx.logits_ith(-1))
+    assert view.model.token_eos() == llm.token_eos() and view.model.n_vocab() == llm.n_vocab()
+    view.close()  # the view only: the Llama goes on
+    assert llm.create_completion("Hi", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] >= 1
+    assert llm._ctx.ctx is llm.ctx
+    vo = Llama(str(smollm2_path), vocab_only=True, verbose=False)
+    with pytest.raises(RuntimeError, match="vocab_only"):
+        vo._ctx  # noqa: B018

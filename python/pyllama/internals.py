@@ -114,6 +114,22 @@ class LlamaModel:
 
         self._exit_stack.callback(free_model)
 
+    @classmethod
+    def _view(cls, model, path_model: str, verbose: bool = False) -> "LlamaModel":
+        """A LlamaModel over a model loaded elsewhere (a pyllama.Llama's): close() drops
+        this object's reference and frees nothing."""
+        self = cls.__new__(cls)
+        self.path_model, self.params, self.verbose = path_model, None, verbose
+        self._exit_stack = ExitStack()
+        self.sampler, self.custom_samplers = None, []
+        self.model, self.vocab = model, C.llama_model_get_vocab(model)
+
+        def drop():
+            self.model = None
+
+        self._exit_stack.callback(drop)
+        return self
+
     def close(self) -> None:
         """Free the model, and first every LlamaContext made from it."""
         self._exit_stack.close()
@@ -290,6 +306,23 @@ class LlamaContext:
         self._exit_stack.callback(free_ctx)
         # the context goes before its model
         model._exit_stack.callback(self.close)
+
+    @classmethod
+    def _view(cls, model: LlamaModel, ctx, verbose: bool = False) -> "LlamaContext":
+        """A LlamaContext over a context made elsewhere (a pyllama.Llama's): close() drops
+        this object's reference and frees nothing."""
+        self = cls.__new__(cls)
+        self.model, self.params, self.verbose = model, None, verbose
+        self._exit_stack = ExitStack()
+        self.sampler = None
+        self.ctx, self.memory = ctx, C.llama_get_memory(ctx)
+
+        def drop():
+            self.ctx = None
+
+        self._exit_stack.callback(drop)
+        model._exit_stack.callback(self.close)
+        return self
 
     def close(self) -> None:
         self._exit_stack.close()

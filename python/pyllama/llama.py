@@ -503,6 +503,21 @@ class Llama:
         """The :class:`pyllama.Context` (None for a vocab_only model)."""
         return self._session.ctx if self._session else None
 
+    @property
+    def _ctx(self):
+        """llama-cpp-python's ``Llama._ctx``: a :class:`pyllama.internals.LlamaContext` over
+        this Llama's context (``_ctx.ctx`` is :attr:`ctx`; closing it frees nothing)."""
+        if self._session is None:
+            raise RuntimeError("this Llama was created with vocab_only=True: pyllama makes no context for a "
+                               "model without weights (llama.cpp makes an empty one), so there is no _ctx")
+        view = getattr(self, "_ctx_view", None)
+        if view is None or view.ctx is not self._session.ctx:
+            from .internals import LlamaContext, LlamaModel
+
+            view = LlamaContext._view(LlamaModel._view(self._model, self.model_path), self._session.ctx)
+            self._ctx_view = view
+        return view
+
     def _sess(self) -> Session:
         if self._session is None:
             raise RuntimeError("this Llama was created with vocab_only=True: it can tokenize and detokenize "
