@@ -170,6 +170,9 @@ impl LoraAdapter {
                 return Err(bad(path, format!("LoRA tensor '{name}' does not exist in base model (hint: maybe wrong base model?)")));
             };
             let (a, b) = (view(a)?, view(b)?);
+            if b.ne[0] == 0 {
+                return Err(bad(path, format!("tensor '{name}': rank 0 (lora_b has no columns)")));
+            }
             let shape = |what: &str| bad(path, format!("tensor '{name}' has incorrect shape: {what} (hint: maybe wrong base model?)"));
             if name.ends_with("token_embd.weight") {
                 // B non-transposed, A and B flipped (llm_build_inp_embd)
@@ -357,5 +360,47 @@ impl Cvec {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cvec_follows_llama_adapter_cvec() {
+        let (ne, nl) = (2, 4);
+        let mut c = Cvec::disabled();
+        assert!(c.dir(1).is_none());
+        // n_embd must be the model's; nothing changes on error
+        assert!(c.apply(Some(&[1.0; 6]), 3, 1, 3, ne, nl).is_err());
+        assert!(c.dirs.is_empty());
+        // data from layer 1; layer 0 never has a direction; range inclusive
+        c.apply(Some(&[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]), 2, 0, 2, ne, nl).unwrap();
+        assert!(c.dir(0).is_none());
+        assert_eq!(c.dir(1), Some(&[1.0, 1.0][..]));
+        assert_eq!(c.dir(2), Some(&[2.0, 2.0][..]));
+        assert!(c.dir(3).is_none());
+        // a shorter vector leaves the layers past its end as they were
+        c.apply(Some(&[5.0, 5.0]), 2, 1, 3, ne, nl).unwrap();
+        assert_eq!(c.dir(1), Some(&[5.0, 5.0][..]));
+        assert_eq!(c.dir(3), Some(&[3.0, 3.0][..]));
+        assert!(c.dir(4).is_none());
+        // None disables (the directions stay for later)
+        c.apply(None, 0, 0, 0, ne, nl).unwrap();
+        assert!((0..nl).all(|il| c.dir(il).is_none()));
+    }
+
+    #[test]
+    fn scale_is_alpha_over_rank_or_the_user_scale() {
+        let a: &'static [u8] = Box::leak(vec![0u8; 4 * 3 * 2].into_boxed_slice());
+        let b: &'static [u8] = Box::leak(vec![0u8; 4 * 2 * 5].into_boxed_slice());
+        let w = LoraWeight {
+            a: TensorView { name: "a", ty: crate::GgmlType::F32, ne: [3, 2, 1, 1], data: a },
+            b: TensorView { name: "b", ty: crate::GgmlType::F32, ne: [2, 5, 1, 1], data: b },
+        };
+        assert_eq!(w.rank(), 2);
+        assert_eq!(w.scale(16.0, 0.5), 4.0);
+        assert_eq!(w.scale(0.0, 0.5), 0.5);
     }
 }
