@@ -278,3 +278,24 @@ def test_llama_ctx_is_a_view_of_its_context(smollm2_path):
     vo = Llama(str(smollm2_path), vocab_only=True, verbose=False)
     with pytest.raises(RuntimeError, match="vocab_only"):
         vo._ctx  # noqa: B018
+
+
+def test_llama_tokenizer_module_and_llama_h_constants(smollm2_path):
+    import pyllama.compat
+    from pyllama import Llama
+    from pyllama.llama_tokenizer import BaseLlamaTokenizer, LlamaTokenizer
+
+    pkg = pyllama.compat.as_llama_cpp()
+    import llama_cpp.llama_tokenizer
+
+    assert pkg.LlamaTokenizer is LlamaTokenizer is llama_cpp.llama_tokenizer.LlamaTokenizer
+    assert pkg.LLAMA_FTYPE_MOSTLY_Q4_K_M == 15 and pkg.llama_cpp.LLAMA_VOCAB_PRE_TYPE_SMOLLM == 21
+    assert pkg.GGML_TYPE_Q4_K == C.GGML_TYPE_Q4_K  # llama_api's own names win
+    tok = LlamaTokenizer.from_ggml_file(str(smollm2_path))
+    assert isinstance(tok, BaseLlamaTokenizer)
+    ids = tok.encode("Hello world")
+    assert tok.decode(ids) == "Hello world" and tok.detokenize(ids[1:], prev_tokens=ids[:1]) == b" world"
+    llm = Llama(str(smollm2_path), vocab_only=True, verbose=False, tokenizer=tok)
+    assert llm.tokenizer_ is tok and llm.tokenize(b"Hello world") == ids
+    with pytest.raises(TypeError):
+        BaseLlamaTokenizer()

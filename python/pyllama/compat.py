@@ -20,6 +20,7 @@ What maps where:
                                   LlamaPromptLookupDecoding)
     llama_cpp.llama_grammar       LlamaGrammar (GBNF, JSON schemas)
     llama_cpp.llama_cache         LlamaRAMCache, LlamaDiskCache (pyllama.llama_cache)
+    llama_cpp.llama_tokenizer     pyllama.llama_tokenizer (LlamaTokenizer, LlamaHFTokenizer)
     llama_cpp._internals          pyllama.internals (LlamaModel, LlamaContext, LlamaBatch,
                                   LlamaSampler, ... over the llama.h-style functions)
 """
@@ -80,6 +81,7 @@ def as_llama_cpp() -> types.ModuleType:
     from . import llama_cache as cache
     from . import llama_grammar as grammar
     from . import llama_speculative as speculative
+    from . import llama_tokenizer as tokenizer
 
     pkg = _module("llama_cpp", "llama-cpp-python's API on pyllama (pyllama.compat.as_llama_cpp)")
     pkg.__path__ = []  # a package: its submodules come from sys.modules
@@ -89,7 +91,8 @@ def as_llama_cpp() -> types.ModuleType:
     pkg.__dict__.update(LlamaGrammar=LlamaGrammar, BaseLlamaCache=BaseLlamaCache, LlamaCache=LlamaCache,
                         LlamaRAMCache=LlamaRAMCache, LlamaDiskCache=LlamaDiskCache,
                         LlamaDraftModel=llama_mod.LlamaDraftModel,
-                        LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding)
+                        LlamaPromptLookupDecoding=llama_mod.LlamaPromptLookupDecoding,
+                        BaseLlamaTokenizer=tokenizer.BaseLlamaTokenizer, LlamaTokenizer=tokenizer.LlamaTokenizer)
     from . import __version__
 
     pkg.__version__ = __version__
@@ -97,7 +100,7 @@ def as_llama_cpp() -> types.ModuleType:
     pkg.__dict__.update({k: getattr(low, k) for k in low.__all__ if k not in pkg.__dict__})
     subs = {"llama": llama_mod, "llama_cpp": low, "llama_types": llama_types,
             "llama_chat_format": llama_chat_format, "llama_speculative": speculative, "llama_grammar": grammar,
-            "llama_cache": cache, "_internals": internals}
+            "llama_cache": cache, "llama_tokenizer": tokenizer, "_internals": internals}
     for k in [k for k in sys.modules if k == "llama_cpp" or k.startswith("llama_cpp.")]:
         del sys.modules[k]
     sys.modules["llama_cpp"] = pkg
