@@ -228,6 +228,21 @@ pub struct LoraSet {
     ax: Vec<f32>,
     /// B (A x) [n_ubatch, max n_out]
     bx: Vec<f32>,
+    /// Runs the small products on the calling thread: a rank-r product is r / n_out of its
+    /// weight's work, too little to pay for waking the pool (two parallel regions per
+    /// adapted weight would cost more than the arithmetic when generating).
+    solo: ThreadPool,
+}
+
+/// Multiply-adds below which an adapter's product runs on the calling thread.
+const SOLO_MACS: usize = 1 << 18;
+
+fn pool_for<'p>(pool: &'p ThreadPool, solo: &'p ThreadPool, macs: usize) -> &'p ThreadPool {
+    if macs < SOLO_MACS {
+        solo
+    } else {
+        pool
+    }
 }
 
 impl LoraSet {
@@ -242,7 +257,7 @@ impl LoraSet {
         }
         let ax = alloc::filled(alloc::mul("the LoRA scratch [n_ubatch, rank]", n_ubatch, rank)?, 0.0, "the LoRA scratch [n_ubatch, rank]")?;
         let bx = alloc::filled(alloc::mul("the LoRA scratch [n_ubatch, n_out]", n_ubatch, width)?, 0.0, "the LoRA scratch [n_ubatch, n_out]")?;
-        Ok(LoraSet { adapters, ax, bx })
+        Ok(LoraSet { adapters, ax, bx, solo: ThreadPool::new(1) })
     }
 
     pub fn has_embd(&self) -> bool {
@@ -274,9 +289,11 @@ impl LoraSet {
                 return Err(Error::Invalid(format!("internal: LoRA scratch too small for '{}'", w.name)));
             }
             let ax = &mut self.ax[..n * rank];
-            try_matmul_rows(pool, &lw.a, x, n, ax, rank, e * rank..(e + 1) * rank, scratch)?;
+            let p = pool_for(pool, &self.solo, n * rank * w.ne[0]);
+            try_matmul_rows(p, &lw.a, x, n, ax, rank, e * rank..(e + 1) * rank, scratch)?;
             let bx = &mut self.bx[..n * width];
-            try_matmul_rows(pool, &lw.b, ax, n, bx, width, rows.clone(), scratch)?;
+            let p = pool_for(pool, &self.solo, n * width * rank);
+            try_matmul_rows(p, &lw.b, ax, n, bx, width, rows.clone(), scratch)?;
             for (o, v) in out[..n * width].iter_mut().zip(bx.iter()) {
                 *o += *v * scale; // ggml_add(res, ggml_scale(ab, scale))
             }
@@ -298,6 +315,7 @@ impl LoraSet {
                 quant::dequantize_row(lw.a.ty, lw.a.row(id as usize), &mut self.ax[t * rank..(t + 1) * rank])?;
             }
             let bx = &mut self.bx[..n * n_embd];
+            let pool = pool_for(pool, &self.solo, n * n_embd * rank);
             try_matmul_rows(pool, &lw.b, &self.ax[..n * rank], n, bx, n_embd, 0..n_embd, scratch)?;
             for (o, v) in x[..n * n_embd].iter_mut().zip(bx.iter()) {
                 *o += *v * scale;
