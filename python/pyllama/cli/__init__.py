@@ -5,13 +5,14 @@ import typer
 
 app = typer.Typer(
     name="pyllama",
-    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, info.",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, list, rm, info.",
     no_args_is_help=True,
     add_completion=False,
 )
 
 from . import inspect as _inspect  # noqa: E402,F401  (registers its command)
 from . import bench as _bench  # noqa: E402,F401
+from . import batched_bench as _batched_bench  # noqa: E402,F401
 from . import tokenize as _tokenize  # noqa: E402,F401  (registers its command)
 from . import generate as _generate  # noqa: E402,F401
 from . import chat as _chat  # noqa: E402,F401
@@ -19,3 +20,4 @@ from . import perplexity as _perplexity  # noqa: E402,F401
 from . import serve as _serve  # noqa: E402,F401
 from . import embedding as _embedding  # noqa: E402,F401
 from . import info as _info  # noqa: E402,F401
+from . import models as _models  # noqa: E402,F401  (list, rm)
