@@ -167,3 +167,26 @@ def test_logprobs_with_a_draft_model_match_logits_all(smollm2_path):
     b = spec.create_completion(PROMPT, max_tokens=20, temperature=0.0, logprobs=3)["choices"][0]["logprobs"]
     assert spec._session.stats.n_accepted > 0
     assert b == a
+
+
+def test_generate_logits_processors_see_the_same_input_ids(smollm2_pair):
+    plain, spec = smollm2_pair
+    toks = plain.tokenize(PROMPT.encode())
+    from pyllama.llama import LogitsProcessorList
+
+    def run(llm):
+        seen = []
+
+        def proc(ids, scores):
+            seen.append(len(ids))
+            return scores
+
+        out = []
+        for t in llm.generate(toks, temp=0.0, logits_processor=LogitsProcessorList([proc])):
+            out.append(t)
+            if len(out) == 25:
+                break
+        return out, seen
+
+    a, b = run(plain), run(spec)
+    assert a == b and b[1] == list(range(len(toks), len(toks) + 25))
