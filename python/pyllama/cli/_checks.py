@@ -340,3 +340,43 @@ def adapter_files(plain: Optional[list], scaled: Optional[list], flag: str) -> l
                 raise typer.BadParameter(f"{item!r}: SCALE must be finite", param_hint=f"'{flag}-scaled'")
             out.append((path, s))
     return out
+
+
+# -- models by name: -hf REPO[:QUANT] / --hf-file / --hf-token (llama.cpp's flags) ----------
+
+def opt_hf_repo():
+    return typer.Option(None, "-hf", "-hfr", "--hf-repo", metavar="USER/MODEL[:QUANT]",
+                        help="Hugging Face repo (needs huggingface_hub); quant is case-insensitive, default "
+                             "Q4_K_M, else Q8_0, else the first GGUF file; fetched once into the Hub cache")
+
+
+def opt_hf_file():
+    return typer.Option(None, "-hff", "--hf-file", metavar="FILE",
+                        help="file in the -hf repo (overrides the quant)")
+
+
+def opt_hf_token():
+    return typer.Option(None, "-hft", "--hf-token", metavar="TOKEN",
+                        help="Hugging Face access token (default: HF_TOKEN or the saved login)")
+
+
+def model_by_name(model: Optional[Path], hf_repo: Optional[str], hf_file: Optional[str],
+                  hf_token: Optional[str]) -> Optional[Path]:
+    """-m, or the file -hf/--hf-file name (fetched into the Hub cache when missing), or None
+    for the default model. Conflicting or incomplete flags are usage errors; a repo or file
+    that cannot be found or fetched is a one-line error (exit 1)."""
+    if hf_repo is None:
+        if hf_file is not None:
+            raise typer.BadParameter("--hf-file needs -hf USER/MODEL", param_hint="'--hf-file'")
+        if hf_token is not None:
+            raise typer.BadParameter("--hf-token is only used with -hf", param_hint="'--hf-token'")
+        return model
+    if model is not None:
+        raise typer.BadParameter("give the model once: -m FILE or -hf REPO, not both", param_hint="'-hf'")
+    from ..hub import HubError, hf_model
+
+    try:
+        return hf_model(hf_repo, hf_file, token=hf_token)
+    except HubError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None

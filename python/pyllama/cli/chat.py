@@ -348,6 +348,9 @@ def _timings(sess) -> str:
 @app.command()
 def chat(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message"),
     chat_template: Optional[str] = typer.Option(
         None, "--chat-template", callback=_template,
@@ -395,6 +398,7 @@ def chat(
 
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     try:
         path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,

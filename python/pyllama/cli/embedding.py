@@ -26,6 +26,9 @@ def _fmt(x: float, normalize: int) -> str:
 @app.command("embedding")
 def embedding(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to embed (split at --embd-separator)"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
     pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
@@ -61,6 +64,7 @@ def embedding(
     if not embd_separator:
         raise typer.BadParameter("the separator is empty", param_hint="--embd-separator")
     inputs = text.split(embd_separator) if text else [""]
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     try:
         path = resolve_model_path(model)
         m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))

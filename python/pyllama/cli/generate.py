@@ -127,6 +127,9 @@ def perf_summary(sess, chain, n_decoded: int, t_s: float) -> str:
 def generate(
     prompt_arg: Optional[str] = typer.Argument(None, metavar="[PROMPT]", help="prompt (or use -p / -f)"),
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct, fetched once)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file (UTF-8, at most 256 MiB)"),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", callback=integer(-2, note="-1 or -2 = until the end"),
@@ -184,6 +187,7 @@ def generate(
         typer.echo("warning: -sys/--system is only used with --chat: ignored", err=True)
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,

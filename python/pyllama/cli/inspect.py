@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import typer
 
+from . import _checks as O
 from . import app
 
 SPECIAL_TOKENS = ["bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask",
@@ -121,7 +122,10 @@ def _short(v: Any, width: int = 100) -> str:
 
 @app.command()
 def inspect(
-    model: Path = typer.Argument(..., help="GGUF file (the first part of a split model finds the rest)"),
+    model: Optional[Path] = typer.Argument(None, help="GGUF file (the first part of a split model finds the rest)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     tensors: bool = typer.Option(False, "--tensors", help="print the tensor table"),
     metadata: bool = typer.Option(False, "--metadata", help="print all metadata"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -129,6 +133,9 @@ def inspect(
     """Show a GGUF file's version, architecture, type, size, hyperparameters and tokenizer."""
     from ..errors import PyllamaError
 
+    if model is None and hf_repo is None:
+        raise typer.BadParameter("give the model: a GGUF file or -hf REPO[:QUANT]", param_hint="MODEL")
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     try:
         info = collect(model)
     except (PyllamaError, OSError) as e:

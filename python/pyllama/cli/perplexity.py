@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import typer
 
+from . import _checks as O
 from . import app
 from ._checks import BATCH, UBATCH, kv_cache_type, load_mode as _load_mode, read_text_file
 
@@ -106,6 +107,9 @@ def perplexity(ctx, tokens: Sequence[int], n_ctx: int, n_batch: int, n_chunks: i
 @app.command("perplexity")
 def perplexity_cmd(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     file: Path = typer.Option(..., "-f", "--file", help="text file to score (UTF-8, at most 256 MiB)"),
     ctx_size: int = typer.Option(512, "-c", "--ctx-size", callback=_ctx_size, help="tokens per chunk (>= 4)"),
     batch_size: int = typer.Option(2048, "-b", "--batch-size", callback=BATCH, help="logical batch size (capped at -c)"),
@@ -123,6 +127,7 @@ def perplexity_cmd(
 
     text = read_text_file(file, "-f")
     n_batch = min(batch_size, ctx_size)
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=n_batch, ubatch_size=min(ubatch_size, n_batch),
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,

@@ -34,6 +34,9 @@ def _need_server_deps() -> None:
 @app.command("serve")
 def serve(
     model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF file (default: SmolLM2-135M-Instruct)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8080, "--port", callback=integer(0, 65535), help="port to listen on (0 = any free)"),
     parallel: int = typer.Option(-1, "-np", "--parallel", callback=integer(-1, 256),
@@ -113,6 +116,7 @@ def serve(
     and llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots,
     /metrics, /health, /lora-adapters. Requests share one context: each slot is a sequence, decoded together."""
     _need_server_deps()
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     if reranking or pooling == "rank":
         raise typer.BadParameter("reranking needs a model with a classifier head, which pyllama cannot run yet",
                                  param_hint="--reranking/--pooling rank")

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from . import _checks as O
 from . import app
 from ._checks import read_file_bytes, read_limited
 
@@ -41,7 +42,10 @@ def process_escapes(data: bytes) -> bytes:
 
 @app.command("tokenize")
 def tokenize_cmd(
-    model: Path = typer.Option(..., "-m", "--model", help="GGUF model file (only its vocabulary is read)"),
+    model: Optional[Path] = typer.Option(None, "-m", "--model", help="GGUF model file (only its vocabulary is read)"),
+    hf_repo: Optional[str] = O.opt_hf_repo(),
+    hf_file: Optional[str] = O.opt_hf_file(),
+    hf_token: Optional[str] = O.opt_hf_token(),
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to tokenize"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file (its raw bytes, at most 256 MiB)"),
     stdin: bool = typer.Option(False, "--stdin", help="read the text from standard input (at most 256 MiB)"),
@@ -55,6 +59,9 @@ def tokenize_cmd(
     from ..errors import PyllamaError
     from ..vocab import Vocab
 
+    if model is None and hf_repo is None:
+        raise typer.BadParameter("give the model: -m FILE or -hf REPO[:QUANT]", param_hint="'-m'")
+    model = O.model_by_name(model, hf_repo, hf_file, hf_token)
     sources = sum(x is not None and x is not False for x in (prompt, file, stdin))
     if sources != 1:
         raise typer.BadParameter("give exactly one of -p/--prompt, -f/--file or --stdin")
