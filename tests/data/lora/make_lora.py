@@ -131,11 +131,18 @@ ADAPTERS = {
         targets=["attn_q.weight", "attn_output.weight", "ffn_gate_inp.weight", "ffn_gate_exps.weight",
                  "ffn_up_exps.weight", "ffn_down_exps.weight", "token_embd.weight", "output.weight"])),
     "gemma3-a": ("gemma3", "F32", dict(seed=5, rank=8, alpha=8.0, targets=ATTN_FFN)),
+    "phi3-fused": ("phi3", "F32", dict(seed=13, rank=4, alpha=8.0, qtype="F16",
+                                       targets=["attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
+                                                "ffn_down.weight", "token_embd.weight", "output.weight"])),
+    "phi2-a": ("phi2", "F32", dict(seed=14, rank=8, alpha=4.0,
+                                   targets=["attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight",
+                                            "output.weight"])),
     "llama-alora": ("llama", "F32", dict(seed=6, rank=2, alpha=4.0, targets=["attn_v.weight"],
                                          extra_kv={"adapter.alora.invocation_tokens": [5, 733, 64]})),
 }
 #: control vector name -> (arch, layers, seed)
 CVECS = {
+    "phi2-cv": ("phi2", [1], 15),
     "gemma3-cv": ("gemma3", [1, 2, 3, 4, 5], 7),
     "gemma3-cv2": ("gemma3", [2, 3], 8),
 }
@@ -148,6 +155,8 @@ CASES = {
     "qwen3moe-bf16": ("qwen3moe", "F32", [("qwen3moe-bf16", 1.5)], [], None),
     "gemma3-lora-cvec": ("gemma3", "F32", [("gemma3-a", 0.8)], [("gemma3-cv", 0.8)], (2, 4)),
     "gemma3-cvec-two": ("gemma3", "F32", [], [("gemma3-cv", 1.0), ("gemma3-cv2", -0.5)], None),
+    "phi3-fused": ("phi3", "F32", [("phi3-fused", 1.0)], [], None),
+    "phi2-lora-cvec": ("phi2", "F32", [("phi2-a", 1.25)], [("phi2-cv", 2.0)], None),
 }
 
 
