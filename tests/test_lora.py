@@ -436,3 +436,17 @@ def test_server_lora_adapters_route(smollm2_path, smol_adapter):
         assert bad.status_code == 400 and "'lora'" in bad.text
     finally:
         srv.close()
+
+
+def test_server_refuses_activated_lora(smollm2_path, work):
+    # llama-server applies an aLoRA only from its invocation tokens on, per slot; pyllama's
+    # engine sets adapters per context, so it says so instead of applying it everywhere
+    pytest.importorskip("starlette")
+    from pyllama.generation import vocab_of
+    from pyllama.server.engine import Engine, EngineConfig
+
+    alora = ML.write_lora(work / "smol-alora.gguf", smollm2_path, "llama", seed=3, rank=2, alpha=4.0,
+                          targets=["attn_v.weight"], extra_kv={"adapter.alora.invocation_tokens": [1, 2]})
+    m = Model.load(str(smollm2_path))
+    with pytest.raises(ValueError, match="activated LoRA"):
+        Engine(m, vocab_of(m), EngineConfig(n_ctx=256, n_parallel=1, loras=[(str(alora), 1.0)]))

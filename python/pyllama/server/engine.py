@@ -186,6 +186,12 @@ class Engine:
             self.ctx.set_control_vector(ControlVector.load(config.control_vectors),
                                         layer_start=1 if start <= 0 else start, layer_end=n_layer if end <= 0 else end)
         self.loras = [LoraAdapter(model, p) for p, _ in config.loras]
+        for a in self.loras:
+            if a.alora_invocation_tokens:
+                # llama-server decodes the prompt before the invocation tokens without the
+                # adapter (per slot); this engine sets adapters for the whole context
+                raise ValueError(f"{a.path} is an activated LoRA (adapter.alora.invocation_tokens): pyllama serve "
+                                 "cannot apply it only from its invocation tokens on, as llama-server does")
         self.lora_scales = [float(sc) for _, sc in config.loras]
         self._lora_pending: Optional[list] = None  # scales POSTed, applied before the next job starts
         if self.loras:
