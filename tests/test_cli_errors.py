@@ -114,6 +114,9 @@ USAGE = {
     "bench-o": (["bench", "-o", "bogus"], ["'-o'", "bogus", "md", "json", "csv"]),
     "bench-ctk": (["bench", "-ctk", "f16,bogus"], ["'-ctk'", "bogus"]),
     "bench-fa": (["bench", "-fa", "maybe"], ["'-fa'", "maybe"]),
+    "bench-fa-off": (["bench", "-fa", "on,off"], ["'-fa'", "off", "only the fused (flash) attention kernel"]),
+    "bench-d-neg": (["bench", "-d", "-4"], ["'-d'", "-4"]),
+    "bench-ngl-text": (["bench", "-ngl", "all"], ["'-ngl'", "all"]),
     # -f files: missing, a directory, not UTF-8 (file name and byte offset in the message)
     "gen-f-missing": (["generate", "-f", "{d}/missing.txt"], ["'-f'", "missing.txt", "No such file"]),
     "gen-f-dir": (["generate", "-f", "{d}/adir"], ["'-f'", "adir", "directory"]),
@@ -161,7 +164,8 @@ ACCEPTED = [
     ["chat", "--chat-template", "llama3"],
     ["chat", "--chat-template", "{{ messages[0].content }}", "-n", "-2"],
     ["perplexity", "-f", "{ok}", "--chunks", "-7", "-ub", "0", "-c", "4", "-b", "1"],
-    ["bench", "-p", "0,1-4*2,", "-n", "0", "-ub", "0", "-pg", "0,0", "-pg", "4,2", "-fa", "off,on", "-ctk", "f16,q8_0"],
+    ["bench", "-p", "0,1-4*2,", "-n", "0", "-ub", "0", "-pg", "0,0", "-pg", "4,2", "-fa", "auto,on", "-ctk", "f16,q8_0",
+     "-d", "0,8", "-ngl", "-1,0", "-o", "jsonl"],
 ]
 
 
@@ -234,7 +238,7 @@ def test_bench_ranges_and_pairs(smollm2_path):
     r = runner.invoke(app, ["bench", "-m", str(smollm2_path), "-p", "2-4+2", "-n", "0", "-pg", "2,1",
                             "-pg", "0,0", "-r", "1", "-t", "1", "-o", "json"])
     _check(r, 0)
-    assert [row["test"] for row in json.loads(r.stdout)] == ["pp2", "pp4", "pp2+tg1"]
+    assert [(row["n_prompt"], row["n_gen"]) for row in json.loads(r.stdout)] == [(2, 0), (4, 0), (2, 1)]
 
 
 # ---- end to end: endless input, closed pipes ----------------------------------------------

@@ -262,3 +262,15 @@ def test_list_and_rm(hub_env, smollm2_path):
     assert not (pc / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()
     r = run(env, "list")
     assert r.returncode == 0 and r.stdout.splitlines()[1:] == [], r.stdout
+
+
+def test_bench_hf(hub_env):
+    _cache, env = hub_env
+    r = run(env, "bench", "-hf", SMOL_REPO, "-p", "4", "-n", "0", "-r", "1", "-t", "1", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    row = json.loads(r.stdout)
+    assert row["model_filename"].endswith(f"snapshots/{REV}/SmolLM2-135M-Instruct.Q4_1.gguf")
+    r = run(env, "bench", "-p", "4")
+    assert r.returncode == 2 and "-hf" in r.stderr
