@@ -16,6 +16,7 @@ import io
 import inspect
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from pyllama.vocab import Vocab
 
 from test_tokenizer import suite_metadata
 
+DATA = Path(__file__).parent / "data"
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 OUT_OF_INT32 = (2**31, INT32_MIN - 1, 2**40)
 NOT_INTEGERS = (1.5, "x", None, [0])
@@ -680,7 +682,7 @@ API = {n: getattr(L, n) for n in dir(L) if n.startswith("llama_") and inspect.is
 OBJECT_PARAMS = {"ctx", "mem", "model", "vocab", "batch", "smpl", "chain", "cur_p", "params", "tokens", "buf",
                  "text", "chat", "tmpl", "output", "abort_callback", "path_model", "key", "name", "s",
                  "dst", "src", "tokens_out", "n_token_count_out", "threadpool", "file", "split_path",
-                 "split_prefix", "path_prefix"}
+                 "split_prefix", "path_prefix", "adapter", "path_lora"}
 #: integer parameters (int32 / size_t in llama.h): None, "x", 1.5 and 2**40
 INT_PARAMS = {"n_tokens", "embd", "n_seq_max", "text_len", "n_tokens_max", "token", "length", "lstrip",
               "text_len_max", "i", "idx", "seq_id", "p0", "p1", "delta", "d", "seq_id_src", "seq_id_dst",
@@ -711,6 +713,15 @@ DOCUMENTED = {
     ("llama_sampler_copy", "dst", None): None,
     ("llama_set_sampler", "smpl", None): True,  # NULL detaches
     ("llama_batch_ext_free", "batch", None): None,
+    # adapters: NULL frees nothing and has no invocation tokens; a failed init is NULL (logged);
+    # a key the adapter lacks is -1, as llama_model_meta_val_str
+    ("llama_adapter_lora_free", "adapter", None): None,
+    ("llama_adapter_get_alora_n_invocation_tokens", "adapter", None): 0,
+    ("llama_adapter_lora_init", "model", None): None,
+    ("llama_adapter_lora_init", "path_lora", "x"): None,
+    ("llama_adapter_lora_init_from_file_ptr", "model", None): None,
+    ("llama_adapter_lora_init_from_file_ptr", "file", None): None,
+    ("llama_adapter_meta_val_str", "key", "x"): -1,
     ("llama_split_path", "path_prefix", "x"): len("x-00001-of-00002.gguf"),  # any text is a prefix
     ("llama_split_prefix", "split_path", "x"): 0,  # not a split name
     ("llama_chat_apply_template", "tmpl", None): "size",  # chatml
@@ -739,6 +750,32 @@ SKIP = {
     "llama_model_save_to_file": "writes a file (\"x\" is a valid path): test_llama_h_coverage",
     **{fn: "not supported (NotImplementedError): test_llama_h_coverage" for fn in L.NOT_SUPPORTED},
 }
+
+
+_LORA_DIR = None
+
+
+def _lora_args(model, model_path, ctx):
+    """A real adapter for the tiny llama (tests/data/lora/make_lora.py's layout) and the
+    other adapter arguments that go with it."""
+    import importlib.util
+    import tempfile
+
+    spec = importlib.util.spec_from_file_location("make_lora", DATA / "lora" / "make_lora.py")
+    ml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ml)
+    global _LORA_DIR
+    if _LORA_DIR is None:
+        _LORA_DIR = tempfile.TemporaryDirectory(prefix="pyllama-misuse-")
+    path = Path(_LORA_DIR.name) / "lora.gguf"
+    if not path.exists():
+        ml.write_lora(path, Path(model_path.decode()), "llama", seed=1, rank=2, alpha=4.0, targets=["attn_q.weight"])
+    adapter = L.llama_adapter_lora_init(model, str(path).encode())
+    assert adapter is not None
+    n_embd, n_layer = L.llama_model_n_embd(model), L.llama_model_n_layer(model)
+    return dict(adapter=adapter, path_lora=str(path).encode(), file=io.BytesIO(path.read_bytes()), adapters=[adapter],
+                n_adapters=1, scales=[1.0], data=np.zeros(n_embd * n_layer, np.float32), len=n_embd * n_layer,
+                n_embd=n_embd, il_start=1, il_end=n_layer)
 
 
 def _valid(fn, model, model_path, vocab, ctx):
@@ -791,6 +828,8 @@ def _valid(fn, model, model_path, vocab, ctx):
         v["idx"] = 0
         n_embd = L.llama_model_n_embd(model)
         v["embd"] = L.llama_embd(np.zeros(n_embd, np.float32), 1, n_embd)
+    if "adapter" in fn:
+        v.update(_lora_args(model, model_path, ctx))
     if fn.startswith("llama_sampler_init_grammar"):
         v.update(grammar_str=b'root ::= "a"', grammar_root=b"root", trigger_patterns=[], num_trigger_patterns=0,
                  trigger_words=[], num_trigger_words=0, trigger_tokens=[], num_trigger_tokens=0)
@@ -822,7 +861,8 @@ def test_sweep_covers_the_api():
         "trigger_words", "num_trigger_words", "trigger_tokens", "num_trigger_tokens", "trigger_patterns",
         "num_trigger_patterns", "metadata", "set_tensor_data", "set_tensor_data_ud", "fname_inp", "fname_out",
         "lctx", "lopt_params", "dataset", "result_train", "result_eval", "idata_split", "callback_train",
-        "callback_eval", "tensor", "userdata"}
+        "callback_eval", "tensor", "userdata",
+        "adapters", "n_adapters", "scales", "len", "n_embd", "il_start", "il_end"}
     for fn, f in API.items():
         for p in inspect.signature(f).parameters:
             assert p in known, f"{fn}({p}): add the parameter to OBJECT_PARAMS / INT_PARAMS or the known list"
