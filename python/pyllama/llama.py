@@ -37,6 +37,10 @@ from .generation import Session, StopText, common_prefix, load_model
 from .grammar import GrammarError
 from .tool_calls import reply_message
 from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding, draft_tokens
+# names llama-cpp-python's llama module has as well (code imports them from llama_cpp.llama)
+from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache  # noqa: F401
+from .llama_grammar import LlamaGrammar  # noqa: F401
+from .llama_tokenizer import BaseLlamaTokenizer, LlamaTokenizer  # noqa: F401
 from .sampling import LLAMA_DEFAULT_SEED, SamplerParams, TokenDataArray, build_chain, normalize_logit_bias
 
 __all__ = [
@@ -534,8 +538,8 @@ class Llama:
         """The bytes of ``tokens``; with ``prev_tokens``, only what ``tokens`` adds after them."""
         return self.tokenizer_.detokenize(tokens, prev_tokens=prev_tokens, special=special)
 
-    def tokenizer(self):
-        return _Tokenizer(self)
+    def tokenizer(self) -> "LlamaTokenizer":
+        return LlamaTokenizer(self)
 
     def n_ctx(self) -> int:
         return self._n_ctx
