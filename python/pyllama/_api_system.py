@@ -46,25 +46,10 @@ _FEATURE_NAMES = (
 
 
 def _cpu_features() -> dict[str, bool]:
-    """The CPU features pyllama's kernel choice depends on: from the extension when it
-    reports them (``_core.cpu_features``), else from /proc/cpuinfo's flags (Linux)."""
-    f = getattr(_core, "cpu_features", None)
-    if f is not None:
-        feats, _vnni = f()
-        return dict(feats)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-            else:
-                return {}
-    except OSError:
-        return {}
-    alias = {"sse3": "pni", "avxvnni": "avx_vnni", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
-             "neon": "asimd", "fp16": "fphp", "dotprod": "asimddp"}
-    return {name: alias.get(name, name) in flags for name, _ in _FEATURE_NAMES}
+    """The CPU features pyllama's kernel choice depends on, as the extension detected them
+    (``_core.cpu_features``: the same probe ``pyllama info`` reports)."""
+    feats, _vnni = _core.cpu_features()
+    return dict(feats)
 
 
 def llama_print_system_info() -> bytes:
