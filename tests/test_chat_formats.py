@@ -140,3 +140,27 @@ def test_llama_chat_format_choices(smollm2_path, caplog):
         t._render_chat(CHAT)
     msgs = [r.getMessage() for r in caplog.records if "no chat template" in r.getMessage()]
     assert len(msgs) == 1 and "'llama-2'" in msgs[0]
+
+
+def test_chat_logprobs_as_llama_cpp_python(smollm2_path):
+    """logprobs=True / top_logprobs=N: OpenAI's chat shape of create_completion's
+    log-probabilities for the same prompt (logits_all=True needed, as in llama-cpp-python)."""
+    llm = Llama(str(smollm2_path), n_ctx=256, logits_all=True, verbose=False)
+    r = llm.create_chat_completion(CHAT, max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=2)
+    content = r["choices"][0]["logprobs"]["content"]
+    prompt = llm._chat_prompt_tokens(CHAT)
+    c = llm.create_completion(prompt, max_tokens=6, temperature=0.0, logprobs=2)["choices"][0]
+    assert "".join(e["token"] for e in content) == r["choices"][0]["message"]["content"] == c["text"]
+    assert [e["logprob"] for e in content] == c["logprobs"]["token_logprobs"]
+    assert [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in content] == c["logprobs"]["top_logprobs"]
+    assert all(len(e["top_logprobs"]) in (2, 3) for e in content)
+    r0 = llm.create_chat_completion(CHAT, max_tokens=2, temperature=0.0, logprobs=True)
+    assert len(r0["choices"][0]["logprobs"]["content"]) == 2
+    assert llm.create_chat_completion(CHAT, max_tokens=1, logprobs=False)["choices"][0]["logprobs"] is None
+    with pytest.raises(ValueError, match="needs logprobs=True"):
+        llm.create_chat_completion(CHAT, max_tokens=1, top_logprobs=2)
+    with pytest.raises(NotImplementedError, match="stream"):
+        llm.create_chat_completion(CHAT, max_tokens=1, logprobs=True, stream=True)
+    plain = Llama(str(smollm2_path), n_ctx=256, verbose=False)
+    with pytest.raises(ValueError, match="logits_all"):
+        plain.create_chat_completion(CHAT, max_tokens=1, logprobs=True)

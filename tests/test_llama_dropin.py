@@ -78,7 +78,6 @@ def test_refused_constructor_parameters_say_why(smollm2_path, kw, why):
 REFUSED_CALLS = {
     "completion-tfs_z": (lambda m: m.create_completion(PROMPT, tfs_z=0.9), "tail-free"),
     "chat-functions": (lambda m: m.create_chat_completion(CHAT, functions=[{"name": "f"}]), "legacy functions"),
-    "chat-logprobs": (lambda m: m.create_chat_completion(CHAT, logprobs=True), "log-probabilities"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
 }

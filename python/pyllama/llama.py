@@ -995,12 +995,7 @@ class Llama:
             prompt.decode("utf-8", "replace") if isinstance(prompt, bytes)
             else self.detokenize(prompt_tokens).decode("utf-8", "replace"))
         recorded: list = []
-        record = None
-        if logprobs is not None:
-            def record(tok, row):
-                lp = Llama.logits_to_logprobs(row)
-                top = np.argsort(-lp, kind="stable")[:logprobs]
-                recorded.append((int(tok), float(lp[tok]), [(int(i), float(lp[i])) for i in top]))
+        record = None if logprobs is None else self._logprob_recorder(logprobs, recorded)
         pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler, stopping_criteria, record)
 
         def usage():
@@ -1038,6 +1033,16 @@ class Llama:
             c["choices"][0]["logprobs"] = self._logprobs_dict(prompt_tokens, recorded, len(prompt_text))
         c["usage"] = usage()
         return c
+
+    @staticmethod
+    def _logprob_recorder(n_top: int, recorded: list):
+        """A _stream_text ``record``: appends (token, its log-probability, the ``n_top``
+        most likely (token, log-probability)) to ``recorded``, from the model's logits."""
+        def record(tok, row):
+            lp = Llama.logits_to_logprobs(row)
+            top = np.argsort(-lp, kind="stable")[:n_top]
+            recorded.append((int(tok), float(lp[tok]), [(int(i), float(lp[i])) for i in top]))
+        return record
 
     def _logprobs_dict(self, prompt_tokens, recorded, text_offset) -> dict:
         """llama-cpp-python's CompletionLogprobs for the generated tokens."""
@@ -1259,7 +1264,9 @@ class Llama:
         """Answer ``messages`` with the chat format (or ``chat_handler``); a ``chat.completion``
         dict, or an iterator of ``chat.completion.chunk`` dicts with ``stream=True``. A
         ``chat_format`` registered in llama_chat_format gives llama-cpp-python's prompt text
-        and stop strings (see :meth:`_chat_format_kind`)."""
+        and stop strings (see :meth:`_chat_format_kind`). ``logprobs=True`` (with
+        ``top_logprobs=N`` alternatives) adds OpenAI's log-probabilities of the reply's tokens;
+        as in llama-cpp-python it needs ``logits_all=True`` (not with ``stream=True`` yet)."""
         handler = self.chat_handler
         if handler is None and self.chat_format is not None:
             kind, what = self._chat_format_kind()
@@ -1298,11 +1305,14 @@ class Llama:
                 grammar = LlamaGrammar.from_string(tc.grammar, verbose=False)
             messages = tc.messages(messages)
             extra = tc.template_vars()
-        if logprobs or top_logprobs:
-            raise _not_yet(where, "logprobs" if logprobs else "top_logprobs", logprobs or top_logprobs,
-                           "chat completion log-probabilities are not implemented in pyllama yet; "
-                           "create_completion(logprobs=N) on the rendered prompt has them")
-        self._check_completion_args(where, tfs_z=tfs_z, grammar=grammar, logprobs=None, echo=False,
+        # OpenAI's shape: logprobs=True adds each token's log-probability, top_logprobs=N the N
+        # most likely alternatives; as in llama-cpp-python the Llama needs logits_all=True
+        n_top = None
+        if top_logprobs is not None and not logprobs:
+            raise ValueError(f"{where}: top_logprobs={top_logprobs!r} needs logprobs=True")
+        if logprobs:
+            n_top = 0 if top_logprobs is None else top_logprobs
+        self._check_completion_args(where, tfs_z=tfs_z, grammar=grammar, logprobs=n_top, echo=False,
                                     stream=stream, stop=stop, logit_bias=logit_bias, stopping_criteria=None,
                                     logits_processor=logits_processor, suffix=None)
         self._sess()
@@ -1319,7 +1329,9 @@ class Llama:
         cid = f"chatcmpl-{uuid.uuid4()}"
         created = int(time.time())
         model_name = model or self.model_path
-        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler, criteria)
+        recorded: list = []
+        record = None if n_top is None else self._logprob_recorder(n_top, recorded)
+        pieces = self._stream_text(prompt_tokens, max_tokens, stop, sampler, criteria, record)
 
         def usage():
             n = self._session.stats.n_gen
@@ -1356,9 +1368,14 @@ class Llama:
             out.append(text)
             finish = f if f is not None else finish
         msg, fin = reply_message("".join(out), tc)
+        lps = None
+        if n_top is not None:
+            from .llama_chat_format import _convert_text_completion_logprobs_to_chat
+
+            lps = _convert_text_completion_logprobs_to_chat(self._logprobs_dict(prompt_tokens, recorded, 0))
         return {
             "id": cid, "object": "chat.completion", "created": created, "model": model_name,
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": fin or finish}],
+            "choices": [{"index": 0, "message": msg, "logprobs": lps, "finish_reason": fin or finish}],
             "usage": usage(),
         }
 
