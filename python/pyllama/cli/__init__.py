@@ -5,7 +5,7 @@ import typer
 
 app = typer.Typer(
     name="pyllama",
-    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, list, rm, info.",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, verify, list, rm, info.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -21,3 +21,4 @@ from . import serve as _serve  # noqa: E402,F401
 from . import embedding as _embedding  # noqa: E402,F401
 from . import info as _info  # noqa: E402,F401
 from . import models as _models  # noqa: E402,F401  (list, rm)
+from . import verify as _verify  # noqa: E402,F401
