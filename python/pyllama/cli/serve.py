@@ -103,6 +103,11 @@ def serve(
     reasoning: str = typer.Option("auto", "--reasoning", callback=O.one_of(("on", "off", "auto")),
                                   help="thinking models: on / off sets the template's enable_thinking; auto leaves "
                                        "the template's default"),
+    reasoning_format: str = typer.Option("auto", "--reasoning-format",
+                                         callback=O.one_of(("auto", "none", "deepseek", "deepseek-legacy")),
+                                         help="where a reply's <think> thoughts go: auto / deepseek: "
+                                              "message.reasoning_content; deepseek-legacy: there and in content; "
+                                              "none: left in content"),
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
@@ -185,7 +190,7 @@ def serve(
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,
-                           reasoning=reasoning, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
+                           reasoning=reasoning, reasoning_format=reasoning_format, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
         state = ServerState(m, cfg)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from .engine import Engine, EngineConfig, Job, PromptTooLong, QueueFull
 from ..chat import special_text
+from .. import reasoning as reasoning_mod
 from ..tool_calls import reply_message
 from .params import (COMMON_FIELDS, BadRequest, check_fields, parse_generation, response_format_schema)
 
@@ -50,6 +51,7 @@ class ServerConfig:
     max_n: int = 16                       # most choices per request ('n')
     cors_origins: list = field(default_factory=lambda: ["*"])  # origins browsers may call from
     reasoning: str = "auto"               # on / off: the template's enable_thinking; auto: the template's default
+    reasoning_format: str = "auto"        # where <think> thoughts go (pyllama.reasoning): auto, none, deepseek, deepseek-legacy
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -549,9 +551,10 @@ def create_app(state: ServerState):
 
     # ---------------------------------------------------------------- generation
 
-    async def run_generation(request, body, prompts, g, n, shape, tools=None):
+    async def run_generation(request, body, prompts, g, n, shape, tools=None, reasoning=None):
         """Queue the jobs and answer in ``shape`` ("native", "oai", "chat"); ``tools`` (a
-        ToolCalls) turns chat replies into tool calls."""
+        ToolCalls) turns chat replies into tool calls; ``reasoning`` (format, thinking forced
+        open) splits a chat reply's thoughts into reasoning_content."""
         if cfg.engine.embedding:
             raise BadRequest("This server does not support completions: it was started with --embeddings",
                              501, "not_supported_error")
@@ -561,11 +564,11 @@ def create_app(state: ServerState):
         meta = {"id": ("chatcmpl-" if shape == "chat" else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": state.model_id}
         if g.stream:
-            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body, tools, g),
+            return StreamingResponse(_stream(state, run, prompts, n, shape, meta, body, tools, g, reasoning),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         per = await _collect(request, run)
-        return JSONResponse(_final(state, per, prompts, n, shape, meta, body, tools, g))
+        return JSONResponse(_final(state, per, prompts, n, shape, meta, body, tools, g, reasoning))
 
     async def completion_native(request):
         body = check_fields(await _read_json(request, cfg.max_body),
@@ -610,8 +613,11 @@ def create_app(state: ServerState):
                             COMMON_FIELDS | {"messages", "n", "logprobs", "top_logprobs", "response_format",
                                              "tools", "tool_choice", "parallel_tool_calls", "stream_options",
                                              "max_completion_tokens", "chat_template_kwargs", "add_generation_prompt",
-                                             "continue_final_message"},
+                                             "continue_final_message", "reasoning_format"},
                             request.url.path)
+        rfmt = body.get("reasoning_format", cfg.reasoning_format)
+        if rfmt not in reasoning_mod.FORMATS:
+            raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning_mod.FORMATS)}, got {rfmt!r}")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
                              defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
         n = _int_field(body, "n", 1, cfg.max_n, 1)
@@ -638,8 +644,10 @@ def create_app(state: ServerState):
                 raise BadRequest("'tools' constrain the reply with their own grammar: pass no 'grammar', "
                                  "'json_schema' or 'response_format' with them")
             g.grammar = tools.grammar
-        prompt = await run_in_threadpool(lambda: state.chat.tokenize(_chat_prompt(state, body, tools)))
-        return await run_generation(request, body, [prompt], g, n, "chat", tools)
+        text = await run_in_threadpool(lambda: _chat_prompt(state, body, tools))
+        prompt = await run_in_threadpool(lambda: state.chat.tokenize(text))
+        return await run_generation(request, body, [prompt], g, n, "chat", tools,
+                                    (rfmt, reasoning_mod.forced_open(text)))
 
     async def chat_input_tokens(request):
         """How many tokens a chat request's prompt is (llama-server's /chat/completions/input_tokens)."""
@@ -647,7 +655,7 @@ def create_app(state: ServerState):
                             COMMON_FIELDS | {"messages", "n", "logprobs", "top_logprobs", "response_format", "tools",
                                              "tool_choice", "parallel_tool_calls", "stream_options",
                                              "max_completion_tokens", "chat_template_kwargs", "add_generation_prompt",
-                                             "continue_final_message"}, request.url.path)
+                                             "continue_final_message", "reasoning_format"}, request.url.path)
         tools = _tools(state, body)
         toks = await run_in_threadpool(lambda: state.chat.tokenize(_chat_prompt(state, body, tools)))
         return JSONResponse({"input_tokens": len(toks)})
@@ -962,7 +970,8 @@ def _pick_fields(obj: dict, fields: list) -> dict:
     return res
 
 
-def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None):
+def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None,
+           reasoning=None):
     choices, dones = [], []
     for idx in sorted(per):
         evs = per[idx]
@@ -985,7 +994,10 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
             choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
         else:
             lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
+            thoughts, text = reasoning_mod.split(text, *(reasoning or ("none", False)))
             msg, fin = reply_message(text, tools)
+            if thoughts is not None:
+                msg["reasoning_content"] = thoughts
             choices.append({"index": idx, "message": msg, "logprobs": lp,
                             "finish_reason": fin or done["finish_reason"]})
     if shape == "native":
@@ -1000,13 +1012,25 @@ def _prompt_text(state, prompt: list) -> str:
     return b"".join(state.vocab.token_to_piece(int(t), False) for t in prompt).decode("utf-8", "replace")
 
 
-async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None):
+async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None,
+                  reasoning=None):
     """SSE chunks as the scheduler emits tokens. Leaving early (client gone) cancels the jobs.
     With tools, a choice's reply is held until it is complete (it may be a tool call, which
     is sent as one delta) and then sent as content or tool_calls."""
     dones: list = []
     held: dict = {}
     finished = False
+    fmt, opened = reasoning or ("none", False)
+    splitters: dict = {}  # choice -> reasoning_mod.StreamSplitter
+
+    def chat_deltas(i: int, parts: list, lp) -> list:
+        chunks = []
+        for kind, t in parts:
+            key = "reasoning_content" if kind == "reasoning" else "content"
+            chunks.append(_sse({**base, "object": "chat.completion.chunk",
+                                "choices": [{"index": i, "delta": {key: t}, "logprobs": lp, "finish_reason": None}]}))
+            lp = None
+        return chunks
     try:
         base = {"id": meta["id"], "created": meta["created"], "model": meta["model"],
                 "system_fingerprint": _FINGERPRINT}
@@ -1045,9 +1069,12 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                         held.setdefault(i, []).append(ev["text"])
                     else:
                         lp = _chat_logprobs(state, [ev]) if body.get("logprobs") else None
-                        yield _sse({**base, "object": "chat.completion.chunk",
-                                    "choices": [{"index": i, "delta": {"content": ev["text"]}, "logprobs": lp,
-                                                 "finish_reason": None}]})
+                        sp = splitters.setdefault(i, reasoning_mod.StreamSplitter(fmt, opened))
+                        parts = sp.feed(ev["text"])
+                        if not parts and lp is not None:
+                            parts = [("content", "")]  # the token's log-probability still goes out
+                        for c in chat_deltas(i, parts, lp):
+                            yield c
                     continue
                 # done
                 dones.append(ev)
@@ -1059,9 +1086,15 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                                              "finish_reason": ev["finish_reason"]}], "timings": ev["timings"]})
                 else:
                     fin = None
+                    if i in splitters:
+                        for c in chat_deltas(i, splitters.pop(i).finish(), None):
+                            yield c
                     if tools is not None:
-                        msg, fin = reply_message("".join(held.pop(i, [])), tools)
+                        thoughts, text = reasoning_mod.split("".join(held.pop(i, [])), fmt, opened)
+                        msg, fin = reply_message(text, tools)
                         delta: dict = {}
+                        if thoughts is not None:
+                            delta["reasoning_content"] = thoughts
                         if msg["content"]:
                             delta["content"] = msg["content"]
                         if msg.get("tool_calls"):
