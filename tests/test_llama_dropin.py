@@ -77,7 +77,6 @@ def test_refused_constructor_parameters_say_why(smollm2_path, kw, why):
 
 REFUSED_CALLS = {
     "completion-tfs_z": (lambda m: m.create_completion(PROMPT, tfs_z=0.9), "tail-free"),
-    "chat-functions": (lambda m: m.create_chat_completion(CHAT, functions=[{"name": "f"}]), "legacy functions"),
     "chat-tfs_z": (lambda m: m.create_chat_completion(CHAT, tfs_z=0.5), "tail-free"),
     "sample-penalize_nl": (lambda m: m.sample(penalize_nl=False), "newlines"),
 }
@@ -311,6 +310,30 @@ def test_chat_tools(llm):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     with pytest.raises(ValueError, match="names no function"):
         llm.create_chat_completion(msgs, tools=tools, tool_choice={"type": "function", "function": {"name": "x"}})
+
+
+def test_chat_legacy_functions(llm):
+    """functions= / function_call= (OpenAI's legacy shape) as tools / tool_choice, as
+    llama-cpp-python converts them: a forced call comes back as tool_calls and function_call."""
+    fn = {"name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string",
+                                                                                      "maxLength": 20}},
+                                             "required": ["city"]}}
+    msgs = [{"role": "user", "content": "What time is it in Rome?"}]
+    r = llm.create_chat_completion(msgs, functions=[fn], function_call={"name": "get_time"}, max_tokens=60,
+                                   temperature=0)
+    m = r["choices"][0]["message"]
+    assert r["choices"][0]["finish_reason"] == "tool_calls"
+    assert m["function_call"] == m["tool_calls"][0]["function"] and m["function_call"]["name"] == "get_time"
+    same = llm.create_chat_completion(msgs, tools=[{"type": "function", "function": fn}],
+                                      tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                      max_tokens=60, temperature=0)
+    assert same["choices"][0]["message"]["tool_calls"][0]["function"] == m["function_call"]
+    with pytest.raises(ValueError, match="not both"):
+        llm.create_chat_completion(msgs, functions=[fn], tools=[{"type": "function", "function": fn}])
+    with pytest.raises(ValueError, match="needs functions"):
+        llm.create_chat_completion(msgs, function_call="auto")
+    with pytest.raises(ValueError, match="function_call must be"):
+        llm.create_chat_completion(msgs, functions=[fn], function_call="always")
 
 
 def test_embed_needs_embedding_mode(llm):

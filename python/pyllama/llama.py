@@ -10,7 +10,7 @@
 
 Every method takes llama-cpp-python's parameters, by the same names and with the same
 defaults, and nothing else: an unknown keyword is a TypeError. A parameter pyllama cannot
-honour yet (LoRA, the legacy functions=, ...) raises NotImplementedError when
+honour yet (spm_infill, YaRN overrides, ...) raises NotImplementedError when
 given a non-default value, saying what is missing; one that only matters on a GPU logs a warning
 once. Results are the same OpenAI-style dicts (``text_completion`` / ``chat.completion`` and
 their ``...chunk`` stream forms). Prompt tokens already in the KV cache from the previous
@@ -1282,10 +1282,23 @@ class Llama:
                 mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model,
                 logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
         where = "Llama.create_chat_completion"
-        for name, v in (("functions", functions), ("function_call", function_call)):
-            if v is not None:
-                raise _not_yet(where, name, v, "the legacy functions / function_call API is not implemented; "
-                               "pass tools= and tool_choice= (OpenAI's current shape)")
+        # OpenAI's legacy functions / function_call: as tools / tool_choice (llama-cpp-python's
+        # conversion); a call comes back as tool_calls and, for these callers, function_call
+        legacy = functions is not None or function_call is not None
+        if legacy:
+            if tools is not None or tool_choice is not None:
+                raise ValueError(f"{where}: pass functions / function_call or tools / tool_choice, not both")
+            if functions is None:
+                raise ValueError(f"{where}: function_call={function_call!r} needs functions=")
+            if function_call is not None and function_call not in ("none", "auto") and not (
+                    isinstance(function_call, dict) and isinstance(function_call.get("name"), str)):
+                raise ValueError(f"{where}: function_call must be 'none', 'auto' or {{'name': ...}}, "
+                                 f"got {function_call!r}")
+            if not isinstance(functions, list):
+                raise TypeError(f"{where}: functions must be a list of {{'name', 'parameters'}} dicts")
+            from .llama_chat_format import _tools_of
+
+            tools, tool_choice = _tools_of(functions, function_call, None, None)
         tc = None
         if tools is not None:
             from .tool_calls import ToolCalls
@@ -1354,6 +1367,8 @@ class Llama:
                         if tc is not None:
                             msg, fin = reply_message("".join(held), tc)
                             finish = fin or finish
+                            if legacy and msg.get("tool_calls"):
+                                msg["function_call"] = msg["tool_calls"][0]["function"]
                             delta = {k: v for k, v in msg.items() if k != "role" and v}
                             if "tool_calls" in delta:
                                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
@@ -1368,6 +1383,8 @@ class Llama:
             out.append(text)
             finish = f if f is not None else finish
         msg, fin = reply_message("".join(out), tc)
+        if legacy and msg.get("tool_calls"):
+            msg["function_call"] = msg["tool_calls"][0]["function"]
         lps = None
         if n_top is not None:
             from .llama_chat_format import _convert_text_completion_logprobs_to_chat
