@@ -108,6 +108,9 @@ def serve(
                                          help="where a reply's <think> thoughts go: auto / deepseek: "
                                               "message.reasoning_content; deepseek-legacy: there and in content; "
                                               "none: left in content"),
+    spm_infill: bool = typer.Option(False, "--spm-infill",
+                                    help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models "
+                                         "trained that way"),
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
@@ -190,7 +193,7 @@ def serve(
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,
-                           reasoning=reasoning, reasoning_format=reasoning_format, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
+                           reasoning=reasoning, reasoning_format=reasoning_format, spm_infill=spm_infill, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
         state = ServerState(m, cfg)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)

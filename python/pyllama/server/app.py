@@ -51,6 +51,7 @@ class ServerConfig:
     max_n: int = 16                       # most choices per request ('n')
     cors_origins: list = field(default_factory=lambda: ["*"])  # origins browsers may call from
     reasoning: str = "auto"               # on / off: the template's enable_thinking; auto: the template's default
+    spm_infill: bool = False              # /infill: suffix before prefix (--spm-infill)
     reasoning_format: str = "auto"        # where <think> thoughts go (pyllama.reasoning): auto, none, deepseek, deepseek-legacy
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -301,6 +302,75 @@ def _tokenize_prompt(state: ServerState, prompt, add_special: bool = True) -> li
                 raise BadRequest(f"prompt[{i}]: expected a token id or a string, got {type(x).__name__}")
         return out
     raise BadRequest(f"'prompt' must be a string, a list of token ids or a list of those, got {type(prompt).__name__}")
+
+
+def _tokenize_mixed(state: ServerState, value, name: str) -> list:
+    """llama-server's tokenize_mixed: a string, or a list of strings and token ids; strings
+    are tokenized without special tokens and without parsing special-token text."""
+    v = state.vocab
+    if isinstance(value, str):
+        return list(v.tokenize(value, add_special=False, parse_special=False))
+    if isinstance(value, list):
+        out: list = []
+        for i, x in enumerate(value):
+            if isinstance(x, str):
+                out.extend(v.tokenize(x, add_special=False, parse_special=False))
+            elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < state.n_vocab:
+                out.append(x)
+            else:
+                raise BadRequest(f"'{name}'[{i}]: expected a string or a token id below {state.n_vocab}, got {x!r}")
+        return out
+    raise BadRequest(f"'{name}' must be a string or a list of strings and token ids, got {type(value).__name__}")
+
+
+def _infill_prompt(state: ServerState, body: dict, n_predict: int) -> list:
+    """llama-server's format_prompt_infill (FIM repo-level pattern): [FIM_REP]myproject
+    [FIM_SEP]file0 extra0 ... [FIM_SEP]filename [FIM_PRE]prefix+prompt [FIM_SUF]suffix
+    [FIM_MID], the prefix cut to 3/4 of a batch (its end kept), the suffix to what is left,
+    and of the extra context only what fits n_ctx - n_batch - 2 * n_predict (its end kept)."""
+    for f in ("input_prefix", "input_suffix"):
+        if f not in body:
+            raise BadRequest(f'"{f}" is required')
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise BadRequest('"prompt" must be a string')
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list):
+        raise BadRequest('"input_extra" must be an array of {"filename": string, "text": string}')
+    for chunk in extra:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise BadRequest('extra_context chunk must contain a "text" field with a string value')
+        if "filename" in chunk and not isinstance(chunk["filename"], str):
+            raise BadRequest("extra_context chunk's \"filename\" field must be a string")
+    v = state.vocab
+
+    def tok(text: str) -> list:
+        return list(v.tokenize(text, add_special=False, parse_special=False))
+
+    prefix = _tokenize_mixed(state, body["input_prefix"], "input_prefix")
+    suffix = _tokenize_mixed(state, body["input_suffix"], "input_suffix")
+    prompt_toks = list(v.tokenize(prompt, add_special=False, parse_special=True))
+    extra_toks: list = []
+    if v.fim_rep >= 0:
+        extra_toks += [v.fim_rep] + tok("myproject\n")
+    for chunk in extra:
+        if v.fim_sep >= 0:
+            extra_toks += [v.fim_sep] + tok(chunk.get("filename", "tmp") + "\n")
+        else:
+            extra_toks += tok("\n\n--- snippet ---\n\n")
+        extra_toks += tok(chunk["text"])
+    if v.fim_sep >= 0:
+        extra_toks += [v.fim_sep] + tok("filename\n")
+    n_batch, n_ctx = state.engine.n_batch, state.engine.n_ctx_slot
+    n_prefix = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt_toks))))
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_toks))
+    pre = [v.fim_pre] + prefix[len(prefix) - n_prefix:] + prompt_toks
+    suf = [v.fim_suf] + suffix[:n_suffix]
+    first, last = (suf, pre) if state.config.spm_infill else (pre, suf)
+    if v.add_bos:
+        first = [v.bos] + first
+    return extra_toks[len(extra_toks) - n_extra:] + first + last + [v.fim_mid]
 
 
 def _prompts(state: ServerState, prompt) -> list:
@@ -585,6 +655,22 @@ def create_app(state: ServerState):
         prompts = await run_in_threadpool(lambda: _prompts(state, body.get("prompt")))
         return await run_generation(request, body, prompts, g, 1, "native")
 
+    async def infill(request):
+        """llama-server's /infill: fill in the middle with the model's FIM tokens."""
+        v = state.vocab
+        missing = "".join(f"{n} token is missing. " for n, t in (("prefix", v.fim_pre), ("suffix", v.fim_suf),
+                                                                  ("middle", v.fim_mid)) if t < 0)
+        if missing:
+            raise BadRequest(f"Infill is not supported by this model: {missing}", 501, "not_supported_error")
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            COMMON_FIELDS | {"prompt", "input_prefix", "input_suffix", "input_extra", "return_tokens",
+                                             "response_fields"}, "/infill")
+        if body.get("return_tokens") not in (None, True, False):
+            raise BadRequest("'return_tokens' must be true or false")
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        prompt = await run_in_threadpool(lambda: _infill_prompt(state, body, cfg.n_predict))
+        return await run_generation(request, body, [prompt], g, 1, "native")
+
     async def completion_oai(request):
         body = check_fields(await _read_json(request, cfg.max_body),
                             COMMON_FIELDS | {"prompt", "n", "logprobs", "echo", "suffix", "best_of",
@@ -685,6 +771,7 @@ def create_app(state: ServerState):
         Route("/completion", endpoint(completion_native), methods=["POST"]),
         Route("/completions", endpoint(completion_native), methods=["POST"]),
         Route("/v1/completions", endpoint(completion_oai), methods=["POST"]),
+        Route("/infill", endpoint(infill), methods=["POST"]),
         Route("/chat/completions", endpoint(chat_completion), methods=["POST"]),
         Route("/v1/chat/completions", endpoint(chat_completion), methods=["POST"]),
         Route("/chat/completions/input_tokens", endpoint(chat_input_tokens), methods=["POST"]),
