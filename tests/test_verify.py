@@ -119,3 +119,25 @@ def test_real_comparison_with_llama_cpp(smollm2_path):
     assert o["top1_agree"] == o["positions"] and o["kl_mean"] < 1e-4, o
     t = rep["text"]
     assert t["ppl_pyllama"] == pytest.approx(t["ppl_llama_cpp"], rel=1e-3)
+
+
+@pytest.mark.skipif(not any((LLAMA_CPP_DIR / s / "libllama.so").is_file() for s in ("", "bin")),
+                    reason=f"no llama.cpp build at {LLAMA_CPP_DIR} (set PYLLAMA_LLAMA_CPP_DIR)")
+def test_flags_change_the_report(smollm2_path, tmp_path):
+    """--prompts adds its lines to the -p prompts, -f and -c set the perplexity text and its
+    chunks; the text report follows them."""
+    (tmp_path / "prompts.txt").write_text("Hello\n\nThe sky is\n")
+    (tmp_path / "text.txt").write_text(V.DEFAULT_TEXT[:1200])
+    r = runner.invoke(app, ["verify", "-m", str(smollm2_path), "--llama-cpp", str(LLAMA_CPP_DIR), "-p", "Hi there",
+                            "--prompts", str(tmp_path / "prompts.txt"), "-f", str(tmp_path / "text.txt"),
+                            "-c", "32", "-t", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert [p["prompt"] for p in rep["prompts"]] == ["Hi there", "Hello", "The sky is"]
+    t = rep["text"]
+    assert t["n_ctx"] == 32 and t["chunks"] == t["tokens"] // 32 and t["tokens"] < 300
+    r = runner.invoke(app, ["verify", "-m", str(smollm2_path), "--llama-cpp", str(LLAMA_CPP_DIR), "-p", "x",
+                            "-f", str(tmp_path / "text.txt"), "-c", "512"])
+    assert r.exit_code == 1 and "needs at least 1024" in r.output
+    r = runner.invoke(app, ["verify", "-m", str(smollm2_path), "--llama-cpp", str(LLAMA_CPP_DIR), "-p", "Hi"])
+    assert r.exit_code == 0 and "top-1 agreement :" in r.stdout and "perplexity      : llama.cpp" in r.stdout
