@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
 use crate::gguf::{validate, GgufFile, LoadMode, TensorInfo, Value};
 use crate::hparams::{HParams, Meta};
-use crate::models::{self, Arch, Need};
+use crate::models::{self, Arch};
 use std::collections::HashMap;
 
 pub mod ftype {
@@ -473,35 +473,24 @@ impl Model {
         files[0].get("tokenizer.ggml.tokens").and_then(Value::as_array).map_or(0, |a| a.len())
     }
 
+    /// Bind every tensor the architecture's forward pass uses, as a context will (the
+    /// binding is the schema: a missing tensor or a wrong shape fails here, at load).
     fn check_schema(&self) -> Result<()> {
-        for spec in self.arch.tensors(&self.hparams) {
-            let info = match self.info(&spec.name) {
-                Some(i) => i,
-                None => match spec.need {
-                    Need::Required => {
-                        return Err(Error::Unsupported(format!(
-                            "{}: missing tensor '{}' required by architecture '{}'",
-                            self.files[0].path,
-                            spec.name,
-                            self.arch.name()
-                        )))
-                    }
-                    _ => continue,
-                },
-            };
-            let mut want = [1u64; 4];
-            want[..spec.shape.len()].copy_from_slice(&spec.shape);
-            if info.ne != want {
-                return Err(Error::Unsupported(format!(
-                    "{}: tensor '{}' has wrong shape {:?}, expected {:?}",
-                    self.files[0].path,
-                    spec.name,
-                    &info.ne[..info.n_dims.max(1) as usize],
-                    spec.shape
-                )));
-            }
-        }
-        Ok(())
+        let cp = crate::context::ContextParams {
+            n_ctx: self.hparams.n_ctx_train.max(1),
+            n_seq_max: 1,
+            n_ubatch: 1,
+            n_threads: 1,
+            n_threads_batch: 1,
+            type_k: GgmlType::F16,
+            type_v: GgmlType::F16,
+            kv_unified: true,
+            swa_full: false,
+            embeddings: false,
+            rope_freq_base: 0.0,
+            rope_freq_scale: 0.0,
+        };
+        self.arch.build_forward(&crate::models::loader::Loader::check(self), &cp).map(drop)
     }
 
     pub fn info(&self, name: &str) -> Option<&TensorInfo> {

@@ -4,53 +4,26 @@
 //! layer (default pattern 2: even layers local, window 4096 unless the file says).
 //! See llama.cpp's src/models/gemma.cpp and gemma2.cpp.
 
-use super::{common_hparams, qkv_specs, Arch, TensorSpec};
+use super::decoder::{Decoder, DecoderConfig};
+use super::graph::FfnAct;
+use super::loader::Loader;
+use super::{common_hparams, Arch};
+use crate::context::{ContextParams, Forward};
 use crate::error::Result;
 use crate::hparams::{HParams, Meta, RopeType};
 
 pub struct Gemma;
 pub struct Gemma2;
 
-fn specs(hp: &HParams, post_norms: bool) -> Vec<TensorSpec> {
-    let n_embd = hp.n_embd;
-    let mut v = vec![
-        TensorSpec::req("token_embd.weight", &[n_embd, hp.n_vocab]),
-        TensorSpec::req("output_norm.weight", &[n_embd]),
-    ];
-    for il in 0..hp.n_layer {
-        let n_q = hp.n_embd_head_k * hp.n_head(il);
-        let n_ff = hp.n_ff[il];
-        let b = |s: &str| format!("blk.{il}.{s}");
-        v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-        v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-        v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
-        if post_norms {
-            v.push(TensorSpec::req(b("post_attention_norm.weight"), &[n_embd]));
-        }
-        v.extend([
-            TensorSpec::req(b("ffn_norm.weight"), &[n_embd]),
-            TensorSpec::req(b("ffn_gate.weight"), &[n_embd, n_ff]),
-            TensorSpec::req(b("ffn_up.weight"), &[n_embd, n_ff]),
-            TensorSpec::req(b("ffn_down.weight"), &[n_ff, n_embd]),
-        ]);
-        if post_norms {
-            v.push(TensorSpec::req(b("post_ffw_norm.weight"), &[n_embd]));
-        }
-    }
-    v
-}
-
 impl Arch for Gemma {
     fn name(&self) -> &'static str {
         "gemma"
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        gemma_forward(model, cp)
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let cfg = DecoderConfig { q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(), ..gemma_config(hp) };
+        Ok(Box::new(Decoder::load(ld, cp, cfg)?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -64,10 +37,6 @@ impl Arch for Gemma {
             _ => "?B",
         }
     }
-
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        specs(hp, false)
-    }
 }
 
 impl Arch for Gemma2 {
@@ -75,12 +44,16 @@ impl Arch for Gemma2 {
         "gemma2"
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        gemma2_forward(model, cp)
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let cfg = DecoderConfig {
+            post_norms: true,
+            q_scale: hp.f_attention_scale,
+            attn_softcap: hp.f_attn_logit_softcapping,
+            final_softcap: hp.f_final_logit_softcapping,
+            ..gemma_config(hp)
+        };
+        Ok(Box::new(Decoder::load(ld, cp, cfg)?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -108,55 +81,10 @@ impl Arch for Gemma2 {
             _ => "?B",
         }
     }
-
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        specs(hp, true)
-    }
 }
 
-// ---- forward pass ------------------------------------------------------------------
-//
-// The shared pre-norm decoder (ops/decoder.rs) with the Gemma traits: embeddings scaled
-// by sqrt(n_embd) (token input only), q scaled after rope (1/sqrt(head) for Gemma,
-// f_attention_scale for Gemma 2) and a softmax scale of 1, GELU(tanh)-gated FFN. Gemma 2
-// adds post-norms, tanh soft-capping of the attention scores and of the final logits,
-// and the sliding window on its local layers.
-
-use crate::context::{ContextParams, FfnAct, Forward};
-use crate::model::Model;
-use crate::ops::decoder::{Decoder, DecoderConfig};
-use std::sync::Arc;
-
-fn gemma_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-    let hp = &model.hparams;
-    let cfg = DecoderConfig {
-        embd_scale: true,
-        post_norms: false,
-        qk_norm: false,
-        q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(),
-        kq_scale: 1.0,
-        attn_softcap: 0.0,
-        final_softcap: 0.0,
-        act: FfnAct::GeGlu,
-        fused: false,
-        attn_temp: None,
-    };
-    Ok(Box::new(Decoder::new(model, cp, cfg)?))
-}
-
-fn gemma2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-    let hp = &model.hparams;
-    let cfg = DecoderConfig {
-        embd_scale: true,
-        post_norms: true,
-        qk_norm: false,
-        q_scale: hp.f_attention_scale,
-        kq_scale: 1.0,
-        attn_softcap: hp.f_attn_logit_softcapping,
-        final_softcap: hp.f_final_logit_softcapping,
-        act: FfnAct::GeGlu,
-        fused: false,
-        attn_temp: None,
-    };
-    Ok(Box::new(Decoder::new(model, cp, cfg)?))
+/// The Gemma traits both share: embeddings scaled by sqrt(n_embd) (token input only), q
+/// scaled after rope and a softmax scale of 1, GELU(tanh)-gated FFN, output always tied.
+fn gemma_config(hp: &HParams) -> DecoderConfig {
+    DecoderConfig { embd_scale: true, kq_scale: 1.0, act: FfnAct::Gelu, output_opt: false, ..DecoderConfig::new(hp) }
 }

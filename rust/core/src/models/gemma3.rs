@@ -3,7 +3,7 @@
 //! global ones), 5 local : 1 global layers, GELU(tanh)-gated FFN. See llama.cpp's
 //! src/models/gemma3.cpp.
 //!
-//! The forward pass is the shared pre-norm decoder (ops/decoder.rs) configured so:
+//! The forward pass is the shared pre-norm decoder (decoder.rs) configured so:
 //! x = embd(tokens) * sqrt(n_embd)                                   [n, n_embd]
 //! per layer: cur = rmsnorm(x) * attn_norm
 //!            q, k = rmsnorm per head (q_norm, k_norm); NEOX rope (base 10000 on
@@ -14,13 +14,13 @@
 //!            x   += rmsnorm(down(gelu_tanh(gate cur) * up cur)) * post_ffw_norm
 //! logits = output . (rmsnorm(x) * output_norm)  [+ final softcap when the file has one]
 
-use super::{common_hparams, io_specs, Arch, TensorSpec};
-use crate::context::{ContextParams, FfnAct, Forward};
-use crate::ops::decoder::{Decoder, DecoderConfig};
+use super::decoder::{Decoder, DecoderConfig};
+use super::graph::FfnAct;
+use super::loader::Loader;
+use super::{common_hparams, Arch};
+use crate::context::{ContextParams, Forward};
 use crate::error::Result;
 use crate::hparams::{HParams, Meta, RopeType};
-use crate::model::Model;
-use std::sync::Arc;
 
 pub struct Gemma3;
 
@@ -59,46 +59,18 @@ impl Arch for Gemma3 {
         }
     }
 
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let n_embd = hp.n_embd;
-        let mut v = io_specs(hp);
-        for il in 0..hp.n_layer {
-            let n_q = hp.n_embd_head_k * hp.n_head(il);
-            let n_ff = hp.n_ff[il];
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.extend([
-                TensorSpec::req(b("attn_norm.weight"), &[n_embd]),
-                TensorSpec::req(b("attn_q.weight"), &[n_embd, n_q]),
-                TensorSpec::req(b("attn_k.weight"), &[n_embd, hp.n_embd_k_gqa(il)]),
-                TensorSpec::req(b("attn_v.weight"), &[n_embd, hp.n_embd_v_gqa(il)]),
-                TensorSpec::req(b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd]),
-                TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]),
-                TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]),
-                TensorSpec::req(b("post_attention_norm.weight"), &[n_embd]),
-                TensorSpec::req(b("ffn_norm.weight"), &[n_embd]),
-                TensorSpec::req(b("ffn_gate.weight"), &[n_embd, n_ff]),
-                TensorSpec::req(b("ffn_up.weight"), &[n_embd, n_ff]),
-                TensorSpec::req(b("ffn_down.weight"), &[n_ff, n_embd]),
-                TensorSpec::req(b("post_ffw_norm.weight"), &[n_embd]),
-            ]);
-        }
-        v
-    }
-
-    fn build_forward(&self, model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        let hp = &model.hparams;
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
         let cfg = DecoderConfig {
             embd_scale: true,
             post_norms: true,
             qk_norm: true,
             q_scale: hp.f_attention_scale,
             kq_scale: 1.0,
-            attn_softcap: 0.0,
             final_softcap: hp.f_final_logit_softcapping,
-            act: FfnAct::GeGlu,
-            fused: false,
-            attn_temp: None,
+            act: FfnAct::Gelu,
+            ..DecoderConfig::new(hp)
         };
-        Ok(Box::new(Decoder::new(model, cp, cfg)?))
+        Ok(Box::new(Decoder::load(ld, cp, cfg)?))
     }
 }

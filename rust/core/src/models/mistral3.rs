@@ -3,7 +3,10 @@
 //! (`attention.temperature_scale`, floor scale = `rope.scaling.original_context_length`).
 //! See llama.cpp's src/models/mistral3.cpp.
 
-use super::{common_hparams, io_specs, qkv_specs, Arch, TensorSpec};
+use super::decoder::{Decoder, DecoderConfig};
+use super::loader::Loader;
+use super::{common_hparams, Arch};
+use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
 
@@ -14,12 +17,12 @@ impl Arch for Mistral3 {
         "mistral3"
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        mistral3_forward(model, cp)
+    /// LLaMA's decoder with YaRN rope scaling from the file (graph.rs `layer_rope`) and,
+    /// when `attention.temperature_scale` is set, q *= 1 + scale * ln(1 + floor(pos / n_ctx_orig)).
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let attn_temp = (hp.f_attn_temp_scale != 0.0).then_some((hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale));
+        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { attn_temp, ..DecoderConfig::new(hp) })?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -45,54 +48,4 @@ impl Arch for Mistral3 {
             _ => "?B",
         }
     }
-
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let n_embd = hp.n_embd;
-        let mut v = io_specs(hp);
-        for il in 0..hp.n_layer {
-            let n_q = hp.n_embd_head_k * hp.n_head(il);
-            let n_ff = hp.n_ff[il];
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-            v.extend([
-                TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]),
-                TensorSpec::opt(b("attn_output.bias"), &[n_embd]),
-                TensorSpec::req(b("ffn_norm.weight"), &[n_embd]),
-                TensorSpec::opt(b("rope_freqs.weight"), &[hp.n_rot / 2]),
-                TensorSpec::req(b("ffn_gate.weight"), &[n_embd, n_ff]),
-                TensorSpec::req(b("ffn_down.weight"), &[n_ff, n_embd]),
-                TensorSpec::req(b("ffn_up.weight"), &[n_embd, n_ff]),
-            ]);
-        }
-        v
-    }
-}
-
-// ---- forward pass ------------------------------------------------------------------
-//
-// The shared pre-norm decoder (ops/decoder.rs), LLaMA-shaped (NORM rope, SwiGLU), with
-// YaRN rope scaling from the file (context.rs `layer_rope`) and, when
-// `attention.temperature_scale` is set, q *= 1 + scale * ln(1 + floor(pos / n_ctx_orig)).
-
-use crate::context::{ContextParams, FfnAct, Forward};
-use crate::model::Model;
-use crate::ops::decoder::{Decoder, DecoderConfig};
-use std::sync::Arc;
-
-fn mistral3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-    let hp = &model.hparams;
-    let cfg = DecoderConfig {
-        embd_scale: false,
-        post_norms: false,
-        qk_norm: false,
-        q_scale: 1.0,
-        kq_scale: if hp.f_attention_scale != 0.0 { hp.f_attention_scale } else { 1.0 / (hp.n_embd_head_k as f32).sqrt() },
-        attn_softcap: 0.0,
-        final_softcap: 0.0,
-        act: FfnAct::SwiGlu,
-        fused: false,
-        attn_temp: if hp.f_attn_temp_scale != 0.0 { Some((hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale)) } else { None },
-    };
-    Ok(Box::new(Decoder::new(model, cp, cfg)?))
 }

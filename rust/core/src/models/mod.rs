@@ -1,45 +1,26 @@
 //! Architecture registry (pipeline step 3): `general.architecture` -> one `Arch` per
 //! family. Adding an architecture = one file in this folder + one line in `REGISTRY`.
+//!
+//! An architecture's file has its hyperparameters (`hparams`), and its forward pass, which
+//! binds its tensors through a `loader::Loader` (that binding is the schema: checked at
+//! model load) and is built from the shared graph builders (graph.rs), mostly as a
+//! configured `decoder::Decoder`.
 
+pub mod decoder;
 pub mod gemma;
 pub mod gemma3;
+pub mod graph;
 pub mod llama;
+pub mod loader;
 pub mod mistral3;
 pub mod phi2;
 pub mod phi3;
 pub mod qwen2;
 
+use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
-
-/// How a tensor of the schema must be present.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Need {
-    Required,
-    Optional,
-    /// May be absent; then the named tensor is used in its place (output -> token_embd).
-    TiedTo(&'static str),
-}
-
-#[derive(Clone, Debug)]
-pub struct TensorSpec {
-    pub name: String,
-    /// Expected dims in ggml order (ne[0] first), trailing 1s omitted.
-    pub shape: Vec<u64>,
-    pub need: Need,
-}
-
-impl TensorSpec {
-    pub fn req(name: impl Into<String>, shape: &[usize]) -> TensorSpec {
-        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::Required }
-    }
-    pub fn opt(name: impl Into<String>, shape: &[usize]) -> TensorSpec {
-        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::Optional }
-    }
-    pub fn tied(name: impl Into<String>, shape: &[usize], to: &'static str) -> TensorSpec {
-        TensorSpec { name: name.into(), shape: shape.iter().map(|&x| x as u64).collect(), need: Need::TiedTo(to) }
-    }
-}
+use loader::Loader;
 
 pub trait Arch: Sync {
     /// `general.architecture` value.
@@ -47,8 +28,6 @@ pub trait Arch: Sync {
     /// Hyperparameters from `{arch}.*` keys. `n_vocab` is passed in (from the token
     /// embedding or the vocabulary).
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams>;
-    /// Every tensor the forward pass uses, with its expected shape.
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec>;
     /// Whether the forward pass has mixture-of-experts layers (`{arch}.expert_count` > 0
     /// is refused for the others: a dense forward pass would run without the experts).
     fn moe(&self) -> bool {
@@ -59,16 +38,10 @@ pub trait Arch: Sync {
         "?B"
     }
 
-    /// The forward pass over `model`'s tensors for a context with params `cp` (see
-    /// context.rs). Architectures without one yet report that clearly.
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        let _ = (model, cp);
-        Err(Error::Unsupported(format!("architecture '{}' has no forward pass in pyllama yet", self.name())))
-    }
+    /// Bind the model's tensors through `ld` (each call states a tensor's name, shape and
+    /// whether it is required: this is the architecture's schema, checked at model load)
+    /// and build the forward pass for a context with params `cp`.
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>>;
 }
 
 pub static REGISTRY: &[&dyn Arch] = &[
@@ -95,8 +68,8 @@ impl Arch for VocabOnly {
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         Ok(HParams::vocab_only(meta.arch, n_vocab))
     }
-    fn tensors(&self, _hp: &HParams) -> Vec<TensorSpec> {
-        Vec::new()
+    fn build_forward(&self, _ld: &Loader, _cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Err(Error::Invalid("the model was loaded with vocab_only: it has no weights to run".into()))
     }
 }
 
@@ -108,29 +81,6 @@ pub fn find(name: &str) -> Result<&'static dyn Arch> {
 }
 
 pub const MAX_LAYERS: usize = 512;
-
-/// Separate Q/K/V projections (with optional biases), as llama.cpp's create_tensor_qkv
-/// describes them when no fused `attn_qkv` is present.
-pub fn qkv_specs(il: usize, n_embd: usize, n_q: usize, n_k: usize, n_v: usize) -> Vec<TensorSpec> {
-    let b = |s: &str| format!("blk.{il}.{s}");
-    vec![
-        TensorSpec::req(b("attn_q.weight"), &[n_embd, n_q]),
-        TensorSpec::req(b("attn_k.weight"), &[n_embd, n_k]),
-        TensorSpec::req(b("attn_v.weight"), &[n_embd, n_v]),
-        TensorSpec::opt(b("attn_q.bias"), &[n_q]),
-        TensorSpec::opt(b("attn_k.bias"), &[n_k]),
-        TensorSpec::opt(b("attn_v.bias"), &[n_v]),
-    ]
-}
-
-/// token_embd, output_norm and output (tied to token_embd when absent).
-pub fn io_specs(hp: &HParams) -> Vec<TensorSpec> {
-    vec![
-        TensorSpec::req("token_embd.weight", &[hp.n_embd, hp.n_vocab]),
-        TensorSpec::req("output_norm.weight", &[hp.n_embd]),
-        TensorSpec::tied("output.weight", &[hp.n_embd, hp.n_vocab], "token_embd.weight"),
-    ]
-}
 
 /// The hparams every transformer shares, with llama.cpp's defaults
 /// (src/llama-model.cpp `load_hparams`).

@@ -10,13 +10,14 @@
 //!   x    = (att + ffn) + x
 //!   logits = output (layernorm(x) * output_norm + output_norm_b) + output_b
 
-use super::{common_hparams, Arch, TensorSpec};
-use crate::context::{layer_rope, vector, weight, AttnConfig, AttnWeights, ContextParams, Forward, Step};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::loader::{Keep, Loader};
+use super::{common_hparams, Arch};
+use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
-use crate::model::{Model, TensorView};
+use crate::model::TensorView;
 use crate::ops::rope::RopeParams;
-use std::sync::Arc;
 
 pub struct Phi2;
 
@@ -25,8 +26,8 @@ impl Arch for Phi2 {
         "phi2"
     }
 
-    fn build_forward(&self, model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        Ok(Box::new(Phi2Forward::new(model, cp)?))
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Ok(Box::new(Phi2Forward::load(ld, cp)?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -47,38 +48,6 @@ impl Arch for Phi2 {
             32 => "3B",
             _ => "?B",
         }
-    }
-
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
-        let mut v = vec![
-            TensorSpec::req("token_embd.weight", &[n_embd, n_vocab]),
-            TensorSpec::req("output_norm.weight", &[n_embd]),
-            TensorSpec::req("output_norm.bias", &[n_embd]),
-            TensorSpec::req("output.weight", &[n_embd, n_vocab]),
-            TensorSpec::req("output.bias", &[n_vocab]),
-        ];
-        for il in 0..hp.n_layer {
-            // llama.cpp: {n_embd, n_embd + 2 n_embd_gqa} and wo {n_embd, n_embd}; the same for
-            // real files, written with the q/k/v widths the forward pass slices by, so a file
-            // whose key/value lengths disagree with its tensors fails at load.
-            let n_qkv = hp.n_embd_head_k * hp.n_head(il) + hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il);
-            let n_o = hp.n_embd_head_v * hp.n_head(il);
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.extend([
-                TensorSpec::req(b("attn_norm.weight"), &[n_embd]),
-                TensorSpec::req(b("attn_norm.bias"), &[n_embd]),
-                TensorSpec::req(b("attn_qkv.weight"), &[n_embd, n_qkv]),
-                TensorSpec::req(b("attn_qkv.bias"), &[n_qkv]),
-                TensorSpec::req(b("attn_output.weight"), &[n_o, n_embd]),
-                TensorSpec::req(b("attn_output.bias"), &[n_embd]),
-                TensorSpec::req(b("ffn_up.weight"), &[n_embd, hp.n_ff[il]]),
-                TensorSpec::req(b("ffn_up.bias"), &[hp.n_ff[il]]),
-                TensorSpec::req(b("ffn_down.weight"), &[hp.n_ff[il], n_embd]),
-                TensorSpec::req(b("ffn_down.bias"), &[n_embd]),
-            ]);
-        }
-        v
     }
 }
 
@@ -107,45 +76,48 @@ struct Phi2Forward {
     layers: Vec<Layer>,
     eps: f32,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
-    _model: Arc<Model>,
+    _keep: Keep,
 }
 
 impl Phi2Forward {
-    fn new(model: &Arc<Model>, cp: &ContextParams) -> Result<Phi2Forward> {
-        let hp = &model.hparams;
+    /// The schema: every tensor phi2 computes with, required (llama.cpp's load_arch_tensors).
+    fn load(ld: &Loader, cp: &ContextParams) -> Result<Phi2Forward> {
+        let hp = ld.hp();
+        let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
-            let (nq, nk) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il));
-            let bqkv = vector(model, &b("attn_qkv.bias"))?;
-            if bqkv.len() != nq + nk + hp.n_embd_v_gqa(il) {
-                return Err(Error::Unsupported(format!("tensor '{}': wrong length {}", b("attn_qkv.bias"), bqkv.len())));
-            }
+            // llama.cpp: wqkv {n_embd, n_embd + 2 n_embd_gqa} and wo {n_embd, n_embd}; the same
+            // for real files, written with the q/k/v widths the forward pass slices by, so a
+            // file whose key/value lengths disagree with its tensors fails at load.
+            let (nq, nk, nv) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+            let n_ff = hp.n_ff[il];
+            let bqkv = ld.req_vec(&b("attn_qkv.bias"), &[nq + nk + nv])?;
             layers.push(Layer {
-                norm_w: vector(model, &b("attn_norm.weight"))?,
-                norm_b: vector(model, &b("attn_norm.bias"))?,
-                wqkv: weight(model, &b("attn_qkv.weight"))?,
+                norm_w: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
+                norm_b: ld.req_vec(&b("attn_norm.bias"), &[n_embd])?,
+                wqkv: ld.req(&b("attn_qkv.weight"), &[n_embd, nq + nk + nv])?,
                 bq: bqkv[..nq].to_vec(),
                 bk: bqkv[nq..nq + nk].to_vec(),
                 bv: bqkv[nq + nk..].to_vec(),
-                wo: weight(model, &b("attn_output.weight"))?,
-                bo: vector(model, &b("attn_output.bias"))?,
-                up: weight(model, &b("ffn_up.weight"))?,
-                up_b: vector(model, &b("ffn_up.bias"))?,
-                down: weight(model, &b("ffn_down.weight"))?,
-                down_b: vector(model, &b("ffn_down.bias"))?,
+                wo: ld.req(&b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd])?,
+                bo: ld.req_vec(&b("attn_output.bias"), &[n_embd])?,
+                up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
+                up_b: ld.req_vec(&b("ffn_up.bias"), &[n_ff])?,
+                down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+                down_b: ld.req_vec(&b("ffn_down.bias"), &[n_embd])?,
                 rope: layer_rope(hp, cp, il, None),
             });
         }
         Ok(Phi2Forward {
-            tok_embd: weight(model, "token_embd.weight")?,
-            output_norm: vector(model, "output_norm.weight")?,
-            output_norm_b: vector(model, "output_norm.bias")?,
-            output: weight(model, "output.weight")?,
-            output_b: vector(model, "output.bias")?,
+            tok_embd: ld.req("token_embd.weight", &[n_embd, n_vocab])?,
+            output_norm: ld.req_vec("output_norm.weight", &[n_embd])?,
+            output_norm_b: ld.req_vec("output_norm.bias", &[n_embd])?,
+            output: ld.req("output.weight", &[n_embd, n_vocab])?,
+            output_b: ld.req_vec("output.bias", &[n_vocab])?,
             layers,
             eps: hp.f_norm_eps,
-            _model: model.clone(),
+            _keep: ld.keep(),
         })
     }
 }
@@ -159,10 +131,10 @@ impl Forward for Phi2Forward {
         let ne = st.hp.n_embd;
         let hd = st.hp.n_embd_head_k;
         let n_layer = self.layers.len();
-        st.embed(&self.tok_embd, 1.0)?;
+        st.build_inp_embd(&self.tok_embd, 1.0)?;
         crate::cb!(st, "inp_embd", -1, x, ne);
         for (il, l) in self.layers.iter().enumerate() {
-            st.layer_norm_x_to_cur(&l.norm_w, Some(&l.norm_b), self.eps);
+            st.build_norm(&l.norm_w, Some(&l.norm_b), Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
             let w = AttnWeights {
                 wq: &l.wqkv,
@@ -186,7 +158,7 @@ impl Forward for Phi2Forward {
                 n_swa: 0,
                 attn_temp: None,
             };
-            st.attn_block(&w, &a)?;
+            st.build_attn(&w, &a)?;
             // The MLP reads the same normed input; keep the attention output aside (`att`
             // holds n_head * head_dim = n_embd floats per row and is free until the next layer).
             let m = st.n * ne;
@@ -194,7 +166,8 @@ impl Forward for Phi2Forward {
                 let b = &mut *st.b;
                 b.att[..m].copy_from_slice(&b.tmp[..m]);
             }
-            st.ffn_gelu_seq(il, &l.up, Some(&l.up_b), &l.down, Some(&l.down_b))?;
+            let f = FfnWeights { gate: None, up: &l.up, up_b: Some(&l.up_b), down: &l.down, down_b: Some(&l.down_b) };
+            st.build_ffn(il, &f, FfnAct::Gelu, FfnGate::None)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             {
                 let b = &mut *st.b;
@@ -206,10 +179,10 @@ impl Forward for Phi2Forward {
                 return Ok(());
             }
             st.residual();
-            st.cvec(il);
+            st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
         }
-        st.layer_norm_x_to_cur(&self.output_norm, Some(&self.output_norm_b), self.eps);
-        st.project_outputs(&self.output, Some(&self.output_b), 0.0)
+        st.build_norm(&self.output_norm, Some(&self.output_norm_b), Norm::Layer, self.eps);
+        st.build_output(&self.output, Some(&self.output_b), 0.0)
     }
 }

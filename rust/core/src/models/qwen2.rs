@@ -1,9 +1,12 @@
 //! Qwen2 / Qwen2.5 (q/k/v biases) and Qwen3 (per-head Q/K RMSNorm, head size from
 //! `attention.key_length`): RMSNorm, NEOX rope, GQA, SwiGLU. See llama.cpp's
 //! src/models/qwen2.cpp, qwen3.cpp and qwen3moe.cpp. Qwen3-MoE is Qwen3 with mixture-of-
-//! experts feed-forward layers (the shared decoder runs them, see `Step::ffn_moe`).
+//! experts feed-forward layers (the shared decoder runs them, see graph.rs `build_moe_ffn`).
 
-use super::{common_hparams, io_specs, qkv_specs, Arch, TensorSpec};
+use super::decoder::{Decoder, DecoderConfig};
+use super::loader::Loader;
+use super::{common_hparams, Arch};
+use crate::context::{ContextParams, Forward};
 use crate::error::Result;
 use crate::hparams::{HParams, Meta, RopeType};
 
@@ -11,27 +14,13 @@ pub struct Qwen2;
 pub struct Qwen3;
 pub struct Qwen3Moe;
 
-fn ffn(il: usize, n_embd: usize, n_ff: usize) -> Vec<TensorSpec> {
-    let b = |s: &str| format!("blk.{il}.{s}");
-    vec![
-        TensorSpec::req(b("ffn_norm.weight"), &[n_embd]),
-        TensorSpec::req(b("ffn_gate.weight"), &[n_embd, n_ff]),
-        TensorSpec::req(b("ffn_down.weight"), &[n_ff, n_embd]),
-        TensorSpec::req(b("ffn_up.weight"), &[n_embd, n_ff]),
-    ]
-}
-
 impl Arch for Qwen2 {
     fn name(&self) -> &'static str {
         "qwen2"
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        qwen2_forward(model, cp)
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig::new(ld.hp()))?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -54,38 +43,6 @@ impl Arch for Qwen2 {
         }
     }
 
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let n_embd = hp.n_embd;
-        let mut v = io_specs(hp);
-        v.push(TensorSpec::opt("output.bias", &[hp.n_vocab]));
-        for il in 0..hp.n_layer {
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.push(TensorSpec::req(b("attn_norm.weight"), &[n_embd]));
-            // llama.cpp's loader uses {n_embd, n_embd} for wq and wo, which is the same as these
-            // for every real qwen2 file (n_head * head size = n_embd); stating the dims the
-            // forward pass uses makes a file whose key/value lengths disagree with its
-            // tensors fail here, at load.
-            let (n_q, n_o) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_head_v * hp.n_head(il));
-            v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-            v.push(TensorSpec::req(b("attn_output.weight"), &[n_o, n_embd]));
-            v.extend(ffn(il, n_embd, hp.n_ff[il]));
-        }
-        v
-    }
-}
-
-/// Qwen3's attention block (also Qwen3-MoE's): norm, q/k/v (head size from key_length,
-/// optional biases), output, per-head q/k norms.
-fn qwen3_attn_specs(hp: &HParams, il: usize) -> Vec<TensorSpec> {
-    let n_embd = hp.n_embd;
-    let n_q = hp.n_embd_head_k * hp.n_head(il);
-    let b = |s: &str| format!("blk.{il}.{s}");
-    let mut v = vec![TensorSpec::req(b("attn_norm.weight"), &[n_embd])];
-    v.extend(qkv_specs(il, n_embd, n_q, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)));
-    v.push(TensorSpec::req(b("attn_output.weight"), &[n_q, n_embd]));
-    v.push(TensorSpec::req(b("attn_k_norm.weight"), &[hp.n_embd_head_k]));
-    v.push(TensorSpec::req(b("attn_q_norm.weight"), &[hp.n_embd_head_k]));
-    v
 }
 
 impl Arch for Qwen3 {
@@ -93,12 +50,8 @@ impl Arch for Qwen3 {
         "qwen3"
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        qwen3_forward(model, cp)
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { qk_norm: true, ..DecoderConfig::new(ld.hp()) })?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -117,15 +70,6 @@ impl Arch for Qwen3 {
         }
     }
 
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let n_embd = hp.n_embd;
-        let mut v = io_specs(hp);
-        for il in 0..hp.n_layer {
-            v.extend(qwen3_attn_specs(hp, il));
-            v.extend(ffn(il, n_embd, hp.n_ff[il]));
-        }
-        v
-    }
 }
 
 impl Arch for Qwen3Moe {
@@ -137,12 +81,8 @@ impl Arch for Qwen3Moe {
         true
     }
 
-    fn build_forward(
-        &self,
-        model: &std::sync::Arc<crate::model::Model>,
-        cp: &crate::context::ContextParams,
-    ) -> Result<Box<dyn crate::context::Forward>> {
-        qwen3_forward(model, cp)
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { qk_norm: true, moe: true, ..DecoderConfig::new(ld.hp()) })?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
@@ -171,52 +111,4 @@ impl Arch for Qwen3Moe {
         }
     }
 
-    fn tensors(&self, hp: &HParams) -> Vec<TensorSpec> {
-        let n_embd = hp.n_embd;
-        let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
-        let mut v = io_specs(hp);
-        for il in 0..hp.n_layer {
-            let b = |s: &str| format!("blk.{il}.{s}");
-            v.extend(qwen3_attn_specs(hp, il));
-            v.push(TensorSpec::req(b("ffn_norm.weight"), &[n_embd]));
-            v.push(TensorSpec::req(b("ffn_gate_inp.weight"), &[n_embd, ne]));
-            v.push(TensorSpec::req(b("ffn_gate_exps.weight"), &[n_embd, nf, ne]));
-            v.push(TensorSpec::req(b("ffn_up_exps.weight"), &[n_embd, nf, ne]));
-            v.push(TensorSpec::req(b("ffn_down_exps.weight"), &[nf, n_embd, ne]));
-        }
-        v
-    }
-}
-
-// ---- forward pass ------------------------------------------------------------------
-//
-// The shared pre-norm decoder (ops/decoder.rs): q/k/v biases are picked up when the file
-// has them (Qwen2), Qwen3 adds per-head q/k RMSNorm; kq scale 1/sqrt(head size).
-
-use crate::context::{ContextParams, FfnAct, Forward};
-use crate::model::Model;
-use crate::ops::decoder::{Decoder, DecoderConfig};
-use std::sync::Arc;
-
-fn qwen_config(hp: &HParams, qk_norm: bool) -> DecoderConfig {
-    DecoderConfig {
-        embd_scale: false,
-        post_norms: false,
-        qk_norm,
-        q_scale: 1.0,
-        kq_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(),
-        attn_softcap: 0.0,
-        final_softcap: 0.0,
-        act: FfnAct::SwiGlu,
-        fused: false,
-        attn_temp: None,
-    }
-}
-
-fn qwen2_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-    Ok(Box::new(Decoder::new(model, cp, qwen_config(&model.hparams, false))?))
-}
-
-fn qwen3_forward(model: &Arc<Model>, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-    Ok(Box::new(Decoder::new(model, cp, qwen_config(&model.hparams, true))?))
 }

@@ -4,7 +4,6 @@ pub mod matmul;
 pub mod act;
 pub mod attention;
 pub mod attention_tiled;
-pub mod decoder;
 pub mod norm;
 pub mod rope;
 pub mod vec;

@@ -1,0 +1,283 @@
+//! The pre-norm decoder most GGUF architectures share, configured per architecture in
+//! models/<arch>.rs by a `DecoderConfig` that states only how the model differs from
+//! LLaMA's (llama, gemma, gemma2, gemma3, qwen2, qwen3, qwen3moe, phi3, mistral3, smollm3):
+//!
+//! x = embd(tokens) [* sqrt(n_embd)]                                  [n, n_embd]
+//! per layer: cur = rmsnorm(x) * attn_norm
+//!            q, k, v = wq cur [+ bq], wk cur [+ bk], wv cur [+ bv]   (or one fused wqkv)
+//!            [q, k = per-head rmsnorm]; rope; [q *= q_scale]
+//!            att = attention(q, K, V; kq_scale, softcap, window) ; tmp = wo att [+ bo]
+//!            [tmp = rmsnorm(tmp) * post_attention_norm]; x += tmp
+//!            cur = rmsnorm(x) * ffn_norm ; tmp = down(act(gate cur) * up cur)  (or MoE)
+//!            [tmp = rmsnorm(tmp) * post_ffw_norm]; x += tmp [+ control vector]
+//! logits = output . (rmsnorm(x) * output_norm) [+ output.bias] [final softcap]
+//!
+//! `load` binds every tensor through the `Loader` (name, shape, required or optional), so
+//! this file is also the schema of those architectures.
+
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
+use super::loader::{Keep, Loader};
+use crate::context::{ContextParams, Forward, Step};
+use crate::error::Result;
+use crate::model::TensorView;
+use crate::ops::rope::RopeParams;
+
+/// How an architecture's decoder differs from LLaMA's; `DecoderConfig::new(hp)` is LLaMA.
+#[derive(Clone, Copy, Debug)]
+pub struct DecoderConfig {
+    /// Multiply token embeddings by sqrt(n_embd) (the Gemma family).
+    pub embd_scale: bool,
+    /// post_attention_norm / post_ffw_norm after each block (gemma2, gemma3).
+    pub post_norms: bool,
+    /// Per-head RMSNorm of q and k (qwen3, gemma3).
+    pub qk_norm: bool,
+    /// Scale q after rope (gemma: 1/sqrt(head)); 1.0 = none.
+    pub q_scale: f32,
+    /// Scale of q.k inside the softmax.
+    pub kq_scale: f32,
+    pub attn_softcap: f32,
+    pub final_softcap: f32,
+    pub act: FfnAct,
+    /// phi3: one `attn_qkv` matrix (and bias) and one `ffn_up` of 2 * n_ff rows holding
+    /// gate and up.
+    pub fused: bool,
+    /// Mixture-of-experts feed-forward in every layer (qwen3moe).
+    pub moe: bool,
+    /// `output.weight` may be absent (then `token_embd.weight` is used); false: always tied
+    /// (gemma, gemma2, as llama.cpp loads them).
+    pub output_opt: bool,
+    /// Attention temperature (scale, floor length) for mistral3; None elsewhere.
+    pub attn_temp: Option<(f32, usize)>,
+    /// Layers with `(il + 1) % no_rope_layer_step == 0` have no rope (smollm3's NoPE
+    /// layers); 0 = rope everywhere.
+    pub no_rope_layer_step: usize,
+}
+
+impl DecoderConfig {
+    /// LLaMA: no embedding scale, pre-norms only, kq scale f_attention_scale (or
+    /// 1/sqrt(head size)), SwiGLU, separate q/k/v and gate/up, optional output.
+    pub fn new(hp: &crate::hparams::HParams) -> DecoderConfig {
+        DecoderConfig {
+            embd_scale: false,
+            post_norms: false,
+            qk_norm: false,
+            q_scale: 1.0,
+            kq_scale: if hp.f_attention_scale != 0.0 { hp.f_attention_scale } else { 1.0 / (hp.n_embd_head_k as f32).sqrt() },
+            attn_softcap: 0.0,
+            final_softcap: 0.0,
+            act: FfnAct::Silu,
+            fused: false,
+            moe: false,
+            output_opt: true,
+            attn_temp: None,
+            no_rope_layer_step: 0,
+        }
+    }
+}
+
+/// A layer's feed-forward: dense (gate absent with phi3's fused up) or a mixture of experts.
+enum Ffn {
+    Dense { gate: Option<TensorView<'static>>, up: TensorView<'static>, down: TensorView<'static> },
+    Moe { router: TensorView<'static>, gate: TensorView<'static>, up: TensorView<'static>, down: TensorView<'static> },
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: TensorView<'static>,
+    wk: TensorView<'static>,
+    wv: TensorView<'static>,
+    wo: TensorView<'static>,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    bo: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+    post_ffw_norm: Option<Vec<f32>>,
+    /// None on NoPE layers.
+    rope: Option<RopeParams>,
+    n_swa: usize,
+}
+
+pub struct Decoder {
+    cfg: DecoderConfig,
+    tok_embd: TensorView<'static>,
+    output_norm: Vec<f32>,
+    output: TensorView<'static>,
+    output_bias: Option<Vec<f32>>,
+    layers: Vec<Layer>,
+    eps: f32,
+    /// Experts used per token in MoE layers (hparams `expert_used_count`).
+    n_expert_used: usize,
+    /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
+    _keep: Keep,
+}
+
+impl Decoder {
+    /// Bind the tensors (the schema: names, shapes, which are optional) and build the layers.
+    pub fn load(ld: &Loader, cp: &ContextParams, cfg: DecoderConfig) -> Result<Decoder> {
+        let hp = ld.hp();
+        let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
+        let tok_embd = ld.req("token_embd.weight", &[n_embd, n_vocab])?;
+        let output_norm = ld.req_vec("output_norm.weight", &[n_embd])?;
+        let output = if cfg.output_opt { ld.opt("output.weight", &[n_embd, n_vocab])? } else { None };
+        let output_bias = ld.opt_vec("output.bias", &[n_vocab])?;
+        // llama.cpp: one global tensor, shared by every layer (TENSOR_DUPLICATED)
+        let factors = ld.opt_vec("rope_freqs.weight", &[hp.n_rot / 2])?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let b = |s: &str| format!("blk.{il}.{s}");
+            let (n_q, n_k, n_v) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+            let n_o = hp.n_embd_head_v * hp.n_head(il);
+            let n_ff = hp.n_ff[il];
+            let req_if = |on: bool, s: &str, n: usize| if on { ld.req_vec(&b(s), &[n]).map(Some) } else { Ok(None) };
+            let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
+                let w = ld.req(&b("attn_qkv.weight"), &[n_embd, n_q + n_k + n_v])?;
+                let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[n_q + n_k + n_v])? {
+                    Some(v) => (Some(v[..n_q].to_vec()), Some(v[n_q..n_q + n_k].to_vec()), Some(v[n_q + n_k..].to_vec())),
+                    None => (None, None, None),
+                };
+                (w, w, w, bq, bk, bv)
+            } else {
+                (
+                    ld.req(&b("attn_q.weight"), &[n_embd, n_q])?,
+                    ld.req(&b("attn_k.weight"), &[n_embd, n_k])?,
+                    ld.req(&b("attn_v.weight"), &[n_embd, n_v])?,
+                    ld.opt_vec(&b("attn_q.bias"), &[n_q])?,
+                    ld.opt_vec(&b("attn_k.bias"), &[n_k])?,
+                    ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
+                )
+            };
+            let ffn = if cfg.moe {
+                let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
+                Ffn::Moe {
+                    router: ld.req(&b("ffn_gate_inp.weight"), &[n_embd, ne])?,
+                    gate: ld.req(&b("ffn_gate_exps.weight"), &[n_embd, nf, ne])?,
+                    up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
+                    down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
+                }
+            } else if cfg.fused {
+                Ffn::Dense {
+                    gate: None,
+                    up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
+                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+                }
+            } else {
+                Ffn::Dense {
+                    gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
+                    up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
+                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+                }
+            };
+            let step = cfg.no_rope_layer_step;
+            let nope = step > 0 && (il + 1) % step == 0;
+            layers.push(Layer {
+                attn_norm: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
+                wq,
+                wk,
+                wv,
+                wo: ld.req(&b("attn_output.weight"), &[n_o, n_embd])?,
+                bq,
+                bk,
+                bv,
+                bo: ld.opt_vec(&b("attn_output.bias"), &[n_embd])?,
+                q_norm: req_if(cfg.qk_norm, "attn_q_norm.weight", hp.n_embd_head_k)?,
+                k_norm: req_if(cfg.qk_norm, "attn_k_norm.weight", hp.n_embd_head_k)?,
+                post_attn_norm: req_if(cfg.post_norms, "post_attention_norm.weight", n_embd)?,
+                ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[n_embd])?,
+                ffn,
+                post_ffw_norm: req_if(cfg.post_norms, "post_ffw_norm.weight", n_embd)?,
+                rope: if nope { None } else { Some(layer_rope(hp, cp, il, factors.clone())) },
+                n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
+            });
+        }
+        Ok(Decoder {
+            cfg,
+            tok_embd,
+            output_norm,
+            output: output.unwrap_or(tok_embd),
+            output_bias,
+            layers,
+            eps: hp.f_norm_rms_eps,
+            n_expert_used: hp.n_expert_used,
+            _keep: ld.keep(),
+        })
+    }
+}
+
+impl Forward for Decoder {
+    fn rope(&self, il: usize) -> Option<&RopeParams> {
+        self.layers.get(il).and_then(|l| l.rope.as_ref())
+    }
+
+    fn forward(&self, st: &mut Step) -> Result<()> {
+        let ne = st.hp.n_embd;
+        let n_layer = self.layers.len();
+        let c = &self.cfg;
+        let scale = if c.embd_scale && st.tokens.is_some() { (ne as f32).sqrt() } else { 1.0 };
+        st.build_inp_embd(&self.tok_embd, scale)?;
+        crate::cb!(st, if c.embd_scale { "inp_scaled" } else { "inp_embd" }, -1, x, ne);
+        for (il, l) in self.layers.iter().enumerate() {
+            st.build_norm(&l.attn_norm, None, Norm::Rms, self.eps);
+            crate::cb!(st, "attn_norm", il, cur, ne);
+            let w = AttnWeights {
+                wq: &l.wq,
+                wk: &l.wk,
+                wv: &l.wv,
+                wo: &l.wo,
+                bq: l.bq.as_deref(),
+                bk: l.bk.as_deref(),
+                bv: l.bv.as_deref(),
+                bo: l.bo.as_deref(),
+                q_norm: l.q_norm.as_deref(),
+                k_norm: l.k_norm.as_deref(),
+                fused_qkv: c.fused,
+            };
+            let a = AttnConfig {
+                il,
+                rope: l.rope.as_ref(),
+                q_scale: c.q_scale,
+                kq_scale: c.kq_scale,
+                softcap: c.attn_softcap,
+                n_swa: l.n_swa,
+                attn_temp: c.attn_temp,
+            };
+            st.build_attn(&w, &a)?;
+            if il == n_layer - 1 && !st.select_outputs() {
+                return Ok(());
+            }
+            if let Some(pn) = &l.post_attn_norm {
+                st.build_post_norm(pn, self.eps);
+                crate::cb!(st, "attn_post_norm", il, tmp, ne);
+            }
+            st.residual();
+            // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
+            crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
+            st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
+            crate::cb!(st, "ffn_norm", il, cur, ne);
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let w = FfnWeights { gate: gate.as_ref(), up, up_b: None, down, down_b: None };
+                    st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
+                }
+                Ffn::Moe { router, gate, up, down } => {
+                    let m = MoeWeights { router, gate, up, down };
+                    st.build_moe_ffn(il, &m, self.n_expert_used, true)?
+                }
+            }
+            crate::cb!(st, "ffn_out", il, tmp, ne);
+            if let Some(pn) = &l.post_ffw_norm {
+                st.build_post_norm(pn, self.eps);
+                crate::cb!(st, "ffn_post_norm", il, tmp, ne);
+            }
+            st.residual();
+            st.build_cvec(il);
+            crate::cb!(st, "l_out", il, x, ne);
+        }
+        st.build_norm(&self.output_norm, None, Norm::Rms, self.eps);
+        st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)
+    }
+}
