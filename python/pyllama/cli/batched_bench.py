@@ -24,7 +24,6 @@ import typer
 
 from . import app
 from ._checks import integer
-from .bench import _ggml_type, _kv_types, _names
 
 
 def _int_csv(ctx, param, value: str) -> list[int]:
@@ -36,6 +35,15 @@ def _int_csv(ctx, param, value: str) -> list[int]:
     if not vals or any(v < 1 for v in vals):
         raise typer.BadParameter(f"{value!r}: expected comma-separated integers >= 1")
     return vals
+
+
+def _kv_type(ctx, param, value: str) -> str:
+    from ..context import GGML_TYPE_NAMES
+
+    v = value.strip().lower()
+    if v not in GGML_TYPE_NAMES.values():
+        raise typer.BadParameter(f"{value!r} is not a KV cache type ({', '.join(GGML_TYPE_NAMES.values())})")
+    return v
 
 
 def _out_format(ctx, param, value: str) -> str:
@@ -90,10 +98,8 @@ def batched_bench(
     n_ubatch: int = typer.Option(512, "-ub", "--ubatch-size", callback=integer(1), help="physical batch size"),
     threads: int = typer.Option(0, "-t", "--threads", callback=integer(0), help="threads (0 = all CPUs)"),
     kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV buffer shared by all sequences"),
-    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=_names(_kv_types, "KV cache type"),
-                                     help="K cache type"),
-    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=_names(_kv_types, "KV cache type"),
-                                     help="V cache type"),
+    cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=_kv_type, help="K cache type"),
+    cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=_kv_type, help="V cache type"),
     output_format: str = typer.Option("md", "--output-format", callback=_out_format, help="md (table) or jsonl"),
     seed: int = typer.Option(1, "--seed", help="random tokens seed"),
 ) -> None:
@@ -117,8 +123,8 @@ def batched_bench(
         cp.n_threads_batch = nt
         cp.n_seq_max = max(n_pl)
         cp.kv_unified = kv_unified
-        cp.type_k = _ggml_type(api, cache_type_k[0])
-        cp.type_v = _ggml_type(api, cache_type_v[0])
+        cp.type_k = getattr(api, f"GGML_TYPE_{cache_type_k.upper()}")
+        cp.type_v = getattr(api, f"GGML_TYPE_{cache_type_v.upper()}")
         ctx = api.llama_init_from_model(lm, cp)
         if ctx is None:
             typer.echo("error: failed to create the llama_context", err=True)

@@ -7,9 +7,16 @@
 //! The activations are first quantized to `vec_dot_type(w.ty)` (llama.cpp's x86 activation
 //! quantizers), then each thread computes a contiguous range of output rows.
 //!
-//! Determinism: every output element is one call of the same per-(row, token) kernel with
-//! the same block order, whatever n_tokens, the tiling or the thread count; so a token's
-//! logits do not depend on what else is in its batch.
+//! Paths: one token -> the multi-row kernels (`quant::rows_kernel`); 2+ tokens of a type
+//! with packed kernels (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) -> packed groups of 8 tokens, the
+//! last group partial (so K sequences decoding together read each weight block once);
+//! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
+//! (`quant::cols_kernel`); the scalar set -> vec_dot per element.
+//!
+//! Determinism: every output element gets exactly the operations of the single-token
+//! kernel, in the same block order, whatever n_tokens, the path, the tiling or the thread
+//! count (tests hold every path to it bit for bit); so a token's logits do not depend on
+//! what else is in its batch.
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -163,38 +170,45 @@ pub fn matmul_with(
 
     #[cfg(target_arch = "x86_64")]
     if packed_bytes(set, w.ty, n_in, n_tokens) > 0 {
-        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_group, pack_q8_1_group, packed_kernel, PACK_COLS};
-        if let (Some(packed), Some((one, _, _))) = (packed_kernel(w.ty), quant::avx2::tile_kernels(w.ty)) {
+        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
+        let rest = n_tokens % PACK_COLS;
+        let full = quant::packed_kernel(set, w.ty, PACK_COLS);
+        let last = if rest > 0 { quant::packed_kernel(set, w.ty, rest) } else { full };
+        if let (Some(full), Some(last)) = (full, last) {
             // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
-            // after the rows and scales in scratch; the last n_tokens % PACK_COLS tokens
-            // take the single-column kernel.
+            // after the rows and scales in scratch; the last group holds the remaining
+            // n_tokens % PACK_COLS tokens (all of them for a batch of 2..7 sequences
+            // decoding together) and takes the kernel of that many columns.
             let nb = n_in / 32;
-            let n_groups = n_tokens / PACK_COLS;
+            let n_groups = n_tokens.div_ceil(PACK_COLS);
             let gbytes = nb * pack_block_bytes(w.ty);
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pack_offset(w.ty);
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
-            pool.run(&|ith, nth| {
-                for g in split_range(n_groups, ith, nth) {
-                    let t = g * PACK_COLS;
-                    // SAFETY: group g's rows, scales and packed bytes lie inside scratch
-                    // (sized above); each group's packed bytes are written by one thread.
-                    unsafe {
-                        let base = sp.get();
-                        let xd = (xs_addr as *const f32).add(t * nsc);
-                        let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
-                        if vdt == GgmlType::Q8_1 {
-                            pack_q8_1_group(nb, x, xrow, xd, nsc, dst);
-                        } else {
-                            pack_q8_0_group(nb, x, xrow, xd, nsc, off, dst);
-                        }
+            let pack_group = |g: usize| {
+                let t = g * PACK_COLS;
+                let nc = (n_tokens - t).min(PACK_COLS);
+                // SAFETY: group g's rows, scales and packed bytes lie inside scratch
+                // (sized above); each group's packed bytes are written by one thread.
+                unsafe {
+                    let base = sp.get();
+                    let xd = (xs_addr as *const f32).add(t * nsc);
+                    let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
+                    if vdt == GgmlType::Q8_1 {
+                        pack_q8_1_cols(nb, nc, x, xrow, xd, nsc, dst);
+                    } else {
+                        pack_q8_0_cols(nb, nc, x, xrow, xd, nsc, off, dst);
                     }
                 }
-            });
+            };
+            if n_groups == 1 || pool.n_threads() == 1 {
+                (0..n_groups).for_each(pack_group);
+            } else {
+                pool.run(&|ith, nth| split_range(n_groups, ith, nth).for_each(pack_group));
+            }
             let xp = SyncPtr(scratch.as_mut_ptr());
-            let xq = SyncPtr(scratch.as_mut_ptr());
             pool.run(&|ith, nth| {
                 let mine = split_range(n_rows, ith, nth);
                 let mut tmp = [0f32; PACK_COLS];
@@ -204,23 +218,16 @@ pub fn matmul_with(
                 for g in 0..n_groups {
                     let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
                     let t = g * PACK_COLS;
+                    let nc = (n_tokens - t).min(PACK_COLS);
+                    let k = if nc == PACK_COLS { full } else { last };
                     for r in mine.clone() {
-                        // SAFETY: row r + r0 < n_out (checked); out in bounds (checked).
+                        // SAFETY: row r + r0 < n_out (checked); out in bounds (checked); the
+                        // kernel writes nc <= PACK_COLS values into tmp.
                         unsafe {
-                            packed(nb, wdata.as_ptr().add((r0 + r) * wrow), gp, tmp.as_mut_ptr());
-                            for (c, v) in tmp.iter().enumerate() {
+                            k(nb, wdata.as_ptr().add((r0 + r) * wrow), gp, tmp.as_mut_ptr());
+                            for (c, v) in tmp[..nc].iter().enumerate() {
                                 *op.get().add((t + c) * ld_out + r) = *v;
                             }
-                        }
-                    }
-                }
-                for r in mine {
-                    for t in n_groups * PACK_COLS..n_tokens {
-                        // SAFETY: as above; token t's row and scales are in scratch.
-                        unsafe {
-                            let xd = (xs_addr as *const f32).add(t * nsc);
-                            let x = xq.get().add(t * xrow) as *const u8;
-                            one(n_in, wdata.as_ptr().add((r0 + r) * wrow), x, 0, xd, 0, op.get().add(t * ld_out + r));
                         }
                     }
                 }
@@ -237,6 +244,11 @@ pub fn matmul_with(
             // thread walks its weight rows; within a chunk each weight row is decoded once
             // per `tile` tokens.
             let chunk = (TOKEN_CHUNK_BYTES / xrow).clamp(tile, 256) / tile * tile;
+            // cols[nc]: the nc-token kernel for 2 <= nc < tile (see `quant::cols_kernel`)
+            let mut cols: [Option<quant::DotN>; MAX_TILE] = [None; MAX_TILE];
+            for (nc, c) in cols.iter_mut().enumerate().take(tile).skip(2) {
+                *c = quant::cols_kernel(set, w.ty, n_tokens, nc);
+            }
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
             let xsc = |t: usize| -> *const f32 {
                 if xs_addr == 0 {
@@ -264,6 +276,20 @@ pub fn matmul_with(
                                 }
                             }
                             t += tile;
+                        }
+                        if t + 1 < t1 {
+                            if let Some(k) = cols[t1 - t] {
+                                // the 2..tile - 1 tokens left at once (a batch of sequences
+                                // decoding one token each is all "left over")
+                                // SAFETY: as for the tile; t1 - t < tile <= MAX_TILE values.
+                                unsafe {
+                                    k(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), xrow, xsc(t), nsc, tmp.as_mut_ptr());
+                                    for (c, v) in tmp[..t1 - t].iter().enumerate() {
+                                        *op.get().add((t + c) * ld_out + r) = *v;
+                                    }
+                                }
+                                t = t1;
+                            }
                         }
                         while t < t1 {
                             unsafe { one(n_in, wr.as_ptr(), xq.as_ptr().add(t * xrow), 0, xsc(t), 0, op.get().add(t * ld_out + r)) };
@@ -298,10 +324,11 @@ pub fn matmul_with(
 fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        use quant::avx2::{pack_block_bytes, packed_kernel, PACK_COLS};
-        // the AVX-512 set uses the AVX2 packed kernels (bit-identical results)
-        if set.is_simd() && n_tokens >= PACK_COLS && packed_kernel(ty).is_some() {
-            return n_tokens / PACK_COLS * (n_in / 32) * pack_block_bytes(ty);
+        use quant::avx2::{pack_block_bytes, PACK_COLS};
+        // from 2 tokens on (one token takes the multi-row kernels); the last group may be
+        // partial
+        if n_tokens >= 2 && quant::packed_kernel(set, ty, PACK_COLS).is_some() {
+            return n_tokens.div_ceil(PACK_COLS) * (n_in / 32) * pack_block_bytes(ty);
         }
     }
     let _ = (set, ty, n_in, n_tokens);
@@ -342,10 +369,11 @@ mod tests {
 
     #[test]
     fn packed_kernels_equal_single_column_kernels_bit_for_bit() {
-        // The packed prefill kernels (weights shifted to unsigned, offset corrections,
-        // vectorized d_w * d_x) must give every column exactly what the plain single-column
-        // kernel gives, in both the VNNI and the plain AVX2 builds, also at the extremes
-        // (all quants at +-127 in the activations, extreme weight quants).
+        // The packed kernels (weights shifted to unsigned, offset corrections, vectorized
+        // d_w * d_x) must give every column exactly what the plain single-column kernel
+        // gives, in the plain AVX2, AVX-VNNI and AVX-512 VNNI builds, for every group width
+        // (1..=8 columns: full groups and a batch's partial last group), also at the
+        // extremes (all quants at +-127 in the activations, extreme weight quants).
         if !quant::avx2_available() {
             return;
         }
@@ -395,27 +423,41 @@ mod tests {
                         half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
                     })
                     .collect();
-                let mut packed = vec![0u8; nb * avx2::pack_block_bytes(ty)];
-                unsafe {
-                    if q81 {
-                        avx2::pack_q8_1_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
-                    } else {
-                        let off = avx2::pack_offset(ty);
-                        avx2::pack_q8_0_group(nb, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
-                    }
-                };
-                for vnni in [false, true] {
-                    if vnni && !vnni_cpu {
-                        continue;
-                    }
-                    let k = avx2::packed_kernel_with(ty, vnni).unwrap();
-                    let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
-                    let mut got = [0f32; avx2::PACK_COLS];
-                    unsafe { k(nb, w.as_ptr(), packed.as_ptr(), got.as_mut_ptr()) };
-                    for c in 0..avx2::PACK_COLS {
-                        let mut want = 0f32;
-                        unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
-                        assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} vnni={vnni} case {case} column {c}");
+                let mut builds = vec![avx2::PackBuild::Plain];
+                if vnni_cpu {
+                    builds.push(avx2::PackBuild::Vnni);
+                }
+                if quant::avx512_available() {
+                    builds.push(avx2::PackBuild::Evex);
+                }
+                let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+                // every group width: full groups and the partial last group of a batch
+                for nc in 1..=avx2::PACK_COLS {
+                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
+                    unsafe {
+                        if q81 {
+                            avx2::pack_q8_1_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
+                        } else {
+                            let off = avx2::pack_offset(ty);
+                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
+                        }
+                    };
+                    for &build in &builds {
+                        let k = avx2::packed_kernel_cols(ty, build, nc).unwrap();
+                        let mut got = [f32::NAN; avx2::PACK_COLS];
+                        unsafe { k(nb, w.as_ptr(), packed.as_ptr(), got.as_mut_ptr()) };
+                        for c in 0..nc {
+                            let mut want = 0f32;
+                            unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                            assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} column {c}");
+                        }
+                        if nc == avx2::PACK_COLS && build != avx2::PackBuild::Evex {
+                            // the 8-column entry points the matmul used before
+                            let k8 = avx2::packed_kernel_with(ty, build == avx2::PackBuild::Vnni).unwrap();
+                            let mut got8 = [f32::NAN; avx2::PACK_COLS];
+                            unsafe { k8(nb, w.as_ptr(), packed.as_ptr(), got8.as_mut_ptr()) };
+                            assert_eq!(got8.map(f32::to_bits), got.map(f32::to_bits), "{ty} {build:?}");
+                        }
                     }
                 }
             }

@@ -9,7 +9,12 @@
 //! For prefill, the 32-block types also have packed kernels (`packed_kernel`): the matmul
 //! lays 8 tokens' Q8_0/Q8_1 activations out block by block with their scales (and offset
 //! corrections) so each column costs one integer dot, one conversion and one FMA, with
-//! the same per-column operations as the plain kernels.
+//! the same per-column operations as the plain kernels. They come for 1..=8 columns
+//! (`packed_kernel_cols`: a batch's partial last group, and batches of 2..7 sequences
+//! decoding one token each) and in three builds: plain AVX2, AVX-VNNI, and AVX-512 VNNI
+//! (EVEX `vpdpbusd` on ymm, for AVX-512 CPUs without AVX-VNNI such as AMD Zen 4). The
+//! other types have kernels of 1..7 columns too (`cols_kernel`, the tile code at that
+//! width) for the tokens left after the tiles.
 //!
 //! The algorithms follow ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c): integer dot
 //! products with `maddubs`/`madd` per block, one FMA per block into 8 float lanes, a
@@ -134,6 +139,66 @@ pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
         F32 => (dot_f32::<1>, dot_f32::<TILE>),
         F16 => (dot_f16::<1>, dot_f16::<TILE>),
         BF16 => (dot_bf16::<1>, dot_bf16::<TILE>),
+        _ => return None,
+    })
+}
+
+/// `$f::<nc>` for nc in the listed widths (a `DotN`), or `return None`.
+macro_rules! by_width {
+    ($f:ident, $nc:expr, [$($w:literal),*]) => {
+        match $nc {
+            $($w => $f::<$w> as DotN,)*
+            _ => return None,
+        }
+    };
+}
+
+/// The kernel of weight type `ty` over `nc` activation rows at once (nc = 1..WIDE_TILE for
+/// the types tiled 8 wide, 1..TILE for those tiled 4 wide): the tile kernels' generic code
+/// at another width, so each column gets exactly the operations of the single-column
+/// kernel (the same bits). The matmul runs it on the tokens left after its tiles or packed
+/// groups: a batch of 2..7 tokens (K sequences decoding one token each) then decodes each
+/// weight block once instead of once per token. None where there is none (then the
+/// single-column kernel per token), and under `PYLLAMA_ORDER=llamacpp` for Q4_K / Q6_K,
+/// whose orders there differ by width.
+pub fn cols_kernel(ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
+    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+        let _ = n_tokens;
+        return None;
+    }
+    cols_kernel_with(ty, vnni_available(), nc)
+}
+
+/// `cols_kernel` with the VNNI choice made by the caller (tests compare both).
+pub fn cols_kernel_with(ty: GgmlType, vnni: bool, nc: usize) -> Option<DotN> {
+    use GgmlType::*;
+    if vnni {
+        match ty {
+            Q4_0 => return Some(by_width!(dot_q4_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
+            Q5_0 => return Some(by_width!(dot_q5_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
+            Q8_0 => return Some(by_width!(dot_q8_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
+            IQ4_NL => return Some(by_width!(dot_iq4_nl_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
+            Q4_1 => return Some(by_width!(dot_q4_1_vnni, nc, [1, 2, 3])),
+            Q5_1 => return Some(by_width!(dot_q5_1_vnni, nc, [1, 2, 3])),
+            _ => {}
+        }
+    }
+    Some(match ty {
+        Q4_0 => by_width!(dot_q4_0, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q5_0 => by_width!(dot_q5_0, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q8_0 => by_width!(dot_q8_0, nc, [1, 2, 3, 4, 5, 6, 7]),
+        IQ4_NL => by_width!(dot_iq4_nl, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q4_1 => by_width!(dot_q4_1, nc, [1, 2, 3]),
+        Q5_1 => by_width!(dot_q5_1, nc, [1, 2, 3]),
+        Q2_K => by_width!(dot_q2_k, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q3_K => by_width!(dot_q3_k, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q4_K => by_width!(dot_q4_k, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q5_K => by_width!(dot_q5_k, nc, [1, 2, 3, 4, 5, 6, 7]),
+        Q6_K => by_width!(dot_q6_k, nc, [1, 2, 3, 4, 5, 6, 7]),
+        IQ4_XS => by_width!(dot_iq4_xs, nc, [1, 2, 3, 4, 5, 6, 7]),
+        F32 => by_width!(dot_f32, nc, [1, 2, 3]),
+        F16 => by_width!(dot_f16, nc, [1, 2, 3]),
+        BF16 => by_width!(dot_bf16, nc, [1, 2, 3]),
         _ => return None,
     })
 }
@@ -333,6 +398,12 @@ unsafe fn iq4_lookup(p: *const u8) -> __m256i {
 /// prefetch, 410-414 without; SmolLM2 unchanged).
 const PF_AHEAD: usize = 8192;
 
+/// The kernels over up to this many activation rows prefetch too: a batch of a few
+/// sequences decoding together streams the weights from RAM as a single token does (the
+/// leftover-token kernels, `cols_kernel`); the 8-column prefill tiles do not prefetch (see
+/// `PF_AHEAD`).
+const PF_COLS: usize = 4;
+
 /// Prefetch into L2 (`T1`). Measured A/B (interleaved runs, tg64 t/s, 1 and 2 threads):
 /// with T0 everywhere SmolLM2 85/220 Gemma3 33/59; T1 everywhere 92/197, 39/72; T1 with T0
 /// for the Q4_1/Q5_1 kernels only (`prefetch_w_l1`) 93-104/210-222, 39/73-75, kept.
@@ -376,7 +447,7 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
     let nb = n / 32;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        if NC == 1 {
+        if NC <= PF_COLS {
             prefetch_w(w.add(i * wsize));
         }
         let (dw, qw) = decode(w.add(i * wsize));
@@ -427,12 +498,25 @@ pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut
 /// sum(q_w * q_x): the same i32 in every lane as the plain kernels compute.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn pack_q8_0_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
+    pack_q8_0_cols(nb, PACK_COLS, x, xs, xd, xds, off, dst)
+}
+
+/// `pack_q8_0_group` of the first `ncols` <= PACK_COLS columns of a group (the last,
+/// partial group of a batch): the other columns' d_x are 0 and their quants unset (the
+/// kernels of `ncols` columns never read them).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let moff = _mm256_set1_epi32(-off);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
         for c in 0..PACK_COLS {
+            if c >= ncols {
+                *(b as *mut f32).add(c) = 0.0;
+                continue;
+            }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
             let y = load256(x.add(c * xs + i * 34 + 2));
             _mm256_storeu_si256(b.add(32 + 32 * c) as *mut __m256i, y);
@@ -451,8 +535,11 @@ pub unsafe fn pack_q8_0_group(nb: usize, x: *const u8, xs: usize, xd: *const f32
 /// operations of the plain kernel (`dot_signed_q8_0`), hence the same bits.
 /// S: the plain AVX2 build for off = 128 (Q8_0), where maddubs could saturate: the
 /// plain kernels' sign trick on the unshifted weights, corrections unused.
+/// E: the AVX-512 VNNI build (EVEX `vpdpbusd` on ymm: the AVX-512 kernel set on CPUs
+/// without AVX-VNNI, e.g. AMD Zen 4), the same integers as V. NC: the columns computed (the
+/// first NC of the group; fewer than PACK_COLS for a batch's last, partial group).
 #[inline(always)]
-unsafe fn dot_packed_signed<const V: bool, const S: bool>(
+unsafe fn dot_packed_signed<const V: bool, const S: bool, const E: bool, const NC: usize>(
     nb: usize,
     w: *const u8,
     wsize: usize,
@@ -463,23 +550,28 @@ unsafe fn dot_packed_signed<const V: bool, const S: bool>(
     #[repr(align(32))]
     struct D([f32; PACK_COLS]);
     let mut dbuf = D([0f32; PACK_COLS]);
-    let mut acc = [_mm256_setzero_ps(); PACK_COLS];
+    let mut acc = [_mm256_setzero_ps(); NC];
     let ones16 = _mm256_set1_epi16(1);
     for i in 0..nb {
+        if NC <= PF_COLS {
+            prefetch_w(w.add(i * wsize));
+        }
         let (dw, qu) = decode(w.add(i * wsize));
         let b = xp.add(i * PACK_BLOCK);
         let d = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(b as *const f32));
         _mm256_store_ps(dbuf.0.as_mut_ptr(), d);
         // S: qu holds the signed weights (see above)
         let aw = if S { _mm256_sign_epi8(qu, qu) } else { qu };
-        for c in 0..PACK_COLS {
+        for c in 0..NC {
             let y = load256(b.add(32 + 32 * c));
             let q = if S {
                 let sy = _mm256_sign_epi8(y, qu);
                 _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones16)
             } else {
                 let corr = load256(b.add(32 + 256 + 32 * c));
-                if V {
+                if E {
+                    evex_dot_acc(corr, qu, y)
+                } else if V {
                     vnni_dot_acc(corr, qu, y)
                 } else {
                     _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(qu, y), ones16))
@@ -491,7 +583,7 @@ unsafe fn dot_packed_signed<const V: bool, const S: bool>(
             acc[c] = _mm256_fmadd_ps(dc, _mm256_cvtepi32_ps(q), acc[c]);
         }
     }
-    for c in 0..PACK_COLS {
+    for c in 0..NC {
         *out.add(c) = hsum_ps(acc[c]);
     }
 }
@@ -517,6 +609,13 @@ unsafe fn vnni_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(acc, a, b)
 }
 
+/// `vnni_dot_acc` in its AVX-512 VNNI (EVEX) encoding: the same integers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
+unsafe fn evex_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, a, b)
+}
+
 /// Q5_0 weights + 16: low nibbles | (high bit << 4), in 0..=31.
 #[inline(always)]
 unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
@@ -524,32 +623,35 @@ unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
     (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn packed_q4_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<false, false>(nb, w, 18, xp, out, |b| (f16(b), nibbles_32(b.add(2))))
+/// A packed signed-family kernel in its three builds (plain AVX2, AVX-VNNI, AVX-512 VNNI),
+/// generic over the columns NC it computes. `$s`: the plain build's S (see
+/// `dot_packed_signed`) with its decoder `$dec`; the VNNI builds decode with `$decu`.
+macro_rules! packed_signed {
+    ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $s:expr, $dec:expr, $decu:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_signed::<false, { $s }, false, NC>(nb, w, $wsize, xp, out, $dec)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_signed::<true, false, false, NC>(nb, w, $wsize, xp, out, $decu)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_signed::<false, false, true, NC>(nb, w, $wsize, xp, out, $decu)
+        }
+    };
 }
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn packed_q4_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<true, false>(nb, w, 18, xp, out, |b| (f16(b), nibbles_32(b.add(2))))
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn packed_q5_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<false, false>(nb, w, 22, xp, out, |b| q5_0_unsigned(b))
-}
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn packed_q5_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<true, false>(nb, w, 22, xp, out, |b| q5_0_unsigned(b))
-}
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn packed_q8_0(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<false, true>(nb, w, 34, xp, out, |b| (f16(b), load256(b.add(2))))
-}
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn packed_q8_0_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_signed::<true, false>(nb, w, 34, xp, out, |b| {
-        (f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8)))
-    })
-}
+
+packed_signed!(packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex, 18, false, |b| (f16(b), nibbles_32(b.add(2))), |b| (
+    f16(b),
+    nibbles_32(b.add(2))
+));
+packed_signed!(packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex, 22, false, |b| q5_0_unsigned(b), |b| q5_0_unsigned(b));
+packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, 34, true, |b| (f16(b), load256(b.add(2))), |b| (
+    f16(b),
+    _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))
+));
 
 /// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
 /// then their 8 x 32 i8 quants (see `pack_q8_1_group`).
@@ -560,9 +662,20 @@ pub const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
 /// columns][quants of column 0..8: 8 x 32 i8].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    pack_q8_1_cols(nb, PACK_COLS, x, xs, xd, xds, dst)
+}
+
+/// `pack_q8_1_group` of the first `ncols` <= PACK_COLS columns (as `pack_q8_0_cols`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_Q8_1);
         for c in 0..PACK_COLS {
+            if c >= ncols {
+                *(b as *mut f32).add(c) = 0.0;
+                *(b as *mut f32).add(PACK_COLS + c) = 0.0;
+                continue;
+            }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
             *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
             _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * 36 + 4)));
@@ -574,8 +687,9 @@ pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32
 /// one multiply each; the min terms summed in an 8-column vector (one add per block), the
 /// quant dots as in `dot_min_q8_1`. Each column sees exactly the plain kernel's
 /// operations (same products, same adds in block order, same final hsum + min sum).
+/// E and NC as in `dot_packed_signed`.
 #[inline(always)]
-unsafe fn dot_packed_min<const V: bool>(
+unsafe fn dot_packed_min<const V: bool, const E: bool, const NC: usize>(
     nb: usize,
     w: *const u8,
     wsize: usize,
@@ -586,10 +700,13 @@ unsafe fn dot_packed_min<const V: bool>(
     #[repr(align(32))]
     struct D([f32; PACK_COLS]);
     let mut dbuf = D([0f32; PACK_COLS]);
-    let mut acc = [_mm256_setzero_ps(); PACK_COLS];
+    let mut acc = [_mm256_setzero_ps(); NC];
     let mut summ = _mm256_setzero_ps();
     for i in 0..nb {
         let bw = w.add(i * wsize);
+        if NC <= PF_COLS {
+            prefetch_w_l1(bw);
+        }
         let dm = f16x2(bw); // (d_w, m_w)
         let qw = decode(bw);
         let b = xp.add(i * PACK_BLOCK_Q8_1);
@@ -597,41 +714,46 @@ unsafe fn dot_packed_min<const V: bool>(
         let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         summ = _mm256_add_ps(summ, _mm256_mul_ps(m, _mm256_loadu_ps(b.add(32) as *const f32)));
         _mm256_store_ps(dbuf.0.as_mut_ptr(), d);
-        for c in 0..PACK_COLS {
-            let q = u8_i8_dot_ps::<V>(qw, load256(b.add(64 + 32 * c)));
+        for c in 0..NC {
+            let y = load256(b.add(64 + 32 * c));
+            let q = if E { _mm256_cvtepi32_ps(evex_dot_acc(_mm256_setzero_si256(), qw, y)) } else { u8_i8_dot_ps::<V>(qw, y) };
             let dc = broadcast_mem(dbuf.0.as_ptr().add(c));
             acc[c] = _mm256_fmadd_ps(dc, q, acc[c]);
         }
     }
     let mut sm = [0f32; PACK_COLS];
     _mm256_storeu_ps(sm.as_mut_ptr(), summ);
-    for c in 0..PACK_COLS {
+    for c in 0..NC {
         *out.add(c) = hsum_ps(acc[c]) + sm[c];
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn packed_q4_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<false>(nb, w, 20, xp, out, |b| q4_1_quants(b))
+/// A packed Q4_1/Q5_1 kernel in its three builds, generic over the columns NC.
+macro_rules! packed_min {
+    ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $dec:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_min::<false, false, NC>(nb, w, $wsize, xp, out, $dec)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_min::<true, false, NC>(nb, w, $wsize, xp, out, $dec)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+            dot_packed_min::<false, true, NC>(nb, w, $wsize, xp, out, $dec)
+        }
+    };
 }
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn packed_q4_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<true>(nb, w, 20, xp, out, |b| q4_1_quants(b))
-}
+
+packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, 20, |b| q4_1_quants(b));
 
 #[inline(always)]
 unsafe fn q5_1_quants(b: *const u8) -> __m256i {
     let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
     _mm256_or_si256(nibbles_32(b.add(8)), hi)
 }
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn packed_q5_1(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<false>(nb, w, 24, xp, out, |b| q5_1_quants(b))
-}
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn packed_q5_1_vnni(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
-    dot_packed_min::<true>(nb, w, 24, xp, out, |b| q5_1_quants(b))
-}
+packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, 24, |b| q5_1_quants(b));
 
 /// Bytes per block of a packed group for weight type `ty`'s activations (0: not packed).
 pub fn pack_block_bytes(ty: GgmlType) -> usize {
@@ -642,6 +764,14 @@ pub fn pack_block_bytes(ty: GgmlType) -> usize {
     }
 }
 
+/// Which build of the packed kernels: plain AVX2, AVX-VNNI, or AVX-512 VNNI (EVEX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackBuild {
+    Plain,
+    Vnni,
+    Evex,
+}
+
 /// The packed kernel of weight type `ty` (None: the type uses `tile_kernels`).
 pub fn packed_kernel(ty: GgmlType) -> Option<PackedDot> {
     packed_kernel_with(ty, vnni_available())
@@ -649,18 +779,48 @@ pub fn packed_kernel(ty: GgmlType) -> Option<PackedDot> {
 
 /// `packed_kernel` with the VNNI choice made by the caller (tests compare both).
 pub fn packed_kernel_with(ty: GgmlType, vnni: bool) -> Option<PackedDot> {
+    packed_kernel_cols(ty, if vnni { PackBuild::Vnni } else { PackBuild::Plain }, PACK_COLS)
+}
+
+/// The packed kernel of weight type `ty` in build `build` that computes the first `nc`
+/// (1..=PACK_COLS) columns of a group: the matmul's last, partial group of a batch, and
+/// whole batches of 2..7 tokens (several sequences decoding together), where each weight
+/// block is then decoded once for all of them. Every column is bit-identical to the plain
+/// single-column kernel's (the same code as the 8-column kernel, fewer columns).
+pub fn packed_kernel_cols(ty: GgmlType, build: PackBuild, nc: usize) -> Option<PackedDot> {
     use GgmlType::*;
-    Some(match (ty, vnni) {
-        (Q4_0, false) => packed_q4_0,
-        (Q4_0, true) => packed_q4_0_vnni,
-        (Q5_0, false) => packed_q5_0,
-        (Q5_0, true) => packed_q5_0_vnni,
-        (Q8_0, false) => packed_q8_0,
-        (Q8_0, true) => packed_q8_0_vnni,
-        (Q4_1, false) => packed_q4_1,
-        (Q4_1, true) => packed_q4_1_vnni,
-        (Q5_1, false) => packed_q5_1,
-        (Q5_1, true) => packed_q5_1_vnni,
+    use PackBuild::*;
+    macro_rules! w {
+        ($f:ident) => {
+            match nc {
+                1 => $f::<1> as PackedDot,
+                2 => $f::<2>,
+                3 => $f::<3>,
+                4 => $f::<4>,
+                5 => $f::<5>,
+                6 => $f::<6>,
+                7 => $f::<7>,
+                8 => $f::<8>,
+                _ => return None,
+            }
+        };
+    }
+    Some(match (ty, build) {
+        (Q4_0, Plain) => w!(packed_q4_0),
+        (Q4_0, Vnni) => w!(packed_q4_0_vnni),
+        (Q4_0, Evex) => w!(packed_q4_0_evex),
+        (Q5_0, Plain) => w!(packed_q5_0),
+        (Q5_0, Vnni) => w!(packed_q5_0_vnni),
+        (Q5_0, Evex) => w!(packed_q5_0_evex),
+        (Q8_0, Plain) => w!(packed_q8_0),
+        (Q8_0, Vnni) => w!(packed_q8_0_vnni),
+        (Q8_0, Evex) => w!(packed_q8_0_evex),
+        (Q4_1, Plain) => w!(packed_q4_1),
+        (Q4_1, Vnni) => w!(packed_q4_1_vnni),
+        (Q4_1, Evex) => w!(packed_q4_1_evex),
+        (Q5_1, Plain) => w!(packed_q5_1),
+        (Q5_1, Vnni) => w!(packed_q5_1_vnni),
+        (Q5_1, Evex) => w!(packed_q5_1_evex),
         _ => return None,
     })
 }
@@ -685,7 +845,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
     let mut summ = [_mm_setzero_ps(); NC];
     for i in 0..nb {
         let bw = w.add(i * wsize);
-        if NC == 1 {
+        if NC <= PF_COLS {
             prefetch_w_l1(bw);
         }
         let dm = f16x2(bw); // (d_w, m_w)
@@ -899,7 +1059,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
     let mut acc8_m = _mm256_setzero_ps();
     for i in 0..nb {
         let bw = w.add(i * 144);
-        if NC == 1 {
+        if NC <= PF_COLS {
             prefetch_block(bw, 144);
         }
         let dw = f16(bw);
@@ -1032,7 +1192,7 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     let mut acc_m = [_mm_setzero_ps(); NC];
     for i in 0..nb {
         let bw = w.add(i * 176);
-        if NC == 1 {
+        if NC <= PF_COLS {
             prefetch_block(bw, 176);
         }
         let dw = f16(bw);
@@ -1098,7 +1258,7 @@ pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *con
     let mut acc1 = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 210);
-        if NC == 1 {
+        if NC <= PF_COLS {
             prefetch_block(bw, 210);
         }
         let dw = f16(bw.add(208));

@@ -64,6 +64,17 @@ pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
     }
 }
 
+/// The kernel of weight type `ty` over `nc` < TILE activation rows at once (see
+/// `avx2::cols_kernel`), for the types `dot_kernels` has: the tile's code at width nc.
+pub fn cols_kernel(ty: GgmlType, nc: usize) -> Option<DotN> {
+    match (ty, nc) {
+        (GgmlType::Q6_K, 1) => Some(dot_q6_k::<1>),
+        (GgmlType::Q6_K, 2) => Some(dot_q6_k::<2>),
+        (GgmlType::Q6_K, 3) => Some(dot_q6_k::<3>),
+        _ => None,
+    }
+}
+
 /// The single-token multi-row kernel of weight type `ty`, if there is one.
 pub fn rows_kernel(ty: GgmlType) -> Option<DotRows> {
     use GgmlType::*;
@@ -463,7 +474,7 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     let mut acc = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * 210);
-        if NC == 1 {
+        if NC < TILE {
             let mut o = 0;
             while o < 210 {
                 prefetch_t1(bw.add(o));

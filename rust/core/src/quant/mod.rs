@@ -365,6 +365,53 @@ pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(D
     }
 }
 
+/// The kernel over `nc` activation rows at once (nc below the tile width of
+/// `tiled_kernels(set, ty, n_tokens)`) of weight type `ty` in kernel set `set`, if there is
+/// one: the same set's tile code at width nc, so every column equals the single-column
+/// kernel bit for bit. The matmul runs it on the tokens left over after the tiles (the
+/// whole batch when several sequences decode one token each), decoding each weight block
+/// once for all of them. NEON has none (the single-column kernel per token).
+pub fn cols_kernel(set: KernelSet, ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
+    let _ = (ty, n_tokens, nc);
+    if no_cols() {
+        return None;
+    }
+    match set {
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx512 if !avx2::llamacpp_order() && avx512::dot_kernels(ty).is_some() => avx512::cols_kernel(ty, nc),
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx2 | KernelSet::Avx512 => avx2::cols_kernel(ty, n_tokens, nc),
+        _ => None,
+    }
+}
+
+/// The packed kernel (see `avx2::packed_kernel_cols`) of weight type `ty` for the first
+/// `nc` columns of a packed group, in the build kernel set `set` runs: the AVX-512 set the
+/// AVX-512 VNNI (EVEX) build, the AVX2 set its AVX-VNNI build where `avx2::vnni_available`,
+/// else the plain one. All builds give the same bits. None: no packed kernel (also under
+/// `PYLLAMA_NO_COLS` for nc < PACK_COLS, which then leaves the packed path to full groups).
+#[cfg(target_arch = "x86_64")]
+pub fn packed_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<avx2::PackedDot> {
+    use avx2::PackBuild;
+    if nc < avx2::PACK_COLS && no_cols() {
+        return None;
+    }
+    let build = match set {
+        KernelSet::Avx512 => PackBuild::Evex,
+        KernelSet::Avx2 if avx2::vnni_available() => PackBuild::Vnni,
+        KernelSet::Avx2 => PackBuild::Plain,
+        _ => return None,
+    };
+    avx2::packed_kernel_cols(ty, build, nc)
+}
+
+/// `PYLLAMA_NO_COLS=1`: leftover tokens take the single-column kernel one by one (for
+/// comparisons; results are the same bits either way).
+fn no_cols() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_COLS").is_some_and(|v| v != "0"))
+}
+
 /// The widest tile any set uses (the matmul's per-tile output buffer).
 pub const MAX_TILE: usize = 8;
 #[cfg(target_arch = "x86_64")]

@@ -1005,3 +1005,179 @@ fn neon_f16_scale_conversion_is_exact() {
         assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{h:#06x}: {a} vs {b}");
     }
 }
+
+// ---------------------------------------------------------------- small batches (decode of K sequences)
+
+/// Activation rows of the extreme cases (`case`): random, all at +amax (every q8 quant
+/// 127), alternating signs, huge (1e30: f16 scales overflow), tiny (1e-40, subnormal), zero,
+/// one large value among small ones.
+fn extreme_row(n: usize, case: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|k| match case {
+            1 => 1.0,
+            2 => if k % 2 == 0 { -1.0 } else { 1.0 },
+            3 => 1e30 * if k % 3 == 0 { -1.0 } else { 1.0 },
+            4 => 1e-40,
+            5 => 0.0,
+            6 => if k == n / 2 { 1e4 } else { rng.normal() * 1e-3 },
+            _ => rng.normal(),
+        })
+        .collect()
+}
+
+/// Weight rows of the extreme cases: random, every byte 0xFF (top quants; NaN scales too),
+/// zeros, random quants with the largest finite f16 scales.
+fn extreme_weights(ty: GgmlType, n: usize, case: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut w = random_row(ty, n, rng);
+    if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return w;
+    }
+    match case {
+        1 => w.fill(0xFF),
+        2 => w.fill(0),
+        3 => {
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                for &o in f16_fields(ty) {
+                    blk[o..o + 2].copy_from_slice(&0x7BFFu16.to_le_bytes()); // 65504
+                }
+            }
+        }
+        _ => {}
+    }
+    w
+}
+
+#[test]
+fn cols_kernels_equal_single_column_kernels_bit_for_bit() {
+    // The kernels over 2..7 tokens at once (the matmul's leftover tokens after its tiles, and
+    // whole batches of sequences decoding together) give every column exactly the single-
+    // column kernel's bits: every weight type, plain AVX2, AVX-VNNI and AVX-512 builds, with
+    // and without precomputed activation scales, at extreme weights and activations.
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx2_available() {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = Rng(0xC015_0001);
+        // (name, cols kernel of width nc, single-column kernel)
+        let mut builds: Vec<(&str, Box<dyn Fn(GgmlType, usize) -> Option<DotN>>, Box<dyn Fn(GgmlType) -> DotN>)> = vec![(
+            "avx2",
+            Box::new(|ty, nc| avx2::cols_kernel_with(ty, false, nc)),
+            Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0),
+        )];
+        if is_x86_feature_detected!("avxvnni") {
+            builds.push((
+                "avx2vnni",
+                Box::new(|ty, nc| avx2::cols_kernel_with(ty, true, nc)),
+                Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0),
+            ));
+        }
+        if avx512_available() {
+            builds.push(("avx512", Box::new(avx512::cols_kernel), Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0)));
+        }
+        let mut checked = 0;
+        for (name, cols, one_of) in &builds {
+            for ty in WEIGHT_TYPES {
+                let one = one_of(ty);
+                let vdt = vec_dot_type(ty);
+                let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+                for nblocks in [1usize, 3, 8] {
+                    let n = bs * nblocks;
+                    for nc in 1..=7 {
+                        let Some(k) = cols(ty, nc) else { continue };
+                        for wcase in 0..4 {
+                            let w = extreme_weights(ty, n, wcase, &mut rng);
+                            for xcase in 0..8 {
+                                // columns of mixed cases: xcase for column 0, then others
+                                let xs: Vec<u8> = (0..nc)
+                                    .flat_map(|c| activations(ty, &extreme_row(n, (xcase + 3 * c) % 8, &mut rng), KernelSet::Avx2))
+                                    .collect();
+                                let stride = xs.len() / nc;
+                                let sc: Vec<f32> = xs.chunks_exact(stride).flat_map(|r| act_scales(vdt, r)).collect();
+                                let nsc = sc.len() / nc;
+                                for (xd, xds) in [(std::ptr::null(), 0), (sc.as_ptr(), nsc)] {
+                                    if !xd.is_null() && nsc == 0 {
+                                        continue;
+                                    }
+                                    let mut got = [f32::NAN; 8];
+                                    unsafe { k(n, w.as_ptr(), xs.as_ptr(), stride, xd, xds, got.as_mut_ptr()) };
+                                    for c in 0..nc {
+                                        let mut want = 0f32;
+                                        let xdc = if xd.is_null() { xd } else { unsafe { xd.add(c * nsc) } };
+                                        unsafe { one(n, w.as_ptr(), xs.as_ptr().add(c * stride), 0, xdc, 0, &mut want) };
+                                        assert_eq!(
+                                            want.to_bits(),
+                                            got[c].to_bits(),
+                                            "{name} {ty} n={n} nc={nc} w{wcase} x{xcase} column {c}: {want} vs {}",
+                                            got[c]
+                                        );
+                                        checked += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 0);
+    }
+}
+
+#[test]
+fn matmul_small_batches_equal_single_token_matmuls_bit_for_bit() {
+    // Batch invariance for the batch sizes of several sequences decoding together: a matmul
+    // over n_tok = 1..=17 tokens (single-token rows kernels, leftover-token kernels, tiles,
+    // packed groups, 1 and 2 threads) gives every token exactly what a matmul of that token
+    // alone gives, in every kernel set this CPU runs, with extreme rows in the batch.
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut rng = Rng(0xC015_0002);
+    let mut sets = vec![KernelSet::Ref];
+    if avx2_available() {
+        sets.push(KernelSet::Avx2);
+    }
+    if avx512_available() {
+        sets.push(KernelSet::Avx512);
+    }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
+    for set in sets {
+        for ty in WEIGHT_TYPES {
+            let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
+            let (n_in, n_out) = (bs * 3, 11);
+            let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let x: Vec<f32> = (0..17).flat_map(|t| extreme_row(n_in, if t % 5 == 4 { t % 8 } else { 0 }, &mut rng)).collect();
+            let mut scratch = Vec::new();
+            // each token alone (1 thread)
+            let mut alone = vec![0f32; 17 * n_out];
+            for t in 0..17 {
+                let (xt, ot) = (&x[t * n_in..(t + 1) * n_in], &mut alone[t * n_out..(t + 1) * n_out]);
+                matmul_with(&pools[0], set, &tv, xt, 1, ot, n_out, 0..n_out, &mut scratch).unwrap();
+            }
+            for n_tok in 1..=17 {
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; n_tok * n_out];
+                    matmul_with(pool, set, &tv, &x[..n_tok * n_in], n_tok, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
+                    for k in 0..out.len() {
+                        assert_eq!(
+                            alone[k].to_bits(),
+                            out[k].to_bits(),
+                            "{ty} {set:?} n_tok={n_tok} threads={} token {} row {}: {} vs {}",
+                            pool.n_threads(),
+                            k / n_out,
+                            k % n_out,
+                            alone[k],
+                            out[k]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
