@@ -713,6 +713,12 @@ DOCUMENTED = {
     ("llama_sampler_copy", "dst", None): None,
     ("llama_set_sampler", "smpl", None): True,  # NULL detaches
     ("llama_batch_ext_free", "batch", None): None,
+    # NULL memory (a vocab-only model's context has none): llama.cpp's neutral values
+    ("llama_memory_clear", "mem", None): None, ("llama_memory_seq_rm", "mem", None): True,
+    ("llama_memory_seq_cp", "mem", None): None, ("llama_memory_seq_keep", "mem", None): None,
+    ("llama_memory_seq_add", "mem", None): None, ("llama_memory_seq_div", "mem", None): None,
+    ("llama_memory_seq_pos_min", "mem", None): -1, ("llama_memory_seq_pos_max", "mem", None): -1,
+    ("llama_memory_can_shift", "mem", None): False,
     # adapters: NULL frees nothing and has no invocation tokens; a failed init is NULL (logged);
     # a key the adapter lacks is -1, as llama_model_meta_val_str
     ("llama_adapter_lora_free", "adapter", None): None,

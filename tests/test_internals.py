@@ -275,9 +275,14 @@ def test_llama_ctx_is_a_view_of_its_context(smollm2_path):
     view.close()  # the view only: the Llama goes on
     assert llm.create_completion("Hi", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] >= 1
     assert llm._ctx.ctx is llm.ctx
+    # a vocab-only Llama has llama.cpp's empty context: parameters, no memory, no decode
     vo = Llama(str(smollm2_path), vocab_only=True, verbose=False)
-    with pytest.raises(RuntimeError, match="vocab_only"):
-        vo._ctx  # noqa: B018
+    assert vo._ctx.ctx is vo.ctx and vo.ctx.vocab_only
+    assert vo._ctx.n_ctx() == vo.ctx.n_ctx > 0
+    assert C.llama_get_memory(vo.ctx) is None
+    assert C.llama_decode(vo.ctx, C.llama_batch_get_one(np.array([1], np.int32))) == -1
+    with pytest.raises(ValueError, match="vocab-only model"):
+        vo.ctx.seq_pos_max(0)
 
 
 def test_llama_tokenizer_module_and_llama_h_constants(smollm2_path):

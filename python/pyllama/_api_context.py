@@ -85,7 +85,7 @@ class llama_memory_t:  # noqa: N801 (llama.h's type name)
 
 
 def _usable(c: Context, fn: str, name: str) -> Context:
-    if c._core is None:
+    if c.freed:
         raise ValueError(f"{fn}: {name} has been freed (llama_free)")
     if _chk.is_freed(c.model):
         raise ValueError(f"{fn}: the model of {name} has been freed (llama_model_free); "
@@ -100,8 +100,12 @@ def _CTX(v: Any, fn: str, name: str) -> Context:
     return _usable(v, fn, name)
 
 
-def _MEM(v: Any, fn: str, name: str) -> Context:
-    """A llama_memory_t (or the context itself): the live context it belongs to."""
+def _MEM(v: Any, fn: str, name: str) -> Optional[Context]:
+    """A llama_memory_t (or the context itself): the live context it belongs to. NULL (None,
+    what llama_get_memory gives for a vocab-only model's context) passes: llama.cpp's memory
+    functions do nothing on it and return their neutral value."""
+    if v is None:
+        return None
     if isinstance(v, llama_memory_t):
         v = v.ctx
     elif not isinstance(v, Context):
@@ -208,8 +212,10 @@ def llama_get_model(ctx: Context):
 
 
 @checked(ctx=_CTX)
-def llama_get_memory(ctx: Context) -> llama_memory_t:
-    return llama_memory_t(ctx)
+def llama_get_memory(ctx: Context) -> Optional[llama_memory_t]:
+    """The context's memory (KV cache); None (NULL) for the context of a vocab-only model,
+    which has none, as llama.cpp."""
+    return None if ctx.vocab_only else llama_memory_t(ctx)
 
 
 @checked(ctx=_CTX)
@@ -295,48 +301,66 @@ def llama_synchronize(ctx: Context) -> None:
 
 @checked(mem=_MEM)
 def llama_memory_clear(mem: llama_memory_t, data: bool = True) -> None:
+    if mem is None:
+        return None
     mem.memory_clear(data)
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_rm(mem: llama_memory_t, seq_id: int, p0: int, p1: int) -> bool:
     """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf)."""
+    if mem is None:
+        return True
     return mem._seq_rm(seq_id, p0, p1, "llama_memory_seq_rm")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_cp(mem: llama_memory_t, seq_id_src: int, seq_id_dst: int, p0: int, p1: int) -> None:
+    if mem is None:
+        return None
     mem._seq_cp(seq_id_src, seq_id_dst, p0, p1, "llama_memory_seq_cp")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_keep(mem: llama_memory_t, seq_id: int) -> None:
+    if mem is None:
+        return None
     mem._seq_keep(seq_id, "llama_memory_seq_keep")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_add(mem: llama_memory_t, seq_id: int, p0: int, p1: int, delta: int) -> None:
+    if mem is None:
+        return None
     mem._seq_add(seq_id, p0, p1, delta, "llama_memory_seq_add")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_div(mem: llama_memory_t, seq_id: int, p0: int, p1: int, d: int) -> None:
+    if mem is None:
+        return None
     mem._seq_div(seq_id, p0, p1, d, "llama_memory_seq_div")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_pos_min(mem: llama_memory_t, seq_id: int) -> int:
+    if mem is None:
+        return -1
     return mem._seq_pos_min(seq_id, "llama_memory_seq_pos_min")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_pos_max(mem: llama_memory_t, seq_id: int) -> int:
+    if mem is None:
+        return -1
     return mem._seq_pos_max(seq_id, "llama_memory_seq_pos_max")
 
 
 @checked(mem=_MEM)
 def llama_memory_can_shift(mem: llama_memory_t) -> bool:
     """RoPE models can shift positions (seq_add/seq_div re-rope K)."""
+    if mem is None:
+        return False
     return True
 
 

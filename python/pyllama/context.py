@@ -274,6 +274,8 @@ class Context:
         if p.abort_callback is not None and not callable(p.abort_callback):
             raise TypeError(f"Context: abort_callback must be callable or None, got {_describe(p.abort_callback)}")
         self._core = None
+        self._freed = False
+        self._vocab_only = False
         self._lock = threading.RLock()
         self._init(model, p)
         if abort is not None:
@@ -360,11 +362,18 @@ class Context:
             log.warning("llama_context: n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
                         n_ctx_seq, n_ctx_train)
 
-        self._core = _core.Context(
-            core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
-            n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
-            swa_full=bool(params.swa_full), embeddings=self._embeddings,
-            rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale)
+        if core_model.vocab_only:
+            # llama.cpp makes such a context too: no backends, no memory (KV cache), nothing
+            # to decode with; its parameters are there and the vocabulary is usable
+            self._vocab_only = True
+            self._vocab_only_dims = (n_ctx, n_ubatch, n_seq_max)
+            log.info("llama_context: the model is vocab-only: no KV cache, this context cannot decode")
+        else:
+            self._core = _core.Context(
+                core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
+                n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
+                swa_full=bool(params.swa_full), embeddings=self._embeddings,
+                rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale)
 
         # outputs of the last successful decode. llama.cpp keeps room for at least
         # n_seq_max rows and grows the buffer when a batch asks for more.
@@ -397,11 +406,26 @@ class Context:
 
     def _live(self) -> "_core.Context":
         if self._core is None:
+            if self._vocab_only and not self._freed:
+                raise ValueError("this context belongs to a vocab-only model (loaded with vocab_only=True): it has "
+                                 "no weights and no KV cache, so it cannot decode or hold state")
             raise ValueError("this context has been freed")
         return self._core
 
     @property
+    def freed(self) -> bool:
+        """Whether :meth:`close` (``llama_free``) has released this context."""
+        return self._freed
+
+    @property
+    def vocab_only(self) -> bool:
+        """Whether this is the empty context of a vocab-only model (no KV cache, no decode)."""
+        return self._vocab_only
+
+    @property
     def n_ctx(self) -> int:
+        if self._vocab_only:
+            return self._vocab_only_dims[0]
         return int(self._live().n_ctx)
 
     @property
@@ -414,10 +438,14 @@ class Context:
 
     @property
     def n_ubatch(self) -> int:
+        if self._vocab_only:
+            return self._vocab_only_dims[1]
         return int(self._live().n_ubatch)
 
     @property
     def n_seq_max(self) -> int:
+        if self._vocab_only:
+            return self._vocab_only_dims[2]
         return int(self._live().n_seq_max)
 
     @property
@@ -538,6 +566,7 @@ class Context:
     def close(self) -> None:
         """Release the KV cache and scratch now (``llama_free``); the object is unusable after."""
         self._core = None
+        self._freed = True
         self._logits_buf = np.zeros((0, self.n_vocab), dtype=np.float32)
         self._embd_buf = None
         self._n_outputs = 0
@@ -657,6 +686,10 @@ class Context:
         """Run ``batch`` and return llama_decode's code: 0 ok, 1 no KV slot (nothing
         changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
         (nothing changed), < -1 fatal. Logs the reason for every nonzero code."""
+        if self._vocab_only and not self._freed:
+            self._last_error = "the model is vocab-only: it has no weights to decode with"
+            log.error("llama_decode: %s (load it without vocab_only)", self._last_error)
+            return -1
         core = self._live()
         if (batch.n_tokens == 1 and batch.embd is None and batch.pos is None and batch.seq_id is None
                 and batch.n_seq_id is None and batch.logits is None and self._abort is None
@@ -1150,8 +1183,10 @@ class Context:
         return self._load_file(path, dest_seq_id, "Context.seq_load_state_file", max_tokens)[1]
 
     def __repr__(self) -> str:
-        if self._core is None:
+        if self._freed:
             return "Context(freed)"
+        if self._vocab_only:
+            return f"Context(vocab-only, n_ctx={self.n_ctx})"
         return (f"Context(n_ctx={self.n_ctx}, n_batch={self.n_batch}, n_ubatch={self.n_ubatch}, "
                 f"n_seq_max={self.n_seq_max})")
 

@@ -451,6 +451,11 @@ class Llama:
 
                     self._lora_adapter = LoraAdapter(self._model, lora_path)
                     self._session.ctx.set_lora_adapters([(self._lora_adapter, lora_scale)])
+            else:
+                # llama.cpp gives a vocab-only model a context too: no KV cache, no decode
+                from .context import Context
+
+                self._vocab_ctx = Context(self._model, n_ctx=n_ctx, n_batch=self.n_batch)
         if verbose:
             n = self._session.n_ctx if self._session else 0
             print(f"pyllama: loaded {self.model_path} ({self._model.desc}) in "
@@ -505,21 +510,20 @@ class Llama:
 
     @property
     def ctx(self):
-        """The :class:`pyllama.Context` (None for a vocab_only model)."""
-        return self._session.ctx if self._session else None
+        """The :class:`pyllama.Context` (for a vocab_only model an empty one, as llama.cpp
+        makes: it has no KV cache and cannot decode)."""
+        return self._session.ctx if self._session else self._vocab_ctx
 
     @property
     def _ctx(self):
         """llama-cpp-python's ``Llama._ctx``: a :class:`pyllama.internals.LlamaContext` over
         this Llama's context (``_ctx.ctx`` is :attr:`ctx`; closing it frees nothing)."""
-        if self._session is None:
-            raise RuntimeError("this Llama was created with vocab_only=True: pyllama makes no context for a "
-                               "model without weights (llama.cpp makes an empty one), so there is no _ctx")
+        ctx = self.ctx
         view = getattr(self, "_ctx_view", None)
-        if view is None or view.ctx is not self._session.ctx:
+        if view is None or view.ctx is not ctx:
             from .internals import LlamaContext, LlamaModel
 
-            view = LlamaContext._view(LlamaModel._view(self._model, self.model_path), self._session.ctx)
+            view = LlamaContext._view(LlamaModel._view(self._model, self.model_path), ctx)
             self._ctx_view = view
         return view
 
