@@ -44,14 +44,20 @@ _SPECS = [
     dict(name="tiny-mistral3", arch="mistral3", head_dim=32, rope_base=1000000.0, eps=1e-5,
          yarn=dict(factor=16.0, orig_ctx=128, beta_fast=32.0, beta_slow=1.0, log_mul=1.0),
          attn_temp_scale=0.1),
+    # not in ../shared/tiny: pyllama's own fixture (tests/data/tiny/make_tiny_reference.py has
+    # llama.cpp's logits for it); 4 layers so that layer 3 is a NoPE layer
+    dict(name="tiny-smollm3", arch="smollm3", n_layer=4, head_dim=16, rope_base=100000.0, eps=1e-6),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
-def write_tiny(arch: str, out_dir: Path, qtype: str = "F32") -> Path:
+def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Path | None = None) -> Path:
     """Write ``out_dir/tiny-<arch>-<qtype>.gguf`` (qtype "F32", or "Q8_0": every 2-D weight
     quantized as ``llama-quantize --pure Q8_0`` does, norms, biases and the MoE router kept
-    F32); return its path."""
+    F32); return its path. ``tokenizer_from``: copy the tokenizer.* keys of that GGUF (one
+    of ../shared/tiny's 2048-token BPE vocabularies) instead of the synthetic one, so that
+    llama.cpp loads the file (it refuses a BPE vocabulary without merges); the weights are
+    the same either way."""
     import gguf  # test dependency (gguf-py)
 
     if qtype not in ("F32", "Q8_0"):
@@ -83,7 +89,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32") -> Path:
     if n_q != n_embd or A in ("gemma", "gemma2", "gemma3", "qwen3", "qwen3moe", "mistral3"):
         w.add_uint32(f"{A}.attention.key_length", hd)
         w.add_uint32(f"{A}.attention.value_length", hd)
-    if A in ("llama", "mistral3"):
+    if A in ("llama", "mistral3", "smollm3"):
         w.add_uint32(f"{A}.vocab_size", N_VOCAB)
         w.add_uint32(f"{A}.rope.dimension_count", hd)
     if A == "phi3":
@@ -113,15 +119,14 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32") -> Path:
         w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
         w.add_float32(f"{A}.attention.temperature_scale", s["attn_temp_scale"])
 
-    # synthetic vocabulary: ids 0..2047, 0 = eos/eog, 1 = bos
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list([f"<t{i}>" for i in range(N_VOCAB)])
-    w.add_token_types([3 if i < 2 else 1 for i in range(N_VOCAB)])
-    w.add_token_merges([])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(0)
-    w.add_add_bos_token(False)
+    if tokenizer_from is not None:
+        src = gguf.GGUFReader(str(tokenizer_from))
+        for k, f in src.fields.items():
+            if k.startswith("tokenizer."):
+                sub = f.types[1] if len(f.types) > 1 else None
+                w.add_key_value(k, f.contents(), f.types[0], sub)
+    else:
+        _add_synthetic_vocab(w)
 
     scales = s.get("scale", {})
 
@@ -206,3 +211,15 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32") -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_synthetic_vocab(w) -> None:
+    # synthetic vocabulary: ids 0..2047, 0 = eos/eog, 1 = bos
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list([f"<t{i}>" for i in range(N_VOCAB)])
+    w.add_token_types([3 if i < 2 else 1 for i in range(N_VOCAB)])
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(0)
+    w.add_add_bos_token(False)

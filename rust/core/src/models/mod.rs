@@ -16,6 +16,7 @@ pub mod mistral3;
 pub mod phi2;
 pub mod phi3;
 pub mod qwen2;
+pub mod smollm3;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -55,6 +56,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &gemma::Gemma,
     &gemma::Gemma2,
     &mistral3::Mistral3,
+    &smollm3::Smollm3,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

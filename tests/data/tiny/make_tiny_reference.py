@@ -1,0 +1,72 @@
+"""llama.cpp's logits for the tiny fixtures that exist only in tests/data/make_tiny.py (not in
+../shared/tiny): tiny-<arch>-<qtype>.logits.json / .npz beside this file, in the format of
+the other tiny references (../shared/reference/make_reference.py): per prompt its tokens, the
+20 highest logits at every position and the whole last row. tests/test_logits.py holds
+pyllama to them with the tolerances of every tiny model.
+
+The prompts are the token ids of tiny-qwen3-F32's reference (8, 46 and 301 tokens: the
+301-token prompt crosses llama.cpp's 256-key flash-attention tiles). llama.cpp runs
+make_tiny.py's weights with ../shared/tiny's 2048-token BPE vocabulary (llama.cpp refuses a
+BPE vocabulary without merges; the tests feed token ids, so the logits are the same). Uses
+../lora/lora_logits.cpp (n_ctx 2048, n_batch 2048, n_ubatch 512, 2 threads, default flash
+attention, every position an output) built against llama.cpp's library:
+
+    python tests/data/tiny/make_tiny_reference.py smollm3 [LLAMA_SRC] [LLAMA_BUILD] [TOKENIZER_GGUF]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+TOPK = 20
+
+
+def main() -> None:
+    arch = sys.argv[1]
+    src = Path(sys.argv[2] if len(sys.argv) > 2 else "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
+    build = Path(sys.argv[3] if len(sys.argv) > 3 else Path.home() / ".cache/pyllama/llama.cpp/build-avx2")
+    tok = Path(sys.argv[4] if len(sys.argv) > 4 else "/work/shared/tiny/models/tiny-llama-F32.gguf")
+    spec = importlib.util.spec_from_file_location("make_tiny", HERE.parent / "make_tiny.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    tmp = Path(tempfile.mkdtemp(prefix="pyllama-tinyref-"))
+    exe = tmp / "logits"
+    subprocess.run(["g++", "-O2", "-std=c++17", str(HERE.parent / "lora" / "lora_logits.cpp"), f"-I{src}/include",
+                    f"-I{src}/ggml/include", f"-I{src}/common", f"-I{src}/vendor", f"-L{build}/bin", "-lllama",
+                    "-lllama-common", "-lggml", "-lggml-base", f"-Wl,-rpath,{build}/bin", "-o", str(exe)], check=True)
+    prompts = json.loads((HERE / "tiny-qwen3-F32.logits.json").read_text())["prompts"]
+    for qtype in ("F32", "Q8_0"):
+        model = mk.write_tiny(arch, tmp, qtype, tokenizer_from=tok)
+        name = f"tiny-{arch}-{qtype}"
+        z, meta = {}, []
+        for i, p in enumerate(prompts):
+            toks = [int(t) for t in p["tokens"]]
+            out = tmp / f"{name}-p{i}.f32"
+            subprocess.run([str(exe), str(model), str(out), "--"] + [str(t) for t in toks], check=True,
+                           capture_output=True)
+            lg = np.fromfile(out, dtype=np.float32).reshape(len(toks), -1)
+            ids = np.argsort(-lg, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+            z[f"p{i}_topk_ids"] = ids
+            z[f"p{i}_topk_vals"] = np.take_along_axis(lg, ids, axis=1)
+            z[f"p{i}_last_logits"] = lg[-1]
+            meta.append({"prompt": p["prompt"], "tokens": toks})
+        n_vocab = int(z["p0_last_logits"].shape[0])
+        ref = {"model": name, "n_vocab": n_vocab, "topk": TOPK,
+               "settings": {"n_ctx": 2048, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,
+                            "flash_attn": "default (auto)", "generator": "tests/data/tiny/make_tiny_reference.py"},
+               "prompts": meta}
+        (HERE / f"{name}.logits.json").write_text(json.dumps(ref, indent=1) + "\n")
+        np.savez_compressed(HERE / f"{name}.logits.npz", **z)
+        print(name, "written")
+
+
+if __name__ == "__main__":
+    main()
