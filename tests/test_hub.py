@@ -274,3 +274,97 @@ def test_bench_hf(hub_env):
     assert row["model_filename"].endswith(f"snapshots/{REV}/SmolLM2-135M-Instruct.Q4_1.gguf")
     r = run(env, "bench", "-p", "4")
     assert r.returncode == 2 and "-hf" in r.stderr
+
+
+# -- the download path, against a local stand-in for the Hub (HF_ENDPOINT) ------------------
+
+def _fake_hub(files: dict, seen: list, status: int = 200):
+    """Serves huggingface_hub's calls for repo o/r: the tree listing, HEAD and GET of
+    /o/r/resolve/main/<file> (plain HTTP, no Xet); every request is recorded with its
+    Authorization header. ``status`` != 200 answers everything with that code."""
+    import hashlib
+    import http.server
+    import json
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _send(self, code, body=b"", headers=()):
+            self.send_response(code)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_GET(self):
+            seen.append((self.command, self.path, self.headers.get("Authorization")))
+            if status != 200:
+                return self._send(status)
+            if self.path.startswith("/api/models/o/r/tree/"):
+                body = json.dumps([{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                                   for p, b in files.items()]).encode()
+                return self._send(200, body, [("Content-Type", "application/json")])
+            if self.path.startswith("/o/r/resolve/main/"):
+                b = files.get(self.path.split("/resolve/main/", 1)[1])
+                if b is None:
+                    return self._send(404, b"", [("X-Error-Code", "EntryNotFound")])
+                return self._send(200, b, [("ETag", f'"{hashlib.sha256(b).hexdigest()}"'), ("X-Repo-Commit", "f" * 40),
+                                           ("Content-Type", "application/octet-stream")])
+            return self._send(404)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_hf_downloads_into_the_hub_cache(tmp_path, tiny_model_path):
+    tiny = Path(tiny_model_path("llama")).read_bytes()
+    seen: list = []
+    srv = _fake_hub({"tiny-Q8_0.gguf": tiny, "tiny-Q4_K_M.gguf": tiny, "README.md": b"hi"}, seen)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_HOME=str(tmp_path / "home"), HF_HUB_DISABLE_XET="1",
+                   HF_ENDPOINT=f"http://127.0.0.1:{srv.server_address[1]}", HF_HUB_DISABLE_TELEMETRY="1",
+                   PYLLAMA_CACHE=str(tmp_path / "pc"))
+        r = run(env, "inspect", "-hf", "o/r", "--hf-token", "hf_secret")
+        assert r.returncode == 0, r.stderr
+        snap = tmp_path / "hub" / "models--o--r" / "snapshots" / ("f" * 40)
+        assert f"{snap}/tiny-Q4_K_M.gguf" in r.stdout
+        assert (tmp_path / "hub" / "models--o--r" / "refs" / "main").read_text() == "f" * 40
+        assert [s[:2] for s in seen] == [("GET", "/api/models/o/r/tree/main?recursive=true&expand=false"),
+                                         ("HEAD", "/o/r/resolve/main/tiny-Q4_K_M.gguf"),
+                                         ("GET", "/o/r/resolve/main/tiny-Q4_K_M.gguf")]
+        assert {s[2] for s in seen} == {"Bearer hf_secret"}  # --hf-token on every request
+        assert not (snap / "tiny-Q8_0.gguf").exists()  # only the chosen file
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    # offline now: the same name resolves from the cache, and list shows it
+    env["HF_HUB_OFFLINE"] = "1"
+    r = run(env, "inspect", "-hf", "o/r:Q4_K_M")
+    assert r.returncode == 0 and f"{snap}/tiny-Q4_K_M.gguf" in r.stdout, r.stderr
+    r = run(env, "list")
+    assert [ln.split()[0] for ln in r.stdout.splitlines()[1:]] == ["o/r:Q4_K_M"]
+
+
+def test_an_unusable_hub_falls_back_to_the_cache(hub_env):
+    """A Hub that answers 400 to everything (no retries): the cached snapshot's files are
+    listed and used, as with no network; HF_TOKEN is what huggingface_hub sends."""
+    cache, env = hub_env
+    seen: list = []
+    srv = _fake_hub({}, seen, status=400)
+    try:
+        env = {**env, "HF_ENDPOINT": f"http://127.0.0.1:{srv.server_address[1]}", "HF_TOKEN": "hf_env"}
+        del env["HF_HUB_OFFLINE"]
+        r = run(env, "inspect", "-hf", REPO + ":q4_1")
+        assert r.returncode == 0 and "tiny-q4_1.gguf" in r.stdout, r.stderr
+        assert seen and {s[2] for s in seen} == {"Bearer hf_env"}
+    finally:
+        srv.shutdown()
+        srv.server_close()
