@@ -184,7 +184,7 @@ def test_banner_names_model_context_and_template(smollm2_path):
     assert "template   : chatml (--chat-template)" in r.stderr
 
 
-@pytest.mark.parametrize("flags", [["-ngl", "99"], ["-fa", "on"], ["-ngl", "99", "-fa", "off", "-ctk", "q8_0"],
+@pytest.mark.parametrize("flags", [["-ngl", "99"], ["-fa", "on"], ["-ngl", "99", "-fa", "auto", "-ctk", "q8_0"],
                                    ["--typical", "0.9", "--mirostat", "2", "--repeat-last-n", "32"]])
 def test_generate_flags_parse_on_chat(flags):
     """-ngl is one flag, not -n gl: past the parser to the missing model (exit 1, not 2)."""

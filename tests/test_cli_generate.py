@@ -30,7 +30,7 @@ def test_generate_positional_prompt_file_and_flags(smollm2_path, tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("The capital of France is", encoding="utf-8")
     args = ["-m", str(smollm2_path), "-n", "2", "-c", "128", "-b", "64", "-ub", "32", "-t", "1", "-tb", "1",
-            "-ngl", "0", "-lm", "mmap", "-ctk", "f16", "-ctv", "f16", "-fa", "off", "--temp", "0",
+            "-ngl", "0", "-lm", "mmap", "-ctk", "f16", "-ctv", "f16", "-fa", "on", "--temp", "0",
             "--top-k", "10", "--top-p", "0.9", "--min-p", "0.1", "--typical", "1.0", "--repeat-penalty", "1.1",
             "--repeat-last-n", "16", "--presence-penalty", "0.0", "--frequency-penalty", "0.0", "-s", "3",
             "--no-perf", "--no-display-prompt"]

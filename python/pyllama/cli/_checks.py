@@ -180,12 +180,18 @@ def repeat_penalty(ctx, param, value):
 
 
 def flash_attn(ctx, param, value):
-    """-fa: llama.cpp's on / off / auto (and 1 / 0)."""
+    """-fa: llama.cpp's on / auto (and 1). pyllama's CPU attention is always the fused
+    streaming-softmax kernel (what llama.cpp calls flash attention, and what its auto picks
+    on the CPU), so off, which asks for the unfused KQ / softmax / KQV path, is refused
+    rather than silently run fused."""
     if value is None:
         return value
     v = value.lower()
     if v not in ("on", "off", "auto", "1", "0"):
         raise typer.BadParameter(f"--flash-attn expects on, off or auto, got {value!r}")
+    if v in ("off", "0"):
+        raise typer.BadParameter(f"{value!r}: pyllama has only the fused (flash) attention kernel, so it cannot run "
+                                 "with flash attention off; use on or auto")
     return v
 
 
@@ -236,7 +242,8 @@ FLASH_ATTN_TYPES = {"on": 1, "1": 1, "off": 0, "0": 0}
 
 
 def opt_flash_attn():
-    return typer.Option("auto", "-fa", "--flash-attn", callback=flash_attn, help="on, off or auto")
+    return typer.Option("auto", "-fa", "--flash-attn", callback=flash_attn,
+                        help="flash attention: on or auto (pyllama's attention is always the fused kernel; off is refused)")
 
 
 def opt_temp():
