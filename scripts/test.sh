@@ -28,6 +28,10 @@ python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
 maturin develop --release -q
 cargo test --release --workspace -q
+# The extension's type stubs (python/pyllama/_core.pyi) against the built module: a name,
+# signature or class missing on either side fails the run.
+python -m pip install -q mypy
+python -m mypy.stubtest pyllama._core
 python -m pytest -q "$@"
 # The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
 # with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).

@@ -15,6 +15,12 @@ class Aborted(PyllamaError):
     """The abort callback stopped llama_decode (it would return 2)."""
 
 
+# Shown and pickled as pyllama.<Name>, where users import them from (the Rust-defined
+# ones above say the same).
+for _cls in (InvalidBatchError, ContextFullError, Aborted):
+    _cls.__module__ = "pyllama"
+del _cls
+
 __all__ = [
     "Aborted",
     "ContextFullError",

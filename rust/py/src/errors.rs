@@ -1,17 +1,18 @@
 //! Exception classes and the mapping from core errors. The Python package re-exports
-//! these under the same names (all derive from `PyllamaError`).
+//! these under the same names (all derive from `PyllamaError`); their `__module__` is
+//! `pyllama`, where users import them from (and where pickle finds them), not `_core`.
 
 use pyllama_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_core, PyllamaError, PyException, "Base class of every pyllama error.");
-create_exception!(_core, GGUFError, PyllamaError, "A malformed GGUF file.");
-create_exception!(_core, UnsupportedModelError, PyllamaError, "A well-formed file pyllama cannot run.");
-create_exception!(_core, LoadCancelled, PyllamaError, "The progress callback cancelled the load.");
+create_exception!(pyllama, PyllamaError, PyException, "Base class of every pyllama error.");
+create_exception!(pyllama, GGUFError, PyllamaError, "A malformed GGUF file.");
+create_exception!(pyllama, UnsupportedModelError, PyllamaError, "A well-formed file pyllama cannot run.");
+create_exception!(pyllama, LoadCancelled, PyllamaError, "The progress callback cancelled the load.");
 create_exception!(
-    _core,
+    pyllama,
     StateError,
     PyllamaError,
     "A saved state that does not fit this context (another model, KV type or layout, more cells than it holds) or is truncated or corrupted; the context is unchanged."
