@@ -199,8 +199,11 @@ def repo_files(repo: str, *, revision: Optional[str] = None, cache_dir: Optional
 
 
 def _download(repo: str, files: list[str], *, revision=None, cache_dir=None, local_dir=None, token=None) -> list[Path]:
-    hub = _hub()
+    _hub()
+    # from its defining module: the package attribute is what test suites (llama-cpp-python's
+    # conftest) replace with stand-ins
     from huggingface_hub import errors as herr
+    from huggingface_hub import file_download as hub
 
     out = []
     for f in files:
