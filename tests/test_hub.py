@@ -265,7 +265,7 @@ def test_list_and_rm(hub_env, smollm2_path):
     assert r.returncode == 0 and r.stdout.splitlines()[1:] == [], r.stdout
 
 
-def test_bench_hf(hub_env):
+def test_bench_hf(hub_env, smollm2_path):
     _cache, env = hub_env
     r = run(env, "bench", "-hf", SMOL_REPO, "-p", "4", "-n", "0", "-r", "1", "-t", "1", "-o", "jsonl")
     assert r.returncode == 0, r.stderr
@@ -275,6 +275,26 @@ def test_bench_hf(hub_env):
     assert row["model_filename"].endswith(f"snapshots/{REV}/SmolLM2-135M-Instruct.Q4_1.gguf")
     r = run(env, "bench", "-p", "4")
     assert r.returncode == 2 and "-hf" in r.stderr
+    link_hub_cache(_cache, "smol-org/Two", {"a-Q4_K_M.gguf": smollm2_path, "b-Q8_0.gguf": smollm2_path})
+    r = run(env, "bench", "-hf", f"smol-org/Two,{SMOL_REPO}", "-hff", "b-Q8_0.gguf", "-p", "4", "-n", "0", "-r", "1",
+            "-t", "1", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["model_filename"].rsplit("/", 1)[1] for x in r.stdout.splitlines()] == [
+        "b-Q8_0.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"]  # -hff pairs with the first -hf (else a-Q4_K_M)
+    r = run(env, "bench", "-hf", REPO, "-hff", "a.gguf,b.gguf", "-p", "4")
+    assert r.returncode == 2 and "2 --hf-file values for 1 -hf repos" in " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat", "serve", "embedding", "perplexity", "bench", "tokenize",
+                                 "inspect", "verify"])
+def test_hf_flags_in_every_help(cmd):
+    from typer.testing import CliRunner
+
+    from pyllama.cli import app
+
+    out = CliRunner().invoke(app, [cmd, "--help"]).stdout
+    for flag in ("-hf", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token"):
+        assert flag in out, (cmd, flag)
 
 
 # -- the download path, against a local stand-in for the Hub (HF_ENDPOINT) ------------------

@@ -454,9 +454,12 @@ class Printer:
 
 @app.command()
 def bench(
-    model: list[Path] = typer.Option([], "-m", "--model", help="GGUF file (repeat for several)"),
+    model: list[str] = typer.Option([], "-m", "--model", help="GGUF files (repeat, or comma-separated)"),
     hf_repo: list[str] = typer.Option([], "-hf", "-hfr", "--hf-repo", metavar="USER/MODEL[:QUANT]",
-                                      help="Hugging Face repo, as generate's -hf (repeat for several; needs huggingface_hub)"),
+                                      help="Hugging Face repos, as generate's -hf (repeat, or comma-separated; "
+                                           "needs huggingface_hub)"),
+    hf_file: list[str] = typer.Option([], "-hff", "--hf-file", metavar="FILE",
+                                      help="file in the i-th -hf repo (repeat, or comma-separated, in -hf's order)"),
     hf_token: Optional[str] = typer.Option(None, "-hft", "--hf-token", help="Hugging Face access token (default: HF_TOKEN)"),
     n_prompt: list[str] = typer.Option(["512"], "-p", "--n-prompt", metavar="LIST", callback=_int_list(0, "a prompt size"),
                                        help="prompt sizes: comma list or range first-last[+step|*step] (0 = none)"),
@@ -498,9 +501,15 @@ def bench(
     nts = threads or [physical_cores()]
     if any(g not in (0, -1) for g in gpu_layers):
         typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
-    models = [str(m) for m in model]
-    for h in hf_repo:
-        models.append(str(O.model_by_name(None, h, None, hf_token)))
+    models = [m for v in model for m in v.split(",") if m]
+    repos = [h for v in hf_repo for h in v.split(",") if h]
+    files = [f for v in hf_file for f in v.split(",")]
+    if len(files) > len(repos):
+        raise typer.BadParameter(f"{len(files)} --hf-file values for {len(repos)} -hf repos", param_hint="'--hf-file'")
+    if hf_token is not None and not repos:
+        raise typer.BadParameter("--hf-token is only used with -hf", param_hint="'--hf-token'")
+    for i, h in enumerate(repos):
+        models.append(str(O.model_by_name(None, h, (files[i] or None) if i < len(files) else None, hf_token)))
     if not models:
         raise typer.BadParameter("give a model: -m FILE or -hf REPO[:QUANT] (repeatable)", param_hint="'-m'")
     tests: list[tuple[int, int]] = [(p, 0) for p in n_prompt if p > 0]
