@@ -141,3 +141,17 @@ def test_flags_change_the_report(smollm2_path, tmp_path):
     assert r.exit_code == 1 and "needs at least 1024" in r.output
     r = runner.invoke(app, ["verify", "-m", str(smollm2_path), "--llama-cpp", str(LLAMA_CPP_DIR), "-p", "Hi"])
     assert r.exit_code == 0 and "top-1 agreement :" in r.stdout and "perplexity      : llama.cpp" in r.stdout
+
+
+def test_llama_cpp_python_library_is_found(tmp_path, smollm2_path):
+    """Without --llama-cpp, the libllama inside an installed llama_cpp package (llama-cpp-python
+    ships it in llama_cpp/lib/) is used; here a stand-in package whose library is not one."""
+    pkg = tmp_path / "site" / "llama_cpp"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('verify must not import llama_cpp')\n")
+    (pkg / "lib" / "libllama.so").write_bytes(b"\x7fELF but not really")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    r = subprocess.run([sys.executable, "-m", "pyllama", "verify", "-m", str(smollm2_path), "-p", "x"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot load {pkg / 'lib' / 'libllama.so'}" in r.stderr
