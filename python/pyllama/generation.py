@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from .sampling import SamplerChain, SamplerParams, build_chain
+from .sampling import SamplerChain
 
 __all__ = ["Session", "TextStream", "StopText", "context_shift", "common_prefix", "GenerationStats", "load_model", "vocab_of", "progress_bar"]
 
@@ -427,11 +427,6 @@ class Session:
                     self._decode([pending])
                 except Exception:  # context full or aborted: the cache simply stays shorter
                     pass
-
-
-def make_sampler(n_vocab: int, vocab=None, **params) -> SamplerChain:
-    """A common_sampling chain from :class:`~pyllama.sampling.SamplerParams` field values."""
-    return build_chain(SamplerParams(**params), n_vocab=n_vocab, vocab=vocab)
 
 
 def resolve_model_path(model: Optional[str | Path], progress: bool = True) -> Path:

@@ -80,7 +80,7 @@ pub struct Buffers {
     pub cur: Vec<f32>,
     /// Output of a block [n, n_embd].
     pub tmp: Vec<f32>,
-    /// q [n, n_q] and k [n, n_kv]: empty except inside `attn_block`, which lends them
+    /// q [n, n_q] and k [n, n_kv]: empty except inside `build_attn` (models/graph.rs), which lends them
     /// `gate`'s and `up`'s memory.
     pub q: Vec<f32>,
     pub k: Vec<f32>,
@@ -95,7 +95,6 @@ pub struct Buffers {
     pub attn_scratch: Vec<f32>,
     pub attn_stride: usize,
     pub mm_scratch: Vec<u8>,
-    pub kv_bytes: Vec<u8>,
     /// Per token of the micro-batch: position, first seq, stream, key range, cell.
     pub pos: Vec<i32>,
     pub seq0: Vec<usize>,
@@ -127,7 +126,9 @@ pub struct Debug {
 }
 
 impl Debug {
-    fn put(&mut self, name: &str, il: i32, data: &[f32], width: usize) {
+    /// Append `data` (rows of `width`) to the dump of `name` (`name-il` for layer il >= 0)
+    /// when that name is wanted.
+    pub fn put(&mut self, name: &str, il: i32, data: &[f32], width: usize) {
         let key = if il >= 0 { format!("{name}-{il}") } else { name.to_string() };
         if !self.all && !self.wanted.contains(&key) {
             return;
@@ -145,15 +146,9 @@ macro_rules! cb {
     ($st:expr, $name:expr, $il:expr, $buf:ident, $width:expr) => {
         if let Some(d) = $st.debug.as_deref_mut() {
             let w = $width;
-            d.put_pub($name, $il as i32, &$st.b.$buf[..$st.n * w], w);
+            d.put($name, $il as i32, &$st.b.$buf[..$st.n * w], w);
         }
     };
-}
-
-impl Debug {
-    pub fn put_pub(&mut self, name: &str, il: i32, data: &[f32], width: usize) {
-        self.put(name, il, data, width)
-    }
 }
 
 /// Everything one micro-batch's forward pass reads and writes.
@@ -267,8 +262,8 @@ impl Context {
             x: z(ne, "the residual stream [n_ubatch, n_embd]")?,
             cur: z(ne.max(qw), "the normed input [n_ubatch, max(n_embd, n_q)]")?,
             tmp: z(ne, "the block output [n_ubatch, n_embd]")?,
-            q: Vec::new(), // gate's memory during attn_block
-            k: Vec::new(), // up's memory during attn_block
+            q: Vec::new(), // gate's memory during build_attn
+            k: Vec::new(), // up's memory during build_attn
             v: z(vw, "V [n_ubatch, n_embd_v_gqa]")?,
             att: z(aw, "the attention output [n_ubatch, n_head * n_embd_head_v]")?,
             gate: z(ff.max(qw), "the FFN gate [n_ubatch, n_ff]")?,
@@ -282,7 +277,6 @@ impl Context {
             )?,
             attn_stride,
             mm_scratch: alloc::with_capacity(mm_cap, "the matmul scratch")?,
-            kv_bytes: Vec::new(),
             pos: alloc::with_capacity(nu, "positions [n_ubatch]")?,
             seq0: alloc::with_capacity(nu, "sequence ids [n_ubatch]")?,
             stream: alloc::with_capacity(nu, "streams [n_ubatch]")?,

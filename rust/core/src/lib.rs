@@ -1,5 +1,5 @@
-//! pyllama's core: everything heavy, no Python. See DESIGN.md at the repository root for
-//! the pipeline and the Rust/Python boundary.
+//! pyllama's core: everything heavy, no Python. docs/architecture.md walks the path from
+//! a GGUF file to a token, file by file (which step of the pipeline each module is).
 
 pub mod adapter;
 pub mod error;

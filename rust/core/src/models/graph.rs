@@ -400,14 +400,14 @@ impl Step<'_> {
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
-        let r = self.attn_block_qk(w, c);
+        let r = self.build_attn_qkv(w, c);
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
         r
     }
 
-    fn attn_block_qk(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+    fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
         let hp = self.hp;
         let il = c.il;
         let n = self.n;
@@ -545,7 +545,7 @@ impl Step<'_> {
         }
         if let Some(d) = self.debug.as_deref_mut() {
             for &r in b.out_row.iter() {
-                d.put_pub("result_output", -1, &self.logits[r * nv..(r + 1) * nv], nv);
+                d.put("result_output", -1, &self.logits[r * nv..(r + 1) * nv], nv);
             }
         }
         Ok(())
