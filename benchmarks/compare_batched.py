@@ -64,6 +64,9 @@ def main() -> None:
     ap.add_argument("--build-dir", help=f"cmake build dir of the llama.cpp source (default {CACHE / 'build'})")
     ap.add_argument("--pyllama-env", action="append", default=[], metavar="K=V",
                     help="environment for pyllama only, e.g. PYLLAMA_KERNELS=avx2")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also run the pyllama package in DIR (PYTHONPATH=DIR: a copy of python/pyllama with an "
+                         "older build's extension) in the same rotation, and print its table too")
     a = ap.parse_args()
 
     models = a.model
@@ -77,12 +80,14 @@ def main() -> None:
     penv = dict(os.environ, **dict(kv.split("=", 1) for kv in a.pyllama_env))
     # samples[(model, pp, tg, pl, prog)] = list of (speed_pp, speed_tg, speed)
     samples: dict[tuple, list[tuple[float, float, float]]] = {}
+    progs = [("llama.cpp", [lbb], None), ("pyllama", [sys.executable, "-m", "pyllama", "batched-bench"], penv)]
+    if a.baseline:
+        benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
+        progs.append(("baseline", [sys.executable, "-m", "pyllama", "batched-bench"], benv))
     for rnd in range(a.rounds):
         for m in models:
-            for prog, cmd, env in (
-                ("llama.cpp", [lbb, "-m", m, *common], None),
-                ("pyllama", [sys.executable, "-m", "pyllama", "batched-bench", "-m", m, *common], penv),
-            ):
+            for prog, exe, env in progs:
+                cmd = [*exe, "-m", m, *common]
                 for r in run_jsonl(cmd, env):
                     k = (Path(m).name, r["pp"], r["tg"], r["pl"], prog)
                     samples.setdefault(k, []).append((r["speed_pp"], r["speed_tg"], r["speed"]))
@@ -92,20 +97,22 @@ def main() -> None:
               f"{a.rounds} rounds, medians; threads {a.threads}")
     except OSError:
         pass
-    print("\n| model | PP | TG | B | S_PP llama.cpp | S_PP pyllama | ratio | S_TG llama.cpp | S_TG pyllama | ratio "
-          "| S llama.cpp | S pyllama | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     keys = sorted({k[:4] for k in samples}, key=lambda k: (models.index(next(m for m in models if Path(m).name == k[0])), *k[1:]))
-    for k in keys:
-        ref, ours = samples.get((*k, "llama.cpp")), samples.get((*k, "pyllama"))
-        if not ref or not ours:
-            continue
-        cells = []
-        for i in range(3):
-            r = statistics.median(s[i] for s in ref)
-            o = statistics.median(s[i] for s in ours)
-            cells += [f"{r:.1f}", f"{o:.1f}", f"{o / r:.2f}x"]
-        print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
+    for prog in [p[0] for p in progs[1:]]:
+        print(f"\n{prog} / llama.cpp (tokens/s, medians):\n")
+        print(f"| model | PP | TG | B | S_PP llama.cpp | S_PP {prog} | ratio | S_TG llama.cpp | S_TG {prog} | ratio "
+              f"| S llama.cpp | S {prog} | ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for k in keys:
+            ref, ours = samples.get((*k, "llama.cpp")), samples.get((*k, prog))
+            if not ref or not ours:
+                continue
+            cells = []
+            for i in range(3):
+                r = statistics.median(s[i] for s in ref)
+                o = statistics.median(s[i] for s in ours)
+                cells += [f"{r:.1f}", f"{o:.1f}", f"{o / r:.2f}x"]
+            print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
