@@ -20,7 +20,6 @@ import ctypes
 import importlib.util
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence

@@ -12,7 +12,6 @@ import random
 import re
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import typer
