@@ -19,13 +19,14 @@ def _info(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     for k in list(e):
         if k.startswith("PYLLAMA_"):
             del e[k]
+    e["HF_HUB_CACHE"] = str(Path(e.get("PYLLAMA_CACHE", "/nonexistent")) / "hub")
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "pyllama", "info", *args], capture_output=True, text=True, env=e,
                           timeout=120)
 
 
 def test_info_json_matches_the_extension(tmp_path):
-    r = _info("--json", env={"PYLLAMA_CACHE": str(tmp_path)})
+    r = _info("--json", env={"PYLLAMA_CACHE": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")})
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     import pyllama
@@ -39,7 +40,7 @@ def test_info_json_matches_the_extension(tmp_path):
 
     assert d["extension"]["target_arch"] == platform.machine()
     assert d["cache_dir"] == str(tmp_path)
-    assert d["settings"] == {"PYLLAMA_CACHE": str(tmp_path)}
+    assert d["settings"] == {"PYLLAMA_CACHE": str(tmp_path)}  # HF_HUB_CACHE is not a PYLLAMA_ setting
     assert d["cached_models"] == []
     assert d["gpu"]["devices"] == []
 
@@ -60,11 +61,15 @@ def test_info_flags_an_unknown_setting(tmp_path):
     assert "setting: PYLLAMA_KERNLES=ref  (not a setting pyllama reads)" in r.stdout
 
 
-def test_info_lists_cached_models(tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "m.gguf").write_bytes(b"GGUF" + b"\0" * 1020)
-    d = json.loads(_info("--json", env={"PYLLAMA_CACHE": str(tmp_path)}).stdout)
-    assert d["cached_models"] == [{"path": str(tmp_path / "sub" / "m.gguf"), "size": 1024}]
+def test_info_lists_cached_models(tmp_path, tiny_model_path):
+    import shutil
+
+    shutil.copy(tiny_model_path("llama"), tmp_path / "m.gguf")
+    size = (tmp_path / "m.gguf").stat().st_size
+    d = json.loads(_info("--json", env={"PYLLAMA_CACHE": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")}).stdout)
+    assert d["cached_models"] == [{"name": "m.gguf", "path": str(tmp_path / "m.gguf"), "size": size, "type": "F32",
+                                   "source": "pyllama"}]
+    assert d["hub_cache_dir"] == str(tmp_path / "hub")
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")

@@ -1,7 +1,7 @@
 """`pyllama info [--json]`: what this installation is and will do: version and distribution,
 the extension's build, the CPU features found and the kernel set chosen from them (and why),
 the float order, the ``PYLLAMA_*`` settings in force, GPU devices, optional extras, and the
-model cache with the models in it."""
+model caches (pyllama's and the Hugging Face Hub's) with the models in them (as `pyllama list`)."""
 
 from __future__ import annotations
 
@@ -74,16 +74,12 @@ def _extras() -> dict[str, str | None]:
     return out
 
 
-def _cached_models(cache: Path) -> list[dict[str, Any]]:
-    if not cache.is_dir():
-        return []
-    found = []
-    for p in sorted(cache.rglob("*.gguf")):
-        try:
-            found.append({"path": str(p), "size": p.stat().st_size})
-        except OSError:
-            continue
-    return found
+def _cached_models() -> list[dict[str, Any]]:
+    """pyllama list's models: pyllama's cache and the Hugging Face Hub cache."""
+    from ..hub import cached_models, file_type
+
+    return [{"name": m.name, "path": str(m.paths[0]), "size": m.size, "type": file_type(m.paths[0]),
+             "source": m.source} for m in cached_models()]
 
 
 def collect() -> dict[str, Any]:
@@ -92,6 +88,7 @@ def collect() -> dict[str, Any]:
 
     from .. import _core, __version__
     from .._models import cache_dir, smollm2_path
+    from ..hub import hub_cache_dir
 
     feats, vnni = _core.cpu_features()
     features = dict(feats)
@@ -125,7 +122,8 @@ def collect() -> dict[str, Any]:
         "packages": _extras(),
         "cache_dir": str(cache),
         "default_model": str(default) if default else None,
-        "cached_models": _cached_models(cache),
+        "hub_cache_dir": str(hub_cache_dir()),
+        "cached_models": _cached_models(),
     }
 
 
@@ -164,11 +162,12 @@ def info(
     print(f"gpu: none ({d['gpu']['why']})")
     print("packages: " + ", ".join(f"{k} {v}" if v else f"{k} (not installed)" for k, v in d["packages"].items()))
     print(f"cache dir: {d['cache_dir']}")
+    print(f"hub cache dir: {d['hub_cache_dir']}")
     print(f"default model: {d['default_model'] or 'not fetched yet (pyllama generate fetches it)'}")
     models = d["cached_models"]
     if models:
         print(f"cached models ({len(models)}):")
         for m in models:
-            print(f"  {m['path']}  {_size(m['size'])}")
+            print(f"  {m['name']}  {m['type']}  {_size(m['size'])}  ({m['path']})")
     else:
         print("cached models: none")
