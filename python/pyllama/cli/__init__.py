@@ -8,7 +8,22 @@ app = typer.Typer(
     help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, verify, list, rm, info.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # llama.cpp's -h
 )
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, help="print the version and build, then exit",
+                                       callback=lambda ctx, p, v: _version(ctx, v))) -> None:
+    """Run GGUF language models."""
+
+
+def _version(ctx, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from ._checks import version_line
+
+        typer.echo(version_line())
+        raise typer.Exit()
 
 from . import inspect as _inspect  # noqa: E402,F401  (registers its command)
 from . import bench as _bench  # noqa: E402,F401

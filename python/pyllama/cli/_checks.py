@@ -387,3 +387,453 @@ def model_by_name(model: Optional[Path], hf_repo: Optional[str], hf_file: Option
     except HubError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+
+
+# -- llama.cpp's common flags: help, version, logging, colour ------------------------------
+
+def version_line() -> str:
+    """``--version``: llama.cpp's two lines (``version: N (build ...)``, ``built with ...``)
+    with pyllama's version and the extension's build (``pyllama info`` has the rest)."""
+    from .. import __version__, _core
+
+    b = dict(getattr(_core, "BUILD", {}))
+    return (f"version: {__version__} (pyllama, {b.get('profile', '?')} build)\n"
+            f"built for {b.get('target_os', '?')} {b.get('target_arch', '?')} (abi3 {b.get('abi3', '?')}+)")
+
+
+def _print_version(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        typer.echo(version_line())
+        raise typer.Exit()
+    return value
+
+
+def opt_version():
+    return typer.Option(False, "--version", callback=_print_version, is_eager=True, expose_value=False,
+                        help="print the version and build, then exit")
+
+
+def opt_verbose():
+    return typer.Option(False, "-v", "--verbose", "--log-verbose",
+                        help="debug logging, and a traceback with an error (default: one error line)")
+
+
+def opt_log_disable():
+    return typer.Option(False, "--log-disable",
+                        help="no log output on stderr (progress, timings, warnings); errors still print")
+
+
+def setup_logging(verbose: bool, log_disable: bool) -> None:
+    """-v: every logger at DEBUG on stderr; --log-disable: none at all (llama.cpp's
+    common_log_pause). Errors are not logs: they print either way."""
+    import logging
+
+    if log_disable:
+        logging.disable(logging.CRITICAL)
+    elif verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s", force=True)
+
+
+def fail(e: BaseException, verbose: bool) -> "typer.Exit":
+    """An error during a run: with -v the traceback (re-raised by the caller), else one line
+    ``error: ...`` on stderr and exit 1."""
+    if verbose:
+        raise e
+    msg = str(e) or type(e).__name__
+    typer.echo(f"error: {msg.splitlines()[0] if msg.strip() else type(e).__name__}", err=True)
+    return typer.Exit(1)
+
+
+TRUTHY, FALSEY, AUTOY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
+
+
+def color_mode(ctx, param, value):
+    """--color on|off|auto (llama.cpp's is_truthy / is_falsey / is_autoy spellings)."""
+    if value is None:
+        return value
+    v = value.lower()
+    if v in TRUTHY:
+        return "on"
+    if v in FALSEY:
+        return "off"
+    if v in AUTOY:
+        return "auto"
+    raise typer.BadParameter(f"unknown value {value!r}: expected on, off or auto")
+
+
+def use_color(mode: str) -> bool:
+    """llama.cpp's tty_can_use_colors for auto: not with NO_COLOR set or TERM=dumb; else when
+    stdout or stderr is a terminal."""
+    import sys
+
+    if mode != "auto":
+        return mode == "on"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("TERM") == "dumb":
+        return False
+
+    def tty(f):
+        try:
+            return f.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    return tty(sys.stdout) or tty(sys.stderr)
+
+
+def opt_color():
+    return typer.Option("auto", "-co", "--color", metavar="[on|off|auto]", callback=color_mode,
+                        help="colour the prompt and user input: on, off, or auto (when stdout or stderr is a "
+                             "terminal, and NO_COLOR is unset and TERM is not dumb)")
+
+
+# -- escapes and reverse prompts ------------------------------------------------------------
+
+def process_escapes(s: str) -> str:
+    """llama.cpp's string_process_escapes, exactly: \\n \\r \\t \\' \\" \\\\ and \\xNN (two hex
+    digits: a byte); any other backslash pair, a lone \\x and a trailing backslash are kept
+    as written. A \\xNN run that is not UTF-8 is decoded with U+FFFD replacements."""
+    if "\\" not in s:
+        return s
+    src = s.encode("utf-8", "surrogatepass")
+    out = bytearray()
+    i, n = 0, len(src)
+    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+    hexdig = b"0123456789abcdefABCDEF"
+    while i < n:
+        c = src[i]
+        if c == 0x5C and i + 1 < n:
+            i += 1
+            e = src[i]
+            if e in simple:
+                out += simple[e]
+            elif e == ord("x") and i + 2 < n and src[i + 1] in hexdig and src[i + 2] in hexdig:
+                # strtol over the two characters must consume both (so "\x4" + end, "\xg1" stay);
+                # like the C code it needs a character after them (i + 2 < n)
+                out.append(int(src[i + 1:i + 3], 16))
+                i += 2
+            else:
+                out += b"\\" + bytes([e])
+        else:
+            out.append(c)
+        i += 1
+    return out.decode("utf-8", "replace")
+
+
+def opt_escape():
+    return typer.Option(True, "--escape/--no-escape", "-e",
+                        help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xNN) in the prompt, system prompt, "
+                             "reverse prompts and DRY sequence breakers")
+
+
+def opt_reverse_prompt():
+    return typer.Option(None, "-r", "--reverse-prompt", metavar="PROMPT",
+                        help="stop generating at PROMPT (repeatable); in a chat, the reply ends there")
+
+
+class ReversePrompts:
+    """-r: whether the text so far ends with a reverse prompt, as llama-completion checks:
+    the last 32 tokens' text searched for each prompt from len(prompt) + ``padding`` chars
+    before its end (padding 2 when not interactive: the prompt may be tokenized together
+    with a character or two after it)."""
+
+    def __init__(self, prompts: Optional[list], padding: int = 2):
+        self.prompts = [p for p in (prompts or []) if p]
+        self.padding = padding
+
+    def __bool__(self) -> bool:
+        return bool(self.prompts)
+
+    def found(self, tail: str) -> Optional[str]:
+        for p in self.prompts:
+            start = max(len(tail) - len(p) - self.padding, 0)
+            if tail.find(p, start) >= 0:
+                return p
+        return None
+
+
+# -- sampling: the rest of common_params_sampling's flags ----------------------------------
+
+# llama.cpp's common_sampler_types_from_names: canonical names, kebab-case and no-dash
+# aliases, and nucleus / temp / typ; -> SamplerParams.samplers names
+_SAMPLER_CANON = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "penalties")
+_SAMPLER_ALIASES = {**{c: c for c in _SAMPLER_CANON},
+                    **{c.replace("_", "-"): c for c in _SAMPLER_CANON if "_" in c},
+                    **{c.replace("_", ""): c for c in _SAMPLER_CANON if "_" in c},
+                    "nucleus": "top_p", "temp": "temperature", "typ": "typ_p"}
+# common_sampler_type_to_chr
+_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+                  "t": "temperature", "x": "xtc", "e": "penalties"}
+_UNSUPPORTED = {"infill": "infill", "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p",
+                "adaptivep": "adaptive_p", "i": "infill", "a": "adaptive_p"}
+
+
+def samplers_arg(ctx, param, value):
+    """--samplers "a;b;c" (llama.cpp's names and aliases, case-insensitive) -> SamplerParams
+    names. llama.cpp warns and skips an unknown name; here it is a usage error."""
+    if value is None:
+        return value
+    out = []
+    for name in value.split(";"):
+        low = name.lower()
+        if low in _SAMPLER_ALIASES:
+            out.append(_SAMPLER_ALIASES[low])
+        elif low in _UNSUPPORTED:
+            raise typer.BadParameter(f"the {_UNSUPPORTED[low]} sampler is not supported by pyllama")
+        else:
+            raise typer.BadParameter(f"unknown sampler {name!r} (known: {', '.join(_SAMPLER_CANON)})")
+    return out
+
+
+def sampling_seq_arg(ctx, param, value):
+    """--sampling-seq "edskypmxt": one character per sampler (common_sampler_type_to_chr)."""
+    if value is None:
+        return value
+    out = []
+    for c in value:
+        if c in _SAMPLER_CHARS:
+            out.append(_SAMPLER_CHARS[c])
+        elif c in _UNSUPPORTED:
+            raise typer.BadParameter(f"{c!r}: the {_UNSUPPORTED[c]} sampler is not supported by pyllama")
+        else:
+            raise typer.BadParameter(f"unknown sampler character {c!r} (known: {''.join(_SAMPLER_CHARS)})")
+    return out
+
+
+_BIAS_RE = None
+
+
+def logit_bias_arg(ctx, param, values):
+    """-l TOKEN_ID(+/-)BIAS, repeatable -> [(token, bias)], as llama.cpp's parser: an integer,
+    a sign, then a number (``15043-inf`` bans token 15043). The token's range is checked
+    against the model's vocabulary when the sampler is built."""
+    import re
+
+    if not values:
+        return []
+    out = []
+    for v in values:
+        m = re.fullmatch(r"\s*([+-]?\d+)\s*([+-])\s*(\S.*?)\s*", v)
+        try:
+            bias = float(m.group(3)) if m else math.nan
+        except ValueError:
+            bias = math.nan
+        if m is None or math.isnan(bias):
+            raise typer.BadParameter(f"{v!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf")
+        out.append((int(m.group(1)), -bias if m.group(2) == "-" else bias))
+    return out
+
+
+def opt_samplers():
+    return typer.Option(None, "--samplers", metavar="SAMPLERS", callback=samplers_arg,
+                        help="samplers in order, separated by ';' (default: penalties;dry;top_n_sigma;top_k;typ_p;"
+                             "top_p;min_p;xtc;temperature)")
+
+
+def opt_sampling_seq():
+    return typer.Option(None, "--sampling-seq", "--sampler-seq", metavar="SEQUENCE", callback=sampling_seq_arg,
+                        help="the sampler order as characters (default: edskypmxt)")
+
+
+def opt_dry_multiplier():
+    return typer.Option(0.0, "--dry-multiplier", callback=FINITE, help="DRY multiplier (0.0 = off)")
+
+
+def _dry_base(ctx, param, value):
+    # llama.cpp keeps the default for a base < 1 (it would reward repetition)
+    value = FINITE(ctx, param, value)
+    return 1.75 if value < 1.0 else value
+
+
+def opt_dry_base():
+    return typer.Option(1.75, "--dry-base", callback=_dry_base, help="DRY base (a value < 1 keeps 1.75)")
+
+
+def opt_dry_allowed_length():
+    return typer.Option(2, "--dry-allowed-length", help="DRY: repeats longer than this are penalized")
+
+
+def opt_dry_penalty_last_n():
+    return typer.Option(64, "--dry-penalty-last-n", callback=integer(-1),
+                        help="DRY: tokens looked back at (0 = off, -1 = the context)")
+
+
+def opt_dry_sequence_breaker():
+    return typer.Option(None, "--dry-sequence-breaker", metavar="STRING",
+                        help="DRY sequence breaker (repeatable; replaces the defaults '\\n', ':', '\"', '*'; "
+                             "'none' = no breakers)")
+
+
+def dry_breakers(values: Optional[list], escape: bool) -> Optional[list]:
+    """--dry-sequence-breaker values as llama.cpp: the first one clears the defaults, 'none'
+    clears the list; None when not given (the defaults)."""
+    if not values:
+        return None
+    out: list = []
+    for v in values:
+        if v == "none":
+            out = []
+        else:
+            out.append(process_escapes(v) if escape else v)
+    return out
+
+
+def opt_xtc_probability():
+    return typer.Option(0.0, "--xtc-probability", callback=PROBABILITY, help="XTC probability (0.0 = off)")
+
+
+def opt_xtc_threshold():
+    return typer.Option(0.1, "--xtc-threshold", callback=FINITE, help="XTC threshold (> 0.5 = off)")
+
+
+def opt_top_nsigma():
+    return typer.Option(-1.0, "--top-nsigma", "--top-n-sigma", callback=FINITE, help="top-n-sigma (<= 0 = off)")
+
+
+def opt_logit_bias():
+    return typer.Option(None, "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS", callback=logit_bias_arg,
+                        help="add BIAS to a token's logit (repeatable), e.g. 15043+1, 15043-inf bans it")
+
+
+def opt_dynatemp_range():
+    return typer.Option(0.0, "--dynatemp-range", callback=FINITE, help="dynamic temperature range (0.0 = off)")
+
+
+def opt_dynatemp_exp():
+    return typer.Option(1.0, "--dynatemp-exp", callback=FINITE, help="dynamic temperature exponent")
+
+
+def opt_min_keep():
+    return typer.Option(0, "--min-keep", callback=integer(0),
+                        help="candidates top-p, min-p, typical and XTC keep at least (0 = 1)")
+
+
+# -- grammars (llama.cpp's --grammar / --grammar-file / -j / -jf) ---------------------------
+
+def _gbnf(ctx, param, value):
+    if value is None:
+        return value
+    return check_grammar(value, f"'{param.opts[0]}'" if param.opts else None)
+
+
+def _gbnf_file(ctx, param, value):
+    if value is None:
+        return value
+    flag = param.opts[0] if param.opts else "--grammar-file"
+    return check_grammar(read_text_file(Path(value), flag), f"'{flag}'")
+
+
+def _schema(ctx, param, value):
+    if value is None:
+        return value
+    flag = param.opts[-1] if param.opts else "--json-schema"
+    return schema_grammar(value, f"'{flag}'")
+
+
+def _schema_file(ctx, param, value):
+    if value is None:
+        return value
+    flag = param.opts[-1] if param.opts else "--json-schema-file"
+    return schema_grammar(read_text_file(Path(value), flag), f"'{flag}'")
+
+
+def check_grammar(text: str, hint: Optional[str]):
+    """GBNF text -> LlamaGrammar (parsed now), or a usage error with the parser's message
+    (line, column, what was expected)."""
+    from ..grammar import GrammarError
+    from ..llama_grammar import LlamaGrammar
+
+    try:
+        return LlamaGrammar.from_string(text, verbose=False)
+    except GrammarError as e:
+        raise typer.BadParameter(" ".join(str(e).split()), param_hint=hint) from None
+
+
+def schema_grammar(text: str, hint: Optional[str]):
+    """A JSON schema's text -> LlamaGrammar (pyllama.json_schema), or a usage error."""
+    import json
+    import warnings
+
+    from ..grammar import GrammarError
+    from ..llama_grammar import LlamaGrammar
+
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint=hint) from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # keywords the converter skips, as llama.cpp's
+            return LlamaGrammar.from_json_schema(schema, verbose=False)
+    except (GrammarError, ValueError, TypeError) as e:
+        raise typer.BadParameter(" ".join(str(e).split()), param_hint=hint) from None
+
+
+def opt_grammar():
+    return typer.Option(None, "--grammar", metavar="GRAMMAR", callback=_gbnf,
+                        help="GBNF grammar the output must follow (llama.cpp's grammars/)")
+
+
+def opt_grammar_file():
+    return typer.Option(None, "--grammar-file", metavar="FNAME", callback=_gbnf_file, help="file to read the grammar from")
+
+
+def opt_json_schema():
+    return typer.Option(None, "-j", "--json-schema", metavar="SCHEMA", callback=_schema,
+                        help="JSON schema the output must follow, e.g. '{\"type\": \"object\"}'")
+
+
+def opt_json_schema_file():
+    return typer.Option(None, "-jf", "--json-schema-file", metavar="FILE", callback=_schema_file,
+                        help="file with a JSON schema the output must follow")
+
+
+def one_grammar(*grammars):
+    """The one grammar given (or None); two of --grammar / --grammar-file / -j / -jf is a
+    usage error (llama.cpp silently keeps the last)."""
+    given = [g for g in grammars if g is not None]
+    if len(given) > 1:
+        raise typer.BadParameter("give one of --grammar, --grammar-file, -j/--json-schema, --json-schema-file")
+    return given[0] if given else None
+
+
+# -- chat templates ----------------------------------------------------------------------
+
+def opt_jinja(default: bool = True):
+    return typer.Option(default, "--jinja/--no-jinja",
+                        help="render the Jinja chat template, or with --no-jinja the built-in format it matches "
+                             "(llama.cpp's llama_chat_apply_template)")
+
+
+def opt_chat_template_file():
+    return typer.Option(None, "--chat-template-file", metavar="JINJA_TEMPLATE_FILE",
+                        help="Jinja chat template file, instead of the model's")
+
+
+def chat_template_arg(name: Optional[str], file: Optional[Path], jinja: bool, model_template) -> Optional[str]:
+    """--chat-template / --chat-template-file / --jinja as llama.cpp's
+    common_chat_verify_template: the file's text (a usage error when unreadable); with
+    --no-jinja only a built-in name or a template that matches one (then that name).
+    ``model_template()`` gives the model's template text (read only for --no-jinja)."""
+    from ..chat import BUILTIN_TEMPLATES, detect_builtin
+
+    if name is not None and file is not None:
+        raise typer.BadParameter("give --chat-template or --chat-template-file, not both")
+    tmpl = name
+    if file is not None:
+        tmpl = read_text_file(Path(file), "--chat-template-file")
+        if not tmpl.strip():
+            raise typer.BadParameter(f"{file} is empty", param_hint="'--chat-template-file'")
+    if jinja:
+        return tmpl
+    if tmpl is None:
+        tmpl = model_template()
+    if tmpl and tmpl not in BUILTIN_TEMPLATES:
+        fam = detect_builtin(tmpl)
+        if fam is None:
+            raise typer.BadParameter("the chat template is not one of the built-in formats "
+                                     f"({', '.join(BUILTIN_TEMPLATES)}); drop --no-jinja to render it",
+                                     param_hint="'--no-jinja'")
+        tmpl = fam
+    return tmpl or None

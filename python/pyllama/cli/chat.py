@@ -39,7 +39,8 @@ HELP = """available commands:
 
 
 def _template(ctx, param, value):
-    """--chat-template: a built-in name, or (as llama.cpp with --jinja) a Jinja template's text."""
+    """--chat-template: a built-in name, or (as llama.cpp with --jinja) a Jinja template's text
+    (which must parse: a broken one is an error when the chat starts)."""
     from ..chat import BUILTIN_TEMPLATES
 
     if value is None or value in BUILTIN_TEMPLATES or "{%" in value or "{{" in value:
@@ -82,6 +83,7 @@ class ChatLoop:
         self.shift = shift      # a full context shifts (and old messages go) instead of stopping
         self.n_keep = n_keep
         self.dropped = 0        # messages the last turn dropped to fit
+        self.stops = None       # -r: a reply ends where it ends with one (O.ReversePrompts)
         self.messages: list[dict] = []
         self.clear()
 
@@ -128,6 +130,7 @@ class ChatLoop:
 
         stream = TextStream(self.sess.vocab, special=True)
         out = []
+        seen = ""
         toks = self.tokens(True)
         pre = None
         if stop is not None:
@@ -145,6 +148,10 @@ class ChatLoop:
                     out.append(piece)
                     if write:
                         write(piece)
+                    if self.stops:
+                        seen = (seen + piece)[-4096:]
+                        if self.stops.found(seen):
+                            break
                 if stop is not None and stop():
                     break
         finally:
@@ -383,6 +390,35 @@ def chat(
     mirostat_lr: float = O.opt_mirostat_lr(),
     mirostat_ent: float = O.opt_mirostat_ent(),
     seed: int = O.opt_seed(),
+    samplers: Optional[str] = O.opt_samplers(),
+    sampling_seq: Optional[str] = O.opt_sampling_seq(),
+    dry_multiplier: float = O.opt_dry_multiplier(),
+    dry_base: float = O.opt_dry_base(),
+    dry_allowed_length: int = O.opt_dry_allowed_length(),
+    dry_penalty_last_n: int = O.opt_dry_penalty_last_n(),
+    dry_sequence_breaker: Optional[list[str]] = O.opt_dry_sequence_breaker(),
+    xtc_probability: float = O.opt_xtc_probability(),
+    xtc_threshold: float = O.opt_xtc_threshold(),
+    top_nsigma: float = O.opt_top_nsigma(),
+    logit_bias: Optional[list[str]] = O.opt_logit_bias(),
+    dynatemp_range: float = O.opt_dynatemp_range(),
+    dynatemp_exp: float = O.opt_dynatemp_exp(),
+    min_keep: int = O.opt_min_keep(),
+    grammar: Optional[str] = O.opt_grammar(),
+    grammar_file: Optional[Path] = O.opt_grammar_file(),
+    json_schema: Optional[str] = O.opt_json_schema(),
+    json_schema_file: Optional[Path] = O.opt_json_schema_file(),
+    reverse_prompt: Optional[list[str]] = O.opt_reverse_prompt(),
+    escape: bool = O.opt_escape(),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the first user message"),
+    single_turn: bool = typer.Option(False, "-st", "--single-turn",
+                                     help="one turn, then exit (with -p: no input is read)"),
+    jinja: bool = O.opt_jinja(),
+    chat_template_file: Optional[Path] = O.opt_chat_template_file(),
+    color: str = O.opt_color(),
+    verbose: bool = O.opt_verbose(),
+    log_disable: bool = O.opt_log_disable(),
+    version: bool = O.opt_version(),
     context_shift: bool = typer.Option(True, "--context-shift/--no-context-shift",
                                        help="when the context is full, drop the oldest tokens / messages and go on"),
     keep: int = typer.Option(0, "--keep", callback=integer(0), help="tokens a context shift keeps at the start"),
@@ -394,31 +430,59 @@ def chat(
 ) -> None:
     """Chat with a model in the terminal (/help lists the commands; Ctrl-D or /exit to quit)."""
     from ..errors import PyllamaError
-    from .generate import freeze_heap, open_session, sampler_from_flags
+    from .generate import freeze_heap, open_session, sampler_from_flags, with_grammar
+
+    O.setup_logging(verbose, log_disable)
+    if escape:  # llama.cpp's -e: the system prompt, reverse prompts and -p (not what is typed)
+        system = O.process_escapes(system) if system is not None else None
+        prompt = O.process_escapes(prompt) if prompt is not None else None
+        reverse_prompt = [O.process_escapes(r) for r in reverse_prompt or []]
+    gram = O.one_grammar(grammar, grammar_file, json_schema, json_schema_file)
+
+    def model_template() -> str:
+        from .serve import _model_template
+
+        try:
+            return _model_template(model)
+        except (OSError, ValueError) as e:
+            raise typer.BadParameter(f"cannot read the model's chat template: {e}", param_hint="'--no-jinja'") from None
 
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     model = O.model_by_name(model, hf_repo, hf_file, hf_token)
+    chat_template = O.chat_template_arg(chat_template, chat_template_file, jinja, model_template)
     try:
         path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                                  loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range)
-        sampler = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
-                                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                     mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed)
+                                  loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
+                                  quiet=log_disable)
+        chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
+                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                   mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed,
+                                   samplers=samplers, sampling_seq=sampling_seq, dry_multiplier=dry_multiplier,
+                                   dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                                   dry_penalty_last_n=dry_penalty_last_n,
+                                   dry_sequence_breakers=O.dry_breakers(dry_sequence_breaker, escape),
+                                   xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                                   top_nsigma=top_nsigma, logit_bias=logit_bias, dynatemp_range=dynatemp_range,
+                                   dynatemp_exp=dynatemp_exp, min_keep=min_keep)
         loop = ChatLoop(sess, chat_template, system, shift=context_shift, n_keep=keep)
+        loop.stops = O.ReversePrompts(reverse_prompt, padding=0)
         freeze_heap()
-    except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
+    except (BrokenPipeError, typer.Exit, typer.BadParameter):  # a closed stdout, our own exit, usage
         raise
-    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+    except Exception as e:
+        raise O.fail(e, verbose) from None
+
+    def fresh_sampler():
+        # a grammar constrains each reply from its start state
+        return with_grammar(sess, chain, gram) if gram is not None else chain
 
     tty = sys.stdin.isatty()
-    color = tty and sys.stdout.isatty()
-    say = lambda s: typer.echo(s, err=True)  # noqa: E731  (messages go to stderr, replies to stdout)
+    color = O.use_color(color)
+    say = (lambda s: None) if log_disable else (lambda s: typer.echo(s, err=True))  # noqa: E731
     say(f"model      : {path.name} ({sess.model.desc})\n"
         f"n_ctx      : {sess.n_ctx}\n"
         f"template   : {loop.template_name}\n"
@@ -434,6 +498,7 @@ def chat(
         Ctrl-C cut it."""
         if color:
             write("\033[33m")
+        sampler = fresh_sampler()
         try:
             with _Interrupt() as intr:
                 if user is None:
@@ -466,10 +531,11 @@ def chat(
 
     reader = _Reader(tty, color)
     interrupted = False  # the last thing that happened was a Ctrl-C
+    first = prompt  # -p: the first message, as if typed
     try:
         while True:
             try:
-                text = reader.read()
+                text, first = (first, None) if first is not None else (reader.read(), None)
             except KeyboardInterrupt:
                 if interrupted or not reader.pending:
                     write("\n")
@@ -545,13 +611,15 @@ def chat(
                     say(f"unknown command {cmd}: /help lists the commands")
                 continue
             interrupted = respond(text)
+            if single_turn:  # -st: one reply, then exit
+                break
     except KeyboardInterrupt:  # a second Ctrl-C while a reply was being generated
         write("\033[0m\n" if color else "\n")
         raise typer.Exit(130) from None
     except BrokenPipeError:
         raise
-    except (PyllamaError, ValueError, MemoryError) as e:
-        typer.echo(f"\nerror: {e}", err=True)
-        raise typer.Exit(1) from None
+    except Exception as e:
+        typer.echo("", err=True)
+        raise O.fail(e, verbose) from None
     if tty:
         say("Exiting...")

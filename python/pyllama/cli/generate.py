@@ -83,22 +83,62 @@ def freeze_heap() -> None:
 
 
 def sampler_params(*, temp, top_k, top_p, min_p, typical, repeat_penalty, repeat_last_n, presence_penalty,
-                   frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed, no_perf: bool = False):
-    """The sampling flags (shared by generate, chat and serve) as SamplerParams; seed -1 = random."""
+                   frequency_penalty, mirostat, mirostat_lr, mirostat_ent, seed, no_perf: bool = False,
+                   samplers=None, sampling_seq=None, dry_multiplier=0.0, dry_base=1.75, dry_allowed_length=2,
+                   dry_penalty_last_n=64, dry_sequence_breakers=None, xtc_probability=0.0, xtc_threshold=0.1,
+                   top_nsigma=-1.0, logit_bias=None, dynatemp_range=0.0, dynatemp_exp=1.0, min_keep=0):
+    """The sampling flags (shared by generate, chat and serve) as SamplerParams; seed -1 = random.
+    ``samplers`` / ``sampling_seq``: SamplerParams names (the --samplers / --sampling-seq
+    callbacks' output; --sampling-seq wins, as it comes later in llama.cpp's table);
+    ``logit_bias``: [(token, bias)] (-l, summed per token as llama.cpp adds them)."""
     from ..sampling import SamplerParams
 
-    return SamplerParams(
+    p = SamplerParams(
         seed=seed & 0xFFFFFFFF if seed >= 0 else 0xFFFFFFFF, temp=temp, top_k=top_k, top_p=top_p,
         min_p=min_p, typ_p=typical, penalty_repeat=repeat_penalty, penalty_last_n=repeat_last_n,
         penalty_present=presence_penalty, penalty_freq=frequency_penalty, mirostat=mirostat,
-        mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=no_perf)
+        mirostat_eta=mirostat_lr, mirostat_tau=mirostat_ent, no_perf=no_perf,
+        dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+        dry_penalty_last_n=dry_penalty_last_n, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+        top_n_sigma=top_nsigma, dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exp, min_keep=min_keep)
+    order = sampling_seq if sampling_seq is not None else samplers
+    if order is not None:
+        p.samplers = list(order)
+    if dry_sequence_breakers is not None:
+        p.dry_sequence_breakers = list(dry_sequence_breakers)
+    if logit_bias:
+        bias: dict = {}
+        for tok, b in logit_bias:
+            bias[tok] = bias.get(tok, 0.0) + b
+        p.logit_bias = bias
+    return p
 
 
 def sampler_from_flags(sess, **flags):
-    """A sampler chain for ``sess`` from the sampling flags (see :func:`sampler_params`)."""
+    """A sampler chain for ``sess`` from the sampling flags (see :func:`sampler_params`); a
+    -l token outside the vocabulary is a usage error."""
     from ..sampling import build_chain
 
-    return build_chain(sampler_params(**flags), n_vocab=sess.n_vocab, vocab=sess.vocab)
+    try:
+        return build_chain(sampler_params(**flags), n_vocab=sess.n_vocab, vocab=sess.vocab)
+    except (ValueError, TypeError) as e:
+        if flags.get("logit_bias") and "logit_bias" in str(e):
+            raise typer.BadParameter(str(e).replace("logit_bias", "token", 1), param_hint="'-l'") from None
+        raise
+
+
+def with_grammar(sess, chain, grammar):
+    """The sampler to generate with: ``chain``, or under ``grammar`` (a LlamaGrammar) the
+    grammar-first sampler Llama.create_completion uses (llama.cpp's common_sampler_sample)."""
+    if grammar is None:
+        return chain
+    from ..grammar import GrammarError
+    from ..llama import _GrammarFirstSampler
+
+    try:
+        return _GrammarFirstSampler(chain, grammar.sampler(sess.vocab))
+    except GrammarError as e:  # <token> references the vocabulary does not have
+        raise typer.BadParameter(" ".join(str(e).split()), param_hint="'--grammar'") from None
 
 
 def perf_summary(sess, chain, n_decoded: int, t_s: float) -> str:
@@ -157,8 +197,33 @@ def generate(
     mirostat_lr: float = O.opt_mirostat_lr(),
     mirostat_ent: float = O.opt_mirostat_ent(),
     seed: int = O.opt_seed(),
-    chat: bool = typer.Option(False, "--chat", "-cnv", help="wrap the prompt in the model's chat template"),
-    system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with --chat)"),
+    samplers: Optional[str] = O.opt_samplers(),
+    sampling_seq: Optional[str] = O.opt_sampling_seq(),
+    dry_multiplier: float = O.opt_dry_multiplier(),
+    dry_base: float = O.opt_dry_base(),
+    dry_allowed_length: int = O.opt_dry_allowed_length(),
+    dry_penalty_last_n: int = O.opt_dry_penalty_last_n(),
+    dry_sequence_breaker: Optional[list[str]] = O.opt_dry_sequence_breaker(),
+    xtc_probability: float = O.opt_xtc_probability(),
+    xtc_threshold: float = O.opt_xtc_threshold(),
+    top_nsigma: float = O.opt_top_nsigma(),
+    logit_bias: Optional[list[str]] = O.opt_logit_bias(),
+    dynatemp_range: float = O.opt_dynatemp_range(),
+    dynatemp_exp: float = O.opt_dynatemp_exp(),
+    min_keep: int = O.opt_min_keep(),
+    grammar: Optional[str] = O.opt_grammar(),
+    grammar_file: Optional[Path] = O.opt_grammar_file(),
+    json_schema: Optional[str] = O.opt_json_schema(),
+    json_schema_file: Optional[Path] = O.opt_json_schema_file(),
+    reverse_prompt: Optional[list[str]] = O.opt_reverse_prompt(),
+    escape: bool = O.opt_escape(),
+    interactive: bool = typer.Option(False, "-i", "--interactive",
+                                     help="after each stop (-r, end of generation, -n) read a line from stdin and go "
+                                          "on from it (an empty line: go on; EOF: exit), as llama-completion -i"),
+    chat: bool = typer.Option(False, "-cnv/-no-cnv", "--conversation/--no-conversation", "--chat",
+                              help="one chat turn: wrap the prompt (and -sys) in the model's chat template "
+                                   "(off by default; `pyllama chat` is the interactive conversation)"),
+    system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with -cnv)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
     context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
                                        help="when the context is full, drop the oldest half (after --keep) and go on"),
@@ -170,21 +235,36 @@ def generate(
     control_vector: Optional[list[str]] = O.opt_control_vector(),
     control_vector_scaled: Optional[list[str]] = O.opt_control_vector_scaled(),
     control_vector_layer_range: Optional[tuple[int, int]] = O.opt_control_vector_layer_range(),
+    color: str = O.opt_color(),
+    verbose: bool = O.opt_verbose(),
+    log_disable: bool = O.opt_log_disable(),
+    version: bool = O.opt_version(),
 ) -> None:
     """Generate text from a prompt, streaming it as it is sampled."""
     import time
 
-    from ..errors import PyllamaError
     from ..generation import TextStream
 
+    O.setup_logging(verbose, log_disable)
     texts = [t for t in (prompt_arg, prompt) if t is not None]
     if file is not None:
-        texts.append(read_text_file(file, "-f"))
+        texts.append(read_text_file(file, "-f"))  # a file is not escape-processed, as llama.cpp's -f
     if len(texts) > 1:
         raise typer.BadParameter("give the prompt once: a PROMPT argument, -p or -f")
     text = texts[0] if texts else ""
+    if escape:
+        if file is None:
+            text = O.process_escapes(text)
+        system = O.process_escapes(system) if system is not None else None
+        reverse_prompt = [O.process_escapes(r) for r in reverse_prompt or []]
+    if interactive and chat:
+        raise typer.BadParameter("-i with -cnv is a conversation: use `pyllama chat`", param_hint="'-i'")
     if system is not None and not chat:
-        typer.echo("warning: -sys/--system is only used with --chat: ignored", err=True)
+        if not log_disable:
+            typer.echo("warning: -sys/--system is only used with --chat (-cnv): ignored", err=True)
+    gram = O.one_grammar(grammar, grammar_file, json_schema, json_schema_file)
+    stops = O.ReversePrompts(reverse_prompt, padding=0 if interactive else 2)
+    colored = O.use_color(color)
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     model = O.model_by_name(model, hf_repo, hf_file, hf_token)
@@ -192,11 +272,20 @@ def generate(
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
-                                   loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range)
+                                   loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
+                                   quiet=log_disable)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                   mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed)
+                                   mirostat=mirostat, mirostat_lr=mirostat_lr, mirostat_ent=mirostat_ent, seed=seed,
+                                   samplers=samplers, sampling_seq=sampling_seq, dry_multiplier=dry_multiplier,
+                                   dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                                   dry_penalty_last_n=dry_penalty_last_n,
+                                   dry_sequence_breakers=O.dry_breakers(dry_sequence_breaker, escape),
+                                   xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                                   top_nsigma=top_nsigma, logit_bias=logit_bias, dynatemp_range=dynatemp_range,
+                                   dynatemp_exp=dynatemp_exp, min_keep=min_keep)
+        sampler = with_grammar(sess, chain, gram)
         if chat:
             from ..chat import render_chat
             from ..llama import _token_text
@@ -214,28 +303,55 @@ def generate(
         freeze_heap()
         out = sys.stdout
         if not no_display_prompt:
-            out.write(text)
+            # llama-completion's console: the prompt in yellow, user input in bold green
+            out.write(f"\033[33m{text}\033[0m" if colored and text else text)
             out.flush()
-        stream = TextStream(sess.vocab, special=True)
         t0 = time.perf_counter()
         n = 0
         n_keep = len(toks) if keep < 0 else keep
-        for tok in sess.generate(toks, chain, n_predict, ignore_eos=ignore_eos, decode_last=False,
-                                 shift=context_shift, n_keep=n_keep):
-            piece = stream.feed(tok)
-            n += 1
-            if piece:
-                out.write(piece)
-                out.flush()
-        out.write(stream.flush() + "\n")
+        seen = text  # the text so far, prompt included: -r looks at its end, as llama.cpp's prev_str
+        while True:
+            stream = TextStream(sess.vocab, special=True)
+            gen = sess.generate(toks, sampler, n_predict, ignore_eos=ignore_eos, decode_last=interactive,
+                                shift=context_shift, n_keep=n_keep)
+            try:
+                for tok in gen:
+                    piece = stream.feed(tok)
+                    n += 1
+                    toks = toks + [tok]
+                    if piece:
+                        out.write(piece)
+                        out.flush()
+                        seen = (seen + piece)[-4096:]
+                        if stops and stops.found(seen):
+                            break
+            finally:
+                gen.close()
+            tail = stream.flush()
+            out.write(tail)
+            seen = (seen + tail)[-4096:]
+            if not interactive or sess.stats.stop_reason == "ctx":
+                break
+            out.write("\033[1;32m" if colored else "")
+            out.flush()
+            line = sys.stdin.readline()
+            out.write("\033[0m" if colored else "")
+            if not line:
+                break
+            line = line[:-1] if line.endswith("\n") else line
+            if escape:
+                line = O.process_escapes(line)
+            if line:  # an empty line hands control back to the model
+                toks = toks + sess.tokenize(line, add_special=False, parse_special=False)
+                seen = (seen + line)[-4096:]
+        out.write("\n")
         out.flush()
         dt = time.perf_counter() - t0
-    except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
+    except (BrokenPipeError, typer.Exit, typer.BadParameter):  # a closed stdout, our own exit, usage
         raise
-    except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-    if sess.stats.stop_reason == "ctx":
+    except Exception as e:
+        raise O.fail(e, verbose) from None
+    if sess.stats.stop_reason == "ctx" and not log_disable:
         typer.echo(f"\nmain: context full (n_ctx = {sess.n_ctx}), stopped", err=True)
-    if perf:
+    if perf and not log_disable:
         typer.echo("\n" + perf_summary(sess, chain, n, dt), err=True)
