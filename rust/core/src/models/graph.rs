@@ -138,8 +138,8 @@ fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
 }
 
 impl Step<'_> {
-    /// x [n, n_embd] = rows of the token embedding (dequantized) times `scale`, or the batch's
-    /// embeddings as given.
+    /// x [n, n_embd] = the tokens' rows of tok_embd {n_embd, n_vocab} (any weight type,
+    /// dequantized) times `scale`, or the batch's embeddings [n, n_embd] as given.
     pub fn build_inp_embd(&mut self, tok_embd: &TensorView, scale: f32) -> Result<()> {
         let ne = self.hp.n_embd;
         let n = self.n;
