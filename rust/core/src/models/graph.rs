@@ -169,8 +169,8 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// cur [n, n_embd] = norm(x) * w (+ b) over the live rows; `b` only with `Norm::Layer`
-    /// (llama.cpp's RMS norm has no bias).
+    /// cur [n, n_embd] = norm(x [n, n_embd]) * w [n_embd] (+ b [n_embd]) over the live rows;
+    /// `b` only with `Norm::Layer` (llama.cpp's RMS norm has no bias).
     pub fn build_norm(&mut self, w: &[f32], b: Option<&[f32]>, kind: Norm, eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
         self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
@@ -180,7 +180,7 @@ impl Step<'_> {
         }
     }
 
-    /// tmp [n, n_embd] = rmsnorm(tmp) * w: the norm of a block's output before the residual
+    /// tmp [n, n_embd] = rmsnorm(tmp) * w [n_embd]: the norm of a block's output before the residual
     /// (gemma2/3's post_attention_norm and post_ffw_norm).
     pub fn build_post_norm(&mut self, w: &[f32], eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
@@ -327,13 +327,13 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// x += tmp
+    /// x [n, n_embd] += tmp [n, n_embd]
     pub fn residual(&mut self) {
         let m = self.n * self.hp.n_embd;
         act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
     }
 
-    /// x += the control vector's direction for layer il, where one is set (llama.cpp's
+    /// x [n, n_embd] += the control vector's direction [n_embd] for layer il, where one is set (llama.cpp's
     /// build_cvec at the end of every layer, before "l_out").
     #[inline]
     pub fn build_cvec(&mut self, il: usize) {
@@ -392,8 +392,9 @@ impl Step<'_> {
     }
 
     /// Self-attention of the live rows: in `cur` [n, n_embd], out `tmp` [n, n_embd].
-    /// Q/K/V projections, optional per-head q/k norms, rope, K/V stored into the cells
-    /// of this micro-batch, attention over the cache, output projection.
+    /// Q/K/V projections (q [n, n_head * hd_k], k [n, n_head_kv * hd_k], v [n, n_head_kv *
+    /// hd_v]), optional per-head q/k norms, rope, K/V stored into the cells of this
+    /// micro-batch, attention over the cache (att [n, n_head * hd_v]), output projection.
     pub fn build_attn(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
         // q and k borrow the FFN's gate and up buffers while attention runs (a layer's
         // attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of scratch
@@ -507,8 +508,9 @@ impl Step<'_> {
         self.n > 0
     }
 
-    /// The output projection of `cur` [n_outputs, n_embd] (already normed): hidden states
-    /// out, logits rows [n_outputs, n_vocab] (+ bias [n_vocab]), optional final softcap.
+    /// The output projection {n_embd, n_vocab} of `cur` [n_outputs, n_embd] (already
+    /// normed): hidden states out, logits rows [n_outputs, n_vocab] (+ bias [n_vocab]),
+    /// optional final softcap.
     pub fn build_output(&mut self, output: &TensorView, bias: Option<&[f32]>, final_softcap: f32) -> Result<()> {
         let ne = self.hp.n_embd;
         let n = self.n;
