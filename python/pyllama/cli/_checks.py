@@ -490,6 +490,22 @@ def opt_color():
 
 # -- escapes and reverse prompts ------------------------------------------------------------
 
+def _strtol2(x: bytes) -> Optional[int]:
+    """strtol(x, &end, 16) over two characters when it consumes both, else None: two hex
+    digits, or C whitespace / a sign before one hex digit ("\\x 1", "\\x-1")."""
+    hexdig = b"0123456789abcdefABCDEF"
+    a, b = x[0], x[1]
+    if b not in hexdig:
+        return None
+    if a in hexdig:
+        return int(x, 16)
+    if a in b" \t\n\v\f\r" or a == ord("+"):
+        return int(x[1:], 16)
+    if a == ord("-"):
+        return -int(x[1:], 16)
+    return None
+
+
 def process_escapes(s: str) -> str:
     """llama.cpp's string_process_escapes, exactly: \\n \\r \\t \\' \\" \\\\ and \\xNN (two hex
     digits: a byte); any other backslash pair, a lone \\x and a trailing backslash are kept
@@ -500,7 +516,6 @@ def process_escapes(s: str) -> str:
     out = bytearray()
     i, n = 0, len(src)
     simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
-    hexdig = b"0123456789abcdefABCDEF"
     while i < n:
         c = src[i]
         if c == 0x5C and i + 1 < n:
@@ -508,10 +523,8 @@ def process_escapes(s: str) -> str:
             e = src[i]
             if e in simple:
                 out += simple[e]
-            elif e == ord("x") and i + 2 < n and src[i + 1] in hexdig and src[i + 2] in hexdig:
-                # strtol over the two characters must consume both (so "\x4" + end, "\xg1" stay);
-                # like the C code it needs a character after them (i + 2 < n)
-                out.append(int(src[i + 1:i + 3], 16))
+            elif e == ord("x") and i + 2 < n and _strtol2(src[i + 1:i + 3]) is not None:
+                out.append(_strtol2(src[i + 1:i + 3]) & 0xFF)  # char(val): -1 is 0xFF
                 i += 2
             else:
                 out += b"\\" + bytes([e])
@@ -655,8 +668,8 @@ def opt_dry_allowed_length():
 
 
 def opt_dry_penalty_last_n():
-    return typer.Option(64, "--dry-penalty-last-n", callback=integer(-1),
-                        help="DRY: tokens looked back at (0 = off, -1 = the context)")
+    return typer.Option(64, "--dry-penalty-last-n", callback=integer(0),
+                        help="DRY: tokens looked back at (0 = off)")
 
 
 def opt_dry_sequence_breaker():
