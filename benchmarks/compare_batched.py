@@ -91,6 +91,9 @@ def main() -> None:
                 for r in run_jsonl(cmd, env):
                     k = (Path(m).name, r["pp"], r["tg"], r["pl"], prog)
                     samples.setdefault(k, []).append((r["speed_pp"], r["speed_tg"], r["speed"]))
+                    print(f"  round {rnd + 1} {prog} {Path(m).name} B={r['pl']}: S_PP {r['speed_pp']:.1f} "
+                          f"S_TG {r['speed_tg']:.1f} S {r['speed']:.1f} (load {os.getloadavg()[0]:.1f})",
+                          file=sys.stderr, flush=True)
     try:
         load = os.getloadavg()
         print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "

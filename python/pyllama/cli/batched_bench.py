@@ -96,7 +96,7 @@ def batched_bench(
     n_ctx: int = typer.Option(0, "-c", "--ctx-size", callback=integer(0), help="context size (0 = the model's)"),
     n_batch: int = typer.Option(2048, "-b", "--batch-size", callback=integer(1), help="logical batch size"),
     n_ubatch: int = typer.Option(512, "-ub", "--ubatch-size", callback=integer(1), help="physical batch size"),
-    threads: int = typer.Option(0, "-t", "--threads", callback=integer(0), help="threads (0 = all CPUs)"),
+    threads: int = typer.Option(0, "-t", "--threads", callback=integer(0), help="threads (0 = the physical cores)"),
     kv_unified: bool = typer.Option(False, "-kvu", "--kv-unified", help="one KV buffer shared by all sequences"),
     cache_type_k: str = typer.Option("f16", "-ctk", "--cache-type-k", callback=_kv_type, help="K cache type"),
     cache_type_v: str = typer.Option("f16", "-ctv", "--cache-type-v", callback=_kv_type, help="V cache type"),
@@ -108,7 +108,12 @@ def batched_bench(
     from ..errors import PyllamaError
     from .generate import freeze_heap
 
-    nt = threads or os.cpu_count() or 1
+    try:  # llama.cpp's default: the physical cores
+        from .bench import physical_cores
+
+        nt = threads or physical_cores()
+    except ImportError:
+        nt = threads or os.cpu_count() or 1
     api.llama_backend_init()
     lm = api.llama_model_load_from_file(str(model).encode(), api.llama_model_default_params())
     if lm is None:
