@@ -375,3 +375,40 @@ def test_generate_and_chat_share_the_new_flags():
     for flag in NEW:
         g, c = param("generate", flag), param("chat", flag)
         assert (g.opts, g.secondary_opts, g.default, g.help) == (c.opts, c.secondary_opts, c.default, c.help), flag
+
+
+def test_serve_takes_the_sampling_flags_as_defaults(smollm2_path, monkeypatch):
+    """serve's --samplers, --dry-*, --xtc-*, --top-nsigma, --dynatemp-*, --min-keep (the same
+    definitions as generate's) become the server's default SamplerParams."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import pyllama.server as server
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_state(model, cfg):
+        seen["sampling"] = cfg.sampling
+        raise Stop
+
+    monkeypatch.setattr(server, "ServerState", fake_state)
+    with pytest.raises(Stop):
+        runner.invoke(app, ["serve", "-m", str(smollm2_path), "-c", "256", "--samplers", "top_k;temp",
+                            "--dry-multiplier", "0.8", "--dry-base", "1.5", "--dry-allowed-length", "3",
+                            "--dry-penalty-last-n", "16", "--dry-sequence-breaker", r"a\tb", "--xtc-probability",
+                            "0.5", "--xtc-threshold", "0.2", "--top-nsigma", "1.5", "--dynatemp-range", "0.3",
+                            "--dynatemp-exp", "1.2", "--min-keep", "5"], catch_exceptions=False)
+    p = seen["sampling"]
+    assert p.samplers == ["top_k", "temperature"] and p.dry_sequence_breakers == ["a\tb"]
+    assert (p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n) == (0.8, 1.5, 3, 16)
+    assert (p.xtc_probability, p.xtc_threshold, p.top_n_sigma, p.min_keep) == (0.5, 0.2, 1.5, 5)
+    assert (p.dynatemp_range, p.dynatemp_exponent) == (0.3, 1.2)
+    import typer.main
+
+    cmds = typer.main.get_command(app).commands
+    for flag in ("--samplers", "--dry-multiplier", "--xtc-threshold", "--top-nsigma", "--min-keep", "-e"):
+        g = [q for q in cmds["generate"].params if flag in q.opts][0]
+        s = [q for q in cmds["serve"].params if flag in q.opts][0]
+        assert (g.opts, g.default, g.help) == (s.opts, s.default, s.help), flag
