@@ -191,7 +191,7 @@ def check_greedy_and_teacher_forcing(path: Path, prefix: Path) -> None:
 TINY_LLAMA = ["F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_M-mix", "Q4_1",
               "Q4_0", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q2_K"]
 TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2", "phi3", "mistral3",
-              "smollm3"]  # smollm3: generated only (tests/data/tiny/make_tiny_reference.py)
+              "smollm3", "olmo2"]  # smollm3, olmo2: generated only (tests/data/tiny/make_tiny_reference.py)
 TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_0embd"]
         + [f"tiny-{a}-{t}" for a in TINY_OTHER for t in ("F32", "Q8_0")])
 
@@ -274,6 +274,29 @@ def test_tiny_logits_match_llamacpp(name):
     assert s["mean"] <= mean_tol, s
     assert s["p99"] <= p99_tol, s
     assert s["top1"] >= 0.99, s
+
+
+TINY_GREEDY = [n for n in TINY if (DATA / "tiny" / f"{n}.logits.json").exists()
+               and "greedy" in json.loads((DATA / "tiny" / f"{n}.logits.json").read_text())["prompts"][0]]
+
+
+@pytest.mark.parametrize("name", TINY_GREEDY)
+def test_tiny_greedy_until_tie(name):
+    # pyllama's greedy continuation, one token per decode, equals llama.cpp's
+    # (tests/data/tiny/make_tiny_reference.py) up to the first step where llama.cpp's top-1
+    # margin is a near tie (< 0.25, the tolerance of the top-1 check above)
+    ref, _ = load_ref(DATA / "tiny" / name)
+    m = _core.Model([str(tiny_path(name))])
+    nv = ref["n_vocab"]
+    for p in ref["prompts"]:
+        toks = np.array(p["tokens"], dtype=np.int32)
+        ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=N_THREADS, n_threads_batch=N_THREADS)
+        last = decode_all(ctx, toks, nv, outputs="last")[0]
+        for k, (g, margin) in enumerate(zip(p["greedy"], p["greedy_top1_margin"])):
+            if margin < 0.25:
+                break
+            assert int(last.argmax()) == g, (p["prompt"][:30], k, margin)
+            last = decode_all(ctx, np.array([g], np.int32), nv, start=len(toks) + k, outputs="last")[0]
 
 
 @pytest.mark.parametrize("type_kv", ["f32", "q8_0"])

@@ -47,6 +47,8 @@ _SPECS = [
     # not in ../shared/tiny: pyllama's own fixture (tests/data/tiny/make_tiny_reference.py has
     # llama.cpp's logits for it); 4 layers so that layer 3 is a NoPE layer
     dict(name="tiny-smollm3", arch="smollm3", n_layer=4, head_dim=16, rope_base=100000.0, eps=1e-6),
+    # olmo2: no pre-norms, post-norms, q/k norms over the whole projection; output untied
+    dict(name="tiny-olmo2", arch="olmo2", head_dim=16, rope_base=500000.0, eps=1e-6, tied=False),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -165,7 +167,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
             add(b + "ffn_down.bias", [n_embd], "bias")
             continue
-        add(b + "attn_norm.weight", [n_embd], "norm")
+        if A != "olmo2":
+            add(b + "attn_norm.weight", [n_embd], "norm")
         if A == "phi3":
             add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
         else:
@@ -179,10 +182,14 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         if A in ("qwen3", "qwen3moe", "gemma3"):
             add(b + "attn_q_norm.weight", [hd], "norm")
             add(b + "attn_k_norm.weight", [hd], "norm")
+        if A == "olmo2":  # over the whole projection
+            add(b + "attn_q_norm.weight", [n_q], "norm")
+            add(b + "attn_k_norm.weight", [n_kv], "norm")
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
-        if A in ("gemma2", "gemma3"):
+        if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
-        add(b + "ffn_norm.weight", [n_embd], "norm")
+        if A != "olmo2":
+            add(b + "ffn_norm.weight", [n_embd], "norm")
         if A == "phi3":
             add(b + "ffn_up.weight", [n_embd, 2 * n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
@@ -196,7 +203,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w", scale="ffn_down")
-        if A in ("gemma2", "gemma3"):
+        if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
     if A == "phi2":

@@ -27,6 +27,10 @@ import numpy as np
 
 HERE = Path(__file__).parent
 TOPK = 20
+N_GEN = 12
+# architectures whose reference also holds llama.cpp's greedy continuation (checked by
+# tests/test_logits.py up to the first near tie)
+GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4"}
 
 
 def main() -> None:
@@ -57,7 +61,20 @@ def main() -> None:
             z[f"p{i}_topk_ids"] = ids
             z[f"p{i}_topk_vals"] = np.take_along_axis(lg, ids, axis=1)
             z[f"p{i}_last_logits"] = lg[-1]
-            meta.append({"prompt": p["prompt"], "tokens": toks})
+            entry = {"prompt": p["prompt"], "tokens": toks}
+            if arch in GREEDY:
+                # llama.cpp's greedy continuation, one token per run over prompt + what came so far
+                gen, margins, last = [], [], lg[-1]
+                for _ in range(N_GEN):
+                    order = np.argsort(-last, kind="stable")
+                    gen.append(int(order[0]))
+                    margins.append(float(last[order[0]] - last[order[1]]))
+                    seq = toks + gen
+                    subprocess.run([str(exe), str(model), str(out), "--"] + [str(t) for t in seq], check=True,
+                                   capture_output=True)
+                    last = np.fromfile(out, dtype=np.float32).reshape(len(seq), -1)[-1]
+                entry.update(greedy=gen, greedy_top1_margin=margins)
+            meta.append(entry)
         n_vocab = int(z["p0_last_logits"].shape[0])
         ref = {"model": name, "n_vocab": n_vocab, "topk": TOPK,
                "settings": {"n_ctx": 2048, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,

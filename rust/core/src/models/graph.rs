@@ -32,7 +32,9 @@ pub struct AttnWeights<'w> {
     pub bk: Option<&'w [f32]>,
     pub bv: Option<&'w [f32]>,
     pub bo: Option<&'w [f32]>,
-    /// Per-head RMSNorm of q and k [hd_k] (gemma3, qwen3), applied before rope.
+    /// RMSNorm of q and k before rope: per head when the weight has hd_k entries (gemma3,
+    /// qwen3), over the whole projection when it has n_head * hd_k (n_head_kv * hd_k for k:
+    /// olmo2's q/k norms).
     pub q_norm: Option<&'w [f32]>,
     pub k_norm: Option<&'w [f32]>,
     /// wq, wk and wv are one fused `attn_qkv` matrix (phi3): rows [0, n_q) are q, then
@@ -430,14 +432,16 @@ impl Step<'_> {
         add_bias(&mut b.v, w.bv, vw, n);
         let eps = hp.f_norm_rms_eps;
         if let Some(qn) = w.q_norm {
-            for h in b.q[..n * qw].chunks_exact_mut(hd_k) {
+            let width = if qn.len() == qw { qw } else { hd_k };
+            for h in b.q[..n * qw].chunks_exact_mut(width) {
                 rms_norm_row(h, Some(qn), eps);
             }
             cb!(self, "Qcur_normed", il, q, qw);
         }
         let b = &mut *self.b;
         if let Some(kn) = w.k_norm {
-            for h in b.k[..n * kw].chunks_exact_mut(hd_k) {
+            let width = if kn.len() == kw { kw } else { hd_k };
+            for h in b.k[..n * kw].chunks_exact_mut(width) {
                 rms_norm_row(h, Some(kn), eps);
             }
         }

@@ -13,6 +13,7 @@ pub mod graph;
 pub mod llama;
 pub mod loader;
 pub mod mistral3;
+pub mod olmo2;
 pub mod phi2;
 pub mod phi3;
 pub mod qwen2;
@@ -57,6 +58,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &gemma::Gemma2,
     &mistral3::Mistral3,
     &smollm3::Smollm3,
+    &olmo2::Olmo2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
