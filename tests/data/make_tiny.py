@@ -49,6 +49,10 @@ _SPECS = [
     dict(name="tiny-smollm3", arch="smollm3", n_layer=4, head_dim=16, rope_base=100000.0, eps=1e-6),
     # olmo2: no pre-norms, post-norms, q/k norms over the whole projection; output untied
     dict(name="tiny-olmo2", arch="olmo2", head_dim=16, rope_base=500000.0, eps=1e-6, tied=False),
+    # granite: embedding/residual/attention/logit scales (Granite 3's magnitudes), and the
+    # optional attention-output and FFN biases
+    dict(name="tiny-granite", arch="granite", head_dim=16, rope_base=10000000.0, eps=1e-5,
+         granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -111,6 +115,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     if A == "gemma3":
         w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
         w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    if A == "granite":
+        g = s["granite"]
+        w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
+        w.add_float32(f"{A}.residual_scale", g["residual_scale"])
+        w.add_float32(f"{A}.attention.scale", g["attention_scale"])
+        w.add_float32(f"{A}.logit_scale", g["logit_scale"])
     if A == "mistral3":
         y = s["yarn"]
         w.add_string(f"{A}.rope.scaling.type", "yarn")
@@ -186,6 +196,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "attn_q_norm.weight", [n_q], "norm")
             add(b + "attn_k_norm.weight", [n_kv], "norm")
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
+        if A == "granite":
+            add(b + "attn_output.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
         if A != "olmo2":
@@ -203,6 +215,10 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w", scale="ffn_down")
+            if A == "granite":
+                add(b + "ffn_gate.bias", [n_ff], "bias")
+                add(b + "ffn_up.bias", [n_ff], "bias")
+                add(b + "ffn_down.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")

@@ -1,16 +1,18 @@
 //! The pre-norm decoder most GGUF architectures share, configured per architecture in
 //! models/<arch>.rs by a `DecoderConfig` that states only how the model differs from
-//! LLaMA's (llama, gemma, gemma2, gemma3, qwen2, qwen3, qwen3moe, phi3, mistral3, smollm3):
+//! LLaMA's (llama, gemma, gemma2, gemma3, qwen2, qwen3, qwen3moe, phi3, mistral3, smollm3,
+//! granite):
 //!
-//! x = embd(tokens) [* sqrt(n_embd)]                                  [n, n_embd]
+//! x = embd(tokens) [* sqrt(n_embd)] [* embd_mult]                    [n, n_embd]
 //! per layer: cur = rmsnorm(x) * attn_norm
 //!            q, k, v = wq cur [+ bq], wk cur [+ bk], wv cur [+ bv]   (or one fused wqkv)
 //!            [q, k = per-head rmsnorm]; rope; [q *= q_scale]
 //!            att = attention(q, K, V; kq_scale, softcap, window) ; tmp = wo att [+ bo]
-//!            [tmp = rmsnorm(tmp) * post_attention_norm]; x += tmp
-//!            cur = rmsnorm(x) * ffn_norm ; tmp = down(act(gate cur) * up cur)  (or MoE)
-//!            [tmp = rmsnorm(tmp) * post_ffw_norm]; x += tmp [+ control vector]
-//! logits = output . (rmsnorm(x) * output_norm) [+ output.bias] [final softcap]
+//!            [tmp = rmsnorm(tmp) * post_attention_norm]; x += tmp [* residual_scale]
+//!            cur = rmsnorm(x) * ffn_norm
+//!            tmp = down(act(gate cur [+ bg]) * (up cur [+ bu])) [+ bd]  (or MoE)
+//!            [tmp = rmsnorm(tmp) * post_ffw_norm]; x += tmp [* residual_scale] [+ control vector]
+//! logits = output . (rmsnorm(x) * output_norm) [+ output.bias] [final softcap] [* logit_scale]
 //!
 //! `load` binds every tensor through the `Loader` (name, shape, required or optional), so
 //! this file is also the schema of those architectures.
@@ -51,6 +53,14 @@ pub struct DecoderConfig {
     /// Layers with `(il + 1) % no_rope_layer_step == 0` have no rope (smollm3's NoPE
     /// layers); 0 = rope everywhere.
     pub no_rope_layer_step: usize,
+    /// Multiplies the input embeddings, token rows or given embeddings (granite's
+    /// f_embedding_scale); 1.0 = none.
+    pub embd_mult: f32,
+    /// Multiplies each block's output before it is added to the residual stream (granite's
+    /// f_residual_scale); 1.0 = none.
+    pub residual_scale: f32,
+    /// Multiplies the logits (granite: 1 / f_logit_scale); 1.0 = none.
+    pub logit_scale: f32,
 }
 
 impl DecoderConfig {
@@ -71,13 +81,24 @@ impl DecoderConfig {
             output_opt: true,
             attn_temp: None,
             no_rope_layer_step: 0,
+            embd_mult: 1.0,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
         }
     }
 }
 
 /// A layer's feed-forward: dense (gate absent with phi3's fused up) or a mixture of experts.
 enum Ffn {
-    Dense { gate: Option<TensorView<'static>>, up: TensorView<'static>, down: TensorView<'static> },
+    Dense {
+        gate: Option<TensorView<'static>>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+        /// Optional biases (llama.cpp's ffn_gate/up/down.bias, TENSOR_NOT_REQUIRED)
+        gate_b: Option<Vec<f32>>,
+        up_b: Option<Vec<f32>>,
+        down_b: Option<Vec<f32>>,
+    },
     Moe { router: TensorView<'static>, gate: TensorView<'static>, up: TensorView<'static>, down: TensorView<'static> },
 }
 
@@ -164,12 +185,18 @@ impl Decoder {
                     gate: None,
                     up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
                     down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+                    gate_b: None,
+                    up_b: None,
+                    down_b: None,
                 }
             } else {
                 Ffn::Dense {
                     gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
                     up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
                     down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+                    gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[n_ff])?,
+                    up_b: ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?,
+                    down_b: ld.opt_vec(&b("ffn_down.bias"), &[n_embd])?,
                 }
             };
             let step = cfg.no_rope_layer_step;
@@ -219,6 +246,11 @@ impl Forward for Decoder {
         let c = &self.cfg;
         let scale = if c.embd_scale && st.tokens.is_some() { (ne as f32).sqrt() } else { 1.0 };
         st.build_inp_embd(&self.tok_embd, scale)?;
+        if c.embd_mult != 1.0 {
+            // llama.cpp's build_inp_embd: ggml_scale of the rows (token or given embeddings)
+            let m = st.n * ne;
+            crate::ops::act::scale(&mut st.b.x[..m], c.embd_mult);
+        }
         crate::cb!(st, if c.embd_scale { "inp_scaled" } else { "inp_embd" }, -1, x, ne);
         for (il, l) in self.layers.iter().enumerate() {
             st.build_norm(&l.attn_norm, None, Norm::Rms, self.eps);
@@ -253,14 +285,25 @@ impl Forward for Decoder {
                 st.build_post_norm(pn, self.eps);
                 crate::cb!(st, "attn_post_norm", il, tmp, ne);
             }
+            if c.residual_scale != 1.0 {
+                let m = st.n * ne;
+                crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
+            }
             st.residual();
             // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
             crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
             st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
             match &l.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    let w = FfnWeights { gate: gate.as_ref(), up, up_b: None, down, down_b: None };
+                Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
+                    let w = FfnWeights {
+                        gate: gate.as_ref(),
+                        gate_b: gate_b.as_deref(),
+                        up,
+                        up_b: up_b.as_deref(),
+                        down,
+                        down_b: down_b.as_deref(),
+                    };
                     st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
                 }
                 Ffn::Moe { router, gate, up, down } => {
@@ -273,11 +316,23 @@ impl Forward for Decoder {
                 st.build_post_norm(pn, self.eps);
                 crate::cb!(st, "ffn_post_norm", il, tmp, ne);
             }
+            if c.residual_scale != 1.0 {
+                let m = st.n * ne;
+                crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
+            }
             st.residual();
             st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
         }
         st.build_norm(&self.output_norm, None, Norm::Rms, self.eps);
-        st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)
+        st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)?;
+        if c.logit_scale != 1.0 {
+            // llama.cpp: ggml_scale of the logits after the output projection (granite)
+            let nv = self.output.n_rows();
+            for &r in st.b.out_row.iter().take(st.n) {
+                crate::ops::act::scale(&mut st.logits[r * nv..(r + 1) * nv], c.logit_scale);
+            }
+        }
+        Ok(())
     }
 }

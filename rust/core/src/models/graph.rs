@@ -87,9 +87,10 @@ pub enum FfnGate {
 }
 
 /// A dense feed-forward's weights: up {n_embd, n_ff} (2 n_ff rows for `FfnGate::Fused`),
-/// gate {n_embd, n_ff}, down {n_ff, n_embd}; biases up_b [n_ff], down_b [n_embd].
+/// gate {n_embd, n_ff}, down {n_ff, n_embd}; biases gate_b / up_b [n_ff], down_b [n_embd].
 pub struct FfnWeights<'w> {
     pub gate: Option<&'w TensorView<'static>>,
+    pub gate_b: Option<&'w [f32]>,
     pub up: &'w TensorView<'static>,
     pub up_b: Option<&'w [f32]>,
     pub down: &'w TensorView<'static>,
@@ -221,6 +222,7 @@ impl Step<'_> {
             }
             _ => return Err(Error::Invalid(format!("internal: layer {il}: ffn_gate given for {gate:?}"))),
         }
+        add_bias(&mut b.gate, w.gate_b, n_ff, n);
         add_bias(&mut b.up, w.up_b, n_ff, n);
         cb!(self, "ffn_gate", il, gate, n_ff);
         cb!(self, "ffn_up", il, up, n_ff);

@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod gemma;
 pub mod gemma3;
 pub mod graph;
+pub mod granite;
 pub mod llama;
 pub mod loader;
 pub mod mistral3;
@@ -59,6 +60,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &mistral3::Mistral3,
     &smollm3::Smollm3,
     &olmo2::Olmo2,
+    &granite::Granite,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

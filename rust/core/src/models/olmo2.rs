@@ -179,7 +179,7 @@ impl Forward for Olmo2Forward {
                 let b = &mut *st.b;
                 b.cur[..m].copy_from_slice(&b.x[..m]);
             }
-            let f = FfnWeights { gate: Some(&l.gate), up: &l.up, up_b: None, down: &l.down, down_b: None };
+            let f = FfnWeights { gate: Some(&l.gate), gate_b: None, up: &l.up, up_b: None, down: &l.down, down_b: None };
             st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.build_post_norm(&l.post_ffw_norm, self.eps);

@@ -166,7 +166,7 @@ impl Forward for Phi2Forward {
                 let b = &mut *st.b;
                 b.att[..m].copy_from_slice(&b.tmp[..m]);
             }
-            let f = FfnWeights { gate: None, up: &l.up, up_b: Some(&l.up_b), down: &l.down, down_b: Some(&l.down_b) };
+            let f = FfnWeights { gate: None, gate_b: None, up: &l.up, up_b: Some(&l.up_b), down: &l.down, down_b: Some(&l.down_b) };
             st.build_ffn(il, &f, FfnAct::Gelu, FfnGate::None)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             {
