@@ -1295,7 +1295,8 @@ class Llama:
                                      "pass no grammar / response_format with them")
                 from .llama_grammar import LlamaGrammar
 
-                grammar = LlamaGrammar.from_string(tc.grammar, verbose=False)
+                grammar = (LlamaGrammar.lazy(tc.grammar, tc.grammar_triggers) if tc.grammar_triggers
+                           else LlamaGrammar.from_string(tc.grammar, verbose=False))
             messages = tc.messages(messages)
             extra = tc.template_vars()
         if logprobs or top_logprobs:
