@@ -15,8 +15,9 @@ it prints, per engine:
   of unconstrained generation) they are measured against (the issue's target: < 10%).
 
 llama.cpp prints only totals: its column is `sampling time` / tokens (the whole sampler
-chain, grammar included) from `llama-completion --grammar-file` on the same prompt and
-its `eval time` per token.
+chain, grammar included, with its own grammar-first resampling) from `llama-completion
+--grammar-file` on the same prompt and its `eval time` per token (run with
+OMP_WAIT_POLICY=PASSIVE: spinning OpenMP workers collapse on a busy shared machine).
 
     python benchmarks/bench_grammar.py [--models gemma3,smollm2] [--tokens 96] [--engines rust,py]
         [--llama-completion PATH] [--threads 2]
@@ -124,7 +125,9 @@ def _llama_cpp(exe: Path, model: Path, grammar: str, prompt: str, n: int, thread
     try:
         r = subprocess.run([str(exe), "-m", str(model), "--grammar-file", f.name, "-p", prompt, "-n", str(n),
                             "--temp", "0", "-t", str(threads), "-c", "1024", "-no-cnv", "--no-warmup",
-                            "--seed", "1"], capture_output=True, text=True, timeout=1800)
+                            "--seed", "1"], capture_output=True, text=True, timeout=1800,
+                           # OpenMP's spinning workers collapse on a shared, oversubscribed machine
+                           env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     finally:
         os.unlink(f.name)
     log = r.stdout + r.stderr

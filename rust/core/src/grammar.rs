@@ -779,11 +779,85 @@ impl Grammar {
                     }
                 }
                 None => {
-                    for e in edges {
+                    // a node with many children (the root: every first character of the
+                    // vocabulary): where the set cannot tell code points >= 128 apart, its
+                    // non-ASCII children all go to one set, and an index says which of them
+                    // cannot be admitted whole, so the others are never looked at
+                    let block = if uniform && edges.len() >= BIG { trie.big.get(&ni) } else { None };
+                    let mut split = edges.len();
+                    let mut block_sid = -1;
+                    if let Some(b) = block {
+                        split = (b.na_start - e0) as usize;
+                        block_sid = self.transition(eng, sid, 128);
+                        if block_sid >= 0 && !eng.sets[block_sid as usize].token_tops.is_empty() {
+                            split = edges.len(); // one by one
+                        }
+                    }
+                    for e in &edges[..split] {
                         visit(eng, e);
+                    }
+                    if let (Some(b), true) = (block, split < edges.len() && block_sid >= 0) {
+                        self.admit_block(eng, &trie.edges, b, block_sid as u32, e1, ok, &mut todo);
                     }
                 }
             }
+        }
+    }
+}
+
+impl Grammar {
+    /// The non-ASCII children `edges[b.na_start..e1]` of a big node, all going to set `ns`
+    /// (no token stacks): admit whole the subtrees that spell only code points leading
+    /// back to `ns` (as [`Grammar::fix_covers`] would decide one by one), push the others.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_block(
+        &self,
+        eng: &mut Engine,
+        edges: &[Edge],
+        b: &Big,
+        ns: u32,
+        e1: u32,
+        ok: &mut [u8],
+        todo: &mut Vec<(u32, u32)>,
+    ) {
+        let info = &eng.sets[ns as usize];
+        let mut unknown = b.or_sub & !(info.fix_yes | info.fix_no);
+        while unknown != 0 {
+            let c = unknown.trailing_zeros();
+            let back = self.transition(eng, ns, c) == ns as i32;
+            let info = &mut eng.sets[ns as usize];
+            if back {
+                info.fix_yes |= 1u128 << c;
+            } else {
+                info.fix_no |= 1u128 << c;
+            }
+            unknown &= unknown - 1;
+        }
+        let leaving = eng.sets[ns as usize].fix_no & b.or_sub;
+        let nonascii_back = eng.sets[ns as usize].uniform && self.transition(eng, ns, 128) == ns as i32;
+        let mut bad: Vec<u32> = b.partial.clone();
+        if !nonascii_back {
+            bad.extend_from_slice(&b.nonascii);
+        }
+        let mut bits = leaving;
+        while bits != 0 {
+            let c = bits.trailing_zeros() as usize;
+            bad.extend_from_slice(&b.items[b.offsets[c] as usize..b.offsets[c + 1] as usize]);
+            bits &= bits - 1;
+        }
+        bad.sort_unstable();
+        bad.dedup();
+        // siblings' token ranges are adjacent: a run of admitted children is one range
+        let mut run = b.na_start;
+        for &k in &bad {
+            if k > run {
+                ok[edges[run as usize].lo as usize..edges[k as usize - 1].hi as usize].fill(1);
+            }
+            todo.push((edges[k as usize].child, ns));
+            run = k + 1;
+        }
+        if run < e1 {
+            ok[edges[run as usize].lo as usize..edges[e1 as usize - 1].hi as usize].fill(1);
         }
     }
 }
@@ -994,6 +1068,27 @@ struct Node {
     flags: u8,
 }
 
+/// Nodes with at least this many children get a [`Big`] index.
+const BIG: usize = 256;
+
+/// The index of a node with many children, over its children with code points >= 128
+/// (edges `na_start..`): which of them have each ASCII code point below, or a partial
+/// sequence, or a code point >= 128.
+#[derive(Debug, Default)]
+struct Big {
+    na_start: u32,
+    /// OR of those children's `sub`
+    or_sub: u128,
+    /// per ASCII code point c: the edges whose child's subtree spells c below the child:
+    /// `items[offsets[c]..offsets[c + 1]]`
+    offsets: Vec<u32>,
+    items: Vec<u32>,
+    /// edges whose child has or is above a token ending in a partial sequence
+    partial: Vec<u32>,
+    /// edges whose child has a code point >= 128 below
+    nonascii: Vec<u32>,
+}
+
 /// An edge to a child, with a copy of the child's range and summary (siblings' edges are
 /// contiguous, so deciding about a child does not touch the child).
 #[derive(Clone, Copy, Debug, Default)]
@@ -1018,6 +1113,8 @@ pub struct TokenTrie {
     eog: Vec<u32>,
     nodes: Vec<Node>,
     edges: Vec<Edge>,
+    /// node -> index of its non-ASCII children (nodes with at least BIG children)
+    big: FxMap<u32, Big>,
     root_sub: u128,
     root_flags: u8,
     /// sorted position -> token id
@@ -1158,6 +1255,37 @@ impl TokenTrie {
             node.edge_start = counts[i];
             node.edge_end = counts[i + 1];
         }
+        let mut big: FxMap<u32, Big> = FxMap::default();
+        for (ni, node) in nodes.iter().enumerate() {
+            let (e0, e1) = (node.edge_start as usize, node.edge_end as usize);
+            if e1 - e0 < BIG {
+                continue;
+            }
+            let na_start = e0 + edges[e0..e1].partition_point(|e| e.cp < 128);
+            let mut b = Big { na_start: na_start as u32, ..Big::default() };
+            let mut per_c: Vec<Vec<u32>> = vec![Vec::new(); 128];
+            for (k, e) in edges.iter().enumerate().take(e1).skip(na_start) {
+                let sub = (e.sub[0] as u128) | ((e.sub[1] as u128) << 64);
+                b.or_sub |= sub;
+                let mut bits = sub;
+                while bits != 0 {
+                    per_c[bits.trailing_zeros() as usize].push(k as u32);
+                    bits &= bits - 1;
+                }
+                if e.flags & (SUB_PARTIAL | OWN_PARTIAL) != 0 {
+                    b.partial.push(k as u32);
+                }
+                if e.flags & SUB_NONASCII != 0 {
+                    b.nonascii.push(k as u32);
+                }
+            }
+            b.offsets.push(0);
+            for list in &per_c {
+                b.items.extend_from_slice(list);
+                b.offsets.push(b.items.len() as u32);
+            }
+            big.insert(ni as u32, b);
+        }
         Ok(TokenTrie {
             n_vocab: n,
             bytes,
@@ -1165,6 +1293,7 @@ impl TokenTrie {
             eog: eog_ids,
             nodes,
             edges,
+            big,
             root_sub,
             root_flags,
             order,
