@@ -951,7 +951,9 @@ class _VocabTrie:
 class GrammarSampler(Sampler):
     """llama_sampler_init_grammar: ``apply`` sets the logits of tokens the grammar rejects
     to -inf (end-of-generation tokens only where the grammar can end), ``accept`` advances
-    the grammar. Usable in a SamplerChain (it has the Sampler interface)."""
+    the grammar. Usable in a SamplerChain (it has the Sampler interface). ``engine``:
+    "rust" (the default) or "py" (the reference; also $PYLLAMA_GRAMMAR); both give the
+    same verdicts and masks."""
 
     name = "grammar"
     _MASK_CACHE = 256
