@@ -237,3 +237,42 @@ def test_lazy_grammar_on_the_rust_engine(smollm2_path, gemma3_path):
         out[engine] = (states, lz.allowed_mask().copy())
     assert out["rust"][0] == out["py"][0] and not out["rust"][0][-1][0]
     assert (out["rust"][1] == out["py"][1]).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(types=st.lists(st.integers(0, 11), max_size=12), values=st.lists(st.integers(0, 300), max_size=12),
+       starts=st.lists(st.integers(0, 12), min_size=0, max_size=4), root=st.integers(0, 4),
+       pieces=st.lists(st.binary(max_size=4), min_size=1, max_size=6), token=st.integers(0, 5))
+def test_rust_engine_survives_any_arrays(types, values, starts, root, pieces, token):
+    """Any rule arrays: a ValueError, or a grammar whose states accept, allow and mask any
+    token without crashing (left recursion, dangling references, bad char classes, ...)."""
+    from pyllama import _core
+
+    try:
+        rules = _core.GrammarRules(types, values, starts, root)
+    except ValueError:
+        return
+    s = _core.GrammarState(rules)
+    trie = _core.TokenTrie(pieces, [0])
+    tok = token % len(pieces)
+    m = s.mask(trie)
+    assert len(m) == len(pieces)
+    assert m[tok] == (s.can_end if tok == 0 else s.allows(tok, pieces[tok]))
+    s.accept_token(tok, pieces[tok])
+    s.accept_bytes(pieces[tok])
+    s.mask(trie)
+
+
+def test_invalid_utf8_state_masks_equal_verdicts():
+    """A token with invalid UTF-8 accepted by a char loop leaves n_remain -1: the next masks
+    still equal the per-candidate verdicts (llama.cpp decodes on from a fresh start there)."""
+    from test_grammar import _FakeVocab
+
+    pieces = [b"</s>", b"a", b"\x80", b"ab", b"\xc3", b"\xa9", b"\"", b"\xc3\xa9"]
+    for engine in ("rust", "py"):
+        gs = GrammarSampler(_FakeVocab(pieces), 'root ::= [^"]* "\\""', engine=engine)
+        gs.matcher.accept_token(2, b"\x80")
+        assert gs.matcher.partial == (0, -1)
+        mask = gs.allowed_mask()
+        assert mask.tolist() == [gs.allows(t) if t else gs.matcher.can_end for t in range(len(pieces))], engine
+        assert mask[1] and mask[6]
