@@ -185,15 +185,15 @@ def main() -> None:
                 full = _ms(_full_masks(llm, text, timed.tokens, engine))
                 rows.append((name, gname, f"pyllama {engine}", len(timed.costs), timed.n_masks, *first, *full, tg_ms))
                 print(f"{name:8} {gname:14} {engine:5} tokens {len(timed.costs):4} masks {timed.n_masks:3} "
-                      f"first med/p99 {first[0]:.3f}/{first[1]:.3f} ms  full mask med/p99 {full[0]:.3f}/{full[1]:.3f} ms "
-                      f" tg {tg_ms:.2f} ms", flush=True)
+                      f"first med/p99 {first[0]:.3f}/{first[1]:.3f} ms  "
+                      f"full mask med/p99 {full[0]:.3f}/{full[1]:.3f} ms  tg {tg_ms:.2f} ms", flush=True)
             if exe.exists():
                 lc = _llama_cpp(exe, path, text, prompt, args.tokens, args.threads)
                 if lc:
                     rows.append((name, gname, "llama.cpp", lc["n"], None, lc["sampling_ms"], None, None, None,
                                  lc["tg_ms"]))
-                    print(f"{name:8} {gname:14} llama.cpp sampling {lc['sampling_ms']:.3f} ms/token (mean, whole chain) "
-                          f" tg {lc['tg_ms']:.2f} ms", flush=True)
+                    print(f"{name:8} {gname:14} llama.cpp sampling {lc['sampling_ms']:.3f} ms/token "
+                          f"(mean, whole chain)  tg {lc['tg_ms']:.2f} ms", flush=True)
             else:
                 print(f"  {exe} not found: build it with cmake --build ... --target llama-completion")
 
@@ -208,7 +208,8 @@ def main() -> None:
         ratio = "-" if fp99 is None else f"{100 * fp99 / tg:.1f}%"
         if e == "llama.cpp":
             ratio = f"{100 * fmed / tg:.1f}% (mean)"
-        print(f"| {m} | {g} | {e} | {n} | {'-' if nm is None else nm} | {f(fmed)}{' (mean)' if e == 'llama.cpp' else ''} "
+        mean = " (mean)" if e == "llama.cpp" else ""
+        print(f"| {m} | {g} | {e} | {n} | {'-' if nm is None else nm} | {f(fmed)}{mean} "
               f"| {f(fp99)} | {f(mmed)} | {f(mp99)} | {tg:.2f} | {ratio} |")
 
 
