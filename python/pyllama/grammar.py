@@ -12,11 +12,17 @@ The sampler keeps each vocabulary token's code points (decoded from its bytes on
 vocabulary) in a trie ordered so that every trie node's tokens are one contiguous range of
 a sorted token order; a token mask is one walk of that trie against the stacks, cached per
 set of stacks. llama.cpp walks each candidate on its own; the verdicts are the same.
+
+Two engines run the matcher with the same semantics: the Rust one (pyllama._core's
+GrammarRules / GrammarState / TokenTrie, rust/core/src/grammar.rs; the default) and the
+Python one here, kept as the reference the Rust masks are tested against bit for bit.
+``engine="py"`` (or the environment variable ``PYLLAMA_GRAMMAR=py``) selects the Python one.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import OrderedDict
 from typing import Iterable, Optional, Sequence
@@ -29,8 +35,18 @@ from .sampling import Sampler
 __all__ = [
     "GrammarError", "Grammar", "GrammarMatcher", "GrammarSampler", "LazyGrammarSampler", "parse_grammar",
     "END", "ALT", "RULE_REF", "CHAR", "CHAR_NOT", "CHAR_RNG_UPPER", "CHAR_ALT", "CHAR_ANY",
-    "TOKEN", "TOKEN_NOT", "GRETYPE_NAMES",
+    "TOKEN", "TOKEN_NOT", "GRETYPE_NAMES", "ENGINES",
 ]
+
+ENGINES = ("rust", "py")
+
+
+def _engine_name(engine: str | None) -> str:
+    """The matcher engine: ``engine``, else $PYLLAMA_GRAMMAR, else "rust"."""
+    e = engine if engine is not None else (os.environ.get("PYLLAMA_GRAMMAR") or "rust")
+    if e not in ENGINES:
+        raise ValueError(f"grammar engine must be one of {ENGINES} (engine= or PYLLAMA_GRAMMAR), got {e!r}")
+    return e
 
 # llama_gretype
 END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY, TOKEN, TOKEN_NOT = range(10)
@@ -615,8 +631,27 @@ class Grammar:
                 self.after_char(st, out)
         return out
 
-    def matcher(self) -> "GrammarMatcher":
-        return GrammarMatcher(self)
+    @property
+    def rules_core(self):
+        """The grammar checked and compiled by the Rust engine (built on first use)."""
+        rc = self.__dict__.get("_rules_core")
+        if rc is None:
+            from . import _core
+
+            root_pos = self.symbol_ids[self.root]
+            try:
+                rc = _core.GrammarRules(self.types, self.values, self.rule_start, root_pos)
+            except (ValueError, OverflowError) as e:
+                raise GrammarError(str(e).removeprefix("grammar: ")) from None
+            self._rules_core = rc
+        return rc
+
+    def matcher(self, engine: str | None = None) -> "GrammarMatcher | RustGrammarMatcher":
+        """A matcher in the start state, on ``engine`` ("rust" or "py"; default: see
+        the module docstring)."""
+        if _engine_name(engine) == "py":
+            return GrammarMatcher(self)
+        return RustGrammarMatcher(self)
 
 
 def _check_left_recursion(rules, names) -> None:
@@ -692,6 +727,10 @@ class GrammarMatcher:
     def failed(self) -> bool:
         return not self.stacks
 
+    def state_key(self) -> tuple:
+        """Equal for two states of one grammar exactly when they are the same state."""
+        return (tuple(sorted(self.stacks)), self.partial)
+
     def accept_token(self, token: int, piece: bytes) -> None:
         """llama_grammar_accept_token; raises GrammarError (leaving the state unchanged) when
         no stack survives, as llama.cpp throws."""
@@ -760,10 +799,64 @@ class GrammarMatcher:
         return any(self._allows_stack(s, token, cps, i + 1, partial) for s in nxt)
 
 
-def match_string(grammar: Grammar, items: Iterable[tuple[int, bytes]]) -> bool:
+class RustGrammarMatcher:
+    """GrammarMatcher's interface on the Rust engine (pyllama._core.GrammarState): the
+    same verdicts, stacks and errors."""
+
+    __slots__ = ("grammar", "_s")
+
+    def __init__(self, grammar: Grammar, state=None):
+        from . import _core
+
+        self.grammar = grammar
+        self._s = state if state is not None else _core.GrammarState(grammar.rules_core)
+
+    @property
+    def stacks(self) -> list[tuple[int, ...]]:
+        return [tuple(st) for st in self._s.stacks]
+
+    @property
+    def partial(self) -> tuple[int, int]:
+        return self._s.partial
+
+    @property
+    def can_end(self) -> bool:
+        return self._s.can_end
+
+    @property
+    def failed(self) -> bool:
+        return self._s.failed
+
+    def reset(self) -> None:
+        self._s.reset()
+
+    def copy(self) -> "RustGrammarMatcher":
+        return RustGrammarMatcher(self.grammar, self._s.copy())
+
+    def state_key(self) -> tuple:
+        return self._s.state_key()
+
+    def accept_token(self, token: int, piece: bytes) -> None:
+        if not self._s.accept_token(token, piece):
+            raise GrammarError(f"unexpected empty grammar stack after accepting piece {piece!r} ({token})")
+
+    def accept_string(self, text: str | bytes) -> None:
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        if not self._s.accept_bytes(data):
+            raise GrammarError(f"unexpected empty grammar stack after accepting {text!r}")
+
+    def allows(self, token: int, piece: bytes) -> bool:
+        return self._s.allows(token, piece)
+
+    def mask(self, trie) -> np.ndarray:
+        """bool [n_vocab] for a _core.TokenTrie (end-of-generation included)."""
+        return self._s.mask(trie)
+
+
+def match_string(grammar: Grammar, items: Iterable[tuple[int, bytes]], engine: str | None = None) -> bool:
     """test-grammar-integration's match_string: accept each (token, piece); True iff some
     stack is empty at the end."""
-    m = grammar.matcher()
+    m = grammar.matcher(engine)
     for token, piece in items:
         try:
             m.accept_token(token, piece)
@@ -858,17 +951,20 @@ class _VocabTrie:
 class GrammarSampler(Sampler):
     """llama_sampler_init_grammar: ``apply`` sets the logits of tokens the grammar rejects
     to -inf (end-of-generation tokens only where the grammar can end), ``accept`` advances
-    the grammar. Usable in a SamplerChain (it has the Sampler interface)."""
+    the grammar. Usable in a SamplerChain (it has the Sampler interface). ``engine``:
+    "rust" (the default) or "py" (the reference; also $PYLLAMA_GRAMMAR); both give the
+    same verdicts and masks."""
 
     name = "grammar"
     _MASK_CACHE = 256
 
-    def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root"):
+    def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root", engine: str | None = None):
         self.vocab = vocab
         v = getattr(vocab, "vocab", vocab)  # a Model carries its Vocab
+        self.engine = _engine_name(engine)
         self.grammar = grammar_str if isinstance(grammar_str, Grammar) else Grammar(grammar_str, grammar_root, v)
-        self.matcher = self.grammar.matcher()
-        self._trie = _trie_for(vocab)
+        self.matcher = self.grammar.matcher(self.engine)
+        self._trie = _trie_for(vocab, self.engine)
         self._masks: OrderedDict = OrderedDict()
         # interned stack sets: {stacks: id}, [(char stacks, token stacks)], [{code point: next id}]
         self._sets: tuple[dict, list, list] = ({}, [], [])
@@ -898,7 +994,7 @@ class GrammarSampler(Sampler):
     def clone(self) -> "GrammarSampler":
         c = GrammarSampler.__new__(GrammarSampler)
         c.vocab, c.grammar, c._trie, c._masks, c._sets = self.vocab, self.grammar, self._trie, self._masks, self._sets
-        c._fixes = self._fixes
+        c._fixes, c.engine = self._fixes, self.engine
         c.matcher = self.matcher.copy()
         return c
 
@@ -919,18 +1015,19 @@ class GrammarSampler(Sampler):
     def allowed_mask(self) -> np.ndarray:
         """bool [n_vocab]: the tokens the grammar accepts now (cached per grammar state)."""
         m = self.matcher
-        key = (tuple(sorted(m.stacks)), m.partial)
+        key = m.state_key()
         mask = self._masks.get(key)
         if mask is not None:
             self._masks.move_to_end(key)
             return mask
         tr = self._trie
-        if m.partial[1] != 0:
-            mask = self._mask_slow()
+        if self.engine == "rust":
+            mask = m.mask(tr.core)
         else:
-            mask = self._mask_trie()
-        if m.can_end:
-            mask |= tr.eog
+            # (n_remain -1, an invalid sequence, decodes like a fresh start: the trie's way)
+            mask = self._mask_slow() if m.partial[1] > 0 else self._mask_trie()
+            if m.can_end:
+                mask |= tr.eog
         mask.flags.writeable = False
         self._masks[key] = mask
         if len(self._masks) > self._MASK_CACHE:
@@ -1100,16 +1197,32 @@ def _pieces_of(vocab) -> tuple[list[bytes], set[int]]:
     return pieces, set(int(t) for t in v.eog_ids)
 
 
-def _trie_for(vocab) -> _VocabTrie:
-    """One trie per vocabulary object (weakly keyed would be nicer; vocabularies live as
-    long as their models and are few)."""
-    key = id(getattr(vocab, "vocab", vocab))
+class _RustVocabTrie:
+    """The Rust engine's trie (pyllama._core.TokenTrie) and the pieces the sampler reads."""
+
+    def __init__(self, pieces: list[bytes], eog: set[int]):
+        from . import _core
+
+        n = len(pieces)
+        self.n_vocab = n
+        self.pieces = pieces
+        self.eog = np.zeros(n, bool)
+        ids = [t for t in eog if 0 <= t < n]
+        self.eog[ids] = True
+        self.core = _core.TokenTrie(pieces, ids)
+
+
+def _trie_for(vocab, engine: str = "rust") -> "_VocabTrie | _RustVocabTrie":
+    """One trie per vocabulary object and engine (weakly keyed would be nicer; vocabularies
+    live as long as their models and are few)."""
+    v = getattr(vocab, "vocab", vocab)
+    key = (id(v), engine)
     hit = _TRIES.get(key)
-    if hit is not None and hit[0] is getattr(vocab, "vocab", vocab):
+    if hit is not None and hit[0] is v:
         return hit[1]
     pieces, eog = _pieces_of(vocab)
-    tr = _VocabTrie(pieces, eog)
-    _TRIES[key] = (getattr(vocab, "vocab", vocab), tr)
+    tr = _VocabTrie(pieces, eog) if engine == "py" else _RustVocabTrie(pieces, eog)
+    _TRIES[key] = (v, tr)
     return tr
 
 
@@ -1131,8 +1244,9 @@ class LazyGrammarSampler(GrammarSampler):
     constrains every token after that. ``reset`` waits for a trigger again."""
 
     def __init__(self, vocab, grammar_str: str | Grammar, grammar_root: str = "root",
-                 trigger_patterns: Sequence[str] = (), trigger_tokens: Sequence[int] = ()):
-        super().__init__(vocab, grammar_str, grammar_root)
+                 trigger_patterns: Sequence[str] = (), trigger_tokens: Sequence[int] = (),
+                 engine: str | None = None):
+        super().__init__(vocab, grammar_str, grammar_root, engine)
         self.trigger_tokens = [int(t) for t in trigger_tokens]
         self.trigger_patterns = []
         for p in trigger_patterns:

@@ -1319,7 +1319,8 @@ class Llama:
                                      "pass no grammar / response_format with them")
                 from .llama_grammar import LlamaGrammar
 
-                grammar = LlamaGrammar.from_string(tc.grammar, verbose=False)
+                grammar = (LlamaGrammar.lazy(tc.grammar, tc.grammar_triggers) if tc.grammar_triggers
+                           else LlamaGrammar.from_string(tc.grammar, verbose=False))
             messages = tc.messages(messages)
             extra = tc.template_vars()
         # OpenAI's shape: logprobs=True adds each token's log-probability, top_logprobs=N the N

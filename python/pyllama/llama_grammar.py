@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
-from .grammar import Grammar, GrammarError, GrammarSampler
+from .grammar import Grammar, GrammarError, GrammarSampler, LazyGrammarSampler
 
 __all__ = ["LlamaGrammar", "LLAMA_GRAMMAR_DEFAULT_ROOT", "JSON_GBNF", "GrammarError"]
 
@@ -66,6 +66,15 @@ class LlamaGrammar:
         return cls(_grammar=grammar)
 
     @classmethod
+    def lazy(cls, grammar: str, trigger_patterns: list[str]) -> "LlamaGrammar":
+        """A grammar that applies only from the first match of one of ``trigger_patterns``
+        (regular expressions over the generated text) on, as llama.cpp's lazy grammars
+        (pyllama.grammar.LazyGrammarSampler; pyllama's addition, used for tool calls)."""
+        g = cls(_grammar=grammar)
+        g._triggers = list(trigger_patterns)
+        return g
+
+    @classmethod
     def from_file(cls, file: Union[str, Path], verbose: bool = True) -> "LlamaGrammar":
         try:
             with open(file, encoding="utf-8") as f:
@@ -94,7 +103,9 @@ class LlamaGrammar:
             g = self._compiled
             if g is None:
                 g = Grammar(self._grammar, self._root, v)
-            proto = self._proto = (v, GrammarSampler(v, g))
+            triggers = self.__dict__.get("_triggers")
+            s = LazyGrammarSampler(v, g, trigger_patterns=triggers) if triggers else GrammarSampler(v, g)
+            proto = self._proto = (v, s)
         s = proto[1].clone()
         s.reset()
         return s

@@ -5,9 +5,12 @@ two of its formats).
 - **Hermes** (templates that print ``<tool_call>``: Qwen 2.5 / 3, Hermes, ...): the template
   renders ``tools`` itself; the model answers ``<tool_call>\\n{"name": ..., "arguments":
   {...}}\\n</tool_call>`` blocks, possibly after some text. With ``tool_choice`` "required"
-  or a named function the reply is constrained to such blocks by a grammar; with "auto" it
-  is free and parsed afterwards (llama.cpp constrains it lazily after the ``<tool_call>``
-  trigger; pyllama.grammar.LazyGrammarSampler can, but is not used here yet).
+  or a named function the reply is constrained to such blocks by a grammar; with "auto"
+  the grammar is lazy, as llama.cpp's (common_chat_params_init_hermes_2_pro): the text is
+  free until the model writes ``<tool_call>``, or starts its reply as the bare JSON of a
+  call (``{"name": "<a tool>"``, maybe in a ```json fence: small Qwen models answer so);
+  from there on the call is constrained (``grammar_triggers``,
+  pyllama.grammar.LazyGrammarSampler) and parsed in either shape.
 - **Generic** (every other template): a system message describes the tools and the reply is
   constrained to a JSON object, ``{"tool_call": {"name", "arguments"}}`` (or
   ``{"tool_calls": [...]}`` with parallel calls) or ``{"response": "..."}`` (not with
@@ -53,8 +56,9 @@ def _check_tools(tools: Any) -> list:
 
 class ToolCalls:
     """Tool calling for one request: ``messages()`` / ``template_vars()`` shape the prompt,
-    ``grammar`` (GBNF or None) constrains the reply, ``parse(text)`` returns
-    ``(content, tool_calls)``."""
+    ``grammar`` (GBNF or None) constrains the reply (only from the first match of one of
+    the ``grammar_triggers`` regular expressions on, when there are some), ``parse(text)``
+    returns ``(content, tool_calls)``."""
 
     def __init__(self, template_source: str, tools: Any, tool_choice: Any = "auto", parallel: bool = False):
         from .json_schema import json_schema_to_grammar
@@ -78,13 +82,23 @@ class ToolCalls:
             "name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]},
             "required": ["name", "arguments"]} for t in self.tools]}
         self.grammar: Optional[str] = None
+        self.grammar_triggers: list[str] = []
         try:
             if self.hermes:
-                if self.choice == "required":
+                if self.choice != "none":
                     g = json_schema_to_grammar(call).replace("root ::=", "tool-call-json ::=", 1)
                     block = '"<tool_call>\\n" tool-call-json "\\n</tool_call>"'
                     more = f' ("\\n" {block})*' if self.parallel else ""
-                    self.grammar = f"root ::= {block}{more}\n{g}"
+                    if self.choice == "required":
+                        self.grammar = f"root ::= {block}{more}\n{g}"
+                    else:
+                        # free text until a trigger; the grammar takes over from the opening
+                        # tag, or from the "{" of a reply that starts as a call's bare JSON
+                        self.grammar = f'root ::= {block}{more} | tool-call-json ("\\n"? "```")?\n{g}'
+                        alts = "|".join(re.escape(n) for n in names)
+                        self.grammar_triggers = [
+                            "<tool_call>",
+                            f'^\\s*(?:```(?:json)?\\s*)?(\\{{\\s*"name"\\s*:\\s*"(?:{alts})")[\\s\\S]*$']
             elif self.choice != "none":
                 if self.parallel:
                     calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call,
@@ -164,6 +178,15 @@ class ToolCalls:
                 if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                     calls.append(self._call(obj["name"], obj.get("arguments", {})))
             if not calls:
+                # a reply that is one call's bare JSON (maybe fenced), as the lazy grammar allows
+                m = re.fullmatch(r"\s*(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?\s*", text, re.S)
+                try:
+                    obj = json.loads(m.group(1)) if m else None
+                except json.JSONDecodeError:
+                    obj = None
+                names = {t["function"]["name"] for t in self.tools}
+                if isinstance(obj, dict) and obj.get("name") in names:
+                    return None, [self._call(obj["name"], obj.get("arguments", {}))]
                 return text, []
             content = _HERMES_BLOCK.sub("", text).strip()
             return (content or None), calls

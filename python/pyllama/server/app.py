@@ -191,6 +191,8 @@ def _grammar_of(state: ServerState, g):
     from ..llama_grammar import JSON_GBNF, LlamaGrammar
 
     try:
+        if g.grammar is not None and g.grammar_triggers:
+            return LlamaGrammar.lazy(g.grammar, g.grammar_triggers)
         if g.grammar is not None:
             return LlamaGrammar.from_string(g.grammar, verbose=False)
         if g.json_schema == "json":
@@ -730,6 +732,7 @@ def create_app(state: ServerState):
                 raise BadRequest("'tools' constrain the reply with their own grammar: pass no 'grammar', "
                                  "'json_schema' or 'response_format' with them")
             g.grammar = tools.grammar
+            g.grammar_triggers = tools.grammar_triggers or None
         text = await run_in_threadpool(lambda: _chat_prompt(state, body, tools))
         prompt = await run_in_threadpool(lambda: state.chat.tokenize(text))
         return await run_generation(request, body, [prompt], g, n, "chat", tools,

@@ -37,6 +37,7 @@ class GenSettings:
     n_probs: int = 0
     ignore_eos: bool = False
     grammar: Optional[str] = None        # GBNF text
+    grammar_triggers: Optional[list] = None  # lazy: the grammar applies from a match on (tool calls)
     json_schema: Any = None              # a schema to turn into a grammar
     cache_prompt: bool = True
     n_keep: Optional[int] = None         # None: the server's --keep; -1: the whole prompt

@@ -5,6 +5,7 @@ pub mod adapter;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;
+pub mod grammar;
 pub mod hparams;
 pub mod model;
 pub mod models;

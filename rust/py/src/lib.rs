@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 mod context;
 mod errors;
 mod gguf;
+mod grammar;
 mod quant;
 mod vocab;
 
@@ -25,5 +26,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quant::register(m)?;
     context::register(m)?;
     vocab::register(m)?;
+    grammar::register(m)?;
     Ok(())
 }
