@@ -412,3 +412,24 @@ def test_serve_takes_the_sampling_flags_as_defaults(smollm2_path, monkeypatch):
         g = [q for q in cmds["generate"].params if flag in q.opts][0]
         s = [q for q in cmds["serve"].params if flag in q.opts][0]
         assert (g.opts, g.default, g.help) == (s.opts, s.default, s.help), flag
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["generate", "-p", "x", "-c", "-1"], "error: Invalid value for '-c' / '--ctx-size': -1 is out of range"),
+    (["chat", "--bogus"], "error: No such option: --bogus"),
+    (["nosuch"], "error: No such command 'nosuch'"),
+    (["generate", "-p", "x", "--grammar", "root ::= ("], "error: Invalid value for '--grammar':"),
+])
+def test_usage_errors_are_one_line(argv, fragment):
+    """A usage error is one stderr line (exit 2), as llama.cpp's, with or without rich."""
+    import os
+    import subprocess
+    import sys
+
+    for rich in ("0", "1"):
+        p = subprocess.run([sys.executable, "-c", "from pyllama.cli import app; app()", *argv], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "TYPER_USE_RICH": rich})
+        assert p.returncode == 2 and p.stdout == "", p
+        assert p.stderr.count("\n") == 1 and p.stderr.startswith(fragment), p.stderr
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2 and r.stderr.startswith(fragment) and r.stderr.count("\n") == 1, r.output
