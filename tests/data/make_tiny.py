@@ -53,6 +53,8 @@ _SPECS = [
     # optional attention-output and FFN biases
     dict(name="tiny-granite", arch="granite", head_dim=16, rope_base=10000000.0, eps=1e-5,
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # starcoder2: LayerNorm with biases, biases everywhere, non-gated GELU FFN, output tied
+    dict(name="tiny-starcoder2", arch="starcoder2", head_dim=16, n_ff=256, rope_base=100000.0, eps=1e-5),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -89,6 +91,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
     if A == "phi2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    elif A == "starcoder2":
+        w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+        w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
     else:
         w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
         w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
@@ -179,13 +184,15 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             continue
         if A != "olmo2":
             add(b + "attn_norm.weight", [n_embd], "norm")
+        if A == "starcoder2":
+            add(b + "attn_norm.bias", [n_embd], "bias")
         if A == "phi3":
             add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
         else:
             add(b + "attn_q.weight", [n_embd, n_q], "w", scale="attn_q")
             add(b + "attn_k.weight", [n_embd, n_kv], "w", scale="attn_k")
             add(b + "attn_v.weight", [n_embd, n_kv], "w")
-            if A == "qwen2":
+            if A in ("qwen2", "starcoder2"):
                 add(b + "attn_q.bias", [n_q], "bias")
                 add(b + "attn_k.bias", [n_kv], "bias")
                 add(b + "attn_v.bias", [n_kv], "bias")
@@ -196,15 +203,22 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "attn_q_norm.weight", [n_q], "norm")
             add(b + "attn_k_norm.weight", [n_kv], "norm")
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
-        if A == "granite":
+        if A in ("granite", "starcoder2"):
             add(b + "attn_output.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
         if A != "olmo2":
             add(b + "ffn_norm.weight", [n_embd], "norm")
+        if A == "starcoder2":
+            add(b + "ffn_norm.bias", [n_embd], "bias")
         if A == "phi3":
             add(b + "ffn_up.weight", [n_embd, 2 * n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        elif A == "starcoder2":
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.bias", [n_ff], "bias")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+            add(b + "ffn_down.bias", [n_embd], "bias")
         elif A == "qwen3moe":
             ne_, fe = s["n_expert"], s["n_ff_exp"]
             add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router")
@@ -222,7 +236,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         if A in ("gemma2", "gemma3", "olmo2"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
-    if A == "phi2":
+    if A in ("phi2", "starcoder2"):
         add("output_norm.bias", [n_embd], "bias")
     if not s["tied"]:
         add("output.weight", [n_embd, N_VOCAB], "embd")

@@ -19,6 +19,7 @@ pub mod phi2;
 pub mod phi3;
 pub mod qwen2;
 pub mod smollm3;
+pub mod starcoder2;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -61,6 +62,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &smollm3::Smollm3,
     &olmo2::Olmo2,
     &granite::Granite,
+    &starcoder2::Starcoder2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
