@@ -433,3 +433,11 @@ def test_usage_errors_are_one_line(argv, fragment):
         assert p.stderr.count("\n") == 1 and p.stderr.startswith(fragment), p.stderr
     r = runner.invoke(app, argv)
     assert r.exit_code == 2 and r.stderr.startswith(fragment) and r.stderr.count("\n") == 1, r.output
+
+
+def test_chat_log_disable_keeps_errors(smollm2_path):
+    r = runner.invoke(app, ["chat", "-m", str(smollm2_path), "-c", "256", "-n", "2", "--temp", "0", "--log-disable"],
+                      input="/read\nHi\n")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "error: /read needs a file name: /read FILE\n", r.stderr
+    assert r.stdout.strip()

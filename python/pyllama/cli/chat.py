@@ -482,7 +482,11 @@ def chat(
 
     tty = sys.stdin.isatty()
     color = O.use_color(color)
-    say = (lambda s: None) if log_disable else (lambda s: typer.echo(s, err=True))  # noqa: E731
+    def say(s: str) -> None:
+        """Messages go to stderr (replies to stdout); --log-disable keeps only the errors."""
+        if not log_disable or s.startswith("error:"):
+            typer.echo(s, err=True)
+
     say(f"model      : {path.name} ({sess.model.desc})\n"
         f"n_ctx      : {sess.n_ctx}\n"
         f"template   : {loop.template_name}\n"
