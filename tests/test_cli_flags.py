@@ -441,3 +441,40 @@ def test_chat_log_disable_keeps_errors(smollm2_path):
     assert r.exit_code == 0, r.output
     assert r.stderr == "error: /read needs a file name: /read FILE\n", r.stderr
     assert r.stdout.strip()
+
+
+def test_serve_shares_the_chat_template_flags(smollm2_path, tmp_path, monkeypatch):
+    """serve's --jinja / --chat-template-file are chat's definitions and rules."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import pyllama.server as server
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_state(model, cfg):
+        seen["tmpl"] = cfg.chat_template
+        raise Stop
+
+    monkeypatch.setattr(server, "ServerState", fake_state)
+    with pytest.raises(Stop):
+        runner.invoke(app, ["serve", "-m", str(smollm2_path), "-c", "256", "--no-jinja"], catch_exceptions=False)
+    assert seen["tmpl"] == "chatml"
+    f = tmp_path / "t.jinja"
+    f.write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")
+    with pytest.raises(Stop):
+        runner.invoke(app, ["serve", "-m", str(smollm2_path), "--chat-template-file", str(f)], catch_exceptions=False)
+    assert seen["tmpl"] == f.read_text(encoding="utf-8")
+    _usage(runner.invoke(app, ["serve", "-m", str(smollm2_path), "--chat-template-file", str(tmp_path / "no")]),
+           "'--chat-template-file'")
+    _usage(runner.invoke(app, ["serve", "-m", str(smollm2_path), "--no-jinja", "--chat-template-file", str(f)]),
+           "--no-jinja", "built-in")
+    import typer.main
+
+    cmds = typer.main.get_command(app).commands
+    for flag in ("--jinja", "--chat-template-file"):
+        c = [q for q in cmds["chat"].params if flag in q.opts][0]
+        s = [q for q in cmds["serve"].params if flag in q.opts][0]
+        assert (c.opts, c.secondary_opts, c.default, c.help) == (s.opts, s.secondary_opts, s.default, s.help)

@@ -439,18 +439,12 @@ def chat(
         reverse_prompt = [O.process_escapes(r) for r in reverse_prompt or []]
     gram = O.one_grammar(grammar, grammar_file, json_schema, json_schema_file)
 
-    def model_template() -> str:
-        from .serve import _model_template
-
-        try:
-            return _model_template(model)
-        except (OSError, ValueError) as e:
-            raise typer.BadParameter(f"cannot read the model's chat template: {e}", param_hint="'--no-jinja'") from None
-
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     model = O.model_by_name(model, hf_repo, hf_file, hf_token)
-    chat_template = O.chat_template_arg(chat_template, chat_template_file, jinja, model_template)
+    from .serve import model_template
+
+    chat_template = O.chat_template_arg(chat_template, chat_template_file, jinja, lambda: model_template(model))
     try:
         path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,

@@ -91,10 +91,8 @@ def serve(
     alias: Optional[str] = typer.Option(None, "-a", "--alias", help="model name in responses and /v1/models"),
     chat_template: Optional[str] = typer.Option(None, "--chat-template",
                                                 help="built-in template name or Jinja template text"),
-    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="Jinja template file"),
-    jinja: bool = typer.Option(True, "--jinja/--no-jinja",
-                               help="render the Jinja chat template (default), or with --no-jinja the built-in "
-                                    "format it matches (llama.cpp's llama_chat_apply_template)"),
+    chat_template_file: Optional[Path] = O.opt_chat_template_file(),
+    jinja: bool = O.opt_jinja(),
     embedding: bool = typer.Option(False, "--embedding", "--embeddings",
                                    help="serve embeddings (/v1/embeddings, /embedding) instead of completions"),
     pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
@@ -148,36 +146,13 @@ def serve(
     if cache_reuse:
         raise typer.BadParameter("only 0 (off) is supported: pyllama reuses the longest cached prefix of a "
                                  "slot, not shifted chunks", param_hint="--cache-reuse")
-    if chat_template is not None and chat_template_file is not None:
-        raise typer.BadParameter("give --chat-template or --chat-template-file, not both")
     keys = [k.strip() for v in api_key for k in v.split(",") if k.strip()]
     if api_key_file is not None:
         try:
             keys += [ln.strip() for ln in api_key_file.read_text(encoding="utf-8").splitlines() if ln.strip()]
         except (OSError, UnicodeDecodeError) as e:
             raise typer.BadParameter(f"cannot read {api_key_file}: {e}", param_hint="--api-key-file") from None
-    if chat_template_file is not None:
-        try:
-            chat_template = chat_template_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise typer.BadParameter(f"cannot read {chat_template_file}: {e}",
-                                     param_hint="--chat-template-file") from None
-
-    if not jinja:
-        from ..chat import BUILTIN_TEMPLATES, detect_builtin
-
-        if chat_template is None:
-            try:  # the template text only: the model is loaded below
-                chat_template = _model_template(model)
-            except (OSError, ValueError) as e:
-                raise typer.BadParameter(f"cannot read the model's chat template: {e}", param_hint="--no-jinja") from None
-        if chat_template and chat_template not in BUILTIN_TEMPLATES:
-            fam = detect_builtin(chat_template)
-            if fam is None:
-                raise typer.BadParameter("the chat template is not one of the built-in formats "
-                                         f"({', '.join(BUILTIN_TEMPLATES)}); drop --no-jinja to render it",
-                                         param_hint="--no-jinja")
-            chat_template = fam
+    chat_template = O.chat_template_arg(chat_template, chat_template_file, jinja, lambda: model_template(model))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from ..errors import PyllamaError
     from ..generation import load_model, progress_bar, resolve_model_path
@@ -228,6 +203,14 @@ def serve(
     typer.echo(f"main: server is listening on http://{host}:{port} - starting the main loop", err=True)
     uvicorn.run(create_app(state), host=host, port=port, log_level="info" if verbose else "warning",
                 timeout_keep_alive=5)
+
+
+def model_template(model: Optional[Path]) -> str:
+    """--no-jinja's template text: the model file's (the model is loaded later), or a usage error."""
+    try:
+        return _model_template(model)
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(f"cannot read the model's chat template: {e}", param_hint="'--no-jinja'") from None
 
 
 def _model_template(model: Optional[Path]) -> str:
