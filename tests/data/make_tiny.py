@@ -55,6 +55,9 @@ _SPECS = [
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
     # starcoder2: LayerNorm with biases, biases everywhere, non-gated GELU FFN, output tied
     dict(name="tiny-starcoder2", arch="starcoder2", head_dim=16, n_ff=256, rope_base=100000.0, eps=1e-5),
+    # exaone4: olmo2's post-norm layout with per-head q/k norms, output tied (2 layers: no
+    # sliding window, which llama.cpp gives the 64-layer model only)
+    dict(name="tiny-exaone4", arch="exaone4", head_dim=16, rope_base=1000000.0, eps=1e-5),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -120,6 +123,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     if A == "gemma3":
         w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
         w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    if A in ("olmo2", "exaone4") and s.get("sliding_window"):
+        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
     if A == "granite":
         g = s["granite"]
         w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
@@ -182,7 +187,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
             add(b + "ffn_down.bias", [n_embd], "bias")
             continue
-        if A != "olmo2":
+        if A not in ("olmo2", "exaone4"):
             add(b + "attn_norm.weight", [n_embd], "norm")
         if A == "starcoder2":
             add(b + "attn_norm.bias", [n_embd], "bias")
@@ -196,7 +201,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "attn_q.bias", [n_q], "bias")
                 add(b + "attn_k.bias", [n_kv], "bias")
                 add(b + "attn_v.bias", [n_kv], "bias")
-        if A in ("qwen3", "qwen3moe", "gemma3"):
+        if A in ("qwen3", "qwen3moe", "gemma3", "exaone4"):
             add(b + "attn_q_norm.weight", [hd], "norm")
             add(b + "attn_k_norm.weight", [hd], "norm")
         if A == "olmo2":  # over the whole projection
@@ -205,9 +210,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
         if A in ("granite", "starcoder2"):
             add(b + "attn_output.bias", [n_embd], "bias")
-        if A in ("gemma2", "gemma3", "olmo2"):
+        if A in ("gemma2", "gemma3", "olmo2", "exaone4"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
-        if A != "olmo2":
+        if A not in ("olmo2", "exaone4"):
             add(b + "ffn_norm.weight", [n_embd], "norm")
         if A == "starcoder2":
             add(b + "ffn_norm.bias", [n_embd], "bias")
@@ -233,7 +238,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_gate.bias", [n_ff], "bias")
                 add(b + "ffn_up.bias", [n_ff], "bias")
                 add(b + "ffn_down.bias", [n_embd], "bias")
-        if A in ("gemma2", "gemma3", "olmo2"):
+        if A in ("gemma2", "gemma3", "olmo2", "exaone4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in ("phi2", "starcoder2"):

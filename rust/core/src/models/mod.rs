@@ -7,6 +7,7 @@
 //! configured `decoder::Decoder`.
 
 pub mod decoder;
+pub mod exaone4;
 pub mod gemma;
 pub mod gemma3;
 pub mod graph;
@@ -63,6 +64,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &olmo2::Olmo2,
     &granite::Granite,
     &starcoder2::Starcoder2,
+    &exaone4::Exaone4,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

@@ -9,7 +9,10 @@
 //!   logits = output (rmsnorm(x) * output_norm)
 //!
 //! With `attention.sliding_window` > 0, layers il % pattern < pattern - 1 (pattern 4 unless
-//! the file says) attend within the window with plain rope (base rope.freq_base_swa, scale 1).
+//! the file says) attend within the window with plain rope (the context's base, scale 1, no
+//! YaRN: olmo2.cpp reads rope.freq_base_swa but its graph does not use it).
+//!
+//! `PostNormForward` is also EXAONE 4's forward pass (exaone4.rs), configured by `PostNorm`.
 
 use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
 use super::loader::{Keep, Loader};
@@ -51,8 +54,27 @@ impl Arch for Olmo2 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        Ok(Box::new(Olmo2Forward::load(ld, cp)?))
+        Ok(Box::new(PostNormForward::load(ld, cp, PostNorm::OLMO2)?))
     }
+}
+
+/// How a post-norm decoder's schema and rope differ between olmo2 and exaone4.
+#[derive(Clone, Copy)]
+pub(super) struct PostNorm {
+    /// q/k norm weights per head [hd] (exaone4) instead of over the projection (olmo2).
+    pub qk_norm_per_head: bool,
+    /// `output.weight` may be absent (tied to token_embd).
+    pub output_opt: bool,
+    /// Optional `rope_freqs.weight`.
+    pub rope_freqs: bool,
+    /// In a model with sliding-window layers, rope only on those (exaone4) instead of
+    /// everywhere with plain rope on the sliding ones (olmo2).
+    pub rope_swa_only: bool,
+}
+
+impl PostNorm {
+    pub const OLMO2: PostNorm =
+        PostNorm { qk_norm_per_head: false, output_opt: false, rope_freqs: false, rope_swa_only: false };
 }
 
 struct Layer {
@@ -68,11 +90,12 @@ struct Layer {
     up: TensorView<'static>,
     down: TensorView<'static>,
     post_ffw_norm: Vec<f32>,
-    rope: RopeParams,
+    /// None: no rope on this layer
+    rope: Option<RopeParams>,
     n_swa: usize,
 }
 
-struct Olmo2Forward {
+pub(super) struct PostNormForward {
     tok_embd: TensorView<'static>,
     output_norm: Vec<f32>,
     output: TensorView<'static>,
@@ -82,11 +105,16 @@ struct Olmo2Forward {
     _keep: Keep,
 }
 
-impl Olmo2Forward {
-    /// The schema (llama.cpp's load_arch_tensors for LLM_ARCH_OLMO2): every tensor required.
-    fn load(ld: &Loader, cp: &ContextParams) -> Result<Olmo2Forward> {
+impl PostNormForward {
+    /// The schema (llama.cpp's load_arch_tensors for LLM_ARCH_OLMO2 / LLM_ARCH_EXAONE4).
+    pub(super) fn load(ld: &Loader, cp: &ContextParams, o: PostNorm) -> Result<PostNormForward> {
         let hp = ld.hp();
         let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
+        let factors = if o.rope_freqs { ld.opt_vec("rope_freqs.weight", &[hp.n_rot / 2])? } else { None };
+        let has_swa = hp.swa_layers.iter().any(|&s| s);
+        // the graphs rope every layer with the context's base and scale (not the _swa ones)
+        let mut hp_rope = hp.clone();
+        hp_rope.swa_layers = vec![false; hp.n_layer];
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
@@ -98,27 +126,36 @@ impl Olmo2Forward {
                 wk: ld.req(&b("attn_k.weight"), &[n_embd, n_k])?,
                 wv: ld.req(&b("attn_v.weight"), &[n_embd, n_v])?,
                 wo: ld.req(&b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd])?,
-                q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[n_q])?,
-                k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[n_k])?,
+                q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[if o.qk_norm_per_head { hp.n_embd_head_k } else { n_q }])?,
+                k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[if o.qk_norm_per_head { hp.n_embd_head_k } else { n_k }])?,
                 post_attn_norm: ld.req_vec(&b("post_attention_norm.weight"), &[n_embd])?,
                 gate: ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?,
                 up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
                 down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
                 post_ffw_norm: ld.req_vec(&b("post_ffw_norm.weight"), &[n_embd])?,
-                // sliding-window layers: plain rope, no YaRN (olmo2.cpp: freq_scale 1,
-                // ext_factor 0, attn_factor 1)
-                rope: if swa {
-                    RopeParams::simple(hp.rope_type, hp.n_rot, hp.rope_freq_base_swa, 1.0)
+                rope: if o.rope_swa_only && has_swa && !swa {
+                    None // exaone4: full-attention layers of a sliding-window model have no rope
+                } else if swa && !o.rope_swa_only {
+                    // olmo2's sliding-window layers: plain rope, no YaRN (freq_scale 1,
+                    // ext_factor 0, attn_factor 1)
+                    let base = if cp.rope_freq_base != 0.0 { cp.rope_freq_base } else { hp.rope_freq_base };
+                    Some(RopeParams::simple(hp.rope_type, hp.n_rot, base, 1.0))
                 } else {
-                    layer_rope(hp, cp, il, None)
+                    Some(layer_rope(&hp_rope, cp, il, factors.clone()))
                 },
                 n_swa: if swa { hp.n_swa } else { 0 },
             });
         }
-        Ok(Olmo2Forward {
-            tok_embd: ld.req("token_embd.weight", &[n_embd, n_vocab])?,
+        let tok_embd = ld.req("token_embd.weight", &[n_embd, n_vocab])?;
+        let output = if o.output_opt {
+            ld.opt("output.weight", &[n_embd, n_vocab])?.unwrap_or(tok_embd)
+        } else {
+            ld.req("output.weight", &[n_embd, n_vocab])?
+        };
+        Ok(PostNormForward {
+            tok_embd,
             output_norm: ld.req_vec("output_norm.weight", &[n_embd])?,
-            output: ld.req("output.weight", &[n_embd, n_vocab])?,
+            output,
             layers,
             eps: hp.f_norm_rms_eps,
             _keep: ld.keep(),
@@ -126,9 +163,9 @@ impl Olmo2Forward {
     }
 }
 
-impl Forward for Olmo2Forward {
+impl Forward for PostNormForward {
     fn rope(&self, il: usize) -> Option<&RopeParams> {
-        self.layers.get(il).map(|l| &l.rope)
+        self.layers.get(il).and_then(|l| l.rope.as_ref())
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {
@@ -159,7 +196,7 @@ impl Forward for Olmo2Forward {
             };
             let a = AttnConfig {
                 il,
-                rope: Some(&l.rope),
+                rope: l.rope.as_ref(),
                 q_scale: 1.0,
                 kq_scale: 1.0 / (hd as f32).sqrt(),
                 softcap: 0.0,
