@@ -614,9 +614,6 @@ def sampling_seq_arg(ctx, param, value):
     return out
 
 
-_BIAS_RE = None
-
-
 def logit_bias_arg(ctx, param, values):
     """-l TOKEN_ID(+/-)BIAS, repeatable -> [(token, bias)], as llama.cpp's parser: an integer,
     a sign, then a number (``15043-inf`` bans token 15043). The token's range is checked
