@@ -114,6 +114,16 @@ def test_use_color_auto_follows_llama_cpp(monkeypatch):
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setenv("TERM", "dumb")
     assert not use_color("auto")
+    monkeypatch.setenv("TERM", "xterm")
+
+    class Pipe:
+        def isatty(self):
+            return False
+
+    # stderr a terminal, stdout a pipe (`pyllama chat > file`): no escapes into the file
+    monkeypatch.setattr("sys.stdout", Pipe())
+    monkeypatch.setattr("sys.stderr", Tty())
+    assert not use_color("auto") and use_color("on")
 
 
 # -- escapes ------------------------------------------------------------------------------

@@ -462,8 +462,9 @@ def color_mode(ctx, param, value):
 
 
 def use_color(mode: str) -> bool:
-    """llama.cpp's tty_can_use_colors for auto: not with NO_COLOR set or TERM=dumb; else when
-    stdout or stderr is a terminal."""
+    """--color: on / off, or for auto llama.cpp's tty_can_use_colors (not with NO_COLOR set or
+    TERM=dumb) except that stdout itself must be a terminal: the coloured text goes to stdout,
+    and llama.cpp's "stdout or stderr" would write escapes into `pyllama chat > file`."""
     import sys
 
     if mode != "auto":
@@ -479,13 +480,13 @@ def use_color(mode: str) -> bool:
         except (AttributeError, ValueError):
             return False
 
-    return tty(sys.stdout) or tty(sys.stderr)
+    return tty(sys.stdout)
 
 
 def opt_color():
     return typer.Option("auto", "-co", "--color", metavar="[on|off|auto]", callback=color_mode,
-                        help="colour the prompt and user input: on, off, or auto (when stdout or stderr is a "
-                             "terminal, and NO_COLOR is unset and TERM is not dumb)")
+                        help="colour the prompt and user input: on, off, or auto (when stdout is a terminal, "
+                             "NO_COLOR is unset and TERM is not dumb)")
 
 
 # -- escapes and reverse prompts ------------------------------------------------------------
