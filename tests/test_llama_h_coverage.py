@@ -123,9 +123,9 @@ def gpt2():
 
 # ---------------------------------------------------------------------- introspection
 
-# llama-model.cpp llama_model_rope_type: LLAMA_ROPE_TYPE_NORM for llama, mistral3, smollm3 and granite,
+# llama-model.cpp llama_model_rope_type: LLAMA_ROPE_TYPE_NORM for llama, mistral3, smollm3, granite and glm4,
 # _NEOX for qwen2, qwen3, qwen3moe, phi2, phi3, gemma, gemma2, gemma3, olmo2, starcoder2, exaone4
-ROPE = {"llama": 0, "mistral3": 0, "smollm3": 0, "granite": 0, "qwen2": 2, "qwen3": 2, "qwen3moe": 2, "phi2": 2, "phi3": 2, "gemma": 2,
+ROPE = {"llama": 0, "mistral3": 0, "smollm3": 0, "granite": 0, "glm4": 0, "qwen2": 2, "qwen3": 2, "qwen3moe": 2, "phi2": 2, "phi3": 2, "gemma": 2,
         "gemma2": 2, "gemma3": 2, "olmo2": 2, "starcoder2": 2, "exaone4": 2}
 
 

@@ -58,6 +58,8 @@ _SPECS = [
     # exaone4: olmo2's post-norm layout with per-head q/k norms, output tied (2 layers: no
     # sliding window, which llama.cpp gives the 64-layer model only)
     dict(name="tiny-exaone4", arch="exaone4", head_dim=16, rope_base=1000000.0, eps=1e-5),
+    # glm4: pre- and post-norms, q/k/v biases, fused gate+up, NORM rope over half the head
+    dict(name="tiny-glm4", arch="glm4", head_dim=16, n_rot=8, rope_base=10000.0, eps=1e-5, tied=False),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -110,7 +112,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_uint32(f"{A}.rope.scaling.original_context_length", s["n_ctx"])
         w.add_uint32(f"{A}.rope.dimension_count", hd)
         w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
-    if A == "phi2":
+    if A in ("phi2", "glm4"):
         w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
     if A == "qwen3moe":
         w.add_uint32(f"{A}.expert_count", s["n_expert"])
@@ -197,7 +199,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             add(b + "attn_q.weight", [n_embd, n_q], "w", scale="attn_q")
             add(b + "attn_k.weight", [n_embd, n_kv], "w", scale="attn_k")
             add(b + "attn_v.weight", [n_embd, n_kv], "w")
-            if A in ("qwen2", "starcoder2"):
+            if A in ("qwen2", "starcoder2", "glm4"):
                 add(b + "attn_q.bias", [n_q], "bias")
                 add(b + "attn_k.bias", [n_kv], "bias")
                 add(b + "attn_v.bias", [n_kv], "bias")
@@ -210,13 +212,13 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         add(b + "attn_output.weight", [n_q, n_embd], "w", scale="attn_output")
         if A in ("granite", "starcoder2"):
             add(b + "attn_output.bias", [n_embd], "bias")
-        if A in ("gemma2", "gemma3", "olmo2", "exaone4"):
+        if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_attention_norm.weight", [n_embd], "norm", scale="post_norm")
         if A not in ("olmo2", "exaone4"):
             add(b + "ffn_norm.weight", [n_embd], "norm")
         if A == "starcoder2":
             add(b + "ffn_norm.bias", [n_embd], "bias")
-        if A == "phi3":
+        if A in ("phi3", "glm4"):
             add(b + "ffn_up.weight", [n_embd, 2 * n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
         elif A == "starcoder2":
@@ -238,7 +240,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_gate.bias", [n_ff], "bias")
                 add(b + "ffn_up.bias", [n_ff], "bias")
                 add(b + "ffn_down.bias", [n_embd], "bias")
-        if A in ("gemma2", "gemma3", "olmo2", "exaone4"):
+        if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in ("phi2", "starcoder2"):

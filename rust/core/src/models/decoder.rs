@@ -1,7 +1,7 @@
 //! The pre-norm decoder most GGUF architectures share, configured per architecture in
 //! models/<arch>.rs by a `DecoderConfig` that states only how the model differs from
 //! LLaMA's (llama, gemma, gemma2, gemma3, qwen2, qwen3, qwen3moe, phi3, mistral3, smollm3,
-//! granite):
+//! granite, glm4):
 //!
 //! x = embd(tokens) [* sqrt(n_embd)] [* embd_mult]                    [n, n_embd]
 //! per layer: cur = rmsnorm(x) * attn_norm
@@ -43,6 +43,9 @@ pub struct DecoderConfig {
     /// phi3: one `attn_qkv` matrix (and bias) and one `ffn_up` of 2 * n_ff rows holding
     /// gate and up.
     pub fused: bool,
+    /// Only the FFN is fused (glm4): one `ffn_up` of 2 * n_ff rows, gate first, with
+    /// separate q/k/v.
+    pub fused_up: bool,
     /// Mixture-of-experts feed-forward in every layer (qwen3moe).
     pub moe: bool,
     /// `output.weight` may be absent (then `token_embd.weight` is used); false: always tied
@@ -77,6 +80,7 @@ impl DecoderConfig {
             final_softcap: 0.0,
             act: FfnAct::Silu,
             fused: false,
+            fused_up: false,
             moe: false,
             output_opt: true,
             attn_temp: None,
@@ -180,7 +184,7 @@ impl Decoder {
                     up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
                     down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
                 }
-            } else if cfg.fused {
+            } else if cfg.fused || cfg.fused_up {
                 Ffn::Dense {
                     gate: None,
                     up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,

@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod exaone4;
 pub mod gemma;
 pub mod gemma3;
+pub mod glm4;
 pub mod graph;
 pub mod granite;
 pub mod llama;
@@ -65,6 +66,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &granite::Granite,
     &starcoder2::Starcoder2,
     &exaone4::Exaone4,
+    &glm4::Glm4,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
