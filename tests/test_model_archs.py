@@ -125,3 +125,34 @@ def test_every_real_tiny_file_loads_or_names_its_architecture():
             assert "phi2" in str(e) or "qwen3moe" in str(e), (p, e)
             continue
         assert m.n_params > 0, p
+
+
+# ---- issue 21's architectures: the variants llama.cpp runs that pyllama refuses, by name
+
+@pytest.mark.parametrize("arch, override, message", [
+    ("glm4", {"glm4.rope.dimension_sections": 8}, "M-RoPE"),  # GLM-4.1V / GLM-OCR
+    ("glm4", {"glm4.nextn_predict_layers": 1}, "NextN"),
+    ("exaone4", {"exaone4.nextn_predict_layers": 1}, "NextN"),
+    ("granite", {"granite.logit_scale": 0.0}, "logit_scale"),
+])
+def test_unsupported_variants_are_refused_by_name(tiny_model_path, arch, override, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        Model.load(tiny_model_path(arch), kv_overrides=override)
+
+
+def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_path):
+    # llama.cpp's granite reads rope.scaling.finetuned (default true) as its switch for rope
+    import numpy as np
+
+    from pyllama import Context
+
+    def logits(**kw):
+        with Context(Model.load(tiny_model_path("granite"), **kw), n_ctx=64, n_threads=1, n_threads_batch=1) as ctx:
+            ctx.decode([5, 6, 7, 8], logits_all=True)
+            return ctx.logits.copy()
+
+    base = logits()
+    assert np.array_equal(base, logits(kv_overrides={"granite.rope.scaling.finetuned": True}))
+    off = logits(kv_overrides={"granite.rope.scaling.finetuned": False})
+    assert np.array_equal(base[0], off[0])  # position 0: rope is the identity
+    assert not np.array_equal(base[1:], off[1:])
