@@ -16,16 +16,18 @@
 //! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
 //! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
 //! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
-//! >= 64 queries), which is what keeps results independent of n_ubatch. For F32 / Q8_0
-//! caches: scores, then max-subtracted exponentials accumulated with V, in f32.
+//! >= 64 queries), which is what keeps results independent of n_ubatch. Every other K/V
+//! type pair (f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mixed) takes the same
+//! one_chunk kernel in its general form (`one_chunk_head`): q converted to the K type's
+//! vec_dot type, q.k through that type's vec_dot, V dequantized and accumulated in f32
+//! (or in f16 for an F16 V), as llama.cpp does for those types at every batch size.
 //!
 //! Shapes: q [n_tokens, n_head * hd_k], out [n_tokens, n_head * hd_v].
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{
-    axpy_f16, axpy_f32, dot_f16, dot_f16_ggml, dot_f16_ggml_2, dot_f32, mad_f16_acc_n, scale_f16_acc,
-};
+use crate::ops::vec::{axpy_f32, dot_f16_ggml, dot_f16_ggml_2, mad_f16_acc, mad_f16_acc_n, scale_f16_acc};
+use crate::quant;
 use crate::threadpool::ThreadPool;
 
 pub struct AttnParams {
@@ -94,7 +96,6 @@ pub fn attention(
     assert!(q.len() >= n_tokens * qw && out.len() >= n_tokens * ow);
     assert!(scratch.len() >= scratch_stride * pool.n_threads());
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let scr_ptr = SendPtr(scratch.as_mut_ptr());
     let group = p.n_head / p.n_head_kv;
     let (tk, tv) = (kv.type_k, kv.type_v);
     let koff = |g: usize| tk.row_size(g * p.hd_k).unwrap_or(0);
@@ -225,17 +226,15 @@ pub fn attention(
         return;
     }
 
+    if !tiled {
+        one_chunk_any(pool, kv, p, inp, q, out, &visible);
+        return;
+    }
+
     pool.run(&|ith, nth| {
         if ith >= n_items {
             return;
         }
-        // SAFETY: each thread owns scratch [ith*stride, (ith+1)*stride) and the output
-        // head slices of its items; items never overlap between threads.
-        let scr = unsafe { std::slice::from_raw_parts_mut(scr_ptr.get().add(ith * scratch_stride), scratch_stride) };
-        let hmax = p.hd_k.max(p.hd_v);
-        let (scores, rest) = scr.split_at_mut(scratch_stride - p.hd_k - p.hd_v - hmax - 32);
-        let (kbuf, rest) = rest.split_at_mut(p.hd_k);
-        let (vbuf, _) = rest.split_at_mut(p.hd_v);
         // strided items, as in the F16 kernel above (balanced causal work)
         for item in (ith..n_items).step_by(nth) {
             let t = item / p.n_head;
@@ -243,6 +242,7 @@ pub fn attention(
             let g = h / group;
             let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
             let (ko, vo) = (koff(g), voff(g));
+            // SAFETY: each item owns its output head slice; items never overlap.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
             let stream = inp.stream[t] as usize;
             let vis = visible(t);
@@ -250,65 +250,229 @@ pub fn attention(
             if vis.is_empty() {
                 continue;
             }
-            if tiled {
-                let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
-                let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
-                if crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
-                    continue;
-                }
+            let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
+            let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
+            if !crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
+                one_chunk_head(kv, p, qh, stream, g, vis, o);
             }
-            // pass 1: scores
-            let mut m = f32::NEG_INFINITY;
-            for (j, &(_, cell)) in vis.iter().enumerate() {
-                let row = kv.k_row(p.il, stream, cell as usize);
-                let kb = &row[ko..ko + kbytes];
-                let mut s = match tk {
-                    GgmlType::F16 => match as_u16(kb) {
-                        Some(k16) => dot_f16(k16, qh),
-                        None => {
-                            let _ = crate::quant::dequantize_row(tk, kb, kbuf);
-                            dot_f32(kbuf, qh)
-                        }
-                    },
-                    _ => {
-                        let _ = crate::quant::dequantize_row(tk, kb, kbuf);
-                        dot_f32(kbuf, qh)
-                    }
-                };
-                s *= kscale;
-                if p.softcap != 0.0 {
-                    s = p.softcap * s.tanh();
-                }
-                scores[j] = s;
-                if s > m {
-                    m = s;
-                }
+        }
+    });
+}
+
+/// Per-thread buffers of `one_chunk_head`.
+struct HeadScratch {
+    /// q converted to the K type's vec_dot_type (bytes), or rounded to f16 (as f32) for F16 K
+    q_q: Vec<u8>,
+    q16: Vec<f32>,
+    /// the V accumulator: f32 (VKQ32) or f16 bits (VKQ16, for an F16 V)
+    acc32: Vec<f32>,
+    acc16: Vec<u16>,
+    /// one V row as f32 (V32) and one F16 row copied to aligned memory
+    v32: Vec<f32>,
+    v16: Vec<u16>,
+    k16: Vec<u16>,
+}
+
+impl HeadScratch {
+    fn new(p: &AttnParams, tk: GgmlType) -> HeadScratch {
+        let vdt = quant::vec_dot_type(tk);
+        HeadScratch {
+            q_q: vec![0u8; vdt.row_size(p.hd_k).unwrap_or(0)],
+            q16: vec![0f32; p.hd_k],
+            acc32: vec![0f32; p.hd_v],
+            acc16: vec![0u16; p.hd_v],
+            v32: vec![0f32; p.hd_v],
+            v16: vec![0u16; p.hd_v],
+            k16: vec![0u16; p.hd_k],
+        }
+    }
+}
+
+/// Raw f16 bits of `b` (little-endian), without copying when `b` is 2-aligned.
+fn u16_of<'a>(b: &'a [u8], buf: &'a mut [u16]) -> &'a [u16] {
+    match as_u16(b) {
+        Some(x) => x,
+        None => {
+            for (d, c) in buf.iter_mut().zip(b.chunks_exact(2)) {
+                *d = u16::from_le_bytes([c[0], c[1]]);
             }
-            // pass 2: softmax weights times V, summed in key order
-            let mut sum = 0f32;
-            for (j, &(_, cell)) in vis.iter().enumerate() {
-                let e = (scores[j] - m).exp();
-                sum += e;
-                let row = kv.v_row(p.il, stream, cell as usize);
-                let vb = &row[vo..vo + vbytes];
-                match tv {
-                    GgmlType::F16 => match as_u16(vb) {
-                        Some(v16) => axpy_f16(o, e, v16),
-                        None => {
-                            let _ = crate::quant::dequantize_row(tv, vb, vbuf);
-                            axpy_f32(o, e, vbuf)
-                        }
-                    },
-                    _ => {
-                        let _ = crate::quant::dequantize_row(tv, vb, vbuf);
-                        axpy_f32(o, e, vbuf)
-                    }
+            &buf[..b.len() / 2]
+        }
+    }
+}
+
+/// An F32 row (little-endian bytes) rounded to f16 bits (ggml_cast F32 -> F16: round to
+/// nearest even).
+fn f16_of_f32<'a>(b: &[u8], buf: &'a mut [u16]) -> &'a [u16] {
+    for (d, c) in buf.iter_mut().zip(b.chunks_exact(4)) {
+        *d = half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits();
+    }
+    &buf[..b.len() / 4]
+}
+
+/// llama.cpp's CPU flash attention for any K/V type pair, one query head at a time: the
+/// `ggml_compute_forward_flash_attn_ext_f16_one_chunk` kernel, which llama.cpp runs for
+/// every micro-batch when K or V is not F32/F16 (its tiled and split-KV kernels take only
+/// F32/F16 caches). Per key, in the kernel's float order:
+///   s = vec_dot_K(k, Q_q) * scale        (Q_q: q through the from_float of K's vec_dot_type)
+///   s = softcap * tanh(s)                (when set)
+///   new max: M = s, ms = exp(M_old - M), VKQ *= ms; else vs = exp(s - M)
+///   VKQ += vs * V                        (F16 V: f16 accumulator, ggml_vec_mad_f16;
+///                                         others: V dequantized to f32, ggml_vec_mad_f32)
+///   S = S * ms + vs
+/// and out = VKQ * (1 / S).
+fn one_chunk_head(
+    kv: &KvCache,
+    p: &AttnParams,
+    qh: &[f32],
+    stream: usize,
+    g: usize,
+    vis: &[(i32, u32)],
+    o: &mut [f32],
+) {
+    thread_local! {
+        static SCR: std::cell::RefCell<Option<(usize, usize, GgmlType, HeadScratch)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    SCR.with(|c| {
+        let mut c = c.borrow_mut();
+        let fresh = !matches!(&*c, Some((hk, hv, t, _)) if *hk == p.hd_k && *hv == p.hd_v && *t == kv.type_k);
+        if fresh {
+            *c = Some((p.hd_k, p.hd_v, kv.type_k, HeadScratch::new(p, kv.type_k)));
+        }
+        let scr = &mut c.as_mut().expect("set above").3;
+        one_chunk_head_with(kv, p, qh, stream, g, vis, o, scr);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_chunk_head_with(
+    kv: &KvCache,
+    p: &AttnParams,
+    qh: &[f32],
+    stream: usize,
+    g: usize,
+    vis: &[(i32, u32)],
+    o: &mut [f32],
+    scr: &mut HeadScratch,
+) {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    // llama.cpp casts an F32 K or V to F16 for its flash-attention kernel (build_attn_mha)
+    let k_cast = kv.flash_attn && tk == GgmlType::F32;
+    let v_cast = kv.flash_attn && tv == GgmlType::F32;
+    let ko = tk.row_size(g * hk).unwrap_or(0);
+    let vo = tv.row_size(g * hv).unwrap_or(0);
+    let kbytes = tk.row_size(hk).unwrap_or(0);
+    let vbytes = tv.row_size(hv).unwrap_or(0);
+    let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
+    let set = quant::kernel_set();
+    let vdt = quant::vec_dot_type(tk);
+    // q_to_vec_dot(pq, Q_q, DK)
+    let k_f16 = tk == GgmlType::F16 || k_cast;
+    if k_f16 {
+        for (d, x) in scr.q16.iter_mut().zip(qh) {
+            *d = half::f16::from_f32(*x).to_f32();
+        }
+    } else if quant::quantize_row_cpu(vdt, qh, &mut scr.q_q).is_err() {
+        o.fill(f32::NAN);
+        return;
+    }
+    let kdot = if k_f16 { None } else { quant::vec_dot_fn(tk, set) };
+    let v_f16 = tv == GgmlType::F16 || v_cast;
+    if v_f16 {
+        scr.acc16.fill(0);
+    } else {
+        scr.acc32.fill(0.0);
+    }
+    let mut m = f32::NEG_INFINITY;
+    let mut ssum = 0f32;
+    for &(_, cell) in vis {
+        let krow = &kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes];
+        let mut s = match kdot {
+            Some(f) => f(hk, krow, &scr.q_q),
+            None if k_cast => dot_f16_ggml(f16_of_f32(krow, &mut scr.k16), &scr.q16),
+            None => dot_f16_ggml(u16_of(krow, &mut scr.k16), &scr.q16),
+        };
+        s *= kscale;
+        if p.softcap != 0.0 {
+            s = p.softcap * s.tanh();
+        }
+        let mut ms = 1.0f32;
+        let mut vs = 1.0f32;
+        let vrow = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+        if v_f16 {
+            if s > m {
+                let m_old = m;
+                m = s;
+                ms = (m_old - m).exp();
+                scale_f16_acc(&mut scr.acc16, ms);
+            } else {
+                vs = (s - m).exp();
+            }
+            let v16 = if v_cast { f16_of_f32(vrow, &mut scr.v16) } else { u16_of(vrow, &mut scr.v16) };
+            mad_f16_acc(&mut scr.acc16, vs, v16);
+        } else {
+            if s > m {
+                let m_old = m;
+                m = s;
+                ms = (m_old - m).exp();
+                for a in scr.acc32.iter_mut() {
+                    *a *= ms; // ggml_vec_scale_f32
                 }
+            } else {
+                vs = (s - m).exp();
             }
-            let inv = 1.0 / sum;
-            for x in o.iter_mut() {
-                *x *= inv;
+            if quant::dequantize_row(tv, vrow, &mut scr.v32).is_err() {
+                o.fill(f32::NAN);
+                return;
             }
+            axpy_f32(&mut scr.acc32, vs, &scr.v32); // ggml_vec_mad_f32: fused per element
+        }
+        ssum = crate::ops::vec::fmaf(ssum, ms, vs); // GCC: fma(S, ms, vs)
+    }
+    let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
+    if v_f16 {
+        for (d, a) in o.iter_mut().zip(&scr.acc16) {
+            *d = half::f16::from_bits(*a).to_f32() * inv;
+        }
+    } else {
+        for (d, a) in o.iter_mut().zip(&scr.acc32) {
+            *d = *a * inv;
+        }
+    }
+}
+
+/// `one_chunk_head` for every (token, head) of the micro-batch, items strided over the
+/// threads as in the F16 kernel (balanced causal work).
+fn one_chunk_any<'a>(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    p: &AttnParams,
+    inp: &AttnInputs,
+    q: &[f32],
+    out: &mut [f32],
+    visible: &(dyn Fn(usize) -> &'a [(i32, u32)] + Sync),
+) {
+    let n_tokens = inp.pos.len();
+    let n_items = n_tokens * p.n_head;
+    let qw = p.n_head * p.hd_k;
+    let ow = p.n_head * p.hd_v;
+    let group = p.n_head / p.n_head_kv;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        for item in (ith..n_items).step_by(nth.max(1)) {
+            let t = item / p.n_head;
+            let h = item % p.n_head;
+            let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
+            // SAFETY: each item owns its output head slice; items never overlap.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
+            o.fill(0.0);
+            let vis = visible(t);
+            if vis.is_empty() {
+                continue;
+            }
+            one_chunk_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o);
         }
     });
 }
