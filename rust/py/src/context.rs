@@ -142,6 +142,11 @@ impl PyContext {
     fn n_ctx(&self) -> usize {
         self.inner.params.n_ctx
     }
+    /// Bytes of the KV cache's K and V storage, all layers and streams (llama.cpp's
+    /// `llama_kv_cache: size = ...` line).
+    fn kv_bytes(&self) -> usize {
+        self.inner.kv.k.iter().chain(self.inner.kv.v.iter()).map(|b| b.len()).sum()
+    }
     /// Cells per sequence stream (n_ctx when unified).
     #[getter]
     fn n_ctx_seq(&self) -> usize {
