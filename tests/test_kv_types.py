@@ -185,3 +185,30 @@ def test_state_round_trip_with_quantized_cache(tk, tv):
     other = Context(model, n_ctx=256, n_threads=1, type_k=tk, type_v="f16" if tv != "f16" else "q8_0")
     with pytest.raises(pyllama.StateError, match="type_v"):
         other.load_state(data)
+
+
+def test_cli_cache_types(smollm2_path):
+    from typer.testing import CliRunner
+
+    from pyllama.cli import app
+
+    runner = CliRunner()
+    base = ["generate", "-m", str(smollm2_path), "-p", "The capital of France is", "-n", "4", "--temp", "0",
+            "-c", "256", "-t", "1"]
+    for tk, tv in [("q4_0", "iq4_nl"), ("bf16", "q5_1"), ("q4_1", "f32")]:
+        r = runner.invoke(app, base + ["-ctk", tk, "-ctv", tv])
+        assert r.exit_code == 0, r.output
+    # llama.cpp's refusal, naming the flag and the type
+    r = runner.invoke(app, base + ["-ctv", "q5_0", "-fa", "off"])
+    assert r.exit_code != 0 and "-ctv q5_0" in r.output and "flash attention" in r.output
+    # a name outside llama.cpp's set is a usage error listing the set
+    r = runner.invoke(app, base + ["-ctk", "q4_k"])
+    assert r.exit_code != 0 and "'-ctk'" in r.output and "iq4_nl" in r.output
+    # pyllama bench: -ctk / -ctv lists of the new types, one row per combination
+    r = runner.invoke(app, ["bench", "-m", str(smollm2_path), "-p", "4", "-n", "0", "-r", "1", "-t", "1",
+                            "-ctk", "bf16,q5_1", "-ctv", "q4_0", "-o", "jsonl"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert [(x["type_k"], x["type_v"]) for x in rows] == [("bf16", "q4_0"), ("q5_1", "q4_0")]
