@@ -378,7 +378,12 @@ fn one_chunk_head_with(
         o.fill(f32::NAN);
         return;
     }
-    let kdot = if k_f16 { None } else { quant::vec_dot_fn(tk, set) };
+    let kdot = match tk {
+        _ if k_f16 => None,
+        // ggml's AVX2 IQ4_NL kernel keeps two accumulators (see the function)
+        GgmlType::IQ4_NL => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86 as quant::VecDotFn),
+        _ => quant::vec_dot_fn(tk, set),
+    };
     let v_f16 = tv == GgmlType::F16 || v_cast;
     if v_f16 {
         scr.acc16.fill(0);
