@@ -105,7 +105,8 @@ pub fn attention(
     // ggml folds the softcap into the scale: s = c * tanh(q.k * scale / c)
     let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
     let aligned = |b: &[u8]| as_u16(b).is_some();
-    let f16_kernel = tk == GgmlType::F16
+    let f16_kernel = kv.flash_attn
+        && tk == GgmlType::F16
         && tv == GgmlType::F16
         && aligned(&kv.k[p.il][..kv.k[p.il].len().min(2)])
         && aligned(&kv.v[p.il][..kv.v[p.il].len().min(2)]);
@@ -477,7 +478,198 @@ fn one_chunk_any<'a>(
             if vis.is_empty() {
                 continue;
             }
-            one_chunk_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o);
+            if kv.flash_attn || crate::kv_cache::is_quantized(kv.type_v) {
+                one_chunk_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o);
+            } else {
+                nonfa_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o, n_tokens);
+            }
         }
     });
+}
+
+// ---- flash attention off: llama.cpp's mul_mat / soft_max / mul_mat path -------------------
+
+/// ggml's AVX2 `ggml_v_expf` for one lane (vec.h): the exp llama.cpp's soft_max uses.
+fn v_expf(x: f32) -> f32 {
+    use crate::ops::vec::fmaf;
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = fmaf(x, c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = fmaf(-n, c(0x35bf_be8e), fmaf(-n, c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = c(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = fmaf(
+        fmaf(fmaf(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, fmaf(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+        u,
+        c(0x3f7f_fff6) * b,
+    );
+    if !(n.abs() > 126.0) {
+        return fmaf(j, k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = c(g.wrapping_add(0x7f00_0000));
+    let s2 = c(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        fmaf(s2, j, s2) * s1
+    }
+}
+
+/// One output of llamafile's tinyBLAS (what ggml's mul_mat runs on AVX2 for F32 / F16 /
+/// BF16 operands when the batch has >= 2 columns): one 8-lane fused accumulator over k in
+/// steps of 8, then the lanes summed as (l + l+4), pairs, the last two.
+fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut c = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            c[l] = crate::ops::vec::fmaf(ca[l], cb[l], c[l]);
+        }
+    }
+    let h = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+fn bf16_round(x: f32) -> u16 {
+    let mut b = [0u8; 2];
+    let _ = quant::quantize_row(GgmlType::BF16, &[x], &mut b);
+    u16::from_le_bytes(b)
+}
+
+fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// llama.cpp's attention with flash attention off (llm_graph_context::build_attn_mha),
+/// for one query head, on the CPU:
+///   kq = mul_mat(K, q)          q through K's vec_dot_type; tinyBLAS for F16 / BF16 /
+///                               Q8_0 / Q4_0 / Q5_0 / IQ4_NL K when the micro-batch has
+///                               >= 2 tokens, else the type's vec_dot (F32 K, Q4_1 and
+///                               Q5_1 always take the vec_dot)
+///   softcap: kq = c * tanh(kq * (1/c))
+///   p = soft_max(kq * scale)    ggml_v_expf, lane groups of 8 summed in f32 then in f64
+///   out = mul_mat(V^T, p)       p rounded to V's vec_dot type (F16 / BF16 / F32), tinyBLAS
+///                               for >= 2 tokens, else ggml's vec_dot of V's type
+/// The key list is padded with zero weights to a multiple of 32, as llama.cpp's padded
+/// n_kv is (masked cells weigh exactly 0).
+#[allow(clippy::too_many_arguments)]
+fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize, vis: &[(i32, u32)], o: &mut [f32], n_tokens: usize) {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let set = quant::kernel_set();
+    let ko = tk.row_size(g * hk).unwrap_or(0);
+    let vo = tv.row_size(g * hv).unwrap_or(0);
+    let kbytes = tk.row_size(hk).unwrap_or(0);
+    let vbytes = tv.row_size(hv).unwrap_or(0);
+    let gemm = n_tokens >= 2;
+    let n = vis.len();
+    let np = n.div_ceil(32) * 32;
+    // q in K's vec_dot type
+    let vdt = quant::vec_dot_type(tk);
+    let mut q_q = vec![0u8; vdt.row_size(hk).unwrap_or(0)];
+    if quant::quantize_row_cpu(vdt, qh, &mut q_q).is_err() {
+        o.fill(f32::NAN);
+        return;
+    }
+    let q_f: Vec<f32> = match vdt {
+        GgmlType::F16 => qh.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+        GgmlType::BF16 => q_q.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        _ => qh.to_vec(),
+    };
+    let tiny_k = gemm && matches!(tk, GgmlType::F16 | GgmlType::BF16);
+    let kdot: Option<quant::VecDotFn> = match tk {
+        GgmlType::IQ4_NL if !gemm => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86),
+        _ => quant::vec_dot_fn(tk, set),
+    };
+    let mut krow = vec![0f32; hk];
+    let mut wp = vec![f32::NEG_INFINITY; np];
+    for (jj, &(_, cell)) in vis.iter().enumerate() {
+        let kb = &kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes];
+        let mut s = if tiny_k {
+            let _ = quant::dequantize_row(tk, kb, &mut krow);
+            tinyblas_dot(&krow, &q_f)
+        } else {
+            match kdot {
+                Some(f) => f(hk, kb, &q_q),
+                None => f32::NAN,
+            }
+        };
+        if p.softcap != 0.0 {
+            s = (s * (1.0 / p.softcap)).tanh() * p.softcap;
+        }
+        wp[jj] = s * p.scale;
+    }
+    let max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for grp in wp.chunks_exact_mut(8) {
+        for x in grp.iter_mut() {
+            *x = v_expf(*x - max);
+        }
+        let h = [grp[0] + grp[4], grp[1] + grp[5], grp[2] + grp[6], grp[3] + grp[7]];
+        sum += ((h[0] + h[2]) + (h[1] + h[3])) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in wp.iter_mut() {
+        *x *= inv;
+    }
+    // p in V's vec_dot type
+    let mut vcol = vec![0f32; np];
+    let mut vrow = vec![0f32; hv];
+    // V^T: column d of the visible V rows
+    let mut vt = vec![0f32; hv * np];
+    for (jj, &(_, cell)) in vis.iter().enumerate() {
+        let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+        let _ = quant::dequantize_row(tv, vb, &mut vrow);
+        for d in 0..hv {
+            vt[d * np + jj] = vrow[d];
+        }
+    }
+    match tv {
+        GgmlType::F16 => {
+            let p16: Vec<f32> = wp.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            let mut c16 = vec![0u16; np];
+            for d in 0..hv {
+                let col = &vt[d * np..(d + 1) * np];
+                o[d] = if gemm {
+                    tinyblas_dot(col, &p16)
+                } else {
+                    for (h, x) in c16.iter_mut().zip(col) {
+                        *h = half::f16::from_f32(*x).to_bits(); // exact: col holds f16 values
+                    }
+                    dot_f16_ggml(&c16, &p16)
+                };
+            }
+        }
+        GgmlType::BF16 => {
+            let pb: Vec<u16> = wp.iter().map(|&x| bf16_round(x)).collect();
+            let pf: Vec<f32> = pb.iter().map(|&h| bf16_to_f32(h)).collect();
+            let pbytes: Vec<u8> = pb.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let f = quant::vec_dot_fn(GgmlType::BF16, set);
+            for d in 0..hv {
+                let col = &vt[d * np..(d + 1) * np];
+                o[d] = if gemm {
+                    tinyblas_dot(col, &pf)
+                } else {
+                    let cb: Vec<u8> = col.iter().flat_map(|&x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect();
+                    f.map_or(f32::NAN, |f| f(np, &cb, &pbytes))
+                };
+            }
+        }
+        _ => {
+            // F32 V (a quantized V never gets here: it needs flash attention)
+            let pbytes: Vec<u8> = wp.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let f = quant::vec_dot_fn(GgmlType::F32, set);
+            for d in 0..hv {
+                vcol.copy_from_slice(&vt[d * np..(d + 1) * np]);
+                o[d] = if gemm {
+                    tinyblas_dot(&vcol, &wp)
+                } else {
+                    let cb: Vec<u8> = vcol.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    f.map_or(f32::NAN, |f| f(np, &cb, &pbytes))
+                };
+            }
+        }
+    }
 }
