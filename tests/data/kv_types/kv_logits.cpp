@@ -1,10 +1,11 @@
 // llama.cpp's logits with a given KV cache type and flash-attention setting, for pyllama's
 // tests/test_kv_types.py (make_kv_reference.py builds and runs this).
-//   kv_logits MODEL OUT.f32 TYPE_K TYPE_V FA -- TOKEN...
+//   kv_logits MODEL OUT.f32 TYPE_K TYPE_V FA [one] -- TOKEN...
 // TYPE_K / TYPE_V: ggml type names (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl);
 // FA: -1 auto, 0 off, 1 on (llama_flash_attn_type). Settings as ../shared/reference:
 // n_ctx 2048, n_batch 2048, n_ubatch 512, 2 threads. OUT gets float32 [n_tokens, n_vocab]
-// (every position an output). Exit code 5: llama_init_from_model refused the settings.
+// (every position an output): one batch, or with "one" one llama_decode per token (the
+// token-generation path). Exit code 5: llama_init_from_model refused the settings.
 #include "llama.h"
 #include "ggml.h"
 #include <cstdio>
@@ -23,8 +24,10 @@ static ggml_type type_of(const char * s) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 7 || strcmp(argv[6], "--") != 0) {
-        fprintf(stderr, "usage: %s MODEL OUT TYPE_K TYPE_V FA -- TOKEN...\n", argv[0]);
+    const bool one = argc > 6 && !strcmp(argv[6], "one");
+    const int dd = one ? 7 : 6;
+    if (argc < dd + 1 || strcmp(argv[dd], "--") != 0) {
+        fprintf(stderr, "usage: %s MODEL OUT TYPE_K TYPE_V FA [one] -- TOKEN...\n", argv[0]);
         return 1;
     }
     llama_backend_init();
@@ -39,16 +42,20 @@ int main(int argc, char ** argv) {
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "context refused\n"); return 5; }
     std::vector<llama_token> toks;
-    for (int i = 7; i < argc; i++) toks.push_back(atoi(argv[i]));
-    llama_batch b = llama_batch_init((int32_t) toks.size(), 0, 1);
-    for (size_t k = 0; k < toks.size(); k++) {
-        b.token[k] = toks[k]; b.pos[k] = (llama_pos) k; b.n_seq_id[k] = 1; b.seq_id[k][0] = 0; b.logits[k] = 1;
-    }
-    b.n_tokens = (int32_t) toks.size();
-    if (llama_decode(ctx, b) != 0) { fprintf(stderr, "decode failed\n"); return 4; }
+    for (int i = dd + 1; i < argc; i++) toks.push_back(atoi(argv[i]));
     const int nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
     FILE * f = fopen(argv[2], "wb");
-    for (size_t k = 0; k < toks.size(); k++) fwrite(llama_get_logits_ith(ctx, (int32_t) k), sizeof(float), nv, f);
+    llama_batch b = llama_batch_init((int32_t) toks.size(), 0, 1);
+    const size_t step = one ? 1 : toks.size();
+    for (size_t k0 = 0; k0 < toks.size(); k0 += step) {
+        b.n_tokens = 0;
+        for (size_t k = k0; k < k0 + step; k++) {
+            const int i = b.n_tokens++;
+            b.token[i] = toks[k]; b.pos[i] = (llama_pos) k; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1;
+        }
+        if (llama_decode(ctx, b) != 0) { fprintf(stderr, "decode failed\n"); return 4; }
+        for (int i = 0; i < b.n_tokens; i++) fwrite(llama_get_logits_ith(ctx, i), sizeof(float), nv, f);
+    }
     fclose(f);
     llama_batch_free(b);
     llama_free(ctx); llama_model_free(model);

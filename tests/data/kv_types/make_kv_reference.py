@@ -10,7 +10,8 @@ It compiles kv_logits.cpp against that build and runs it per (model, type_k, typ
 flash_attn) case of CASES. llama.cpp runs ../shared/tiny's tiny-llama-F32 (TINY_DIR; the
 same weights tests/data/make_tiny.py writes, with a tokenizer llama.cpp loads) on 48 fixed
 token ids, SmolLM2 and Gemma 3 on the tokens of their reference prompt 2 (a short chat
-turn; tests/data/reference/*.json). Stored per case: the 20 highest logits at every
+turn; tests/data/reference/*.json) in one batch, and SmolLM2's first 20 of them one
+llama_decode per token ("smollm2one": the token-generation kernels). Stored per case: the 20 highest logits at every
 position and, for the tiny model, the whole last row; cases llama.cpp refuses are stored
 as refused (``<case>_refused``).
 """
@@ -47,6 +48,12 @@ def real_cases() -> list[tuple[str, str, int]]:
     return [(t, t, -1) for t in TYPES] + [("q8_0", "f16", 0), ("q4_0", "f16", 0), ("f16", "q4_0", 1)]
 
 
+def decode_cases() -> list[tuple[str, str, int]]:
+    """Token generation (one llama_decode per token) on SmolLM2: the single-query kernels."""
+    return [("f16", "f16", 0), ("f32", "f32", 0), ("q4_0", "f16", 0), ("bf16", "bf16", 0), ("f32", "f32", 1),
+            ("q4_1", "q4_1", 1), ("iq4_nl", "iq4_nl", 1), ("q8_0", "q5_0", -1), ("f16", "f16", 1)]
+
+
 def case_name(model: str, tk: str, tv: str, fa: int) -> str:
     return f"{model}_{tk}_{tv}_{({-1: 'auto', 0: 'off', 1: 'on'})[fa]}"
 
@@ -69,6 +76,9 @@ def main() -> None:
                     ["prompts"][2]["tokens"], real_cases()),
         "gemma3": (_models.gemma3_path(), json.loads((ref / "gemma3-270m-q4_k_m.logits.json").read_text())
                    ["prompts"][2]["tokens"], real_cases()),
+        # "smollm2one": SmolLM2's first 20 prompt tokens decoded one at a time
+        "smollm2one": (_models.smollm2_path(), json.loads((ref / "smollm2-135m-q4_1.logits.json").read_text())
+                       ["prompts"][2]["tokens"][:20], decode_cases()),
     }
     z: dict = {}
     for model, (path, tokens, cases) in models.items():
@@ -78,7 +88,8 @@ def main() -> None:
             name = case_name(model, tk, tv, fa)
             names.append(name)
             out = tmp / f"{name}.f32"
-            r = subprocess.run([str(exe), str(path), str(out), tk, tv, str(fa), "--"] + [str(t) for t in tokens],
+            one = ["one"] if model.endswith("one") else []
+            r = subprocess.run([str(exe), str(path), str(out), tk, tv, str(fa), *one, "--"] + [str(t) for t in tokens],
                                capture_output=True, text=True)
             if r.returncode == 5:
                 z[f"{name}_refused"] = np.array(True)

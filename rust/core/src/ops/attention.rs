@@ -532,6 +532,30 @@ fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
     (h[0] + h[2]) + (h[1] + h[3])
 }
 
+/// `ggml_vec_dot_f32` in its AVX2 order: 4 accumulators of 8 lanes over blocks of 32
+/// (fused), reduced (s0 + s2) + (s1 + s3), then lanes l + l4, hadd, hadd; the tail added
+/// in f64.
+fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
+    use crate::ops::vec::fmaf;
+    let n = x.len().min(y.len());
+    let np = n / 32 * 32;
+    let mut s = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, a) in sj.iter_mut().enumerate() {
+                *a = fmaf(x[i + 8 * j + l], y[i + 8 * j + l], *a);
+            }
+        }
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+    let t0 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    let mut sum = ((t0[0] + t0[1]) + (t0[2] + t0[3])) as f64;
+    for i in np..n {
+        sum += (x[i] * y[i]) as f64;
+    }
+    sum as f32
+}
+
 fn bf16_round(x: f32) -> u16 {
     let mut b = [0u8; 2];
     let _ = quant::quantize_row(GgmlType::BF16, &[x], &mut b);
@@ -579,6 +603,7 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
         _ => qh.to_vec(),
     };
     let tiny_k = gemm && matches!(tk, GgmlType::F16 | GgmlType::BF16);
+    let mut k16 = vec![0u16; hk];
     let kdot: Option<quant::VecDotFn> = match tk {
         GgmlType::IQ4_NL if !gemm => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86),
         _ => quant::vec_dot_fn(tk, set),
@@ -590,6 +615,11 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
         let mut s = if tiny_k {
             let _ = quant::dequantize_row(tk, kb, &mut krow);
             tinyblas_dot(&krow, &q_f)
+        } else if tk == GgmlType::F16 {
+            dot_f16_ggml(u16_of(kb, &mut k16), &q_f)
+        } else if tk == GgmlType::F32 {
+            let _ = quant::dequantize_row(tk, kb, &mut krow);
+            dot_f32_ggml(&krow, qh)
         } else {
             match kdot {
                 Some(f) => f(hk, kb, &q_q),
@@ -659,16 +689,9 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
         }
         _ => {
             // F32 V (a quantized V never gets here: it needs flash attention)
-            let pbytes: Vec<u8> = wp.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let f = quant::vec_dot_fn(GgmlType::F32, set);
             for d in 0..hv {
                 vcol.copy_from_slice(&vt[d * np..(d + 1) * np]);
-                o[d] = if gemm {
-                    tinyblas_dot(&vcol, &wp)
-                } else {
-                    let cb: Vec<u8> = vcol.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    f.map_or(f32::NAN, |f| f(np, &cb, &pbytes))
-                };
+                o[d] = if gemm { tinyblas_dot(&vcol, &wp) } else { dot_f32_ggml(&vcol, &wp) };
             }
         }
     }
