@@ -696,6 +696,53 @@ mod tests {
     }
 
     #[test]
+    fn rotation_follows_llamacpp() {
+        use GgmlType::*;
+        // K: the largest power of two >= 64 dividing the head size; V: 64; none for float types
+        assert_eq!(rotation_sizes(Q4_0, Q4_0, 64, 64), (64, 64));
+        assert_eq!(rotation_sizes(Q8_0, F16, 256, 256), (256, 0));
+        assert_eq!(rotation_sizes(IQ4_NL, Q5_1, 192, 192), (64, 64));
+        assert_eq!(rotation_sizes(F16, BF16, 128, 128), (0, 0));
+        assert_eq!(rotation_sizes(Q4_1, Q4_1, 96, 96), (0, 0)); // 96 % 64 != 0
+    }
+
+    #[test]
+    fn fwht_is_the_orthonormal_hadamard_matrix() {
+        let n = 64;
+        let x: Vec<f32> = (0..2 * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut y = x.clone();
+        fwht(&mut y, n);
+        // H[i][j] = (-1)^popcount(i & j) / sqrt(n), chunk by chunk
+        for c in 0..2 {
+            for i in 0..n {
+                let want: f64 = (0..n)
+                    .map(|j| if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 } * x[c * n + j] as f64)
+                    .sum::<f64>()
+                    / (n as f64).sqrt();
+                assert!((y[c * n + i] as f64 - want).abs() < 1e-4, "{i}");
+            }
+        }
+        // its own inverse
+        fwht(&mut y, n);
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 1e-4);
+        }
+        // size 0: no rotation
+        let mut z = x.clone();
+        fwht(&mut z, 0);
+        assert_eq!(z, x);
+    }
+
+    #[test]
+    fn every_llamacpp_type_parses() {
+        for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] {
+            assert_eq!(parse_cache_type(name).unwrap().name().to_lowercase(), name);
+        }
+        let e = parse_cache_type("q4_k").unwrap_err().to_string();
+        assert!(e.contains("q4_k") && e.contains("iq4_nl"), "{e}");
+    }
+
+    #[test]
     fn streams_are_separate() {
         let mut kv = cache(4, 4);
         assert!(put(&mut kv, 0, &[0, 1, 2, 3]));
