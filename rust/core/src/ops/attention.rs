@@ -522,6 +522,32 @@ fn v_expf(x: f32) -> f32 {
 /// BF16 operands when the batch has >= 2 columns): one 8-lane fused accumulator over k in
 /// steps of 8, then the lanes summed as (l + l+4), pairs, the last two.
 fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::ops::vec::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { tinyblas_dot_avx2(a, b) };
+    }
+    tinyblas_dot_ref(a, b)
+}
+
+/// `tinyblas_dot` with AVX2 registers: the same lanes, the same fused operations.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tinyblas_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len()) / 8 * 8;
+    let mut c = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        c = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), c);
+        i += 8;
+    }
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), c);
+    crate::ops::vec::hsum8_ggml(&l)
+}
+
+fn tinyblas_dot_ref(a: &[f32], b: &[f32]) -> f32 {
     let mut c = [0f32; 8];
     for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
         for l in 0..8 {
@@ -659,17 +685,22 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
     match tv {
         GgmlType::F16 => {
             let p16: Vec<f32> = wp.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
-            let mut c16 = vec![0u16; np];
-            for d in 0..hv {
-                let col = &vt[d * np..(d + 1) * np];
-                o[d] = if gemm {
-                    tinyblas_dot(col, &p16)
-                } else {
-                    for (h, x) in c16.iter_mut().zip(col) {
-                        *h = half::f16::from_f32(*x).to_bits(); // exact: col holds f16 values
+            if gemm {
+                for d in 0..hv {
+                    o[d] = tinyblas_dot(&vt[d * np..(d + 1) * np], &p16);
+                }
+            } else {
+                // V^T as raw f16 bits, straight from the rows
+                let mut vt16 = vec![0u16; hv * np];
+                for (jj, &(_, cell)) in vis.iter().enumerate() {
+                    let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+                    for (d, c) in vb.chunks_exact(2).enumerate() {
+                        vt16[d * np + jj] = u16::from_le_bytes([c[0], c[1]]);
                     }
-                    dot_f16_ggml(&c16, &p16)
-                };
+                }
+                for d in 0..hv {
+                    o[d] = dot_f16_ggml(&vt16[d * np..(d + 1) * np], &p16);
+                }
             }
         }
         GgmlType::BF16 => {
