@@ -117,7 +117,6 @@ USAGE = {
     "bench-o": (["bench", "-o", "bogus"], ["'-o'", "bogus", "md", "json", "csv"]),
     "bench-ctk": (["bench", "-ctk", "f16,bogus"], ["'-ctk'", "bogus"]),
     "bench-fa": (["bench", "-fa", "maybe"], ["'-fa'", "maybe"]),
-    "bench-fa-off": (["bench", "-fa", "on,off"], ["'-fa'", "off", "only the fused (flash) attention kernel"]),
     "bench-d-neg": (["bench", "-d", "-4"], ["'-d'", "-4"]),
     "bench-ngl-text": (["bench", "-ngl", "all"], ["'-ngl'", "all"]),
     # -f files: missing, a directory, not UTF-8 (file name and byte offset in the message)

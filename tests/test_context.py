@@ -204,6 +204,7 @@ def test_cache_types(llama, caplog):
         assert L.llama_decode(ctx, L.llama_batch_get_one(list(range(3, 40)))) == 0
         # a different rounding of K/V: close to the F16 cache (logits std ~3), not equal
         assert np.abs(L.llama_get_logits(ctx) - L.llama_get_logits(ref)).max() < 0.5
+    # outside llama.cpp's -ctk/-ctv set (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1)
     with caplog.at_level(logging.ERROR, logger="pyllama"):
-        assert init(llama, type_k=L.GGML_TYPE_Q4_0) is None
-    assert "unsupported KV cache type" in caplog.text
+        assert init(llama, type_k=L.GGML_TYPE_Q4_K) is None
+    assert "not a supported KV cache type" in caplog.text

@@ -239,6 +239,24 @@ def _type_name(t: Union[int, str], what: str) -> str:
     return name
 
 
+#: llama.cpp's quantized -ctk/-ctv types (ggml_is_quantized): a V cache of one of these
+#: needs flash attention.
+QUANTIZED_KV_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
+
+
+def _resolve_flash_attn(flash_attn_type: int, type_v: str) -> bool:
+    """llama_init_from_model's flash-attention rules on the CPU: auto resolves to enabled
+    (the CPU backend runs FLASH_ATTN_EXT); a quantized V cache needs it, so with auto it
+    is enabled and with disabled the context is refused (llama.cpp: "quantized V cache
+    requires flash_attn to be enabled"). Any other value counts as enabled, as there."""
+    if type_v in QUANTIZED_KV_TYPES and flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED:
+        raise ValueError(f"quantized V cache (type_v = {type_v}, -ctv {type_v}) requires flash attention: "
+                         "flash_attn_type must be enabled or auto (-fa on / auto), not disabled (-fa off)")
+    if type_v in QUANTIZED_KV_TYPES and flash_attn_type == LLAMA_FLASH_ATTN_TYPE_AUTO:
+        log.info("llama_init_from_model: enabling flash_attn since it is required for quantized V cache")
+    return flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
 class Context:
     """An inference session on a model: KV cache for up to ``n_seq_max`` sequences,
     ``decode`` and its outputs.
@@ -325,6 +343,7 @@ class Context:
             log.warning("llama_init_from_model: yarn_* overrides are not supported and are ignored")
         type_k = _type_name(params.type_k, "type_k")
         type_v = _type_name(params.type_v, "type_v")
+        flash_attn = _resolve_flash_attn(int(params.flash_attn_type), type_v)
 
         n_ctx = int(params.n_ctx) if params.n_ctx else n_ctx_train
         # with causal attention the batch size is limited by the context size
@@ -345,6 +364,7 @@ class Context:
         n_threads_batch = _clamp_threads(int(params.n_threads_batch) or n_threads, "n_threads_batch")
 
         self._n_ctx_seq = n_ctx_seq
+        self._flash_attn = flash_attn
         self._n_batch = n_batch
         self._n_threads = n_threads
         self._n_threads_batch = n_threads_batch
@@ -373,7 +393,7 @@ class Context:
                 core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
                 n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
                 swa_full=bool(params.swa_full), embeddings=self._embeddings,
-                rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale)
+                rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn)
 
         # outputs of the last successful decode. llama.cpp keeps room for at least
         # n_seq_max rows and grows the buffer when a batch asks for more.
@@ -463,6 +483,13 @@ class Context:
     @property
     def kv_unified(self) -> bool:
         return self._kv_unified
+
+    @property
+    def flash_attn(self) -> bool:
+        """Whether flash attention is on, as llama.cpp resolves ``flash_attn_type`` (auto:
+        on, as on llama.cpp's CPU backend). pyllama's attention reproduces llama.cpp's
+        flash-attention kernel in both cases."""
+        return self._flash_attn
 
     @_serialized
     def set_n_threads(self, n_threads: int, n_threads_batch: int) -> None:

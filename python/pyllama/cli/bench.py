@@ -121,18 +121,14 @@ _FA = {"on": 1, "enabled": 1, "true": 1, "1": 1, "off": 0, "disabled": 0, "false
 
 
 def _flash_attn(ctx, param, value):
-    """-fa list. pyllama's CPU attention is always the fused streaming-softmax kernel (what
-    llama.cpp calls flash attention), so on and auto run; off would need the unfused
-    KQ / softmax / KQV path, which pyllama does not have: refused rather than mislabelled."""
+    """-fa list: on, off or auto (llama.cpp's flash-attention kernel, or its mul_mat /
+    soft_max / mul_mat path, both reproduced in ops/attention.rs)."""
     out = []
     for v in (x.strip().lower() for x in value.split(",")):
         if not v:
             continue
         if v not in _FA:
             raise typer.BadParameter(f"{v!r} is not a flash-attention setting (on, off, auto, 1, 0, -1)")
-        if _FA[v] == 0:
-            raise typer.BadParameter(f"{v!r}: pyllama has only the fused (flash) attention kernel, so it cannot "
-                                     "run with flash attention off; use on or auto")
         out.append(_FA[v])
     if not out:
         raise typer.BadParameter(f"{value!r} gives no value")

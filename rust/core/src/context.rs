@@ -240,7 +240,9 @@ impl Context {
                 )));
             }
         }
-        let kv = KvCache::new(&ek, &ev, size, n_stream, p.n_seq_max, p.type_k, p.type_v)?;
+        let mut kv = KvCache::new(&ek, &ev, size, n_stream, p.n_seq_max, p.type_k, p.type_v)?;
+        (kv.rot_k, kv.rot_v) =
+            crate::kv_cache::rotation_sizes(p.type_k, p.type_v, hp.n_embd_head_k, hp.n_embd_head_v);
         let nu = p.n_ubatch;
         let ne = hp.n_embd;
         let max_l = |f: &dyn Fn(usize) -> usize| (0..nl).map(f).max().unwrap_or(0);
@@ -386,8 +388,11 @@ impl Context {
                     let o = (s * self.kv.size + c) * rk;
                     let bytes = &mut self.kv.k[il][o..o + rk];
                     quant::dequantize_row(self.kv.type_k, bytes, &mut row)?;
+                    // a rotated K (quantized cache): rotate back, rope, rotate again
+                    crate::kv_cache::fwht(&mut row, self.kv.rot_k);
                     r.apply_heads(&mut row, hd, cell.shift, &mut cache);
-                    quant::quantize_row(self.kv.type_k, &row, bytes)?;
+                    crate::kv_cache::fwht(&mut row, self.kv.rot_k);
+                    quant::quantize_row_cpu(self.kv.type_k, &row, bytes)?; // ggml_cpy: from_float
                 }
             }
         }

@@ -12,7 +12,9 @@
 //!   the context, which knows each layer's rope).
 //!
 //! Storage, per layer and stream: K and V as [size][n_embd_{k,v}_gqa] rows of `type_k` /
-//! `type_v` (f32, f16 or q8_0). Rows are not transposed: attention reads one key row and
+//! `type_v` (llama.cpp's set: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1), each
+//! row written with ggml-cpu's `from_float` for the type (`quant::quantize_row_cpu`), so
+//! the bytes equal llama.cpp's. Rows are not transposed: attention reads one key row and
 //! one value row per cell.
 //!
 //! Sliding-window layers share the cells of the full cache (llama.cpp's `swa_full`
@@ -148,13 +150,92 @@ pub struct KvCache {
     pub v: Vec<Vec<u8>>,
     /// Some cell has a non-zero `shift` (a K-shift is due before the next compute).
     pub has_shift: bool,
+    /// Walsh-Hadamard rotation sizes (0 = none) for K (and Q) and for V: llama.cpp's
+    /// `attn_rot_k` / `attn_rot_v` (see `rotation_sizes`).
+    pub rot_k: usize,
+    pub rot_v: usize,
+    /// llama.cpp's flash attention is on (the default; auto resolves to on on the CPU).
+    /// Attention always runs llama.cpp's flash-attention kernel; this only decides whether
+    /// an F32 K or V is first rounded to F16, as llama.cpp's graph casts it for that kernel
+    /// (off: F32 stays F32, as llama.cpp's mul_mat path reads it).
+    pub flash_attn: bool,
 }
+
+/// llama.cpp's attention rotation for quantized caches (llama-kv-cache.cpp, `attn_rot_k`
+/// / `attn_rot_v`, unless LLAMA_ATTN_ROT_DISABLE): with a quantized K type and a head size
+/// that is a multiple of 64, Q and K are multiplied by an orthonormal Walsh-Hadamard
+/// matrix of the largest power-of-two size >= 64 dividing the head size before K is
+/// stored; with a quantized V type (head size a multiple of 64), V is rotated in blocks of
+/// 64 before it is stored and the attention output rotated back (the matrix is its own
+/// inverse). The rotation spreads outliers across a block, so the quantized cache loses
+/// less. Returns (rot_k, rot_v), 0 meaning none.
+pub fn rotation_sizes(type_k: GgmlType, type_v: GgmlType, n_embd_head_k: usize, n_embd_head_v: usize) -> (usize, usize) {
+    let rot_k = if is_quantized(type_k) && n_embd_head_k > 0 && n_embd_head_k % 64 == 0 {
+        let mut n = 64;
+        while n_embd_head_k % (n * 2) == 0 {
+            n *= 2;
+        }
+        n
+    } else {
+        0
+    };
+    let rot_v = if is_quantized(type_v) && n_embd_head_v > 0 && n_embd_head_v % 64 == 0 { 64 } else { 0 };
+    (rot_k, rot_v)
+}
+
+/// `x` times the orthonormal Walsh-Hadamard matrix of size `n` (a power of two), chunk by
+/// chunk of `n` values: ggml-cpu's `ggml_compute_forward_fwht` (the mul_mat with the
+/// GGML_HINT_SRC0_IS_HADAMARD hint llama.cpp uses for the rotation), in its float order:
+/// each value times 1/sqrt(n), then the butterflies (u + v, u - v) for len = 1, 2, 4, ...
+pub fn fwht(x: &mut [f32], n: usize) {
+    if n == 0 {
+        return;
+    }
+    let scale = 1.0f32 / (n as f32).sqrt();
+    for d in x.chunks_exact_mut(n) {
+        for v in d.iter_mut() {
+            *v *= scale;
+        }
+        let mut len = 1;
+        while len < n {
+            for i in (0..n).step_by(2 * len) {
+                for j in i..i + len {
+                    let (u, v) = (d[j], d[j + len]);
+                    d[j] = u + v;
+                    d[j + len] = u - v;
+                }
+            }
+            len <<= 1;
+        }
+    }
+}
+
+/// llama.cpp's `-ctk` / `-ctv` set (common/arg.cpp `kv_cache_types`), in its order.
+pub const KV_CACHE_TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+];
 
 pub fn parse_cache_type(s: &str) -> Result<GgmlType> {
     match GgmlType::from_name(s) {
-        Some(t @ (GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0)) => Ok(t),
-        _ => Err(Error::Invalid(format!("unsupported KV cache type '{s}' (supported: f32, f16, q8_0)"))),
+        Some(t) if KV_CACHE_TYPES.contains(&t) => Ok(t),
+        _ => {
+            let names: Vec<String> = KV_CACHE_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
+            Err(Error::Invalid(format!("unsupported KV cache type '{s}' (supported: {})", names.join(", "))))
+        }
     }
+}
+
+/// Whether a V cache of type `t` needs flash attention (llama.cpp: any quantized type).
+pub fn is_quantized(t: GgmlType) -> bool {
+    !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 impl KvCache {
@@ -205,6 +286,9 @@ impl KvCache {
             k,
             v,
             has_shift: false,
+            rot_k: 0,
+            rot_v: 0,
+            flash_attn: true,
         })
     }
 
@@ -609,6 +693,53 @@ mod tests {
         // below 0 frees the cell for every sequence in it (llama-kv-cells.h pos_add)
         assert_eq!(kv.seq_pos_max(2).unwrap(), -1);
         assert_eq!(kv.streams[0].used, 0);
+    }
+
+    #[test]
+    fn rotation_follows_llamacpp() {
+        use GgmlType::*;
+        // K: the largest power of two >= 64 dividing the head size; V: 64; none for float types
+        assert_eq!(rotation_sizes(Q4_0, Q4_0, 64, 64), (64, 64));
+        assert_eq!(rotation_sizes(Q8_0, F16, 256, 256), (256, 0));
+        assert_eq!(rotation_sizes(IQ4_NL, Q5_1, 192, 192), (64, 64));
+        assert_eq!(rotation_sizes(F16, BF16, 128, 128), (0, 0));
+        assert_eq!(rotation_sizes(Q4_1, Q4_1, 96, 96), (0, 0)); // 96 % 64 != 0
+    }
+
+    #[test]
+    fn fwht_is_the_orthonormal_hadamard_matrix() {
+        let n = 64;
+        let x: Vec<f32> = (0..2 * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let mut y = x.clone();
+        fwht(&mut y, n);
+        // H[i][j] = (-1)^popcount(i & j) / sqrt(n), chunk by chunk
+        for c in 0..2 {
+            for i in 0..n {
+                let want: f64 = (0..n)
+                    .map(|j| if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 } * x[c * n + j] as f64)
+                    .sum::<f64>()
+                    / (n as f64).sqrt();
+                assert!((y[c * n + i] as f64 - want).abs() < 1e-4, "{i}");
+            }
+        }
+        // its own inverse
+        fwht(&mut y, n);
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 1e-4);
+        }
+        // size 0: no rotation
+        let mut z = x.clone();
+        fwht(&mut z, 0);
+        assert_eq!(z, x);
+    }
+
+    #[test]
+    fn every_llamacpp_type_parses() {
+        for name in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] {
+            assert_eq!(parse_cache_type(name).unwrap().name().to_lowercase(), name);
+        }
+        let e = parse_cache_type("q4_k").unwrap_err().to_string();
+        assert!(e.contains("q4_k") && e.contains("iq4_nl"), "{e}");
     }
 
     #[test]

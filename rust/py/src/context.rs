@@ -93,7 +93,7 @@ impl PyContext {
     #[new]
     #[pyo3(signature = (model, *, n_ctx, n_seq_max, n_ubatch, n_threads, n_threads_batch, type_k = "f16",
                         type_v = "f16", kv_unified = true, swa_full = false, embeddings = false,
-                        rope_freq_base = 0.0, rope_freq_scale = 0.0))]
+                        rope_freq_base = 0.0, rope_freq_scale = 0.0, flash_attn = true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -110,6 +110,7 @@ impl PyContext {
         embeddings: bool,
         rope_freq_base: f32,
         rope_freq_scale: f32,
+        flash_attn: bool,
     ) -> PyResult<Self> {
         let p = ContextParams {
             n_ctx,
@@ -125,14 +126,26 @@ impl PyContext {
             rope_freq_base,
             rope_freq_scale,
         };
+        if !flash_attn && pyllama_core::kv_cache::is_quantized(p.type_v) {
+            return Err(PyValueError::new_err(format!(
+                "quantized V cache (type_v = {}) requires flash attention (flash_attn = True)",
+                type_v.to_lowercase()
+            )));
+        }
         let m: Arc<pyllama_core::model::Model> = model.get().inner.clone();
-        let inner = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
+        let mut inner = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
+        inner.kv.flash_attn = flash_attn;
         Ok(PyContext { inner, model })
     }
 
     #[getter]
     fn n_ctx(&self) -> usize {
         self.inner.params.n_ctx
+    }
+    /// Bytes of the KV cache's K and V storage, all layers and streams (llama.cpp's
+    /// `llama_kv_cache: size = ...` line).
+    fn kv_bytes(&self) -> usize {
+        self.inner.kv.k.iter().chain(self.inner.kv.v.iter()).map(|b| b.len()).sum()
     }
     /// Cells per sequence stream (n_ctx when unified).
     #[getter]

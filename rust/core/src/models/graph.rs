@@ -480,19 +480,24 @@ impl Step<'_> {
         // store K and V of this micro-batch into its cells
         let b = &mut *self.b;
         let kv = &mut *self.kv;
+        // quantized caches: llama.cpp's Hadamard rotation of Q, K and V (kv_cache::rotation_sizes)
+        crate::kv_cache::fwht(&mut b.q[..n * qw], kv.rot_k);
+        crate::kv_cache::fwht(&mut b.k[..n * kw], kv.rot_k);
+        crate::kv_cache::fwht(&mut b.v[..n * vw], kv.rot_v);
         let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
         for t in 0..n {
             let (s, cell) = b.cells[t];
             let o = (s as usize * kv.size + cell as usize) * rk;
-            quant::quantize_row(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
+            quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
             let o = (s as usize * kv.size + cell as usize) * rv;
-            quant::quantize_row(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+            quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
         let p = AttnParams { il, n_head, n_head_kv, hd_k, hd_v, scale: c.kq_scale, softcap: c.softcap, n_swa: c.n_swa };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, n_head * hd_v);
         let b = &mut *self.b;
+        crate::kv_cache::fwht(&mut b.att[..n * n_head * hd_v], self.kv.rot_v); // rotate V's rotation back
         Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);

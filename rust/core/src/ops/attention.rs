@@ -16,16 +16,18 @@
 //! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
 //! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
 //! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
-//! >= 64 queries), which is what keeps results independent of n_ubatch. For F32 / Q8_0
-//! caches: scores, then max-subtracted exponentials accumulated with V, in f32.
+//! >= 64 queries), which is what keeps results independent of n_ubatch. Every other K/V
+//! type pair (f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mixed) takes the same
+//! one_chunk kernel in its general form (`one_chunk_head`): q converted to the K type's
+//! vec_dot type, q.k through that type's vec_dot, V dequantized and accumulated in f32
+//! (or in f16 for an F16 V), as llama.cpp does for those types at every batch size.
 //!
 //! Shapes: q [n_tokens, n_head * hd_k], out [n_tokens, n_head * hd_v].
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{
-    axpy_f16, axpy_f32, dot_f16, dot_f16_ggml, dot_f16_ggml_2, dot_f32, mad_f16_acc_n, scale_f16_acc,
-};
+use crate::ops::vec::{axpy_f32, dot_f16_ggml, dot_f16_ggml_2, mad_f16_acc, mad_f16_acc_n, scale_f16_acc};
+use crate::quant;
 use crate::threadpool::ThreadPool;
 
 pub struct AttnParams {
@@ -94,7 +96,6 @@ pub fn attention(
     assert!(q.len() >= n_tokens * qw && out.len() >= n_tokens * ow);
     assert!(scratch.len() >= scratch_stride * pool.n_threads());
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let scr_ptr = SendPtr(scratch.as_mut_ptr());
     let group = p.n_head / p.n_head_kv;
     let (tk, tv) = (kv.type_k, kv.type_v);
     let koff = |g: usize| tk.row_size(g * p.hd_k).unwrap_or(0);
@@ -104,7 +105,8 @@ pub fn attention(
     // ggml folds the softcap into the scale: s = c * tanh(q.k * scale / c)
     let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
     let aligned = |b: &[u8]| as_u16(b).is_some();
-    let f16_kernel = tk == GgmlType::F16
+    let f16_kernel = kv.flash_attn
+        && tk == GgmlType::F16
         && tv == GgmlType::F16
         && aligned(&kv.k[p.il][..kv.k[p.il].len().min(2)])
         && aligned(&kv.v[p.il][..kv.v[p.il].len().min(2)]);
@@ -225,17 +227,15 @@ pub fn attention(
         return;
     }
 
+    if !tiled {
+        one_chunk_any(pool, kv, p, inp, q, out, &visible);
+        return;
+    }
+
     pool.run(&|ith, nth| {
         if ith >= n_items {
             return;
         }
-        // SAFETY: each thread owns scratch [ith*stride, (ith+1)*stride) and the output
-        // head slices of its items; items never overlap between threads.
-        let scr = unsafe { std::slice::from_raw_parts_mut(scr_ptr.get().add(ith * scratch_stride), scratch_stride) };
-        let hmax = p.hd_k.max(p.hd_v);
-        let (scores, rest) = scr.split_at_mut(scratch_stride - p.hd_k - p.hd_v - hmax - 32);
-        let (kbuf, rest) = rest.split_at_mut(p.hd_k);
-        let (vbuf, _) = rest.split_at_mut(p.hd_v);
         // strided items, as in the F16 kernel above (balanced causal work)
         for item in (ith..n_items).step_by(nth) {
             let t = item / p.n_head;
@@ -243,6 +243,7 @@ pub fn attention(
             let g = h / group;
             let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
             let (ko, vo) = (koff(g), voff(g));
+            // SAFETY: each item owns its output head slice; items never overlap.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
             let stream = inp.stream[t] as usize;
             let vis = visible(t);
@@ -250,65 +251,479 @@ pub fn attention(
             if vis.is_empty() {
                 continue;
             }
-            if tiled {
-                let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
-                let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
-                if crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
-                    continue;
-                }
-            }
-            // pass 1: scores
-            let mut m = f32::NEG_INFINITY;
-            for (j, &(_, cell)) in vis.iter().enumerate() {
-                let row = kv.k_row(p.il, stream, cell as usize);
-                let kb = &row[ko..ko + kbytes];
-                let mut s = match tk {
-                    GgmlType::F16 => match as_u16(kb) {
-                        Some(k16) => dot_f16(k16, qh),
-                        None => {
-                            let _ = crate::quant::dequantize_row(tk, kb, kbuf);
-                            dot_f32(kbuf, qh)
-                        }
-                    },
-                    _ => {
-                        let _ = crate::quant::dequantize_row(tk, kb, kbuf);
-                        dot_f32(kbuf, qh)
-                    }
-                };
-                s *= kscale;
-                if p.softcap != 0.0 {
-                    s = p.softcap * s.tanh();
-                }
-                scores[j] = s;
-                if s > m {
-                    m = s;
-                }
-            }
-            // pass 2: softmax weights times V, summed in key order
-            let mut sum = 0f32;
-            for (j, &(_, cell)) in vis.iter().enumerate() {
-                let e = (scores[j] - m).exp();
-                sum += e;
-                let row = kv.v_row(p.il, stream, cell as usize);
-                let vb = &row[vo..vo + vbytes];
-                match tv {
-                    GgmlType::F16 => match as_u16(vb) {
-                        Some(v16) => axpy_f16(o, e, v16),
-                        None => {
-                            let _ = crate::quant::dequantize_row(tv, vb, vbuf);
-                            axpy_f32(o, e, vbuf)
-                        }
-                    },
-                    _ => {
-                        let _ = crate::quant::dequantize_row(tv, vb, vbuf);
-                        axpy_f32(o, e, vbuf)
-                    }
-                }
-            }
-            let inv = 1.0 / sum;
-            for x in o.iter_mut() {
-                *x *= inv;
+            let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
+            let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
+            if !crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
+                one_chunk_head(kv, p, qh, stream, g, vis, o);
             }
         }
     });
+}
+
+/// Per-thread buffers of `one_chunk_head`.
+struct HeadScratch {
+    /// q converted to the K type's vec_dot_type (bytes), or rounded to f16 (as f32) for F16 K
+    q_q: Vec<u8>,
+    q16: Vec<f32>,
+    /// the V accumulator: f32 (VKQ32) or f16 bits (VKQ16, for an F16 V)
+    acc32: Vec<f32>,
+    acc16: Vec<u16>,
+    /// one V row as f32 (V32) and one F16 row copied to aligned memory
+    v32: Vec<f32>,
+    v16: Vec<u16>,
+    k16: Vec<u16>,
+}
+
+impl HeadScratch {
+    fn new(p: &AttnParams, tk: GgmlType) -> HeadScratch {
+        let vdt = quant::vec_dot_type(tk);
+        HeadScratch {
+            q_q: vec![0u8; vdt.row_size(p.hd_k).unwrap_or(0)],
+            q16: vec![0f32; p.hd_k],
+            acc32: vec![0f32; p.hd_v],
+            acc16: vec![0u16; p.hd_v],
+            v32: vec![0f32; p.hd_v],
+            v16: vec![0u16; p.hd_v],
+            k16: vec![0u16; p.hd_k],
+        }
+    }
+}
+
+/// Raw f16 bits of `b` (little-endian), without copying when `b` is 2-aligned.
+fn u16_of<'a>(b: &'a [u8], buf: &'a mut [u16]) -> &'a [u16] {
+    match as_u16(b) {
+        Some(x) => x,
+        None => {
+            for (d, c) in buf.iter_mut().zip(b.chunks_exact(2)) {
+                *d = u16::from_le_bytes([c[0], c[1]]);
+            }
+            &buf[..b.len() / 2]
+        }
+    }
+}
+
+/// An F32 row (little-endian bytes) rounded to f16 bits (ggml_cast F32 -> F16: round to
+/// nearest even).
+fn f16_of_f32<'a>(b: &[u8], buf: &'a mut [u16]) -> &'a [u16] {
+    for (d, c) in buf.iter_mut().zip(b.chunks_exact(4)) {
+        *d = half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_bits();
+    }
+    &buf[..b.len() / 4]
+}
+
+/// llama.cpp's CPU flash attention for any K/V type pair, one query head at a time: the
+/// `ggml_compute_forward_flash_attn_ext_f16_one_chunk` kernel, which llama.cpp runs for
+/// every micro-batch when K or V is not F32/F16 (its tiled and split-KV kernels take only
+/// F32/F16 caches). Per key, in the kernel's float order:
+///   s = vec_dot_K(k, Q_q) * scale        (Q_q: q through the from_float of K's vec_dot_type)
+///   s = softcap * tanh(s)                (when set)
+///   new max: M = s, ms = exp(M_old - M), VKQ *= ms; else vs = exp(s - M)
+///   VKQ += vs * V                        (F16 V: f16 accumulator, ggml_vec_mad_f16;
+///                                         others: V dequantized to f32, ggml_vec_mad_f32)
+///   S = S * ms + vs
+/// and out = VKQ * (1 / S).
+fn one_chunk_head(
+    kv: &KvCache,
+    p: &AttnParams,
+    qh: &[f32],
+    stream: usize,
+    g: usize,
+    vis: &[(i32, u32)],
+    o: &mut [f32],
+) {
+    thread_local! {
+        static SCR: std::cell::RefCell<Option<(usize, usize, GgmlType, HeadScratch)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    SCR.with(|c| {
+        let mut c = c.borrow_mut();
+        let fresh = !matches!(&*c, Some((hk, hv, t, _)) if *hk == p.hd_k && *hv == p.hd_v && *t == kv.type_k);
+        if fresh {
+            *c = Some((p.hd_k, p.hd_v, kv.type_k, HeadScratch::new(p, kv.type_k)));
+        }
+        let scr = &mut c.as_mut().expect("set above").3;
+        one_chunk_head_with(kv, p, qh, stream, g, vis, o, scr);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_chunk_head_with(
+    kv: &KvCache,
+    p: &AttnParams,
+    qh: &[f32],
+    stream: usize,
+    g: usize,
+    vis: &[(i32, u32)],
+    o: &mut [f32],
+    scr: &mut HeadScratch,
+) {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    // llama.cpp casts an F32 K or V to F16 for its flash-attention kernel (build_attn_mha)
+    let k_cast = kv.flash_attn && tk == GgmlType::F32;
+    let v_cast = kv.flash_attn && tv == GgmlType::F32;
+    let ko = tk.row_size(g * hk).unwrap_or(0);
+    let vo = tv.row_size(g * hv).unwrap_or(0);
+    let kbytes = tk.row_size(hk).unwrap_or(0);
+    let vbytes = tv.row_size(hv).unwrap_or(0);
+    let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
+    let set = quant::kernel_set();
+    let vdt = quant::vec_dot_type(tk);
+    // q_to_vec_dot(pq, Q_q, DK)
+    let k_f16 = tk == GgmlType::F16 || k_cast;
+    if k_f16 {
+        for (d, x) in scr.q16.iter_mut().zip(qh) {
+            *d = half::f16::from_f32(*x).to_f32();
+        }
+    } else if quant::quantize_row_cpu(vdt, qh, &mut scr.q_q).is_err() {
+        o.fill(f32::NAN);
+        return;
+    }
+    let kdot = match tk {
+        _ if k_f16 => None,
+        // ggml's AVX2 IQ4_NL kernel keeps two accumulators (see the function)
+        GgmlType::IQ4_NL => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86 as quant::VecDotFn),
+        _ => quant::vec_dot_fn(tk, set),
+    };
+    let v_f16 = tv == GgmlType::F16 || v_cast;
+    if v_f16 {
+        scr.acc16.fill(0);
+    } else {
+        scr.acc32.fill(0.0);
+    }
+    let mut m = f32::NEG_INFINITY;
+    let mut ssum = 0f32;
+    for &(_, cell) in vis {
+        let krow = &kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes];
+        let mut s = match kdot {
+            Some(f) => f(hk, krow, &scr.q_q),
+            None if k_cast => dot_f16_ggml(f16_of_f32(krow, &mut scr.k16), &scr.q16),
+            None => dot_f16_ggml(u16_of(krow, &mut scr.k16), &scr.q16),
+        };
+        s *= kscale;
+        if p.softcap != 0.0 {
+            s = p.softcap * s.tanh();
+        }
+        let mut ms = 1.0f32;
+        let mut vs = 1.0f32;
+        let vrow = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+        if v_f16 {
+            if s > m {
+                let m_old = m;
+                m = s;
+                ms = (m_old - m).exp();
+                scale_f16_acc(&mut scr.acc16, ms);
+            } else {
+                vs = (s - m).exp();
+            }
+            let v16 = if v_cast { f16_of_f32(vrow, &mut scr.v16) } else { u16_of(vrow, &mut scr.v16) };
+            mad_f16_acc(&mut scr.acc16, vs, v16);
+        } else {
+            if s > m {
+                let m_old = m;
+                m = s;
+                ms = (m_old - m).exp();
+                for a in scr.acc32.iter_mut() {
+                    *a *= ms; // ggml_vec_scale_f32
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            if quant::dequantize_row(tv, vrow, &mut scr.v32).is_err() {
+                o.fill(f32::NAN);
+                return;
+            }
+            axpy_f32(&mut scr.acc32, vs, &scr.v32); // ggml_vec_mad_f32: fused per element
+        }
+        ssum = crate::ops::vec::fmaf(ssum, ms, vs); // GCC: fma(S, ms, vs)
+    }
+    let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
+    if v_f16 {
+        for (d, a) in o.iter_mut().zip(&scr.acc16) {
+            *d = half::f16::from_bits(*a).to_f32() * inv;
+        }
+    } else {
+        for (d, a) in o.iter_mut().zip(&scr.acc32) {
+            *d = *a * inv;
+        }
+    }
+}
+
+/// `one_chunk_head` for every (token, head) of the micro-batch, items strided over the
+/// threads as in the F16 kernel (balanced causal work).
+fn one_chunk_any<'a>(
+    pool: &ThreadPool,
+    kv: &KvCache,
+    p: &AttnParams,
+    inp: &AttnInputs,
+    q: &[f32],
+    out: &mut [f32],
+    visible: &(dyn Fn(usize) -> &'a [(i32, u32)] + Sync),
+) {
+    let n_tokens = inp.pos.len();
+    let n_items = n_tokens * p.n_head;
+    let qw = p.n_head * p.hd_k;
+    let ow = p.n_head * p.hd_v;
+    let group = p.n_head / p.n_head_kv;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        for item in (ith..n_items).step_by(nth.max(1)) {
+            let t = item / p.n_head;
+            let h = item % p.n_head;
+            let qh = &q[t * qw + h * p.hd_k..t * qw + (h + 1) * p.hd_k];
+            // SAFETY: each item owns its output head slice; items never overlap.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * p.hd_v), p.hd_v) };
+            o.fill(0.0);
+            let vis = visible(t);
+            if vis.is_empty() {
+                continue;
+            }
+            if kv.flash_attn || crate::kv_cache::is_quantized(kv.type_v) {
+                one_chunk_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o);
+            } else {
+                nonfa_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o, n_tokens);
+            }
+        }
+    });
+}
+
+// ---- flash attention off: llama.cpp's mul_mat / soft_max / mul_mat path -------------------
+
+/// ggml's AVX2 `ggml_v_expf` for one lane (vec.h): the exp llama.cpp's soft_max uses.
+fn v_expf(x: f32) -> f32 {
+    use crate::ops::vec::fmaf;
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = fmaf(x, c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = fmaf(-n, c(0x35bf_be8e), fmaf(-n, c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = c(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = fmaf(
+        fmaf(fmaf(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, fmaf(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+        u,
+        c(0x3f7f_fff6) * b,
+    );
+    if !(n.abs() > 126.0) {
+        return fmaf(j, k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = c(g.wrapping_add(0x7f00_0000));
+    let s2 = c(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        fmaf(s2, j, s2) * s1
+    }
+}
+
+/// One output of llamafile's tinyBLAS (what ggml's mul_mat runs on AVX2 for F32 / F16 /
+/// BF16 operands when the batch has >= 2 columns): one 8-lane fused accumulator over k in
+/// steps of 8, then the lanes summed as (l + l+4), pairs, the last two.
+fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::ops::vec::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { tinyblas_dot_avx2(a, b) };
+    }
+    tinyblas_dot_ref(a, b)
+}
+
+/// `tinyblas_dot` with AVX2 registers: the same lanes, the same fused operations.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tinyblas_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len()) / 8 * 8;
+    let mut c = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        c = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), c);
+        i += 8;
+    }
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), c);
+    crate::ops::vec::hsum8_ggml(&l)
+}
+
+fn tinyblas_dot_ref(a: &[f32], b: &[f32]) -> f32 {
+    let mut c = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            c[l] = crate::ops::vec::fmaf(ca[l], cb[l], c[l]);
+        }
+    }
+    let h = [c[0] + c[4], c[1] + c[5], c[2] + c[6], c[3] + c[7]];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// `ggml_vec_dot_f32` in its AVX2 order: 4 accumulators of 8 lanes over blocks of 32
+/// (fused), reduced (s0 + s2) + (s1 + s3), then lanes l + l4, hadd, hadd; the tail added
+/// in f64.
+fn dot_f32_ggml(x: &[f32], y: &[f32]) -> f32 {
+    use crate::ops::vec::fmaf;
+    let n = x.len().min(y.len());
+    let np = n / 32 * 32;
+    let mut s = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, a) in sj.iter_mut().enumerate() {
+                *a = fmaf(x[i + 8 * j + l], y[i + 8 * j + l], *a);
+            }
+        }
+    }
+    let v: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+    let t0 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    let mut sum = ((t0[0] + t0[1]) + (t0[2] + t0[3])) as f64;
+    for i in np..n {
+        sum += (x[i] * y[i]) as f64;
+    }
+    sum as f32
+}
+
+fn bf16_round(x: f32) -> u16 {
+    let mut b = [0u8; 2];
+    let _ = quant::quantize_row(GgmlType::BF16, &[x], &mut b);
+    u16::from_le_bytes(b)
+}
+
+fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// llama.cpp's attention with flash attention off (llm_graph_context::build_attn_mha),
+/// for one query head, on the CPU:
+///   kq = mul_mat(K, q)          q through K's vec_dot_type; tinyBLAS for F16 / BF16 /
+///                               Q8_0 / Q4_0 / Q5_0 / IQ4_NL K when the micro-batch has
+///                               >= 2 tokens, else the type's vec_dot (F32 K, Q4_1 and
+///                               Q5_1 always take the vec_dot)
+///   softcap: kq = c * tanh(kq * (1/c))
+///   p = soft_max(kq * scale)    ggml_v_expf, lane groups of 8 summed in f32 then in f64
+///   out = mul_mat(V^T, p)       p rounded to V's vec_dot type (F16 / BF16 / F32), tinyBLAS
+///                               for >= 2 tokens, else ggml's vec_dot of V's type
+/// The key list is padded with zero weights to a multiple of 32, as llama.cpp's padded
+/// n_kv is (masked cells weigh exactly 0).
+#[allow(clippy::too_many_arguments)]
+fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize, vis: &[(i32, u32)], o: &mut [f32], n_tokens: usize) {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let set = quant::kernel_set();
+    let ko = tk.row_size(g * hk).unwrap_or(0);
+    let vo = tv.row_size(g * hv).unwrap_or(0);
+    let kbytes = tk.row_size(hk).unwrap_or(0);
+    let vbytes = tv.row_size(hv).unwrap_or(0);
+    let gemm = n_tokens >= 2;
+    let n = vis.len();
+    let np = n.div_ceil(32) * 32;
+    // q in K's vec_dot type
+    let vdt = quant::vec_dot_type(tk);
+    let mut q_q = vec![0u8; vdt.row_size(hk).unwrap_or(0)];
+    if quant::quantize_row_cpu(vdt, qh, &mut q_q).is_err() {
+        o.fill(f32::NAN);
+        return;
+    }
+    let q_f: Vec<f32> = match vdt {
+        GgmlType::F16 => qh.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+        GgmlType::BF16 => q_q.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        _ => qh.to_vec(),
+    };
+    let tiny_k = gemm && matches!(tk, GgmlType::F16 | GgmlType::BF16);
+    let mut k16 = vec![0u16; hk];
+    let kdot: Option<quant::VecDotFn> = match tk {
+        GgmlType::IQ4_NL if !gemm => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86),
+        _ => quant::vec_dot_fn(tk, set),
+    };
+    let mut krow = vec![0f32; hk];
+    let mut wp = vec![f32::NEG_INFINITY; np];
+    for (jj, &(_, cell)) in vis.iter().enumerate() {
+        let kb = &kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes];
+        let mut s = if tiny_k {
+            let _ = quant::dequantize_row(tk, kb, &mut krow);
+            tinyblas_dot(&krow, &q_f)
+        } else if tk == GgmlType::F16 {
+            dot_f16_ggml(u16_of(kb, &mut k16), &q_f)
+        } else if tk == GgmlType::F32 {
+            let _ = quant::dequantize_row(tk, kb, &mut krow);
+            dot_f32_ggml(&krow, qh)
+        } else {
+            match kdot {
+                Some(f) => f(hk, kb, &q_q),
+                None => f32::NAN,
+            }
+        };
+        if p.softcap != 0.0 {
+            s = (s * (1.0 / p.softcap)).tanh() * p.softcap;
+        }
+        wp[jj] = s * p.scale;
+    }
+    let max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for grp in wp.chunks_exact_mut(8) {
+        for x in grp.iter_mut() {
+            *x = v_expf(*x - max);
+        }
+        let h = [grp[0] + grp[4], grp[1] + grp[5], grp[2] + grp[6], grp[3] + grp[7]];
+        sum += ((h[0] + h[2]) + (h[1] + h[3])) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in wp.iter_mut() {
+        *x *= inv;
+    }
+    // p in V's vec_dot type
+    let mut vcol = vec![0f32; np];
+    let mut vrow = vec![0f32; hv];
+    // V^T: column d of the visible V rows
+    let mut vt = vec![0f32; hv * np];
+    for (jj, &(_, cell)) in vis.iter().enumerate() {
+        let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+        let _ = quant::dequantize_row(tv, vb, &mut vrow);
+        for d in 0..hv {
+            vt[d * np + jj] = vrow[d];
+        }
+    }
+    match tv {
+        GgmlType::F16 => {
+            let p16: Vec<f32> = wp.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            if gemm {
+                for d in 0..hv {
+                    o[d] = tinyblas_dot(&vt[d * np..(d + 1) * np], &p16);
+                }
+            } else {
+                // V^T as raw f16 bits, straight from the rows
+                let mut vt16 = vec![0u16; hv * np];
+                for (jj, &(_, cell)) in vis.iter().enumerate() {
+                    let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+                    for (d, c) in vb.chunks_exact(2).enumerate() {
+                        vt16[d * np + jj] = u16::from_le_bytes([c[0], c[1]]);
+                    }
+                }
+                for d in 0..hv {
+                    o[d] = dot_f16_ggml(&vt16[d * np..(d + 1) * np], &p16);
+                }
+            }
+        }
+        GgmlType::BF16 => {
+            let pb: Vec<u16> = wp.iter().map(|&x| bf16_round(x)).collect();
+            let pf: Vec<f32> = pb.iter().map(|&h| bf16_to_f32(h)).collect();
+            let pbytes: Vec<u8> = pb.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let f = quant::vec_dot_fn(GgmlType::BF16, set);
+            for d in 0..hv {
+                let col = &vt[d * np..(d + 1) * np];
+                o[d] = if gemm {
+                    tinyblas_dot(col, &pf)
+                } else {
+                    let cb: Vec<u8> = col.iter().flat_map(|&x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect();
+                    f.map_or(f32::NAN, |f| f(np, &cb, &pbytes))
+                };
+            }
+        }
+        _ => {
+            // F32 V (a quantized V never gets here: it needs flash attention)
+            for d in 0..hv {
+                vcol.copy_from_slice(&vt[d * np..(d + 1) * np]);
+                o[d] = if gemm { tinyblas_dot(&vcol, &wp) } else { dot_f32_ggml(&vcol, &wp) };
+            }
+        }
+    }
 }

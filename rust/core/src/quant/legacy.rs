@@ -454,3 +454,55 @@ pub fn vec_dot_iq4_nl_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     }
     sumf
 }
+
+/// `ggml_vec_dot_iq4_nl_q8_0` in the float order of ggml's AVX2 build (arch/x86/quants.c):
+/// blocks in pairs, even blocks into one 8-lane accumulator and odd ones into another
+/// (lane k: the exact integer sum of elements 4k..4k+3, times d_y * d_x, fused), the two
+/// added and reduced as `hsum_float_8`; an odd last block added as d * sumi. The attention
+/// over an IQ4_NL K cache uses it, so q.k equals llama.cpp's to the bit: the single-
+/// accumulator kernel differs in the last bits, which the quantized cache and 30 layers
+/// amplify into logit differences of several units on SmolLM2.
+pub fn vec_dot_iq4_nl_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use crate::ops::vec::fmaf;
+    let nb = n / QK;
+    let lanes = |bx: &[u8], by: &[u8]| -> [f32; 8] {
+        let mut p = [0f32; 8];
+        for (k, pk) in p.iter_mut().enumerate() {
+            let mut s = 0i32;
+            for e in 4 * k..4 * k + 4 {
+                let q = bx[2 + (e & 15)];
+                let v = KVALUES_IQ4NL[(if e < 16 { q & 15 } else { q >> 4 }) as usize] as i32;
+                s += v * (by[2 + e] as i8 as i32);
+            }
+            *pk = s as f32;
+        }
+        p
+    };
+    let (mut a1, mut a2) = ([0f32; 8], [0f32; 8]);
+    let mut ib = 0;
+    while ib + 1 < nb {
+        for (acc, b) in [(&mut a1, ib), (&mut a2, ib + 1)] {
+            let (bx, by) = (&x[b * 18..b * 18 + 18], &y[b * 34..b * 34 + 34]);
+            let d = rd_f16(by, 0) * rd_f16(bx, 0);
+            for (a, p) in acc.iter_mut().zip(lanes(bx, by)) {
+                *a = fmaf(d, p, *a);
+            }
+        }
+        ib += 2;
+    }
+    let mut sumf = if nb >= 2 {
+        let s: [f32; 8] = std::array::from_fn(|l| a1[l] + a2[l]);
+        let h = [s[4] + s[0], s[5] + s[1], s[6] + s[2], s[7] + s[3]];
+        (h[0] + h[2]) + (h[1] + h[3])
+    } else {
+        0.0
+    };
+    while ib < nb {
+        let (bx, by) = (&x[ib * 18..ib * 18 + 18], &y[ib * 34..ib * 34 + 34]);
+        let d = rd_f16(by, 0) * rd_f16(bx, 0);
+        let sumi: i32 = lanes(bx, by).iter().map(|&p| p as i32).sum();
+        sumf = fmaf(d, sumi as f32, sumf); // GCC contracts sumf += d * sumi
+        ib += 1;
+    }
+    sumf
+}

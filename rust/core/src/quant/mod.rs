@@ -238,6 +238,19 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// ggml-cpu's `from_float` for `ty` (its type_traits_cpu entry): what `ggml_set_rows` and
+/// `ggml_cpy` use to write KV cache rows, and what flash attention converts Q with. That is
+/// the reference quantizer (`quantize_row_*_ref`) for every type but Q8_0 / Q8_1, whose
+/// CPU `quantize_row_q8_0/1` is the x86 one (127/amax, round half to even; see
+/// `quantize_act_fn`), and F16 / BF16, whose conversions round to nearest even as the
+/// reference ones do.
+pub fn quantize_row_cpu(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => quantize_row_act(ty, src, dst),
+        _ => quantize_row(ty, src, dst),
+    }
+}
+
 /// The activation quantizer the matmul uses for vec_dot type `ty`: llama.cpp's x86 one
 /// (for Q8_0/Q8_1: inverse scale 127/amax, round half to even; others as `quantize_row`).
 /// Scalar and SIMD versions give identical bytes.

@@ -1181,3 +1181,23 @@ fn matmul_small_batches_equal_single_token_matmuls_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn iq4_nl_x86_order_matches_ref() {
+    // the KV cache's IQ4_NL q.k (ggml's two-accumulator AVX2 order) is the same dot product
+    // within float-summation error, for even and odd block counts
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for nblocks in [1usize, 2, 3, 8] {
+        let n = 32 * nblocks;
+        for _ in 0..16 {
+            let w = random_row(GgmlType::IQ4_NL, n, &mut rng);
+            let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+            let xq = activations(GgmlType::IQ4_NL, &x, KernelSet::Ref);
+            let r = vec_dot_fn_ref(GgmlType::IQ4_NL).unwrap()(n, &w, &xq);
+            let s = legacy::vec_dot_iq4_nl_q8_0_x86(n, &w, &xq);
+            let m = mass(GgmlType::IQ4_NL, &w, &xq, n);
+            let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
+            assert!(((r - s) as f64).abs() <= tol, "n={n}: ref {r} x86 {s}");
+        }
+    }
+}
