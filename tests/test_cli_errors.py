@@ -81,9 +81,8 @@ USAGE = {
     "gen-ctk": (["generate", "-p", "x", "-ctk", "bogus"], ["'-ctk'", "bogus", "q8_0"]),
     "gen-ctv": (["generate", "-p", "x", "-ctv", "q9"], ["'-ctv'", "q9"]),
     "gen-fa": (["generate", "-p", "x", "-fa", "maybe"], ["'-fa'", "maybe"]),
-    "gen-fa-off": (["generate", "-p", "x", "-fa", "off"], ["'-fa'", "off", "only the fused (flash) attention kernel"]),
-    "chat-fa-0": (["chat", "-fa", "0"], ["'-fa'", "0", "only the fused (flash) attention kernel"]),
-    "serve-fa-off": (["serve", "-fa", "off"], ["'-fa'", "off", "only the fused (flash) attention kernel"]),
+    "chat-fa": (["chat", "-fa", "2"], ["'-fa'", "2"]),
+    "serve-fa": (["serve", "-fa", "yes"], ["'-fa'", "yes"]),
     # chat
     "chat-template-name": (["chat", "--chat-template", "bogus"], ["'--chat-template'", "bogus", "chatml", "llama3"]),
     "chat-c-neg": (["chat", "-c", "-1"], ["'-c'", "-1"]),

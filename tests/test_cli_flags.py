@@ -488,3 +488,15 @@ def test_serve_shares_the_chat_template_flags(smollm2_path, tmp_path, monkeypatc
         c = [q for q in cmds["chat"].params if flag in q.opts][0]
         s = [q for q in cmds["serve"].params if flag in q.opts][0]
         assert (c.opts, c.secondary_opts, c.default, c.help) == (s.opts, s.secondary_opts, s.default, s.help)
+
+
+def test_flash_attn_off_runs_llama_cpps_unfused_path(smollm2_path):
+    """-fa off is honoured (llama.cpp's mul_mat / soft_max / mul_mat attention) on generate,
+    and gives llama.cpp's greedy continuation like on / auto; every spelling llama.cpp takes."""
+    want = "The capital of France is Paris.\n\nThe United States has a population of approximately 3"
+    runner = CliRunner()
+    for fa in ("off", "on", "auto", "0", "disabled", "true"):
+        r = runner.invoke(app, ["generate", "-m", str(smollm2_path), "-p", "The capital of France is", "-n", "14",
+                                "--temp", "0", "-fa", fa, "--no-perf"])
+        assert r.exit_code == 0, (fa, r.output)
+        assert r.stdout.rstrip("\n") == want, (fa, r.stdout)

@@ -174,7 +174,9 @@ class Context:
         embeddings: bool = False,
         rope_freq_base: float = 0.0,
         rope_freq_scale: float = 0.0,
+        flash_attn: bool = True,
     ) -> Context: ...
+    def kv_bytes(self) -> int: ...
     @property
     def model(self) -> Model: ...
     @property

@@ -180,18 +180,15 @@ def repeat_penalty(ctx, param, value):
 
 
 def flash_attn(ctx, param, value):
-    """-fa: llama.cpp's on / auto (and 1). pyllama's CPU attention is always the fused
-    streaming-softmax kernel (what llama.cpp calls flash attention, and what its auto picks
-    on the CPU), so off, which asks for the unfused KQ / softmax / KQV path, is refused
-    rather than silently run fused."""
+    """-fa: llama.cpp's on / off / auto (and its other spellings: enabled / disabled, true /
+    false, 1 / 0 / -1). On runs llama.cpp's flash-attention kernel, off its mul_mat /
+    soft_max / mul_mat path (both reproduced in ops/attention.rs); auto is on, as on
+    llama.cpp's CPU backend. A quantized V cache needs it on (or auto)."""
     if value is None:
         return value
-    v = value.lower()
-    if v not in ("on", "off", "auto", "1", "0"):
+    v = value.strip().lower()
+    if v not in FLASH_ATTN_TYPES:
         raise typer.BadParameter(f"--flash-attn expects on, off or auto, got {value!r}")
-    if v in ("off", "0"):
-        raise typer.BadParameter(f"{value!r}: pyllama has only the fused (flash) attention kernel, so it cannot run "
-                                 "with flash attention off; use on or auto")
     return v
 
 
@@ -237,13 +234,15 @@ def opt_cache_type_v():
     return typer.Option("f16", "-ctv", "--cache-type-v", callback=kv_cache_type, help="V cache type")
 
 
-# -fa values -> llama_context_params.flash_attn_type (anything else: -1, auto)
-FLASH_ATTN_TYPES = {"on": 1, "1": 1, "off": 0, "0": 0}
+# -fa words (common_arg_utils is_truthy / is_falsey / is_autoy) -> llama_context_params.flash_attn_type
+FLASH_ATTN_TYPES = {"on": 1, "enabled": 1, "true": 1, "1": 1, "off": 0, "disabled": 0, "false": 0, "0": 0,
+                    "auto": -1, "-1": -1}
 
 
 def opt_flash_attn():
     return typer.Option("auto", "-fa", "--flash-attn", callback=flash_attn,
-                        help="flash attention: on or auto (pyllama's attention is always the fused kernel; off is refused)")
+                        help="flash attention: on, off (llama.cpp's unfused path; a quantized V cache needs on) or "
+                             "auto (on)")
 
 
 def opt_temp():

@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from . import app
-from ._checks import integer
+from ._checks import FLASH_ATTN_TYPES, integer
 from .generate import freeze_heap
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?:([+*])([0-9]+))?)?")
@@ -116,8 +116,8 @@ def _kv_types():
     return GGML_TYPE_NAMES.values()
 
 
-# llama-bench's -fa words (common_arg_utils is_truthy / is_falsey / is_autoy) -> llama_flash_attn_type
-_FA = {"on": 1, "enabled": 1, "true": 1, "1": 1, "off": 0, "disabled": 0, "false": 0, "0": 0, "auto": -1, "-1": -1}
+# llama-bench's -fa words -> llama_flash_attn_type (the same words as generate's -fa)
+_FA = FLASH_ATTN_TYPES
 
 
 def _flash_attn(ctx, param, value):
