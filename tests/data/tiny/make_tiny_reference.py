@@ -1,8 +1,9 @@
 """llama.cpp's logits for the tiny fixtures that exist only in tests/data/make_tiny.py (not in
 ../shared/tiny): tiny-<arch>-<qtype>.logits.json / .npz beside this file, in the format of
 the other tiny references (../shared/reference/make_reference.py): per prompt its tokens, the
-20 highest logits at every position and the whole last row. tests/test_logits.py holds
-pyllama to them with the tolerances of every tiny model.
+20 highest logits at every position and the whole last row, and for the architectures in
+GREEDY llama.cpp's greedy continuation (N_GEN tokens) with its top-1 margin at each step.
+tests/test_logits.py holds pyllama to them with the tolerances of every tiny model.
 
 The prompts are the token ids of tiny-qwen3-F32's reference (8, 46 and 301 tokens: the
 301-token prompt crosses llama.cpp's 256-key flash-attention tiles). llama.cpp runs
@@ -11,7 +12,7 @@ BPE vocabulary without merges; the tests feed token ids, so the logits are the s
 ../lora/lora_logits.cpp (n_ctx 2048, n_batch 2048, n_ubatch 512, 2 threads, default flash
 attention, every position an output) built against llama.cpp's library:
 
-    python tests/data/tiny/make_tiny_reference.py smollm3 [LLAMA_SRC] [LLAMA_BUILD] [TOKENIZER_GGUF]
+    python tests/data/tiny/make_tiny_reference.py <arch> [LLAMA_SRC] [LLAMA_BUILD] [TOKENIZER_GGUF]
 """
 
 from __future__ import annotations
