@@ -218,8 +218,19 @@ def opt_threads_batch():
     return typer.Option(None, "-tb", "--threads-batch", help="threads for prompt processing (<= 0 = the default)")
 
 
+def gpu_layers(ctx, param, value):
+    """-ngl (any integer, as llama.cpp: negative = auto / all); there is no GPU backend yet,
+    so a request for GPU layers says once, on stderr, that every layer runs on the CPU."""
+    if value is None:
+        return value
+    if value != 0:
+        typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
+    return value
+
+
 def opt_gpu_layers():
-    return typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", help="layers on the GPU (accepted; CPU here)")
+    return typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", callback=gpu_layers,
+                        help="layers on the GPU (no GPU backend yet: a warning, and every layer runs on the CPU)")
 
 
 def opt_load_mode():

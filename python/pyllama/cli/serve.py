@@ -158,8 +158,6 @@ def serve(
     from ..generation import load_model, progress_bar, resolve_model_path
     from ..server import EngineConfig, ServerConfig, ServerState, create_app
 
-    if gpu_layers:
-        typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
     n_parallel = 4 if parallel < 0 else max(parallel, 1)
     unified = kv_unified or parallel < 0
     try:
