@@ -433,14 +433,46 @@ def opt_log_disable():
                         help="no log output on stderr (progress, timings, warnings); errors still print")
 
 
+def _current_click_context():
+    """The running command's click context: typer's vendored click (newer typer) or click."""
+    import importlib
+
+    for name in ("typer._click.globals", "click"):
+        try:
+            ctx = importlib.import_module(name).get_current_context(silent=True)
+        except (ImportError, AttributeError):
+            continue
+        if ctx is not None:
+            return ctx
+    return None
+
+
 def setup_logging(verbose: bool, log_disable: bool) -> None:
     """-v: every logger at DEBUG on stderr; --log-disable: none at all (llama.cpp's
-    common_log_pause). Errors are not logs: they print either way."""
+    common_log_pause). Errors are not logs: they print either way. The logging state is
+    restored when the command ends (the app may run in a process that goes on, e.g. tests
+    or a program that calls it)."""
     import logging
 
+    if not (log_disable or verbose):
+        return
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), logging.root.manager.disable)
+
+    def restore() -> None:
+        for h in root.handlers:
+            if h not in saved[1]:
+                h.close()
+        root.handlers[:] = saved[1]
+        root.setLevel(saved[0])
+        logging.disable(saved[2])
+
+    ctx = _current_click_context()
+    if ctx is not None:
+        ctx.call_on_close(restore)
     if log_disable:
         logging.disable(logging.CRITICAL)
-    elif verbose:
+    else:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s", force=True)
 
 
