@@ -340,6 +340,9 @@ class Llama:
         type_k: Optional[Union[int, str]] = None,
         type_v: Optional[Union[int, str]] = None,
         spm_infill: bool = False,
+        # pyllama's: llama.cpp's context shift when a completion fills the context
+        context_shift: bool = False,
+        n_keep: int = 0,
         verbose: bool = True,
     ):
         """Load ``model_path`` and create a context of ``n_ctx`` tokens (0 = the model's
@@ -354,7 +357,11 @@ class Llama:
         the logits of every token :meth:`eval` decodes in ``scores`` (and is required for
         ``logprobs``, as in llama-cpp-python). ``draft_model`` (a
         :class:`~pyllama.llama_speculative.LlamaDraftModel`) turns on speculative decoding:
-        the same output, fewer decode calls when its guesses are right.
+        the same output, fewer decode calls when its guesses are right. ``context_shift``
+        (pyllama's, off by default as in llama-cpp-python): a completion that fills the
+        context goes on as llama.cpp's ``--context-shift`` does (the first ``n_keep`` tokens
+        kept, half of the rest dropped, the remaining cells moved down and their keys
+        re-rotated); ``max_tokens`` None or <= 0 then means until the end of generation.
         """
         where = "Llama"
         # refused: not built yet
@@ -370,6 +377,14 @@ class Llama:
         if draft_model is not None and not callable(draft_model):
             raise TypeError(f"{where}: draft_model must be a LlamaDraftModel (such as "
                             f"LlamaPromptLookupDecoding()) or None, got {type(draft_model).__name__}")
+        if not isinstance(context_shift, bool):
+            raise TypeError(f"{where}: context_shift must be True or False, got {context_shift!r}")
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < -1:
+            raise ValueError(f"{where}: n_keep must be an integer >= -1 (-1: the whole prompt), got {n_keep!r}")
+        if context_shift and draft_model is not None:
+            raise ValueError(f"{where}: context_shift and draft_model cannot be combined (a shift moves the cells "
+                             "a speculative step verifies)")
+        self._context_shift, self._n_keep = context_shift, n_keep
         if spm_infill:
             raise _not_yet(where, "spm_infill", spm_infill, "fill-in-the-middle prompts (prefix/suffix/middle "
                            "tokens) are not implemented in pyllama yet")
@@ -889,14 +904,16 @@ class Llama:
         ``record(token, logits_row)`` sees each generated token kept in the output."""
         sess = self._sess()
         if max_tokens is None or max_tokens <= 0:
-            max_tokens = sess.n_ctx - len(prompt_tokens)
+            max_tokens = -1 if self._context_shift else sess.n_ctx - len(prompt_tokens)
         if len(prompt_tokens) >= sess.n_ctx:
             raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {sess.n_ctx}")
         out = StopText(sess.vocab, _check_stop(stop))
         self._cache_lookup(prompt_tokens)
         self._requires_eval = True
         self._rows_at = None
-        gen = sess.generate(prompt_tokens, sampler, max_tokens, draft=self.draft_model)
+        n_keep = len(prompt_tokens) if self._n_keep == -1 else self._n_keep
+        gen = sess.generate(prompt_tokens, sampler, max_tokens, draft=self.draft_model,
+                            shift=self._context_shift, n_keep=n_keep)
         criterion_hit = False
         try:
             for tok in gen:
