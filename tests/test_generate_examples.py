@@ -47,3 +47,28 @@ def test_examples_usage():
     assert r.returncode == 1 and "example usage" in r.stdout
     r = run([str(EXAMPLES / "simple_chat.py"), "-c", "x"])
     assert r.returncode == 1 and "example usage" in r.stdout
+
+
+def test_tool_calls_round_trip(qwen25_path):
+    """examples/tool_calls.py on Qwen2.5-Coder: the model calls the calculator (auto), the
+    program runs it and sends the result back as a tool message, the model answers."""
+    r = run([str(EXAMPLES / "tool_calls.py"), "-m", str(qwen25_path), "What is 23 * 19? Use the calculator."])
+    assert r.returncode == 0, r.stderr
+    assert 'tool call: calculator({"expression": "23 * 19"}) -> 437' in r.stdout, r.stdout
+    assert "answer: " in r.stdout
+
+
+def test_earlier_tool_call_arguments_reach_the_template_as_objects(qwen25_path):
+    """OpenAI's shape has a tool call's arguments as JSON text; the template must see the
+    object (Hermes templates print it with tojson), tools offered in the request or not."""
+    from pyllama.tool_calls import with_object_arguments
+
+    msgs = [{"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "2+2"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "4"}]
+    fixed = with_object_arguments(msgs)
+    assert fixed[1]["tool_calls"][0]["function"]["arguments"] == {"e": "2+2"}
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"e": "2+2"}'  # the caller's list is untouched
+    assert with_object_arguments([{"role": "assistant", "tool_calls": [{"function": {"arguments": "not json"}}]}])[0][
+        "tool_calls"][0]["function"]["arguments"] == "not json"

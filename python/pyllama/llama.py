@@ -1340,6 +1340,10 @@ class Llama:
                            else LlamaGrammar.from_string(tc.grammar, verbose=False))
             messages = tc.messages(messages)
             extra = tc.template_vars()
+        else:
+            from .tool_calls import with_object_arguments
+
+            messages = with_object_arguments(messages)
         # OpenAI's shape: logprobs=True adds each token's log-probability, top_logprobs=N the N
         # most likely alternatives; as in llama-cpp-python the Llama needs logits_all=True
         n_top = None

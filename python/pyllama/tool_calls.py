@@ -54,6 +54,29 @@ def _check_tools(tools: Any) -> list:
     return out
 
 
+def with_object_arguments(messages: list) -> list:
+    """The conversation with earlier assistant tool calls' ``arguments`` as JSON objects
+    where OpenAI's shape has them as JSON text (templates print them with ``tojson``), as
+    llama.cpp parses them for every chat request, tools offered or not. Other messages and
+    arguments that are not valid JSON are left as they are."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(calls, list):
+            fixed = []
+            for c in calls:
+                f = dict(c.get("function", c)) if isinstance(c, dict) else {}
+                if isinstance(f.get("arguments"), str):
+                    try:
+                        f["arguments"] = json.loads(f["arguments"])
+                    except json.JSONDecodeError:
+                        pass
+                fixed.append({**c, "function": f} if isinstance(c, dict) and "function" in c else f)
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
+
 class ToolCalls:
     """Tool calling for one request: ``messages()`` / ``template_vars()`` shape the prompt,
     ``grammar`` (GBNF or None) constrains the reply (only from the first match of one of
@@ -121,24 +144,13 @@ class ToolCalls:
         generic format, a system message saying how to answer, and tool calls / results as
         JSON text."""
         out = []
-        for m in messages:
+        for m in with_object_arguments(messages):
             m = dict(m)
             calls = m.get("tool_calls")
             if m.get("role") == "assistant" and isinstance(calls, list):
-                fixed = []
-                for c in calls:
-                    f = dict(c.get("function", c)) if isinstance(c, dict) else {}
-                    if isinstance(f.get("arguments"), str):
-                        try:
-                            f["arguments"] = json.loads(f["arguments"])
-                        except json.JSONDecodeError:
-                            pass
-                    fixed.append({**c, "function": f} if isinstance(c, dict) and "function" in c else f)
-                if self.hermes:
-                    m["tool_calls"] = fixed
-                else:
+                if not self.hermes:  # Hermes templates render tool_calls themselves
                     body = [{"name": f.get("function", f).get("name"), "arguments": f.get("function", f).get("arguments")}
-                            for f in fixed]
+                            for f in calls]
                     m.pop("tool_calls")
                     m["content"] = json.dumps({"tool_calls": body} if len(body) > 1 else {"tool_call": body[0]},
                                               ensure_ascii=False, indent=2)

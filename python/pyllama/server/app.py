@@ -24,7 +24,7 @@ from typing import Any, Optional
 from .engine import Engine, EngineConfig, Job, PromptTooLong, QueueFull
 from ..chat import special_text
 from .. import reasoning as reasoning_mod
-from ..tool_calls import reply_message
+from ..tool_calls import reply_message, with_object_arguments
 from .params import (COMMON_FIELDS, BadRequest, check_fields, parse_generation, response_format_schema)
 
 log = logging.getLogger("pyllama.server")
@@ -957,6 +957,8 @@ def _chat_prompt(state: "ServerState", body: dict, tools) -> str:
     if tools is not None:
         msgs = tools.messages(msgs)
         kw = {**kw, **tools.template_vars()}
+    else:
+        msgs = with_object_arguments(msgs)
     return state.chat.render(msgs, agp, **kw) + prefix
 
 
