@@ -402,8 +402,15 @@ def test_queue_full_is_503(smollm2_path):
     try:
         body = {"prompt": "Go:", "n_predict": 400, "ignore_eos": True}
         with cf.ThreadPoolExecutor(4) as ex:
-            codes = sorted(ex.map(lambda _: s.post("/completion", body).status_code, range(4)))
-        assert codes.count(200) >= 2 and 503 in codes
+            first = ex.submit(lambda: s.post("/completion", body).status_code)
+            # once the one slot is busy, the queue (1) takes one more request and refuses the rest
+            deadline = time.time() + 60
+            while not any(x["is_processing"] for x in s.http.get("/slots").json()):
+                assert time.time() < deadline, "the first request never started"
+                time.sleep(0.05)
+            rest = [ex.submit(lambda: s.post("/completion", body).status_code) for _ in range(3)]
+            codes = sorted([first.result()] + [f.result() for f in rest])
+        assert codes == [200, 200, 503, 503], codes
         r = s.post("/completion", {"prompt": "Go:", "n_predict": 2})
         assert r.status_code == 200
     finally:
