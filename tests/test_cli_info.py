@@ -83,3 +83,18 @@ def test_info_features_agree_with_the_kernel_choice():
     elif kset == "avx2":
         assert feats["avx2"] and feats["fma"] and feats["f16c"]
         assert not all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
+
+
+def test_info_knows_every_setting_pyllama_reads():
+    """Every PYLLAMA_* variable the package or the extension reads has a line in info's
+    table (else info would call it "not a setting pyllama reads")."""
+    import re
+
+    from pyllama.cli.info import SETTINGS
+
+    root = Path(__file__).resolve().parent.parent
+    read = set()
+    for sub, pat in (("python/pyllama", "*.py"), ("rust/core/src", "*.rs"), ("rust/py/src", "*.rs")):
+        for f in (root / sub).rglob(pat):
+            read |= set(re.findall(r"PYLLAMA_[A-Z0-9_]+", f.read_text(encoding="utf-8", errors="replace")))
+    assert read - set(SETTINGS) == set(), read - set(SETTINGS)

@@ -21,6 +21,9 @@ SETTINGS = {
     "PYLLAMA_ORDER": "float order: llamacpp = llama.cpp's order for large batches (default: pyllama's)",
     "PYLLAMA_CACHE": "model cache directory",
     "PYLLAMA_NO_ROWS": "benchmarks: turn off the multi-row decode kernels",
+    "PYLLAMA_NO_COLS": "benchmarks: decode batches of 2..7 tokens one token at a time (the old path)",
+    "PYLLAMA_GRAMMAR": "py = the pure-Python grammar matcher (the reference) instead of the Rust one",
+    "PYLLAMA_LLAMA_CPP_DIR": "tests: a llama.cpp build directory for pyllama verify's comparison",
     "PYLLAMA_BENCH_MIB": "benchmarks: working-set size of the bandwidth probe",
     "PYLLAMA_BENCH_TYPES": "benchmarks: weight types of the kernel benchmark",
     "PYLLAMA_SLOW": "tests: run the long sweeps",
@@ -127,16 +130,14 @@ def collect() -> dict[str, Any]:
     }
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
-
-
 @app.command()
 def info(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Show the installation: version, build, CPU features and the kernel set chosen (and
     why), PYLLAMA_* settings, GPU devices, optional packages, the model cache."""
+    from .models import human_bytes
+
     d = collect()
     if as_json:
         print(json.dumps(d, indent=2))
@@ -168,6 +169,6 @@ def info(
     if models:
         print(f"cached models ({len(models)}):")
         for m in models:
-            print(f"  {m['name']}  {m['type']}  {_size(m['size'])}  ({m['path']})")
+            print(f"  {m['name']}  {m['type']}  {human_bytes(m['size'])}  ({m['path']})")
     else:
         print("cached models: none")
