@@ -485,6 +485,12 @@ class Context:
         return self._kv_unified
 
     @property
+    def memory_can_shift(self) -> bool:
+        """Whether cached cells can move to other positions (``seq_add`` / ``seq_div``
+        re-rope K): llama_memory_can_shift. True for every architecture pyllama runs."""
+        return True
+
+    @property
     def flash_attn(self) -> bool:
         """Whether flash attention is on, as llama.cpp resolves ``flash_attn_type`` (auto:
         on, as on llama.cpp's CPU backend). pyllama's attention reproduces llama.cpp's

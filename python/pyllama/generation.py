@@ -116,6 +116,7 @@ class StopText:
         self.text = ""   # shown text
         self.stopped = False
         self.stop_word = ""  # the stop string that ended the text
+        self.cut = False     # truncate() shortened the text after it was shown
 
     def _take(self, final: bool) -> str:
         buf = self._buf
@@ -135,13 +136,20 @@ class StopText:
         return out
 
     def feed(self, token: int) -> str:
-        if self.stopped:
+        if self.stopped or self.cut:
             return ""
         self._buf += self._stream.feed(token)
         return self._take(False)
 
+    def truncate(self, n: int) -> None:
+        """End the text at ``n`` characters (text already shown beyond that is taken back:
+        a caller that has not streamed it leaves it out); nothing more comes."""
+        self.text = self.text[:n]
+        self._buf = ""
+        self.cut = True
+
     def finish(self) -> str:
-        if self.stopped:
+        if self.stopped or self.cut:
             return ""
         self._buf += self._stream.flush()
         return self._take(True)
@@ -169,14 +177,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def context_shift(ctx, seq_id: int, tokens: list, n_keep: int = 0) -> int:
+def context_shift(ctx, seq_id: int, tokens: list, n_keep: int = 0, n_discard: int = 0) -> int:
     """llama.cpp's context shift for a full sequence: keep its first ``n_keep`` tokens, drop
-    half of the rest (the oldest) and move the remainder down (K is re-roped, so attention
-    sees them at their new positions). ``tokens`` (what the sequence holds) is cut to match.
-    Returns how many tokens were dropped (0 when nothing can be)."""
+    the ``n_discard`` oldest of the rest (0: half of them; at most all but one) and move the
+    remainder down (K is re-roped, so attention sees them at their new positions).
+    ``tokens`` (what the sequence holds) is cut to match. Returns how many tokens were
+    dropped (0 when nothing can be)."""
     n_past = len(tokens)
     n_keep = min(max(int(n_keep), 0), n_past - 1)
-    n_discard = (n_past - n_keep) // 2
+    n_left = n_past - n_keep
+    n_discard = min(max(int(n_discard) if n_discard else n_left // 2, 0), max(0, n_left - 1))
     if n_discard <= 0:
         return 0
     ctx.seq_rm(seq_id, n_keep, n_keep + n_discard)

@@ -103,7 +103,8 @@ def serve(
     context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
                                        help="when a slot is full, drop half its tokens after --keep and go on"),
     cache_reuse: int = typer.Option(0, "--cache-reuse", callback=integer(0),
-                                    help="reuse cached chunks by KV shifting (only 0 = off is supported)"),
+                                    help="min chunk size to reuse from a slot's cache by KV shifting, after its "
+                                         "common prefix (0 = off; a request's n_cache_reuse overrides it)"),
     timeout: float = typer.Option(600, "-to", "--timeout", callback=O.number(0, lo_open=True),
                                   help="seconds a request may wait for progress"),
     threads_http: int = typer.Option(-1, "--threads-http", callback=integer(-1),
@@ -143,9 +144,6 @@ def serve(
                                  param_hint="--reranking/--pooling rank")
     if pooling is not None and not embedding:
         raise typer.BadParameter("--pooling only applies with --embedding", param_hint="--pooling")
-    if cache_reuse:
-        raise typer.BadParameter("only 0 (off) is supported: pyllama reuses the longest cached prefix of a "
-                                 "slot, not shifted chunks", param_hint="--cache-reuse")
     keys = [k.strip() for v in api_key for k in v.split(",") if k.strip()]
     if api_key_file is not None:
         try:
@@ -177,7 +175,8 @@ def serve(
         ecfg = EngineConfig(n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
                             n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
-                            type_v=cache_type_v, context_shift=context_shift, n_keep=keep, max_queue=queue_size,
+                            type_v=cache_type_v, context_shift=context_shift, n_keep=keep, cache_reuse=cache_reuse,
+                            max_queue=queue_size,
                             flash_attn=O.FLASH_ATTN_TYPES.get(flash_attn, -1),
                             embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1),
                             loras=O.adapter_files(lora, lora_scaled, "--lora"),

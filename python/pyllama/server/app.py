@@ -159,13 +159,26 @@ class _Run:
             j.cancel()
         self.state.engine.wake()
 
-    async def events(self):
+    async def events(self, ping: float = -1):
         """Every job's events, as they come, until each job is done; raises TimeoutError
-        when nothing has come for the configured timeout."""
+        when nothing has come for the configured timeout. With ``ping`` > 0, a
+        ``{"type": "ping"}`` event after each ``ping`` seconds of silence (SSE keep-alive)."""
         left = len(self.jobs)
         timeout = self.state.config.timeout
         while left:
-            ev = await asyncio.wait_for(self.queue.get(), timeout=timeout if timeout > 0 else None)
+            waited = 0.0
+            while True:
+                wait = timeout - waited if timeout > 0 else None
+                if ping > 0 and (wait is None or ping < wait):
+                    wait = ping
+                try:
+                    ev = await asyncio.wait_for(self.queue.get(), timeout=wait)
+                    break
+                except asyncio.TimeoutError:
+                    waited += wait
+                    if timeout > 0 and waited >= timeout:
+                        raise
+                    yield {"type": "ping", "index": -1}
             if ev["type"] in ("done", "error"):
                 left -= 1
             yield ev
@@ -183,7 +196,10 @@ def _make_job(state: ServerState, prompt: list, g, emit) -> Job:
         sampler = _GrammarFirstSampler(chain, grammar.sampler(state.vocab))
     return Job(prompt=prompt, sampler=sampler, chain=chain, emit=emit, n_predict=g.n_predict,
                stops=g.stops, n_probs=g.n_probs, ignore_eos=g.ignore_eos, n_keep=g.n_keep,
-               cache_prompt=g.cache_prompt, id_slot=g.id_slot)
+               cache_prompt=g.cache_prompt, id_slot=g.id_slot, n_cache_reuse=g.n_cache_reuse,
+               n_discard=g.n_discard, n_indent=g.n_indent, t_max_predict_ms=g.t_max_predict_ms,
+               post_sampling=g.post_sampling_probs, progress=g.return_progress and g.stream,
+               timings_per_token=g.timings_per_token)
 
 
 def _grammar_of(state: ServerState, g):
@@ -258,7 +274,8 @@ async def _collect(request, run: _Run) -> dict:
     try:
         async def consume():
             async for ev in run.events():
-                per.setdefault(ev["index"], []).append(ev)
+                if ev["type"] in ("token", "done", "error"):
+                    per.setdefault(ev["index"], []).append(ev)
         task = asyncio.ensure_future(consume())
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
@@ -644,7 +661,7 @@ def create_app(state: ServerState):
 
     async def completion_native(request):
         body = check_fields(await _read_json(request, cfg.max_body),
-                            COMMON_FIELDS | {"prompt", "content", "return_tokens", "response_fields"},
+                            COMMON_FIELDS | {"prompt", "content", "return_tokens", "response_fields", "n_cmpl"},
                             request.url.path)
         if body.get("return_tokens") not in (None, True, False):
             raise BadRequest("'return_tokens' must be true or false")
@@ -654,8 +671,9 @@ def create_app(state: ServerState):
         if "prompt" not in body and "content" in body:
             body["prompt"] = body.pop("content")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        n = _int_field(body, "n_cmpl", 1, cfg.max_n, 1)  # llama-server's several completions per prompt
         prompts = await run_in_threadpool(lambda: _prompts(state, body.get("prompt")))
-        return await run_generation(request, body, prompts, g, 1, "native")
+        return await run_generation(request, body, prompts, g, n, "native")
 
     async def infill(request):
         """llama-server's /infill: fill in the middle with the model's FIM tokens."""
@@ -675,10 +693,11 @@ def create_app(state: ServerState):
 
     async def completion_oai(request):
         body = check_fields(await _read_json(request, cfg.max_body),
-                            COMMON_FIELDS | {"prompt", "n", "logprobs", "echo", "suffix", "best_of",
+                            COMMON_FIELDS | {"prompt", "n", "n_cmpl", "logprobs", "echo", "suffix", "best_of",
                                              "stream_options"}, "/v1/completions")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
-        n = _int_field(body, "n", 1, cfg.max_n, 1)
+        # llama-server: n_cmpl, with OpenAI's n as its fallback
+        n = _int_field(body, "n_cmpl", 1, cfg.max_n, 0) or _int_field(body, "n", 1, cfg.max_n, 1)
         if _int_field(body, "best_of", 1, cfg.max_n, 1) != 1:
             raise BadRequest("'best_of' > 1 is not supported (pass n for several choices)")
         if body.get("suffix"):
@@ -990,8 +1009,10 @@ def _usage(dones: list) -> dict:
 
 
 def _scored(evs: list) -> list:
-    """The token events that carry a log-probability (a stop string's held-back tail does not)."""
-    return [ev for ev in evs if ev["type"] == "token" and ev["token"] is not None and ev["logprob"] is not None]
+    """The token events that carry a log-probability (a stop string's held-back tail does
+    not), or with post_sampling_probs a probability."""
+    return [ev for ev in evs if ev["type"] == "token" and ev["token"] is not None
+            and (ev["logprob"] is not None or ev.get("prob") is not None)]
 
 
 def _oai_logprobs(state, evs: list, text_offset: int) -> dict:
@@ -1009,6 +1030,18 @@ def _oai_logprobs(state, evs: list, text_offset: int) -> dict:
     return {"tokens": tokens, "text_offset": offsets, "token_logprobs": token_lp, "top_logprobs": top_lp}
 
 
+def _oai_lp(state, evs: list, text_offset: int, body: dict, g) -> Optional[dict]:
+    """A completions choice's logprobs: OpenAI's shape, or with post_sampling_probs
+    llama-server's {"content": [...probabilities...]}."""
+    if body.get("logprobs") is None and not (g is not None and g.n_probs):
+        return None
+    if g is not None and g.post_sampling_probs:
+        return {"content": _probs(state, evs, False)}
+    if body.get("logprobs") is None:
+        return None
+    return _oai_logprobs(state, evs, text_offset)
+
+
 def _prob(v, t: int, lp: float, with_id: bool) -> dict:
     """One token's entry: OpenAI's chat shape (token, logprob, bytes), llama-server's adds id."""
     d = {"id": t} if with_id else {}
@@ -1017,9 +1050,23 @@ def _prob(v, t: int, lp: float, with_id: bool) -> dict:
 
 
 def _probs(state, evs: list, with_id: bool) -> list:
+    """Per token its entry and its top alternatives: log-probabilities (logprob /
+    top_logprobs), or with post_sampling_probs the sampler chain's probabilities (prob /
+    top_probs), as llama-server's probs_vector_to_json."""
     v = state.vocab
-    return [{**_prob(v, ev["token"], ev["logprob"], with_id),
-             "top_logprobs": [_prob(v, i, lp, with_id) for i, lp in (ev["top"] or [])]} for ev in _scored(evs)]
+    out = []
+    for ev in _scored(evs):
+        if ev.get("prob") is not None:
+            def entry(t, p):
+                d = {"id": t} if with_id else {}
+                d.update(token=_piece(v, t), prob=p, bytes=_piece_bytes(v, t))
+                return d
+            out.append({**entry(ev["token"], ev["prob"]),
+                        "top_probs": [entry(i, p) for i, p in (ev["top"] or [])]})
+        else:
+            out.append({**_prob(v, ev["token"], ev["logprob"], with_id),
+                        "top_logprobs": [_prob(v, i, lp, with_id) for i, lp in (ev["top"] or [])]})
+    return out
 
 
 def _chat_logprobs(state, evs: list) -> dict:
@@ -1070,10 +1117,12 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
         done = next(ev for ev in evs if ev["type"] == "done")
         dones.append(done)
         text = "".join(ev["text"] for ev in evs if ev["type"] == "token")
+        if done.get("cut"):  # n_indent took back the last line's text
+            text = done["text"]
         prompt = prompts[idx // n]
         if shape == "native":
             res = _native_final(state, done, evs, prompt, text, g, body)
-            if any(ev.get("logprob") is not None for ev in evs if ev["type"] == "token"):
+            if _scored(evs):
                 res["completion_probabilities"] = _native_probs(state, evs)
             choices.append(res)
             continue
@@ -1082,7 +1131,7 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
             if body.get("echo"):
                 prompt_text = _prompt_text(state, prompt)
                 text = prompt_text + text
-            lp = _oai_logprobs(state, evs, len(prompt_text)) if body.get("logprobs") is not None else None
+            lp = _oai_lp(state, evs, len(prompt_text), body, g)
             choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
         else:
             lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
@@ -1115,12 +1164,13 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
     fmt, opened = reasoning or ("none", False)
     splitters: dict = {}  # choice -> reasoning_mod.StreamSplitter
 
-    def chat_deltas(i: int, parts: list, lp) -> list:
+    def chat_deltas(i: int, parts: list, lp, extra=None) -> list:
         chunks = []
-        for kind, t in parts:
+        for k, (kind, t) in enumerate(parts):
             key = "reasoning_content" if kind == "reasoning" else "content"
             chunks.append(_sse({**base, "object": "chat.completion.chunk",
-                                "choices": [{"index": i, "delta": {key: t}, "logprobs": lp, "finish_reason": None}]}))
+                                "choices": [{"index": i, "delta": {key: t}, "logprobs": lp, "finish_reason": None}],
+                                **(extra if extra and k == len(parts) - 1 else {})}))
             lp = None
         return chunks
     try:
@@ -1137,26 +1187,48 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                             "choices": [{"text": _prompt_text(state, prompts[i // n]), "index": i,
                                          "logprobs": None, "finish_reason": None}]})
         try:
-            async for ev in run.events():
+            async for ev in run.events(g.sse_ping_interval if g is not None else -1):
                 i = ev["index"]
+                if ev["type"] == "ping":
+                    yield b": ping\n\n"
+                    continue
+                if ev["type"] == "progress":
+                    pp = {k: ev[k] for k in ("total", "cache", "processed", "time_ms")}
+                    extra = {"prompt_progress": pp}
+                    if ev.get("timings") is not None:
+                        extra["timings"] = ev["timings"]
+                    if shape == "native":
+                        yield _sse({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": run.jobs[i].slot,
+                                    "tokens_predicted": 0, "tokens_evaluated": ev["total"], **extra})
+                    elif shape == "oai":
+                        yield _sse({**base, "object": "text_completion",
+                                    "choices": [{"text": "", "index": i, "logprobs": None, "finish_reason": None}],
+                                    **extra})
+                    else:
+                        yield _sse({**base, "object": "chat.completion.chunk",
+                                    "choices": [{"index": i, "delta": {"role": "assistant", "content": None},
+                                                 "logprobs": None, "finish_reason": None}], **extra})
+                    continue
                 if ev["type"] == "error":
                     yield _sse({"error": {"code": 500, "message": ev["message"], "type": "server_error"}})
                     continue
                 if ev["type"] == "token":
-                    if not ev["text"] and (ev["logprob"] is None or shape == "oai"):
+                    scored = bool(_scored([ev]))
+                    if not ev["text"] and (not scored or shape == "oai"):
                         continue
+                    tm = {"timings": ev["timings"]} if ev.get("timings") is not None else {}
                     if shape == "native":
                         c = {"index": i, "content": ev["text"],
                              "tokens": [ev["token"]] if ev["token"] is not None else [],
-                             "stop": False, "id_slot": run.jobs[i].slot}
-                        if ev["logprob"] is not None:
+                             "stop": False, "id_slot": run.jobs[i].slot, **tm}
+                        if scored:
                             c["completion_probabilities"] = _native_probs(state, [ev])
                         yield _sse(c)
                     elif shape == "oai":
-                        lp = _oai_logprobs(state, [ev], 0) if body.get("logprobs") is not None else None
+                        lp = _oai_lp(state, [ev], 0, body, g)
                         yield _sse({**base, "object": "text_completion",
                                     "choices": [{"text": ev["text"], "index": i, "logprobs": lp,
-                                                 "finish_reason": None}]})
+                                                 "finish_reason": None}], **tm})
                     elif tools is not None:
                         held.setdefault(i, []).append(ev["text"])
                     else:
@@ -1165,7 +1237,7 @@ async def _stream(state, run: _Run, prompts: list, n: int, shape: str, meta: dic
                         parts = sp.feed(ev["text"])
                         if not parts and lp is not None:
                             parts = [("content", "")]  # the token's log-probability still goes out
-                        for c in chat_deltas(i, parts, lp):
+                        for c in chat_deltas(i, parts, lp, tm):
                             yield c
                     continue
                 # done

@@ -71,6 +71,7 @@ class EngineConfig:
     type_v: str = "f16"
     context_shift: bool = False
     n_keep: int = 0
+    cache_reuse: int = 0      # --cache-reuse: min chunk reused by KV shifting (0: off)
     max_queue: int = 64
     flash_attn: int = -1      # LLAMA_FLASH_ATTN_TYPE: -1 auto, 0 off, 1 on
     embedding: bool = False   # an embeddings server: every token is an output, no generation
@@ -89,7 +90,13 @@ class Job:
       incomplete);
     - ``{"type": "done", "finish_reason": "stop"|"length", "stop_type": "eos"|"word"|"limit",
       "stopping_word": str, "text": str, ...}`` once, with usage and timings;
-    - ``{"type": "error", "message": str}`` if the decode failed.
+    - ``{"type": "error", "message": str}`` if the decode failed;
+    - with ``progress``, ``{"type": "progress", "total", "cache", "processed", "time_ms"}``
+      when the prompt starts and after each decode of one of its chunks.
+
+    With ``post_sampling``, token events carry ``"prob"`` and ``"top": [(id, p)]`` (the
+    sampler chain's final probabilities) instead of log-probabilities; with
+    ``timings_per_token`` they carry ``"timings"``.
     """
 
     prompt: list
@@ -103,6 +110,13 @@ class Job:
     n_keep: Optional[int] = None # tokens a context shift keeps (None: --keep; -1: the prompt)
     id_slot: int = -1            # run in this slot (waits for it); -1: the best idle one
     cache_prompt: bool = True    # reuse the slot's cached prefix (llama-server's cache_prompt)
+    n_cache_reuse: Optional[int] = None  # reuse cached chunks of at least this many tokens by KV shifting
+    n_discard: int = 0           # tokens a context shift drops (0: half of those not kept)
+    n_indent: int = 0            # stop at a new line indented by fewer spaces/tabs (llama-server's)
+    t_max_predict_ms: int = -1   # stop at a new line once generating took longer than this
+    post_sampling: bool = False  # n_probs from the sampler chain's final candidates (probabilities)
+    progress: bool = False       # emit "progress" events while the prompt is processed
+    timings_per_token: bool = False  # token events carry the timings so far
     embed: bool = False          # an embeddings job: the prompt is decoded in one step, then "done"
     normalize: int = 2           # with embed: llama.cpp's --embd-normalize
     id: int = 0
@@ -116,6 +130,8 @@ class Job:
     t_prompt_done: float = 0.0
     t_end: float = 0.0
     done: bool = False
+    last_nl: int = 0             # n_indent: where the newest line of the text starts
+    new_line: bool = False       # a new line has been sent (n_indent, t_max_predict_ms)
 
     def cancel(self) -> None:
         """Stop this job at the next step (a client that went away); its slot is freed."""
@@ -154,6 +170,8 @@ class Engine:
                            type_k=config.type_k, type_v=config.type_v, no_perf=False,
                            flash_attn_type=config.flash_attn, **extra)
         self.pooling = int(self.ctx.pooling_type)
+        # --cache-reuse moves cached cells to new positions (seq_add re-ropes K)
+        self.can_shift = bool(self.ctx.memory_can_shift)
         self.n_ctx = int(self.ctx.n_ctx)
         self.n_ctx_slot = int(self.ctx.n_ctx_seq)
         self.n_batch = int(self.ctx.n_batch)
@@ -398,6 +416,9 @@ class Engine:
         prompt = job.prompt
         # an embedding needs every token of its input in one decode
         common = common_prefix(slot.cache, prompt) if job.cache_prompt and not job.embed else 0
+        n_reuse = self.config.cache_reuse if job.n_cache_reuse is None else job.n_cache_reuse
+        if job.cache_prompt and not job.embed and n_reuse > 0 and self.can_shift:
+            common = self._reuse_chunks(slot, prompt, common, n_reuse)
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
         if common < len(slot.cache):
@@ -409,10 +430,41 @@ class Engine:
         slot.next_token = None
         slot.n_shifted = 0
         slot.out = StopText(self.vocab, job.stops)
+        if job.progress:
+            self._progress(job, common)
         # llama-server pushes the prompt into the sampler so repetition penalties see it
         if job.chain is not None and not job.embed:
             for t in prompt:
                 job.chain.accept(int(t))
+
+    def _reuse_chunks(self, slot: Slot, prompt: list, n_past: int, n_reuse: int) -> int:
+        """llama-server's --cache-reuse: after the common prefix, walk the slot's cache for
+        runs of at least ``n_reuse`` tokens that the prompt continues with, and move each
+        run's cells down to where the prompt needs it (K re-roped by ``seq_add``); the
+        cells skipped over are dropped. Returns the new number of cached prompt tokens."""
+        cache = slot.cache
+        head_c = head_p = n_past
+        while head_c < len(cache) and head_p < len(prompt):
+            n = 0
+            while head_c + n < len(cache) and head_p + n < len(prompt) and cache[head_c + n] == prompt[head_p + n]:
+                n += 1
+            if n >= n_reuse:
+                if head_p < head_c:
+                    self.ctx.seq_rm(slot.id, head_p, head_c)
+                    self.ctx.seq_add(slot.id, head_c, head_c + n, head_p - head_c)
+                    cache[head_p:head_p + n] = cache[head_c:head_c + n]
+                head_c += n
+                head_p += n
+                n_past += n
+            else:
+                head_c += 1
+        return n_past
+
+    def _progress(self, job: Job, processed: int) -> None:
+        now = time.perf_counter()
+        job.emit({"type": "progress", "total": len(job.prompt), "cache": job.n_cached, "processed": processed,
+                  "time_ms": int((now - job.t_start) * 1e3),
+                  "timings": _timings(job, now, processed) if job.timings_per_token else None})
 
     def _n_keep(self, job: Job) -> int:
         """Tokens a shift or truncation keeps: the request's n_keep, else --keep; -1 is the
@@ -453,7 +505,7 @@ class Engine:
     def _context_shift(self, slot: Slot) -> bool:
         """llama-server's context shift (generation.context_shift on the slot's sequence).
         False when it cannot free anything."""
-        if not context_shift(self.ctx, slot.id, slot.cache, self._n_keep(slot.job)):
+        if not context_shift(self.ctx, slot.id, slot.cache, self._n_keep(slot.job), slot.job.n_discard):
             return False
         slot.n_shifted += 1
         return True
@@ -548,6 +600,11 @@ class Engine:
                 del s.pending[:len(mine)]
 
         now = time.perf_counter()
+        for sid in set(seqs.tolist()):
+            s = self.slots[sid]
+            if s.job is not None and s.job.progress and s.next_token is None and not s.job.embed \
+                    and s.job.t_prompt_done == 0.0:
+                self._progress(s.job, len(s.cache))
         for first, k, s in embeds:
             if s.job is not None:
                 s.job.t_prompt_done = now
@@ -578,7 +635,10 @@ class Engine:
         job.n_gen += 1
         self.m["tokens_predicted_total"] += 1
         lp = top = None
-        if job.n_probs:
+        prob = None
+        if job.n_probs and job.post_sampling:
+            prob, top = _post_sampling_probs(job, tok)
+        elif job.n_probs:
             lps = Llama.logits_to_logprobs(row)
             lp = float(lps[tok])
             if job.n_probs > 0:
@@ -587,9 +647,16 @@ class Engine:
                 idx = idx[np.lexsort((idx, -lps[idx]))]
                 top = [(int(t), float(lps[t])) for t in idx]
         text = s.out.feed(tok)
-        job.emit({"type": "token", "token": tok, "text": text, "logprob": lp, "top": top})
+        ev = {"type": "token", "token": tok, "text": text, "logprob": lp, "top": top}
+        if job.post_sampling and job.n_probs:
+            ev["prob"] = prob
+        if job.timings_per_token:
+            ev["timings"] = _timings(job, time.perf_counter())
+        job.emit(ev)
         if s.out.stopped:
             self._finish(s, "stop", "word")
+        elif self._line_limits(s, job, text):
+            self._finish(s, "length", "limit")
         elif 0 <= job.n_predict <= job.n_gen:
             self._finish(s, "length", "limit")
         elif len(s.cache) + 1 >= self.n_ctx_slot and not self.config.context_shift:
@@ -597,6 +664,31 @@ class Engine:
             self._finish(s, "length", "limit", truncated=True)
         else:
             s.next_token = tok
+
+    def _line_limits(self, s: Slot, job: Job, text: str) -> bool:
+        """llama-server's per-line stops, checked as it does (so they act one token late):
+        once a new line has been sent, a line whose first non-blank character comes after
+        fewer than ``n_indent`` spaces/tabs ends the text (that line's text is cut, its
+        indentation kept); with ``t_max_predict_ms``, a new line after that much generating
+        time stops."""
+        stop = False
+        if job.new_line and job.n_indent > 0:
+            full = s.out.text
+            if job.last_nl > 0:
+                pos = job.last_nl
+                while pos < len(full) and full[pos] in " \t":
+                    pos += 1
+                if pos < len(full) and pos - job.last_nl < job.n_indent:
+                    s.out.truncate(pos)
+                    stop = True
+            nl = full.find("\n", job.last_nl)
+            if nl != -1:
+                job.last_nl = nl + 1
+        if "\n" in text:
+            job.new_line = True
+            if job.t_max_predict_ms > 0 and (time.perf_counter() - job.t_prompt_done) * 1e3 > job.t_max_predict_ms:
+                stop = True
+        return stop
 
     def _finish(self, s: Slot, reason: str, stop_type: str, truncated: bool = False) -> None:
         job = s.job
@@ -615,7 +707,8 @@ class Engine:
         job.emit({"type": "done", "finish_reason": reason, "stop_type": stop_type, "stopping_word": word,
                   "text": s.out.text if s.out is not None else "", "n_prompt": len(job.prompt),
                   "n_cached": job.n_cached, "n_gen": job.n_gen, "timings": _timings(job),
-                  "truncated": truncated or s.n_shifted > 0, "slot": s.id, "n_cache": len(s.cache)})
+                  "truncated": truncated or s.n_shifted > 0, "slot": s.id, "n_cache": len(s.cache),
+                  "cut": bool(s.out is not None and s.out.cut)})
         self._release(s)
 
     def _finish_embed(self, s: Slot, first: int, k: int) -> None:
@@ -674,10 +767,40 @@ class Engine:
 
 
 
-def _timings(job: Job) -> dict:
+def _post_sampling_probs(job: Job, tok: int):
+    """llama-server's post_sampling_probs: the sampled token's probability and the top
+    n_probs candidates by probability after the whole sampler chain (those with p = 0 left
+    out), from the chain's final candidates."""
+    cur = getattr(job.chain, "last", None)
+    if cur is None or cur.p is None:
+        return 0.0, []
+    ids = np.asarray(cur.ids)
+    p = np.asarray(cur.p, dtype=np.float32)
+    order = np.argsort(-p, kind="stable")
+    prob = 0.0
+    hit = np.nonzero(ids == tok)[0]
+    if hit.size:
+        prob = float(p[hit[0]])
+    top = []
+    for i in order[:max(job.n_probs, 0)]:
+        if p[i] == 0.0:
+            break
+        top.append((int(ids[i]), float(p[i])))
+    return prob, top
+
+
+def _timings(job: Job, now: Optional[float] = None, n_processed: Optional[int] = None) -> dict:
+    """llama-server's timings of a job: at its end, or ``now`` while it runs (per-token
+    timings; with ``n_processed``, the prompt's progress so far: its tokens decoded and
+    the time since it started, nothing generated yet)."""
     n_p = len(job.prompt) - job.n_cached
-    t_p = max(job.t_prompt_done - job.t_start, 0.0) * 1e3
-    t_g = max(job.t_end - job.t_prompt_done, 0.0) * 1e3
+    if n_processed is not None:
+        n_p = max(n_processed - job.n_cached, 0)
+        t_p = max(now - job.t_start, 0.0) * 1e3 if n_p else 0.0
+        t_g = 0.0
+    else:
+        t_p = max(job.t_prompt_done - job.t_start, 0.0) * 1e3
+        t_g = max((now if now is not None else job.t_end) - job.t_prompt_done, 0.0) * 1e3
     return {"cache_n": job.n_cached, "prompt_n": n_p, "prompt_ms": t_p,
             "prompt_per_token_ms": t_p / n_p if n_p else 0.0,
             "prompt_per_second": 1e3 * n_p / t_p if t_p > 0 else 0.0,

@@ -44,6 +44,14 @@ class GenSettings:
     stream: bool = False
     seed_given: bool = False
     id_slot: int = -1                    # the slot to run in (-1: the one whose cache fits best)
+    n_indent: int = 0                    # stop at a new line indented less than this (code completion)
+    t_max_predict_ms: int = -1           # stop at a new line once generating took longer (<= 0: off)
+    n_discard: int = 0                   # tokens a context shift drops (0: half of what is not kept)
+    n_cache_reuse: Optional[int] = None  # min chunk reused by KV shifting (None: --cache-reuse)
+    post_sampling_probs: bool = False    # n_probs as probabilities after the sampler chain
+    return_progress: bool = False        # stream prompt-processing progress chunks
+    timings_per_token: bool = False      # timings in every streamed chunk
+    sse_ping_interval: int = -1          # seconds of silence before an SSE comment ping (-1: none)
 
 
 # name -> (SamplerParams field, type, check) for llama-server's sampling fields
@@ -78,7 +86,8 @@ _SAMPLING = {
 COMMON_FIELDS = set(_SAMPLING) | {
     "model", "stream", "stop", "seed", "n_predict", "max_tokens", "ignore_eos", "logit_bias",
     "grammar", "json_schema", "cache_prompt", "n_keep", "samplers", "dry_sequence_breakers",
-    "n_probs", "id_slot", "user",
+    "n_probs", "id_slot", "user", "n_indent", "t_max_predict_ms", "n_discard", "n_cache_reuse",
+    "post_sampling_probs", "return_progress", "timings_per_token", "sse_ping_interval", "backend_sampling",
 }
 
 _SAMPLER_NAMES = {"penalties", "dry", "top_n_sigma", "top_k", "typ_p", "typical_p", "typical", "top_p",
@@ -238,6 +247,19 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
         if not isinstance(s, list) or not all(isinstance(x, str) and x for x in s):
             raise BadRequest("'dry_sequence_breakers' must be a list of non-empty strings")
         p.dry_sequence_breakers = list(s)
+    for name, lo in (("n_indent", 0), ("t_max_predict_ms", -1), ("n_discard", 0), ("n_cache_reuse", 0),
+                     ("sse_ping_interval", -1)):
+        if body.get(name) is not None:
+            v = _num(body, name, _INT)
+            if v < lo:
+                raise BadRequest(f"'{name}' must be >= {lo}, got {v}")
+            setattr(g, name, v)
+    for name in ("post_sampling_probs", "return_progress", "timings_per_token"):
+        if body.get(name) is not None:
+            setattr(g, name, _bool(body, name))
+    if body.get("backend_sampling") is not None and _bool(body, "backend_sampling"):
+        raise BadRequest("'backend_sampling': sampling on the compute backend is not supported; pyllama "
+                         "samples on the CPU (leave it out or pass false)")
     p.logit_bias = parse_logit_bias(body.get("logit_bias"), vocab, n_vocab)
     gr = body.get("grammar")
     if gr is not None:
