@@ -134,3 +134,40 @@ def test_n_cmpl(fserver):
     assert r.status_code == 200
     d = r.json()
     assert isinstance(d, list) and [c["index"] for c in d] == [0, 1]
+
+
+def test_prompt_objects(fserver):
+    """llama-server's {"prompt_string": ...} prompt form, alone and in a list of prompts;
+    multimodal data is refused (no image model here)."""
+    tokens = fserver.http.post("/tokenize", json={"content": "I believe the meaning of life is",
+                                                  "add_special": True}).json()["tokens"]
+    base = {"n_predict": 6, "temperature": 0}
+    one = fserver.http.post("/completion", json={**base, "prompt": {"prompt_string": "I believe the meaning of life is"}})
+    assert one.status_code == 200, one.text
+    two = fserver.http.post("/completion", json={**base, "prompt": [tokens, {"prompt_string": "I believe the "
+                                                                                        "meaning of life is"}]})
+    assert two.status_code == 200, two.text
+    d = two.json()
+    assert len(d) == 2 and d[0]["content"] == d[1]["content"] == one.json()["content"]
+    mm = fserver.http.post("/completion", json={**base, "prompt": {"prompt_string": "x <__media__>",
+                                                                  "multimodal_data": ["aGk="]}})
+    assert mm.status_code == 400 and "multimodal" in mm.text.lower()
+    assert fserver.http.post("/completion", json={**base, "prompt": []}).status_code == 400
+    assert fserver.http.post("/completion", json={**base, "prompt": {"text": "x"}}).status_code == 400
+
+
+def test_verbose(fserver):
+    """llama-server's "verbose": an OpenAI-shaped answer also carries the native one, whose
+    prompt is the rendered chat prompt."""
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    for verbose in (True, False):
+        r = fserver.http.post("/v1/chat/completions", json={"max_tokens": 2, "messages": msgs, "verbose": verbose})
+        assert r.status_code == 200
+        d = r.json()
+        if verbose:
+            assert "Book" in d["__verbose"]["prompt"]
+            assert d["__verbose"]["content"] == d["choices"][0]["message"]["content"]
+        else:
+            assert "__verbose" not in d
+    r = fserver.http.post("/v1/completions", json={"max_tokens": 2, "prompt": "Hi", "verbose": True})
+    assert r.json()["__verbose"]["tokens_predicted"] == 2

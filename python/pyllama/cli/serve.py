@@ -127,7 +127,7 @@ def serve(
                                          "trained that way"),
     queue_size: int = typer.Option(64, "--queue-size", callback=integer(1),
                                    help="requests that may wait for a slot; more get 503"),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every request; OpenAI-shaped answers carry llama-server's \"__verbose\" (the native answer)"),
     lora: Optional[list[str]] = O.opt_lora(),
     lora_scaled: Optional[list[str]] = O.opt_lora_scaled(),
     control_vector: Optional[list[str]] = O.opt_control_vector(),
@@ -185,7 +185,9 @@ def serve(
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,
-                           reasoning=reasoning, reasoning_format=reasoning_format, spm_infill=spm_infill, cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"])
+                           reasoning=reasoning, reasoning_format=reasoning_format, spm_infill=spm_infill,
+                           cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"],
+                           verbose=verbose)
         state = ServerState(m, cfg)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -54,6 +54,7 @@ class ServerConfig:
     spm_infill: bool = False              # /infill: suffix before prefix (--spm-infill)
     reasoning_format: str = "auto"        # where <think> thoughts go (pyllama.reasoning): auto, none, deepseek, deepseek-legacy
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
+    verbose: bool = False                 # -v: OpenAI-shaped answers carry llama-server's "__verbose"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -301,9 +302,23 @@ class _ClientGone(Exception):
 
 
 def _tokenize_prompt(state: ServerState, prompt, add_special: bool = True) -> list:
-    """llama-server's prompt forms: a string, a list of token ids, or a list mixing strings and
-    ids (strings are tokenized; BOS added once, at the start, when the model wants one)."""
+    """llama-server's prompt forms: a string, a list of token ids, a list mixing strings and
+    ids (strings are tokenized; BOS added once, at the start, when the model wants one), or
+    {"prompt_string": one of those} (with "multimodal_data": refused, no model here takes
+    images)."""
     v = state.vocab
+    if isinstance(prompt, dict):
+        if "prompt_string" not in prompt:
+            raise BadRequest('a prompt object needs "prompt_string" (and optionally "multimodal_data")')
+        unknown = sorted(k for k in prompt if k not in ("prompt_string", "multimodal_data"))
+        if unknown:
+            raise BadRequest(f"a prompt object has unknown key {unknown[0]!r}")
+        if "multimodal_data" in prompt:
+            raise BadRequest("Multimodal data provided, but model does not support multimodal requests.")
+        inner = prompt["prompt_string"]
+        if isinstance(inner, dict):
+            raise BadRequest('"prompt_string" must be a string or a list of strings and token ids')
+        return _tokenize_prompt(state, inner, add_special)
     if isinstance(prompt, str):
         return list(v.tokenize(prompt, add_special=add_special, parse_special=True))
     if isinstance(prompt, list):
@@ -396,8 +411,12 @@ def _prompts(state: ServerState, prompt) -> list:
     """One prompt or several: a list of strings / of token lists is several prompts."""
     if prompt is None:
         raise BadRequest("'prompt' is required")
-    if isinstance(prompt, list) and prompt and all(isinstance(x, (str, list)) for x in prompt) \
-            and (len(prompt) > 1 and any(isinstance(x, str) for x in prompt) or any(isinstance(x, list) for x in prompt)):
+    # llama-server: a list with no token id in it is a list of prompts (strings, token lists,
+    # prompt objects); a list with ids is one prompt
+    if isinstance(prompt, list) and not prompt:
+        raise BadRequest("'prompt' must not be empty")
+    if isinstance(prompt, list) and all(isinstance(x, (str, list, dict)) for x in prompt) and len(prompt) > 1 \
+            or isinstance(prompt, list) and any(isinstance(x, (list, dict)) for x in prompt):
         if len(prompt) > 64:
             raise BadRequest(f"'prompt' has {len(prompt)} prompts; at most 64 per request")
         return [_tokenize_prompt(state, p) for p in prompt]
@@ -696,6 +715,7 @@ def create_app(state: ServerState):
                             COMMON_FIELDS | {"prompt", "n", "n_cmpl", "logprobs", "echo", "suffix", "best_of",
                                              "stream_options"}, "/v1/completions")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        g.verbose = g.verbose if body.get("verbose") is not None else cfg.verbose
         # llama-server: n_cmpl, with OpenAI's n as its fallback
         n = _int_field(body, "n_cmpl", 1, cfg.max_n, 0) or _int_field(body, "n", 1, cfg.max_n, 1)
         if _int_field(body, "best_of", 1, cfg.max_n, 1) != 1:
@@ -727,6 +747,7 @@ def create_app(state: ServerState):
             raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning_mod.FORMATS)}, got {rfmt!r}")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
                              defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
+        g.verbose = g.verbose if body.get("verbose") is not None else cfg.verbose
         n = _int_field(body, "n", 1, cfg.max_n, 1)
         tools = _tools(state, body)
         lp = body.get("logprobs")
@@ -1112,6 +1133,7 @@ def _pick_fields(obj: dict, fields: list) -> dict:
 def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body: dict, tools=None, g=None,
            reasoning=None):
     choices, dones = [], []
+    verbose = None  # llama-server's "__verbose": the first choice's native answer
     for idx in sorted(per):
         evs = per[idx]
         done = next(ev for ev in evs if ev["type"] == "done")
@@ -1133,6 +1155,8 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
                 text = prompt_text + text
             lp = _oai_lp(state, evs, len(prompt_text), body, g)
             choices.append({"text": text, "index": idx, "logprobs": lp, "finish_reason": done["finish_reason"]})
+            if g is not None and g.verbose and verbose is None:
+                verbose = _native_final(state, done, evs, prompt, text, g, {})
         else:
             lp = _chat_logprobs(state, evs) if body.get("logprobs") else None
             thoughts, text = reasoning_mod.split(text, *(reasoning or ("none", False)))
@@ -1141,12 +1165,17 @@ def _final(state, per: dict, prompts: list, n: int, shape: str, meta: dict, body
                 msg["reasoning_content"] = thoughts
             choices.append({"index": idx, "message": msg, "logprobs": lp,
                             "finish_reason": fin or done["finish_reason"]})
+            if g is not None and g.verbose and verbose is None:
+                verbose = _native_final(state, done, evs, prompt, text, g, {})
     if shape == "native":
         return choices[0] if len(choices) == 1 else choices
     timings = dones[0]["timings"] if dones else {}
-    return {"id": meta["id"], "object": "chat.completion" if shape == "chat" else "text_completion",
-            "created": meta["created"], "model": meta["model"], "system_fingerprint": _FINGERPRINT,
-            "choices": choices, "usage": _usage(dones), "timings": timings}
+    res = {"id": meta["id"], "object": "chat.completion" if shape == "chat" else "text_completion",
+           "created": meta["created"], "model": meta["model"], "system_fingerprint": _FINGERPRINT,
+           "choices": choices, "usage": _usage(dones), "timings": timings}
+    if verbose is not None:
+        res["__verbose"] = verbose
+    return res
 
 
 def _prompt_text(state, prompt: list) -> str:

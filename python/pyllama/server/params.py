@@ -52,6 +52,7 @@ class GenSettings:
     return_progress: bool = False        # stream prompt-processing progress chunks
     timings_per_token: bool = False      # timings in every streamed chunk
     sse_ping_interval: int = -1          # seconds of silence before an SSE comment ping (-1: none)
+    verbose: bool = False                # OpenAI-shaped answers also carry the native one ("__verbose")
 
 
 # name -> (SamplerParams field, type, check) for llama-server's sampling fields
@@ -88,6 +89,7 @@ COMMON_FIELDS = set(_SAMPLING) | {
     "grammar", "json_schema", "cache_prompt", "n_keep", "samplers", "dry_sequence_breakers",
     "n_probs", "id_slot", "user", "n_indent", "t_max_predict_ms", "n_discard", "n_cache_reuse",
     "post_sampling_probs", "return_progress", "timings_per_token", "sse_ping_interval", "backend_sampling",
+    "verbose",
 }
 
 _SAMPLER_NAMES = {"penalties", "dry", "top_n_sigma", "top_k", "typ_p", "typical_p", "typical", "top_p",
@@ -254,7 +256,7 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
             if v < lo:
                 raise BadRequest(f"'{name}' must be >= {lo}, got {v}")
             setattr(g, name, v)
-    for name in ("post_sampling_probs", "return_progress", "timings_per_token"):
+    for name in ("post_sampling_probs", "return_progress", "timings_per_token", "verbose"):
         if body.get(name) is not None:
             setattr(g, name, _bool(body, name))
     if body.get("backend_sampling") is not None and _bool(body, "backend_sampling"):
