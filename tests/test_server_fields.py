@@ -171,3 +171,33 @@ def test_verbose(fserver):
             assert "__verbose" not in d
     r = fserver.http.post("/v1/completions", json={"max_tokens": 2, "prompt": "Hi", "verbose": True})
     assert r.json()["__verbose"]["tokens_predicted"] == 2
+
+
+def test_server_stop_and_bias_defaults(fserver, smollm2_path):
+    """-r and -l as llama-server's: a request without stop strings stops at the server's;
+    one with its own does not; the server's logit bias applies unless the request gives
+    its own logit_bias (even an empty one)."""
+    from test_server import Server
+
+    body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0, "return_tokens": True}
+    free = fserver.http.post("/completion", json=body).json()
+    first, text = free["tokens"][0], free["content"]
+    cut = text[len(text) // 2:][:2]
+    assert cut.strip() and cut in text
+    s = Server(smollm2_path, "-np", "1", "-c", "512", "-r", cut, "-l", f"{first}-inf")
+    try:
+        d = s.post("/completion", {**body, "logit_bias": []}).json()
+        assert d["tokens"][0] == first  # the request's (empty) bias replaces the server's
+        assert d["stop_type"] == "word" and d["stopping_word"] == cut and d["content"] == text[:text.index(cut)]
+        d = s.post("/completion", {**body, "logit_bias": [], "stop": ["@@@"]}).json()
+        assert d["content"] == text and d["stop_type"] == "limit"
+        d = s.post("/completion", body).json()
+        assert d["tokens"][0] != first
+    finally:
+        s.close()
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pyllama", "serve", "-m", str(smollm2_path), "-l", "99999999+1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "vocabulary" in r.stderr

@@ -83,6 +83,8 @@ def serve(
     dynatemp_range: float = O.opt_dynatemp_range(),
     dynatemp_exp: float = O.opt_dynatemp_exp(),
     min_keep: int = O.opt_min_keep(),
+    logit_bias: Optional[list[str]] = O.opt_logit_bias(),
+    reverse_prompt: Optional[list[str]] = O.opt_reverse_prompt(),
     escape: bool = O.opt_escape(),
     version: bool = O.opt_version(),
     api_key: List[str] = typer.Option([], "--api-key", help="require this key (Bearer or X-Api-Key); "
@@ -171,7 +173,11 @@ def serve(
             dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
             dry_sequence_breakers=O.dry_breakers(dry_sequence_breaker, escape), xtc_probability=xtc_probability,
             xtc_threshold=xtc_threshold, top_nsigma=top_nsigma, dynatemp_range=dynatemp_range,
-            dynatemp_exp=dynatemp_exp, min_keep=min_keep)
+            dynatemp_exp=dynatemp_exp, min_keep=min_keep, logit_bias=logit_bias)
+        bad = [t for t in defaults.logit_bias if not 0 <= int(t) < m.n_vocab]
+        if bad:
+            raise typer.BadParameter(f"token {bad[0]} is not in the vocabulary (n_vocab = {m.n_vocab})",
+                                     param_hint="'-l'")
         ecfg = EngineConfig(n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
                             n_parallel=n_parallel, kv_unified=unified, n_threads=threads_ or 0,
                             n_threads_batch=threads_batch_ or threads_ or 0, type_k=cache_type_k,
@@ -186,6 +192,7 @@ def serve(
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,
                            reasoning=reasoning, reasoning_format=reasoning_format, spm_infill=spm_infill,
+                           stops=[O.process_escapes(r) if escape else r for r in reverse_prompt or [] if r],
                            cors_origins=[o.strip() for o in cors_origins.split(",") if o.strip()] or ["*"],
                            verbose=verbose)
         state = ServerState(m, cfg)

@@ -55,6 +55,7 @@ class ServerConfig:
     reasoning_format: str = "auto"        # where <think> thoughts go (pyllama.reasoning): auto, none, deepseek, deepseek-legacy
     sampling: Any = None                  # SamplerParams: defaults for what a request leaves out
     verbose: bool = False                 # -v: OpenAI-shaped answers carry llama-server's "__verbose"
+    stops: list = field(default_factory=list)  # -r: stop strings of a request that gives none
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -689,7 +690,7 @@ def create_app(state: ServerState):
             raise BadRequest("'response_fields' must be a list of field names (a/b for nested ones)")
         if "prompt" not in body and "content" in body:
             body["prompt"] = body.pop("content")
-        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling, default_stops=cfg.stops)
         n = _int_field(body, "n_cmpl", 1, cfg.max_n, 1)  # llama-server's several completions per prompt
         prompts = await run_in_threadpool(lambda: _prompts(state, body.get("prompt")))
         return await run_generation(request, body, prompts, g, n, "native")
@@ -706,7 +707,7 @@ def create_app(state: ServerState):
                                              "response_fields"}, "/infill")
         if body.get("return_tokens") not in (None, True, False):
             raise BadRequest("'return_tokens' must be true or false")
-        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling, default_stops=cfg.stops)
         prompt = await run_in_threadpool(lambda: _infill_prompt(state, body, cfg.n_predict))
         return await run_generation(request, body, [prompt], g, 1, "native")
 
@@ -714,7 +715,7 @@ def create_app(state: ServerState):
         body = check_fields(await _read_json(request, cfg.max_body),
                             COMMON_FIELDS | {"prompt", "n", "n_cmpl", "logprobs", "echo", "suffix", "best_of",
                                              "stream_options"}, "/v1/completions")
-        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling)
+        g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict, defaults=cfg.sampling, default_stops=cfg.stops)
         g.verbose = g.verbose if body.get("verbose") is not None else cfg.verbose
         # llama-server: n_cmpl, with OpenAI's n as its fallback
         n = _int_field(body, "n_cmpl", 1, cfg.max_n, 0) or _int_field(body, "n", 1, cfg.max_n, 1)
@@ -746,7 +747,7 @@ def create_app(state: ServerState):
         if rfmt not in reasoning_mod.FORMATS:
             raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning_mod.FORMATS)}, got {rfmt!r}")
         g = parse_generation(body, state.vocab, state.n_vocab, default_n_predict=cfg.n_predict,
-                             defaults=cfg.sampling, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
+                             defaults=cfg.sampling, default_stops=cfg.stops, max_tokens_names=("n_predict", "max_tokens", "max_completion_tokens"))
         g.verbose = g.verbose if body.get("verbose") is not None else cfg.verbose
         n = _int_field(body, "n", 1, cfg.max_n, 1)
         tools = _tools(state, body)

@@ -182,11 +182,13 @@ def parse_logit_bias(v, vocab, n_vocab: int) -> dict:
 
 
 def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int = -1,
-                     defaults: Optional[SamplerParams] = None,
+                     defaults: Optional[SamplerParams] = None, default_stops=(),
                      max_tokens_names=("max_tokens", "n_predict")) -> GenSettings:
     """The sampling and stopping settings of a generation request (fields already checked
     against the endpoint's list); what it leaves out comes from ``defaults`` (the server's
-    --temp, --top-k, ... flags)."""
+    --temp, --top-k, -l ... flags) and ``default_stops`` (its -r strings), as llama-server:
+    a request's logit_bias replaces the server's, and its stop strings do unless it gives
+    none."""
     import copy
 
     p = copy.deepcopy(defaults) if defaults is not None else SamplerParams(no_perf=True)
@@ -217,7 +219,7 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
             v = _num(body, name, _INT)
             n_predict = v if v != -1 else default_n_predict  # -1: the server's -n (llama-server)
     g.n_predict = n_predict if n_predict >= 0 else -1
-    g.stops = parse_stop(body.get("stop"))
+    g.stops = parse_stop(body.get("stop")) or list(default_stops)
     if body.get("ignore_eos") is not None:
         g.ignore_eos = _bool(body, "ignore_eos")
     if body.get("cache_prompt") is not None:
@@ -262,7 +264,8 @@ def parse_generation(body: dict, vocab, n_vocab: int, *, default_n_predict: int 
     if body.get("backend_sampling") is not None and _bool(body, "backend_sampling"):
         raise BadRequest("'backend_sampling': sampling on the compute backend is not supported; pyllama "
                          "samples on the CPU (leave it out or pass false)")
-    p.logit_bias = parse_logit_bias(body.get("logit_bias"), vocab, n_vocab)
+    if body.get("logit_bias") is not None:
+        p.logit_bias = parse_logit_bias(body.get("logit_bias"), vocab, n_vocab)
     gr = body.get("grammar")
     if gr is not None:
         if not isinstance(gr, str):
