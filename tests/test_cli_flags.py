@@ -182,6 +182,14 @@ def test_conversation_flags(smollm2_path):
     c = _ok(_gen(smollm2_path, "-p", "Hi", "-n", "4", "--temp", "0", "-cnv", "-no-cnv"))
     d = _ok(_gen(smollm2_path, "-p", "Hi", "-n", "4", "--temp", "0"))
     assert a == b and c == d and a != d
+    # --chat-template / --chat-template-file / --no-jinja pick the template of the one turn
+    shown = _ok(runner.invoke(app, ["generate", "-m", str(smollm2_path), "-c", "256", "--no-perf", "--log-disable",
+                                    "-p", "Hi", "-n", "1", "--temp", "0", "-cnv", "--chat-template", "llama3"]))
+    assert shown.startswith("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"), shown
+    e = _ok(_gen(smollm2_path, "-p", "Hi", "-n", "4", "--temp", "0", "-cnv", "--chat-template", "chatml"))
+    f = _ok(_gen(smollm2_path, "-p", "Hi", "-n", "4", "--temp", "0", "-cnv", "--no-jinja"))
+    assert e == f  # SmolLM2's template is the chatml family: --no-jinja renders built-in chatml
+    _usage(_gen(smollm2_path, "-p", "Hi", "--chat-template", "chatml"), "--chat-template", "-cnv")
 
 
 def test_chat_prompt_single_turn_and_reverse_prompt(smollm2_path):

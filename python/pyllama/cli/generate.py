@@ -224,6 +224,11 @@ def generate(
                               help="one chat turn: wrap the prompt (and -sys) in the model's chat template "
                                    "(off by default; `pyllama chat` is the interactive conversation)"),
     system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message (with -cnv)"),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", help="with -cnv: a built-in template name (chatml, llama3, gemma, phi3, ...) or a "
+                                      "Jinja template's text, instead of the model's"),
+    chat_template_file: Optional[Path] = O.opt_chat_template_file(),
+    jinja: bool = O.opt_jinja(),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at end of generation"),
     context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
                                        help="when the context is full, drop the oldest half (after --keep) and go on"),
@@ -262,12 +267,19 @@ def generate(
     if system is not None and not chat:
         if not log_disable:
             typer.echo("warning: -sys/--system is only used with --chat (-cnv): ignored", err=True)
+    if (chat_template is not None or chat_template_file is not None) and not chat:
+        raise typer.BadParameter("a chat template only applies with -cnv (--conversation)",
+                                 param_hint="'--chat-template'")
     gram = O.one_grammar(grammar, grammar_file, json_schema, json_schema_file)
     stops = O.ReversePrompts(reverse_prompt, padding=0 if interactive else 2)
     colored = O.use_color(color)
     loras = O.adapter_files(lora, lora_scaled, "--lora")
     cvecs = O.adapter_files(control_vector, control_vector_scaled, "--control-vector")
     model = O.model_by_name(model, hf_repo, hf_file, hf_token)
+    if chat:
+        from .serve import model_template
+
+        chat_template = O.chat_template_arg(chat_template, chat_template_file, jinja, lambda: model_template(model))
     try:
         _path, sess = open_session(model, ctx_size=ctx_size, batch_size=batch_size, ubatch_size=ubatch_size,
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
@@ -287,15 +299,12 @@ def generate(
                                    dynatemp_exp=dynatemp_exp, min_keep=min_keep)
         sampler = with_grammar(sess, chain, gram)
         if chat:
-            from ..chat import render_chat
-            from ..llama import _token_text
+            from ..chat import ChatFormat
 
             msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-            v = sess.vocab
-            text = render_chat(msgs, sess.model.chat_template(), bos_token=_token_text(v, v.bos),
-                               eos_token=_token_text(v, v.eos))
-            bos = _token_text(v, v.bos)
-            toks = sess.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)
+            fmt = ChatFormat(sess.model, sess.vocab, chat_template, origin="--chat-template")
+            text = fmt.render(msgs, True)
+            toks = fmt.tokens(msgs, True)
         else:
             toks = sess.tokenize(text, add_special=True, parse_special=True)
         if not toks:
