@@ -1,0 +1,173 @@
+"""Write tiny random-weight encoder GGUFs (bert, nomic-bert, jina-bert-v2, a bert reranker)
+at test time, with the metadata keys llama.cpp's convert_hf_to_gguf.py writes for them and
+a small BERT WordPiece vocabulary (BERT's special-token layout: [PAD] 0, [UNK] 100, [CLS]
+101, [SEP] 102, [MASK] 103). No .gguf is tracked in git; llama.cpp's outputs for these
+files are in tests/data/encoders/ (made by tests/data/encoders/make_reference.py).
+
+    python tests/data/make_tiny_encoders.py OUT_DIR     # writes every spec, F32 and Q8_0
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("the quick brown fox jump ##s ##ed ##ing over lazy dog hello world what is a capital of france "
+         "paris machine learn ##er embed ##ding sentence token model search query document cat sat on mat "
+         "it was good bad rain ##y day un ##believ ##able to be or not question answer how are you i am "
+         "fine thank ##ful ca ##fe deja vu nai ##ve re ##rank passage relevant about this that with for "
+         "and in at by from as an my your we they he she ##ly ##tion data science").split()
+
+
+def vocab() -> list:
+    toks = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    toks += [c for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"]
+    toks += [str(d) for d in range(10)] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    toks += [f"##{chr(c)}" for c in range(ord("a"), ord("z") + 1)] + [f"##{d}" for d in range(10)]
+    for w in WORDS:
+        if w not in toks:
+            toks.append(w)
+    # as convert_hf_to_gguf.py's BertModel.set_vocab writes a WordPiece vocabulary: a word
+    # start gets the phantom space U+2581, a "##" continuation loses its "##"
+    return [t if t.startswith("[") and t.endswith("]") else t[2:] if t.startswith("##") else "\u2581" + t
+            for t in toks]
+
+
+BASE = dict(n_layer=2, n_ctx=512, n_embd=64, n_head=4, n_ff=128, eps=1e-12)
+
+SPECS = {
+    # bge-small style: learned positions, token types, CLS pooling
+    "bert": dict(arch="bert", pooling=2, seed=2001),
+    # a bert reranker (bge-reranker style head): cls dense + tanh, cls.output to 1 label
+    "bert-rank": dict(arch="bert", pooling=4, seed=2002, rank=True),
+    # nomic-embed-text style: fused qkv without bias, NEOX rope, SwiGLU, mean pooling
+    "nomic-bert": dict(arch="nomic-bert", pooling=1, seed=2003, rope_base=1000.0),
+    # jina-embeddings-v2 style: ALiBi, q/k LayerNorms, fused GEGLU up, mean pooling
+    "jina-bert-v2": dict(arch="jina-bert-v2", pooling=1, seed=2004),
+}
+
+
+def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = None, n_embd: int | None = None,
+          n_head: int | None = None, n_ff: int | None = None, tag: str | None = None) -> Path:
+    """Write ``out_dir/tiny-<name>-<qtype>.gguf`` (or ``<tag>-<qtype>.gguf``) and return its
+    path; the sizes default to BASE (2 layers of 64)."""
+    import gguf  # test dependency (gguf-py)
+
+    s = dict(BASE, **SPECS[name])
+    for k, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head), ("n_ff", n_ff)):
+        if v is not None:
+            s[k] = v
+    A = s["arch"]
+    path = Path(out_dir) / f"{tag or 'tiny-' + name}-{qtype}.gguf"
+    if path.exists():
+        return path
+    toks = vocab()
+    nv = len(toks)
+    ne, nff, nl, nh = s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
+    rng = np.random.default_rng(s["seed"])
+    w = gguf.GGUFWriter(str(path), A)
+    w.add_type("model")
+    w.add_name(path.stem)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_uint32(f"{A}.context_length", s["n_ctx"])
+    w.add_uint32(f"{A}.embedding_length", ne)
+    w.add_uint32(f"{A}.block_count", nl)
+    w.add_uint32(f"{A}.feed_forward_length", nff)
+    w.add_uint32(f"{A}.attention.head_count", nh)
+    w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    w.add_bool(f"{A}.attention.causal", False)
+    w.add_uint32(f"{A}.pooling_type", s["pooling"])
+    if "rope_base" in s:
+        w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
+    if s.get("rank"):
+        w.add_array(f"{A}.classifier.output_labels", ["relevant"])
+
+    w.add_tokenizer_model("bert")
+    w.add_token_list(toks)
+    w.add_token_types([3 if t.startswith("[") and t.endswith("]") else 1 for t in toks])
+    w.add_uint32("tokenizer.ggml.token_type_count", 2)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", 100)
+    w.add_uint32("tokenizer.ggml.seperator_token_id", 102)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_uint32("tokenizer.ggml.cls_token_id", 101)
+    w.add_uint32("tokenizer.ggml.mask_token_id", 103)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 101)
+
+    def add(tname, shape_ggml, kind):
+        shape = tuple(reversed(shape_ggml))
+        if kind == "w":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape_ggml[0]))
+        elif kind == "embd":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif kind == "norm":
+            a = np.float32(1.0) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
+        else:  # bias
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
+        a = np.ascontiguousarray(a.astype(np.float32))
+        # llama-quantize keeps position embeddings and token types unquantized
+        keep = tname in ("position_embd.weight", "token_types.weight")
+        if qtype == "Q8_0" and kind in ("w", "embd") and not keep and shape_ggml[0] % 32 == 0:
+            w.add_tensor(tname, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(tname, a)
+
+    add("token_embd.weight", [ne, nv], "embd")
+    add("token_types.weight", [ne, 2], "embd")
+    if A == "bert":
+        add("position_embd.weight", [ne, s["n_ctx"]], "embd")
+    add("token_embd_norm.weight", [ne], "norm")
+    add("token_embd_norm.bias", [ne], "bias")
+    for i in range(nl):
+        b = f"blk.{i}."
+        if A == "nomic-bert":
+            add(b + "attn_qkv.weight", [ne, 3 * ne], "w")
+        else:
+            for p in ("q", "k", "v"):
+                add(b + f"attn_{p}.weight", [ne, ne], "w")
+                add(b + f"attn_{p}.bias", [ne], "bias")
+        if A == "jina-bert-v2":
+            for p in ("q", "k"):
+                add(b + f"attn_{p}_norm.weight", [ne], "norm")
+                add(b + f"attn_{p}_norm.bias", [ne], "bias")
+        add(b + "attn_output.weight", [ne, ne], "w")
+        if A != "nomic-bert":
+            add(b + "attn_output.bias", [ne], "bias")
+        add(b + "attn_output_norm.weight", [ne], "norm")
+        add(b + "attn_output_norm.bias", [ne], "bias")
+        if A == "bert":
+            add(b + "ffn_up.weight", [ne, nff], "w")
+            add(b + "ffn_up.bias", [nff], "bias")
+            add(b + "ffn_down.weight", [nff, ne], "w")
+            add(b + "ffn_down.bias", [ne], "bias")
+        elif A == "nomic-bert":
+            add(b + "ffn_up.weight", [ne, nff], "w")
+            add(b + "ffn_gate.weight", [ne, nff], "w")
+            add(b + "ffn_down.weight", [nff, ne], "w")
+        else:  # jina: fused [gate; up]
+            add(b + "ffn_up.weight", [ne, 2 * nff], "w")
+            add(b + "ffn_up.bias", [2 * nff], "bias")
+            add(b + "ffn_down.weight", [nff, ne], "w")
+            add(b + "ffn_down.bias", [ne], "bias")
+        add(b + "layer_output_norm.weight", [ne], "norm")
+        add(b + "layer_output_norm.bias", [ne], "bias")
+    if s.get("rank"):
+        add("cls.weight", [ne, ne], "w")
+        add("cls.bias", [ne], "bias")
+        add("cls.output.weight", [ne, 1], "w")
+        add("cls.output.bias", [1], "bias")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    out.mkdir(parents=True, exist_ok=True)
+    for n in SPECS:
+        for q in ("F32", "Q8_0"):
+            print(write(n, out, q))
