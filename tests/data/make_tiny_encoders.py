@@ -46,6 +46,17 @@ SPECS = {
     "nomic-bert": dict(arch="nomic-bert", pooling=1, seed=2003, rope_base=1000.0),
     # jina-embeddings-v2 style: ALiBi, q/k LayerNorms, fused GEGLU up, mean pooling
     "jina-bert-v2": dict(arch="jina-bert-v2", pooling=1, seed=2004),
+    # ModernBERT: pre-norm, no biases, NEOX rope with a local base, a symmetric window of 8 on
+    # layers 1 and 2 (il % 3 != 0), fused GEGLU; a rank head (dense + GELU + norm, output)
+    "modern-bert": dict(arch="modern-bert", pooling=1, seed=2005, n_layer=3, rope_base=160000.0,
+                        rope_base_swa=10000.0, sliding_window=8, eps=1e-5),
+    "modern-bert-rank": dict(arch="modern-bert", pooling=4, seed=2006, n_layer=3, rope_base=160000.0,
+                             rope_base_swa=10000.0, sliding_window=8, eps=1e-5, rank=True),
+    # EmbeddingGemma: gemma3's layer, GQA 4/2 with 16-wide heads, a window of 8 on layers 0 and 2
+    # (sliding_window_pattern 2), mean pooling
+    "gemma-embedding": dict(arch="gemma-embedding", pooling=1, seed=2007, n_layer=3, n_head_kv=2, head_dim=16,
+                            rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=8, swa_pattern=2,
+                            eps=1e-6),
 }
 
 
@@ -76,7 +87,17 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
     w.add_uint32(f"{A}.block_count", nl)
     w.add_uint32(f"{A}.feed_forward_length", nff)
     w.add_uint32(f"{A}.attention.head_count", nh)
-    w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    if A == "gemma-embedding":
+        w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
+        w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
+        w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
+        w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
+        w.add_uint32(f"{A}.attention.sliding_window_pattern", s["swa_pattern"])
+    else:
+        w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    if "sliding_window" in s:
+        w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+        w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
     w.add_bool(f"{A}.attention.causal", False)
     w.add_uint32(f"{A}.pooling_type", s["pooling"])
     if "rope_base" in s:
@@ -115,6 +136,18 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
             w.add_tensor(tname, a)
 
     add("token_embd.weight", [ne, nv], "embd")
+    if A in ("modern-bert", "gemma-embedding"):
+        _prenorm_layers(add, A, s, ne, nff, nl, nh)
+        if s.get("rank"):
+            add("cls.weight", [ne, ne], "w")
+            add("cls.norm.weight", [ne], "norm")
+            add("cls.output.weight", [ne, 1], "w")
+            add("cls.output.bias", [1], "bias")
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
     add("token_types.weight", [ne, 2], "embd")
     if A == "bert":
         add("position_embd.weight", [ne, s["n_ctx"]], "embd")
@@ -163,6 +196,39 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _prenorm_layers(add, A, s, ne, nff, nl, nh):
+    if A == "modern-bert":
+        add("token_embd_norm.weight", [ne], "norm")
+        for i in range(nl):
+            b = f"blk.{i}."
+            if i > 0:
+                add(b + "attn_norm.weight", [ne], "norm")
+            add(b + "attn_qkv.weight", [ne, 3 * ne], "w")
+            add(b + "attn_output.weight", [ne, ne], "w")
+            add(b + "ffn_norm.weight", [ne], "norm")
+            add(b + "ffn_up.weight", [ne, 2 * nff], "w")
+            add(b + "ffn_down.weight", [nff, ne], "w")
+        add("output_norm.weight", [ne], "norm")
+        return
+    hd, nkv = s["head_dim"], s["n_head_kv"]
+    for i in range(nl):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", [ne], "norm")
+        add(b + "attn_q.weight", [ne, nh * hd], "w")
+        add(b + "attn_k.weight", [ne, nkv * hd], "w")
+        add(b + "attn_v.weight", [ne, nkv * hd], "w")
+        add(b + "attn_q_norm.weight", [hd], "norm")
+        add(b + "attn_k_norm.weight", [hd], "norm")
+        add(b + "attn_output.weight", [nh * hd, ne], "w")
+        add(b + "post_attention_norm.weight", [ne], "norm")
+        add(b + "ffn_norm.weight", [ne], "norm")
+        add(b + "ffn_gate.weight", [ne, nff], "w")
+        add(b + "ffn_up.weight", [ne, nff], "w")
+        add(b + "ffn_down.weight", [nff, ne], "w")
+        add(b + "post_ffw_norm.weight", [ne], "norm")
+    add("output_norm.weight", [ne], "norm")
 
 
 if __name__ == "__main__":

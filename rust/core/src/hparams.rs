@@ -65,7 +65,7 @@ pub struct HParams {
     pub causal_attn: bool,
     /// `{arch}.pooling_type` (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank;
     /// default none) and `{arch}.classifier.pooling_type` (the rank head's input: cls
-    /// unless it says mean).
+    /// unless it says mean; -1 when absent).
     pub pooling_type: i32,
     pub pooling_type_cls: i32,
     /// Classifier outputs: the length of `{arch}.classifier.output_labels` (default 1).
@@ -118,7 +118,7 @@ impl HParams {
             n_ff_exp: 0,
             causal_attn: true,
             pooling_type: 0,
-            pooling_type_cls: 0,
+            pooling_type_cls: -1,
             n_cls_out: 1,
             f_max_alibi_bias: 0.0,
             n_token_types: 0,

@@ -26,6 +26,8 @@ pub mod encoder;
 pub mod bert;
 pub mod nomic_bert;
 pub mod jina_bert_v2;
+pub mod modern_bert;
+pub mod gemma_embedding;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -74,6 +76,8 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &bert::Bert,
     &nomic_bert::NomicBert,
     &jina_bert_v2::JinaBertV2,
+    &modern_bert::ModernBert,
+    &gemma_embedding::GemmaEmbedding,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -191,8 +195,8 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         n_expert_used: meta.u("expert_used_count")?.unwrap_or(0),
         n_ff_exp: meta.u("expert_feed_forward_length")?.unwrap_or(0),
         causal_attn: meta.b("attention.causal")?.unwrap_or(true),
-        pooling_type: pooling(meta, "pooling_type")?,
-        pooling_type_cls: pooling(meta, "classifier.pooling_type")?,
+        pooling_type: pooling(meta, "pooling_type", 0)?,
+        pooling_type_cls: pooling(meta, "classifier.pooling_type", -1)?,
         n_cls_out: match meta.get("classifier.output_labels") {
             Some(crate::gguf::Value::Array(a)) if !a.is_empty() => a.len(),
             _ => 1,
@@ -207,10 +211,10 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
     })
 }
 
-/// A llama_pooling_type key: 0 none .. 4 rank (absent: none).
-fn pooling(meta: &Meta, suffix: &str) -> Result<i32> {
+/// A llama_pooling_type key: 0 none .. 4 rank (absent: `default`).
+fn pooling(meta: &Meta, suffix: &str, default: i32) -> Result<i32> {
     match meta.u(suffix)? {
-        None => Ok(0),
+        None => Ok(default),
         Some(p) if p <= 4 => Ok(p as i32),
         Some(p) => Err(Error::Unsupported(format!(
             "{}: '{}' = {p} is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)",
