@@ -57,6 +57,9 @@ SPECS = {
     "gemma-embedding": dict(arch="gemma-embedding", pooling=1, seed=2007, n_layer=3, n_head_kv=2, head_dim=16,
                             rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=8, swa_pattern=2,
                             eps=1e-6),
+    # T5 encoder: relative-position buckets (32; only layer 0 has attn_rel_b), layer 0 ReLU,
+    # layer 1 GELU-gated (flan); SentencePiece UGM vocabulary
+    "t5encoder": dict(arch="t5encoder", pooling=1, seed=2008, head_dim=16, n_buckets=32, eps=1e-6),
 }
 
 
@@ -74,6 +77,8 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
     path = Path(out_dir) / f"{tag or 'tiny-' + name}-{qtype}.gguf"
     if path.exists():
         return path
+    if A == "t5encoder":
+        return _write_t5(path, s, qtype)
     toks = vocab()
     nv = len(toks)
     ne, nff, nl, nh = s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
@@ -191,6 +196,99 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         add("cls.bias", [ne], "bias")
         add("cls.output.weight", [ne, 1], "w")
         add("cls.output.bias", [1], "bias")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def t5_vocab() -> tuple:
+    """(pieces, scores, types) of a small SentencePiece unigram vocabulary: <pad> 0, </s> 1,
+    <unk> 2, then word pieces (with the U+2581 word-start marker) and single characters."""
+    pieces = ["<pad>", "</s>", "<unk>"]
+    scores = [0.0, 0.0, 0.0]
+    types = [3, 3, 2]
+    words = [w for w in WORDS if not w.startswith("##")]
+    for i, wd in enumerate(words):
+        pieces.append("\u2581" + wd)
+        scores.append(-3.0 - 0.05 * i)
+        types.append(1)
+    for i, sub in enumerate(("s", "ed", "ing", "er", "ly", "tion", "able", "y")):
+        pieces.append(sub)
+        scores.append(-6.0 - 0.1 * i)
+        types.append(1)
+    for c in "\u2581abcdefghijklmnopqrstuvwxyz0123456789.,!?'-":
+        if c not in pieces:
+            pieces.append(c)
+            scores.append(-10.0)
+            types.append(1)
+    return pieces, scores, types
+
+
+def _write_t5(path: Path, s: dict, qtype: str) -> Path:
+    import gguf
+
+    A = s["arch"]
+    pieces, scores, types = t5_vocab()
+    nv = len(pieces)
+    ne, nff, nl, nh, hd = s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"], s["head_dim"]
+    rng = np.random.default_rng(s["seed"])
+    w = gguf.GGUFWriter(str(path), A)
+    w.add_type("model")
+    w.add_name(path.stem)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_uint32(f"{A}.context_length", s["n_ctx"])
+    w.add_uint32(f"{A}.embedding_length", ne)
+    w.add_uint32(f"{A}.block_count", nl)
+    w.add_uint32(f"{A}.feed_forward_length", nff)
+    w.add_uint32(f"{A}.attention.head_count", nh)
+    w.add_uint32(f"{A}.attention.key_length", hd)
+    w.add_uint32(f"{A}.attention.value_length", hd)
+    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
+    w.add_uint32(f"{A}.attention.relative_buckets_count", s["n_buckets"])
+    w.add_uint32(f"{A}.pooling_type", s["pooling"])
+    w.add_tokenizer_model("t5")
+    w.add_token_list(pieces)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", 2)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_bool("tokenizer.ggml.add_eos_token", True)
+
+    def add(tname, shape_ggml, kind):
+        shape = tuple(reversed(shape_ggml))
+        if kind == "w":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape_ggml[0]))
+        elif kind == "embd":
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        else:  # norm
+            a = np.float32(1.0) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
+        a = np.ascontiguousarray(a.astype(np.float32))
+        if qtype == "Q8_0" and kind in ("w", "embd") and shape_ggml[0] % 32 == 0:
+            w.add_tensor(tname, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(tname, a)
+
+    add("token_embd.weight", [ne, nv], "embd")
+    for i in range(nl):
+        b = f"enc.blk.{i}."
+        add(b + "attn_norm.weight", [ne], "norm")
+        if i == 0:
+            rel = rng.standard_normal((s["n_buckets"], nh), dtype=np.float32) * np.float32(0.5)
+            w.add_tensor(b + "attn_rel_b.weight", np.ascontiguousarray(rel))
+        add(b + "attn_q.weight", [ne, nh * hd], "w")
+        add(b + "attn_k.weight", [ne, nh * hd], "w")
+        add(b + "attn_v.weight", [ne, nh * hd], "w")
+        add(b + "attn_o.weight", [nh * hd, ne], "w")
+        add(b + "ffn_norm.weight", [ne], "norm")
+        if i == 1:
+            add(b + "ffn_gate.weight", [ne, nff], "w")
+        add(b + "ffn_up.weight", [ne, nff], "w")
+        add(b + "ffn_down.weight", [nff, ne], "w")
+    add("enc.output_norm.weight", [ne], "norm")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

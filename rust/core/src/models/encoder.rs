@@ -99,17 +99,20 @@ impl RelBias<'_> {
     /// llama.cpp's `llama_relative_position_bucket(x = key pos, y = query pos,
     /// n_buckets, bidirectional = true)`.
     pub fn bucket(&self, x: i32, y: i32) -> usize {
-        let max_distance = 128;
-        let n_buckets = (self.n_buckets / 2) as i32;
-        let max_exact = n_buckets / 2;
+        let max_distance = 128i64;
+        let nb = (self.n_buckets / 2) as i64;
+        let me = nb / 2;
         let rel = x - y;
-        let mut b = if rel > 0 { n_buckets } else { 0 };
-        let rel = rel.abs();
-        let large = max_exact
-            + ((rel as f32 / max_exact as f32).ln() / ((max_distance as f32) / max_exact as f32).ln()
-                * (n_buckets - max_exact) as f32) as i32;
-        let large = large.min(n_buckets - 1);
-        b += if rel < max_exact { rel } else { large };
+        let mut b = if rel > 0 { nb } else { 0 };
+        let rel = rel.unsigned_abs() as i64;
+        if rel < me {
+            return (b + rel) as usize;
+        }
+        // floorf(max_exact + logf(rel / max_exact) * (nb - max_exact) / log(max_distance / max_exact)),
+        // in C's types: a float product divided by a double
+        let a = ((rel as f64 / me as f64) as f32).ln() * (nb - me) as f32;
+        let large = ((me as f64 + a as f64 / (max_distance as f64 / me as f64).ln()) as f32).floor() as i64;
+        b += large.min(nb - 1);
         b as usize
     }
 }

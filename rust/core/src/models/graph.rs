@@ -73,6 +73,8 @@ pub enum FfnAct {
     Silu,
     /// gelu_tanh (ggml's f16 table)
     Gelu,
+    /// max(x, 0) (T5's ungated feed-forward)
+    Relu,
 }
 
 /// Where the feed-forward's gate comes from.
@@ -204,6 +206,7 @@ impl Step<'_> {
             match act {
                 FfnAct::Gelu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| act::gelu(r)),
                 FfnAct::Silu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| r.iter_mut().for_each(|v| *v = act::silu(*v))),
+                FfnAct::Relu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| r.iter_mut().for_each(|v| *v = v.max(0.0))),
             }
             cb!(self, if act == FfnAct::Gelu { "ffn_gelu" } else { "ffn_silu" }, il, up, n_ff);
             let b = &mut *self.b;
@@ -231,6 +234,7 @@ impl Step<'_> {
         match act {
             FfnAct::Silu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::swiglu(g, &up[t * n_ff..(t + 1) * n_ff])),
             FfnAct::Gelu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::geglu(g, &up[t * n_ff..(t + 1) * n_ff])),
+            FfnAct::Relu => return Err(Error::Invalid(format!("internal: layer {il}: a gated ReLU feed-forward"))),
         }
         cb!(self, if act == FfnAct::Silu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;

@@ -28,6 +28,7 @@ pub mod nomic_bert;
 pub mod jina_bert_v2;
 pub mod modern_bert;
 pub mod gemma_embedding;
+pub mod t5encoder;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -78,6 +79,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &jina_bert_v2::JinaBertV2,
     &modern_bert::ModernBert,
     &gemma_embedding::GemmaEmbedding,
+    &t5encoder::T5Encoder,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
