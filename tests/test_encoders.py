@@ -1,0 +1,150 @@
+"""Encoder models (bert, nomic-bert, jina-bert-v2, modern-bert, gemma-embedding, t5encoder)
+against llama.cpp: tiny random-weight GGUFs written at test time by
+tests/data/make_tiny_encoders.py, llama.cpp's llama-embedding outputs for them in
+tests/data/encoders/reference.json (tests/data/encoders/make_reference.py made it).
+
+- tokenization (WPM for the BERT family, UGM for T5) equals llama.cpp's token ids;
+- embeddings of all prompts in one batch of sequences (as llama-embedding runs them) within
+  1e-4 of llama.cpp's, relative to the vector's largest entry, for F32 and Q8_0 weights;
+- rerank scores (rank pooling through the classifier head) within 1e-4 (relative, at least
+  absolute 1e-4: the scores are logits of order 1);
+- t5encoder: see make_reference.py (the reference is llama.cpp's graph transcribed to numpy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DATA = Path(__file__).parent / "data"
+REF = json.loads((DATA / "encoders" / "reference.json").read_text())
+sys.path.insert(0, str(DATA))
+import make_tiny_encoders as mte  # noqa: E402
+
+MODELS = sorted(REF["models"])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    pytest.importorskip("gguf")
+    return tmp_path_factory.mktemp("encoders")
+
+
+def _path(model_dir, key: str) -> Path:
+    name, q = key.rsplit("-", 1)
+    return mte.write(name, model_dir, q)
+
+
+def _ctx(model, **kw):
+    from pyllama import Context
+
+    args = dict(n_ctx=512, n_batch=512, n_ubatch=512, n_seq_max=16, embeddings=True, n_threads=2)
+    args.update(kw)
+    return Context(model, **args)
+
+
+def _close(got, want, tol=1e-4):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    scale = max(float(np.max(np.abs(want))), 1.0)
+    err = float(np.max(np.abs(got - want))) / scale
+    assert err <= tol, f"max relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_tokenization_matches_llamacpp(model_dir, key):
+    from pyllama import Model
+
+    m = Model.load(str(_path(model_dir, key)), vocab_only=True)
+    for row in REF["models"][key]["rows"]:
+        assert list(m.vocab.tokenize(row["text"], add_special=True)) == row["tokens"], row["text"]
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_embeddings_match_llamacpp(model_dir, key):
+    from pyllama import Model
+    from pyllama.embedding import embed_token_lists
+
+    entry = REF["models"][key]
+    m = Model.load(str(_path(model_dir, key)))
+    ctx = _ctx(m)
+    assert ctx.is_encoder
+    assert ctx.pooling_type == entry["pooling"]  # the file's pooling_type
+    rows = entry["rows"]
+    got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
+    for r, g in zip(rows, got):
+        want = r["embedding"]
+        if entry["pooling"] == 4:  # rank: llama-embedding prints the score first, then padding
+            assert g.shape == (1,)
+            want = want[:1]
+        # t5encoder's reference is llama.cpp's graph in float64 over dequantized weights: with
+        # Q8_0 weights pyllama (as ggml) also rounds the activations to Q8_0 blocks
+        _close(g, want, 5e-2 if key == "t5encoder-Q8_0" else 1e-4)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_pooling_override(model_dir, pooling):
+    from pyllama import Model
+    from pyllama.embedding import POOLING_NAMES, embed_token_lists
+
+    m = Model.load(str(_path(model_dir, "bert-F32")))
+    ctx = _ctx(m, pooling_type=POOLING_NAMES[pooling])
+    rows = REF["models"]["bert-F32"][pooling]
+    got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
+    for r, g in zip(rows, got):
+        _close(g, r["embedding"])
+
+
+def test_encoder_batch_semantics(model_dir):
+    """Sequences of one batch do not see each other; every token is an output; a batch
+    longer than n_ubatch is refused (llama.cpp's encoder asserts n_ubatch >= n_tokens)."""
+    from pyllama import Model, llama_api as L
+    from pyllama.batch import batch_add, batch_init
+    from pyllama.embedding import embed_token_lists
+    from pyllama.errors import InvalidBatchError
+
+    m = Model.load(str(_path(model_dir, "bert-F32")))
+    rows = REF["models"]["bert-F32"]["rows"]
+    ctx = _ctx(m)
+    alone = [embed_token_lists(ctx, [r["tokens"]])[0] for r in rows[:3]]
+    packed = embed_token_lists(ctx, [r["tokens"] for r in rows[:3]])
+    for a, p in zip(alone, packed):
+        np.testing.assert_allclose(a, p, rtol=0, atol=1e-6)
+    # llama_encode == llama_decode for an encoder; token rows with pooling none
+    ctx0 = _ctx(m, pooling_type=0)
+    toks = rows[1]["tokens"]
+    b = batch_init(len(toks), 0, 1)
+    for i, t in enumerate(toks):
+        batch_add(b, t, i, (0,), False)
+    assert L.llama_encode(ctx0, b) == 0
+    assert ctx0.embeddings.shape == (len(toks), m.n_embd if hasattr(m, "n_embd") else ctx0.n_embd)
+    small = _ctx(m, n_batch=512, n_ubatch=4)
+    with pytest.raises(InvalidBatchError, match="n_ubatch"):
+        small.decode(toks)
+
+
+def test_llama_encode_on_decoder_returns_minus_one(tmp_path):
+    from pyllama import Model, llama_api as L
+    from pyllama.batch import batch_get_one
+
+    sys.path.insert(0, str(DATA))
+    import make_tiny
+
+    m = Model.load(str(make_tiny.write_tiny("llama", tmp_path)))
+    ctx = _ctx(m, embeddings=False)
+    assert not ctx.is_encoder
+    assert L.llama_encode(ctx, batch_get_one([1, 2, 3])) == -1
+
+
+def test_rank_needs_a_classifier_head(model_dir):
+    from pyllama import Model
+    from pyllama.embedding import embed_token_lists
+
+    m = Model.load(str(_path(model_dir, "bert-F32")))
+    ctx = _ctx(m, pooling_type=4)
+    with pytest.raises(Exception, match="classifier head"):
+        embed_token_lists(ctx, [REF["models"]["bert-F32"]["rows"][0]["tokens"]])
