@@ -8,7 +8,8 @@ tests/data/encoders/reference.json (tests/data/encoders/make_reference.py made i
   1e-4 of llama.cpp's, relative to the vector's largest entry, for F32 and Q8_0 weights;
 - rerank scores (rank pooling through the classifier head) within 1e-4 (relative, at least
   absolute 1e-4: the scores are logits of order 1);
-- t5encoder: see make_reference.py (the reference is llama.cpp's graph transcribed to numpy).
+- pairs for the rerankers: llama.cpp's scores for llama-embedding's pair tokens, and the
+  server's pair format (llama-server's format_prompt_rerank) built from the same tokens.
 """
 
 from __future__ import annotations
@@ -77,16 +78,10 @@ def test_embeddings_match_llamacpp(model_dir, key):
     rows = entry["rows"]
     got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
     for r, g in zip(rows, got):
-        want = r["embedding"]
-        if entry["pooling"] == 4:  # rank: llama-embedding prints the score first, then padding
-            assert g.shape == (1,)
-            want = want[:1]
-        # t5encoder's reference is llama.cpp's graph in float64 over dequantized weights: with
-        # Q8_0 weights pyllama (as ggml) also rounds the activations to Q8_0 blocks
-        _close(g, want, 5e-2 if key == "t5encoder-Q8_0" else 1e-4)
+        _close(g, r["embedding"])
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last"])
+@pytest.mark.parametrize("pooling", ["mean", "last", "none"])
 def test_pooling_override(model_dir, pooling):
     from pyllama import Model
     from pyllama.embedding import POOLING_NAMES, embed_token_lists
@@ -96,7 +91,26 @@ def test_pooling_override(model_dir, pooling):
     rows = REF["models"]["bert-F32"][pooling]
     got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
     for r, g in zip(rows, got):
-        _close(g, r["embedding"])
+        _close(np.ravel(g), r["embedding"])
+
+
+@pytest.mark.parametrize("key", [k for k in MODELS if "pairs" in REF["models"][k]])
+def test_rerank_matches_llamacpp(model_dir, key):
+    from pyllama import Llama
+    from pyllama.embedding import embed_token_lists, rerank_tokens
+
+    llm = Llama(str(_path(model_dir, key)), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, verbose=False)
+    pairs = REF["models"][key]["pairs"]
+    ctx = llm._sess().ctx
+    got = embed_token_lists(ctx, [p["tokens"] for p in pairs])
+    for p, g in zip(pairs, got):
+        _close(g, p["embedding"])
+        # llama-server's pair: [CLS] query [SEP] document (no EOS in a BERT vocabulary, so
+        # nothing after the document); llama-embedding's text adds the final [SEP]
+        assert rerank_tokens(llm._model, p["query"], p["document"]) + [102] == p["tokens"]
+    scores = llm.rerank(pairs[0]["query"], [p["document"] for p in pairs[:2]])
+    want = embed_token_lists(ctx, [p["tokens"][:-1] for p in pairs[:2]])
+    assert scores == [float(w[0]) for w in want]
 
 
 def test_encoder_batch_semantics(model_dir):
