@@ -57,6 +57,10 @@ SPECS = {
     "gemma-embedding": dict(arch="gemma-embedding", pooling=1, seed=2007, n_layer=3, n_head_kv=2, head_dim=16,
                             rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=8, swa_pattern=2,
                             eps=1e-6),
+    # nomic-embed-text v2 MoE style: nomic's rope, BERT's GELU FFN with biases on layer 0,
+    # 4 ungated GELU experts (2 used) on layer 1 (moe_every_n_layers 2), fused qkv with bias
+    "nomic-bert-moe": dict(arch="nomic-bert-moe", pooling=1, seed=2009, rope_base=10000.0, n_expert=4,
+                           n_expert_used=2, moe_every=2),
     # T5 encoder: relative-position buckets (32; only layer 0 has attn_rel_b), layer 0 ReLU,
     # layer 1 GELU-gated (flan); SentencePiece UGM vocabulary
     "t5encoder": dict(arch="t5encoder", pooling=1, seed=2008, head_dim=16, n_buckets=32, eps=1e-6),
@@ -109,6 +113,10 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         w.add_float32(f"{A}.rope.freq_base", s["rope_base"])
     if s.get("rank"):
         w.add_array(f"{A}.classifier.output_labels", ["relevant"])
+    if "n_expert" in s:
+        w.add_uint32(f"{A}.expert_count", s["n_expert"])
+        w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+        w.add_uint32(f"{A}.moe_every_n_layers", s["moe_every"])
 
     w.add_tokenizer_model("bert")
     w.add_token_list(toks)
@@ -132,9 +140,10 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         else:  # bias
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
         a = np.ascontiguousarray(a.astype(np.float32))
-        # llama-quantize keeps position embeddings and token types unquantized
-        keep = tname in ("position_embd.weight", "token_types.weight")
-        if qtype == "Q8_0" and kind in ("w", "embd") and not keep and shape_ggml[0] % 32 == 0:
+        # llama-quantize keeps position embeddings, token types and expert routers unquantized
+        keep = tname in ("position_embd.weight", "token_types.weight") or tname.endswith("ffn_gate_inp.weight")
+        quant = len(shape_ggml) == 2 or tname.endswith("_exps.weight")
+        if qtype == "Q8_0" and kind in ("w", "embd") and not keep and quant and shape_ggml[0] % 32 == 0:
             w.add_tensor(tname, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
@@ -162,6 +171,9 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         b = f"blk.{i}."
         if A == "nomic-bert":
             add(b + "attn_qkv.weight", [ne, 3 * ne], "w")
+        elif A == "nomic-bert-moe":
+            add(b + "attn_qkv.weight", [ne, 3 * ne], "w")
+            add(b + "attn_qkv.bias", [3 * ne], "bias")
         else:
             for p in ("q", "k", "v"):
                 add(b + f"attn_{p}.weight", [ne, ne], "w")
@@ -175,7 +187,11 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
             add(b + "attn_output.bias", [ne], "bias")
         add(b + "attn_output_norm.weight", [ne], "norm")
         add(b + "attn_output_norm.bias", [ne], "bias")
-        if A == "bert":
+        if A == "nomic-bert-moe" and i % s["moe_every"] == 1:
+            add(b + "ffn_gate_inp.weight", [ne, s["n_expert"]], "w")
+            add(b + "ffn_up_exps.weight", [ne, nff, s["n_expert"]], "w")
+            add(b + "ffn_down_exps.weight", [nff, ne, s["n_expert"]], "w")
+        elif A in ("bert", "nomic-bert-moe"):
             add(b + "ffn_up.weight", [ne, nff], "w")
             add(b + "ffn_up.bias", [nff], "bias")
             add(b + "ffn_down.weight", [nff, ne], "w")

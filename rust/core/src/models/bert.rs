@@ -13,7 +13,7 @@
 //! as llama.cpp.
 
 use super::encoder::{ClsHead, EncAttn, QkNorm, Qkv};
-use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -32,6 +32,8 @@ pub enum Variant {
     Bert,
     NomicBert,
     JinaBertV2,
+    /// nomic-bert with GELU experts on the layers il % moe_every_n_layers == 1
+    NomicBertMoe,
 }
 
 /// The hparams the BERT family shares: LayerNorm epsilon required, token types needed.
@@ -88,6 +90,9 @@ struct Layer {
     down_b: Option<Vec<f32>>,
     layer_out_norm: (Vec<f32>, Vec<f32>),
     rope: Option<RopeParams>,
+    /// (router, up_exps, down_exps) on nomic-bert-moe's expert layers (then up / down above
+    /// are unused views of up_exps / down_exps)
+    moe: Option<(TensorView<'static>, TensorView<'static>, TensorView<'static>)>,
 }
 
 pub struct BertForward {
@@ -100,6 +105,7 @@ pub struct BertForward {
     head: ClsHead,
     eps: f32,
     alibi: f32,
+    n_expert_used: usize,
     _keep: Keep,
 }
 
@@ -161,8 +167,23 @@ impl BertForward {
                 (None, None, None)
             };
             let (up, up_b, gate, gate_b, ffn_gate, ffn_act, down_b);
+            let mut moe = None;
+            let every = ld.model().files[0]
+                .get("nomic-bert-moe.moe_every_n_layers")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0)
+                .max(0) as usize;
+            if variant == Variant::NomicBertMoe && every > 0 && il % every == 1 {
+                let ne_ = hp.n_expert;
+                let r = ld.req(&b("ffn_gate_inp.weight"), &[ne, ne_])?;
+                let u = ld.req(&b("ffn_up_exps.weight"), &[ne, n_ff, ne_])?;
+                let d = ld.req(&b("ffn_down_exps.weight"), &[n_ff, ne, ne_])?;
+                (up, up_b, gate, gate_b, ffn_gate, ffn_act, down_b) =
+                    (u.clone(), None, None, None, FfnGate::None, FfnAct::Gelu, None);
+                moe = Some((r, u, d));
+            } else {
             match variant {
-                Variant::Bert => {
+                Variant::Bert | Variant::NomicBertMoe => {
                     up = ld.req(&b("ffn_up.weight"), &[ne, n_ff])?;
                     up_b = ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?;
                     (gate, gate_b, ffn_gate, ffn_act) = (None, None, FfnGate::None, FfnAct::Gelu);
@@ -197,6 +218,11 @@ impl BertForward {
                     down_b = Some(ld.req_vec(&b("ffn_down.bias"), &[ne])?);
                 }
             }
+            }
+            let down = match &moe {
+                Some((_, _, d)) => d.clone(),
+                None => ld.req(&b("ffn_down.weight"), &[n_ff, ne])?,
+            };
             layers.push(Layer {
                 qkv: Qkv::load(ld, il, ne, nq, nk, hp.n_embd_v_gqa(il))?,
                 q_norm,
@@ -215,10 +241,15 @@ impl BertForward {
                 gate_b,
                 ffn_gate,
                 ffn_act,
-                down: ld.req(&b("ffn_down.weight"), &[n_ff, ne])?,
+                down,
                 down_b,
                 layer_out_norm: pair("layer_output_norm.weight", "layer_output_norm.bias")?,
-                rope: if variant == Variant::NomicBert { Some(layer_rope(hp, cp, il, None)) } else { None },
+                rope: if matches!(variant, Variant::NomicBert | Variant::NomicBertMoe) {
+                    Some(layer_rope(hp, cp, il, None))
+                } else {
+                    None
+                },
+                moe,
             });
         }
         Ok(BertForward {
@@ -231,6 +262,7 @@ impl BertForward {
             head: ClsHead::load(ld, None, false, false)?,
             eps: hp.f_norm_eps,
             alibi: if variant == Variant::JinaBertV2 { 8.0 } else { 0.0 },
+            n_expert_used: hp.n_expert_used,
             _keep: ld.keep(),
         })
     }
@@ -339,7 +371,13 @@ impl Forward for BertForward {
                 down: &l.down,
                 down_b: l.down_b.as_deref(),
             };
-            st.build_ffn(il, &f, l.ffn_act, l.ffn_gate)?;
+            match &l.moe {
+                Some((router, up, down)) => {
+                    let m = MoeWeights { router, gate: None, up, down };
+                    st.build_moe_ffn(il, &m, self.n_expert_used, false)?;
+                }
+                None => st.build_ffn(il, &f, l.ffn_act, l.ffn_gate)?,
+            }
             crate::cb!(st, "ffn_out", il, tmp, ne);
             // x = layernorm(ffn + ffn_inp)
             {

@@ -46,7 +46,8 @@ pub struct AttnWeights<'w> {
 /// {n_embd, n_ff_exp, n_expert}, down {n_ff_exp, n_embd, n_expert}.
 pub struct MoeWeights<'w> {
     pub router: &'w TensorView<'static>,
-    pub gate: &'w TensorView<'static>,
+    /// None: ungated experts, down_e(gelu(up_e x)) (nomic-bert-moe).
+    pub gate: Option<&'w TensorView<'static>>,
     pub up: &'w TensorView<'static>,
     pub down: &'w TensorView<'static>,
 }
@@ -244,7 +245,7 @@ impl Step<'_> {
     }
 
     /// Mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn` with softmax gating,
-    /// SwiGLU experts and, with `norm_w`, the selected weights renormalized to sum 1):
+    /// SwiGLU experts (GELU ones without a gate) and, with `norm_w`, the selected weights renormalized to sum 1):
     /// in `cur` [n, n_embd], out `tmp` [n, n_embd]. Per token: router logits, softmax,
     /// the `n_used` most probable experts (ties to the lower id), and the sum over them
     /// (in selection order) of weight * down_e(silu(gate_e x) * up_e x). Tokens are
@@ -253,8 +254,13 @@ impl Step<'_> {
     pub fn build_moe_ffn(&mut self, il: usize, m: &MoeWeights, n_used: usize, norm_w: bool) -> Result<()> {
         let (n, ne) = (self.n, self.hp.n_embd);
         let n_exp = m.router.ne[1];
-        let nf = m.gate.ne[1];
-        if n_used == 0 || n_used > n_exp || m.gate.ne[2] != n_exp || m.up.ne[2] != n_exp || m.down.ne[2] != n_exp {
+        let nf = m.up.ne[1];
+        if n_used == 0
+            || n_used > n_exp
+            || m.gate.is_some_and(|g| g.ne[2] != n_exp || g.ne[1] != nf)
+            || m.up.ne[2] != n_exp
+            || m.down.ne[2] != n_exp
+        {
             return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
         }
         let b = &mut *self.b;
@@ -310,10 +316,15 @@ impl Step<'_> {
                 let t = idx[nk + r] / n_used;
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
-            Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-            for r in 0..mt {
-                act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+            if let Some(g) = m.gate {
+                Self::mm_rows(self.pool, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                for r in 0..mt {
+                    act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+                }
+            } else {
+                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                act::gelu(&mut b.gate[..mt * nf]);
             }
             Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {

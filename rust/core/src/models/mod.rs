@@ -29,6 +29,7 @@ pub mod jina_bert_v2;
 pub mod modern_bert;
 pub mod gemma_embedding;
 pub mod t5encoder;
+pub mod nomic_bert_moe;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -80,6 +81,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &modern_bert::ModernBert,
     &gemma_embedding::GemmaEmbedding,
     &t5encoder::T5Encoder,
+    &nomic_bert_moe::NomicBertMoe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
