@@ -1,5 +1,6 @@
-"""Encoder models (bert, nomic-bert, jina-bert-v2, modern-bert, gemma-embedding, t5encoder)
-against llama.cpp: tiny random-weight GGUFs written at test time by
+"""Encoder models (bert, nomic-bert, nomic-bert-moe, jina-bert-v2, modern-bert,
+gemma-embedding, t5encoder, llama-embed) and a decoder embedder (qwen3 with the file's last
+pooling, as Qwen3-Embedding) against llama.cpp: tiny random-weight GGUFs written at test time by
 tests/data/make_tiny_encoders.py, llama.cpp's llama-embedding outputs for them in
 tests/data/encoders/reference.json (tests/data/encoders/make_reference.py made it).
 
@@ -73,12 +74,16 @@ def test_embeddings_match_llamacpp(model_dir, key):
     entry = REF["models"][key]
     m = Model.load(str(_path(model_dir, key)))
     ctx = _ctx(m)
-    assert ctx.is_encoder
+    assert ctx.is_encoder == (not key.startswith("qwen3"))
     assert ctx.pooling_type == entry["pooling"]  # the file's pooling_type
     rows = entry["rows"]
     got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
+    # qwen3-embed (a decoder, last pooling) with F32 weights: its f16 KV cache rounds K and V,
+    # and an f32 matmul summed in another order can tip a value to the neighbouring f16
+    # (2^-11 relative); measured 2.7e-4 (Q8_0: bit for bit)
+    tol = 1e-3 if key == "qwen3-embed-F32" else 1e-4
     for r, g in zip(rows, got):
-        _close(g, r["embedding"])
+        _close(g, r["embedding"], tol)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last", "none"])

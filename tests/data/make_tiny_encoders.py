@@ -61,6 +61,12 @@ SPECS = {
     # 4 ungated GELU experts (2 used) on layer 1 (moe_every_n_layers 2), fused qkv with bias
     "nomic-bert-moe": dict(arch="nomic-bert-moe", pooling=1, seed=2009, rope_base=10000.0, n_expert=4,
                            n_expert_used=2, moe_every=2),
+    # llama-embed: LLaMA's layer as a non-causal encoder (GQA 4/2), mean pooling
+    "llama-embed": dict(arch="llama-embed", pooling=1, seed=2010, n_head_kv=2, head_dim=16, rope_base=10000.0,
+                        eps=1e-5),
+    # Qwen3-Embedding style: tests/data/make_tiny.py's tiny qwen3 decoder (same weights) with
+    # qwen3.pooling_type = last and this WordPiece vocabulary padded to its 2048 tokens
+    "qwen3-embed": dict(arch="qwen3", pooling=3, seed=0, decoder=True),
     # T5 encoder: relative-position buckets (32; only layer 0 has attn_rel_b), layer 0 ReLU,
     # layer 1 GELU-gated (flan); SentencePiece UGM vocabulary
     "t5encoder": dict(arch="t5encoder", pooling=1, seed=2008, head_dim=16, n_buckets=32, eps=1e-6),
@@ -83,6 +89,8 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         return path
     if A == "t5encoder":
         return _write_t5(path, s, qtype)
+    if s.get("decoder"):
+        return _write_decoder(path, s, qtype)
     toks = vocab()
     nv = len(toks)
     ne, nff, nl, nh = s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
@@ -96,7 +104,10 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
     w.add_uint32(f"{A}.block_count", nl)
     w.add_uint32(f"{A}.feed_forward_length", nff)
     w.add_uint32(f"{A}.attention.head_count", nh)
-    if A == "gemma-embedding":
+    if A == "llama-embed":
+        w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
+        w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
+    elif A == "gemma-embedding":
         w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", s["eps"])
         w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
         w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
@@ -150,7 +161,7 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
             w.add_tensor(tname, a)
 
     add("token_embd.weight", [ne, nv], "embd")
-    if A in ("modern-bert", "gemma-embedding"):
+    if A in ("modern-bert", "gemma-embedding", "llama-embed"):
         _prenorm_layers(add, A, s, ne, nff, nl, nh)
         if s.get("rank"):
             add("cls.weight", [ne, ne], "w")
@@ -216,6 +227,43 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def _write_decoder(path: Path, s: dict, qtype: str) -> Path:
+    """make_tiny.py's tiny decoder of s["arch"] (its weights, its keys) with
+    ``{arch}.pooling_type`` and the WordPiece vocabulary of this file padded to n_vocab."""
+    import tempfile
+
+    import gguf
+    import make_tiny
+
+    A = s["arch"]
+    with tempfile.TemporaryDirectory() as d:
+        src = gguf.GGUFReader(str(make_tiny.write_tiny(A, Path(d), qtype)))
+        w = gguf.GGUFWriter(str(path), A)
+        for k, f in src.fields.items():
+            if k.startswith(("tokenizer.", "GGUF.", "general.architecture")):
+                continue
+            sub = f.types[1] if len(f.types) > 1 else None
+            w.add_key_value(k, f.contents(), f.types[0], sub)
+        w.add_uint32(f"{A}.pooling_type", s["pooling"])
+        toks = vocab()
+        toks += [f"[unused{i}]" for i in range(99, 99 + make_tiny.N_VOCAB - len(toks))]
+        w.add_tokenizer_model("bert")
+        w.add_token_list(toks)
+        w.add_token_types([3 if t.startswith("[") and t.endswith("]") else 1 for t in toks])
+        w.add_uint32("tokenizer.ggml.token_type_count", 2)
+        for t in src.tensors:
+            data = np.array(t.data)
+            if t.tensor_type == gguf.GGMLQuantizationType.F32:
+                w.add_tensor(t.name, data)
+            else:
+                w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return path
 
 
@@ -327,6 +375,20 @@ def _prenorm_layers(add, A, s, ne, nff, nl, nh):
         add("output_norm.weight", [ne], "norm")
         return
     hd, nkv = s["head_dim"], s["n_head_kv"]
+    if A == "llama-embed":
+        for i in range(nl):
+            b = f"blk.{i}."
+            add(b + "attn_norm.weight", [ne], "norm")
+            add(b + "attn_q.weight", [ne, nh * hd], "w")
+            add(b + "attn_k.weight", [ne, nkv * hd], "w")
+            add(b + "attn_v.weight", [ne, nkv * hd], "w")
+            add(b + "attn_output.weight", [nh * hd, ne], "w")
+            add(b + "ffn_norm.weight", [ne], "norm")
+            add(b + "ffn_gate.weight", [ne, nff], "w")
+            add(b + "ffn_up.weight", [ne, nff], "w")
+            add(b + "ffn_down.weight", [nff, ne], "w")
+        add("output_norm.weight", [ne], "norm")
+        return
     for i in range(nl):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", [ne], "norm")

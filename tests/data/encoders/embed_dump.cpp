@@ -1,13 +1,15 @@
 // llama.cpp's embeddings for pyllama's encoder tests (tests/data/encoders/make_reference.py
 // builds and runs this; llama-embedding's printed output loses parts of long lines, its
 // log being asynchronous, so the vectors are written here in binary).
-//   embed_dump MODEL POOLING OUT.f32 IN.txt
+//   embed_dump MODEL POOLING OUT.f32 IN.txt [FLASH_ATTN]
 // IN.txt: one text per line (\t and \n escaped as \\t and \\n, a backslash as \\\\). Each
 // text is tokenized as llama-embedding does (add_special, parse_special) and its ids are
 // printed on stdout (one line per text); all texts are embedded together as one batch of
 // sequences (seq i = text i), as llama-embedding's batch_decode runs them: llama_encode for
 // encoder-only models, else llama_decode. Context: n_ctx 512, n_batch = n_ubatch = 504,
-// unified KV cache, flash attention off, 2 threads, POOLING (-1 = the model's). OUT gets
+// unified KV cache, 2 threads, POOLING (-1 = the model's), FLASH_ATTN (llama_flash_attn_type:
+// default 0 = off, llama.cpp's f32 attention for the encoders; -1 = auto, its default, which
+// the decoders use). OUT gets
 // float32 rows: per text, its pooled vector (n_embd; n_cls_out scores with rank pooling) or,
 // with pooling none, one row per token.
 #include "llama.h"
@@ -31,7 +33,7 @@ static std::string unescape(const std::string & s) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 5) { fprintf(stderr, "usage: %s MODEL POOLING OUT.f32 IN.txt\n", argv[0]); return 1; }
+    if (argc != 5 && argc != 6) { fprintf(stderr, "usage: %s MODEL POOLING OUT.f32 IN.txt [FLASH_ATTN]\n", argv[0]); return 1; }
     llama_backend_init();
     llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
     if (!model) { fprintf(stderr, "model load failed\n"); return 1; }
@@ -56,7 +58,7 @@ int main(int argc, char ** argv) {
     // graph with n_tokens rounded up to a multiple of n_seqs and then fails an assertion otherwise
     cp.n_ctx = 512; cp.n_batch = 504; cp.n_ubatch = 504; cp.n_threads = 2; cp.n_threads_batch = 2;
     cp.n_seq_max = (uint32_t) seqs.size(); cp.kv_unified = true; cp.embeddings = true;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.flash_attn_type = (enum llama_flash_attn_type) (argc == 6 ? atoi(argv[5]) : 0);
     cp.pooling_type = (enum llama_pooling_type) atoi(argv[2]);
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "context failed\n"); return 1; }

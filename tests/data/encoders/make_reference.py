@@ -6,7 +6,8 @@ embed_dump.cpp (built here against the AVX2 libllama of the llama.cpp version py
 follows) tokenizes each text as llama-embedding does (WPM / UGM, add_special, parse_special)
 and embeds all texts as one batch of sequences, as llama-embedding's batch_decode: the
 file's pooling (rank for the rerankers: the classifier's score), unnormalized, flash
-attention off (f32 attention). (llama-embedding itself prints one log call per float and
+attention off (f32 attention) for the encoders; the decoder embedder (qwen3-embed: a decoder
+with last pooling, as Qwen3-Embedding) with llama.cpp's default (auto), one prompt per decode. (llama-embedding itself prints one log call per float and
 its asynchronous log drops some of them on long outputs, so its printed vectors are not used.)
 
 Rerankers also get PAIRS, joined as llama-embedding --pooling rank joins a tab-separated
@@ -55,11 +56,11 @@ def build(src: Path, build_dir: Path, out: Path) -> Path:
     return exe
 
 
-def dump(exe: Path, model: Path, texts: list, pooling: str, width: int, tmp: Path) -> list:
+def dump(exe: Path, model: Path, texts: list, pooling: str, width: int, tmp: Path, fa: int = 0) -> list:
     esc = [t.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n") for t in texts]
     (tmp / "in.txt").write_text("\n".join(esc) + "\n")
-    p = subprocess.run([str(exe), str(model), str(POOLING[pooling]), str(tmp / "out.f32"), str(tmp / "in.txt")],
-                       capture_output=True, text=True)
+    p = subprocess.run([str(exe), str(model), str(POOLING[pooling]), str(tmp / "out.f32"), str(tmp / "in.txt"),
+                        str(fa)], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"embed_dump failed ({p.returncode}) on {model.name} pooling {pooling}:\n{p.stderr[-3000:]}")
     toks = [[int(x) for x in line.split()] for line in p.stdout.splitlines()]
@@ -95,7 +96,16 @@ def main() -> None:
                 path = mte.write(name, tmp, q)
                 rank = spec["pooling"] == 4
                 width = 1 if rank else mte.BASE["n_embd"]
-                entry = {"pooling": int(spec["pooling"]), "rows": dump(exe, path, PROMPTS, "model", width, tmp)}
+                # decoders (qwen3-embed) with llama.cpp's default flash attention (auto), the
+                # path pyllama's decoder attention follows; encoders with its f32 attention
+                if spec.get("decoder"):
+                    # each prompt alone: llama.cpp's tiled flash attention over several sequences
+                    # of a unified cache is not in pyllama's default float order (see
+                    # tests/test_embedding_llamacpp.py)
+                    rows = [dump(exe, path, [t], "model", width, tmp, -1)[0] for t in PROMPTS]
+                else:
+                    rows = dump(exe, path, PROMPTS, "model", width, tmp)
+                entry = {"pooling": int(spec["pooling"]), "rows": rows}
                 if rank:
                     texts = [pair_text(path, a, b) for a, b in PAIRS]
                     entry["pairs"] = dump(exe, path, texts, "model", 1, tmp)

@@ -30,6 +30,7 @@ pub mod modern_bert;
 pub mod gemma_embedding;
 pub mod t5encoder;
 pub mod nomic_bert_moe;
+pub mod llama_embed;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -82,6 +83,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &gemma_embedding::GemmaEmbedding,
     &t5encoder::T5Encoder,
     &nomic_bert_moe::NomicBertMoe,
+    &llama_embed::LlamaEmbed,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
