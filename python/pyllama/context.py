@@ -1063,7 +1063,8 @@ class Context:
 
     def embeddings_seq(self, seq_id: int) -> Optional[np.ndarray]:
         """float32 [n_embd] pooled embedding of ``seq_id`` over its tokens in the last batch
-        (pooling mean/cls/last), or None when there is none."""
+        (pooling mean/cls/last; with rank pooling the classifier's n_cls_out scores), or None
+        when there is none."""
         seq_id = _int32(seq_id, "Context.embeddings_seq", "seq_id")
         self._live()
         return self._embd_seq.get(seq_id)
