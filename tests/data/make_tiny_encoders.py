@@ -46,6 +46,8 @@ SPECS = {
     "nomic-bert": dict(arch="nomic-bert", pooling=1, seed=2003, rope_base=1000.0),
     # jina-embeddings-v2 style: ALiBi, q/k LayerNorms, fused GEGLU up, mean pooling
     "jina-bert-v2": dict(arch="jina-bert-v2", pooling=1, seed=2004),
+    # jina-reranker-v1 style: a single-output cls {n_embd, 1} + bias, tanh, no cls.output
+    "jina-bert-v2-rank": dict(arch="jina-bert-v2", pooling=4, seed=2011, rank=True, cls_rows=1),
     # ModernBERT: pre-norm, no biases, NEOX rope with a local base, a symmetric window of 8 on
     # layers 1 and 2 (il % 3 != 0), fused GEGLU; a rank head (dense + GELU + norm, output)
     "modern-bert": dict(arch="modern-bert", pooling=1, seed=2005, n_layer=3, rope_base=160000.0,
@@ -218,7 +220,10 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
             add(b + "ffn_down.bias", [ne], "bias")
         add(b + "layer_output_norm.weight", [ne], "norm")
         add(b + "layer_output_norm.bias", [ne], "bias")
-    if s.get("rank"):
+    if s.get("rank") and s.get("cls_rows") == 1:
+        add("cls.weight", [ne, 1], "w")
+        add("cls.bias", [1], "bias")
+    elif s.get("rank"):
         add("cls.weight", [ne, ne], "w")
         add("cls.bias", [ne], "bias")
         add("cls.output.weight", [ne, 1], "w")

@@ -259,7 +259,7 @@ impl BertForward {
             pos_embd,
             tok_norm: (ld.req_vec("token_embd_norm.weight", &[ne])?, ld.req_vec("token_embd_norm.bias", &[ne])?),
             layers,
-            head: ClsHead::load(ld, None, false, false)?,
+            head: ClsHead::load(ld, None, false, false, if variant == Variant::JinaBertV2 { 1 } else { ne })?,
             eps: hp.f_norm_eps,
             alibi: if variant == Variant::JinaBertV2 { 8.0 } else { 0.0 },
             n_expert_used: hp.n_expert_used,

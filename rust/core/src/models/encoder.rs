@@ -362,15 +362,17 @@ impl ClsHead {
     /// `cls.weight` {n_embd, n_embd} + `cls.bias`, `cls.output.weight` {n_embd, n_cls_out}
     /// + `cls.output.bias` (all optional, as in llama.cpp); `cls_norm` names the head's
     /// norm tensor where the architecture has one.
-    pub fn load(ld: &Loader, cls_norm: Option<&str>, gelu: bool, softmax: bool) -> Result<ClsHead> {
+    /// `cls_rows`: the dense layer's outputs (n_embd; jina-bert-v2's rerankers have a single
+    /// one, {n_embd, 1}, and no `cls.output`).
+    pub fn load(ld: &Loader, cls_norm: Option<&str>, gelu: bool, softmax: bool, cls_rows: usize) -> Result<ClsHead> {
         let hp = ld.hp();
         let ne = hp.n_embd;
         let n_out = hp.n_cls_out;
         Ok(ClsHead {
-            cls: ld.opt("cls.weight", &[ne, ne])?,
-            cls_b: ld.opt_vec("cls.bias", &[ne])?,
+            cls: ld.opt("cls.weight", &[ne, cls_rows])?,
+            cls_b: ld.opt_vec("cls.bias", &[cls_rows])?,
             cls_norm: match cls_norm {
-                Some(name) => ld.opt_vec(name, &[ne])?,
+                Some(name) => ld.opt_vec(name, &[cls_rows])?,
                 None => None,
             },
             cls_out: ld.opt("cls.output.weight", &[ne, n_out])?,

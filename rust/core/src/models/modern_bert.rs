@@ -141,7 +141,7 @@ impl ModernBertForward {
             output_norm: ld.req_vec("output_norm.weight", &[ne])?,
             layers,
             act,
-            head: ClsHead::load(ld, Some("cls.norm.weight"), true, false)?,
+            head: ClsHead::load(ld, Some("cls.norm.weight"), true, false, ne)?,
             eps: hp.f_norm_eps,
             _keep: ld.keep(),
         })
