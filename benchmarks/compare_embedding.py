@@ -12,7 +12,7 @@ printing), built here against the libllama of --build-dir (default the AVX2 buil
 alternate between the two; prints sentences/s of both (median and best round: on a shared
 machine the best round is the least disturbed) and the ratios.
 
-    python benchmarks/compare_embedding.py [-t 2] [--rounds 3]
+    python benchmarks/compare_embedding.py [-t 2] [--rounds 3] [--qtype F32|Q8_0]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--qtype", default="F32", choices=["F32", "Q8_0"], help="weight type of the bert")
     ap.add_argument("--src", default=str(SRC), help="llama.cpp source (headers)")
     ap.add_argument("--build-dir", default=str(Path.home() / ".cache/pyllama/llama.cpp/build-avx2"))
     a = ap.parse_args()
@@ -53,7 +54,7 @@ def main() -> None:
     from pyllama.embedding import embed_token_lists
 
     tmp = Path(tempfile.mkdtemp(prefix="pyllama-embbench-"))
-    model = mte.write("bert", tmp, "F32", n_layer=6, n_embd=384, n_head=12, n_ff=1536, tag="bench-bert-6x384")
+    model = mte.write("bert", tmp, a.qtype, n_layer=6, n_embd=384, n_head=12, n_ff=1536, tag="bench-bert-6x384")
     texts = sentences()
     (tmp / "texts.txt").write_text("\n".join(texts) + "\n")
     exe = tmp / "embedding_llamacpp"
@@ -80,7 +81,7 @@ def main() -> None:
     n = len(texts)
     sp, sc = n / statistics.median(py), n / statistics.median(cpp)
     bp, bc = n / min(py), n / min(cpp)
-    print(f"{n} sentences, {n_tok} tokens, bert 6 x 384 F32, {a.threads} threads, {a.rounds} rounds")
+    print(f"{n} sentences, {n_tok} tokens, bert 6 x 384 {a.qtype}, {a.threads} threads, {a.rounds} rounds")
     print(f"pyllama   : {sp:8.1f} sentences/s median, {bp:8.1f} best  (rounds {', '.join(f'{x:.2f}' for x in py)} s)")
     print(f"llama.cpp : {sc:8.1f} sentences/s median, {bc:8.1f} best  (rounds {', '.join(f'{x:.2f}' for x in cpp)} s)")
     print(f"ratio pyllama / llama.cpp: {sp / sc:.2f} (median), {bp / bc:.2f} (best round)")
