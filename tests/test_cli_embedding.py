@@ -48,3 +48,29 @@ def test_bad_flags(smollm2_path):
     assert run("-m", smollm2_path, "-p", "x", "--embd-output-format", "xml").returncode == 2
     r = run("-m", smollm2_path, "-p", "x " * 3000, "--pooling", "mean", "-c", 512, "-b", 512)
     assert r.returncode == 1 and "n_batch" in r.stderr
+
+
+def test_encoder_embeddings_and_rerank_scores(tmp_path):
+    """An encoder (bert, CLS pooling from the file) and a bert reranker (rank pooling, tab-
+    separated pairs) against llama.cpp's values (tests/data/encoders/reference.json)."""
+    pytest.importorskip("gguf")
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    sys.path.insert(0, str(data))
+    import make_tiny_encoders as mte
+
+    ref = json.loads((data / "encoders" / "reference.json").read_text())["models"]
+    bert = mte.write("bert", tmp_path, "F32")
+    rows = ref["bert-F32"]["rows"][:3]
+    r = run("-m", bert, "-p", "\n".join(x["text"] for x in rows), "--embd-output-format", "json",
+            "--embd-normalize", -1, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    got = np.array([d["embedding"] for d in json.loads(r.stdout)["data"]])
+    np.testing.assert_allclose(got, np.array([x["embedding"] for x in rows]), rtol=0, atol=2e-6)
+    rank = mte.write("bert-rank", tmp_path, "F32")
+    pairs = ref["bert-rank-F32"]["pairs"]
+    r = run("-m", rank, "-p", "\n".join(f"{p['query']}\t{p['document']}" for p in pairs), "-t", 2)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines == [f"rerank score {j}: {p['embedding'][0]:8.3f}" for j, p in enumerate(pairs)]

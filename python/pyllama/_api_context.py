@@ -433,12 +433,18 @@ def llama_decode(ctx: Context, batch: Batch) -> int:
 
 @checked(ctx=_CTX, batch=_BATCH)
 def llama_encode(ctx: Context, batch: Batch) -> int:
-    """Encoder pass (encoder-decoder and non-causal embedding models). The architectures
-    pyllama runs are decoder-only: this logs why and returns -1; use llama_decode (with
-    ``embeddings=True`` for hidden states)."""
-    arch = getattr(ctx._core_model, "arch", "?")
-    log.error("llama_encode: %s is a decoder-only architecture with no encoder; use llama_decode", arch)
-    return -1
+    """Encoder pass of an encoder model (bert, nomic-bert, jina-bert-v2, ...): every token
+    is an output (hidden states with ``embeddings=True``, pooled per sequence by the
+    context's pooling), no KV cache, the whole batch in one micro-batch (n_tokens <=
+    n_ubatch, else -1). Returns 0, -1 for an invalid batch, < -1 on a fatal error.
+    A decoder-only model has no encoder: the reason is logged and -1 returned (llama.cpp
+    cannot encode with those either)."""
+    integer(batch.n_tokens, "llama_encode", "batch.n_tokens")
+    if getattr(ctx, "_vocab_only", False) or not ctx.is_encoder:
+        arch = getattr(ctx._core_model, "arch", "?")
+        log.error("llama_encode: %s is a decoder-only architecture with no encoder; use llama_decode", arch)
+        return -1
+    return ctx._decode_code(batch)
 
 
 # ---------------------------------------------------------------------- outputs

@@ -322,16 +322,23 @@ class Context:
         n_seq_max = max(1, int(params.n_seq_max))
         if n_seq_max > LLAMA_MAX_SEQ:
             raise ValueError(f"n_seq_max must be <= {LLAMA_MAX_SEQ} (got {n_seq_max})")
-        if params.attention_type == LLAMA_ATTENTION_TYPE_NON_CAUSAL:
-            raise ValueError(f"non-causal attention is not supported for {core_model.arch}")
-        causal = True
+        # encoders (bert, ...) write {arch}.attention.causal = false; llama.cpp encodes
+        # them without a KV cache, the whole batch in one micro-batch
+        causal = bool(hp.get("causal_attn", True))
+        if params.attention_type == LLAMA_ATTENTION_TYPE_NON_CAUSAL and causal:
+            raise ValueError(f"non-causal attention is not supported for the decoder-only {core_model.arch}")
+        if params.attention_type == LLAMA_ATTENTION_TYPE_CAUSAL and not causal:
+            raise ValueError(f"causal attention is not supported for the encoder {core_model.arch}")
         pooling = params.pooling_type
         if pooling == LLAMA_POOLING_TYPE_UNSPECIFIED:
-            pooling = LLAMA_POOLING_TYPE_NONE  # decoder-only models carry no pooling key
+            pooling = int(hp.get("pooling_type", LLAMA_POOLING_TYPE_NONE))  # {arch}.pooling_type
         if pooling not in (LLAMA_POOLING_TYPE_NONE, LLAMA_POOLING_TYPE_MEAN,
-                           LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST):
+                           LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK):
             raise ValueError(f"pooling_type = {params.pooling_type} is not supported "
-                             "(none, mean, cls and last are)")
+                             "(none, mean, cls, last and rank are)")
+        if pooling == LLAMA_POOLING_TYPE_RANK and causal:
+            raise ValueError(f"pooling_type = rank needs a reranker with a classifier head; "
+                             f"{core_model.arch} rerankers are not supported")
         rope_freq_scale = float(params.rope_freq_scale)
         if params.rope_scaling_type == LLAMA_ROPE_SCALING_TYPE_NONE:
             rope_freq_scale = 1.0  # llama.cpp: never scale if the scaling type is none
@@ -370,6 +377,7 @@ class Context:
         self._n_threads_batch = n_threads_batch
         self._kv_unified = kv_unified
         self._pooling = pooling
+        self._pooling_cls = int(hp.get("pooling_type_cls", 0))
         self._embeddings = bool(params.embeddings)
         self._causal = causal
         self.n_vocab = _n_vocab_of(hp)
@@ -724,6 +732,8 @@ class Context:
             log.error("llama_decode: %s (load it without vocab_only)", self._last_error)
             return -1
         core = self._live()
+        if not self._causal:
+            return self._encode_code(core, batch)
         if (batch.n_tokens == 1 and batch.embd is None and batch.pos is None and batch.seq_id is None
                 and batch.n_seq_id is None and batch.logits is None and self._abort is None
                 and not self._embeddings):
@@ -749,6 +759,68 @@ class Context:
             return -1
 
         return self._decode_allocated(core, ab, n_seq_max)
+
+    def _encode_code(self, core: "_core.Context", batch: Batch) -> int:
+        """llama.cpp's ``encode`` (which its ``decode`` calls for models without memory):
+        every token an output, positions from 0 where the batch has none, no KV cache, the
+        whole batch in one micro-batch (llama.cpp asserts n_ubatch >= n_tokens; here it is
+        an invalid batch)."""
+        n_seq_max = int(core.n_seq_max)
+        try:
+            if int(batch.n_tokens) > self._n_batch:
+                raise InvalidBatchError(f"n_tokens_all = {batch.n_tokens} > n_batch = {self._n_batch}: "
+                                        "split the batch or raise n_batch")
+            ab = allocate(
+                batch, n_vocab=self.n_vocab, n_embd=self.n_embd, n_seq_max=n_seq_max,
+                seq_pos_min=lambda s: -1, seq_pos_max=lambda s: -1, output_all=True,
+                warn=lambda m: log.warning("llama_encode: %s", m), kv_unified=True)
+            if ab.n_tokens > int(core.n_ubatch):
+                raise InvalidBatchError(
+                    f"the encoder needs the whole batch in one micro-batch: n_tokens = {ab.n_tokens} > "
+                    f"n_ubatch = {int(core.n_ubatch)} (raise n_ubatch to n_batch)")
+        except InvalidBatchError as e:
+            self._last_error = str(e)
+            log.error("llama_encode: failed to initialize batch: %s", e)
+            return -1
+        n = ab.n_tokens
+        n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
+        out_rows = np.arange(n, dtype=np.int32)
+        embd_buf = self._embd_buf if self._embeddings else None
+        if embd_buf is not None and embd_buf.shape[0] < n:
+            embd_buf = np.zeros((max(n, n_seq_max), self.n_embd), dtype=np.float32)
+        hidden = embd_buf[:n] if embd_buf is not None else None
+        no_logits = np.zeros((0, self.n_vocab), dtype=np.float32)  # encoders have no output layer
+        ubatches = [np.arange(n, dtype=np.int32)]
+        t0 = _time_us()
+        try:
+            core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows, no_logits, hidden, None)
+            if embd_buf is not None and self._pooling != LLAMA_POOLING_TYPE_NONE:
+                embd_seq = _pool(ab, embd_buf[:n], self._pooling, ubatches, core=core,
+                                 pooling_cls=self._pooling_cls)
+            else:
+                embd_seq = {}
+        except Exception as e:  # fatal: Rust failed mid-way
+            return self._fatal(e)
+        t1 = _time_us()
+        if embd_buf is not None:
+            self._embd_buf = embd_buf
+        self._logits_buf = no_logits
+        self._output_ids.fill(-1)
+        self._output_ids[:n] = out_rows
+        self._n_outputs = n
+        self._embd_seq = embd_seq
+        if not self._has_evaluated_once:
+            self._t_load_us = _time_us() - self._t_start_us
+            self._has_evaluated_once = True
+        self._n_p_eval += n
+        if not self._no_perf:
+            self._t_p_eval_us += t1 - t0
+        return 0
+
+    @property
+    def is_encoder(self) -> bool:
+        """Whether the model is an encoder (bert, ...): non-causal, no KV cache."""
+        return not self._causal
 
     def _fatal(self, e: Exception) -> int:
         """Record a failure inside the forward pass (no outputs left) and return -3."""
@@ -997,7 +1069,8 @@ class Context:
 
     def embeddings_seq(self, seq_id: int) -> Optional[np.ndarray]:
         """float32 [n_embd] pooled embedding of ``seq_id`` over its tokens in the last batch
-        (pooling mean/cls/last), or None when there is none."""
+        (pooling mean/cls/last; with rank pooling the classifier's n_cls_out scores), or None
+        when there is none."""
         seq_id = _int32(seq_id, "Context.embeddings_seq", "seq_id")
         self._live()
         return self._embd_seq.get(seq_id)
@@ -1297,7 +1370,8 @@ def _llamacpp_order() -> bool:
     return os.environ.get("PYLLAMA_ORDER", "").lower() == "llamacpp"
 
 
-def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Optional[list] = None) -> dict:
+def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Optional[list] = None, *,
+          core=None, pooling_cls: int = 0) -> dict:
     """Per-sequence pooled embeddings over all of a sequence's tokens in the batch, as
     llama.cpp's mean / CLS (first position) / LAST (last position) pooling; an entry in
     several sequences counts for each. hidden: [n_tokens, n_embd] (all tokens are outputs);
@@ -1313,6 +1387,16 @@ def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Option
     micro-batches is pooled over all its tokens as if alone, in both modes: llama.cpp keeps
     only its last micro-batch's part (``embd_seq`` is overwritten per micro-batch), which
     depends on where the batch was cut, and that is not copied."""
+    if pooling == LLAMA_POOLING_TYPE_RANK:
+        # llama.cpp's build_pooling: the CLS row (or the mean where the classifier pools by
+        # mean), then the model's classifier head; n_cls_out scores per sequence
+        base = _pool(ab, hidden, LLAMA_POOLING_TYPE_MEAN if pooling_cls == LLAMA_POOLING_TYPE_MEAN
+                     else LLAMA_POOLING_TYPE_CLS, ubatches)
+        if not base:
+            return {}
+        seqs = sorted(base)
+        scores = core.classify(np.ascontiguousarray(np.stack([base[s] for s in seqs]), dtype=np.float32))
+        return {s: scores[k].copy() for k, s in enumerate(seqs)}
     members: dict = {}
     for i, sids in enumerate(ab.seq_ids):
         for s in sids:

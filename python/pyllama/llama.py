@@ -1136,10 +1136,12 @@ class Llama:
     def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
               return_count: bool = False):
         """Embeddings of ``input`` (a string or a list of strings) with the context's pooling
-        (``pooling_type``; decoder models have none unless given, so each token gets a
-        vector): a list of floats per input (a list of such lists with pooling none),
-        euclidean-normalized with ``normalize``; inputs longer than n_batch are cut with
-        ``truncate``, refused without. Needs ``Llama(..., embedding=True)``."""
+        (``pooling_type``, by default the file's: encoders such as bert say mean or cls,
+        decoder models usually none, so each token gets a vector): a list of floats per
+        input (a list of such lists with pooling none; the classifier's scores with rank),
+        euclidean-normalized with ``normalize``; inputs longer than n_batch (n_ubatch for
+        encoders) are cut with ``truncate``, refused without. Needs
+        ``Llama(..., embedding=True)``."""
         from .embedding import embed_token_lists
 
         if not self._embedding:
@@ -1152,16 +1154,40 @@ class Llama:
             raise TypeError(f"Llama.embed: input must be a string or a list of strings, got {type(input).__name__}")
         sess = self._sess()
         toks = [self.tokenize(t.encode("utf-8")) for t in texts]
+        limit = self.n_batch
+        if sess.ctx.is_encoder:  # an encoder takes a whole input in one micro-batch
+            limit = min(limit, int(sess.ctx.n_ubatch))
         if truncate:
-            toks = [t[:self.n_batch] for t in toks]
+            toks = [t[:limit] for t in toks]
         for i, t in enumerate(toks):
-            if len(t) > self.n_batch:
-                raise ValueError(f"Requested tokens ({len(t)}) exceed batch size of {self.n_batch} (input {i})")
+            if len(t) > limit:
+                raise ValueError(f"Requested tokens ({len(t)}) exceed batch size of {limit} (input {i})")
         out = embed_token_lists(sess.ctx, toks, normalize_mode=2 if normalize else -1)
         self.reset()
         data = [e.tolist() for e in out]
         result = data[0] if one else data
         return (result, sum(len(t) for t in toks)) if return_count else result
+
+    def rerank(self, query: str, documents: List[str]) -> List[float]:
+        """Relevance scores of ``documents`` for ``query`` with a reranker GGUF (a classifier
+        head, rank pooling: the file's pooling_type, or ``pooling_type=4``), one float per
+        document in order. Each pair is built as llama-server's /v1/rerank builds it (the
+        model's rerank template, else [BOS] query [EOS] [SEP] document [EOS]; see
+        :func:`pyllama.embedding.rerank_tokens`). Needs ``Llama(..., embedding=True)``."""
+        from .embedding import rerank
+
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        if not isinstance(query, str):
+            raise TypeError(f"Llama.rerank: query must be a string, got {type(query).__name__}")
+        if isinstance(documents, str) or not isinstance(documents, list) or not all(
+                isinstance(d, str) for d in documents):
+            raise TypeError("Llama.rerank: documents must be a list of strings")
+        sess = self._sess()
+        try:
+            return rerank(sess.ctx, query, documents, model=self._model)
+        finally:
+            self.reset()
 
     # -- chat ------------------------------------------------------------------------
 

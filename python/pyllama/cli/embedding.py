@@ -4,6 +4,14 @@ The prompt (-p or -f) is split at --embd-separator (default a newline) into inpu
 one sequence, decoded with the chosen pooling, normalized per --embd-normalize and printed:
 by default llama-embedding's ``embedding N: ...`` lines (a cosine-similarity matrix under
 several pooled inputs), or ``--embd-output-format json|json+|array|raw``.
+
+With rank pooling (a reranker), an input holding --cls-separator (default a tab) is a
+(query, document) pair, joined as llama-embedding joins it (the model's rerank template, or
+query + the EOS / SEP texts the vocabulary adds + document), and the default output is
+``rerank score N: ...`` lines; the other formats print the n_cls_out scores per input
+(llama-embedding pads them to n_embd values with whatever its buffer holds).
+Encoder models (bert, ...) run each batch in one micro-batch, so --ubatch-size is set to
+--batch-size as llama-embedding does for non-causal models.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ def embedding(
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to embed (split at --embd-separator)"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the text from a file"),
     pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
-                                          help="none, mean, cls or last (default: the model's; none for decoders)"),
+                                          help="none, mean, cls, last or rank (default: the model's "
+                                               "pooling_type; none for most decoders)"),
     embd_normalize: int = typer.Option(2, "--embd-normalize", callback=integer(-1),
                                        help="-1 none, 0 max absolute (int16 range), 1 taxicab, 2 euclidean, >2 p-norm"),
     embd_output_format: str = typer.Option("", "--embd-output-format",
@@ -40,6 +49,8 @@ def embedding(
                                            help="'' (llama-embedding's text), json, json+ (with cosine similarities), "
                                                 "array, raw"),
     embd_separator: str = typer.Option("\n", "--embd-separator", help="separator between inputs in the text"),
+    cls_separator: str = typer.Option("\t", "--cls-separator",
+                                      help="separator of a (query, document) pair in an input (rank pooling)"),
     ctx_size: int = O.opt_ctx_size(),
     batch_size: int = O.opt_batch_size(),
     ubatch_size: int = O.opt_ubatch_size(),
@@ -55,9 +66,6 @@ def embedding(
     from ..errors import PyllamaError
     from ..generation import load_model, progress_bar, resolve_model_path, vocab_of
 
-    if pooling == "rank":
-        raise typer.BadParameter("rank pooling needs a reranking model (a classifier head), which pyllama "
-                                 "cannot run yet", param_hint="--pooling")
     if prompt is not None and file is not None:
         raise typer.BadParameter("give the text once: -p or -f")
     text = read_text_file(file, "-f") if file is not None else (prompt or "")
@@ -69,8 +77,18 @@ def embedding(
         path = resolve_model_path(model)
         m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))
         v = vocab_of(m)
+        hp = dict(m.hparams)
+        encoder = not bool(hp.get("causal_attn", True))
+        rank = pooling == "rank" or (pooling is None and int(hp.get("pooling_type", 0)) == 4)
+        if rank and not encoder:
+            raise typer.BadParameter(f"rank pooling needs a reranker with a classifier head; {hp.get('arch')} "
+                                     "rerankers are not supported", param_hint="--pooling")
+        if rank and cls_separator:
+            inputs = [_pair_text(m, v, t, cls_separator) for t in inputs]
         toks = [list(v.tokenize(t, add_special=True, parse_special=True)) for t in inputs]
         n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
+        if encoder:
+            ubatch_size = batch_size  # llama-embedding: for non-causal models n_ubatch = n_batch
         kw = {}
         t, tb = _threads(threads), _threads(threads_batch)
         if t:
@@ -80,11 +98,22 @@ def embedding(
         ctx = Context(m, n_ctx=n_ctx, n_batch=batch_size, n_ubatch=min(ubatch_size or batch_size, batch_size),
                       embeddings=True, n_seq_max=min(max(len(toks), 1), 256), kv_unified=True,
                       pooling_type=POOLING_NAMES[pooling] if pooling else -1, **kw)
-        embs = embed_token_lists(ctx, toks, normalize_mode=embd_normalize)
+        # rank scores are not normalized (llama-embedding normalizes its n_embd-wide buffer, of
+        # which only the n_cls_out scores are set)
+        embs = embed_token_lists(ctx, toks, normalize_mode=-1 if int(ctx.pooling_type) == 4 else embd_normalize)
     except (PyllamaError, FileNotFoundError, ValueError, OSError, MemoryError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     pooled = int(ctx.pooling_type) != 0
+    if int(ctx.pooling_type) == 4 and embd_output_format == "":
+        for j, e in enumerate(embs):
+            if e.shape[0] == 1:
+                sys.stdout.write(f"rerank score {j}: {float(e[0]):8.3f}\n")
+            else:
+                for i, x in enumerate(e):
+                    sys.stdout.write(f"rerank score {j}: {float(x):8.3f} [{i}]\n")
+        sys.stdout.flush()
+        return
     rows: list = []  # one vector per input (pooled) or per token of every input (pooling none)
     for e in embs:
         rows.extend([e] if e.ndim == 1 else list(e))
@@ -123,6 +152,24 @@ def embedding(
         for r in rows:
             out.write(" ".join(_fmt(float(x), embd_normalize) for x in r) + "\n")
     out.flush()
+
+
+def _pair_text(model, vocab, text: str, sep: str) -> str:
+    """llama-embedding's pair text for rank pooling: the parts of ``text`` split at ``sep``,
+    through the model's rerank template (query and document) or joined with the EOS and SEP
+    texts the vocabulary adds."""
+    if sep not in text:
+        return text
+    parts = text.split(sep)
+    tmpl = model.chat_template("rerank") if hasattr(model, "chat_template") else None
+    if tmpl is not None:
+        return tmpl.replace("{query}", parts[0]).replace("{document}", parts[1] if len(parts) > 1 else "")
+    mid = ""
+    if vocab.add_eos and vocab.eos >= 0:
+        mid += vocab.token_to_piece(vocab.eos, special=True).decode("utf-8", "replace")
+    if vocab.add_sep and vocab.sep >= 0:
+        mid += vocab.token_to_piece(vocab.sep, special=True).decode("utf-8", "replace")
+    return mid.join(parts)
 
 
 def _cos(a, b) -> float:

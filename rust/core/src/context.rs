@@ -47,6 +47,16 @@ pub trait Forward: Send + Sync {
     fn rope(&self, il: usize) -> Option<&RopeParams>;
     /// Run one micro-batch (inputs and outputs in `st`).
     fn forward(&self, st: &mut Step) -> Result<()>;
+    /// An encoder (BERT family): no KV cache, attention among the batch's own tokens
+    /// (models/encoder.rs), the whole batch in one micro-batch, hidden states out.
+    fn encoder(&self) -> bool {
+        false
+    }
+    /// The reranker's classifier head over pooled vectors x [n, n_embd]: (scores
+    /// [n, width], width). Models without one refuse.
+    fn classify(&self, _pool: &ThreadPool, _x: &[f32], _n: usize) -> Result<(Vec<f32>, usize)> {
+        Err(Error::Invalid("this model has no classifier head (cls.weight / cls.output.weight): rank pooling needs one".into()))
+    }
 }
 
 /// `n` zero floats from the allocator's zeroed path (calloc: large blocks come from fresh
@@ -103,6 +113,9 @@ pub struct Buffers {
     pub cells: Vec<(u32, u32)>,
     pub keys: Vec<(i32, u32)>,
     pub keys_tmp: Vec<(i32, u32)>,
+    /// Encoders: per token, the micro-batch indices of the tokens it attends to (ranges
+    /// in `key_range`).
+    pub enc_keys: Vec<u32>,
     /// Micro-batch-local indices of the tokens that want output, and their logits rows.
     pub out_idx: Vec<usize>,
     pub out_row: Vec<usize>,
@@ -227,6 +240,9 @@ impl Context {
             per
         };
         let fwd = model.arch.build_forward(&crate::models::loader::Loader::new(&model), &p)?;
+        // encoders keep nothing between batches (llama.cpp makes them no memory): a
+        // one-cell cache stands in for the sequence bookkeeping
+        let size = if fwd.encoder() { 1 } else { size };
         let nl = hp.n_layer;
         let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
         let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
@@ -286,6 +302,7 @@ impl Context {
             cells: alloc::with_capacity(nu, "cells [n_ubatch]")?,
             keys: alloc::with_capacity(size, "the key list [n_ctx]")?,
             keys_tmp: alloc::with_capacity(size, "the key list [n_ctx]")?,
+            enc_keys: Vec::new(),
             out_idx: alloc::with_capacity(nu, "output indices [n_ubatch]")?,
             out_row: alloc::with_capacity(nu, "output rows [n_ubatch]")?,
             moe: if hp.n_expert > 0 {
@@ -531,6 +548,10 @@ impl Context {
         mut hidden: Option<&mut [f32]>,
         abort: &mut dyn FnMut() -> bool,
     ) -> Result<(i32, usize)> {
+        if self.fwd.encoder() {
+            self.encode(batch, ubatches, out_rows, hidden)?;
+            return Ok((0, 1));
+        }
         self.check(batch, ubatches, out_rows, logits.len(), hidden.as_deref().map(|h| h.len()))?;
         if let Some(d) = self.debug.as_mut() {
             d.dumps.clear();
@@ -583,6 +604,79 @@ impl Context {
             self.slots[u] = slot;
         }
         Ok((0, ubatches.len()))
+    }
+
+    pub fn is_encoder(&self) -> bool {
+        self.fwd.encoder()
+    }
+
+    /// llama.cpp's `encode` for encoder models: every token an output (hidden [n, n_embd]
+    /// rows by `out_rows`), no KV cache, the whole batch in one micro-batch (llama.cpp
+    /// asserts n_ubatch >= n_tokens; here it is an error).
+    pub fn encode(&mut self, batch: &BatchRef, ubatches: &[&[i32]], out_rows: &[i32], hidden: Option<&mut [f32]>) -> Result<()> {
+        if !self.fwd.encoder() {
+            return Err(Error::Invalid(format!(
+                "encode: '{}' is a decoder-only model (it has no encoder; use decode)",
+                self.model.hparams.arch
+            )));
+        }
+        let n = batch.pos.len();
+        if ubatches.len() != 1 || n > self.params.n_ubatch {
+            return Err(Error::Invalid(format!(
+                "encode: the encoder needs the whole batch ({n} tokens) in one micro-batch of at most n_ubatch = {} tokens \
+                 (raise n_ubatch to n_batch)",
+                self.params.n_ubatch
+            )));
+        }
+        let n_rows = out_rows.iter().filter(|&&r| r >= 0).count();
+        self.check(batch, ubatches, out_rows, n_rows * self.n_vocab(), hidden.as_deref().map(|h| h.len()))?;
+        if let Some(d) = self.debug.as_mut() {
+            d.dumps.clear();
+        }
+        let ub = ubatches[0];
+        self.load_ubatch(batch, ub);
+        let b = &mut self.b;
+        b.out_idx.clear();
+        b.out_row.clear();
+        for (t, &i) in ub.iter().enumerate() {
+            let r = out_rows[i as usize];
+            if r >= 0 {
+                b.out_idx.push(t);
+                b.out_row.push(r as usize);
+            }
+        }
+        self.ub_tokens.clear();
+        if let Some(toks) = batch.tokens {
+            self.ub_tokens.extend(ub.iter().map(|&i| toks[i as usize]));
+        }
+        let ne = self.model.hparams.n_embd;
+        self.ub_embd.clear();
+        if let Some(e) = batch.embd {
+            for &i in ub {
+                self.ub_embd.extend_from_slice(&e[i as usize * ne..(i as usize + 1) * ne]);
+            }
+        }
+        let pool = if n > 1 { self.pool_batch.as_ref().unwrap_or(&self.pool) } else { &self.pool };
+        let mut st = Step {
+            pool,
+            hp: &self.model.hparams,
+            kv: &mut self.kv,
+            b: &mut self.b,
+            debug: self.debug.as_mut(),
+            n,
+            tokens: if batch.tokens.is_some() { Some(&self.ub_tokens) } else { None },
+            embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
+            logits: &mut [],
+            hidden,
+        };
+        st.enc_key_lists();
+        self.fwd.forward(&mut st)
+    }
+
+    /// The model's classifier head over pooled vectors x [n, n_embd] (rank pooling).
+    pub fn classify(&self, x: &[f32], n: usize) -> Result<(Vec<f32>, usize)> {
+        let pool = self.pool_batch.as_ref().unwrap_or(&self.pool);
+        self.fwd.classify(pool, x, n)
     }
 
     fn run_ubatch(

@@ -61,6 +61,19 @@ pub struct HParams {
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
+    /// `{arch}.attention.causal` (default true; encoders write false).
+    pub causal_attn: bool,
+    /// `{arch}.pooling_type` (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank;
+    /// default none) and `{arch}.classifier.pooling_type` (the rank head's input: cls
+    /// unless it says mean; -1 when absent).
+    pub pooling_type: i32,
+    pub pooling_type_cls: i32,
+    /// Classifier outputs: the length of `{arch}.classifier.output_labels` (default 1).
+    pub n_cls_out: usize,
+    /// `{arch}.attention.max_alibi_bias` (0 = no ALiBi).
+    pub f_max_alibi_bias: f32,
+    /// `tokenizer.ggml.token_type_count` (BERT's token types; 0 when absent).
+    pub n_token_types: usize,
 }
 
 impl HParams {
@@ -103,6 +116,12 @@ impl HParams {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            causal_attn: true,
+            pooling_type: 0,
+            pooling_type_cls: -1,
+            n_cls_out: 1,
+            f_max_alibi_bias: 0.0,
+            n_token_types: 0,
         }
     }
 
@@ -229,6 +248,15 @@ impl<'a> Meta<'a> {
             None => Ok(None),
             Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
                 Error::Unsupported(format!("{}: metadata key '{}' must be a number", self.file.path, self.key(suffix)))
+            }),
+        }
+    }
+    pub fn b(&self, suffix: &str) -> Result<Option<bool>> {
+        match self.get(suffix) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => v.as_i64().map(|x| Some(x != 0)).ok_or_else(|| {
+                Error::Unsupported(format!("{}: metadata key '{}' must be a boolean", self.file.path, self.key(suffix)))
             }),
         }
     }

@@ -152,6 +152,29 @@ impl PyContext {
     fn n_ctx_seq(&self) -> usize {
         self.inner.kv.size
     }
+    /// Whether the model is an encoder (no KV cache; decode encodes the whole batch in one
+    /// micro-batch).
+    #[getter]
+    fn is_encoder(&self) -> bool {
+        self.inner.is_encoder()
+    }
+
+    /// The model's classifier head (rank pooling) over pooled vectors x [n, n_embd]:
+    /// float32 [n, n_out].
+    fn classify<'py>(&self, py: Python<'py>, x: numpy::PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let n = x.shape()[0];
+        let ne = self.inner.model.hparams.n_embd;
+        if x.shape()[1] != ne {
+            return Err(PyValueError::new_err(format!("classify: x must be [n, {ne}]")));
+        }
+        let data = x.as_slice().map_err(|_| PyValueError::new_err("classify: x must be C-contiguous"))?.to_vec();
+        let inner = &self.inner;
+        let (out, w) = py.allow_threads(|| no_panic("classify", || inner.classify(&data, n).map_err(to_py)))?;
+        let a = numpy::ndarray::Array2::from_shape_vec((n, w), out)
+            .map_err(|e| PyValueError::new_err(format!("classify: {e}")))?;
+        Ok(PyArray2::from_owned_array(py, a))
+    }
+
     #[getter]
     fn n_ubatch(&self) -> usize {
         self.inner.params.n_ubatch

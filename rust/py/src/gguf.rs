@@ -267,6 +267,12 @@ impl PyModel {
         d.set_item("rope_yarn_log_mul", h.rope_yarn_log_mul)?;
         d.set_item("f_attn_temp_scale", h.f_attn_temp_scale)?;
         d.set_item("n_attn_temp_floor_scale", h.n_attn_temp_floor_scale)?;
+        d.set_item("causal_attn", h.causal_attn)?;
+        d.set_item("pooling_type", h.pooling_type)?;
+        d.set_item("pooling_type_cls", h.pooling_type_cls)?;
+        d.set_item("n_cls_out", h.n_cls_out)?;
+        d.set_item("f_max_alibi_bias", h.f_max_alibi_bias)?;
+        d.set_item("n_token_types", h.n_token_types)?;
         Ok(d)
     }
 

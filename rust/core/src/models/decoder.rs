@@ -311,7 +311,7 @@ impl Forward for Decoder {
                     st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
                 }
                 Ffn::Moe { router, gate, up, down } => {
-                    let m = MoeWeights { router, gate, up, down };
+                    let m = MoeWeights { router, gate: Some(gate), up, down };
                     st.build_moe_ffn(il, &m, self.n_expert_used, true)?
                 }
             }

@@ -46,7 +46,8 @@ pub struct AttnWeights<'w> {
 /// {n_embd, n_ff_exp, n_expert}, down {n_ff_exp, n_embd, n_expert}.
 pub struct MoeWeights<'w> {
     pub router: &'w TensorView<'static>,
-    pub gate: &'w TensorView<'static>,
+    /// None: ungated experts, down_e(gelu(up_e x)) (nomic-bert-moe).
+    pub gate: Option<&'w TensorView<'static>>,
     pub up: &'w TensorView<'static>,
     pub down: &'w TensorView<'static>,
 }
@@ -73,6 +74,8 @@ pub enum FfnAct {
     Silu,
     /// gelu_tanh (ggml's f16 table)
     Gelu,
+    /// max(x, 0) (T5's ungated feed-forward)
+    Relu,
 }
 
 /// Where the feed-forward's gate comes from.
@@ -114,7 +117,7 @@ impl RowsPtr {
 
 /// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
 /// across the pool when there are several (each row's result never depends on the split).
-fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
     if rows <= 1 || pool.n_threads() == 1 {
         for (i, r) in data[..rows * w].chunks_exact_mut(w).enumerate() {
@@ -132,7 +135,7 @@ fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn
     });
 }
 
-fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
+pub(crate) fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
     if let Some(b) = b {
         for r in x[..n * width].chunks_exact_mut(width) {
             act::add_assign(r, b);
@@ -204,6 +207,7 @@ impl Step<'_> {
             match act {
                 FfnAct::Gelu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| act::gelu(r)),
                 FfnAct::Silu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| r.iter_mut().for_each(|v| *v = act::silu(*v))),
+                FfnAct::Relu => par_rows(self.pool, &mut b.up, n_ff, n, &|_, r| r.iter_mut().for_each(|v| *v = v.max(0.0))),
             }
             cb!(self, if act == FfnAct::Gelu { "ffn_gelu" } else { "ffn_silu" }, il, up, n_ff);
             let b = &mut *self.b;
@@ -231,6 +235,7 @@ impl Step<'_> {
         match act {
             FfnAct::Silu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::swiglu(g, &up[t * n_ff..(t + 1) * n_ff])),
             FfnAct::Gelu => par_rows(self.pool, &mut b.gate, n_ff, n, &|t, g| act::geglu(g, &up[t * n_ff..(t + 1) * n_ff])),
+            FfnAct::Relu => return Err(Error::Invalid(format!("internal: layer {il}: a gated ReLU feed-forward"))),
         }
         cb!(self, if act == FfnAct::Silu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
@@ -240,7 +245,7 @@ impl Step<'_> {
     }
 
     /// Mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn` with softmax gating,
-    /// SwiGLU experts and, with `norm_w`, the selected weights renormalized to sum 1):
+    /// SwiGLU experts (GELU ones without a gate) and, with `norm_w`, the selected weights renormalized to sum 1):
     /// in `cur` [n, n_embd], out `tmp` [n, n_embd]. Per token: router logits, softmax,
     /// the `n_used` most probable experts (ties to the lower id), and the sum over them
     /// (in selection order) of weight * down_e(silu(gate_e x) * up_e x). Tokens are
@@ -249,8 +254,13 @@ impl Step<'_> {
     pub fn build_moe_ffn(&mut self, il: usize, m: &MoeWeights, n_used: usize, norm_w: bool) -> Result<()> {
         let (n, ne) = (self.n, self.hp.n_embd);
         let n_exp = m.router.ne[1];
-        let nf = m.gate.ne[1];
-        if n_used == 0 || n_used > n_exp || m.gate.ne[2] != n_exp || m.up.ne[2] != n_exp || m.down.ne[2] != n_exp {
+        let nf = m.up.ne[1];
+        if n_used == 0
+            || n_used > n_exp
+            || m.gate.is_some_and(|g| g.ne[2] != n_exp || g.ne[1] != nf)
+            || m.up.ne[2] != n_exp
+            || m.down.ne[2] != n_exp
+        {
             return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
         }
         let b = &mut *self.b;
@@ -306,10 +316,15 @@ impl Step<'_> {
                 let t = idx[nk + r] / n_used;
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
-            Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-            for r in 0..mt {
-                act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+            if let Some(g) = m.gate {
+                Self::mm_rows(self.pool, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                for r in 0..mt {
+                    act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+                }
+            } else {
+                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                act::gelu(&mut b.gate[..mt * nf]);
             }
             Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
@@ -351,7 +366,7 @@ impl Step<'_> {
     }
 
     /// out [n, n_out] = w x (+ the LoRA adapters' terms for w, when any is set).
-    fn mm(
+    pub(crate) fn mm(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],
@@ -374,7 +389,7 @@ impl Step<'_> {
 
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
-    fn mm_rows(
+    pub(crate) fn mm_rows(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],

@@ -22,6 +22,15 @@ pub mod phi3;
 pub mod qwen2;
 pub mod smollm3;
 pub mod starcoder2;
+pub mod encoder;
+pub mod bert;
+pub mod nomic_bert;
+pub mod jina_bert_v2;
+pub mod modern_bert;
+pub mod gemma_embedding;
+pub mod t5encoder;
+pub mod nomic_bert_moe;
+pub mod llama_embed;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -67,6 +76,14 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &starcoder2::Starcoder2,
     &exaone4::Exaone4,
     &glm4::Glm4,
+    &bert::Bert,
+    &nomic_bert::NomicBert,
+    &jina_bert_v2::JinaBertV2,
+    &modern_bert::ModernBert,
+    &gemma_embedding::GemmaEmbedding,
+    &t5encoder::T5Encoder,
+    &nomic_bert_moe::NomicBertMoe,
+    &llama_embed::LlamaEmbed,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -183,5 +200,32 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         n_expert: meta.u("expert_count")?.unwrap_or(0),
         n_expert_used: meta.u("expert_used_count")?.unwrap_or(0),
         n_ff_exp: meta.u("expert_feed_forward_length")?.unwrap_or(0),
+        causal_attn: meta.b("attention.causal")?.unwrap_or(true),
+        pooling_type: pooling(meta, "pooling_type", 0)?,
+        pooling_type_cls: pooling(meta, "classifier.pooling_type", -1)?,
+        n_cls_out: match meta.get("classifier.output_labels") {
+            Some(crate::gguf::Value::Array(a)) if !a.is_empty() => a.len(),
+            _ => 1,
+        },
+        f_max_alibi_bias: meta.f("attention.max_alibi_bias")?.unwrap_or(0.0),
+        n_token_types: match meta.file.get("tokenizer.ggml.token_type_count") {
+            None => 0,
+            Some(v) => v.as_i64().filter(|&x| (0..=1 << 20).contains(&x)).ok_or_else(|| {
+                Error::Unsupported(format!("{}: 'tokenizer.ggml.token_type_count' must be a small non-negative integer", meta.file.path))
+            })? as usize,
+        },
     })
+}
+
+/// A llama_pooling_type key: 0 none .. 4 rank (absent: `default`).
+fn pooling(meta: &Meta, suffix: &str, default: i32) -> Result<i32> {
+    match meta.u(suffix)? {
+        None => Ok(default),
+        Some(p) if p <= 4 => Ok(p as i32),
+        Some(p) => Err(Error::Unsupported(format!(
+            "{}: '{}' = {p} is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)",
+            meta.file.path,
+            meta.key(suffix)
+        ))),
+    }
 }

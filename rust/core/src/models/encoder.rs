@@ -1,0 +1,431 @@
+//! What encoder (BERT-family) forward passes share, after llama.cpp's no-cache attention
+//! (`build_attn_inp_no_cache`, src/llama-graph.cpp) and its rank pooling head
+//! (`build_pooling` with LLAMA_POOLING_TYPE_RANK):
+//!
+//! - `Qkv`: separate `attn_q/k/v` or one fused `attn_qkv`, biases optional
+//!   (llama.cpp's `create_tensor_qkv`);
+//! - `Step::build_attn_enc`: attention among the micro-batch's own tokens, no KV cache.
+//!   Token i sees token j when their first sequence ids are equal (no causal mask),
+//!   within an optional symmetric window, with ALiBi (`-|p_i - p_j|` times the head's
+//!   slope) or a T5 relative-position bias added to the scores. llama.cpp encodes a
+//!   whole batch in one micro-batch, so every token of a sequence is there;
+//! - `ClsHead`: the classifier head of rerankers (`cls`, `cls_b`, tanh / GELU, optional
+//!   `cls_norm`, `cls.output`, `cls.output` bias, softmax for qwen3 rerankers) over
+//!   the pooled vector.
+
+use super::graph::{add_bias, par_rows, AttnWeights, Norm};
+use super::loader::Loader;
+use crate::cb;
+use crate::context::Step;
+use crate::error::{Error, Result};
+use crate::model::TensorView;
+use crate::ops::act;
+use crate::ops::matmul::try_matmul_rows;
+use crate::ops::norm::{layer_norm_row, rms_norm_row};
+use crate::ops::rope::RopeParams;
+use crate::ops::vec::dot_f32;
+use crate::threadpool::ThreadPool;
+
+/// One layer's q/k/v projections: three matrices, or one fused `attn_qkv` (then wq, wk
+/// and wv are the same view and `fused` is set).
+pub struct Qkv {
+    pub wq: TensorView<'static>,
+    pub wk: TensorView<'static>,
+    pub wv: TensorView<'static>,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub fused: bool,
+}
+
+impl Qkv {
+    /// `blk.{il}.attn_qkv` {n_embd, nq + nk + nv} (+ bias) when the file has it, else
+    /// `attn_q` / `attn_k` / `attn_v` (+ optional biases); llama.cpp's create_tensor_qkv.
+    pub fn load(ld: &Loader, il: usize, n_embd: usize, nq: usize, nk: usize, nv: usize) -> Result<Qkv> {
+        let b = |s: &str| format!("blk.{il}.{s}");
+        if let Some(w) = ld.opt(&b("attn_qkv.weight"), &[n_embd, nq + nk + nv])? {
+            let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[nq + nk + nv])? {
+                Some(v) => (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec())),
+                None => (
+                    ld.opt_vec(&b("attn_q.bias"), &[nq])?,
+                    ld.opt_vec(&b("attn_k.bias"), &[nk])?,
+                    ld.opt_vec(&b("attn_v.bias"), &[nv])?,
+                ),
+            };
+            return Ok(Qkv { wq: w.clone(), wk: w.clone(), wv: w, bq, bk, bv, fused: true });
+        }
+        Ok(Qkv {
+            wq: ld.req(&b("attn_q.weight"), &[n_embd, nq])?,
+            wk: ld.req(&b("attn_k.weight"), &[n_embd, nk])?,
+            wv: ld.req(&b("attn_v.weight"), &[n_embd, nv])?,
+            bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
+            bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
+            bv: ld.opt_vec(&b("attn_v.bias"), &[nv])?,
+            fused: false,
+        })
+    }
+
+    pub fn weights<'a>(&'a self, wo: &'a TensorView<'static>, bo: Option<&'a [f32]>) -> AttnWeights<'a> {
+        AttnWeights {
+            wq: &self.wq,
+            wk: &self.wk,
+            wv: &self.wv,
+            wo,
+            bq: self.bq.as_deref(),
+            bk: self.bk.as_deref(),
+            bv: self.bv.as_deref(),
+            bo,
+            q_norm: None,
+            k_norm: None,
+            fused_qkv: self.fused,
+        }
+    }
+}
+
+/// q / k norms of encoder layers: LayerNorm with bias over the whole projection (bert's
+/// jina variants), or RMSNorm per head (gemma-embedding, qwen3).
+pub enum QkNorm<'w> {
+    Layer { q: (&'w [f32], Option<&'w [f32]>), k: (&'w [f32], Option<&'w [f32]>), eps: f32 },
+    RmsHead { q: &'w [f32], k: &'w [f32], eps: f32 },
+}
+
+/// T5's relative-position bias: `rel` {n_head rows of n_buckets} (ggml {n_head, n_buckets}).
+pub struct RelBias<'w> {
+    pub rel: &'w [f32],
+    pub n_buckets: usize,
+}
+
+impl RelBias<'_> {
+    /// llama.cpp's `llama_relative_position_bucket(x = key pos, y = query pos,
+    /// n_buckets, bidirectional = true)`.
+    pub fn bucket(&self, x: i32, y: i32) -> usize {
+        let max_distance = 128i64;
+        let nb = (self.n_buckets / 2) as i64;
+        let me = nb / 2;
+        let rel = x - y;
+        let mut b = if rel > 0 { nb } else { 0 };
+        let rel = rel.unsigned_abs() as i64;
+        if rel < me {
+            return (b + rel) as usize;
+        }
+        // floorf(max_exact + logf(rel / max_exact) * (nb - max_exact) / log(max_distance / max_exact)),
+        // in C's types: a float product divided by a double
+        let a = ((rel as f64 / me as f64) as f32).ln() * (nb - me) as f32;
+        let large = ((me as f64 + a as f64 / (max_distance as f64 / me as f64).ln()) as f32).floor() as i64;
+        b += large.min(nb - 1);
+        b as usize
+    }
+}
+
+/// How an encoder layer attends.
+pub struct EncAttn<'r> {
+    pub il: usize,
+    pub rope: Option<&'r RopeParams>,
+    pub qk_norm: Option<QkNorm<'r>>,
+    /// Multiplies q.k (+ the relative bias) in the softmax.
+    pub kq_scale: f32,
+    /// ALiBi's max bias (0: none).
+    pub max_alibi_bias: f32,
+    /// Symmetric window: tokens farther apart than n_swa / 2 do not see each other (0: none).
+    pub n_swa: usize,
+    pub rel_bias: Option<RelBias<'r>>,
+}
+
+/// ggml's ALiBi slope of head h (ggml_compute_forward_soft_max_f32).
+fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
+    if max_bias <= 0.0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1u32 << (n_head as f32).log2().floor() as u32;
+    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
+    if (h as u32) < n_head_log2 {
+        m0.powi(h as i32 + 1)
+    } else {
+        m1.powi(2 * (h as i32 - n_head_log2 as i32) + 1)
+    }
+}
+
+struct Ptr(*mut f32);
+unsafe impl Sync for Ptr {}
+impl Ptr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl Step<'_> {
+    /// Each token's keys for encoder attention: the micro-batch's tokens with the same
+    /// first sequence id (llama.cpp's no-cache mask), in micro-batch order, into
+    /// `enc_keys` with the ranges in `key_range`.
+    pub fn enc_key_lists(&mut self) {
+        let n = self.n;
+        let b = &mut *self.b;
+        b.enc_keys.clear();
+        b.key_range.clear();
+        b.key_range.resize(n, (0, 0));
+        for t in 0..n {
+            let s = b.seq0[t];
+            if let Some(prev) = (0..t).find(|&u| b.seq0[u] == s) {
+                b.key_range[t] = b.key_range[prev];
+                continue;
+            }
+            let r0 = b.enc_keys.len() as u32;
+            for u in t..n {
+                if b.seq0[u] == s {
+                    b.enc_keys.push(u as u32);
+                }
+            }
+            b.key_range[t] = (r0, b.enc_keys.len() as u32);
+        }
+    }
+
+    /// Encoder self-attention: in `cur` [n, n_embd], out `tmp` [n, n_embd]; q/k borrow
+    /// `gate`/`up` as in `build_attn`. Scores in f32 (llama.cpp's no-flash-attention path:
+    /// f32 K and V), softmax as ggml's soft_max_ext.
+    pub fn build_attn_enc(&mut self, w: &AttnWeights, c: &EncAttn) -> Result<()> {
+        let b = &mut *self.b;
+        std::mem::swap(&mut b.q, &mut b.gate);
+        std::mem::swap(&mut b.k, &mut b.up);
+        let r = self.attn_enc_inner(w, c);
+        let b = &mut *self.b;
+        std::mem::swap(&mut b.q, &mut b.gate);
+        std::mem::swap(&mut b.k, &mut b.up);
+        r
+    }
+
+    fn attn_enc_inner(&mut self, w: &AttnWeights, c: &EncAttn) -> Result<()> {
+        let hp = self.hp;
+        let il = c.il;
+        let n = self.n;
+        let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
+        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+        let b = &mut *self.b;
+        if w.fused_qkv {
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+        } else {
+            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+        }
+        add_bias(&mut b.q, w.bq, qw, n);
+        add_bias(&mut b.k, w.bk, kw, n);
+        add_bias(&mut b.v, w.bv, vw, n);
+        match &c.qk_norm {
+            None => {}
+            Some(QkNorm::Layer { q, k, eps }) => {
+                let e = *eps;
+                par_rows(self.pool, &mut b.q, qw, n, &|_, r| layer_norm_row(r, Some(q.0), q.1, e));
+                par_rows(self.pool, &mut b.k, kw, n, &|_, r| layer_norm_row(r, Some(k.0), k.1, e));
+            }
+            Some(QkNorm::RmsHead { q, k, eps }) => {
+                for h in b.q[..n * qw].chunks_exact_mut(hd_k) {
+                    rms_norm_row(h, Some(q), *eps);
+                }
+                for h in b.k[..n * kw].chunks_exact_mut(hd_k) {
+                    rms_norm_row(h, Some(k), *eps);
+                }
+            }
+        }
+        if let Some(r) = c.rope {
+            let pos = &b.pos;
+            if hd_k > 512 {
+                return Err(Error::Unsupported(format!("encoder rope with head size {hd_k} > 512")));
+            }
+            let rope_row = |t: usize, row: &mut [f32]| {
+                let mut cache = [0f32; 512];
+                r.apply_heads(row, hd_k, pos[t], &mut cache[..hd_k]);
+            };
+            par_rows(self.pool, &mut b.q, qw, n, &rope_row);
+            par_rows(self.pool, &mut b.k, kw, n, &rope_row);
+        }
+        cb!(self, "Qcur", il, q, qw);
+        cb!(self, "Kcur", il, k, kw);
+        cb!(self, "Vcur", il, v, vw);
+        let b = &mut *self.b;
+        let (q, k, v) = (&b.q[..n * qw], &b.k[..n * kw], &b.v[..n * vw]);
+        let (pos, keys, ranges) = (&b.pos[..n], &b.enc_keys, &b.key_range[..n]);
+        let aw = n_head * hd_v;
+        let att = Ptr(b.att.as_mut_ptr());
+        let max_keys = ranges.iter().map(|r| (r.1 - r.0) as usize).max().unwrap_or(0);
+        let group = n_head / n_head_kv;
+        let half_swa = (c.n_swa / 2) as i64;
+        let slopes: Vec<f32> = (0..n_head).map(|h| alibi_slope(c.max_alibi_bias, n_head, h)).collect();
+        let work = |t0: usize, t1: usize| {
+            let mut s = vec![0f32; max_keys];
+            for t in t0..t1 {
+                // SAFETY: token rows of att are disjoint and each is written by one thread.
+                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(t * aw), aw) };
+                let (r0, r1) = ranges[t];
+                let ks = &keys[r0 as usize..r1 as usize];
+                let pt = pos[t];
+                for h in 0..n_head {
+                    let hk = h / group;
+                    let qh = &q[t * qw + h * hd_k..t * qw + (h + 1) * hd_k];
+                    let mut m = f32::NEG_INFINITY;
+                    for (j, &u) in ks.iter().enumerate() {
+                        let u = u as usize;
+                        let pu = pos[u];
+                        if half_swa > 0 && (pt as i64 - pu as i64).abs() > half_swa {
+                            s[j] = f32::NEG_INFINITY;
+                            continue;
+                        }
+                        let kh = &k[u * kw + hk * hd_k..u * kw + (hk + 1) * hd_k];
+                        let mut x = dot_f32(kh, qh);
+                        if let Some(rb) = &c.rel_bias {
+                            x += rb.rel[rb.bucket(pu, pt) * n_head + h];
+                        }
+                        let mut y = x * c.kq_scale;
+                        if c.max_alibi_bias > 0.0 {
+                            y += slopes[h] * (-((pu - pt).abs() as f32));
+                        }
+                        s[j] = y;
+                        m = m.max(y);
+                    }
+                    let mut sum = 0f64;
+                    for x in s[..ks.len()].iter_mut() {
+                        let e = if *x == f32::NEG_INFINITY { 0.0 } else { (*x - m).exp() };
+                        *x = e;
+                        sum += e as f64;
+                    }
+                    let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+                    let oh = &mut out[h * hd_v..(h + 1) * hd_v];
+                    oh.fill(0.0);
+                    for (j, &u) in ks.iter().enumerate() {
+                        let p = s[j] * inv;
+                        if p == 0.0 {
+                            continue;
+                        }
+                        let u = u as usize;
+                        let vh = &v[u * vw + hk * hd_v..u * vw + (hk + 1) * hd_v];
+                        for (o, &x) in oh.iter_mut().zip(vh) {
+                            *o += p * x;
+                        }
+                    }
+                }
+            }
+        };
+        if n == 1 || self.pool.n_threads() == 1 {
+            work(0, n);
+        } else {
+            self.pool.run(&|ith, nth| work(n * ith / nth, n * (ith + 1) / nth));
+        }
+        cb!(self, "kqv_out", il, att, aw);
+        let b = &mut *self.b;
+        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
+        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        Ok(())
+    }
+
+    /// x [n, n_embd] = norm(x) * w (+ b), in place.
+    pub fn norm_x(&mut self, w: &[f32], bias: Option<&[f32]>, kind: Norm, eps: f32) {
+        let (ne, n) = (self.hp.n_embd, self.n);
+        match kind {
+            Norm::Layer => par_rows(self.pool, &mut self.b.x, ne, n, &|_, r| layer_norm_row(r, Some(w), bias, eps)),
+            Norm::Rms => par_rows(self.pool, &mut self.b.x, ne, n, &|_, r| rms_norm_row(r, Some(w), eps)),
+        }
+    }
+
+    /// The final hidden states x [n, n_embd] (after `select_outputs`) into the embeddings
+    /// output rows (llama.cpp's `t_embd`).
+    pub fn write_hidden(&mut self) {
+        let ne = self.hp.n_embd;
+        cb!(self, "result_embd", -1, x, ne);
+        let b = &*self.b;
+        if let Some(h) = self.hidden.as_deref_mut() {
+            for (j, &r) in b.out_row.iter().enumerate() {
+                h[r * ne..(r + 1) * ne].copy_from_slice(&b.x[j * ne..(j + 1) * ne]);
+            }
+        }
+    }
+}
+
+/// The classifier head of a reranker (llama.cpp's build_pooling, LLAMA_POOLING_TYPE_RANK).
+pub struct ClsHead {
+    cls: Option<TensorView<'static>>,
+    cls_b: Option<Vec<f32>>,
+    cls_norm: Option<Vec<f32>>,
+    cls_out: Option<TensorView<'static>>,
+    cls_out_b: Option<Vec<f32>>,
+    /// modern-bert's head uses GELU, the others tanh.
+    gelu: bool,
+    /// qwen3 rerankers: softmax over the outputs.
+    softmax: bool,
+    eps: f32,
+}
+
+impl ClsHead {
+    /// `cls.weight` {n_embd, n_embd} + `cls.bias`, `cls.output.weight` {n_embd, n_cls_out}
+    /// + `cls.output.bias` (all optional, as in llama.cpp); `cls_norm` names the head's
+    /// norm tensor where the architecture has one.
+    /// `cls_rows`: the dense layer's outputs (n_embd; jina-bert-v2's rerankers have a single
+    /// one, {n_embd, 1}, and no `cls.output`).
+    pub fn load(ld: &Loader, cls_norm: Option<&str>, gelu: bool, softmax: bool, cls_rows: usize) -> Result<ClsHead> {
+        let hp = ld.hp();
+        let ne = hp.n_embd;
+        let n_out = hp.n_cls_out;
+        Ok(ClsHead {
+            cls: ld.opt("cls.weight", &[ne, cls_rows])?,
+            cls_b: ld.opt_vec("cls.bias", &[cls_rows])?,
+            cls_norm: match cls_norm {
+                Some(name) => ld.opt_vec(name, &[cls_rows])?,
+                None => None,
+            },
+            cls_out: ld.opt("cls.output.weight", &[ne, n_out])?,
+            cls_out_b: ld.opt_vec("cls.output.bias", &[n_out])?,
+            gelu,
+            softmax,
+            eps: hp.f_norm_eps,
+        })
+    }
+
+    /// Whether the model has a head at all (else rank pooling returns the pooled vector).
+    pub fn present(&self) -> bool {
+        self.cls.is_some() || self.cls_out.is_some()
+    }
+
+    /// Scores [n, n_out] of pooled vectors x [n, n_embd] (n_out = n_cls_out with
+    /// `cls.output`, else n_embd).
+    pub fn apply(&self, pool: &ThreadPool, x: &[f32], n: usize, ne: usize) -> Result<(Vec<f32>, usize)> {
+        if x.len() != n * ne {
+            return Err(Error::Invalid(format!("classify: expected [{n}, {ne}] pooled vectors")));
+        }
+        let mut cur = x.to_vec();
+        let mut scratch = Vec::new();
+        let mut width = ne;
+        if let Some(w) = &self.cls {
+            let mut o = vec![0f32; n * w.n_rows()];
+            try_matmul_rows(pool, w, &cur, n, &mut o, w.n_rows(), 0..w.n_rows(), &mut scratch)?;
+            width = w.n_rows();
+            add_bias(&mut o, self.cls_b.as_deref(), width, n);
+            if self.gelu {
+                act::gelu(&mut o);
+            } else {
+                o.iter_mut().for_each(|v| *v = v.tanh());
+            }
+            if let Some(nw) = &self.cls_norm {
+                for r in o.chunks_exact_mut(width) {
+                    layer_norm_row(r, Some(nw), None, self.eps);
+                }
+            }
+            cur = o;
+        }
+        if let Some(w) = &self.cls_out {
+            let mut o = vec![0f32; n * w.n_rows()];
+            try_matmul_rows(pool, w, &cur, n, &mut o, w.n_rows(), 0..w.n_rows(), &mut scratch)?;
+            width = w.n_rows();
+            add_bias(&mut o, self.cls_out_b.as_deref(), width, n);
+            cur = o;
+        }
+        if self.softmax {
+            for r in cur.chunks_exact_mut(width) {
+                act::softmax_ggml(r);
+            }
+        }
+        Ok((cur, width))
+    }
+}
