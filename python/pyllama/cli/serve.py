@@ -99,7 +99,8 @@ def serve(
                                    help="serve embeddings (/v1/embeddings, /embedding) instead of completions"),
     pooling: Optional[str] = typer.Option(None, "--pooling", callback=O.one_of(("none", "mean", "cls", "last", "rank")),
                                           help="pooling of embeddings: none, mean, cls, last (default: the model's)"),
-    reranking: bool = typer.Option(False, "--reranking", "--rerank", help="reranking endpoint (not available yet)"),
+    reranking: bool = typer.Option(False, "--reranking", "--rerank", help="reranking endpoint /v1/rerank (an embeddings server with rank pooling: a reranker GGUF "
+                                        "with a classifier head)"),
     metrics: bool = typer.Option(False, "--metrics", help="Prometheus metrics at /metrics"),
     slots: bool = typer.Option(True, "--slots/--no-slots", help="slot states at /slots"),
     context_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
@@ -141,9 +142,10 @@ def serve(
     /metrics, /health, /lora-adapters. Requests share one context: each slot is a sequence, decoded together."""
     _need_server_deps()
     model = O.model_by_name(model, hf_repo, hf_file, hf_token)
-    if reranking or pooling == "rank":
-        raise typer.BadParameter("reranking needs a model with a classifier head, which pyllama cannot run yet",
-                                 param_hint="--reranking/--pooling rank")
+    if reranking:  # llama-server: --reranking is an embeddings server with rank pooling
+        if pooling not in (None, "rank"):
+            raise typer.BadParameter(f"--reranking needs rank pooling, not --pooling {pooling}", param_hint="--pooling")
+        embedding, pooling = True, "rank"
     if pooling is not None and not embedding:
         raise typer.BadParameter("--pooling only applies with --embedding", param_hint="--pooling")
     keys = [k.strip() for v in api_key for k in v.split(",") if k.strip()]
@@ -184,7 +186,7 @@ def serve(
                             type_v=cache_type_v, context_shift=context_shift, n_keep=keep, cache_reuse=cache_reuse,
                             max_queue=queue_size,
                             flash_attn=O.FLASH_ATTN_TYPES.get(flash_attn, -1),
-                            embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3}.get(pooling, -1),
+                            embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}.get(pooling, -1),
                             loras=O.adapter_files(lora, lora_scaled, "--lora"),
                             control_vectors=O.adapter_files(control_vector, control_vector_scaled, "--control-vector"),
                             cvec_range=control_vector_layer_range)

@@ -581,9 +581,67 @@ def create_app(state: ServerState):
         text = await run_in_threadpool(lambda: _chat_prompt(state, body, tools))
         return JSONResponse({"prompt": text})
 
-    async def not_supported(request):
-        return _error(501, "reranking and fill-in-the-middle are not available in pyllama serve yet "
-                           "(no model with a classifier head runs in pyllama)")
+    async def rerank(request):
+        """llama-server's /rerank (/v1/rerank, Jina's and Cohere's shape; TEI's with "texts"):
+        each (query, document) pair is one embedding job whose rank-pooled output's first
+        value is the score; results sorted by score, best first, cut to top_n."""
+        if not cfg.engine.embedding or state.engine.pooling != 4:
+            return _error(501, "This server does not support reranking. Start it with `--reranking`")
+        body = check_fields(await _read_json(request, cfg.max_body),
+                            {"query", "documents", "texts", "top_n", "model", "return_text", "return_documents",
+                             "raw_scores", "truncate", "user"}, request.url.path)
+        query = body.get("query")
+        if query is None:
+            raise BadRequest('"query" must be provided')
+        if not isinstance(query, str):
+            raise BadRequest('"query" must be a string')
+        tei = "texts" in body
+        docs = body.get("documents", body.get("texts"))
+        if not isinstance(docs, list) or not docs:
+            raise BadRequest('"documents" must be a non-empty string array')
+        # Cohere's documents may be {"text": ...} objects
+        docs = [d.get("text") if isinstance(d, dict) else d for d in docs]
+        if not all(isinstance(d, str) for d in docs):
+            raise BadRequest('"documents" must be a non-empty string array')
+        if len(docs) > 256:
+            raise BadRequest(f'"documents" has {len(docs)} items; at most 256 per request')
+        top_n = _int_field(body, "top_n", 0, 2**31 - 1, len(docs))
+        for name in ("return_text", "return_documents", "raw_scores", "truncate"):
+            if body.get(name) not in (None, True, False):
+                raise BadRequest(f"'{name}' must be true or false")
+        from ..embedding import rerank_tokens
+
+        prompts = await run_in_threadpool(lambda: [rerank_tokens(state.model, query, d) for d in docs])
+        for p in prompts:
+            state.engine.check_embed_input(len(p))
+        loop = asyncio.get_running_loop()
+        run = _Run(state, loop)
+        for i, p in enumerate(prompts):
+            run.jobs.append(Job(prompt=p, sampler=None, chain=None, emit=run.emit_for(i), embed=True, normalize=-1))
+        try:
+            for job in run.jobs:
+                state.engine.submit(job)
+        except BaseException:
+            run.cancel()
+            raise
+        per = await _collect(request, run)
+        dones = [next(ev for ev in per[i] if ev["type"] == "done") for i in sorted(per)]
+        label = "score" if tei else "relevance_score"
+        res = []
+        for i, d in enumerate(dones):
+            e = {"index": i, label: float(d["embedding"][0][0])}
+            if tei and body.get("return_text"):
+                e["text"] = docs[i]
+            if body.get("return_documents"):
+                e["document"] = {"text": docs[i]}
+            res.append(e)
+        res.sort(key=lambda e: -e[label])  # stable: ties keep document order
+        res = res[:top_n]
+        if tei:
+            return JSONResponse(res)
+        n = sum(d["n_prompt"] for d in dones)
+        return JSONResponse({"model": body.get("model", state.model_id), "object": "list",
+                             "usage": {"prompt_tokens": n, "total_tokens": n}, "results": res})
 
     async def embeddings(request, oai: bool):
         if not cfg.engine.embedding:
@@ -824,8 +882,8 @@ def create_app(state: ServerState):
     routes += [Route("/embedding", endpoint(embeddings_native), methods=["POST"]),
                Route("/embeddings", endpoint(embeddings_native), methods=["POST"]),
                Route("/v1/embeddings", endpoint(embeddings_oai), methods=["POST"])]
-    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/infill"):
-        routes.append(Route(path, endpoint(not_supported), methods=["POST"]))
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        routes.append(Route(path, endpoint(rerank), methods=["POST"]))
 
     async def http_error(request, exc):
         msg = {404: f"File Not Found: {request.url.path}", 405: f"method {request.method} is not allowed on "
