@@ -139,7 +139,7 @@ pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
         F32 => (dot_f32::<1>, dot_f32::<TILE>),
         F16 => (dot_f16::<1>, dot_f16::<TILE>),
         BF16 => (dot_bf16::<1>, dot_bf16::<TILE>),
-        _ => return None,
+        _ => return super::avx2_iq::dot_kernels(ty),
     })
 }
 
@@ -199,7 +199,7 @@ pub fn cols_kernel_with(ty: GgmlType, vnni: bool, nc: usize) -> Option<DotN> {
         F32 => by_width!(dot_f32, nc, [1, 2, 3]),
         F16 => by_width!(dot_f16, nc, [1, 2, 3]),
         BF16 => by_width!(dot_bf16, nc, [1, 2, 3]),
-        _ => return None,
+        _ => return super::avx2_iq::cols_kernel(ty, nc),
     })
 }
 
@@ -252,7 +252,7 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         F32 => one_f32,
         F16 => one_f16,
         BF16 => one_bf16,
-        _ => return None,
+        _ => return super::avx2_iq::vec_dot_fn(ty),
     })
 }
 
