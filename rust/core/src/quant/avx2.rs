@@ -68,10 +68,11 @@ pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
 }
 
 /// `tile_kernels` for a matmul over `n_tokens` activation rows: under
-/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K kernels of `dot_kernels_for`, in 4-column tiles
-/// (llama.cpp's Q4_K gemm order works on groups of 4 tokens).
+/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K and grid-type (IQ1-IQ3) kernels of
+/// `dot_kernels_for`, in 4-column tiles (llama.cpp's Q4_K gemm order works on groups of 4
+/// tokens; Q6_K and the grid types take its vec_dot order below 8 rows).
 pub fn tile_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
-    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
         let (one, many) = dot_kernels_for(ty, n_tokens)?;
         return Some((one, many, TILE));
     }
@@ -162,7 +163,7 @@ macro_rules! by_width {
 /// single-column kernel per token), and under `PYLLAMA_ORDER=llamacpp` for Q4_K / Q6_K,
 /// whose orders there differ by width.
 pub fn cols_kernel(ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
-    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
         let _ = n_tokens;
         return None;
     }
@@ -1187,6 +1188,7 @@ pub fn dot_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
         match ty {
             GgmlType::Q4_K => return Some((dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>)),
             GgmlType::Q6_K if n_tokens < 8 => return Some((dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>)),
+            _ if n_tokens < 8 && super::avx2_iq::batch_dependent(ty) => return super::avx2_iq::dot_kernels_vec_dot_order(ty),
             _ => {}
         }
     }

@@ -2,8 +2,14 @@
 //! IQ1_S, IQ1_M, TQ1_0, TQ2_0 against Q8_K) and of MXFP4 (against Q8_0); see `iquants.rs`
 //! for the layouts and the scalar twins.
 //!
-//! Float order: ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c), which `iquants::*_x86`
-//! states in scalar code and the tests hold these to bit for bit. Per 256-element block, 8
+//! Float order of the grid types (IQ1_*, IQ2_*, IQ3_*): llama.cpp's tiled matmul
+//! (ggml-cpu/tiled, which it runs for 8 or more activation rows), for every row count as
+//! pyllama does for Q6_K (results independent of the batch): per block the exact integer
+//! sum, times d_w (with the grid's 1/8 or 1/4 folded in), one FMA with d_a, blocks in order
+//! (`iquants::vec_dot_k_tiled`). The `_vd` builds (PYLLAMA_ORDER=llamacpp below 8 rows),
+//! TQ1_0, TQ2_0 and MXFP4 (which llama.cpp never tiles) follow ggml's AVX2 vec_dot
+//! (ggml-cpu/arch/x86/quants.c; `iquants::vec_dot_k_x86`). The tests hold each to its
+//! scalar twin bit for bit. vec_dot order: per 256-element block, 8
 //! exact i32 lanes (lane k: the scaled products at positions 4k..4k+4 of every 32-element
 //! chunk, from `maddubs` + `madd`), one FMA with d_w * d_a into 8 f32 lanes, ggml's
 //! horizontal sum at the end (times 1/8 or 1/4 where ggml's grids hold 8x / 4x values).
@@ -242,7 +248,7 @@ const TERN: u8 = 3;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn iq_body<const NC: usize, const KIND: u8>(
+unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
     n: usize,
     w: *const u8,
     x: *const u8,
@@ -259,6 +265,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8>(
     let mut acc = [_mm256_setzero_ps(); NC];
     let mut acc2 = [_mm256_setzero_ps(); NC];
     let mut acc1 = [0f32; NC];
+    let mut sumf = [0f32; NC];
     for i in 0..nb {
         let bw = w.add(i * ts);
         let mut sumi = [_mm256_setzero_si256(); NC];
@@ -284,6 +291,22 @@ unsafe fn iq_body<const NC: usize, const KIND: u8>(
             }
         }
         let dwi = dw(bw);
+        if TILED {
+            // llama.cpp's tiled order: the block's exact sum (IQ1: 8 x the grid part plus
+            // the delta part), times d_w with the grid factor folded in, one FMA with d_a
+            let dt = if KIND == IQ1S || KIND == IQ1M { dwi * 0.125 } else { dwi * fin };
+            for col in 0..NC {
+                let yd = std::ptr::read_unaligned(x.add(col * xs + i * 292) as *const f32);
+                let mut isum = hsum_epi32(sumi[col]);
+                match KIND {
+                    IQ1S => isum = 8 * isum + s1[col],
+                    IQ1M => isum = 8 * isum + hsum_epi32(sumi2[col]),
+                    _ => {}
+                }
+                sumf[col] = (dt * isum as f32).mul_add(yd, sumf[col]);
+            }
+            continue;
+        }
         for col in 0..NC {
             let by = x.add(col * xs + i * 292);
             let d = dwi * std::ptr::read_unaligned(by as *const f32);
@@ -304,6 +327,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8>(
     }
     for col in 0..NC {
         *out.add(col) = match KIND {
+            _ if TILED => sumf[col],
             IQ1S => hsum_ps(acc[col]) + acc1[col] * 0.125,
             IQ1M => 0.125f32.mul_add(hsum_ps(acc2[col]), hsum_ps(acc[col])),
             _ => fin * hsum_ps(acc[col]),
@@ -311,24 +335,44 @@ unsafe fn iq_body<const NC: usize, const KIND: u8>(
     }
 }
 
+/// i32 lanes -> their (exact) sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
 macro_rules! iq_kernel {
-    ($name:ident, $kind:expr, $ts:expr, $fin:expr, $dw:expr, $dec:ident) => {
+    ($name:ident, $tiled:expr, $kind:expr, $ts:expr, $fin:expr, $dw:expr, $dec:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
-            iq_body::<NC, { $kind }>(n, w, x, xs, out, $ts, $fin, $dw, |b, c| $dec(b, c))
+            iq_body::<NC, { $kind }, { $tiled }>(n, w, x, xs, out, $ts, $fin, $dw, |b, c| $dec(b, c))
         }
     };
 }
 
-iq_kernel!(dot_iq2_xxs, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
-iq_kernel!(dot_iq2_xs, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
-iq_kernel!(dot_iq2_s, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
-iq_kernel!(dot_iq3_xxs, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
-iq_kernel!(dot_iq3_s, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
-iq_kernel!(dot_iq1_s, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m, IQ1M, 56, 1.0, |b: *const u8| super::iquants::iq1m_d(std::slice::from_raw_parts(b, 56)), dec_iq1_m);
-iq_kernel!(dot_tq1_0, TERN, 54, 1.0, |b: *const u8| f16(b.add(52)), dec_tq1_0);
-iq_kernel!(dot_tq2_0, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_tq2_0);
+// the grid types: llama.cpp's tiled order (its matmuls of 8 or more rows; pyllama's default
+// for every row count) and its AVX2 vec_dot order (`_vd`: below 8 rows, under
+// PYLLAMA_ORDER=llamacpp)
+iq_kernel!(dot_iq2_xxs, true, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs, true, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s, true, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs, true, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s, true, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s, true, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m, true, IQ1M, 56, 1.0, |b: *const u8| super::iquants::iq1m_d(std::slice::from_raw_parts(b, 56)), dec_iq1_m);
+iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs_vd, false, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s_vd, false, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s_vd, false, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s_vd, false, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m_vd, false, IQ1M, 56, 1.0, |b: *const u8| super::iquants::iq1m_d(std::slice::from_raw_parts(b, 56)), dec_iq1_m);
+// the ternary types: llama.cpp has no tiled kernel for them, its vec_dot order throughout
+iq_kernel!(dot_tq1_0, false, TERN, 54, 1.0, |b: *const u8| f16(b.add(52)), dec_tq1_0);
+iq_kernel!(dot_tq2_0, false, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_tq2_0);
 
 /// MXFP4 x Q8_0 (see the module note for the order).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -393,6 +437,29 @@ pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
         MXFP4 => (dot_mxfp4::<1>, dot_mxfp4::<TILE>),
         _ => return None,
     })
+}
+
+/// The llama.cpp vec_dot-order kernels of the grid types (what llama.cpp runs below 8 rows;
+/// used under PYLLAMA_ORDER=llamacpp), None for the other types.
+pub fn dot_kernels_vec_dot_order(ty: GgmlType) -> Option<(DotN, DotN)> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ2_XXS => (dot_iq2_xxs_vd::<1>, dot_iq2_xxs_vd::<TILE>),
+        IQ2_XS => (dot_iq2_xs_vd::<1>, dot_iq2_xs_vd::<TILE>),
+        IQ2_S => (dot_iq2_s_vd::<1>, dot_iq2_s_vd::<TILE>),
+        IQ3_XXS => (dot_iq3_xxs_vd::<1>, dot_iq3_xxs_vd::<TILE>),
+        IQ3_S => (dot_iq3_s_vd::<1>, dot_iq3_s_vd::<TILE>),
+        IQ1_S => (dot_iq1_s_vd::<1>, dot_iq1_s_vd::<TILE>),
+        IQ1_M => (dot_iq1_m_vd::<1>, dot_iq1_m_vd::<TILE>),
+        _ => return None,
+    })
+}
+
+/// Whether llama.cpp's order for `ty` depends on the row count (its tiled kernel from 8
+/// rows on, vec_dot below): the grid types.
+pub fn batch_dependent(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M)
 }
 
 /// The kernel of `ty` over nc = 1..TILE - 1 columns (the tile code at that width).

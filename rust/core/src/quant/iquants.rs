@@ -20,12 +20,14 @@
 //!   MXFP4   17 B: e (E8M0 scale), qs[16] (4-bit E2M1 codes, low nibbles first)
 //!
 //! Every dot product here is an exact integer sum per block scaled in f32. `_ref` kernels
-//! sum the blocks in ggml's generic order (ggml-cpu/quants.c); the `_x86` twins in the
-//! order of ggml's AVX2 kernels (ggml-cpu/arch/x86/quants.c, FMAs where GCC contracts them),
-//! which `avx2_iq.rs` computes bit for bit: per super-block 8 exact i32 lanes, lane k
-//! holding the products at positions 4k..4k+4 of every 32-element chunk, FMA'd with the
-//! block scale into 8 f32 lanes; the horizontal sum ((v4+v0)+(v6+v2))+((v5+v1)+(v7+v3)).
-//! aarch64 runs the `_x86` twins, so its logits are those of x86.
+//! sum the blocks in ggml's generic order (ggml-cpu/quants.c). The `_x86` twins are what
+//! pyllama's x86 kernels (`avx2_iq.rs`) compute bit for bit, and what aarch64 runs (so its
+//! logits are those of x86): for the grid types llama.cpp's tiled-matmul order
+//! (`vec_dot_k_tiled`), for TQ1_0 / TQ2_0 / MXFP4 the order of ggml's AVX2 vec_dot
+//! (ggml-cpu/arch/x86/quants.c, FMAs where GCC contracts them; `vec_dot_k_x86`,
+//! `vec_dot_mxfp4_q8_0_x86`): per super-block 8 exact i32 lanes, lane k holding the
+//! products at positions 4k..4k+4 of every 32-element chunk, FMA'd with the block scale
+//! into 8 f32 lanes; the horizontal sum ((v4+v0)+(v6+v2))+((v5+v1)+(v7+v3)).
 
 use super::fp::{f16_to_f32, rd_f16, rd_f32};
 use super::iq_grids::*;
@@ -464,8 +466,8 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
     ((v[4] + v[0]) + (v[6] + v[2])) + ((v[5] + v[1]) + (v[7] + v[3]))
 }
 
-/// The same dot product in the order of ggml's AVX2 kernels (see the module note): what
-/// the AVX2 kernels compute bit for bit, and what aarch64 runs.
+/// The same dot product in the order of ggml's AVX2 vec_dot kernels (see the module note):
+/// TQ1_0 / TQ2_0 everywhere, the grid types below 8 rows under PYLLAMA_ORDER=llamacpp.
 pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     let ts = ty.type_size();
@@ -508,13 +510,46 @@ pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8
     }
 }
 
+/// llama.cpp's tiled-matmul order (ggml-cpu/tiled, for 8 or more activation rows) of the
+/// grid types, which pyllama's SIMD kernels use for every row count: per block the exact
+/// integer sum (IQ1_S / IQ1_M: 8 x the grid part plus the delta part), times d_w with the
+/// grid factor folded in (d/8 for IQ2_*, IQ1_*; d/4 for IQ3_XXS; d for IQ3_S), one FMA with
+/// d_a, blocks in order. TQ1_0 / TQ2_0 (never tiled): `vec_dot_k_x86`.
+pub fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use crate::ggml_type::GgmlType::*;
+    if matches!(ty, TQ1_0 | TQ2_0) {
+        return vec_dot_k_x86(ty, n, x, y);
+    }
+    let ts = ty.type_size();
+    let mut sumf = 0f32;
+    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(292)).take(n / QK_K) {
+        let (yd, q8, bsums) = q8k(by);
+        let w = block_ints(ty, bx);
+        let mut isum: i32 = (0..QK_K).map(|p| w.q[p] * q8[p]).sum();
+        let dt = match ty {
+            IQ1_S => {
+                isum = 8 * isum + (0..8).map(|ib| w.dq[32 * ib] * (bsums[2 * ib] + bsums[2 * ib + 1])).sum::<i32>();
+                block_d(ty, bx) * 0.125
+            }
+            IQ1_M => {
+                isum = 8 * isum + (0..QK_K).map(|p| w.dq[p] * q8[p]).sum::<i32>();
+                block_d(ty, bx) * 0.125
+            }
+            _ => block_d(ty, bx) * final_scale(ty),
+        };
+        sumf = (dt * isum as f32).mul_add(yd, sumf);
+    }
+    sumf
+}
+
 macro_rules! k_dots {
     ($($ref_name:ident, $x86_name:ident, $ty:ident;)*) => {$(
         pub fn $ref_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             vec_dot_k_ref(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
+        /// pyllama's x86 order (see `vec_dot_k_tiled`)
         pub fn $x86_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
-            vec_dot_k_x86(crate::ggml_type::GgmlType::$ty, n, x, y)
+            vec_dot_k_tiled(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
     )*};
 }

@@ -349,9 +349,10 @@ pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
     })
 }
 
-/// The scalar vec_dot of weight type `ty` in the x86 SIMD float order (`iquants::*_x86`)
-/// for the types whose SIMD kernels follow ggml's AVX2 order there: what the AVX2 kernels
-/// compute bit for bit, and what aarch64 runs for them (so its logits equal x86's).
+/// The scalar vec_dot of weight type `ty` in pyllama's x86 SIMD float order
+/// (`iquants::*_x86`: llama.cpp's tiled order for the grid types, its AVX2 vec_dot order for
+/// TQ1_0 / TQ2_0 / MXFP4) for the types of `iquants.rs`: what the AVX2 kernels compute bit
+/// for bit, and what aarch64 runs for them (so its logits equal x86's).
 pub fn vec_dot_fn_x86_order(ty: GgmlType) -> Option<VecDotFn> {
     use GgmlType::*;
     Some(match ty {

@@ -1251,6 +1251,10 @@ fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
                 let m = mass(ty, &w, &xq, n);
                 let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
                 assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+                if ty.block_size() == 256 {
+                    let v = iquants::vec_dot_k_x86(ty, n, &w, &xq);
+                    assert!(((r - v) as f64).abs() <= tol, "{ty} n={n}: ref {r} vec_dot order {v} tol {tol}");
+                }
                 let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
                 dequantize_row(ty, &w, &mut wf).unwrap();
                 dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
@@ -1313,6 +1317,19 @@ fn iq_simd_kernels_equal_x86_order_twins_bit_for_bit() {
                             }
                             let v = vec_dot_fn(ty, set).unwrap()(n, &w, &xq[..xrow]);
                             assert!(same(v, want[0]), "{ty} n={n} {set:?} vec_dot");
+                        }
+                        // the grid types' llama.cpp vec_dot-order builds (PYLLAMA_ORDER=llamacpp,
+                        // below 8 rows) against that order's twin
+                        if let Some((one_vd, many_vd)) = avx2_iq::dot_kernels_vec_dot_order(ty) {
+                            let mut g = [0f32; TILE];
+                            unsafe { many_vd(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, g.as_mut_ptr()) };
+                            for c in 0..TILE {
+                                let e = iquants::vec_dot_k_x86(ty, n, &w, &xq[c * xrow..(c + 1) * xrow]);
+                                assert!(same(g[c], e), "{ty} n={n} vec_dot order column {c}: {} vs {e}", g[c]);
+                                let mut s = 0f32;
+                                unsafe { one_vd(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut s) };
+                                assert!(same(s, e), "{ty} n={n} vec_dot order single column {c}");
+                            }
                         }
                     }
                 }
