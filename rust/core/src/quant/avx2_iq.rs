@@ -123,8 +123,8 @@ unsafe fn g64(a: u64, b: u64, c: u64, d: u64) -> __m256i {
 unsafe fn dec_iq2_xxs(b: *const u8, c: usize) -> Chunk {
     let a0 = rd_u32(b.add(2 + 8 * c)) as usize;
     let a1 = rd_u32(b.add(6 + 8 * c));
-    let g = |l: usize| IQ2XXS_GRID[(a0 >> (8 * l)) & 255];
-    let s = |l: usize| SIGNS7[((a1 >> (7 * l)) & 127) as usize];
+    let g = |l: usize| *IQ2XXS_GRID.get_unchecked((a0 >> (8 * l)) & 255);
+    let s = |l: usize| *SIGNS7.get_unchecked(((a1 >> (7 * l)) & 127) as usize);
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16((2 * (a1 >> 28) + 1) as i16))
 }
 
@@ -132,8 +132,8 @@ unsafe fn dec_iq2_xxs(b: *const u8, c: usize) -> Chunk {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_xs(b: *const u8, c: usize) -> Chunk {
     let v = |l: usize| rd_u16(b.add(2 + 8 * c + 2 * l)) as usize;
-    let g = |l: usize| IQ2XS_GRID[v(l) & 511];
-    let s = |l: usize| SIGNS7[v(l) >> 9];
+    let g = |l: usize| *IQ2XS_GRID.get_unchecked(v(l) & 511);
+    let s = |l: usize| *SIGNS7.get_unchecked((v(l) >> 9) & 127);
     let sc = *b.add(66 + c) as u32;
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
@@ -142,8 +142,8 @@ unsafe fn dec_iq2_xs(b: *const u8, c: usize) -> Chunk {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_s(b: *const u8, c: usize) -> Chunk {
     let qh = *b.add(66 + c) as usize;
-    let g = |l: usize| IQ2S_GRID[*b.add(2 + 4 * c + l) as usize | ((qh << (8 - 2 * l)) & 0x300)];
-    let s = |l: usize| SIGNS8[*b.add(34 + 4 * c + l) as usize];
+    let g = |l: usize| *IQ2S_GRID.get_unchecked(*b.add(2 + 4 * c + l) as usize | ((qh << (8 - 2 * l)) & 0x300));
+    let s = |l: usize| *SIGNS8.get_unchecked(*b.add(34 + 4 * c + l) as usize);
     let sc = *b.add(74 + c) as u32;
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
@@ -152,10 +152,10 @@ unsafe fn dec_iq2_s(b: *const u8, c: usize) -> Chunk {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq3_xxs(b: *const u8, c: usize) -> Chunk {
     let q = b.add(2 + 8 * c);
-    let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
+    let g = |k: usize| *IQ3XXS_GRID.get_unchecked(*q.add(k) as usize) as i32;
     let u = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
     let a = rd_u32(b.add(66 + 4 * c));
-    let s = |l: usize| SIGNS7[((a >> (7 * l)) & 127) as usize];
+    let s = |l: usize| *SIGNS7.get_unchecked(((a >> (7 * l)) & 127) as usize);
     chunk(u, g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16((2 * (a >> 28) + 1) as i16))
 }
 
@@ -165,9 +165,9 @@ unsafe fn dec_iq3_s(b: *const u8, c: usize) -> Chunk {
     let q = b.add(2 + 8 * c);
     let qh = *b.add(66 + c) as usize;
     // grid entry k of the chunk takes bit k of qh as its 9th index bit
-    let g = |k: usize| IQ3S_GRID[*q.add(k) as usize | ((qh << (8 - k)) & 256)] as i32;
+    let g = |k: usize| *IQ3S_GRID.get_unchecked(*q.add(k) as usize | ((qh << (8 - k)) & 256)) as i32;
     let u = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-    let s = |l: usize| SIGNS8[*b.add(74 + 4 * c + l) as usize];
+    let s = |l: usize| *SIGNS8.get_unchecked(*b.add(74 + 4 * c + l) as usize);
     let ls = 2 * ((*b.add(106 + c / 2) as u32 >> (4 * (c % 2))) & 0xf) + 1;
     chunk(u, g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16(ls as i16))
 }
@@ -176,7 +176,7 @@ unsafe fn dec_iq3_s(b: *const u8, c: usize) -> Chunk {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq1_s(b: *const u8, c: usize) -> Chunk {
     let qh = rd_u16(b.add(34 + 2 * c)) as usize;
-    let g = |l: usize| IQ1S_GRID[*b.add(2 + 4 * c + l) as usize | (((qh >> (3 * l)) & 7) << 8)];
+    let g = |l: usize| *IQ1S_GRID.get_unchecked(*b.add(2 + 4 * c + l) as usize | (((qh >> (3 * l)) & 7) << 8));
     let v = g64(g(0), g(1), g(2), g(3));
     let ls = (2 * ((qh >> 12) & 7) + 1) as i32;
     let mut ch = chunk(_mm256_sign_epi8(v, v), v, _mm256_set1_epi16(ls as i16));
@@ -189,10 +189,11 @@ unsafe fn dec_iq1_s(b: *const u8, c: usize) -> Chunk {
 unsafe fn dec_iq1_m(b: *const u8, c: usize) -> Chunk {
     let (qh0, qh1) = (*b.add(32 + 2 * c) as usize, *b.add(33 + 2 * c) as usize);
     let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
-    let g = |l: usize| IQ1S_GRID[*b.add(4 * c + l) as usize | (idx[l] & 0x700)];
+    let g = |l: usize| *IQ1S_GRID.get_unchecked(*b.add(4 * c + l) as usize | (idx[l] & 0x700));
     let v = g64(g(0), g(1), g(2), g(3));
-    let dbit = [qh0 & 0x08, qh0 & 0x80, qh1 & 0x08, qh1 & 0x80];
-    let dl = |l: usize| if dbit[l] != 0 { u64::MAX } else { 0x0101_0101_0101_0101 };
+    // delta sign bits 3 and 7 of qh0, qh1 -> 8 bytes of -1 (0xFF) or +1 per group
+    let dbit = [(qh0 >> 3) & 1, (qh0 >> 7) & 1, (qh1 >> 3) & 1, (qh1 >> 7) & 1];
+    let dl = |l: usize| 0x0101_0101_0101_0101u64 | (0u64.wrapping_sub(dbit[l] as u64) & 0xFEFE_FEFE_FEFE_FEFE);
     let sc = rd_u16(b.add(48 + 2 * (c / 2))) >> (6 * (c % 2));
     let mut ch = chunk(_mm256_sign_epi8(v, v), v, scales2(2 * (sc & 7) + 1, 2 * ((sc >> 3) & 7) + 1));
     ch.dl = g64(dl(0), dl(1), dl(2), dl(3));
@@ -335,6 +336,15 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
     }
 }
 
+/// IQ1_M's f16 scale (the top nibbles of its 4 scale words), converted by F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1m_d(b: *const u8) -> f32 {
+    let sc = |k: usize| rd_u16(b.add(48 + 2 * k));
+    let h = (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
 /// i32 lanes -> their (exact) sum.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -362,14 +372,14 @@ iq_kernel!(dot_iq2_s, true, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
 iq_kernel!(dot_iq3_xxs, true, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
 iq_kernel!(dot_iq3_s, true, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
 iq_kernel!(dot_iq1_s, true, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m, true, IQ1M, 56, 1.0, |b: *const u8| super::iquants::iq1m_d(std::slice::from_raw_parts(b, 56)), dec_iq1_m);
+iq_kernel!(dot_iq1_m, true, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
 iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
 iq_kernel!(dot_iq2_xs_vd, false, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
 iq_kernel!(dot_iq2_s_vd, false, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
 iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
 iq_kernel!(dot_iq3_s_vd, false, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
 iq_kernel!(dot_iq1_s_vd, false, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m_vd, false, IQ1M, 56, 1.0, |b: *const u8| super::iquants::iq1m_d(std::slice::from_raw_parts(b, 56)), dec_iq1_m);
+iq_kernel!(dot_iq1_m_vd, false, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
 // the ternary types: llama.cpp has no tiled kernel for them, its vec_dot order throughout
 iq_kernel!(dot_tq1_0, false, TERN, 54, 1.0, |b: *const u8| f16(b.add(52)), dec_tq1_0);
 iq_kernel!(dot_tq2_0, false, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_tq2_0);
