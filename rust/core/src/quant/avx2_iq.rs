@@ -25,45 +25,10 @@
 
 use super::avx2::{f16, hsum_ps, DotN, TILE};
 use super::iq_grids::*;
-use super::iquants::{e8m0_half, KVALUES_MXFP4};
+use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7, SIGNS8};
 use super::VecDotFn;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
-
-/// 8 bytes of +1 / -1 (0x01 / 0xFF) from the 8 bits of `s` (set bit: -1).
-const fn sign_bytes(s: u8) -> u64 {
-    let mut v = 0u64;
-    let mut j = 0;
-    while j < 8 {
-        let b: u64 = if s & (1 << j) != 0 { 0xFF } else { 0x01 };
-        v |= b << (8 * j);
-        j += 1;
-    }
-    v
-}
-
-/// Sign bytes of every sign byte (IQ2_S, IQ3_S store 8 sign bits per group).
-static SIGNS8: [u64; 256] = {
-    let mut t = [0u64; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = sign_bytes(i as u8);
-        i += 1;
-    }
-    t
-};
-
-/// Sign bytes of the 7-bit sign codes (ggml's ksigns_iq2xs: the 8th bit makes the count
-/// of minus signs even), as ggml's keven_signs_q2xs.
-static SIGNS7: [u64; 128] = {
-    let mut t = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        t[i] = sign_bytes(i as u8 | (((i as u32).count_ones() as u8 & 1) << 7));
-        i += 1;
-    }
-    t
-};
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -76,6 +76,41 @@ pub fn e8m0_half(e: u8) -> f32 {
 /// kvalues_mxfp4: twice the E2M1 values.
 pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// 8 bytes of +1 / -1 (0x01 / 0xFF) from the 8 bits of `s` (set bit: -1).
+const fn sign_bytes(s: u8) -> u64 {
+    let mut v = 0u64;
+    let mut j = 0;
+    while j < 8 {
+        let b: u64 = if s & (1 << j) != 0 { 0xFF } else { 0x01 };
+        v |= b << (8 * j);
+        j += 1;
+    }
+    v
+}
+
+/// Sign bytes of every sign byte (IQ2_S, IQ3_S store 8 sign bits per group).
+pub static SIGNS8: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = sign_bytes(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// Sign bytes of the 7-bit sign codes (ggml's ksigns_iq2xs: the 8th bit makes the count
+/// of minus signs even), as ggml's keven_signs_q2xs.
+pub static SIGNS7: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = sign_bytes(i as u8 | (((i as u32).count_ones() as u8 & 1) << 7));
+        i += 1;
+    }
+    t
+};
+
 // ---------------------------------------------------------------- integer view of a block
 
 /// One 256-element block as integers: `q[p]` is what ggml's integer sums multiply the
@@ -613,4 +648,114 @@ pub fn vec_dot_mxfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
         sumf = d.mul_add(l.iter().sum::<i32>() as f32, sumf);
     }
     sumf
+}
+
+/// One 32-element chunk `c` (0..8) of a 256-element block of a grid / ternary type, as the
+/// SIMD kernels without x86's byte shuffles (NEON) take it: `mag` the 32 magnitudes (IQ1:
+/// the signed grid bytes; TQ: the digits 0..2), `sgn` their signs as +1 / -1 bytes, `sc`
+/// the odd integer scales of elements 0..16 and 16..32, `dl` IQ1_M's delta signs (+1 / -1
+/// bytes), `dsc` IQ1_S's scale times delta sign.
+pub struct ChunkParts {
+    pub mag: [u64; 4],
+    pub sgn: [u64; 4],
+    pub sc: [i32; 2],
+    pub dl: [u64; 4],
+    pub dsc: i32,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// `ChunkParts` of chunk `c` of block `b` of `ty`.
+#[inline(always)]
+pub fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkParts {
+    use crate::ggml_type::GgmlType::*;
+    let mut o = ChunkParts { mag: [0; 4], sgn: [ONES; 4], sc: [1; 2], dl: [ONES; 4], dsc: 0 };
+    match ty {
+        IQ2_XXS => {
+            let a0 = u32_at(b, 2 + 8 * c);
+            let a1 = u32_at(b, 6 + 8 * c);
+            for l in 0..4 {
+                o.mag[l] = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize];
+                o.sgn[l] = SIGNS7[((a1 >> (7 * l)) & 127) as usize];
+            }
+            o.sc = [2 * (a1 >> 28) as i32 + 1; 2];
+        }
+        IQ2_XS => {
+            for l in 0..4 {
+                let v = u16_at(b, 2 + 8 * c + 2 * l) as usize;
+                o.mag[l] = IQ2XS_GRID[v & 511];
+                o.sgn[l] = SIGNS7[v >> 9];
+            }
+            let sc = b[66 + c] as i32;
+            o.sc = [2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1];
+        }
+        IQ2_S => {
+            let qh = b[66 + c] as usize;
+            for l in 0..4 {
+                o.mag[l] = IQ2S_GRID[b[2 + 4 * c + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
+                o.sgn[l] = SIGNS8[b[34 + 4 * c + l] as usize];
+            }
+            let sc = b[74 + c] as i32;
+            o.sc = [2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1];
+        }
+        IQ3_XXS => {
+            let a = u32_at(b, 66 + 4 * c);
+            for l in 0..4 {
+                let g = |k: usize| IQ3XXS_GRID[b[2 + 8 * c + k] as usize] as u64;
+                o.mag[l] = g(2 * l) | (g(2 * l + 1) << 32);
+                o.sgn[l] = SIGNS7[((a >> (7 * l)) & 127) as usize];
+            }
+            o.sc = [2 * (a >> 28) as i32 + 1; 2];
+        }
+        IQ3_S => {
+            let qh = b[66 + c] as usize;
+            for l in 0..4 {
+                let g = |k: usize| IQ3S_GRID[b[2 + 8 * c + k] as usize | ((qh << (8 - k)) & 256)] as u64;
+                o.mag[l] = g(2 * l) | (g(2 * l + 1) << 32);
+                o.sgn[l] = SIGNS8[b[74 + 4 * c + l] as usize];
+            }
+            o.sc = [2 * ((b[106 + c / 2] >> (4 * (c % 2))) & 0xf) as i32 + 1; 2];
+        }
+        IQ1_S => {
+            let qh = u16_at(b, 34 + 2 * c) as usize;
+            for l in 0..4 {
+                o.mag[l] = IQ1S_GRID[b[2 + 4 * c + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+            }
+            let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+            o.sc = [ls; 2];
+            o.dsc = if qh & 0x8000 != 0 { -ls } else { ls };
+        }
+        IQ1_M => {
+            let (qh0, qh1) = (b[32 + 2 * c] as usize, b[33 + 2 * c] as usize);
+            let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
+            let dbit = [qh0 & 0x08, qh0 & 0x80, qh1 & 0x08, qh1 & 0x80];
+            for l in 0..4 {
+                o.mag[l] = IQ1S_GRID[b[4 * c + l] as usize | (idx[l] & 0x700)];
+                o.dl[l] = if dbit[l] != 0 { u64::MAX } else { ONES };
+            }
+            let sc = u16_at(b, 48 + 2 * (c / 2)) >> (6 * (c % 2));
+            o.sc = [2 * (sc & 7) as i32 + 1, 2 * ((sc >> 3) & 7) as i32 + 1];
+        }
+        TQ1_0 | TQ2_0 => {
+            const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+            for p in 0..32 {
+                let e = 32 * c + p;
+                let digit = if ty == TQ2_0 {
+                    (b[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3
+                } else {
+                    let (byte, n) = if e < 160 {
+                        (b[e % 32], e / 32)
+                    } else if e < 240 {
+                        (b[32 + (e - 160) % 16], (e - 160) / 16)
+                    } else {
+                        (b[48 + (e - 240) % 4], (e - 240) / 4)
+                    };
+                    ((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8
+                };
+                o.mag[p / 8] |= (digit as u64) << (8 * (p % 8));
+            }
+        }
+        _ => panic!("chunk_parts: {ty} is not a grid or ternary type"),
+    }
+    o
 }

@@ -21,6 +21,8 @@ pub mod float;
 pub mod avx2;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "aarch64")]
+pub mod neon_iq;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -389,10 +391,6 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
     #[cfg(target_arch = "aarch64")]
     if set == KernelSet::Neon {
         if let Some(f) = neon::vec_dot_fn(ty) {
-            return Some(f);
-        }
-        // no NEON kernel yet for the grid / ternary / MXFP4 types: their x86-order twins
-        if let Some(f) = vec_dot_fn_x86_order(ty) {
             return Some(f);
         }
     }

@@ -1352,6 +1352,9 @@ fn iq_matmul_elements_equal_single_vec_dot_bit_for_bit() {
     if avx512_available() {
         sets.push(KernelSet::Avx512);
     }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
     let pool = ThreadPool::new(3);
     for ty in IQ_TYPES {
         let n_in = ty.block_size() * if ty.block_size() == 32 { 9 } else { 2 };
@@ -1371,6 +1374,72 @@ fn iq_matmul_elements_equal_single_vec_dot_bit_for_bit() {
                         let v = vec_dot_fn(ty, set).unwrap()(n_in, &w[r * wrow..(r + 1) * wrow], &xq);
                         assert_eq!(v.to_bits(), out[t * n_out + r].to_bits(), "{ty} {set:?} t={t} r={r}");
                     }
+                }
+            }
+        }
+    }
+}
+
+
+#[test]
+fn iq_chunk_parts_agree_with_block_ints() {
+    // `iquants::chunk_parts` (what the NEON kernels decode) gives every element the
+    // integer `block_ints` gives it (which the dequantize tests tie to gguf-py)
+    let mut rng = Rng(0x5EED_1234);
+    for ty in IQ_TYPES {
+        if ty.block_size() != 256 {
+            continue;
+        }
+        for _ in 0..20 {
+            let b = random_row(ty, 256, &mut rng);
+            let ints = iquants::block_ints(ty, &b);
+            for c in 0..8 {
+                let p = iquants::chunk_parts(ty, &b, c);
+                for e in 0..32 {
+                    let byte = |v: &[u64; 4]| (v[e / 8] >> (8 * (e % 8))) as u8;
+                    let mag = if matches!(ty, GgmlType::IQ1_S | GgmlType::IQ1_M) { byte(&p.mag) as i8 as i32 } else { byte(&p.mag) as i32 };
+                    let sgn = byte(&p.sgn) as i8 as i32;
+                    let sc = p.sc[e / 16];
+                    assert_eq!(mag * sgn * sc, ints.q[32 * c + e], "{ty} chunk {c} element {e}");
+                    match ty {
+                        GgmlType::IQ1_M => assert_eq!(byte(&p.dl) as i8 as i32 * sc, ints.dq[32 * c + e], "{ty} delta {c} {e}"),
+                        GgmlType::IQ1_S => assert_eq!(p.dsc, ints.dq[32 * c + e], "{ty} delta {c} {e}"),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_iq_kernels_equal_x86_order_twins_bit_for_bit() {
+    // the NEON kernels of the grid / ternary / MXFP4 types compute the x86 kernels' floats
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let mut rng = Rng(0xAA55_1234_5678);
+    for ty in IQ_TYPES {
+        let vdt = vec_dot_type(ty);
+        let twin = vec_dot_fn_x86_order(ty).unwrap();
+        let (one, many) = neon::dot_kernels(ty).unwrap();
+        for nblocks in [1usize, 2, 3, 5] {
+            let n = ty.block_size() * nblocks;
+            let xrow = vdt.row_size(n).unwrap();
+            for case in 0..5 {
+                let w = extreme_weights(ty, n, case % 4, &mut rng);
+                let mut xq = vec![0u8; xrow * TILE];
+                for c in 0..TILE {
+                    let x = extreme_row(n, if c == 0 { case } else { 0 }, &mut rng);
+                    xq[c * xrow..(c + 1) * xrow].copy_from_slice(&activations(ty, &x, KernelSet::Neon));
+                }
+                let mut got = [0f32; TILE];
+                unsafe { many(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, got.as_mut_ptr()) };
+                for c in 0..TILE {
+                    let want = twin(n, &w, &xq[c * xrow..(c + 1) * xrow]);
+                    assert!(same(got[c], want), "{ty} n={n} case {case} column {c}: {} vs {want}", got[c]);
+                    let mut s = 0f32;
+                    unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut s) };
+                    assert!(same(s, want), "{ty} n={n} case {case} single column {c}");
                 }
             }
         }
