@@ -25,7 +25,7 @@
 
 use super::avx2::{f16, hsum_ps, DotN, TILE};
 use super::iq_grids::*;
-use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7, SIGNS8};
+use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7};
 use super::VecDotFn;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
@@ -103,14 +103,25 @@ unsafe fn dec_iq2_xs(b: *const u8, c: usize) -> Chunk {
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
 
+/// +1 / -1 bytes from the 32 sign bits at p (bit j of byte l: element 8l + j negative), by
+/// ggml's byte shuffle: no table lookups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signs_from_bits(p: *const u8) -> __m256i {
+    let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(rd_u32(p) as i32), spread);
+    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_s(b: *const u8, c: usize) -> Chunk {
     let qh = *b.add(66 + c) as usize;
     let g = |l: usize| *IQ2S_GRID.get_unchecked(*b.add(2 + 4 * c + l) as usize | ((qh << (8 - 2 * l)) & 0x300));
-    let s = |l: usize| *SIGNS8.get_unchecked(*b.add(34 + 4 * c + l) as usize);
     let sc = *b.add(74 + c) as u32;
-    chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
+    chunk(g64(g(0), g(1), g(2), g(3)), signs_from_bits(b.add(34 + 4 * c)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
 
 #[inline]
@@ -132,9 +143,8 @@ unsafe fn dec_iq3_s(b: *const u8, c: usize) -> Chunk {
     // grid entry k of the chunk takes bit k of qh as its 9th index bit
     let g = |k: usize| *IQ3S_GRID.get_unchecked(*q.add(k) as usize | ((qh << (8 - k)) & 256)) as i32;
     let u = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-    let s = |l: usize| *SIGNS8.get_unchecked(*b.add(74 + 4 * c + l) as usize);
     let ls = 2 * ((*b.add(106 + c / 2) as u32 >> (4 * (c % 2))) & 0xf) + 1;
-    chunk(u, g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16(ls as i16))
+    chunk(u, signs_from_bits(b.add(74 + 4 * c)), _mm256_set1_epi16(ls as i16))
 }
 
 #[inline]
@@ -149,6 +159,24 @@ unsafe fn dec_iq1_s(b: *const u8, c: usize) -> Chunk {
     ch
 }
 
+/// IQ1_M's delta signs of a chunk: entry k (bit l of k set: group l negative) holds 8 bytes
+/// of -1 or +1 per group of 8.
+#[repr(align(32))]
+struct Aligned([u8; 512]);
+static DELTA_SIGNS: Aligned = {
+    let mut t = [0u8; 512];
+    let mut k = 0;
+    while k < 16 {
+        let mut e = 0;
+        while e < 32 {
+            t[32 * k + e] = if k & (1 << (e / 8)) != 0 { 0xFF } else { 1 };
+            e += 1;
+        }
+        k += 1;
+    }
+    Aligned(t)
+};
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq1_m(b: *const u8, c: usize) -> Chunk {
@@ -156,12 +184,11 @@ unsafe fn dec_iq1_m(b: *const u8, c: usize) -> Chunk {
     let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
     let g = |l: usize| *IQ1S_GRID.get_unchecked(*b.add(4 * c + l) as usize | (idx[l] & 0x700));
     let v = g64(g(0), g(1), g(2), g(3));
-    // delta sign bits 3 and 7 of qh0, qh1 -> 8 bytes of -1 (0xFF) or +1 per group
-    let dbit = [(qh0 >> 3) & 1, (qh0 >> 7) & 1, (qh1 >> 3) & 1, (qh1 >> 7) & 1];
-    let dl = |l: usize| 0x0101_0101_0101_0101u64 | (0u64.wrapping_sub(dbit[l] as u64) & 0xFEFE_FEFE_FEFE_FEFE);
+    // delta sign bits 3 and 7 of qh0, qh1 -> a 4-bit index into the table of sign vectors
+    let k = ((qh0 >> 3) & 1) | ((qh0 >> 6) & 2) | ((qh1 >> 1) & 4) | ((qh1 >> 4) & 8);
     let sc = rd_u16(b.add(48 + 2 * (c / 2))) >> (6 * (c % 2));
     let mut ch = chunk(_mm256_sign_epi8(v, v), v, scales2(2 * (sc & 7) + 1, 2 * ((sc >> 3) & 7) + 1));
-    ch.dl = g64(dl(0), dl(1), dl(2), dl(3));
+    ch.dl = _mm256_loadu_si256(DELTA_SIGNS.0.as_ptr().add(32 * k) as *const __m256i);
     ch
 }
 
@@ -237,22 +264,26 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
         let mut sumi = [_mm256_setzero_si256(); NC];
         let mut sumi2 = [_mm256_setzero_si256(); NC];
         let mut s1 = [0i32; NC];
-        for c in 0..8 {
-            let ch = dec(bw, c);
-            for col in 0..NC {
-                let q8 = x.add(col * xs + i * 292 + 4);
-                let y = load256(q8.add(32 * c));
-                let sy = if KIND == TERN { y } else { _mm256_sign_epi8(y, ch.s) };
-                sumi[col] = _mm256_add_epi32(sumi[col], _mm256_madd_epi16(_mm256_maddubs_epi16(ch.u, sy), ch.sc));
-                if KIND == IQ1M {
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_sign_epi8(y, ch.dl)), ch.sc);
-                    sumi2[col] = _mm256_add_epi32(sumi2[col], p);
-                }
-                if KIND == IQ1S {
-                    let bs = q8.add(256 + 4 * c);
-                    let pair = std::ptr::read_unaligned(bs as *const i16) as i32
-                        + std::ptr::read_unaligned(bs.add(2) as *const i16) as i32;
-                    s1[col] += ch.dsc * pair;
+        // chunks in pairs, so that each decoder sees c % 2 as a constant
+        for c2 in 0..4 {
+            for h in 0..2 {
+                let c = 2 * c2 + h;
+                let ch = dec(bw, c);
+                for col in 0..NC {
+                    let q8 = x.add(col * xs + i * 292 + 4);
+                    let y = load256(q8.add(32 * c));
+                    let sy = if KIND == TERN { y } else { _mm256_sign_epi8(y, ch.s) };
+                    sumi[col] = _mm256_add_epi32(sumi[col], _mm256_madd_epi16(_mm256_maddubs_epi16(ch.u, sy), ch.sc));
+                    if KIND == IQ1M {
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_sign_epi8(y, ch.dl)), ch.sc);
+                        sumi2[col] = _mm256_add_epi32(sumi2[col], p);
+                    }
+                    if KIND == IQ1S {
+                        let bs = q8.add(256 + 4 * c);
+                        let pair = std::ptr::read_unaligned(bs as *const i16) as i32
+                            + std::ptr::read_unaligned(bs.add(2) as *const i16) as i32;
+                        s1[col] += ch.dsc * pair;
+                    }
                 }
             }
         }
