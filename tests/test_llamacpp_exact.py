@@ -81,3 +81,23 @@ def test_llamacpp_order_bit_identical(which, request):
 
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert all(bad == 0 for _, _, bad in res), res
+
+
+@pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
+                                   "TQ2_0", "MXFP4"])
+def test_tiny_iq_bit_identical_to_llamacpp(qtype):
+    # tiny-iq-<T> (tests/data/tiny/make_tiny_iq.py): every weight of that type (llama-quantize
+    # --pure; IQ1/IQ2: a Q8_0 token embedding). Prompts of 8, 33 and 63 tokens: llama.cpp
+    # runs its tiled matmul for the grid types (pyllama's order for them at every batch
+    # size), its AVX2 vec_dot for TQ1_0 / TQ2_0 / MXFP4, and its one attention kernel; every
+    # position's 20 reference logits and the last row are bit-identical.
+    model = DATA / "tiny" / "models" / f"tiny-iq-{qtype}.gguf"
+    prefix = DATA / "tiny" / f"tiny-iq-{qtype}"
+    res = mismatches(model, prefix, prompts=None)
+    assert all(bad == 0 for _, _, bad in res), res
+    ref, z = load_ref(prefix)
+    m = _core.Model([str(model)])
+    for i, p in enumerate(ref["prompts"]):
+        ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=2, n_threads_batch=2)
+        last = decode_all(ctx, np.array(p["tokens"], np.int32), ref["n_vocab"])[-1]  # every row, as the reference
+        assert np.array_equal(last.view(np.uint32), z[f"p{i}_last_logits"].view(np.uint32)), (qtype, i)

@@ -17,10 +17,12 @@ from pyllama import _core  # noqa: E402
 from pyllama.gguf import GGUFFile  # noqa: E402
 
 SUPPORTED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-             "Q6_K", "IQ4_NL", "IQ4_XS"]
+             "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+             "TQ1_0", "TQ2_0", "MXFP4"]
 # gguf-py has no dequantize for these two activation-only formats; checked by hand below.
 ACT_ONLY = ["Q8_1", "Q8_K"]
-UNSUPPORTED = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]
+# dequantize only (as a C cast to float); no matmul takes them
+INTEGER = {"I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F64": np.float64}
 GGUF_QUANTIZE = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 
 
@@ -84,10 +86,21 @@ def random_blocks(type_name: str, n_blocks: int, rng: np.random.Generator) -> np
     f16_fields = {
         "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0],
         "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
+        "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
+        "TQ1_0": [52], "TQ2_0": [64],
     }.get(type_name, [])
     for off in f16_fields:
         vals = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
         raw[:, off:off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
+    if type_name == "MXFP4":
+        raw[:, 0] = rng.integers(100, 150, n_blocks)  # E8M0 exponents of everyday scales
+    if type_name == "IQ1_M":
+        # the f16 scale lives in the top nibbles of the 4 u16 scale words (bytes 48..56)
+        d = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16).view(np.uint16).astype(np.uint16)
+        words = raw[:, 48:56].copy().view(np.uint16)
+        for k in range(4):
+            words[:, k] = (words[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+        raw[:, 48:56] = words.view(np.uint8)
     if type_name in ("F16", "BF16", "F32"):
         raw = rng.standard_normal(n_blocks * bs).astype(np.float32)
         raw = gguf.quants.quantize(raw, QT[type_name]) if type_name != "F32" else raw
@@ -109,7 +122,8 @@ def test_random_blocks_dequantize_like_gguf_py(type_name):
 def test_random_raw_bytes_with_any_scale_bits_match_gguf_py():
     # Unsanitized bytes: inf/NaN/subnormal f16 scales must decode exactly as gguf-py does.
     rng = np.random.default_rng(7)
-    for type_name in ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q3_K", "Q2_K", "Q5_K", "IQ4_XS"]:
+    for type_name in ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q3_K", "Q2_K", "Q5_K", "IQ4_XS", "IQ2_XXS",
+                      "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]:
         qt = QT[type_name]
         bs, ts = GGML_QUANT_SIZES[qt]
         raw = rng.integers(0, 256, size=64 * ts, dtype=np.uint8)
@@ -228,14 +242,20 @@ def test_activation_quantizers_are_llama_cpp_x86_ones():
 # ------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize("type_name", UNSUPPORTED)
-def test_unsupported_types_raise_a_clear_error(type_name):
-    bs, ts = GGML_QUANT_SIZES[QT[type_name]]
-    raw = np.zeros(ts, np.uint8)
+@pytest.mark.parametrize("type_name", list(INTEGER))
+def test_integer_and_f64_types_dequantize_and_refuse_matmul(type_name):
+    rng = np.random.default_rng(5)
+    dt = INTEGER[type_name]
+    if dt == np.float64:
+        vals = rng.standard_normal(64) * np.exp(rng.uniform(-80, 80, 64))
+    else:
+        info = np.iinfo(dt)
+        vals = rng.integers(info.min, info.max, size=64, dtype=dt, endpoint=True)
+    vals = vals.astype(dt)
+    out = _core.dequantize(vals.view(np.uint8), type_name, [4, 16])
+    assert_bits_equal(out, vals.astype(np.float32).reshape(4, 16), type_name)  # C's cast: round to nearest even
     with pytest.raises(_core.UnsupportedModelError, match=f"unsupported tensor type {type_name}"):
-        _core.dequantize(raw, type_name, [bs])
-    with pytest.raises(_core.UnsupportedModelError, match=f"unsupported tensor type {type_name}"):
-        _core.matmul(raw, type_name, [1, bs], np.zeros((1, bs), np.float32))
+        _core.matmul(vals.view(np.uint8), type_name, [4, 16], np.zeros((1, 16), np.float32))
 
 
 def test_bad_sizes_raise_value_errors():

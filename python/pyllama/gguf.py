@@ -46,8 +46,8 @@ class GGUFTensor:
 
     def dequantize(self) -> np.ndarray:
         """The tensor as float32, shaped like gguf-py's (numpy order: row length last);
-        bit-identical to ``gguf.quants.dequantize``. Raises UnsupportedModelError for
-        types pyllama cannot decode (IQ1/IQ2/IQ3, TQ, MXFP4, ...)."""
+        bit-identical to ``gguf.quants.dequantize`` for every quantized type gguf-py
+        decodes; F64 and the integer types come out as C's casts to float."""
         return _core.dequantize(self.raw, self.info.type, list(self.info.shape))
 
 

@@ -50,6 +50,15 @@ fn random_weights(ty: GgmlType, n_in: usize, n_out: usize) -> Vec<u8> {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
+        GgmlType::MXFP4 => {
+            for blk in v.chunks_exact_mut(17) {
+                blk[0] = 120; // E8M0 scale 2^-8
+            }
+            &[]
+        }
         GgmlType::F16 | GgmlType::BF16 | GgmlType::F32 => {
             let x: Vec<f32> = (0..n_in * n_out).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.5).collect();
             let mut out = vec![0u8; bytes];
@@ -401,7 +410,9 @@ fn main() {
         for ty in [
             GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL,
             GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
-            GgmlType::F16, GgmlType::BF16, GgmlType::F32,
+            GgmlType::F16, GgmlType::BF16, GgmlType::F32, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::TQ1_0, GgmlType::TQ2_0,
+            GgmlType::MXFP4,
         ] {
             if let Some(g) = kernel_roof(ty) {
                 println!("{:<7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}", ty.name(), g[0], g[1], g[2], g[3], g[4]);

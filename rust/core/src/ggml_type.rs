@@ -183,12 +183,38 @@ impl GgmlType {
         (n / self.block_size()).checked_mul(self.type_size())
     }
 
-    /// Whether pyllama's kernels can compute with this type (dequantize + vec_dot).
+    /// Whether pyllama's kernels can compute with this type (dequantize + vec_dot). F64 and
+    /// the integer types only dequantize (`quant::dequantize_row`): no matmul takes them.
     pub fn is_supported(self) -> bool {
         use GgmlType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_NL | IQ4_XS
+            F32 | F16
+                | BF16
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q8_1
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | Q8_K
+                | IQ4_NL
+                | IQ4_XS
+                | IQ2_XXS
+                | IQ2_XS
+                | IQ2_S
+                | IQ3_XXS
+                | IQ3_S
+                | IQ1_S
+                | IQ1_M
+                | TQ1_0
+                | TQ2_0
+                | MXFP4
         )
     }
 }

@@ -68,10 +68,11 @@ pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
 }
 
 /// `tile_kernels` for a matmul over `n_tokens` activation rows: under
-/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K kernels of `dot_kernels_for`, in 4-column tiles
-/// (llama.cpp's Q4_K gemm order works on groups of 4 tokens).
+/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K and grid-type (IQ1-IQ3) kernels of
+/// `dot_kernels_for`, in 4-column tiles (llama.cpp's Q4_K gemm order works on groups of 4
+/// tokens; Q6_K and the grid types take its vec_dot order below 8 rows).
 pub fn tile_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
-    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
         let (one, many) = dot_kernels_for(ty, n_tokens)?;
         return Some((one, many, TILE));
     }
@@ -139,7 +140,7 @@ pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
         F32 => (dot_f32::<1>, dot_f32::<TILE>),
         F16 => (dot_f16::<1>, dot_f16::<TILE>),
         BF16 => (dot_bf16::<1>, dot_bf16::<TILE>),
-        _ => return None,
+        _ => return super::avx2_iq::dot_kernels(ty),
     })
 }
 
@@ -162,7 +163,7 @@ macro_rules! by_width {
 /// single-column kernel per token), and under `PYLLAMA_ORDER=llamacpp` for Q4_K / Q6_K,
 /// whose orders there differ by width.
 pub fn cols_kernel(ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
-    if llamacpp_order() && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
         let _ = n_tokens;
         return None;
     }
@@ -199,7 +200,7 @@ pub fn cols_kernel_with(ty: GgmlType, vnni: bool, nc: usize) -> Option<DotN> {
         F32 => by_width!(dot_f32, nc, [1, 2, 3]),
         F16 => by_width!(dot_f16, nc, [1, 2, 3]),
         BF16 => by_width!(dot_bf16, nc, [1, 2, 3]),
-        _ => return None,
+        _ => return super::avx2_iq::cols_kernel(ty, nc),
     })
 }
 
@@ -252,7 +253,7 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         F32 => one_f32,
         F16 => one_f16,
         BF16 => one_bf16,
-        _ => return None,
+        _ => return super::avx2_iq::vec_dot_fn(ty),
     })
 }
 
@@ -1187,6 +1188,7 @@ pub fn dot_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
         match ty {
             GgmlType::Q4_K => return Some((dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>)),
             GgmlType::Q6_K if n_tokens < 8 => return Some((dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>)),
+            _ if n_tokens < 8 && super::avx2_iq::batch_dependent(ty) => return super::avx2_iq::dot_kernels_vec_dot_order(ty),
             _ => {}
         }
     }

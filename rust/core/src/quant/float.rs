@@ -63,3 +63,35 @@ pub fn vec_dot_f16_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 pub fn vec_dot_bf16_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     u16s(x).zip(u16s(y)).take(n).fold(0.0f32, |s, (a, b)| s + bf16_to_f32(a) * bf16_to_f32(b))
 }
+
+/// F64 -> f32 (round to nearest even, as a C cast).
+pub fn dequantize_f64(src: &[u8], dst: &mut [f32]) {
+    for (y, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
+        *y = f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32;
+    }
+}
+
+/// I8 / I16 / I32 / I64 -> f32 (integers above 2^24 round to nearest even, as a C cast).
+pub fn dequantize_i8(src: &[u8], dst: &mut [f32]) {
+    for (y, &c) in dst.iter_mut().zip(src) {
+        *y = c as i8 as f32;
+    }
+}
+
+pub fn dequantize_i16(src: &[u8], dst: &mut [f32]) {
+    for (y, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *y = i16::from_le_bytes([c[0], c[1]]) as f32;
+    }
+}
+
+pub fn dequantize_i32(src: &[u8], dst: &mut [f32]) {
+    for (y, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *y = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
+    }
+}
+
+pub fn dequantize_i64(src: &[u8], dst: &mut [f32]) {
+    for (y, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
+        *y = i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32;
+    }
+}

@@ -12,6 +12,8 @@
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
 
 pub mod fp;
+pub mod iq_grids;
+pub mod iquants;
 pub mod kquants;
 pub mod legacy;
 pub mod float;
@@ -19,8 +21,12 @@ pub mod float;
 pub mod avx2;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
+#[cfg(target_arch = "aarch64")]
+pub mod neon_iq;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_iq;
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -194,7 +200,21 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         Q6_K => kquants::dequantize_q6_k,
         Q8_K => kquants::dequantize_q8_k,
         IQ4_XS => kquants::dequantize_iq4_xs,
-        _ => return Err(unsupported(ty, "no dequantize kernel")),
+        IQ2_XXS => iquants::dequantize_iq2_xxs,
+        IQ2_XS => iquants::dequantize_iq2_xs,
+        IQ2_S => iquants::dequantize_iq2_s,
+        IQ3_XXS => iquants::dequantize_iq3_xxs,
+        IQ3_S => iquants::dequantize_iq3_s,
+        IQ1_S => iquants::dequantize_iq1_s,
+        IQ1_M => iquants::dequantize_iq1_m,
+        TQ1_0 => iquants::dequantize_tq1_0,
+        TQ2_0 => iquants::dequantize_tq2_0,
+        MXFP4 => iquants::dequantize_mxfp4,
+        F64 => float::dequantize_f64,
+        I8 => float::dequantize_i8,
+        I16 => float::dequantize_i16,
+        I32 => float::dequantize_i32,
+        I64 => float::dequantize_i64,
     };
     check_lengths(ty, dst.len(), src.len())?;
     #[cfg(target_arch = "x86_64")]
@@ -286,9 +306,10 @@ pub fn quantize_row_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()>
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Q8_0,
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Q8_0,
         Q4_1 | Q5_1 | Q8_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => Q8_K,
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
         F16 => F16,
         BF16 => BF16,
         _ => F32,
@@ -316,6 +337,37 @@ pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
         Q6_K => kquants::vec_dot_q6_k_q8_k_ref,
         Q8_K => kquants::vec_dot_q8_k_q8_k_ref,
         IQ4_XS => kquants::vec_dot_iq4_xs_q8_k_ref,
+        IQ2_XXS => iquants::vec_dot_iq2_xxs_q8_k_ref,
+        IQ2_XS => iquants::vec_dot_iq2_xs_q8_k_ref,
+        IQ2_S => iquants::vec_dot_iq2_s_q8_k_ref,
+        IQ3_XXS => iquants::vec_dot_iq3_xxs_q8_k_ref,
+        IQ3_S => iquants::vec_dot_iq3_s_q8_k_ref,
+        IQ1_S => iquants::vec_dot_iq1_s_q8_k_ref,
+        IQ1_M => iquants::vec_dot_iq1_m_q8_k_ref,
+        TQ1_0 => iquants::vec_dot_tq1_0_q8_k_ref,
+        TQ2_0 => iquants::vec_dot_tq2_0_q8_k_ref,
+        MXFP4 => iquants::vec_dot_mxfp4_q8_0_ref,
+        _ => return None,
+    })
+}
+
+/// The scalar vec_dot of weight type `ty` in pyllama's x86 SIMD float order
+/// (`iquants::*_x86`: llama.cpp's tiled order for the grid types, its AVX2 vec_dot order for
+/// TQ1_0 / TQ2_0 / MXFP4) for the types of `iquants.rs`: what the AVX2 kernels compute bit
+/// for bit, and what aarch64 runs for them (so its logits equal x86's).
+pub fn vec_dot_fn_x86_order(ty: GgmlType) -> Option<VecDotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ2_XXS => iquants::vec_dot_iq2_xxs_q8_k_x86,
+        IQ2_XS => iquants::vec_dot_iq2_xs_q8_k_x86,
+        IQ2_S => iquants::vec_dot_iq2_s_q8_k_x86,
+        IQ3_XXS => iquants::vec_dot_iq3_xxs_q8_k_x86,
+        IQ3_S => iquants::vec_dot_iq3_s_q8_k_x86,
+        IQ1_S => iquants::vec_dot_iq1_s_q8_k_x86,
+        IQ1_M => iquants::vec_dot_iq1_m_q8_k_x86,
+        TQ1_0 => iquants::vec_dot_tq1_0_q8_k_x86,
+        TQ2_0 => iquants::vec_dot_tq2_0_q8_k_x86,
+        MXFP4 => iquants::vec_dot_mxfp4_q8_0_x86,
         _ => return None,
     })
 }

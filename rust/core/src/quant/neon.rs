@@ -22,6 +22,7 @@
 //!   lanes, each the scaled sum of the 4-product groups at its position in every 32-byte
 //!   chunk, FMA'd into 8 f32 lanes; `hsum8` at the end).
 //! - Q8_K: the `_ref` order.
+//! - IQ1-IQ3, TQ1_0, TQ2_0, MXFP4: `neon_iq.rs`, in the order of `avx2_iq.rs`.
 //!
 //! Integer sums are exact whatever the instructions, so with and without `dotprod`, and for
 //! every NC, the results are bit-identical; Q4_K/Q6_K/Q8_K equal `_ref` bit for bit, the
@@ -89,7 +90,7 @@ pub fn dot_kernels_with(ty: GgmlType, dp: bool) -> Option<(DotN, DotN)> {
         F32 => (dot_f32::<1> as DotN, dot_f32::<TILE> as DotN),
         F16 => (dot_f16::<1> as DotN, dot_f16::<TILE> as DotN),
         BF16 => (dot_bf16::<1> as DotN, dot_bf16::<TILE> as DotN),
-        _ => return None,
+        _ => return super::neon_iq::dot_kernels(ty),
     })
 }
 
@@ -145,7 +146,7 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         F32 => one_f32,
         F16 => one_f16,
         BF16 => one_bf16,
-        _ => return None,
+        _ => return super::neon_iq::vec_dot_fn(ty),
     })
 }
 

@@ -34,6 +34,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         Q2_K => &[80, 82],
         Q3_K => &[108],
         Q6_K => &[208],
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => &[0],
+        TQ1_0 => &[52],
+        TQ2_0 => &[64],
         _ => &[],
     }
 }
@@ -57,6 +60,20 @@ fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
                 for &o in f16_fields(ty) {
                     let v = fp::f32_to_f16(rng.normal() * 0.05);
                     blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                match ty {
+                    // IQ1_M: the f16 scale is the top nibbles of the 4 scale words
+                    IQ1_M => {
+                        let v = fp::f32_to_f16(rng.normal() * 0.05);
+                        for k in 0..4 {
+                            let o = 48 + 2 * k;
+                            let w = (u16::from_le_bytes([blk[o], blk[o + 1]]) & 0x0FFF) | (((v >> (4 * k)) & 0xF) << 12);
+                            blk[o..o + 2].copy_from_slice(&w.to_le_bytes());
+                        }
+                    }
+                    // MXFP4: an E8M0 exponent near 1 (2^-8 .. 2^1)
+                    MXFP4 => blk[0] = 119 + (rng.byte() % 10),
+                    _ => {}
                 }
             }
             b
@@ -256,11 +273,10 @@ fn vec_dot_matches_dequantized_dot_product() {
 
 #[test]
 fn unsupported_types_are_named() {
-    let e = dequantize_row(GgmlType::IQ2_XXS, &[0u8; 66], &mut [0f32; 256]).unwrap_err();
-    assert!(e.to_string().contains("unsupported tensor type IQ2_XXS"), "{e}");
     let e = quantize_row(GgmlType::Q4_K, &[0f32; 256], &mut [0u8; 144]).unwrap_err();
     assert!(e.to_string().contains("Q4_K"), "{e}");
-    assert!(vec_dot_fn(GgmlType::MXFP4, kernel_set()).is_none());
+    assert!(vec_dot_fn(GgmlType::I32, kernel_set()).is_none());
+    assert!(!GgmlType::I32.is_supported() && !GgmlType::F64.is_supported());
 }
 
 #[test]
@@ -1198,6 +1214,234 @@ fn iq4_nl_x86_order_matches_ref() {
             let m = mass(GgmlType::IQ4_NL, &w, &xq, n);
             let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
             assert!(((r - s) as f64).abs() <= tol, "n={n}: ref {r} x86 {s}");
+        }
+    }
+}
+
+
+/// The grid / ternary / MXFP4 types of `iquants.rs`.
+const IQ_TYPES: [GgmlType; 10] = [
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+];
+
+#[test]
+fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
+    // The x86-order scalar twins (what the SIMD kernels compute) and the generic-order
+    // references are the same dot product up to float summation, and both equal the f64
+    // dot product of the dequantized rows within it.
+    let mut rng = Rng(0xA1B2_C3D4_E5F6_0718);
+    for ty in IQ_TYPES {
+        for nblocks in [1usize, 2, 3, 5, 8] {
+            let n = ty.block_size() * nblocks;
+            for _ in 0..6 {
+                let w = random_row(ty, n, &mut rng);
+                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                let xq = activations(ty, &x, KernelSet::Ref);
+                let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+                let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
+                let m = mass(ty, &w, &xq, n);
+                let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
+                assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+                if ty.block_size() == 256 {
+                    let v = iquants::vec_dot_k_x86(ty, n, &w, &xq);
+                    assert!(((r - v) as f64).abs() <= tol, "{ty} n={n}: ref {r} vec_dot order {v} tol {tol}");
+                }
+                let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+                dequantize_row(ty, &w, &mut wf).unwrap();
+                dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
+                let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
+                assert!((r as f64 - exact).abs() <= tol + 1e-6 * m, "{ty} n={n}: ref {r} exact {exact}");
+            }
+        }
+    }
+}
+
+#[test]
+fn iq_simd_kernels_equal_x86_order_twins_bit_for_bit() {
+    // AVX2 (and so the AVX-512 set, which runs them): the single-column, tile and 1..3-column
+    // kernels and the safe vec_dot give exactly the x86-order twin's bits, at random and
+    // extreme weights (every byte 0xFF: top grid indices, NaN scales; zeros) and activations
+    // (every quant 127, alternating signs, huge, tiny, zero).
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !avx2_available() {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let mut rng = Rng(0x0DDB_A11C_0FFE_E123);
+        for ty in IQ_TYPES {
+            let vdt = vec_dot_type(ty);
+            let twin = vec_dot_fn_x86_order(ty).unwrap();
+            let (one, many) = avx2::dot_kernels(ty).unwrap();
+            for nblocks in [1usize, 2, 3, 4, 7] {
+                let n = ty.block_size() * nblocks;
+                let xrow = vdt.row_size(n).unwrap();
+                for wcase in 0..4 {
+                    for xcase in 0..7 {
+                        let w = extreme_weights(ty, n, wcase, &mut rng);
+                        let mut xq = vec![0u8; xrow * TILE];
+                        for c in 0..TILE {
+                            let x = extreme_row(n, if c == 0 { xcase } else { 0 }, &mut rng);
+                            xq[c * xrow..(c + 1) * xrow].copy_from_slice(&activations(ty, &x, KernelSet::Avx2));
+                        }
+                        let want: Vec<f32> = (0..TILE).map(|c| twin(n, &w, &xq[c * xrow..(c + 1) * xrow])).collect();
+                        let mut got = [0f32; TILE];
+                        unsafe { many(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, got.as_mut_ptr()) };
+                        for c in 0..TILE {
+                            assert!(same(got[c], want[c]), "{ty} n={n} w{wcase} x{xcase} tile column {c}: {} vs {}", got[c], want[c]);
+                            let mut s = 0f32;
+                            unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut s) };
+                            assert!(same(s, want[c]), "{ty} n={n} w{wcase} x{xcase} single column {c}: {s} vs {}", want[c]);
+                        }
+                        for nc in 1..TILE {
+                            let k = avx2::cols_kernel_with(ty, false, nc).unwrap();
+                            let mut g = [0f32; TILE];
+                            unsafe { k(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, g.as_mut_ptr()) };
+                            for c in 0..nc {
+                                assert!(same(g[c], want[c]), "{ty} n={n} cols {nc} column {c}");
+                            }
+                        }
+                        for set in [KernelSet::Avx2, KernelSet::Avx512] {
+                            if set == KernelSet::Avx512 && !avx512_available() {
+                                continue;
+                            }
+                            let v = vec_dot_fn(ty, set).unwrap()(n, &w, &xq[..xrow]);
+                            assert!(same(v, want[0]), "{ty} n={n} {set:?} vec_dot");
+                        }
+                        // the grid types' llama.cpp vec_dot-order builds (PYLLAMA_ORDER=llamacpp,
+                        // below 8 rows) against that order's twin
+                        if let Some((one_vd, many_vd)) = avx2_iq::dot_kernels_vec_dot_order(ty) {
+                            let mut g = [0f32; TILE];
+                            unsafe { many_vd(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, g.as_mut_ptr()) };
+                            for c in 0..TILE {
+                                let e = iquants::vec_dot_k_x86(ty, n, &w, &xq[c * xrow..(c + 1) * xrow]);
+                                assert!(same(g[c], e), "{ty} n={n} vec_dot order column {c}: {} vs {e}", g[c]);
+                                let mut s = 0f32;
+                                unsafe { one_vd(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut s) };
+                                assert!(same(s, e), "{ty} n={n} vec_dot order single column {c}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn iq_matmul_elements_equal_single_vec_dot_bit_for_bit() {
+    // The matmul (one token, tiles of 4 plus leftovers, threads) gives every element the
+    // single-row vec_dot's bits for every kernel set this CPU runs.
+    use crate::model::TensorView;
+    use crate::threadpool::ThreadPool;
+    let mut rng = Rng(77);
+    let mut sets = vec![KernelSet::Ref];
+    if avx2_available() {
+        sets.push(KernelSet::Avx2);
+    }
+    if avx512_available() {
+        sets.push(KernelSet::Avx512);
+    }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
+    let pool = ThreadPool::new(3);
+    for ty in IQ_TYPES {
+        let n_in = ty.block_size() * if ty.block_size() == 32 { 9 } else { 2 };
+        let n_out = 5;
+        let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+        let view = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        for n_tok in [1usize, 3, 6] {
+            let x: Vec<f32> = (0..n_tok * n_in).map(|_| rng.normal()).collect();
+            for &set in &sets {
+                let mut out = vec![0f32; n_tok * n_out];
+                let mut scratch = Vec::new();
+                crate::ops::matmul::matmul_with(&pool, set, &view, &x, n_tok, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
+                let wrow = ty.row_size(n_in).unwrap();
+                for t in 0..n_tok {
+                    let xq = activations(ty, &x[t * n_in..(t + 1) * n_in], set);
+                    for r in 0..n_out {
+                        let v = vec_dot_fn(ty, set).unwrap()(n_in, &w[r * wrow..(r + 1) * wrow], &xq);
+                        assert_eq!(v.to_bits(), out[t * n_out + r].to_bits(), "{ty} {set:?} t={t} r={r}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+
+#[test]
+fn iq_chunk_parts_agree_with_block_ints() {
+    // `iquants::chunk_parts` (what the NEON kernels decode) gives every element the
+    // integer `block_ints` gives it (which the dequantize tests tie to gguf-py)
+    let mut rng = Rng(0x5EED_1234);
+    for ty in IQ_TYPES {
+        if ty.block_size() != 256 {
+            continue;
+        }
+        for _ in 0..20 {
+            let b = random_row(ty, 256, &mut rng);
+            let ints = iquants::block_ints(ty, &b);
+            for c in 0..8 {
+                let p = iquants::chunk_parts(ty, &b, c);
+                for e in 0..32 {
+                    let byte = |v: &[u64; 4]| (v[e / 8] >> (8 * (e % 8))) as u8;
+                    let mag = if matches!(ty, GgmlType::IQ1_S | GgmlType::IQ1_M) { byte(&p.mag) as i8 as i32 } else { byte(&p.mag) as i32 };
+                    let sgn = byte(&p.sgn) as i8 as i32;
+                    let sc = p.sc[e / 16];
+                    assert_eq!(mag * sgn * sc, ints.q[32 * c + e], "{ty} chunk {c} element {e}");
+                    match ty {
+                        GgmlType::IQ1_M => assert_eq!(byte(&p.dl) as i8 as i32 * sc, ints.dq[32 * c + e], "{ty} delta {c} {e}"),
+                        GgmlType::IQ1_S => assert_eq!(p.dsc, ints.dq[32 * c + e], "{ty} delta {c} {e}"),
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(target_arch = "aarch64")]
+fn neon_iq_kernels_equal_x86_order_twins_bit_for_bit() {
+    // the NEON kernels of the grid / ternary / MXFP4 types compute the x86 kernels' floats
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let mut rng = Rng(0xAA55_1234_5678);
+    for ty in IQ_TYPES {
+        let vdt = vec_dot_type(ty);
+        let twin = vec_dot_fn_x86_order(ty).unwrap();
+        let (one, many) = neon::dot_kernels(ty).unwrap();
+        for nblocks in [1usize, 2, 3, 5] {
+            let n = ty.block_size() * nblocks;
+            let xrow = vdt.row_size(n).unwrap();
+            for case in 0..5 {
+                let w = extreme_weights(ty, n, case % 4, &mut rng);
+                let mut xq = vec![0u8; xrow * TILE];
+                for c in 0..TILE {
+                    let x = extreme_row(n, if c == 0 { case } else { 0 }, &mut rng);
+                    xq[c * xrow..(c + 1) * xrow].copy_from_slice(&activations(ty, &x, KernelSet::Neon));
+                }
+                let mut got = [0f32; TILE];
+                unsafe { many(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, got.as_mut_ptr()) };
+                for c in 0..TILE {
+                    let want = twin(n, &w, &xq[c * xrow..(c + 1) * xrow]);
+                    assert!(same(got[c], want), "{ty} n={n} case {case} column {c}: {} vs {want}", got[c]);
+                    let mut s = 0f32;
+                    unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut s) };
+                    assert!(same(s, want), "{ty} n={n} case {case} single column {c}");
+                }
+            }
         }
     }
 }
