@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Mesa's software Vulkan driver (lavapipe): the GPU offload tests run on it (tests/test_gpu.py,
+# the `gpu` feature's kernel tests). Only where apt and root are there; elsewhere they skip.
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp; then
+    if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1) \
+            >/dev/null || echo "warning: could not install mesa-vulkan-drivers; the GPU tests will skip"
+    fi
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
@@ -33,6 +42,12 @@ cargo test --release --workspace -q
 python -m pip install -q mypy
 python -m mypy.stubtest pyllama._core
 python -m pytest -q "$@"
+# GPU offload (issue 17): the wgpu backend (cargo feature `gpu`) on lavapipe: its kernel
+# tests, then the extension rebuilt with it for the offload tests, then the default build back.
+cargo test --release -p pyllama-core --features gpu -q gpu::
+maturin develop --release -q --features gpu
+python -m pytest -q tests/test_gpu.py
+maturin develop --release -q
 # The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
 # with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).
 bash scripts/test_wheel.sh
