@@ -26,7 +26,7 @@ use crate::model::{Model, TensorView};
 use crate::ops::matmul::MatmulDevice;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use wgpu::util::DeviceExt;
 
 pub use shaders::supported;
@@ -394,7 +394,7 @@ pub struct OffloadParams {
 
 /// The weights of a model on one device; shared by every context of the model.
 pub struct Offload {
-    pub gpu: Gpu,
+    pub gpu: Arc<Gpu>,
     /// (data address, byte length) of the host tensor -> its device copy
     weights: HashMap<(usize, usize), GpuWeight>,
     pub n_layers_offloaded: usize,
@@ -409,10 +409,24 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
+/// The device of usable adapter `index`, opened once per process and shared by every
+/// model offloaded to it (its compiled pipelines and scratch buffers with it).
+pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
+    static OPEN: OnceLock<Mutex<HashMap<(usize, bool), Arc<Gpu>>>> = OnceLock::new();
+    let allow = allow_software || software_allowed_by_env();
+    let mut open = OPEN.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = open.get(&(index, allow)) {
+        return Ok(g.clone());
+    }
+    let g = Arc::new(Gpu::open(index, allow)?);
+    open.insert((index, allow), g.clone());
+    Ok(g)
+}
+
 /// Open the adapter and upload the weights `p` asks for. `progress(done, total)` is called
 /// per weight uploaded; returning false cancels.
 pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u64) -> bool) -> Result<Offload> {
-    let gpu = Gpu::open(p.main_gpu, p.allow_software)?;
+    let gpu = shared(p.main_gpu, p.allow_software)?;
     // llama.cpp's layer assignment (llama_model::load_tensors): the output layer counts as
     // layer n_layer, and layers n_layer + 1 - ngl ..= n_layer go to the GPU; negative = all
     let n_layer = model.hparams.n_layer;
