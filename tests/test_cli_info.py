@@ -42,7 +42,11 @@ def test_info_json_matches_the_extension(tmp_path):
     assert d["cache_dir"] == str(tmp_path)
     assert d["settings"] == {"PYLLAMA_CACHE": str(tmp_path)}  # HF_HUB_CACHE is not a PYLLAMA_ setting
     assert d["cached_models"] == []
-    assert d["gpu"]["devices"] == []
+    # the adapters the extension finds (none without the GPU backend), each named
+    assert d["gpu"]["devices"] == _core.gpu_devices()
+    assert (d["gpu"]["backend"] == "wgpu") == _core.gpu_built()
+    if not _core.gpu_built():
+        assert d["gpu"]["devices"] == [] and "without the GPU backend" in d["gpu"]["why"]
 
 
 def test_info_names_the_forced_kernel_set_and_why(tmp_path):

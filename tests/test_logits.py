@@ -95,9 +95,10 @@ def load_ref(prefix: Path):
     return ref, z
 
 
-def compare_prompts(model_path: Path, prefix: Path, n_ubatch: int = 512, type_kv: str = "f16") -> dict:
+def compare_prompts(model_path: Path, prefix: Path, n_ubatch: int = 512, type_kv: str = "f16",
+                    model: _core.Model | None = None) -> dict:
     ref, z = load_ref(prefix)
-    m = _core.Model([str(model_path)])
+    m = model if model is not None else _core.Model([str(model_path)])
     st = Stats()
     for i, p in enumerate(ref["prompts"]):
         toks = np.array(p["tokens"], dtype=np.int32)

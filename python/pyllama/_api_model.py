@@ -20,6 +20,7 @@ from . import _api_check as _chk
 from . import _core
 from ._api_check import checked, describe, int32, opt_text, size, text
 from .errors import LoadCancelled, PyllamaError
+from . import gpu as _gpu
 from ._api_system import NOT_SUPPORTED
 from .model import LOAD_MODES, Model, _fspath
 
@@ -106,7 +107,9 @@ class llama_model_kv_override:
 
 class llama_model_params:
     """llama.h's struct llama_model_params (the fields pyllama reads, plus those kept for
-    compatibility: n_gpu_layers, split_mode, main_gpu, tensor_split)."""
+    compatibility: split_mode, tensor_split; n_gpu_layers and main_gpu choose the GPU
+    offload when the extension has the GPU backend, see pyllama.gpu; pyllama's default for
+    n_gpu_layers is 0 where llama.cpp's is -1, all)."""
 
     def __init__(self) -> None:
         self.devices = None
@@ -215,6 +218,9 @@ def _load(paths: list[str], params: llama_model_params) -> Optional[Model]:
             vocab_only=bool(params.vocab_only),
             check_tensors=bool(params.check_tensors),
             kv_overrides=_overrides_of(params),
+            # without the GPU backend n_gpu_layers stays a compatibility field (see below)
+            n_gpu_layers=int(params.n_gpu_layers) if _gpu.built() and not params.vocab_only else 0,
+            main_gpu=int(params.main_gpu),
         )
         if params.vocab_only:
             # The vocabulary is all such a load is for: surface its errors now. Otherwise

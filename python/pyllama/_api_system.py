@@ -65,7 +65,8 @@ def llama_print_system_info() -> bytes:
 
 
 def llama_max_devices() -> int:
-    """Devices a model can be split across: 1 (the CPU; pyllama has no GPU backend yet)."""
+    """Devices a model can be split across: 1 (offload uses one GPU adapter, main_gpu;
+    no split across several yet)."""
     return 1
 
 
@@ -75,8 +76,81 @@ def llama_max_tensor_buft_overrides() -> int:
 
 
 def llama_supports_gpu_offload() -> bool:
-    """False: pyllama has no GPU backend yet (n_gpu_layers runs on the CPU)."""
-    return False
+    """True when the extension has the GPU backend (wgpu) and a usable adapter is there
+    (a software one only with PYLLAMA_GPU=cpu-ok): see pyllama.gpu."""
+    from . import gpu
+
+    return gpu.available()
+
+
+# ggml's device registry (ggml_backend_dev_*): the usable GPU adapters, then the CPU.
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_BACKEND_DEVICE_TYPE_GPU = 1
+GGML_BACKEND_DEVICE_TYPE_ACCEL = 2
+GGML_BACKEND_DEVICE_TYPE_IGPU = 3
+
+
+class ggml_backend_dev:
+    """One device of the registry: name, description, type (GGML_BACKEND_DEVICE_TYPE_*),
+    memory (free, total) in bytes where known (wgpu reports no memory sizes: a GPU's
+    total is its largest buffer, free 0), and for a GPU the adapter's wgpu report."""
+
+    def __init__(self, name: str, description: str, type: int, memory: tuple[int, int],
+                 info: Optional[dict] = None) -> None:
+        self.name = name
+        self.description = description
+        self.type = type
+        self.memory = memory
+        self.info = info or {}
+
+    def __repr__(self) -> str:
+        return f"ggml_backend_dev({self.name!r}, {self.description!r}, type={self.type})"
+
+
+def _devices() -> list[ggml_backend_dev]:
+    from . import gpu
+
+    out = []
+    for i, d in enumerate(gpu.usable()):
+        kind = GGML_BACKEND_DEVICE_TYPE_IGPU if d["type"] == "integrated" else GGML_BACKEND_DEVICE_TYPE_GPU
+        out.append(ggml_backend_dev(f"WGPU{i}", f"{d['name']} ({d['backend']}, {d['type']})", kind,
+                                    (0, int(d["max_buffer_size"])), d))
+    import platform
+
+    out.append(ggml_backend_dev("CPU", platform.processor() or platform.machine(), GGML_BACKEND_DEVICE_TYPE_CPU,
+                                (0, 0)))
+    return out
+
+
+def ggml_backend_dev_count() -> int:
+    """Devices in the registry: the usable GPU adapters, then the CPU."""
+    return len(_devices())
+
+
+@checked(index=size)
+def ggml_backend_dev_get(index: int) -> ggml_backend_dev:
+    devs = _devices()
+    if index >= len(devs):
+        raise IndexError(f"ggml_backend_dev_get: index {index} out of range (there are {len(devs)} devices)")
+    return devs[index]
+
+
+def ggml_backend_dev_name(dev: ggml_backend_dev) -> bytes:
+    return dev.name.encode()
+
+
+def ggml_backend_dev_description(dev: ggml_backend_dev) -> bytes:
+    return dev.description.encode()
+
+
+def ggml_backend_dev_type(dev: ggml_backend_dev) -> int:
+    return dev.type
+
+
+def ggml_backend_dev_memory(dev: ggml_backend_dev) -> tuple[int, int]:
+    """(free, total) bytes: (0, largest buffer) for a GPU (wgpu reports no memory sizes),
+    (0, 0) for the CPU."""
+    return dev.memory
 
 
 def llama_supports_rpc() -> bool:

@@ -50,11 +50,15 @@ def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callab
     return cb
 
 
-def load_model(path, *, load_mode: str = "auto", progress: Optional[Callable[[float], bool]] = None):
-    """Load a GGUF model (:class:`pyllama.model.Model`)."""
+def load_model(path, *, load_mode: str = "auto", progress: Optional[Callable[[float], bool]] = None,
+               n_gpu_layers: int = 0):
+    """Load a GGUF model (:class:`pyllama.model.Model`); ``n_gpu_layers`` (-ngl) offloads
+    when the GPU backend is built (without it the CLI has already said it is ignored)."""
+    from . import gpu
     from .model import Model
 
-    return Model.load(path, load_mode=load_mode, progress=progress)
+    return Model.load(path, load_mode=load_mode, progress=progress,
+                      n_gpu_layers=n_gpu_layers if gpu.built() else 0)
 
 
 def vocab_of(model):

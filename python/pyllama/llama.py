@@ -396,9 +396,11 @@ class Llama:
                 raise _not_yet(where, name, v, "YaRN overrides are not supported by pyllama yet (the model's "
                                "own rope scaling is used); leave the yarn_* parameters at their defaults")
         # not possible on this machine: a warning, once
-        if n_gpu_layers is not None and n_gpu_layers > 0:
-            _warn_once("n_gpu_layers", f"Llama(n_gpu_layers={n_gpu_layers}): pyllama.Llama has no GPU "
-                       "offload; every layer runs on the CPU")
+        from . import gpu as _gpu
+
+        if n_gpu_layers is not None and n_gpu_layers > 0 and not _gpu.built():
+            _warn_once("n_gpu_layers", f"Llama(n_gpu_layers={n_gpu_layers}): {_gpu.why_not()}; every layer "
+                       "runs on the CPU")
         if split_mode != LLAMA_SPLIT_MODE_LAYER or main_gpu != 0 or tensor_split is not None:
             _warn_once("split", "Llama(split_mode / main_gpu / tensor_split): there is one (CPU) device; "
                        "the model is not split")
@@ -426,8 +428,10 @@ class Llama:
         with _quiet(verbose):
             from .model import Model
 
+            # with the GPU backend built, the load itself says (once) when no adapter is usable
+            ngl = int(n_gpu_layers or 0) if _gpu.built() and not vocab_only else 0
             self._model = Model.load(self.model_path, load_mode=load_mode, vocab_only=vocab_only,
-                                     kv_overrides=kv_overrides)
+                                     kv_overrides=kv_overrides, n_gpu_layers=ngl, main_gpu=int(main_gpu))
             from .generation import vocab_of
 
             self._vocab = vocab_of(self._model)

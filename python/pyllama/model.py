@@ -30,6 +30,14 @@ PathArg = Union[str, bytes, "PathLike[str]"]
 LOAD_MODES: dict[str, int] = dict(_core.load_mode_names())
 
 
+def _int_arg(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"Model.load: {name} must be an int, got {_describe(v)}")
+    if not -(2**31) <= v < 2**31:
+        raise ValueError(f"Model.load: {name} = {v} is out of range")
+    return v
+
+
 def _fspath(p: PathArg) -> str:
     if isinstance(p, bytes):
         return p.decode("utf-8", "surrogateescape")
@@ -86,6 +94,13 @@ class Model:
         self._vocab: Any = None
         for w in core.warnings:
             log.warning("%s", w)
+        if core.offload:
+            log.info("%s", core.offload)
+
+    @property
+    def offload(self) -> Optional[str]:
+        """What runs on the GPU (``n_gpu_layers``), one line; None when nothing does."""
+        return self._core.offload
 
     @classmethod
     def load(
@@ -97,6 +112,9 @@ class Model:
         vocab_only: bool = False,
         check_tensors: bool = False,
         kv_overrides: Optional[Mapping[str, Union[bool, int, float, str]]] = None,
+        n_gpu_layers: int = 0,
+        main_gpu: int = 0,
+        gpu_allow_software: bool = False,
     ) -> "Model":
         """Load a model from a GGUF file, the first part of a split model
         (``name-00001-of-00003.gguf``: the other parts are found next to it), or a list of
@@ -106,7 +124,12 @@ class Model:
         called with 0.0 ... 1.0 (monotonic, at least once per tensor); returning False
         cancels and raises :class:`LoadCancelled`. ``check_tensors`` scans the data for
         NaN/Inf (floats and quantization scales). ``kv_overrides`` replaces metadata
-        values before the hyperparameters are read.
+        values before the hyperparameters are read. ``n_gpu_layers`` puts the matmuls of the
+        top N layers (the output layer counts as the topmost, as in llama.cpp: 1 is the
+        output layer alone, n_layer + 1 or a negative value everything) on GPU adapter ``main_gpu`` of :func:`pyllama.gpu.usable`, the weights uploaded once
+        here; ``gpu_allow_software`` admits a software adapter (lavapipe). Without the GPU
+        backend or a usable adapter a warning says so and the CPU runs every layer
+        (``Model.offload`` says what runs on the GPU).
 
         Raises GGUFError (malformed file), UnsupportedModelError (well-formed but not
         runnable), LoadCancelled, FileNotFoundError / OSError, ValueError (bad argument).
@@ -137,6 +160,9 @@ class Model:
             check_tensors=check_tensors,
             progress=progress,
             kv_overrides=dict(kv_overrides) if kv_overrides else None,
+            n_gpu_layers=_int_arg("n_gpu_layers", n_gpu_layers),
+            main_gpu=_int_arg("main_gpu", main_gpu),
+            gpu_allow_software=bool(gpu_allow_software),
         )
         return cls(core)
 

@@ -219,18 +219,22 @@ def opt_threads_batch():
 
 
 def gpu_layers(ctx, param, value):
-    """-ngl (any integer, as llama.cpp: negative = auto / all); there is no GPU backend yet,
-    so a request for GPU layers says once, on stderr, that every layer runs on the CPU."""
+    """-ngl (any integer, as llama.cpp: negative = all). Without the GPU backend a request
+    for GPU layers says once, on stderr, that every layer runs on the CPU; with it the
+    model load offloads them (and says so itself when no adapter is usable)."""
     if value is None:
         return value
-    if value != 0:
-        typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
+    from .. import gpu
+
+    if value != 0 and not gpu.built():
+        typer.echo(f"warning: -ngl: {gpu.why_not()}; every layer runs on the CPU", err=True)
     return value
 
 
 def opt_gpu_layers():
     return typer.Option(0, "-ngl", "--gpu-layers", "--n-gpu-layers", callback=gpu_layers,
-                        help="layers on the GPU (no GPU backend yet: a warning, and every layer runs on the CPU)")
+                        help="layers on the GPU, the output layer counting as the topmost (negative: all); "
+                             "needs the GPU backend and an adapter (PYLLAMA_GPU=cpu-ok admits a software one)")
 
 
 def opt_load_mode():

@@ -495,7 +495,7 @@ def bench(
 
     nts = threads or [physical_cores()]
     if any(g not in (0, -1) for g in gpu_layers):
-        typer.echo("warning: -ngl: pyllama has no GPU backend yet; every layer runs on the CPU", err=True)
+        typer.echo("warning: -ngl: pyllama bench does not offload yet; every layer runs on the CPU", err=True)
     models = [m for v in model for m in v.split(",") if m]
     repos = [h for v in hf_repo for h in v.split(",") if h]
     files = [f for v in hf_file for f in v.split(",")]

@@ -450,7 +450,7 @@ def chat(
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                   loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
-                                  quiet=log_disable)
+                                  quiet=log_disable, gpu_layers=gpu_layers)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

@@ -22,14 +22,15 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
                  threads: Optional[int], threads_batch: Optional[int], load_mode: str,
                  cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False,
                  loras: Optional[list] = None, control_vectors: Optional[list] = None,
-                 cvec_range: Optional[tuple] = None):
+                 cvec_range: Optional[tuple] = None, gpu_layers: int = 0):
     """Model path (or the default model) -> (path, Session), with a progress bar on stderr.
     ``loras`` / ``control_vectors``: [(path, scale)] applied to the session's context as
     llama.cpp's common_init_from_params does (see :func:`apply_adapters`)."""
     from ..generation import Session, load_model, progress_bar, resolve_model_path
 
     path = resolve_model_path(model, progress=not quiet)
-    m = load_model(path, load_mode=load_mode, progress=None if quiet else progress_bar(f"loading {path.name}"))
+    m = load_model(path, load_mode=load_mode, progress=None if quiet else progress_bar(f"loading {path.name}"),
+                   n_gpu_layers=gpu_layers)
     n_ctx = ctx_size
     if n_ctx <= 0:
         n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
@@ -285,7 +286,7 @@ def generate(
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                    loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
-                                   quiet=log_disable)
+                                   quiet=log_disable, gpu_layers=gpu_layers)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

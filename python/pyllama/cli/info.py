@@ -27,6 +27,7 @@ SETTINGS = {
     "PYLLAMA_BENCH_MIB": "benchmarks: working-set size of the bandwidth probe",
     "PYLLAMA_BENCH_TYPES": "benchmarks: weight types of the kernel benchmark",
     "PYLLAMA_SLOW": "tests: run the long sweeps",
+    "PYLLAMA_GPU": "cpu-ok = let GPU offload use a software adapter (Mesa's lavapipe; for tests)",
 }
 
 DISTRIBUTION = "pyllama-gguf"
@@ -85,6 +86,13 @@ def _cached_models() -> list[dict[str, Any]]:
              "source": m.source} for m in cached_models()]
 
 
+def _gpu_report() -> dict:
+    """The GPU backend's adapters (pyllama.gpu) and, when offload cannot run, why."""
+    from .. import gpu
+
+    return {"backend": "wgpu" if gpu.built() else None, "devices": gpu.devices(), "why": gpu.why_not()}
+
+
 def collect() -> dict[str, Any]:
     """Everything `info` shows, as plain data (the --json output)."""
     import platform
@@ -121,7 +129,7 @@ def collect() -> dict[str, Any]:
         "kernel_set": {"name": kset, "why": _kernel_reason(kset, features, vnni), "avx_vnni": vnni},
         "float_order": "llamacpp" if os.environ.get("PYLLAMA_ORDER", "").lower() == "llamacpp" else "pyllama",
         "settings": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("PYLLAMA_")},
-        "gpu": {"devices": [], "why": "pyllama has no GPU backend yet: n_gpu_layers / -ngl are ignored"},
+        "gpu": _gpu_report(),
         "packages": _extras(),
         "cache_dir": str(cache),
         "default_model": str(default) if default else None,
@@ -160,7 +168,15 @@ def info(
             print(f"setting: {k}={v}" + (f"  ({SETTINGS[k]})" if k in SETTINGS else "  (not a setting pyllama reads)"))
     else:
         print("settings: no PYLLAMA_* variables set")
-    print(f"gpu: none ({d['gpu']['why']})")
+    g = d["gpu"]
+    if not g["devices"]:
+        print(f"gpu: none ({g['why']})")
+    for i, dev in enumerate(g["devices"]):
+        print(f"gpu device {i}: {dev['name']} ({dev['backend']}, {dev['type']}, driver {dev['driver'] or '?'}; "
+              f"largest buffer {human_bytes(dev['max_buffer_size'])})"
+              + ("" if dev["usable"] else " (software: not used unless PYLLAMA_GPU=cpu-ok)"))
+    if g["devices"] and g["why"]:
+        print(f"gpu: offload off ({g['why']})")
     print("packages: " + ", ".join(f"{k} {v}" if v else f"{k} (not installed)" for k, v in d["packages"].items()))
     print(f"cache dir: {d['cache_dir']}")
     print(f"hub cache dir: {d['hub_cache_dir']}")

@@ -164,7 +164,7 @@ def serve(
     unified = kv_unified or parallel < 0
     try:
         path = resolve_model_path(model)
-        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"))
+        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"), n_gpu_layers=gpu_layers)
         n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
         threads_, threads_batch_ = _threads(threads), _threads(threads_batch)
         defaults = sampler_params(

@@ -167,6 +167,8 @@ macro_rules! cb {
 /// Everything one micro-batch's forward pass reads and writes.
 pub struct Step<'a> {
     pub pool: &'a ThreadPool,
+    /// The model's offload device (`n_gpu_layers`): the matmuls of the weights it holds.
+    pub dev: Option<&'a dyn crate::ops::matmul::MatmulDevice>,
     pub hp: &'a HParams,
     pub kv: &'a mut KvCache,
     pub b: &'a mut Buffers,
@@ -659,6 +661,7 @@ impl Context {
         let pool = if n > 1 { self.pool_batch.as_ref().unwrap_or(&self.pool) } else { &self.pool };
         let mut st = Step {
             pool,
+            dev: self.model.device.as_deref(),
             hp: &self.model.hparams,
             kv: &mut self.kv,
             b: &mut self.b,
@@ -732,6 +735,7 @@ impl Context {
         let pool = if n > 1 { self.pool_batch.as_ref().unwrap_or(&self.pool) } else { &self.pool };
         let mut st = Step {
             pool,
+            dev: self.model.device.as_deref(),
             hp: &self.model.hparams,
             kv: &mut self.kv,
             b: &mut self.b,

@@ -13,6 +13,8 @@ pub mod ops;
 pub mod quant;
 pub mod threadpool;
 pub mod vocab;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;

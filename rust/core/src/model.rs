@@ -7,6 +7,7 @@ use crate::gguf::{validate, GgufFile, LoadMode, TensorInfo, Value};
 use crate::hparams::{HParams, Meta};
 use crate::models::{self, Arch};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 pub mod ftype {
     //! llama.cpp's `llama_ftype` (include/llama.h) and `llama_ftype_name`
@@ -141,6 +142,15 @@ pub struct LoadParams<'a> {
     /// first file before the hyperparameters are read. An override must have the same
     /// kind (integer, float, bool, string) as the value it replaces.
     pub kv_overrides: Vec<(String, Value)>,
+    /// llama.cpp's n_gpu_layers: the matmuls of the top N layers on the GPU, the output
+    /// layer counting as the topmost (N = 1: the output layer only; N > n_layer: all;
+    /// negative = all). 0 = none. Without the `gpu`
+    /// feature, or without a usable adapter, a warning says so and the CPU runs everything.
+    pub n_gpu_layers: i32,
+    /// Which usable GPU adapter (`gpu::usable_adapters`) to use.
+    pub main_gpu: usize,
+    /// Use a software adapter (lavapipe) when no hardware one is there (tests).
+    pub gpu_allow_software: bool,
 }
 
 impl Default for LoadParams<'_> {
@@ -151,6 +161,9 @@ impl Default for LoadParams<'_> {
             check_tensors: false,
             progress: None,
             kv_overrides: Vec::new(),
+            n_gpu_layers: 0,
+            main_gpu: 0,
+            gpu_allow_software: false,
         }
     }
 }
@@ -165,6 +178,8 @@ pub struct Model {
     pub load_mode: LoadMode,
     /// Non-fatal problems met while loading (mlock or O_DIRECT refused), for logging.
     pub warnings: Vec<String>,
+    /// The device the offloaded matmuls run on (`LoadParams::n_gpu_layers`), if any.
+    pub device: Option<Arc<dyn crate::ops::matmul::MatmulDevice>>,
 }
 
 /// `<prefix>-00001-of-00003.gguf` -> (`<prefix>`, split_no 0-based, count), as llama.cpp's
@@ -243,6 +258,40 @@ fn apply_override(f: &mut GgufFile, key: &str, v: &Value) -> Result<()> {
 }
 
 impl Model {
+    /// Upload the weights `params.n_gpu_layers` asks for; no usable adapter (or a build
+    /// without the `gpu` feature) is a warning, and the CPU runs everything.
+    fn offload(&mut self, params: &mut LoadParams) -> Result<()> {
+        let ngl = params.n_gpu_layers;
+        #[cfg(feature = "gpu")]
+        {
+            let base = if !self.load_mode.uses_mmap() { 0.5 } else { 0.0 };
+            let start = base + 0.5 * (1.0 - base);
+            let op = crate::gpu::OffloadParams {
+                n_gpu_layers: ngl,
+                main_gpu: params.main_gpu,
+                allow_software: params.gpu_allow_software,
+            };
+            let mut prog = |done: u64, total: u64| {
+                let p = start + (1.0 - start) * (done as f64 / total.max(1) as f64) as f32;
+                params.progress.as_mut().is_none_or(|cb| cb(p.clamp(0.0, 1.0)))
+            };
+            match crate::gpu::offload(self, &op, &mut prog) {
+                Ok(o) => self.device = Some(Arc::new(o)),
+                Err(Error::Cancelled) => return Err(Error::Cancelled),
+                // a main_gpu that names no adapter is the caller's mistake
+                Err(e @ Error::Invalid(_)) => return Err(e),
+                Err(e) => self.warnings.push(format!("n_gpu_layers = {ngl}: {e}; every layer runs on the CPU")),
+            }
+        }
+        #[cfg(not(feature = "gpu"))]
+        {
+            let _ = &params;
+            self.warnings
+                .push(format!("n_gpu_layers = {ngl}: pyllama was built without GPU support; every layer runs on the CPU"));
+        }
+        Ok(())
+    }
+
     /// Load a model from `paths`: one file, the first part of a split model (the other
     /// parts are found by name), or every part of a split model in order.
     pub fn load(paths: &[String], mut params: LoadParams) -> Result<Model> {
@@ -394,7 +443,9 @@ impl Model {
             Err(e) => return Err(e),
         };
         let warnings = files.iter().flat_map(|f| f.warnings().iter().cloned()).collect();
-        let model = Model { files, arch, hparams, tensor_map, vocab_only: params.vocab_only, load_mode: mode, warnings };
+        let mut model =
+            Model { files, arch, hparams, tensor_map, vocab_only: params.vocab_only, load_mode: mode, warnings, device: None };
+        let offloading = !params.vocab_only && params.n_gpu_layers != 0;
         if !params.vocab_only {
             model.check_schema()?;
             let base = if reads { 0.5 } else { 0.0 };
@@ -416,9 +467,14 @@ impl Model {
                         })?;
                     }
                     done += t.nbytes.max(1);
-                    report(base + (1.0 - base) * (done as f64 / total.max(1) as f64) as f32, &mut params)?;
+                    // with offload, the upload is the second half of what is left
+                    let span = if offloading { 0.5 * (1.0 - base) } else { 1.0 - base };
+                    report(base + span * (done as f64 / total.max(1) as f64) as f32, &mut params)?;
                 }
             }
+        }
+        if offloading {
+            model.offload(&mut params)?;
         }
         report(1.0, &mut params)?;
         Ok(model)

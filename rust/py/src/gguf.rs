@@ -167,9 +167,13 @@ pub struct PyModel {
 impl PyModel {
     /// Load a model. `progress(p: float)` is called with 0.0 ... 1.0; returning False
     /// cancels (LoadCancelled); None or any truthy value continues. `kv_overrides` maps
-    /// metadata keys to bool / int / float / str values.
+    /// metadata keys to bool / int / float / str values. `n_gpu_layers` puts the matmuls
+    /// of the top N layers (the output layer counting as the topmost, as in llama.cpp;
+    /// negative: all) on GPU adapter `main_gpu`; `gpu_allow_software` lets a software adapter
+    /// (lavapipe) be used. No usable adapter, or no `gpu` feature: a warning and the CPU.
     #[new]
-    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None, kv_overrides = None))]
+    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None, kv_overrides = None, n_gpu_layers = 0, main_gpu = 0, gpu_allow_software = false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         paths: Vec<std::path::PathBuf>,
@@ -178,7 +182,13 @@ impl PyModel {
         check_tensors: bool,
         progress: Option<PyObject>,
         kv_overrides: Option<Bound<'_, PyDict>>,
+        n_gpu_layers: i32,
+        main_gpu: i32,
+        gpu_allow_software: bool,
     ) -> PyResult<Self> {
+        if main_gpu < 0 {
+            return Err(PyValueError::new_err(format!("main_gpu must be >= 0, not {main_gpu}")));
+        }
         let mut overrides = Vec::new();
         if let Some(d) = kv_overrides {
             for (k, v) in d.iter() {
@@ -218,7 +228,16 @@ impl PyModel {
             }
         };
         let params =
-            LoadParams { load_mode: mode, vocab_only, check_tensors, progress: Some(&mut cb), kv_overrides: overrides };
+            LoadParams {
+            load_mode: mode,
+            vocab_only,
+            check_tensors,
+            progress: Some(&mut cb),
+            kv_overrides: overrides,
+            n_gpu_layers,
+            main_gpu: main_gpu as usize,
+            gpu_allow_software,
+        };
         let r = py.allow_threads(|| Model::load(&paths, params));
         if let Some(e) = cb_err {
             return Err(e);
@@ -304,10 +323,15 @@ impl PyModel {
     fn is_locked(&self) -> bool {
         self.inner.files.iter().all(|f| f.storage.is_locked())
     }
-    /// Non-fatal problems met while loading (mlock / O_DIRECT refused).
+    /// Non-fatal problems met while loading (mlock / O_DIRECT refused, no GPU adapter).
     #[getter]
     fn warnings(&self) -> Vec<String> {
         self.inner.warnings.clone()
+    }
+    /// What runs on the GPU (`n_gpu_layers`), one line; None when nothing does.
+    #[getter]
+    fn offload(&self) -> Option<String> {
+        self.inner.device.as_ref().map(|d| d.describe())
     }
     /// Total elements of all tensors (llama_model_n_params).
     fn n_params(&self) -> u64 {

@@ -203,13 +203,13 @@ impl Step<'_> {
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
         } else {
-            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
         }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
@@ -315,7 +315,7 @@ impl Step<'_> {
         }
         cb!(self, "kqv_out", il, att, aw);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())

@@ -15,7 +15,7 @@ use crate::hparams::HParams;
 use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
-use crate::ops::matmul::try_matmul_rows;
+use crate::ops::matmul::{try_matmul_rows, MatmulDevice};
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -200,7 +200,7 @@ impl Step<'_> {
         let n_ff = w.down.ne[0];
         let b = &mut *self.b;
         if gate == FfnGate::None {
-            Self::mm(self.pool, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.up, w.up_b, n_ff, n);
             cb!(self, "ffn_up", il, up, n_ff);
             let b = &mut *self.b;
@@ -211,18 +211,18 @@ impl Step<'_> {
             }
             cb!(self, if act == FfnAct::Gelu { "ffn_gelu" } else { "ffn_silu" }, il, up, n_ff);
             let b = &mut *self.b;
-            Self::mm(self.pool, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
             return Ok(());
         }
         match (gate, w.gate) {
             (FfnGate::Par, Some(g)) => {
-                Self::mm(self.pool, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm(self.pool, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             }
             (FfnGate::Fused, None) => {
-                Self::mm_rows(self.pool, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows(self.pool, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
             }
             _ => return Err(Error::Invalid(format!("internal: layer {il}: ffn_gate given for {gate:?}"))),
         }
@@ -239,7 +239,7 @@ impl Step<'_> {
         }
         cb!(self, if act == FfnAct::Silu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
-        Self::mm(self.pool, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
         Ok(())
     }
@@ -273,7 +273,7 @@ impl Step<'_> {
         let (wts, rest) = rest.split_at_mut(nk);
         let (contrib, rest) = rest.split_at_mut(nk * ne);
         let (xg, o) = rest.split_at_mut(n * ne);
-        Self::mm(self.pool, m.router, &b.cur, n, probs, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, m.router, &b.cur, n, probs, &mut b.mm_scratch, &mut b.lora)?;
         // selection and weights per token: n_used passes of argmax (the first maximum wins)
         let idx = &mut b.moe_idx;
         idx.clear();
@@ -317,16 +317,16 @@ impl Step<'_> {
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
             if let Some(g) = m.gate {
-                Self::mm_rows(self.pool, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
                 for r in 0..mt {
                     act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
                 }
             } else {
-                Self::mm_rows(self.pool, m.up, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
                 act::gelu(&mut b.gate[..mt * nf]);
             }
-            Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
                 let k = idx[nk + r];
                 let w = wts[k];
@@ -366,8 +366,10 @@ impl Step<'_> {
     }
 
     /// out [n, n_out] = w x (+ the LoRA adapters' terms for w, when any is set).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm(
         pool: &ThreadPool,
+        dev: Option<&dyn MatmulDevice>,
         w: &TensorView,
         x: &[f32],
         n: usize,
@@ -380,7 +382,13 @@ impl Step<'_> {
         if x.len() < n * n_in || out.len() < m {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
-        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
+        let on_dev = match dev {
+            Some(d) => d.matmul_rows(w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out)?,
+            None => false,
+        };
+        if !on_dev {
+            try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
+        }
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
         }
@@ -391,6 +399,7 @@ impl Step<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm_rows(
         pool: &ThreadPool,
+        dev: Option<&dyn MatmulDevice>,
         w: &TensorView,
         x: &[f32],
         n: usize,
@@ -403,7 +412,13 @@ impl Step<'_> {
         if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
             return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
         }
-        try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        let on_dev = match dev {
+            Some(d) => d.matmul_rows(w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone())?,
+            None => false,
+        };
+        if !on_dev {
+            try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        }
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * width], rows, scratch)?;
         }
@@ -436,13 +451,13 @@ impl Step<'_> {
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
         } else {
-            Self::mm(self.pool, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
         }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
@@ -513,7 +528,7 @@ impl Step<'_> {
         cb!(self, "kqv_out", il, att, n_head * hd_v);
         let b = &mut *self.b;
         crate::kv_cache::fwht(&mut b.att[..n * n_head * hd_v], self.kv.rot_v); // rotate V's rotation back
-        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())
@@ -555,7 +570,7 @@ impl Step<'_> {
         let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
-            Self::mm(self.pool, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
@@ -563,7 +578,7 @@ impl Step<'_> {
         } else {
             for j in 0..n {
                 let r = b.out_row[j];
-                Self::mm(self.pool, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
                 add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);

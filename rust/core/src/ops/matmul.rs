@@ -25,6 +25,26 @@ use crate::quant::{self, kernel_set, KernelSet};
 use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 use std::ops::Range;
 
+/// Another device that runs some matrix products: those whose weights it holds (the GPU
+/// offload of `n_gpu_layers`, `crate::gpu`). The forward pass asks it first and runs the
+/// CPU kernels when it answers false, so a model without one computes exactly as before.
+pub trait MatmulDevice: Send + Sync {
+    /// `try_matmul_rows` on the device: Ok(false) when `w` is not on it (nothing written).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_rows(
+        &self,
+        w: &TensorView,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        ld_out: usize,
+        rows: Range<usize>,
+    ) -> Result<bool>;
+
+    /// One line: the device and what it holds.
+    fn describe(&self) -> String;
+}
+
 /// out[t, r] = dot(w row r, x row t). Panics on inconsistent shapes (a caller bug); use
 /// `try_matmul_rows` where shapes come from outside.
 pub fn matmul(pool: &ThreadPool, w: &TensorView, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut Vec<u8>) {

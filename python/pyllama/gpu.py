@@ -1,0 +1,61 @@
+"""GPU devices (the wgpu backend, built with the cargo feature ``gpu``).
+
+``devices()`` lists the adapters wgpu finds (Vulkan, Metal, DX12), hardware first;
+``available()`` says whether offload can run here: the backend is built and an adapter is
+usable. A software adapter (Mesa's lavapipe: ``type == "cpu"``) is usable only when asked
+for, with ``allow_software=True`` or ``PYLLAMA_GPU=cpu-ok``: it is slower than the CPU
+kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
+``llama_model_params``, ``-ngl``) puts the matmuls of the last N layers on the first usable
+adapter (``main_gpu`` picks another); today only the matrix products run there, so the
+activations cross to the device and back once per offloaded matmul.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import _core
+
+
+def built() -> bool:
+    """True when this extension carries the wgpu backend."""
+    return bool(_core.gpu_built())
+
+
+@functools.lru_cache(maxsize=4)
+def _devices(allow_software: bool, env: str) -> tuple[dict[str, Any], ...]:
+    return tuple(_core.gpu_devices(allow_software))
+
+
+def devices(allow_software: bool = False) -> list[dict[str, Any]]:
+    """Every adapter found (name, type, backend, driver, driver_info, vendor, device,
+    max_buffer_size, max_storage_binding, usable); empty without the backend. Enumerated
+    once per process (and per PYLLAMA_GPU value)."""
+    import os
+
+    if not built():
+        return []
+    return [dict(d) for d in _devices(bool(allow_software), os.environ.get("PYLLAMA_GPU", ""))]
+
+
+def usable(allow_software: bool = False) -> list[dict[str, Any]]:
+    """The adapters offload may use, in ``main_gpu`` order."""
+    return [d for d in devices(allow_software) if d["usable"]]
+
+
+def available(allow_software: bool = False) -> bool:
+    """True when ``n_gpu_layers`` would put work on a GPU adapter."""
+    return bool(usable(allow_software))
+
+
+def why_not() -> str:
+    """Why ``available()`` is false, in a few words (for warnings and ``pyllama info``)."""
+    if not built():
+        return "this pyllama was built without the GPU backend (cargo feature 'gpu')"
+    all_ = devices()
+    if not all_:
+        return "no GPU adapter found (no Vulkan, Metal or DX12 driver)"
+    if not usable():
+        return "only software adapters found; PYLLAMA_GPU=cpu-ok uses them"
+    return ""

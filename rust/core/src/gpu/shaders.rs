@@ -1,0 +1,174 @@
+//! WGSL sources: one `deq` per weight format, prepended to `matmul.wgsl`.
+//!
+//! `deq(base, j, v)` writes the 32 weights of chunk `j` of the row whose bytes start at
+//! `base` into `v` (zeros past the row's end for the float formats, whose rows need not be
+//! a multiple of 32), dequantized as ggml's `dequantize_row_*` does.
+
+use crate::ggml_type::GgmlType;
+
+const F32: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    for (var i = 0u; i < 32u; i++) {
+        let e = j * 32u + i;
+        (*v)[i] = select(0.0, bitcast<f32>(w[(base >> 2u) + min(e, p.n_in - 1u)]), e < p.n_in);
+    }
+}
+"#;
+
+const F16: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    for (var i = 0u; i < 32u; i++) {
+        let e = j * 32u + i;
+        (*v)[i] = select(0.0, f16_at(base + 2u * min(e, p.n_in - 1u)), e < p.n_in);
+    }
+}
+"#;
+
+// block_q8_0: f16 d, i8 qs[32] (34 bytes)
+const Q8_0: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 34u;
+    let d = f16_at(b);
+    for (var i = 0u; i < 32u; i++) {
+        (*v)[i] = d * i8_at(b + 2u + i);
+    }
+}
+"#;
+
+// block_q4_0: f16 d, u8 qs[16] (18 bytes); low nibbles are weights 0..15, high 16..31
+const Q4_0: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 18u;
+    let d = f16_at(b);
+    for (var i = 0u; i < 16u; i++) {
+        let q = byte_at(b + 2u + i);
+        (*v)[i] = d * (f32(q & 15u) - 8.0);
+        (*v)[i + 16u] = d * (f32(q >> 4u) - 8.0);
+    }
+}
+"#;
+
+// block_q4_1: f16 d, f16 m, u8 qs[16] (20 bytes): d * q + m
+const Q4_1: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 20u;
+    let d = f16_at(b);
+    let m = f16_at(b + 2u);
+    for (var i = 0u; i < 16u; i++) {
+        let q = byte_at(b + 4u + i);
+        (*v)[i] = f32(q & 15u) * d + m;
+        (*v)[i + 16u] = f32(q >> 4u) * d + m;
+    }
+}
+"#;
+
+// block_q5_0: f16 d, u32 qh, u8 qs[16] (22 bytes): fifth bits of weight i in bit i of qh
+const Q5_0: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 22u;
+    let d = f16_at(b);
+    let qh = u16_at(b + 2u) | (u16_at(b + 4u) << 16u);
+    for (var i = 0u; i < 16u; i++) {
+        let q = byte_at(b + 6u + i);
+        let x0 = i32((q & 15u) | (((qh >> i) << 4u) & 16u)) - 16;
+        let x1 = i32((q >> 4u) | ((qh >> (i + 12u)) & 16u)) - 16;
+        (*v)[i] = f32(x0) * d;
+        (*v)[i + 16u] = f32(x1) * d;
+    }
+}
+"#;
+
+// block_q5_1: f16 d, f16 m, u32 qh, u8 qs[16] (24 bytes)
+const Q5_1: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 24u;
+    let d = f16_at(b);
+    let m = f16_at(b + 2u);
+    let qh = u16_at(b + 4u) | (u16_at(b + 6u) << 16u);
+    for (var i = 0u; i < 16u; i++) {
+        let q = byte_at(b + 8u + i);
+        let x0 = (q & 15u) | (((qh >> i) << 4u) & 16u);
+        let x1 = (q >> 4u) | ((qh >> (i + 12u)) & 16u);
+        (*v)[i] = f32(x0) * d + m;
+        (*v)[i + 16u] = f32(x1) * d + m;
+    }
+}
+"#;
+
+// block_q4_K: f16 d, f16 dmin, u8 scales[12], u8 qs[128] (144 bytes, 256 weights); chunk
+// j is sub-block j % 8 of block j / 8 (ggml's get_scale_min_k4 for its scale and min)
+const Q4_K: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 144u;
+    let s = j % 8u;
+    let d = f16_at(b);
+    let dmin = f16_at(b + 2u);
+    let sc = b + 4u;
+    var scale: u32;
+    var mn: u32;
+    if (s < 4u) {
+        scale = byte_at(sc + s) & 63u;
+        mn = byte_at(sc + s + 4u) & 63u;
+    } else {
+        scale = (byte_at(sc + s + 4u) & 15u) | ((byte_at(sc + s - 4u) >> 6u) << 4u);
+        mn = (byte_at(sc + s + 4u) >> 4u) | ((byte_at(sc + s) >> 6u) << 4u);
+    }
+    let d1 = d * f32(scale);
+    let m1 = dmin * f32(mn);
+    let q = b + 16u + (s / 2u) * 32u;
+    let shift = (s % 2u) * 4u;
+    for (var i = 0u; i < 32u; i++) {
+        (*v)[i] = d1 * f32((byte_at(q + i) >> shift) & 15u) - m1;
+    }
+}
+"#;
+
+// block_q6_K: u8 ql[128], u8 qh[64], i8 scales[16], f16 d (210 bytes, 256 weights); chunk
+// j is quarter k = s % 4 of half n = s / 4 of block j / 8 (s = j % 8), as ggml's
+// dequantize_row_q6_K lays them out
+const Q6_K: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 210u;
+    let s = j % 8u;
+    let n = s / 4u;
+    let k = s % 4u;
+    let d = f16_at(b + 208u);
+    let ql = b + 64u * n + (k & 1u) * 32u;
+    let qh = b + 128u + 32u * n;
+    let nshift = (k / 2u) * 4u;
+    for (var l = 0u; l < 32u; l++) {
+        let lo = (byte_at(ql + l) >> nshift) & 15u;
+        let hi = (byte_at(qh + l) >> (2u * k)) & 3u;
+        let q = f32(i32(lo | (hi << 4u)) - 32);
+        let scale = i8_at(b + 192u + 8u * n + l / 16u + 2u * k);
+        (*v)[l] = d * scale * q;
+    }
+}
+"#;
+
+/// The weight formats with a GPU kernel.
+pub fn supported(ty: GgmlType) -> bool {
+    deq_source(ty).is_some()
+}
+
+fn deq_source(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => F32,
+        GgmlType::F16 => F16,
+        GgmlType::Q8_0 => Q8_0,
+        GgmlType::Q4_0 => Q4_0,
+        GgmlType::Q4_1 => Q4_1,
+        GgmlType::Q5_0 => Q5_0,
+        GgmlType::Q5_1 => Q5_1,
+        GgmlType::Q4_K => Q4_K,
+        GgmlType::Q6_K => Q6_K,
+        _ => return None,
+    })
+}
+
+/// The full shader for `ty` with `tn` tokens per workgroup (1..=8).
+pub fn matmul_source(ty: GgmlType, tn: u32) -> Option<String> {
+    debug_assert!((1..=8).contains(&tn));
+    let deq = deq_source(ty)?;
+    Some(format!("const TN: u32 = {tn}u;\n{}\n{deq}", include_str!("matmul.wgsl")))
+}
