@@ -60,6 +60,11 @@ _SPECS = [
     dict(name="tiny-exaone4", arch="exaone4", head_dim=16, rope_base=1000000.0, eps=1e-5),
     # glm4: pre- and post-norms, q/k/v biases, fused gate+up, NORM rope over half the head
     dict(name="tiny-glm4", arch="glm4", head_dim=16, n_rot=8, rope_base=10000.0, eps=1e-5, tied=False),
+    # llama4: 4 layers (layer 3 is NoPE with full attention, 0-2 chunked with q/k L2 norms),
+    # MoE (sigmoid routing by the logits, weights on the input, shared expert) in layers 1
+    # and 3, dense in 0 and 2; written by _EXTRA below
+    dict(name="tiny-llama4", arch="llama4", n_layer=4, head_dim=16, rope_base=500000.0, eps=1e-5, tied=False,
+         n_expert=4, n_expert_used=2, n_ff_exp=64, moe_step=2),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -143,6 +148,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
         w.add_float32(f"{A}.attention.temperature_scale", s["attn_temp_scale"])
 
+    if A in _EXTRA:  # the architectures added after glm4 (tests/data/tiny/make_tiny_reference.py)
+        _EXTRA[A]["keys"](w, A, s)
+
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
         for k, f in src.fields.items():
@@ -177,6 +185,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
     for i in range(n_layer):
         b = f"blk.{i}."
+        if A in _EXTRA:
+            _EXTRA[A]["layer"](add, b, i, s)
+            continue
         if A == "phi2":
             add(b + "attn_norm.weight", [n_embd], "norm")
             add(b + "attn_norm.bias", [n_embd], "bias")
@@ -243,6 +254,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
+    if A in _EXTRA and "output" in _EXTRA[A]:
+        _EXTRA[A]["output"](add, s)
     if A in ("phi2", "starcoder2"):
         add("output_norm.bias", [n_embd], "bias")
     if not s["tied"]:
@@ -267,3 +280,61 @@ def _add_synthetic_vocab(w) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
+
+
+# ---- the architectures added after glm4: their keys and tensors, one function each -------------
+
+
+def _keys_moe(w, A, s) -> None:
+    w.add_uint32(f"{A}.expert_count", s["n_expert"])
+    w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+    w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
+
+
+def _attn(add, b, s, bias=False) -> None:
+    n_embd, hd = s["n_embd"], s["head_dim"]
+    n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    add(b + "attn_q.weight", [n_embd, n_q], "w")
+    add(b + "attn_k.weight", [n_embd, n_kv], "w")
+    add(b + "attn_v.weight", [n_embd, n_kv], "w")
+    if bias:
+        add(b + "attn_q.bias", [n_q], "bias")
+        add(b + "attn_k.bias", [n_kv], "bias")
+        add(b + "attn_v.bias", [n_kv], "bias")
+    add(b + "attn_output.weight", [n_q, n_embd], "w")
+
+
+def _dense(add, b, s, n_ff=None, suffix="") -> None:
+    n_embd, n_ff = s["n_embd"], n_ff or s["n_ff"]
+    add(b + f"ffn_gate{suffix}.weight", [n_embd, n_ff], "w")
+    add(b + f"ffn_up{suffix}.weight", [n_embd, n_ff], "w")
+    add(b + f"ffn_down{suffix}.weight", [n_ff, n_embd], "w")
+
+
+def _experts(add, b, s, n_ff=None) -> None:
+    n_embd, ne, fe = s["n_embd"], s["n_expert"], n_ff or s["n_ff_exp"]
+    add(b + "ffn_gate_inp.weight", [n_embd, ne], "router")
+    add(b + "ffn_gate_exps.weight", [n_embd, fe, ne], "w")
+    add(b + "ffn_up_exps.weight", [n_embd, fe, ne], "w")
+    add(b + "ffn_down_exps.weight", [fe, n_embd, ne], "w")
+
+
+def _keys_llama4(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.interleave_moe_layer_step", s["moe_step"])
+
+
+def _layer_llama4(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    add(b + "ffn_norm.weight", [s["n_embd"]], "norm")
+    if (i + 1) % s["moe_step"] == 0:
+        _experts(add, b, s)
+        _dense(add, b, s, n_ff=s["n_ff_exp"], suffix="_shexp")
+    else:
+        _dense(add, b, s)
+
+
+_EXTRA = {
+    "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
+}

@@ -61,6 +61,8 @@ pub struct HParams {
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
+    /// The shared expert's feed-forward width beside the routed experts (0: none).
+    pub n_ff_shexp: usize,
 }
 
 impl HParams {
@@ -103,6 +105,7 @@ impl HParams {
             n_expert: 0,
             n_expert_used: 0,
             n_ff_exp: 0,
+            n_ff_shexp: 0,
         }
     }
 
@@ -135,12 +138,13 @@ impl HParams {
     pub fn check(&self, path: &str, moe: bool) -> Result<()> {
         let bad = |m: String| Err(Error::Unsupported(format!("{path}: {m}")));
         let a = &self.arch;
-        let dims: [(&str, usize); 5] = [
+        let dims: [(&str, usize); 6] = [
             ("embedding_length", self.n_embd),
             ("attention.key_length", self.n_embd_head_k),
             ("attention.value_length", self.n_embd_head_v),
             ("rope.dimension_count", self.n_rot),
             ("expert_feed_forward_length", self.n_ff_exp),
+            ("expert_shared_feed_forward_length", self.n_ff_shexp),
         ];
         for (key, v) in dims {
             if v > MAX_DIM {

@@ -22,6 +22,7 @@ pub mod phi3;
 pub mod qwen2;
 pub mod smollm3;
 pub mod starcoder2;
+pub mod llama4;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -67,6 +68,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &starcoder2::Starcoder2,
     &exaone4::Exaone4,
     &glm4::Glm4,
+    &llama4::Llama4,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -183,5 +185,28 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         n_expert: meta.u("expert_count")?.unwrap_or(0),
         n_expert_used: meta.u("expert_used_count")?.unwrap_or(0),
         n_ff_exp: meta.u("expert_feed_forward_length")?.unwrap_or(0),
+        n_ff_shexp: 0,
     })
+}
+
+/// llama.cpp's `load_swa_pattern(ml, n_pattern, dense_first)`: `attention.sliding_window_pattern`
+/// as a per-layer bool array is the pattern itself; as a number (or absent: `n_pattern`)
+/// layer il slides when `il % n != n - 1` (dense_first: when `il % n != 0`); 0 = every layer.
+pub fn swa_pattern(meta: &Meta, n_layer: usize, n_pattern: usize, dense_first: bool) -> Result<Vec<bool>> {
+    let key = "attention.sliding_window_pattern";
+    if let Some(crate::gguf::Value::Array(a)) = meta.get(key) {
+        let v: Option<Vec<bool>> = a.iter().map(|x| x.as_bool().or_else(|| x.as_i64().map(|i| i != 0))).collect();
+        return match v {
+            Some(v) if v.len() == n_layer => Ok(v),
+            _ => Err(Error::Unsupported(format!(
+                "{}: '{}' must hold one bool per layer ({n_layer})",
+                meta.file.path,
+                meta.key(key)
+            ))),
+        };
+    }
+    let n = meta.u(key)?.unwrap_or(n_pattern);
+    Ok((0..n_layer)
+        .map(|il| if dense_first { n == 0 || il % n != 0 } else { n == 0 || il % n < n - 1 })
+        .collect())
 }

@@ -1,4 +1,5 @@
-//! Attention of a micro-batch's queries over the KV cache: causal + sliding-window mask
+//! Attention of a micro-batch's queries over the KV cache: causal + sliding-window (or
+//! chunked) mask
 //! by absolute position, GQA, optional logit softcap, threads over (token, head).
 //!
 //! Each query sees the cells of its (first) sequence with pos <= its own position (and,
@@ -42,6 +43,9 @@ pub struct AttnParams {
     pub softcap: f32,
     /// Sliding window (0 = none).
     pub n_swa: usize,
+    /// The window is llama.cpp's LLAMA_SWA_TYPE_CHUNKED: a query at pos sees the keys at
+    /// positions >= (pos / n_swa) * n_swa only (llama4).
+    pub chunked: bool,
 }
 
 /// Per-token inputs: position, stream and the range of that token's sequence's key list
@@ -118,7 +122,10 @@ pub fn attention(
         let (r0, r1) = inp.key_range[t];
         let keys = &inp.keys[r0 as usize..r1 as usize];
         let hi = keys.partition_point(|k| k.0 <= pos);
-        let lo = if p.n_swa > 0 {
+        let lo = if p.n_swa > 0 && p.chunked {
+            let start = (pos as i64 / p.n_swa as i64) * p.n_swa as i64;
+            keys[..hi].partition_point(|k| (k.0 as i64) < start)
+        } else if p.n_swa > 0 {
             let w = p.n_swa as i64;
             keys[..hi].partition_point(|k| pos as i64 - k.0 as i64 >= w)
         } else {
