@@ -65,6 +65,10 @@ _SPECS = [
     # and 3, dense in 0 and 2; written by _EXTRA below
     dict(name="tiny-llama4", arch="llama4", n_layer=4, head_dim=16, rope_base=500000.0, eps=1e-5, tied=False,
          n_expert=4, n_expert_used=2, n_ff_exp=64, moe_step=2),
+    # phimoe: phi3's attention with biased RMS norms, output and attention-output biases,
+    # softmax-routed experts of width n_ff in every layer
+    dict(name="tiny-phimoe", arch="phimoe", head_dim=16, n_ff=64, rope_base=10000.0, eps=1e-5, tied=False,
+         n_expert=4, n_expert_used=2),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -335,6 +339,28 @@ def _layer_llama4(add, b, i, s) -> None:
         _dense(add, b, s)
 
 
+def _keys_phimoe(w, A, s) -> None:
+    w.add_uint32(f"{A}.expert_count", s["n_expert"])
+    w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+
+
+def _layer_phimoe(add, b, i, s) -> None:
+    n_embd = s["n_embd"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "attn_norm.bias", [n_embd], "bias")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_output.bias", [n_embd], "bias")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    add(b + "ffn_norm.bias", [n_embd], "bias")
+    _experts(add, b, s, n_ff=s["n_ff"])
+
+
+def _output_phimoe(add, s) -> None:
+    add("output_norm.bias", [s["n_embd"]], "bias")
+    add("output.bias", [N_VOCAB], "bias")  # output.weight: tied=False
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
+    "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
 }

@@ -23,6 +23,7 @@ pub mod qwen2;
 pub mod smollm3;
 pub mod starcoder2;
 pub mod llama4;
+pub mod phimoe;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -69,6 +70,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &exaone4::Exaone4,
     &glm4::Glm4,
     &llama4::Llama4,
+    &phimoe::PhiMoe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
