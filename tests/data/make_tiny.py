@@ -69,6 +69,11 @@ _SPECS = [
     # softmax-routed experts of width n_ff in every layer
     dict(name="tiny-phimoe", arch="phimoe", head_dim=16, n_ff=64, rope_base=10000.0, eps=1e-5, tied=False,
          n_expert=4, n_expert_used=2),
+    # granitemoe: granite's scales, softmax-routed experts of width n_ff and a shared expert
+    # (the granitemoeshared layout)
+    dict(name="tiny-granitemoe", arch="granitemoe", head_dim=16, n_ff=64, rope_base=10000000.0, eps=1e-5,
+         n_expert=4, n_expert_used=2, n_ff_shexp=96,
+         granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -360,7 +365,26 @@ def _output_phimoe(add, s) -> None:
     add("output.bias", [N_VOCAB], "bias")  # output.weight: tied=False
 
 
+def _keys_granitemoe(w, A, s) -> None:
+    _keys_phimoe(w, A, s)
+    w.add_uint32(f"{A}.expert_shared_feed_forward_length", s["n_ff_shexp"])
+    g = s["granite"]
+    w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
+    w.add_float32(f"{A}.residual_scale", g["residual_scale"])
+    w.add_float32(f"{A}.attention.scale", g["attention_scale"])
+    w.add_float32(f"{A}.logit_scale", g["logit_scale"])
+
+
+def _layer_granitemoe(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    add(b + "ffn_norm.weight", [s["n_embd"]], "norm")
+    _experts(add, b, s, n_ff=s["n_ff"])
+    _dense(add, b, s, n_ff=s["n_ff_shexp"], suffix="_shexp")
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
+    "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),
 }

@@ -71,6 +71,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &glm4::Glm4,
     &llama4::Llama4,
     &phimoe::PhiMoe,
+    &granite::GraniteMoe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
