@@ -74,6 +74,12 @@ _SPECS = [
     dict(name="tiny-granitemoe", arch="granitemoe", head_dim=16, n_ff=64, rope_base=10000000.0, eps=1e-5,
          n_expert=4, n_expert_used=2, n_ff_shexp=96,
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # glm4moe: layer 0 dense, 1-2 MoE (sigmoid, selection bias, renormalized and scaled
+    # weights, a shared expert), q/k/v biases, per-head q/k norms, NEOX rope over half the
+    # head; block 3 is a NextN (MTP) layer that llama.cpp and pyllama skip
+    dict(name="tiny-glm4moe", arch="glm4moe", n_layer=4, head_dim=16, n_rot=8, rope_base=1000000.0, eps=1e-5,
+         tied=False, n_expert=4, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, nextn=1,
+         w_scale=2.5, scale=dict(router=4.0)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -322,7 +328,7 @@ def _dense(add, b, s, n_ff=None, suffix="") -> None:
 
 def _experts(add, b, s, n_ff=None) -> None:
     n_embd, ne, fe = s["n_embd"], s["n_expert"], n_ff or s["n_ff_exp"]
-    add(b + "ffn_gate_inp.weight", [n_embd, ne], "router")
+    add(b + "ffn_gate_inp.weight", [n_embd, ne], "router", scale="router")
     add(b + "ffn_gate_exps.weight", [n_embd, fe, ne], "w")
     add(b + "ffn_up_exps.weight", [n_embd, fe, ne], "w")
     add(b + "ffn_down_exps.weight", [fe, n_embd, ne], "w")
@@ -383,8 +389,40 @@ def _layer_granitemoe(add, b, i, s) -> None:
     _dense(add, b, s, n_ff=s["n_ff_shexp"], suffix="_shexp")
 
 
+def _keys_glm4moe(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
+    w.add_uint32(f"{A}.expert_shared_count", s["n_expert_shared"])
+    w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+    w.add_float32(f"{A}.expert_weights_scale", s["w_scale"])
+    w.add_bool(f"{A}.expert_weights_norm", True)
+    w.add_uint32(f"{A}.expert_gating_func", 2)
+    w.add_uint32(f"{A}.nextn_predict_layers", s["nextn"])
+
+
+def _layer_glm4moe(add, b, i, s) -> None:
+    n_embd, hd = s["n_embd"], s["head_dim"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_q_norm.weight", [hd], "norm")
+    add(b + "attn_k_norm.weight", [hd], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    if i < s["n_dense_lead"]:
+        _dense(add, b, s)
+        return
+    _experts(add, b, s)
+    add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+    _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
+    if i >= s["n_layer"] - s["nextn"]:  # the NextN layer's own tensors
+        add(b + "nextn.eh_proj.weight", [2 * n_embd, n_embd], "w")
+        add(b + "nextn.enorm.weight", [n_embd], "norm")
+        add(b + "nextn.hnorm.weight", [n_embd], "norm")
+        add(b + "nextn.shared_head_norm.weight", [n_embd], "norm")
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
     "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),
+    "glm4moe": dict(keys=_keys_glm4moe, layer=_layer_glm4moe),
 }

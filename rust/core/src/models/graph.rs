@@ -364,11 +364,13 @@ impl Step<'_> {
         if b.moe.len() < need || b.moe_idx.capacity() < 2 * nk || b.gate.len() < n * nf || b.up.len() < n * nf {
             return Err(Error::Invalid(format!("internal: MoE scratch too small for layer {il}")));
         }
+        Self::mm(self.pool, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?;
+        cb!(self, "ffn_moe_logits", il, moe, n_exp);
+        let b = &mut *self.b;
         let (probs, rest) = b.moe.split_at_mut(n * n_exp);
         let (wts, rest) = rest.split_at_mut(nk);
         let (contrib, rest) = rest.split_at_mut(nk * ne);
         let (xg, o) = rest.split_at_mut(n * ne);
-        Self::mm(self.pool, m.router, &b.cur, n, probs, &mut b.mm_scratch, &mut b.lora)?;
         // selection and weights per token: n_used passes of argmax (the first maximum wins)
         let idx = &mut b.moe_idx;
         idx.clear();

@@ -24,6 +24,7 @@ pub mod smollm3;
 pub mod starcoder2;
 pub mod llama4;
 pub mod phimoe;
+pub mod glm4moe;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -72,6 +73,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &llama4::Llama4,
     &phimoe::PhiMoe,
     &granite::GraniteMoe,
+    &glm4moe::Glm4Moe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -212,4 +214,62 @@ pub fn swa_pattern(meta: &Meta, n_layer: usize, n_pattern: usize, dense_first: b
     Ok((0..n_layer)
         .map(|il| if dense_first { n == 0 || il % n != 0 } else { n == 0 || il % n < n - 1 })
         .collect())
+}
+
+/// The routing keys llama.cpp's MoE architectures read (DeepSeek V2/V3, GLM-4.5):
+/// `expert_gating_func` (1 softmax, 2 sigmoid, 3 softmax of the selected logits; absent or 0:
+/// `default`), `expert_weights_norm` (default false), `expert_weights_scale` (default 0 =
+/// none) and the expert groups `expert_group_count` / `expert_group_used_count`, checked
+/// as llama.cpp's load_hparams asserts them.
+pub fn moe_routing(meta: &Meta, hp: &HParams, default: graph::Gating) -> Result<graph::MoeConfig> {
+    let bad = |m: String| Error::Unsupported(format!("{}: {m}", meta.file.path));
+    let gating = match meta.u("expert_gating_func")?.unwrap_or(0) {
+        0 => default,
+        1 => graph::Gating::Softmax,
+        2 => graph::Gating::Sigmoid,
+        3 => graph::Gating::SoftmaxWeight,
+        g => return Err(bad(format!("'{}' = {g} is not a gating function pyllama knows", meta.key("expert_gating_func")))),
+    };
+    let norm_w = match meta.get("expert_weights_norm") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad(format!("'{}' must be a bool", meta.key("expert_weights_norm"))))?,
+    };
+    let (groups, used) = (meta.u("expert_group_count")?.unwrap_or(0), meta.u("expert_group_used_count")?.unwrap_or(0));
+    if groups > 1 && (groups >= hp.n_expert || hp.n_expert % groups != 0 || used == 0 || used >= groups) {
+        return Err(bad(format!(
+            "'{}' = {groups} and '{}' = {used} must divide the {} experts into groups of which some but not all are used",
+            meta.key("expert_group_count"),
+            meta.key("expert_group_used_count"),
+            hp.n_expert
+        )));
+    }
+    Ok(graph::MoeConfig {
+        gating,
+        norm_w,
+        w_scale: meta.f("expert_weights_scale")?.unwrap_or(0.0),
+        n_groups: groups,
+        n_group_used: used,
+        ..graph::MoeConfig::softmax(hp.n_expert_used, norm_w)
+    })
+}
+
+/// Drops the last `nextn_predict_layers` blocks (NextN / MTP layers, which llama.cpp keeps
+/// in the file but does not run): `n_layer` = block_count - nextn_predict_layers.
+pub fn drop_nextn_layers(meta: &Meta, hp: &mut HParams) -> Result<()> {
+    let nextn = meta.u("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= hp.n_layer {
+        return Err(Error::Unsupported(format!(
+            "{}: '{}' = {nextn} leaves no layers of the {} to run",
+            meta.file.path,
+            meta.key("nextn_predict_layers"),
+            hp.n_layer
+        )));
+    }
+    hp.n_layer -= nextn;
+    let n = hp.n_layer;
+    hp.n_head.truncate(n);
+    hp.n_head_kv.truncate(n);
+    hp.n_ff.truncate(n);
+    hp.swa_layers.truncate(n);
+    Ok(())
 }
