@@ -80,6 +80,10 @@ _SPECS = [
     dict(name="tiny-glm4moe", arch="glm4moe", n_layer=4, head_dim=16, n_rot=8, rope_base=1000000.0, eps=1e-5,
          tied=False, n_expert=4, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, nextn=1,
          w_scale=2.5, scale=dict(router=4.0)),
+    # cohere2: parallel attention and FFN from one bias-free LayerNorm, layers 0-2 with a
+    # 64-token sliding window and rope, layer 3 global without rope, logits scaled
+    dict(name="tiny-cohere2", arch="cohere2", n_layer=4, head_dim=16, rope_base=50000.0, eps=1e-5,
+         sliding_window=64, logit_scale=0.25),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -420,9 +424,22 @@ def _layer_glm4moe(add, b, i, s) -> None:
         add(b + "nextn.shared_head_norm.weight", [n_embd], "norm")
 
 
+def _keys_cohere2(w, A, s) -> None:
+    w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    w.add_float32(f"{A}.logit_scale", s["logit_scale"])
+
+
+def _layer_cohere2(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    _dense(add, b, s)
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
     "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),
     "glm4moe": dict(keys=_keys_glm4moe, layer=_layer_glm4moe),
+    "cohere2": dict(keys=_keys_cohere2, layer=_layer_cohere2),
 }

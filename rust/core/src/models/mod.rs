@@ -25,6 +25,7 @@ pub mod starcoder2;
 pub mod llama4;
 pub mod phimoe;
 pub mod glm4moe;
+pub mod cohere2;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -74,6 +75,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &phimoe::PhiMoe,
     &granite::GraniteMoe,
     &glm4moe::Glm4Moe,
+    &cohere2::Cohere2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
