@@ -84,6 +84,12 @@ _SPECS = [
     # 64-token sliding window and rope, layer 3 global without rope, logits scaled
     dict(name="tiny-cohere2", arch="cohere2", n_layer=4, head_dim=16, rope_base=50000.0, eps=1e-5,
          sliding_window=64, logit_scale=0.25),
+    # gpt-oss: attention sinks, q/k/v/o biases, 64-token window on even layers, YaRN,
+    # SOFTMAX_WEIGHT routing with router and expert biases, swiglu_oai experts (F32 / Q8_0:
+    # the released MXFP4 experts are another issue's kernels)
+    dict(name="tiny-gpt-oss", arch="gpt-oss", head_dim=16, rope_base=150000.0, eps=1e-5, tied=False,
+         sliding_window=64, n_expert=4, n_expert_used=2, n_ff_exp=64,
+         yarn=dict(factor=32.0, orig_ctx=4096, beta_fast=32.0, beta_slow=1.0)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -436,10 +442,37 @@ def _layer_cohere2(add, b, i, s) -> None:
     _dense(add, b, s)
 
 
+def _keys_gpt_oss(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
+    w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
+    w.add_uint32(f"{A}.rope.dimension_count", s["head_dim"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    y = s["yarn"]
+    w.add_string(f"{A}.rope.scaling.type", "yarn")
+    w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
+    w.add_uint32(f"{A}.rope.scaling.original_context_length", y["orig_ctx"])
+
+
+def _layer_gpt_oss(add, b, i, s) -> None:
+    n_embd, ne, fe = s["n_embd"], s["n_expert"], s["n_ff_exp"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_output.bias", [n_embd], "bias")
+    add(b + "attn_sinks.weight", [s["n_head"]], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    _experts(add, b, s)
+    add(b + "ffn_gate_inp.bias", [ne], "bias")
+    add(b + "ffn_gate_exps.bias", [fe, ne], "bias")
+    add(b + "ffn_up_exps.bias", [fe, ne], "bias")
+    add(b + "ffn_down_exps.bias", [n_embd, ne], "bias")
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
     "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),
     "glm4moe": dict(keys=_keys_glm4moe, layer=_layer_glm4moe),
     "cohere2": dict(keys=_keys_cohere2, layer=_layer_cohere2),
+    "gpt-oss": dict(keys=_keys_gpt_oss, layer=_layer_gpt_oss),
 }

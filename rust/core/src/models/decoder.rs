@@ -93,6 +93,11 @@ pub struct DecoderConfig {
     pub qk_rms_after_rope: bool,
     /// `attn_temp` only on layers without rope (llama4); false: every layer (mistral3).
     pub attn_temp_nope_only: bool,
+    /// Per-head attention sinks `attn_sinks` [n_head] in every layer (gpt-oss).
+    pub sinks: bool,
+    /// MoE layers have a router bias `ffn_gate_inp.bias` and per-expert biases
+    /// `ffn_{gate,up,down}_exps.bias` (gpt-oss).
+    pub moe_biases: bool,
 }
 
 impl DecoderConfig {
@@ -128,6 +133,8 @@ impl DecoderConfig {
             swa_chunked: false,
             qk_rms_after_rope: false,
             attn_temp_nope_only: false,
+            sinks: false,
+            moe_biases: false,
         }
     }
 }
@@ -149,6 +156,9 @@ enum Ffn {
         up: TensorView<'static>,
         down: TensorView<'static>,
         probs_b: Option<Vec<f32>>,
+        /// Router bias [n_expert] and expert biases (gate, up [n_expert * n_ff_exp], down
+        /// [n_expert * n_embd]).
+        biases: Option<[Vec<f32>; 4]>,
         /// The shared expert's gate, up and down.
         shexp: Option<[TensorView<'static>; 3]>,
     },
@@ -174,6 +184,7 @@ struct Layer {
     post_ffw_norm: Option<Vec<f32>>,
     /// None on NoPE layers.
     rope: Option<RopeParams>,
+    sinks: Option<Vec<f32>>,
     n_swa: usize,
 }
 
@@ -236,6 +247,16 @@ impl Decoder {
                     up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
                     down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
                     probs_b: if cfg.probs_b { Some(ld.req_vec(&b("exp_probs_b.bias"), &[ne])?) } else { None },
+                    biases: if cfg.moe_biases {
+                        Some([
+                            ld.req_vec(&b("ffn_gate_inp.bias"), &[ne])?,
+                            ld.req_vec(&b("ffn_gate_exps.bias"), &[nf, ne])?,
+                            ld.req_vec(&b("ffn_up_exps.bias"), &[nf, ne])?,
+                            ld.req_vec(&b("ffn_down_exps.bias"), &[n_embd, ne])?,
+                        ])
+                    } else {
+                        None
+                    },
                     shexp: if cfg.shexp {
                         Some([
                             ld.req(&b("ffn_gate_shexp.weight"), &[n_embd, ns])?,
@@ -295,6 +316,7 @@ impl Decoder {
                 ffn,
                 post_ffw_norm: req_if(cfg.post_norms, "post_ffw_norm.weight", n_embd)?,
                 rope: if nope { None } else { Some(layer_rope(hp, cp, il, factors.clone())) },
+                sinks: req_if(cfg.sinks, "attn_sinks.weight", hp.n_head(il))?,
                 n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
             });
         }
@@ -352,6 +374,7 @@ impl Forward for Decoder {
                 attn_temp: if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp },
                 chunked: c.swa_chunked,
                 qk_rms_after_rope: c.qk_rms_after_rope && l.rope.is_some(),
+                sinks: l.sinks.as_deref(),
                 ..AttnConfig::new(il, l.rope.as_ref(), c.kq_scale)
             };
             st.build_attn(&w, &a)?;
@@ -383,16 +406,17 @@ impl Forward for Decoder {
                     };
                     st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
                 }
-                Ffn::Moe { router, gate, up, down, probs_b, shexp } => {
+                Ffn::Moe { router, gate, up, down, probs_b, biases, shexp } => {
+                    let bias = |i: usize| biases.as_ref().map(|v| v[i].as_slice());
                     let m = MoeWeights {
                         router,
-                        router_b: None,
+                        router_b: bias(0),
                         gate: gate.as_ref(),
                         up,
                         down,
-                        gate_b: None,
-                        up_b: None,
-                        down_b: None,
+                        gate_b: bias(1),
+                        up_b: bias(2),
+                        down_b: bias(3),
                         probs_b: probs_b.as_deref(),
                     };
                     st.build_moe_ffn(il, &m, &c.moe_cfg)?;

@@ -135,11 +135,13 @@ pub struct AttnConfig<'r> {
     pub chunked: bool,
     /// Weightless per-head RMSNorm of q and k after rope (llama4's L2 norm on its rope layers).
     pub qk_rms_after_rope: bool,
+    /// Per-head attention sinks [n_head] (gpt-oss): one more logit per head in the softmax.
+    pub sinks: Option<&'r [f32]>,
 }
 
 impl<'r> AttnConfig<'r> {
     /// Layer `il` with its rope and softmax scale, nothing else (q_scale 1, no softcap,
-    /// window, temperature, chunks or norms after rope).
+    /// window, temperature, chunks, norms after rope or sinks).
     pub fn new(il: usize, rope: Option<&'r RopeParams>, kq_scale: f32) -> AttnConfig<'r> {
         AttnConfig {
             il,
@@ -151,6 +153,7 @@ impl<'r> AttnConfig<'r> {
             attn_temp: None,
             chunked: false,
             qk_rms_after_rope: false,
+            sinks: None,
         }
     }
 }
@@ -708,6 +711,7 @@ impl Step<'_> {
             softcap: c.softcap,
             n_swa: c.n_swa,
             chunked: c.chunked,
+            sinks: c.sinks,
         };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);

@@ -26,6 +26,7 @@ pub mod llama4;
 pub mod phimoe;
 pub mod glm4moe;
 pub mod cohere2;
+pub mod openai_moe;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -76,6 +77,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &granite::GraniteMoe,
     &glm4moe::Glm4Moe,
     &cohere2::Cohere2,
+    &openai_moe::OpenAiMoe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
