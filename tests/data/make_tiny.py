@@ -90,6 +90,15 @@ _SPECS = [
     dict(name="tiny-gpt-oss", arch="gpt-oss", head_dim=16, rope_base=150000.0, eps=1e-5, tied=False,
          sliding_window=64, n_expert=4, n_expert_used=2, n_ff_exp=64,
          yarn=dict(factor=32.0, orig_ctx=4096, beta_fast=32.0, beta_slow=1.0)),
+    # deepseek2 (V3 layout): MLA (q_lora 32, kv_lora 32, 16 rope dims, 32 nope dims, 32
+    # value dims; one compressed KV head), YaRN with the log multiplier, layer 0 dense,
+    # 1-2 MoE: 8 experts in 4 groups of which 2 are used, sigmoid with selection bias,
+    # renormalized and scaled weights, a shared expert
+    dict(name="tiny-deepseek2", arch="deepseek2", n_layer=3, n_head=4, n_head_kv=1, head_dim=16,
+         rope_base=10000.0, eps=1e-6, tied=False, q_lora=32, kv_lora=32, n_rot=16, n_nope=32, v_mla=32,
+         n_expert=8, n_expert_used=2, n_groups=4, n_group_used=2, n_ff_exp=64, n_expert_shared=1,
+         n_dense_lead=1, w_scale=2.5, scale=dict(router=2.0),
+         yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.1)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -468,6 +477,51 @@ def _layer_gpt_oss(add, b, i, s) -> None:
     add(b + "ffn_down_exps.bias", [n_embd, ne], "bias")
 
 
+def _keys_deepseek2(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    kv, r = s["kv_lora"], s["n_rot"]
+    w.add_uint32(f"{A}.attention.q_lora_rank", s["q_lora"])
+    w.add_uint32(f"{A}.attention.kv_lora_rank", kv)
+    w.add_uint32(f"{A}.attention.key_length", kv + r)
+    w.add_uint32(f"{A}.attention.value_length", kv)
+    w.add_uint32(f"{A}.attention.key_length_mla", s["n_nope"] + r)
+    w.add_uint32(f"{A}.attention.value_length_mla", s["v_mla"])
+    w.add_uint32(f"{A}.rope.dimension_count", r)
+    w.add_uint32(f"{A}.expert_shared_count", s["n_expert_shared"])
+    w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+    w.add_float32(f"{A}.expert_weights_scale", s["w_scale"])
+    w.add_bool(f"{A}.expert_weights_norm", True)
+    w.add_uint32(f"{A}.expert_gating_func", 2)
+    w.add_uint32(f"{A}.expert_group_count", s["n_groups"])
+    w.add_uint32(f"{A}.expert_group_used_count", s["n_group_used"])
+    y = s["yarn"]
+    w.add_string(f"{A}.rope.scaling.type", "yarn")
+    w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
+    w.add_uint32(f"{A}.rope.scaling.original_context_length", y["orig_ctx"])
+    w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
+
+
+def _layer_deepseek2(add, b, i, s) -> None:
+    n_embd, nh, kv, r = s["n_embd"], s["n_head"], s["kv_lora"], s["n_rot"]
+    nope, v = s["n_nope"], s["v_mla"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "attn_q_a.weight", [n_embd, s["q_lora"]], "w")
+    add(b + "attn_q_a_norm.weight", [s["q_lora"]], "norm")
+    add(b + "attn_q_b.weight", [s["q_lora"], nh * (nope + r)], "w")
+    add(b + "attn_kv_a_mqa.weight", [n_embd, kv + r], "w")
+    add(b + "attn_kv_a_norm.weight", [kv], "norm")
+    add(b + "attn_k_b.weight", [nope, kv, nh], "w")
+    add(b + "attn_v_b.weight", [kv, v, nh], "w")
+    add(b + "attn_output.weight", [nh * v, n_embd], "w")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    if i < s["n_dense_lead"]:
+        _dense(add, b, s)
+        return
+    _experts(add, b, s)
+    add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+    _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
@@ -475,4 +529,5 @@ _EXTRA = {
     "glm4moe": dict(keys=_keys_glm4moe, layer=_layer_glm4moe),
     "cohere2": dict(keys=_keys_cohere2, layer=_layer_cohere2),
     "gpt-oss": dict(keys=_keys_gpt_oss, layer=_layer_gpt_oss),
+    "deepseek2": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
 }

@@ -77,8 +77,10 @@ pub struct DecoderConfig {
     /// MoE layers have a shared expert (`ffn_{gate,up,down}_shexp`, width
     /// `HParams::n_ff_shexp`) added to the routed experts' output.
     pub shexp: bool,
-    /// MoE layers have the selection bias `exp_probs_b.bias` [n_expert].
+    /// MoE layers have the selection bias `exp_probs_b.bias` [n_expert] (`probs_b_opt`:
+    /// when the file has it, deepseek2).
     pub probs_b: bool,
+    pub probs_b_opt: bool,
     /// The RMS norms have biases too (`attn_norm.bias`, `ffn_norm.bias`,
     /// `output_norm.bias`: phimoe).
     pub norm_bias: bool,
@@ -127,6 +129,7 @@ impl DecoderConfig {
             n_dense_lead: 0,
             shexp: false,
             probs_b: false,
+            probs_b_opt: false,
             norm_bias: false,
             ffn_norm: "ffn_norm",
             qk_norm_opt: false,
@@ -140,7 +143,7 @@ impl DecoderConfig {
 }
 
 /// A layer's feed-forward: dense (gate absent with phi3's fused up) or a mixture of experts.
-enum Ffn {
+pub(crate) enum Ffn {
     Dense {
         gate: Option<TensorView<'static>>,
         up: TensorView<'static>,
@@ -218,7 +221,6 @@ impl Decoder {
             let b = |s: &str| format!("blk.{il}.{s}");
             let (n_q, n_k, n_v) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
             let n_o = hp.n_embd_head_v * hp.n_head(il);
-            let n_ff = hp.n_ff[il];
             let req_if = |on: bool, s: &str, n: usize| if on { ld.req_vec(&b(s), &[n]).map(Some) } else { Ok(None) };
             let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
                 let w = ld.req(&b("attn_qkv.weight"), &[n_embd, n_q + n_k + n_v])?;
@@ -237,55 +239,7 @@ impl Decoder {
                     ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
                 )
             };
-            let moe_layer =
-                cfg.moe && il >= cfg.n_dense_lead && (cfg.moe_step <= 1 || (il + 1) % cfg.moe_step == 0);
-            let ffn = if moe_layer {
-                let (ne, nf, ns) = (hp.n_expert, hp.n_ff_exp, hp.n_ff_shexp);
-                Ffn::Moe {
-                    router: ld.req(&b("ffn_gate_inp.weight"), &[n_embd, ne])?,
-                    gate: Some(ld.req(&b("ffn_gate_exps.weight"), &[n_embd, nf, ne])?),
-                    up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
-                    down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
-                    probs_b: if cfg.probs_b { Some(ld.req_vec(&b("exp_probs_b.bias"), &[ne])?) } else { None },
-                    biases: if cfg.moe_biases {
-                        Some([
-                            ld.req_vec(&b("ffn_gate_inp.bias"), &[ne])?,
-                            ld.req_vec(&b("ffn_gate_exps.bias"), &[nf, ne])?,
-                            ld.req_vec(&b("ffn_up_exps.bias"), &[nf, ne])?,
-                            ld.req_vec(&b("ffn_down_exps.bias"), &[n_embd, ne])?,
-                        ])
-                    } else {
-                        None
-                    },
-                    shexp: if cfg.shexp {
-                        Some([
-                            ld.req(&b("ffn_gate_shexp.weight"), &[n_embd, ns])?,
-                            ld.req(&b("ffn_up_shexp.weight"), &[n_embd, ns])?,
-                            ld.req(&b("ffn_down_shexp.weight"), &[ns, n_embd])?,
-                        ])
-                    } else {
-                        None
-                    },
-                }
-            } else if cfg.fused || cfg.fused_up {
-                Ffn::Dense {
-                    gate: None,
-                    up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
-                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
-                    gate_b: None,
-                    up_b: None,
-                    down_b: None,
-                }
-            } else {
-                Ffn::Dense {
-                    gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
-                    up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
-                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
-                    gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[n_ff])?,
-                    up_b: ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?,
-                    down_b: ld.opt_vec(&b("ffn_down.bias"), &[n_embd])?,
-                }
-            };
+            let ffn = load_ffn(ld, &cfg, il)?;
             let step = cfg.no_rope_layer_step;
             let nope = step > 0 && (il + 1) % step == 0;
             let qk_norm = |s: &str| {
@@ -394,38 +348,7 @@ impl Forward for Decoder {
             crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
             st.build_norm(&l.ffn_norm, l.ffn_norm_b.as_deref(), Norm::Rms, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            match &l.ffn {
-                Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
-                    let w = FfnWeights {
-                        gate: gate.as_ref(),
-                        gate_b: gate_b.as_deref(),
-                        up,
-                        up_b: up_b.as_deref(),
-                        down,
-                        down_b: down_b.as_deref(),
-                    };
-                    st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
-                }
-                Ffn::Moe { router, gate, up, down, probs_b, biases, shexp } => {
-                    let bias = |i: usize| biases.as_ref().map(|v| v[i].as_slice());
-                    let m = MoeWeights {
-                        router,
-                        router_b: bias(0),
-                        gate: gate.as_ref(),
-                        up,
-                        down,
-                        gate_b: bias(1),
-                        up_b: bias(2),
-                        down_b: bias(3),
-                        probs_b: probs_b.as_deref(),
-                    };
-                    st.build_moe_ffn(il, &m, &c.moe_cfg)?;
-                    if let Some([g, u, d]) = shexp {
-                        let w = FfnWeights { gate: Some(g), gate_b: None, up: u, up_b: None, down: d, down_b: None };
-                        st.build_moe_shexp(il, &w)?;
-                    }
-                }
-            }
+            run_ffn(st, &l.ffn, c, il)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             if let Some(pn) = &l.post_ffw_norm {
                 st.build_post_norm(pn, self.eps);
@@ -449,5 +372,107 @@ impl Forward for Decoder {
             }
         }
         Ok(())
+    }
+}
+
+/// A layer's feed-forward tensors as `cfg` says (dense, fused, or MoE with its options):
+/// the part of the schema every decoder-like forward pass shares (deepseek2's too).
+pub(crate) fn load_ffn(ld: &Loader, cfg: &DecoderConfig, il: usize) -> Result<Ffn> {
+    let hp = ld.hp();
+    let n_embd = hp.n_embd;
+    let n_ff = hp.n_ff[il];
+    let b = |s: &str| format!("blk.{il}.{s}");
+    let moe_layer =
+        cfg.moe && il >= cfg.n_dense_lead && (cfg.moe_step <= 1 || (il + 1) % cfg.moe_step == 0);
+    Ok(if moe_layer {
+        let (ne, nf, ns) = (hp.n_expert, hp.n_ff_exp, hp.n_ff_shexp);
+        Ffn::Moe {
+            router: ld.req(&b("ffn_gate_inp.weight"), &[n_embd, ne])?,
+            gate: Some(ld.req(&b("ffn_gate_exps.weight"), &[n_embd, nf, ne])?),
+            up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
+            down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
+            probs_b: if cfg.probs_b {
+            Some(ld.req_vec(&b("exp_probs_b.bias"), &[ne])?)
+        } else if cfg.probs_b_opt {
+            ld.opt_vec(&b("exp_probs_b.bias"), &[ne])?
+        } else {
+            None
+        },
+            biases: if cfg.moe_biases {
+                Some([
+                    ld.req_vec(&b("ffn_gate_inp.bias"), &[ne])?,
+                    ld.req_vec(&b("ffn_gate_exps.bias"), &[nf, ne])?,
+                    ld.req_vec(&b("ffn_up_exps.bias"), &[nf, ne])?,
+                    ld.req_vec(&b("ffn_down_exps.bias"), &[n_embd, ne])?,
+                ])
+            } else {
+                None
+            },
+            shexp: if cfg.shexp {
+                Some([
+                    ld.req(&b("ffn_gate_shexp.weight"), &[n_embd, ns])?,
+                    ld.req(&b("ffn_up_shexp.weight"), &[n_embd, ns])?,
+                    ld.req(&b("ffn_down_shexp.weight"), &[ns, n_embd])?,
+                ])
+            } else {
+                None
+            },
+        }
+    } else if cfg.fused || cfg.fused_up {
+        Ffn::Dense {
+            gate: None,
+            up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
+            down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+            gate_b: None,
+            up_b: None,
+            down_b: None,
+        }
+    } else {
+        Ffn::Dense {
+            gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
+            up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
+            down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+            gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[n_ff])?,
+            up_b: ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?,
+            down_b: ld.opt_vec(&b("ffn_down.bias"), &[n_embd])?,
+        }
+    })
+}
+
+/// The feed-forward of one layer: in `cur`, out `tmp` (MoE: routed experts plus the shared
+/// expert when there is one).
+pub(crate) fn run_ffn(st: &mut Step, ffn: &Ffn, c: &DecoderConfig, il: usize) -> Result<()> {
+    match ffn {
+        Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
+            let w = FfnWeights {
+                gate: gate.as_ref(),
+                gate_b: gate_b.as_deref(),
+                up,
+                up_b: up_b.as_deref(),
+                down,
+                down_b: down_b.as_deref(),
+            };
+            st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })
+        }
+        Ffn::Moe { router, gate, up, down, probs_b, biases, shexp } => {
+            let bias = |i: usize| biases.as_ref().map(|v| v[i].as_slice());
+            let m = MoeWeights {
+                router,
+                router_b: bias(0),
+                gate: gate.as_ref(),
+                up,
+                down,
+                gate_b: bias(1),
+                up_b: bias(2),
+                down_b: bias(3),
+                probs_b: probs_b.as_deref(),
+            };
+            st.build_moe_ffn(il, &m, &c.moe_cfg)?;
+            if let Some([g, u, d]) = shexp {
+                let w = FfnWeights { gate: Some(g), gate_b: None, up: u, up_b: None, down: d, down_b: None };
+                st.build_moe_shexp(il, &w)?;
+            }
+            Ok(())
+        }
     }
 }

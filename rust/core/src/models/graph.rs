@@ -551,7 +551,7 @@ impl Step<'_> {
     }
 
     /// out [n, n_out] = w x (+ the LoRA adapters' terms for w, when any is set).
-    fn mm(
+    pub(crate) fn mm(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],
@@ -574,7 +574,7 @@ impl Step<'_> {
 
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
-    fn mm_rows(
+    pub(crate) fn mm_rows(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],
@@ -686,7 +686,33 @@ impl Step<'_> {
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
         cb!(self, "Vcur", il, v, vw);
-        // store K and V of this micro-batch into its cells
+        let p = AttnParams {
+            il,
+            n_head,
+            n_head_kv,
+            hd_k,
+            hd_v,
+            scale: c.kq_scale,
+            softcap: c.softcap,
+            n_swa: c.n_swa,
+            chunked: c.chunked,
+            sinks: c.sinks,
+        };
+        self.attend_cached(&p)?;
+        let b = &mut *self.b;
+        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
+        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        Ok(())
+    }
+
+    /// Stores this micro-batch's K (`k` [n, n_head_kv * hd_k]) and V (`v` [n, n_head_kv *
+    /// hd_v]) into its cells, then attends with `q` [n, n_head * hd_k] over the cache into
+    /// `att` [n, n_head * hd_v] (quantized caches: llama.cpp's Hadamard rotations of q, K
+    /// and V, and V's undone on the output). `q` and `k` must be lent (see `build_attn`).
+    pub fn attend_cached(&mut self, p: &AttnParams) -> Result<()> {
+        let (il, n) = (p.il, self.n);
+        let (qw, kw, vw) = (p.n_head * p.hd_k, p.n_head_kv * p.hd_k, p.n_head_kv * p.hd_v);
         let b = &mut *self.b;
         let kv = &mut *self.kv;
         // quantized caches: llama.cpp's Hadamard rotation of Q, K and V (kv_cache::rotation_sizes)
@@ -701,26 +727,11 @@ impl Step<'_> {
             let o = (s as usize * kv.size + cell as usize) * rv;
             quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
-        let p = AttnParams {
-            il,
-            n_head,
-            n_head_kv,
-            hd_k,
-            hd_v,
-            scale: c.kq_scale,
-            softcap: c.softcap,
-            n_swa: c.n_swa,
-            chunked: c.chunked,
-            sinks: c.sinks,
-        };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
-        attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
-        cb!(self, "kqv_out", il, att, n_head * hd_v);
+        attention::attention(self.pool, kv, p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
+        cb!(self, "kqv_out", il, att, p.n_head * p.hd_v);
         let b = &mut *self.b;
-        crate::kv_cache::fwht(&mut b.att[..n * n_head * hd_v], self.kv.rot_v); // rotate V's rotation back
-        Self::mm(self.pool, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
-        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
-        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        crate::kv_cache::fwht(&mut b.att[..n * p.n_head * p.hd_v], self.kv.rot_v); // rotate V's rotation back
         Ok(())
     }
 

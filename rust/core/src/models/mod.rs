@@ -27,6 +27,7 @@ pub mod phimoe;
 pub mod glm4moe;
 pub mod cohere2;
 pub mod openai_moe;
+pub mod deepseek2;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -78,6 +79,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &glm4moe::Glm4Moe,
     &cohere2::Cohere2,
     &openai_moe::OpenAiMoe,
+    &deepseek2::Deepseek2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
