@@ -27,7 +27,7 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4",
                                             "llama4", "phimoe", "granitemoe", "glm4moe",
-                                            "cohere2", "gpt-oss", "deepseek2"])
+                                            "cohere2", "gpt-oss", "deepseek2", "mistral4"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])
 

@@ -99,6 +99,13 @@ _SPECS = [
          n_expert=8, n_expert_used=2, n_groups=4, n_group_used=2, n_ff_exp=64, n_expert_shared=1,
          n_dense_lead=1, w_scale=2.5, scale=dict(router=2.0),
          yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.1)),
+    # mistral4: deepseek2's layout under another name; here with softmax routing, no expert
+    # groups, no selection bias, and a YaRN log multiplier other than 1 (where llama.cpp's
+    # attention factor differs from deepseek2's)
+    dict(name="tiny-mistral4", arch="mistral4", n_layer=3, n_head=4, n_head_kv=1, head_dim=16,
+         rope_base=10000.0, eps=1e-6, tied=False, q_lora=32, kv_lora=32, n_rot=16, n_nope=32, v_mla=32,
+         n_expert=8, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, w_scale=1.0,
+         gating=1, probs_b=False, yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.0707)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -491,9 +498,10 @@ def _keys_deepseek2(w, A, s) -> None:
     w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
     w.add_float32(f"{A}.expert_weights_scale", s["w_scale"])
     w.add_bool(f"{A}.expert_weights_norm", True)
-    w.add_uint32(f"{A}.expert_gating_func", 2)
-    w.add_uint32(f"{A}.expert_group_count", s["n_groups"])
-    w.add_uint32(f"{A}.expert_group_used_count", s["n_group_used"])
+    w.add_uint32(f"{A}.expert_gating_func", s.get("gating", 2))
+    if "n_groups" in s:
+        w.add_uint32(f"{A}.expert_group_count", s["n_groups"])
+        w.add_uint32(f"{A}.expert_group_used_count", s["n_group_used"])
     y = s["yarn"]
     w.add_string(f"{A}.rope.scaling.type", "yarn")
     w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
@@ -518,7 +526,8 @@ def _layer_deepseek2(add, b, i, s) -> None:
         _dense(add, b, s)
         return
     _experts(add, b, s)
-    add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+    if s.get("probs_b", True):
+        add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
     _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
 
 
@@ -530,4 +539,5 @@ _EXTRA = {
     "cohere2": dict(keys=_keys_cohere2, layer=_layer_cohere2),
     "gpt-oss": dict(keys=_keys_gpt_oss, layer=_layer_gpt_oss),
     "deepseek2": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
+    "mistral4": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
 }

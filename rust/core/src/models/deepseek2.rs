@@ -27,6 +27,11 @@
 //!
 //! The cache holds K = [kv_cmpr | k_pe] and V = kv_cmpr per token, as llama.cpp's MLA
 //! cache does (there V is a view of K; here it is stored beside it).
+//!
+//! Mistral Small 4 (`mistral4`) is this architecture under another name (llama.cpp's
+//! llama_model_mistral4 reuses deepseek2's hparams, tensors and graph); only the YaRN
+//! attention factor differs: DeepSeek V2's special case (mscale = mscale_all_dims) is
+//! deepseek2's alone.
 
 use super::decoder::{load_ffn, run_ffn, DecoderConfig, Ffn};
 use super::graph::{layer_rope, Gating};
@@ -42,6 +47,7 @@ use crate::ops::norm::rms_norm_row;
 use crate::ops::rope::RopeParams;
 
 pub struct Deepseek2;
+pub struct Mistral4;
 
 /// The MLA sizes (llama.cpp's n_lora_q, n_lora_kv, n_embd_head_k_mla, n_embd_head_v_mla).
 #[derive(Clone, Copy)]
@@ -145,7 +151,29 @@ impl Arch for Deepseek2 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        Ok(Box::new(Ds2Forward::load(ld, cp)?))
+        Ok(Box::new(Ds2Forward::load(ld, cp, true)?))
+    }
+}
+
+impl Arch for Mistral4 {
+    fn name(&self) -> &'static str {
+        "mistral4"
+    }
+
+    fn moe(&self) -> bool {
+        true
+    }
+
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        Deepseek2.hparams(meta, n_vocab)
+    }
+
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        Deepseek2.type_name(hp)
+    }
+
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        Ok(Box::new(Ds2Forward::load(ld, cp, false)?))
     }
 }
 
@@ -182,7 +210,9 @@ struct Ds2Forward {
 }
 
 impl Ds2Forward {
-    fn load(ld: &Loader, cp: &ContextParams) -> Result<Ds2Forward> {
+    /// `v2_mscale`: llama_context's DeepSeek V2 special case of the YaRN attention factor
+    /// (deepseek2, not mistral4).
+    fn load(ld: &Loader, cp: &ContextParams, v2_mscale: bool) -> Result<Ds2Forward> {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch: &hp.arch };
         let d = dims(&meta, hp)?;
@@ -212,12 +242,14 @@ impl Ds2Forward {
             let mut rope = layer_rope(hp, cp, il, None);
             if rope.ext_factor != 0.0 {
                 // llama_context: yarn_attn_factor = get_mscale(f, mscale) / get_mscale(f,
-                // mscale_all_dims) with mscale = mscale_all_dims for DeepSeek V2 (1 / 1 when
-                // the log multiplier is absent: get_mscale(f, 1)), times 1 / (1 + 0.1 ln f)
+                // mscale_all_dims), mscale 1 (= mscale_all_dims for DeepSeek V2 when that is
+                // not 1; get_mscale(f, 1) when the log multiplier is absent), times
+                // 1 / (1 + 0.1 ln f)
                 let f = 1.0 / rope.freq_scale;
                 let ms = |m: f32| if f <= 1.0 { 1.0 } else { 0.1 * m * f.ln() + 1.0 };
                 let l = hp.rope_yarn_log_mul;
-                let mut a = if l != 0.0 { ms(if l != 1.0 { l } else { 1.0 }) / ms(l) } else { ms(1.0) };
+                let mscale = if v2_mscale && l != 1.0 { l } else { 1.0 };
+                let mut a = if l != 0.0 { ms(mscale) / ms(l) } else { ms(1.0) };
                 a *= 1.0 / (1.0 + 0.1 * f.ln());
                 if hp.rope_attn_factor != 0.0 {
                     a *= hp.rope_attn_factor;

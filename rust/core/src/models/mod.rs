@@ -80,6 +80,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &cohere2::Cohere2,
     &openai_moe::OpenAiMoe,
     &deepseek2::Deepseek2,
+    &deepseek2::Mistral4,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
