@@ -63,6 +63,8 @@ pub struct HParams {
     pub n_ff_exp: usize,
     /// The shared expert's feed-forward width beside the routed experts (0: none).
     pub n_ff_shexp: usize,
+    /// NextN (MTP) blocks after the `n_layer` run ones (in the file, not run).
+    pub n_layer_nextn: usize,
 }
 
 impl HParams {
@@ -106,6 +108,7 @@ impl HParams {
             n_expert_used: 0,
             n_ff_exp: 0,
             n_ff_shexp: 0,
+            n_layer_nextn: 0,
         }
     }
 

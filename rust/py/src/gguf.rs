@@ -267,6 +267,11 @@ impl PyModel {
         d.set_item("rope_yarn_log_mul", h.rope_yarn_log_mul)?;
         d.set_item("f_attn_temp_scale", h.f_attn_temp_scale)?;
         d.set_item("n_attn_temp_floor_scale", h.n_attn_temp_floor_scale)?;
+        d.set_item("n_expert", h.n_expert)?;
+        d.set_item("n_expert_used", h.n_expert_used)?;
+        d.set_item("n_ff_exp", h.n_ff_exp)?;
+        d.set_item("n_ff_shexp", h.n_ff_shexp)?;
+        d.set_item("n_layer_nextn", h.n_layer_nextn)?;
         Ok(d)
     }
 

@@ -198,6 +198,7 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         n_expert_used: meta.u("expert_used_count")?.unwrap_or(0),
         n_ff_exp: meta.u("expert_feed_forward_length")?.unwrap_or(0),
         n_ff_shexp: 0,
+        n_layer_nextn: 0,
     })
 }
 
@@ -273,6 +274,7 @@ pub fn drop_nextn_layers(meta: &Meta, hp: &mut HParams) -> Result<()> {
         )));
     }
     hp.n_layer -= nextn;
+    hp.n_layer_nextn = nextn;
     let n = hp.n_layer;
     hp.n_head.truncate(n);
     hp.n_head_kv.truncate(n);
