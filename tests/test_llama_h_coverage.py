@@ -126,7 +126,10 @@ def gpt2():
 # llama-model.cpp llama_model_rope_type: LLAMA_ROPE_TYPE_NORM for llama, mistral3, smollm3, granite and glm4,
 # _NEOX for qwen2, qwen3, qwen3moe, phi2, phi3, gemma, gemma2, gemma3, olmo2, starcoder2, exaone4
 ROPE = {"llama": 0, "mistral3": 0, "smollm3": 0, "granite": 0, "glm4": 0, "qwen2": 2, "qwen3": 2, "qwen3moe": 2, "phi2": 2, "phi3": 2, "gemma": 2,
-        "gemma2": 2, "gemma3": 2, "olmo2": 2, "starcoder2": 2, "exaone4": 2}
+        "gemma2": 2, "gemma3": 2, "olmo2": 2, "starcoder2": 2, "exaone4": 2,
+        # NORM: llama4, granitemoe, cohere2, deepseek2, mistral4; NEOX: phimoe, glm4moe, gpt-oss
+        "llama4": 0, "granitemoe": 0, "cohere2": 0, "deepseek2": 0, "mistral4": 0, "phimoe": 2, "glm4moe": 2,
+        "gpt-oss": 2}
 
 
 @pytest.mark.parametrize("arch", sorted(ROPE))

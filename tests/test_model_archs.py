@@ -134,6 +134,11 @@ def test_every_real_tiny_file_loads_or_names_its_architecture():
     ("glm4", {"glm4.nextn_predict_layers": 1}, "NextN"),
     ("exaone4", {"exaone4.nextn_predict_layers": 1}, "NextN"),
     ("granite", {"granite.logit_scale": 0.0}, "logit_scale"),
+    ("glm4moe", {"glm4moe.rope.dimension_sections": 8}, "M-RoPE"),
+    ("llama4", {"llama4.attention.sliding_window": 0}, "sliding_window"),  # llama.cpp aborts on it
+    ("deepseek2", {"deepseek2.attention.key_length_mla": 0}, "pre-MLA"),  # the attn_kv_b layout
+    ("deepseek2", {"deepseek2.attention.key_length": 40}, "MLA needs key_length"),
+    ("deepseek2", {"deepseek2.expert_group_used_count": 4}, "groups"),
 ])
 def test_unsupported_variants_are_refused_by_name(tiny_model_path, arch, override, message):
     with pytest.raises(UnsupportedModelError, match=message):
@@ -156,3 +161,14 @@ def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_path):
     off = logits(kv_overrides={"granite.rope.scaling.finetuned": False})
     assert np.array_equal(base[0], off[0])  # position 0: rope is the identity
     assert not np.array_equal(base[1:], off[1:])
+
+
+def test_nextn_layers_are_counted_and_skipped(tiny_model_path):
+    # tiny-glm4moe has 4 blocks, the last a NextN (MTP) block: llama.cpp's n_layer() is 3 and
+    # llama_model_n_layer_nextn 1; the trunk's forward pass never reads block 3
+    from pyllama import _api_model as A
+
+    m = Model.load(tiny_model_path("glm4moe"))
+    assert m.hparams["n_layer"] == 3 and m.hparams["n_layer_nextn"] == 1
+    assert A.llama_model_n_layer_nextn(m) == 1
+    assert m.hparams["n_ff_shexp"] == m.hparams["n_ff_exp"] == 64

@@ -60,6 +60,52 @@ _SPECS = [
     dict(name="tiny-exaone4", arch="exaone4", head_dim=16, rope_base=1000000.0, eps=1e-5),
     # glm4: pre- and post-norms, q/k/v biases, fused gate+up, NORM rope over half the head
     dict(name="tiny-glm4", arch="glm4", head_dim=16, n_rot=8, rope_base=10000.0, eps=1e-5, tied=False),
+    # llama4: 4 layers (layer 3 is NoPE with full attention, 0-2 chunked with q/k L2 norms),
+    # MoE (sigmoid routing by the logits, weights on the input, shared expert) in layers 1
+    # and 3, dense in 0 and 2; written by _EXTRA below
+    dict(name="tiny-llama4", arch="llama4", n_layer=4, head_dim=16, rope_base=500000.0, eps=1e-5, tied=False,
+         n_expert=4, n_expert_used=2, n_ff_exp=64, moe_step=2),
+    # phimoe: phi3's attention with biased RMS norms, output and attention-output biases,
+    # softmax-routed experts of width n_ff in every layer
+    dict(name="tiny-phimoe", arch="phimoe", head_dim=16, n_ff=64, rope_base=10000.0, eps=1e-5, tied=False,
+         n_expert=4, n_expert_used=2),
+    # granitemoe: granite's scales, softmax-routed experts of width n_ff and a shared expert
+    # (the granitemoeshared layout)
+    dict(name="tiny-granitemoe", arch="granitemoe", head_dim=16, n_ff=64, rope_base=10000000.0, eps=1e-5,
+         n_expert=4, n_expert_used=2, n_ff_shexp=96,
+         granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # glm4moe: layer 0 dense, 1-2 MoE (sigmoid, selection bias, renormalized and scaled
+    # weights, a shared expert), q/k/v biases, per-head q/k norms, NEOX rope over half the
+    # head; block 3 is a NextN (MTP) layer that llama.cpp and pyllama skip
+    dict(name="tiny-glm4moe", arch="glm4moe", n_layer=4, head_dim=16, n_rot=8, rope_base=1000000.0, eps=1e-5,
+         tied=False, n_expert=4, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, nextn=1,
+         w_scale=2.5, scale=dict(router=4.0)),
+    # cohere2: parallel attention and FFN from one bias-free LayerNorm, layers 0-2 with a
+    # 64-token sliding window and rope, layer 3 global without rope, logits scaled
+    dict(name="tiny-cohere2", arch="cohere2", n_layer=4, head_dim=16, rope_base=50000.0, eps=1e-5,
+         sliding_window=64, logit_scale=0.25),
+    # gpt-oss: attention sinks, q/k/v/o biases, 64-token window on even layers, YaRN,
+    # SOFTMAX_WEIGHT routing with router and expert biases, swiglu_oai experts (F32 / Q8_0:
+    # the released MXFP4 experts are another issue's kernels)
+    dict(name="tiny-gpt-oss", arch="gpt-oss", head_dim=16, rope_base=150000.0, eps=1e-5, tied=False,
+         sliding_window=64, n_expert=4, n_expert_used=2, n_ff_exp=64,
+         yarn=dict(factor=32.0, orig_ctx=4096, beta_fast=32.0, beta_slow=1.0)),
+    # deepseek2 (V3 layout): MLA (q_lora 32, kv_lora 32, 16 rope dims, 32 nope dims, 32
+    # value dims; one compressed KV head), YaRN with the log multiplier, layer 0 dense,
+    # 1-2 MoE: 8 experts in 4 groups of which 2 are used, sigmoid with selection bias,
+    # renormalized and scaled weights, a shared expert
+    dict(name="tiny-deepseek2", arch="deepseek2", n_layer=3, n_head=4, n_head_kv=1, head_dim=16,
+         rope_base=10000.0, eps=1e-6, tied=False, q_lora=32, kv_lora=32, n_rot=16, n_nope=32, v_mla=32,
+         n_expert=8, n_expert_used=2, n_groups=4, n_group_used=2, n_ff_exp=64, n_expert_shared=1,
+         n_dense_lead=1, w_scale=2.5, scale=dict(router=2.0),
+         yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.1)),
+    # mistral4: deepseek2's layout under another name; here with softmax routing, no expert
+    # groups, no selection bias, and a YaRN log multiplier other than 1 (where llama.cpp's
+    # attention factor differs from deepseek2's)
+    dict(name="tiny-mistral4", arch="mistral4", n_layer=3, n_head=4, n_head_kv=1, head_dim=16,
+         rope_base=10000.0, eps=1e-6, tied=False, q_lora=32, kv_lora=32, n_rot=16, n_nope=32, v_mla=32,
+         n_expert=8, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, w_scale=1.0,
+         gating=1, probs_b=False, yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.0707)),
 ]
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
@@ -143,6 +189,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
         w.add_float32(f"{A}.attention.temperature_scale", s["attn_temp_scale"])
 
+    if A in _EXTRA:  # the architectures added after glm4 (tests/data/tiny/make_tiny_reference.py)
+        _EXTRA[A]["keys"](w, A, s)
+
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
         for k, f in src.fields.items():
@@ -177,6 +226,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
     for i in range(n_layer):
         b = f"blk.{i}."
+        if A in _EXTRA:
+            _EXTRA[A]["layer"](add, b, i, s)
+            continue
         if A == "phi2":
             add(b + "attn_norm.weight", [n_embd], "norm")
             add(b + "attn_norm.bias", [n_embd], "bias")
@@ -243,6 +295,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
     add("output_norm.weight", [n_embd], "norm", scale="output_norm")
+    if A in _EXTRA and "output" in _EXTRA[A]:
+        _EXTRA[A]["output"](add, s)
     if A in ("phi2", "starcoder2"):
         add("output_norm.bias", [n_embd], "bias")
     if not s["tied"]:
@@ -267,3 +321,223 @@ def _add_synthetic_vocab(w) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
+
+
+# ---- the architectures added after glm4: their keys and tensors, one function each -------------
+
+
+def _keys_moe(w, A, s) -> None:
+    w.add_uint32(f"{A}.expert_count", s["n_expert"])
+    w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+    w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
+
+
+def _attn(add, b, s, bias=False) -> None:
+    n_embd, hd = s["n_embd"], s["head_dim"]
+    n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    add(b + "attn_q.weight", [n_embd, n_q], "w")
+    add(b + "attn_k.weight", [n_embd, n_kv], "w")
+    add(b + "attn_v.weight", [n_embd, n_kv], "w")
+    if bias:
+        add(b + "attn_q.bias", [n_q], "bias")
+        add(b + "attn_k.bias", [n_kv], "bias")
+        add(b + "attn_v.bias", [n_kv], "bias")
+    add(b + "attn_output.weight", [n_q, n_embd], "w")
+
+
+def _dense(add, b, s, n_ff=None, suffix="") -> None:
+    n_embd, n_ff = s["n_embd"], n_ff or s["n_ff"]
+    add(b + f"ffn_gate{suffix}.weight", [n_embd, n_ff], "w")
+    add(b + f"ffn_up{suffix}.weight", [n_embd, n_ff], "w")
+    add(b + f"ffn_down{suffix}.weight", [n_ff, n_embd], "w")
+
+
+def _experts(add, b, s, n_ff=None) -> None:
+    n_embd, ne, fe = s["n_embd"], s["n_expert"], n_ff or s["n_ff_exp"]
+    add(b + "ffn_gate_inp.weight", [n_embd, ne], "router", scale="router")
+    add(b + "ffn_gate_exps.weight", [n_embd, fe, ne], "w")
+    add(b + "ffn_up_exps.weight", [n_embd, fe, ne], "w")
+    add(b + "ffn_down_exps.weight", [fe, n_embd, ne], "w")
+
+
+def _keys_llama4(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.interleave_moe_layer_step", s["moe_step"])
+
+
+def _layer_llama4(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    add(b + "ffn_norm.weight", [s["n_embd"]], "norm")
+    if (i + 1) % s["moe_step"] == 0:
+        _experts(add, b, s)
+        _dense(add, b, s, n_ff=s["n_ff_exp"], suffix="_shexp")
+    else:
+        _dense(add, b, s)
+
+
+def _keys_phimoe(w, A, s) -> None:
+    w.add_uint32(f"{A}.expert_count", s["n_expert"])
+    w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+
+
+def _layer_phimoe(add, b, i, s) -> None:
+    n_embd = s["n_embd"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "attn_norm.bias", [n_embd], "bias")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_output.bias", [n_embd], "bias")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    add(b + "ffn_norm.bias", [n_embd], "bias")
+    _experts(add, b, s, n_ff=s["n_ff"])
+
+
+def _output_phimoe(add, s) -> None:
+    add("output_norm.bias", [s["n_embd"]], "bias")
+    add("output.bias", [N_VOCAB], "bias")  # output.weight: tied=False
+
+
+def _keys_granitemoe(w, A, s) -> None:
+    _keys_phimoe(w, A, s)
+    w.add_uint32(f"{A}.expert_shared_feed_forward_length", s["n_ff_shexp"])
+    g = s["granite"]
+    w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
+    w.add_float32(f"{A}.residual_scale", g["residual_scale"])
+    w.add_float32(f"{A}.attention.scale", g["attention_scale"])
+    w.add_float32(f"{A}.logit_scale", g["logit_scale"])
+
+
+def _layer_granitemoe(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    add(b + "ffn_norm.weight", [s["n_embd"]], "norm")
+    _experts(add, b, s, n_ff=s["n_ff"])
+    _dense(add, b, s, n_ff=s["n_ff_shexp"], suffix="_shexp")
+
+
+def _keys_glm4moe(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
+    w.add_uint32(f"{A}.expert_shared_count", s["n_expert_shared"])
+    w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+    w.add_float32(f"{A}.expert_weights_scale", s["w_scale"])
+    w.add_bool(f"{A}.expert_weights_norm", True)
+    w.add_uint32(f"{A}.expert_gating_func", 2)
+    w.add_uint32(f"{A}.nextn_predict_layers", s["nextn"])
+
+
+def _layer_glm4moe(add, b, i, s) -> None:
+    n_embd, hd = s["n_embd"], s["head_dim"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_q_norm.weight", [hd], "norm")
+    add(b + "attn_k_norm.weight", [hd], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    if i < s["n_dense_lead"]:
+        _dense(add, b, s)
+        return
+    _experts(add, b, s)
+    add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+    _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
+    if i >= s["n_layer"] - s["nextn"]:  # the NextN layer's own tensors
+        add(b + "nextn.eh_proj.weight", [2 * n_embd, n_embd], "w")
+        add(b + "nextn.enorm.weight", [n_embd], "norm")
+        add(b + "nextn.hnorm.weight", [n_embd], "norm")
+        add(b + "nextn.shared_head_norm.weight", [n_embd], "norm")
+
+
+def _keys_cohere2(w, A, s) -> None:
+    w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    w.add_float32(f"{A}.logit_scale", s["logit_scale"])
+
+
+def _layer_cohere2(add, b, i, s) -> None:
+    add(b + "attn_norm.weight", [s["n_embd"]], "norm")
+    _attn(add, b, s)
+    _dense(add, b, s)
+
+
+def _keys_gpt_oss(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
+    w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
+    w.add_uint32(f"{A}.rope.dimension_count", s["head_dim"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    y = s["yarn"]
+    w.add_string(f"{A}.rope.scaling.type", "yarn")
+    w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
+    w.add_uint32(f"{A}.rope.scaling.original_context_length", y["orig_ctx"])
+
+
+def _layer_gpt_oss(add, b, i, s) -> None:
+    n_embd, ne, fe = s["n_embd"], s["n_expert"], s["n_ff_exp"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    _attn(add, b, s, bias=True)
+    add(b + "attn_output.bias", [n_embd], "bias")
+    add(b + "attn_sinks.weight", [s["n_head"]], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    _experts(add, b, s)
+    add(b + "ffn_gate_inp.bias", [ne], "bias")
+    add(b + "ffn_gate_exps.bias", [fe, ne], "bias")
+    add(b + "ffn_up_exps.bias", [fe, ne], "bias")
+    add(b + "ffn_down_exps.bias", [n_embd, ne], "bias")
+
+
+def _keys_deepseek2(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    kv, r = s["kv_lora"], s["n_rot"]
+    w.add_uint32(f"{A}.attention.q_lora_rank", s["q_lora"])
+    w.add_uint32(f"{A}.attention.kv_lora_rank", kv)
+    w.add_uint32(f"{A}.attention.key_length", kv + r)
+    w.add_uint32(f"{A}.attention.value_length", kv)
+    w.add_uint32(f"{A}.attention.key_length_mla", s["n_nope"] + r)
+    w.add_uint32(f"{A}.attention.value_length_mla", s["v_mla"])
+    w.add_uint32(f"{A}.rope.dimension_count", r)
+    w.add_uint32(f"{A}.expert_shared_count", s["n_expert_shared"])
+    w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+    w.add_float32(f"{A}.expert_weights_scale", s["w_scale"])
+    w.add_bool(f"{A}.expert_weights_norm", True)
+    w.add_uint32(f"{A}.expert_gating_func", s.get("gating", 2))
+    if "n_groups" in s:
+        w.add_uint32(f"{A}.expert_group_count", s["n_groups"])
+        w.add_uint32(f"{A}.expert_group_used_count", s["n_group_used"])
+    y = s["yarn"]
+    w.add_string(f"{A}.rope.scaling.type", "yarn")
+    w.add_float32(f"{A}.rope.scaling.factor", y["factor"])
+    w.add_uint32(f"{A}.rope.scaling.original_context_length", y["orig_ctx"])
+    w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
+
+
+def _layer_deepseek2(add, b, i, s) -> None:
+    n_embd, nh, kv, r = s["n_embd"], s["n_head"], s["kv_lora"], s["n_rot"]
+    nope, v = s["n_nope"], s["v_mla"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "attn_q_a.weight", [n_embd, s["q_lora"]], "w")
+    add(b + "attn_q_a_norm.weight", [s["q_lora"]], "norm")
+    add(b + "attn_q_b.weight", [s["q_lora"], nh * (nope + r)], "w")
+    add(b + "attn_kv_a_mqa.weight", [n_embd, kv + r], "w")
+    add(b + "attn_kv_a_norm.weight", [kv], "norm")
+    add(b + "attn_k_b.weight", [nope, kv, nh], "w")
+    add(b + "attn_v_b.weight", [kv, v, nh], "w")
+    add(b + "attn_output.weight", [nh * v, n_embd], "w")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    if i < s["n_dense_lead"]:
+        _dense(add, b, s)
+        return
+    _experts(add, b, s)
+    if s.get("probs_b", True):
+        add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+    _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
+
+
+_EXTRA = {
+    "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
+    "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
+    "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),
+    "glm4moe": dict(keys=_keys_glm4moe, layer=_layer_glm4moe),
+    "cohere2": dict(keys=_keys_cohere2, layer=_layer_cohere2),
+    "gpt-oss": dict(keys=_keys_gpt_oss, layer=_layer_gpt_oss),
+    "deepseek2": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
+    "mistral4": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
+}

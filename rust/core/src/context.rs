@@ -268,7 +268,7 @@ impl Context {
         let aw = max_l(&|il| hp.n_head(il) * hp.n_embd_head_v);
         let kw = max_l(&|il| hp.n_embd_k_gqa(il));
         let vw = max_l(&|il| hp.n_embd_v_gqa(il));
-        let ff = max_l(&|il| hp.n_ff[il]).max(1);
+        let ff = max_l(&|il| hp.n_ff[il]).max(hp.n_ff_exp).max(hp.n_ff_shexp).max(1);
         let n_thr = p.n_threads.max(p.n_threads_batch);
         let attn_stride = attention::scratch_per_thread(size, hp.n_embd_head_k, hp.n_embd_head_v);
         // Every size below comes from the file's hyperparameters or the caller's n_ctx /

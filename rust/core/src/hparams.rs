@@ -74,6 +74,10 @@ pub struct HParams {
     pub f_max_alibi_bias: f32,
     /// `tokenizer.ggml.token_type_count` (BERT's token types; 0 when absent).
     pub n_token_types: usize,
+    /// The shared expert's feed-forward width beside the routed experts (0: none).
+    pub n_ff_shexp: usize,
+    /// NextN (MTP) blocks after the `n_layer` run ones (in the file, not run).
+    pub n_layer_nextn: usize,
 }
 
 impl HParams {
@@ -122,6 +126,8 @@ impl HParams {
             n_cls_out: 1,
             f_max_alibi_bias: 0.0,
             n_token_types: 0,
+            n_ff_shexp: 0,
+            n_layer_nextn: 0,
         }
     }
 
@@ -154,12 +160,13 @@ impl HParams {
     pub fn check(&self, path: &str, moe: bool) -> Result<()> {
         let bad = |m: String| Err(Error::Unsupported(format!("{path}: {m}")));
         let a = &self.arch;
-        let dims: [(&str, usize); 5] = [
+        let dims: [(&str, usize); 6] = [
             ("embedding_length", self.n_embd),
             ("attention.key_length", self.n_embd_head_k),
             ("attention.value_length", self.n_embd_head_v),
             ("rope.dimension_count", self.n_rot),
             ("expert_feed_forward_length", self.n_ff_exp),
+            ("expert_shared_feed_forward_length", self.n_ff_shexp),
         ];
         for (key, v) in dims {
             if v > MAX_DIM {

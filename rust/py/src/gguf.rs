@@ -292,6 +292,11 @@ impl PyModel {
         d.set_item("n_cls_out", h.n_cls_out)?;
         d.set_item("f_max_alibi_bias", h.f_max_alibi_bias)?;
         d.set_item("n_token_types", h.n_token_types)?;
+        d.set_item("n_expert", h.n_expert)?;
+        d.set_item("n_expert_used", h.n_expert_used)?;
+        d.set_item("n_ff_exp", h.n_ff_exp)?;
+        d.set_item("n_ff_shexp", h.n_ff_shexp)?;
+        d.set_item("n_layer_nextn", h.n_layer_nextn)?;
         Ok(d)
     }
 

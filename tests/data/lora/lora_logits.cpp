@@ -4,8 +4,8 @@
 // Adapters go through llama_adapter_lora_init + llama_set_adapters_lora; control vectors
 // through common_control_vector_load + llama_set_adapter_cvec with llama.cpp's CLI rules
 // (range default [1, n_layer]). Settings as ../shared/reference: n_ctx 2048, n_batch 2048,
-// n_ubatch 512, 2 threads, default flash attention. OUT gets float32 [n_tokens, n_vocab]
-// (every position an output).
+// n_ubatch 512 (or $LORA_LOGITS_N_UBATCH), 2 threads, default flash attention. OUT gets
+// float32 [n_tokens, n_vocab] (every position an output).
 #include "llama.h"
 #include "common.h"
 #include <cstdio>
@@ -22,6 +22,7 @@ int main(int argc, char ** argv) {
     if (!model) { fprintf(stderr, "model load failed\n"); return 1; }
     auto cp = llama_context_default_params();
     cp.n_ctx = 2048; cp.n_batch = 2048; cp.n_ubatch = 512; cp.n_threads = 2; cp.n_threads_batch = 2;
+    if (const char * nu = getenv("LORA_LOGITS_N_UBATCH")) { cp.n_ubatch = atoi(nu); }
     llama_context * ctx = llama_init_from_model(model, cp);
     std::vector<llama_adapter_lora *> loras;
     std::vector<float> scales;

@@ -13,7 +13,7 @@
 //! as llama.cpp.
 
 use super::encoder::{ClsHead, EncAttn, QkNorm, Qkv};
-use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
+use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeAct, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -373,8 +373,19 @@ impl Forward for BertForward {
             };
             match &l.moe {
                 Some((router, up, down)) => {
-                    let m = MoeWeights { router, gate: None, up, down };
-                    st.build_moe_ffn(il, &m, self.n_expert_used, false)?;
+                    let m = MoeWeights {
+                        router,
+                        router_b: None,
+                        gate: None,
+                        up,
+                        down,
+                        gate_b: None,
+                        up_b: None,
+                        down_b: None,
+                        probs_b: None,
+                    };
+                    let c = MoeConfig { act: MoeAct::Gelu, ..MoeConfig::softmax(self.n_expert_used, false) };
+                    st.build_moe_ffn(il, &m, &c)?;
                 }
                 None => st.build_ffn(il, &f, l.ffn_act, l.ffn_gate)?,
             }

@@ -17,7 +17,7 @@
 //! `load` binds every tensor through the `Loader` (name, shape, required or optional), so
 //! this file is also the schema of those architectures.
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::Result;
@@ -46,13 +46,15 @@ pub struct DecoderConfig {
     /// Only the FFN is fused (glm4): one `ffn_up` of 2 * n_ff rows, gate first, with
     /// separate q/k/v.
     pub fused_up: bool,
-    /// Mixture-of-experts feed-forward in every layer (qwen3moe).
+    /// Mixture-of-experts feed-forward layers (qwen3moe: every layer; see `moe_step` and
+    /// `n_dense_lead`), routed as `moe_cfg` says.
     pub moe: bool,
     /// `output.weight` may be absent (then `token_embd.weight` is used); false: always tied
     /// (gemma, gemma2, as llama.cpp loads them).
     pub output_opt: bool,
-    /// Attention temperature (scale, floor length) for mistral3; None elsewhere.
-    pub attn_temp: Option<(f32, usize)>,
+    /// Attention temperature (scale, floor length, position offset) for mistral3 and
+    /// llama4; None elsewhere.
+    pub attn_temp: Option<(f32, usize, f32)>,
     /// Layers with `(il + 1) % no_rope_layer_step == 0` have no rope (smollm3's NoPE
     /// layers); 0 = rope everywhere.
     pub no_rope_layer_step: usize,
@@ -64,6 +66,40 @@ pub struct DecoderConfig {
     pub residual_scale: f32,
     /// Multiplies the logits (granite: 1 / f_logit_scale); 1.0 = none.
     pub logit_scale: f32,
+    /// How MoE layers route (default: softmax over `expert_used_count` experts,
+    /// renormalized weights, as qwen3moe).
+    pub moe_cfg: MoeConfig,
+    /// With `moe`: only layers with (il + 1) % moe_step == 0 are MoE (llama4's
+    /// interleave_moe_layer_step); 0 or 1 = every layer.
+    pub moe_step: usize,
+    /// With `moe`: the first n_dense_lead layers are dense (leading_dense_block_count).
+    pub n_dense_lead: usize,
+    /// MoE layers have a shared expert (`ffn_{gate,up,down}_shexp`, width
+    /// `HParams::n_ff_shexp`) added to the routed experts' output.
+    pub shexp: bool,
+    /// MoE layers have the selection bias `exp_probs_b.bias` [n_expert] (`probs_b_opt`:
+    /// when the file has it, deepseek2).
+    pub probs_b: bool,
+    pub probs_b_opt: bool,
+    /// The RMS norms have biases too (`attn_norm.bias`, `ffn_norm.bias`,
+    /// `output_norm.bias`: phimoe).
+    pub norm_bias: bool,
+    /// The FFN's pre-norm tensor (glm4moe names it `post_attention_norm`).
+    pub ffn_norm: &'static str,
+    /// Per-head q/k norms `attn_{q,k}_norm` when the file has them (glm4moe).
+    pub qk_norm_opt: bool,
+    /// Sliding-window layers use llama.cpp's chunked mask (llama4).
+    pub swa_chunked: bool,
+    /// Weightless per-head RMSNorm of q and k after rope, on rope layers (llama4's
+    /// use_kq_norm).
+    pub qk_rms_after_rope: bool,
+    /// `attn_temp` only on layers without rope (llama4); false: every layer (mistral3).
+    pub attn_temp_nope_only: bool,
+    /// Per-head attention sinks `attn_sinks` [n_head] in every layer (gpt-oss).
+    pub sinks: bool,
+    /// MoE layers have a router bias `ffn_gate_inp.bias` and per-expert biases
+    /// `ffn_{gate,up,down}_exps.bias` (gpt-oss).
+    pub moe_biases: bool,
 }
 
 impl DecoderConfig {
@@ -88,12 +124,26 @@ impl DecoderConfig {
             embd_mult: 1.0,
             residual_scale: 1.0,
             logit_scale: 1.0,
+            moe_cfg: MoeConfig::softmax(hp.n_expert_used, true),
+            moe_step: 0,
+            n_dense_lead: 0,
+            shexp: false,
+            probs_b: false,
+            probs_b_opt: false,
+            norm_bias: false,
+            ffn_norm: "ffn_norm",
+            qk_norm_opt: false,
+            swa_chunked: false,
+            qk_rms_after_rope: false,
+            attn_temp_nope_only: false,
+            sinks: false,
+            moe_biases: false,
         }
     }
 }
 
 /// A layer's feed-forward: dense (gate absent with phi3's fused up) or a mixture of experts.
-enum Ffn {
+pub(crate) enum Ffn {
     Dense {
         gate: Option<TensorView<'static>>,
         up: TensorView<'static>,
@@ -103,11 +153,23 @@ enum Ffn {
         up_b: Option<Vec<f32>>,
         down_b: Option<Vec<f32>>,
     },
-    Moe { router: TensorView<'static>, gate: TensorView<'static>, up: TensorView<'static>, down: TensorView<'static> },
+    Moe {
+        router: TensorView<'static>,
+        gate: Option<TensorView<'static>>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+        probs_b: Option<Vec<f32>>,
+        /// Router bias [n_expert] and expert biases (gate, up [n_expert * n_ff_exp], down
+        /// [n_expert * n_embd]).
+        biases: Option<[Vec<f32>; 4]>,
+        /// The shared expert's gate, up and down.
+        shexp: Option<[TensorView<'static>; 3]>,
+    },
 }
 
 struct Layer {
     attn_norm: Vec<f32>,
+    attn_norm_b: Option<Vec<f32>>,
     wq: TensorView<'static>,
     wk: TensorView<'static>,
     wv: TensorView<'static>,
@@ -120,10 +182,12 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
+    ffn_norm_b: Option<Vec<f32>>,
     ffn: Ffn,
     post_ffw_norm: Option<Vec<f32>>,
     /// None on NoPE layers.
     rope: Option<RopeParams>,
+    sinks: Option<Vec<f32>>,
     n_swa: usize,
 }
 
@@ -131,12 +195,11 @@ pub struct Decoder {
     cfg: DecoderConfig,
     tok_embd: TensorView<'static>,
     output_norm: Vec<f32>,
+    output_norm_b: Option<Vec<f32>>,
     output: TensorView<'static>,
     output_bias: Option<Vec<f32>>,
     layers: Vec<Layer>,
     eps: f32,
-    /// Experts used per token in MoE layers (hparams `expert_used_count`).
-    n_expert_used: usize,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
     _keep: Keep,
 }
@@ -148,6 +211,7 @@ impl Decoder {
         let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
         let tok_embd = ld.req("token_embd.weight", &[n_embd, n_vocab])?;
         let output_norm = ld.req_vec("output_norm.weight", &[n_embd])?;
+        let output_norm_b = if cfg.norm_bias { Some(ld.req_vec("output_norm.bias", &[n_embd])?) } else { None };
         let output = if cfg.output_opt { ld.opt("output.weight", &[n_embd, n_vocab])? } else { None };
         let output_bias = ld.opt_vec("output.bias", &[n_vocab])?;
         // llama.cpp: one global tensor, shared by every layer (TENSOR_DUPLICATED)
@@ -157,7 +221,6 @@ impl Decoder {
             let b = |s: &str| format!("blk.{il}.{s}");
             let (n_q, n_k, n_v) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
             let n_o = hp.n_embd_head_v * hp.n_head(il);
-            let n_ff = hp.n_ff[il];
             let req_if = |on: bool, s: &str, n: usize| if on { ld.req_vec(&b(s), &[n]).map(Some) } else { Ok(None) };
             let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
                 let w = ld.req(&b("attn_qkv.weight"), &[n_embd, n_q + n_k + n_v])?;
@@ -176,37 +239,21 @@ impl Decoder {
                     ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
                 )
             };
-            let ffn = if cfg.moe {
-                let (ne, nf) = (hp.n_expert, hp.n_ff_exp);
-                Ffn::Moe {
-                    router: ld.req(&b("ffn_gate_inp.weight"), &[n_embd, ne])?,
-                    gate: ld.req(&b("ffn_gate_exps.weight"), &[n_embd, nf, ne])?,
-                    up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
-                    down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
-                }
-            } else if cfg.fused || cfg.fused_up {
-                Ffn::Dense {
-                    gate: None,
-                    up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
-                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
-                    gate_b: None,
-                    up_b: None,
-                    down_b: None,
-                }
-            } else {
-                Ffn::Dense {
-                    gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
-                    up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
-                    down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
-                    gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[n_ff])?,
-                    up_b: ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?,
-                    down_b: ld.opt_vec(&b("ffn_down.bias"), &[n_embd])?,
-                }
-            };
+            let ffn = load_ffn(ld, &cfg, il)?;
             let step = cfg.no_rope_layer_step;
             let nope = step > 0 && (il + 1) % step == 0;
+            let qk_norm = |s: &str| {
+                if cfg.qk_norm {
+                    ld.req_vec(&b(s), &[hp.n_embd_head_k]).map(Some)
+                } else if cfg.qk_norm_opt {
+                    ld.opt_vec(&b(s), &[hp.n_embd_head_k])
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(Layer {
                 attn_norm: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
+                attn_norm_b: req_if(cfg.norm_bias, "attn_norm.bias", n_embd)?,
                 wq,
                 wk,
                 wv,
@@ -215,13 +262,15 @@ impl Decoder {
                 bk,
                 bv,
                 bo: ld.opt_vec(&b("attn_output.bias"), &[n_embd])?,
-                q_norm: req_if(cfg.qk_norm, "attn_q_norm.weight", hp.n_embd_head_k)?,
-                k_norm: req_if(cfg.qk_norm, "attn_k_norm.weight", hp.n_embd_head_k)?,
+                q_norm: qk_norm("attn_q_norm.weight")?,
+                k_norm: qk_norm("attn_k_norm.weight")?,
                 post_attn_norm: req_if(cfg.post_norms, "post_attention_norm.weight", n_embd)?,
-                ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[n_embd])?,
+                ffn_norm: ld.req_vec(&b(&format!("{}.weight", cfg.ffn_norm)), &[n_embd])?,
+                ffn_norm_b: req_if(cfg.norm_bias, &format!("{}.bias", cfg.ffn_norm), n_embd)?,
                 ffn,
                 post_ffw_norm: req_if(cfg.post_norms, "post_ffw_norm.weight", n_embd)?,
                 rope: if nope { None } else { Some(layer_rope(hp, cp, il, factors.clone())) },
+                sinks: req_if(cfg.sinks, "attn_sinks.weight", hp.n_head(il))?,
                 n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
             });
         }
@@ -233,7 +282,7 @@ impl Decoder {
             output_bias,
             layers,
             eps: hp.f_norm_rms_eps,
-            n_expert_used: hp.n_expert_used,
+            output_norm_b,
             _keep: ld.keep(),
         })
     }
@@ -257,7 +306,7 @@ impl Forward for Decoder {
         }
         crate::cb!(st, if c.embd_scale { "inp_scaled" } else { "inp_embd" }, -1, x, ne);
         for (il, l) in self.layers.iter().enumerate() {
-            st.build_norm(&l.attn_norm, None, Norm::Rms, self.eps);
+            st.build_norm(&l.attn_norm, l.attn_norm_b.as_deref(), Norm::Rms, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
             let w = AttnWeights {
                 wq: &l.wq,
@@ -273,13 +322,14 @@ impl Forward for Decoder {
                 fused_qkv: c.fused,
             };
             let a = AttnConfig {
-                il,
-                rope: l.rope.as_ref(),
                 q_scale: c.q_scale,
-                kq_scale: c.kq_scale,
                 softcap: c.attn_softcap,
                 n_swa: l.n_swa,
-                attn_temp: c.attn_temp,
+                attn_temp: if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp },
+                chunked: c.swa_chunked,
+                qk_rms_after_rope: c.qk_rms_after_rope && l.rope.is_some(),
+                sinks: l.sinks.as_deref(),
+                ..AttnConfig::new(il, l.rope.as_ref(), c.kq_scale)
             };
             st.build_attn(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {
@@ -296,25 +346,9 @@ impl Forward for Decoder {
             st.residual();
             // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
             crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
-            st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
+            st.build_norm(&l.ffn_norm, l.ffn_norm_b.as_deref(), Norm::Rms, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            match &l.ffn {
-                Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
-                    let w = FfnWeights {
-                        gate: gate.as_ref(),
-                        gate_b: gate_b.as_deref(),
-                        up,
-                        up_b: up_b.as_deref(),
-                        down,
-                        down_b: down_b.as_deref(),
-                    };
-                    st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })?
-                }
-                Ffn::Moe { router, gate, up, down } => {
-                    let m = MoeWeights { router, gate: Some(gate), up, down };
-                    st.build_moe_ffn(il, &m, self.n_expert_used, true)?
-                }
-            }
+            run_ffn(st, &l.ffn, c, il)?;
             crate::cb!(st, "ffn_out", il, tmp, ne);
             if let Some(pn) = &l.post_ffw_norm {
                 st.build_post_norm(pn, self.eps);
@@ -328,7 +362,7 @@ impl Forward for Decoder {
             st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
         }
-        st.build_norm(&self.output_norm, None, Norm::Rms, self.eps);
+        st.build_norm(&self.output_norm, self.output_norm_b.as_deref(), Norm::Rms, self.eps);
         st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)?;
         if c.logit_scale != 1.0 {
             // llama.cpp: ggml_scale of the logits after the output projection (granite)
@@ -338,5 +372,107 @@ impl Forward for Decoder {
             }
         }
         Ok(())
+    }
+}
+
+/// A layer's feed-forward tensors as `cfg` says (dense, fused, or MoE with its options):
+/// the part of the schema every decoder-like forward pass shares (deepseek2's too).
+pub(crate) fn load_ffn(ld: &Loader, cfg: &DecoderConfig, il: usize) -> Result<Ffn> {
+    let hp = ld.hp();
+    let n_embd = hp.n_embd;
+    let n_ff = hp.n_ff[il];
+    let b = |s: &str| format!("blk.{il}.{s}");
+    let moe_layer =
+        cfg.moe && il >= cfg.n_dense_lead && (cfg.moe_step <= 1 || (il + 1) % cfg.moe_step == 0);
+    Ok(if moe_layer {
+        let (ne, nf, ns) = (hp.n_expert, hp.n_ff_exp, hp.n_ff_shexp);
+        Ffn::Moe {
+            router: ld.req(&b("ffn_gate_inp.weight"), &[n_embd, ne])?,
+            gate: Some(ld.req(&b("ffn_gate_exps.weight"), &[n_embd, nf, ne])?),
+            up: ld.req(&b("ffn_up_exps.weight"), &[n_embd, nf, ne])?,
+            down: ld.req(&b("ffn_down_exps.weight"), &[nf, n_embd, ne])?,
+            probs_b: if cfg.probs_b {
+            Some(ld.req_vec(&b("exp_probs_b.bias"), &[ne])?)
+        } else if cfg.probs_b_opt {
+            ld.opt_vec(&b("exp_probs_b.bias"), &[ne])?
+        } else {
+            None
+        },
+            biases: if cfg.moe_biases {
+                Some([
+                    ld.req_vec(&b("ffn_gate_inp.bias"), &[ne])?,
+                    ld.req_vec(&b("ffn_gate_exps.bias"), &[nf, ne])?,
+                    ld.req_vec(&b("ffn_up_exps.bias"), &[nf, ne])?,
+                    ld.req_vec(&b("ffn_down_exps.bias"), &[n_embd, ne])?,
+                ])
+            } else {
+                None
+            },
+            shexp: if cfg.shexp {
+                Some([
+                    ld.req(&b("ffn_gate_shexp.weight"), &[n_embd, ns])?,
+                    ld.req(&b("ffn_up_shexp.weight"), &[n_embd, ns])?,
+                    ld.req(&b("ffn_down_shexp.weight"), &[ns, n_embd])?,
+                ])
+            } else {
+                None
+            },
+        }
+    } else if cfg.fused || cfg.fused_up {
+        Ffn::Dense {
+            gate: None,
+            up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,
+            down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+            gate_b: None,
+            up_b: None,
+            down_b: None,
+        }
+    } else {
+        Ffn::Dense {
+            gate: Some(ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?),
+            up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
+            down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
+            gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[n_ff])?,
+            up_b: ld.opt_vec(&b("ffn_up.bias"), &[n_ff])?,
+            down_b: ld.opt_vec(&b("ffn_down.bias"), &[n_embd])?,
+        }
+    })
+}
+
+/// The feed-forward of one layer: in `cur`, out `tmp` (MoE: routed experts plus the shared
+/// expert when there is one).
+pub(crate) fn run_ffn(st: &mut Step, ffn: &Ffn, c: &DecoderConfig, il: usize) -> Result<()> {
+    match ffn {
+        Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
+            let w = FfnWeights {
+                gate: gate.as_ref(),
+                gate_b: gate_b.as_deref(),
+                up,
+                up_b: up_b.as_deref(),
+                down,
+                down_b: down_b.as_deref(),
+            };
+            st.build_ffn(il, &w, c.act, if gate.is_some() { FfnGate::Par } else { FfnGate::Fused })
+        }
+        Ffn::Moe { router, gate, up, down, probs_b, biases, shexp } => {
+            let bias = |i: usize| biases.as_ref().map(|v| v[i].as_slice());
+            let m = MoeWeights {
+                router,
+                router_b: bias(0),
+                gate: gate.as_ref(),
+                up,
+                down,
+                gate_b: bias(1),
+                up_b: bias(2),
+                down_b: bias(3),
+                probs_b: probs_b.as_deref(),
+            };
+            st.build_moe_ffn(il, &m, &c.moe_cfg)?;
+            if let Some([g, u, d]) = shexp {
+                let w = FfnWeights { gate: Some(g), gate_b: None, up: u, up_b: None, down: d, down_b: None };
+                st.build_moe_shexp(il, &w)?;
+            }
+            Ok(())
+        }
     }
 }

@@ -2,8 +2,14 @@
 //! embeddings times `embedding_scale`, each block's output times `residual_scale` before
 //! the residual add, `attention.scale` as the softmax scale and the logits divided by
 //! `logit_scale`; optional attention-output and FFN biases; `rope.scaling.finetuned` = false
-//! turns rope off in every layer. See llama.cpp's src/models/granite.cpp (the MoE, hybrid,
+//! turns rope off in every layer. See llama.cpp's src/models/granite.cpp (the hybrid,
 //! LongRoPE and vision deepstack variants are not here).
+//!
+//! Granite MoE (`granitemoe`, Granite 3.x MoE and, with `expert_shared_feed_forward_length`,
+//! the shared-expert variant): the same graph with a softmax-routed mixture of experts of
+//! width `feed_forward_length` in every layer (selected weights renormalized), plus the
+//! shared expert when the file has one (llama.cpp's granite-moe.cpp loads it, granite.cpp's
+//! graph runs it).
 
 use super::decoder::{Decoder, DecoderConfig};
 use super::loader::Loader;
@@ -13,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
 
 pub struct Granite;
+pub struct GraniteMoe;
 
 impl Arch for Granite {
     fn name(&self) -> &'static str {
@@ -47,6 +54,48 @@ impl Arch for Granite {
             logit_scale: 1.0 / s.logit,
             // llama.cpp: rope_finetuned (default true) is granite's switch for rope
             no_rope_layer_step: if s.rope { 0 } else { 1 },
+            ..DecoderConfig::new(hp)
+        };
+        Ok(Box::new(Decoder::load(ld, cp, cfg)?))
+    }
+}
+
+impl Arch for GraniteMoe {
+    fn name(&self) -> &'static str {
+        "granitemoe"
+    }
+
+    fn moe(&self) -> bool {
+        true
+    }
+
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        let mut hp = Granite.hparams(meta, n_vocab)?;
+        // the experts' width is n_ff (llama.cpp's load_arch_tensors)
+        hp.n_ff_exp = hp.n_ff.first().copied().unwrap_or(0);
+        hp.n_ff_shexp = meta.u("expert_shared_feed_forward_length")?.unwrap_or(0);
+        Ok(hp)
+    }
+
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        match hp.n_layer {
+            24 => "1B.A400M",
+            32 => "3B.A800M",
+            _ => "?B",
+        }
+    }
+
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let meta = Meta { file: &ld.model().files[0], arch: &hp.arch };
+        let s = scales(&meta)?;
+        let cfg = DecoderConfig {
+            embd_mult: s.embedding,
+            residual_scale: s.residual,
+            logit_scale: 1.0 / s.logit,
+            no_rope_layer_step: if s.rope { 0 } else { 1 },
+            moe: true,
+            shexp: hp.n_ff_shexp > 0,
             ..DecoderConfig::new(hp)
         };
         Ok(Box::new(Decoder::load(ld, cp, cfg)?))

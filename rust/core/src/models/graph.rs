@@ -43,13 +43,78 @@ pub struct AttnWeights<'w> {
 }
 
 /// The expert weights of one MoE layer: router {n_embd, n_expert}, gate/up
-/// {n_embd, n_ff_exp, n_expert}, down {n_ff_exp, n_embd, n_expert}.
+/// {n_embd, n_ff_exp, n_expert}, down {n_ff_exp, n_embd, n_expert}; optional router bias
+/// [n_expert], per-expert biases ([n_expert * width], expert-major: gpt-oss) and the
+/// selection bias `probs_b` [n_expert] (llama.cpp's exp_probs_b: DeepSeek V3, GLM-4.5).
+/// `gate` None: the experts run act(up x) (llama.cpp's build_moe_ffn without gate_exps).
 pub struct MoeWeights<'w> {
     pub router: &'w TensorView<'static>,
-    /// None: ungated experts, down_e(gelu(up_e x)) (nomic-bert-moe).
+    pub router_b: Option<&'w [f32]>,
     pub gate: Option<&'w TensorView<'static>>,
     pub up: &'w TensorView<'static>,
     pub down: &'w TensorView<'static>,
+    pub gate_b: Option<&'w [f32]>,
+    pub up_b: Option<&'w [f32]>,
+    pub down_b: Option<&'w [f32]>,
+    pub probs_b: Option<&'w [f32]>,
+}
+
+/// The router's gating function (llama.cpp's llama_expert_gating_func_type).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Gating {
+    /// softmax over the experts' logits
+    Softmax,
+    /// sigmoid of each logit
+    Sigmoid,
+    /// the logits themselves select; the selected ones are softmaxed into weights (gpt-oss)
+    SoftmaxWeight,
+}
+
+/// The experts' activation (llama.cpp's type_op of build_moe_ffn).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MoeAct {
+    /// silu(gate) * up (silu(up) without a gate)
+    Silu,
+    /// gpt-oss's swiglu_oai(gate, up; alpha 1.702, limit 7)
+    SwigluOai,
+    /// gelu(up), ungated experts only (nomic-bert-moe)
+    Gelu,
+}
+
+/// How a MoE layer routes: llama.cpp's build_moe_ffn arguments and the hparams it reads.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct MoeConfig {
+    /// Experts used per token.
+    pub n_used: usize,
+    pub gating: Gating,
+    /// Renormalize the selected weights to sum 1 (expert_weights_norm).
+    pub norm_w: bool,
+    /// Multiply the selected weights (expert_weights_scale); 0 or 1 = none.
+    pub w_scale: f32,
+    /// Expert groups (DeepSeek V3: n_expert_groups, n_group_used): the top n_group_used
+    /// groups by the sum of their two best scores; 0 or 1 = no groups.
+    pub n_groups: usize,
+    pub n_group_used: usize,
+    pub act: MoeAct,
+    /// Llama 4: the experts are selected by the raw router logits, and the (sigmoid)
+    /// weight multiplies each expert's input instead of its output.
+    pub llama4: bool,
+}
+
+impl MoeConfig {
+    /// Softmax routing over `n_used` experts with renormalized weights (qwen3moe).
+    pub fn softmax(n_used: usize, norm_w: bool) -> MoeConfig {
+        MoeConfig {
+            n_used,
+            gating: Gating::Softmax,
+            norm_w,
+            w_scale: 0.0,
+            n_groups: 0,
+            n_group_used: 0,
+            act: MoeAct::Silu,
+            llama4: false,
+        }
+    }
 }
 
 /// How layer `il` attends.
@@ -63,9 +128,36 @@ pub struct AttnConfig<'r> {
     pub kq_scale: f32,
     pub softcap: f32,
     pub n_swa: usize,
-    /// Llama-4 style attention temperature (mistral3): q *= 1 + scale * ln(1 + floor(pos /
-    /// floor_len)) after rope, as (scale, floor_len).
-    pub attn_temp: Option<(f32, usize)>,
+    /// Llama-4 style attention temperature (mistral3, llama4's NoPE layers): q *= 1 +
+    /// scale * ln(1 + floor((pos + offset) / floor_len)) after rope, as (scale, floor_len,
+    /// offset).
+    pub attn_temp: Option<(f32, usize, f32)>,
+    /// The window `n_swa` is llama.cpp's LLAMA_SWA_TYPE_CHUNKED (llama4): a query sees the
+    /// keys of its own chunk of n_swa positions only.
+    pub chunked: bool,
+    /// Weightless per-head RMSNorm of q and k after rope (llama4's L2 norm on its rope layers).
+    pub qk_rms_after_rope: bool,
+    /// Per-head attention sinks [n_head] (gpt-oss): one more logit per head in the softmax.
+    pub sinks: Option<&'r [f32]>,
+}
+
+impl<'r> AttnConfig<'r> {
+    /// Layer `il` with its rope and softmax scale, nothing else (q_scale 1, no softcap,
+    /// window, temperature, chunks, norms after rope or sinks).
+    pub fn new(il: usize, rope: Option<&'r RopeParams>, kq_scale: f32) -> AttnConfig<'r> {
+        AttnConfig {
+            il,
+            rope,
+            q_scale: 1.0,
+            kq_scale,
+            softcap: 0.0,
+            n_swa: 0,
+            attn_temp: None,
+            chunked: false,
+            qk_rms_after_rope: false,
+            sinks: None,
+        }
+    }
 }
 
 /// The feed-forward's activation (llama.cpp's LLM_FFN_SILU / LLM_FFN_GELU).
@@ -175,13 +267,18 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// cur [n, n_embd] = norm(x [n, n_embd]) * w [n_embd] (+ b [n_embd]) over the live rows;
-    /// `b` only with `Norm::Layer` (llama.cpp's RMS norm has no bias).
+    /// cur [n, n_embd] = norm(x [n, n_embd]) * w [n_embd] (+ b [n_embd]) over the live rows
+    /// (phimoe's RMS norms have biases too).
     pub fn build_norm(&mut self, w: &[f32], b: Option<&[f32]>, kind: Norm, eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
         self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
         match kind {
-            Norm::Rms => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| rms_norm_row(r, Some(w), eps)),
+            Norm::Rms => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| {
+                rms_norm_row(r, Some(w), eps);
+                if let Some(b) = b {
+                    act::add_assign(r, b);
+                }
+            }),
             Norm::Layer => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| layer_norm_row(r, Some(w), b, eps)),
         }
     }
@@ -244,24 +341,31 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// Mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn` with softmax gating,
-    /// SwiGLU experts (GELU ones without a gate) and, with `norm_w`, the selected weights renormalized to sum 1):
-    /// in `cur` [n, n_embd], out `tmp` [n, n_embd]. Per token: router logits, softmax,
-    /// the `n_used` most probable experts (ties to the lower id), and the sum over them
-    /// (in selection order) of weight * down_e(silu(gate_e x) * up_e x). Tokens are
-    /// grouped per expert so each expert's matrices are streamed once per micro-batch.
-    /// Scratch: `moe` / `moe_idx` (reserved at context creation), `gate` / `up`.
-    pub fn build_moe_ffn(&mut self, il: usize, m: &MoeWeights, n_used: usize, norm_w: bool) -> Result<()> {
+    /// Mixture-of-experts feed-forward (llama.cpp's `build_moe_ffn`): in `cur` [n, n_embd],
+    /// out `tmp` [n, n_embd]. Per token: router logits (+ router bias), gating (softmax,
+    /// sigmoid, or none for SoftmaxWeight), selection scores (the probabilities + probs_b,
+    /// or the raw logits for llama4; the best expert groups only when there are groups),
+    /// the `n_used` best experts (ties to the lower id), their weights (softmaxed for
+    /// SoftmaxWeight, renormalized with `norm_w`, scaled by `w_scale`), and the sum over
+    /// them (in selection order) of weight * down_e(act(gate_e x, up_e x)) (llama4: of
+    /// down_e(act(gate_e (weight x), up_e (weight x)))). Tokens are grouped per expert so
+    /// each expert's matrices are streamed once per micro-batch. Scratch: `moe` / `moe_idx`
+    /// (reserved at context creation), `gate` / `up`.
+    pub fn build_moe_ffn(&mut self, il: usize, m: &MoeWeights, c: &MoeConfig) -> Result<()> {
         let (n, ne) = (self.n, self.hp.n_embd);
+        let n_used = c.n_used;
         let n_exp = m.router.ne[1];
         let nf = m.up.ne[1];
-        if n_used == 0
-            || n_used > n_exp
-            || m.gate.is_some_and(|g| g.ne[2] != n_exp || g.ne[1] != nf)
-            || m.up.ne[2] != n_exp
-            || m.down.ne[2] != n_exp
-        {
+        let gate_ok = m.gate.is_none_or(|g| g.ne[1] == nf && g.ne[2] == n_exp);
+        if n_used == 0 || n_used > n_exp || !gate_ok || m.up.ne[2] != n_exp || m.down.ne[2] != n_exp {
             return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
+        }
+        let groups = if c.n_groups > 1 { c.n_groups } else { 1 };
+        if n_exp % groups != 0 || (groups > 1 && (c.n_group_used == 0 || c.n_group_used > groups)) {
+            return Err(Error::Invalid(format!(
+                "layer {il}: {n_exp} experts cannot form {groups} groups of which {} are used",
+                c.n_group_used
+            )));
         }
         let b = &mut *self.b;
         let nk = n * n_used; // (token, selection) slots
@@ -269,36 +373,87 @@ impl Step<'_> {
         if b.moe.len() < need || b.moe_idx.capacity() < 2 * nk || b.gate.len() < n * nf || b.up.len() < n * nf {
             return Err(Error::Invalid(format!("internal: MoE scratch too small for layer {il}")));
         }
+        Self::mm(self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?;
+        cb!(self, "ffn_moe_logits", il, moe, n_exp);
+        let b = &mut *self.b;
         let (probs, rest) = b.moe.split_at_mut(n * n_exp);
         let (wts, rest) = rest.split_at_mut(nk);
         let (contrib, rest) = rest.split_at_mut(nk * ne);
         let (xg, o) = rest.split_at_mut(n * ne);
-        Self::mm(self.pool, self.dev, m.router, &b.cur, n, probs, &mut b.mm_scratch, &mut b.lora)?;
         // selection and weights per token: n_used passes of argmax (the first maximum wins)
         let idx = &mut b.moe_idx;
         idx.clear();
+        let mut sel = vec![0f32; n_exp];
+        let per_group = n_exp / groups;
         for t in 0..n {
             let p = &mut probs[t * n_exp..(t + 1) * n_exp];
-            act::softmax_ggml(p);
-            let mut sum = 0f64;
+            if let Some(rb) = m.router_b {
+                act::add_assign(p, rb);
+            }
+            if c.llama4 {
+                sel.copy_from_slice(p);
+            }
+            match c.gating {
+                Gating::Softmax => act::softmax_ggml(p),
+                Gating::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+                Gating::SoftmaxWeight => {}
+            }
+            if !c.llama4 {
+                sel.copy_from_slice(p);
+                if let Some(pb) = m.probs_b {
+                    act::add_assign(&mut sel, pb);
+                }
+            }
+            if groups > 1 {
+                // a group's score: the sum of its two best selection scores; the other
+                // groups' experts are masked out
+                let mut gs: Vec<(f32, usize)> = sel
+                    .chunks_exact(per_group)
+                    .enumerate()
+                    .map(|(g, s)| {
+                        let (mut a, mut bb) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                        for &v in s {
+                            if v > a {
+                                bb = a;
+                                a = v;
+                            } else if v > bb {
+                                bb = v;
+                            }
+                        }
+                        (if per_group > 1 { a + bb } else { a }, g)
+                    })
+                    .collect();
+                gs.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+                for &(_, g) in &gs[c.n_group_used..] {
+                    sel[g * per_group..(g + 1) * per_group].fill(f32::NEG_INFINITY);
+                }
+            }
             for j in 0..n_used {
                 let mut best = usize::MAX;
-                for (e, &v) in p.iter().enumerate() {
+                for (e, &v) in sel.iter().enumerate() {
                     let taken = idx[t * n_used..t * n_used + j].contains(&e);
-                    if !taken && (best == usize::MAX || v > p[best]) {
+                    if !taken && (best == usize::MAX || v > sel[best]) {
                         best = e;
                     }
                 }
                 idx.push(best);
                 wts[t * n_used + j] = p[best];
-                sum += p[best] as f64;
             }
-            if norm_w {
+            let w = &mut wts[t * n_used..(t + 1) * n_used];
+            if c.gating == Gating::SoftmaxWeight {
+                act::softmax_ggml(w);
+            }
+            if c.norm_w {
+                let sum: f64 = w.iter().map(|&v| v as f64).sum();
                 let s = (sum as f32).max(6.103_515_6e-5);
-                for w in &mut wts[t * n_used..(t + 1) * n_used] {
-                    *w /= s;
-                }
+                w.iter_mut().for_each(|v| *v /= s);
             }
+            if c.w_scale != 0.0 && c.w_scale != 1.0 {
+                act::scale(w, c.w_scale);
+            }
+        }
+        fn ebias(bias: Option<&[f32]>, e: usize, width: usize) -> Option<&[f32]> {
+            bias.map(|v| &v[e * width..(e + 1) * width])
         }
         // per expert: gather its tokens, run gate/up/down, scatter weight * out
         for e in 0..n_exp {
@@ -313,25 +468,46 @@ impl Step<'_> {
                 continue;
             }
             for r in 0..mt {
-                let t = idx[nk + r] / n_used;
-                xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
+                let k = idx[nk + r];
+                let t = k / n_used;
+                let row = &mut xg[r * ne..(r + 1) * ne];
+                row.copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
+                if c.llama4 {
+                    act::scale(row, wts[k]);
+                }
             }
+            Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+            add_bias(&mut b.up, ebias(m.up_b, e, nf), nf, mt);
             if let Some(g) = m.gate {
                 Self::mm_rows(self.pool, self.dev, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                add_bias(&mut b.gate, ebias(m.gate_b, e, nf), nf, mt);
                 for r in 0..mt {
-                    act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+                    let (g, u) = (&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
+                    match c.act {
+                        MoeAct::Silu => act::swiglu(g, u),
+                        MoeAct::SwigluOai => act::swiglu_oai(g, u, 1.702, 7.0),
+                        MoeAct::Gelu => {
+                            return Err(Error::Unsupported(format!("layer {il}: GELU experts with a gate")));
+                        }
+                    }
                 }
-            } else {
-                Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+            } else if c.act == MoeAct::Gelu {
+                b.gate[..mt * nf].copy_from_slice(&b.up[..mt * nf]);
                 act::gelu(&mut b.gate[..mt * nf]);
+            } else {
+                for r in 0..mt {
+                    for (g, u) in b.gate[r * nf..(r + 1) * nf].iter_mut().zip(&b.up[r * nf..(r + 1) * nf]) {
+                        *g = act::silu(*u);
+                    }
+                }
             }
             Self::mm_rows(self.pool, self.dev, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
+            add_bias(o, ebias(m.down_b, e, ne), ne, mt);
             for r in 0..mt {
                 let k = idx[nk + r];
-                let w = wts[k];
-                for (c, v) in contrib[k * ne..(k + 1) * ne].iter_mut().zip(&o[r * ne..(r + 1) * ne]) {
-                    *c = v * w;
+                let w = if c.llama4 { 1.0 } else { wts[k] };
+                for (d, v) in contrib[k * ne..(k + 1) * ne].iter_mut().zip(&o[r * ne..(r + 1) * ne]) {
+                    *d = if c.llama4 { *v } else { v * w };
                 }
             }
         }
@@ -343,6 +519,27 @@ impl Step<'_> {
                 act::add_assign(dst, &contrib[k * ne..(k + 1) * ne]);
             }
         }
+        Ok(())
+    }
+
+    /// The shared expert beside a MoE layer (llama.cpp: build_ffn of the `*_shexp`
+    /// tensors on the MoE's input, added to its output): in `cur` [n, n_embd], `tmp` [n,
+    /// n_embd] holding the MoE output, out `tmp` = moe + shexp. Uses the MoE scratch's
+    /// last [n, n_embd] rows to keep the MoE output.
+    pub fn build_moe_shexp(&mut self, il: usize, w: &FfnWeights) -> Result<()> {
+        let (n, ne) = (self.n, self.hp.n_embd);
+        let b = &mut *self.b;
+        let len = b.moe.len();
+        if len < n * ne {
+            return Err(Error::Invalid(format!("internal: MoE scratch too small for layer {il}")));
+        }
+        let keep = &mut b.moe[len - n * ne..];
+        keep.copy_from_slice(&b.tmp[..n * ne]);
+        self.build_ffn(il, w, FfnAct::Silu, FfnGate::Par)?;
+        cb!(self, "ffn_shexp", il, tmp, ne);
+        let b = &mut *self.b;
+        let len = b.moe.len();
+        act::add_assign(&mut b.tmp[..n * ne], &b.moe[len - n * ne..]);
         Ok(())
     }
 
@@ -496,18 +693,53 @@ impl Step<'_> {
         if c.q_scale != 1.0 {
             act::scale(&mut b.q[..n * qw], c.q_scale);
         }
-        if let Some((ts, floor_len)) = c.attn_temp {
-            // llm_graph_input_attn_temp::set_input, computed in f64 as there
+        if let Some((ts, floor_len, offset)) = c.attn_temp {
+            // llm_graph_input_attn_temp::set_input: (pos + offset) / floor_len and its floor
+            // in f32, the log in f64, as there
             for t in 0..n {
-                let p = b.pos[t] as f64;
-                let f = (((p / floor_len.max(1) as f64).floor() + 1.0).ln() * ts as f64 + 1.0) as f32;
+                let p = ((b.pos[t] as f32 + offset) / floor_len.max(1) as f32).floor() as f64;
+                let f = ((p + 1.0).ln() * ts as f64 + 1.0) as f32;
                 act::scale(&mut b.q[t * qw..(t + 1) * qw], f);
+            }
+        }
+        if c.qk_rms_after_rope {
+            for h in b.q[..n * qw].chunks_exact_mut(hd_k) {
+                rms_norm_row(h, None, eps);
+            }
+            for h in b.k[..n * kw].chunks_exact_mut(hd_k) {
+                rms_norm_row(h, None, eps);
             }
         }
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
         cb!(self, "Vcur", il, v, vw);
-        // store K and V of this micro-batch into its cells
+        let p = AttnParams {
+            il,
+            n_head,
+            n_head_kv,
+            hd_k,
+            hd_v,
+            scale: c.kq_scale,
+            softcap: c.softcap,
+            n_swa: c.n_swa,
+            chunked: c.chunked,
+            sinks: c.sinks,
+        };
+        self.attend_cached(&p)?;
+        let b = &mut *self.b;
+        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
+        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        Ok(())
+    }
+
+    /// Stores this micro-batch's K (`k` [n, n_head_kv * hd_k]) and V (`v` [n, n_head_kv *
+    /// hd_v]) into its cells, then attends with `q` [n, n_head * hd_k] over the cache into
+    /// `att` [n, n_head * hd_v] (quantized caches: llama.cpp's Hadamard rotations of q, K
+    /// and V, and V's undone on the output). `q` and `k` must be lent (see `build_attn`).
+    pub fn attend_cached(&mut self, p: &AttnParams) -> Result<()> {
+        let (il, n) = (p.il, self.n);
+        let (qw, kw, vw) = (p.n_head * p.hd_k, p.n_head_kv * p.hd_k, p.n_head_kv * p.hd_v);
         let b = &mut *self.b;
         let kv = &mut *self.kv;
         // quantized caches: llama.cpp's Hadamard rotation of Q, K and V (kv_cache::rotation_sizes)
@@ -522,15 +754,11 @@ impl Step<'_> {
             let o = (s as usize * kv.size + cell as usize) * rv;
             quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
-        let p = AttnParams { il, n_head, n_head_kv, hd_k, hd_v, scale: c.kq_scale, softcap: c.softcap, n_swa: c.n_swa };
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
-        attention::attention(self.pool, kv, &p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
-        cb!(self, "kqv_out", il, att, n_head * hd_v);
+        attention::attention(self.pool, kv, p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
+        cb!(self, "kqv_out", il, att, p.n_head * p.hd_v);
         let b = &mut *self.b;
-        crate::kv_cache::fwht(&mut b.att[..n * n_head * hd_v], self.kv.rot_v); // rotate V's rotation back
-        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
-        add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
-        cb!(self, "attn_out", il, tmp, hp.n_embd);
+        crate::kv_cache::fwht(&mut b.att[..n * p.n_head * p.hd_v], self.kv.rot_v); // rotate V's rotation back
         Ok(())
     }
 

@@ -21,7 +21,7 @@ impl Arch for Mistral3 {
     /// when `attention.temperature_scale` is set, q *= 1 + scale * ln(1 + floor(pos / n_ctx_orig)).
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
         let hp = ld.hp();
-        let attn_temp = (hp.f_attn_temp_scale != 0.0).then_some((hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale));
+        let attn_temp = (hp.f_attn_temp_scale != 0.0).then_some((hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale, 0.0));
         Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { attn_temp, ..DecoderConfig::new(hp) })?))
     }
 

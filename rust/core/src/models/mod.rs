@@ -31,6 +31,12 @@ pub mod gemma_embedding;
 pub mod t5encoder;
 pub mod nomic_bert_moe;
 pub mod llama_embed;
+pub mod llama4;
+pub mod phimoe;
+pub mod glm4moe;
+pub mod cohere2;
+pub mod openai_moe;
+pub mod deepseek2;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -84,6 +90,14 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &t5encoder::T5Encoder,
     &nomic_bert_moe::NomicBertMoe,
     &llama_embed::LlamaEmbed,
+    &llama4::Llama4,
+    &phimoe::PhiMoe,
+    &granite::GraniteMoe,
+    &glm4moe::Glm4Moe,
+    &cohere2::Cohere2,
+    &openai_moe::OpenAiMoe,
+    &deepseek2::Deepseek2,
+    &deepseek2::Mistral4,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -214,6 +228,8 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
                 Error::Unsupported(format!("{}: 'tokenizer.ggml.token_type_count' must be a small non-negative integer", meta.file.path))
             })? as usize,
         },
+        n_ff_shexp: 0,
+        n_layer_nextn: 0,
     })
 }
 
@@ -228,4 +244,85 @@ fn pooling(meta: &Meta, suffix: &str, default: i32) -> Result<i32> {
             meta.key(suffix)
         ))),
     }
+}
+
+/// llama.cpp's `load_swa_pattern(ml, n_pattern, dense_first)`: `attention.sliding_window_pattern`
+/// as a per-layer bool array is the pattern itself; as a number (or absent: `n_pattern`)
+/// layer il slides when `il % n != n - 1` (dense_first: when `il % n != 0`); 0 = every layer.
+pub fn swa_pattern(meta: &Meta, n_layer: usize, n_pattern: usize, dense_first: bool) -> Result<Vec<bool>> {
+    let key = "attention.sliding_window_pattern";
+    if let Some(crate::gguf::Value::Array(a)) = meta.get(key) {
+        let v: Option<Vec<bool>> = a.iter().map(|x| x.as_bool().or_else(|| x.as_i64().map(|i| i != 0))).collect();
+        return match v {
+            Some(v) if v.len() == n_layer => Ok(v),
+            _ => Err(Error::Unsupported(format!(
+                "{}: '{}' must hold one bool per layer ({n_layer})",
+                meta.file.path,
+                meta.key(key)
+            ))),
+        };
+    }
+    let n = meta.u(key)?.unwrap_or(n_pattern);
+    Ok((0..n_layer)
+        .map(|il| if dense_first { n == 0 || il % n != 0 } else { n == 0 || il % n < n - 1 })
+        .collect())
+}
+
+/// The routing keys llama.cpp's MoE architectures read (DeepSeek V2/V3, GLM-4.5):
+/// `expert_gating_func` (1 softmax, 2 sigmoid, 3 softmax of the selected logits; absent or 0:
+/// `default`), `expert_weights_norm` (default false), `expert_weights_scale` (default 0 =
+/// none) and the expert groups `expert_group_count` / `expert_group_used_count`, checked
+/// as llama.cpp's load_hparams asserts them.
+pub fn moe_routing(meta: &Meta, hp: &HParams, default: graph::Gating) -> Result<graph::MoeConfig> {
+    let bad = |m: String| Error::Unsupported(format!("{}: {m}", meta.file.path));
+    let gating = match meta.u("expert_gating_func")?.unwrap_or(0) {
+        0 => default,
+        1 => graph::Gating::Softmax,
+        2 => graph::Gating::Sigmoid,
+        3 => graph::Gating::SoftmaxWeight,
+        g => return Err(bad(format!("'{}' = {g} is not a gating function pyllama knows", meta.key("expert_gating_func")))),
+    };
+    let norm_w = match meta.get("expert_weights_norm") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| bad(format!("'{}' must be a bool", meta.key("expert_weights_norm"))))?,
+    };
+    let (groups, used) = (meta.u("expert_group_count")?.unwrap_or(0), meta.u("expert_group_used_count")?.unwrap_or(0));
+    if groups > 1 && (groups >= hp.n_expert || hp.n_expert % groups != 0 || used == 0 || used >= groups) {
+        return Err(bad(format!(
+            "'{}' = {groups} and '{}' = {used} must divide the {} experts into groups of which some but not all are used",
+            meta.key("expert_group_count"),
+            meta.key("expert_group_used_count"),
+            hp.n_expert
+        )));
+    }
+    Ok(graph::MoeConfig {
+        gating,
+        norm_w,
+        w_scale: meta.f("expert_weights_scale")?.unwrap_or(0.0),
+        n_groups: groups,
+        n_group_used: used,
+        ..graph::MoeConfig::softmax(hp.n_expert_used, norm_w)
+    })
+}
+
+/// Drops the last `nextn_predict_layers` blocks (NextN / MTP layers, which llama.cpp keeps
+/// in the file but does not run): `n_layer` = block_count - nextn_predict_layers.
+pub fn drop_nextn_layers(meta: &Meta, hp: &mut HParams) -> Result<()> {
+    let nextn = meta.u("nextn_predict_layers")?.unwrap_or(0);
+    if nextn >= hp.n_layer {
+        return Err(Error::Unsupported(format!(
+            "{}: '{}' = {nextn} leaves no layers of the {} to run",
+            meta.file.path,
+            meta.key("nextn_predict_layers"),
+            hp.n_layer
+        )));
+    }
+    hp.n_layer -= nextn;
+    hp.n_layer_nextn = nextn;
+    let n = hp.n_layer;
+    hp.n_head.truncate(n);
+    hp.n_head_kv.truncate(n);
+    hp.n_ff.truncate(n);
+    hp.swa_layers.truncate(n);
+    Ok(())
 }

@@ -194,15 +194,7 @@ impl Forward for PostNormForward {
                 k_norm: Some(&l.k_norm),
                 fused_qkv: false,
             };
-            let a = AttnConfig {
-                il,
-                rope: l.rope.as_ref(),
-                q_scale: 1.0,
-                kq_scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                n_swa: l.n_swa,
-                attn_temp: None,
-            };
+            let a = AttnConfig { n_swa: l.n_swa, ..AttnConfig::new(il, l.rope.as_ref(), 1.0 / (hd as f32).sqrt()) };
             st.build_attn(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {
                 return Ok(());

@@ -149,15 +149,7 @@ impl Forward for Phi2Forward {
                 k_norm: None,
                 fused_qkv: true,
             };
-            let a = AttnConfig {
-                il,
-                rope: Some(&l.rope),
-                q_scale: 1.0 / (hd as f32).sqrt(),
-                kq_scale: 1.0,
-                softcap: 0.0,
-                n_swa: 0,
-                attn_temp: None,
-            };
+            let a = AttnConfig { q_scale: 1.0 / (hd as f32).sqrt(), ..AttnConfig::new(il, Some(&l.rope), 1.0) };
             st.build_attn(&w, &a)?;
             // The MLP reads the same normed input; keep the attention output aside (`att`
             // holds n_head * head_dim = n_embd floats per row and is free until the next layer).

@@ -182,15 +182,7 @@ impl Forward for Starcoder2Forward {
                 k_norm: None,
                 fused_qkv: l.fused,
             };
-            let a = AttnConfig {
-                il,
-                rope: Some(&l.rope),
-                q_scale: 1.0,
-                kq_scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                n_swa: 0,
-                attn_temp: None,
-            };
+            let a = AttnConfig::new(il, Some(&l.rope), 1.0 / (hd as f32).sqrt());
             st.build_attn(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {
                 return Ok(());

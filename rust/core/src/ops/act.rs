@@ -184,6 +184,16 @@ unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gate = swiglu_oai(gate, up) elementwise, as ggml computes it (gpt-oss's experts):
+/// x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + expf(-alpha x)) * (y + 1).
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
+}
+
 /// x = c * tanh(x / c) (logit softcapping: scale, tanh, scale, as the graph does).
 pub fn softcap(x: &mut [f32], c: f32) {
     let inv = 1.0 / c;

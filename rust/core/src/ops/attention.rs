@@ -1,4 +1,5 @@
-//! Attention of a micro-batch's queries over the KV cache: causal + sliding-window mask
+//! Attention of a micro-batch's queries over the KV cache: causal + sliding-window (or
+//! chunked) mask
 //! by absolute position, GQA, optional logit softcap, threads over (token, head).
 //!
 //! Each query sees the cells of its (first) sequence with pos <= its own position (and,
@@ -30,7 +31,7 @@ use crate::ops::vec::{axpy_f32, dot_f16_ggml, dot_f16_ggml_2, mad_f16_acc, mad_f
 use crate::quant;
 use crate::threadpool::ThreadPool;
 
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     pub il: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -42,6 +43,27 @@ pub struct AttnParams {
     pub softcap: f32,
     /// Sliding window (0 = none).
     pub n_swa: usize,
+    /// The window is llama.cpp's LLAMA_SWA_TYPE_CHUNKED: a query at pos sees the keys at
+    /// positions >= (pos / n_swa) * n_swa only (llama4).
+    pub chunked: bool,
+    /// Per-head attention sinks [n_head] (gpt-oss): a logit per head that joins the softmax
+    /// without a value (llama.cpp's flash-attention kernels add it after the keys; its
+    /// soft_max folds it into the max and the sum).
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// The sink correction of llama.cpp's flash-attention kernels (after the last key, on the
+/// f32 accumulator `o`): the sink logit `s` joins max `m` and sum `ssum`; returns the new sum.
+fn sink_correct(o: &mut [f32], m: f32, ssum: f32, s: f32) -> f32 {
+    if s > m {
+        let ms = (m - s).exp();
+        for v in o.iter_mut() {
+            *v *= ms; // ggml_vec_scale_f32
+        }
+        crate::ops::vec::fmaf(ssum, ms, 1.0) // S = S*ms + vs, as GCC contracts it
+    } else {
+        ssum + (s - m).exp()
+    }
 }
 
 /// Per-token inputs: position, stream and the range of that token's sequence's key list
@@ -118,7 +140,10 @@ pub fn attention(
         let (r0, r1) = inp.key_range[t];
         let keys = &inp.keys[r0 as usize..r1 as usize];
         let hi = keys.partition_point(|k| k.0 <= pos);
-        let lo = if p.n_swa > 0 {
+        let lo = if p.n_swa > 0 && p.chunked {
+            let start = (pos as i64 / p.n_swa as i64) * p.n_swa as i64;
+            keys[..hi].partition_point(|k| (k.0 as i64) < start)
+        } else if p.n_swa > 0 {
             let w = p.n_swa as i64;
             keys[..hi].partition_point(|k| pos as i64 - k.0 as i64 >= w)
         } else {
@@ -130,7 +155,7 @@ pub fn attention(
     // Under PYLLAMA_ORDER=llamacpp, micro-batches of 64 queries or more take llama.cpp's
     // tiled f32 kernel, as llama.cpp does (ops/attention_tiled.rs), in the per-item loop below.
     #[cfg(target_arch = "x86_64")]
-    let tiled = f16_kernel && n_tokens >= 64 && p.softcap == 0.0 && crate::quant::avx2::llamacpp_order();
+    let tiled = f16_kernel && n_tokens >= 64 && p.softcap == 0.0 && p.sinks.is_none() && crate::quant::avx2::llamacpp_order();
     #[cfg(not(target_arch = "x86_64"))]
     let tiled = false;
 
@@ -217,9 +242,16 @@ pub fn attention(
                     mad_f16_acc_n(&mut acc, hv, &vs, v16);
                 }
                 for j in 0..sub {
+                    let oj = &mut o[j * hv..(j + 1) * hv];
+                    for (d, a) in oj.iter_mut().zip(&acc[j * hv..(j + 1) * hv]) {
+                        *d = half::f16::from_bits(*a).to_f32();
+                    }
+                    if let Some(sk) = p.sinks {
+                        ssum[j] = sink_correct(oj, m[j], ssum[j], sk[h0 + j]);
+                    }
                     let inv = if ssum[j] == 0.0 { 0.0 } else { 1.0 / ssum[j] };
-                    for (d, a) in o[j * hv..(j + 1) * hv].iter_mut().zip(&acc[j * hv..(j + 1) * hv]) {
-                        *d = half::f16::from_bits(*a).to_f32() * inv;
+                    for d in oj.iter_mut() {
+                        *d *= inv;
                     }
                 }
             }
@@ -254,7 +286,7 @@ pub fn attention(
             let k_of = |cell: u32| as_u16(&kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes]).unwrap_or(&[]);
             let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
             if !crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
-                one_chunk_head(kv, p, qh, stream, g, vis, o);
+                one_chunk_head(kv, p, qh, stream, h, vis, o);
             }
         }
     });
@@ -327,7 +359,7 @@ fn one_chunk_head(
     p: &AttnParams,
     qh: &[f32],
     stream: usize,
-    g: usize,
+    h: usize,
     vis: &[(i32, u32)],
     o: &mut [f32],
 ) {
@@ -342,7 +374,7 @@ fn one_chunk_head(
             *c = Some((p.hd_k, p.hd_v, kv.type_k, HeadScratch::new(p, kv.type_k)));
         }
         let scr = &mut c.as_mut().expect("set above").3;
-        one_chunk_head_with(kv, p, qh, stream, g, vis, o, scr);
+        one_chunk_head_with(kv, p, qh, stream, h, vis, o, scr);
     });
 }
 
@@ -352,11 +384,12 @@ fn one_chunk_head_with(
     p: &AttnParams,
     qh: &[f32],
     stream: usize,
-    g: usize,
+    h: usize,
     vis: &[(i32, u32)],
     o: &mut [f32],
     scr: &mut HeadScratch,
 ) {
+    let g = h / (p.n_head / p.n_head_kv);
     let (tk, tv) = (kv.type_k, kv.type_v);
     let (hk, hv) = (p.hd_k, p.hd_v);
     // llama.cpp casts an F32 K or V to F16 for its flash-attention kernel (build_attn_mha)
@@ -437,15 +470,19 @@ fn one_chunk_head_with(
         }
         ssum = crate::ops::vec::fmaf(ssum, ms, vs); // GCC: fma(S, ms, vs)
     }
-    let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
     if v_f16 {
         for (d, a) in o.iter_mut().zip(&scr.acc16) {
-            *d = half::f16::from_bits(*a).to_f32() * inv;
+            *d = half::f16::from_bits(*a).to_f32();
         }
     } else {
-        for (d, a) in o.iter_mut().zip(&scr.acc32) {
-            *d = *a * inv;
-        }
+        o.copy_from_slice(&scr.acc32[..o.len()]);
+    }
+    if let Some(sk) = p.sinks {
+        ssum = sink_correct(o, m, ssum, sk[h]);
+    }
+    let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
+    for d in o.iter_mut() {
+        *d *= inv;
     }
 }
 
@@ -464,7 +501,6 @@ fn one_chunk_any<'a>(
     let n_items = n_tokens * p.n_head;
     let qw = p.n_head * p.hd_k;
     let ow = p.n_head * p.hd_v;
-    let group = p.n_head / p.n_head_kv;
     let out_ptr = SendPtr(out.as_mut_ptr());
     pool.run(&|ith, nth| {
         for item in (ith..n_items).step_by(nth.max(1)) {
@@ -479,9 +515,9 @@ fn one_chunk_any<'a>(
                 continue;
             }
             if kv.flash_attn || crate::kv_cache::is_quantized(kv.type_v) {
-                one_chunk_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o);
+                one_chunk_head(kv, p, qh, inp.stream[t] as usize, h, vis, o);
             } else {
-                nonfa_head(kv, p, qh, inp.stream[t] as usize, h / group, vis, o, n_tokens);
+                nonfa_head(kv, p, qh, inp.stream[t] as usize, h, vis, o, n_tokens);
             }
         }
     });
@@ -605,7 +641,8 @@ fn bf16_to_f32(h: u16) -> f32 {
 /// The key list is padded with zero weights to a multiple of 32, as llama.cpp's padded
 /// n_kv is (masked cells weigh exactly 0).
 #[allow(clippy::too_many_arguments)]
-fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize, vis: &[(i32, u32)], o: &mut [f32], n_tokens: usize) {
+fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize, vis: &[(i32, u32)], o: &mut [f32], n_tokens: usize) {
+    let g = h / (p.n_head / p.n_head_kv);
     let (tk, tv) = (kv.type_k, kv.type_v);
     let (hk, hv) = (p.hd_k, p.hd_v);
     let set = quant::kernel_set();
@@ -657,7 +694,12 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
         }
         wp[jj] = s * p.scale;
     }
-    let max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // soft_max with sinks: the sink joins the max, and its exp the sum (in f64)
+    let sink = p.sinks.map(|sk| sk[h]);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
     let mut sum = 0f64;
     for grp in wp.chunks_exact_mut(8) {
         for x in grp.iter_mut() {
@@ -665,6 +707,9 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, g: usize,
         }
         let h = [grp[0] + grp[4], grp[1] + grp[5], grp[2] + grp[6], grp[3] + grp[7]];
         sum += ((h[0] + h[2]) + (h[1] + h[3])) as f64;
+    }
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
     }
     let inv = (1.0 / sum) as f32;
     for x in wp.iter_mut() {
