@@ -460,6 +460,39 @@ def split_simple(n_tokens: int, n_ubatch: int) -> list[np.ndarray]:
     return [idx[i : i + n_ubatch] for i in range(0, n_tokens, n_ubatch)]
 
 
+def split_seq(ab: AllocatedBatch, n_ubatch: int) -> list[np.ndarray]:
+    """llama.cpp's ``split_seq`` (recurrent and hybrid memories when every token is an
+    output): each micro-batch follows one sequence set from its first unused entry, taking
+    the later entries whose sequence set is a subset of the last one taken, up to
+    ``n_ubatch`` entries."""
+    if n_ubatch < 1:
+        raise ValueError(f"n_ubatch = {n_ubatch} must be >= 1")
+    n = ab.n_tokens
+    used = np.zeros(n, dtype=bool)
+    out: list[np.ndarray] = []
+    start = 0
+    while True:
+        while start < n and used[start]:
+            start += 1
+        if start >= n:
+            return out
+        cur = start
+        cur_set = ab.seq_mask[cur]
+        idxs = []
+        while True:
+            idxs.append(cur)
+            used[cur] = True
+            if len(idxs) >= n_ubatch:
+                break
+            cur += 1
+            while cur < n and (used[cur] or (cur_set & ab.seq_mask[cur]) != ab.seq_mask[cur]):
+                cur += 1
+            if cur == n:
+                break
+            cur_set = ab.seq_mask[cur]
+        out.append(np.array(idxs, dtype=np.int32))
+
+
 def split_equal(ab: AllocatedBatch, n_ubatch: int, sequential: bool = False) -> list[np.ndarray]:
     """llama.cpp's ``split_equal``: each micro-batch takes the same number of entries from
     each of several non-overlapping sequence sets (entries of a set in batch order), so

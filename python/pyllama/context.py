@@ -36,6 +36,7 @@ from .batch import (
     allocate,
     batch_get_one,
     split_equal,
+    split_seq,
     split_simple,
 )
 from ._api_check import describe as _describe, int32 as _int32, integer as _integer
@@ -394,6 +395,9 @@ class Context:
                 n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
                 swa_full=bool(params.swa_full), embeddings=self._embeddings,
                 rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn)
+        # "kv", "recurrent" or "hybrid" (llama.cpp's llama_kv_cache / _memory_recurrent /
+        # _memory_hybrid): decides how batches are split into micro-batches
+        self._memory_kind = "kv" if self._core is None else str(self._core.memory_kind)
 
         # outputs of the last successful decode. llama.cpp keeps room for at least
         # n_seq_max rows and grows the buffer when a batch asks for more.
@@ -831,13 +835,28 @@ class Context:
                     return True
 
         multi_set = len(ab.seq_pos) > 1 or ab.has_cpl
-        ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
+        kind = self._memory_kind
+        if kind == "kv":
+            ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
+        else:
+            # llama_memory_recurrent / _hybrid::init_batch: by sequence set when every token
+            # is an output (embeddings), else equal parts per sequence, with consecutive
+            # sequence ids for a recurrent memory (and a hybrid one with separate KV streams)
+            try:
+                if self._embeddings:
+                    ubatches = split_seq(ab, n_ubatch)
+                else:
+                    ubatches = split_equal(ab, n_ubatch, sequential=kind == "recurrent" or not self._kv_unified)
+            except InvalidBatchError as e:  # no split: llama.cpp's failed prepare, code 1
+                self._last_error = f"failed to find a memory slot for batch of size {n}: {e}"
+                log.warning("llama_decode: %s", self._last_error)
+                return 1
 
         t0 = _time_us()
         try:
             ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                       logits_buf[:n_outputs], hidden, abort)
-            if ret == 1 and self._kv_unified and multi_set:
+            if ret == 1 and self._kv_unified and multi_set and kind == "kv":
                 # as llama.cpp's SWA cache: if the simple split finds no slot, try equal split
                 ubatches = split_equal(ab, n_ubatch)
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,

@@ -60,7 +60,13 @@ _SPECS = [
     dict(name="tiny-exaone4", arch="exaone4", head_dim=16, rope_base=1000000.0, eps=1e-5),
     # glm4: pre- and post-norms, q/k/v biases, fused gate+up, NORM rope over half the head
     dict(name="tiny-glm4", arch="glm4", head_dim=16, n_rot=8, rope_base=10000.0, eps=1e-5, tied=False),
+    # mamba2: no attention (head_count 0, as convert_hf_to_gguf writes it); 8 heads of 16
+    # channels in 2 groups; d_state 48 runs both of ggml's scan paths (32 SIMD lanes + tail)
+    dict(name="tiny-mamba2", arch="mamba2", n_head=0, n_head_kv=0, n_ff=0, eps=1e-5, tied=False,
+         ssm=dict(d_conv=4, d_inner=128, d_state=48, n_head=8, n_group=2)),
 ]
+# architectures with recurrent layers: their layers are written by _recurrent_layers
+RECURRENT = ("mamba2",)
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -143,6 +149,14 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", y["log_mul"])
         w.add_float32(f"{A}.attention.temperature_scale", s["attn_temp_scale"])
 
+    if "ssm" in s:
+        m = s["ssm"]
+        w.add_uint32(f"{A}.ssm.conv_kernel", m["d_conv"])
+        w.add_uint32(f"{A}.ssm.inner_size", m["d_inner"])
+        w.add_uint32(f"{A}.ssm.state_size", m["d_state"])
+        w.add_uint32(f"{A}.ssm.time_step_rank", m["n_head"])
+        w.add_uint32(f"{A}.ssm.group_count", m["n_group"])
+
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
         for k, f in src.fields.items():
@@ -165,8 +179,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = np.float32(1.0) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
         elif kind == "bias":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
-        else:  # router
+        elif kind == "router":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(n_embd))
+        elif kind == "conv":  # short-convolution taps (llama-quantize keeps them F32)
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif kind == "neg":  # Mamba's A = -exp(A_log)
+            a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
         a = np.ascontiguousarray((a * sc).astype(np.float32))
         if qtype == "Q8_0" and kind in ("w", "embd"):
             w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
@@ -175,7 +193,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             w.add_tensor(name, a)
 
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
-    for i in range(n_layer):
+    if A in RECURRENT:
+        _recurrent_layers(add, s)
+    for i in range(n_layer if A not in RECURRENT else 0):
         b = f"blk.{i}."
         if A == "phi2":
             add(b + "attn_norm.weight", [n_embd], "norm")
@@ -255,6 +275,26 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _recurrent_layers(add, s) -> None:
+    """The layers of the RECURRENT architectures (llama.cpp's tensor names and shapes)."""
+    n_embd, A = s["n_embd"], s["arch"]
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        if A == "mamba2":
+            m = s["ssm"]
+            di, ds, nh, ng, dc = m["d_inner"], m["d_state"], m["n_head"], m["n_group"], m["d_conv"]
+            conv_dim = di + 2 * ng * ds
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            add(b + "ssm_in.weight", [n_embd, di + conv_dim + nh], "w")
+            add(b + "ssm_conv1d.weight", [dc, conv_dim], "conv")
+            add(b + "ssm_conv1d.bias", [conv_dim], "bias")
+            add(b + "ssm_dt.bias", [nh], "bias")
+            add(b + "ssm_a", [1, nh], "neg")
+            add(b + "ssm_d", [1, nh], "norm")
+            add(b + "ssm_norm.weight", [di // ng, ng], "norm")
+            add(b + "ssm_out.weight", [di, n_embd], "w")
 
 
 def _add_synthetic_vocab(w) -> None:

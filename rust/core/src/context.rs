@@ -19,6 +19,7 @@ use crate::model::Model;
 use crate::ops::attention;
 use crate::ops::rope::RopeParams;
 use crate::quant;
+use crate::recurrent::{RsCache, RsSeq};
 use crate::state;
 use crate::threadpool::ThreadPool;
 use std::collections::{HashMap, HashSet};
@@ -47,6 +48,30 @@ pub trait Forward: Send + Sync {
     fn rope(&self, il: usize) -> Option<&RopeParams>;
     /// Run one micro-batch (inputs and outputs in `st`).
     fn forward(&self, st: &mut Step) -> Result<()>;
+    /// Recurrent and hybrid models: which layers keep a recurrent state, and the widths of
+    /// that state (n_embd_r, n_embd_s floats per sequence; recurrent.rs). None: attention only.
+    fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
+        None
+    }
+}
+
+/// What a context's memory is (llama.cpp's llama_kv_cache, llama_memory_recurrent,
+/// llama_memory_hybrid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    Kv,
+    Recurrent,
+    Hybrid,
+}
+
+impl MemKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            MemKind::Kv => "kv",
+            MemKind::Recurrent => "recurrent",
+            MemKind::Hybrid => "hybrid",
+        }
+    }
 }
 
 /// `n` zero floats from the allocator's zeroed path (calloc: large blocks come from fresh
@@ -156,6 +181,10 @@ pub struct Step<'a> {
     pub pool: &'a ThreadPool,
     pub hp: &'a HParams,
     pub kv: &'a mut KvCache,
+    /// The recurrent states (recurrent and hybrid models): sequence set k of the
+    /// micro-batch (rows [k * n / rs_seqs, (k + 1) * n / rs_seqs)) owns cell rs.head + k.
+    pub rs: Option<&'a mut RsCache>,
+    pub rs_seqs: usize,
     pub b: &'a mut Buffers,
     pub debug: Option<&'a mut Debug>,
     /// Rows currently live in the buffers (n_tokens, then n_outputs after `select_outputs`).
@@ -183,6 +212,13 @@ pub struct Context {
     fwd: Box<dyn Forward>,
     pub params: ContextParams,
     pub kv: KvCache,
+    /// Recurrent states (MemKind::Recurrent / Hybrid).
+    pub rs: Option<RsCache>,
+    pub mem_kind: MemKind,
+    /// llama.cpp's n_ctx_seq (the KV cells per stream; what a recurrent model would have).
+    pub n_ctx_seq: usize,
+    /// Per micro-batch of the current decode: its sequence sets (recurrent memory).
+    rs_plan: Vec<Vec<RsSeq>>,
     pool: ThreadPool,
     pool_batch: Option<ThreadPool>,
     b: Buffers,
@@ -228,12 +264,22 @@ impl Context {
         };
         let fwd = model.arch.build_forward(&crate::models::loader::Loader::new(&model), &p)?;
         let nl = hp.n_layer;
-        let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
-        let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
+        let recr = fwd.recurrent();
+        let is_recr = |il: usize| recr.as_ref().is_some_and(|r| r.0.get(il).copied().unwrap_or(false));
+        let mem_kind = match &recr {
+            None => MemKind::Kv,
+            Some((l, _, _)) if l.iter().all(|&x| x) => MemKind::Recurrent,
+            Some(_) => MemKind::Hybrid,
+        };
+        // recurrent layers keep no K/V rows (a pure recurrent model: a one-cell dummy cache)
+        let ek: Vec<usize> = (0..nl).map(|il| if is_recr(il) { 0 } else { hp.n_embd_k_gqa(il) }).collect();
+        let ev: Vec<usize> = (0..nl).map(|il| if is_recr(il) { 0 } else { hp.n_embd_v_gqa(il) }).collect();
+        let n_ctx_seq = size;
+        let (size, n_stream) = if mem_kind == MemKind::Recurrent { (1, 1) } else { (size, n_stream) };
         // attention reads one head of a cached row at a time: a quantized cache type needs
         // whole blocks per head
         for (t, hd, what) in [(p.type_k, hp.n_embd_head_k, "type_k"), (p.type_v, hp.n_embd_head_v, "type_v")] {
-            if hd % t.block_size() != 0 {
+            if mem_kind != MemKind::Recurrent && hd % t.block_size() != 0 {
                 return Err(Error::Invalid(format!(
                     "{what} = {t} needs a head size that is a multiple of {} (this model's is {hd})",
                     t.block_size()
@@ -301,12 +347,20 @@ impl Context {
             lora: None,
             cvec: Cvec::disabled(),
         };
+        let rs = match &recr {
+            Some((layers, nr, ns)) => Some(RsCache::new(layers, *nr, *ns, p.n_seq_max)?),
+            None => None,
+        };
         let pool = ThreadPool::new(p.n_threads);
         let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
         Ok(Context {
             fwd,
             params: p,
             kv,
+            rs,
+            mem_kind,
+            n_ctx_seq,
+            rs_plan: Vec::new(),
             pool,
             pool_batch,
             b,
@@ -535,6 +589,37 @@ impl Context {
         if let Some(d) = self.debug.as_mut() {
             d.dumps.clear();
         }
+        // 0. recurrent memory: one state cell per sequence set of each micro-batch, tried
+        //    for all of them first and undone (llama_memory_recurrent::prepare); the
+        //    hybrid memory prepares the recurrent part first, then the KV cache.
+        if let Some(rs) = self.rs.as_mut() {
+            self.rs_plan.clear();
+            for (u, ub) in ubatches.iter().enumerate() {
+                self.rs_plan.push(Self::rs_seqs(batch, ub, u)?);
+            }
+            let snap = rs.snapshot();
+            let ok = self.rs_plan.iter().all(|q| rs.find_slot(q));
+            rs.restore(snap);
+            if !ok {
+                return Ok((1, 0));
+            }
+        }
+        if self.mem_kind == MemKind::Recurrent {
+            for (u, ub) in ubatches.iter().enumerate() {
+                if abort() {
+                    return Ok((2, u));
+                }
+                let rs = self.rs.as_mut().expect("recurrent memory");
+                if !rs.find_slot(&self.rs_plan[u]) {
+                    return Err(Error::Invalid("internal: recurrent slot vanished between reserve and compute".into()));
+                }
+                rs.gather();
+                self.load_ubatch(batch, ub);
+                let slot = Slot::default();
+                self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut(), self.rs_plan[u].len())?;
+            }
+            return Ok((0, ubatches.len()));
+        }
         // 1. reserve cells for every micro-batch (apply each so the next search sees it),
         //    then undo: all or nothing, as llama_kv_cache::prepare.
         let heads = self.kv.heads();
@@ -574,7 +659,17 @@ impl Context {
                 return Err(Error::Invalid("internal: KV slot vanished between reserve and compute".into()));
             }
             self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
-            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut()) {
+            let mut n_rs = 0;
+            if let Some(rs) = self.rs.as_mut() {
+                if !rs.find_slot(&self.rs_plan[u]) {
+                    self.kv.unapply_slot(&slot);
+                    self.slots[u] = slot;
+                    return Err(Error::Invalid("internal: recurrent slot vanished between reserve and compute".into()));
+                }
+                rs.gather();
+                n_rs = self.rs_plan[u].len();
+            }
+            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut(), n_rs) {
                 // keep "the cache holds exactly the finished micro-batches" on errors too
                 self.kv.unapply_slot(&slot);
                 self.slots[u] = slot;
@@ -585,6 +680,46 @@ impl Context {
         Ok((0, ubatches.len()))
     }
 
+    /// The sequence sets of micro-batch `u` for the recurrent memory: runs of tokens with
+    /// the same first sequence, all of one length (llama.cpp's equal split), each sequence
+    /// in one run only.
+    fn rs_seqs(batch: &BatchRef, ub: &[i32], u: usize) -> Result<Vec<RsSeq>> {
+        let mut out: Vec<RsSeq> = Vec::new();
+        let mut run = 0;
+        let mut len = 0;
+        let seq0 = |i: i32| batch.seq_id[i as usize * batch.seq_cols] as usize;
+        for (t, &i) in ub.iter().enumerate() {
+            let s = seq0(i);
+            if t == 0 || s != out.last().map(|q| q.seq0).unwrap_or(usize::MAX) {
+                if t > 0 {
+                    if len == 0 {
+                        len = run;
+                    } else if run != len {
+                        break;
+                    }
+                }
+                if out.iter().any(|q| q.seq0 == s) {
+                    return Err(Error::Invalid(format!(
+                        "decode: micro-batch {u} holds sequence {s} in two runs; a recurrent model needs each \
+                         micro-batch split equally by sequence (llama.cpp's split_equal)"
+                    )));
+                }
+                out.push(RsSeq { seq0: s, seqs: Self::gather_seqs(batch, i as usize), last_pos: batch.pos[i as usize] });
+                run = 0;
+            }
+            run += 1;
+            out.last_mut().unwrap().last_pos = batch.pos[i as usize];
+        }
+        if (len != 0 && run != len) || ub.len() % out.len().max(1) != 0 {
+            return Err(Error::Invalid(format!(
+                "decode: micro-batch {u} has sequences of different lengths; a recurrent model needs each \
+                 micro-batch split equally by sequence (llama.cpp's split_equal)"
+            )));
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run_ubatch(
         &mut self,
         batch: &BatchRef,
@@ -593,6 +728,7 @@ impl Context {
         out_rows: &[i32],
         logits: &mut [f32],
         hidden: Option<&mut [f32]>,
+        rs_seqs: usize,
     ) -> Result<()> {
         let n = ub.len();
         let b = &mut self.b;
@@ -605,6 +741,9 @@ impl Context {
         b.key_range.clear();
         b.key_range.resize(n, (0, 0));
         for t in 0..n {
+            if self.mem_kind == MemKind::Recurrent {
+                break; // no attention
+            }
             let s = b.seq0[t];
             if let Some(prev) = (0..t).find(|&u| b.seq0[u] == s) {
                 b.key_range[t] = b.key_range[prev];
@@ -640,6 +779,8 @@ impl Context {
             pool,
             hp: &self.model.hparams,
             kv: &mut self.kv,
+            rs: self.rs.as_mut(),
+            rs_seqs,
             b: &mut self.b,
             debug: self.debug.as_mut(),
             n,
@@ -649,6 +790,92 @@ impl Context {
             hidden,
         };
         self.fwd.forward(&mut st)
+    }
+
+    // ---- llama.h's memory API, over the KV cache, the recurrent states or both ----------
+
+    pub fn mem_clear(&mut self, data: bool) {
+        self.kv.clear(data);
+        if let Some(rs) = self.rs.as_mut() {
+            rs.clear(data);
+        }
+    }
+
+    /// llama_memory_seq_rm: false when the memory cannot remove that range (a recurrent
+    /// state cannot lose its last positions); then nothing changed.
+    pub fn mem_seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<bool> {
+        if seq >= 0 && seq as usize >= self.params.n_seq_max {
+            return Err(Error::Invalid(format!("seq_rm: seq_id {seq} is outside [0, {})", self.params.n_seq_max)));
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            if !rs.seq_rm(seq, p0, p1) {
+                return Ok(false);
+            }
+        }
+        if self.mem_kind == MemKind::Recurrent {
+            return Ok(true);
+        }
+        self.kv.seq_rm(seq, p0, p1)
+    }
+
+    pub fn mem_seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_cp(src, dst, p0, p1)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_cp(src, dst)?;
+        }
+        Ok(())
+    }
+
+    pub fn mem_seq_keep(&mut self, seq: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_keep(seq)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_keep(seq)?;
+        }
+        Ok(())
+    }
+
+    pub fn mem_seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_add(seq, p0, p1, delta)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_add(seq, p0, p1, delta)?;
+        }
+        Ok(())
+    }
+
+    pub fn mem_seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_div(seq, p0, p1, d)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_div(seq, p0, p1, d)?;
+        }
+        Ok(())
+    }
+
+    /// Hybrid: the larger of the two memories' minimums (llama_memory_hybrid).
+    pub fn mem_seq_pos_min(&self, seq: i32) -> Result<i32> {
+        let kv = self.kv.seq_pos_min(seq)?;
+        Ok(match (self.mem_kind, self.rs.as_ref()) {
+            (MemKind::Kv, _) | (_, None) => kv,
+            (MemKind::Recurrent, Some(rs)) => rs.seq_pos_min(seq as usize),
+            (MemKind::Hybrid, Some(rs)) => kv.max(rs.seq_pos_min(seq as usize)),
+        })
+    }
+
+    /// Hybrid: the smaller of the two memories' maximums.
+    pub fn mem_seq_pos_max(&self, seq: i32) -> Result<i32> {
+        let kv = self.kv.seq_pos_max(seq)?;
+        Ok(match (self.mem_kind, self.rs.as_ref()) {
+            (MemKind::Kv, _) | (_, None) => kv,
+            (MemKind::Recurrent, Some(rs)) => rs.seq_pos_max(seq as usize),
+            (MemKind::Hybrid, Some(rs)) => kv.min(rs.seq_pos_max(seq as usize)),
+        })
     }
 
     // ---- saved state (state.rs has the format) ------------------------------------------

@@ -34,6 +34,7 @@ pub const MAX_SEQ: usize = 256;
 pub struct SeqSet([u64; 4]);
 
 impl SeqSet {
+    pub const EMPTY: SeqSet = SeqSet([0; 4]);
     #[inline]
     pub fn has(&self, s: usize) -> bool {
         self.0[s >> 6] >> (s & 63) & 1 != 0

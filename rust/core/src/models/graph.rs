@@ -114,7 +114,7 @@ impl RowsPtr {
 
 /// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
 /// across the pool when there are several (each row's result never depends on the split).
-fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
     if rows <= 1 || pool.n_threads() == 1 {
         for (i, r) in data[..rows * w].chunks_exact_mut(w).enumerate() {
@@ -351,7 +351,7 @@ impl Step<'_> {
     }
 
     /// out [n, n_out] = w x (+ the LoRA adapters' terms for w, when any is set).
-    fn mm(
+    pub(crate) fn mm(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],
@@ -374,7 +374,7 @@ impl Step<'_> {
 
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
-    fn mm_rows(
+    pub(crate) fn mm_rows(
         pool: &ThreadPool,
         w: &TensorView,
         x: &[f32],
