@@ -116,3 +116,31 @@ def test_memory_reports(arch, tmp_path_factory):
     # seq ids beyond n_seq_max are refused by the API (no state cell for them)
     with pytest.raises(ValueError):
         L.llama_memory_seq_rm(mem, 5, -1, -1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_save_load_carries_the_recurrent_states(arch, tmp_path_factory):
+    path = _tiny(arch, tmp_path_factory)
+    ctx = _context(path, 2)
+    nv = 2048
+    replay(ctx, ["decode 0:17,300,5,901,44", "decode 1:999,3"], nv)
+    # the whole context
+    n = L.llama_state_get_size(ctx)
+    blob = np.zeros(n, dtype=np.uint8)
+    assert L.llama_state_get_data(ctx, blob, n) == n
+    after = replay(ctx, ["decode 0:1203,8;1:77,6"], nv)[1]
+    ctx2 = _context(path, 2)
+    assert L.llama_state_set_data(ctx2, blob, n) == n
+    assert replay(ctx2, ["pos 0", "pos 1"], nv)[0] == ["pos 0 4 4", "pos 1 1 1"]
+    assert np.array_equal(replay(ctx2, ["decode 0:1203,8;1:77,6"], nv)[1], after)
+    # one sequence, into another sequence id of a fresh context
+    ctx3 = _context(path, 2)
+    replay(ctx3, ["decode 0:17,300,5,901,44"], nv)
+    m = L.llama_state_seq_get_size(ctx3, 0)
+    sblob = np.zeros(m, dtype=np.uint8)
+    assert L.llama_state_seq_get_data(ctx3, sblob, m, 0) == m
+    ctx4 = _context(path, 2)
+    assert L.llama_state_seq_set_data(ctx4, sblob, m, 1) == m
+    assert replay(ctx4, ["pos 1"], nv)[0] == ["pos 1 4 4"]
+    want = replay(ctx3, ["decode 0:1203"], nv)[1]
+    assert np.array_equal(replay(ctx4, ["decode 1:1203"], nv)[1], want)

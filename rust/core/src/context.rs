@@ -910,8 +910,16 @@ impl Context {
         }
     }
 
-    fn save_args<'a>(&self, seq: Option<usize>, flags: u32, outputs: state::Outputs<'a>, tokens: &'a [i32]) -> state::SaveArgs<'a> {
-        state::SaveArgs { seq, flags, outputs, tokens, n_vocab: self.n_vocab(), n_embd: self.model.hparams.n_embd }
+    fn save_args<'a>(&'a self, seq: Option<usize>, flags: u32, outputs: state::Outputs<'a>, tokens: &'a [i32]) -> state::SaveArgs<'a> {
+        state::SaveArgs {
+            rs: self.rs.as_ref(),
+            seq,
+            flags,
+            outputs,
+            tokens,
+            n_vocab: self.n_vocab(),
+            n_embd: self.model.hparams.n_embd,
+        }
     }
 
     /// Bytes `state_save` writes for the whole context (seq None) or one sequence.
@@ -941,10 +949,10 @@ impl Context {
         lim: &state::Limits,
         apply: bool,
     ) -> state::SResult<state::Parsed<'a>> {
-        let p = state::parse(&self.fingerprint(), &self.kv, data, dest, lim)?;
+        let p = state::parse(&self.fingerprint(), &self.kv, self.rs.as_ref(), data, dest, lim)?;
         let slot = state::plan(&self.kv, &p, dest)?;
         if apply {
-            state::apply(&mut self.kv, &p, dest, slot);
+            state::apply(&mut self.kv, self.rs.as_mut(), &p, dest, slot);
         }
         Ok(p)
     }
