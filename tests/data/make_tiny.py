@@ -64,9 +64,13 @@ _SPECS = [
     # channels in 2 groups; d_state 48 runs both of ggml's scan paths (32 SIMD lanes + tail)
     dict(name="tiny-mamba2", arch="mamba2", n_head=0, n_head_kv=0, n_ff=0, eps=1e-5, tied=False,
          ssm=dict(d_conv=4, d_inner=128, d_state=48, n_head=8, n_group=2)),
+    # lfm2: short-convolution layers (head_count_kv 0) and attention layers with per-head
+    # q/k norms; output norm named token_embd_norm; output tied
+    dict(name="tiny-lfm2", arch="lfm2", n_layer=4, n_head_kv=[0, 2, 0, 2], head_dim=16, rope_base=1000000.0,
+         eps=1e-5, l_cache=3),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2",)
+RECURRENT = ("mamba2", "lfm2")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -87,7 +91,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         return path
     A = s["arch"]
     n_embd, n_ff, hd, n_layer = s["n_embd"], s["n_ff"], s["head_dim"], s["n_layer"]
-    n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    n_q, n_kv = s["n_head"] * hd, max(np.atleast_1d(s["n_head_kv"])) * hd
     w = gguf.GGUFWriter(str(path), A)
     rng = np.random.default_rng(s["seed"])
 
@@ -99,7 +103,10 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.add_uint32(f"{A}.block_count", n_layer)
     w.add_uint32(f"{A}.feed_forward_length", n_ff)
     w.add_uint32(f"{A}.attention.head_count", s["n_head"])
-    w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
+    if isinstance(s["n_head_kv"], list):  # per layer (hybrids: 0 on the recurrent layers)
+        w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
+    else:
+        w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
     if A == "phi2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     elif A == "starcoder2":
@@ -156,6 +163,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_uint32(f"{A}.ssm.state_size", m["d_state"])
         w.add_uint32(f"{A}.ssm.time_step_rank", m["n_head"])
         w.add_uint32(f"{A}.ssm.group_count", m["n_group"])
+
+    if A == "lfm2":
+        w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
 
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
@@ -262,7 +272,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_down.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
-    add("output_norm.weight", [n_embd], "norm", scale="output_norm")
+    add("output_norm.weight" if A != "lfm2" else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in ("phi2", "starcoder2"):
         add("output_norm.bias", [n_embd], "bias")
     if not s["tied"]:
@@ -295,6 +305,25 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ssm_d", [1, nh], "norm")
             add(b + "ssm_norm.weight", [di // ng, ng], "norm")
             add(b + "ssm_out.weight", [di, n_embd], "w")
+        elif A == "lfm2":
+            n_ff, hd = s["n_ff"], s["head_dim"]
+            n_kv = s["n_head_kv"][i] * hd
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            if n_kv == 0:
+                add(b + "shortconv.conv.weight", [s["l_cache"], n_embd], "conv")
+                add(b + "shortconv.in_proj.weight", [n_embd, 3 * n_embd], "w")
+                add(b + "shortconv.out_proj.weight", [n_embd, n_embd], "w")
+            else:
+                add(b + "attn_q.weight", [n_embd, n_embd], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_q_norm.weight", [hd], "norm")
+                add(b + "attn_k_norm.weight", [hd], "norm")
+                add(b + "attn_output.weight", [n_embd, n_embd], "w")
+            add(b + "ffn_norm.weight", [n_embd], "norm")
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
 
 
 def _add_synthetic_vocab(w) -> None:

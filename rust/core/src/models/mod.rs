@@ -23,6 +23,7 @@ pub mod qwen2;
 pub mod smollm3;
 pub mod starcoder2;
 pub mod mamba2;
+pub mod lfm2;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -69,6 +70,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &exaone4::Exaone4,
     &glm4::Glm4,
     &mamba2::Mamba2,
+    &lfm2::Lfm2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
