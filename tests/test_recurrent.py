@@ -20,6 +20,7 @@ DATA = Path(__file__).parent / "data"
 # every architecture with a reference (qwen3: the plain KV cache, for comparison)
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
 ARCHS = [a for a in ALL if a not in ("qwen3",)]  # the recurrent and hybrid ones
+NO_SHIFT = ("qwen35",)  # M-RoPE
 
 
 def _tiny(arch, tmp_path_factory):
@@ -111,8 +112,16 @@ def test_state_is_per_sequence_and_chunking_invariant(arch, tmp_path_factory):
 def test_memory_reports(arch, tmp_path_factory):
     ctx = _context(_tiny(arch, tmp_path_factory), 2)
     mem = L.llama_get_memory(ctx)
-    # llama.cpp: shifting positions is trivial for a recurrent state (get_can_shift true)
-    assert L.llama_memory_can_shift(mem) is True
+    # llama.cpp: shifting positions is trivial for a recurrent state (get_can_shift true);
+    # a KV cache with M-RoPE cannot (llama.cpp aborts at the next decode: pyllama refuses)
+    if arch in NO_SHIFT:
+        assert L.llama_memory_can_shift(mem) is False
+        with pytest.raises(ValueError, match="cannot shift"):
+            L.llama_memory_seq_add(mem, 0, -1, -1, 3)
+        with pytest.raises(ValueError, match="cannot shift"):
+            L.llama_memory_seq_div(mem, 0, -1, -1, 2)
+    else:
+        assert L.llama_memory_can_shift(mem) is True
     assert ctx._core.memory_kind in ("recurrent", "hybrid")
     assert ctx._core.rs_bytes() > 0
     # seq ids beyond n_seq_max are refused by the API (no state cell for them)

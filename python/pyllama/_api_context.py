@@ -358,10 +358,14 @@ def llama_memory_seq_pos_max(mem: llama_memory_t, seq_id: int) -> int:
 
 @checked(mem=_MEM)
 def llama_memory_can_shift(mem: llama_memory_t) -> bool:
-    """RoPE models can shift positions (seq_add/seq_div re-rope K)."""
+    """Whether positions can be shifted (seq_add/seq_div re-rope the cached keys): true,
+    as in llama.cpp, for RoPE models and recurrent states (only a position moves); false
+    for M-RoPE models (Qwen3.5), whose seq_add/seq_div llama.cpp cannot follow with a
+    decode (pyllama refuses them)."""
     if mem is None:
         return False
-    return True
+    core = getattr(mem, "_core", None)
+    return bool(core.can_shift) if core is not None else True
 
 
 # ---------------------------------------------------------------------- batches

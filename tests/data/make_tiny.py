@@ -68,9 +68,13 @@ _SPECS = [
     # q/k norms; output norm named token_embd_norm; output tied
     dict(name="tiny-lfm2", arch="lfm2", n_layer=4, n_head_kv=[0, 2, 0, 2], head_dim=16, rope_base=1000000.0,
          eps=1e-5, l_cache=3),
+    # qwen35: three gated delta-net layers, then a gated attention layer (interval 4);
+    # 4 value heads over 2 key heads of 16; partial rope (8 of 16 dims, IMROPE sections)
+    dict(name="tiny-qwen35", arch="qwen35", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0]),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2")
+RECURRENT = ("mamba2", "lfm2", "qwen35")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -166,6 +170,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
 
     if A == "lfm2":
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
+    if A == "qwen35":
+        w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
+        w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
+        w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
+        w.add_array(f"{A}.rope.dimension_sections", s["sections"])
+        w.add_uint32(f"{A}.full_attention_interval", 4)
 
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
@@ -305,6 +315,32 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ssm_d", [1, nh], "norm")
             add(b + "ssm_norm.weight", [di // ng, ng], "norm")
             add(b + "ssm_out.weight", [di, n_embd], "w")
+        elif A == "qwen35":
+            m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
+            kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]
+            n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            if (i + 1) % 4 != 0:
+                add(b + "attn_qkv.weight", [n_embd, 2 * kd + vd], "w")
+                add(b + "attn_gate.weight", [n_embd, vd], "w")
+                add(b + "ssm_conv1d.weight", [m["d_conv"], 2 * kd + vd], "conv")
+                add(b + "ssm_dt.bias", [nh], "bias")
+                add(b + "ssm_a", [nh], "neg")
+                add(b + "ssm_beta.weight", [n_embd, nh], "w")
+                add(b + "ssm_alpha.weight", [n_embd, nh], "w")
+                add(b + "ssm_norm.weight", [m["d_state"]], "norm")
+                add(b + "ssm_out.weight", [vd, n_embd], "w")
+            else:
+                add(b + "attn_q.weight", [n_embd, 2 * n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_q_norm.weight", [hd], "norm")
+                add(b + "attn_k_norm.weight", [hd], "norm")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+            add(b + "post_attention_norm.weight", [n_embd], "norm")
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
         elif A == "lfm2":
             n_ff, hd = s["n_ff"], s["head_dim"]
             n_kv = s["n_head_kv"][i] * hd

@@ -53,6 +53,11 @@ pub trait Forward: Send + Sync {
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         None
     }
+    /// Whether cached keys can be re-roped to new positions (llama.cpp's get_can_shift:
+    /// false with several positions per token, M-RoPE).
+    fn can_shift(&self) -> bool {
+        true
+    }
 }
 
 /// What a context's memory is (llama.cpp's llama_kv_cache, llama_memory_recurrent,
@@ -838,7 +843,22 @@ impl Context {
         Ok(())
     }
 
+    /// llama_memory_can_shift.
+    pub fn can_shift(&self) -> bool {
+        self.fwd.can_shift()
+    }
+
+    fn refuse_shift(&self, what: &str) -> Result<()> {
+        Err(Error::Invalid(format!(
+            "{what}: this model's KV cache cannot shift positions ({} uses M-RoPE; llama.cpp aborts at the next decode)",
+            self.model.hparams.arch
+        )))
+    }
+
     pub fn mem_seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        if delta != 0 && self.mem_kind != MemKind::Recurrent && !self.can_shift() {
+            return self.refuse_shift("seq_add");
+        }
         if self.mem_kind != MemKind::Recurrent {
             self.kv.seq_add(seq, p0, p1, delta)?;
         }
@@ -849,6 +869,9 @@ impl Context {
     }
 
     pub fn mem_seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        if d != 1 && self.mem_kind != MemKind::Recurrent && !self.can_shift() {
+            return self.refuse_shift("seq_div");
+        }
         if self.mem_kind != MemKind::Recurrent {
             self.kv.seq_div(seq, p0, p1, d)?;
         }

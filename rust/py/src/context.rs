@@ -152,6 +152,11 @@ impl PyContext {
     fn rs_bytes(&self) -> usize {
         self.inner.rs.as_ref().map_or(0, |r| r.n_bytes())
     }
+    /// llama_memory_can_shift: false when cached keys cannot be re-roped (M-RoPE models).
+    #[getter]
+    fn can_shift(&self) -> bool {
+        self.inner.can_shift()
+    }
     /// "kv" (attention only), "recurrent" (one state per sequence, no KV cache) or
     /// "hybrid" (a KV cache for the attention layers, states for the others).
     #[getter]

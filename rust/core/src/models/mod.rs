@@ -24,6 +24,7 @@ pub mod smollm3;
 pub mod starcoder2;
 pub mod mamba2;
 pub mod lfm2;
+pub mod qwen35;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -71,6 +72,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &glm4::Glm4,
     &mamba2::Mamba2,
     &lfm2::Lfm2,
+    &qwen35::Qwen35,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

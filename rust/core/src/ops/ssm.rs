@@ -43,13 +43,13 @@ pub fn conv_seq<'a>(
     }
 }
 
-/// ggml's softplus for the scan's dt (`ggml_compute_softplus_f32`).
+/// ggml's softplus (`ggml_compute_softplus_f32` and the softplus op): log(1 + exp(x)), x above 20.
 #[inline]
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        (1.0 + x.exp()).ln()
     }
 }
 
@@ -120,5 +120,55 @@ pub fn scan_token_mamba2(
             }
             y[ii] = sumf;
         }
+    }
+}
+
+/// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
+/// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
+pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !31;
+    let mut sumf = 0f32;
+    if np > 0 {
+        let mut acc = [[0f32; 8]; 4];
+        for i in (0..np).step_by(32) {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                for (l, a) in accj.iter_mut().enumerate() {
+                    let k = i + j * 8 + l;
+                    *a = fmaf(x[k], y[k], *a);
+                }
+            }
+        }
+        sumf = reduce_4x8(&acc);
+    }
+    for k in np..n {
+        sumf = fmaf(x[k], y[k], sumf);
+    }
+    sumf
+}
+
+/// One token of ggml's `gated_delta_net` (K = 1, a scalar gate per head) for one head:
+/// `m` is the head's state stored transposed (m[j * s + i] = S[i][j], s = S_v = S_k),
+/// decayed by exp(g), corrected towards v along k with strength beta, then read with q:
+/// out[j] = (S^T q)[j] / sqrt(s). q and k are the (L2-normed) key-head vectors.
+pub fn delta_net_token(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, out: &mut [f32], delta: &mut [f32]) {
+    let s = v.len();
+    let scale = 1.0f32 / (s as f32).sqrt();
+    let eg = g.exp();
+    for x in m.iter_mut() {
+        *x *= eg;
+    }
+    for j in 0..s {
+        let sum = dot_ggml(&m[j * s..(j + 1) * s], k);
+        delta[j] = (v[j] - sum) * beta;
+    }
+    for j in 0..s {
+        let d = delta[j];
+        for (mi, &ki) in m[j * s..(j + 1) * s].iter_mut().zip(k) {
+            *mi = fmaf(ki, d, *mi);
+        }
+    }
+    for j in 0..s {
+        out[j] = dot_ggml(&m[j * s..(j + 1) * s], q) * scale;
     }
 }
