@@ -155,3 +155,26 @@ def test_state_save_load_carries_the_recurrent_states(arch, tmp_path_factory):
     assert replay(ctx4, ["pos 1"], nv)[0] == ["pos 1 4 4"]
     want = replay(ctx3, ["decode 0:1203"], nv)[1]
     assert np.array_equal(replay(ctx4, ["decode 1:1203"], nv)[1], want)
+
+
+def _decode_at(ctx, seq, toks, p0):
+    b = batch_init(len(toks), 0, 1)
+    for j, t in enumerate(toks):
+        b.token[j], b.pos[j], b.n_seq_id[j], b.seq_id[j][0], b.logits[j] = t, p0 + j, 1, seq, j + 1 == len(toks)
+    b.n_tokens = len(toks)
+    return L.llama_decode(ctx, b)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_position_rules(arch, tmp_path_factory):
+    # llama_batch_allocr::init: positions continue the memory's last one (Y = X + 1), except
+    # for M-RoPE models, whose token batches may jump forward (X < Y) but not overlap
+    ctx = _context(_tiny(arch, tmp_path_factory), 2)
+    assert _decode_at(ctx, 0, [5, 6, 7], 0) == 0
+    assert _decode_at(ctx, 0, [8], 2) == -1  # overlaps the cached position 2
+    if arch in NO_SHIFT:
+        assert _decode_at(ctx, 0, [8, 9], 10) == 0
+        assert L.llama_memory_seq_pos_max(L.llama_get_memory(ctx), 0) == 11
+    else:
+        assert _decode_at(ctx, 0, [8, 9], 10) == -1
+        assert _decode_at(ctx, 0, [8, 9], 3) == 0

@@ -398,6 +398,9 @@ class Context:
         # "kv", "recurrent" or "hybrid" (llama.cpp's llama_kv_cache / _memory_recurrent /
         # _memory_hybrid): decides how batches are split into micro-batches
         self._memory_kind = "kv" if self._core is None else str(self._core.memory_kind)
+        # M-RoPE models (Qwen3.5; the only ones whose cache cannot shift positions) take
+        # llama.cpp's M-RoPE position rule for batches
+        self._mrope = self._core is not None and not bool(self._core.can_shift)
 
         # outputs of the last successful decode. llama.cpp keeps room for at least
         # n_seq_max rows and grows the buffer when a batch asks for more.
@@ -740,7 +743,7 @@ class Context:
                 seq_pos_max=lambda s: int(core.seq_pos_max(s)),
                 output_all=self._embeddings,
                 warn=lambda m: log.warning("llama_decode: %s", m),
-                kv_unified=self._kv_unified)
+                kv_unified=self._kv_unified, mrope=self._mrope)
         except InvalidBatchError as e:
             self._last_error = str(e)
             log.error("llama_decode: failed to initialize batch: %s", e)
