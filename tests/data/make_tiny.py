@@ -72,9 +72,13 @@ _SPECS = [
     # 4 value heads over 2 key heads of 16; partial rope (8 of 16 dims, IMROPE sections)
     dict(name="tiny-qwen35", arch="qwen35", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
          tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0]),
+    # qwen35moe: the same layers with 4 experts (2 used) and a gated shared expert
+    dict(name="tiny-qwen35moe", arch="qwen35moe", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0],
+         n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -170,7 +174,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
 
     if A == "lfm2":
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
-    if A == "qwen35":
+    if A == "qwen35moe":
+        w.add_uint32(f"{A}.expert_count", s["n_expert"])
+        w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+        w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
+        w.add_uint32(f"{A}.expert_shared_feed_forward_length", s["n_ff_shexp"])
+    if A in ("qwen35", "qwen35moe"):
         w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
         w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
         w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
@@ -315,7 +324,7 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ssm_d", [1, nh], "norm")
             add(b + "ssm_norm.weight", [di // ng, ng], "norm")
             add(b + "ssm_out.weight", [di, n_embd], "w")
-        elif A == "qwen35":
+        elif A in ("qwen35", "qwen35moe"):
             m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
             kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]
             n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
@@ -338,6 +347,17 @@ def _recurrent_layers(add, s) -> None:
                 add(b + "attn_k_norm.weight", [hd], "norm")
                 add(b + "attn_output.weight", [n_q, n_embd], "w")
             add(b + "post_attention_norm.weight", [n_embd], "norm")
+            if A == "qwen35moe":
+                ne_, fe, fs = s["n_expert"], s["n_ff_exp"], s["n_ff_shexp"]
+                add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router")
+                add(b + "ffn_gate_exps.weight", [n_embd, fe, ne_], "w")
+                add(b + "ffn_up_exps.weight", [n_embd, fe, ne_], "w")
+                add(b + "ffn_down_exps.weight", [fe, n_embd, ne_], "w")
+                add(b + "ffn_gate_inp_shexp.weight", [n_embd], "router")
+                add(b + "ffn_gate_shexp.weight", [n_embd, fs], "w")
+                add(b + "ffn_up_shexp.weight", [n_embd, fs], "w")
+                add(b + "ffn_down_shexp.weight", [fs, n_embd], "w")
+                continue
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")

@@ -21,7 +21,7 @@ import numpy as np
 HERE = Path(__file__).parent
 N_SEQ_MAX = 4
 # architectures whose KV cache cannot shift positions: the script goes without add / div
-NO_SHIFT = ("qwen35",)
+NO_SHIFT = ("qwen35", "qwen35moe")
 _A = "17,300,5,901,44,1203,8,77"
 _B = "999,3,1500,62,11,470"
 # two sequences of different lengths in one batch (equal split: 6 + 6, then 2 of seq 0);

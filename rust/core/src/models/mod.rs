@@ -73,6 +73,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &mamba2::Mamba2,
     &lfm2::Lfm2,
     &qwen35::Qwen35,
+    &qwen35::Qwen35Moe,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

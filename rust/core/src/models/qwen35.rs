@@ -17,8 +17,12 @@
 //! sigmoid(beta); the output RMS-normed per head times SiLU(`attn_gate` x); `ssm_out`.
 //! Files with NextN/MTP layers are refused (llama.cpp skips them in the main pass, but
 //! their count changes the layer indices).
+//!
+//! `qwen35moe` (Qwen3.5-MoE) is the same with a mixture-of-experts feed-forward: softmax
+//! routing over `expert_count` experts, the `expert_used_count` best renormalized, plus a
+//! shared SwiGLU expert scaled by sigmoid(`ffn_gate_inp_shexp` x), added after.
 
-use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::mamba2::SsmParams;
 use super::{common_hparams_ext, Arch};
@@ -35,6 +39,19 @@ use crate::quant;
 use std::sync::Mutex;
 
 pub struct Qwen35;
+pub struct Qwen35Moe;
+
+/// The MoE variant's feed-forward widths: experts (`expert_feed_forward_length`, else
+/// n_ff / n_expert_used) and the shared expert (`expert_shared_feed_forward_length`, else n_ff).
+fn moe_widths(meta: &Meta, hp: &HParams) -> Result<(usize, usize)> {
+    let n_ff = hp.n_ff.first().copied().unwrap_or(0);
+    let fe = if hp.n_ff_exp > 0 { hp.n_ff_exp } else { n_ff / hp.n_expert_used.max(1) };
+    let fs = meta.u("expert_shared_feed_forward_length")?.unwrap_or(n_ff);
+    if fe == 0 || fs == 0 || fe > crate::hparams::MAX_DIM || fs > crate::hparams::MAX_DIM {
+        return Err(Error::Unsupported(format!("{}: expert feed-forward widths {fe} / {fs} must be in [1, 2^24]", meta.file.path)));
+    }
+    Ok((fe, fs))
+}
 
 /// Which layers are gated delta-net layers (llama.cpp's is_recr).
 fn recurrent_layers(meta: &Meta, n_layer: usize) -> Result<Vec<bool>> {
@@ -73,12 +90,38 @@ fn check_file(meta: &Meta) -> Result<()> {
     Ok(())
 }
 
-impl Arch for Qwen35 {
+impl Arch for Qwen35Moe {
     fn name(&self) -> &'static str {
-        "qwen35"
+        "qwen35moe"
     }
-
+    fn moe(&self) -> bool {
+        true
+    }
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        let mut hp = qwen35_hparams(meta, n_vocab)?;
+        let (fe, fs) = moe_widths(meta, &hp)?;
+        hp.n_ff_exp = fe;
+        // the scratch of the feed-forward is sized from n_ff: room for either expert kind
+        for f in hp.n_ff.iter_mut() {
+            *f = (*f).max(fe).max(fs);
+        }
+        Ok(hp)
+    }
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        match hp.n_layer {
+            40 => "35B.A3B",
+            48 => "122B.A10B",
+            60 => "397B.A17B",
+            _ => "?B",
+        }
+    }
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        build(ld, cp, self.name(), true)
+    }
+}
+
+fn qwen35_hparams(meta: &Meta, n_vocab: usize) -> Result<HParams> {
+    {
         check_file(meta)?;
         let sp = SsmParams::read(meta, true)?;
         if sp.d_inner != sp.d_state * sp.n_head {
@@ -94,6 +137,16 @@ impl Arch for Qwen35 {
         }
         Ok(hp)
     }
+}
+
+impl Arch for Qwen35 {
+    fn name(&self) -> &'static str {
+        "qwen35"
+    }
+
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        qwen35_hparams(meta, n_vocab)
+    }
 
     fn type_name(&self, hp: &HParams) -> &'static str {
         match (hp.n_layer, hp.n_embd) {
@@ -107,8 +160,14 @@ impl Arch for Qwen35 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        build(ld, cp, self.name(), false)
+    }
+}
+
+fn build(ld: &Loader, cp: &ContextParams, arch: &str, moe: bool) -> Result<Box<dyn Forward>> {
+    {
         let hp = ld.hp();
-        let meta = Meta { file: &ld.model().files[0], arch: self.name() };
+        let meta = Meta { file: &ld.model().files[0], arch };
         check_file(&meta)?;
         let sp = SsmParams::read(&meta, true)?;
         let recr = recurrent_layers(&meta, hp.n_layer)?;
@@ -153,13 +212,31 @@ impl Arch for Qwen35 {
                     rope: layer_rope(hp, cp, il, None),
                 }
             };
+            let ffn = if moe {
+                let (fe, fs) = moe_widths(&meta, hp)?;
+                let nx = hp.n_expert;
+                Ffn::Moe {
+                    router: ld.req(&b("ffn_gate_inp.weight"), &[ne, nx])?,
+                    gate: ld.req(&b("ffn_gate_exps.weight"), &[ne, fe, nx])?,
+                    up: ld.req(&b("ffn_up_exps.weight"), &[ne, fe, nx])?,
+                    down: ld.req(&b("ffn_down_exps.weight"), &[fe, ne, nx])?,
+                    sh_inp: ld.req(&b("ffn_gate_inp_shexp.weight"), &[ne])?,
+                    sh_gate: ld.req(&b("ffn_gate_shexp.weight"), &[ne, fs])?,
+                    sh_up: ld.req(&b("ffn_up_shexp.weight"), &[ne, fs])?,
+                    sh_down: ld.req(&b("ffn_down_shexp.weight"), &[fs, ne])?,
+                }
+            } else {
+                Ffn::Dense {
+                    gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
+                    up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
+                    down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
+                }
+            };
             layers.push(Layer {
                 attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
                 post_norm: ld.req_vec(&b("post_attention_norm.weight"), &[ne])?,
                 mixer,
-                gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
-                up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
-                down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
+                ffn,
             });
         }
         Ok(Box::new(Qwen35Fwd {
@@ -170,6 +247,7 @@ impl Arch for Qwen35 {
             recr,
             sp,
             eps: hp.f_norm_rms_eps,
+            n_expert_used: hp.n_expert_used,
             scratch: Mutex::new(Scratch::default()),
             _keep: ld.keep(),
         }))
@@ -200,13 +278,29 @@ enum Mixer {
     },
 }
 
+enum Ffn {
+    Dense {
+        gate: TensorView<'static>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+    },
+    Moe {
+        router: TensorView<'static>,
+        gate: TensorView<'static>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+        sh_inp: TensorView<'static>,
+        sh_gate: TensorView<'static>,
+        sh_up: TensorView<'static>,
+        sh_down: TensorView<'static>,
+    },
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     post_norm: Vec<f32>,
     mixer: Mixer,
-    gate: TensorView<'static>,
-    up: TensorView<'static>,
-    down: TensorView<'static>,
+    ffn: Ffn,
 }
 
 #[derive(Default)]
@@ -229,6 +323,7 @@ struct Qwen35Fwd {
     recr: Vec<bool>,
     sp: SsmParams,
     eps: f32,
+    n_expert_used: usize,
     scratch: Mutex<Scratch>,
     _keep: Keep,
 }
@@ -436,8 +531,33 @@ impl Forward for Qwen35Fwd {
             st.residual();
             crate::cb!(st, "attn_residual", il, x, ne);
             st.build_norm(&l.post_norm, None, Norm::Rms, self.eps);
-            let f = FfnWeights { gate: Some(&l.gate), gate_b: None, up: &l.up, up_b: None, down: &l.down, down_b: None };
-            st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let f = FfnWeights { gate: Some(gate), gate_b: None, up, up_b: None, down, down_b: None };
+                    st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+                }
+                Ffn::Moe { router, gate, up, down, sh_inp, sh_gate, sh_up, sh_down } => {
+                    // shared expert first (its output kept), then the routed experts into tmp
+                    let f = FfnWeights { gate: Some(sh_gate), gate_b: None, up: sh_up, up_b: None, down: sh_down, down_b: None };
+                    st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+                    let n = st.n;
+                    sc.f.resize(n * ne, 0.0);
+                    sc.f[..n * ne].copy_from_slice(&st.b.tmp[..n * ne]);
+                    sc.e.resize(n, 0.0);
+                    {
+                        let b = &mut *st.b;
+                        Step::mm(st.pool, sh_inp, &b.cur, n, &mut sc.e, &mut b.mm_scratch, &mut b.lora)?;
+                    }
+                    let m = MoeWeights { router, gate, up, down };
+                    st.build_moe_ffn(il, &m, self.n_expert_used, true)?;
+                    for t in 0..n {
+                        let g = sigmoid(sc.e[t]);
+                        for (o, sh) in st.b.tmp[t * ne..(t + 1) * ne].iter_mut().zip(&sc.f[t * ne..(t + 1) * ne]) {
+                            *o += sh * g;
+                        }
+                    }
+                }
+            }
             st.residual();
             st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);
