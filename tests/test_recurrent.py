@@ -178,3 +178,15 @@ def test_position_rules(arch, tmp_path_factory):
     else:
         assert _decode_at(ctx, 0, [8, 9], 10) == -1
         assert _decode_at(ctx, 0, [8, 9], 3) == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_n_rs_seq(arch, tmp_path_factory):
+    # llama.cpp keeps rollback snapshots for lfm2 / qwen35 / qwen35moe (pyllama refuses to
+    # pretend), and clamps the request to 0 for the others
+    path = _tiny(arch, tmp_path_factory)
+    if arch in ("lfm2", "qwen35", "qwen35moe"):
+        with pytest.raises(ValueError, match="n_rs_seq"):
+            _context(path, 1, n_rs_seq=2)
+    else:
+        assert L.llama_n_rs_seq(_context(path, 1, n_rs_seq=2)) == 0

@@ -259,8 +259,9 @@ def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
 
 @checked(ctx=_CTX)
 def llama_n_rs_seq(ctx: Context) -> int:
-    """Recurrent-state snapshots per sequence: 0, as llama.cpp clamps it for every
-    architecture without recurrent rollback (all that pyllama runs)."""
+    """Recurrent-state snapshots per sequence: 0 (llama.cpp clamps a request to 0 for
+    architectures without recurrent rollback; for lfm2 / qwen35 / qwen35moe, which have it
+    there, pyllama refuses n_rs_seq > 0 at context creation)."""
     return 0
 
 

@@ -342,6 +342,15 @@ class Context:
         if (params.yarn_ext_factor >= 0 or params.yarn_attn_factor >= 0 or params.yarn_beta_fast >= 0
                 or params.yarn_beta_slow >= 0 or params.yarn_orig_ctx != 0):
             log.warning("llama_init_from_model: yarn_* overrides are not supported and are ignored")
+        if int(params.n_rs_seq) > 0:
+            # llama.cpp keeps n_rs_seq recurrent-state snapshots per sequence (partial
+            # rollback by seq_rm) for the architectures that support it, and clamps it to 0
+            # for the others; pyllama keeps none
+            if core_model.arch in ("lfm2", "qwen35", "qwen35moe"):
+                raise ValueError(f"n_rs_seq = {params.n_rs_seq}: recurrent rollback snapshots are not implemented "
+                                 f"in pyllama (use 0: seq_rm then removes whole sequences only)")
+            log.debug("llama_init_from_model: n_rs_seq = %d requested but %s does not support recurrent partial "
+                      "rollback; clamping to 0", params.n_rs_seq, core_model.arch)
         type_k = _type_name(params.type_k, "type_k")
         type_v = _type_name(params.type_v, "type_v")
         flash_attn = _resolve_flash_attn(int(params.flash_attn_type), type_v)
