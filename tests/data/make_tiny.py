@@ -76,9 +76,14 @@ _SPECS = [
     dict(name="tiny-qwen35moe", arch="qwen35moe", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
          tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0],
          n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
+    # qwen3next: qwen35moe's layers with NEOX rope, a fused beta/alpha projection and the
+    # key heads repeated interleaved; layer 0 has the older fused ssm_in (q, k, v, z)
+    dict(name="tiny-qwen3next", arch="qwen3next", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2),
+         n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -174,16 +179,17 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
 
     if A == "lfm2":
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
-    if A == "qwen35moe":
+    if A in ("qwen35moe", "qwen3next"):
         w.add_uint32(f"{A}.expert_count", s["n_expert"])
         w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
         w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
         w.add_uint32(f"{A}.expert_shared_feed_forward_length", s["n_ff_shexp"])
-    if A in ("qwen35", "qwen35moe"):
+    if A in ("qwen35", "qwen35moe", "qwen3next"):
         w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
         w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
         w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
-        w.add_array(f"{A}.rope.dimension_sections", s["sections"])
+        if "sections" in s:
+            w.add_array(f"{A}.rope.dimension_sections", s["sections"])
         w.add_uint32(f"{A}.full_attention_interval", 4)
 
     if tokenizer_from is not None:
@@ -324,19 +330,25 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ssm_d", [1, nh], "norm")
             add(b + "ssm_norm.weight", [di // ng, ng], "norm")
             add(b + "ssm_out.weight", [di, n_embd], "w")
-        elif A in ("qwen35", "qwen35moe"):
+        elif A in ("qwen35", "qwen35moe", "qwen3next"):
             m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
             kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]
             n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
             add(b + "attn_norm.weight", [n_embd], "norm")
             if (i + 1) % 4 != 0:
-                add(b + "attn_qkv.weight", [n_embd, 2 * kd + vd], "w")
-                add(b + "attn_gate.weight", [n_embd, vd], "w")
+                if A == "qwen3next" and i == 0:
+                    add(b + "ssm_in.weight", [n_embd, 2 * kd + 2 * vd], "w")
+                else:
+                    add(b + "attn_qkv.weight", [n_embd, 2 * kd + vd], "w")
+                    add(b + "attn_gate.weight", [n_embd, vd], "w")
                 add(b + "ssm_conv1d.weight", [m["d_conv"], 2 * kd + vd], "conv")
                 add(b + "ssm_dt.bias", [nh], "bias")
                 add(b + "ssm_a", [nh], "neg")
-                add(b + "ssm_beta.weight", [n_embd, nh], "w")
-                add(b + "ssm_alpha.weight", [n_embd, nh], "w")
+                if A == "qwen3next":
+                    add(b + "ssm_ba.weight", [n_embd, 2 * nh], "w")
+                else:
+                    add(b + "ssm_beta.weight", [n_embd, nh], "w")
+                    add(b + "ssm_alpha.weight", [n_embd, nh], "w")
                 add(b + "ssm_norm.weight", [m["d_state"]], "norm")
                 add(b + "ssm_out.weight", [vd, n_embd], "w")
             else:
@@ -347,7 +359,7 @@ def _recurrent_layers(add, s) -> None:
                 add(b + "attn_k_norm.weight", [hd], "norm")
                 add(b + "attn_output.weight", [n_q, n_embd], "w")
             add(b + "post_attention_norm.weight", [n_embd], "norm")
-            if A == "qwen35moe":
+            if A in ("qwen35moe", "qwen3next"):
                 ne_, fe, fs = s["n_expert"], s["n_ff_exp"], s["n_ff_shexp"]
                 add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router")
                 add(b + "ffn_gate_exps.weight", [n_embd, fe, ne_], "w")

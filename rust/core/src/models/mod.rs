@@ -74,6 +74,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &lfm2::Lfm2,
     &qwen35::Qwen35,
     &qwen35::Qwen35Moe,
+    &qwen35::Qwen3Next,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

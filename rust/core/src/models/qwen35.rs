@@ -21,6 +21,12 @@
 //! `qwen35moe` (Qwen3.5-MoE) is the same with a mixture-of-experts feed-forward: softmax
 //! routing over `expert_count` experts, the `expert_used_count` best renormalized, plus a
 //! shared SwiGLU expert scaled by sigmoid(`ffn_gate_inp_shexp` x), added after.
+//!
+//! `qwen3next` (Qwen3-Next, llama.cpp's src/models/qwen3next.cpp) is the MoE variant with
+//! plain NEOX rope (so it can shift positions), beta and alpha from one `ssm_ba`
+//! projection (per key head: its value heads' betas, then their alphas), the key heads
+//! repeated interleaved (value head h reads key head h / (n_v_heads / n_k_heads)), and, in
+//! older files, q, k, v and z from one `ssm_in` projection laid out per key head.
 
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
@@ -40,6 +46,36 @@ use std::sync::Mutex;
 
 pub struct Qwen35;
 pub struct Qwen35Moe;
+pub struct Qwen3Next;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Qwen35,
+    Qwen35Moe,
+    Qwen3Next,
+}
+
+impl Arch for Qwen3Next {
+    fn name(&self) -> &'static str {
+        "qwen3next"
+    }
+    fn moe(&self) -> bool {
+        true
+    }
+    fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
+        Qwen35Moe.hparams(meta, n_vocab)
+    }
+    fn type_name(&self, hp: &HParams) -> &'static str {
+        if hp.n_layer == 48 {
+            "80B.A3B"
+        } else {
+            "?B"
+        }
+    }
+    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+        build(ld, cp, self.name(), Variant::Qwen3Next)
+    }
+}
 
 /// The MoE variant's feed-forward widths: experts (`expert_feed_forward_length`, else
 /// n_ff / n_expert_used) and the shared expert (`expert_shared_feed_forward_length`, else n_ff).
@@ -82,7 +118,7 @@ fn recurrent_layers(meta: &Meta, n_layer: usize) -> Result<Vec<bool>> {
 fn check_file(meta: &Meta) -> Result<()> {
     if meta.u("nextn_predict_layers")?.unwrap_or(0) > 0 {
         return Err(Error::Unsupported(format!(
-            "{}: '{}' > 0: Qwen3.5 files with NextN (MTP) layers are not supported",
+            "{}: '{}' > 0: Qwen3.5 / Qwen3-Next files with NextN (MTP) layers are not supported",
             meta.file.path,
             meta.key("nextn_predict_layers")
         )));
@@ -116,7 +152,7 @@ impl Arch for Qwen35Moe {
         }
     }
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        build(ld, cp, self.name(), true)
+        build(ld, cp, self.name(), Variant::Qwen35Moe)
     }
 }
 
@@ -160,11 +196,13 @@ impl Arch for Qwen35 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        build(ld, cp, self.name(), false)
+        build(ld, cp, self.name(), Variant::Qwen35)
     }
 }
 
-fn build(ld: &Loader, cp: &ContextParams, arch: &str, moe: bool) -> Result<Box<dyn Forward>> {
+fn build(ld: &Loader, cp: &ContextParams, arch: &str, variant: Variant) -> Result<Box<dyn Forward>> {
+    let moe = variant != Variant::Qwen35;
+    let next = variant == Variant::Qwen3Next;
     {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch };
@@ -183,14 +221,30 @@ fn build(ld: &Loader, cp: &ContextParams, arch: &str, moe: bool) -> Result<Box<d
             let b = |s: &str| format!("blk.{il}.{s}");
             let nf = hp.n_ff[il];
             let mixer = if recr[il] {
+                let qkvz = match (next, ld.opt(&b("attn_qkv.weight"), &[ne, 2 * key_dim + value_dim])?) {
+                    (true, None) => Qkvz::Legacy(ld.req(&b("ssm_in.weight"), &[ne, 2 * key_dim + 2 * value_dim])?),
+                    (_, w) => Qkvz::Split {
+                        wqkv: match w {
+                            Some(w) => w,
+                            None => ld.req(&b("attn_qkv.weight"), &[ne, 2 * key_dim + value_dim])?,
+                        },
+                        wgate: ld.req(&b("attn_gate.weight"), &[ne, value_dim])?,
+                    },
+                };
+                let ba = if next {
+                    Ba::Fused(ld.req(&b("ssm_ba.weight"), &[ne, 2 * sp.n_head])?)
+                } else {
+                    Ba::Split {
+                        beta: ld.req(&b("ssm_beta.weight"), &[ne, sp.n_head])?,
+                        alpha: ld.req(&b("ssm_alpha.weight"), &[ne, sp.n_head])?,
+                    }
+                };
                 Mixer::Gdn {
-                    wqkv: ld.req(&b("attn_qkv.weight"), &[ne, 2 * key_dim + value_dim])?,
-                    wgate: ld.req(&b("attn_gate.weight"), &[ne, value_dim])?,
+                    qkvz,
+                    ba,
                     conv: ld.req_vec(&b("ssm_conv1d.weight"), &[sp.d_conv, conv_dim])?,
                     dt_b: ld.req_vec(&b("ssm_dt.bias"), &[sp.n_head])?,
                     a: ld.req_vec(&b("ssm_a"), &[sp.n_head])?,
-                    beta: ld.req(&b("ssm_beta.weight"), &[ne, sp.n_head])?,
-                    alpha: ld.req(&b("ssm_alpha.weight"), &[ne, sp.n_head])?,
                     norm: ld.req_vec(&b("ssm_norm.weight"), &[sp.d_state])?,
                     out: ld.req(&b("ssm_out.weight"), &[value_dim, ne])?,
                 }
@@ -248,6 +302,7 @@ fn build(ld: &Loader, cp: &ContextParams, arch: &str, moe: bool) -> Result<Box<d
             sp,
             eps: hp.f_norm_rms_eps,
             n_expert_used: hp.n_expert_used,
+            variant,
             scratch: Mutex::new(Scratch::default()),
             _keep: ld.keep(),
         }))
@@ -265,17 +320,29 @@ enum Mixer {
         rope: RopeParams,
     },
     Gdn {
-        wqkv: TensorView<'static>,
-        wgate: TensorView<'static>,
+        qkvz: Qkvz,
+        ba: Ba,
         /// [conv_dim][d_conv]
         conv: Vec<f32>,
         dt_b: Vec<f32>,
         a: Vec<f32>,
-        beta: TensorView<'static>,
-        alpha: TensorView<'static>,
         norm: Vec<f32>,
         out: TensorView<'static>,
     },
+}
+
+/// Where q, k, v (the conv channels) and z come from.
+enum Qkvz {
+    Split { wqkv: TensorView<'static>, wgate: TensorView<'static> },
+    /// qwen3next's older files: one projection, per key head [q, k, v (its value heads), z].
+    Legacy(TensorView<'static>),
+}
+
+/// Where beta and alpha come from.
+enum Ba {
+    Split { beta: TensorView<'static>, alpha: TensorView<'static> },
+    /// qwen3next: one projection, per key head [its value heads' betas, then alphas].
+    Fused(TensorView<'static>),
 }
 
 enum Ffn {
@@ -324,6 +391,7 @@ struct Qwen35Fwd {
     sp: SsmParams,
     eps: f32,
     n_expert_used: usize,
+    variant: Variant,
     scratch: Mutex<Scratch>,
     _keep: Keep,
 }
@@ -405,8 +473,8 @@ fn gated_attn(
 
 /// The gated delta-net block of layer `il`: in `cur` [n, n_embd], out `tmp` [n, n_embd].
 #[allow(clippy::too_many_arguments)]
-fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32, sc: &mut Scratch) -> Result<()> {
-    let Mixer::Gdn { wqkv, wgate, conv, dt_b, a, beta, alpha, norm, out } = m else {
+fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32, interleave: bool, sc: &mut Scratch) -> Result<()> {
+    let Mixer::Gdn { qkvz, ba, conv, dt_b, a, norm, out } = m else {
         return Err(Error::Invalid("internal: not a delta-net layer".into()));
     };
     let n = st.n;
@@ -423,15 +491,53 @@ fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32
     sc.d.resize(n * cd, 0.0); // conv output
     sc.e.resize(n * vd, 0.0); // delta-net output
     sc.delta.resize(sv, 0.0);
+    let r = hv / hk; // value heads per key head
     {
         let b = &mut *st.b;
-        Step::mm(st.pool, wqkv, &b.cur, n, &mut sc.a, &mut b.mm_scratch, &mut b.lora)?;
-        Step::mm(st.pool, wgate, &b.cur, n, &mut sc.b, &mut b.mm_scratch, &mut b.lora)?;
-        sc.f.resize(n * hv, 0.0);
-        Step::mm(st.pool, beta, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
-        sc.c[..n * hv].copy_from_slice(&sc.f[..n * hv]);
-        Step::mm(st.pool, alpha, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
-        sc.c[n * hv..2 * n * hv].copy_from_slice(&sc.f[..n * hv]);
+        match qkvz {
+            Qkvz::Split { wqkv, wgate } => {
+                Step::mm(st.pool, wqkv, &b.cur, n, &mut sc.a, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm(st.pool, wgate, &b.cur, n, &mut sc.b, &mut b.mm_scratch, &mut b.lora)?;
+            }
+            Qkvz::Legacy(w) => {
+                let width = 2 * key_dim + 2 * vd;
+                let per = 2 * sk + 2 * sv * r;
+                sc.f.resize(n * width, 0.0);
+                Step::mm(st.pool, w, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
+                for t in 0..n {
+                    let src = &sc.f[t * width..(t + 1) * width];
+                    let (qkv, z) = (&mut sc.a[t * cd..(t + 1) * cd], &mut sc.b[t * vd..(t + 1) * vd]);
+                    for g in 0..hk {
+                        let s0 = &src[g * per..(g + 1) * per];
+                        qkv[g * sk..(g + 1) * sk].copy_from_slice(&s0[..sk]);
+                        qkv[key_dim + g * sk..key_dim + (g + 1) * sk].copy_from_slice(&s0[sk..2 * sk]);
+                        qkv[2 * key_dim + g * sv * r..2 * key_dim + (g + 1) * sv * r].copy_from_slice(&s0[2 * sk..2 * sk + sv * r]);
+                        z[g * sv * r..(g + 1) * sv * r].copy_from_slice(&s0[2 * sk + sv * r..]);
+                    }
+                }
+            }
+        }
+        match ba {
+            Ba::Split { beta, alpha } => {
+                sc.f.resize(n * hv, 0.0);
+                Step::mm(st.pool, beta, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
+                sc.c[..n * hv].copy_from_slice(&sc.f[..n * hv]);
+                Step::mm(st.pool, alpha, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
+                sc.c[n * hv..2 * n * hv].copy_from_slice(&sc.f[..n * hv]);
+            }
+            Ba::Fused(w) => {
+                sc.f.resize(n * 2 * hv, 0.0);
+                Step::mm(st.pool, w, &b.cur, n, &mut sc.f, &mut b.mm_scratch, &mut b.lora)?;
+                for t in 0..n {
+                    for g in 0..hk {
+                        for j in 0..r {
+                            sc.c[t * hv + g * r + j] = sc.f[t * 2 * hv + g * 2 * r + j];
+                            sc.c[n * hv + t * hv + g * r + j] = sc.f[t * 2 * hv + g * 2 * r + r + j];
+                        }
+                    }
+                }
+            }
+        }
     }
     // beta = sigmoid(beta); g = softplus(alpha + dt_bias) * a
     let (betas, gs) = sc.c.split_at_mut(n * hv);
@@ -471,7 +577,9 @@ fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32
             let row = k * nt + t;
             let qkv = &sc.d[row * cd..(row + 1) * cd];
             for h in 0..hv {
-                let kh = h % hk;
+                // qwen3next repeats the key heads interleaved before the op; Qwen3.5's fused
+                // op broadcasts them (value head h reads key head h % n_k_heads)
+                let kh = if interleave { h / r } else { h % hk };
                 let q = &qkv[kh * sk..(kh + 1) * sk];
                 let kk = &qkv[key_dim + kh * sk..key_dim + (kh + 1) * sk];
                 let v = &qkv[2 * key_dim + h * sv..2 * key_dim + (h + 1) * sv];
@@ -507,8 +615,8 @@ impl Forward for Qwen35Fwd {
     }
 
     fn can_shift(&self) -> bool {
-        // llama.cpp: a KV cache with several positions per token (M-RoPE) cannot K-shift
-        false
+        // llama.cpp: a KV cache with several positions per token (Qwen3.5's M-RoPE) cannot K-shift
+        self.variant == Variant::Qwen3Next
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {
@@ -523,7 +631,9 @@ impl Forward for Qwen35Fwd {
                 Mixer::Attn { wq, wk, wv, wo, q_norm, k_norm, rope } => {
                     gated_attn(st, il, wq, wk, wv, wo, q_norm, k_norm, rope, self.eps, &mut sc)?
                 }
-                m @ Mixer::Gdn { .. } => gated_delta_net(st, il, m, &self.sp, self.eps, &mut sc)?,
+                m @ Mixer::Gdn { .. } => {
+                    gated_delta_net(st, il, m, &self.sp, self.eps, self.variant == Variant::Qwen3Next, &mut sc)?
+                }
             }
             if il == nl - 1 && !st.select_outputs() {
                 return Ok(());
