@@ -81,9 +81,13 @@ _SPECS = [
     dict(name="tiny-qwen3next", arch="qwen3next", n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
          tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2),
          n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
+    # falcon-h1: attention and a Mamba-2 mixer side by side in every layer; FFN norm named
+    # blk.N.ffn_norm (no .weight), as llama.cpp loads it
+    dict(name="tiny-falcon-h1", arch="falcon-h1", head_dim=16, rope_base=1000000.0, eps=1e-5, tied=False,
+         ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=1)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -317,7 +321,7 @@ def _recurrent_layers(add, s) -> None:
     n_embd, A = s["n_embd"], s["arch"]
     for i in range(s["n_layer"]):
         b = f"blk.{i}."
-        if A == "mamba2":
+        if A in ("mamba2", "falcon-h1"):
             m = s["ssm"]
             di, ds, nh, ng, dc = m["d_inner"], m["d_state"], m["n_head"], m["n_group"], m["d_conv"]
             conv_dim = di + 2 * ng * ds
@@ -330,6 +334,17 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ssm_d", [1, nh], "norm")
             add(b + "ssm_norm.weight", [di // ng, ng], "norm")
             add(b + "ssm_out.weight", [di, n_embd], "w")
+            if A == "falcon-h1":
+                n_ff, hd = s["n_ff"], s["head_dim"]
+                n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+                add(b + "attn_q.weight", [n_embd, n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+                add(b + "ffn_norm", [n_embd], "norm")
+                add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+                add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+                add(b + "ffn_down.weight", [n_ff, n_embd], "w")
         elif A in ("qwen35", "qwen35moe", "qwen3next"):
             m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
             kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]

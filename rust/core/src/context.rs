@@ -53,6 +53,11 @@ pub trait Forward: Send + Sync {
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         None
     }
+    /// The layers with a KV cache when it is not "every non-recurrent layer" (Falcon-H1:
+    /// attention and a Mamba-2 mixer side by side in every layer).
+    fn kv_layers(&self) -> Option<Vec<bool>> {
+        None
+    }
     /// Whether cached keys can be re-roped to new positions (llama.cpp's get_can_shift:
     /// false with several positions per token, M-RoPE).
     fn can_shift(&self) -> bool {
@@ -271,14 +276,18 @@ impl Context {
         let nl = hp.n_layer;
         let recr = fwd.recurrent();
         let is_recr = |il: usize| recr.as_ref().is_some_and(|r| r.0.get(il).copied().unwrap_or(false));
+        let kv_layers: Vec<bool> = match fwd.kv_layers() {
+            Some(v) => (0..nl).map(|il| v.get(il).copied().unwrap_or(false)).collect(),
+            None => (0..nl).map(|il| !is_recr(il)).collect(),
+        };
         let mem_kind = match &recr {
             None => MemKind::Kv,
-            Some((l, _, _)) if l.iter().all(|&x| x) => MemKind::Recurrent,
+            Some(_) if !kv_layers.iter().any(|&x| x) => MemKind::Recurrent,
             Some(_) => MemKind::Hybrid,
         };
-        // recurrent layers keep no K/V rows (a pure recurrent model: a one-cell dummy cache)
-        let ek: Vec<usize> = (0..nl).map(|il| if is_recr(il) { 0 } else { hp.n_embd_k_gqa(il) }).collect();
-        let ev: Vec<usize> = (0..nl).map(|il| if is_recr(il) { 0 } else { hp.n_embd_v_gqa(il) }).collect();
+        // layers without attention keep no K/V rows (a pure recurrent model: a one-cell dummy cache)
+        let ek: Vec<usize> = (0..nl).map(|il| if kv_layers[il] { hp.n_embd_k_gqa(il) } else { 0 }).collect();
+        let ev: Vec<usize> = (0..nl).map(|il| if kv_layers[il] { hp.n_embd_v_gqa(il) } else { 0 }).collect();
         let n_ctx_seq = size;
         let (size, n_stream) = if mem_kind == MemKind::Recurrent { (1, 1) } else { (size, n_stream) };
         // attention reads one head of a cached row at a time: a quantized cache type needs

@@ -25,6 +25,7 @@ pub mod starcoder2;
 pub mod mamba2;
 pub mod lfm2;
 pub mod qwen35;
+pub mod falcon_h1;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -75,6 +76,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen35,
     &qwen35::Qwen35Moe,
     &qwen35::Qwen3Next,
+    &falcon_h1::FalconH1,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
