@@ -5,7 +5,7 @@ other sequences share the batch or the cache. Checked on the tiny llama, gemma3
 olmo2 (post-norms only, whole-projection q/k norms), granite (embedding, residual and
 logit scales; FFN biases), starcoder2 (LayerNorm, biases, GELU FFN), exaone4 (post-norms, per-head q/k norms), glm4
 (pre- and post-norms, partial rope, fused gate+up), the recurrent mamba2 and the hybrids
-lfm2, qwen35, qwen35moe, qwen3next and falcon-h1 (recurrent states per sequence beside the KV cache), and on
+lfm2, qwen35, qwen35moe, qwen3next, falcon-h1 and granitehybrid (recurrent states per sequence beside the KV cache), and on
 SmolLM2."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4",
-                                                 "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1"])
+                                                 "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])
 

@@ -191,7 +191,7 @@ def check_greedy_and_teacher_forcing(path: Path, prefix: Path) -> None:
 TINY_LLAMA = ["F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_M-mix", "Q4_1",
               "Q4_0", "IQ4_NL", "IQ4_XS", "Q3_K_M", "Q2_K"]
 TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2", "phi3", "mistral3",
-              "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
+              "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
 TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_0embd"]
         + [f"tiny-{a}-{t}" for a in TINY_OTHER for t in ("F32", "Q8_0")])
 

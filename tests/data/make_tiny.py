@@ -85,9 +85,13 @@ _SPECS = [
     # blk.N.ffn_norm (no .weight), as llama.cpp loads it
     dict(name="tiny-falcon-h1", arch="falcon-h1", head_dim=16, rope_base=1000000.0, eps=1e-5, tied=False,
          ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=1)),
+    # granitehybrid: Mamba-2 layers (head_count_kv 0) and one attention layer, Granite's scales
+    dict(name="tiny-granitehybrid", arch="granitehybrid", n_layer=4, n_head_kv=[0, 2, 0, 0], head_dim=16,
+         rope_base=10000000.0, eps=1e-5, tied=False, ssm=dict(d_conv=4, d_inner=128, d_state=16, n_head=8, n_group=1),
+         granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
 SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -183,6 +187,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
 
     if A == "lfm2":
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
+    if A == "granitehybrid":
+        g = s["granite"]
+        w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
+        w.add_float32(f"{A}.residual_scale", g["residual_scale"])
+        w.add_float32(f"{A}.attention.scale", g["attention_scale"])
+        w.add_float32(f"{A}.logit_scale", g["logit_scale"])
     if A in ("qwen35moe", "qwen3next"):
         w.add_uint32(f"{A}.expert_count", s["n_expert"])
         w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
@@ -321,7 +331,7 @@ def _recurrent_layers(add, s) -> None:
     n_embd, A = s["n_embd"], s["arch"]
     for i in range(s["n_layer"]):
         b = f"blk.{i}."
-        if A in ("mamba2", "falcon-h1"):
+        if A in ("mamba2", "falcon-h1") or (A == "granitehybrid" and s["n_head_kv"][i] == 0):
             m = s["ssm"]
             di, ds, nh, ng, dc = m["d_inner"], m["d_state"], m["n_head"], m["n_group"], m["d_conv"]
             conv_dim = di + 2 * ng * ds
@@ -345,6 +355,19 @@ def _recurrent_layers(add, s) -> None:
                 add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
                 add(b + "ffn_up.weight", [n_embd, n_ff], "w")
                 add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        if A == "granitehybrid":
+            n_ff, hd = s["n_ff"], s["head_dim"]
+            n_q, n_kv = s["n_head"] * hd, s["n_head_kv"][i] * hd
+            if n_kv:
+                add(b + "attn_norm.weight", [n_embd], "norm")
+                add(b + "attn_q.weight", [n_embd, n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+            add(b + "ffn_norm.weight", [n_embd], "norm")
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
         elif A in ("qwen35", "qwen35moe", "qwen3next"):
             m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
             kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]

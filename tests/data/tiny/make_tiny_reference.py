@@ -31,7 +31,7 @@ TOPK = 20
 N_GEN = 12
 # architectures whose reference also holds llama.cpp's greedy continuation (checked by
 # tests/test_logits.py up to the first near tie)
-GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1"}
+GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid"}
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ pub mod mamba2;
 pub mod lfm2;
 pub mod qwen35;
 pub mod falcon_h1;
+pub mod granite_hybrid;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -42,6 +43,12 @@ pub trait Arch: Sync {
     /// is refused for the others: a dense forward pass would run without the experts).
     fn moe(&self) -> bool {
         false
+    }
+    /// Whether this file's hyperparameters make a mixture-of-experts model (the check of
+    /// `expert_count` at load); architectures that come both ways (granite-hybrid) decide
+    /// from `hp`.
+    fn moe_for(&self, _hp: &HParams) -> bool {
+        self.moe()
     }
     /// llama.cpp's size class for llama_model_desc ("270M", "1B"; "?B" when unknown).
     fn type_name(&self, _hp: &HParams) -> &'static str {
@@ -77,6 +84,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen35Moe,
     &qwen35::Qwen3Next,
     &falcon_h1::FalconH1,
+    &granite_hybrid::GraniteHybrid,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
