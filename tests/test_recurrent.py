@@ -190,3 +190,52 @@ def test_n_rs_seq(arch, tmp_path_factory):
             _context(path, 1, n_rs_seq=2)
     else:
         assert L.llama_n_rs_seq(_context(path, 1, n_rs_seq=2)) == 0
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "qwen35"])
+def test_llama_generate_reuses_prefix_only_where_the_state_allows(arch, tmp_path_factory):
+    # Llama.generate keeps the common prefix of the previous prompt in the cache; a
+    # recurrent state cannot drop its last tokens (seq_rm is false), so a prompt that
+    # diverges from the cached one is decoded again from the start, and greedy tokens
+    # equal those of a fresh Llama
+    import importlib.util
+
+    import gguf
+
+    from pyllama import Llama
+
+    # the fixtures' synthetic vocabulary has no merges, which a Llama's tokenizer needs:
+    # the same weights with a loadable 2048-token BPE vocabulary
+    d = tmp_path_factory.mktemp(f"vocab-{arch}")
+    w = gguf.GGUFWriter(str(d / "vocab.gguf"), "llama")
+    toks = [f"<t{i}>" for i in range(2048)]
+    toks[2:5] = ["a", "b", "ab"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(toks)
+    w.add_token_types([3 if i < 2 else 1 for i in range(2048)])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    spec = importlib.util.spec_from_file_location("make_tiny", DATA / "make_tiny.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    path = str(mk.write_tiny(arch, d, "F32", tokenizer_from=d / "vocab.gguf"))
+    a = [17, 300, 5, 901, 44, 1203]
+    b = a[:3] + [8, 77, 999]
+
+    def greedy(llm, prompt, n=4):
+        out = []
+        for tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+            out.append(tok)
+            if len(out) == n:
+                break
+        return out
+
+    llm = Llama(path, n_ctx=256, verbose=False)
+    greedy(llm, a)
+    assert greedy(llm, b) == greedy(Llama(path, n_ctx=256, verbose=False), b)

@@ -401,7 +401,10 @@ class Engine:
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
         if common < len(slot.cache):
-            self.ctx.seq_rm(slot.id, common, -1)
+            if not self.ctx.seq_rm(slot.id, common, -1):
+                # a recurrent state cannot drop its last tokens (as in llama.cpp): start over
+                self.ctx.seq_rm(slot.id, -1, -1)
+                common = 0
             del slot.cache[common:]
         job.n_cached = common
         self.m["prompt_tokens_cached_total"] += common
