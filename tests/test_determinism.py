@@ -6,7 +6,9 @@ olmo2 (post-norms only, whole-projection q/k norms), granite (embedding, residua
 logit scales; FFN biases), starcoder2 (LayerNorm, biases, GELU FFN), exaone4 (post-norms, per-head q/k norms), glm4
 (pre- and post-norms, partial rope, fused gate+up), the MoE architectures llama4, phimoe,
 granitemoe, glm4moe, gpt-oss (attention sinks), deepseek2 and mistral4 (MLA), cohere2
-(parallel block, sliding window) and on SmolLM2."""
+(parallel block, sliding window), the recurrent mamba2 and the hybrids lfm2, qwen35,
+qwen35moe, qwen3next, falcon-h1 and granitehybrid (recurrent states per sequence beside the
+KV cache), and on SmolLM2."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4",
                                             "llama4", "phimoe", "granitemoe", "glm4moe",
-                                            "cohere2", "gpt-oss", "deepseek2", "mistral4"])
+                                            "cohere2", "gpt-oss", "deepseek2", "mistral4",
+                                            "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
+                                            "granitehybrid"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])
 

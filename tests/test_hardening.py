@@ -25,7 +25,8 @@ from pyllama import Context, Model
 from pyllama import llama_api as L
 
 DATA = Path(__file__).parent / "data"
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "phi2", "gemma", "gemma2", "gemma3", "mistral3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4"]
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "phi2", "gemma", "gemma2", "gemma3", "mistral3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4",
+         "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid"]
 VALUES = [2**16, 2**20, 2**31, 2**32 - 1]
 # keys swept on every architecture (added when the file lacks them), beside every integer
 # {arch}.* key the file has
@@ -95,7 +96,7 @@ def test_hyperparameter_sweep_never_crashes(tiny_model_path, arch):
     abort (issue 24: expert_used_count = 2^31 made Context() abort on 2 TiB)."""
     path = tiny_model_path(arch)
     done = _sweep(path, arch, _sweep_values())
-    moe = arch == "qwen3moe"
+    moe = arch in ("qwen3moe", "qwen35moe", "qwen3next")
     for v in (2**20, 2**31, 2**32 - 1):
         out = done[(f"{arch}.expert_used_count", v)]
         assert out.startswith("UnsupportedModelError") and "expert_used_count" in out, out
@@ -402,7 +403,7 @@ _FUZZ_CHILD = textwrap.dedent(r'''
 ''')
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3", "phi3", "qwen35"])
 def test_mutated_model_files_load_run_or_fail_cleanly(tiny_model_path, tmp_path, arch):
     """Random corruption of a real model's metadata and tensor index (bit flips, random
     bytes, extreme integers), then load + context creation + a decode, each in a child with

@@ -259,8 +259,9 @@ def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
 
 @checked(ctx=_CTX)
 def llama_n_rs_seq(ctx: Context) -> int:
-    """Recurrent-state snapshots per sequence: 0, as llama.cpp clamps it for every
-    architecture without recurrent rollback (all that pyllama runs)."""
+    """Recurrent-state snapshots per sequence: 0 (llama.cpp clamps a request to 0 for
+    architectures without recurrent rollback; for lfm2 / qwen35 / qwen35moe, which have it
+    there, pyllama refuses n_rs_seq > 0 at context creation)."""
     return 0
 
 
@@ -358,10 +359,14 @@ def llama_memory_seq_pos_max(mem: llama_memory_t, seq_id: int) -> int:
 
 @checked(mem=_MEM)
 def llama_memory_can_shift(mem: llama_memory_t) -> bool:
-    """RoPE models can shift positions (seq_add/seq_div re-rope K)."""
+    """Whether positions can be shifted (seq_add/seq_div re-rope the cached keys): true,
+    as in llama.cpp, for RoPE models and recurrent states (only a position moves); false
+    for M-RoPE models (Qwen3.5), whose seq_add/seq_div llama.cpp cannot follow with a
+    decode (pyllama refuses them)."""
     if mem is None:
         return False
-    return True
+    core = getattr(mem, "_core", None)
+    return bool(core.can_shift) if core is not None else True
 
 
 # ---------------------------------------------------------------------- batches

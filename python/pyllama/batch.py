@@ -214,13 +214,17 @@ def allocate(
     output_all: bool = False,
     warn: Optional[Callable[[str], None]] = None,
     kv_unified: bool = True,
+    mrope: bool = False,
 ) -> AllocatedBatch:
     """Validate ``batch`` against the cache and fill in what it leaves out.
 
     ``seq_pos_min/max(s)`` report the cache's first/last position of sequence ``s`` (-1 when
     empty). ``output_all`` (embeddings contexts) marks every entry as an output.
     ``kv_unified=False`` (one KV stream per sequence) refuses entries shared by several
-    sequences, as llama.cpp does without ``-kvu``. Raises
+    sequences, as llama.cpp does without ``-kvu``. ``mrope`` (M-RoPE models: Qwen3.5)
+    takes llama.cpp's rule for them instead of consecutive positions: a sequence's tokens
+    must start after its last cached position (X < Y; X <= Y for embeddings), gaps
+    allowed. Raises
     :class:`InvalidBatchError` with a message modelled on llama.cpp's, naming the entry.
     """
     n = int(batch.n_tokens)
@@ -363,6 +367,15 @@ def allocate(
     for s in sorted(seq_posset):
         p0 = seq_pos_max(s)
         pmin, pmax = seq_pos[s]
+        if mrope:
+            if p0 >= 0 and (p0 >= pmin if token is not None else p0 > pmin):
+                raise InvalidBatchError(
+                    f"the tokens of sequence {s} in the input batch have inconsistent sequence positions:\n"
+                    f" - the last position stored in the memory module of the context (i.e. the KV cache) "
+                    f"for sequence {s} is X = {p0}\n"
+                    f" - the tokens for sequence {s} in the input batch have a starting position of Y = {pmin}\n"
+                    f" for M-RoPE, it is required that the position satisfies: X {'<' if token is not None else '<='} Y")
+            continue
         if p0 >= 0 and pmin != p0 + 1:
             raise InvalidBatchError(
                 f"the tokens of sequence {s} in the input batch have inconsistent sequence positions:\n"
@@ -458,6 +471,39 @@ def split_simple(n_tokens: int, n_ubatch: int) -> list[np.ndarray]:
         raise ValueError(f"n_ubatch = {n_ubatch} must be >= 1")
     idx = np.arange(n_tokens, dtype=np.int32)
     return [idx[i : i + n_ubatch] for i in range(0, n_tokens, n_ubatch)]
+
+
+def split_seq(ab: AllocatedBatch, n_ubatch: int) -> list[np.ndarray]:
+    """llama.cpp's ``split_seq`` (recurrent and hybrid memories when every token is an
+    output): each micro-batch follows one sequence set from its first unused entry, taking
+    the later entries whose sequence set is a subset of the last one taken, up to
+    ``n_ubatch`` entries."""
+    if n_ubatch < 1:
+        raise ValueError(f"n_ubatch = {n_ubatch} must be >= 1")
+    n = ab.n_tokens
+    used = np.zeros(n, dtype=bool)
+    out: list[np.ndarray] = []
+    start = 0
+    while True:
+        while start < n and used[start]:
+            start += 1
+        if start >= n:
+            return out
+        cur = start
+        cur_set = ab.seq_mask[cur]
+        idxs = []
+        while True:
+            idxs.append(cur)
+            used[cur] = True
+            if len(idxs) >= n_ubatch:
+                break
+            cur += 1
+            while cur < n and (used[cur] or (cur_set & ab.seq_mask[cur]) != ab.seq_mask[cur]):
+                cur += 1
+            if cur == n:
+                break
+            cur_set = ab.seq_mask[cur]
+        out.append(np.array(idxs, dtype=np.int32))
 
 
 def split_equal(ab: AllocatedBatch, n_ubatch: int, sequential: bool = False) -> list[np.ndarray]:

@@ -36,6 +36,7 @@ from .batch import (
     allocate,
     batch_get_one,
     split_equal,
+    split_seq,
     split_simple,
 )
 from ._api_check import describe as _describe, int32 as _int32, integer as _integer
@@ -348,6 +349,15 @@ class Context:
         if (params.yarn_ext_factor >= 0 or params.yarn_attn_factor >= 0 or params.yarn_beta_fast >= 0
                 or params.yarn_beta_slow >= 0 or params.yarn_orig_ctx != 0):
             log.warning("llama_init_from_model: yarn_* overrides are not supported and are ignored")
+        if int(params.n_rs_seq) > 0:
+            # llama.cpp keeps n_rs_seq recurrent-state snapshots per sequence (partial
+            # rollback by seq_rm) for the architectures that support it, and clamps it to 0
+            # for the others; pyllama keeps none
+            if core_model.arch in ("lfm2", "qwen35", "qwen35moe"):
+                raise ValueError(f"n_rs_seq = {params.n_rs_seq}: recurrent rollback snapshots are not implemented "
+                                 f"in pyllama (use 0: seq_rm then removes whole sequences only)")
+            log.debug("llama_init_from_model: n_rs_seq = %d requested but %s does not support recurrent partial "
+                      "rollback; clamping to 0", params.n_rs_seq, core_model.arch)
         type_k = _type_name(params.type_k, "type_k")
         type_v = _type_name(params.type_v, "type_v")
         flash_attn = _resolve_flash_attn(int(params.flash_attn_type), type_v)
@@ -402,6 +412,12 @@ class Context:
                 n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
                 swa_full=bool(params.swa_full), embeddings=self._embeddings,
                 rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn)
+        # "kv", "recurrent" or "hybrid" (llama.cpp's llama_kv_cache / _memory_recurrent /
+        # _memory_hybrid): decides how batches are split into micro-batches
+        self._memory_kind = "kv" if self._core is None else str(self._core.memory_kind)
+        # M-RoPE models (Qwen3.5; the only ones whose cache cannot shift positions) take
+        # llama.cpp's M-RoPE position rule for batches
+        self._mrope = self._core is not None and not bool(self._core.can_shift)
 
         # outputs of the last successful decode. llama.cpp keeps room for at least
         # n_seq_max rows and grows the buffer when a batch asks for more.
@@ -493,10 +509,17 @@ class Context:
         return self._kv_unified
 
     @property
+    def memory_kind(self) -> str:
+        """What the context's memory is: "kv" (a KV cache), "recurrent" (a state per
+        sequence: mamba2) or "hybrid" (both: lfm2, qwen35, falcon-h1, ...)."""
+        return self._memory_kind
+
+    @property
     def memory_can_shift(self) -> bool:
         """Whether cached cells can move to other positions (``seq_add`` / ``seq_div``
-        re-rope K): llama_memory_can_shift. True for every architecture pyllama runs."""
-        return True
+        re-rope K, a recurrent state moves its position): llama_memory_can_shift. False
+        for the M-RoPE models (qwen35, qwen35moe), as llama.cpp."""
+        return self._core is None or bool(self._core.can_shift)
 
     @property
     def flash_attn(self) -> bool:
@@ -752,7 +775,7 @@ class Context:
                 seq_pos_max=lambda s: int(core.seq_pos_max(s)),
                 output_all=self._embeddings,
                 warn=lambda m: log.warning("llama_decode: %s", m),
-                kv_unified=self._kv_unified)
+                kv_unified=self._kv_unified, mrope=self._mrope)
         except InvalidBatchError as e:
             self._last_error = str(e)
             log.error("llama_decode: failed to initialize batch: %s", e)
@@ -909,13 +932,28 @@ class Context:
                     return True
 
         multi_set = len(ab.seq_pos) > 1 or ab.has_cpl
-        ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
+        kind = self._memory_kind
+        if kind == "kv":
+            ubatches = self._split(ab, n_ubatch, equal=not self._kv_unified and multi_set)
+        else:
+            # llama_memory_recurrent / _hybrid::init_batch: by sequence set when every token
+            # is an output (embeddings), else equal parts per sequence, with consecutive
+            # sequence ids for a recurrent memory (and a hybrid one with separate KV streams)
+            try:
+                if self._embeddings:
+                    ubatches = split_seq(ab, n_ubatch)
+                else:
+                    ubatches = split_equal(ab, n_ubatch, sequential=kind == "recurrent" or not self._kv_unified)
+            except InvalidBatchError as e:  # no split: llama.cpp's failed prepare, code 1
+                self._last_error = f"failed to find a memory slot for batch of size {n}: {e}"
+                log.warning("llama_decode: %s", self._last_error)
+                return 1
 
         t0 = _time_us()
         try:
             ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
                                       logits_buf[:n_outputs], hidden, abort)
-            if ret == 1 and self._kv_unified and multi_set:
+            if ret == 1 and self._kv_unified and multi_set and kind == "kv":
                 # as llama.cpp's SWA cache: if the simple split finds no slot, try equal split
                 ubatches = split_equal(ab, n_ubatch)
                 ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,

@@ -252,6 +252,16 @@ class Session:
         self.ctx.memory_clear(True)
         self.tokens = []
 
+    def _drop_cached_after(self, n: int) -> None:
+        """Make the cache hold the first ``n`` positions of sequence 0 only. A recurrent
+        state cannot lose its last tokens (seq_rm returns false, as llama.cpp's): it is
+        rebuilt from ``self.tokens[:n]`` instead."""
+        if not self.ctx.seq_rm(0, n, -1):
+            keep = self.tokens[:n]
+            self.ctx.seq_rm(0, -1, -1)
+            self.tokens = []
+            self._decode(keep)
+
     # -- decoding ------------------------------------------------------------------------
 
     def _decode(self, toks: Sequence[int]) -> None:
@@ -292,7 +302,11 @@ class Session:
         if common == len(prompt_tokens):
             common -= 1  # re-decode the last token: its logits are needed
         if common < len(self.tokens):
-            self.ctx.seq_rm(0, common, -1)
+            if not self.ctx.seq_rm(0, common, -1):
+                # a recurrent state cannot drop its last tokens (llama.cpp's seq_rm refuses
+                # it too): decode the whole prompt again
+                self.ctx.seq_rm(0, -1, -1)
+                common = 0
             del self.tokens[common:]
         t0 = time.perf_counter()
         self._decode(prompt_tokens[common:])
@@ -425,7 +439,7 @@ class Session:
                         break
                 # drop the guesses not used (the cache then holds exactly self.tokens)
                 if self.ctx.seq_pos_max(0) >= len(self.tokens):
-                    self.ctx.seq_rm(0, len(self.tokens), -1)
+                    self._drop_cached_after(len(self.tokens))
             stats.stop_reason = "length"
         finally:
             if not stats.stop_reason:
@@ -434,7 +448,7 @@ class Session:
             if held is not None:
                 self.tokens.append(held)
             if self.ctx.seq_pos_max(0) >= len(self.tokens):
-                self.ctx.seq_rm(0, len(self.tokens), -1)
+                self._drop_cached_after(len(self.tokens))
             self._row = None
             if decode_last and pending is not None and len(self.tokens) < self.n_ctx:
                 try:

@@ -728,6 +728,17 @@ class Llama:
         logits of each land in ``scores``."""
         self._eval(tokens, self._logits_all)
 
+    def _truncate(self, sess, keep: int) -> None:
+        """Make the cache hold the first ``keep`` tokens. A recurrent state cannot lose its
+        last tokens (seq_rm returns false, as llama.cpp's): it is rebuilt from them."""
+        if sess.ctx.seq_rm(0, keep, -1):
+            del sess.tokens[keep:]
+        else:
+            hist = sess.tokens[:keep]
+            sess.reset()
+            self._eval(hist, False)
+        self._requires_eval = True
+
     def _eval(self, tokens: Sequence[int], all_rows: bool) -> None:
         """eval(); ``all_rows`` keeps the last piece's logits for every token in the context
         (a draft's verification reads them through _row) even without logits_all."""
@@ -838,8 +849,9 @@ class Llama:
                 reset, tokens = False, []  # the whole prompt is cached with its logits
             else:
                 keep = prefix - 1 if prefix == len(tokens) else prefix
-                if keep > 0:
-                    sess.ctx.seq_rm(0, keep, -1)
+                # a recurrent state cannot drop its last tokens (seq_rm returns false, as
+                # llama.cpp's): then the whole prompt is decoded again
+                if keep > 0 and sess.ctx.seq_rm(0, keep, -1):
                     del sess.tokens[keep:]
                     self._requires_eval = True
                     reset, tokens = False, tokens[keep:]
@@ -865,9 +877,7 @@ class Llama:
                     # a guess the sampler did not pick (or tokens sent after one it did):
                     # drop the guesses from here on
                     if sample_idx < self.n_tokens and (token != sess.tokens[sample_idx] or len(tokens) > 1):
-                        sess.ctx.seq_rm(0, sample_idx, -1)
-                        del sess.tokens[sample_idx:]
-                        self._requires_eval = True
+                        self._truncate(sess, sample_idx)
                         break
                 if draft is not None:
                     n_max = min(self._n_ctx - self.n_tokens, self.n_batch) - len(tokens)
@@ -880,9 +890,7 @@ class Llama:
                 # closed while verifying: keep the guesses up to the last token yielded only
                 keep = sample_idx + 1 if sess.tokens[sample_idx] == last else sample_idx
                 if keep < self.n_tokens:
-                    sess.ctx.seq_rm(0, keep, -1)
-                    del sess.tokens[keep:]
-                    self._requires_eval = True
+                    self._truncate(sess, keep)
 
     # -- completion ------------------------------------------------------------------
 

@@ -106,8 +106,41 @@ _SPECS = [
          rope_base=10000.0, eps=1e-6, tied=False, q_lora=32, kv_lora=32, n_rot=16, n_nope=32, v_mla=32,
          n_expert=8, n_expert_used=2, n_ff_exp=64, n_expert_shared=1, n_dense_lead=1, w_scale=1.0,
          gating=1, probs_b=False, yarn=dict(factor=4.0, orig_ctx=512, log_mul=0.0707)),
+    # the recurrent / hybrid fixtures were made on a branch beside the MoE ones above: their
+    # seeds (and so their llama.cpp references) are fixed here
+    # mamba2: no attention (head_count 0, as convert_hf_to_gguf writes it); 8 heads of 16
+    # channels in 2 groups; d_state 48 runs both of ggml's scan paths (32 SIMD lanes + tail)
+    dict(name="tiny-mamba2", arch="mamba2", seed=1017, n_head=0, n_head_kv=0, n_ff=0, eps=1e-5, tied=False,
+         ssm=dict(d_conv=4, d_inner=128, d_state=48, n_head=8, n_group=2)),
+    # lfm2: short-convolution layers (head_count_kv 0) and attention layers with per-head
+    # q/k norms; output norm named token_embd_norm; output tied
+    dict(name="tiny-lfm2", arch="lfm2", seed=1018, n_layer=4, n_head_kv=[0, 2, 0, 2], head_dim=16, rope_base=1000000.0,
+         eps=1e-5, l_cache=3),
+    # qwen35: three gated delta-net layers, then a gated attention layer (interval 4);
+    # 4 value heads over 2 key heads of 16; partial rope (8 of 16 dims, IMROPE sections)
+    dict(name="tiny-qwen35", arch="qwen35", seed=1019, n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0]),
+    # qwen35moe: the same layers with 4 experts (2 used) and a gated shared expert
+    dict(name="tiny-qwen35moe", arch="qwen35moe", seed=1020, n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2), sections=[2, 1, 1, 0],
+         n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
+    # qwen3next: qwen35moe's layers with NEOX rope, a fused beta/alpha projection and the
+    # key heads repeated interleaved; layer 0 has the older fused ssm_in (q, k, v, z)
+    dict(name="tiny-qwen3next", arch="qwen3next", seed=1021, n_layer=4, head_dim=16, n_rot=8, rope_base=10000000.0, eps=1e-6,
+         tied=False, ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=2),
+         n_expert=4, n_expert_used=2, n_ff_exp=64, n_ff_shexp=96),
+    # falcon-h1: attention and a Mamba-2 mixer side by side in every layer; FFN norm named
+    # blk.N.ffn_norm (no .weight), as llama.cpp loads it
+    dict(name="tiny-falcon-h1", arch="falcon-h1", seed=1022, head_dim=16, rope_base=1000000.0, eps=1e-5, tied=False,
+         ssm=dict(d_conv=4, d_inner=64, d_state=16, n_head=4, n_group=1)),
+    # granitehybrid: Mamba-2 layers (head_count_kv 0) and one attention layer, Granite's scales
+    dict(name="tiny-granitehybrid", arch="granitehybrid", seed=1023, n_layer=4, n_head_kv=[0, 2, 0, 0], head_dim=16,
+         rope_base=10000000.0, eps=1e-5, tied=False, ssm=dict(d_conv=4, d_inner=128, d_state=16, n_head=8, n_group=1),
+         granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
 ]
-SPECS = {s["arch"]: dict(BASE, **s, seed=1000 + i) for i, s in enumerate(_SPECS) if s is not None}
+# architectures with recurrent layers: their layers are written by _recurrent_layers
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
+SPECS = {s["arch"]: dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
 
 
 def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Path | None = None) -> Path:
@@ -127,7 +160,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         return path
     A = s["arch"]
     n_embd, n_ff, hd, n_layer = s["n_embd"], s["n_ff"], s["head_dim"], s["n_layer"]
-    n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+    n_q, n_kv = s["n_head"] * hd, max(np.atleast_1d(s["n_head_kv"])) * hd
     w = gguf.GGUFWriter(str(path), A)
     rng = np.random.default_rng(s["seed"])
 
@@ -139,7 +172,10 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.add_uint32(f"{A}.block_count", n_layer)
     w.add_uint32(f"{A}.feed_forward_length", n_ff)
     w.add_uint32(f"{A}.attention.head_count", s["n_head"])
-    w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
+    if isinstance(s["n_head_kv"], list):  # per layer (hybrids: 0 on the recurrent layers)
+        w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
+    else:
+        w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
     if A == "phi2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     elif A == "starcoder2":
@@ -191,6 +227,34 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
 
     if A in _EXTRA:  # the architectures added after glm4 (tests/data/tiny/make_tiny_reference.py)
         _EXTRA[A]["keys"](w, A, s)
+    if "ssm" in s:
+        m = s["ssm"]
+        w.add_uint32(f"{A}.ssm.conv_kernel", m["d_conv"])
+        w.add_uint32(f"{A}.ssm.inner_size", m["d_inner"])
+        w.add_uint32(f"{A}.ssm.state_size", m["d_state"])
+        w.add_uint32(f"{A}.ssm.time_step_rank", m["n_head"])
+        w.add_uint32(f"{A}.ssm.group_count", m["n_group"])
+
+    if A == "lfm2":
+        w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
+    if A == "granitehybrid":
+        g = s["granite"]
+        w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
+        w.add_float32(f"{A}.residual_scale", g["residual_scale"])
+        w.add_float32(f"{A}.attention.scale", g["attention_scale"])
+        w.add_float32(f"{A}.logit_scale", g["logit_scale"])
+    if A in ("qwen35moe", "qwen3next"):
+        w.add_uint32(f"{A}.expert_count", s["n_expert"])
+        w.add_uint32(f"{A}.expert_used_count", s["n_expert_used"])
+        w.add_uint32(f"{A}.expert_feed_forward_length", s["n_ff_exp"])
+        w.add_uint32(f"{A}.expert_shared_feed_forward_length", s["n_ff_shexp"])
+    if A in ("qwen35", "qwen35moe", "qwen3next"):
+        w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
+        w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
+        w.add_uint32(f"{A}.rope.dimension_count", s["n_rot"])
+        if "sections" in s:
+            w.add_array(f"{A}.rope.dimension_sections", s["sections"])
+        w.add_uint32(f"{A}.full_attention_interval", 4)
 
     if tokenizer_from is not None:
         src = gguf.GGUFReader(str(tokenizer_from))
@@ -214,8 +278,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = np.float32(1.0) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
         elif kind == "bias":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.1)
-        else:  # router
+        elif kind == "router":
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(n_embd))
+        elif kind == "conv":  # short-convolution taps (llama-quantize keeps them F32)
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif kind == "neg":  # Mamba's A = -exp(A_log)
+            a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
         a = np.ascontiguousarray((a * sc).astype(np.float32))
         if qtype == "Q8_0" and kind in ("w", "embd"):
             w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
@@ -224,7 +292,9 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             w.add_tensor(name, a)
 
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
-    for i in range(n_layer):
+    if A in RECURRENT:
+        _recurrent_layers(add, s)
+    for i in range(n_layer if A not in RECURRENT else 0):
         b = f"blk.{i}."
         if A in _EXTRA:
             _EXTRA[A]["layer"](add, b, i, s)
@@ -294,7 +364,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_down.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
-    add("output_norm.weight", [n_embd], "norm", scale="output_norm")
+    add("output_norm.weight" if A != "lfm2" else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in _EXTRA and "output" in _EXTRA[A]:
         _EXTRA[A]["output"](add, s)
     if A in ("phi2", "starcoder2"):
@@ -309,6 +379,112 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _recurrent_layers(add, s) -> None:
+    """The layers of the RECURRENT architectures (llama.cpp's tensor names and shapes)."""
+    n_embd, A = s["n_embd"], s["arch"]
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        if A in ("mamba2", "falcon-h1") or (A == "granitehybrid" and s["n_head_kv"][i] == 0):
+            m = s["ssm"]
+            di, ds, nh, ng, dc = m["d_inner"], m["d_state"], m["n_head"], m["n_group"], m["d_conv"]
+            conv_dim = di + 2 * ng * ds
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            add(b + "ssm_in.weight", [n_embd, di + conv_dim + nh], "w")
+            add(b + "ssm_conv1d.weight", [dc, conv_dim], "conv")
+            add(b + "ssm_conv1d.bias", [conv_dim], "bias")
+            add(b + "ssm_dt.bias", [nh], "bias")
+            add(b + "ssm_a", [1, nh], "neg")
+            add(b + "ssm_d", [1, nh], "norm")
+            add(b + "ssm_norm.weight", [di // ng, ng], "norm")
+            add(b + "ssm_out.weight", [di, n_embd], "w")
+            if A == "falcon-h1":
+                n_ff, hd = s["n_ff"], s["head_dim"]
+                n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+                add(b + "attn_q.weight", [n_embd, n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+                add(b + "ffn_norm", [n_embd], "norm")
+                add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+                add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+                add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        if A == "granitehybrid":
+            n_ff, hd = s["n_ff"], s["head_dim"]
+            n_q, n_kv = s["n_head"] * hd, s["n_head_kv"][i] * hd
+            if n_kv:
+                add(b + "attn_norm.weight", [n_embd], "norm")
+                add(b + "attn_q.weight", [n_embd, n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+            add(b + "ffn_norm.weight", [n_embd], "norm")
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        elif A in ("qwen35", "qwen35moe", "qwen3next"):
+            m, n_ff, hd = s["ssm"], s["n_ff"], s["head_dim"]
+            kd, vd, nh = m["d_state"] * m["n_group"], m["d_inner"], m["n_head"]
+            n_q, n_kv = s["n_head"] * hd, s["n_head_kv"] * hd
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            if (i + 1) % 4 != 0:
+                if A == "qwen3next" and i == 0:
+                    add(b + "ssm_in.weight", [n_embd, 2 * kd + 2 * vd], "w")
+                else:
+                    add(b + "attn_qkv.weight", [n_embd, 2 * kd + vd], "w")
+                    add(b + "attn_gate.weight", [n_embd, vd], "w")
+                add(b + "ssm_conv1d.weight", [m["d_conv"], 2 * kd + vd], "conv")
+                add(b + "ssm_dt.bias", [nh], "bias")
+                add(b + "ssm_a", [nh], "neg")
+                if A == "qwen3next":
+                    add(b + "ssm_ba.weight", [n_embd, 2 * nh], "w")
+                else:
+                    add(b + "ssm_beta.weight", [n_embd, nh], "w")
+                    add(b + "ssm_alpha.weight", [n_embd, nh], "w")
+                add(b + "ssm_norm.weight", [m["d_state"]], "norm")
+                add(b + "ssm_out.weight", [vd, n_embd], "w")
+            else:
+                add(b + "attn_q.weight", [n_embd, 2 * n_q], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_q_norm.weight", [hd], "norm")
+                add(b + "attn_k_norm.weight", [hd], "norm")
+                add(b + "attn_output.weight", [n_q, n_embd], "w")
+            add(b + "post_attention_norm.weight", [n_embd], "norm")
+            if A in ("qwen35moe", "qwen3next"):
+                ne_, fe, fs = s["n_expert"], s["n_ff_exp"], s["n_ff_shexp"]
+                add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router")
+                add(b + "ffn_gate_exps.weight", [n_embd, fe, ne_], "w")
+                add(b + "ffn_up_exps.weight", [n_embd, fe, ne_], "w")
+                add(b + "ffn_down_exps.weight", [fe, n_embd, ne_], "w")
+                add(b + "ffn_gate_inp_shexp.weight", [n_embd], "router")
+                add(b + "ffn_gate_shexp.weight", [n_embd, fs], "w")
+                add(b + "ffn_up_shexp.weight", [n_embd, fs], "w")
+                add(b + "ffn_down_shexp.weight", [fs, n_embd], "w")
+                continue
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
+        elif A == "lfm2":
+            n_ff, hd = s["n_ff"], s["head_dim"]
+            n_kv = s["n_head_kv"][i] * hd
+            add(b + "attn_norm.weight", [n_embd], "norm")
+            if n_kv == 0:
+                add(b + "shortconv.conv.weight", [s["l_cache"], n_embd], "conv")
+                add(b + "shortconv.in_proj.weight", [n_embd, 3 * n_embd], "w")
+                add(b + "shortconv.out_proj.weight", [n_embd, n_embd], "w")
+            else:
+                add(b + "attn_q.weight", [n_embd, n_embd], "w")
+                add(b + "attn_k.weight", [n_embd, n_kv], "w")
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+                add(b + "attn_q_norm.weight", [hd], "norm")
+                add(b + "attn_k_norm.weight", [hd], "norm")
+                add(b + "attn_output.weight", [n_embd, n_embd], "w")
+            add(b + "ffn_norm.weight", [n_embd], "norm")
+            add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_up.weight", [n_embd, n_ff], "w")
+            add(b + "ffn_down.weight", [n_ff, n_embd], "w")
 
 
 def _add_synthetic_vocab(w) -> None:

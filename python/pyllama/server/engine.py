@@ -170,8 +170,9 @@ class Engine:
                            type_k=config.type_k, type_v=config.type_v, no_perf=False,
                            flash_attn_type=config.flash_attn, **extra)
         self.pooling = int(self.ctx.pooling_type)
-        # --cache-reuse moves cached cells to new positions (seq_add re-ropes K)
-        self.can_shift = bool(self.ctx.memory_can_shift)
+        # --cache-reuse moves cached cells to new positions (seq_add re-ropes K); a recurrent
+        # state cannot drop tokens from its middle, so it reuses only the common prefix
+        self.can_shift = bool(self.ctx.memory_can_shift) and self.ctx.memory_kind == "kv"
         self.n_ctx = int(self.ctx.n_ctx)
         self.n_ctx_slot = int(self.ctx.n_ctx_seq)
         self.n_batch = int(self.ctx.n_batch)
@@ -422,7 +423,10 @@ class Engine:
         if common == len(prompt):
             common -= 1  # decode the last prompt token again: its logits are needed
         if common < len(slot.cache):
-            self.ctx.seq_rm(slot.id, common, -1)
+            if not self.ctx.seq_rm(slot.id, common, -1):
+                # a recurrent state cannot drop its last tokens (as in llama.cpp): start over
+                self.ctx.seq_rm(slot.id, -1, -1)
+                common = 0
             del slot.cache[common:]
         job.n_cached = common
         self.m["prompt_tokens_cached_total"] += common

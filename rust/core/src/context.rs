@@ -19,6 +19,7 @@ use crate::model::Model;
 use crate::ops::attention;
 use crate::ops::rope::RopeParams;
 use crate::quant;
+use crate::recurrent::{RsCache, RsSeq};
 use crate::state;
 use crate::threadpool::ThreadPool;
 use std::collections::{HashMap, HashSet};
@@ -56,6 +57,40 @@ pub trait Forward: Send + Sync {
     /// [n, width], width). Models without one refuse.
     fn classify(&self, _pool: &ThreadPool, _x: &[f32], _n: usize) -> Result<(Vec<f32>, usize)> {
         Err(Error::Invalid("this model has no classifier head (cls.weight / cls.output.weight): rank pooling needs one".into()))
+    }
+    /// Recurrent and hybrid models: which layers keep a recurrent state, and the widths of
+    /// that state (n_embd_r, n_embd_s floats per sequence; recurrent.rs). None: attention only.
+    fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
+        None
+    }
+    /// The layers with a KV cache when it is not "every non-recurrent layer" (Falcon-H1:
+    /// attention and a Mamba-2 mixer side by side in every layer).
+    fn kv_layers(&self) -> Option<Vec<bool>> {
+        None
+    }
+    /// Whether cached keys can be re-roped to new positions (llama.cpp's get_can_shift:
+    /// false with several positions per token, M-RoPE).
+    fn can_shift(&self) -> bool {
+        true
+    }
+}
+
+/// What a context's memory is (llama.cpp's llama_kv_cache, llama_memory_recurrent,
+/// llama_memory_hybrid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    Kv,
+    Recurrent,
+    Hybrid,
+}
+
+impl MemKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            MemKind::Kv => "kv",
+            MemKind::Recurrent => "recurrent",
+            MemKind::Hybrid => "hybrid",
+        }
     }
 }
 
@@ -171,6 +206,10 @@ pub struct Step<'a> {
     pub dev: Option<&'a dyn crate::ops::matmul::MatmulDevice>,
     pub hp: &'a HParams,
     pub kv: &'a mut KvCache,
+    /// The recurrent states (recurrent and hybrid models): sequence set k of the
+    /// micro-batch (rows [k * n / rs_seqs, (k + 1) * n / rs_seqs)) owns cell rs.head + k.
+    pub rs: Option<&'a mut RsCache>,
+    pub rs_seqs: usize,
     pub b: &'a mut Buffers,
     pub debug: Option<&'a mut Debug>,
     /// Rows currently live in the buffers (n_tokens, then n_outputs after `select_outputs`).
@@ -198,6 +237,13 @@ pub struct Context {
     fwd: Box<dyn Forward>,
     pub params: ContextParams,
     pub kv: KvCache,
+    /// Recurrent states (MemKind::Recurrent / Hybrid).
+    pub rs: Option<RsCache>,
+    pub mem_kind: MemKind,
+    /// llama.cpp's n_ctx_seq (the KV cells per stream; what a recurrent model would have).
+    pub n_ctx_seq: usize,
+    /// Per micro-batch of the current decode: its sequence sets (recurrent memory).
+    rs_plan: Vec<Vec<RsSeq>>,
     pool: ThreadPool,
     pool_batch: Option<ThreadPool>,
     b: Buffers,
@@ -246,12 +292,26 @@ impl Context {
         // one-cell cache stands in for the sequence bookkeeping
         let size = if fwd.encoder() { 1 } else { size };
         let nl = hp.n_layer;
-        let ek: Vec<usize> = (0..nl).map(|il| hp.n_embd_k_gqa(il)).collect();
-        let ev: Vec<usize> = (0..nl).map(|il| hp.n_embd_v_gqa(il)).collect();
+        let recr = fwd.recurrent();
+        let is_recr = |il: usize| recr.as_ref().is_some_and(|r| r.0.get(il).copied().unwrap_or(false));
+        let kv_layers: Vec<bool> = match fwd.kv_layers() {
+            Some(v) => (0..nl).map(|il| v.get(il).copied().unwrap_or(false)).collect(),
+            None => (0..nl).map(|il| !is_recr(il)).collect(),
+        };
+        let mem_kind = match &recr {
+            None => MemKind::Kv,
+            Some(_) if !kv_layers.iter().any(|&x| x) => MemKind::Recurrent,
+            Some(_) => MemKind::Hybrid,
+        };
+        // layers without attention keep no K/V rows (a pure recurrent model: a one-cell dummy cache)
+        let ek: Vec<usize> = (0..nl).map(|il| if kv_layers[il] { hp.n_embd_k_gqa(il) } else { 0 }).collect();
+        let ev: Vec<usize> = (0..nl).map(|il| if kv_layers[il] { hp.n_embd_v_gqa(il) } else { 0 }).collect();
+        let n_ctx_seq = size;
+        let (size, n_stream) = if mem_kind == MemKind::Recurrent { (1, 1) } else { (size, n_stream) };
         // attention reads one head of a cached row at a time: a quantized cache type needs
         // whole blocks per head
         for (t, hd, what) in [(p.type_k, hp.n_embd_head_k, "type_k"), (p.type_v, hp.n_embd_head_v, "type_v")] {
-            if hd % t.block_size() != 0 {
+            if mem_kind != MemKind::Recurrent && hd % t.block_size() != 0 {
                 return Err(Error::Invalid(format!(
                     "{what} = {t} needs a head size that is a multiple of {} (this model's is {hd})",
                     t.block_size()
@@ -320,12 +380,20 @@ impl Context {
             lora: None,
             cvec: Cvec::disabled(),
         };
+        let rs = match &recr {
+            Some((layers, nr, ns)) => Some(RsCache::new(layers, *nr, *ns, p.n_seq_max)?),
+            None => None,
+        };
         let pool = ThreadPool::new(p.n_threads);
         let pool_batch = if p.n_threads_batch != p.n_threads { Some(ThreadPool::new(p.n_threads_batch)) } else { None };
         Ok(Context {
             fwd,
             params: p,
             kv,
+            rs,
+            mem_kind,
+            n_ctx_seq,
+            rs_plan: Vec::new(),
             pool,
             pool_batch,
             b,
@@ -558,6 +626,37 @@ impl Context {
         if let Some(d) = self.debug.as_mut() {
             d.dumps.clear();
         }
+        // 0. recurrent memory: one state cell per sequence set of each micro-batch, tried
+        //    for all of them first and undone (llama_memory_recurrent::prepare); the
+        //    hybrid memory prepares the recurrent part first, then the KV cache.
+        if let Some(rs) = self.rs.as_mut() {
+            self.rs_plan.clear();
+            for (u, ub) in ubatches.iter().enumerate() {
+                self.rs_plan.push(Self::rs_seqs(batch, ub, u)?);
+            }
+            let snap = rs.snapshot();
+            let ok = self.rs_plan.iter().all(|q| rs.find_slot(q));
+            rs.restore(snap);
+            if !ok {
+                return Ok((1, 0));
+            }
+        }
+        if self.mem_kind == MemKind::Recurrent {
+            for (u, ub) in ubatches.iter().enumerate() {
+                if abort() {
+                    return Ok((2, u));
+                }
+                let rs = self.rs.as_mut().expect("recurrent memory");
+                if !rs.find_slot(&self.rs_plan[u]) {
+                    return Err(Error::Invalid("internal: recurrent slot vanished between reserve and compute".into()));
+                }
+                rs.gather();
+                self.load_ubatch(batch, ub);
+                let slot = Slot::default();
+                self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut(), self.rs_plan[u].len())?;
+            }
+            return Ok((0, ubatches.len()));
+        }
         // 1. reserve cells for every micro-batch (apply each so the next search sees it),
         //    then undo: all or nothing, as llama_kv_cache::prepare.
         let heads = self.kv.heads();
@@ -597,7 +696,17 @@ impl Context {
                 return Err(Error::Invalid("internal: KV slot vanished between reserve and compute".into()));
             }
             self.kv.apply_slot(&slot, &self.b.pos, &|k| Self::gather_seqs(batch, ub[k] as usize));
-            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut()) {
+            let mut n_rs = 0;
+            if let Some(rs) = self.rs.as_mut() {
+                if !rs.find_slot(&self.rs_plan[u]) {
+                    self.kv.unapply_slot(&slot);
+                    self.slots[u] = slot;
+                    return Err(Error::Invalid("internal: recurrent slot vanished between reserve and compute".into()));
+                }
+                rs.gather();
+                n_rs = self.rs_plan[u].len();
+            }
+            if let Err(e) = self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut(), n_rs) {
                 // keep "the cache holds exactly the finished micro-batches" on errors too
                 self.kv.unapply_slot(&slot);
                 self.slots[u] = slot;
@@ -664,6 +773,8 @@ impl Context {
             dev: self.model.device.as_deref(),
             hp: &self.model.hparams,
             kv: &mut self.kv,
+            rs: None,
+            rs_seqs: 0,
             b: &mut self.b,
             debug: self.debug.as_mut(),
             n,
@@ -682,6 +793,46 @@ impl Context {
         self.fwd.classify(pool, x, n)
     }
 
+    /// The sequence sets of micro-batch `u` for the recurrent memory: runs of tokens with
+    /// the same first sequence, all of one length (llama.cpp's equal split), each sequence
+    /// in one run only.
+    fn rs_seqs(batch: &BatchRef, ub: &[i32], u: usize) -> Result<Vec<RsSeq>> {
+        let mut out: Vec<RsSeq> = Vec::new();
+        let mut run = 0;
+        let mut len = 0;
+        let seq0 = |i: i32| batch.seq_id[i as usize * batch.seq_cols] as usize;
+        for (t, &i) in ub.iter().enumerate() {
+            let s = seq0(i);
+            if t == 0 || s != out.last().map(|q| q.seq0).unwrap_or(usize::MAX) {
+                if t > 0 {
+                    if len == 0 {
+                        len = run;
+                    } else if run != len {
+                        break;
+                    }
+                }
+                if out.iter().any(|q| q.seq0 == s) {
+                    return Err(Error::Invalid(format!(
+                        "decode: micro-batch {u} holds sequence {s} in two runs; a recurrent model needs each \
+                         micro-batch split equally by sequence (llama.cpp's split_equal)"
+                    )));
+                }
+                out.push(RsSeq { seq0: s, seqs: Self::gather_seqs(batch, i as usize), last_pos: batch.pos[i as usize] });
+                run = 0;
+            }
+            run += 1;
+            out.last_mut().unwrap().last_pos = batch.pos[i as usize];
+        }
+        if (len != 0 && run != len) || ub.len() % out.len().max(1) != 0 {
+            return Err(Error::Invalid(format!(
+                "decode: micro-batch {u} has sequences of different lengths; a recurrent model needs each \
+                 micro-batch split equally by sequence (llama.cpp's split_equal)"
+            )));
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run_ubatch(
         &mut self,
         batch: &BatchRef,
@@ -690,6 +841,7 @@ impl Context {
         out_rows: &[i32],
         logits: &mut [f32],
         hidden: Option<&mut [f32]>,
+        rs_seqs: usize,
     ) -> Result<()> {
         let n = ub.len();
         let b = &mut self.b;
@@ -702,6 +854,9 @@ impl Context {
         b.key_range.clear();
         b.key_range.resize(n, (0, 0));
         for t in 0..n {
+            if self.mem_kind == MemKind::Recurrent {
+                break; // no attention
+            }
             let s = b.seq0[t];
             if let Some(prev) = (0..t).find(|&u| b.seq0[u] == s) {
                 b.key_range[t] = b.key_range[prev];
@@ -738,6 +893,8 @@ impl Context {
             dev: self.model.device.as_deref(),
             hp: &self.model.hparams,
             kv: &mut self.kv,
+            rs: self.rs.as_mut(),
+            rs_seqs,
             b: &mut self.b,
             debug: self.debug.as_mut(),
             n,
@@ -747,6 +904,110 @@ impl Context {
             hidden,
         };
         self.fwd.forward(&mut st)
+    }
+
+    // ---- llama.h's memory API, over the KV cache, the recurrent states or both ----------
+
+    pub fn mem_clear(&mut self, data: bool) {
+        self.kv.clear(data);
+        if let Some(rs) = self.rs.as_mut() {
+            rs.clear(data);
+        }
+    }
+
+    /// llama_memory_seq_rm: false when the memory cannot remove that range (a recurrent
+    /// state cannot lose its last positions); then nothing changed.
+    pub fn mem_seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<bool> {
+        if seq >= 0 && seq as usize >= self.params.n_seq_max {
+            return Err(Error::Invalid(format!("seq_rm: seq_id {seq} is outside [0, {})", self.params.n_seq_max)));
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            if !rs.seq_rm(seq, p0, p1) {
+                return Ok(false);
+            }
+        }
+        if self.mem_kind == MemKind::Recurrent {
+            return Ok(true);
+        }
+        self.kv.seq_rm(seq, p0, p1)
+    }
+
+    pub fn mem_seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_cp(src, dst, p0, p1)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_cp(src, dst)?;
+        }
+        Ok(())
+    }
+
+    pub fn mem_seq_keep(&mut self, seq: i32) -> Result<()> {
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_keep(seq)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_keep(seq)?;
+        }
+        Ok(())
+    }
+
+    /// llama_memory_can_shift.
+    pub fn can_shift(&self) -> bool {
+        self.fwd.can_shift()
+    }
+
+    fn refuse_shift(&self, what: &str) -> Result<()> {
+        Err(Error::Invalid(format!(
+            "{what}: this model's KV cache cannot shift positions ({} uses M-RoPE; llama.cpp aborts at the next decode)",
+            self.model.hparams.arch
+        )))
+    }
+
+    pub fn mem_seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        if delta != 0 && self.mem_kind != MemKind::Recurrent && !self.can_shift() {
+            return self.refuse_shift("seq_add");
+        }
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_add(seq, p0, p1, delta)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_add(seq, p0, p1, delta)?;
+        }
+        Ok(())
+    }
+
+    pub fn mem_seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        if d != 1 && self.mem_kind != MemKind::Recurrent && !self.can_shift() {
+            return self.refuse_shift("seq_div");
+        }
+        if self.mem_kind != MemKind::Recurrent {
+            self.kv.seq_div(seq, p0, p1, d)?;
+        }
+        if let Some(rs) = self.rs.as_mut() {
+            rs.seq_div(seq, p0, p1, d)?;
+        }
+        Ok(())
+    }
+
+    /// Hybrid: the larger of the two memories' minimums (llama_memory_hybrid).
+    pub fn mem_seq_pos_min(&self, seq: i32) -> Result<i32> {
+        let kv = self.kv.seq_pos_min(seq)?;
+        Ok(match (self.mem_kind, self.rs.as_ref()) {
+            (MemKind::Kv, _) | (_, None) => kv,
+            (MemKind::Recurrent, Some(rs)) => rs.seq_pos_min(seq as usize),
+            (MemKind::Hybrid, Some(rs)) => kv.max(rs.seq_pos_min(seq as usize)),
+        })
+    }
+
+    /// Hybrid: the smaller of the two memories' maximums.
+    pub fn mem_seq_pos_max(&self, seq: i32) -> Result<i32> {
+        let kv = self.kv.seq_pos_max(seq)?;
+        Ok(match (self.mem_kind, self.rs.as_ref()) {
+            (MemKind::Kv, _) | (_, None) => kv,
+            (MemKind::Recurrent, Some(rs)) => rs.seq_pos_max(seq as usize),
+            (MemKind::Hybrid, Some(rs)) => kv.min(rs.seq_pos_max(seq as usize)),
+        })
     }
 
     // ---- saved state (state.rs has the format) ------------------------------------------
@@ -781,8 +1042,16 @@ impl Context {
         }
     }
 
-    fn save_args<'a>(&self, seq: Option<usize>, flags: u32, outputs: state::Outputs<'a>, tokens: &'a [i32]) -> state::SaveArgs<'a> {
-        state::SaveArgs { seq, flags, outputs, tokens, n_vocab: self.n_vocab(), n_embd: self.model.hparams.n_embd }
+    fn save_args<'a>(&'a self, seq: Option<usize>, flags: u32, outputs: state::Outputs<'a>, tokens: &'a [i32]) -> state::SaveArgs<'a> {
+        state::SaveArgs {
+            rs: self.rs.as_ref(),
+            seq,
+            flags,
+            outputs,
+            tokens,
+            n_vocab: self.n_vocab(),
+            n_embd: self.model.hparams.n_embd,
+        }
     }
 
     /// Bytes `state_save` writes for the whole context (seq None) or one sequence.
@@ -812,10 +1081,10 @@ impl Context {
         lim: &state::Limits,
         apply: bool,
     ) -> state::SResult<state::Parsed<'a>> {
-        let p = state::parse(&self.fingerprint(), &self.kv, data, dest, lim)?;
+        let p = state::parse(&self.fingerprint(), &self.kv, self.rs.as_ref(), data, dest, lim)?;
         let slot = state::plan(&self.kv, &p, dest)?;
         if apply {
-            state::apply(&mut self.kv, &p, dest, slot);
+            state::apply(&mut self.kv, self.rs.as_mut(), &p, dest, slot);
         }
         Ok(p)
     }

@@ -34,6 +34,7 @@ pub const MAX_SEQ: usize = 256;
 pub struct SeqSet([u64; 4]);
 
 impl SeqSet {
+    pub const EMPTY: SeqSet = SeqSet([0; 4]);
     #[inline]
     pub fn has(&self, s: usize) -> bool {
         self.0[s >> 6] >> (s & 63) & 1 != 0
@@ -605,7 +606,10 @@ impl KvCache {
             let c = &mut st.cells[i];
             let old = c.pos;
             c.pos /= d;
-            c.shift += c.pos - old;
+            // llama.cpp's llama_kv_cells::pos_div accumulates old - new (the opposite sign
+            // of pos_add's delta), so the K-shift rotates the keys by that; kept as is, so
+            // that what a decode computes after seq_div equals llama.cpp's
+            c.shift = c.shift.saturating_add(old - c.pos);
             self.has_shift = true;
         }
         Ok(())

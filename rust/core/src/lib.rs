@@ -22,3 +22,4 @@ pub mod context;
 pub mod kv_cache;
 pub mod sampling;
 pub mod state;
+pub mod recurrent;

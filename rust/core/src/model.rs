@@ -437,7 +437,7 @@ impl Model {
         };
         let n_vocab = Self::guess_n_vocab(&files, &tensor_map);
         let meta = Meta { file: &files[0], arch: &arch_name };
-        let hparams = match arch.hparams(&meta, n_vocab).and_then(|h| h.check(&files[0].path, arch.moe()).map(|_| h)) {
+        let hparams = match arch.hparams(&meta, n_vocab).and_then(|h| h.check(&files[0].path, arch.moe_for(&h)).map(|_| h)) {
             Ok(h) => h,
             Err(_) if params.vocab_only => HParams::vocab_only(&arch_name, n_vocab),
             Err(e) => return Err(e),

@@ -14,6 +14,10 @@
 //!          pos i32, shift i32 and, for a context, its sequence set [u64; 4]
 //! kv       per layer: the K rows of every cell (streams in order) [n_cells, row_k],
 //!          then the V rows [n_cells, row_v]
+//! rs       recurrent and hybrid models only (recurrent.rs): n_embd_r u32, n_embd_s u32,
+//!          n_cells u32, per cell pos i32 and, for a context, its sequence set [u64; 4];
+//!          then per recurrent layer the conv states f32 [n_cells, n_embd_r] and the
+//!          scan states f32 [n_cells, n_embd_s]
 //! outputs  n_outputs u32, batch index of each output row i32 [n_outputs],
 //!          logits rows u32 (0 or n_outputs) + f32 [rows, n_vocab],
 //!          embd rows u32 (0 or n_outputs) + f32 [rows, n_embd]     (a sequence: n_outputs 0)
@@ -24,6 +28,7 @@
 //! context holds) before anything in the context changes: a refused blob leaves it as it was.
 
 use crate::kv_cache::{Cell, KvCache, SeqSet, Stream};
+use crate::recurrent::{RsCache, RsSeq};
 use std::fmt;
 
 pub const MAGIC: &[u8; 8] = b"PYLLSTAT";
@@ -310,6 +315,9 @@ fn write_all(w: &mut W, fp: &Fingerprint, kv: &KvCache, a: &SaveArgs) {
             }
         }
     }
+    if let Some(rs) = a.rs {
+        write_rs(w, rs, seq);
+    }
     let n_out = if seq.is_some() { 0 } else { out.rows.len() };
     w.u32(n_out as u32);
     if n_out > 0 {
@@ -330,8 +338,43 @@ fn write_all(w: &mut W, fp: &Fingerprint, kv: &KvCache, a: &SaveArgs) {
     w.p = total;
 }
 
+/// The recurrent section: the cells holding `seq` (all non-empty cells for None), each
+/// state taken from the cell its data lives in (`src`, as llama.cpp writes it).
+fn write_rs(w: &mut W, rs: &RsCache, seq: Option<usize>) {
+    let cells: Vec<usize> = (0..rs.size)
+        .filter(|&i| match seq {
+            None => !rs.cells[i].is_empty(),
+            Some(s) => rs.cells[i].seq.has(s),
+        })
+        .collect();
+    w.u32(rs.n_embd_r as u32);
+    w.u32(rs.n_embd_s as u32);
+    w.u32(cells.len() as u32);
+    for &i in &cells {
+        w.i32(rs.cells[i].pos);
+        if seq.is_none() {
+            for word in rs.cells[i].seq.words() {
+                w.u64(word);
+            }
+        }
+    }
+    let data = |i: usize| if rs.cells[i].src >= 0 { rs.cells[i].src as usize } else { i };
+    for il in 0..rs.r.len() {
+        for (buf, width) in [(&rs.r[il], rs.n_embd_r), (&rs.s[il], rs.n_embd_s)] {
+            if buf.is_empty() {
+                continue;
+            }
+            for &i in &cells {
+                w.f32s(&buf[data(i) * width..(data(i) + 1) * width]);
+            }
+        }
+    }
+}
+
 /// What `save` needs besides the cache.
 pub struct SaveArgs<'a> {
+    /// The recurrent states (recurrent and hybrid models).
+    pub rs: Option<&'a RsCache>,
     pub seq: Option<usize>,
     pub flags: u32,
     pub outputs: Outputs<'a>,
@@ -428,6 +471,11 @@ pub struct Parsed<'a> {
     pub out_rows: Vec<i32>,
     pub logits: Vec<f32>,
     pub embd: Vec<f32>,
+    /// The recurrent section: (pos, seqs) per cell, then per recurrent layer its conv and
+    /// scan state rows.
+    rs_cells: Vec<(i32, SeqSet)>,
+    rs_r: Vec<Vec<f32>>,
+    rs_s: Vec<Vec<f32>>,
 }
 
 /// What the caller of `parse` allows.
@@ -442,7 +490,14 @@ pub struct Limits {
 
 /// Check `data` completely against the cache: header, length, checksum, fingerprint,
 /// counts. `dest` None expects a context state, Some(seq) a sequence state for `seq`.
-pub fn parse<'a>(fp: &Fingerprint, kv: &KvCache, data: &'a [u8], dest: Option<usize>, lim: &Limits) -> SResult<Parsed<'a>> {
+pub fn parse<'a>(
+    fp: &Fingerprint,
+    kv: &KvCache,
+    rs: Option<&RsCache>,
+    data: &'a [u8],
+    dest: Option<usize>,
+    lim: &Limits,
+) -> SResult<Parsed<'a>> {
     let mut r = R { d: data, p: 0 };
     let magic = r.take(8, "the header").map_err(|_| StateError(format!("not a pyllama state: {} bytes", data.len())))?;
     if magic != MAGIC {
@@ -579,6 +634,57 @@ pub fn parse<'a>(fp: &Fingerprint, kv: &KvCache, data: &'a [u8], dest: Option<us
         k.push(r.arr(n_total, kv.row_k[il], "the K rows")?);
         vv.push(r.arr(n_total, kv.row_v[il], "the V rows")?);
     }
+    let (mut rs_cells, mut rs_r, mut rs_s) = (Vec::new(), Vec::new(), Vec::new());
+    if let Some(rs) = rs {
+        let what = "the recurrent states";
+        let (nr, ns) = (r.u32(what)? as usize, r.u32(what)? as usize);
+        if (nr, ns) != (rs.n_embd_r, rs.n_embd_s) {
+            return err(format!(
+                "the state's recurrent states have widths {nr} and {ns}, this model's {} and {}",
+                rs.n_embd_r, rs.n_embd_s
+            ));
+        }
+        let n = r.u32(what)? as usize;
+        let cap = if dest.is_some() { 1 } else { rs.size };
+        if n > cap {
+            return err(format!("the state holds {n} recurrent states, more than the {cap} this context can take"));
+        }
+        let mut tails = vec![false; rs.size];
+        for ci in 0..n {
+            let pos = i32::from_le_bytes(r.arr(1, 4, what)?.try_into().unwrap());
+            if pos < 0 {
+                return err(format!("corrupted state: recurrent cell {ci} has position {pos}"));
+            }
+            let mut seqs = SeqSet::default();
+            if dest.is_none() {
+                let mut wds = [0u64; 4];
+                for x in wds.iter_mut() {
+                    *x = r.u64(what)?;
+                }
+                seqs = SeqSet::from_words(wds);
+                if seqs.is_empty() {
+                    return err(format!("corrupted state: recurrent cell {ci} belongs to no sequence"));
+                }
+                for q in 0..crate::kv_cache::MAX_SEQ {
+                    if seqs.has(q) {
+                        if q >= rs.n_seq_max {
+                            return err(format!("the state holds sequence {q}, this context has n_seq_max = {}", rs.n_seq_max));
+                        }
+                        if tails[q] {
+                            return err(format!("corrupted state: sequence {q} has two recurrent states"));
+                        }
+                        tails[q] = true;
+                    }
+                }
+            }
+            rs_cells.push((pos, seqs));
+        }
+        for il in 0..rs.r.len() {
+            for (buf, width, out) in [(&rs.r[il], nr, &mut rs_r), (&rs.s[il], ns, &mut rs_s)] {
+                out.push(if buf.is_empty() { Vec::new() } else { f32s(r.arr(n, 4 * width, what)?) });
+            }
+        }
+    }
     let n_out = r.u32("the outputs")? as usize;
     let mut out_rows = Vec::new();
     let (mut logits, mut embd) = (Vec::new(), Vec::new());
@@ -618,7 +724,21 @@ pub fn parse<'a>(fp: &Fingerprint, kv: &KvCache, data: &'a [u8], dest: Option<us
             return err(format!("dest_seq_id {d} is outside [0, {})", kv.n_seq_max));
         }
     }
-    Ok(Parsed { kind_seq: dest.is_some(), flags, n_read: total, tokens, cells, k, v: vv, out_rows, logits, embd })
+    Ok(Parsed {
+        kind_seq: dest.is_some(),
+        flags,
+        n_read: total,
+        tokens,
+        cells,
+        k,
+        v: vv,
+        out_rows,
+        logits,
+        embd,
+        rs_cells,
+        rs_r,
+        rs_s,
+    })
 }
 
 /// Copy the rows of `cells` (one stream, placed at `dst_cells`) into a layer buffer.
@@ -666,8 +786,58 @@ pub fn plan(kv: &KvCache, p: &Parsed, dest: Option<usize>) -> SResult<Option<Vec
     }
 }
 
+/// Put the recurrent section of a parsed state into the recurrent memory (llama.cpp's
+/// state_read_meta / _data). Cannot fail: a sequence's cell comes free once its old state
+/// is removed.
+fn apply_rs(rs: &mut RsCache, p: &Parsed, dest: Option<usize>) {
+    let n = p.rs_cells.len();
+    let placed: Vec<usize> = match dest {
+        Some(d) => {
+            rs.seq_rm(d as i32, -1, -1);
+            if n == 0 {
+                return;
+            }
+            let q = RsSeq { seq0: d, seqs: SeqSet::only(d), last_pos: p.rs_cells[0].0 };
+            if !rs.find_slot(&[q]) {
+                return;
+            }
+            vec![rs.head]
+        }
+        None => {
+            rs.clear(true);
+            for (i, &(pos, seqs)) in p.rs_cells.iter().enumerate() {
+                rs.cells[i].pos = pos;
+                rs.cells[i].seq = seqs;
+                rs.cells[i].src = i as i32;
+                for q in 0..rs.size.min(crate::kv_cache::MAX_SEQ) {
+                    if seqs.has(q) {
+                        rs.cells[q].tail = i as i32;
+                    }
+                }
+            }
+            rs.head = 0;
+            rs.used = n;
+            (0..n).collect()
+        }
+    };
+    let (nr, ns) = (rs.n_embd_r, rs.n_embd_s);
+    for il in 0..rs.r.len() {
+        for (buf, width, src) in [(&mut rs.r[il], nr, &p.rs_r[il]), (&mut rs.s[il], ns, &p.rs_s[il])] {
+            if buf.is_empty() {
+                continue;
+            }
+            for (j, &c) in placed.iter().enumerate() {
+                buf[c * width..(c + 1) * width].copy_from_slice(&src[j * width..(j + 1) * width]);
+            }
+        }
+    }
+}
+
 /// Put a parsed, planned state into the cache. Cannot fail.
-pub fn apply(kv: &mut KvCache, p: &Parsed, dest: Option<usize>, slot: Option<Vec<usize>>) {
+pub fn apply(kv: &mut KvCache, rs: Option<&mut RsCache>, p: &Parsed, dest: Option<usize>, slot: Option<Vec<usize>>) {
+    if let Some(rs) = rs {
+        apply_rs(rs, p, dest);
+    }
     let mut placed: Vec<(usize, Vec<usize>)> = Vec::new();
     match (dest, slot) {
         (Some(d), Some(slot)) => {
@@ -773,7 +943,7 @@ mod tests {
     }
 
     fn save_vec(kv: &KvCache, seq: Option<usize>, out: Outputs) -> Vec<u8> {
-        let a = SaveArgs { seq, flags: 0, outputs: out, tokens: &[1, 2, 3], n_vocab: 10, n_embd: 32 };
+        let a = SaveArgs { rs: None, seq, flags: 0, outputs: out, tokens: &[1, 2, 3], n_vocab: 10, n_embd: 32 };
         let n = size(&fp(GgmlType::F16), kv, &a).unwrap();
         let mut v = vec![0u8; n];
         assert_eq!(save(&fp(GgmlType::F16), kv, &a, &mut v).unwrap(), n);
@@ -788,12 +958,12 @@ mod tests {
         let logits: Vec<f32> = (0..10).map(|i| i as f32).collect();
         let data = save_vec(&kv, None, Outputs { rows: &[4], logits: &logits, embd: &[] });
         let mut kv2 = cache(8, 1);
-        let p = parse(&fp(GgmlType::F16), &kv2, &data, None, &lim()).unwrap();
+        let p = parse(&fp(GgmlType::F16), &kv2, None, &data, None, &lim()).unwrap();
         assert_eq!(p.tokens, vec![1, 2, 3]);
         assert_eq!(p.out_rows, vec![4]);
         assert_eq!(p.logits, logits);
         let s = plan(&kv2, &p, None).unwrap();
-        apply(&mut kv2, &p, None, s);
+        apply(&mut kv2, None, &p, None, s);
         assert_eq!(kv2.k, kv.k);
         assert_eq!(kv2.v, kv.v);
         assert_eq!(kv2.seq_pos_max(1).unwrap(), 1);
@@ -807,27 +977,27 @@ mod tests {
         let data = save_vec(&kv, Some(0), Outputs::default());
         let mut kv2 = cache(8, 4);
         put(&mut kv2, 3, &[0]);
-        let p = parse(&fp(GgmlType::F16), &kv2, &data, Some(3), &lim()).unwrap();
+        let p = parse(&fp(GgmlType::F16), &kv2, None, &data, Some(3), &lim()).unwrap();
         let s = plan(&kv2, &p, Some(3)).unwrap();
-        apply(&mut kv2, &p, Some(3), s);
+        apply(&mut kv2, None, &p, Some(3), s);
         assert_eq!((kv2.seq_pos_min(3).unwrap(), kv2.seq_pos_max(3).unwrap()), (0, 2));
         assert_eq!(kv2.k_row(0, 3, 2), kv.k_row(0, 0, 2));
         // a context state is not a sequence state, another type_k does not fit
-        assert!(parse(&fp(GgmlType::F16), &kv2, &data, None, &lim()).is_err());
-        assert!(parse(&fp(GgmlType::Q8_0), &kv2, &data, Some(1), &lim()).unwrap_err().0.contains("type_k"));
+        assert!(parse(&fp(GgmlType::F16), &kv2, None, &data, None, &lim()).is_err());
+        assert!(parse(&fp(GgmlType::Q8_0), &kv2, None, &data, Some(1), &lim()).unwrap_err().0.contains("type_k"));
         // every truncation and every single-byte flip is refused
         for n in 0..data.len() {
-            assert!(parse(&fp(GgmlType::F16), &kv2, &data[..n], Some(1), &lim()).is_err());
+            assert!(parse(&fp(GgmlType::F16), &kv2, None, &data[..n], Some(1), &lim()).is_err());
         }
         for i in 0..data.len() {
             let mut d = data.clone();
             d[i] ^= 0x5a;
-            assert!(parse(&fp(GgmlType::F16), &kv2, &d, Some(1), &lim()).is_err(), "flip at {i}");
+            assert!(parse(&fp(GgmlType::F16), &kv2, None, &d, Some(1), &lim()).is_err(), "flip at {i}");
         }
         // too many cells for a small context
         let mut big = cache(16, 1);
         put(&mut big, 0, &(0..12).collect::<Vec<_>>());
         let data = save_vec(&big, Some(0), Outputs::default());
-        assert!(parse(&fp(GgmlType::F16), &kv, &data, Some(0), &lim()).unwrap_err().0.contains("more than"));
+        assert!(parse(&fp(GgmlType::F16), &kv, None, &data, Some(0), &lim()).unwrap_err().0.contains("more than"));
     }
 }

@@ -147,10 +147,26 @@ impl PyContext {
     fn kv_bytes(&self) -> usize {
         self.inner.kv.k.iter().chain(self.inner.kv.v.iter()).map(|b| b.len()).sum()
     }
+    /// Bytes of the recurrent states (conv and scan states of every recurrent layer and
+    /// sequence slot; llama.cpp's `llama_memory_recurrent: size = ...` line); 0 without.
+    fn rs_bytes(&self) -> usize {
+        self.inner.rs.as_ref().map_or(0, |r| r.n_bytes())
+    }
+    /// llama_memory_can_shift: false when cached keys cannot be re-roped (M-RoPE models).
+    #[getter]
+    fn can_shift(&self) -> bool {
+        self.inner.can_shift()
+    }
+    /// "kv" (attention only), "recurrent" (one state per sequence, no KV cache) or
+    /// "hybrid" (a KV cache for the attention layers, states for the others).
+    #[getter]
+    fn memory_kind(&self) -> &'static str {
+        self.inner.mem_kind.name()
+    }
     /// Cells per sequence stream (n_ctx when unified).
     #[getter]
     fn n_ctx_seq(&self) -> usize {
-        self.inner.kv.size
+        self.inner.n_ctx_seq
     }
     /// Whether the model is an encoder (no KV cache; decode encodes the whole batch in one
     /// micro-batch).
@@ -289,7 +305,7 @@ impl PyContext {
     fn decode_one(&mut self, py: Python<'_>, token: i32, logits: Bound<'_, PyArray1<f32>>) -> PyResult<i32> {
         let mut lg_w = out_buf(&logits, "decode_one: logits")?;
         let lg = lg_w.as_slice_mut().map_err(|_| PyValueError::new_err("decode_one: logits must be C-contiguous"))?;
-        let last = self.inner.kv.seq_pos_max(0).map_err(to_py)?;
+        let last = self.inner.mem_seq_pos_max(0).map_err(to_py)?;
         if last == i32::MAX {
             // the next position does not fit llama_pos: an invalid batch, nothing changed
             return Ok(-1);
@@ -313,28 +329,28 @@ impl PyContext {
 
     #[pyo3(signature = (data = true))]
     fn memory_clear(&mut self, data: bool) {
-        self.inner.kv.clear(data)
+        self.inner.mem_clear(data)
     }
     fn seq_rm(&mut self, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
-        self.inner.kv.seq_rm(seq_id, p0, p1).map_err(to_py)
+        self.inner.mem_seq_rm(seq_id, p0, p1).map_err(to_py)
     }
     fn seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> PyResult<()> {
-        self.inner.kv.seq_cp(src, dst, p0, p1).map_err(to_py)
+        self.inner.mem_seq_cp(src, dst, p0, p1).map_err(to_py)
     }
     fn seq_keep(&mut self, seq_id: i32) -> PyResult<()> {
-        self.inner.kv.seq_keep(seq_id).map_err(to_py)
+        self.inner.mem_seq_keep(seq_id).map_err(to_py)
     }
     fn seq_add(&mut self, seq_id: i32, p0: i32, p1: i32, delta: i32) -> PyResult<()> {
-        self.inner.kv.seq_add(seq_id, p0, p1, delta).map_err(to_py)
+        self.inner.mem_seq_add(seq_id, p0, p1, delta).map_err(to_py)
     }
     fn seq_div(&mut self, seq_id: i32, p0: i32, p1: i32, d: i32) -> PyResult<()> {
-        self.inner.kv.seq_div(seq_id, p0, p1, d).map_err(to_py)
+        self.inner.mem_seq_div(seq_id, p0, p1, d).map_err(to_py)
     }
     fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> {
-        self.inner.kv.seq_pos_min(seq_id).map_err(to_py)
+        self.inner.mem_seq_pos_min(seq_id).map_err(to_py)
     }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> {
-        self.inner.kv.seq_pos_max(seq_id).map_err(to_py)
+        self.inner.mem_seq_pos_max(seq_id).map_err(to_py)
     }
 
     /// Bytes `state_save` writes with the same arguments.

@@ -37,7 +37,9 @@ N_GEN = 12
 N_UBATCH = {"deepseek2": 32, "mistral4": 32}
 # architectures whose reference also holds llama.cpp's greedy continuation (checked by
 # tests/test_logits.py up to the first near tie)
-GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4"}
+GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2",
+          "gpt-oss", "deepseek2", "mistral4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
+          "granitehybrid"}
 
 
 def main() -> None:

@@ -37,6 +37,11 @@ pub mod glm4moe;
 pub mod cohere2;
 pub mod openai_moe;
 pub mod deepseek2;
+pub mod mamba2;
+pub mod lfm2;
+pub mod qwen35;
+pub mod falcon_h1;
+pub mod granite_hybrid;
 
 use crate::context::{ContextParams, Forward};
 use crate::error::{Error, Result};
@@ -53,6 +58,12 @@ pub trait Arch: Sync {
     /// is refused for the others: a dense forward pass would run without the experts).
     fn moe(&self) -> bool {
         false
+    }
+    /// Whether this file's hyperparameters make a mixture-of-experts model (the check of
+    /// `expert_count` at load); architectures that come both ways (granite-hybrid) decide
+    /// from `hp`.
+    fn moe_for(&self, _hp: &HParams) -> bool {
+        self.moe()
     }
     /// llama.cpp's size class for llama_model_desc ("270M", "1B"; "?B" when unknown).
     fn type_name(&self, _hp: &HParams) -> &'static str {
@@ -98,6 +109,13 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &openai_moe::OpenAiMoe,
     &deepseek2::Deepseek2,
     &deepseek2::Mistral4,
+    &mamba2::Mamba2,
+    &lfm2::Lfm2,
+    &qwen35::Qwen35,
+    &qwen35::Qwen35Moe,
+    &qwen35::Qwen3Next,
+    &falcon_h1::FalconH1,
+    &granite_hybrid::GraniteHybrid,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -128,6 +146,13 @@ pub const MAX_LAYERS: usize = 512;
 /// The hparams every transformer shares, with llama.cpp's defaults
 /// (src/llama-model.cpp `load_hparams`).
 pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Result<HParams> {
+    common_hparams_ext(meta, n_vocab, rope_type, false)
+}
+
+/// `common_hparams` for recurrent and hybrid models (`no_attn_ok`): a head count of 0
+/// (Mamba-2 files say 0) and layers with no KV heads (the recurrent layers of a hybrid)
+/// are accepted; a model with no attention at all gets head sizes of 1 (unused).
+pub fn common_hparams_ext(meta: &Meta, n_vocab: usize, rope_type: RopeType, no_attn_ok: bool) -> Result<HParams> {
     let n_layer = meta.req_u("block_count")?;
     // llama.cpp's LLAMA_MAX_LAYERS; also keeps per-layer vectors of a corrupted count small.
     if n_layer > MAX_LAYERS {
@@ -138,11 +163,11 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
         )));
     }
     let n_embd = meta.req_u("embedding_length")?;
-    let n_head = meta.per_layer("attention.head_count", n_layer, None)?;
-    let n_head0 = *n_head.first().unwrap_or(&0);
+    let n_head = meta.per_layer("attention.head_count", n_layer, if no_attn_ok { Some(0) } else { None })?;
+    let n_head0 = if no_attn_ok { n_head.iter().copied().find(|&h| h > 0).unwrap_or(0) } else { *n_head.first().unwrap_or(&0) };
     let n_head_kv = meta.per_layer("attention.head_count_kv", n_layer, Some(n_head0))?;
     let n_ff = meta.per_layer("feed_forward_length", n_layer, Some(0))?;
-    let default_head = if n_head0 > 0 { n_embd / n_head0 } else { 0 };
+    let default_head = if n_head0 > 0 { n_embd / n_head0 } else if no_attn_ok { 1 } else { 0 };
     let n_embd_head_k = meta.u("attention.key_length")?.unwrap_or(default_head);
     let n_embd_head_v = meta.u("attention.value_length")?.unwrap_or(default_head);
     let n_rot = meta.u("rope.dimension_count")?.unwrap_or(n_embd_head_k);
@@ -153,13 +178,16 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
             rope_freq_scale = 1.0 / factor;
         }
     }
-    if n_layer == 0 || n_embd == 0 || n_head0 == 0 {
+    if n_layer == 0 || n_embd == 0 || (n_head0 == 0 && !no_attn_ok) {
         return Err(Error::Unsupported(format!(
             "{}: block_count, embedding_length and head_count must be positive",
             meta.file.path
         )));
     }
     for il in 0..n_layer {
+        if no_attn_ok && (n_head[il] == 0 || n_head_kv[il] == 0) {
+            continue;
+        }
         if n_head[il] == 0 || n_head_kv[il] == 0 || n_head[il] % n_head_kv[il] != 0 {
             return Err(Error::Unsupported(format!(
                 "{}: layer {il}: head_count {} must be a positive multiple of head_count_kv {}",

@@ -93,6 +93,36 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// x = silu(x) over one row, as ggml's `ggml_vec_silu_f32` (the `ggml_silu` op, row by
+/// row) computes it on x86-64 with AVX2+FMA: groups of 8 through `ggml_v_silu` (its vector
+/// expf), the tail through libm's expf.
+pub fn silu_row(x: &mut [f32]) {
+    #[allow(unused_mut)]
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::vec::has_avx2_fma() {
+            i = x.len() / 8 * 8;
+            // SAFETY: AVX2 and FMA are present (checked).
+            unsafe { silu_avx2(&mut x[..i]) };
+        }
+    }
+    for v in x[i..].iter_mut() {
+        *v = silu(*v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_avx2(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for g in x.chunks_exact_mut(8) {
+        let v = _mm256_loadu_ps(g.as_ptr());
+        let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(g.as_mut_ptr(), _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e)));
+    }
+}
+
 /// gate = silu(gate) * up (SwiGLU), as ggml's `ggml_vec_swiglu_f32` computes it on x86-64
 /// with AVX2+FMA: groups of 8 through its vector expf (`ggml_v_expf`, an approximation
 /// within 1.5 ulp), the tail through libm's expf; so the results are bit-identical to

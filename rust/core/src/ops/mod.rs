@@ -7,3 +7,4 @@ pub mod attention_tiled;
 pub mod norm;
 pub mod rope;
 pub mod vec;
+pub mod ssm;

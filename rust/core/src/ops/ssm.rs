@@ -1,0 +1,174 @@
+//! The recurrent ops of Mamba-2 and the short-convolution models, per sequence, in the
+//! float order of ggml-cpu's `ssm_conv` and `ssm_scan` (ops.cpp) as llama.cpp's x86-64
+//! AVX2+FMA build runs them: GCC contracts the scalar `a*b + c` into one FMA, and the
+//! Mamba-2 scan runs its first d_state & !31 state entries in 4 x 8 lanes (products
+//! rounded, then the FMA into 4 accumulators, reduced as GGML_F32x8_REDUCE does).
+
+use super::vec::fmaf;
+
+/// ggml's `ssm_conv` for one sequence of `nt` tokens and its state: per channel c of
+/// `conv_dim`, the window [state_c (d_conv - 1 values), x_0[c], ..., x_{nt-1}[c]] is
+/// convolved with w_c (d_conv taps): out_t[c] = sum_i window[t + i] * w_c[i]; the state
+/// becomes the window's last d_conv - 1 values.
+/// `state`: [conv_dim][d_conv - 1]; `x(t)`: token t's conv_dim inputs; `w`: [conv_dim][d_conv];
+/// `out`: [nt][out_stride], the first conv_dim of each row written.
+pub fn conv_seq<'a>(
+    state: &mut [f32],
+    x: &dyn Fn(usize) -> &'a [f32],
+    nt: usize,
+    w: &[f32],
+    d_conv: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    win: &mut Vec<f32>,
+) {
+    let dc1 = d_conv - 1;
+    let conv_dim = w.len() / d_conv;
+    win.resize(dc1 + nt, 0.0);
+    for c in 0..conv_dim {
+        let st = &mut state[c * dc1..(c + 1) * dc1];
+        win[..dc1].copy_from_slice(st);
+        for t in 0..nt {
+            win[dc1 + t] = x(t)[c];
+        }
+        let wc = &w[c * d_conv..(c + 1) * d_conv];
+        for t in 0..nt {
+            let mut sum = 0f32;
+            for i in 0..d_conv {
+                sum = fmaf(win[t + i], wc[i], sum);
+            }
+            out[t * out_stride + c] = sum;
+        }
+        st.copy_from_slice(&win[nt..nt + dc1]);
+    }
+}
+
+/// ggml's softplus (`ggml_compute_softplus_f32` and the softplus op): log(1 + exp(x)), x above 20.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+/// AVX2's GGML_F32x8_REDUCE of four 8-lane accumulators.
+fn reduce_4x8(a: &[[f32; 8]; 4]) -> f32 {
+    let mut x0 = [0f32; 8];
+    let mut x1 = [0f32; 8];
+    for l in 0..8 {
+        x0[l] = a[0][l] + a[2][l];
+        x1[l] = a[1][l] + a[3][l];
+    }
+    for l in 0..8 {
+        x0[l] += x1[l];
+    }
+    let t0 = [x0[0] + x0[4], x0[1] + x0[5], x0[2] + x0[6], x0[3] + x0[7]];
+    (t0[0] + t0[1]) + (t0[2] + t0[3])
+}
+
+/// One token of Mamba-2's scan (ggml's `ssm_scan` with a scalar A per head) for one
+/// sequence: heads [h0, h1) of `head_dim` channels, `ng` groups of `ds` state entries.
+/// `s` [nh][head_dim][ds] is updated in place: s = s * exp(softplus(dt_h) * A_h) +
+/// B_g * x * softplus(dt_h); y[h][i] = s[h][i] . C_g.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_token_mamba2(
+    s: &mut [f32],
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    y: &mut [f32],
+    nh: usize,
+    head_dim: usize,
+    ng: usize,
+    ds: usize,
+) {
+    let np = ds & !31;
+    for h in 0..nh {
+        let dt_sp = softplus(dt[h]);
+        let da = (dt_sp * a[h]).exp();
+        let g = h / (nh / ng);
+        let bg = &b[g * ds..(g + 1) * ds];
+        let cg = &c[g * ds..(g + 1) * ds];
+        for i1 in 0..head_dim {
+            let ii = i1 + h * head_dim;
+            let x_dt = x[ii] * dt_sp;
+            let st = &mut s[ii * ds..(ii + 1) * ds];
+            let mut sumf = 0f32;
+            if np > 0 {
+                let mut acc = [[0f32; 8]; 4];
+                for i in (0..np).step_by(32) {
+                    for (j, accj) in acc.iter_mut().enumerate() {
+                        for l in 0..8 {
+                            let k = i + j * 8 + l;
+                            let v = st[k] * da + bg[k] * x_dt;
+                            accj[l] = fmaf(v, cg[k], accj[l]);
+                            st[k] = v;
+                        }
+                    }
+                }
+                sumf = reduce_4x8(&acc);
+            }
+            for k in np..ds {
+                // GCC contracts (s * dA) + (B * x_dt): the first product into the FMA
+                let v = fmaf(st[k], da, bg[k] * x_dt);
+                sumf = fmaf(v, cg[k], sumf);
+                st[k] = v;
+            }
+            y[ii] = sumf;
+        }
+    }
+}
+
+/// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
+/// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
+pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !31;
+    let mut sumf = 0f32;
+    if np > 0 {
+        let mut acc = [[0f32; 8]; 4];
+        for i in (0..np).step_by(32) {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                for (l, a) in accj.iter_mut().enumerate() {
+                    let k = i + j * 8 + l;
+                    *a = fmaf(x[k], y[k], *a);
+                }
+            }
+        }
+        sumf = reduce_4x8(&acc);
+    }
+    for k in np..n {
+        sumf = fmaf(x[k], y[k], sumf);
+    }
+    sumf
+}
+
+/// One token of ggml's `gated_delta_net` (K = 1, a scalar gate per head) for one head:
+/// `m` is the head's state stored transposed (m[j * s + i] = S[i][j], s = S_v = S_k),
+/// decayed by exp(g), corrected towards v along k with strength beta, then read with q:
+/// out[j] = (S^T q)[j] / sqrt(s). q and k are the (L2-normed) key-head vectors.
+pub fn delta_net_token(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, out: &mut [f32], delta: &mut [f32]) {
+    let s = v.len();
+    let scale = 1.0f32 / (s as f32).sqrt();
+    let eg = g.exp();
+    for x in m.iter_mut() {
+        *x *= eg;
+    }
+    for j in 0..s {
+        let sum = dot_ggml(&m[j * s..(j + 1) * s], k);
+        delta[j] = (v[j] - sum) * beta;
+    }
+    for j in 0..s {
+        let d = delta[j];
+        for (mi, &ki) in m[j * s..(j + 1) * s].iter_mut().zip(k) {
+            *mi = fmaf(ki, d, *mi);
+        }
+    }
+    for j in 0..s {
+        out[j] = dot_ggml(&m[j * s..(j + 1) * s], q) * scale;
+    }
+}
