@@ -642,16 +642,9 @@ def llama_sampler_init_infill(vocab) -> Sampler:
 
 
 def _softmax_nosort(cur: TokenDataArray) -> None:
-    """llama_sampler_softmax_impl(cur_p, false) in float32: expf(logit - max), a running
-    float sum, a float division."""
-    if cur.size == 0:
-        raise ValueError("softmax of an empty candidate list")
-    max_l = cur.logits[0] if cur.sorted else cur.logits.max()
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = _s._expf(np.float32(cur.logits - np.float32(max_l))) if np.isfinite(max_l) else \
-            _s._exp_shifted(cur.logits, max_l)
-        total = np.cumsum(p, dtype=np.float32)[-1]
-        cur.p = (p / total).astype(np.float32)
+    """llama_sampler_softmax_impl(cur_p, false): expf(logit - max), a running float sum, a
+    float division (ValueError on an empty array)."""
+    cur._softmax(False)
 
 
 class AdaptivePSampler(Sampler):

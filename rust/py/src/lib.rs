@@ -9,6 +9,7 @@ mod errors;
 mod gguf;
 mod grammar;
 mod quant;
+mod sampling;
 mod vocab;
 
 #[pymodule]
@@ -27,5 +28,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     context::register(m)?;
     vocab::register(m)?;
     grammar::register(m)?;
+    sampling::register(m)?;
     Ok(())
 }
