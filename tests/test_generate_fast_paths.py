@@ -223,3 +223,35 @@ def test_one_call_chain_on_a_gemma_sized_row(monkeypatch):
     np.testing.assert_array_equal(fast.last.ids, slow.last.ids)
     np.testing.assert_array_equal(fast.last.logits, slow.last.logits)
     np.testing.assert_array_equal(fast.last.p, slow.last.p)
+
+
+def test_python_sampler_inside_a_chain_of_built_ins(monkeypatch):
+    """A sampler written in Python splits the chain: the built-ins around it still run in
+    Rust (one call per run of them) and see what it did; same tokens as every sampler one
+    by one."""
+    class BanBest(S.Sampler):  # sets the best logit to -inf
+        name = "ban-best"
+
+        def apply(self, cur):
+            lg = np.array(cur.logits, np.float32)
+            lg[int(np.argmax(lg))] = -np.inf
+            cur.logits = lg
+            cur.sorted = False
+
+    rng = np.random.default_rng(8)
+    rows = [rng.standard_normal(3000).astype(np.float32) * 2 for _ in range(30)]
+
+    def chain():
+        return S.SamplerChain([S.PenaltiesSampler(16, 1.5, 0.0, 0.0), BanBest(), S.TopKSampler(5),
+                               S.TempSampler(0.7), S.DistSampler(3)])
+
+    fast = chain()
+    steps = fast._plan()[3]
+    assert [type(s).__name__ if not isinstance(s, list) else len(s) for s in steps] == [1, "BanBest", 3]
+    assert fast._plan()[4] is None
+    got = [fast.sample(r) for r in rows]
+    with monkeypatch.context() as m:
+        m.setattr(S, "_is_builtin", lambda s: False)
+        slow = chain()
+        want = [slow.sample(r) for r in rows]
+    assert got == want
