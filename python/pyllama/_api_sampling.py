@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _api_check as _chk
+from . import _core
 from . import sampling as _s
 from ._api_check import checked, describe, int32
 from .sampling import LLAMA_DEFAULT_SEED, LLAMA_TOKEN_NULL, Sampler, SamplerChain, TokenDataArray
@@ -641,73 +642,28 @@ def llama_sampler_init_infill(vocab) -> Sampler:
     return InfillSampler(vocab)
 
 
-def _softmax_nosort(cur: TokenDataArray) -> None:
-    """llama_sampler_softmax_impl(cur_p, false): expf(logit - max), a running float sum, a
-    float division (ValueError on an empty array)."""
-    cur._softmax(False)
-
-
-class AdaptivePSampler(Sampler):
+class AdaptivePSampler(_s._Seeded):
     """llama_sampler_init_adaptive_p: select tokens whose original probability is near
     ``target``, steering with an exponential moving average of the chosen tokens'
     probabilities (decay clamped to [0, 0.99]); a negative target samples the
-    distribution as it is. It selects, so it ends a chain. float32 as llama.cpp; the draw
-    is std::discrete_distribution over std::mt19937."""
+    distribution as it is. It selects, so it ends a chain. The math is Rust's
+    (``_core.SamplerState.adaptive_p``), float32 as llama.cpp; the draw is
+    std::discrete_distribution over std::mt19937."""
 
     name = "adaptive-p"
-    _WIDTH_INV = np.float32(1.0) / np.float32(0.3)
 
     def __init__(self, target: float, decay: float, seed: int) -> None:
         self.target = np.float32(target)
         self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
-        self.seed = int(seed) & 0xFFFFFFFF
-        self.seed_cur = _s._rng_seed(self.seed)
-        self.rng = _s._StdRng(self.seed_cur)
-        self._reset_ema()
+        self._r = _core.SamplerState.adaptive_p(float(self.target), float(self.decay), self._seed(seed))
 
-    def _reset_ema(self) -> None:
-        one = np.float32(1.0)
-        self.weighted_sum = np.float32(self.target / np.float32(one - self.decay))
-        self.total_weight = np.float32(one / np.float32(one - self.decay))
-        self.original_probs = np.zeros(0, np.float32)
-        self.pending_token_id = LLAMA_TOKEN_NULL
-        self.pending_token_idx = -1
+    @property
+    def weighted_sum(self) -> np.float32:
+        return np.float32(self._r.ema[0])
 
-    def apply(self, cur: TokenDataArray) -> None:
-        _softmax_nosort(cur)
-        if self.target < 0:
-            cur.selected = self.rng.discrete(cur.p)
-            return
-        self.original_probs = cur.p.copy()
-        target = np.float32(min(max(float(self.target), 0.0), 1.0))
-        if self.total_weight == 0:
-            adapted = target
-        else:
-            adapted = np.float32(np.float32(2.0) * target - np.float32(self.weighted_sum / self.total_weight))
-        adapted = np.float32(min(max(float(adapted), 0.0), 1.0))
-        logits = np.array(cur.logits, np.float32)
-        live = logits != -np.inf
-        dist = np.abs(np.float32(cur.p[live] - adapted) * self._WIDTH_INV).astype(np.float32)
-        logits[live] = np.float32(5.0) - np.float32(10.0) * dist * dist / (np.float32(1.0) + dist)
-        cur.logits = logits
-        _softmax_nosort(cur)
-        idx = self.rng.discrete(cur.p)
-        cur.selected = idx
-        self.pending_token_id = int(cur.ids[idx])
-        self.pending_token_idx = idx
-
-    def accept(self, token: int) -> None:
-        if self.pending_token_id == token and self.pending_token_id != LLAMA_TOKEN_NULL:
-            p = self.original_probs[self.pending_token_idx]
-            self.weighted_sum = np.float32(p + np.float32(self.decay * self.weighted_sum))
-            self.total_weight = np.float32(np.float32(1.0) + np.float32(self.decay * self.total_weight))
-        self.pending_token_id = LLAMA_TOKEN_NULL
-        self.pending_token_idx = -1
-
-    def reset(self) -> None:
-        self._reset_ema()
-        self.seed_cur = _s._rng_seed(self.seed)
-        self.rng.seed(self.seed_cur)
+    @property
+    def total_weight(self) -> np.float32:
+        return np.float32(self._r.ema[1])
 
 
 def llama_sampler_init_adaptive_p(target: float, decay: float, seed: int) -> Sampler:

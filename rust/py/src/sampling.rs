@@ -125,6 +125,10 @@ impl PySamplerState {
         st(Sampler::Dry { params, last: VecDeque::new() })
     }
     #[staticmethod]
+    fn adaptive_p(target: f64, decay: f64, seed: u32) -> Self {
+        st(Sampler::AdaptiveP { state: smp::AdaptiveP::new(f32_of(target), f32_of(decay)), rng: StdRng::new(seed) })
+    }
+    #[staticmethod]
     fn logit_bias(biases: Vec<(i32, f64)>) -> Self {
         st(Sampler::LogitBias { biases: biases.into_iter().map(|(t, b)| (t, f32_of(b))).collect() })
     }
@@ -159,6 +163,15 @@ impl PySamplerState {
     fn mu(&self) -> Option<f32> {
         match &self.inner {
             Sampler::Mirostat { mu, .. } | Sampler::MirostatV2 { mu, .. } => Some(*mu),
+            _ => None,
+        }
+    }
+
+    /// Adaptive-p's EMA: (weighted sum, total weight) (None for other samplers).
+    #[getter]
+    fn ema(&self) -> Option<(f32, f32)> {
+        match &self.inner {
+            Sampler::AdaptiveP { state, .. } => Some((state.weighted_sum, state.total_weight)),
             _ => None,
         }
     }

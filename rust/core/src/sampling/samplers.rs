@@ -636,6 +636,80 @@ pub fn dry(cur: &mut Candidates, d: &Dry, last: &VecDeque<i32>) {
     cur.sorted = false;
 }
 
+/// `std::clamp(v, lo, hi)` (NaN passes through).
+fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    if v < lo { lo } else if hi < v { hi } else { v }
+}
+
+/// Adaptive-p's state: the target, the EMA of the chosen tokens' original probabilities,
+/// and what the last apply chose (for accept).
+#[derive(Clone, Debug)]
+pub struct AdaptiveP {
+    pub target: f32,
+    pub decay: f32,
+    pub weighted_sum: f32,
+    pub total_weight: f32,
+    original: Vec<f32>,
+    pending: Option<(i32, usize)>,
+}
+
+impl AdaptiveP {
+    /// `decay` is clamped to [0, 0.99].
+    pub fn new(target: f32, decay: f32) -> Self {
+        let decay = clamp(decay, 0.0, 0.99);
+        let mut a = AdaptiveP { target, decay, weighted_sum: 0.0, total_weight: 0.0, original: Vec::new(), pending: None };
+        a.reset();
+        a
+    }
+
+    fn reset(&mut self) {
+        self.weighted_sum = self.target / (1.0 - self.decay);
+        self.total_weight = 1.0 / (1.0 - self.decay);
+        self.pending = None;
+    }
+
+    fn accept(&mut self, token: i32) {
+        if let Some((id, idx)) = self.pending.take() {
+            if id == token {
+                self.weighted_sum = self.original[idx] + self.decay * self.weighted_sum;
+                self.total_weight = 1.0 + self.decay * self.total_weight;
+            }
+        }
+    }
+}
+
+/// Adaptive-p: select tokens whose original probability is near the target, steered by the
+/// EMA of the chosen tokens' probabilities (a negative target samples the distribution as is).
+pub fn adaptive_p(cur: &mut Candidates, a: &mut AdaptiveP, rng: &mut StdRng) {
+    if cur.is_empty() {
+        cur.selected = -1;
+        return;
+    }
+    softmax(cur, false);
+    if a.target < 0.0 {
+        cur.selected = rng.discrete(&cur.p) as i64;
+        return;
+    }
+    a.original.clone_from(&cur.p);
+    let target = clamp(a.target, 0.0, 1.0);
+    let adapted = clamp(
+        if a.total_weight == 0.0 { target } else { 2.0 * target - a.weighted_sum / a.total_weight },
+        0.0,
+        1.0,
+    );
+    const INV_WIDTH: f32 = 1.0 / 0.3;
+    for (l, &q) in cur.logits.iter_mut().zip(&cur.p) {
+        if *l != f32::NEG_INFINITY {
+            let d = ((q - adapted) * INV_WIDTH).abs();
+            *l = 5.0 - 10.0 * d * d / (1.0 + d);
+        }
+    }
+    softmax(cur, false);
+    let idx = rng.discrete(&cur.p);
+    cur.selected = idx as i64;
+    a.pending = Some((cur.ids[idx], idx));
+}
+
 /// One built-in sampler: its parameters and its state.
 #[derive(Clone, Debug)]
 pub enum Sampler {
@@ -654,6 +728,7 @@ pub enum Sampler {
     Penalties { last_n: usize, repeat: f32, freq: f32, present: f32, prev: VecDeque<i32>, counts: HashMap<i32, i32> },
     Dry { params: Dry, last: VecDeque<i32> },
     LogitBias { biases: Vec<(i32, f32)> },
+    AdaptiveP { state: AdaptiveP, rng: StdRng },
 }
 
 impl Sampler {
@@ -679,6 +754,7 @@ impl Sampler {
             }
             Sampler::Dry { params, last } => dry(cur, params, last),
             Sampler::LogitBias { biases } => logit_bias(cur, biases),
+            Sampler::AdaptiveP { state, rng } => adaptive_p(cur, state, rng),
         }
     }
 
@@ -702,6 +778,7 @@ impl Sampler {
                 }
                 prev.push_back(token);
             }
+            Sampler::AdaptiveP { state, .. } => state.accept(token),
             Sampler::Dry { params, last } => {
                 if !params.enabled() {
                     return;
@@ -728,6 +805,10 @@ impl Sampler {
                 counts.clear();
             }
             Sampler::Dry { last, .. } => last.clear(),
+            Sampler::AdaptiveP { state, rng } => {
+                state.reset();
+                rng.seed(seed);
+            }
             _ => {}
         }
     }
