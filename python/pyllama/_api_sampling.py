@@ -545,11 +545,12 @@ def llama_sampler_copy(src, dst) -> None:
 
 
 class InfillSampler(Sampler):
-    """llama_sampler_init_infill, step for step as llama.cpp: softmax (sorted); when
-    3 * p(EOG) * n > p(text) keep only the end-of-generation tokens; otherwise merge the
-    probability of each token into a token whose piece it prefixes (the likelier of the
-    two keeps it), drop non-EOG tokens under p = 0.2 and renormalise; when no text token
-    is left, the single candidate is EOT (EOS without one). float32 throughout."""
+    """llama_sampler_init_infill, as llama.cpp: softmax (sorted); when 3 * p(EOG) * n >
+    p(text) keep only the end-of-generation tokens; otherwise merge the probability of each
+    token into a token whose piece it prefixes (the likelier of the two keeps it), drop
+    non-EOG tokens under p = 0.2, renormalise and drop those under 1 / (n_text + 1); when no
+    text token is left, the single candidate is EOT (EOS without one). The math is Rust's
+    (``_core.sampler_infill``); the vocabulary gives the pieces and the EOG tokens."""
 
     name = "infill"
 
@@ -558,69 +559,10 @@ class InfillSampler(Sampler):
 
     def apply(self, cur: TokenDataArray) -> None:
         v = self.vocab
-        cur._softmax(True)
-        ids = [int(t) for t in cur.ids]
-        p = [np.float32(x) for x in cur.p]
-        logit = [np.float32(x) for x in cur.logits]
-        eog = [v.is_eog(t) for t in ids]
-        p_txt = p_eog = np.float32(0)
-        for i in range(len(ids)):
-            if eog[i]:
-                p_eog = np.float32(p_eog + p[i])
-            else:
-                p_txt = np.float32(p_txt + p[i])
-        n = len(ids)
-        if np.float32(3 * p_eog * n) > p_txt:
-            keep = [i for i in range(n) if eog[i]]
-            p_sum = np.float32(0)
-            for i in keep:
-                p_sum = np.float32(p_sum + p[i])
-            self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
-            return
-        pieces = {}
-
-        def piece(t: int) -> bytes:
-            if t not in pieces:
-                pieces[t] = v.token_to_piece(t, False, 0)
-            return pieces[t]
-
-        ninf = np.float32(-np.inf)
-        for i0 in range(n):
-            for i1 in range(n):
-                if logit[i0] == ninf:
-                    break
-                if i0 == i1 or logit[i1] == ninf:
-                    continue
-                a, b = piece(ids[i0]), piece(ids[i1])
-                if a and len(a) <= len(b) and b[: len(a)] == a:
-                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
-                    p[dst] = np.float32(p[dst] + p[src])
-                    logit[src] = ninf
-                    p[src] = np.float32(0)
-        keep = []
-        n_non_eog = 0
-        p_sum = np.float32(0)
-        for i in range(n):
-            if p[i] < np.float32(0.2) and not eog[i]:
-                continue
-            if not eog[i]:
-                n_non_eog += 1
-            p_sum = np.float32(p_sum + p[i])
-            keep.append(i)
-        if n_non_eog == 0:
-            t = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
-            if t == LLAMA_TOKEN_NULL:
-                raise ValueError("infill sampler: the vocabulary has neither an EOT nor an EOS token")
-            p0 = p[keep[0]] if keep else p[0]
-            self._set(cur, [t], [np.float32(1.0)], [p0])
-            return
-        self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
-
-    @staticmethod
-    def _set(cur: TokenDataArray, ids, logits, p) -> None:
-        cur.ids = np.array(ids, np.int32)
-        cur.logits = np.array(logits, np.float32)
-        cur.p = np.array(p, np.float32)
+        ids, logits, p, selected, srt = cur._args()
+        pieces = {int(t): v.token_to_piece(int(t), False, 0) for t in ids.tolist()}
+        eot = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
+        cur._set(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
 
     def clone(self) -> "InfillSampler":
         return InfillSampler(self.vocab)

@@ -14,7 +14,7 @@ __all__ = [
     "load_mode_names", "split_prefix", "split_path", "GGUFFile", "Model", "dequantize", "quantize", "matmul",
     "kernel_set", "cpu_features", "vec_dot_type", "Context", "LoraAdapter", "top_k_indices",
     "VocabStore", "GrammarRules", "TokenTrie", "GrammarState", "SamplerState", "StdRng", "sampler_chain_sample",
-    "sampler_chain_apply", "sampler_softmax", "sampler_c_int", "sampler_libm", "sampler_powf",
+    "sampler_chain_apply", "sampler_softmax", "sampler_infill", "sampler_c_int", "sampler_libm", "sampler_powf",
 ]
 
 __version__: str
@@ -341,6 +341,10 @@ def sampler_chain_apply(
     samplers: list[SamplerState], ids: _I32, logits: _F32, p: _F32, selected: int, sorted: bool
 ) -> _Cands: ...
 def sampler_softmax(ids: _I32, logits: _F32, p: _F32, selected: int, sorted: bool, do_sort: bool) -> _Cands: ...
+def sampler_infill(
+    ids: _I32, logits: _F32, p: _F32, selected: int, sorted: bool, eog: set[int] | frozenset[int],
+    pieces: Mapping[int, bytes], eot: int
+) -> _Cands: ...
 def sampler_c_int(k: float, x86: bool) -> int: ...
 def sampler_libm(name: str, x: _F32) -> _F32: ...
 def sampler_powf(x: float, y: float) -> float: ...

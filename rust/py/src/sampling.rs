@@ -268,6 +268,27 @@ fn sampler_softmax<'py>(
     Ok(out(py, c))
 }
 
+/// llama.cpp's infill sampler on one candidate array: `eog` the vocabulary's
+/// end-of-generation ids, `pieces` each candidate's text by id, `eot` the EOT token (EOS
+/// without one; -1: none).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn sampler_infill<'py>(
+    py: Python<'py>,
+    ids: PyReadonlyArray1<'py, i32>,
+    logits: PyReadonlyArray1<'py, f32>,
+    p: PyReadonlyArray1<'py, f32>,
+    selected: i64,
+    sorted: bool,
+    eog: std::collections::HashSet<i32>,
+    pieces: HashMap<i32, Vec<u8>>,
+    eot: i32,
+) -> PyResult<Out<'py>> {
+    let mut c = cands(ids, logits, p, selected, sorted)?;
+    smp::infill(&mut c, |t| eog.contains(&t), |t| pieces.get(&t).cloned().unwrap_or_default(), eot).map_err(PyValueError::new_err)?;
+    Ok(out(py, c))
+}
+
 /// C's `int(k)` for a float as the CPU converts it (`x86`: cvttss2si, else saturating).
 #[pyfunction]
 fn sampler_c_int(k: f32, x86: bool) -> i32 {
@@ -339,6 +360,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sampler_chain_sample, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_chain_apply, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_softmax, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler_infill, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_c_int, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_libm, m)?)?;
     m.add_function(wrap_pyfunction!(sampler_powf, m)?)?;

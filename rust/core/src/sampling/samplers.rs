@@ -710,6 +710,89 @@ pub fn adaptive_p(cur: &mut Candidates, a: &mut AdaptiveP, rng: &mut StdRng) {
     a.pending = Some((cur.ids[idx], idx));
 }
 
+/// Fill-in-the-middle (llama.cpp's infill sampler; use it after top-k / top-p): softmax
+/// (sorted); when 3 * p(EOG) * n > p(text) keep only the end-of-generation tokens;
+/// otherwise merge the probability of each token into a token its piece prefixes (the
+/// likelier of the two keeps it), drop text tokens under p = 0.2, renormalize, and drop
+/// text tokens under 1 / (text tokens + 1); when no text token is left, the one candidate
+/// is `eot` (logit 1). `piece` gives a token's text (llama_token_to_piece, not special);
+/// Err when `eot` is needed and is -1.
+pub fn infill(cur: &mut Candidates, is_eog: impl Fn(i32) -> bool, piece: impl Fn(i32) -> Vec<u8>, eot: i32) -> Result<(), String> {
+    if cur.is_empty() {
+        return Ok(());
+    }
+    softmax(cur, true);
+    let eog: Vec<bool> = cur.ids.iter().map(|&t| is_eog(t)).collect();
+    let (mut p_txt, mut p_eog) = (0f32, 0f32);
+    for (i, &q) in cur.p.iter().enumerate() {
+        if eog[i] {
+            p_eog += q;
+        } else {
+            p_txt += q;
+        }
+    }
+    let n = cur.len();
+    if 3.0 * p_eog * n as f32 > p_txt {
+        let keep: Vec<u32> = (0..n as u32).filter(|&i| eog[i as usize]).collect();
+        let sum = keep.iter().fold(0f32, |a, &i| a + cur.p[i as usize]);
+        cur.take(&keep);
+        for q in cur.p.iter_mut() {
+            *q /= sum;
+        }
+        return Ok(());
+    }
+    let pieces: Vec<Vec<u8>> = cur.ids.iter().map(|&t| piece(t)).collect();
+    for i0 in 0..n {
+        for i1 in 0..n {
+            if cur.logits[i0] == f32::NEG_INFINITY {
+                break;
+            }
+            if i0 == i1 || cur.logits[i1] == f32::NEG_INFINITY {
+                continue;
+            }
+            let (a, b) = (&pieces[i0], &pieces[i1]);
+            if !a.is_empty() && a.len() <= b.len() && b[..a.len()] == a[..] {
+                let (dst, src) = if cur.p[i1] > cur.p[i0] { (i1, i0) } else { (i0, i1) };
+                cur.p[dst] += cur.p[src];
+                cur.logits[src] = f32::NEG_INFINITY;
+                cur.p[src] = 0.0;
+            }
+        }
+    }
+    let mut keep = Vec::new();
+    let mut n_text = 0usize;
+    let mut sum = 0f32;
+    for i in 0..n {
+        if cur.p[i] < 0.2 && !eog[i] {
+            continue;
+        }
+        n_text += usize::from(!eog[i]);
+        sum += cur.p[i];
+        keep.push(i as u32);
+    }
+    if n_text == 0 {
+        if eot < 0 {
+            return Err("infill sampler: the vocabulary has neither an EOT nor an EOS token".into());
+        }
+        let p0 = cur.p[keep.first().copied().unwrap_or(0) as usize];
+        *cur = Candidates { ids: vec![eot], logits: vec![1.0], p: vec![p0], selected: cur.selected, sorted: cur.sorted };
+        return Ok(());
+    }
+    let eog: Vec<bool> = keep.iter().map(|&i| eog[i as usize]).collect();
+    cur.take(&keep);
+    for q in cur.p.iter_mut() {
+        *q /= sum;
+    }
+    let thold = (1.0f64 / (n_text + 1) as f64) as f32;
+    let keep: Vec<u32> = (0..cur.len() as u32).filter(|&i| !(cur.p[i as usize] < thold && !eog[i as usize])).collect();
+    let sum = keep.iter().fold(0f32, |a, &i| a + cur.p[i as usize]);
+    cur.take(&keep);
+    for q in cur.p.iter_mut() {
+        *q /= sum;
+    }
+    Ok(())
+}
+
 /// One built-in sampler: its parameters and its state.
 #[derive(Clone, Debug)]
 pub enum Sampler {
