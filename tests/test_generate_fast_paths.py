@@ -1,11 +1,13 @@
 """The per-token fast paths of generation give exactly what the general paths give.
 
-- ``_core.top_k_indices`` (Rust, one pass) against the numpy ``_top_indices_np`` and a
-  full stable sort: same positions in the same order, also with ties, NaN and infinities.
+- ``_core.top_k_indices`` (Rust, one pass) against a full stable sort: same positions in
+  the same order, also with ties, NaN and infinities.
 - ``Context._decode_one`` (single-token decode without the batch allocator) against the
   general ``_decode_code`` path fed an explicit batch: same logits, positions, output map,
   perf counts and return codes, on a real (tiny, generated) model.
 - ``SamplerChain``'s skip of disabled samplers: same tokens as applying every sampler.
+- a chain of built-in samplers in one Rust call: the same tokens, candidates and
+  probabilities as its samplers applied one by one.
 """
 
 from __future__ import annotations
@@ -37,11 +39,10 @@ def _row(n: int, seed: int, mode: int) -> np.ndarray:
 
 @settings(max_examples=150, deadline=None)
 @given(st.integers(1, 6000), st.integers(1, 1100), st.integers(0, 2**31), st.integers(0, 3))
-def test_rust_top_k_equals_numpy_and_full_sort(n, k, seed, mode):
+def test_rust_top_k_equals_full_sort(n, k, seed, mode):
     x = _row(n, seed, mode)
     got = _core.top_k_indices(x, k)
     assert got.dtype == np.int64
-    np.testing.assert_array_equal(got, S._top_indices_np(x, k))
     # the definition: stable descending sort with NaN last (argsort(-x) puts NaN last)
     np.testing.assert_array_equal(got, np.argsort(-x, kind="stable")[:k])
 
@@ -172,7 +173,7 @@ def _tokens(chain, rows):
     for r in rows:
         out.append(chain.sample(r))
         last = chain.last
-        out.append((last.ids.tolist(), last.selected, last.sorted))
+        out.append((last.ids.tolist(), last.selected, last.sorted, last.p.tobytes(), last.logits.tobytes()))
     return out
 
 
@@ -181,38 +182,76 @@ def _tokens(chain, rows):
     dict(top_k=5, top_p=0.5, min_p=0.2, temp=1.5),
     dict(top_k=128, top_p=1.0, min_p=0.0, temp=1.0),     # only top-k -> dist
     dict(top_k=1),
-    dict(top_k=40, top_p=0.9, min_p=0.1, min_keep=3),    # min_keep > 1: the samplers run
-    dict(top_k=40, temp=0.0),                            # greedy through temperature: the samplers run
+    dict(top_k=40, top_p=0.9, min_p=0.1, min_keep=3),
+    dict(top_k=40, temp=0.0),                            # greedy through temperature
+    dict(penalty_repeat=1.3, penalty_freq=0.2, penalty_present=0.1, dry_multiplier=0.8,
+         dry_penalty_last_n=32, dry_allowed_length=1),    # penalties + DRY before top-k
+    dict(top_k=0, top_p=0.9, typ_p=0.95, xtc_probability=0.5, xtc_threshold=0.1,
+         dynatemp_range=0.4, top_n_sigma=2.0),           # everything on the full row
+    dict(mirostat=1, temp=0.9),
+    dict(mirostat=2, temp=0.9),
 ])
-def test_fused_default_tail_equals_the_samplers(monkeypatch, params):
-    """The one-call default chain picks the same tokens, keeps the same candidates and
-    draws the same random numbers as the samplers applied one by one."""
+def test_one_call_chain_equals_the_samplers_one_by_one(monkeypatch, params):
+    """A chain of built-ins sampled in one Rust call picks the same tokens, keeps the same
+    candidates with the same probabilities and draws the same random numbers as its
+    samplers applied (and accepted) one by one."""
     rng = np.random.default_rng(3)
-    rows = [rng.standard_normal(49152).astype(np.float32) * s for s in (0.5, 1, 2, 4, 8) for _ in range(40)]
-    rows[7][123] = np.inf          # non-finite candidates: the samplers take over, stream stays aligned
+    rows = [rng.standard_normal(4096).astype(np.float32) * s for s in (0.5, 1, 2, 4, 8) for _ in range(8)]
+    rows[7][123] = np.inf          # non-finite candidates
     rows[9][:] = -np.inf
     rows[9][:3] = (1.0, 2.0, 3.0)  # only 3 finite logits: -inf among the top 40
+    rows[11] = np.round(rows[11])  # ties
     with monkeypatch.context() as m:
-        m.setattr(S, "_default_tail_of", lambda applies: None)
-        slow = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=49152)
+        m.setattr(S, "_is_builtin", lambda s: False)
+        slow = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=4096)
         want = _tokens(slow, rows)
-        assert slow._plan()[3] is None
-    fast = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=49152)
+        assert slow._plan()[4] is None
+    fast = S.build_chain(S.SamplerParams(seed=9, **params), n_vocab=4096)
     got = _tokens(fast, rows)
+    assert fast._plan()[4] is not None  # the one-call path did run
     assert got == want
-    if params.get("min_keep", 0) <= 1 and params.get("temp", 0.8) > 0:
-        assert fast._plan()[3] is not None  # the fused path did run
 
 
-def test_fused_tail_probabilities_match_the_samplers(monkeypatch):
+def test_one_call_chain_on_a_gemma_sized_row(monkeypatch):
     row = (np.random.default_rng(4).standard_normal(262144) * 3).astype(np.float32)
     with monkeypatch.context() as m:
-        m.setattr(S, "_default_tail_of", lambda applies: None)
+        m.setattr(S, "_is_builtin", lambda s: False)
         slow = S.build_chain(S.SamplerParams(seed=1), n_vocab=len(row))
         t_slow = slow.sample(row)
     fast = S.build_chain(S.SamplerParams(seed=1), n_vocab=len(row))
     assert fast.sample(row) == t_slow
     np.testing.assert_array_equal(fast.last.ids, slow.last.ids)
     np.testing.assert_array_equal(fast.last.logits, slow.last.logits)
-    # numpy's float32 exp and libm's expf may differ in the last bit
-    np.testing.assert_allclose(fast.last.p, slow.last.p, rtol=1e-6)
+    np.testing.assert_array_equal(fast.last.p, slow.last.p)
+
+
+def test_python_sampler_inside_a_chain_of_built_ins(monkeypatch):
+    """A sampler written in Python splits the chain: the built-ins around it still run in
+    Rust (one call per run of them) and see what it did; same tokens as every sampler one
+    by one."""
+    class BanBest(S.Sampler):  # sets the best logit to -inf
+        name = "ban-best"
+
+        def apply(self, cur):
+            lg = np.array(cur.logits, np.float32)
+            lg[int(np.argmax(lg))] = -np.inf
+            cur.logits = lg
+            cur.sorted = False
+
+    rng = np.random.default_rng(8)
+    rows = [rng.standard_normal(3000).astype(np.float32) * 2 for _ in range(30)]
+
+    def chain():
+        return S.SamplerChain([S.PenaltiesSampler(16, 1.5, 0.0, 0.0), BanBest(), S.TopKSampler(5),
+                               S.TempSampler(0.7), S.DistSampler(3)])
+
+    fast = chain()
+    steps = fast._plan()[3]
+    assert [type(s).__name__ if not isinstance(s, list) else len(s) for s in steps] == [1, "BanBest", 3]
+    assert fast._plan()[4] is None
+    got = [fast.sample(r) for r in rows]
+    with monkeypatch.context() as m:
+        m.setattr(S, "_is_builtin", lambda s: False)
+        slow = chain()
+        want = [slow.sample(r) for r in rows]
+    assert got == want

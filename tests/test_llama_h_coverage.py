@@ -444,6 +444,17 @@ def test_infill_picks_eog_when_likely_and_eot_when_nothing_is_left(gpt2):
     assert cur.ids.tolist() == [L.llama_vocab_eot(gpt2)] and cur.logits.tolist() == [1.0]
 
 
+def test_infill_second_threshold_drops_text_tokens_under_one_over_n_plus_one(gpt2):
+    """After the 0.2 cut and renormalising, llama.cpp drops the text tokens under
+    1 / (n_text + 1): with 3 text tokens 0.5, 0.28, 0.22 that is 0.25, so 0.22 goes and the
+    other two are renormalised."""
+    smpl = L.llama_sampler_init_infill(gpt2)
+    cur = _cur([64, 65, 66], [0.5, 0.28, 0.22])  # "a", "b", "c": no piece prefixes another
+    L.llama_sampler_apply(smpl, cur)
+    assert cur.ids.tolist() == [64, 65]
+    np.testing.assert_allclose(cur.p, [0.5 / 0.78, 0.28 / 0.78], rtol=1e-5)
+
+
 def test_adaptive_p_transform_and_ema():
     """llama-sampler.cpp adaptive-p: logit = 5 - 10 d^2 / (1 + d), d = |p - target'| / 0.3,
     target' = 2 target - EMA; the EMA takes the chosen token's original probability."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _api_check as _chk
+from . import _core
 from . import sampling as _s
 from ._api_check import checked, describe, int32
 from .sampling import LLAMA_DEFAULT_SEED, LLAMA_TOKEN_NULL, Sampler, SamplerChain, TokenDataArray
@@ -544,11 +545,12 @@ def llama_sampler_copy(src, dst) -> None:
 
 
 class InfillSampler(Sampler):
-    """llama_sampler_init_infill, step for step as llama.cpp: softmax (sorted); when
-    3 * p(EOG) * n > p(text) keep only the end-of-generation tokens; otherwise merge the
-    probability of each token into a token whose piece it prefixes (the likelier of the
-    two keeps it), drop non-EOG tokens under p = 0.2 and renormalise; when no text token
-    is left, the single candidate is EOT (EOS without one). float32 throughout."""
+    """llama_sampler_init_infill, as llama.cpp: softmax (sorted); when 3 * p(EOG) * n >
+    p(text) keep only the end-of-generation tokens; otherwise merge the probability of each
+    token into a token whose piece it prefixes (the likelier of the two keeps it), drop
+    non-EOG tokens under p = 0.2, renormalise and drop those under 1 / (n_text + 1); when no
+    text token is left, the single candidate is EOT (EOS without one). The math is Rust's
+    (``_core.sampler_infill``); the vocabulary gives the pieces and the EOG tokens."""
 
     name = "infill"
 
@@ -557,69 +559,10 @@ class InfillSampler(Sampler):
 
     def apply(self, cur: TokenDataArray) -> None:
         v = self.vocab
-        cur._softmax(True)
-        ids = [int(t) for t in cur.ids]
-        p = [np.float32(x) for x in cur.p]
-        logit = [np.float32(x) for x in cur.logits]
-        eog = [v.is_eog(t) for t in ids]
-        p_txt = p_eog = np.float32(0)
-        for i in range(len(ids)):
-            if eog[i]:
-                p_eog = np.float32(p_eog + p[i])
-            else:
-                p_txt = np.float32(p_txt + p[i])
-        n = len(ids)
-        if np.float32(3 * p_eog * n) > p_txt:
-            keep = [i for i in range(n) if eog[i]]
-            p_sum = np.float32(0)
-            for i in keep:
-                p_sum = np.float32(p_sum + p[i])
-            self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
-            return
-        pieces = {}
-
-        def piece(t: int) -> bytes:
-            if t not in pieces:
-                pieces[t] = v.token_to_piece(t, False, 0)
-            return pieces[t]
-
-        ninf = np.float32(-np.inf)
-        for i0 in range(n):
-            for i1 in range(n):
-                if logit[i0] == ninf:
-                    break
-                if i0 == i1 or logit[i1] == ninf:
-                    continue
-                a, b = piece(ids[i0]), piece(ids[i1])
-                if a and len(a) <= len(b) and b[: len(a)] == a:
-                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
-                    p[dst] = np.float32(p[dst] + p[src])
-                    logit[src] = ninf
-                    p[src] = np.float32(0)
-        keep = []
-        n_non_eog = 0
-        p_sum = np.float32(0)
-        for i in range(n):
-            if p[i] < np.float32(0.2) and not eog[i]:
-                continue
-            if not eog[i]:
-                n_non_eog += 1
-            p_sum = np.float32(p_sum + p[i])
-            keep.append(i)
-        if n_non_eog == 0:
-            t = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
-            if t == LLAMA_TOKEN_NULL:
-                raise ValueError("infill sampler: the vocabulary has neither an EOT nor an EOS token")
-            p0 = p[keep[0]] if keep else p[0]
-            self._set(cur, [t], [np.float32(1.0)], [p0])
-            return
-        self._set(cur, [ids[i] for i in keep], [logit[i] for i in keep], [np.float32(p[i] / p_sum) for i in keep])
-
-    @staticmethod
-    def _set(cur: TokenDataArray, ids, logits, p) -> None:
-        cur.ids = np.array(ids, np.int32)
-        cur.logits = np.array(logits, np.float32)
-        cur.p = np.array(p, np.float32)
+        ids, logits, p, selected, srt = cur._args()
+        pieces = {int(t): v.token_to_piece(int(t), False, 0) for t in ids.tolist()}
+        eot = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
+        cur._set(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
 
     def clone(self) -> "InfillSampler":
         return InfillSampler(self.vocab)
@@ -641,80 +584,28 @@ def llama_sampler_init_infill(vocab) -> Sampler:
     return InfillSampler(vocab)
 
 
-def _softmax_nosort(cur: TokenDataArray) -> None:
-    """llama_sampler_softmax_impl(cur_p, false) in float32: expf(logit - max), a running
-    float sum, a float division."""
-    if cur.size == 0:
-        raise ValueError("softmax of an empty candidate list")
-    max_l = cur.logits[0] if cur.sorted else cur.logits.max()
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = _s._expf(np.float32(cur.logits - np.float32(max_l))) if np.isfinite(max_l) else \
-            _s._exp_shifted(cur.logits, max_l)
-        total = np.cumsum(p, dtype=np.float32)[-1]
-        cur.p = (p / total).astype(np.float32)
-
-
-class AdaptivePSampler(Sampler):
+class AdaptivePSampler(_s._Seeded):
     """llama_sampler_init_adaptive_p: select tokens whose original probability is near
     ``target``, steering with an exponential moving average of the chosen tokens'
     probabilities (decay clamped to [0, 0.99]); a negative target samples the
-    distribution as it is. It selects, so it ends a chain. float32 as llama.cpp; the draw
-    is std::discrete_distribution over std::mt19937."""
+    distribution as it is. It selects, so it ends a chain. The math is Rust's
+    (``_core.SamplerState.adaptive_p``), float32 as llama.cpp; the draw is
+    std::discrete_distribution over std::mt19937."""
 
     name = "adaptive-p"
-    _WIDTH_INV = np.float32(1.0) / np.float32(0.3)
 
     def __init__(self, target: float, decay: float, seed: int) -> None:
         self.target = np.float32(target)
         self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
-        self.seed = int(seed) & 0xFFFFFFFF
-        self.seed_cur = _s._rng_seed(self.seed)
-        self.rng = _s._StdRng(self.seed_cur)
-        self._reset_ema()
+        self._r = _core.SamplerState.adaptive_p(float(self.target), float(self.decay), self._seed(seed))
 
-    def _reset_ema(self) -> None:
-        one = np.float32(1.0)
-        self.weighted_sum = np.float32(self.target / np.float32(one - self.decay))
-        self.total_weight = np.float32(one / np.float32(one - self.decay))
-        self.original_probs = np.zeros(0, np.float32)
-        self.pending_token_id = LLAMA_TOKEN_NULL
-        self.pending_token_idx = -1
+    @property
+    def weighted_sum(self) -> np.float32:
+        return np.float32(self._r.ema[0])
 
-    def apply(self, cur: TokenDataArray) -> None:
-        _softmax_nosort(cur)
-        if self.target < 0:
-            cur.selected = self.rng.discrete(cur.p)
-            return
-        self.original_probs = cur.p.copy()
-        target = np.float32(min(max(float(self.target), 0.0), 1.0))
-        if self.total_weight == 0:
-            adapted = target
-        else:
-            adapted = np.float32(np.float32(2.0) * target - np.float32(self.weighted_sum / self.total_weight))
-        adapted = np.float32(min(max(float(adapted), 0.0), 1.0))
-        logits = np.array(cur.logits, np.float32)
-        live = logits != -np.inf
-        dist = np.abs(np.float32(cur.p[live] - adapted) * self._WIDTH_INV).astype(np.float32)
-        logits[live] = np.float32(5.0) - np.float32(10.0) * dist * dist / (np.float32(1.0) + dist)
-        cur.logits = logits
-        _softmax_nosort(cur)
-        idx = self.rng.discrete(cur.p)
-        cur.selected = idx
-        self.pending_token_id = int(cur.ids[idx])
-        self.pending_token_idx = idx
-
-    def accept(self, token: int) -> None:
-        if self.pending_token_id == token and self.pending_token_id != LLAMA_TOKEN_NULL:
-            p = self.original_probs[self.pending_token_idx]
-            self.weighted_sum = np.float32(p + np.float32(self.decay * self.weighted_sum))
-            self.total_weight = np.float32(np.float32(1.0) + np.float32(self.decay * self.total_weight))
-        self.pending_token_id = LLAMA_TOKEN_NULL
-        self.pending_token_idx = -1
-
-    def reset(self) -> None:
-        self._reset_ema()
-        self.seed_cur = _s._rng_seed(self.seed)
-        self.rng.seed(self.seed_cur)
+    @property
+    def total_weight(self) -> np.float32:
+        return np.float32(self._r.ema[1])
 
 
 def llama_sampler_init_adaptive_p(target: float, decay: float, seed: int) -> Sampler:

@@ -1,11 +1,13 @@
-//! Candidate selection for the samplers (pipeline step 15), the one part of a sampler
-//! chain that has to look at every logit of a row.
+//! The samplers (pipeline step 15): llama.cpp's built-in samplers and chains of them
+//! (`samplers`), its random numbers (`rng`), and here the candidate selection that every
+//! sort of a sampler uses, the one part of a chain that has to look at every logit of a row.
 //!
-//! The samplers themselves live in Python (pyllama.sampling); their usual first step,
-//! top-k over 49k-262k logits, costs ten numpy calls there (partition, nonzero, sort ...),
-//! each paying its dispatch cost with caches that the forward pass just evicted. Here it
-//! is one pass over the row. Only comparisons happen, so the result is exact: the same
-//! positions in the same order as the numpy path (`_top_indices`) returns.
+//! Python (pyllama.sampling) owns the sampler objects and chains; their math is here. Top-k
+//! over 49k-262k logits is one pass over the row. Only comparisons happen, so the result is
+//! exact: the positions of a stable descending sort (NaN last), in that order.
+
+pub mod rng;
+pub mod samplers;
 
 use std::cmp::Ordering;
 
@@ -153,86 +155,6 @@ fn top_k_select(logits: &[f32], k: usize) -> Vec<u32> {
     }
     idx.sort_unstable_by(cmp);
     idx
-}
-
-/// What the default chain leaves after top-k: the kept candidates (best first), their
-/// logits after the temperature, dist's probabilities and the chosen index into them.
-pub struct Tail {
-    pub ids: Vec<u32>,
-    pub logits: Vec<f32>,
-    pub probs: Vec<f32>,
-    pub selected: usize,
-}
-
-/// llama.cpp's default chain in one pass: top-k `k` -> top-p `top_p` (off when >= 1) ->
-/// min-p (`log_min_p` = ln(min_p) rounded to f32; off when None) -> temperature `temp`
-/// (> 0) -> dist with the uniform double `rnd`, min_keep 1 everywhere.
-///
-/// Step for step what pyllama.sampling's samplers do on a sorted candidate list (the same
-/// float32 / float64 operations in the same order; `exp` is libm's expf, as in llama.cpp),
-/// so the chain can hand a row here instead of making ~25 numpy calls on 40 candidates.
-/// None when a candidate is not finite (the samplers' special cases): take the samplers.
-pub fn default_tail(row: &[f32], k: usize, top_p: f32, log_min_p: Option<f32>, temp: f32, rnd: f64) -> Option<Tail> {
-    if k == 0 || row.is_empty() || !(temp > 0.0) {
-        return None;
-    }
-    let mut ids = top_k_indices(row, k);
-    let mut l: Vec<f32> = ids.iter().map(|&i| row[i as usize]).collect();
-    if !l.iter().all(|v| v.is_finite()) {
-        return None;
-    }
-    // top-p: softmax (f32 exp of logit - max, f64 total, p / f32(total)), f32 running sum,
-    // keep up to the first index where it reaches p
-    if top_p < 1.0 {
-        let max = l[0];
-        let e: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
-        let total = e.iter().map(|&v| v as f64).sum::<f64>() as f32;
-        let mut cum = 0f32;
-        let mut last = l.len();
-        for (i, &v) in e.iter().enumerate() {
-            cum += v / total;
-            if cum >= top_p {
-                last = i + 1;
-                break;
-            }
-        }
-        l.truncate(last);
-        ids.truncate(last);
-    }
-    // min-p on sorted candidates: cut at the first logit below max + ln(p), never the first
-    if let Some(lp) = log_min_p {
-        let min_logit = l[0] + lp;
-        if let Some(j) = l.iter().skip(1).position(|&v| v < min_logit) {
-            l.truncate(j + 1);
-            ids.truncate(j + 1);
-        }
-    }
-    for v in l.iter_mut() {
-        *v /= temp;
-    }
-    if !l[0].is_finite() {
-        // a temperature so small that the best logit overflowed: exp(inf - inf) would be
-        // NaN here; the samplers handle such rows
-        return None;
-    }
-    // dist: f32 exp, f64 running sum, first index whose running sum reaches sum * rnd
-    let n = l.len();
-    if n == 1 {
-        return Some(Tail { ids, logits: l, probs: vec![1.0], selected: 0 });
-    }
-    let max = l[0];
-    let e: Vec<f32> = l.iter().map(|&v| (v - max).exp()).collect();
-    let mut cum = Vec::with_capacity(n);
-    let mut acc = 0f64;
-    for &v in &e {
-        acc += v as f64;
-        cum.push(acc);
-    }
-    let sum = acc;
-    let target = sum * rnd;
-    let selected = cum.iter().position(|&c| c >= target).unwrap_or(n).min(n - 1);
-    let probs = e.iter().map(|&v| (v as f64 / sum) as f32).collect();
-    Some(Tail { ids, logits: l, probs, selected })
 }
 
 #[cfg(test)]

@@ -596,43 +596,7 @@ fn top_k_indices<'py>(py: Python<'py>, logits: Bound<'py, PyArray1<f32>>, k: usi
     Ok(numpy::PyArray1::from_vec(py, out))
 }
 
-/// llama.cpp's default sampler chain after the logits (top-k -> top-p -> min-p ->
-/// temperature -> dist) over a float32 row, in one call: see
-/// `pyllama_core::sampling::default_tail`. Returns (ids int64, logits float32, probs
-/// float32, selected) of the kept candidates, or None when the samplers must handle the
-/// row (a non-finite candidate). `top_p` >= 1 and `log_min_p` None turn those steps off.
-#[pyfunction]
-#[pyo3(signature = (logits, k, top_p, log_min_p, temp, rnd))]
-#[allow(clippy::type_complexity)]
-fn sample_default_tail<'py>(
-    py: Python<'py>,
-    logits: Bound<'py, PyArray1<f32>>,
-    k: usize,
-    top_p: f32,
-    log_min_p: Option<f32>,
-    temp: f32,
-    rnd: f64,
-) -> PyResult<Option<(Bound<'py, numpy::PyArray1<i64>>, Bound<'py, numpy::PyArray1<f32>>, Bound<'py, numpy::PyArray1<f32>>, usize)>> {
-    let logits = in_row(&logits, "sample_default_tail: logits")?;
-    let t = match logits.as_slice() {
-        Ok(s) => pyllama_core::sampling::default_tail(s, k, top_p, log_min_p, temp, rnd),
-        Err(_) => {
-            let v: Vec<f32> = logits.as_array().iter().copied().collect();
-            pyllama_core::sampling::default_tail(&v, k, top_p, log_min_p, temp, rnd)
-        }
-    };
-    let Some(t) = t else { return Ok(None) };
-    let ids: Vec<i64> = t.ids.into_iter().map(i64::from).collect();
-    Ok(Some((
-        numpy::PyArray1::from_vec(py, ids),
-        numpy::PyArray1::from_vec(py, t.logits),
-        numpy::PyArray1::from_vec(py, t.probs),
-        t.selected,
-    )))
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(sample_default_tail, m)?)?;
     m.add_class::<PyContext>()?;
     m.add_class::<PyLoraAdapter>()?;
     m.add_function(wrap_pyfunction!(top_k_indices, m)?)?;

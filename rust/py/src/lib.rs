@@ -10,6 +10,7 @@ mod gguf;
 mod gpu;
 mod grammar;
 mod quant;
+mod sampling;
 mod vocab;
 
 #[pymodule]
@@ -30,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     context::register(m)?;
     vocab::register(m)?;
     grammar::register(m)?;
+    sampling::register(m)?;
     Ok(())
 }
