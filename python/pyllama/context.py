@@ -245,6 +245,19 @@ def _type_name(t: Union[int, str], what: str) -> str:
 QUANTIZED_KV_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"})
 
 
+_ENCODER_FA_WARNED = False
+
+
+def _warn_encoder_fa() -> None:
+    """flash_attn_type enabled on an encoder: said once per process (encoders attend in f32,
+    as llama.cpp with flash attention off; its flash kernel casts K and V to f16)."""
+    global _ENCODER_FA_WARNED
+    if not _ENCODER_FA_WARNED:
+        _ENCODER_FA_WARNED = True
+        log.warning("flash_attn_type = enabled: pyllama's encoders (bert, ...) attend in f32 without flash "
+                    "attention (llama.cpp's -fa off); their embeddings are those of -fa off")
+
+
 def _resolve_flash_attn(flash_attn_type: int, type_v: str) -> bool:
     """llama_init_from_model's flash-attention rules on the CPU: auto resolves to enabled
     (the CPU backend runs FLASH_ATTN_EXT); a quantized V cache needs it, so with auto it
@@ -361,6 +374,8 @@ class Context:
         type_k = _type_name(params.type_k, "type_k")
         type_v = _type_name(params.type_v, "type_v")
         flash_attn = _resolve_flash_attn(int(params.flash_attn_type), type_v)
+        if not causal and int(params.flash_attn_type) == LLAMA_FLASH_ATTN_TYPE_ENABLED:
+            _warn_encoder_fa()
 
         n_ctx = int(params.n_ctx) if params.n_ctx else n_ctx_train
         # with causal attention the batch size is limited by the context size
