@@ -9,6 +9,7 @@ mod errors;
 mod gguf;
 mod grammar;
 mod quant;
+mod quantize;
 mod vocab;
 
 #[pymodule]
@@ -24,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
+    quantize::register(m)?;
     context::register(m)?;
     vocab::register(m)?;
     grammar::register(m)?;
