@@ -8,6 +8,7 @@ use pyllama_core::gguf::Value;
 use pyllama_core::quantize::{self as qz, imatrix, select};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use numpy::PyArrayMethods;
 use pyo3::types::PyDict;
 
 fn ggml_type(name: &str, what: &str) -> PyResult<GgmlType> {
@@ -230,7 +231,59 @@ fn load_imatrix<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Boun
     Ok(d)
 }
 
+/// Start collecting an importance matrix on this thread: every `Context.decode` made from
+/// this thread records its matmul inputs (llama-imatrix's rules) until `imatrix_end`.
+#[pyfunction]
+#[pyo3(signature = (process_output = false))]
+fn imatrix_begin(process_output: bool) {
+    qz::collect::begin(process_output);
+}
+
+/// Stop collecting on this thread: {weight name: (sums float32 [n_mat, n_in], counts
+/// list[int])}. Raises ValueError if a sum became non-finite (llama-imatrix stops there).
+#[pyfunction]
+fn imatrix_end<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let c = qz::collect::end().ok_or_else(|| PyValueError::new_err("no importance-matrix collection is running on this thread"))?;
+    if let Some(n) = c.non_finite {
+        return Err(PyValueError::new_err(format!("non-finite values detected in {n}")));
+    }
+    let d = PyDict::new(py);
+    for (name, s) in c.stats {
+        let nmat = s.counts.len().max(1);
+        let ne0 = s.values.len() / nmat;
+        let arr = numpy::PyArray1::from_vec(py, s.values).reshape([nmat, ne0])?;
+        d.set_item(name, (arr, s.counts))?;
+    }
+    Ok(d)
+}
+
+/// Write an importance matrix in llama-imatrix's GGUF format. `entries`: {weight name:
+/// (sums [n_mat, n_in] or flat, counts per matrix)}.
+#[pyfunction]
+fn imatrix_save(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    entries: std::collections::BTreeMap<String, (numpy::PyReadonlyArrayDyn<'_, f32>, Vec<i64>)>,
+    datasets: Vec<String>,
+    chunk_count: u32,
+    chunk_size: u32,
+) -> PyResult<()> {
+    let mut stats = std::collections::BTreeMap::new();
+    for (name, (a, counts)) in entries {
+        let values: Vec<f32> = a.as_array().iter().copied().collect();
+        if counts.is_empty() || values.len() % counts.len() != 0 {
+            return Err(PyValueError::new_err(format!("{name}: {} sums do not split into {} matrices", values.len(), counts.len())));
+        }
+        stats.insert(name, qz::collect::Stats { values, counts });
+    }
+    let p = path.to_string_lossy().into_owned();
+    py.allow_threads(|| qz::collect::save(&p, &stats, &datasets, chunk_count, chunk_size)).map_err(to_py)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(imatrix_begin, m)?)?;
+    m.add_function(wrap_pyfunction!(imatrix_end, m)?)?;
+    m.add_function(wrap_pyfunction!(imatrix_save, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_model, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_types, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_ftypes, m)?)?;

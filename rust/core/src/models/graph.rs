@@ -306,11 +306,14 @@ impl Step<'_> {
                 let t = idx[nk + r] / n_used;
                 xg[r * ne..(r + 1) * ne].copy_from_slice(&b.cur[t * ne..(t + 1) * ne]);
             }
+            crate::quantize::collect::observe_experts(m.gate, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
+            crate::quantize::collect::observe_experts(m.up, e, &xg[..mt * ne], &idx[nk..], n_used);
             Self::mm_rows(self.pool, m.gate, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
             Self::mm_rows(self.pool, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
                 act::swiglu(&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
             }
+            crate::quantize::collect::observe_experts(m.down, e, &b.gate[..mt * nf], &idx[nk..], n_used); // imatrix
             Self::mm_rows(self.pool, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             for r in 0..mt {
                 let k = idx[nk + r];
@@ -366,6 +369,7 @@ impl Step<'_> {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
         try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
+        crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix (no-op unless collecting)
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
         }
@@ -389,6 +393,9 @@ impl Step<'_> {
             return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
         }
         try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        if rows.start == 0 {
+            crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix: a fused matrix counts once
+        }
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * width], rows, scratch)?;
         }

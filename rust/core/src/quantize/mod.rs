@@ -9,6 +9,7 @@
 //!   (gguf.cpp's layout: KV pairs in insertion order, tensor infos, 32-byte alignment);
 //! - `imatrix.rs`: importance-matrix files (llama-imatrix's GGUF format and the legacy one).
 
+pub mod collect;
 pub mod imatrix;
 pub mod kernels;
 pub mod select;
@@ -349,6 +350,42 @@ pub fn quantize_model(
     }
     summary.warnings = warnings;
     Ok(summary)
+}
+
+/// Write a GGUF file of F32 tensors (gguf.cpp's layout: KV pairs, tensor infos with
+/// trailing 1-dims dropped, data aligned to 32 bytes).
+pub fn write_gguf_f32(path: &str, kv: &[(String, Value)], tensors: &[(String, [u64; 4], Vec<f32>)]) -> Result<()> {
+    let mut head = Vec::new();
+    head.extend_from_slice(b"GGUF");
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as i64).to_le_bytes());
+    head.extend_from_slice(&(kv.len() as i64).to_le_bytes());
+    for (k, v) in kv {
+        write_str(&mut head, k.as_bytes());
+        write_kv(&mut head, v)?;
+    }
+    let mut offset = 0u64;
+    for (name, ne, data) in tensors {
+        write_str(&mut head, name.as_bytes());
+        let n_dims = (1..4).rev().find(|&i| ne[i] != 1).map(|i| i + 1).unwrap_or(1);
+        head.extend_from_slice(&(n_dims as u32).to_le_bytes());
+        for d in ne.iter().take(n_dims) {
+            head.extend_from_slice(&(*d as i64).to_le_bytes());
+        }
+        head.extend_from_slice(&(GgmlType::F32 as u32).to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offset += pad(4 * data.len() as u64, ALIGNMENT);
+    }
+    let hl = head.len() as u64;
+    head.resize(pad(hl, ALIGNMENT) as usize, 0);
+    for (_, _, data) in tensors {
+        for v in data {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        let l = head.len() as u64;
+        head.resize(pad(l, ALIGNMENT) as usize, 0);
+    }
+    std::fs::write(path, &head).map_err(|e| Error::Io { path: path.to_string(), what: "write".into(), source: e })
 }
 
 fn same_file(a: &str, b: &str) -> bool {
