@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Quantization throughput: llama-quantize and `pyllama quantize` alternately on the same
 F32 input with the same thread count; prints the median wall time of each per type, the
-ratio llama.cpp / pyllama (> 1: pyllama is faster) and whether the outputs are identical.
+ratio llama.cpp / pyllama (> 1: pyllama is faster), the same for CPU time (user + sys of
+the process; steadier than wall time on a shared machine), and whether the outputs are
+identical. pyllama's times include starting Python (about 0.4 s of CPU).
 
 The input is a random-weight llama written once (default n_embd 1024, n_ff 2816, 8 layers,
 8192-token vocabulary: ~105 M parameters, 420 MB), or --model. llama-quantize comes from
@@ -64,10 +66,17 @@ def write_model(path: Path, n_embd: int, n_ff: int, n_layer: int, n_vocab: int) 
     return path
 
 
-def timed(cmd: list[str]) -> float:
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child: user + sys; on a busy machine the CPU time
+    is the steadier measure)."""
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
 def main() -> None:
@@ -84,7 +93,8 @@ def main() -> None:
         tmp = Path(td)
         src = a.model or write_model(tmp / "in.gguf", *map(int, a.size.split(",")))
         print(f"input {src} ({src.stat().st_size / 2**20:.0f} MiB), {a.threads} threads, {a.rounds} rounds")
-        print(f"{'type':8s} {'llama.cpp s':>12s} {'pyllama s':>10s} {'ratio':>6s}  identical")
+        print(f"{'type':8s} {'llama.cpp s':>12s} {'pyllama s':>10s} {'ratio':>6s} {'llama cpu':>10s} "
+              f"{'pyllama cpu':>11s} {'ratio':>6s}  identical")
         for ty in a.types.split(","):
             tl, tp = [], []
             for _ in range(a.rounds):
@@ -92,8 +102,9 @@ def main() -> None:
                 tp.append(timed([sys.executable, "-m", "pyllama", "quantize", str(src), str(tmp / "p.gguf"), ty,
                                  str(a.threads)]))
             same = hashlib.sha256((tmp / "l.gguf").read_bytes()).digest() == hashlib.sha256((tmp / "p.gguf").read_bytes()).digest()
-            ml, mp = statistics.median(tl), statistics.median(tp)
-            print(f"{ty:8s} {ml:12.2f} {mp:10.2f} {ml / mp:6.2f}  {same}", flush=True)
+            ml, mp = statistics.median(x[0] for x in tl), statistics.median(x[0] for x in tp)
+            cl, cp = statistics.median(x[1] for x in tl), statistics.median(x[1] for x in tp)
+            print(f"{ty:8s} {ml:12.2f} {mp:10.2f} {ml / mp:6.2f} {cl:10.2f} {cp:11.2f} {cl / cp:6.2f}  {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,10 +46,16 @@ fn cmax(a: f32, b: f32) -> f32 {
 // ------------------------------------------------------------------ scale searches
 
 /// `make_qx_quants`: symmetric scale for levels [-nmax, nmax-1]; `l_out` gets level + nmax.
+/// (n <= 32 in every caller; the weights are computed once instead of per pass, the same
+/// values.)
+#[inline(always)]
 fn make_qx_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], mut rmse_type: i32, qw: Option<&[f32]>) -> f32 {
+    assert!(n <= 32);
+    let x = &x[..n];
+    let l_out = &mut l_out[..n];
     let mut max = 0f32;
     let mut amax = 0f32;
-    for &v in &x[..n] {
+    for &v in x {
         let ax = v.abs();
         if ax > amax {
             amax = ax;
@@ -57,7 +63,7 @@ fn make_qx_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], mut rmse_typ
         }
     }
     if amax < GROUP_MAX_EPS {
-        l_out[..n].fill(0);
+        l_out.fill(0);
         return 0.0;
     }
     let mut iscale = -(nmax as f32) / max;
@@ -73,50 +79,55 @@ fn make_qx_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], mut rmse_typ
         rmse_type = -rmse_type;
         return_early = true;
     }
-    let weight = |i: usize| -> f32 {
-        match qw {
-            Some(q) => q[i],
-            None => match rmse_type {
-                1 => x[i] * x[i],
-                2 => 1.0,
-                3 => x[i].abs(),
-                _ => x[i].abs().sqrt(),
-            },
+    let mut wbuf = [0f32; 32];
+    let w = &mut wbuf[..n];
+    match qw {
+        Some(q) => w.copy_from_slice(&q[..n]),
+        None => {
+            for i in 0..n {
+                w[i] = match rmse_type {
+                    1 => x[i] * x[i],
+                    2 => 1.0,
+                    3 => x[i].abs(),
+                    _ => x[i].abs().sqrt(),
+                };
+            }
         }
-    };
+    }
+    let w = &*w;
     let mut sumlx = 0f32;
     let mut suml2 = 0f32;
     for i in 0..n {
         let l = nearest_int(iscale * x[i]).min(nmax - 1).max(-nmax);
         l_out[i] = (l + nmax) as i8;
-        let w = weight(i);
         let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
+        sumlx += w[i] * x[i] * lf;
+        suml2 += w[i] * lf * lf;
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     if return_early {
         return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
     }
     let mut best = scale * sumlx;
+    let mut lbuf = [0f32; 32];
+    let ls = &mut lbuf[..n];
     for is in -9i32..=9 {
         if is == 0 {
             continue;
         }
         iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
+        for i in 0..n {
+            ls[i] = nearest_int(iscale * x[i]).min(nmax - 1).max(-nmax) as f32;
+        }
         sumlx = 0.0;
         suml2 = 0.0;
         for i in 0..n {
-            let l = nearest_int(iscale * x[i]).min(nmax - 1).max(-nmax);
-            let w = weight(i);
-            let lf = l as f32;
-            sumlx += w * x[i] * lf;
-            suml2 += w * lf * lf;
+            sumlx += w[i] * x[i] * ls[i];
+            suml2 += w[i] * ls[i] * ls[i];
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
             for i in 0..n {
-                let l = nearest_int(iscale * x[i]);
-                l_out[i] = (nmax + l.min(nmax - 1).max(-nmax)) as i8;
+                l_out[i] = (nmax + ls[i] as i32) as i8;
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
@@ -126,6 +137,7 @@ fn make_qx_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], mut rmse_typ
 }
 
 /// `make_q3_quants` (Q3_K reference): levels [-nmax, nmax-1] + nmax.
+#[inline(always)]
 fn make_q3_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], do_rmse: bool) -> f32 {
     let mut max = 0f32;
     let mut amax = 0f32;
@@ -194,6 +206,7 @@ fn make_q3_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], do_rmse: boo
 /// `max <= min` and always has weights here): scale and min for levels [0, nmax].
 /// Returns (scale, the_min).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn make_qkx_quants(
     n: usize,
     nmax: i32,
@@ -207,6 +220,10 @@ fn make_qkx_quants(
     use_mad: bool,
     le: bool,
 ) -> (f32, f32) {
+    let x = &x[..n];
+    let weights = &weights[..n];
+    let l_out = &mut l_out[..n];
+    let laux = &mut laux[..n];
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -226,7 +243,7 @@ fn make_qkx_quants(
         min = 0.0;
     }
     if (le && max <= min) || (!le && max == min) {
-        l_out[..n].fill(0);
+        l_out.fill(0);
         return (0.0, -min);
     }
     let nmaxf = nmax as f32;
@@ -236,6 +253,8 @@ fn make_qkx_quants(
     for i in 0..n {
         let l = nearest_int(iscale * (x[i] - min));
         l_out[i] = l.min(nmax).max(0) as u8;
+    }
+    for i in 0..n {
         let mut diff = scale * l_out[i] as f32 + min - x[i];
         diff = if use_mad { diff.abs() } else { diff * diff };
         best_error += weights[i] * diff;
@@ -243,17 +262,21 @@ fn make_qkx_quants(
     if nstep < 1 {
         return (scale, -min);
     }
+    let mut lf = [0f32; 32];
+    let lf = &mut lf[..n];
     for is in 0..=nstep {
         iscale = (rmin + rdelta * is as f32 + nmaxf) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
         for i in 0..n {
             let l = nearest_int(iscale * (x[i] - min)).min(nmax).max(0);
             laux[i] = l as u8;
+            lf[i] = l as f32;
+        }
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for i in 0..n {
             let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+            sum_l += w * lf[i];
+            sum_l2 += w * lf[i] * lf[i];
+            sum_xl += w * lf[i] * x[i];
         }
         let d = sum_w * sum_l2 - sum_l * sum_l;
         if d > 0.0 {
@@ -265,12 +288,12 @@ fn make_qkx_quants(
             }
             let mut cur_error = 0f32;
             for i in 0..n {
-                let mut diff = this_scale * laux[i] as f32 + this_min - x[i];
+                let mut diff = this_scale * lf[i] + this_min - x[i];
                 diff = if use_mad { diff.abs() } else { diff * diff };
                 cur_error += weights[i] * diff;
             }
             if cur_error < best_error {
-                l_out[..n].copy_from_slice(&laux[..n]);
+                l_out.copy_from_slice(laux);
                 best_error = cur_error;
                 scale = this_scale;
                 min = this_min;
@@ -281,6 +304,7 @@ fn make_qkx_quants(
 }
 
 /// `make_qp_quants`: unsigned levels [0, nmax] for a set of (non-negative) scales.
+#[inline(always)]
 fn make_qp_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
     let mut max = 0f32;
     for &v in &x[..n] {
@@ -382,6 +406,7 @@ fn pack_2bit(l: &[u8], qs: &mut [u8]) {
 
 // ------------------------------------------------------------------ legacy 32-blocks (imatrix)
 
+#[inline(always)]
 fn sigma2_row(x: &[f32]) -> f32 {
     let mut s = 0f32;
     for &v in x {
@@ -390,6 +415,7 @@ fn sigma2_row(x: &[f32]) -> f32 {
     s / x.len() as f32
 }
 
+#[inline(always)]
 fn q4_0_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     let sigma2 = sigma2_row(x);
     let mut weight = [0f32; 32];
@@ -406,6 +432,7 @@ fn q4_0_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     }
 }
 
+#[inline(always)]
 fn q4_1_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     let sigma2 = sigma2_row(x);
     let mut weight = [0f32; 32];
@@ -424,6 +451,7 @@ fn q4_1_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     }
 }
 
+#[inline(always)]
 fn q5_0_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     let sigma2 = sigma2_row(x);
     let mut weight = [0f32; 32];
@@ -445,6 +473,7 @@ fn q5_0_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     }
 }
 
+#[inline(always)]
 fn q5_1_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
     let sigma2 = sigma2_row(x);
     let mut weight = [0f32; 32];
@@ -470,6 +499,7 @@ fn q5_1_impl(x: &[f32], y: &mut [u8], qw: &[f32]) {
 
 // ------------------------------------------------------------------ Q2_K
 
+#[inline(always)]
 fn q2_k_ref(x: &[f32], y: &mut [u8]) {
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
@@ -531,6 +561,7 @@ fn q2_k_ref(x: &[f32], y: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 16];
@@ -586,6 +617,7 @@ fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
 // ------------------------------------------------------------------ Q3_K
 
 /// Pack the 16 6-bit scales (already offset by 32) into Q3_K's 12 bytes.
+#[inline(always)]
 fn q3_k_pack_scales(ls: &[i32; 16], sc: &mut [u8]) {
     sc[..12].fill(0);
     for j in 0..16 {
@@ -601,6 +633,7 @@ fn q3_k_pack_scales(ls: &[i32; 16], sc: &mut [u8]) {
 }
 
 /// The requantization pass and bit packing shared by the Q3_K quantizers.
+#[inline(always)]
 fn q3_k_finish(x: &[f32], b: &mut [u8], l: &mut [i8; QK_K]) {
     let d_all = crate::quant::fp::rd_f16(b, 108);
     for j in 0..16 {
@@ -637,6 +670,7 @@ fn q3_k_finish(x: &[f32], b: &mut [u8], l: &mut [i8; QK_K]) {
     pack_2bit(&lu, &mut b[32..96]);
 }
 
+#[inline(always)]
 fn q3_k_ref(x: &[f32], y: &mut [u8]) {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
@@ -668,6 +702,7 @@ fn q3_k_ref(x: &[f32], y: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn q3_k_impl(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
@@ -715,6 +750,7 @@ fn q3_k_impl(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
 // ------------------------------------------------------------------ Q4_K / Q5_K
 
 /// Store 8 6-bit scales and mins into the 12-byte K4 layout.
+#[inline(always)]
 fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], sc: &mut [u8]) {
     for j in 0..8 {
         let (s, m) = (ls[j], lm[j]);
@@ -731,6 +767,7 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], sc: &mut [u8]) {
 
 /// The reference Q4_K / Q5_K scale search (make_qkx2_quants per 32), then the scale
 /// quantization; leaves the final levels in `l`. `nmax` 15 or 31.
+#[inline(always)]
 fn k4_ref_block(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], nmax: i32, rmin: f32, nstep: i32) {
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -772,6 +809,7 @@ fn k4_ref_block(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], nmax: i32, rmin: f3
     k4_requantize(x, b, l, nmax);
 }
 
+#[inline(always)]
 fn k4_requantize(x: &[f32], b: &[u8], l: &mut [u8; QK_K], nmax: i32) {
     let dd = crate::quant::fp::rd_f16(b, 0);
     let dmin = crate::quant::fp::rd_f16(b, 2);
@@ -790,6 +828,7 @@ fn k4_requantize(x: &[f32], b: &[u8], l: &mut [u8; QK_K], nmax: i32) {
 }
 
 /// The imatrix Q4_K / Q5_K search (make_qkx3_quants + make_qp_quants).
+#[inline(always)]
 fn k4_impl_block(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], nmax: i32, qw: Option<&[f32]>) {
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -840,6 +879,7 @@ fn k4_impl_block(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K], nmax: i32, qw: Opt
     k4_requantize(x, b, l, nmax);
 }
 
+#[inline(always)]
 fn q4_k_store(b: &mut [u8], l: &[u8; QK_K]) {
     let q = &mut b[16..144];
     for (c, j) in (0..QK_K).step_by(64).enumerate() {
@@ -849,6 +889,7 @@ fn q4_k_store(b: &mut [u8], l: &[u8; QK_K]) {
     }
 }
 
+#[inline(always)]
 fn q5_k_store(b: &mut [u8], l: &[u8; QK_K]) {
     b[16..48].fill(0);
     let (qh, ql) = b[16..176].split_at_mut(32);
@@ -872,6 +913,7 @@ fn q5_k_store(b: &mut [u8], l: &[u8; QK_K]) {
     }
 }
 
+#[inline(always)]
 fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0u8; QK_K];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(144)).enumerate() {
@@ -884,6 +926,7 @@ fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     }
 }
 
+#[inline(always)]
 fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0u8; QK_K];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(176)).enumerate() {
@@ -898,6 +941,7 @@ fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 
 // ------------------------------------------------------------------ Q6_K
 
+#[inline(always)]
 fn q6_k(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];
@@ -957,6 +1001,7 @@ fn q6_k(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
 /// IQ4_XS). Writes d (and the IQ4_XS scales) into `b` and the packed nibbles into
 /// `q4`; `l` is the caller's level buffer, kept across calls as ggml's is.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Option<&mut [u8]>, scales_l: Option<&mut [u8]>, l: &mut [u8], qw: Option<&[f32]>, ntry: i32) {
     const BS: usize = 32;
     let values = &KVALUES_IQ4NL;
@@ -1080,6 +1125,7 @@ fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Op
     }
 }
 
+#[inline(always)]
 fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>, l: &mut [u8; QK_K]) {
     for (ib, (xb, b)) in x.chunks_exact(32).zip(y.chunks_exact_mut(18)).enumerate() {
         let (d, q4) = b.split_at_mut(2);
@@ -1087,6 +1133,7 @@ fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>, l: &mut [u8; QK_K]) {
     }
 }
 
+#[inline(always)]
 fn iq4_xs(x: &[f32], y: &mut [u8], qw: Option<&[f32]>, l: &mut [u8; QK_K]) {
     for (ib, (xb, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(136)).enumerate() {
         let (d, rest) = b.split_at_mut(2);
@@ -1104,6 +1151,7 @@ fn lroundf(v: f32) -> i32 {
     v.round() as i32
 }
 
+#[inline(always)]
 fn amax_of(x: &[f32]) -> f32 {
     let mut amax = 0f32;
     for &v in x {
@@ -1112,6 +1160,7 @@ fn amax_of(x: &[f32]) -> f32 {
     amax
 }
 
+#[inline(always)]
 fn tq1_0(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(54)) {
         let d = amax_of(x);
@@ -1142,6 +1191,7 @@ fn tq1_0(x: &[f32], y: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn tq2_0(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(66)) {
         let d = amax_of(x);
@@ -1168,6 +1218,7 @@ fn e8m0_to_fp32_half(x: u8) -> f32 {
     f32::from_bits(bits)
 }
 
+#[inline(always)]
 fn best_index_mxfp4(x: f32, e: f32) -> u8 {
     let mut best_index = 0u8;
     let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
@@ -1181,6 +1232,7 @@ fn best_index_mxfp4(x: f32, e: f32) -> u8 {
     best_index
 }
 
+#[inline(always)]
 fn mxfp4(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(32).zip(y.chunks_exact_mut(17)) {
         let mut amax = 0f32;
@@ -1222,6 +1274,26 @@ pub fn requires_imatrix(ty: GgmlType) -> bool {
 /// `n_per_row` of them) selects the weighted search where ggml has one.
 /// Callers check `can_quantize` and the lengths.
 pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usize, imatrix: Option<&[f32]>) {
+    // The same code compiled for AVX2 where the CPU has it: wider vectors for the
+    // element-wise parts, the same IEEE operations in the same order (Rust never fuses a
+    // multiply and an add by itself), so the same bytes.
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        unsafe { quantize_chunk_avx2(ty, src, dst, n_per_row, imatrix) };
+        return;
+    }
+    quantize_chunk_impl(ty, src, dst, n_per_row, imatrix)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_chunk_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usize, imatrix: Option<&[f32]>) {
+    quantize_chunk_impl(ty, src, dst, n_per_row, imatrix)
+}
+
+#[inline(always)]
+fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usize, imatrix: Option<&[f32]>) {
     use GgmlType::*;
     let rs = ty.row_size(n_per_row).expect("row length checked by the caller");
     let rows = src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(rs));
