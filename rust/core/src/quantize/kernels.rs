@@ -1259,6 +1259,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(
         ty,
         F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS | TQ1_0 | TQ2_0 | MXFP4
+            | IQ3_XXS | IQ3_S
     )
 }
 
@@ -1343,6 +1344,8 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (TQ1_0, _) => tq1_0(src, dst),
         (TQ2_0, _) => tq2_0(src, dst),
         (MXFP4, _) => mxfp4(src, dst),
+        (IQ3_XXS, q) => rows.for_each(|(s, d)| super::iq3::iq3_xxs_row(s, d, q)),
+        (IQ3_S, q) => rows.for_each(|(s, d)| super::iq3::iq3_s_row(s, d, q)),
         _ => panic!("quantize_chunk: {ty} is not supported (check can_quantize first)"),
     }
 }

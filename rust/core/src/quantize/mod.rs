@@ -11,6 +11,7 @@
 
 pub mod collect;
 pub mod imatrix;
+mod iq3;
 pub mod kernels;
 pub mod select;
 
