@@ -303,6 +303,10 @@ fn make_qkx_quants(
     (scale, -min)
 }
 
+pub(super) fn make_qp_quants_pub(n: usize, nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
+    make_qp_quants(n, nmax, x, l_out, qw)
+}
+
 /// `make_qp_quants`: unsigned levels [0, nmax] for a set of (non-negative) scales.
 #[inline(always)]
 fn make_qp_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
@@ -1259,7 +1263,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(
         ty,
         F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS | TQ1_0 | TQ2_0 | MXFP4
-            | IQ3_XXS | IQ3_S
+            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S
     )
 }
 
@@ -1346,6 +1350,9 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (MXFP4, _) => mxfp4(src, dst),
         (IQ3_XXS, q) => rows.for_each(|(s, d)| super::iq3::iq3_xxs_row(s, d, q)),
         (IQ3_S, q) => rows.for_each(|(s, d)| super::iq3::iq3_s_row(s, d, q)),
+        (IQ2_XXS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xxs_row(s, d, q)),
+        (IQ2_XS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xs_row(s, d, q)),
+        (IQ2_S, q) => rows.for_each(|(s, d)| super::iq2::iq2_s_row(s, d, q)),
         _ => panic!("quantize_chunk: {ty} is not supported (check can_quantize first)"),
     }
 }

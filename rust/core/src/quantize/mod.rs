@@ -11,6 +11,7 @@
 
 pub mod collect;
 pub mod imatrix;
+mod iq2;
 mod iq3;
 pub mod kernels;
 pub mod select;
@@ -318,6 +319,12 @@ pub fn quantize_model(
                             note = Some(format!("imatrix size {} is different from tensor size {} for {}", v.len(), t.ne[0] * t.ne[2], t.name));
                         }
                     }
+                }
+                if imat.is_none() && kernels::requires_imatrix(target) {
+                    return Err(invalid(format!(
+                        "{target} needs an importance matrix and there is none for tensor {} (ggml aborts here)",
+                        t.name
+                    )));
                 }
                 if imat.is_none() && needs_imatrix {
                     return Err(invalid(format!("missing importance matrix for tensor {} in a very low-bit quantization", t.name)));
