@@ -152,8 +152,10 @@ def test_errors(workdir, model_paths):
         quantize(src, workdir / "e.gguf", "Q9_9")
     with pytest.raises(ValueError, match="unknown ggml type"):
         quantize(src, workdir / "e.gguf", "Q4_0", output_tensor_type="q7")
-    with pytest.raises(_core.UnsupportedModelError, match="cannot quantize to IQ3_S"):
-        quantize(src, workdir / "e.gguf", "IQ3_S")
+    with pytest.raises(_core.UnsupportedModelError, match="cannot quantize to IQ1_S"):
+        quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="iq1_s")
+    with pytest.raises(ValueError, match="IQ2_XXS needs an importance matrix and there is none for tensor token_embd"):
+        quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="iq2_xxs")
     with pytest.raises(ValueError, match="same"):
         quantize(src, src, "Q8_0")
     with pytest.raises(FileNotFoundError):

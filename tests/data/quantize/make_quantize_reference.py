@@ -29,11 +29,14 @@ import models  # noqa: E402
 
 # Every llama-quantize type pyllama implements without an importance matrix.
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-         "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE", "COPY"]
-SMALL_TYPES = ["Q8_0", "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "MXFP4_MOE"]
+         "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE", "COPY",
+         "IQ3_S", "IQ3_M"]
+SMALL_TYPES = ["Q8_0", "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "MXFP4_MOE",
+               "IQ3_S"]
 # Types quantized with an importance matrix (the weighted searches).
 IMATRIX_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M",
-                 "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS"]
+                 "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS",
+                 "IQ3_S", "IQ3_M"]
 
 
 def cases() -> list[dict]:

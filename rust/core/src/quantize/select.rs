@@ -728,3 +728,38 @@ pub fn tensor_requires_imatrix(name: &str, dst: GgmlType, ftype: u32) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ftype_names_and_numbers_as_llama_quantize() {
+        assert_eq!(parse_ftype("q4_k_m"), Some(Ftype { id: 15, name: "Q4_K_M" }));
+        assert_eq!(parse_ftype("Q4_K").map(|f| f.id), Some(15)); // alias of Q4_K_M
+        assert_eq!(parse_ftype("7").map(|f| f.name), Some("Q8_0"));
+        assert_eq!(parse_ftype("0").map(|f| f.name), Some("F32")); // F32 before COPY
+        assert_eq!(parse_ftype("Q9_9"), None);
+        assert_eq!(default_type(ft::IQ2_S), Some(GgmlType::IQ2_XS));
+        assert_eq!(default_type(39), None); // NVFP4: no default type in this llama.cpp
+    }
+
+    #[test]
+    fn tensor_order_is_weight_name_comparer() {
+        assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(layer_of("output.weight"), None);
+        let mut names = vec!["blk.10.a", "output.weight", "blk.2.b", "blk.2.a", "token_embd.weight"];
+        names.sort_by(|a, b| tensor_order(a, b));
+        assert_eq!(names, ["output.weight", "token_embd.weight", "blk.2.a", "blk.2.b", "blk.10.a"]);
+    }
+
+    #[test]
+    fn norms_and_1d_tensors_stay() {
+        let p = SelectParams::default();
+        let t = |name: &str, ne: [u64; 4]| TensorDesc { name: name.into(), ty: GgmlType::F32, ne };
+        assert!(!allows_quantization(&p, "llama", &t("blk.0.attn_norm.weight", [64, 1, 1, 1])));
+        assert!(!allows_quantization(&p, "llama", &t("blk.0.ffn_gate_inp.weight", [64, 8, 1, 1])));
+        assert!(allows_quantization(&p, "llama", &t("blk.0.ffn_up.weight", [64, 128, 1, 1])));
+        assert!(!allows_quantization(&p, "llama", &t("blk.0.ffn_up.bias", [64, 128, 1, 1])));
+    }
+}
