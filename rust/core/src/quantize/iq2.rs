@@ -14,9 +14,9 @@ const GROUP_MAX_EPS_IQ2_S: f32 = 1e-8;
 const KMAXQ: i32 = 3;
 
 pub(super) struct Iq2Grid {
-    grid: Vec<[i8; 8]>,
-    map: Vec<i32>,
-    neighbours: Vec<u16>,
+    pub(super) grid: Vec<[i8; 8]>,
+    pub(super) map: Vec<i32>,
+    pub(super) neighbours: Vec<u16>,
 }
 
 #[inline(always)]
@@ -25,7 +25,7 @@ fn nearest_int(v: f32) -> i32 {
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-fn build(kgrid: &[u16], nwant: usize) -> Iq2Grid {
+pub(super) fn build(kgrid: &[u16], nwant: usize) -> Iq2Grid {
     let grid: Vec<[i8; 8]> = kgrid
         .iter()
         .map(|&g| {

@@ -1263,7 +1263,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(
         ty,
         F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS | TQ1_0 | TQ2_0 | MXFP4
-            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S
+            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_S | IQ1_M
     )
 }
 
@@ -1353,6 +1353,8 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (IQ2_XXS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xxs_row(s, d, q)),
         (IQ2_XS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xs_row(s, d, q)),
         (IQ2_S, q) => rows.for_each(|(s, d)| super::iq2::iq2_s_row(s, d, q)),
+        (IQ1_S, Some(q)) => rows.for_each(|(s, d)| super::iq1::iq1_s_row(s, d, q)),
+        (IQ1_M, q) => rows.for_each(|(s, d)| super::iq1::iq1_m_row(s, d, q)),
         _ => panic!("quantize_chunk: {ty} is not supported (check can_quantize first)"),
     }
 }
