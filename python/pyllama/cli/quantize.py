@@ -1,9 +1,8 @@
 """`pyllama quantize` and `pyllama imatrix`: llama-quantize and llama-imatrix.
 
 ``pyllama quantize IN.gguf [OUT.gguf] TYPE [nthreads]`` writes the same bytes as
-llama-quantize for the same arguments (for the types pyllama can quantize: every type
-that needs no importance matrix except IQ3_S, plus the imatrix-weighted searches of Q*_K,
-Q4_0..Q5_1, IQ4_NL/XS); it prints a line per tensor and the sizes before and after.
+llama-quantize for the same arguments (every llama-quantize type name, with or without
+``--imatrix``); it prints a line per tensor and the sizes before and after.
 ``pyllama imatrix -m MODEL -f TEXT -o FILE`` computes llama-imatrix's importance matrix.
 """
 

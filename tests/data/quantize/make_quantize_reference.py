@@ -36,7 +36,7 @@ SMALL_TYPES = ["Q8_0", "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K", "IQ4_
 # Types quantized with an importance matrix (the weighted searches).
 IMATRIX_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M",
                  "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS",
-                 "IQ3_S", "IQ3_M"]
+                 "IQ3_S", "IQ3_M", "IQ1_S", "IQ1_M"]
 
 
 def cases() -> list[dict]:
@@ -56,6 +56,7 @@ def cases() -> list[dict]:
         dict(model="wide-llama", args=["--output-tensor-type", "q8_0", "--token-embedding-type", "q4_k"], type="Q3_K_M"),
         dict(model="tiny-llama", args=["--token-embedding-type", "f16"], type="Q5_K_M"),
         dict(model="tiny-llama", args=["--keep-split"], type="Q8_0"),
+        dict(model="wide-llama", args=["--token-embedding-type", "iq1_m", "--output-tensor-type", "iq2_s"], type="Q4_0"),
     ]
     for t in IMATRIX_TYPES:
         out.append(dict(model="text-llama", args=[], type=t, imatrix="text-llama"))

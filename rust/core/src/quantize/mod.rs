@@ -176,7 +176,7 @@ pub fn quantize_model(
         }
         if target != t.info.ty && !kernels::can_quantize(target) {
             return Err(Error::Unsupported(format!(
-                "pyllama cannot quantize to {target} yet (tensor {}); llama-quantize can",
+                "pyllama cannot quantize to {target} (tensor {}): no quantizer for that type",
                 t.info.name
             )));
         }
