@@ -754,6 +754,7 @@ SKIP = {
     "llama_log_set": "callback and user data: test_llama_h_coverage",
     "llama_log_get": "out-lists: test_llama_h_coverage",
     "llama_model_save_to_file": "writes a file (\"x\" is a valid path): test_llama_h_coverage",
+    "llama_model_quantize": "reads and writes model files: test_llama_h_coverage, test_quantize.py",
     **{fn: "not supported (NotImplementedError): test_llama_h_coverage" for fn in L.NOT_SUPPORTED},
 }
 

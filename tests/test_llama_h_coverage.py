@@ -233,8 +233,30 @@ def test_quantize_params_defaults():
     assert (p.allow_requantize, p.quantize_output_tensor, p.only_copy, p.pure, p.keep_split, p.dry_run) == \
         (False, True, False, False, False, False)
     assert p.max_buf_size == 8 << 30 and p.imatrix is None and p.kv_overrides is None
-    with pytest.raises(NotImplementedError, match="weight types / pyllama quantize"):
+    # a missing input is a failure (1), as llama.cpp reports it; unsupported fields raise
+    assert L.llama_model_quantize(b"/nonexistent/in.gguf", b"out.gguf", p) == 1
+    p.dry_run = True
+    with pytest.raises(NotImplementedError, match="dry_run"):
         L.llama_model_quantize(b"in.gguf", b"out.gguf", p)
+
+
+def test_model_quantize_writes_what_pyllama_quantize_writes(tmp_path):
+    import hashlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    import make_tiny
+
+    src = make_tiny.write_tiny("llama", tmp_path)
+    p = L.llama_model_quantize_default_params()
+    p.ftype = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    p.nthread = 2
+    assert L.llama_model_quantize(str(src).encode(), str(tmp_path / "a.gguf").encode(), p) == 0
+    from pyllama.imatrix import quantize
+
+    quantize(src, tmp_path / "b.gguf", "Q4_K_M")
+    assert hashlib.sha256((tmp_path / "a.gguf").read_bytes()).digest() == \
+        hashlib.sha256((tmp_path / "b.gguf").read_bytes()).digest()
 
 
 # ---------------------------------------------------------------------- save / load from file objects

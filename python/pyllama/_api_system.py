@@ -500,14 +500,59 @@ def _not_supported(fn: str, reason: str) -> None:
     raise NotImplementedError(f"{fn}: not supported by pyllama: {reason}")
 
 
+_GGML_TYPE_COUNT = 43
+
+
 def llama_model_quantize(fname_inp: Any, fname_out: Any, params: llama_model_quantize_params) -> int:
-    """Not supported: writing quantized models belongs to the issue "weight types /
-    pyllama quantize" (use llama.cpp's llama-quantize meanwhile)."""
-    _not_supported("llama_model_quantize", NOT_SUPPORTED["llama_model_quantize"])
+    """Quantize a GGUF model file as llama.cpp does (pyllama's quantizer writes the same
+    bytes as llama-quantize). Returns 0 on success, 1 on failure (the reason is logged,
+    as llama.cpp does). ``imatrix``, ``kv_overrides``, ``tt_overrides``, ``prune_layers``
+    and ``dry_run`` are not supported: set, they raise NotImplementedError (use
+    ``pyllama quantize --imatrix FILE`` / :func:`pyllama.imatrix.quantize` for an
+    importance matrix)."""
+    import logging
+    import os
 
+    from . import _core
 
-NOT_SUPPORTED["llama_model_quantize"] = ("model quantization is not implemented yet (issue \"weight types / "
-                                         "pyllama quantize\"); use llama.cpp's llama-quantize")
+    for field in ("imatrix", "kv_overrides", "tt_overrides", "prune_layers"):
+        if getattr(params, field, None) is not None:
+            _not_supported(f"llama_model_quantize({field}=...)",
+                           "pass an importance matrix as a file to pyllama.imatrix.quantize; "
+                           "metadata overrides, tensor-type patterns and layer pruning are not implemented")
+    if params.dry_run:
+        _not_supported("llama_model_quantize(dry_run=True)", "dry runs are not implemented")
+
+    def path(v: Any) -> str:
+        return os.fsdecode(v) if isinstance(v, (bytes, bytearray)) else os.fspath(v)
+
+    def type_name(t: int) -> Optional[str]:
+        if t is None or int(t) >= _GGML_TYPE_COUNT or int(t) < 0:
+            return None
+        from . import _api_context as C
+
+        names = {v: k[len("GGML_TYPE_"):] for k, v in vars(C).items() if k.startswith("GGML_TYPE_") and isinstance(v, int)}
+        if int(t) not in names:
+            raise ValueError(f"unknown ggml type {t}")
+        return names[int(t)]
+
+    try:
+        names = {i: n for n, i in _core.quantize_ftypes()}
+        if int(params.ftype) not in names:
+            raise ValueError(f"invalid output file type {params.ftype}")
+        ftype = "COPY" if params.only_copy else names[int(params.ftype)]
+        n = int(params.nthread) if int(params.nthread) > 0 else (os.cpu_count() or 1)
+        _core.quantize_model(path(fname_inp), path(fname_out), ftype, n_threads=n,
+                             allow_requantize=bool(params.allow_requantize),
+                             leave_output_tensor=not params.quantize_output_tensor, pure=bool(params.pure),
+                             output_tensor_type=type_name(params.output_tensor_type),
+                             token_embedding_type=type_name(params.token_embedding_type),
+                             keep_split=bool(params.keep_split))
+    except Exception as e:  # llama.cpp logs the error and returns 1
+        logging.getLogger("pyllama").error("llama_model_quantize: failed to quantize: %s", e)
+        return 1
+    return 0
+
 
 # ---------------------------------------------------------------------- training
 

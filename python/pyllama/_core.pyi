@@ -12,7 +12,8 @@ import numpy.typing as npt
 __all__ = [
     "__version__", "BUILD", "PyllamaError", "GGUFError", "UnsupportedModelError", "LoadCancelled", "StateError",
     "load_mode_names", "split_prefix", "split_path", "GGUFFile", "Model", "dequantize", "quantize", "matmul",
-    "kernel_set", "cpu_features", "vec_dot_type", "Context", "LoraAdapter", "top_k_indices",
+    "kernel_set", "cpu_features", "vec_dot_type", "quantize_model", "quantize_types", "quantize_ftypes",
+    "load_imatrix", "imatrix_begin", "imatrix_end", "imatrix_save", "Context", "LoraAdapter", "top_k_indices",
     "VocabStore", "GrammarRules", "TokenTrie", "GrammarState", "gpu_built", "gpu_devices",
     "SamplerState", "StdRng", "sampler_chain_sample",
     "sampler_chain_apply", "sampler_softmax", "sampler_infill", "sampler_c_int", "sampler_libm", "sampler_powf",
@@ -282,6 +283,49 @@ def gpu_built() -> bool: ...
 def gpu_devices(allow_software: bool = False) -> list[dict[str, Any]]: ...
 def cpu_features() -> tuple[list[tuple[str, bool]], bool]: ...
 def vec_dot_type(type_name: str) -> str: ...
+def quantize_model(
+    input: str | PathLike[str],
+    output: str | PathLike[str],
+    ftype: str,
+    *,
+    n_threads: int = 1,
+    allow_requantize: bool = False,
+    leave_output_tensor: bool = False,
+    pure: bool = False,
+    output_tensor_type: str | None = None,
+    token_embedding_type: str | None = None,
+    keep_split: bool = False,
+    imatrix: str | PathLike[str] | None = None,
+    include_weights: Sequence[str] = ...,
+    exclude_weights: Sequence[str] = ...,
+    progress: Callable[[dict[str, Any]], object] | None = None,
+) -> dict[str, Any]: ...
+def quantize_types(
+    tensors: Sequence[tuple[str, Sequence[int], str]],
+    ftype: str,
+    *,
+    arch: str = "llama",
+    n_layer: int = 1,
+    n_head: int = 1,
+    n_head_kv: int | None = None,
+    n_expert: int = 0,
+    has_imatrix: bool = False,
+    pure: bool = False,
+    output_tensor_type: str | None = None,
+    token_embedding_type: str | None = None,
+    leave_output_tensor: bool = False,
+) -> list[str]: ...
+def quantize_ftypes() -> list[tuple[str, int]]: ...
+def load_imatrix(path: str | PathLike[str]) -> dict[str, Any]: ...
+def imatrix_begin(process_output: bool = False) -> None: ...
+def imatrix_end() -> dict[str, tuple[_F32, list[int]]]: ...
+def imatrix_save(
+    path: str | PathLike[str],
+    entries: Mapping[str, tuple[npt.NDArray[np.float32], Sequence[int]]],
+    datasets: Sequence[str],
+    chunk_count: int,
+    chunk_size: int,
+) -> None: ...
 def top_k_indices(logits: _F32, k: int) -> npt.NDArray[np.int64]: ...
 
 

@@ -40,7 +40,7 @@ class _OneLineErrors(typer.core.TyperGroup):
 app = typer.Typer(
     cls=_OneLineErrors,
     name="pyllama",
-    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, verify, list, rm, info.",
+    help="Run GGUF language models: inspect, tokenize, generate, chat, serve, embedding, perplexity, bench, verify, quantize, imatrix, list, rm, info.",
     no_args_is_help=True,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},  # llama.cpp's -h
@@ -72,3 +72,4 @@ from . import embedding as _embedding  # noqa: E402,F401
 from . import info as _info  # noqa: E402,F401
 from . import models as _models  # noqa: E402,F401  (list, rm)
 from . import verify as _verify  # noqa: E402,F401
+from . import quantize as _quantize  # noqa: E402,F401  (quantize, imatrix)

@@ -11,6 +11,7 @@ pub mod model;
 pub mod models;
 pub mod ops;
 pub mod quant;
+pub mod quantize;
 pub mod threadpool;
 pub mod vocab;
 #[cfg(feature = "gpu")]

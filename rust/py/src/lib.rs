@@ -11,6 +11,7 @@ mod gpu;
 mod grammar;
 mod quant;
 mod sampling;
+mod quantize;
 mod vocab;
 
 #[pymodule]
@@ -28,6 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gguf::register(m)?;
     gpu::register(m)?;
     quant::register(m)?;
+    quantize::register(m)?;
     context::register(m)?;
     vocab::register(m)?;
     grammar::register(m)?;

@@ -476,9 +476,11 @@ impl Step<'_> {
                     act::scale(row, wts[k]);
                 }
             }
+            crate::quantize::collect::observe_experts(m.up, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
             Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.up, ebias(m.up_b, e, nf), nf, mt);
             if let Some(g) = m.gate {
+                crate::quantize::collect::observe_experts(g, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
                 Self::mm_rows(self.pool, self.dev, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
                 add_bias(&mut b.gate, ebias(m.gate_b, e, nf), nf, mt);
                 for r in 0..mt {
@@ -501,6 +503,7 @@ impl Step<'_> {
                     }
                 }
             }
+            crate::quantize::collect::observe_experts(m.down, e, &b.gate[..mt * nf], &idx[nk..], n_used); // imatrix
             Self::mm_rows(self.pool, self.dev, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(o, ebias(m.down_b, e, ne), ne, mt);
             for r in 0..mt {
@@ -586,6 +589,7 @@ impl Step<'_> {
         if !on_dev {
             try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
         }
+        crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix (no-op unless collecting)
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
         }
@@ -615,6 +619,9 @@ impl Step<'_> {
         };
         if !on_dev {
             try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        }
+        if rows.start == 0 {
+            crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix: a fused matrix counts once
         }
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * width], rows, scratch)?;

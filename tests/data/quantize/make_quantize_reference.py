@@ -1,0 +1,133 @@
+"""Regenerate tests/data/quantize/reference.json (and the imatrix files beside it) from
+llama.cpp's own tools: the SHA-256 of what llama-quantize writes for each test model, type
+and set of switches, and llama-imatrix's importance matrix for the text model.
+
+    python tests/data/quantize/make_quantize_reference.py [--bin DIR]
+
+DIR holds llama-quantize and llama-imatrix (default: $LLAMA_CPP_BIN or
+~/.cache/pyllama/llama.cpp/build-avx2/bin; build them with
+``cmake --build ~/.cache/pyllama/llama.cpp/build-avx2 --target llama-quantize llama-imatrix``).
+The models come from models.py (written at test time by tests/test_quantize.py too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import models  # noqa: E402
+
+# Every llama-quantize type pyllama implements without an importance matrix.
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+         "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE", "COPY",
+         "IQ3_S", "IQ3_M"]
+SMALL_TYPES = ["Q8_0", "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "MXFP4_MOE",
+               "IQ3_S"]
+# Types quantized with an importance matrix (the weighted searches).
+IMATRIX_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M",
+                 "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS",
+                 "IQ3_S", "IQ3_M", "IQ1_S", "IQ1_M"]
+
+
+def cases() -> list[dict]:
+    """(model, switches, type, imatrix) of every reference file."""
+    out = []
+    for t in TYPES:
+        out.append(dict(model="wide-llama", args=[], type=t))
+        out.append(dict(model="tiny-llama", args=[], type=t))
+    for m in ("tiny-qwen3moe", "tiny-phi2", "tiny-gemma3"):
+        for t in SMALL_TYPES:
+            out.append(dict(model=m, args=[], type=t))
+    out += [
+        dict(model="wide-llama", args=["--pure"], type="Q4_K_M"),
+        dict(model="wide-llama", args=["--pure"], type="Q2_K"),
+        dict(model="tiny-qwen3moe", args=["--pure"], type="Q4_K_M"),
+        dict(model="wide-llama", args=["--leave-output-tensor"], type="Q4_K_M"),
+        dict(model="wide-llama", args=["--output-tensor-type", "q8_0", "--token-embedding-type", "q4_k"], type="Q3_K_M"),
+        dict(model="tiny-llama", args=["--token-embedding-type", "f16"], type="Q5_K_M"),
+        dict(model="tiny-llama", args=["--keep-split"], type="Q8_0"),
+        dict(model="wide-llama", args=["--token-embedding-type", "iq1_m", "--output-tensor-type", "iq2_s"], type="Q4_0"),
+    ]
+    for t in IMATRIX_TYPES:
+        out.append(dict(model="text-llama", args=[], type=t, imatrix="text-llama"))
+        out.append(dict(model="wide-llama", args=[], type=t, imatrix="wide-llama"))
+    return out
+
+
+def case_id(c: dict) -> str:
+    parts = [c["model"], c["type"], *c["args"]]
+    if c.get("imatrix"):
+        parts.append("imatrix")
+    return " ".join(parts)
+
+
+def synthetic_imatrix(path: Path, model_path: Path) -> None:
+    """An importance matrix for a model without a usable vocabulary: positive weights per
+    input column of every blk.* matmul, from a fixed seed (written with pyllama's writer in
+    llama-imatrix's format; llama-quantize and pyllama both read it)."""
+    import gguf
+    import numpy as np
+
+    sys.path.insert(0, str(HERE.parents[2] / "python"))
+    from pyllama.imatrix import save_imatrix
+
+    rng = np.random.default_rng(99)
+    r = gguf.GGUFReader(str(model_path))
+    entries = {}
+    for t in r.tensors:
+        if t.name.startswith("blk.") and len(t.shape) >= 2 and not t.name.endswith("_norm.weight"):
+            n_in = int(t.shape[0])
+            sums = (rng.gamma(2.0, 1.0, size=(1, n_in)) * 100).astype(np.float32)
+            sums[0, :7] = 0.0  # columns that saw no signal
+            entries[t.name] = (sums, [100])
+    save_imatrix(path, entries, datasets=["synthetic"], chunk_count=1, chunk_size=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    default_bin = os.environ.get("LLAMA_CPP_BIN", str(Path.home() / ".cache/pyllama/llama.cpp/build-avx2/bin"))
+    ap.add_argument("--bin", default=default_bin)
+    a = ap.parse_args()
+    lq, li = Path(a.bin) / "llama-quantize", Path(a.bin) / "llama-imatrix"
+    ref: dict = {"generator": "llama-quantize / llama-imatrix of llama.cpp 0c1e570 (build-avx2)", "cases": {}}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        paths = {m: models.write_model(m, tmp / "models") for m in {c["model"] for c in cases()}}
+        text = models.write_text(tmp)
+        # llama-imatrix on the text model: 4 chunks of 128 tokens, 4 sequences per batch
+        im_text = HERE / "imatrix-text-llama.gguf"
+        subprocess.run([str(li), "-m", str(paths["text-llama"]), "-f", text.name, "-o", str(im_text), "-c", "128",
+                        "-b", "512", "--chunks", "4", "-t", "2"], cwd=tmp, check=True, capture_output=True)
+        ref["imatrix"] = {"model": "text-llama", "ctx": 128, "batch": 512, "chunks": 4, "text": text.name,
+                          "file": im_text.name}
+        im_files = {"text-llama": im_text, "wide-llama": tmp / "imatrix-wide-llama.gguf"}
+        synthetic_imatrix(im_files["wide-llama"], paths["wide-llama"])
+        for c in cases():
+            out = tmp / "out.gguf"
+            args = [str(lq), *c["args"]]
+            if c.get("imatrix"):
+                shutil.copy(im_files[c["imatrix"]], tmp / "imatrix.gguf")
+                args += ["--imatrix", "imatrix.gguf"]
+            args += [str(paths[c["model"]]), str(out), c["type"], "2"]
+            subprocess.run(args, cwd=tmp, check=True, capture_output=True)
+            written = out if out.exists() else tmp / "out-00001-of-00001.gguf"
+            data = written.read_bytes()
+            ref["cases"][case_id(c)] = {**c, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                        "output": written.name}
+            written.unlink()
+            print(case_id(c), len(data), flush=True)
+    (HERE / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
