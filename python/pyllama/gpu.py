@@ -25,7 +25,38 @@ def built() -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _devices(allow_software: bool, env: str) -> tuple[dict[str, Any], ...]:
-    return tuple(_core.gpu_devices(allow_software))
+    return tuple(_quiet_driver(lambda: _core.gpu_devices(allow_software)))
+
+
+# what a Vulkan driver prints on stderr when the process has no XDG_RUNTIME_DIR (Mesa's
+# lavapipe in a container): about its window-system support, not compute; dropped
+_HARMLESS = ("XDG_RUNTIME_DIR",)
+
+
+def _quiet_driver(fn):
+    """Run the first adapter enumeration (the only time wgpu makes an instance, in Rust)
+    with the process's stderr captured, passing on every line except the drivers' harmless
+    window-system ones."""
+    import os
+    import sys
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return fn()
+    with tempfile.TemporaryFile() as tmp:
+        try:
+            sys.stderr.flush()
+            os.dup2(tmp.fileno(), 2)
+            return fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode("utf-8", "replace").splitlines():
+                if not any(h in line for h in _HARMLESS):
+                    print(line, file=sys.stderr)
 
 
 def devices(allow_software: bool = False) -> list[dict[str, Any]]:

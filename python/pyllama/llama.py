@@ -398,7 +398,11 @@ class Llama:
         # not possible on this machine: a warning, once
         from . import gpu as _gpu
 
-        if n_gpu_layers is not None and n_gpu_layers > 0 and not _gpu.built():
+        # a GPU runs the layers only when the backend is built and an adapter is usable; then
+        # -1 (llama-cpp-python's "all") offloads everything; otherwise -1 is silent (as a CPU
+        # build of llama.cpp) and a positive count warns once
+        gpu_ok = bool(n_gpu_layers) and not vocab_only and _gpu.available()
+        if n_gpu_layers is not None and n_gpu_layers > 0 and not gpu_ok:
             _warn_once("n_gpu_layers", f"Llama(n_gpu_layers={n_gpu_layers}): {_gpu.why_not()}; every layer "
                        "runs on the CPU")
         if split_mode != LLAMA_SPLIT_MODE_LAYER or main_gpu != 0 or tensor_split is not None:
@@ -429,7 +433,7 @@ class Llama:
             from .model import Model
 
             # with the GPU backend built, the load itself says (once) when no adapter is usable
-            ngl = int(n_gpu_layers or 0) if _gpu.built() and not vocab_only else 0
+            ngl = int(n_gpu_layers or 0) if gpu_ok else 0
             self._model = Model.load(self.model_path, load_mode=load_mode, vocab_only=vocab_only,
                                      kv_overrides=kv_overrides, n_gpu_layers=ngl, main_gpu=int(main_gpu))
             from .generation import vocab_of

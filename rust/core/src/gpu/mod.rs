@@ -86,8 +86,21 @@ fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
+/// The adapters, enumerated once per process on one instance (Vulkan loaders and drivers
+/// may print to stderr each time an instance is made: Mesa's lavapipe without
+/// XDG_RUNTIME_DIR does).
 fn raw_adapters() -> Vec<wgpu::Adapter> {
-    let inst = instance();
+    static ALL: OnceLock<(wgpu::Instance, Vec<wgpu::Adapter>)> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let inst = instance();
+        let v = enumerate(&inst);
+        (inst, v)
+    })
+    .1
+    .clone()
+}
+
+fn enumerate(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     let mut v = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
     // discrete first, then integrated, virtual, other, software; stable within a kind
     let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
