@@ -182,10 +182,10 @@ def test_position_rules(arch, tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_n_rs_seq(arch, tmp_path_factory):
-    # llama.cpp keeps rollback snapshots for lfm2 / qwen35 / qwen35moe (pyllama refuses to
+    # llama.cpp keeps rollback snapshots for lfm2 / lfm2moe / qwen35 / qwen35moe (pyllama refuses to
     # pretend), and clamps the request to 0 for the others
     path = _tiny(arch, tmp_path_factory)
-    if arch in ("lfm2", "qwen35", "qwen35moe"):
+    if arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe"):
         with pytest.raises(ValueError, match="n_rs_seq"):
             _context(path, 1, n_rs_seq=2)
     else:

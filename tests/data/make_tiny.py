@@ -137,9 +137,14 @@ _SPECS = [
     dict(name="tiny-granitehybrid", arch="granitehybrid", seed=1023, n_layer=4, n_head_kv=[0, 2, 0, 0], head_dim=16,
          rope_base=10000000.0, eps=1e-5, tied=False, ssm=dict(d_conv=4, d_inner=128, d_state=16, n_head=8, n_group=1),
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # lfm2moe: lfm2's layers; layer 0 dense, 1-3 experts (sigmoid, selection bias,
+    # renormalized weights)
+    dict(name="tiny-lfm2moe", arch="lfm2moe", seed=2402, n_layer=4, n_head_kv=[0, 2, 0, 2], head_dim=16,
+         rope_base=1000000.0, eps=1e-5, l_cache=3, n_expert=4, n_expert_used=2, n_ff_exp=64, n_dense_lead=1,
+         scale=dict(router=4.0)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe")
 SPECS = {s["arch"]: dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -235,8 +240,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_uint32(f"{A}.ssm.time_step_rank", m["n_head"])
         w.add_uint32(f"{A}.ssm.group_count", m["n_group"])
 
-    if A == "lfm2":
+    if A in ("lfm2", "lfm2moe"):
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
+    if A == "lfm2moe":
+        _keys_moe(w, A, s)
+        w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+        w.add_uint32(f"{A}.expert_gating_func", 2)
     if A == "granitehybrid":
         g = s["granite"]
         w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
@@ -364,7 +373,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_down.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
-    add("output_norm.weight" if A != "lfm2" else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
+    add("output_norm.weight" if A not in ("lfm2", "lfm2moe") else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in _EXTRA and "output" in _EXTRA[A]:
         _EXTRA[A]["output"](add, s)
     if A in ("phi2", "starcoder2"):
@@ -466,7 +475,7 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
-        elif A == "lfm2":
+        elif A in ("lfm2", "lfm2moe"):
             n_ff, hd = s["n_ff"], s["head_dim"]
             n_kv = s["n_head_kv"][i] * hd
             add(b + "attn_norm.weight", [n_embd], "norm")
@@ -482,6 +491,10 @@ def _recurrent_layers(add, s) -> None:
                 add(b + "attn_k_norm.weight", [hd], "norm")
                 add(b + "attn_output.weight", [n_embd, n_embd], "w")
             add(b + "ffn_norm.weight", [n_embd], "norm")
+            if A == "lfm2moe" and i >= s["n_dense_lead"]:
+                _experts(add, b, s)
+                add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+                continue
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")

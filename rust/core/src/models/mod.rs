@@ -39,6 +39,7 @@ pub mod openai_moe;
 pub mod deepseek2;
 pub mod mamba2;
 pub mod lfm2;
+pub mod lfm2moe;
 pub mod qwen35;
 pub mod falcon_h1;
 pub mod granite_hybrid;
@@ -111,6 +112,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &deepseek2::Mistral4,
     &mamba2::Mamba2,
     &lfm2::Lfm2,
+    &lfm2moe::Lfm2Moe,
     &qwen35::Qwen35,
     &qwen35::Qwen35Moe,
     &qwen35::Qwen3Next,
