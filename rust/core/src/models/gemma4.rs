@@ -197,7 +197,12 @@ impl Arch for Gemma4 {
                 qkv,
                 wo: ld.req(&b("attn_output.weight"), &[nq, ne])?,
                 q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[hd])?,
-                k_norm: if has_kv { Some(ld.req_vec(&b("attn_k_norm.weight"), &[hd])?) } else { None },
+                k_norm: if has_kv {
+                    Some(ld.req_vec(&b("attn_k_norm.weight"), &[hd])?)
+                } else {
+                    ld.opt(&b("attn_k_norm.weight"), &[hd])?; // optional there (unused), shape-checked as llama.cpp
+                    None
+                },
                 post_attn_norm: ld.req_vec(&b("post_attention_norm.weight"), &[ne])?,
                 out_scale: ld.opt_vec(&b("layer_output_scale.weight"), &[1])?.map(|v| v[0]),
                 rope: layer_rope(hp, cp, il, if swa { None } else { rope_freqs.clone() }),
