@@ -144,7 +144,7 @@ _SPECS = [
          scale=dict(router=4.0)),
     # gemma4: layers 0-2 and 4 slide (64 tokens, head 16, 2 KV heads, rope base 10000), 3 and
     # 5 are full (head 32, 1 KV head, proportional rope: 4 of 16 frequencies rotate); layers
-    # 4-5 reuse the KV cache of 2 and 3; per-layer embeddings (32 wide); layer 0 without
+    # 4-5 reuse the KV cache of 2 and 3 (5 with unused k/v tensors); per-layer embeddings (32 wide); layer 0 without
     # attn_v (v = k), layer 2 with a fused attn_qkv; experts beside the dense FFN in layers 1
     # (fused gate_up) and 4 (split), with per-expert output scales; double-wide FFN in the
     # KV-sharing layers; per-layer output scales; final softcap
@@ -771,18 +771,20 @@ def _layer_gemma4(add, b, i, s) -> None:
     hd = s["head_dim"] if swa else s["head_dim_full"]
     n_q, n_kv = s["n_head"] * hd, s["n_head_kv"][i] * hd
     has_kv = i < s["n_layer"] - s["shared_kv"]
+    # layer 5 keeps the k/v projections and k norm it does not use (as converted files do)
+    kv_tensors = has_kv or i == 5
     add(b + "attn_norm.weight", [n_embd], "norm")
     if i == s.get("fused_qkv_layer", 2):
         add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
     else:
         add(b + "attn_q.weight", [n_embd, n_q], "w")
-        if has_kv:
+        if kv_tensors:
             add(b + "attn_k.weight", [n_embd, n_kv], "w")
             if i != s.get("k_as_v_layer", 0):
                 add(b + "attn_v.weight", [n_embd, n_kv], "w")
     add(b + "attn_output.weight", [n_q, n_embd], "w")
     add(b + "attn_q_norm.weight", [hd], "norm")
-    if has_kv:
+    if kv_tensors:
         add(b + "attn_k_norm.weight", [hd], "norm")
     add(b + "post_attention_norm.weight", [n_embd], "norm")
     add(b + "layer_output_scale.weight", [1], "norm")
