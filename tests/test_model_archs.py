@@ -139,10 +139,25 @@ def test_every_real_tiny_file_loads_or_names_its_architecture():
     ("deepseek2", {"deepseek2.attention.key_length_mla": 0}, "pre-MLA"),  # the attn_kv_b layout
     ("deepseek2", {"deepseek2.attention.key_length": 40}, "MLA needs key_length"),
     ("deepseek2", {"deepseek2.expert_group_used_count": 4}, "groups"),
+    ("gemma4", {"gemma4.attention.shared_kv_layers": 5}, "fewer than 2"),  # llama.cpp asserts
+    ("gemma4", {"gemma4.attention.shared_kv_layers": 3}, "not of its kind"),  # layer 3 (full) -> 2 (window)
+    ("lfm2moe", {"lfm2moe.expert_gating_func": 0}, "gating function"),  # llama.cpp aborts on it
 ])
 def test_unsupported_variants_are_refused_by_name(tiny_model_path, arch, override, message):
     with pytest.raises(UnsupportedModelError, match=message):
         Model.load(tiny_model_path(arch), kv_overrides=override)
+
+
+def test_gemma4_refuses_a_quantized_kv_cache(tiny_model_path):
+    # its sliding-window (head 16) and full (head 32) layers would need llama.cpp's two
+    # caches, each with its own Hadamard rotation; f16 / f32 caches run
+    from pyllama import Context
+
+    m = Model.load(tiny_model_path("gemma4"))
+    with pytest.raises(ValueError, match="quantized KV cache"):
+        Context(m, n_ctx=64, n_threads=1, type_k="q8_0", type_v="f16")
+    with Context(m, n_ctx=64, n_threads=1, type_k="f32", type_v="f32") as ctx:
+        ctx.decode([5, 6, 7], logits_all=True)
 
 
 def test_granite_rope_finetuned_false_turns_rope_off(tiny_model_path):

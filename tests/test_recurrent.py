@@ -17,9 +17,10 @@ from pyllama.batch import batch_init
 from pyllama.context import Context, ContextParams
 
 DATA = Path(__file__).parent / "data"
-# every architecture with a reference (qwen3: the plain KV cache, for comparison)
+# every architecture with a reference (qwen3: the plain KV cache, for comparison; gemma4: a
+# KV cache with sliding-window layers of their own head size and layers that reuse others' K/V)
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
-ARCHS = [a for a in ALL if a not in ("qwen3",)]  # the recurrent and hybrid ones
+ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
 
 
@@ -182,10 +183,10 @@ def test_position_rules(arch, tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_n_rs_seq(arch, tmp_path_factory):
-    # llama.cpp keeps rollback snapshots for lfm2 / qwen35 / qwen35moe (pyllama refuses to
+    # llama.cpp keeps rollback snapshots for lfm2 / lfm2moe / qwen35 / qwen35moe (pyllama refuses to
     # pretend), and clamps the request to 0 for the others
     path = _tiny(arch, tmp_path_factory)
-    if arch in ("lfm2", "qwen35", "qwen35moe"):
+    if arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe"):
         with pytest.raises(ValueError, match="n_rs_seq"):
             _context(path, 1, n_rs_seq=2)
     else:

@@ -366,7 +366,7 @@ class Context:
             # llama.cpp keeps n_rs_seq recurrent-state snapshots per sequence (partial
             # rollback by seq_rm) for the architectures that support it, and clamps it to 0
             # for the others; pyllama keeps none
-            if core_model.arch in ("lfm2", "qwen35", "qwen35moe"):
+            if core_model.arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe"):
                 raise ValueError(f"n_rs_seq = {params.n_rs_seq}: recurrent rollback snapshots are not implemented "
                                  f"in pyllama (use 0: seq_rm then removes whole sequences only)")
             log.debug("llama_init_from_model: n_rs_seq = %d requested but %s does not support recurrent partial "

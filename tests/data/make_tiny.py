@@ -137,9 +137,25 @@ _SPECS = [
     dict(name="tiny-granitehybrid", arch="granitehybrid", seed=1023, n_layer=4, n_head_kv=[0, 2, 0, 0], head_dim=16,
          rope_base=10000000.0, eps=1e-5, tied=False, ssm=dict(d_conv=4, d_inner=128, d_state=16, n_head=8, n_group=1),
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # lfm2moe: lfm2's layers; layer 0 dense, 1-3 experts (sigmoid, selection bias,
+    # renormalized weights)
+    dict(name="tiny-lfm2moe", arch="lfm2moe", seed=2402, n_layer=4, n_head_kv=[0, 2, 0, 2], head_dim=16,
+         rope_base=1000000.0, eps=1e-5, l_cache=3, n_expert=4, n_expert_used=2, n_ff_exp=64, n_dense_lead=1,
+         scale=dict(router=4.0)),
+    # gemma4: layers 0-2 and 4 slide (64 tokens, head 16, 2 KV heads, rope base 10000), 3 and
+    # 5 are full (head 32, 1 KV head, proportional rope: 4 of 16 frequencies rotate); layers
+    # 4-5 reuse the KV cache of 2 and 3 (5 with unused k/v tensors); per-layer embeddings (32 wide); layer 0 without
+    # attn_v (v = k), layer 2 with a fused attn_qkv; experts beside the dense FFN in layers 1
+    # (fused gate_up) and 4 (split), with per-expert output scales; double-wide FFN in the
+    # KV-sharing layers; per-layer output scales; final softcap
+    dict(name="tiny-gemma4", arch="gemma4", seed=2401, n_layer=6, n_head=4, n_head_kv=[2, 2, 2, 1, 2, 1], head_dim=16,
+         head_dim_full=32, n_rot_full_rotated=4, n_ff=[192, 192, 192, 192, 384, 384], rope_base=1000000.0,
+         rope_base_swa=10000.0, eps=1e-6, sliding_window=64, swa=[True, True, True, False, True, False], shared_kv=2,
+         n_pl=32, n_expert=4, n_expert_used=2, n_ff_exp=32, moe_layers={1: "fused", 4: "split"}, final_softcap=30.0,
+         scale=dict(router=4.0)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
-RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
+RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe")
 SPECS = {s["arch"]: dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
 
 
@@ -170,7 +186,10 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
     w.add_uint32(f"{A}.context_length", s["n_ctx"])
     w.add_uint32(f"{A}.embedding_length", n_embd)
     w.add_uint32(f"{A}.block_count", n_layer)
-    w.add_uint32(f"{A}.feed_forward_length", n_ff)
+    if isinstance(n_ff, list):  # per layer (gemma4's double-wide FFN)
+        w.add_array(f"{A}.feed_forward_length", n_ff)
+    else:
+        w.add_uint32(f"{A}.feed_forward_length", n_ff)
     w.add_uint32(f"{A}.attention.head_count", s["n_head"])
     if isinstance(s["n_head_kv"], list):  # per layer (hybrids: 0 on the recurrent layers)
         w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
@@ -235,8 +254,12 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_uint32(f"{A}.ssm.time_step_rank", m["n_head"])
         w.add_uint32(f"{A}.ssm.group_count", m["n_group"])
 
-    if A == "lfm2":
+    if A in ("lfm2", "lfm2moe"):
         w.add_uint32(f"{A}.shortconv.l_cache", s["l_cache"])
+    if A == "lfm2moe":
+        _keys_moe(w, A, s)
+        w.add_uint32(f"{A}.leading_dense_block_count", s["n_dense_lead"])
+        w.add_uint32(f"{A}.expert_gating_func", 2)
     if A == "granitehybrid":
         g = s["granite"]
         w.add_float32(f"{A}.embedding_scale", g["embedding_scale"])
@@ -284,6 +307,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
         elif kind == "neg":  # Mamba's A = -exp(A_log)
             a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
+        elif isinstance(kind, tuple) and kind[0] == "const":  # given values (no draw)
+            a = np.array(kind[1], dtype=np.float32).reshape(shape)
         a = np.ascontiguousarray((a * sc).astype(np.float32))
         if qtype == "Q8_0" and kind in ("w", "embd"):
             w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
@@ -292,6 +317,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             w.add_tensor(name, a)
 
     add("token_embd.weight", [n_embd, N_VOCAB], "embd", scale="embd")
+    if A in _EXTRA and "embd" in _EXTRA[A]:
+        _EXTRA[A]["embd"](add, s)
     if A in RECURRENT:
         _recurrent_layers(add, s)
     for i in range(n_layer if A not in RECURRENT else 0):
@@ -364,7 +391,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
                 add(b + "ffn_down.bias", [n_embd], "bias")
         if A in ("gemma2", "gemma3", "olmo2", "exaone4", "glm4"):
             add(b + "post_ffw_norm.weight", [n_embd], "norm", scale="post_norm")
-    add("output_norm.weight" if A != "lfm2" else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
+    add("output_norm.weight" if A not in ("lfm2", "lfm2moe") else "token_embd_norm.weight", [n_embd], "norm", scale="output_norm")
     if A in _EXTRA and "output" in _EXTRA[A]:
         _EXTRA[A]["output"](add, s)
     if A in ("phi2", "starcoder2"):
@@ -466,7 +493,7 @@ def _recurrent_layers(add, s) -> None:
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
-        elif A == "lfm2":
+        elif A in ("lfm2", "lfm2moe"):
             n_ff, hd = s["n_ff"], s["head_dim"]
             n_kv = s["n_head_kv"][i] * hd
             add(b + "attn_norm.weight", [n_embd], "norm")
@@ -482,6 +509,10 @@ def _recurrent_layers(add, s) -> None:
                 add(b + "attn_k_norm.weight", [hd], "norm")
                 add(b + "attn_output.weight", [n_embd, n_embd], "w")
             add(b + "ffn_norm.weight", [n_embd], "norm")
+            if A == "lfm2moe" and i >= s["n_dense_lead"]:
+                _experts(add, b, s)
+                add(b + "exp_probs_b.bias", [s["n_expert"]], "bias")
+                continue
             add(b + "ffn_gate.weight", [n_embd, n_ff], "w")
             add(b + "ffn_up.weight", [n_embd, n_ff], "w")
             add(b + "ffn_down.weight", [n_ff, n_embd], "w")
@@ -707,6 +738,80 @@ def _layer_deepseek2(add, b, i, s) -> None:
     _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
 
 
+def _keys_gemma4(w, A, s) -> None:
+    _keys_moe(w, A, s)
+    hf = s["head_dim_full"]
+    w.add_uint32(f"{A}.attention.key_length", hf)
+    w.add_uint32(f"{A}.attention.value_length", hf)
+    w.add_uint32(f"{A}.attention.key_length_swa", s["head_dim"])
+    w.add_uint32(f"{A}.attention.value_length_swa", s["head_dim"])
+    w.add_uint32(f"{A}.rope.dimension_count", hf)
+    w.add_uint32(f"{A}.rope.dimension_count_swa", s["head_dim"])
+    w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    w.add_array(f"{A}.attention.sliding_window_pattern", s["swa"])
+    w.add_uint32(f"{A}.attention.shared_kv_layers", s["shared_kv"])
+    w.add_uint32(f"{A}.embedding_length_per_layer_input", s["n_pl"])
+    w.add_float32(f"{A}.final_logit_softcapping", s["final_softcap"])
+
+
+def _embd_gemma4(add, s) -> None:
+    n_pl, nl = s["n_pl"], s["n_layer"]
+    if n_pl:
+        add("per_layer_token_embd.weight", [n_pl * nl, N_VOCAB], "embd")
+        add("per_layer_model_proj.weight", [s["n_embd"], n_pl * nl], "w")
+        add("per_layer_proj_norm.weight", [n_pl], "norm")
+    # the full layers' proportional rope: 1 on the rotated frequencies, 1e30 on the others
+    nr = s["n_rot_full_rotated"]
+    add("rope_freqs.weight", [s["head_dim_full"] // 2], ("const", [1.0] * nr + [1e30] * (s["head_dim_full"] // 2 - nr)))
+
+
+def _layer_gemma4(add, b, i, s) -> None:
+    n_embd, swa = s["n_embd"], s["swa"][i]
+    hd = s["head_dim"] if swa else s["head_dim_full"]
+    n_q, n_kv = s["n_head"] * hd, s["n_head_kv"][i] * hd
+    has_kv = i < s["n_layer"] - s["shared_kv"]
+    # layer 5 keeps the k/v projections and k norm it does not use (as converted files do)
+    kv_tensors = has_kv or i == 5
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    if i == s.get("fused_qkv_layer", 2):
+        add(b + "attn_qkv.weight", [n_embd, n_q + 2 * n_kv], "w")
+    else:
+        add(b + "attn_q.weight", [n_embd, n_q], "w")
+        if kv_tensors:
+            add(b + "attn_k.weight", [n_embd, n_kv], "w")
+            if i != s.get("k_as_v_layer", 0):
+                add(b + "attn_v.weight", [n_embd, n_kv], "w")
+    add(b + "attn_output.weight", [n_q, n_embd], "w")
+    add(b + "attn_q_norm.weight", [hd], "norm")
+    if kv_tensors:
+        add(b + "attn_k_norm.weight", [hd], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    add(b + "layer_output_scale.weight", [1], "norm")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    _dense(add, b, s, n_ff=s["n_ff"][i])
+    add(b + "post_ffw_norm.weight", [n_embd], "norm")
+    moe = s["moe_layers"].get(i)
+    if moe:
+        ne_, fe = s["n_expert"], s["n_ff_exp"]
+        add(b + "ffn_gate_inp.weight", [n_embd, ne_], "router", scale="router")
+        add(b + "ffn_gate_inp.scale", [n_embd], "norm")
+        add(b + "pre_ffw_norm_2.weight", [n_embd], "norm")
+        add(b + "post_ffw_norm_1.weight", [n_embd], "norm")
+        add(b + "post_ffw_norm_2.weight", [n_embd], "norm")
+        if moe == "fused":
+            add(b + "ffn_gate_up_exps.weight", [n_embd, 2 * fe, ne_], "w")
+        else:
+            add(b + "ffn_gate_exps.weight", [n_embd, fe, ne_], "w")
+            add(b + "ffn_up_exps.weight", [n_embd, fe, ne_], "w")
+        add(b + "ffn_down_exps.weight", [fe, n_embd, ne_], "w")
+        add(b + "ffn_down_exps.scale", [ne_], "norm")
+    if s["n_pl"]:
+        add(b + "inp_gate.weight", [n_embd, s["n_pl"]], "w")
+        add(b + "proj.weight", [s["n_pl"], n_embd], "w")
+        add(b + "post_norm.weight", [n_embd], "norm")
+
+
 _EXTRA = {
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
@@ -716,4 +821,5 @@ _EXTRA = {
     "gpt-oss": dict(keys=_keys_gpt_oss, layer=_layer_gpt_oss),
     "deepseek2": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
     "mistral4": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
+    "gemma4": dict(keys=_keys_gemma4, layer=_layer_gemma4, embd=_embd_gemma4),
 }

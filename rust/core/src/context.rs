@@ -310,7 +310,16 @@ impl Context {
         let (size, n_stream) = if mem_kind == MemKind::Recurrent { (1, 1) } else { (size, n_stream) };
         // attention reads one head of a cached row at a time: a quantized cache type needs
         // whole blocks per head
+        let mixed_heads = (0..nl).any(|il| kv_layers[il] && (hp.head_k(il) != hp.n_embd_head_k || hp.head_v(il) != hp.n_embd_head_v));
         for (t, hd, what) in [(p.type_k, hp.n_embd_head_k, "type_k"), (p.type_v, hp.n_embd_head_v, "type_v")] {
+            // llama.cpp keeps such layers in two caches, each with its own Hadamard rotation;
+            // pyllama's one cache has one rotation size
+            if mem_kind != MemKind::Recurrent && mixed_heads && crate::kv_cache::is_quantized(t) {
+                return Err(Error::Invalid(format!(
+                    "{what} = {t}: a quantized KV cache is not supported for this model (its sliding-window and full \
+                     attention layers have different head sizes); use f16, bf16 or f32"
+                )));
+            }
             if mem_kind != MemKind::Recurrent && hd % t.block_size() != 0 {
                 return Err(Error::Invalid(format!(
                     "{what} = {t} needs a head size that is a multiple of {} (this model's is {hd})",
@@ -324,13 +333,13 @@ impl Context {
         let nu = p.n_ubatch;
         let ne = hp.n_embd;
         let max_l = |f: &dyn Fn(usize) -> usize| (0..nl).map(f).max().unwrap_or(0);
-        let qw = max_l(&|il| hp.n_head(il) * hp.n_embd_head_k);
-        let aw = max_l(&|il| hp.n_head(il) * hp.n_embd_head_v);
+        let qw = max_l(&|il| hp.n_head(il) * hp.head_k(il));
+        let aw = max_l(&|il| hp.n_head(il) * hp.head_v(il));
         let kw = max_l(&|il| hp.n_embd_k_gqa(il));
         let vw = max_l(&|il| hp.n_embd_v_gqa(il));
         let ff = max_l(&|il| hp.n_ff[il]).max(hp.n_ff_exp).max(hp.n_ff_shexp).max(1);
         let n_thr = p.n_threads.max(p.n_threads_batch);
-        let attn_stride = attention::scratch_per_thread(size, hp.n_embd_head_k, hp.n_embd_head_v);
+        let attn_stride = attention::scratch_per_thread(size, hp.max_head_k(), hp.max_head_v());
         // Every size below comes from the file's hyperparameters or the caller's n_ctx /
         // n_ubatch: each allocation is fallible and names its buffer.
         let z = |m: usize, what: &str| -> Result<Vec<f32>> {
@@ -349,7 +358,7 @@ impl Context {
             gate: z(ff.max(qw), "the FFN gate [n_ubatch, n_ff]")?,
             up: z(ff.max(kw), "the FFN up [n_ubatch, n_ff]")?,
             row: alloc::filled(hp.n_vocab.max(1), 0.0, "a logits row [n_vocab]")?,
-            rope_cache: alloc::filled(hp.n_embd_head_k.max(hp.n_rot) + 2, 0.0, "the rope cache")?,
+            rope_cache: alloc::filled(hp.max_head_k().max(hp.n_rot) + 2, 0.0, "the rope cache")?,
             attn_scratch: alloc::filled(
                 alloc::mul("the attention scratch [n_threads, n_ctx]", attn_stride, n_thr)?,
                 0.0,
@@ -458,9 +467,8 @@ impl Context {
             return Ok(());
         }
         let hp = &self.model.hparams;
-        let hd = hp.n_embd_head_k;
         let mut row = Vec::new();
-        let mut cache = vec![0f32; hd + 2];
+        let mut cache = vec![0f32; hp.max_head_k() + 2];
         for s in 0..self.kv.n_stream() {
             for c in 0..self.kv.size {
                 let cell = self.kv.streams[s].cells[c];
@@ -469,9 +477,13 @@ impl Context {
                 }
                 for il in 0..hp.n_layer {
                     let Some(r) = self.fwd.rope(il) else { continue };
+                    let rk = self.kv.row_k[il];
+                    if rk == 0 {
+                        continue; // no K of its own (Gemma 4's layers that reuse another layer's)
+                    }
+                    let hd = hp.head_k(il);
                     let n = hp.n_embd_k_gqa(il);
                     row.resize(n, 0.0);
-                    let rk = self.kv.row_k[il];
                     let o = (s * self.kv.size + c) * rk;
                     let bytes = &mut self.kv.k[il][o..o + rk];
                     quant::dequantize_row(self.kv.type_k, bytes, &mut row)?;

@@ -28,6 +28,12 @@ pub struct HParams {
     pub n_embd_head_k: usize,
     pub n_embd_head_v: usize,
     pub n_rot: usize,
+    /// Head sizes and rotary dims of the sliding-window layers (`attention.key_length_swa`,
+    /// `attention.value_length_swa`, `rope.dimension_count_swa`; default the ones above:
+    /// llama.cpp's n_embd_head_k_swa etc., which differ in Gemma 4). Per layer: `head_k(il)`.
+    pub n_embd_head_k_swa: usize,
+    pub n_embd_head_v_swa: usize,
+    pub n_rot_swa: usize,
     pub rope_type: RopeType,
     pub rope_freq_base: f32,
     pub rope_freq_scale: f32,
@@ -97,6 +103,9 @@ impl HParams {
             n_embd_head_k: 0,
             n_embd_head_v: 0,
             n_rot: 0,
+            n_embd_head_k_swa: 0,
+            n_embd_head_v_swa: 0,
+            n_rot_swa: 0,
             rope_type: RopeType::None,
             rope_freq_base: 0.0,
             rope_freq_scale: 0.0,
@@ -137,11 +146,44 @@ impl HParams {
     pub fn n_head_kv(&self, il: usize) -> usize {
         self.n_head_kv[il]
     }
+    fn is_swa(&self, il: usize) -> bool {
+        self.swa_layers.get(il).copied().unwrap_or(false)
+    }
+    /// Layer il's K head size (llama.cpp's n_embd_head_k(il): the _swa one on sliding-window layers).
+    pub fn head_k(&self, il: usize) -> usize {
+        if self.is_swa(il) {
+            self.n_embd_head_k_swa
+        } else {
+            self.n_embd_head_k
+        }
+    }
+    pub fn head_v(&self, il: usize) -> usize {
+        if self.is_swa(il) {
+            self.n_embd_head_v_swa
+        } else {
+            self.n_embd_head_v
+        }
+    }
+    /// Layer il's rotary dims (llama.cpp's n_rot(il)).
+    pub fn rot(&self, il: usize) -> usize {
+        if self.is_swa(il) {
+            self.n_rot_swa
+        } else {
+            self.n_rot
+        }
+    }
+    /// The largest K / V head size of any layer.
+    pub fn max_head_k(&self) -> usize {
+        self.n_embd_head_k.max(if self.swa_layers.iter().any(|&s| s) { self.n_embd_head_k_swa } else { 0 })
+    }
+    pub fn max_head_v(&self) -> usize {
+        self.n_embd_head_v.max(if self.swa_layers.iter().any(|&s| s) { self.n_embd_head_v_swa } else { 0 })
+    }
     pub fn n_embd_k_gqa(&self, il: usize) -> usize {
-        self.n_embd_head_k * self.n_head_kv[il]
+        self.head_k(il) * self.n_head_kv[il]
     }
     pub fn n_embd_v_gqa(&self, il: usize) -> usize {
-        self.n_embd_head_v * self.n_head_kv[il]
+        self.head_v(il) * self.n_head_kv[il]
     }
 }
 

@@ -117,6 +117,20 @@ impl MoeConfig {
     }
 }
 
+/// What some MoE layers add to `build_moe_ffn` (Gemma 4), through `build_moe_ffn_ext`.
+#[derive(Default, Clone, Copy)]
+pub struct MoeExtra<'w> {
+    /// The router's logits [n, n_expert], computed by the caller (llama.cpp's `probs_in`):
+    /// `MoeWeights::router` is then not applied.
+    pub logits: Option<&'w [f32]>,
+    /// Per-expert scale [n_expert] of the down projection's output (llama.cpp's
+    /// `ffn_down_exps.scale`, `down_exps_s`).
+    pub down_s: Option<&'w [f32]>,
+    /// `MoeWeights::up` is llama.cpp's fused `ffn_gate_up_exps` {n_embd, 2 n_ff_exp,
+    /// n_expert}: per expert the gate's n_ff_exp rows, then up's (`gate` must be None).
+    pub gate_up: bool,
+}
+
 /// How layer `il` attends.
 pub struct AttnConfig<'r> {
     pub il: usize,
@@ -352,11 +366,23 @@ impl Step<'_> {
     /// each expert's matrices are streamed once per micro-batch. Scratch: `moe` / `moe_idx`
     /// (reserved at context creation), `gate` / `up`.
     pub fn build_moe_ffn(&mut self, il: usize, m: &MoeWeights, c: &MoeConfig) -> Result<()> {
+        self.build_moe_ffn_ext(il, m, c, &MoeExtra::default())
+    }
+
+    /// `build_moe_ffn` with Gemma 4's additions (`MoeExtra`): router logits given, a
+    /// per-expert output scale, fused gate+up experts; GELU experts with a gate are
+    /// gelu(gate) * up (llama.cpp's geglu).
+    pub fn build_moe_ffn_ext(&mut self, il: usize, m: &MoeWeights, c: &MoeConfig, x: &MoeExtra) -> Result<()> {
         let (n, ne) = (self.n, self.hp.n_embd);
         let n_used = c.n_used;
         let n_exp = m.router.ne[1];
-        let nf = m.up.ne[1];
-        let gate_ok = m.gate.is_none_or(|g| g.ne[1] == nf && g.ne[2] == n_exp);
+        let fused = x.gate_up;
+        let nf = if fused { m.up.ne[1] / 2 } else { m.up.ne[1] };
+        let gate_ok = m.gate.is_none_or(|g| g.ne[1] == nf && g.ne[2] == n_exp) && !(fused && (m.gate.is_some() || m.up.ne[1] % 2 != 0));
+        let lg_ok = x.logits.is_none_or(|l| l.len() >= n * n_exp) && x.down_s.is_none_or(|s| s.len() == n_exp);
+        if !lg_ok {
+            return Err(Error::Invalid(format!("internal: layer {il}: router logits or expert scales of the wrong size")));
+        }
         if n_used == 0 || n_used > n_exp || !gate_ok || m.up.ne[2] != n_exp || m.down.ne[2] != n_exp {
             return Err(Error::Invalid(format!("layer {il}: inconsistent expert tensors ({n_exp} experts, {n_used} used)")));
         }
@@ -373,7 +399,10 @@ impl Step<'_> {
         if b.moe.len() < need || b.moe_idx.capacity() < 2 * nk || b.gate.len() < n * nf || b.up.len() < n * nf {
             return Err(Error::Invalid(format!("internal: MoE scratch too small for layer {il}")));
         }
-        Self::mm(self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?;
+        match x.logits {
+            Some(l) => b.moe[..n * n_exp].copy_from_slice(&l[..n * n_exp]),
+            None => Self::mm(self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?,
+        }
         cb!(self, "ffn_moe_logits", il, moe, n_exp);
         let b = &mut *self.b;
         let (probs, rest) = b.moe.split_at_mut(n * n_exp);
@@ -477,20 +506,25 @@ impl Step<'_> {
                 }
             }
             crate::quantize::collect::observe_experts(m.up, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
-            Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+            let up_rows = if fused { (2 * e + 1) * nf..(2 * e + 2) * nf } else { e * nf..(e + 1) * nf };
+            Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.up, up_rows, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.up, ebias(m.up_b, e, nf), nf, mt);
-            if let Some(g) = m.gate {
-                crate::quantize::collect::observe_experts(g, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
-                Self::mm_rows(self.pool, self.dev, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
-                add_bias(&mut b.gate, ebias(m.gate_b, e, nf), nf, mt);
+            if fused {
+                let rows = 2 * e * nf..(2 * e + 1) * nf;
+                Self::mm_rows(self.pool, self.dev, m.up, xg, mt, &mut b.gate, rows, &mut b.mm_scratch, &mut b.lora)?;
+            }
+            if fused || m.gate.is_some() {
+                if let Some(g) = m.gate {
+                    crate::quantize::collect::observe_experts(g, e, &xg[..mt * ne], &idx[nk..], n_used); // imatrix
+                    Self::mm_rows(self.pool, self.dev, g, xg, mt, &mut b.gate, e * nf..(e + 1) * nf, &mut b.mm_scratch, &mut b.lora)?;
+                    add_bias(&mut b.gate, ebias(m.gate_b, e, nf), nf, mt);
+                }
                 for r in 0..mt {
                     let (g, u) = (&mut b.gate[r * nf..(r + 1) * nf], &b.up[r * nf..(r + 1) * nf]);
                     match c.act {
                         MoeAct::Silu => act::swiglu(g, u),
                         MoeAct::SwigluOai => act::swiglu_oai(g, u, 1.702, 7.0),
-                        MoeAct::Gelu => {
-                            return Err(Error::Unsupported(format!("layer {il}: GELU experts with a gate")));
-                        }
+                        MoeAct::Gelu => act::geglu(g, u),
                     }
                 }
             } else if c.act == MoeAct::Gelu {
@@ -505,6 +539,9 @@ impl Step<'_> {
             }
             crate::quantize::collect::observe_experts(m.down, e, &b.gate[..mt * nf], &idx[nk..], n_used); // imatrix
             Self::mm_rows(self.pool, self.dev, m.down, &b.gate, mt, o, e * ne..(e + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
+            if let Some(s) = x.down_s {
+                act::scale(&mut o[..mt * ne], s[e]);
+            }
             add_bias(o, ebias(m.down_b, e, ne), ne, mt);
             for r in 0..mt {
                 let k = idx[nk + r];
@@ -651,7 +688,7 @@ impl Step<'_> {
         let il = c.il;
         let n = self.n;
         let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
-        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
@@ -761,6 +798,22 @@ impl Step<'_> {
             let o = (s as usize * kv.size + cell as usize) * rv;
             quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
         }
+        self.attend_rotated(p)
+    }
+
+    /// Attends with `q` [n, n_head * hd_k] over layer `p.il`'s cached K/V into `att`,
+    /// storing nothing: a layer that reuses another layer's cache (Gemma 4's last
+    /// `shared_kv_layers` layers; llama.cpp's layer_reuse_cb) passes that layer's id.
+    pub fn attend_only(&mut self, p: &AttnParams) -> Result<()> {
+        let qw = p.n_head * p.hd_k;
+        crate::kv_cache::fwht(&mut self.b.q[..self.n * qw], self.kv.rot_k);
+        self.attend_rotated(p)
+    }
+
+    fn attend_rotated(&mut self, p: &AttnParams) -> Result<()> {
+        let (il, n) = (p.il, self.n);
+        let b = &mut *self.b;
+        let kv = &mut *self.kv;
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
         cb!(self, "kqv_out", il, att, p.n_head * p.hd_v);
@@ -842,7 +895,7 @@ pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Opti
             if p.rope_freq_scale != 0.0 { p.rope_freq_scale } else { hp.rope_freq_scale },
         )
     };
-    let mut r = RopeParams::simple(hp.rope_type, hp.n_rot, base, scale);
+    let mut r = RopeParams::simple(hp.rope_type, hp.rot(il), base, scale);
     r.freq_factors = freq_factors;
     // YaRN (llama-context.cpp: yarn_ext_factor 1 for rope.scaling.type "yarn"; the
     // attention factor cancels ggml's own 1 + 0.1 ln(1/scale) magnitude correction)
@@ -864,7 +917,7 @@ pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Opti
         r.ext_factor = 1.0;
         r.attn_factor = attn;
         r.corr_dims =
-            crate::ops::rope::yarn_corr_dims(hp.n_rot, hp.n_ctx_orig_yarn, base, hp.yarn_beta_fast, hp.yarn_beta_slow);
+            crate::ops::rope::yarn_corr_dims(hp.rot(il), hp.n_ctx_orig_yarn, base, hp.yarn_beta_fast, hp.yarn_beta_slow);
     }
     // rope.scaling.attn_factor (llama.cpp's default 1; 0 here means absent)
     if hp.rope_attn_factor != 0.0 {

@@ -7,8 +7,10 @@
 //! causal depthwise convolution of `shortconv.l_cache` taps whose last l_cache - 1 inputs
 //! are the sequence's recurrent state; c * that; out_proj. The output norm is the tensor
 //! llama.cpp names `token_embd_norm`; the output is tied when absent.
+//! `lfm2moe` (lfm2moe.rs) is the same graph with mixture-of-experts feed-forwards after
+//! `leading_dense_block_count` dense layers (`build` below with `Some(MoeSpec)`).
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams_ext, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -21,7 +23,7 @@ use std::sync::Mutex;
 
 pub struct Lfm2;
 
-fn l_cache(meta: &Meta) -> Result<usize> {
+pub(super) fn l_cache(meta: &Meta) -> Result<usize> {
     let l = meta.req_u("shortconv.l_cache")?;
     if !(2..=1024).contains(&l) {
         return Err(Error::Unsupported(format!("{}: '{}' = {l} must be in [2, 1024]", meta.file.path, meta.key("shortconv.l_cache"))));
@@ -62,63 +64,91 @@ impl Arch for Lfm2 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        let hp = ld.hp();
-        let meta = Meta { file: &ld.model().files[0], arch: self.name() };
-        let lc = l_cache(&meta)?;
-        let (ne, nv) = (hp.n_embd, hp.n_vocab);
-        let tok_embd = ld.req("token_embd.weight", &[ne, nv])?;
-        let output = ld.opt("output.weight", &[ne, nv])?.unwrap_or(tok_embd);
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for il in 0..hp.n_layer {
-            let b = |s: &str| format!("blk.{il}.{s}");
-            let nf = hp.n_ff[il];
-            let mixer = if hp.n_head_kv(il) == 0 {
-                Mixer::Conv {
-                    conv: ld.req_vec(&b("shortconv.conv.weight"), &[lc, ne])?,
-                    in_proj: ld.req(&b("shortconv.in_proj.weight"), &[ne, 3 * ne])?,
-                    out_proj: ld.req(&b("shortconv.out_proj.weight"), &[ne, ne])?,
+        build(ld, cp, None)
+    }
+}
+
+/// lfm2moe's feed-forwards: the layers from `n_dense_lead` on are experts routed by `cfg`.
+pub(super) struct MoeSpec {
+    pub n_dense_lead: usize,
+    pub cfg: MoeConfig,
+}
+
+/// The LFM2 forward pass over `ld`'s tensors: dense feed-forwards everywhere (`moe` None:
+/// lfm2) or experts after the leading dense layers (lfm2moe).
+pub(super) fn build(ld: &Loader, cp: &ContextParams, moe: Option<MoeSpec>) -> Result<Box<dyn Forward>> {
+    let hp = ld.hp();
+    let meta = Meta { file: &ld.model().files[0], arch: &hp.arch };
+    let lc = l_cache(&meta)?;
+    let (ne, nv) = (hp.n_embd, hp.n_vocab);
+    let tok_embd = ld.req("token_embd.weight", &[ne, nv])?;
+    let output = ld.opt("output.weight", &[ne, nv])?.unwrap_or(tok_embd);
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for il in 0..hp.n_layer {
+        let b = |s: &str| format!("blk.{il}.{s}");
+        let nf = hp.n_ff[il];
+        let mixer = if hp.n_head_kv(il) == 0 {
+            Mixer::Conv {
+                conv: ld.req_vec(&b("shortconv.conv.weight"), &[lc, ne])?,
+                in_proj: ld.req(&b("shortconv.in_proj.weight"), &[ne, 3 * ne])?,
+                out_proj: ld.req(&b("shortconv.out_proj.weight"), &[ne, ne])?,
+            }
+        } else {
+            let (hd, nk) = (hp.n_embd_head_k, hp.n_embd_k_gqa(il));
+            if hp.n_embd_v_gqa(il) != nk || hp.n_head(il) * hd != ne {
+                return Err(Error::Unsupported(format!(
+                    "{}: layer {il}: LFM2 attention needs n_head * head size = n_embd and equal K/V widths",
+                    ld.model().files[0].path
+                )));
+            }
+            Mixer::Attn {
+                wq: ld.req(&b("attn_q.weight"), &[ne, ne])?,
+                wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
+                wv: ld.req(&b("attn_v.weight"), &[ne, nk])?,
+                wo: ld.req(&b("attn_output.weight"), &[ne, ne])?,
+                q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[hd])?,
+                k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[hd])?,
+                rope: layer_rope(hp, cp, il, None),
+                n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
+            }
+        };
+        let ffn = match &moe {
+            Some(m) if il >= m.n_dense_lead => {
+                let (nx, fe) = (hp.n_expert, hp.n_ff_exp);
+                Ffn::Moe {
+                    router: ld.req(&b("ffn_gate_inp.weight"), &[ne, nx])?,
+                    gate: ld.req(&b("ffn_gate_exps.weight"), &[ne, fe, nx])?,
+                    up: ld.req(&b("ffn_up_exps.weight"), &[ne, fe, nx])?,
+                    down: ld.req(&b("ffn_down_exps.weight"), &[fe, ne, nx])?,
+                    probs_b: ld.req_vec(&b("exp_probs_b.bias"), &[nx])?,
                 }
-            } else {
-                let (hd, nk) = (hp.n_embd_head_k, hp.n_embd_k_gqa(il));
-                if hp.n_embd_v_gqa(il) != nk || hp.n_head(il) * hd != ne {
-                    return Err(Error::Unsupported(format!(
-                        "{}: layer {il}: LFM2 attention needs n_head * head size = n_embd and equal K/V widths",
-                        ld.model().files[0].path
-                    )));
-                }
-                Mixer::Attn {
-                    wq: ld.req(&b("attn_q.weight"), &[ne, ne])?,
-                    wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-                    wv: ld.req(&b("attn_v.weight"), &[ne, nk])?,
-                    wo: ld.req(&b("attn_output.weight"), &[ne, ne])?,
-                    q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[hd])?,
-                    k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[hd])?,
-                    rope: layer_rope(hp, cp, il, None),
-                    n_swa: if hp.swa_layers.get(il).copied().unwrap_or(false) { hp.n_swa } else { 0 },
-                }
-            };
-            layers.push(Layer {
-                attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
-                mixer,
-                ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[ne])?,
+            }
+            _ => Ffn::Dense {
                 gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
                 up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
                 down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
-            });
-        }
-        let recr = (0..hp.n_layer).map(|il| hp.n_head_kv(il) == 0).collect();
-        Ok(Box::new(Lfm2Fwd {
-            tok_embd,
-            output_norm: ld.req_vec("token_embd_norm.weight", &[ne])?,
-            output,
-            layers,
-            recr,
-            l_cache: lc,
-            eps: hp.f_norm_rms_eps,
-            scratch: Mutex::new(Scratch::default()),
-            _keep: ld.keep(),
-        }))
+            },
+        };
+        layers.push(Layer {
+            attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
+            mixer,
+            ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[ne])?,
+            ffn,
+        });
     }
+    let recr = (0..hp.n_layer).map(|il| hp.n_head_kv(il) == 0).collect();
+    Ok(Box::new(Lfm2Fwd {
+        tok_embd,
+        output_norm: ld.req_vec("token_embd_norm.weight", &[ne])?,
+        output,
+        layers,
+        recr,
+        moe: moe.map(|m| m.cfg),
+        l_cache: lc,
+        eps: hp.f_norm_rms_eps,
+        scratch: Mutex::new(Scratch::default()),
+        _keep: ld.keep(),
+    }))
 }
 
 enum Mixer {
@@ -140,13 +170,26 @@ enum Mixer {
     },
 }
 
+enum Ffn {
+    Dense {
+        gate: TensorView<'static>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+    },
+    Moe {
+        router: TensorView<'static>,
+        gate: TensorView<'static>,
+        up: TensorView<'static>,
+        down: TensorView<'static>,
+        probs_b: Vec<f32>,
+    },
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     mixer: Mixer,
     ffn_norm: Vec<f32>,
-    gate: TensorView<'static>,
-    up: TensorView<'static>,
-    down: TensorView<'static>,
+    ffn: Ffn,
 }
 
 #[derive(Default)]
@@ -163,6 +206,7 @@ struct Lfm2Fwd {
     output: TensorView<'static>,
     layers: Vec<Layer>,
     recr: Vec<bool>,
+    moe: Option<MoeConfig>,
     l_cache: usize,
     eps: f32,
     scratch: Mutex<Scratch>,
@@ -272,8 +316,27 @@ impl Forward for Lfm2Fwd {
             }
             st.residual();
             st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
-            let f = FfnWeights { gate: Some(&l.gate), gate_b: None, up: &l.up, up_b: None, down: &l.down, down_b: None };
-            st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let f = FfnWeights { gate: Some(gate), gate_b: None, up, up_b: None, down, down_b: None };
+                    st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+                }
+                Ffn::Moe { router, gate, up, down, probs_b } => {
+                    let c = self.moe.as_ref().ok_or_else(|| Error::Invalid("internal: lfm2 experts without routing".into()))?;
+                    let m = MoeWeights {
+                        router,
+                        router_b: None,
+                        gate: Some(gate),
+                        up,
+                        down,
+                        gate_b: None,
+                        up_b: None,
+                        down_b: None,
+                        probs_b: Some(probs_b),
+                    };
+                    st.build_moe_ffn(il, &m, c)?;
+                }
+            }
             st.residual();
             st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);

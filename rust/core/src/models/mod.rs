@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod exaone4;
 pub mod gemma;
 pub mod gemma3;
+pub mod gemma4;
 pub mod glm4;
 pub mod graph;
 pub mod granite;
@@ -39,6 +40,7 @@ pub mod openai_moe;
 pub mod deepseek2;
 pub mod mamba2;
 pub mod lfm2;
+pub mod lfm2moe;
 pub mod qwen35;
 pub mod falcon_h1;
 pub mod granite_hybrid;
@@ -79,6 +81,7 @@ pub trait Arch: Sync {
 pub static REGISTRY: &[&dyn Arch] = &[
     &llama::Llama,
     &gemma3::Gemma3,
+    &gemma4::Gemma4,
     &qwen2::Qwen2,
     &qwen2::Qwen3,
     &qwen2::Qwen3Moe,
@@ -111,6 +114,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &deepseek2::Mistral4,
     &mamba2::Mamba2,
     &lfm2::Lfm2,
+    &lfm2moe::Lfm2Moe,
     &qwen35::Qwen35,
     &qwen35::Qwen35Moe,
     &qwen35::Qwen3Next,
@@ -201,6 +205,16 @@ pub fn common_hparams_ext(meta: &Meta, n_vocab: usize, rope_type: RopeType, no_a
             meta.file.path
         )));
     }
+    // llama.cpp reads the sliding-window layers' head sizes and rotary dims for every architecture
+    let n_embd_head_k_swa = meta.u("attention.key_length_swa")?.unwrap_or(n_embd_head_k);
+    let n_embd_head_v_swa = meta.u("attention.value_length_swa")?.unwrap_or(n_embd_head_v);
+    let n_rot_swa = meta.u("rope.dimension_count_swa")?.unwrap_or(n_rot);
+    if n_rot_swa > n_embd_head_k_swa || n_rot_swa % 2 != 0 {
+        return Err(Error::Unsupported(format!(
+            "{}: rope.dimension_count_swa {n_rot_swa} must be even and <= the sliding-window head size {n_embd_head_k_swa}",
+            meta.file.path
+        )));
+    }
     let n_ctx_train = meta.u("context_length")?.unwrap_or(2048);
     Ok(HParams {
         arch: meta.arch.to_string(),
@@ -214,6 +228,9 @@ pub fn common_hparams_ext(meta: &Meta, n_vocab: usize, rope_type: RopeType, no_a
         n_embd_head_k,
         n_embd_head_v,
         n_rot,
+        n_embd_head_k_swa,
+        n_embd_head_v_swa,
+        n_rot_swa,
         rope_type,
         rope_freq_base,
         rope_freq_scale,
