@@ -563,9 +563,17 @@ mod tests {
         let wf: Vec<f32> = (0..n_in * n_out).map(|_| rng.f()).collect();
         let wrow = quant::row_bytes(ty, n_in).unwrap();
         let mut w = vec![0u8; wrow * n_out];
-        if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-            // no quantizer for these in the core: random blocks, with finite f16 scales
-            let (bb, scales): (usize, &[usize]) = if ty == GgmlType::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
+        // no quantizer for these in the core: random blocks, with finite f16 scales at these offsets
+        let kblock: Option<(usize, &[usize])> = match ty {
+            GgmlType::Q4_K => Some((144, &[0, 2])),
+            GgmlType::Q6_K => Some((210, &[208])),
+            GgmlType::Q2_K => Some((84, &[80, 82])),
+            GgmlType::Q3_K => Some((110, &[108])),
+            GgmlType::Q5_K => Some((176, &[0, 2])),
+            GgmlType::IQ4_XS => Some((136, &[0])),
+            _ => None,
+        };
+        if let Some((bb, scales)) = kblock {
             for (i, b) in w.iter_mut().enumerate() {
                 *b = (rng.f().to_bits() >> (8 * (i % 3))) as u8;
             }
@@ -615,7 +623,7 @@ mod tests {
         eprintln!("adapter: {:?}", g.info);
         let mut rng = Rng(7);
         use GgmlType::*;
-        for ty in [F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K] {
+        for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
             let cpu_tol = match ty {
                 F32 => 1e-6,
@@ -635,7 +643,7 @@ mod tests {
             }
         }
         // float rows that are not a multiple of 32 long
-        for ty in [F32, F16] {
+        for ty in [F32, F16, BF16] {
             let (r, _) = check(&g, ty, 45, 6, 3, 0..6, &mut rng);
             assert!(r <= 1e-5, "{ty} n_in=45: {r:e}");
         }
