@@ -18,6 +18,7 @@
 //! sum in another order, so results agree with the CPU path to float tolerance, not bit
 //! for bit.
 
+pub mod resident;
 mod shaders;
 
 use crate::error::{Error, Result};
@@ -151,6 +152,8 @@ pub struct Gpu {
     queue: wgpu::Queue,
     pipes: Mutex<Pipelines>,
     scratch: Mutex<Scratch>,
+    /// The offloaded layers' ops pipelines and activation buffers (resident.rs).
+    res: Mutex<resident::Resident>,
 }
 
 /// Tokens per workgroup of the matrix-matrix kernel.
@@ -213,6 +216,7 @@ impl Gpu {
             queue,
             pipes: Mutex::new(Pipelines { layout, by_kind: HashMap::new() }),
             scratch: Mutex::new(Scratch { x: None, y: None, read: None, params }),
+            res: Mutex::new(resident::Resident::default()),
         })
     }
 
@@ -484,6 +488,16 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
 }
 
 impl Offload {
+    /// The device copy of `w`, when this offload holds it.
+    pub fn weight(&self, w: &TensorView) -> Option<&GpuWeight> {
+        self.weights.get(&(w.data.as_ptr() as usize, w.data.len()))
+    }
+
+    /// Index of the first repeating layer on the device (n_layer when none is).
+    pub fn first_layer(&self, n_layer: usize) -> usize {
+        n_layer - self.n_layers_offloaded.min(n_layer)
+    }
+
     pub fn n_weights(&self) -> usize {
         self.weights.len()
     }
@@ -524,6 +538,10 @@ impl MatmulDevice for Offload {
 
     fn describe(&self) -> String {
         self.summary()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
