@@ -5,8 +5,11 @@
 //! (the output projection counts as layer n_layer: `n_gpu_layers = N` is the output layer
 //! and the last N - 1 repeating layers; negative = all) from the mapping into device
 //! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
-//! hands it those products. Everything else (norms, rope, attention, the KV cache) stays
-//! on the CPU, so the activations cross to the device and back once per offloaded matmul.
+//! hands it those products. The shared decoder (models/decoder.rs) goes further: its
+//! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
+//! gated activations and residual adds in `ops.wgsl`), and only q, k, v and the attention
+//! output cross, attention and the KV cache staying on the CPU. Other forward passes run
+//! everything but those matmuls on the CPU, crossing once per offloaded matmul.
 //!
 //! Adapters: `adapters()` lists what wgpu finds. A software adapter (Mesa's lavapipe,
 //! WARP, SwiftShader: device type Cpu) is refused unless asked for (`allow_software`, or
