@@ -122,6 +122,40 @@ def test_resident_layers_against_per_matmul_offload(monkeypatch):
     assert not np.array_equal(res, per), "identical logits: the layers did not stay on the device"
 
 
+def _matrix_bytes(path, names) -> int:
+    """Bytes of the named tensors that offload uploads (the matrices: ne[1] > 1)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors
+               if t.name in names and len(t.shape) > 1 and int(t.shape[1]) > 1)
+
+
+def test_out_of_device_memory_names_the_layers_that_fit(monkeypatch):
+    # PYLLAMA_GPU_MAX_MIB caps the device memory the weights may take; past it (as past a
+    # real allocation failure) the load fails with MemoryError naming an n_gpu_layers that
+    # fits, counted top down as llama.cpp does (the output layer first)
+    _need_gpu()
+    path = tiny_path("tiny-llama-F32")
+    n_layer = int(_core.Model([str(path)]).hparams()["n_layer"])
+    from gguf import GGUFReader
+
+    names = {t.name for t in GGUFReader(str(path)).tensors}
+    out = {"output.weight"} if "output.weight" in names else {"token_embd.weight"}
+    top = {n for n in names if n.startswith(f"blk.{n_layer - 1}.")}
+    need = _matrix_bytes(path, out | top)  # the output layer and the top repeating layer
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", str((need + 16) / 1048576))
+    with pytest.raises(MemoryError, match="n_gpu_layers = 2 would fit"):
+        _load(path, 99)
+    m = _load(path, 2)  # and that many do
+    assert m.offload is not None and "1 of the repeating layers and the output layer" in m.offload
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", "0")
+    with pytest.raises(MemoryError, match=r"uploading the output layer .*n_gpu_layers = 0 would fit"):
+        _load(path, 99)
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", "lots")
+    with pytest.raises(ValueError, match="PYLLAMA_GPU_MAX_MIB"):
+        _load(path, 99)
+
+
 def test_output_layer_only_and_none():
     _need_gpu()
     path = tiny_path("tiny-llama-F32")

@@ -429,6 +429,18 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
+/// PYLLAMA_GPU_MAX_MIB: the most device memory the offloaded weights may take (unset: as
+/// much as the device gives).
+fn budget_bytes() -> Result<Option<u64>> {
+    match std::env::var("PYLLAMA_GPU_MAX_MIB") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(m) if m >= 0.0 && m.is_finite() => Ok(Some((m * 1048576.0) as u64)),
+            _ => Err(Error::Invalid(format!("PYLLAMA_GPU_MAX_MIB = {v:?}: not a non-negative number of MiB"))),
+        },
+    }
+}
+
 /// The device of usable adapter `index`, opened once per process and shared by every
 /// model offloaded to it (its compiled pipelines and scratch buffers with it).
 pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
@@ -469,22 +481,55 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
             }
         }
     }
+    // top down, as llama.cpp counts them: the output layer, then n_layer - 1, n_layer - 2, ...
+    // so the layers uploaded before the device runs out are an n_gpu_layers that fits
+    let unit = |v: &TensorView| layer_of(v.name).unwrap_or(n_layer);
+    want.sort_by_key(|v| std::cmp::Reverse(unit(v)));
     let total: u64 = want.iter().map(|v| v.data.len() as u64).sum();
+    let budget = budget_bytes()?;
     let mut done = 0u64;
     let mut weights = HashMap::new();
     let mut kept_on_cpu = Vec::new();
-    for v in want {
-        let up = if shaders::supported(v.ty) { gpu.upload(&v) } else { None };
-        match up {
-            Some(g) => {
-                weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
-            }
-            None => kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
+    let mut i = 0;
+    let mut fit = 0usize; // complete layers (the output counting as one) on the device
+    while i < want.len() {
+        let u = unit(&want[i]);
+        let j = i + want[i..].iter().take_while(|v| unit(v) == u).count();
+        let unit_bytes: u64 = want[i..j].iter().map(|v| v.data.len() as u64).sum();
+        let on_dev: u64 = weights.values().map(|w: &GpuWeight| w.bytes as u64).sum();
+        let what = if u == n_layer { "the output layer".to_string() } else { format!("layer {u}") };
+        let oom = |why: &str| {
+            Error::Alloc(format!(
+                "GPU '{}': {why} uploading {what} ({:.1} MiB; {:.1} MiB of the {:.1} MiB asked for are on the device): \
+                 n_gpu_layers = {fit} would fit",
+                gpu.info.name,
+                unit_bytes as f64 / 1048576.0,
+                on_dev as f64 / 1048576.0,
+                total as f64 / 1048576.0
+            ))
+        };
+        if budget.is_some_and(|b| on_dev + unit_bytes > b) {
+            return Err(oom("over PYLLAMA_GPU_MAX_MIB"));
         }
-        done += v.data.len() as u64;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        for v in &want[i..j] {
+            let up = if shaders::supported(v.ty) { gpu.upload(v) } else { None };
+            match up {
+                Some(g) => {
+                    weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
+                }
+                None => kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
+            }
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(oom(&format!("out of device memory ({e})")));
+        }
+        fit += 1;
+        done += unit_bytes;
         if !progress(done, total) {
             return Err(Error::Cancelled);
         }
+        i = j;
     }
     let bytes = weights.values().map(|w| w.bytes as u64).sum();
     Ok(Offload { gpu, weights, n_layers_offloaded: n_layer - first.min(n_layer), output_offloaded, bytes, kept_on_cpu })
