@@ -371,3 +371,121 @@ impl Gpu {
         (layout, map)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each op against the CPU op it replaces, on whatever adapter is there (lavapipe in CI,
+    //! allowed explicitly): |GPU - CPU| <= 1e-5 (relative to the values' scale) for the norm,
+    //! rope, bias and SwiGLU (another summation order and exp; measured <= 5e-7 on
+    //! lavapipe); 2e-3 for GeGLU, whose CPU version reads ggml's f16 GELU table (measured
+    //! 1.8e-3 at values up to 4).
+    use super::*;
+    use crate::gpu::{Gpu, Offload};
+    use crate::hparams::RopeType;
+    use crate::ops::{act, norm::rms_norm_row, rope::RopeParams};
+    use std::sync::Arc;
+
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn ops_agree_with_cpu() {
+        let g = match Gpu::open(0, true) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("SKIP: no GPU adapter: {e}");
+                return;
+            }
+        };
+        let off = Offload {
+            gpu: Arc::new(g),
+            weights: HashMap::new(),
+            n_layers_offloaded: 0,
+            output_offloaded: false,
+            bytes: 0,
+            kept_on_cpu: Vec::new(),
+        };
+        let vecs = VecCache::default();
+        let mut seed = 3u64;
+        let (n, w) = (5usize, 96usize);
+        let sizes = [(B::Cur, n * w), (B::Q, n * w), (B::Gate, n * w), (B::Up, n * w), (B::Rope, n * 32)];
+        let mut run = Run::begin(&off, &vecs, &sizes).unwrap();
+        let mut got = vec![0f32; n * w];
+
+        // rms_norm with a weight, then a bias
+        let x = rand(n * w, &mut seed);
+        let wt = rand(w, &mut seed);
+        let bias = rand(w, &mut seed);
+        let mut want = x.clone();
+        for r in want.chunks_exact_mut(w) {
+            rms_norm_row(r, Some(&wt), 1e-6);
+            act::add_assign(r, &bias);
+        }
+        run.write(B::Cur, &x);
+        run.rms_norm(B::Cur, n, w, Some(&wt), 1e-6);
+        run.add_bias(B::Cur, n, Some(&bias));
+        run.submit(&mut [(B::Cur, &mut got)]).unwrap();
+        let d = max_diff(&got, &want);
+        eprintln!("rms_norm + bias: {d:e}");
+        assert!(d <= 1e-5 * 4.0, "rms_norm: {d}");
+
+        // rope over 3 heads of 32, normal and neox, all and half of the dimensions rotated
+        for (ty, n_dims) in [(RopeType::Norm, 32), (RopeType::Neox, 32), (RopeType::Neox, 16), (RopeType::Norm, 16)] {
+            let r = RopeParams::simple(ty, n_dims, 10000.0, 1.0);
+            let x = rand(n * w, &mut seed);
+            let mut want = x.clone();
+            let mut table = vec![0f32; n * 32];
+            for t in 0..n {
+                let pos = 3 + 7 * t as i32;
+                r.fill_cache(pos, &mut table[t * 32..(t + 1) * 32]);
+                let mut cache = vec![0f32; 32];
+                r.apply_heads(&mut want[t * w..(t + 1) * w], 32, pos, &mut cache);
+            }
+            run.write(B::Q, &x);
+            run.write(B::Rope, &table);
+            run.rope(B::Q, n, 3, 32, n_dims, ty == RopeType::Neox);
+            run.submit(&mut [(B::Q, &mut got)]).unwrap();
+            let d = max_diff(&got, &want);
+            eprintln!("rope {ty:?} n_dims={n_dims}: {d:e}");
+            assert!(d <= 1e-5 * 2.0, "rope {ty:?} {n_dims}: {d}");
+        }
+
+        // gated activations
+        for gelu in [false, true] {
+            let (gt, up) = (rand(n * w, &mut seed), rand(n * w, &mut seed));
+            let mut want = gt.clone();
+            if gelu {
+                act::geglu(&mut want, &up);
+            } else {
+                act::swiglu(&mut want, &up);
+            }
+            run.write(B::Gate, &gt);
+            run.write(B::Up, &up);
+            run.glu(B::Gate, B::Up, n * w, gelu);
+            run.submit(&mut [(B::Gate, &mut got)]).unwrap();
+            let d = max_diff(&got, &want);
+            eprintln!("{}: {d:e}", if gelu { "geglu" } else { "swiglu" });
+            assert!(d <= if gelu { 2e-3 * 4.0 } else { 1e-5 * 4.0 }, "glu gelu={gelu}: {d}");
+        }
+
+        // residual add and scale
+        let (a, b) = (rand(n * w, &mut seed), rand(n * w, &mut seed));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) * 0.5).collect();
+        run.write(B::Cur, &a);
+        run.write(B::Q, &b);
+        run.add(B::Cur, B::Q, n * w);
+        run.scale(B::Cur, n * w, 0.5);
+        run.submit(&mut [(B::Cur, &mut got)]).unwrap();
+        assert_eq!(got, want);
+    }
+}
