@@ -5,8 +5,9 @@ there; CI has Mesa's software Vulkan driver (lavapipe, ``mesa-vulkan-drivers``),
 offload uses only when asked (``gpu_allow_software=True`` here). Skipped otherwise, saying
 which of the two is missing.
 
-What is held: with the last layers' matmuls on the GPU (n_gpu_layers = n_layer + 1: every
-layer and the output; half: the output layer and the top half of the repeating layers),
+What is held: with the last layers on the GPU (n_gpu_layers = n_layer + 1: every layer and
+the output; half: the output layer and the top half of the repeating layers; the shared
+decoder's layers keep their activations on the device, the others offload their matmuls),
 the logits agree with llama.cpp's reference within the same tolerances as the CPU path
 (tests/test_logits.py: tiny float models mean |diff| <= 0.03, p99 <= 0.15 over the top 20;
 quantized mean <= 0.15, p99 <= 0.6; top-1 equal where llama.cpp's margin > 0.25), and with
@@ -35,7 +36,12 @@ def _need_gpu() -> None:
 
 # F32 and Q8_0 are generated at test time; the others come from ../shared/tiny when present
 TINY_GPU = ["tiny-llama-F32", "tiny-llama-Q8_0", "tiny-llama-F16", "tiny-llama-Q4_0", "tiny-llama-Q4_1",
-            "tiny-llama-Q5_0", "tiny-llama-Q5_1", "tiny-llama-Q6_K", "tiny-llama-Q4_K_M"]
+            "tiny-llama-Q5_0", "tiny-llama-Q5_1", "tiny-llama-Q6_K", "tiny-llama-Q4_K_M",
+            "tiny-llama-BF16", "tiny-llama-Q2_K", "tiny-llama-Q3_K_M", "tiny-llama-Q5_K_M", "tiny-llama-IQ4_NL",
+            "tiny-llama-IQ4_XS"]
+# the shared decoder's other configurations (qkv biases, q/k norms, post-norms, GELU,
+# softcaps, sliding windows, neox rope, fused qkv and gate/up): device-resident layers
+TINY_ARCH = ["tiny-qwen2-F32", "tiny-qwen3-F32", "tiny-gemma2-F32", "tiny-gemma3-F32", "tiny-phi3-F32"]
 
 
 def _load(path, ngl: int) -> _core.Model:
@@ -62,7 +68,8 @@ def _first_prompt_logits(m: _core.Model, prefix) -> np.ndarray:
     return decode_all(ctx, toks, ref["n_vocab"])
 
 
-CASES = [(n, False) for n in TINY_GPU] + [(n, True) for n in TINY_GPU[:2]]
+CASES = ([(n, False) for n in TINY_GPU] + [(n, True) for n in TINY_GPU[:2]] + [(n, False) for n in TINY_ARCH]
+         + [("tiny-gemma3-F32", True), ("tiny-phi3-F32", True)])
 
 
 @pytest.mark.parametrize("name,half", CASES, ids=[f"{n}-{'half' if h else 'all'}" for n, h in CASES])
@@ -80,7 +87,7 @@ def test_tiny_offload_matches_llamacpp_and_cpu(name, half):
     assert f"GPU offload: {n_off} of the repeating layers and the output layer" in desc, desc
     assert "kept on the CPU" not in desc, desc
     prefix = DATA / "tiny" / name
-    s = _compare(m, prefix, n_prompts=2)
+    s = _compare(m, prefix, n_prompts=1 if name in TINY_ARCH else 2)
     is_float = name.endswith(("F32", "F16"))
     mean_tol, p99_tol = (0.03, 0.15) if is_float else (0.15, 0.6)
     assert s["mean"] <= mean_tol, s
@@ -93,6 +100,60 @@ def test_tiny_offload_matches_llamacpp_and_cpu(name, half):
     # another summation order (and f32 activations): were the logits bit-identical, the
     # GPU would not have computed them
     assert not np.array_equal(a, b), "identical logits: was anything offloaded?"
+
+
+def test_resident_layers_against_per_matmul_offload(monkeypatch):
+    # The decoder's offloaded layers run on the device end to end (norms, rope, gated
+    # activations, residual adds there; q/k/v down and the attention output up once per
+    # layer); PYLLAMA_GPU_RESIDENT=0 keeps only their matmuls there. Same model, same
+    # weights on the device: both agree with each other closely, and differ (the norms,
+    # rope and activations are computed on the device in another order), so the resident
+    # path did run.
+    _need_gpu()
+    path = tiny_path("tiny-llama-F32")
+    m = _load(path, 99)
+    prefix = DATA / "tiny" / "tiny-llama-F32"
+    monkeypatch.setenv("PYLLAMA_GPU_RESIDENT", "1")
+    res = _first_prompt_logits(m, prefix)
+    monkeypatch.setenv("PYLLAMA_GPU_RESIDENT", "0")
+    per = _first_prompt_logits(m, prefix)
+    d = np.abs(res - per)
+    assert float(d.max()) <= 0.02, float(d.max())
+    assert not np.array_equal(res, per), "identical logits: the layers did not stay on the device"
+
+
+def _matrix_bytes(path, names) -> int:
+    """Bytes of the named tensors that offload uploads (the matrices: ne[1] > 1)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors
+               if t.name in names and len(t.shape) > 1 and int(t.shape[1]) > 1)
+
+
+def test_out_of_device_memory_names_the_layers_that_fit(monkeypatch):
+    # PYLLAMA_GPU_MAX_MIB caps the device memory the weights may take; past it (as past a
+    # real allocation failure) the load fails with MemoryError naming an n_gpu_layers that
+    # fits, counted top down as llama.cpp does (the output layer first)
+    _need_gpu()
+    path = tiny_path("tiny-llama-F32")
+    n_layer = int(_core.Model([str(path)]).hparams()["n_layer"])
+    from gguf import GGUFReader
+
+    names = {t.name for t in GGUFReader(str(path)).tensors}
+    out = {"output.weight"} if "output.weight" in names else {"token_embd.weight"}
+    top = {n for n in names if n.startswith(f"blk.{n_layer - 1}.")}
+    need = _matrix_bytes(path, out | top)  # the output layer and the top repeating layer
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", str((need + 16) / 1048576))
+    with pytest.raises(MemoryError, match="n_gpu_layers = 2 would fit"):
+        _load(path, 99)
+    m = _load(path, 2)  # and that many do
+    assert m.offload is not None and "1 of the repeating layers and the output layer" in m.offload
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", "0")
+    with pytest.raises(MemoryError, match=r"uploading the output layer .*n_gpu_layers = 0 would fit"):
+        _load(path, 99)
+    monkeypatch.setenv("PYLLAMA_GPU_MAX_MIB", "lots")
+    with pytest.raises(ValueError, match="PYLLAMA_GPU_MAX_MIB"):
+        _load(path, 99)
 
 
 def test_output_layer_only_and_none():

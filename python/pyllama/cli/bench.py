@@ -296,7 +296,7 @@ class Test:
         ts = self.samples_ts
         v = {
             "build_commit": self.build_commit, "build_number": "0", "cpu_info": self.cpu_info, "gpu_info": "",
-            "backends": "CPU", "model_filename": self.model_filename, "model_type": self.model_type,
+            "backends": getattr(self, "backends", "CPU"), "model_filename": self.model_filename, "model_type": self.model_type,
             "model_size": str(self.model_size), "model_n_params": str(self.model_n_params),
             "n_batch": str(self.n_batch), "n_ubatch": str(self.n_ubatch), "n_threads": str(self.n_threads),
             "cpu_mask": "0x0", "cpu_strict": "0", "poll": "50", "type_k": self.type_k, "type_v": self.type_v,
@@ -435,7 +435,7 @@ class Printer:
             elif f == "params":
                 v = f"{t.model_n_params / 1e6:.2f} M" if t.model_n_params < 1e9 else f"{t.model_n_params / 1e9:.2f} B"
             elif f == "backend":
-                v = "CPU"
+                v = getattr(t, "backends", "CPU")
             elif f == "test":
                 v = t.name
             elif f == "t/s":
@@ -478,8 +478,9 @@ def bench(
                                    help="flash attention, comma-separated: on/1 or auto/-1 (pyllama's attention is "
                                         "always the fused kernel; off is refused)"),
     gpu_layers: list[str] = typer.Option(["-1"], "-ngl", "--n-gpu-layers", metavar="LIST", callback=_signed_list,
-                                         help="layers on the GPU, as -p (recorded; pyllama runs every layer on the CPU "
-                                              "and warns when asked for more than 0)"),
+                                         help="layers on the GPU, as -p (-1 = all; the model is loaded once per value; "
+                                              "without a usable GPU adapter every layer runs on the CPU, with one warning "
+                                              "when more than 0 are asked for)"),
     output: str = typer.Option("md", "-o", "--output", callback=_output, help="md, csv, json, jsonl or sql (llama-bench's)"),
     seed: int = typer.Option(0, "--seed", help="random tokens seed"),
     progress: bool = typer.Option(False, "--progress", help="print progress on stderr"),
@@ -487,15 +488,15 @@ def bench(
     """Benchmark prompt processing (pp) and generation (tg) speed, like llama-bench."""
     import datetime
 
-    from .. import __version__
+    from .. import __version__, gpu
     from .. import llama_api as api
     from ..errors import PyllamaError
     from . import _checks as O
     from .info import _cpu_name
 
     nts = threads or [physical_cores()]
-    if any(g not in (0, -1) for g in gpu_layers):
-        typer.echo("warning: -ngl: pyllama bench does not offload yet; every layer runs on the CPU", err=True)
+    if any(g > 0 for g in gpu_layers) and not gpu.available():
+        typer.echo(f"warning: -ngl: {gpu.why_not()}; every layer runs on the CPU", err=True)
     models = [m for v in model for m in v.split(",") if m]
     repos = [h for v in hf_repo for h in v.split(",") if h]
     files = [f for v in hf_file for f in v.split(",")]
@@ -524,16 +525,19 @@ def bench(
     header_done = False
     try:
         for mpath in models:
-            mparams = api.llama_model_default_params()
-            lm = api.llama_model_load_from_file(str(mpath).encode(), mparams)
-            if lm is None:
-                typer.echo(f"error: failed to load model {mpath}", err=True)
-                raise typer.Exit(1)
-            vocab = api.llama_model_get_vocab(lm)
-            desc = api.llama_model_desc(lm)
-            size = api.llama_model_size(lm)
-            n_params = api.llama_model_n_params(lm)
             for ngl in gpu_layers:
+                # as llama-bench: the model is loaded again when its parameters change
+                mparams = api.llama_model_default_params()
+                mparams.n_gpu_layers = ngl
+                lm = api.llama_model_load_from_file(str(mpath).encode(), mparams)
+                if lm is None:
+                    typer.echo(f"error: failed to load model {mpath}", err=True)
+                    raise typer.Exit(1)
+                vocab = api.llama_model_get_vocab(lm)
+                desc = api.llama_model_desc(lm)
+                size = api.llama_model_size(lm)
+                n_params = api.llama_model_n_params(lm)
+                backends = "CPU,wgpu" if lm.offload else "CPU"
                 for nt in nts:
                     for nb in n_batch:
                         for nub in n_ubatch:
@@ -547,6 +551,7 @@ def bench(
                                                          model_type=desc, model_size=size, model_n_params=n_params,
                                                          n_batch=nb, n_ubatch=nub, n_threads=nt, type_k=ctk, type_v=ctv,
                                                          n_gpu_layers=ngl, flash_attn=fa, n_prompt=pp, n_gen=tg,
+                                                         backends=backends,
                                                          n_depth=nd, test_time=datetime.datetime.now(
                                                              datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
                                                 _run_test(api, lm, vocab, t, reps, seed, progress, idx, n_total)
@@ -554,7 +559,7 @@ def bench(
                                                     printer.header()
                                                     header_done = True
                                                 printer.test(t)
-            api.llama_model_free(lm)
+                api.llama_model_free(lm)
     except (BrokenPipeError, typer.Exit):  # a closed stdout (typer exits quietly) or our own exit
         raise
     except (PyllamaError, RuntimeError, ValueError, OSError, MemoryError) as e:

@@ -280,6 +280,8 @@ impl Model {
                 Err(Error::Cancelled) => return Err(Error::Cancelled),
                 // a main_gpu that names no adapter is the caller's mistake
                 Err(e @ Error::Invalid(_)) => return Err(e),
+                // out of device memory: the load fails, saying how many layers would fit
+                Err(e @ Error::Alloc(_)) => return Err(e),
                 Err(e) => self.warnings.push(format!("n_gpu_layers = {ngl}: {e}; every layer runs on the CPU")),
             }
         }

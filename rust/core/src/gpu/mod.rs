@@ -5,8 +5,11 @@
 //! (the output projection counts as layer n_layer: `n_gpu_layers = N` is the output layer
 //! and the last N - 1 repeating layers; negative = all) from the mapping into device
 //! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
-//! hands it those products. Everything else (norms, rope, attention, the KV cache) stays
-//! on the CPU, so the activations cross to the device and back once per offloaded matmul.
+//! hands it those products. The shared decoder (models/decoder.rs) goes further: its
+//! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
+//! gated activations and residual adds in `ops.wgsl`), and only q, k, v and the attention
+//! output cross, attention and the KV cache staying on the CPU. Other forward passes run
+//! everything but those matmuls on the CPU, crossing once per offloaded matmul.
 //!
 //! Adapters: `adapters()` lists what wgpu finds. A software adapter (Mesa's lavapipe,
 //! WARP, SwiftShader: device type Cpu) is refused unless asked for (`allow_software`, or
@@ -18,6 +21,7 @@
 //! sum in another order, so results agree with the CPU path to float tolerance, not bit
 //! for bit.
 
+pub mod resident;
 mod shaders;
 
 use crate::error::{Error, Result};
@@ -151,6 +155,8 @@ pub struct Gpu {
     queue: wgpu::Queue,
     pipes: Mutex<Pipelines>,
     scratch: Mutex<Scratch>,
+    /// The offloaded layers' ops pipelines and activation buffers (resident.rs).
+    res: Mutex<resident::Resident>,
 }
 
 /// Tokens per workgroup of the matrix-matrix kernel.
@@ -213,6 +219,7 @@ impl Gpu {
             queue,
             pipes: Mutex::new(Pipelines { layout, by_kind: HashMap::new() }),
             scratch: Mutex::new(Scratch { x: None, y: None, read: None, params }),
+            res: Mutex::new(resident::Resident::default()),
         })
     }
 
@@ -422,6 +429,18 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
+/// PYLLAMA_GPU_MAX_MIB: the most device memory the offloaded weights may take (unset: as
+/// much as the device gives).
+fn budget_bytes() -> Result<Option<u64>> {
+    match std::env::var("PYLLAMA_GPU_MAX_MIB") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(m) if m >= 0.0 && m.is_finite() => Ok(Some((m * 1048576.0) as u64)),
+            _ => Err(Error::Invalid(format!("PYLLAMA_GPU_MAX_MIB = {v:?}: not a non-negative number of MiB"))),
+        },
+    }
+}
+
 /// The device of usable adapter `index`, opened once per process and shared by every
 /// model offloaded to it (its compiled pipelines and scratch buffers with it).
 pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
@@ -462,28 +481,71 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
             }
         }
     }
+    // top down, as llama.cpp counts them: the output layer, then n_layer - 1, n_layer - 2, ...
+    // so the layers uploaded before the device runs out are an n_gpu_layers that fits
+    let unit = |v: &TensorView| layer_of(v.name).unwrap_or(n_layer);
+    want.sort_by_key(|v| std::cmp::Reverse(unit(v)));
     let total: u64 = want.iter().map(|v| v.data.len() as u64).sum();
+    let budget = budget_bytes()?;
     let mut done = 0u64;
     let mut weights = HashMap::new();
     let mut kept_on_cpu = Vec::new();
-    for v in want {
-        let up = if shaders::supported(v.ty) { gpu.upload(&v) } else { None };
-        match up {
-            Some(g) => {
-                weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
-            }
-            None => kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
+    let mut i = 0;
+    let mut fit = 0usize; // complete layers (the output counting as one) on the device
+    while i < want.len() {
+        let u = unit(&want[i]);
+        let j = i + want[i..].iter().take_while(|v| unit(v) == u).count();
+        let unit_bytes: u64 = want[i..j].iter().map(|v| v.data.len() as u64).sum();
+        let on_dev: u64 = weights.values().map(|w: &GpuWeight| w.bytes as u64).sum();
+        let what = if u == n_layer { "the output layer".to_string() } else { format!("layer {u}") };
+        let oom = |why: &str| {
+            Error::Alloc(format!(
+                "GPU '{}': {why} uploading {what} ({:.1} MiB; {:.1} MiB of the {:.1} MiB asked for are on the device): \
+                 n_gpu_layers = {fit} would fit",
+                gpu.info.name,
+                unit_bytes as f64 / 1048576.0,
+                on_dev as f64 / 1048576.0,
+                total as f64 / 1048576.0
+            ))
+        };
+        if budget.is_some_and(|b| on_dev + unit_bytes > b) {
+            return Err(oom("over PYLLAMA_GPU_MAX_MIB"));
         }
-        done += v.data.len() as u64;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        for v in &want[i..j] {
+            let up = if shaders::supported(v.ty) { gpu.upload(v) } else { None };
+            match up {
+                Some(g) => {
+                    weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
+                }
+                None => kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
+            }
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(oom(&format!("out of device memory ({e})")));
+        }
+        fit += 1;
+        done += unit_bytes;
         if !progress(done, total) {
             return Err(Error::Cancelled);
         }
+        i = j;
     }
     let bytes = weights.values().map(|w| w.bytes as u64).sum();
     Ok(Offload { gpu, weights, n_layers_offloaded: n_layer - first.min(n_layer), output_offloaded, bytes, kept_on_cpu })
 }
 
 impl Offload {
+    /// The device copy of `w`, when this offload holds it.
+    pub fn weight(&self, w: &TensorView) -> Option<&GpuWeight> {
+        self.weights.get(&(w.data.as_ptr() as usize, w.data.len()))
+    }
+
+    /// Index of the first repeating layer on the device (n_layer when none is).
+    pub fn first_layer(&self, n_layer: usize) -> usize {
+        n_layer - self.n_layers_offloaded.min(n_layer)
+    }
+
     pub fn n_weights(&self) -> usize {
         self.weights.len()
     }
@@ -525,6 +587,10 @@ impl MatmulDevice for Offload {
     fn describe(&self) -> String {
         self.summary()
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 #[cfg(test)]
@@ -563,9 +629,17 @@ mod tests {
         let wf: Vec<f32> = (0..n_in * n_out).map(|_| rng.f()).collect();
         let wrow = quant::row_bytes(ty, n_in).unwrap();
         let mut w = vec![0u8; wrow * n_out];
-        if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-            // no quantizer for these in the core: random blocks, with finite f16 scales
-            let (bb, scales): (usize, &[usize]) = if ty == GgmlType::Q4_K { (144, &[0, 2]) } else { (210, &[208]) };
+        // no quantizer for these in the core: random blocks, with finite f16 scales at these offsets
+        let kblock: Option<(usize, &[usize])> = match ty {
+            GgmlType::Q4_K => Some((144, &[0, 2])),
+            GgmlType::Q6_K => Some((210, &[208])),
+            GgmlType::Q2_K => Some((84, &[80, 82])),
+            GgmlType::Q3_K => Some((110, &[108])),
+            GgmlType::Q5_K => Some((176, &[0, 2])),
+            GgmlType::IQ4_XS => Some((136, &[0])),
+            _ => None,
+        };
+        if let Some((bb, scales)) = kblock {
             for (i, b) in w.iter_mut().enumerate() {
                 *b = (rng.f().to_bits() >> (8 * (i % 3))) as u8;
             }
@@ -615,7 +689,7 @@ mod tests {
         eprintln!("adapter: {:?}", g.info);
         let mut rng = Rng(7);
         use GgmlType::*;
-        for ty in [F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K] {
+        for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
             let cpu_tol = match ty {
                 F32 => 1e-6,
@@ -635,7 +709,7 @@ mod tests {
             }
         }
         // float rows that are not a multiple of 32 long
-        for ty in [F32, F16] {
+        for ty in [F32, F16, BF16] {
             let (r, _) = check(&g, ty, 45, 6, 3, 0..6, &mut rng);
             assert!(r <= 1e-5, "{ty} n_in=45: {r:e}");
         }

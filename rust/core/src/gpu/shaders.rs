@@ -146,6 +146,132 @@ fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
 }
 "#;
 
+// bf16: the high half of an f32
+const BF16: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    for (var i = 0u; i < 32u; i++) {
+        let e = j * 32u + i;
+        (*v)[i] = select(0.0, bitcast<f32>(u16_at(base + 2u * min(e, p.n_in - 1u)) << 16u), e < p.n_in);
+    }
+}
+"#;
+
+// block_q2_K: u8 scales[16], u8 qs[64], f16 d, f16 dmin (84 bytes, 256 weights). Chunk j
+// is s = j % 8 of block j / 8: half s / 4 (32 bytes of qs each), 2-bit field s % 4 of
+// those bytes; weights 0..15 take scale 2 s, 16..31 scale 2 s + 1 (low nibble: scale,
+// high: min), as ggml's dequantize_row_q2_K
+const Q2_K: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 84u;
+    let s = j % 8u;
+    let d = f16_at(b + 80u);
+    let dmin = f16_at(b + 82u);
+    let q = b + 16u + (s / 4u) * 32u;
+    let shift = (s % 4u) * 2u;
+    for (var h = 0u; h < 2u; h++) {
+        let sc = byte_at(b + 2u * s + h);
+        let dl = d * f32(sc & 15u);
+        let ml = dmin * f32(sc >> 4u);
+        for (var l = 0u; l < 16u; l++) {
+            let i = h * 16u + l;
+            (*v)[i] = dl * f32((byte_at(q + i) >> shift) & 3u) - ml;
+        }
+    }
+}
+"#;
+
+// block_q3_K: u8 hmask[32], u8 qs[64], u8 scales[12] (16 six-bit scales), f16 d (110
+// bytes). Chunk s = j % 8: 2-bit field s % 4 of qs bytes 32 (s / 4) .. +32, high bit s of
+// hmask (set: +0, clear: -4); scales 2 s and 2 s + 1 (minus 32), as ggml's
+// dequantize_row_q3_K unpacks them
+const Q3_K: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 110u;
+    let s = j % 8u;
+    let d = f16_at(b + 108u);
+    let q = b + 32u + (s / 4u) * 32u;
+    let shift = (s % 4u) * 2u;
+    for (var h = 0u; h < 2u; h++) {
+        let k = 2u * s + h;
+        let lo = (byte_at(b + 96u + k % 8u) >> (4u * (k / 8u))) & 15u;
+        let hi = (byte_at(b + 104u + k % 4u) >> (2u * (k / 4u))) & 3u;
+        let dl = d * f32(i32(lo | (hi << 4u)) - 32);
+        for (var l = 0u; l < 16u; l++) {
+            let i = h * 16u + l;
+            let m = select(4, 0, ((byte_at(b + i) >> s) & 1u) != 0u);
+            (*v)[i] = dl * f32(i32((byte_at(q + i) >> shift) & 3u) - m);
+        }
+    }
+}
+"#;
+
+// block_q5_K: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128] (176 bytes). Chunk s =
+// j % 8: nibble s % 2 of qs bytes 32 (s / 2) .. +32, fifth bit s of qh, scale and min s
+// (get_scale_min_k4), as ggml's dequantize_row_q5_K
+const Q5_K: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 176u;
+    let s = j % 8u;
+    let d = f16_at(b);
+    let dmin = f16_at(b + 2u);
+    let sc = b + 4u;
+    var scale: u32;
+    var mn: u32;
+    if (s < 4u) {
+        scale = byte_at(sc + s) & 63u;
+        mn = byte_at(sc + s + 4u) & 63u;
+    } else {
+        scale = (byte_at(sc + s + 4u) & 15u) | ((byte_at(sc + s - 4u) >> 6u) << 4u);
+        mn = (byte_at(sc + s + 4u) >> 4u) | ((byte_at(sc + s) >> 6u) << 4u);
+    }
+    let d1 = d * f32(scale);
+    let m1 = dmin * f32(mn);
+    let q = b + 48u + (s / 2u) * 32u;
+    let shift = (s % 2u) * 4u;
+    for (var i = 0u; i < 32u; i++) {
+        let hb = ((byte_at(b + 16u + i) >> s) & 1u) << 4u;
+        (*v)[i] = d1 * f32(((byte_at(q + i) >> shift) & 15u) + hb) - m1;
+    }
+}
+"#;
+
+const IQ4_TABLE: &str = r#"
+var<private> KV_IQ4: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+    1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+"#;
+
+// block_iq4_nl: f16 d, u8 qs[16] (18 bytes): d * kvalues_iq4nl[nibble], low nibbles first
+const IQ4_NL: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + j * 18u;
+    let d = f16_at(b);
+    for (var i = 0u; i < 16u; i++) {
+        let q = byte_at(b + 2u + i);
+        (*v)[i] = d * KV_IQ4[q & 15u];
+        (*v)[i + 16u] = d * KV_IQ4[q >> 4u];
+    }
+}
+"#;
+
+// block_iq4_xs: f16 d, u16 scales_h, u8 scales_l[4], u8 qs[128] (136 bytes, 256 weights):
+// sub-block s = j % 8 has the six-bit scale (low nibble s % 2 of scales_l[s / 2], two high
+// bits s of scales_h) minus 32, and qs bytes 16 s .. +16 as in IQ4_NL
+const IQ4_XS: &str = r#"
+fn deq(base: u32, j: u32, v: ptr<function, array<f32, 32>>) {
+    let b = base + (j / 8u) * 136u;
+    let s = j % 8u;
+    let d = f16_at(b);
+    let ls = ((byte_at(b + 4u + s / 2u) >> (4u * (s % 2u))) & 15u) | (((u16_at(b + 2u) >> (2u * s)) & 3u) << 4u);
+    let dl = d * f32(i32(ls) - 32);
+    let q = b + 8u + 16u * s;
+    for (var i = 0u; i < 16u; i++) {
+        let x = byte_at(q + i);
+        (*v)[i] = dl * KV_IQ4[x & 15u];
+        (*v)[i + 16u] = dl * KV_IQ4[x >> 4u];
+    }
+}
+"#;
+
 /// The weight formats with a GPU kernel.
 pub fn supported(ty: GgmlType) -> bool {
     deq_source(ty).is_some()
@@ -162,6 +288,12 @@ fn deq_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_1 => Q5_1,
         GgmlType::Q4_K => Q4_K,
         GgmlType::Q6_K => Q6_K,
+        GgmlType::BF16 => BF16,
+        GgmlType::Q2_K => Q2_K,
+        GgmlType::Q3_K => Q3_K,
+        GgmlType::Q5_K => Q5_K,
+        GgmlType::IQ4_NL => IQ4_NL,
+        GgmlType::IQ4_XS => IQ4_XS,
         _ => return None,
     })
 }
@@ -170,5 +302,6 @@ fn deq_source(ty: GgmlType) -> Option<&'static str> {
 pub fn matmul_source(ty: GgmlType, tn: u32) -> Option<String> {
     debug_assert!((1..=8).contains(&tn));
     let deq = deq_source(ty)?;
-    Some(format!("const TN: u32 = {tn}u;\n{}\n{deq}", include_str!("matmul.wgsl")))
+    let table = if matches!(ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS) { IQ4_TABLE } else { "" };
+    Some(format!("const TN: u32 = {tn}u;\n{}\n{table}{deq}", include_str!("matmul.wgsl")))
 }

@@ -200,6 +200,9 @@ pub struct Decoder {
     output_bias: Option<Vec<f32>>,
     layers: Vec<Layer>,
     eps: f32,
+    /// Device copies of the norm weights and biases of the offloaded layers.
+    #[cfg(feature = "gpu")]
+    gpu_vecs: crate::gpu::resident::VecCache,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
     _keep: Keep,
 }
@@ -283,6 +286,8 @@ impl Decoder {
             layers,
             eps: hp.f_norm_rms_eps,
             output_norm_b,
+            #[cfg(feature = "gpu")]
+            gpu_vecs: Default::default(),
             _keep: ld.keep(),
         })
     }
@@ -295,7 +300,6 @@ impl Forward for Decoder {
 
     fn forward(&self, st: &mut Step) -> Result<()> {
         let ne = st.hp.n_embd;
-        let n_layer = self.layers.len();
         let c = &self.cfg;
         let scale = if c.embd_scale && st.tokens.is_some() { (ne as f32).sqrt() } else { 1.0 };
         st.build_inp_embd(&self.tok_embd, scale)?;
@@ -305,62 +309,15 @@ impl Forward for Decoder {
             crate::ops::act::scale(&mut st.b.x[..m], c.embd_mult);
         }
         crate::cb!(st, if c.embd_scale { "inp_scaled" } else { "inp_embd" }, -1, x, ne);
-        for (il, l) in self.layers.iter().enumerate() {
-            st.build_norm(&l.attn_norm, l.attn_norm_b.as_deref(), Norm::Rms, self.eps);
-            crate::cb!(st, "attn_norm", il, cur, ne);
-            let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
-                bq: l.bq.as_deref(),
-                bk: l.bk.as_deref(),
-                bv: l.bv.as_deref(),
-                bo: l.bo.as_deref(),
-                q_norm: l.q_norm.as_deref(),
-                k_norm: l.k_norm.as_deref(),
-                fused_qkv: c.fused,
-            };
-            let a = AttnConfig {
-                q_scale: c.q_scale,
-                softcap: c.attn_softcap,
-                n_swa: l.n_swa,
-                attn_temp: if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp },
-                chunked: c.swa_chunked,
-                qk_rms_after_rope: c.qk_rms_after_rope && l.rope.is_some(),
-                sinks: l.sinks.as_deref(),
-                ..AttnConfig::new(il, l.rope.as_ref(), c.kq_scale)
-            };
-            st.build_attn(&w, &a)?;
-            if il == n_layer - 1 && !st.select_outputs() {
+        let first = self.gpu_first(st);
+        for il in 0..first {
+            if !self.cpu_layer(st, il)? {
                 return Ok(());
             }
-            if let Some(pn) = &l.post_attn_norm {
-                st.build_post_norm(pn, self.eps);
-                crate::cb!(st, "attn_post_norm", il, tmp, ne);
-            }
-            if c.residual_scale != 1.0 {
-                let m = st.n * ne;
-                crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
-            }
-            st.residual();
-            // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
-            crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
-            st.build_norm(&l.ffn_norm, l.ffn_norm_b.as_deref(), Norm::Rms, self.eps);
-            crate::cb!(st, "ffn_norm", il, cur, ne);
-            run_ffn(st, &l.ffn, c, il)?;
-            crate::cb!(st, "ffn_out", il, tmp, ne);
-            if let Some(pn) = &l.post_ffw_norm {
-                st.build_post_norm(pn, self.eps);
-                crate::cb!(st, "ffn_post_norm", il, tmp, ne);
-            }
-            if c.residual_scale != 1.0 {
-                let m = st.n * ne;
-                crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
-            }
-            st.residual();
-            st.build_cvec(il);
-            crate::cb!(st, "l_out", il, x, ne);
+        }
+        #[cfg(feature = "gpu")]
+        if first < self.layers.len() && !self.gpu_layers(st, first)? {
+            return Ok(());
         }
         st.build_norm(&self.output_norm, self.output_norm_b.as_deref(), Norm::Rms, self.eps);
         st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)?;
@@ -372,6 +329,269 @@ impl Forward for Decoder {
             }
         }
         Ok(())
+    }
+}
+
+impl Decoder {
+    /// Layer `il` on the CPU (its matmuls on the device when it holds them); false when no
+    /// row wants output after the last layer's attention.
+    fn cpu_layer(&self, st: &mut Step, il: usize) -> Result<bool> {
+        let ne = st.hp.n_embd;
+        let n_layer = self.layers.len();
+        let c = &self.cfg;
+        let l = &self.layers[il];
+        st.build_norm(&l.attn_norm, l.attn_norm_b.as_deref(), Norm::Rms, self.eps);
+        crate::cb!(st, "attn_norm", il, cur, ne);
+        let w = AttnWeights {
+            wq: &l.wq,
+            wk: &l.wk,
+            wv: &l.wv,
+            wo: &l.wo,
+            bq: l.bq.as_deref(),
+            bk: l.bk.as_deref(),
+            bv: l.bv.as_deref(),
+            bo: l.bo.as_deref(),
+            q_norm: l.q_norm.as_deref(),
+            k_norm: l.k_norm.as_deref(),
+            fused_qkv: c.fused,
+        };
+        let a = AttnConfig {
+            q_scale: c.q_scale,
+            softcap: c.attn_softcap,
+            n_swa: l.n_swa,
+            attn_temp: if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp },
+            chunked: c.swa_chunked,
+            qk_rms_after_rope: c.qk_rms_after_rope && l.rope.is_some(),
+            sinks: l.sinks.as_deref(),
+            ..AttnConfig::new(il, l.rope.as_ref(), c.kq_scale)
+        };
+        st.build_attn(&w, &a)?;
+        if il == n_layer - 1 && !st.select_outputs() {
+            return Ok(false);
+        }
+        if let Some(pn) = &l.post_attn_norm {
+            st.build_post_norm(pn, self.eps);
+            crate::cb!(st, "attn_post_norm", il, tmp, ne);
+        }
+        if c.residual_scale != 1.0 {
+            let m = st.n * ne;
+            crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
+        }
+        st.residual();
+        // llama.cpp's names: the Gemma 2/3 graphs call this residual "sa_out".
+        crate::cb!(st, if c.post_norms { "sa_out" } else { "ffn_inp" }, il, x, ne);
+        st.build_norm(&l.ffn_norm, l.ffn_norm_b.as_deref(), Norm::Rms, self.eps);
+        crate::cb!(st, "ffn_norm", il, cur, ne);
+        run_ffn(st, &l.ffn, c, il)?;
+        crate::cb!(st, "ffn_out", il, tmp, ne);
+        if let Some(pn) = &l.post_ffw_norm {
+            st.build_post_norm(pn, self.eps);
+            crate::cb!(st, "ffn_post_norm", il, tmp, ne);
+        }
+        if c.residual_scale != 1.0 {
+            let m = st.n * ne;
+            crate::ops::act::scale(&mut st.b.tmp[..m], c.residual_scale);
+        }
+        st.residual();
+        st.build_cvec(il);
+        crate::cb!(st, "l_out", il, x, ne);
+        Ok(true)
+    }
+}
+
+impl Decoder {
+    /// The first layer whose activations stay on the device (n_layer: none). The layers
+    /// `n_gpu_layers` offloads run there end to end when the device holds all their
+    /// matrices and nothing needs the host between their ops: no LoRA, control vector,
+    /// debug dump or imatrix collection, dense feed-forward, no sinks or attention
+    /// temperature; otherwise they run here with their matmuls on the device.
+    #[cfg(not(feature = "gpu"))]
+    fn gpu_first(&self, _st: &Step) -> usize {
+        self.layers.len()
+    }
+
+    #[cfg(feature = "gpu")]
+    fn gpu_first(&self, st: &Step) -> usize {
+        let n_layer = self.layers.len();
+        let Some(off) = st.dev.and_then(|d| d.as_any().downcast_ref::<crate::gpu::Offload>()) else { return n_layer };
+        let c = &self.cfg;
+        if st.debug.is_some()
+            || st.b.lora.is_some()
+            || crate::quantize::collect::is_active()
+            || !crate::gpu::resident::enabled()
+            || !matches!(c.act, FfnAct::Silu | FfnAct::Gelu)
+        {
+            return n_layer;
+        }
+        let first = off.first_layer(n_layer);
+        for il in first..n_layer {
+            let l = &self.layers[il];
+            let attn_temp = if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp };
+            if l.sinks.is_some() || attn_temp.is_some() || st.b.cvec.dir(il).is_some() {
+                return n_layer;
+            }
+            let Ffn::Dense { gate, up, down, .. } = &l.ffn else { return n_layer };
+            let mats = [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), gate.as_ref(), Some(up), Some(down)];
+            if mats.iter().flatten().any(|w| off.weight(w).is_none()) {
+                return n_layer;
+            }
+        }
+        first
+    }
+
+    /// Layers first..n_layer on the device: x goes up once, each layer's q, k and v come
+    /// down for attention over the CPU's KV cache and its output goes back up, and x comes
+    /// down after the last layer. The same operations as `cpu_layer` in the same order
+    /// (the last layer's feed-forward runs on every row; `select_outputs` follows). False
+    /// when no row wants output.
+    #[cfg(feature = "gpu")]
+    fn gpu_layers(&self, st: &mut Step, first: usize) -> Result<bool> {
+        use crate::gpu::resident::{Run, B};
+        use crate::hparams::RopeType;
+        use crate::ops::attention::AttnParams;
+        let off: &crate::gpu::Offload = match st.dev.and_then(|d| d.as_any().downcast_ref()) {
+            Some(o) => o,
+            None => return Err(crate::error::Error::Invalid("internal: no GPU offload".into())),
+        };
+        let hp = st.hp;
+        let (n, ne, n_layer) = (st.n, hp.n_embd, self.layers.len());
+        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let c = &self.cfg;
+        let (mut qw, mut kw, mut vw, mut ow, mut ff) = (0, 0, 0, 0, 0);
+        for il in first..n_layer {
+            qw = qw.max(hd_k * hp.n_head(il));
+            kw = kw.max(hp.n_embd_k_gqa(il));
+            vw = vw.max(hp.n_embd_v_gqa(il));
+            ow = ow.max(hd_v * hp.n_head(il));
+            if let Ffn::Dense { down, .. } = &self.layers[il].ffn {
+                ff = ff.max(down.ne[0]);
+            }
+        }
+        let sizes = [
+            (B::X, n * ne),
+            (B::Cur, n * ne),
+            (B::Tmp, n * ne),
+            (B::Q, n * qw),
+            (B::K, n * kw),
+            (B::V, n * vw),
+            (B::Att, n * ow),
+            (B::Gate, n * ff),
+            (B::Up, n * ff),
+            (B::Rope, n * hd_k),
+        ];
+        let mut run = Run::begin(off, &self.gpu_vecs, &sizes)?;
+        run.write(B::X, &st.b.x[..n * ne]);
+        let eps = self.eps;
+        let eps_qk = hp.f_norm_rms_eps;
+        let mut table = vec![0f32; n * hd_k];
+        for il in first..n_layer {
+            let l = &self.layers[il];
+            let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
+            let (lq, lk, lv) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+            run.copy(B::X, B::Cur, n * ne);
+            run.rms_norm(B::Cur, n, ne, Some(&l.attn_norm), eps);
+            run.add_bias(B::Cur, n, l.attn_norm_b.as_deref());
+            if c.fused {
+                run.mm(&l.wq, B::Cur, B::Q, n, 0..lq)?;
+                run.mm(&l.wq, B::Cur, B::K, n, lq..lq + lk)?;
+                run.mm(&l.wq, B::Cur, B::V, n, lq + lk..lq + lk + lv)?;
+            } else {
+                run.mm(&l.wq, B::Cur, B::Q, n, 0..lq)?;
+                run.mm(&l.wk, B::Cur, B::K, n, 0..lk)?;
+                run.mm(&l.wv, B::Cur, B::V, n, 0..lv)?;
+            }
+            run.add_bias(B::Q, n, l.bq.as_deref());
+            run.add_bias(B::K, n, l.bk.as_deref());
+            run.add_bias(B::V, n, l.bv.as_deref());
+            if let Some(qn) = &l.q_norm {
+                let w = if qn.len() == lq { lq } else { hd_k };
+                run.rms_norm(B::Q, n * lq / w, w, Some(qn), eps_qk);
+            }
+            if let Some(kn) = &l.k_norm {
+                let w = if kn.len() == lk { lk } else { hd_k };
+                run.rms_norm(B::K, n * lk / w, w, Some(kn), eps_qk);
+            }
+            if let Some(r) = l.rope.as_ref().filter(|r| r.rope_type != RopeType::None) {
+                for t in 0..n {
+                    r.fill_cache(st.b.pos[t], &mut table[t * hd_k..(t + 1) * hd_k]);
+                }
+                run.write(B::Rope, &table);
+                let neox = r.rope_type == RopeType::Neox;
+                run.rope(B::Q, n, n_head, hd_k, r.n_dims, neox);
+                run.rope(B::K, n, n_head_kv, hd_k, r.n_dims, neox);
+            }
+            if c.q_scale != 1.0 {
+                run.scale(B::Q, n * lq, c.q_scale);
+            }
+            if c.qk_rms_after_rope && l.rope.is_some() {
+                run.rms_norm(B::Q, n * n_head, hd_k, None, eps_qk);
+                run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
+            }
+            // q and k come down into the FFN's gate and up memory, as build_attn lends it
+            let b = &mut *st.b;
+            std::mem::swap(&mut b.q, &mut b.gate);
+            std::mem::swap(&mut b.k, &mut b.up);
+            let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
+            let p = AttnParams {
+                il,
+                n_head,
+                n_head_kv,
+                hd_k,
+                hd_v,
+                scale: c.kq_scale,
+                softcap: c.attn_softcap,
+                n_swa: l.n_swa,
+                chunked: c.swa_chunked,
+                sinks: None,
+            };
+            let r = r.and_then(|()| st.attend_cached(&p));
+            let b = &mut *st.b;
+            std::mem::swap(&mut b.q, &mut b.gate);
+            std::mem::swap(&mut b.k, &mut b.up);
+            r?;
+            run.write(B::Att, &st.b.att[..n * n_head * hd_v]);
+            run.mm(&l.wo, B::Att, B::Tmp, n, 0..ne)?;
+            run.add_bias(B::Tmp, n, l.bo.as_deref());
+            if let Some(pn) = &l.post_attn_norm {
+                run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
+            }
+            if c.residual_scale != 1.0 {
+                run.scale(B::Tmp, n * ne, c.residual_scale);
+            }
+            run.add(B::X, B::Tmp, n * ne);
+            run.copy(B::X, B::Cur, n * ne);
+            run.rms_norm(B::Cur, n, ne, Some(&l.ffn_norm), eps);
+            run.add_bias(B::Cur, n, l.ffn_norm_b.as_deref());
+            let Ffn::Dense { gate, up, down, gate_b, up_b, down_b } = &l.ffn else {
+                return Err(crate::error::Error::Invalid(format!("internal: layer {il}: MoE on the GPU path")));
+            };
+            let n_ff = down.ne[0];
+            match gate {
+                Some(g) => {
+                    run.mm(g, B::Cur, B::Gate, n, 0..n_ff)?;
+                    run.mm(up, B::Cur, B::Up, n, 0..n_ff)?;
+                }
+                None => {
+                    run.mm(up, B::Cur, B::Gate, n, 0..n_ff)?;
+                    run.mm(up, B::Cur, B::Up, n, n_ff..2 * n_ff)?;
+                }
+            }
+            run.add_bias(B::Gate, n, gate_b.as_deref());
+            run.add_bias(B::Up, n, up_b.as_deref());
+            run.glu(B::Gate, B::Up, n * n_ff, c.act == FfnAct::Gelu);
+            run.mm(down, B::Gate, B::Tmp, n, 0..ne)?;
+            run.add_bias(B::Tmp, n, down_b.as_deref());
+            if let Some(pn) = &l.post_ffw_norm {
+                run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
+            }
+            if c.residual_scale != 1.0 {
+                run.scale(B::Tmp, n * ne, c.residual_scale);
+            }
+            run.add(B::X, B::Tmp, n * ne);
+        }
+        run.submit(&mut [(B::X, &mut st.b.x[..n * ne])])?;
+        drop(run);
+        Ok(st.select_outputs())
     }
 }
 

@@ -43,6 +43,10 @@ pub trait MatmulDevice: Send + Sync {
 
     /// One line: the device and what it holds.
     fn describe(&self) -> String;
+
+    /// The device itself (the GPU backend's `gpu::Offload`), for forward passes that keep
+    /// activations on it.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// out[t, r] = dot(w row r, x row t). Panics on inconsistent shapes (a caller bug); use

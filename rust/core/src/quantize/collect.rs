@@ -61,6 +61,12 @@ pub fn end() -> Option<Collector> {
     })
 }
 
+/// True while this thread collects (the forward passes then keep every matmul on the
+/// paths that report to it).
+pub fn is_active() -> bool {
+    N_ACTIVE.load(Ordering::Relaxed) != 0 && ACTIVE.with(|a| a.borrow().is_some())
+}
+
 #[inline(always)]
 fn with_active(f: impl FnOnce(&mut Collector)) {
     if N_ACTIVE.load(Ordering::Relaxed) == 0 {

@@ -1,0 +1,491 @@
+//! Device-resident activations for offloaded decoder layers (models/decoder.rs).
+//!
+//! A `Run` records the operations of a stretch of layers (matmuls with the weights the
+//! `Offload` holds, RMS norms, biases, rope, gated activations, residual adds) over
+//! activation buffers that live on the device, and submits them as one command buffer per
+//! stretch: the residual stream is uploaded once into the first offloaded layer and read
+//! back once after the last. Attention and the KV cache stay on the CPU (llama.cpp's
+//! `offload_kqv = false` split): each layer sends its q, k and v to the host and gets the
+//! attention output back, one round trip per layer instead of one per matmul.
+
+use super::{Gpu, Offload, TN_MM};
+use crate::error::{Error, Result};
+use crate::model::TensorView;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard};
+use wgpu::util::DeviceExt;
+
+/// Bytes between two parameter blocks of one submission (wgpu's default
+/// min_uniform_buffer_offset_alignment).
+const SLOT: u64 = 256;
+
+/// False when the environment variable `PYLLAMA_GPU_RESIDENT=0` asks for the per-matmul
+/// offload (every activation crossing per matmul) instead, for comparisons.
+pub fn enabled() -> bool {
+    std::env::var("PYLLAMA_GPU_RESIDENT").map(|v| v.trim() != "0").unwrap_or(true)
+}
+
+/// The activation buffers of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum B {
+    X,
+    Cur,
+    Tmp,
+    Q,
+    K,
+    V,
+    Att,
+    Gate,
+    Up,
+    Rope,
+}
+const N_BUF: usize = 10;
+
+/// Device copies of the small f32 vectors (norm weights, biases) of one forward pass's
+/// layers, keyed by the host vector's address and length: the owner (the decoder) keeps
+/// those vectors alive and unchanged as long as this cache.
+#[derive(Default)]
+pub struct VecCache(Mutex<HashMap<(usize, usize), wgpu::Buffer>>);
+
+/// The ops pipelines and the activation buffers, per device.
+#[derive(Default)]
+pub(super) struct Resident {
+    ops: Option<(wgpu::BindGroupLayout, HashMap<&'static str, wgpu::ComputePipeline>)>,
+    bufs: [Option<wgpu::Buffer>; N_BUF],
+    read: Option<wgpu::Buffer>,
+    dummy: Option<wgpu::Buffer>,
+}
+
+const OPS: [&str; 7] = ["rms_norm", "add_bias", "add", "scale", "swiglu", "geglu", "rope"];
+
+enum Cmd {
+    Pass {
+        pipe: wgpu::ComputePipeline,
+        layout: wgpu::BindGroupLayout,
+        /// an ops pass binds (d, a, params); a matmul pass (w, x, y, params)
+        ops: bool,
+        bufs: [wgpu::Buffer; 3],
+        sizes: [u64; 3],
+        slot: u64,
+        groups: (u32, u32, u32),
+    },
+    Copy { src: wgpu::Buffer, dst: wgpu::Buffer, bytes: u64 },
+}
+
+/// Operations recorded for one submission over the device's activation buffers (held
+/// locked for the run's lifetime).
+pub struct Run<'g> {
+    gpu: &'g Gpu,
+    off: &'g Offload,
+    vecs: &'g VecCache,
+    res: MutexGuard<'g, Resident>,
+    params: Vec<u8>,
+    cmds: Vec<Cmd>,
+}
+
+fn groups_for(n: usize) -> (u32, u32) {
+    let nx = n.clamp(1, 65535);
+    (nx as u32, n.div_ceil(nx).max(1) as u32)
+}
+
+impl<'g> Run<'g> {
+    /// Start a run with each buffer at least `floats[b]` long.
+    pub fn begin(off: &'g Offload, vecs: &'g VecCache, floats: &[(B, usize)]) -> Result<Run<'g>> {
+        let gpu: &Gpu = &off.gpu;
+        let mut res = gpu.res.lock().unwrap_or_else(|e| e.into_inner());
+        if res.ops.is_none() {
+            res.ops = Some(gpu.ops_pipelines());
+        }
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        for &(b, n) in floats {
+            let bytes = (n.max(1) * 4) as u64;
+            if bytes > gpu.info.max_storage_binding {
+                return Err(Error::Invalid(format!(
+                    "GPU: the activation buffer {b:?} ({bytes} bytes) exceeds the adapter's storage binding limit"
+                )));
+            }
+            gpu.grow(&mut res.bufs[b as usize], bytes, usage, "activations");
+        }
+        if res.dummy.is_none() {
+            res.dummy = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("dummy"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }));
+        }
+        Ok(Run { gpu, off, vecs, res, params: Vec::new(), cmds: Vec::new() })
+    }
+
+    fn buf(&self, b: B) -> wgpu::Buffer {
+        self.res.bufs[b as usize].clone().expect("run buffer sized in begin")
+    }
+
+    fn slot(&mut self, words: &[u32; 8]) -> u64 {
+        let at = self.params.len() as u64;
+        for w in words {
+            self.params.extend_from_slice(&w.to_le_bytes());
+        }
+        self.params.resize((at + SLOT) as usize, 0);
+        at
+    }
+
+    /// The device copy of a host vector (uploaded on first use).
+    fn vec(&self, v: &[f32]) -> wgpu::Buffer {
+        let mut m = self.vecs.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry((v.as_ptr() as usize, v.len()))
+            .or_insert_with(|| {
+                let mut bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                bytes.resize(bytes.len().max(16), 0);
+                self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("vec"),
+                    contents: &bytes,
+                    usage: wgpu::BufferUsages::STORAGE,
+                })
+            })
+            .clone()
+    }
+
+    /// Write host floats into buffer `b` (before the next submission's commands run).
+    pub fn write(&mut self, b: B, data: &[f32]) {
+        // SAFETY: f32 has no padding; the bytes are read as they are.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        self.gpu.queue.write_buffer(&self.buf(b), 0, bytes);
+    }
+
+    /// dst[..n floats] = src[..n floats]
+    pub fn copy(&mut self, src: B, dst: B, n: usize) {
+        let (src, dst) = (self.buf(src), self.buf(dst));
+        self.cmds.push(Cmd::Copy { src, dst, bytes: (n * 4) as u64 });
+    }
+
+    /// dst [n, rows.len()] = rows `rows` of w times src [n, w.ne[0]].
+    pub fn mm(&mut self, w: &TensorView, src: B, dst: B, n: usize, rows: Range<usize>) -> Result<()> {
+        let g = self
+            .off
+            .weight(w)
+            .ok_or_else(|| Error::Invalid(format!("internal: '{}' is not on the GPU", w.name)))?;
+        let (n_in, n_rows) = (g.ne[0], rows.len());
+        if n == 0 || n_rows == 0 {
+            return Ok(());
+        }
+        let tn = if n == 1 { 1 } else { TN_MM };
+        let (pipe, layout) = self.gpu.pipeline(g.ty, tn)?;
+        let row_bytes = crate::quant::row_bytes(g.ty, n_in)?;
+        let (nx, ny) = groups_for(n_rows);
+        let nz = n.div_ceil(tn as usize);
+        if nz > 65535 || rows.end * row_bytes > u32::MAX as usize {
+            return Err(Error::Invalid(format!("GPU matmul '{}': too large for 32-bit indexing", w.name)));
+        }
+        let slot = self.slot(&[n_in as u32, n_rows as u32, rows.start as u32, n as u32, row_bytes as u32, nx, 0, 0]);
+        let (x, y) = (self.buf(src), self.buf(dst));
+        let sizes = [g.buf.size(), (n * n_in * 4) as u64, (n * n_rows * 4) as u64];
+        self.cmds.push(Cmd::Pass { pipe, layout, ops: false, bufs: [g.buf.clone(), x, y], sizes, slot, groups: (nx, ny, nz as u32) });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn op(&mut self, name: &str, d: B, a: Option<wgpu::Buffer>, n: usize, w: usize, ints: [u32; 3], f0: f32, groups: usize, d_floats: usize) {
+        if n == 0 {
+            return;
+        }
+        let (layout, pipes) = self.res.ops.as_ref().expect("ops pipelines made in begin");
+        let (layout, pipe) = (layout.clone(), pipes[name].clone());
+        let (nx, ny) = groups_for(groups);
+        let slot = self.slot(&[n as u32, w as u32, nx, ints[0], ints[1], ints[2], f0.to_bits(), 0]);
+        let a = a.unwrap_or_else(|| self.res.dummy.clone().expect("dummy made in begin"));
+        let sizes = [(d_floats * 4) as u64, a.size(), 32];
+        let dbuf = self.buf(d);
+        self.cmds.push(Cmd::Pass { pipe, layout, ops: true, bufs: [dbuf.clone(), a, dbuf], sizes, slot, groups: (nx, ny, 1) });
+    }
+
+    /// Rows of width `w` of d [rows * w]: RMS-normalized, times `weight` [w] when given.
+    pub fn rms_norm(&mut self, d: B, rows: usize, w: usize, weight: Option<&[f32]>, eps: f32) {
+        let a = weight.map(|v| self.vec(v));
+        let has = a.is_some() as u32;
+        self.op("rms_norm", d, a, rows, w, [has, 0, 0], eps, rows, rows * w);
+    }
+
+    /// d [rows, bias.len()] += bias
+    pub fn add_bias(&mut self, d: B, rows: usize, bias: Option<&[f32]>) {
+        if let Some(b) = bias {
+            let a = self.vec(b);
+            let n = rows * b.len();
+            self.op("add_bias", d, Some(a), n, b.len(), [0; 3], 0.0, n.div_ceil(64), n);
+        }
+    }
+
+    /// d[..n] += a[..n]
+    pub fn add(&mut self, d: B, a: B, n: usize) {
+        let a = self.buf(a);
+        self.op("add", d, Some(a), n, 1, [0; 3], 0.0, n.div_ceil(64), n);
+    }
+
+    /// d[..n] *= f
+    pub fn scale(&mut self, d: B, n: usize, f: f32) {
+        self.op("scale", d, None, n, 1, [0; 3], f, n.div_ceil(64), n);
+    }
+
+    /// gate[..n] = act(gate) * up: silu (`gelu` false) or gelu_tanh.
+    pub fn glu(&mut self, gate: B, up: B, n: usize, gelu: bool) {
+        let a = self.buf(up);
+        self.op(if gelu { "geglu" } else { "swiglu" }, gate, Some(a), n, 1, [0; 3], 0.0, n.div_ceil(64), n);
+    }
+
+    /// Rotate d [n_tok, n_head * hd] with the table in `Rope` ([n_tok, hd] cos/sin pairs).
+    pub fn rope(&mut self, d: B, n_tok: usize, n_head: usize, hd: usize, n_dims: usize, neox: bool) {
+        let a = self.buf(B::Rope);
+        let n = n_tok * n_head * (n_dims / 2);
+        self.op("rope", d, Some(a), n, hd, [n_dims as u32, neox as u32, n_head as u32], 0.0, n.div_ceil(64), n_tok * n_head * hd);
+    }
+
+    /// Submit what was recorded; with `reads`, copy those buffers' first floats into the
+    /// host slices after the work is done.
+    pub fn submit(&mut self, reads: &mut [(B, &mut [f32])]) -> Result<()> {
+        let dev = &self.gpu.device;
+        let params = if self.params.is_empty() {
+            None
+        } else {
+            Some(dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: &self.params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            }))
+        };
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("layers") });
+        for c in self.cmds.drain(..) {
+            match c {
+                Cmd::Copy { src, dst, bytes } => enc.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes),
+                Cmd::Pass { pipe, layout, ops, bufs, sizes, slot, groups } => {
+                    let p = params.as_ref().expect("params recorded with each pass");
+                    fn entry(i: u32, b: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
+                        wgpu::BindGroupEntry {
+                            binding: i,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: b,
+                                offset: off,
+                                size: wgpu::BufferSize::new(size.max(4).min(b.size() - off)),
+                            }),
+                        }
+                    }
+                    let entries: Vec<wgpu::BindGroupEntry> = if ops {
+                        vec![entry(0, &bufs[0], 0, sizes[0]), entry(1, &bufs[1], 0, sizes[1]), entry(2, p, slot, 32)]
+                    } else {
+                        vec![
+                            entry(0, &bufs[0], 0, sizes[0]),
+                            entry(1, &bufs[1], 0, sizes[1]),
+                            entry(2, &bufs[2], 0, sizes[2]),
+                            entry(3, p, slot, 32),
+                        ]
+                    };
+                    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &entries });
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+                    pass.set_pipeline(&pipe);
+                    pass.set_bind_group(0, &bind, &[]);
+                    pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+                }
+            }
+        }
+        self.params.clear();
+        let total: u64 = reads.iter().map(|(_, s)| (s.len() * 4) as u64).sum();
+        let rbuf = if total > 0 {
+            let r = self.gpu.grow(&mut self.res.read, total, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "read");
+            let mut o = 0u64;
+            for (b, s) in reads.iter() {
+                let bytes = (s.len() * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.buf(*b), 0, &r, o, bytes);
+                o += bytes;
+            }
+            Some(r)
+        } else {
+            None
+        };
+        self.gpu.queue.submit([enc.finish()]);
+        let Some(rbuf) = rbuf else { return Ok(()) };
+        let slice = rbuf.slice(0..total);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        dev.poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Invalid(format!("GPU device lost or stalled in an offloaded layer: {e}")))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Invalid(format!("GPU: reading activations back failed: {e}"))),
+            Err(_) => return Err(Error::Invalid("GPU: the device dropped the read-back".into())),
+        }
+        {
+            let data = slice.get_mapped_range().map_err(|e| Error::Invalid(format!("GPU: cannot map activations: {e}")))?;
+            // SAFETY: the mapped bytes are the f32 values copied above.
+            let all = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, (total / 4) as usize) };
+            let mut o = 0;
+            for (_, s) in reads.iter_mut() {
+                let n = s.len();
+                s.copy_from_slice(&all[o..o + n]);
+                o += n;
+            }
+        }
+        rbuf.unmap();
+        Ok(())
+    }
+}
+
+impl Gpu {
+    fn ops_pipelines(&self) -> (wgpu::BindGroupLayout, HashMap<&'static str, wgpu::ComputePipeline>) {
+        let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+            count: None,
+        };
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("ops"),
+            entries: &[
+                entry(0, wgpu::BufferBindingType::Storage { read_only: false }),
+                entry(1, wgpu::BufferBindingType::Storage { read_only: true }),
+                entry(2, wgpu::BufferBindingType::Uniform),
+            ],
+        });
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("ops"),
+            source: wgpu::ShaderSource::Wgsl(include_str!("ops.wgsl").into()),
+        });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("ops"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let mut map = HashMap::new();
+        for name in OPS {
+            let p = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some(name),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            map.insert(name, p);
+        }
+        (layout, map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each op against the CPU op it replaces, on whatever adapter is there (lavapipe in CI,
+    //! allowed explicitly): |GPU - CPU| <= 1e-5 (relative to the values' scale) for the norm,
+    //! rope, bias and SwiGLU (another summation order and exp; measured <= 5e-7 on
+    //! lavapipe); 2e-3 for GeGLU, whose CPU version reads ggml's f16 GELU table (measured
+    //! 1.8e-3 at values up to 4).
+    use super::*;
+    use crate::gpu::{Gpu, Offload};
+    use crate::hparams::RopeType;
+    use crate::ops::{act, norm::rms_norm_row, rope::RopeParams};
+    use std::sync::Arc;
+
+    fn rand(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn ops_agree_with_cpu() {
+        let g = match Gpu::open(0, true) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("SKIP: no GPU adapter: {e}");
+                return;
+            }
+        };
+        let off = Offload {
+            gpu: Arc::new(g),
+            weights: HashMap::new(),
+            n_layers_offloaded: 0,
+            output_offloaded: false,
+            bytes: 0,
+            kept_on_cpu: Vec::new(),
+        };
+        let vecs = VecCache::default();
+        let mut seed = 3u64;
+        let (n, w) = (5usize, 96usize);
+        let sizes = [(B::Cur, n * w), (B::Q, n * w), (B::Gate, n * w), (B::Up, n * w), (B::Rope, n * 32)];
+        let mut run = Run::begin(&off, &vecs, &sizes).unwrap();
+        let mut got = vec![0f32; n * w];
+
+        // rms_norm with a weight, then a bias
+        let x = rand(n * w, &mut seed);
+        let wt = rand(w, &mut seed);
+        let bias = rand(w, &mut seed);
+        let mut want = x.clone();
+        for r in want.chunks_exact_mut(w) {
+            rms_norm_row(r, Some(&wt), 1e-6);
+            act::add_assign(r, &bias);
+        }
+        run.write(B::Cur, &x);
+        run.rms_norm(B::Cur, n, w, Some(&wt), 1e-6);
+        run.add_bias(B::Cur, n, Some(&bias));
+        run.submit(&mut [(B::Cur, &mut got)]).unwrap();
+        let d = max_diff(&got, &want);
+        eprintln!("rms_norm + bias: {d:e}");
+        assert!(d <= 1e-5 * 4.0, "rms_norm: {d}");
+
+        // rope over 3 heads of 32, normal and neox, all and half of the dimensions rotated
+        for (ty, n_dims) in [(RopeType::Norm, 32), (RopeType::Neox, 32), (RopeType::Neox, 16), (RopeType::Norm, 16)] {
+            let r = RopeParams::simple(ty, n_dims, 10000.0, 1.0);
+            let x = rand(n * w, &mut seed);
+            let mut want = x.clone();
+            let mut table = vec![0f32; n * 32];
+            for t in 0..n {
+                let pos = 3 + 7 * t as i32;
+                r.fill_cache(pos, &mut table[t * 32..(t + 1) * 32]);
+                let mut cache = vec![0f32; 32];
+                r.apply_heads(&mut want[t * w..(t + 1) * w], 32, pos, &mut cache);
+            }
+            run.write(B::Q, &x);
+            run.write(B::Rope, &table);
+            run.rope(B::Q, n, 3, 32, n_dims, ty == RopeType::Neox);
+            run.submit(&mut [(B::Q, &mut got)]).unwrap();
+            let d = max_diff(&got, &want);
+            eprintln!("rope {ty:?} n_dims={n_dims}: {d:e}");
+            assert!(d <= 1e-5 * 2.0, "rope {ty:?} {n_dims}: {d}");
+        }
+
+        // gated activations
+        for gelu in [false, true] {
+            let (gt, up) = (rand(n * w, &mut seed), rand(n * w, &mut seed));
+            let mut want = gt.clone();
+            if gelu {
+                act::geglu(&mut want, &up);
+            } else {
+                act::swiglu(&mut want, &up);
+            }
+            run.write(B::Gate, &gt);
+            run.write(B::Up, &up);
+            run.glu(B::Gate, B::Up, n * w, gelu);
+            run.submit(&mut [(B::Gate, &mut got)]).unwrap();
+            let d = max_diff(&got, &want);
+            eprintln!("{}: {d:e}", if gelu { "geglu" } else { "swiglu" });
+            assert!(d <= if gelu { 2e-3 * 4.0 } else { 1e-5 * 4.0 }, "glu gelu={gelu}: {d}");
+        }
+
+        // residual add and scale
+        let (a, b) = (rand(n * w, &mut seed), rand(n * w, &mut seed));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) * 0.5).collect();
+        run.write(B::Cur, &a);
+        run.write(B::Q, &b);
+        run.add(B::Cur, B::Q, n * w);
+        run.scale(B::Cur, n * w, 0.5);
+        run.submit(&mut [(B::Cur, &mut got)]).unwrap();
+        assert_eq!(got, want);
+    }
+}
