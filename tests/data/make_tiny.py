@@ -137,10 +137,16 @@ _SPECS = [
     dict(name="tiny-granitehybrid", arch="granitehybrid", seed=1023, n_layer=4, n_head_kv=[0, 2, 0, 0], head_dim=16,
          rope_base=10000000.0, eps=1e-5, tied=False, ssm=dict(d_conv=4, d_inner=128, d_state=16, n_head=8, n_group=1),
          granite=dict(embedding_scale=12.0, residual_scale=0.22, attention_scale=0.2, logit_scale=8.0)),
+    # mamba (v1): x_proj into dt (rank 8), B and C; d_state 16; no dt/B/C norms
+    dict(name="tiny-mamba", arch="mamba", seed=2101, n_head=0, n_head_kv=0, n_ff=0, eps=1e-5, tied=False,
+         mamba=dict(d_conv=4, d_inner=128, d_state=16, dt_rank=8, dt_b_c_rms=False)),
+    # falcon-mamba: the same layers with Falcon-Mamba's weightless RMS norms on dt, B and C
+    dict(name="tiny-falcon-mamba", key="falcon-mamba", arch="mamba", seed=2102, n_head=0, n_head_kv=0, n_ff=0,
+         eps=1e-5, mamba=dict(d_conv=4, d_inner=128, d_state=16, dt_rank=8, dt_b_c_rms=True)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
-SPECS = {s["arch"]: dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
+SPECS = {s.get("key", s["arch"]): dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
 
 
 def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Path | None = None) -> Path:
@@ -282,6 +288,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(n_embd))
         elif kind == "conv":  # short-convolution taps (llama-quantize keeps them F32)
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif kind == "wf":  # a weight kept F32 (rows too short for Q8_0's blocks)
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(ne[0]))
         elif kind == "neg":  # Mamba's A = -exp(A_log)
             a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
         a = np.ascontiguousarray((a * sc).astype(np.float32))
@@ -707,7 +715,32 @@ def _layer_deepseek2(add, b, i, s) -> None:
     _dense(add, b, s, n_ff=s["n_ff_exp"] * s["n_expert_shared"], suffix="_shexp")
 
 
+def _keys_mamba(w, A, s) -> None:
+    m = s["mamba"]
+    w.add_uint32(f"{A}.ssm.conv_kernel", m["d_conv"])
+    w.add_uint32(f"{A}.ssm.inner_size", m["d_inner"])
+    w.add_uint32(f"{A}.ssm.state_size", m["d_state"])
+    w.add_uint32(f"{A}.ssm.time_step_rank", m["dt_rank"])
+    w.add_bool(f"{A}.ssm.dt_b_c_rms", m["dt_b_c_rms"])
+
+
+def _layer_mamba(add, b, i, s) -> None:
+    n_embd, m = s["n_embd"], s["mamba"]
+    di, ds, dc, dtr = m["d_inner"], m["d_state"], m["d_conv"], m["dt_rank"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "ssm_in.weight", [n_embd, 2 * di], "w")
+    add(b + "ssm_conv1d.weight", [dc, di], "conv")
+    add(b + "ssm_conv1d.bias", [di], "bias")
+    add(b + "ssm_x.weight", [di, dtr + 2 * ds], "w")
+    add(b + "ssm_dt.weight", [dtr, di], "wf")
+    add(b + "ssm_dt.bias", [di], "bias")
+    add(b + "ssm_a", [ds, di], "neg")
+    add(b + "ssm_d", [di], "norm")
+    add(b + "ssm_out.weight", [di, n_embd], "w")
+
+
 _EXTRA = {
+    "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
     "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),

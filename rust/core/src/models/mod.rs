@@ -37,6 +37,7 @@ pub mod glm4moe;
 pub mod cohere2;
 pub mod openai_moe;
 pub mod deepseek2;
+pub mod mamba;
 pub mod mamba2;
 pub mod lfm2;
 pub mod qwen35;
@@ -109,6 +110,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &openai_moe::OpenAiMoe,
     &deepseek2::Deepseek2,
     &deepseek2::Mistral4,
+    &mamba::Mamba,
     &mamba2::Mamba2,
     &lfm2::Lfm2,
     &qwen35::Qwen35,

@@ -123,6 +123,28 @@ pub fn scan_token_mamba2(
     }
 }
 
+/// One token of Mamba (v1)'s scan (ggml's `ssm_scan` with A [d_inner][d_state]: a decay per
+/// channel and state entry, one "head" of one channel per channel, one group) for one
+/// sequence. `s` [d_inner][ds] is updated in place: s = s * exp(softplus(dt_c) * A_c) +
+/// B * x_c * softplus(dt_c); y[c] = s[c] . C. Scalar in ggml (expf in the loop), with GCC's
+/// contractions: (s * dA) + (B * x_dt) as one FMA over the first product, the dot as FMAs.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_token_mamba1(s: &mut [f32], x: &[f32], dt: &[f32], a: &[f32], b: &[f32], c: &[f32], y: &mut [f32], ds: usize) {
+    for (ch, yc) in y.iter_mut().enumerate() {
+        let dt_sp = softplus(dt[ch]);
+        let x_dt = x[ch] * dt_sp;
+        let st = &mut s[ch * ds..(ch + 1) * ds];
+        let ac = &a[ch * ds..(ch + 1) * ds];
+        let mut sumf = 0f32;
+        for k in 0..ds {
+            let v = fmaf(st[k], (dt_sp * ac[k]).exp(), b[k] * x_dt);
+            sumf = fmaf(v, c[k], sumf);
+            st[k] = v;
+        }
+        *yc = sumf;
+    }
+}
+
 /// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
 /// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
 pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
