@@ -143,6 +143,9 @@ _SPECS = [
     # falcon-mamba: the same layers with Falcon-Mamba's weightless RMS norms on dt, B and C
     dict(name="tiny-falcon-mamba", key="falcon-mamba", arch="mamba", seed=2102, n_head=0, n_head_kv=0, n_ff=0,
          eps=1e-5, mamba=dict(d_conv=4, d_inner=128, d_state=16, dt_rank=8, dt_b_c_rms=True)),
+    # rwkv6: 4 WKV heads of 16, LoRA ranks 32, fused lerps, every second layer's output halved
+    dict(name="tiny-rwkv6", arch="rwkv6", seed=2103, n_layer=3, n_head=0, n_head_kv=0, head_dim=16, n_ff=192,
+         eps=1e-5, tied=False, rwkv=dict(head_size=16, mix_extra=32, decay_extra=32, rescale=2)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
@@ -182,7 +185,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
     else:
         w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
-    if A == "phi2":
+    if A in ("phi2", "rwkv6"):
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     elif A == "starcoder2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
@@ -290,6 +293,8 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
         elif kind == "wf":  # a weight kept F32 (rows too short for Q8_0's blocks)
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(ne[0]))
+        elif kind == "lerp":  # token-shift mixing factors, around 1/2
+            a = np.float32(0.5) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.2)
         elif kind == "neg":  # Mamba's A = -exp(A_log)
             a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
         a = np.ascontiguousarray((a * sc).astype(np.float32))
@@ -739,7 +744,51 @@ def _layer_mamba(add, b, i, s) -> None:
     add(b + "ssm_out.weight", [di, n_embd], "w")
 
 
+def _keys_rwkv6(w, A, s) -> None:
+    r = s["rwkv"]
+    w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
+    w.add_uint32(f"{A}.time_mix_extra_dim", r["mix_extra"])
+    w.add_uint32(f"{A}.time_decay_extra_dim", r["decay_extra"])
+    w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
+    w.add_uint32(f"{A}.token_shift_count", 2)
+
+
+def _layer_rwkv6(add, b, i, s) -> None:
+    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
+    e, d, hs = r["mix_extra"], r["decay_extra"], r["head_size"]
+    if i == 0:
+        add("token_embd_norm.weight", [ne], "norm")
+        add("token_embd_norm.bias", [ne], "bias")
+    add(b + "attn_norm.weight", [ne], "norm")
+    add(b + "attn_norm.bias", [ne], "bias")
+    add(b + "attn_norm_2.weight", [ne], "norm")
+    add(b + "attn_norm_2.bias", [ne], "bias")
+    add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
+    add(b + "time_mix_w2.weight", [e, ne, 5], "w")
+    add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
+    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 5], "lerp")
+    add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
+    add(b + "time_mix_decay.weight", [ne], "bias")
+    add(b + "time_mix_decay_w1.weight", [ne, d], "w")
+    add(b + "time_mix_decay_w2.weight", [d, ne], "w")
+    for m in ("key", "value", "receptance", "gate"):
+        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
+    add(b + "time_mix_ln.weight", [ne], "norm")
+    add(b + "time_mix_ln.bias", [ne], "bias")
+    add(b + "time_mix_output.weight", [ne, ne], "w")
+    add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_lerp_r.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_key.weight", [ne, nf], "w")
+    add(b + "channel_mix_value.weight", [nf, ne], "w")
+    add(b + "channel_mix_receptance.weight", [ne, ne], "w")
+
+
+def _output_rwkv6(add, s) -> None:
+    add("output_norm.bias", [s["n_embd"]], "bias")
+
+
 _EXTRA = {
+    "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
     "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),

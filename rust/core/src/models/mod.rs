@@ -41,6 +41,7 @@ pub mod mamba;
 pub mod mamba2;
 pub mod lfm2;
 pub mod qwen35;
+pub mod rwkv6;
 pub mod falcon_h1;
 pub mod granite_hybrid;
 
@@ -118,6 +119,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen3Next,
     &falcon_h1::FalconH1,
     &granite_hybrid::GraniteHybrid,
+    &rwkv6::Rwkv6,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

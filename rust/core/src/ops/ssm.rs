@@ -145,6 +145,31 @@ pub fn scan_token_mamba1(s: &mut [f32], x: &[f32], dt: &[f32], a: &[f32], b: &[f
     }
 }
 
+/// One token of ggml's `rwkv_wkv6` for one sequence, `k`, `v`, `r`, `w` (decay) and `u`
+/// (time_first, per head) [n_head * hs]; the state s [n_head][hs (k)][hs (v)] is updated in
+/// place and `out` [n_head * hs] (zeroed by the caller) accumulates: per head h and key
+/// index i, for every value index j: kv = v_j * k_i; out_j += (kv * u_i + s_ij) * r_i;
+/// s_ij = s_ij * w_i + kv (the AVX2 path's FMAs, in i order).
+pub fn wkv6_token(s: &mut [f32], k: &[f32], v: &[f32], r: &[f32], u: &[f32], w: &[f32], out: &mut [f32], hs: usize) {
+    let nh = k.len() / hs;
+    for h in 0..nh {
+        let vh = &v[h * hs..(h + 1) * hs];
+        let oh = &mut out[h * hs..(h + 1) * hs];
+        for i in 0..hs {
+            let hi = h * hs + i;
+            let (kv_k, rv, uv, wv) = (k[hi], r[hi], u[hi], w[hi]);
+            let row = &mut s[(h * hs + i) * hs..(h * hs + i + 1) * hs];
+            for j in 0..hs {
+                let kv = vh[j] * kv_k;
+                let prev = row[j];
+                let temp = fmaf(kv, uv, prev);
+                oh[j] = fmaf(temp, rv, oh[j]);
+                row[j] = fmaf(prev, wv, kv);
+            }
+        }
+    }
+}
+
 /// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
 /// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
 pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
