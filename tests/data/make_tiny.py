@@ -146,6 +146,10 @@ _SPECS = [
     # rwkv6: 4 WKV heads of 16, LoRA ranks 32, fused lerps, every second layer's output halved
     dict(name="tiny-rwkv6", arch="rwkv6", seed=2103, n_layer=3, n_head=0, n_head_kv=0, head_dim=16, n_ff=192,
          eps=1e-5, tied=False, rwkv=dict(head_size=16, mix_extra=32, decay_extra=32, rescale=2)),
+    # rwkv7: 2 WKV heads of 32 (ggml's x86 kernel steps by 32), LoRA ranks 32 (decay, iclr,
+    # gate) and 64 (value residual mix)
+    dict(name="tiny-rwkv7", arch="rwkv7", seed=2104, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
+         eps=1e-5, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32)),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
@@ -185,7 +189,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
     else:
         w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
-    if A in ("phi2", "rwkv6"):
+    if A in ("phi2", "rwkv6", "rwkv7"):
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     elif A == "starcoder2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
@@ -783,12 +787,52 @@ def _layer_rwkv6(add, b, i, s) -> None:
     add(b + "channel_mix_receptance.weight", [ne, ne], "w")
 
 
+def _keys_rwkv7(w, A, s) -> None:
+    r = s["rwkv"]
+    w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
+    w.add_uint32(f"{A}.attention.decay_lora_rank", r["decay"])
+    w.add_uint32(f"{A}.attention.iclr_lora_rank", r["iclr"])
+    w.add_uint32(f"{A}.attention.value_residual_mix_lora_rank", r["value_mix"])
+    w.add_uint32(f"{A}.attention.gate_lora_rank", r["gate"])
+    w.add_uint32(f"{A}.token_shift_count", 2)
+
+
+def _layer_rwkv7(add, b, i, s) -> None:
+    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
+    if i == 0:
+        add("token_embd_norm.weight", [ne], "norm")
+        add("token_embd_norm.bias", [ne], "bias")
+    add(b + "attn_norm.weight", [ne], "norm")
+    add(b + "attn_norm.bias", [ne], "bias")
+    add(b + "attn_norm_2.weight", [ne], "norm")
+    add(b + "attn_norm_2.bias", [ne], "bias")
+    rv = r["iclr"] if i == 0 else r["value_mix"]
+    for x, rank in (("w", r["decay"]), ("a", r["iclr"]), ("v", rv), ("g", r["gate"])):
+        if x != "g":
+            add(b + f"time_mix_{x}0.weight", [ne], "bias")
+        add(b + f"time_mix_{x}1.weight", [ne, rank], "w")
+        add(b + f"time_mix_{x}2.weight", [rank, ne], "w")
+    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 6], "lerp")
+    add(b + "time_mix_k_k.weight", [ne], "norm")
+    add(b + "time_mix_k_a.weight", [ne], "norm")
+    add(b + "time_mix_r_k.weight", [ne], "bias")
+    for m in ("key", "value", "receptance"):
+        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
+    add(b + "time_mix_ln.weight", [ne], "norm")
+    add(b + "time_mix_ln.bias", [ne], "bias")
+    add(b + "time_mix_output.weight", [ne, ne], "w")
+    add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_key.weight", [ne, nf], "w")
+    add(b + "channel_mix_value.weight", [nf, ne], "w")
+
+
 def _output_rwkv6(add, s) -> None:
     add("output_norm.bias", [s["n_embd"]], "bias")
 
 
 _EXTRA = {
     "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
+    "rwkv7": dict(keys=_keys_rwkv7, layer=_layer_rwkv7, output=_output_rwkv6),
     "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),

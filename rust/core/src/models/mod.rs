@@ -42,6 +42,7 @@ pub mod mamba2;
 pub mod lfm2;
 pub mod qwen35;
 pub mod rwkv6;
+pub mod rwkv7;
 pub mod falcon_h1;
 pub mod granite_hybrid;
 
@@ -120,6 +121,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &falcon_h1::FalconH1,
     &granite_hybrid::GraniteHybrid,
     &rwkv6::Rwkv6,
+    &rwkv7::Rwkv7,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

@@ -87,7 +87,7 @@ impl Arch for Rwkv6 {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch: self.name() };
         let p = Params::read(&meta, hp.n_embd)?;
-        let (ne, nv) = (hp.n_embd, hp.n_vocab);
+        let ne = hp.n_embd;
         let (e, d, hs) = (p.mix_extra, p.decay_extra, p.head_size);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
@@ -104,10 +104,8 @@ impl Arch for Rwkv6 {
                 }
             };
             layers.push(Layer {
-                attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
-                attn_norm_b: ld.req_vec(&b("attn_norm.bias"), &[ne])?,
-                attn_norm_2: ld.req_vec(&b("attn_norm_2.weight"), &[ne])?,
-                attn_norm_2_b: ld.req_vec(&b("attn_norm_2.bias"), &[ne])?,
+                norms: LayerNorms::load(ld, il)?,
+                p,
                 w1: ld.req(&b("time_mix_w1.weight"), &[ne, 5 * e])?,
                 w2: ld.req(&b("time_mix_w2.weight"), &[e, ne, 5])?,
                 lerp_x: ld.req_vec(&b("time_mix_lerp_x.weight"), &[ne])?,
@@ -130,27 +128,43 @@ impl Arch for Rwkv6 {
                 cm_receptance: ld.req(&b("channel_mix_receptance.weight"), &[ne, ne])?,
             });
         }
-        Ok(Box::new(Rwkv6Fwd {
-            tok_embd: ld.req("token_embd.weight", &[ne, nv])?,
-            tok_norm: ld.req_vec("token_embd_norm.weight", &[ne])?,
-            tok_norm_b: ld.req_vec("token_embd_norm.bias", &[ne])?,
-            output_norm: ld.req_vec("output_norm.weight", &[ne])?,
-            output_norm_b: ld.req_vec("output_norm.bias", &[ne])?,
-            output: ld.req("output.weight", &[ne, nv])?,
-            layers,
-            p,
-            eps: hp.f_norm_eps,
-            scratch: Mutex::new(Scratch::default()),
-            _keep: ld.keep(),
-        }))
+        RwkvFwd::build(ld, layers, hs, p.rescale)
     }
 }
 
+/// The two LayerNorms of an RWKV layer (before the time mix and before the channel mix).
+pub(crate) struct LayerNorms {
+    pub attn_norm: Vec<f32>,
+    pub attn_norm_b: Vec<f32>,
+    pub attn_norm_2: Vec<f32>,
+    pub attn_norm_2_b: Vec<f32>,
+}
+
+impl LayerNorms {
+    pub fn load(ld: &Loader, il: usize) -> Result<LayerNorms> {
+        let ne = ld.hp().n_embd;
+        let b = |s: &str| format!("blk.{il}.{s}");
+        Ok(LayerNorms {
+            attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
+            attn_norm_b: ld.req_vec(&b("attn_norm.bias"), &[ne])?,
+            attn_norm_2: ld.req_vec(&b("attn_norm_2.weight"), &[ne])?,
+            attn_norm_2_b: ld.req_vec(&b("attn_norm_2.bias"), &[ne])?,
+        })
+    }
+}
+
+/// One layer of an RWKV stack: its norms, time mix and channel mix.
+pub(crate) trait RwkvLayer: Send + Sync {
+    fn norms(&self) -> &LayerNorms;
+    /// In `cur` [n, n_embd] (normed) and sc.xprev (the previous tokens' rows), out `tmp`.
+    fn time_mix(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()>;
+    /// In `cur` [n, n_embd] (normed) and sc.xprev, out `tmp`.
+    fn channel_mix(&self, st: &mut Step, sc: &mut Scratch) -> Result<()>;
+}
+
 struct Layer {
-    attn_norm: Vec<f32>,
-    attn_norm_b: Vec<f32>,
-    attn_norm_2: Vec<f32>,
-    attn_norm_2_b: Vec<f32>,
+    norms: LayerNorms,
+    p: Params,
     w1: TensorView<'static>,
     /// {mix_extra, n_embd, 5}: rows [g * n_embd, (g + 1) * n_embd) are mix g's matrix
     w2: TensorView<'static>,
@@ -176,40 +190,84 @@ struct Layer {
     cm_receptance: TensorView<'static>,
 }
 
+/// The RWKV stacks' work buffers (one set per forward pass, behind its mutex).
 #[derive(Default)]
-struct Scratch {
-    att: Vec<f32>,
-    xprev: Vec<f32>,
-    sx: Vec<f32>,
-    xxx: Vec<f32>,
-    w1o: Vec<f32>,
-    gin: Vec<f32>,
-    mix: Vec<f32>,
-    r: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    g: Vec<f32>,
-    w: Vec<f32>,
-    dtmp: Vec<f32>,
-    o: Vec<f32>,
-    ffk: Vec<f32>,
+pub(crate) struct Scratch {
+    pub(crate) att: Vec<f32>,
+    pub(crate) xprev: Vec<f32>,
+    pub(crate) sx: Vec<f32>,
+    pub(crate) xxx: Vec<f32>,
+    pub(crate) w1o: Vec<f32>,
+    pub(crate) gin: Vec<f32>,
+    pub(crate) mix: Vec<f32>,
+    pub(crate) r: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) g: Vec<f32>,
+    pub(crate) w: Vec<f32>,
+    pub(crate) dtmp: Vec<f32>,
+    pub(crate) o: Vec<f32>,
+    pub(crate) ffk: Vec<f32>,
+    /// rwkv7's: the first layer's values, a, kk, LoRA intermediates
+    pub(crate) ext: [Vec<f32>; 4],
 }
 
-struct Rwkv6Fwd {
+/// llama.cpp's rwkv6.cpp / rwkv7.cpp graph around the layers' mixes: the LayerNormed
+/// embeddings, per layer the token shifts (state rows: the time mix's, then the channel
+/// mix's), the two residuals, the optional halving, the output LayerNorm and projection.
+pub(crate) struct RwkvFwd<L: RwkvLayer> {
     tok_embd: TensorView<'static>,
     tok_norm: Vec<f32>,
     tok_norm_b: Vec<f32>,
     output_norm: Vec<f32>,
     output_norm_b: Vec<f32>,
     output: TensorView<'static>,
-    layers: Vec<Layer>,
-    p: Params,
+    layers: Vec<L>,
+    head_size: usize,
+    rescale: usize,
     eps: f32,
     scratch: Mutex<Scratch>,
     _keep: Keep,
 }
 
-/// out = y - x row by row (ggml_sub), then each of `lerps` as ((y - x) * lerp) + x.
+impl<L: RwkvLayer + 'static> RwkvFwd<L> {
+    pub fn build(ld: &Loader, layers: Vec<L>, head_size: usize, rescale: usize) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let (ne, nv) = (hp.n_embd, hp.n_vocab);
+        Ok(Box::new(RwkvFwd {
+            tok_embd: ld.req("token_embd.weight", &[ne, nv])?,
+            tok_norm: ld.req_vec("token_embd_norm.weight", &[ne])?,
+            tok_norm_b: ld.req_vec("token_embd_norm.bias", &[ne])?,
+            output_norm: ld.req_vec("output_norm.weight", &[ne])?,
+            output_norm_b: ld.req_vec("output_norm.bias", &[ne])?,
+            output: ld.req("output.weight", &[ne, nv])?,
+            layers,
+            head_size,
+            rescale,
+            eps: hp.f_norm_eps,
+            scratch: Mutex::new(Scratch::default()),
+            _keep: ld.keep(),
+        }))
+    }
+}
+
+/// ggml_sub(xprev, cur) into sc.sx [m], as the mixes start.
+pub(crate) fn shift_diff_of(sc: &mut Scratch, cur: &[f32]) {
+    let m = cur.len();
+    sc.sx.resize(m, 0.0);
+    shift_diff(&sc.xprev[..m], cur, &mut sc.sx);
+}
+
+/// The per-head GroupNorm of the WKV output sc.o (eps 64e-5, weight and bias per channel).
+pub(crate) fn group_norm(o: &mut [f32], ln: &[f32], ln_b: &[f32], ne: usize, hs: usize) {
+    for row in o.chunks_exact_mut(ne) {
+        for ((h, w), b) in row.chunks_exact_mut(hs).zip(ln.chunks_exact(hs)).zip(ln_b.chunks_exact(hs)) {
+            layer_norm_row(h, Some(w), Some(b), 64e-5);
+        }
+    }
+}
+
+/// sx = xprev - cur (ggml_sub).
 fn shift_diff(xprev: &[f32], cur: &[f32], sx: &mut [f32]) {
     for ((s, p), c) in sx.iter_mut().zip(xprev).zip(cur) {
         *s = p - c;
@@ -217,7 +275,7 @@ fn shift_diff(xprev: &[f32], cur: &[f32], sx: &mut [f32]) {
 }
 
 /// ggml_add(ggml_mul(sx, lerp), cur) over rows of `ne`.
-fn lerp_rows(sx: &[f32], cur: &[f32], lerp: &[f32], out: &mut [f32], ne: usize) {
+pub(crate) fn lerp_rows(sx: &[f32], cur: &[f32], lerp: &[f32], out: &mut [f32], ne: usize) {
     for ((o, s), c) in out.chunks_exact_mut(ne).zip(sx.chunks_exact(ne)).zip(cur.chunks_exact(ne)) {
         for j in 0..ne {
             o[j] = s[j] * lerp[j] + c[j];
@@ -225,7 +283,7 @@ fn lerp_rows(sx: &[f32], cur: &[f32], lerp: &[f32], out: &mut [f32], ne: usize) 
     }
 }
 
-impl Rwkv6Fwd {
+impl<L: RwkvLayer> RwkvFwd<L> {
     /// The rows each token's mixes read as "previous": the sequence's state row `shift`
     /// for its first token, the previous row of `rows` after that. Sequence-major tokens:
     /// set k has rows [k * nt, (k + 1) * nt) and its state in cell rs.head + k.
@@ -248,8 +306,15 @@ impl Rwkv6Fwd {
         Ok(())
     }
 
-    /// The time mix of layer `il`: in `cur` [n, n_embd] (normed) and sc.xprev, out `tmp`.
-    fn time_mix(&self, st: &mut Step, il: usize, l: &Layer, sc: &mut Scratch) -> Result<()> {
+}
+
+impl RwkvLayer for Layer {
+    fn norms(&self) -> &LayerNorms {
+        &self.norms
+    }
+
+    fn time_mix(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
+        let l = self;
         let (n, ne) = (st.n, st.hp.n_embd);
         let (e, hs) = (self.p.mix_extra, self.p.head_size);
         let m = n * ne;
@@ -318,20 +383,16 @@ impl Rwkv6Fwd {
             }
         }
         // GroupNorm per head, then * gate
-        for (row, g) in sc.o[..m].chunks_exact_mut(ne).zip(sc.g.chunks_exact(ne)) {
-            for ((h, w), b) in row.chunks_exact_mut(hs).zip(l.ln.chunks_exact(hs)).zip(l.ln_b.chunks_exact(hs)) {
-                layer_norm_row(h, Some(w), Some(b), 64e-5);
-            }
-            for (v, gv) in row.iter_mut().zip(g) {
-                *v *= gv;
-            }
+        group_norm(&mut sc.o[..m], &l.ln, &l.ln_b, ne, hs);
+        for (v, gv) in sc.o[..m].iter_mut().zip(&sc.g) {
+            *v *= gv;
         }
         let b = &mut *st.b;
         Step::mm(st.pool, st.dev, &l.output, &sc.o, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)
     }
 
-    /// The channel mix: in `cur` [n, n_embd] (normed) and sc.xprev, out `tmp`.
-    fn channel_mix(&self, st: &mut Step, l: &Layer, sc: &mut Scratch) -> Result<()> {
+    fn channel_mix(&self, st: &mut Step, sc: &mut Scratch) -> Result<()> {
+        let l = self;
         let (n, ne) = (st.n, st.hp.n_embd);
         let m = n * ne;
         let nf = l.cm_key.n_rows();
@@ -358,14 +419,14 @@ impl Rwkv6Fwd {
     }
 }
 
-impl Forward for Rwkv6Fwd {
+impl<L: RwkvLayer> Forward for RwkvFwd<L> {
     fn rope(&self, _il: usize) -> Option<&RopeParams> {
         None
     }
 
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         let ne = self.tok_norm.len();
-        Some((vec![true; self.layers.len()], 2 * ne, ne * self.p.head_size))
+        Some((vec![true; self.layers.len()], 2 * ne, ne * self.head_size))
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {
@@ -381,14 +442,15 @@ impl Forward for Rwkv6Fwd {
             let m = st.n * ne;
             sc.xprev.resize(m, 0.0);
             sc.att.resize(m, 0.0);
-            st.build_norm(&l.attn_norm, Some(&l.attn_norm_b), Norm::Layer, self.eps);
+            let nm = l.norms();
+            st.build_norm(&nm.attn_norm, Some(&nm.attn_norm_b), Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
             sc.att[..m].copy_from_slice(&st.b.cur[..m]);
             Self::prev_rows(st, il, &sc.att, 0, &mut sc.xprev)?;
-            self.time_mix(st, il, l, sc)?;
+            l.time_mix(st, il, sc)?;
             st.residual();
             crate::cb!(st, "ffn_inp", il, x, ne);
-            st.build_norm(&l.attn_norm_2, Some(&l.attn_norm_2_b), Norm::Layer, self.eps);
+            st.build_norm(&nm.attn_norm_2, Some(&nm.attn_norm_2_b), Norm::Layer, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
             Self::prev_rows(st, il, &st.b.cur, 1, &mut sc.xprev)?;
             // the token shift state: each sequence's last normed rows
@@ -417,9 +479,9 @@ impl Forward for Rwkv6Fwd {
                     return Ok(());
                 }
             }
-            self.channel_mix(st, l, sc)?;
+            l.channel_mix(st, sc)?;
             st.residual();
-            if self.p.rescale != 0 && (il + 1) % self.p.rescale == 0 {
+            if self.rescale != 0 && (il + 1) % self.rescale == 0 {
                 let m = st.n * ne;
                 act::scale(&mut st.b.x[..m], 0.5);
             }

@@ -170,6 +170,37 @@ pub fn wkv6_token(s: &mut [f32], k: &[f32], v: &[f32], r: &[f32], u: &[f32], w: 
     }
 }
 
+/// One token of ggml's `rwkv_wkv7` (the generalized delta rule) for one sequence, on
+/// x86-64 AVX2 (head_size a multiple of 32): `r`, `w` (decay), `k`, `v`, `a`, `b`
+/// [n_head * hs]; the state s [n_head][hs (v)][hs (k)] is updated in place. Per head and
+/// value index i: sa = s_i . a (ggml_vec_dot's 4 x 8 lanes); s_ij = s_ij * w_j + v_i k_j +
+/// sa b_j (two FMAs); out_i = s_i . r (4 x 8 lane accumulators, GGML_F32x8_REDUCE).
+#[allow(clippy::too_many_arguments)]
+pub fn wkv7_token(s: &mut [f32], r: &[f32], w: &[f32], k: &[f32], v: &[f32], a: &[f32], b: &[f32], out: &mut [f32], hs: usize) {
+    let nh = r.len() / hs;
+    for h in 0..nh {
+        let hr = h * hs..(h + 1) * hs;
+        let (rh, wh, kh, ah, bh) = (&r[hr.clone()], &w[hr.clone()], &k[hr.clone()], &a[hr.clone()], &b[hr]);
+        for i in 0..hs {
+            let vi = v[h * hs + i];
+            let row = &mut s[(h * hs + i) * hs..(h * hs + i + 1) * hs];
+            let sa = dot_ggml(ah, row);
+            let mut acc = [[0f32; 8]; 4];
+            for j0 in (0..hs).step_by(32) {
+                for (kk, accj) in acc.iter_mut().enumerate() {
+                    for (l, acl) in accj.iter_mut().enumerate() {
+                        let j = j0 + kk * 8 + l;
+                        let st = fmaf(sa, bh[j], fmaf(row[j], wh[j], vi * kh[j]));
+                        row[j] = st;
+                        *acl = fmaf(st, rh[j], *acl);
+                    }
+                }
+            }
+            out[h * hs + i] = reduce_4x8(&acc);
+        }
+    }
+}
+
 /// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
 /// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
 pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
