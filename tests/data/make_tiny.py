@@ -748,6 +748,16 @@ def _layer_mamba(add, b, i, s) -> None:
     add(b + "ssm_out.weight", [di, n_embd], "w")
 
 
+def _rwkv_norms(add, b, i, ne) -> None:
+    if i == 0:
+        add("token_embd_norm.weight", [ne], "norm")
+        add("token_embd_norm.bias", [ne], "bias")
+    add(b + "attn_norm.weight", [ne], "norm")
+    add(b + "attn_norm.bias", [ne], "bias")
+    add(b + "attn_norm_2.weight", [ne], "norm")
+    add(b + "attn_norm_2.bias", [ne], "bias")
+
+
 def _keys_rwkv6(w, A, s) -> None:
     r = s["rwkv"]
     w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
@@ -760,13 +770,7 @@ def _keys_rwkv6(w, A, s) -> None:
 def _layer_rwkv6(add, b, i, s) -> None:
     ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
     e, d, hs = r["mix_extra"], r["decay_extra"], r["head_size"]
-    if i == 0:
-        add("token_embd_norm.weight", [ne], "norm")
-        add("token_embd_norm.bias", [ne], "bias")
-    add(b + "attn_norm.weight", [ne], "norm")
-    add(b + "attn_norm.bias", [ne], "bias")
-    add(b + "attn_norm_2.weight", [ne], "norm")
-    add(b + "attn_norm_2.bias", [ne], "bias")
+    _rwkv_norms(add, b, i, ne)
     add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
     add(b + "time_mix_w2.weight", [e, ne, 5], "w")
     add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
@@ -799,13 +803,7 @@ def _keys_rwkv7(w, A, s) -> None:
 
 def _layer_rwkv7(add, b, i, s) -> None:
     ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
-    if i == 0:
-        add("token_embd_norm.weight", [ne], "norm")
-        add("token_embd_norm.bias", [ne], "bias")
-    add(b + "attn_norm.weight", [ne], "norm")
-    add(b + "attn_norm.bias", [ne], "bias")
-    add(b + "attn_norm_2.weight", [ne], "norm")
-    add(b + "attn_norm_2.bias", [ne], "bias")
+    _rwkv_norms(add, b, i, ne)
     rv = r["iclr"] if i == 0 else r["value_mix"]
     for x, rank in (("w", r["decay"]), ("a", r["iclr"]), ("v", rv), ("g", r["gate"])):
         if x != "g":

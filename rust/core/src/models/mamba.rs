@@ -9,10 +9,10 @@
 
 use super::loader::Loader;
 use super::mamba2::{SsmBlock, SsmStackFwd};
-use super::{common_hparams_ext, Arch};
+use super::{read_sizes, recurrent_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
-use crate::hparams::{HParams, Meta, RopeType};
+use crate::hparams::{HParams, Meta};
 use crate::model::TensorView;
 use crate::ops::{act, norm::rms_norm_row, ssm};
 
@@ -30,20 +30,11 @@ struct Params {
 
 impl Params {
     fn read(meta: &Meta, n_embd: usize) -> Result<Params> {
-        let p = Params {
-            d_conv: meta.req_u("ssm.conv_kernel")?,
-            d_inner: meta.req_u("ssm.inner_size")?,
-            d_state: meta.req_u("ssm.state_size")?,
-            dt_rank: meta.req_u("ssm.time_step_rank")?,
-            dt_b_c_rms: meta.b("ssm.dt_b_c_rms")?.unwrap_or(false),
-        };
-        let lim = crate::hparams::MAX_DIM;
-        if [p.d_conv, p.d_inner, p.d_state, p.dt_rank].iter().any(|&v| v == 0 || v > lim) {
-            return Err(Error::Unsupported(format!(
-                "{}: the ssm.* sizes (conv_kernel {}, inner_size {}, state_size {}, time_step_rank {}) must be in [1, {lim}]",
-                meta.file.path, p.d_conv, p.d_inner, p.d_state, p.dt_rank
-            )));
-        }
+        let [d_conv, d_inner, d_state, dt_rank] = read_sizes(
+            meta,
+            [("ssm.conv_kernel", None), ("ssm.inner_size", None), ("ssm.state_size", None), ("ssm.time_step_rank", None)],
+        )?;
+        let p = Params { d_conv, d_inner, d_state, dt_rank, dt_b_c_rms: meta.b("ssm.dt_b_c_rms")?.unwrap_or(false) };
         if p.d_inner != 2 * n_embd {
             return Err(Error::Unsupported(format!(
                 "{}: ssm.inner_size {} must be 2 x embedding_length {} (llama.cpp supports only that expansion)",
@@ -60,10 +51,7 @@ impl Arch for Mamba {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
-        Params::read(meta, hp.n_embd)?;
-        hp.n_rot = 0;
-        Ok(hp)
+        recurrent_hparams(meta, n_vocab, |m, ne| Params::read(m, ne).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {

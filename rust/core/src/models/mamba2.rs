@@ -7,10 +7,10 @@
 //! The states live in the context's recurrent memory (recurrent.rs).
 
 use super::loader::{Keep, Loader};
-use super::{common_hparams_ext, Arch};
+use super::{recurrent_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
-use crate::hparams::{HParams, Meta, RopeType};
+use crate::hparams::{HParams, Meta};
 use crate::model::TensorView;
 use crate::models::graph::Norm;
 use crate::ops::rope::RopeParams;
@@ -73,10 +73,7 @@ impl Arch for Mamba2 {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        SsmParams::read(meta, true)?;
-        let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
-        hp.n_rot = 0;
-        Ok(hp)
+        recurrent_hparams(meta, n_vocab, |m, _| SsmParams::read(m, true).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {

@@ -12,10 +12,10 @@
 
 use super::graph::Norm;
 use super::loader::{Keep, Loader};
-use super::{common_hparams_ext, Arch};
+use super::{read_sizes, recurrent_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
-use crate::hparams::{HParams, Meta, RopeType};
+use crate::hparams::{HParams, Meta};
 use crate::model::TensorView;
 use crate::ops::norm::layer_norm_row;
 use crate::ops::rope::RopeParams;
@@ -35,29 +35,26 @@ struct Params {
 
 impl Params {
     fn read(meta: &Meta, n_embd: usize) -> Result<Params> {
-        let p = Params {
-            head_size: meta.req_u("wkv.head_size")?,
-            mix_extra: meta.req_u("time_mix_extra_dim")?,
-            decay_extra: meta.req_u("time_decay_extra_dim")?,
-            rescale: meta.u("rescale_every_n_layers")?.unwrap_or(0),
-        };
-        let bad = |m: String| Err(Error::Unsupported(format!("{}: {m}", meta.file.path)));
-        let lim = crate::hparams::MAX_DIM;
-        if [p.head_size, p.mix_extra, p.decay_extra].iter().any(|&v| v == 0 || v > lim) {
-            return bad(format!(
-                "wkv.head_size {}, time_mix_extra_dim {} and time_decay_extra_dim {} must be in [1, {lim}]",
-                p.head_size, p.mix_extra, p.decay_extra
-            ));
-        }
-        if n_embd % p.head_size != 0 {
-            return bad(format!("embedding_length {n_embd} must be a multiple of wkv.head_size {}", p.head_size));
-        }
-        let shift = meta.u("token_shift_count")?.unwrap_or(2);
-        if shift != 2 {
-            return bad(format!("token_shift_count {shift}: llama.cpp's rwkv6 needs 2"));
-        }
-        Ok(p)
+        let [head_size, mix_extra, decay_extra] =
+            read_sizes(meta, [("wkv.head_size", None), ("time_mix_extra_dim", None), ("time_decay_extra_dim", None)])?;
+        check_rwkv(meta, n_embd, head_size, 1)?;
+        Ok(Params { head_size, mix_extra, decay_extra, rescale: meta.u("rescale_every_n_layers")?.unwrap_or(0) })
     }
+}
+
+/// What rwkv6 and rwkv7 require of the file beyond their sizes: heads of `head_size` (a
+/// multiple of `head_align`) that tile n_embd, and two token shifts (llama.cpp asserts it).
+pub(crate) fn check_rwkv(meta: &Meta, n_embd: usize, head_size: usize, head_align: usize) -> Result<()> {
+    let bad = |m: String| Err(Error::Unsupported(format!("{}: {m}", meta.file.path)));
+    if head_size % head_align != 0 || n_embd % head_size != 0 {
+        let align = if head_align > 1 { format!(" a multiple of {head_align} that divides") } else { " dividing".into() };
+        return bad(format!("wkv.head_size {head_size} must be{align} embedding_length {n_embd}"));
+    }
+    let shift = meta.u("token_shift_count")?.unwrap_or(2);
+    if shift != 2 {
+        return bad(format!("token_shift_count {shift}: llama.cpp's {} needs 2", meta.arch));
+    }
+    Ok(())
 }
 
 impl Arch for Rwkv6 {
@@ -66,10 +63,7 @@ impl Arch for Rwkv6 {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
-        Params::read(meta, hp.n_embd)?;
-        hp.n_rot = 0;
-        Ok(hp)
+        recurrent_hparams(meta, n_vocab, |m, ne| Params::read(m, ne).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {

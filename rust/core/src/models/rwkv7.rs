@@ -10,11 +10,11 @@
 //! Channel mix: value(relu(key(lerp))^2).
 
 use super::loader::Loader;
-use super::rwkv6::{group_norm, lerp_rows, shift_diff_of, LayerNorms, RwkvFwd, RwkvLayer, Scratch};
-use super::{common_hparams_ext, Arch};
+use super::rwkv6::{check_rwkv, group_norm, lerp_rows, shift_diff_of, LayerNorms, RwkvFwd, RwkvLayer, Scratch};
+use super::{read_sizes, recurrent_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
-use crate::hparams::{HParams, Meta, RopeType};
+use crate::hparams::{HParams, Meta};
 use crate::model::TensorView;
 use crate::ops::ssm;
 
@@ -31,33 +31,20 @@ struct Params {
 
 impl Params {
     fn read(meta: &Meta, n_embd: usize) -> Result<Params> {
-        let p = Params {
-            head_size: meta.req_u("wkv.head_size")?,
-            decay: meta.req_u("attention.decay_lora_rank")?,
-            iclr: meta.req_u("attention.iclr_lora_rank")?,
-            value_mix: meta.req_u("attention.value_residual_mix_lora_rank")?,
-            gate: meta.u("attention.gate_lora_rank")?.unwrap_or(0),
-        };
-        let bad = |m: String| Err(Error::Unsupported(format!("{}: {m}", meta.file.path)));
-        let lim = crate::hparams::MAX_DIM;
-        if [p.head_size, p.decay, p.iclr, p.value_mix, p.gate].iter().any(|&v| v == 0 || v > lim) {
-            return bad(format!(
-                "wkv.head_size {} and the attention.*_lora_rank sizes (decay {}, iclr {}, value_residual_mix {}, gate {}) must be in [1, {lim}]",
-                p.head_size, p.decay, p.iclr, p.value_mix, p.gate
-            ));
-        }
+        // the gate rank is optional in llama.cpp's keys, but its tensors are required
+        let [head_size, decay, iclr, value_mix, gate] = read_sizes(
+            meta,
+            [
+                ("wkv.head_size", None),
+                ("attention.decay_lora_rank", None),
+                ("attention.iclr_lora_rank", None),
+                ("attention.value_residual_mix_lora_rank", None),
+                ("attention.gate_lora_rank", Some(0)),
+            ],
+        )?;
         // ggml's x86 WKV-7 kernel steps through a head 32 lanes at a time
-        if p.head_size % 32 != 0 || n_embd % p.head_size != 0 {
-            return bad(format!(
-                "wkv.head_size {} must be a multiple of 32 that divides embedding_length {n_embd}",
-                p.head_size
-            ));
-        }
-        let shift = meta.u("token_shift_count")?.unwrap_or(2);
-        if shift != 2 {
-            return bad(format!("token_shift_count {shift}: llama.cpp's rwkv7 needs 2"));
-        }
-        Ok(p)
+        check_rwkv(meta, n_embd, head_size, 32)?;
+        Ok(Params { head_size, decay, iclr, value_mix, gate })
     }
 }
 
@@ -67,10 +54,7 @@ impl Arch for Rwkv7 {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
-        Params::read(meta, hp.n_embd)?;
-        hp.n_rot = 0;
-        Ok(hp)
+        recurrent_hparams(meta, n_vocab, |m, ne| Params::read(m, ne).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {
