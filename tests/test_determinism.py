@@ -6,9 +6,9 @@ olmo2 (post-norms only, whole-projection q/k norms), granite (embedding, residua
 logit scales; FFN biases), starcoder2 (LayerNorm, biases, GELU FFN), exaone4 (post-norms, per-head q/k norms), glm4
 (pre- and post-norms, partial rope, fused gate+up), the MoE architectures llama4, phimoe,
 granitemoe, glm4moe, gpt-oss (attention sinks), deepseek2 and mistral4 (MLA), cohere2
-(parallel block, sliding window), the recurrent mamba2 and the hybrids lfm2, qwen35,
-qwen35moe, qwen3next, falcon-h1 and granitehybrid (recurrent states per sequence beside the
-KV cache), and on SmolLM2."""
+(parallel block, sliding window), the recurrent mamba2, mamba, falcon-mamba, rwkv6, rwkv7,
+arwkv7 and the hybrids lfm2, qwen35, qwen35moe, qwen3next, falcon-h1 and granitehybrid
+(recurrent states per sequence beside the KV cache), and on SmolLM2."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
                                             "llama4", "phimoe", "granitemoe", "glm4moe",
                                             "cohere2", "gpt-oss", "deepseek2", "mistral4",
                                             "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
-                                            "granitehybrid", "mamba", "falcon-mamba", "rwkv6", "rwkv7"])
+                                            "granitehybrid", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])
 

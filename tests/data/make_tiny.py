@@ -150,6 +150,10 @@ _SPECS = [
     # gate) and 64 (value residual mix)
     dict(name="tiny-rwkv7", arch="rwkv7", seed=2104, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
          eps=1e-5, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32)),
+    # arwkv7: RWKV-7's time mix in a Qwen2-style decoder (RMS norms, SwiGLU, one token shift);
+    # layer 1 without the optional gate LoRA and GroupNorm (five lerps)
+    dict(name="tiny-arwkv7", arch="arwkv7", seed=2105, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
+         eps=1e-6, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32, bare_layers=[1])),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid")
@@ -798,27 +802,45 @@ def _keys_rwkv7(w, A, s) -> None:
     w.add_uint32(f"{A}.attention.iclr_lora_rank", r["iclr"])
     w.add_uint32(f"{A}.attention.value_residual_mix_lora_rank", r["value_mix"])
     w.add_uint32(f"{A}.attention.gate_lora_rank", r["gate"])
-    w.add_uint32(f"{A}.token_shift_count", 2)
+    w.add_uint32(f"{A}.token_shift_count", 2 if A == "rwkv7" else 1)
 
 
-def _layer_rwkv7(add, b, i, s) -> None:
-    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
-    _rwkv_norms(add, b, i, ne)
+def _time_mix_rwkv7(add, b, i, s) -> None:
+    ne, r = s["n_embd"], s["rwkv"]
+    full = i not in r.get("bare_layers", ())
     rv = r["iclr"] if i == 0 else r["value_mix"]
     for x, rank in (("w", r["decay"]), ("a", r["iclr"]), ("v", rv), ("g", r["gate"])):
         if x != "g":
             add(b + f"time_mix_{x}0.weight", [ne], "bias")
-        add(b + f"time_mix_{x}1.weight", [ne, rank], "w")
-        add(b + f"time_mix_{x}2.weight", [rank, ne], "w")
-    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 6], "lerp")
+        if x != "g" or full:
+            add(b + f"time_mix_{x}1.weight", [ne, rank], "w")
+            add(b + f"time_mix_{x}2.weight", [rank, ne], "w")
+    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 6 if full else 5], "lerp")
     add(b + "time_mix_k_k.weight", [ne], "norm")
     add(b + "time_mix_k_a.weight", [ne], "norm")
     add(b + "time_mix_r_k.weight", [ne], "bias")
     for m in ("key", "value", "receptance"):
         add(b + f"time_mix_{m}.weight", [ne, ne], "w")
-    add(b + "time_mix_ln.weight", [ne], "norm")
-    add(b + "time_mix_ln.bias", [ne], "bias")
+    if full:
+        add(b + "time_mix_ln.weight", [ne], "norm")
+        add(b + "time_mix_ln.bias", [ne], "bias")
     add(b + "time_mix_output.weight", [ne, ne], "w")
+
+
+def _layer_arwkv7(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    add(b + "attn_norm.weight", [ne], "norm")
+    _time_mix_rwkv7(add, b, i, s)
+    add(b + "ffn_norm.weight", [ne], "norm")
+    add(b + "ffn_gate.weight", [ne, nf], "w")
+    add(b + "ffn_up.weight", [ne, nf], "w")
+    add(b + "ffn_down.weight", [nf, ne], "w")
+
+
+def _layer_rwkv7(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    _rwkv_norms(add, b, i, ne)
+    _time_mix_rwkv7(add, b, i, s)
     add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
     add(b + "channel_mix_key.weight", [ne, nf], "w")
     add(b + "channel_mix_value.weight", [nf, ne], "w")
@@ -831,6 +853,7 @@ def _output_rwkv6(add, s) -> None:
 _EXTRA = {
     "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
     "rwkv7": dict(keys=_keys_rwkv7, layer=_layer_rwkv7, output=_output_rwkv6),
+    "arwkv7": dict(keys=_keys_rwkv7, layer=_layer_arwkv7),
     "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),

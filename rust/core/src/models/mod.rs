@@ -37,6 +37,7 @@ pub mod glm4moe;
 pub mod cohere2;
 pub mod openai_moe;
 pub mod deepseek2;
+pub mod arwkv7;
 pub mod mamba;
 pub mod mamba2;
 pub mod lfm2;
@@ -122,6 +123,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &granite_hybrid::GraniteHybrid,
     &rwkv6::Rwkv6,
     &rwkv7::Rwkv7,
+    &arwkv7::Arwkv7,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

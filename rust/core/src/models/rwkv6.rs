@@ -37,22 +37,23 @@ impl Params {
     fn read(meta: &Meta, n_embd: usize) -> Result<Params> {
         let [head_size, mix_extra, decay_extra] =
             read_sizes(meta, [("wkv.head_size", None), ("time_mix_extra_dim", None), ("time_decay_extra_dim", None)])?;
-        check_rwkv(meta, n_embd, head_size, 1)?;
+        check_rwkv(meta, n_embd, head_size, 1, 2)?;
         Ok(Params { head_size, mix_extra, decay_extra, rescale: meta.u("rescale_every_n_layers")?.unwrap_or(0) })
     }
 }
 
-/// What rwkv6 and rwkv7 require of the file beyond their sizes: heads of `head_size` (a
-/// multiple of `head_align`) that tile n_embd, and two token shifts (llama.cpp asserts it).
-pub(crate) fn check_rwkv(meta: &Meta, n_embd: usize, head_size: usize, head_align: usize) -> Result<()> {
+/// What the RWKV architectures require of the file beyond their sizes: heads of
+/// `head_size` (a multiple of `head_align`) that tile n_embd, and `shifts` token shifts
+/// (llama.cpp asserts it).
+pub(crate) fn check_rwkv(meta: &Meta, n_embd: usize, head_size: usize, head_align: usize, shifts: usize) -> Result<()> {
     let bad = |m: String| Err(Error::Unsupported(format!("{}: {m}", meta.file.path)));
     if head_size % head_align != 0 || n_embd % head_size != 0 {
         let align = if head_align > 1 { format!(" a multiple of {head_align} that divides") } else { " dividing".into() };
         return bad(format!("wkv.head_size {head_size} must be{align} embedding_length {n_embd}"));
     }
     let shift = meta.u("token_shift_count")?.unwrap_or(2);
-    if shift != 2 {
-        return bad(format!("token_shift_count {shift}: llama.cpp's {} needs 2", meta.arch));
+    if shift != shifts {
+        return bad(format!("token_shift_count {shift}: llama.cpp's {} needs {shifts}", meta.arch));
     }
     Ok(())
 }
@@ -277,30 +278,44 @@ pub(crate) fn lerp_rows(sx: &[f32], cur: &[f32], lerp: &[f32], out: &mut [f32], 
     }
 }
 
-impl<L: RwkvLayer> RwkvFwd<L> {
-    /// The rows each token's mixes read as "previous": the sequence's state row `shift`
-    /// for its first token, the previous row of `rows` after that. Sequence-major tokens:
-    /// set k has rows [k * nt, (k + 1) * nt) and its state in cell rs.head + k.
-    fn prev_rows(st: &Step, il: usize, rows: &[f32], which: usize, out: &mut [f32]) -> Result<()> {
-        let ne = st.hp.n_embd;
-        let n = st.n;
-        let n_seqs = st.rs_seqs.max(1);
-        let nt = n / n_seqs;
-        let rs = st.rs.as_deref().ok_or_else(|| Error::Invalid("internal: rwkv6 without recurrent memory".into()))?;
-        let nr = rs.n_embd_r;
-        for k in 0..n_seqs {
-            let cell = rs.head + k;
-            let state = &rs.r[il][cell * nr + which * ne..cell * nr + (which + 1) * ne];
-            for t in 0..nt {
-                let row = k * nt + t;
-                let src = if t == 0 { state } else { &rows[(row - 1) * ne..row * ne] };
-                out[row * ne..(row + 1) * ne].copy_from_slice(src);
-            }
+/// The rows each token's mixes read as "previous": the sequence's state row `shift`
+/// for its first token, the previous row of `rows` after that. Sequence-major tokens:
+/// set k has rows [k * nt, (k + 1) * nt) and its state in cell rs.head + k.
+pub(crate) fn prev_rows(st: &Step, il: usize, rows: &[f32], which: usize, out: &mut [f32]) -> Result<()> {
+    let ne = st.hp.n_embd;
+    let n = st.n;
+    let n_seqs = st.rs_seqs.max(1);
+    let nt = n / n_seqs;
+    let rs = st.rs.as_deref().ok_or_else(|| Error::Invalid("internal: an RWKV model without recurrent memory".into()))?;
+    let nr = rs.n_embd_r;
+    for k in 0..n_seqs {
+        let cell = rs.head + k;
+        let state = &rs.r[il][cell * nr + which * ne..cell * nr + (which + 1) * ne];
+        for t in 0..nt {
+            let row = k * nt + t;
+            let src = if t == 0 { state } else { &rows[(row - 1) * ne..row * ne] };
+            out[row * ne..(row + 1) * ne].copy_from_slice(src);
         }
-        Ok(())
     }
-
+    Ok(())
 }
+
+/// Each sequence's last row of `rows` into its state row `which` (the token shift for the
+/// next micro-batch).
+pub(crate) fn store_shift(st: &mut Step, il: usize, rows: &[f32], which: usize) -> Result<()> {
+    let ne = st.hp.n_embd;
+    let n_seqs = st.rs_seqs.max(1);
+    let nt = st.n / n_seqs;
+    let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: an RWKV model without recurrent memory".into()))?;
+    let nr = rs.n_embd_r;
+    for k in 0..n_seqs {
+        let cell = rs.head + k;
+        let last = (k * nt + nt - 1) * ne..(k * nt + nt) * ne;
+        rs.r[il][cell * nr + which * ne..cell * nr + (which + 1) * ne].copy_from_slice(&rows[last]);
+    }
+    Ok(())
+}
+
 
 impl RwkvLayer for Layer {
     fn norms(&self) -> &LayerNorms {
@@ -440,27 +455,19 @@ impl<L: RwkvLayer> Forward for RwkvFwd<L> {
             st.build_norm(&nm.attn_norm, Some(&nm.attn_norm_b), Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
             sc.att[..m].copy_from_slice(&st.b.cur[..m]);
-            Self::prev_rows(st, il, &sc.att, 0, &mut sc.xprev)?;
+            prev_rows(st, il, &sc.att, 0, &mut sc.xprev)?;
             l.time_mix(st, il, sc)?;
             st.residual();
             crate::cb!(st, "ffn_inp", il, x, ne);
             st.build_norm(&nm.attn_norm_2, Some(&nm.attn_norm_2_b), Norm::Layer, self.eps);
             crate::cb!(st, "ffn_norm", il, cur, ne);
-            Self::prev_rows(st, il, &st.b.cur, 1, &mut sc.xprev)?;
+            prev_rows(st, il, &st.b.cur, 1, &mut sc.xprev)?;
             // the token shift state: each sequence's last normed rows
-            {
-                let n_seqs = st.rs_seqs.max(1);
-                let nt = st.n / n_seqs;
-                let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: rwkv6 without recurrent memory".into()))?;
-                let nr = rs.n_embd_r;
-                for k in 0..n_seqs {
-                    let cell = rs.head + k;
-                    let last = (k * nt + nt - 1) * ne..(k * nt + nt) * ne;
-                    let r = &mut rs.r[il][cell * nr..(cell + 1) * nr];
-                    r[..ne].copy_from_slice(&sc.att[last.clone()]);
-                    r[ne..2 * ne].copy_from_slice(&st.b.cur[last]);
-                }
-            }
+            store_shift(st, il, &sc.att, 0)?;
+            let cur = std::mem::take(&mut st.b.cur);
+            let r = store_shift(st, il, &cur, 1);
+            st.b.cur = cur;
+            r?;
             if il == nl - 1 {
                 let b = &mut *st.b;
                 for (j, &i) in b.out_idx.iter().enumerate() {

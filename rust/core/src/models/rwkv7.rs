@@ -20,9 +20,10 @@ use crate::ops::ssm;
 
 pub struct Rwkv7;
 
+/// The RWKV-7 hyperparameters (also arwkv7's).
 #[derive(Clone, Copy, Debug)]
-struct Params {
-    head_size: usize,
+pub(crate) struct Params {
+    pub(crate) head_size: usize,
     decay: usize,
     iclr: usize,
     value_mix: usize,
@@ -30,8 +31,11 @@ struct Params {
 }
 
 impl Params {
-    fn read(meta: &Meta, n_embd: usize) -> Result<Params> {
-        // the gate rank is optional in llama.cpp's keys, but its tensors are required
+    /// `shifts`: the token shifts the architecture needs (rwkv7 2, arwkv7 1); `gate`: whether
+    /// the gate LoRA (and so its rank) is required.
+    pub(crate) fn read(meta: &Meta, n_embd: usize, shifts: usize, gate: bool) -> Result<Params> {
+        // the gate rank is optional in llama.cpp's keys (rwkv7 requires its tensors)
+        let g = meta.u("attention.gate_lora_rank")?;
         let [head_size, decay, iclr, value_mix, gate] = read_sizes(
             meta,
             [
@@ -39,11 +43,11 @@ impl Params {
                 ("attention.decay_lora_rank", None),
                 ("attention.iclr_lora_rank", None),
                 ("attention.value_residual_mix_lora_rank", None),
-                ("attention.gate_lora_rank", Some(0)),
+                ("attention.gate_lora_rank", Some(if gate { 0 } else { g.unwrap_or(1) })),
             ],
         )?;
         // ggml's x86 WKV-7 kernel steps through a head 32 lanes at a time
-        check_rwkv(meta, n_embd, head_size, 32)?;
+        check_rwkv(meta, n_embd, head_size, 32, shifts)?;
         Ok(Params { head_size, decay, iclr, value_mix, gate })
     }
 }
@@ -54,7 +58,7 @@ impl Arch for Rwkv7 {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        recurrent_hparams(meta, n_vocab, |m, ne| Params::read(m, ne).map(|_| ()))
+        recurrent_hparams(meta, n_vocab, |m, ne| Params::read(m, ne, 2, true).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {
@@ -72,38 +76,15 @@ impl Arch for Rwkv7 {
     fn build_forward(&self, ld: &Loader, _cp: &ContextParams) -> Result<Box<dyn Forward>> {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch: self.name() };
-        let p = Params::read(&meta, hp.n_embd)?;
+        let p = Params::read(&meta, hp.n_embd, 2, true)?;
         let ne = hp.n_embd;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
             let nf = hp.n_ff[il];
-            // layer 0's value LoRA is never used (llama.cpp loads it with the iclr rank)
-            let rv = if il == 0 { p.iclr } else { p.value_mix };
             layers.push(Layer {
                 norms: LayerNorms::load(ld, il)?,
-                p,
-                w0: ld.req_vec(&b("time_mix_w0.weight"), &[ne])?,
-                w1: ld.req(&b("time_mix_w1.weight"), &[ne, p.decay])?,
-                w2: ld.req(&b("time_mix_w2.weight"), &[p.decay, ne])?,
-                a0: ld.req_vec(&b("time_mix_a0.weight"), &[ne])?,
-                a1: ld.req(&b("time_mix_a1.weight"), &[ne, p.iclr])?,
-                a2: ld.req(&b("time_mix_a2.weight"), &[p.iclr, ne])?,
-                v0: ld.req_vec(&b("time_mix_v0.weight"), &[ne])?,
-                v1: ld.req(&b("time_mix_v1.weight"), &[ne, rv])?,
-                v2: ld.req(&b("time_mix_v2.weight"), &[rv, ne])?,
-                g1: ld.req(&b("time_mix_g1.weight"), &[ne, p.gate])?,
-                g2: ld.req(&b("time_mix_g2.weight"), &[p.gate, ne])?,
-                lerp: ld.req_vec(&b("time_mix_lerp_fused.weight"), &[ne, 1, 1, 6])?,
-                k_k: ld.req_vec(&b("time_mix_k_k.weight"), &[ne])?,
-                k_a: ld.req_vec(&b("time_mix_k_a.weight"), &[ne])?,
-                r_k: ld.req_vec(&b("time_mix_r_k.weight"), &[ne])?,
-                key: ld.req(&b("time_mix_key.weight"), &[ne, ne])?,
-                value: ld.req(&b("time_mix_value.weight"), &[ne, ne])?,
-                receptance: ld.req(&b("time_mix_receptance.weight"), &[ne, ne])?,
-                ln: ld.req_vec(&b("time_mix_ln.weight"), &[ne])?,
-                ln_b: ld.req_vec(&b("time_mix_ln.bias"), &[ne])?,
-                output: ld.req(&b("time_mix_output.weight"), &[ne, ne])?,
+                tm: TimeMix::load(ld, il, &p, true)?,
                 cm_lerp_k: ld.req_vec(&b("channel_mix_lerp_k.weight"), &[ne])?,
                 cm_key: ld.req(&b("channel_mix_key.weight"), &[ne, nf])?,
                 cm_value: ld.req(&b("channel_mix_value.weight"), &[nf, ne])?,
@@ -113,8 +94,8 @@ impl Arch for Rwkv7 {
     }
 }
 
-struct Layer {
-    norms: LayerNorms,
+/// An RWKV-7 time mix's weights (rwkv7, arwkv7).
+pub(crate) struct TimeMix {
     p: Params,
     w0: Vec<f32>,
     w1: TensorView<'static>,
@@ -125,9 +106,9 @@ struct Layer {
     v0: Vec<f32>,
     v1: TensorView<'static>,
     v2: TensorView<'static>,
-    g1: TensorView<'static>,
-    g2: TensorView<'static>,
-    /// [6][n_embd]: the r, w, k, v, a, g lerps
+    /// the gate LoRA (optional in arwkv7)
+    g: Option<(TensorView<'static>, TensorView<'static>)>,
+    /// [6][n_embd] (5 without the gate): the r, w, k, v, a(, g) lerps
     lerp: Vec<f32>,
     k_k: Vec<f32>,
     k_a: Vec<f32>,
@@ -135,9 +116,63 @@ struct Layer {
     key: TensorView<'static>,
     value: TensorView<'static>,
     receptance: TensorView<'static>,
-    ln: Vec<f32>,
-    ln_b: Vec<f32>,
+    /// the per-head GroupNorm's weight and bias (optional in arwkv7)
+    ln: Option<(Vec<f32>, Vec<f32>)>,
     output: TensorView<'static>,
+}
+
+impl TimeMix {
+    /// `full`: rwkv7's (gate and GroupNorm required); else arwkv7's (both optional).
+    pub(crate) fn load(ld: &Loader, il: usize, p: &Params, full: bool) -> Result<TimeMix> {
+        let ne = ld.hp().n_embd;
+        let b = |s: &str| format!("blk.{il}.{s}");
+        // layer 0's value LoRA is never used (llama.cpp loads it with the iclr rank)
+        let rv = if il == 0 { p.iclr } else { p.value_mix };
+        let g = if full {
+            Some((ld.req(&b("time_mix_g1.weight"), &[ne, p.gate])?, ld.req(&b("time_mix_g2.weight"), &[p.gate, ne])?))
+        } else {
+            match (ld.opt(&b("time_mix_g1.weight"), &[ne, p.gate])?, ld.opt(&b("time_mix_g2.weight"), &[p.gate, ne])?) {
+                (Some(g1), Some(g2)) => Some((g1, g2)),
+                _ => None,
+            }
+        };
+        let n_lerp = if g.is_some() { 6 } else { 5 };
+        let ln = if full {
+            Some((ld.req_vec(&b("time_mix_ln.weight"), &[ne])?, ld.req_vec(&b("time_mix_ln.bias"), &[ne])?))
+        } else {
+            match (ld.opt_vec(&b("time_mix_ln.weight"), &[ne])?, ld.opt_vec(&b("time_mix_ln.bias"), &[ne])?) {
+                (Some(w), Some(bias)) => Some((w, bias)),
+                _ => None,
+            }
+        };
+        Ok(TimeMix {
+            p: *p,
+            w0: ld.req_vec(&b("time_mix_w0.weight"), &[ne])?,
+            w1: ld.req(&b("time_mix_w1.weight"), &[ne, p.decay])?,
+            w2: ld.req(&b("time_mix_w2.weight"), &[p.decay, ne])?,
+            a0: ld.req_vec(&b("time_mix_a0.weight"), &[ne])?,
+            a1: ld.req(&b("time_mix_a1.weight"), &[ne, p.iclr])?,
+            a2: ld.req(&b("time_mix_a2.weight"), &[p.iclr, ne])?,
+            v0: ld.req_vec(&b("time_mix_v0.weight"), &[ne])?,
+            v1: ld.req(&b("time_mix_v1.weight"), &[ne, rv])?,
+            v2: ld.req(&b("time_mix_v2.weight"), &[rv, ne])?,
+            g,
+            lerp: ld.req_vec(&b("time_mix_lerp_fused.weight"), &[ne, 1, 1, n_lerp])?,
+            k_k: ld.req_vec(&b("time_mix_k_k.weight"), &[ne])?,
+            k_a: ld.req_vec(&b("time_mix_k_a.weight"), &[ne])?,
+            r_k: ld.req_vec(&b("time_mix_r_k.weight"), &[ne])?,
+            key: ld.req(&b("time_mix_key.weight"), &[ne, ne])?,
+            value: ld.req(&b("time_mix_value.weight"), &[ne, ne])?,
+            receptance: ld.req(&b("time_mix_receptance.weight"), &[ne, ne])?,
+            ln,
+            output: ld.req(&b("time_mix_output.weight"), &[ne, ne])?,
+        })
+    }
+}
+
+struct Layer {
+    norms: LayerNorms,
+    tm: TimeMix,
     cm_lerp_k: Vec<f32>,
     cm_key: TensorView<'static>,
     cm_value: TensorView<'static>,
@@ -163,18 +198,16 @@ fn lora(st: &mut Step, w1: &TensorView, w2: &TensorView, x: &[f32], mid: &mut Ve
     Step::mm(st.pool, st.dev, w2, mid, n, out, &mut b.mm_scratch, &mut b.lora)
 }
 
-impl RwkvLayer for Layer {
-    fn norms(&self) -> &LayerNorms {
-        &self.norms
-    }
-
-    fn time_mix(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
+impl TimeMix {
+    /// In `cur` [n, n_embd] (normed) and sc.xprev, out `tmp`.
+    pub(crate) fn run(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
         let (n, ne) = (st.n, st.hp.n_embd);
         let hs = self.p.head_size;
         let m = n * ne;
         shift_diff_of(sc, &st.b.cur[..m]);
-        sc.mix.resize(6 * m, 0.0);
-        for g in 0..6 {
+        let n_lerp = self.lerp.len() / ne;
+        sc.mix.resize(n_lerp * m, 0.0);
+        for g in 0..n_lerp {
             lerp_rows(&sc.sx, &st.b.cur[..m], &self.lerp[g * ne..(g + 1) * ne], &mut sc.mix[g * m..(g + 1) * m], ne);
         }
         for v in [&mut sc.r, &mut sc.k, &mut sc.v, &mut sc.g, &mut sc.w, &mut sc.o, &mut sc.xxx] {
@@ -189,6 +222,7 @@ impl RwkvLayer for Layer {
         let (xk, rest) = rest.split_at(m);
         let (xv, rest) = rest.split_at(m);
         let (xa, xg) = rest.split_at(m);
+        let xg = &xg[..xg.len().min(m)];
         {
             let b = &mut *st.b;
             Step::mm(st.pool, st.dev, &self.receptance, xr, n, &mut sc.r, &mut b.mm_scratch, &mut b.lora)?;
@@ -219,7 +253,9 @@ impl RwkvLayer for Layer {
                 }
             }
         }
-        lora(st, &self.g1, &self.g2, xg, mid, &mut sc.g, Some(sigmoid))?;
+        if let Some((g1, g2)) = &self.g {
+            lora(st, g1, g2, xg, mid, &mut sc.g, Some(sigmoid))?;
+        }
         lora(st, &self.a1, &self.a2, xa, mid, a, None)?;
         for row in a[..m].chunks_exact_mut(ne) {
             for (v, a0) in row.iter_mut().zip(&self.a0) {
@@ -265,7 +301,9 @@ impl RwkvLayer for Layer {
                 ssm::wkv7_token(s, &sc.r[rr.clone()], &sc.w[rr.clone()], &sc.k[rr.clone()], &sc.v[rr.clone()], &kk[rr.clone()], &mid[rr], &mut sc.o[row], hs);
             }
         }
-        group_norm(&mut sc.o[..m], &self.ln, &self.ln_b, ne, hs);
+        if let Some((w, b)) = &self.ln {
+            group_norm(&mut sc.o[..m], w, b, ne, hs);
+        }
         // + v * sum(k * r * r_k) per head, then * g
         for (((orow, krow), rrow), (vrow, grow)) in sc.o[..m]
             .chunks_exact_mut(ne)
@@ -283,12 +321,24 @@ impl RwkvLayer for Layer {
                     orow[j] += vrow[j] * rk;
                 }
             }
-            for (o, g) in orow.iter_mut().zip(grow) {
-                *o *= g;
+            if self.g.is_some() {
+                for (o, g) in orow.iter_mut().zip(grow) {
+                    *o *= g;
+                }
             }
         }
         let b = &mut *st.b;
         Step::mm(st.pool, st.dev, &self.output, &sc.o, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)
+    }
+}
+
+impl RwkvLayer for Layer {
+    fn norms(&self) -> &LayerNorms {
+        &self.norms
+    }
+
+    fn time_mix(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
+        self.tm.run(st, il, sc)
     }
 
     fn channel_mix(&self, st: &mut Step, sc: &mut Scratch) -> Result<()> {
