@@ -77,14 +77,10 @@ impl Arch for Mamba2 {
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {
+        // Mamba's size classes and one more
         match (hp.n_layer, hp.n_embd) {
-            (24, 768) => "SMALL",
-            (48, 1024) => "MEDIUM",
-            (48, 1536) => "LARGE",
-            (48, 2048) => "XL",
-            (64, 2560) => "3B",
             (64, 4096) => "7B",
-            _ => "?B",
+            _ => super::mamba::Mamba.type_name(hp),
         }
     }
 
