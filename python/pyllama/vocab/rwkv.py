@@ -59,11 +59,9 @@ class RwkvSession:
             if not b:
                 continue
             children = self._root
-            node = None
+            node: list = []
             for c in b:
-                node = children.get(c)
-                if node is None:
-                    node = children[c] = [None, {}]
+                node = children.setdefault(c, [None, {}])
                 children = node[1]
             node[0] = tid
         self._unk = unk
