@@ -7,9 +7,9 @@ logit scales; FFN biases), starcoder2 (LayerNorm, biases, GELU FFN), exaone4 (po
 (pre- and post-norms, partial rope, fused gate+up), the MoE architectures llama4, phimoe,
 granitemoe, glm4moe, gpt-oss (attention sinks), deepseek2 and mistral4 (MLA), cohere2
 (parallel block, sliding window), gemma4 (two head sizes, KV sharing, per-layer
-embeddings, experts), the recurrent mamba2 and the hybrids lfm2, lfm2moe, qwen35,
-qwen35moe, qwen3next, falcon-h1 and granitehybrid (recurrent states per sequence beside the
-KV cache), and on SmolLM2."""
+embeddings, experts), the recurrent mamba2, mamba, falcon-mamba, rwkv6, rwkv7, arwkv7 and
+the hybrids lfm2, lfm2moe, qwen35, qwen35moe, qwen3next, falcon-h1 and granitehybrid
+(recurrent states per sequence beside the KV cache), and on SmolLM2."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
                                             "llama4", "phimoe", "granitemoe", "glm4moe",
                                             "cohere2", "gpt-oss", "deepseek2", "mistral4",
                                             "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
-                                            "granitehybrid", "lfm2moe", "gemma4"])
+                                            "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])
 

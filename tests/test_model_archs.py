@@ -81,7 +81,7 @@ def test_tiny_hparams_llama_cpp_derives(tmp_path):
     assert m3["f_attn_temp_scale"] == pytest.approx(0.1) and m3["n_attn_temp_floor_scale"] == 128
 
 
-@pytest.mark.parametrize("arch", ["falcon", "mamba"])
+@pytest.mark.parametrize("arch", ["falcon", "jamba"])
 def test_unregistered_architecture_named(tmp_path, arch):
     # tiny-phi2's header relabelled as an architecture pyllama has no schema for
     h = HEADERS["tiny-phi2-F32.gguf"]

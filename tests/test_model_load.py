@@ -461,15 +461,15 @@ def test_vocab_only_needs_no_schema(tmp_path, smollm2_path):
     architecture: such loads work for any architecture name; full loads name it."""
     f = GGUFFile(smollm2_path)
     md = f.metadata
-    kvs = [("general.architecture", STR, "rwkv6")]
+    kvs = [("general.architecture", STR, "jamba")]
     kvs += [(k, STR, v) for k, v in md.items() if k in ("tokenizer.ggml.model", "tokenizer.ggml.pre")]
     kvs.append(("tokenizer.ggml.tokens", 9, (8, md["tokenizer.ggml.tokens"][:300])))
     kvs.append(("tokenizer.ggml.merges", 9, (8, md["tokenizer.ggml.merges"][:40])))
-    p = tmp_path / "vocab-rwkv6.gguf"
+    p = tmp_path / "vocab-jamba.gguf"
     p.write_bytes(build(Spec(kvs=kvs))[0])
     m = Model.load(p, vocab_only=True)
-    assert m.arch == "rwkv6" and m.n_vocab == 300 and m.n_layer == 0 and m.n_head == 0
-    with pytest.raises(UnsupportedModelError, match="unknown model architecture 'rwkv6'"):
+    assert m.arch == "jamba" and m.n_vocab == 300 and m.n_layer == 0 and m.n_head == 0
+    with pytest.raises(UnsupportedModelError, match="unknown model architecture 'jamba'"):
         Model.load(p)
     L.llama_backend_init()
     params = L.llama_model_default_params()

@@ -22,6 +22,12 @@ DATA = Path(__file__).parent / "data"
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
 ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
+# llama.cpp's arwkv7 (one token shift) stores the shifted rows of a micro-batch with several
+# sequences through ggml_view_1d of a strided view (arwkv7.cpp, build_rwkv_token_shift_store):
+# sequence k > 0 keeps the normed row (n_seq_tokens - 1 + k) of the whole micro-batch, not its
+# own last row. pyllama keeps each sequence's last row; the script's first decode (two
+# sequences in one micro-batch) makes llama.cpp's row 4 (sequence 1 continued) differ.
+LLAMA_CPP_WRONG_ROWS = {"arwkv7": [4]}
 
 
 def _tiny(arch, tmp_path_factory):
@@ -87,6 +93,12 @@ def test_seq_ops_match_llamacpp(arch, tmp_path_factory):
     answers, rows = replay(ctx, ref["script"], ref["n_vocab"])
     assert answers == ref["answers"]
     assert rows.shape == want.shape
+    bad = LLAMA_CPP_WRONG_ROWS.get(arch, [])
+    if bad:
+        # those rows are llama.cpp's bug, not pyllama's answer: far from pyllama's
+        assert (np.abs(rows[bad] - want[bad]).max(axis=1) > 1.0).all()
+        keep = [i for i in range(len(rows)) if i not in bad]
+        rows, want = rows[keep], want[keep]
     d = np.abs(rows - want)
     assert d.mean() <= 0.03 and np.percentile(d, 99) <= 0.15, (d.mean(), d.max())
     assert (rows.argmax(axis=1) == want.argmax(axis=1)).all()

@@ -256,3 +256,70 @@ def test_special_ids_suite_vocabs(name):
 
 def test_special_ids_t5_toy():
     _check_special_ids(Vocab.from_metadata(t5_toy_metadata(True, True), source="t5"), "t5-toy-a")
+
+
+# -- RWKV's vocabulary (llama.cpp's LLAMA_VOCAB_TYPE_RWKV) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rwkv_maker():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_rwkv_reference", DATA / "make_rwkv_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def rwkv_vocab(rwkv_maker, tmp_path_factory):
+    return Vocab.from_file(str(rwkv_maker.write_vocab(tmp_path_factory.mktemp("rwkv") / "vocab.gguf")))
+
+
+def test_rwkv_tokenize_as_llama_cpp(rwkv_vocab):
+    # tests/data/tokenizer/make_rwkv_reference.py: llama-tokenize on the same vocabulary
+    # (greedy longest match over escaped, literal and duplicate texts; no BOS)
+    ref = json.loads((DATA / "rwkv.json").read_text())
+    assert len(ref["cases"]) == 8
+    for c in ref["cases"]:
+        raw = base64.b64decode(c["prompt_b64"])
+        assert rwkv_vocab.tokenize(raw, add_special=True, parse_special=False) == c["ids"], raw
+    assert rwkv_vocab.nl == 11 and not rwkv_vocab.add_bos and rwkv_vocab.bos == -1
+
+
+def test_rwkv_pieces_are_the_unescaped_bytes(rwkv_vocab):
+    ids = rwkv_vocab.tokenize(b"x\\\x00\xffhello\n\nAB")
+    assert rwkv_vocab.detokenize_bytes(ids) == b"x\\\x00\xffhello\n\nAB"
+    assert rwkv_vocab.token_to_piece(268) == b"AB" and rwkv_vocab.token_to_piece(269) == b"\\x"
+    assert rwkv_vocab.token_to_piece(0) == b"" and rwkv_vocab.token_to_piece(0, special=True) == b"<s>"
+
+
+def test_rwkv_unescape_follows_llama_cpp():
+    from pyllama.vocab.rwkv import unescape
+
+    assert unescape(b"a\\tb\\n\\r\\\\\\x41\\x7f\\q") == b"a\tb\n\r\\A\x7fq"
+    # upper-case hex digits: 'F' < 'a', so llama.cpp reads them as c - '0' (22), in uint8
+    assert unescape(b"\\xFF") == bytes([((22 << 4) + 22) & 0xFF]) == b"v"
+
+
+def test_rwkv_without_a_matching_token_raises(tmp_path):
+    # a byte no token starts: llama.cpp pushes its unknown id (none here), so pyllama
+    # raises; bytes that only begin longer tokens would make llama.cpp loop forever
+    import gguf
+
+    from pyllama.errors import PyllamaError
+
+    w = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "rwkv6")
+    w.add_tokenizer_model("rwkv")
+    w.add_token_list(["\\n", "ab", "c"])
+    w.add_token_types([1, 1, 1])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    v = Vocab.from_file(str(tmp_path / "v.gguf"))
+    assert v.tokenize(b"abc\n") == [1, 2, 0]
+    with pytest.raises(PyllamaError, match="UNK"):
+        v.tokenize(b"z")
+    with pytest.raises(PyllamaError, match="no token matches"):
+        v.tokenize(b"ac")

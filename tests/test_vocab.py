@@ -94,7 +94,7 @@ def test_missing_pre_warns_and_falls_back(caplog):
     [
         ({"tokenizer.ggml.pre": "no-such-pre"}, "unknown pre-tokenizer type: 'no-such-pre'"),
         ({"tokenizer.ggml.model": "sentencepiece-v9"}, "unknown tokenizer model 'sentencepiece-v9'"),
-        ({"tokenizer.ggml.model": "rwkv"}, "not supported yet"),
+        ({"tokenizer.ggml.model": "plamo2"}, "not supported yet"),
     ],
 )
 def test_unsupported_raises(change, match):

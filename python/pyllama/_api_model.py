@@ -427,8 +427,8 @@ _ROPE_TYPES = {"none": LLAMA_ROPE_TYPE_NONE, "norm": LLAMA_ROPE_TYPE_NORM, "neox
                "mrope": LLAMA_ROPE_TYPE_MROPE, "imrope": LLAMA_ROPE_TYPE_IMROPE, "vision": LLAMA_ROPE_TYPE_VISION}
 
 # llama-arch.cpp's llm_arch_is_recurrent / _hybrid / _diffusion and llama_model_has_encoder /
-# _has_decoder, by GGUF architecture name (pyllama runs none of these; a vocab-only load
-# of one still answers as llama.cpp would)
+# _has_decoder, by GGUF architecture name (a vocab-only load of one pyllama does not run
+# still answers as llama.cpp would)
 _RECURRENT = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
 _HYBRID = {"jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
            "qwen3next", "kimi-linear", "qwen35", "qwen35moe"}

@@ -153,10 +153,27 @@ _SPECS = [
          rope_base_swa=10000.0, eps=1e-6, sliding_window=64, swa=[True, True, True, False, True, False], shared_kv=2,
          n_pl=32, n_expert=4, n_expert_used=2, n_ff_exp=32, moe_layers={1: "fused", 4: "split"}, final_softcap=30.0,
          scale=dict(router=4.0)),
+    # mamba (v1): x_proj into dt (rank 8), B and C; d_state 16; no dt/B/C norms
+    dict(name="tiny-mamba", arch="mamba", seed=2101, n_head=0, n_head_kv=0, n_ff=0, eps=1e-5, tied=False,
+         mamba=dict(d_conv=4, d_inner=128, d_state=16, dt_rank=8, dt_b_c_rms=False)),
+    # falcon-mamba: the same layers with Falcon-Mamba's weightless RMS norms on dt, B and C
+    dict(name="tiny-falcon-mamba", key="falcon-mamba", arch="mamba", seed=2102, n_head=0, n_head_kv=0, n_ff=0,
+         eps=1e-5, mamba=dict(d_conv=4, d_inner=128, d_state=16, dt_rank=8, dt_b_c_rms=True)),
+    # rwkv6: 4 WKV heads of 16, LoRA ranks 32, fused lerps, every second layer's output halved
+    dict(name="tiny-rwkv6", arch="rwkv6", seed=2103, n_layer=3, n_head=0, n_head_kv=0, head_dim=16, n_ff=192,
+         eps=1e-5, tied=False, rwkv=dict(head_size=16, mix_extra=32, decay_extra=32, rescale=2)),
+    # rwkv7: 2 WKV heads of 32 (ggml's x86 kernel steps by 32), LoRA ranks 32 (decay, iclr,
+    # gate) and 64 (value residual mix)
+    dict(name="tiny-rwkv7", arch="rwkv7", seed=2104, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
+         eps=1e-5, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32)),
+    # arwkv7: RWKV-7's time mix in a Qwen2-style decoder (RMS norms, SwiGLU, one token shift);
+    # layer 1 without the optional gate LoRA and GroupNorm (five lerps)
+    dict(name="tiny-arwkv7", arch="arwkv7", seed=2105, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
+         eps=1e-6, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32, bare_layers=[1])),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe")
-SPECS = {s["arch"]: dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
+SPECS = {s.get("key", s["arch"]): dict(BASE, **dict(s, seed=s.get("seed", 1000 + i))) for i, s in enumerate(_SPECS) if s is not None}
 
 
 def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Path | None = None) -> Path:
@@ -195,7 +212,7 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
         w.add_array(f"{A}.attention.head_count_kv", s["n_head_kv"])
     else:
         w.add_uint32(f"{A}.attention.head_count_kv", s["n_head_kv"])
-    if A == "phi2":
+    if A in ("phi2", "rwkv6", "rwkv7"):
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     elif A == "starcoder2":
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
@@ -305,6 +322,10 @@ def write_tiny(arch: str, out_dir: Path, qtype: str = "F32", tokenizer_from: Pat
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(n_embd))
         elif kind == "conv":  # short-convolution taps (llama-quantize keeps them F32)
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif kind == "wf":  # a weight kept F32 (rows too short for Q8_0's blocks)
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(ne[0]))
+        elif kind == "lerp":  # token-shift mixing factors, around 1/2
+            a = np.float32(0.5) + rng.standard_normal(shape, dtype=np.float32) * np.float32(0.2)
         elif kind == "neg":  # Mamba's A = -exp(A_log)
             a = -(np.float32(0.5) + np.abs(rng.standard_normal(shape, dtype=np.float32)))
         elif isinstance(kind, tuple) and kind[0] == "const":  # given values (no draw)
@@ -812,7 +833,133 @@ def _layer_gemma4(add, b, i, s) -> None:
         add(b + "post_norm.weight", [n_embd], "norm")
 
 
+def _keys_mamba(w, A, s) -> None:
+    m = s["mamba"]
+    w.add_uint32(f"{A}.ssm.conv_kernel", m["d_conv"])
+    w.add_uint32(f"{A}.ssm.inner_size", m["d_inner"])
+    w.add_uint32(f"{A}.ssm.state_size", m["d_state"])
+    w.add_uint32(f"{A}.ssm.time_step_rank", m["dt_rank"])
+    w.add_bool(f"{A}.ssm.dt_b_c_rms", m["dt_b_c_rms"])
+
+
+def _layer_mamba(add, b, i, s) -> None:
+    n_embd, m = s["n_embd"], s["mamba"]
+    di, ds, dc, dtr = m["d_inner"], m["d_state"], m["d_conv"], m["dt_rank"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    add(b + "ssm_in.weight", [n_embd, 2 * di], "w")
+    add(b + "ssm_conv1d.weight", [dc, di], "conv")
+    add(b + "ssm_conv1d.bias", [di], "bias")
+    add(b + "ssm_x.weight", [di, dtr + 2 * ds], "w")
+    add(b + "ssm_dt.weight", [dtr, di], "wf")
+    add(b + "ssm_dt.bias", [di], "bias")
+    add(b + "ssm_a", [ds, di], "neg")
+    add(b + "ssm_d", [di], "norm")
+    add(b + "ssm_out.weight", [di, n_embd], "w")
+
+
+def _rwkv_norms(add, b, i, ne) -> None:
+    if i == 0:
+        add("token_embd_norm.weight", [ne], "norm")
+        add("token_embd_norm.bias", [ne], "bias")
+    add(b + "attn_norm.weight", [ne], "norm")
+    add(b + "attn_norm.bias", [ne], "bias")
+    add(b + "attn_norm_2.weight", [ne], "norm")
+    add(b + "attn_norm_2.bias", [ne], "bias")
+
+
+def _keys_rwkv6(w, A, s) -> None:
+    r = s["rwkv"]
+    w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
+    w.add_uint32(f"{A}.time_mix_extra_dim", r["mix_extra"])
+    w.add_uint32(f"{A}.time_decay_extra_dim", r["decay_extra"])
+    w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
+    w.add_uint32(f"{A}.token_shift_count", 2)
+
+
+def _layer_rwkv6(add, b, i, s) -> None:
+    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
+    e, d, hs = r["mix_extra"], r["decay_extra"], r["head_size"]
+    _rwkv_norms(add, b, i, ne)
+    add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
+    add(b + "time_mix_w2.weight", [e, ne, 5], "w")
+    add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
+    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 5], "lerp")
+    add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
+    add(b + "time_mix_decay.weight", [ne], "bias")
+    add(b + "time_mix_decay_w1.weight", [ne, d], "w")
+    add(b + "time_mix_decay_w2.weight", [d, ne], "w")
+    for m in ("key", "value", "receptance", "gate"):
+        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
+    add(b + "time_mix_ln.weight", [ne], "norm")
+    add(b + "time_mix_ln.bias", [ne], "bias")
+    add(b + "time_mix_output.weight", [ne, ne], "w")
+    add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_lerp_r.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_key.weight", [ne, nf], "w")
+    add(b + "channel_mix_value.weight", [nf, ne], "w")
+    add(b + "channel_mix_receptance.weight", [ne, ne], "w")
+
+
+def _keys_rwkv7(w, A, s) -> None:
+    r = s["rwkv"]
+    w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
+    w.add_uint32(f"{A}.attention.decay_lora_rank", r["decay"])
+    w.add_uint32(f"{A}.attention.iclr_lora_rank", r["iclr"])
+    w.add_uint32(f"{A}.attention.value_residual_mix_lora_rank", r["value_mix"])
+    w.add_uint32(f"{A}.attention.gate_lora_rank", r["gate"])
+    w.add_uint32(f"{A}.token_shift_count", 2 if A == "rwkv7" else 1)
+
+
+def _time_mix_rwkv7(add, b, i, s) -> None:
+    ne, r = s["n_embd"], s["rwkv"]
+    full = i not in r.get("bare_layers", ())
+    rv = r["iclr"] if i == 0 else r["value_mix"]
+    for x, rank in (("w", r["decay"]), ("a", r["iclr"]), ("v", rv), ("g", r["gate"])):
+        if x != "g":
+            add(b + f"time_mix_{x}0.weight", [ne], "bias")
+        if x != "g" or full:
+            add(b + f"time_mix_{x}1.weight", [ne, rank], "w")
+            add(b + f"time_mix_{x}2.weight", [rank, ne], "w")
+    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 6 if full else 5], "lerp")
+    add(b + "time_mix_k_k.weight", [ne], "norm")
+    add(b + "time_mix_k_a.weight", [ne], "norm")
+    add(b + "time_mix_r_k.weight", [ne], "bias")
+    for m in ("key", "value", "receptance"):
+        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
+    if full:
+        add(b + "time_mix_ln.weight", [ne], "norm")
+        add(b + "time_mix_ln.bias", [ne], "bias")
+    add(b + "time_mix_output.weight", [ne, ne], "w")
+
+
+def _layer_arwkv7(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    add(b + "attn_norm.weight", [ne], "norm")
+    _time_mix_rwkv7(add, b, i, s)
+    add(b + "ffn_norm.weight", [ne], "norm")
+    add(b + "ffn_gate.weight", [ne, nf], "w")
+    add(b + "ffn_up.weight", [ne, nf], "w")
+    add(b + "ffn_down.weight", [nf, ne], "w")
+
+
+def _layer_rwkv7(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    _rwkv_norms(add, b, i, ne)
+    _time_mix_rwkv7(add, b, i, s)
+    add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
+    add(b + "channel_mix_key.weight", [ne, nf], "w")
+    add(b + "channel_mix_value.weight", [nf, ne], "w")
+
+
+def _output_rwkv6(add, s) -> None:
+    add("output_norm.bias", [s["n_embd"]], "bias")
+
+
 _EXTRA = {
+    "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
+    "rwkv7": dict(keys=_keys_rwkv7, layer=_layer_rwkv7, output=_output_rwkv6),
+    "arwkv7": dict(keys=_keys_rwkv7, layer=_layer_arwkv7),
+    "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
     "granitemoe": dict(keys=_keys_granitemoe, layer=_layer_granitemoe),

@@ -3,8 +3,8 @@
 ``Vocab.from_file(path)`` / ``Vocab.from_metadata(md)`` build one from GGUF metadata;
 ``tokenize``, ``token_to_piece``, ``detokenize`` (str) / ``detokenize_bytes`` and
 ``streaming_decoder`` use it. Tokenizer models: ``llama`` (SPM, spm.py), ``gpt2`` and
-``gemma4`` (BPE, bpe.py + pretokenize.py), ``bert`` (WPM, wpm.py), ``t5`` (UGM, ugm.py);
-``rwkv``, ``plamo2`` and the rest raise UnsupportedModelError.
+``gemma4`` (BPE, bpe.py + pretokenize.py), ``bert`` (WPM, wpm.py), ``t5`` (UGM, ugm.py),
+``rwkv`` (rwkv.py); ``plamo2`` and the rest raise UnsupportedModelError.
 """
 
 from ._vocab import (

@@ -186,7 +186,10 @@ class Vocab:
                 else:
                     raise self._err(f"invalid gguf type for {_K}precompiled_charsmap (want an int8/uint8 array)")
             self._charsmap = cm
-        elif model in ("rwkv", "plamo2", "hybriddna", "whitespace", "test"):
+        elif model == "rwkv":
+            self.type = VOCAB_TYPE_RWKV
+            self.bos = self.eos = self.unk = self.sep = self.pad = LLAMA_TOKEN_NULL
+        elif model in ("plamo2", "hybriddna", "whitespace", "test"):
             raise UnsupportedModelError(f"{source}: tokenizer model {model!r} is not supported yet")
         else:
             raise UnsupportedModelError(f"{source}: unknown tokenizer model {model!r}")
@@ -224,6 +227,11 @@ class Vocab:
         elif self.type == VOCAB_TYPE_UGM:
             self.add_bos = False
             self.add_eos = True
+        elif self.type == VOCAB_TYPE_RWKV:
+            self.add_space_prefix = False
+            self.clean_spaces = False
+            self.add_bos = False
+            self.add_eos = False
         self.add_space_prefix = bool(self._get_bool(md, "add_space_prefix", self.add_space_prefix))
         self.remove_extra_whitespaces = bool(self._get_bool(md, "remove_extra_whitespaces", False))
 
@@ -468,13 +476,17 @@ class Vocab:
             from .ugm import UgmSession
 
             self._ugm = UgmSession(self, self._charsmap)
+        elif self.type == VOCAB_TYPE_RWKV:
+            from .rwkv import RwkvSession
+
+            self._rwkv = RwkvSession(self.texts_bytes, self._rwkv_unk)
 
     # ------------------------------------------------------------------ attributes
     def __len__(self) -> int:
         return self.n_tokens
 
     def __repr__(self) -> str:
-        kind = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM"}.get(self.type, "?")
+        kind = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV"}.get(self.type, "?")
         pre = f", pre={self.tokenizer_pre!r}" if self.type == VOCAB_TYPE_BPE else ""
         return f"Vocab({kind}{pre}, n_tokens={self.n_tokens})"
 
@@ -676,9 +688,29 @@ class Vocab:
             if add_special and self.add_eos:
                 self._need(self.eos, "EOS")
                 out.append(self.eos)
+        elif t == VOCAB_TYPE_RWKV:
+            if add_special and self.add_bos:
+                self._need(self.bos, "BOS")
+                out.append(self.bos)
+            for fr in fragments:
+                if isinstance(fr, bytes):
+                    try:
+                        self._rwkv.tokenize(fr, out)
+                    except ValueError as e:
+                        raise PyllamaError(f"{self.source}: {e}") from None
+                else:
+                    out.append(fr)
+            if add_special and self.add_eos:
+                self._need(self.eos, "EOS")
+                out.append(self.eos)
         else:
             raise UnsupportedModelError(f"{self.source}: tokenizing with {self.tokenizer_model!r} is not supported yet")
         return out
+
+    def _rwkv_unk(self) -> int:
+        # llama.cpp pushes its unknown id, LLAMA_TOKEN_NULL unless the file sets one
+        self._need(self.unk, "UNK")
+        return self.unk
 
     def _need(self, tid: int, what: str) -> None:
         if tid == LLAMA_TOKEN_NULL:
@@ -705,6 +737,10 @@ class Vocab:
 
     def _piece(self, token: int, a: int) -> bytes:
         t = self.type
+        if t == VOCAB_TYPE_RWKV:  # every token, whatever its type: its unescaped bytes
+            from .rwkv import unescape
+
+            return unescape(self.texts_bytes[token])
         text = self.texts[token]
         if a & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return self.texts_bytes[token]

@@ -7,7 +7,7 @@
 //! by the converter. The FFN norm is the tensor llama.cpp names `blk.N.ffn_norm` (no
 //! `.weight` suffix).
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{default_kq_scale, layer_rope, AttnConfig, AttnLayer, FfnAct, FfnGate, FfnLayer, Norm};
 use super::loader::{Keep, Loader};
 use super::mamba2::{mamba2_mixer, SsmLayer, SsmParams, SsmScratch};
 use super::{common_hparams, Arch};
@@ -52,25 +52,11 @@ impl Arch for FalconH1 {
         let factors = ld.opt_vec("rope_freqs.weight", &[hp.n_rot / 2])?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
-            let b = |s: &str| format!("blk.{il}.{s}");
-            let (nq, nk, nvv, nf) = (hp.n_head(il) * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il), hp.n_ff[il]);
             layers.push(Layer {
                 ssm: SsmLayer::load(ld, il, &sp, false)?,
-                wq: ld.req(&b("attn_q.weight"), &[ne, nq])?,
-                wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-                wv: ld.req(&b("attn_v.weight"), &[ne, nvv])?,
-                bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
-                bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-                bv: ld.opt_vec(&b("attn_v.bias"), &[nvv])?,
-                wo: ld.req(&b("attn_output.weight"), &[hp.n_head(il) * hp.n_embd_head_v, ne])?,
-                bo: ld.opt_vec(&b("attn_output.bias"), &[ne])?,
-                ffn_norm: ld.req_vec(&b("ffn_norm"), &[ne])?,
-                gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
-                up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
-                down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
-                gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[nf])?,
-                up_b: ld.opt_vec(&b("ffn_up.bias"), &[nf])?,
-                down_b: ld.opt_vec(&b("ffn_down.bias"), &[ne])?,
+                attn: AttnLayer::load(ld, il)?,
+                ffn_norm: ld.req_vec(&format!("blk.{il}.ffn_norm"), &[ne])?,
+                ffn: FfnLayer::load(ld, il, hp.n_ff[il])?,
                 rope: layer_rope(hp, cp, il, factors.clone()),
             });
         }
@@ -89,21 +75,9 @@ impl Arch for FalconH1 {
 
 struct Layer {
     ssm: SsmLayer,
-    wq: TensorView<'static>,
-    wk: TensorView<'static>,
-    wv: TensorView<'static>,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    wo: TensorView<'static>,
-    bo: Option<Vec<f32>>,
+    attn: AttnLayer,
     ffn_norm: Vec<f32>,
-    gate: TensorView<'static>,
-    up: TensorView<'static>,
-    down: TensorView<'static>,
-    gate_b: Option<Vec<f32>>,
-    up_b: Option<Vec<f32>>,
-    down_b: Option<Vec<f32>>,
+    ffn: FfnLayer,
     rope: RopeParams,
 }
 
@@ -134,7 +108,6 @@ impl Forward for FalconH1Fwd {
 
     fn forward(&self, st: &mut Step) -> Result<()> {
         let ne = st.hp.n_embd;
-        let hd = st.hp.n_embd_head_k;
         let mut guard = self.attn_out.lock().unwrap_or_else(|e| e.into_inner());
         let (attn_out, sc) = &mut *guard;
         st.build_inp_embd(&self.tok_embd, 1.0)?;
@@ -142,32 +115,8 @@ impl Forward for FalconH1Fwd {
         for (il, l) in self.layers.iter().enumerate() {
             st.build_norm(&l.ssm.attn_norm, None, Norm::Rms, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
-            let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
-                bq: l.bq.as_deref(),
-                bk: l.bk.as_deref(),
-                bv: l.bv.as_deref(),
-                bo: l.bo.as_deref(),
-                q_norm: None,
-                k_norm: None,
-                fused_qkv: false,
-            };
-            let a = AttnConfig {
-                il,
-                rope: Some(&l.rope),
-                q_scale: 1.0,
-                kq_scale: if st.hp.f_attention_scale != 0.0 { st.hp.f_attention_scale } else { 1.0 / (hd as f32).sqrt() },
-                softcap: 0.0,
-                n_swa: 0,
-                attn_temp: None,
-                chunked: false,
-                qk_rms_after_rope: false,
-                sinks: None,
-            };
-            st.build_attn(&w, &a)?;
+            let a = AttnConfig::new(il, Some(&l.rope), default_kq_scale(st.hp));
+            st.build_attn(&l.attn.weights(), &a)?;
             let n = st.n;
             attn_out.resize(n * ne, 0.0);
             attn_out.copy_from_slice(&st.b.tmp[..n * ne]);
@@ -181,15 +130,7 @@ impl Forward for FalconH1Fwd {
             }
             st.residual();
             st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
-            let f = FfnWeights {
-                gate: Some(&l.gate),
-                gate_b: l.gate_b.as_deref(),
-                up: &l.up,
-                up_b: l.up_b.as_deref(),
-                down: &l.down,
-                down_b: l.down_b.as_deref(),
-            };
-            st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
+            st.build_ffn(il, &l.ffn.weights(), FfnAct::Silu, FfnGate::Par)?;
             st.residual();
             st.build_cvec(il);
             crate::cb!(st, "l_out", il, x, ne);

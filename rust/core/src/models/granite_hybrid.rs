@@ -8,7 +8,7 @@
 //! biases. The Mamba-2 mixer is mamba2.rs's (its inner size must be 2 * n_embd, as
 //! llama.cpp asserts).
 
-use super::graph::{MoeConfig, layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeWeights, Norm};
+use super::graph::{default_kq_scale, layer_rope, AttnConfig, AttnLayer, FfnAct, FfnGate, FfnLayer, FfnWeights, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::mamba2::{mamba2_mixer, SsmLayer, SsmParams, SsmScratch};
 use super::{common_hparams_ext, Arch};
@@ -109,17 +109,9 @@ impl Arch for GraniteHybrid {
             let mixer = if recr[il] {
                 Mixer::Ssm(SsmLayer::load(ld, il, &sp, true)?)
             } else {
-                let (nq, nk, nvv) = (hp.n_head(il) * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
                 Mixer::Attn {
                     attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
-                    wq: ld.req(&b("attn_q.weight"), &[ne, nq])?,
-                    wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-                    wv: ld.req(&b("attn_v.weight"), &[ne, nvv])?,
-                    bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
-                    bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-                    bv: ld.opt_vec(&b("attn_v.bias"), &[nvv])?,
-                    wo: ld.req(&b("attn_output.weight"), &[hp.n_head(il) * hp.n_embd_head_v, ne])?,
-                    bo: ld.opt_vec(&b("attn_output.bias"), &[ne])?,
+                    attn: AttnLayer::load(ld, il)?,
                     rope: if s.rope { Some(layer_rope(hp, cp, il, factors.clone())) } else { None },
                 }
             };
@@ -142,14 +134,7 @@ impl Arch for GraniteHybrid {
                     },
                 }
             } else {
-                Ffn::Dense {
-                    gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
-                    up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
-                    down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
-                    gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[nf])?,
-                    up_b: ld.opt_vec(&b("ffn_up.bias"), &[nf])?,
-                    down_b: ld.opt_vec(&b("ffn_down.bias"), &[ne])?,
-                }
+                Ffn::Dense(FfnLayer::load(ld, il, nf)?)
             };
             layers.push(Layer { mixer, ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[ne])?, ffn });
         }
@@ -175,27 +160,13 @@ enum Mixer {
     Ssm(SsmLayer),
     Attn {
         attn_norm: Vec<f32>,
-        wq: TensorView<'static>,
-        wk: TensorView<'static>,
-        wv: TensorView<'static>,
-        bq: Option<Vec<f32>>,
-        bk: Option<Vec<f32>>,
-        bv: Option<Vec<f32>>,
-        wo: TensorView<'static>,
-        bo: Option<Vec<f32>>,
+        attn: AttnLayer,
         rope: Option<RopeParams>,
     },
 }
 
 enum Ffn {
-    Dense {
-        gate: TensorView<'static>,
-        up: TensorView<'static>,
-        down: TensorView<'static>,
-        gate_b: Option<Vec<f32>>,
-        up_b: Option<Vec<f32>>,
-        down_b: Option<Vec<f32>>,
-    },
+    Dense(FfnLayer),
     Moe {
         router: TensorView<'static>,
         gate: TensorView<'static>,
@@ -242,7 +213,6 @@ impl Forward for GraniteHybridFwd {
 
     fn forward(&self, st: &mut Step) -> Result<()> {
         let ne = st.hp.n_embd;
-        let hd = st.hp.n_embd_head_k;
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (shexp, sc) = &mut *guard;
         st.build_inp_embd(&self.tok_embd, 1.0)?;
@@ -258,35 +228,9 @@ impl Forward for GraniteHybridFwd {
                     st.build_norm(&ssm.attn_norm, None, Norm::Rms, self.eps);
                     mamba2_mixer(st, il, ssm, &self.sp, self.eps, sc)?;
                 }
-                Mixer::Attn { attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, rope } => {
+                Mixer::Attn { attn_norm, attn, rope } => {
                     st.build_norm(attn_norm, None, Norm::Rms, self.eps);
-                    let w = AttnWeights {
-                        wq,
-                        wk,
-                        wv,
-                        wo,
-                        bq: bq.as_deref(),
-                        bk: bk.as_deref(),
-                        bv: bv.as_deref(),
-                        bo: bo.as_deref(),
-                        q_norm: None,
-                        k_norm: None,
-                        fused_qkv: false,
-                    };
-                    let scale = st.hp.f_attention_scale;
-                    let a = AttnConfig {
-                        il,
-                        rope: rope.as_ref(),
-                        q_scale: 1.0,
-                        kq_scale: if scale != 0.0 { scale } else { 1.0 / (hd as f32).sqrt() },
-                        softcap: 0.0,
-                        n_swa: 0,
-                        attn_temp: None,
-                        chunked: false,
-                        qk_rms_after_rope: false,
-                        sinks: None,
-                    };
-                    st.build_attn(&w, &a)?;
+                    st.build_attn(&attn.weights(), &AttnConfig::new(il, rope.as_ref(), default_kq_scale(st.hp)))?;
                 }
             }
             if il == nl - 1 && !st.select_outputs() {
@@ -299,17 +243,7 @@ impl Forward for GraniteHybridFwd {
             st.residual();
             st.build_norm(&l.ffn_norm, None, Norm::Rms, self.eps);
             match &l.ffn {
-                Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
-                    let f = FfnWeights {
-                        gate: Some(gate),
-                        gate_b: gate_b.as_deref(),
-                        up,
-                        up_b: up_b.as_deref(),
-                        down,
-                        down_b: down_b.as_deref(),
-                    };
-                    st.build_ffn(il, &f, FfnAct::Silu, FfnGate::Par)?;
-                }
+                Ffn::Dense(f) => st.build_ffn(il, &f.weights(), FfnAct::Silu, FfnGate::Par)?,
                 Ffn::Moe { router, gate, up, down, shared } => {
                     if let Some((g, u, d)) = shared {
                         let f = FfnWeights { gate: Some(g), gate_b: None, up: u, up_b: None, down: d, down_b: None };

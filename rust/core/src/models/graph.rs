@@ -7,6 +7,7 @@
 //! llama.cpp does (`attn_norm-0`, `Qcur-0`, `kqv_out-0`, `ffn_out-0`, `l_out-0`) for the
 //! debug dump (`cb!`).
 
+use super::loader::Loader;
 use crate::adapter::LoraSet;
 use crate::cb;
 use crate::context::{ContextParams, Step};
@@ -204,6 +205,93 @@ pub struct FfnWeights<'w> {
     pub up_b: Option<&'w [f32]>,
     pub down: &'w TensorView<'static>,
     pub down_b: Option<&'w [f32]>,
+}
+
+/// The owned attention weights of a layer without q/k norms: q/k/v/o projections of the
+/// standard widths (`AttnWeights`) with optional biases; the hybrids' attention layers.
+pub struct AttnLayer {
+    pub wq: TensorView<'static>,
+    pub wk: TensorView<'static>,
+    pub wv: TensorView<'static>,
+    pub wo: TensorView<'static>,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub bo: Option<Vec<f32>>,
+}
+
+impl AttnLayer {
+    /// `blk.{il}.attn_{q,k,v,output}.weight` and their optional `.bias`.
+    pub fn load(ld: &Loader, il: usize) -> Result<AttnLayer> {
+        let hp = ld.hp();
+        let ne = hp.n_embd;
+        let b = |s: &str| format!("blk.{il}.{s}");
+        let (nq, nk, nv) = (hp.n_head(il) * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+        Ok(AttnLayer {
+            wq: ld.req(&b("attn_q.weight"), &[ne, nq])?,
+            wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
+            wv: ld.req(&b("attn_v.weight"), &[ne, nv])?,
+            bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
+            bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
+            bv: ld.opt_vec(&b("attn_v.bias"), &[nv])?,
+            wo: ld.req(&b("attn_output.weight"), &[hp.n_head(il) * hp.n_embd_head_v, ne])?,
+            bo: ld.opt_vec(&b("attn_output.bias"), &[ne])?,
+        })
+    }
+
+    pub fn weights(&self) -> AttnWeights<'_> {
+        AttnWeights {
+            wq: &self.wq,
+            wk: &self.wk,
+            wv: &self.wv,
+            wo: &self.wo,
+            bq: self.bq.as_deref(),
+            bk: self.bk.as_deref(),
+            bv: self.bv.as_deref(),
+            bo: self.bo.as_deref(),
+            q_norm: None,
+            k_norm: None,
+            fused_qkv: false,
+        }
+    }
+}
+
+/// The owned weights of a gated (`FfnGate::Par`) feed-forward with optional biases.
+pub struct FfnLayer {
+    pub gate: TensorView<'static>,
+    pub up: TensorView<'static>,
+    pub down: TensorView<'static>,
+    pub gate_b: Option<Vec<f32>>,
+    pub up_b: Option<Vec<f32>>,
+    pub down_b: Option<Vec<f32>>,
+}
+
+impl FfnLayer {
+    /// `blk.{il}.ffn_{gate,up,down}.weight` ({n_embd, nf}, {n_embd, nf}, {nf, n_embd}) and
+    /// their optional `.bias`.
+    pub fn load(ld: &Loader, il: usize, nf: usize) -> Result<FfnLayer> {
+        let ne = ld.hp().n_embd;
+        let b = |s: &str| format!("blk.{il}.{s}");
+        Ok(FfnLayer {
+            gate: ld.req(&b("ffn_gate.weight"), &[ne, nf])?,
+            up: ld.req(&b("ffn_up.weight"), &[ne, nf])?,
+            down: ld.req(&b("ffn_down.weight"), &[nf, ne])?,
+            gate_b: ld.opt_vec(&b("ffn_gate.bias"), &[nf])?,
+            up_b: ld.opt_vec(&b("ffn_up.bias"), &[nf])?,
+            down_b: ld.opt_vec(&b("ffn_down.bias"), &[ne])?,
+        })
+    }
+
+    pub fn weights(&self) -> FfnWeights<'_> {
+        FfnWeights {
+            gate: Some(&self.gate),
+            gate_b: self.gate_b.as_deref(),
+            up: &self.up,
+            up_b: self.up_b.as_deref(),
+            down: &self.down,
+            down_b: self.down_b.as_deref(),
+        }
+    }
 }
 
 /// The normalization of `build_norm` (llama.cpp's LLM_NORM_RMS / LLM_NORM).
@@ -880,6 +968,15 @@ impl Step<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The softmax scale `attention.scale` sets, else 1/sqrt(head size).
+pub fn default_kq_scale(hp: &HParams) -> f32 {
+    if hp.f_attention_scale != 0.0 {
+        hp.f_attention_scale
+    } else {
+        1.0 / (hp.n_embd_head_k as f32).sqrt()
     }
 }
 

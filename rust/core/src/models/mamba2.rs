@@ -7,10 +7,10 @@
 //! The states live in the context's recurrent memory (recurrent.rs).
 
 use super::loader::{Keep, Loader};
-use super::{common_hparams_ext, Arch};
+use super::{recurrent_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
-use crate::hparams::{HParams, Meta, RopeType};
+use crate::hparams::{HParams, Meta};
 use crate::model::TensorView;
 use crate::models::graph::Norm;
 use crate::ops::rope::RopeParams;
@@ -73,47 +73,23 @@ impl Arch for Mamba2 {
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
-        SsmParams::read(meta, true)?;
-        let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
-        hp.n_rot = 0;
-        Ok(hp)
+        recurrent_hparams(meta, n_vocab, |m, _| SsmParams::read(m, true).map(|_| ()))
     }
 
     fn type_name(&self, hp: &HParams) -> &'static str {
+        // Mamba's size classes and one more
         match (hp.n_layer, hp.n_embd) {
-            (24, 768) => "SMALL",
-            (48, 1024) => "MEDIUM",
-            (48, 1536) => "LARGE",
-            (48, 2048) => "XL",
-            (64, 2560) => "3B",
             (64, 4096) => "7B",
-            _ => "?B",
+            _ => super::mamba::Mamba.type_name(hp),
         }
     }
 
-    fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
+    fn build_forward(&self, ld: &Loader, _cp: &ContextParams) -> Result<Box<dyn Forward>> {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch: self.name() };
         let sp = SsmParams::read(&meta, true)?;
-        let (ne, nv) = (hp.n_embd, hp.n_vocab);
-        let tok_embd = ld.req("token_embd.weight", &[ne, nv])?;
-        let output = ld.opt("output.weight", &[ne, nv])?.unwrap_or(tok_embd);
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for il in 0..hp.n_layer {
-            layers.push(SsmLayer::load(ld, il, &sp, true)?);
-        }
-        Ok(Box::new(Mamba2Fwd {
-            tok_embd,
-            output_norm: ld.req_vec("output_norm.weight", &[ne])?,
-            output,
-            layers,
-            sp,
-            eps: hp.f_norm_rms_eps,
-            scratch: Mutex::new(SsmScratch::default()),
-            n_layer: hp.n_layer,
-            _n_ubatch: cp.n_ubatch,
-            _keep: ld.keep(),
-        }))
+        let layers = (0..hp.n_layer).map(|il| Ok(Mamba2Block(SsmLayer::load(ld, il, &sp, true)?, sp))).collect::<Result<Vec<_>>>()?;
+        SsmStackFwd::build(ld, layers, sp.n_embd_r(), sp.n_embd_s())
     }
 }
 
@@ -163,19 +139,6 @@ pub struct SsmScratch {
     conv: Vec<f32>,
     y: Vec<f32>,
     win: Vec<f32>,
-}
-
-struct Mamba2Fwd {
-    tok_embd: TensorView<'static>,
-    output_norm: Vec<f32>,
-    output: TensorView<'static>,
-    layers: Vec<SsmLayer>,
-    sp: SsmParams,
-    eps: f32,
-    scratch: Mutex<SsmScratch>,
-    n_layer: usize,
-    _n_ubatch: usize,
-    _keep: Keep,
 }
 
 /// The Mamba-2 mixer of layer `il`: in `cur` [n, n_embd] (normed), out `tmp` [n, n_embd].
@@ -257,13 +220,67 @@ pub fn mamba2_mixer(st: &mut Step, il: usize, l: &SsmLayer, sp: &SsmParams, eps:
     Ok(())
 }
 
-impl Forward for Mamba2Fwd {
+/// One layer of an attention-free SSM stack (mamba, mamba2): its pre-norm and its mixer.
+pub trait SsmBlock: Send + Sync {
+    type Scratch: Default + Send;
+    fn attn_norm(&self) -> &[f32];
+    /// The mixer of layer `il`: in `cur` [n, n_embd] (normed), out `tmp` [n, n_embd].
+    fn mix(&self, st: &mut Step, il: usize, eps: f32, sc: &mut Self::Scratch) -> Result<()>;
+}
+
+struct Mamba2Block(SsmLayer, SsmParams);
+
+impl SsmBlock for Mamba2Block {
+    type Scratch = SsmScratch;
+    fn attn_norm(&self) -> &[f32] {
+        &self.0.attn_norm
+    }
+    fn mix(&self, st: &mut Step, il: usize, eps: f32, sc: &mut SsmScratch) -> Result<()> {
+        mamba2_mixer(st, il, &self.0, &self.1, eps, sc)
+    }
+}
+
+/// llama.cpp's mamba.cpp graph (Mamba and Mamba-2): per layer RMSNorm, the mixer, the
+/// residual; the output norm and projection (tied to the embeddings when `output` is absent).
+pub struct SsmStackFwd<L: SsmBlock> {
+    tok_embd: TensorView<'static>,
+    output_norm: Vec<f32>,
+    output: TensorView<'static>,
+    layers: Vec<L>,
+    n_embd_r: usize,
+    n_embd_s: usize,
+    eps: f32,
+    scratch: Mutex<L::Scratch>,
+    _keep: Keep,
+}
+
+impl<L: SsmBlock + 'static> SsmStackFwd<L> {
+    pub fn build(ld: &Loader, layers: Vec<L>, n_embd_r: usize, n_embd_s: usize) -> Result<Box<dyn Forward>> {
+        let hp = ld.hp();
+        let (ne, nv) = (hp.n_embd, hp.n_vocab);
+        let tok_embd = ld.req("token_embd.weight", &[ne, nv])?;
+        let output = ld.opt("output.weight", &[ne, nv])?.unwrap_or(tok_embd);
+        Ok(Box::new(SsmStackFwd {
+            tok_embd,
+            output_norm: ld.req_vec("output_norm.weight", &[ne])?,
+            output,
+            layers,
+            n_embd_r,
+            n_embd_s,
+            eps: hp.f_norm_rms_eps,
+            scratch: Mutex::new(L::Scratch::default()),
+            _keep: ld.keep(),
+        }))
+    }
+}
+
+impl<L: SsmBlock> Forward for SsmStackFwd<L> {
     fn rope(&self, _il: usize) -> Option<&RopeParams> {
         None
     }
 
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
-        Some((vec![true; self.n_layer], self.sp.n_embd_r(), self.sp.n_embd_s()))
+        Some((vec![true; self.layers.len()], self.n_embd_r, self.n_embd_s))
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {
@@ -272,9 +289,9 @@ impl Forward for Mamba2Fwd {
         st.build_inp_embd(&self.tok_embd, 1.0)?;
         let nl = self.layers.len();
         for (il, l) in self.layers.iter().enumerate() {
-            st.build_norm(&l.attn_norm, None, Norm::Rms, self.eps);
+            st.build_norm(l.attn_norm(), None, Norm::Rms, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
-            mamba2_mixer(st, il, l, &self.sp, self.eps, &mut sc)?;
+            l.mix(st, il, self.eps, &mut sc)?;
             if il == nl - 1 && !st.select_outputs() {
                 return Ok(());
             }

@@ -38,10 +38,14 @@ pub mod glm4moe;
 pub mod cohere2;
 pub mod openai_moe;
 pub mod deepseek2;
+pub mod arwkv7;
+pub mod mamba;
 pub mod mamba2;
 pub mod lfm2;
 pub mod lfm2moe;
 pub mod qwen35;
+pub mod rwkv6;
+pub mod rwkv7;
 pub mod falcon_h1;
 pub mod granite_hybrid;
 
@@ -112,6 +116,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &openai_moe::OpenAiMoe,
     &deepseek2::Deepseek2,
     &deepseek2::Mistral4,
+    &mamba::Mamba,
     &mamba2::Mamba2,
     &lfm2::Lfm2,
     &lfm2moe::Lfm2Moe,
@@ -120,6 +125,9 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen3Next,
     &falcon_h1::FalconH1,
     &granite_hybrid::GraniteHybrid,
+    &rwkv6::Rwkv6,
+    &rwkv7::Rwkv7,
+    &arwkv7::Arwkv7,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
@@ -156,6 +164,34 @@ pub fn common_hparams(meta: &Meta, n_vocab: usize, rope_type: RopeType) -> Resul
 /// `common_hparams` for recurrent and hybrid models (`no_attn_ok`): a head count of 0
 /// (Mamba-2 files say 0) and layers with no KV heads (the recurrent layers of a hybrid)
 /// are accepted; a model with no attention at all gets head sizes of 1 (unused).
+/// The hyperparameters of an attention-free recurrent model (mamba, mamba2, rwkv6, rwkv7):
+/// the common keys without rope; `check` validates the architecture's own keys (given
+/// n_embd).
+pub fn recurrent_hparams(meta: &Meta, n_vocab: usize, check: impl FnOnce(&Meta, usize) -> Result<()>) -> Result<HParams> {
+    let mut hp = common_hparams_ext(meta, n_vocab, RopeType::None, true)?;
+    check(meta, hp.n_embd)?;
+    hp.n_rot = 0;
+    Ok(hp)
+}
+
+/// `{arch}.<key>` for each of `keys` (None: required; Some(d): absent means d), every one
+/// in [1, MAX_DIM], or an error that names them all with their values.
+pub fn read_sizes<const N: usize>(meta: &Meta, keys: [(&str, Option<usize>); N]) -> Result<[usize; N]> {
+    let mut v = [0usize; N];
+    for (x, (k, d)) in v.iter_mut().zip(keys) {
+        *x = match d {
+            None => meta.req_u(k)?,
+            Some(d) => meta.u(k)?.unwrap_or(d),
+        };
+    }
+    let lim = crate::hparams::MAX_DIM;
+    if v.iter().any(|&x| x == 0 || x > lim) {
+        let named: Vec<String> = keys.iter().zip(v).map(|((k, _), x)| format!("{k} {x}")).collect();
+        return Err(Error::Unsupported(format!("{}: {} must be in [1, {lim}]", meta.file.path, named.join(", "))));
+    }
+    Ok(v)
+}
+
 pub fn common_hparams_ext(meta: &Meta, n_vocab: usize, rope_type: RopeType, no_attn_ok: bool) -> Result<HParams> {
     let n_layer = meta.req_u("block_count")?;
     // llama.cpp's LLAMA_MAX_LAYERS; also keeps per-layer vectors of a corrupted count small.

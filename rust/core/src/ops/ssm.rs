@@ -123,6 +123,84 @@ pub fn scan_token_mamba2(
     }
 }
 
+/// One token of Mamba (v1)'s scan (ggml's `ssm_scan` with A [d_inner][d_state]: a decay per
+/// channel and state entry, one "head" of one channel per channel, one group) for one
+/// sequence. `s` [d_inner][ds] is updated in place: s = s * exp(softplus(dt_c) * A_c) +
+/// B * x_c * softplus(dt_c); y[c] = s[c] . C. Scalar in ggml (expf in the loop), with GCC's
+/// contractions: (s * dA) + (B * x_dt) as one FMA over the first product, the dot as FMAs.
+#[allow(clippy::too_many_arguments)]
+pub fn scan_token_mamba1(s: &mut [f32], x: &[f32], dt: &[f32], a: &[f32], b: &[f32], c: &[f32], y: &mut [f32], ds: usize) {
+    for (ch, yc) in y.iter_mut().enumerate() {
+        let dt_sp = softplus(dt[ch]);
+        let x_dt = x[ch] * dt_sp;
+        let st = &mut s[ch * ds..(ch + 1) * ds];
+        let ac = &a[ch * ds..(ch + 1) * ds];
+        let mut sumf = 0f32;
+        for k in 0..ds {
+            let v = fmaf(st[k], (dt_sp * ac[k]).exp(), b[k] * x_dt);
+            sumf = fmaf(v, c[k], sumf);
+            st[k] = v;
+        }
+        *yc = sumf;
+    }
+}
+
+/// One token of ggml's `rwkv_wkv6` for one sequence, `k`, `v`, `r`, `w` (decay) and `u`
+/// (time_first, per head) [n_head * hs]; the state s [n_head][hs (k)][hs (v)] is updated in
+/// place and `out` [n_head * hs] (zeroed by the caller) accumulates: per head h and key
+/// index i, for every value index j: kv = v_j * k_i; out_j += (kv * u_i + s_ij) * r_i;
+/// s_ij = s_ij * w_i + kv (the AVX2 path's FMAs, in i order).
+pub fn wkv6_token(s: &mut [f32], k: &[f32], v: &[f32], r: &[f32], u: &[f32], w: &[f32], out: &mut [f32], hs: usize) {
+    let nh = k.len() / hs;
+    for h in 0..nh {
+        let vh = &v[h * hs..(h + 1) * hs];
+        let oh = &mut out[h * hs..(h + 1) * hs];
+        for i in 0..hs {
+            let hi = h * hs + i;
+            let (kv_k, rv, uv, wv) = (k[hi], r[hi], u[hi], w[hi]);
+            let row = &mut s[(h * hs + i) * hs..(h * hs + i + 1) * hs];
+            for j in 0..hs {
+                let kv = vh[j] * kv_k;
+                let prev = row[j];
+                let temp = fmaf(kv, uv, prev);
+                oh[j] = fmaf(temp, rv, oh[j]);
+                row[j] = fmaf(prev, wv, kv);
+            }
+        }
+    }
+}
+
+/// One token of ggml's `rwkv_wkv7` (the generalized delta rule) for one sequence, on
+/// x86-64 AVX2 (head_size a multiple of 32): `r`, `w` (decay), `k`, `v`, `a`, `b`
+/// [n_head * hs]; the state s [n_head][hs (v)][hs (k)] is updated in place. Per head and
+/// value index i: sa = s_i . a (ggml_vec_dot's 4 x 8 lanes); s_ij = s_ij * w_j + v_i k_j +
+/// sa b_j (two FMAs); out_i = s_i . r (4 x 8 lane accumulators, GGML_F32x8_REDUCE).
+#[allow(clippy::too_many_arguments)]
+pub fn wkv7_token(s: &mut [f32], r: &[f32], w: &[f32], k: &[f32], v: &[f32], a: &[f32], b: &[f32], out: &mut [f32], hs: usize) {
+    let nh = r.len() / hs;
+    for h in 0..nh {
+        let hr = h * hs..(h + 1) * hs;
+        let (rh, wh, kh, ah, bh) = (&r[hr.clone()], &w[hr.clone()], &k[hr.clone()], &a[hr.clone()], &b[hr]);
+        for i in 0..hs {
+            let vi = v[h * hs + i];
+            let row = &mut s[(h * hs + i) * hs..(h * hs + i + 1) * hs];
+            let sa = dot_ggml(ah, row);
+            let mut acc = [[0f32; 8]; 4];
+            for j0 in (0..hs).step_by(32) {
+                for (kk, accj) in acc.iter_mut().enumerate() {
+                    for (l, acl) in accj.iter_mut().enumerate() {
+                        let j = j0 + kk * 8 + l;
+                        let st = fmaf(sa, bh[j], fmaf(row[j], wh[j], vi * kh[j]));
+                        row[j] = st;
+                        *acl = fmaf(st, rh[j], *acl);
+                    }
+                }
+            }
+            out[h * hs + i] = reduce_4x8(&acc);
+        }
+    }
+}
+
 /// ggml's `ggml_vec_dot_f32` on x86-64 AVX2+FMA: 4 x 8 lanes of FMAs over the first
 /// n & !31 entries, GGML_F32x8_REDUCE, then the tail added with FMAs (GCC contracts it).
 pub fn dot_ggml(x: &[f32], y: &[f32]) -> f32 {
