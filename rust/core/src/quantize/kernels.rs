@@ -10,14 +10,14 @@
 //! Block layouts are in `quant/legacy.rs` and `quant/kquants.rs`.
 
 use crate::ggml_type::{GgmlType, QK_K};
-use crate::quant::fp::{f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::quant::fp::{f32_to_bf16, f32_to_f16};
 use crate::quant::legacy::{self, best_index_int8, KVALUES_IQ4NL};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `nearest_int`: round half to even through the 1.5 * 2^23 trick.
 #[inline(always)]
-fn nearest_int(v: f32) -> i32 {
+pub(super) fn nearest_int(v: f32) -> i32 {
     let val = v + 12582912.0;
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
@@ -27,20 +27,34 @@ fn wr_f16(b: &mut [u8], o: usize, v: f32) {
     b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
 }
 
-/// The f16 a value becomes once stored (GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(v))).
-#[inline(always)]
-fn via_f16(v: f32) -> f32 {
-    f16_to_f32(f32_to_f16(v))
-}
-
 /// C's `MAX(a, b)` = `a > b ? a : b`.
 #[inline(always)]
-fn cmax(a: f32, b: f32) -> f32 {
+pub(super) fn cmax(a: f32, b: f32) -> f32 {
     if a > b {
         a
     } else {
         b
     }
+}
+
+/// sum of x^2, in order.
+#[inline(always)]
+pub(super) fn sum_sq(x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
+/// C's `MAX` over a slice (`a > b ? a : b`, from the first value).
+#[inline(always)]
+pub(super) fn cmax_of(x: &[f32]) -> f32 {
+    let mut m = x[0];
+    for &v in &x[1..] {
+        m = cmax(m, v);
+    }
+    m
 }
 
 // ------------------------------------------------------------------ scale searches
@@ -412,11 +426,7 @@ fn pack_2bit(l: &[u8], qs: &mut [u8]) {
 
 #[inline(always)]
 fn sigma2_row(x: &[f32]) -> f32 {
-    let mut s = 0f32;
-    for &v in x {
-        s += v * v;
-    }
-    s / x.len() as f32
+    sum_sq(x) / x.len() as f32
 }
 
 #[inline(always)]
@@ -548,21 +558,28 @@ fn q2_k_ref(x: &[f32], y: &mut [u8]) {
         } else {
             wr_f16(b, 82, 0.0);
         }
-        let dd = crate::quant::fp::rd_f16(b, 80);
-        let dmin = crate::quant::fp::rd_f16(b, 82);
-        for j in 0..16 {
-            let d = dd * (b[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = dmin * (b[j] >> 4) as f32;
-            for ii in 0..16 {
-                let lv = nearest_int((x[16 * j + ii] + dm) / d);
-                l[16 * j + ii] = lv.min(3).max(0) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b[16..80]);
+        q2_k_finish(x, b, &mut l);
     }
+}
+
+/// Q2_K's levels of block `x` at the scales and mins stored in `b` (4-bit each, times the
+/// stored f16 d / dmin), packed into its quants.
+#[inline(always)]
+fn q2_k_finish(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K]) {
+    let dd = crate::quant::fp::rd_f16(b, 80);
+    let dmin = crate::quant::fp::rd_f16(b, 82);
+    for j in 0..16 {
+        let d = dd * (b[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin * (b[j] >> 4) as f32;
+        for ii in 0..16 {
+            let lv = nearest_int((x[16 * j + ii] + dm) / d);
+            l[16 * j + ii] = lv.min(3).max(0) as u8;
+        }
+    }
+    pack_2bit(l, &mut b[16..80]);
 }
 
 #[inline(always)]
@@ -577,11 +594,7 @@ fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
     let mut lm = [0u8; 16];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(84)).enumerate() {
         sw.fill(0.0);
-        let mut sumx2 = 0f32;
-        for &v in x {
-            sumx2 += v * v;
-        }
-        let sigma2 = sumx2 / QK_K as f32;
+        let sigma2 = sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let qw = &qw_row[QK_K * i + 16 * j..];
             for k in 0..16 {
@@ -598,23 +611,10 @@ fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
         let mm = make_qp_quants(16, 15, &mins, &mut lm, &sw);
         wr_f16(b, 80, dm);
         wr_f16(b, 82, mm);
-        let dm = via_f16(dm);
-        let mm = via_f16(mm);
         for j in 0..16 {
             b[j] = ls[j] | (lm[j] << 4);
         }
-        for j in 0..16 {
-            let d = dm * (b[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (b[j] >> 4) as f32;
-            for ii in 0..16 {
-                let lv = nearest_int((x[16 * j + ii] + m) / d);
-                l[16 * j + ii] = lv.min(3).max(0) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b[16..80]);
+        q2_k_finish(x, b, &mut l);
     }
 }
 
@@ -714,11 +714,7 @@ fn q3_k_impl(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
     let mut sw = [0f32; 16];
     let mut ls = [0i8; 16];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(110)).enumerate() {
-        let mut sumx2 = 0f32;
-        for &v in x {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             match qw_row {
                 Some(q) => {
