@@ -11,6 +11,44 @@
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
 
+/// The dispatch of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
+/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `dot_kernels(ty)` (the
+/// single-column and TILE-column kernels) and `vec_dot_fn(ty)` (a safe single row that
+/// checks the slice lengths). The invoking module's kernels must run on any CPU its kernel
+/// set is chosen for.
+macro_rules! iq_dispatch {
+    ($($one:ident, $k:ident, $wty:ident;)*) => {
+        /// (single-column, TILE-column) kernels of `ty`, if this module has them.
+        pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+            Some(match ty {
+                $(GgmlType::$wty => ($k::<1> as DotN, $k::<TILE> as DotN),)*
+                _ => return None,
+            })
+        }
+
+        $(
+            fn $one(n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
+                let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
+                assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+                let mut out = 0f32;
+                // SAFETY: lengths checked above; the kernel set of this module was chosen
+                // for this CPU (kernel_set), and every aarch64 CPU has NEON.
+                unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+                out
+            }
+        )*
+
+        /// Safe single-row vec_dot of `ty` (checks the slice lengths).
+        pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+            Some(match ty {
+                $(GgmlType::$wty => $one,)*
+                _ => return None,
+            })
+        }
+    };
+}
+
 pub mod fp;
 pub mod iq_grids;
 pub mod iquants;

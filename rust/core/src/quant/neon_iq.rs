@@ -202,66 +202,15 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     }
 }
 
-/// (single-column, TILE-column) kernels of `ty`, if this module has them.
-pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    use GgmlType::*;
-    Some(match ty {
-        IQ2_XXS => (dot_iq2_xxs::<1>, dot_iq2_xxs::<TILE>),
-        IQ2_XS => (dot_iq2_xs::<1>, dot_iq2_xs::<TILE>),
-        IQ2_S => (dot_iq2_s::<1>, dot_iq2_s::<TILE>),
-        IQ3_XXS => (dot_iq3_xxs::<1>, dot_iq3_xxs::<TILE>),
-        IQ3_S => (dot_iq3_s::<1>, dot_iq3_s::<TILE>),
-        IQ1_S => (dot_iq1_s::<1>, dot_iq1_s::<TILE>),
-        IQ1_M => (dot_iq1_m::<1>, dot_iq1_m::<TILE>),
-        TQ1_0 => (dot_tq1_0::<1>, dot_tq1_0::<TILE>),
-        TQ2_0 => (dot_tq2_0::<1>, dot_tq2_0::<TILE>),
-        MXFP4 => (dot_mxfp4::<1>, dot_mxfp4::<TILE>),
-        _ => return None,
-    })
-}
-
-macro_rules! safe_one {
-    ($($name:ident, $wty:ident;)*) => {$(
-        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
-            let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
-            let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
-            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-            let (one, _) = dot_kernels(GgmlType::$wty).expect("a NEON kernel");
-            let mut out = 0f32;
-            // SAFETY: lengths checked above; every aarch64 CPU has NEON.
-            unsafe { one(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-            out
-        }
-    )*};
-}
-
-safe_one! {
-    one_iq2_xxs, IQ2_XXS;
-    one_iq2_xs, IQ2_XS;
-    one_iq2_s, IQ2_S;
-    one_iq3_xxs, IQ3_XXS;
-    one_iq3_s, IQ3_S;
-    one_iq1_s, IQ1_S;
-    one_iq1_m, IQ1_M;
-    one_tq1_0, TQ1_0;
-    one_tq2_0, TQ2_0;
-    one_mxfp4, MXFP4;
-}
-
-/// Safe single-row vec_dot of `ty` (checks the slice lengths).
-pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        IQ2_XXS => one_iq2_xxs,
-        IQ2_XS => one_iq2_xs,
-        IQ2_S => one_iq2_s,
-        IQ3_XXS => one_iq3_xxs,
-        IQ3_S => one_iq3_s,
-        IQ1_S => one_iq1_s,
-        IQ1_M => one_iq1_m,
-        TQ1_0 => one_tq1_0,
-        TQ2_0 => one_tq2_0,
-        MXFP4 => one_mxfp4,
-        _ => return None,
-    })
+iq_dispatch! {
+    one_iq2_xxs, dot_iq2_xxs, IQ2_XXS;
+    one_iq2_xs, dot_iq2_xs, IQ2_XS;
+    one_iq2_s, dot_iq2_s, IQ2_S;
+    one_iq3_xxs, dot_iq3_xxs, IQ3_XXS;
+    one_iq3_s, dot_iq3_s, IQ3_S;
+    one_iq1_s, dot_iq1_s, IQ1_S;
+    one_iq1_m, dot_iq1_m, IQ1_M;
+    one_tq1_0, dot_tq1_0, TQ1_0;
+    one_tq2_0, dot_tq2_0, TQ2_0;
+    one_mxfp4, dot_mxfp4, MXFP4;
 }
