@@ -427,18 +427,7 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     }
 }
 
-iq_dispatch! {
-    one_iq2_xxs, dot_iq2_xxs, IQ2_XXS;
-    one_iq2_xs, dot_iq2_xs, IQ2_XS;
-    one_iq2_s, dot_iq2_s, IQ2_S;
-    one_iq3_xxs, dot_iq3_xxs, IQ3_XXS;
-    one_iq3_s, dot_iq3_s, IQ3_S;
-    one_iq1_s, dot_iq1_s, IQ1_S;
-    one_iq1_m, dot_iq1_m, IQ1_M;
-    one_tq1_0, dot_tq1_0, TQ1_0;
-    one_tq2_0, dot_tq2_0, TQ2_0;
-    one_mxfp4, dot_mxfp4, MXFP4;
-}
+iq_dispatch!();
 
 /// The llama.cpp vec_dot-order kernels of the grid types (what llama.cpp runs below 8 rows;
 /// used under PYLLAMA_ORDER=llamacpp), None for the other types.

@@ -17,6 +17,20 @@
 /// checks the slice lengths). The invoking module's kernels must run on any CPU its kernel
 /// set is chosen for.
 macro_rules! iq_dispatch {
+    () => {
+        iq_dispatch! {
+            one_iq2_xxs, dot_iq2_xxs, IQ2_XXS;
+            one_iq2_xs, dot_iq2_xs, IQ2_XS;
+            one_iq2_s, dot_iq2_s, IQ2_S;
+            one_iq3_xxs, dot_iq3_xxs, IQ3_XXS;
+            one_iq3_s, dot_iq3_s, IQ3_S;
+            one_iq1_s, dot_iq1_s, IQ1_S;
+            one_iq1_m, dot_iq1_m, IQ1_M;
+            one_tq1_0, dot_tq1_0, TQ1_0;
+            one_tq2_0, dot_tq2_0, TQ2_0;
+            one_mxfp4, dot_mxfp4, MXFP4;
+        }
+    };
     ($($one:ident, $k:ident, $wty:ident;)*) => {
         /// (single-column, TILE-column) kernels of `ty`, if this module has them.
         pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
