@@ -84,7 +84,7 @@ def test_llamacpp_order_bit_identical(which, request):
 
 
 @pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                                   "TQ2_0", "MXFP4"])
+                                   "TQ2_0", "MXFP4", "Q1_0", "Q2_0"])
 def test_tiny_iq_bit_identical_to_llamacpp(qtype, tiny_iq_model):
     # tiny-iq-<T> (tests/data/tiny/make_tiny_iq.py): every weight of that type (llama-quantize
     # --pure; IQ1/IQ2: a Q8_0 token embedding), made here by pyllama quantize, byte for byte

@@ -50,7 +50,8 @@ N_VOCAB = 259
 TOPK = 20
 # tensor type (the file's name suffix) -> the llama-quantize ftype whose --pure type it is
 TYPES = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_M", "IQ3_XXS": "IQ3_XXS", "IQ3_S": "IQ3_S",
-         "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE"}
+         "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE",
+         "Q1_0": "Q1_0", "Q2_0": "Q2_0"}
 # llama-imatrix has no data for token_embd (a lookup, not a product), and these types cannot
 # be made without it: their token embedding (and tied output) is Q8_0
 NO_IMATRIX_EMBD = {"IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ1_S", "IQ1_M"}

@@ -68,6 +68,7 @@ pub mod iq_grids;
 pub mod iquants;
 pub mod kquants;
 pub mod legacy;
+pub mod lowbit;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -262,6 +263,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         TQ1_0 => iquants::dequantize_tq1_0,
         TQ2_0 => iquants::dequantize_tq2_0,
         MXFP4 => iquants::dequantize_mxfp4,
+        NVFP4 => lowbit::dequantize_nvfp4,
+        Q1_0 => lowbit::dequantize_q1_0,
+        Q2_0 => lowbit::dequantize_q2_0,
         F64 => float::dequantize_f64,
         I8 => float::dequantize_i8,
         I16 => float::dequantize_i16,
@@ -358,7 +362,7 @@ pub fn quantize_row_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()>
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Q8_0,
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Q8_0,
         Q4_1 | Q5_1 | Q8_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => Q8_K,
         IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
@@ -399,6 +403,9 @@ pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
         TQ1_0 => iquants::vec_dot_tq1_0_q8_k_ref,
         TQ2_0 => iquants::vec_dot_tq2_0_q8_k_ref,
         MXFP4 => iquants::vec_dot_mxfp4_q8_0_ref,
+        NVFP4 => lowbit::vec_dot_nvfp4_q8_0_ref,
+        Q1_0 => lowbit::vec_dot_q1_0_q8_0_ref,
+        Q2_0 => lowbit::vec_dot_q2_0_q8_0_ref,
         _ => return None,
     })
 }
@@ -420,6 +427,9 @@ pub fn vec_dot_fn_x86_order(ty: GgmlType) -> Option<VecDotFn> {
         TQ1_0 => iquants::vec_dot_tq1_0_q8_k_x86,
         TQ2_0 => iquants::vec_dot_tq2_0_q8_k_x86,
         MXFP4 => iquants::vec_dot_mxfp4_q8_0_x86,
+        NVFP4 => lowbit::vec_dot_nvfp4_q8_0_x86,
+        Q1_0 => lowbit::vec_dot_q1_0_q8_0_x86,
+        Q2_0 => lowbit::vec_dot_q2_0_q8_0_x86,
         _ => return None,
     })
 }
@@ -446,7 +456,11 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
             return Some(f);
         }
     }
-    let _ = set;
+    // Q1_0, Q2_0, NVFP4: no SIMD kernel yet; the SIMD sets run the scalar twin of
+    // llama.cpp's x86 order (`lowbit::*_x86`), so their logits are the x86 build's
+    if set.is_simd() && matches!(ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::NVFP4) {
+        return vec_dot_fn_x86_order(ty);
+    }
     vec_dot_fn_ref(ty)
 }
 

@@ -1251,6 +1251,69 @@ fn mxfp4(x: &[f32], y: &mut [u8]) {
     }
 }
 
+// ------------------------------------------------------------------ Q1_0, Q2_0, NVFP4
+
+/// quantize_row_q1_0_ref: d = mean |x| (summed in order), bit j set where x_j >= 0.
+fn q1_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(128).zip(y.chunks_exact_mut(18)) {
+        let mut sum_abs = 0f32;
+        for &v in x {
+            sum_abs += v.abs();
+        }
+        b[0..2].copy_from_slice(&f32_to_f16(sum_abs / 128.0).to_le_bytes());
+        b[2..].fill(0);
+        for (j, &v) in x.iter().enumerate() {
+            if v >= 0.0 {
+                b[2 + j / 8] |= 1 << (j % 8);
+            }
+        }
+    }
+}
+
+/// quantize_row_q2_0_ref: d = max |x|, q = clamp(roundf(x / d) + 1, 0, 3).
+fn q2_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(18)) {
+        let mut amax = 0f32;
+        for &v in x {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
+        }
+        let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
+        b[0..2].copy_from_slice(&f32_to_f16(amax).to_le_bytes());
+        b[2..].fill(0);
+        for (j, &v) in x.iter().enumerate() {
+            let q = ((v * id).round() as i32 + 1).clamp(0, 3);
+            b[2 + j / 4] |= (q as u8) << (2 * (j % 4));
+        }
+    }
+}
+
+/// quantize_row_nvfp4_ref: per 16 elements the UE4M3 scale of amax / 6, each value the
+/// nearest E2M1 code (ggml's best_index_mxfp4).
+fn nvfp4(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(36)) {
+        for s in 0..4 {
+            let xb = &x[16 * s..16 * s + 16];
+            let mut amax = 0f32;
+            for &v in xb {
+                if amax < v.abs() {
+                    amax = v.abs();
+                }
+            }
+            let ue = crate::quant::lowbit::f32_to_ue4m3(amax / 6.0);
+            b[s] = ue;
+            let d = crate::quant::lowbit::ue4m3_to_f32(ue);
+            for j in 0..8 {
+                let x0 = best_index_mxfp4(xb[j], d);
+                let x1 = best_index_mxfp4(xb[8 + j], d);
+                b[4 + 8 * s + j] = x0 | (x1 << 4);
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ entry point
 
 /// Whether `quantize_chunk` can produce `ty`.
@@ -1259,7 +1322,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(
         ty,
         F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS | TQ1_0 | TQ2_0 | MXFP4
-            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_S | IQ1_M
+            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_S | IQ1_M | Q1_0 | Q2_0 | NVFP4
     )
 }
 
@@ -1344,6 +1407,11 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (TQ1_0, _) => tq1_0(src, dst),
         (TQ2_0, _) => tq2_0(src, dst),
         (MXFP4, _) => mxfp4(src, dst),
+        // ggml's quantize_q1_0 / quantize_q2_0 take the imatrix but quantize row by row
+        // without it; quantize_nvfp4 ignores it too
+        (Q1_0, _) => q1_0(src, dst),
+        (Q2_0, _) => q2_0(src, dst),
+        (NVFP4, _) => nvfp4(src, dst),
         (IQ3_XXS, q) => rows.for_each(|(s, d)| super::iq3::iq3_xxs_row(s, d, q)),
         (IQ3_S, q) => rows.for_each(|(s, d)| super::iq3::iq3_s_row(s, d, q)),
         (IQ2_XXS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xxs_row(s, d, q)),
