@@ -198,7 +198,7 @@ TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2",
 # the grid / ternary / MXFP4 types on a one-layer llama (tests/data/tiny/make_tiny_iq.py:
 # quantized at test time by pyllama quantize, byte for byte llama-quantize's; conftest's tiny_iq_model)
 TINY_IQ = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0",
-           "Q2_0"]
+           "Q2_0", "NVFP4"]
 TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_0embd"]
         + [f"tiny-{a}-{t}" for a in TINY_OTHER for t in ("F32", "Q8_0")] + [f"tiny-iq-{t}" for t in TINY_IQ])
 

@@ -1,4 +1,5 @@
-"""tiny-iq: a one-layer random-weight llama quantized to every grid / ternary / MXFP4 type,
+"""tiny-iq: a one-layer random-weight llama quantized to every grid / ternary / MXFP4 type
+(and Q1_0, Q2_0, NVFP4),
 with llama.cpp's logits for each (tiny-iq-<T>.logits.json / .npz beside this file, the
 format of the other tiny references). tests/test_logits.py holds pyllama to them with the
 tiny-model tolerances, tests/test_llamacpp_exact.py bit for bit.
@@ -7,7 +8,9 @@ No .gguf is tracked in git: the tests rebuild every file (``build(out_dir, type)
 model from SEED with the gguf package, the importance matrix from tiny-iq-imatrix.npz
 (llama-imatrix's, rebuilt byte for byte), and each quantized model with ``pyllama
 quantize``, whose output must have the SHA-256 of llama-quantize's (tiny-iq-quantize.json),
-so the models the logits are compared on are exactly the ones llama.cpp ran.
+so the models the logits are compared on are exactly the ones llama.cpp ran. NVFP4, which
+llama-quantize makes only with --tensor-type (no file type), is written by ``write_f32`` with
+ggml's reference quantizer and checked tensor by tensor against llama-quantize's.
 
 The model: llama, n_embd 256 (the rows of every 256-block type), 2 query heads and 1 KV
 head of 128 (so the attention output's rows are 256 long too), n_ff 256, tied output, a
@@ -52,6 +55,9 @@ TOPK = 20
 TYPES = {"IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_M", "IQ3_XXS": "IQ3_XXS", "IQ3_S": "IQ3_S",
          "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "MXFP4": "MXFP4_MOE",
          "Q1_0": "Q1_0", "Q2_0": "Q2_0"}
+# types llama-quantize has no file type for: every weight made that type with --tensor-type
+# (and written at test time by write_f32 with ggml's reference quantizer)
+TENSOR_TYPE_ONLY = {"NVFP4": "nvfp4"}
 # llama-imatrix has no data for token_embd (a lookup, not a product), and these types cannot
 # be made without it: their token embedding (and tied output) is Q8_0
 NO_IMATRIX_EMBD = {"IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ1_S", "IQ1_M"}
@@ -65,7 +71,10 @@ TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five doze
         "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. ") * 40
 
 
-def write_f32(path: Path) -> Path:
+def write_f32(path: Path, weight_type: str | None = None) -> Path:
+    """The F32 model; with ``weight_type`` (NVFP4), every 2-D weight stored in that type by
+    ggml's reference quantizer (pyllama's ``_core.quantize``), as llama-quantize --pure
+    --tensor-type weight=<type> writes the tensors (the header differs: no file type)."""
     import gguf
 
     rng = np.random.default_rng(SEED)
@@ -95,8 +104,15 @@ def write_f32(path: Path) -> Path:
     w.add_eos_token_id(2)
 
     def add(name, ne, scale):
-        a = rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale)
-        w.add_tensor(name, np.ascontiguousarray(a.astype(np.float32)))
+        a = np.ascontiguousarray((rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale))
+                                 .astype(np.float32))
+        if weight_type is None:
+            w.add_tensor(name, a)
+        else:
+            from pyllama import _core
+
+            q = _core.quantize(a, weight_type)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType[weight_type])
 
     def norm(name):
         w.add_tensor(name, (1 + 0.1 * rng.standard_normal(N_EMBD, dtype=np.float32)).astype(np.float32))
@@ -143,6 +159,8 @@ def build(out_dir: Path, ty: str) -> Path:
     out = out_dir / f"tiny-iq-{ty}.gguf"
     if out.exists():
         return out
+    if ty in TENSOR_TYPE_ONLY:
+        return build_tensor_type_only(out_dir, ty)
     f32 = out_dir / "tiny-iq-F32.gguf"
     if not f32.exists():
         write_f32(f32)
@@ -166,6 +184,30 @@ def build(out_dir: Path, ty: str) -> Path:
     return out
 
 
+def tensor_hashes(path: Path) -> dict:
+    """name -> (type name, sha256 of the tensor's bytes) of every tensor of a GGUF."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    return {t.name: [t.tensor_type.name, hashlib.sha256(np.ascontiguousarray(t.data).tobytes()).hexdigest()]
+            for t in r.tensors}
+
+
+def build_tensor_type_only(out_dir: Path, ty: str) -> Path:
+    """tiny-iq-<ty>.gguf for a type of TENSOR_TYPE_ONLY: written by write_f32 with the type's
+    reference quantizer; raises AssertionError unless every tensor is byte for byte the one
+    llama-quantize --tensor-type wrote (tiny-iq-quantize.json)."""
+    out = Path(out_dir) / f"tiny-iq-{ty}.gguf"
+    tmp = write_f32(Path(out_dir) / f"tiny-iq-{ty}.gguf.part", ty)
+    want = json.loads(HASHES.read_text())["models"][ty]["tensors"]
+    got = tensor_hashes(tmp)
+    if got != want:
+        bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        raise AssertionError(f"{ty}: tensors differ from llama-quantize's: {bad} ({tmp})")
+    tmp.rename(out)
+    return out
+
+
 def main() -> None:
     src = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
     build_dir = Path(sys.argv[2] if len(sys.argv) > 2 else Path.home() / ".cache/pyllama/llama.cpp/build-avx2")
@@ -183,15 +225,20 @@ def main() -> None:
     hashes: dict = {"generator": "tests/data/tiny/make_tiny_iq.py: llama-quantize of llama.cpp 0c1e570 (build-avx2)",
                     "imatrix": "llama-imatrix -m tiny-iq-F32.gguf -f text.txt -o imatrix.gguf -c 128 -t 2",
                     "models": {}}
-    for ty in TYPES:
+    for ty in [*TYPES, *TENSOR_TYPE_ONLY]:
         name = f"tiny-iq-{ty}"
         out = tmp / f"{name}.gguf"
-        ftype, args = quantize_args(ty)
+        if ty in TENSOR_TYPE_ONLY:
+            ftype, args = "Q8_0", ["--pure", "--tensor-type", f"weight={TENSOR_TYPE_ONLY[ty]}"]
+        else:
+            ftype, args = quantize_args(ty)
         subprocess.run([str(build_dir / "bin" / "llama-quantize"), *args, f32.name, out.name, ftype, "2"], cwd=tmp,
                        check=True, capture_output=True)
         data = out.read_bytes()
         hashes["models"][ty] = {"ftype": ftype, "args": args, "sha256": hashlib.sha256(data).hexdigest(),
                                 "size": len(data)}
+        if ty in TENSOR_TYPE_ONLY:
+            hashes["models"][ty]["tensors"] = tensor_hashes(out)
         z, meta = {}, []
         for i, toks in enumerate(prompts()):
             res = tmp / f"{name}-p{i}.f32"
@@ -203,7 +250,7 @@ def main() -> None:
             z[f"p{i}_topk_vals"] = np.take_along_axis(lg, ids, axis=1)
             z[f"p{i}_last_logits"] = lg[-1]
             meta.append({"prompt": f"random ids {i}", "tokens": toks})
-        embd = args[3:]
+        embd = args[3:] if ty not in TENSOR_TYPE_ONLY else args[1:]
         ref = {"model": name, "n_vocab": N_VOCAB, "topk": TOPK,
                "settings": {"n_ctx": 2048, "n_batch": 2048, "n_ubatch": 512, "n_threads": 2,
                             "flash_attn": "default (auto)", "generator": "tests/data/tiny/make_tiny_iq.py",

@@ -231,3 +231,80 @@ pub fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     }
     hsum8(acc)
 }
+
+/// quantize_row_q1_0_ref: d = mean |x| (summed in order), bit j set where x_j >= 0.
+pub fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(128).zip(y.chunks_exact_mut(18)) {
+        let mut sum_abs = 0f32;
+        for &v in x {
+            sum_abs += v.abs();
+        }
+        b[0..2].copy_from_slice(&super::fp::f32_to_f16(sum_abs / 128.0).to_le_bytes());
+        b[2..].fill(0);
+        for (j, &v) in x.iter().enumerate() {
+            if v >= 0.0 {
+                b[2 + j / 8] |= 1 << (j % 8);
+            }
+        }
+    }
+}
+
+/// quantize_row_q2_0_ref: d = max |x|, q = clamp(roundf(x / d) + 1, 0, 3).
+pub fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(18)) {
+        let mut amax = 0f32;
+        for &v in x {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
+        }
+        let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
+        b[0..2].copy_from_slice(&super::fp::f32_to_f16(amax).to_le_bytes());
+        b[2..].fill(0);
+        for (j, &v) in x.iter().enumerate() {
+            let q = ((v * id).round() as i32 + 1).clamp(0, 3);
+            b[2 + j / 4] |= (q as u8) << (2 * (j % 4));
+        }
+    }
+}
+
+/// quantize_row_nvfp4_ref: per 16 elements the UE4M3 scale of amax / 6, each value the
+/// nearest E2M1 code (ggml's best_index_mxfp4).
+pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(36)) {
+        for s in 0..4 {
+            let xb = &x[16 * s..16 * s + 16];
+            let mut amax = 0f32;
+            for &v in xb {
+                if amax < v.abs() {
+                    amax = v.abs();
+                }
+            }
+            let ue = f32_to_ue4m3(amax / 6.0);
+            b[s] = ue;
+            let d = ue4m3_to_f32(ue);
+            for j in 0..8 {
+                let x0 = best_index_mxfp4(xb[j], d);
+                let x1 = best_index_mxfp4(xb[8 + j], d);
+                b[4 + 8 * s + j] = x0 | (x1 << 4);
+            }
+        }
+    }
+}
+
+/// ggml's best_index_mxfp4: the E2M1 code whose kvalue times `e` is nearest `x` (the first
+/// on ties).
+#[inline(always)]
+pub fn best_index_mxfp4(x: f32, e: f32) -> u8 {
+    let mut best_index = 0u8;
+    let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
+    for i in 1..16 {
+        let err = (KVALUES_MXFP4[i] as f32 * e - x).abs();
+        if err < best_err {
+            best_index = i as u8;
+            best_err = err;
+        }
+    }
+    best_index
+}

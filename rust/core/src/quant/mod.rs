@@ -300,6 +300,9 @@ pub fn quantize_fn_ref(ty: GgmlType) -> Option<QuantizeFn> {
         Q8_1 => legacy::quantize_q8_1,
         IQ4_NL => legacy::quantize_iq4_nl,
         Q8_K => kquants::quantize_q8_k,
+        Q1_0 => lowbit::quantize_q1_0,
+        Q2_0 => lowbit::quantize_q2_0,
+        NVFP4 => lowbit::quantize_nvfp4,
         _ => return None,
     })
 }

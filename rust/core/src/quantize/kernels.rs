@@ -11,6 +11,7 @@
 
 use crate::ggml_type::{GgmlType, QK_K};
 use crate::quant::fp::{f32_to_bf16, f32_to_f16};
+use crate::quant::lowbit::{self, best_index_mxfp4};
 use crate::quant::legacy::{self, best_index_int8, KVALUES_IQ4NL};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -1211,26 +1212,12 @@ fn tq2_0(x: &[f32], y: &mut [u8]) {
     }
 }
 
-const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 fn e8m0_to_fp32_half(x: u8) -> f32 {
     let bits = if x < 2 { 0x0020_0000u32 << x } else { ((x as u32) - 1) << 23 };
     f32::from_bits(bits)
 }
 
-#[inline(always)]
-fn best_index_mxfp4(x: f32, e: f32) -> u8 {
-    let mut best_index = 0u8;
-    let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
-    for i in 1..16 {
-        let err = (KVALUES_MXFP4[i] as f32 * e - x).abs();
-        if err < best_err {
-            best_index = i as u8;
-            best_err = err;
-        }
-    }
-    best_index
-}
 
 #[inline(always)]
 fn mxfp4(x: &[f32], y: &mut [u8]) {
@@ -1247,69 +1234,6 @@ fn mxfp4(x: &[f32], y: &mut [u8]) {
         b[0] = e;
         for j in 0..16 {
             b[1 + j] = best_index_mxfp4(x[j], d) | (best_index_mxfp4(x[16 + j], d) << 4);
-        }
-    }
-}
-
-// ------------------------------------------------------------------ Q1_0, Q2_0, NVFP4
-
-/// quantize_row_q1_0_ref: d = mean |x| (summed in order), bit j set where x_j >= 0.
-fn q1_0(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(128).zip(y.chunks_exact_mut(18)) {
-        let mut sum_abs = 0f32;
-        for &v in x {
-            sum_abs += v.abs();
-        }
-        b[0..2].copy_from_slice(&f32_to_f16(sum_abs / 128.0).to_le_bytes());
-        b[2..].fill(0);
-        for (j, &v) in x.iter().enumerate() {
-            if v >= 0.0 {
-                b[2 + j / 8] |= 1 << (j % 8);
-            }
-        }
-    }
-}
-
-/// quantize_row_q2_0_ref: d = max |x|, q = clamp(roundf(x / d) + 1, 0, 3).
-fn q2_0(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(18)) {
-        let mut amax = 0f32;
-        for &v in x {
-            let a = v.abs();
-            if a > amax {
-                amax = a;
-            }
-        }
-        let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
-        b[0..2].copy_from_slice(&f32_to_f16(amax).to_le_bytes());
-        b[2..].fill(0);
-        for (j, &v) in x.iter().enumerate() {
-            let q = ((v * id).round() as i32 + 1).clamp(0, 3);
-            b[2 + j / 4] |= (q as u8) << (2 * (j % 4));
-        }
-    }
-}
-
-/// quantize_row_nvfp4_ref: per 16 elements the UE4M3 scale of amax / 6, each value the
-/// nearest E2M1 code (ggml's best_index_mxfp4).
-fn nvfp4(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(36)) {
-        for s in 0..4 {
-            let xb = &x[16 * s..16 * s + 16];
-            let mut amax = 0f32;
-            for &v in xb {
-                if amax < v.abs() {
-                    amax = v.abs();
-                }
-            }
-            let ue = crate::quant::lowbit::f32_to_ue4m3(amax / 6.0);
-            b[s] = ue;
-            let d = crate::quant::lowbit::ue4m3_to_f32(ue);
-            for j in 0..8 {
-                let x0 = best_index_mxfp4(xb[j], d);
-                let x1 = best_index_mxfp4(xb[8 + j], d);
-                b[4 + 8 * s + j] = x0 | (x1 << 4);
-            }
         }
     }
 }
@@ -1409,9 +1333,9 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (MXFP4, _) => mxfp4(src, dst),
         // ggml's quantize_q1_0 / quantize_q2_0 take the imatrix but quantize row by row
         // without it; quantize_nvfp4 ignores it too
-        (Q1_0, _) => q1_0(src, dst),
-        (Q2_0, _) => q2_0(src, dst),
-        (NVFP4, _) => nvfp4(src, dst),
+        (Q1_0, _) => lowbit::quantize_q1_0(src, dst),
+        (Q2_0, _) => lowbit::quantize_q2_0(src, dst),
+        (NVFP4, _) => lowbit::quantize_nvfp4(src, dst),
         (IQ3_XXS, q) => rows.for_each(|(s, d)| super::iq3::iq3_xxs_row(s, d, q)),
         (IQ3_S, q) => rows.for_each(|(s, d)| super::iq3::iq3_s_row(s, d, q)),
         (IQ2_XXS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xxs_row(s, d, q)),
