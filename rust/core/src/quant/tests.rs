@@ -1233,6 +1233,26 @@ const IQ_TYPES: [GgmlType; 10] = [
     GgmlType::MXFP4,
 ];
 
+/// A random row of `ty` and Q8 activations: the generic-order and x86-order vec_dots agree
+/// within `k` ulps of the mass, and the generic one with the f64 dot of the dequantized rows
+/// (within that plus `rel` of the mass). Returns (weights, activations, generic result, tol).
+fn twins_agree(ty: GgmlType, n: usize, k: f64, rel: f64, rng: &mut Rng) -> (Vec<u8>, Vec<u8>, f32, f64) {
+    let w = random_row(ty, n, rng);
+    let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    let xq = activations(ty, &x, KernelSet::Ref);
+    let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+    let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
+    let m = mass(ty, &w, &xq, n);
+    let tol = k * f32::EPSILON as f64 * m + 1e-30;
+    assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+    let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(ty, &w, &mut wf).unwrap();
+    dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
+    let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
+    assert!((r as f64 - exact).abs() <= tol + rel * m, "{ty} n={n}: ref {r} exact {exact}");
+    (w, xq, r, tol)
+}
+
 #[test]
 fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
     // The x86-order scalar twins (what the SIMD kernels compute) and the generic-order
@@ -1243,23 +1263,11 @@ fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
         for nblocks in [1usize, 2, 3, 5, 8] {
             let n = ty.block_size() * nblocks;
             for _ in 0..6 {
-                let w = random_row(ty, n, &mut rng);
-                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-                let xq = activations(ty, &x, KernelSet::Ref);
-                let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
-                let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
-                let m = mass(ty, &w, &xq, n);
-                let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
-                assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+                let (w, xq, r, tol) = twins_agree(ty, n, (nblocks + 16) as f64, 1e-6, &mut rng);
                 if ty.block_size() == 256 {
                     let v = iquants::vec_dot_k_x86(ty, n, &w, &xq);
                     assert!(((r - v) as f64).abs() <= tol, "{ty} n={n}: ref {r} vec_dot order {v} tol {tol}");
                 }
-                let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
-                dequantize_row(ty, &w, &mut wf).unwrap();
-                dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
-                let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
-                assert!((r as f64 - exact).abs() <= tol + 1e-6 * m, "{ty} n={n}: ref {r} exact {exact}");
             }
         }
     }
@@ -1458,19 +1466,7 @@ fn lowbit_x86_order_twins_match_ggml_generic_order_within_rounding() {
         for nblocks in [1usize, 2, 3, 7] {
             let n = ty.block_size() * nblocks;
             for _ in 0..6 {
-                let w = random_row(ty, n, &mut rng);
-                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-                let xq = activations(ty, &x, KernelSet::Ref);
-                let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
-                let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
-                let m = mass(ty, &w, &xq, n);
-                let tol = (n / 8 + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
-                assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
-                let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
-                dequantize_row(ty, &w, &mut wf).unwrap();
-                dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
-                let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
-                assert!((r as f64 - exact).abs() <= tol, "{ty} n={n}: ref {r} exact {exact}");
+                twins_agree(ty, n, (n / 8 + 16) as f64, 0.0, &mut rng);
             }
         }
     }
