@@ -459,8 +459,9 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
             return Some(f);
         }
     }
-    // Q1_0, Q2_0, NVFP4: no SIMD kernel yet; the SIMD sets run the scalar twin of
-    // llama.cpp's x86 order (`lowbit::*_x86`), so their logits are the x86 build's
+    // Q1_0, Q2_0, NVFP4 where the set has no kernel for them (NEON; Q2_0 everywhere, as
+    // ggml has none on x86): the scalar twin of llama.cpp's x86 order (`lowbit::*_x86`),
+    // so their logits are the x86 build's
     if set.is_simd() && matches!(ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::NVFP4) {
         return vec_dot_fn_x86_order(ty);
     }
