@@ -52,3 +52,18 @@ def tiny_model_path(tmp_path_factory):
     spec.loader.exec_module(mod)
     out = tmp_path_factory.mktemp("tiny")
     return lambda arch: mod.write_tiny(arch, out)
+
+
+@pytest.fixture(scope="session")
+def tiny_iq_model(tmp_path_factory):
+    """Factory: tiny_iq_model("IQ2_XXS" | ... | "MXFP4") -> tests/data/tiny/make_tiny_iq.py's
+    one-layer llama of that type, made at first use by ``pyllama quantize`` from the generated
+    F32 model and llama-imatrix's stored matrix; it raises unless the file is byte for byte
+    what llama-quantize wrote for llama.cpp's reference logits."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tiny_iq", DATA / "tiny" / "make_tiny_iq.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path_factory.mktemp("tiny-iq")
+    return lambda qtype: mod.build(out, qtype)

@@ -84,14 +84,17 @@ def test_llamacpp_order_bit_identical(which, request):
 
 
 @pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                                   "TQ2_0", "MXFP4"])
-def test_tiny_iq_bit_identical_to_llamacpp(qtype):
+                                   "TQ2_0", "MXFP4", "Q1_0", "Q2_0", "NVFP4"])
+def test_tiny_iq_bit_identical_to_llamacpp(qtype, tiny_iq_model):
     # tiny-iq-<T> (tests/data/tiny/make_tiny_iq.py): every weight of that type (llama-quantize
-    # --pure; IQ1/IQ2: a Q8_0 token embedding). Prompts of 8, 33 and 63 tokens: llama.cpp
-    # runs its tiled matmul for the grid types (pyllama's order for them at every batch
-    # size), its AVX2 vec_dot for TQ1_0 / TQ2_0 / MXFP4, and its one attention kernel; every
-    # position's 20 reference logits and the last row are bit-identical.
-    model = DATA / "tiny" / "models" / f"tiny-iq-{qtype}.gguf"
+    # --pure; IQ1/IQ2: a Q8_0 token embedding), made here by pyllama quantize, byte for byte
+    # llama-quantize's file (NVFP4, which llama-quantize makes only with --tensor-type: its
+    # tensors byte for byte). Prompts of 8, 33 and 63 tokens: llama.cpp runs its tiled matmul
+    # for the grid types (pyllama's order for them at every batch size), its AVX2 vec_dot for
+    # TQ1_0 / TQ2_0 / MXFP4 / Q1_0 / NVFP4, its generic Q2_0 loop (FMA-contracted), and its
+    # one attention kernel; every position's 20 reference logits and the last row are
+    # bit-identical.
+    model = tiny_iq_model(qtype)
     prefix = DATA / "tiny" / f"tiny-iq-{qtype}"
     res = mismatches(model, prefix, prompts=None)
     assert all(bad == 0 for _, _, bad in res), res

@@ -29,7 +29,7 @@ from pyllama import _core
 
 DATA = Path(__file__).parent / "data"
 TINY_DIRS = [Path(os.environ["PYLLAMA_TINY_DIR"])] if "PYLLAMA_TINY_DIR" in os.environ else []
-TINY_DIRS += [DATA / "tiny" / "models", Path("/work/shared/tiny/models")]
+TINY_DIRS += [Path("/work/shared/tiny/models")]
 
 N_THREADS = 2
 
@@ -197,8 +197,10 @@ TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2",
               "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe", "gemma4",
               "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
 # the grid / ternary / MXFP4 types on a one-layer llama small enough to track in git
-# (tests/data/tiny/models, made by tests/data/tiny/make_tiny_iq.py with llama-quantize)
-TINY_IQ = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]
+# (yet built at test time, conftest's tiny_iq_model: tests/data/tiny/make_tiny_iq.py with
+# pyllama quantize, byte for byte llama-quantize's; and Q1_0, Q2_0, NVFP4)
+TINY_IQ = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0",
+           "Q2_0", "NVFP4"]
 TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_0embd"]
         + [f"tiny-{a}-{t}" for a in TINY_OTHER for t in ("F32", "Q8_0")] + [f"tiny-iq-{t}" for t in TINY_IQ])
 
@@ -273,8 +275,11 @@ def tiny_path(name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_tiny_logits_match_llamacpp(name):
-    path = tiny_path(name)
+def test_tiny_logits_match_llamacpp(name, request):
+    if name.startswith("tiny-iq-"):
+        path = request.getfixturevalue("tiny_iq_model")(name[len("tiny-iq-"):])
+    else:
+        path = tiny_path(name)
     s = compare_prompts(path, DATA / "tiny" / name)
     is_float = name.endswith(("F32", "F16", "BF16"))
     mean_tol, p99_tol = (0.03, 0.15) if is_float else (0.15, 0.6)

@@ -18,7 +18,7 @@ from pyllama.gguf import GGUFFile  # noqa: E402
 
 SUPPORTED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
              "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-             "TQ1_0", "TQ2_0", "MXFP4"]
+             "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
 # gguf-py has no dequantize for these two activation-only formats; checked by hand below.
 ACT_ONLY = ["Q8_1", "Q8_K"]
 # dequantize only (as a C cast to float); no matmul takes them
@@ -123,7 +123,7 @@ def test_random_raw_bytes_with_any_scale_bits_match_gguf_py():
     # Unsanitized bytes: inf/NaN/subnormal f16 scales must decode exactly as gguf-py does.
     rng = np.random.default_rng(7)
     for type_name in ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q3_K", "Q2_K", "Q5_K", "IQ4_XS", "IQ2_XXS",
-                      "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]:
+                      "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]:
         qt = QT[type_name]
         bs, ts = GGML_QUANT_SIZES[qt]
         raw = rng.integers(0, 256, size=64 * ts, dtype=np.uint8)
@@ -131,6 +131,29 @@ def test_random_raw_bytes_with_any_scale_bits_match_gguf_py():
             theirs = gguf_dequantize(raw, type_name, bs * 4)
         ours = _core.dequantize(raw, type_name, [16, bs * 4])
         assert_bits_equal(ours, theirs, type_name)
+
+
+def test_q1_0_and_q2_0_of_hand_values():
+    # gguf-py has neither; derived by hand from ggml-common.h / dequantize_row_q{1,2}_0.
+    # Q1_0: 128 elements, d (f16) then bit j of qs: +d, else -d
+    raw = np.zeros(18, np.uint8)
+    raw[0:2] = np.array([0x3800], np.uint16).view(np.uint8)  # d = 0.5
+    raw[2] = 0b00000101  # elements 0 and 2 positive
+    raw[17] = 0x80  # element 127 positive
+    out = _core.dequantize(raw, "Q1_0", [128])
+    want = np.full(128, -0.5, np.float32)
+    want[[0, 2, 127]] = 0.5
+    assert out.tolist() == want.tolist()
+    # Q2_0: 64 elements, d then 2 bits each (low bits first), value (q - 1) * d
+    raw = np.zeros(18, np.uint8)
+    raw[0:2] = np.array([0x4000], np.uint16).view(np.uint8)  # d = 2
+    raw[2] = 0b11100100  # elements 0..3: q = 0, 1, 2, 3
+    raw[17] = 0b10 << 6  # element 63: q = 2
+    out = _core.dequantize(raw, "Q2_0", [64])
+    want = np.full(64, -2.0, np.float32)
+    want[:4] = [-2.0, 0.0, 2.0, 4.0]
+    want[63] = 2.0
+    assert out.tolist() == want.tolist()
 
 
 def test_q8_0_of_hand_values():

@@ -54,13 +54,22 @@ def model_paths(workdir):
 
 
 @pytest.fixture(scope="module")
-def imatrix_files(workdir, model_paths):
+def text_imatrix(workdir) -> Path:
+    """llama-imatrix's matrix for the text model: rebuilt from its .npz, and checked to be
+    the bytes llama-imatrix wrote (imatrix_npz.to_gguf raises otherwise)."""
+    import make_quantize_reference as mk
+
+    return mk.imatrix_npz.to_gguf(DATA / REF["imatrix"]["file"], workdir / "imatrix-text-llama.gguf")
+
+
+@pytest.fixture(scope="module")
+def imatrix_files(workdir, model_paths, text_imatrix):
     """The text model's matrix as llama-imatrix wrote it; the wide model's synthetic one."""
     import make_quantize_reference as mk
 
     wide = workdir / "imatrix-wide-llama.gguf"
     mk.synthetic_imatrix(wide, model_paths("wide-llama"))
-    return {"text-llama": DATA / REF["imatrix"]["file"], "wide-llama": wide}
+    return {"text-llama": text_imatrix, "wide-llama": wide}
 
 
 def _kwargs(args: list[str]) -> dict:
@@ -238,7 +247,7 @@ def test_type_choice_matches_llama_cpp_snapshots(name, arch, hd):
 
 # ---------------------------------------------------------------- imatrix
 
-def test_imatrix_matches_llama_imatrix(workdir, model_paths):
+def test_imatrix_matches_llama_imatrix(workdir, model_paths, text_imatrix):
     from pyllama.generation import Session, load_model
 
     r = REF["imatrix"]
@@ -254,7 +263,7 @@ def test_imatrix_matches_llama_imatrix(workdir, model_paths):
     out = workdir / "ours.imatrix.gguf"
     save_imatrix(out, entries, datasets=[r["text"]], chunk_count=n_chunk, chunk_size=r["ctx"])
     ours = _core.load_imatrix(out)
-    ref = _core.load_imatrix(DATA / r["file"])
+    ref = _core.load_imatrix(text_imatrix)
     assert ours["datasets"] == ref["datasets"] == [r["text"]]
     assert ours["chunk_count"] == ref["chunk_count"] and ours["chunk_size"] == ref["chunk_size"]
     assert sorted(ours["weights"]) == sorted(ref["weights"])

@@ -96,7 +96,8 @@ def quantize_cmd(
         if t is not None and t.upper() not in {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
                                                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",
                                                 "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
-                                                "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"}:
+                                                "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4",
+                                                "NVFP4", "Q1_0", "Q2_0"}:
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())

@@ -39,6 +39,9 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
+    Q2_0 = 42,
 }
 
 pub const QK_K: usize = 256;
@@ -79,6 +82,9 @@ impl GgmlType {
             34 => TQ1_0,
             35 => TQ2_0,
             39 => MXFP4,
+            40 => NVFP4,
+            41 => Q1_0,
+            42 => Q2_0,
             _ => return None,
         })
     }
@@ -95,6 +101,8 @@ impl GgmlType {
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 | Q2_0 => 64,
+            Q1_0 => 128,
             _ => QK_K,
         }
     }
@@ -117,6 +125,8 @@ impl GgmlType {
             Q8_1 => 36,
             IQ4_NL => 18,
             MXFP4 => 17,
+            NVFP4 => 36,
+            Q1_0 | Q2_0 => 18,
             Q2_K => 84,
             Q3_K => 110,
             Q4_K => 144,
@@ -171,6 +181,9 @@ impl GgmlType {
             TQ1_0 => "TQ1_0",
             TQ2_0 => "TQ2_0",
             MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
+            Q1_0 => "Q1_0",
+            Q2_0 => "Q2_0",
         }
     }
 
@@ -215,6 +228,9 @@ impl GgmlType {
                 | TQ1_0
                 | TQ2_0
                 | MXFP4
+                | NVFP4
+                | Q1_0
+                | Q2_0
         )
     }
 }

@@ -1,4 +1,4 @@
-"""Regenerate tests/data/quantize/reference.json (and the imatrix files beside it) from
+"""Regenerate tests/data/quantize/reference.json (and imatrix-text-llama.npz beside it) from
 llama.cpp's own tools: the SHA-256 of what llama-quantize writes for each test model, type
 and set of switches, and llama-imatrix's importance matrix for the text model.
 
@@ -26,6 +26,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "imatrix"))
+import imatrix_npz  # noqa: E402
 
 # Every llama-quantize type pyllama implements without an importance matrix.
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
@@ -105,11 +108,13 @@ def main() -> None:
         paths = {m: models.write_model(m, tmp / "models") for m in {c["model"] for c in cases()}}
         text = models.write_text(tmp)
         # llama-imatrix on the text model: 4 chunks of 128 tokens, 4 sequences per batch
-        im_text = HERE / "imatrix-text-llama.gguf"
+        # (kept in git as .npz: the tests rebuild the GGUF and check it is this file's bytes)
+        im_text = tmp / "imatrix-text-llama.gguf"
         subprocess.run([str(li), "-m", str(paths["text-llama"]), "-f", text.name, "-o", str(im_text), "-c", "128",
                         "-b", "512", "--chunks", "4", "-t", "2"], cwd=tmp, check=True, capture_output=True)
+        imatrix_npz.to_npz(im_text, HERE / "imatrix-text-llama.npz")
         ref["imatrix"] = {"model": "text-llama", "ctx": 128, "batch": 512, "chunks": 4, "text": text.name,
-                          "file": im_text.name}
+                          "file": "imatrix-text-llama.npz"}
         im_files = {"text-llama": im_text, "wide-llama": tmp / "imatrix-wide-llama.gguf"}
         synthetic_imatrix(im_files["wide-llama"], paths["wide-llama"])
         for c in cases():

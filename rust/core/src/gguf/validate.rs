@@ -16,6 +16,7 @@ fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
         Q6_K => &[208],
         TQ1_0 => &[52],
         TQ2_0 => &[64],
+        Q1_0 | Q2_0 => &[0],
         _ => &[],
     }
 }

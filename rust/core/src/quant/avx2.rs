@@ -253,6 +253,7 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
         F32 => one_f32,
         F16 => one_f16,
         BF16 => one_bf16,
+        Q1_0 | NVFP4 => return super::avx2_iq::lowbit_vec_dot_fn(ty),
         _ => return super::avx2_iq::vec_dot_fn(ty),
     })
 }

@@ -427,23 +427,7 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     }
 }
 
-/// (single-column, TILE-column) kernels of `ty`, if this module has them.
-pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    use GgmlType::*;
-    Some(match ty {
-        IQ2_XXS => (dot_iq2_xxs::<1>, dot_iq2_xxs::<TILE>),
-        IQ2_XS => (dot_iq2_xs::<1>, dot_iq2_xs::<TILE>),
-        IQ2_S => (dot_iq2_s::<1>, dot_iq2_s::<TILE>),
-        IQ3_XXS => (dot_iq3_xxs::<1>, dot_iq3_xxs::<TILE>),
-        IQ3_S => (dot_iq3_s::<1>, dot_iq3_s::<TILE>),
-        IQ1_S => (dot_iq1_s::<1>, dot_iq1_s::<TILE>),
-        IQ1_M => (dot_iq1_m::<1>, dot_iq1_m::<TILE>),
-        TQ1_0 => (dot_tq1_0::<1>, dot_tq1_0::<TILE>),
-        TQ2_0 => (dot_tq2_0::<1>, dot_tq2_0::<TILE>),
-        MXFP4 => (dot_mxfp4::<1>, dot_mxfp4::<TILE>),
-        _ => return None,
-    })
-}
+iq_dispatch!();
 
 /// The llama.cpp vec_dot-order kernels of the grid types (what llama.cpp runs below 8 rows;
 /// used under PYLLAMA_ORDER=llamacpp), None for the other types.
@@ -496,47 +480,85 @@ pub fn cols_kernel(ty: GgmlType, nc: usize) -> Option<DotN> {
     })
 }
 
-macro_rules! safe_one {
+/// Q1_0 x Q8_0, ggml's AVX2 vec_dot (`lowbit::vec_dot_q1_0_q8_0_x86` is its scalar twin):
+/// the sign bits spread to bytes, the activations negated where a bit is clear.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q1_0(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+                                  3, 3, 3);
+    let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+    let zero = _mm256_setzero_si256();
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..n / 128 {
+        let b = x.add(18 * ib);
+        let mut blk = _mm256_setzero_ps();
+        for k in 0..4 {
+            let yb = y.add(34 * (4 * ib + k));
+            let bits = std::ptr::read_unaligned(b.add(2 + 4 * k) as *const i32);
+            let sm = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit), zero);
+            let sy = _mm256_sub_epi8(_mm256_xor_si256(load256(yb.add(2)), sm), sm);
+            let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, sy), ones16));
+            let dy = _mm256_set1_ps(f16(yb));
+            blk = if k == 0 { _mm256_mul_ps(dy, s) } else { _mm256_fmadd_ps(dy, s, blk) };
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(b)), blk, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// NVFP4 x Q8_0, ggml's AVX2 vec_dot (`lowbit::vec_dot_nvfp4_q8_0_x86` is its scalar twin):
+/// per Q8_0 block the two sub-blocks' codes looked up, lanes 0..4 scaled by the first
+/// sub-block's scale times d_y, lanes 4..8 by the second's.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_nvfp4(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let values = load128(KVALUES_MXFP4.as_ptr() as *const u8);
+    let m4 = _mm_set1_epi8(0xF);
+    let ones16 = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..n / 64 {
+        let b = x.add(36 * ib);
+        for h in 0..2 {
+            let q4 = load128(b.add(4 + 16 * h));
+            let lo = _mm_shuffle_epi8(values, _mm_and_si128(q4, m4));
+            let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q4, 4), m4));
+            let w = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+            let yb = y.add(34 * (2 * ib + h));
+            let q8 = load256(yb.add(2));
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q8, w)), ones16);
+            let dy = f16(yb);
+            let s0 = super::lowbit::ue4m3_to_f32(*b.add(2 * h)) * dy;
+            let s1 = super::lowbit::ue4m3_to_f32(*b.add(2 * h + 1)) * dy;
+            acc = _mm256_fmadd_ps(_mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), _mm256_cvtepi32_ps(p), acc);
+        }
+    }
+    hsum_ps(acc)
+}
+
+macro_rules! safe_lowbit {
     ($($name:ident, $k:ident, $wty:ident;)*) => {$(
         fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
             let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
-            let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
+            let xb = GgmlType::Q8_0.row_size(n).expect("row length is a multiple of the block size");
             assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-            let mut out = 0f32;
             // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
-            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-            out
+            unsafe { $k(n, w.as_ptr(), x.as_ptr()) }
         }
     )*};
 }
 
-safe_one! {
-    one_iq2_xxs, dot_iq2_xxs, IQ2_XXS;
-    one_iq2_xs, dot_iq2_xs, IQ2_XS;
-    one_iq2_s, dot_iq2_s, IQ2_S;
-    one_iq3_xxs, dot_iq3_xxs, IQ3_XXS;
-    one_iq3_s, dot_iq3_s, IQ3_S;
-    one_iq1_s, dot_iq1_s, IQ1_S;
-    one_iq1_m, dot_iq1_m, IQ1_M;
-    one_tq1_0, dot_tq1_0, TQ1_0;
-    one_tq2_0, dot_tq2_0, TQ2_0;
-    one_mxfp4, dot_mxfp4, MXFP4;
+safe_lowbit! {
+    one_q1_0, dot_q1_0, Q1_0;
+    one_nvfp4, dot_nvfp4, NVFP4;
 }
 
-/// Safe single-row vec_dot of `ty` (checks the slice lengths).
-pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        IQ2_XXS => one_iq2_xxs,
-        IQ2_XS => one_iq2_xs,
-        IQ2_S => one_iq2_s,
-        IQ3_XXS => one_iq3_xxs,
-        IQ3_S => one_iq3_s,
-        IQ1_S => one_iq1_s,
-        IQ1_M => one_iq1_m,
-        TQ1_0 => one_tq1_0,
-        TQ2_0 => one_tq2_0,
-        MXFP4 => one_mxfp4,
-        _ => return None,
-    })
+/// Safe single-row vec_dot of Q1_0 / NVFP4 (Q2_0 has no x86 kernel in ggml: its scalar
+/// loop, `lowbit::vec_dot_q2_0_q8_0_x86`).
+pub fn lowbit_vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    match ty {
+        GgmlType::Q1_0 => Some(one_q1_0),
+        GgmlType::NVFP4 => Some(one_nvfp4),
+        _ => None,
+    }
 }

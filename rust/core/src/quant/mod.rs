@@ -11,11 +11,64 @@
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
 
+/// The dispatch of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
+/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `dot_kernels(ty)` (the
+/// single-column and TILE-column kernels) and `vec_dot_fn(ty)` (a safe single row that
+/// checks the slice lengths). The invoking module's kernels must run on any CPU its kernel
+/// set is chosen for.
+macro_rules! iq_dispatch {
+    () => {
+        iq_dispatch! {
+            one_iq2_xxs, dot_iq2_xxs, IQ2_XXS;
+            one_iq2_xs, dot_iq2_xs, IQ2_XS;
+            one_iq2_s, dot_iq2_s, IQ2_S;
+            one_iq3_xxs, dot_iq3_xxs, IQ3_XXS;
+            one_iq3_s, dot_iq3_s, IQ3_S;
+            one_iq1_s, dot_iq1_s, IQ1_S;
+            one_iq1_m, dot_iq1_m, IQ1_M;
+            one_tq1_0, dot_tq1_0, TQ1_0;
+            one_tq2_0, dot_tq2_0, TQ2_0;
+            one_mxfp4, dot_mxfp4, MXFP4;
+        }
+    };
+    ($($one:ident, $k:ident, $wty:ident;)*) => {
+        /// (single-column, TILE-column) kernels of `ty`, if this module has them.
+        pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
+            Some(match ty {
+                $(GgmlType::$wty => ($k::<1> as DotN, $k::<TILE> as DotN),)*
+                _ => return None,
+            })
+        }
+
+        $(
+            fn $one(n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
+                let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
+                assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+                let mut out = 0f32;
+                // SAFETY: lengths checked above; the kernel set of this module was chosen
+                // for this CPU (kernel_set), and every aarch64 CPU has NEON.
+                unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+                out
+            }
+        )*
+
+        /// Safe single-row vec_dot of `ty` (checks the slice lengths).
+        pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+            Some(match ty {
+                $(GgmlType::$wty => $one,)*
+                _ => return None,
+            })
+        }
+    };
+}
+
 pub mod fp;
 pub mod iq_grids;
 pub mod iquants;
 pub mod kquants;
 pub mod legacy;
+pub mod lowbit;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
@@ -210,6 +263,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         TQ1_0 => iquants::dequantize_tq1_0,
         TQ2_0 => iquants::dequantize_tq2_0,
         MXFP4 => iquants::dequantize_mxfp4,
+        NVFP4 => lowbit::dequantize_nvfp4,
+        Q1_0 => lowbit::dequantize_q1_0,
+        Q2_0 => lowbit::dequantize_q2_0,
         F64 => float::dequantize_f64,
         I8 => float::dequantize_i8,
         I16 => float::dequantize_i16,
@@ -244,6 +300,9 @@ pub fn quantize_fn_ref(ty: GgmlType) -> Option<QuantizeFn> {
         Q8_1 => legacy::quantize_q8_1,
         IQ4_NL => legacy::quantize_iq4_nl,
         Q8_K => kquants::quantize_q8_k,
+        Q1_0 => lowbit::quantize_q1_0,
+        Q2_0 => lowbit::quantize_q2_0,
+        NVFP4 => lowbit::quantize_nvfp4,
         _ => return None,
     })
 }
@@ -306,7 +365,7 @@ pub fn quantize_row_act(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()>
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Q8_0,
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Q8_0,
         Q4_1 | Q5_1 | Q8_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => Q8_K,
         IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => Q8_K,
@@ -347,6 +406,9 @@ pub fn vec_dot_fn_ref(ty: GgmlType) -> Option<VecDotFn> {
         TQ1_0 => iquants::vec_dot_tq1_0_q8_k_ref,
         TQ2_0 => iquants::vec_dot_tq2_0_q8_k_ref,
         MXFP4 => iquants::vec_dot_mxfp4_q8_0_ref,
+        NVFP4 => lowbit::vec_dot_nvfp4_q8_0_ref,
+        Q1_0 => lowbit::vec_dot_q1_0_q8_0_ref,
+        Q2_0 => lowbit::vec_dot_q2_0_q8_0_ref,
         _ => return None,
     })
 }
@@ -368,6 +430,9 @@ pub fn vec_dot_fn_x86_order(ty: GgmlType) -> Option<VecDotFn> {
         TQ1_0 => iquants::vec_dot_tq1_0_q8_k_x86,
         TQ2_0 => iquants::vec_dot_tq2_0_q8_k_x86,
         MXFP4 => iquants::vec_dot_mxfp4_q8_0_x86,
+        NVFP4 => lowbit::vec_dot_nvfp4_q8_0_x86,
+        Q1_0 => lowbit::vec_dot_q1_0_q8_0_x86,
+        Q2_0 => lowbit::vec_dot_q2_0_q8_0_x86,
         _ => return None,
     })
 }
@@ -394,7 +459,12 @@ pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
             return Some(f);
         }
     }
-    let _ = set;
+    // Q1_0, Q2_0, NVFP4 where the set has no kernel for them (NEON; Q2_0 everywhere, as
+    // ggml has none on x86): the scalar twin of llama.cpp's x86 order (`lowbit::*_x86`),
+    // so their logits are the x86 build's
+    if set.is_simd() && matches!(ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::NVFP4) {
+        return vec_dot_fn_x86_order(ty);
+    }
     vec_dot_fn_ref(ty)
 }
 

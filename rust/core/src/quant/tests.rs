@@ -34,7 +34,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         Q2_K => &[80, 82],
         Q3_K => &[108],
         Q6_K => &[208],
-        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => &[0],
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | Q1_0 | Q2_0 => &[0],
         TQ1_0 => &[52],
         TQ2_0 => &[64],
         _ => &[],
@@ -1233,6 +1233,26 @@ const IQ_TYPES: [GgmlType; 10] = [
     GgmlType::MXFP4,
 ];
 
+/// A random row of `ty` and Q8 activations: the generic-order and x86-order vec_dots agree
+/// within `k` ulps of the mass, and the generic one with the f64 dot of the dequantized rows
+/// (within that plus `rel` of the mass). Returns (weights, activations, generic result, tol).
+fn twins_agree(ty: GgmlType, n: usize, k: f64, rel: f64, rng: &mut Rng) -> (Vec<u8>, Vec<u8>, f32, f64) {
+    let w = random_row(ty, n, rng);
+    let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    let xq = activations(ty, &x, KernelSet::Ref);
+    let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
+    let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
+    let m = mass(ty, &w, &xq, n);
+    let tol = k * f32::EPSILON as f64 * m + 1e-30;
+    assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+    let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(ty, &w, &mut wf).unwrap();
+    dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
+    let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
+    assert!((r as f64 - exact).abs() <= tol + rel * m, "{ty} n={n}: ref {r} exact {exact}");
+    (w, xq, r, tol)
+}
+
 #[test]
 fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
     // The x86-order scalar twins (what the SIMD kernels compute) and the generic-order
@@ -1243,23 +1263,11 @@ fn iq_x86_order_twins_match_ggml_generic_order_within_rounding() {
         for nblocks in [1usize, 2, 3, 5, 8] {
             let n = ty.block_size() * nblocks;
             for _ in 0..6 {
-                let w = random_row(ty, n, &mut rng);
-                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
-                let xq = activations(ty, &x, KernelSet::Ref);
-                let r = vec_dot_fn_ref(ty).unwrap()(n, &w, &xq);
-                let t = vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq);
-                let m = mass(ty, &w, &xq, n);
-                let tol = (nblocks + 16) as f64 * f32::EPSILON as f64 * m + 1e-30;
-                assert!(((r - t) as f64).abs() <= tol, "{ty} n={n}: ref {r} x86 {t} tol {tol}");
+                let (w, xq, r, tol) = twins_agree(ty, n, (nblocks + 16) as f64, 1e-6, &mut rng);
                 if ty.block_size() == 256 {
                     let v = iquants::vec_dot_k_x86(ty, n, &w, &xq);
                     assert!(((r - v) as f64).abs() <= tol, "{ty} n={n}: ref {r} vec_dot order {v} tol {tol}");
                 }
-                let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
-                dequantize_row(ty, &w, &mut wf).unwrap();
-                dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
-                let exact: f64 = wf.iter().zip(&xf).map(|(a, b)| *a as f64 * *b as f64).sum();
-                assert!((r as f64 - exact).abs() <= tol + 1e-6 * m, "{ty} n={n}: ref {r} exact {exact}");
             }
         }
     }
@@ -1442,6 +1450,68 @@ fn neon_iq_kernels_equal_x86_order_twins_bit_for_bit() {
                     assert!(same(s, want), "{ty} n={n} case {case} single column {c}");
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn lowbit_x86_order_twins_match_ggml_generic_order_within_rounding() {
+    // Q1_0, Q2_0, NVFP4: the x86-order scalars (what every SIMD set runs; llama.cpp's x86
+    // build bit for bit on the tiny-iq fixtures) and ggml's generic order are the same dot
+    // product up to float summation, and equal the f64 dot of the dequantized rows within it.
+    let mut rng = Rng(0x5EED_0F10_2030_4050);
+    for ty in [GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::NVFP4] {
+        assert_eq!(vec_dot_fn(ty, KernelSet::Ref).unwrap() as usize, vec_dot_fn_ref(ty).unwrap() as usize);
+        let simd = if cfg!(target_arch = "aarch64") { KernelSet::Neon } else { KernelSet::Avx2 };
+        let simd_ok = cfg!(target_arch = "aarch64") || avx2_available();
+        for nblocks in [1usize, 2, 3, 7] {
+            let n = ty.block_size() * nblocks;
+            for _ in 0..6 {
+                let (w, xq, _, _) = twins_agree(ty, n, (n / 8 + 16) as f64, 0.0, &mut rng);
+                if simd_ok {
+                    // the SIMD set's kernel (AVX2: ggml's Q1_0 / NVFP4 ones) is the twin bit for bit
+                    let (a, b) = (vec_dot_fn(ty, simd).unwrap()(n, &w, &xq), vec_dot_fn_x86_order(ty).unwrap()(n, &w, &xq));
+                    assert_eq!(a.to_bits(), b.to_bits(), "{ty} n={n}: SIMD {a} twin {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lowbit_quantizers_round_trip() {
+    // ggml's reference quantizers: Q1_0 keeps each sign and the mean |x|; Q2_0 rounds x / amax
+    // to {-1, 0, 1} (2 only at ties above 1.5, never for |x| <= amax); NVFP4 stays within half
+    // an E2M1 step of each value (the step at 6 is 2, times the UE4M3 scale of amax / 6).
+    let mut rng = Rng(0x0123_4567_89AB_CDEF);
+    let x: Vec<f32> = (0..256).map(|_| rng.normal()).collect();
+    let mut b = vec![0u8; GgmlType::Q1_0.row_size(256).unwrap()];
+    quantize_row(GgmlType::Q1_0, &x, &mut b).unwrap();
+    let mut y = vec![0f32; 256];
+    dequantize_row(GgmlType::Q1_0, &b, &mut y).unwrap();
+    for (blk, (xs, ys)) in x.chunks(128).zip(y.chunks(128)).enumerate() {
+        let d = fp::f16_to_f32(fp::f32_to_f16(xs.iter().fold(0f32, |s, v| s + v.abs()) / 128.0));
+        for (a, c) in xs.iter().zip(ys) {
+            assert_eq!(*c, if *a >= 0.0 { d } else { -d }, "Q1_0 block {blk}");
+        }
+    }
+    let mut b = vec![0u8; GgmlType::Q2_0.row_size(256).unwrap()];
+    quantize_row(GgmlType::Q2_0, &x, &mut b).unwrap();
+    dequantize_row(GgmlType::Q2_0, &b, &mut y).unwrap();
+    for (xs, ys) in x.chunks(64).zip(y.chunks(64)) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = fp::f16_to_f32(fp::f32_to_f16(amax));
+        for (a, c) in xs.iter().zip(ys) {
+            assert_eq!(*c, (a / amax).round() * d, "Q2_0 {a}");
+        }
+    }
+    let mut b = vec![0u8; GgmlType::NVFP4.row_size(256).unwrap()];
+    quantize_row(GgmlType::NVFP4, &x, &mut b).unwrap();
+    dequantize_row(GgmlType::NVFP4, &b, &mut y).unwrap();
+    for (k, (xs, ys)) in x.chunks(16).zip(y.chunks(16)).enumerate() {
+        let d = lowbit::ue4m3_to_f32(b[36 * (k / 4) + k % 4]);
+        for (a, c) in xs.iter().zip(ys) {
+            assert!((a - c).abs() <= 2.0 * d * 1.0001 + 1e-6, "NVFP4 sub-block {k}: {a} -> {c} (d {d})");
         }
     }
 }

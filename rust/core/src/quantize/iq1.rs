@@ -3,7 +3,8 @@
 //! least-squares search over sorted values, then groups of 8 are snapped to a 2048-point
 //! grid. The value sort is stable (glibc's qsort is a merge sort for these sizes).
 
-use super::iq2::{build, Iq2Grid};
+use super::grid::{sum_sq, Grid};
+use super::kernels::{cmax, nearest_int};
 use crate::ggml_type::QK_K;
 use crate::quant::fp::f32_to_f16;
 use std::sync::OnceLock;
@@ -14,24 +15,9 @@ const GROUP_MAX_EPS_IQ1_M: f32 = 1e-7;
 const X_P: [f32; 3] = [-1.0 + DELTA, DELTA, 1.0 + DELTA];
 const X_M: [f32; 3] = [-1.0 - DELTA, -DELTA, 1.0 - DELTA];
 
-fn grid() -> &'static Iq2Grid {
-    static G: OnceLock<Iq2Grid> = OnceLock::new();
-    G.get_or_init(|| build(&KGRID_1BIT_2048, 3))
-}
-
-#[inline(always)]
-fn nearest_int(v: f32) -> i32 {
-    let val = v + 12582912.0;
-    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-}
-
-#[inline(always)]
-fn cmax(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
+fn grid() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| Grid::build(&KGRID_1BIT_2048, 2, super::iq2::KMAP_SIZE, 3))
 }
 
 /// Indices of `xb` in ascending order of value, ties in index order.
@@ -43,41 +29,43 @@ fn sorted_idx(xb: &[f32], idx: &mut [usize]) {
     idx.sort_by(|&a, &b| xb[a].partial_cmp(&xb[b]).unwrap_or(std::cmp::Ordering::Equal));
 }
 
-/// `iq1_find_best_neighbour2`.
+/// The groups of 8 levels of `l` onto the grid: an off-grid group goes to the neighbour
+/// nearest in weighted distance (`iq1_find_best_neighbour2`, grid level j standing for
+/// `scale * xx_of(group)[j]`); the indices go to `index`. If any group moved, the scale is
+/// refitted by least squares to the grid values (when that fit is positive).
 #[inline(always)]
-fn best_neighbour2(g: &Iq2Grid, u: usize, xval: &[f32], weight: &[f32], scale: f32, xg: &[f32; 3], l: &mut [i8]) -> usize {
-    let start = (-g.map[u] - 1) as usize;
-    let n = g.neighbours[start] as usize;
-    let mut best = f32::MAX;
-    let mut gi = usize::MAX;
-    for &j in &g.neighbours[start + 1..start + 1 + n] {
-        let pg = &g.grid[j as usize];
-        let mut d2 = 0f32;
-        for i in 0..8 {
-            let q = xg[((pg[i] - 1) / 2) as usize];
-            let diff = scale * q - xval[i];
-            d2 += weight[i] * diff * diff;
+fn onto_grid<'a, const G: usize>(g: &Grid<8>, l: &mut [i8], xb: &[f32], weight: &[f32], mut scale: f32,
+                                 xx_of: impl Fn(usize) -> &'a [f32; 3], index: &mut [usize; G]) -> f32 {
+    let mut all_on_grid = true;
+    for k in 0..G {
+        let u = g.pattern(&l[8 * k..]);
+        index[k] = if g.map[u] >= 0 {
+            g.map[u] as usize
+        } else {
+            all_on_grid = false;
+            let xx = xx_of(k);
+            g.best_neighbour_by(u, &xb[8 * k..], &weight[8 * k..], scale, |v| xx[((v - 1) / 2) as usize],
+                                &mut l[8 * k..8 * k + 8])
+        };
+    }
+    if !all_on_grid {
+        let mut sumqx = 0f32;
+        let mut sumq2 = 0f32;
+        for k in 0..G {
+            let xx = xx_of(k);
+            let pg = &g.grid[index[k]];
+            for j in 0..8 {
+                let w = weight[8 * k + j];
+                let q = xx[((pg[j] - 1) / 2) as usize];
+                sumqx += w * q * xb[8 * k + j];
+                sumq2 += w * q * q;
+            }
         }
-        if d2 < best {
-            best = d2;
-            gi = j as usize;
+        if sumqx > 0.0 && sumq2 > 0.0 {
+            scale = sumqx / sumq2;
         }
     }
-    assert!(gi != usize::MAX, "IQ1: no grid point found (non-finite values?)");
-    let pg = &g.grid[gi];
-    for i in 0..8 {
-        l[i] = (pg[i] - 1) / 2;
-    }
-    gi
-}
-
-#[inline(always)]
-fn pattern(l: &[i8]) -> usize {
-    let mut u = 0usize;
-    for i in 0..8 {
-        u |= (l[i] as usize) << (2 * i);
-    }
-    u
+    scale
 }
 
 /// One row of IQ1_S (50-byte blocks: d, qs[32], qh[8] (u16: 3 x 3 index bits, 3-bit
@@ -91,11 +79,7 @@ pub(super) fn iq1_s_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
         let mut scales = [0f32; 8];
         let mut shifts = [0i8; 8];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
             let qw = &qw_row[QK_K * ibl + 32 * ib..];
@@ -158,33 +142,8 @@ pub(super) fn iq1_s_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
                 best_shift = -best_shift;
             }
             let xx = if best_shift == 1 { &X_P } else { &X_M };
-            let mut all_on_grid = true;
             let mut index = [0usize; 4];
-            for k in 0..4 {
-                let u = pattern(&l[8 * k..]);
-                index[k] = if g.map[u] >= 0 {
-                    g.map[u] as usize
-                } else {
-                    all_on_grid = false;
-                    best_neighbour2(g, u, &xb[8 * k..], &weight[8 * k..], scale, xx, &mut l[8 * k..8 * k + 8])
-                };
-            }
-            if !all_on_grid {
-                let mut sumqx = 0f32;
-                let mut sumq2 = 0f32;
-                for k in 0..4 {
-                    let pg = &g.grid[index[k]];
-                    for j in 0..8 {
-                        let w = weight[8 * k + j];
-                        let q = xx[((pg[j] - 1) / 2) as usize];
-                        sumqx += w * q * xb[8 * k + j];
-                        sumq2 += w * q * q;
-                    }
-                }
-                if sumqx > 0.0 && sumq2 > 0.0 {
-                    scale = sumqx / sumq2;
-                }
-            }
+            let scale = onto_grid(g, &mut l, xb, &weight, scale, |_| xx, &mut index);
             let mut h = 0u16;
             for k in 0..4 {
                 b[2 + 4 * ib + k] = (index[k] & 255) as u8;
@@ -254,11 +213,7 @@ pub(super) fn iq1_m_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
         let mut scales = [0f32; 16];
         let mut shifts = [0i8; 16];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
         for ib in 0..16 {
             let xb = &xbl[16 * ib..16 * ib + 16];
             let mut weight = [0f32; 16];
@@ -331,35 +286,8 @@ pub(super) fn iq1_m_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
                 scale = -scale;
                 best_k = 3 - best_k;
             }
-            let mut all_on_grid = true;
             let mut index = [0usize; 2];
-            for k in 0..2 {
-                let xx = xx_of(k, best_k);
-                let u = pattern(&l[8 * k..]);
-                index[k] = if g.map[u] >= 0 {
-                    g.map[u] as usize
-                } else {
-                    all_on_grid = false;
-                    best_neighbour2(g, u, &xb[8 * k..], &weight[8 * k..], scale, xx, &mut l[8 * k..8 * k + 8])
-                };
-            }
-            if !all_on_grid {
-                let mut sumqx = 0f32;
-                let mut sumq2 = 0f32;
-                for k in 0..2 {
-                    let xx = xx_of(k, best_k);
-                    let pg = &g.grid[index[k]];
-                    for j in 0..8 {
-                        let w = weight[8 * k + j];
-                        let q = xx[((pg[j] - 1) / 2) as usize];
-                        sumqx += w * q * xb[8 * k + j];
-                        sumq2 += w * q * q;
-                    }
-                }
-                if sumqx > 0.0 && sumq2 > 0.0 {
-                    scale = sumqx / sumq2;
-                }
-            }
+            let scale = onto_grid(g, &mut l, xb, &weight, scale, |k| xx_of(k, best_k), &mut index);
             b[2 * ib] = (index[0] & 255) as u8;
             b[2 * ib + 1] = (index[1] & 255) as u8;
             b[32 + ib] = ((index[0] >> 8) | ((index[1] >> 8) << 4)) as u8;

@@ -4,245 +4,29 @@
 //! (IQ2_XXS / IQ2_XS keep an even number of negatives per group, flipping the least
 //! important value).
 
+use super::grid::{cmax_of, signs8, sum_sq, Grid, Refit, Search};
+use super::kernels::{cmax, nearest_int};
 use crate::ggml_type::QK_K;
 use crate::quant::fp::f32_to_f16;
 use std::sync::OnceLock;
 
-const KMAP_SIZE: usize = 43692;
+/// ggml's map size for 2-bit patterns of 8 levels (the largest pattern of levels 0..2, plus 2).
+pub(super) const KMAP_SIZE: usize = 43692;
 const GROUP_MAX_EPS: f32 = 1e-15;
 const GROUP_MAX_EPS_IQ2_S: f32 = 1e-8;
 const KMAXQ: i32 = 3;
 
-pub(super) struct Iq2Grid {
-    pub(super) grid: Vec<[i8; 8]>,
-    pub(super) map: Vec<i32>,
-    pub(super) neighbours: Vec<u16>,
+fn grid_xxs() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| Grid::build(&KGRID_2BIT_256, 2, KMAP_SIZE, 2))
 }
-
-#[inline(always)]
-fn nearest_int(v: f32) -> i32 {
-    let val = v + 12582912.0;
-    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+fn grid_xs() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| Grid::build(&KGRID_2BIT_512, 2, KMAP_SIZE, 2))
 }
-
-pub(super) fn build(kgrid: &[u16], nwant: usize) -> Iq2Grid {
-    let grid: Vec<[i8; 8]> = kgrid
-        .iter()
-        .map(|&g| {
-            let mut p = [0i8; 8];
-            for (i, v) in p.iter_mut().enumerate() {
-                *v = (2 * ((g >> (2 * i)) & 3) + 1) as i8;
-            }
-            p
-        })
-        .collect();
-    let mut map = vec![-1i32; KMAP_SIZE];
-    for (i, p) in grid.iter().enumerate() {
-        let mut index = 0usize;
-        for (k, &v) in p.iter().enumerate() {
-            index |= (((v - 1) / 2) as usize) << (2 * k);
-        }
-        map[index] = i as i32;
-    }
-    let mut neighbours: Vec<u16> = Vec::new();
-    let mut dist2: Vec<(i32, i32)> = Vec::with_capacity(grid.len());
-    for i in 0..KMAP_SIZE {
-        if map[i] >= 0 {
-            continue;
-        }
-        let mut pos = [0i32; 8];
-        for (k, p) in pos.iter_mut().enumerate() {
-            *p = 2 * ((i >> (2 * k)) & 3) as i32 + 1;
-        }
-        dist2.clear();
-        for (j, pg) in grid.iter().enumerate() {
-            let mut d2 = 0i32;
-            for k in 0..8 {
-                let d = pg[k] as i32 - pos[k];
-                d2 += d * d;
-            }
-            dist2.push((d2, j as i32));
-        }
-        dist2.sort_unstable();
-        map[i] = -(neighbours.len() as i32 + 1);
-        let start = neighbours.len();
-        neighbours.push(0);
-        let mut d2 = dist2[0].0;
-        let mut nhave = 1;
-        let mut n = 0u16;
-        for &(d, j) in &dist2 {
-            if d > d2 {
-                if nhave == nwant {
-                    break;
-                }
-                d2 = d;
-                nhave += 1;
-            }
-            neighbours.push(j as u16);
-            n += 1;
-        }
-        neighbours[start] = n;
-    }
-    Iq2Grid { grid, map, neighbours }
-}
-
-fn grid_xxs() -> &'static Iq2Grid {
-    static G: OnceLock<Iq2Grid> = OnceLock::new();
-    G.get_or_init(|| build(&KGRID_2BIT_256, 2))
-}
-fn grid_xs() -> &'static Iq2Grid {
-    static G: OnceLock<Iq2Grid> = OnceLock::new();
-    G.get_or_init(|| build(&KGRID_2BIT_512, 2))
-}
-fn grid_s() -> &'static Iq2Grid {
-    static G: OnceLock<Iq2Grid> = OnceLock::new();
-    G.get_or_init(|| build(&KGRID_2BIT_1024, 1))
-}
-
-/// `iq2_find_best_neighbour`.
-#[inline(always)]
-fn best_neighbour(g: &Iq2Grid, u: usize, xval: &[f32], weight: &[f32], scale: f32, l: &mut [i8]) -> usize {
-    let start = (-g.map[u] - 1) as usize;
-    let n = g.neighbours[start] as usize;
-    let mut best_d2 = f32::MAX;
-    let mut gi = usize::MAX;
-    for &j in &g.neighbours[start + 1..start + 1 + n] {
-        let pg = &g.grid[j as usize];
-        let mut d2 = 0f32;
-        for i in 0..8 {
-            let diff = scale * pg[i] as f32 - xval[i];
-            d2 += weight[i] * diff * diff;
-        }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            gi = j as usize;
-        }
-    }
-    let pg = &g.grid[gi];
-    for i in 0..8 {
-        l[i] = (pg[i] - 1) / 2;
-    }
-    gi
-}
-
-#[inline(always)]
-fn pattern(l: &[i8]) -> usize {
-    let mut u = 0usize;
-    for i in 0..8 {
-        u |= (l[i] as usize) << (2 * i);
-    }
-    u
-}
-
-#[inline(always)]
-fn snap(id: f32, xval: &[f32], laux: &mut [i8]) -> usize {
-    for i in 0..8 {
-        laux[i] = nearest_int(0.5 * (id * xval[i] - 1.0)).min(KMAXQ - 1).max(0) as i8;
-    }
-    pattern(laux)
-}
-
-#[inline(always)]
-fn sums(weight: &[f32], xval: &[f32], l: &[i8]) -> (f32, f32) {
-    let mut sumqx = 0f32;
-    let mut sumq2 = 0f32;
-    for i in 0..weight.len() {
-        let w = weight[i];
-        let q = (2 * l[i] as i32 + 1) as f32;
-        sumqx += w * xval[i] * q;
-        sumq2 += w * q * q;
-    }
-    (sumqx, sumq2)
-}
-
-/// Magnitudes and sign bits of 8 values; with `even`, an odd count of negatives is made
-/// even by flipping the value of least weight * x^2 (signs then fit in 7 bits).
-#[inline(always)]
-fn signs8(xb: &[f32], weight: &[f32], xval: &mut [f32], even: bool) -> u8 {
-    let mut nflip = 0;
-    let mut s = 0u8;
-    for i in 0..8 {
-        if xb[i] >= 0.0 {
-            xval[i] = xb[i];
-        } else {
-            xval[i] = -xb[i];
-            nflip += 1;
-            s |= 1 << i;
-        }
-    }
-    if even {
-        if nflip % 2 != 0 {
-            let mut imin = 0;
-            let mut min = weight[0] * xb[0] * xb[0];
-            for i in 1..8 {
-                let ax = weight[i] * xb[i] * xb[i];
-                if ax < min {
-                    min = ax;
-                    imin = i;
-                }
-            }
-            xval[imin] = -xval[imin];
-            s ^= 1 << imin;
-        }
-        s & 127
-    } else {
-        s
-    }
-}
-
-#[inline(always)]
-fn cmax(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-/// The 16-value block search shared by IQ2_XS and IQ2_S; `l` gets the levels.
-#[inline(always)]
-fn search16(g: &Iq2Grid, xval: &[f32; 16], weight: &[f32; 16], waux: &[f32; 16], max: f32, l: &mut [i8; 16]) -> f32 {
-    let mut best = 0f32;
-    let mut scale = max / (2 * KMAXQ - 1) as f32;
-    let mut is_on_grid = [true; 2];
-    let mut is_on_grid_aux = [true; 2];
-    let mut laux = [0i8; 16];
-    for is in -9i32..=9 {
-        let id = ((2 * KMAXQ - 1) as f32 + is as f32 * 0.1f32) / max;
-        let this_scale = 1.0 / id;
-        for k in 0..2 {
-            let u = snap(id, &xval[8 * k..], &mut laux[8 * k..8 * k + 8]);
-            is_on_grid_aux[k] = true;
-            if g.map[u] < 0 {
-                is_on_grid_aux[k] = false;
-                best_neighbour(g, u, &xval[8 * k..], &waux[8 * k..], this_scale, &mut laux[8 * k..8 * k + 8]);
-            }
-        }
-        let (sumqx, sumq2) = sums(weight, xval, &laux);
-        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            *l = laux;
-            is_on_grid = is_on_grid_aux;
-        }
-    }
-    if is_on_grid.iter().any(|&b| !b) && scale > 0.0 {
-        let id = 1.0 / scale;
-        for k in 0..2 {
-            if is_on_grid[k] {
-                continue;
-            }
-            let u = snap(id, &xval[8 * k..], &mut l[8 * k..8 * k + 8]);
-            if g.map[u] < 0 {
-                best_neighbour(g, u, &xval[8 * k..], &waux[8 * k..], scale, &mut l[8 * k..8 * k + 8]);
-            }
-        }
-        let (sumqx, sumq2) = sums(weight, xval, l);
-        if sumq2 > 0.0 {
-            scale = sumqx / sumq2;
-        }
-    }
-    scale
+fn grid_s() -> &'static Grid<8> {
+    static G: OnceLock<Grid<8>> = OnceLock::new();
+    G.get_or_init(|| Grid::build(&KGRID_2BIT_1024, 2, KMAP_SIZE, 1))
 }
 
 /// One row of IQ2_XXS (66-byte blocks: d, 8 x (4 grid indices, 4 x 7 sign bits + 4-bit scale)).
@@ -254,11 +38,7 @@ pub(super) fn iq2_xxs_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
         let mut q2 = [0u32; 16];
         let mut scales = [0f32; 8];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
-        let sigma2 = sumx2 / QK_K as f32;
+        let sigma2 = sum_sq(xbl) / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
             let qw = &qw_row[QK_K * ibl + 32 * ib..];
@@ -275,16 +55,12 @@ pub(super) fn iq2_xxs_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
             for k in 0..4 {
                 block_signs[k] = signs8(&xb[8 * k..], &weight[8 * k..], &mut xval[8 * k..8 * k + 8], true);
             }
-            let mut max = xval[0];
-            for &v in &xval[1..] {
-                max = cmax(max, v);
-            }
-            if max < GROUP_MAX_EPS {
+            if cmax_of(&xval) < GROUP_MAX_EPS {
                 scales[ib] = 0.0;
                 continue;
             }
             let mut lu = [0u8; 32];
-            let mut scale = super::kernels::make_qp_quants_pub(32, KMAXQ + 1, &xval, &mut lu, &weight);
+            let scale = super::kernels::make_qp_quants_pub(32, KMAXQ + 1, &xval, &mut lu, &weight);
             let mut l = [0i8; 32];
             for i in 0..32 {
                 l[i] = lu[i] as i8;
@@ -294,44 +70,8 @@ pub(super) fn iq2_xxs_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
                 scales[ib] = 0.0;
                 continue;
             }
-            let mut best = 0f32;
-            let mut laux = [0i8; 32];
-            for is in -6i32..=6 {
-                let id = ((2 * KMAXQ - 1) as f32 + is as f32 * 0.1f32) / eff_max;
-                let this_scale = 1.0 / id;
-                for k in 0..4 {
-                    let u = snap(id, &xval[8 * k..], &mut laux[8 * k..8 * k + 8]);
-                    if g.map[u] < 0 {
-                        best_neighbour(g, u, &xval[8 * k..], &waux[8 * k..], this_scale, &mut laux[8 * k..8 * k + 8]);
-                    }
-                }
-                let (sumqx, sumq2) = sums(&weight, &xval, &laux);
-                if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-                    scale = sumqx / sumq2;
-                    best = scale * sumqx;
-                    l = laux;
-                }
-            }
-            if scale > 0.0 {
-                let id = 1.0 / scale;
-                for k in 0..4 {
-                    let mut tmp = [0i8; 8];
-                    let u = snap(id, &xval[8 * k..], &mut tmp);
-                    let gi = if g.map[u] >= 0 {
-                        g.map[u] as usize
-                    } else {
-                        best_neighbour(g, u, &xval[8 * k..], &waux[8 * k..], scale, &mut l[8 * k..8 * k + 8])
-                    };
-                    let pg = &g.grid[gi];
-                    for i in 0..8 {
-                        l[8 * k + i] = (pg[i] - 1) / 2;
-                    }
-                }
-                let (sumqx, sumq2) = sums(&weight, &xval, &l);
-                if sumq2 > 0.0 {
-                    scale = sumqx / sumq2;
-                }
-            }
+            let p = Search { kmaxq: KMAXQ, nis: 6, step: 0.1, on_grid_init: true, refit: Refit::Always };
+            let mut scale = g.search(&p, &xval, &weight, &waux, eff_max, scale, &mut l);
             if scale < 0.0 {
                 scale = -scale;
                 for s in &mut block_signs {
@@ -339,7 +79,7 @@ pub(super) fn iq2_xxs_row(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
                 }
             }
             for k in 0..4 {
-                let gi = g.map[pattern(&l[8 * k..])];
+                let gi = g.map[g.pattern(&l[8 * k..])];
                 assert!(gi >= 0, "IQ2_XXS: point not on the grid");
                 q2[2 * ib] |= (gi as u32) << (8 * k);
                 q2[2 * ib + 1] |= (block_signs[k] as u32) << (7 * k);
@@ -374,10 +114,7 @@ fn iq2_16_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>, is_s: bool) {
         let mut q2 = [0u16; 32];
         let mut scales = [0f32; 16];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
+        let sumx2 = sum_sq(xbl);
         let sigma2 = if is_s { 2.0 * sumx2 / QK_K as f32 } else { sumx2 / QK_K as f32 };
         for ib in 0..16 {
             let xb = &xbl[16 * ib..16 * ib + 16];
@@ -404,16 +141,14 @@ fn iq2_16_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>, is_s: bool) {
             for k in 0..2 {
                 block_signs[k] = signs8(&xb[8 * k..], &weight[8 * k..], &mut xval[8 * k..8 * k + 8], !is_s);
             }
-            let mut max = xval[0];
-            for &v in &xval[1..] {
-                max = cmax(max, v);
-            }
+            let max = cmax_of(&xval);
             if max < if is_s { GROUP_MAX_EPS_IQ2_S } else { GROUP_MAX_EPS } {
                 scales[ib] = 0.0;
                 continue;
             }
             let mut l = [0i8; 16];
-            let mut scale = search16(g, &xval, &weight, &waux, max, &mut l);
+            let p = Search { kmaxq: KMAXQ, nis: 9, step: 0.1, on_grid_init: true, refit: Refit::OffGrid };
+            let mut scale = g.search(&p, &xval, &weight, &waux, max, max / (2 * KMAXQ - 1) as f32, &mut l);
             if scale < 0.0 {
                 scale = -scale;
                 for s in &mut block_signs {
@@ -421,7 +156,7 @@ fn iq2_16_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>, is_s: bool) {
                 }
             }
             for k in 0..2 {
-                let gi = g.map[pattern(&l[8 * k..])];
+                let gi = g.map[g.pattern(&l[8 * k..])];
                 assert!(gi >= 0, "IQ2_XS/IQ2_S: point not on the grid");
                 if is_s {
                     let i8 = 2 * ib + k;

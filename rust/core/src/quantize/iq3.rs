@@ -3,212 +3,25 @@
 //! groups of 4 values are snapped to a point of a 256- (IQ3_XXS) or 512-point (IQ3_S) grid
 //! of odd levels 1..15, searching 31 / 19 scales per block of 32.
 
+use super::grid::{cmax_of, signs8, sum_sq, Grid, Refit, Search};
+use super::kernels::{cmax, nearest_int};
 use crate::ggml_type::QK_K;
 use crate::quant::fp::f32_to_f16;
 use std::sync::OnceLock;
 
+/// 3-bit patterns of 4 levels.
 const KMAP_SIZE: usize = 4096;
 const GROUP_MAX_EPS_IQ3_XXS: f32 = 1e-8;
+const KMAXQ: i32 = 8;
 
-pub(super) struct Iq3Grid {
-    grid: Vec<[i8; 4]>,
-    /// Grid index of a 12-bit level pattern, or -(offset + 1) into `neighbours`.
-    map: Vec<i32>,
-    /// Per off-grid pattern: the count, then the grid indices of its nearest points.
-    neighbours: Vec<u16>,
-}
-
-#[inline(always)]
-fn nearest_int(v: f32) -> i32 {
-    let val = v + 12582912.0;
-    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
-}
-
-fn build(kgrid: &[u16], nwant: usize) -> Iq3Grid {
-    let gs = kgrid.len();
-    let grid: Vec<[i8; 4]> = kgrid
-        .iter()
-        .map(|&g| {
-            let mut p = [0i8; 4];
-            for (i, v) in p.iter_mut().enumerate() {
-                *v = (2 * ((g >> (3 * i)) & 7) + 1) as i8;
-            }
-            p
-        })
-        .collect();
-    let mut map = vec![-1i32; KMAP_SIZE];
-    for (i, p) in grid.iter().enumerate() {
-        let mut index = 0usize;
-        for (k, &v) in p.iter().enumerate() {
-            index |= (((v - 1) / 2) as usize) << (3 * k);
-        }
-        map[index] = i as i32;
-    }
-    let mut neighbours: Vec<u16> = Vec::new();
-    let mut dist2: Vec<(i32, i32)> = Vec::with_capacity(gs);
-    for i in 0..KMAP_SIZE {
-        if map[i] >= 0 {
-            continue;
-        }
-        let mut pos = [0i32; 4];
-        for (k, p) in pos.iter_mut().enumerate() {
-            *p = 2 * ((i >> (3 * k)) & 7) as i32 + 1;
-        }
-        dist2.clear();
-        for (j, pg) in grid.iter().enumerate() {
-            let d2: i32 = (0..4).map(|k| (pg[k] as i32 - pos[k]) * (pg[k] as i32 - pos[k])).sum();
-            dist2.push((d2, j as i32));
-        }
-        dist2.sort_unstable();
-        map[i] = -(neighbours.len() as i32 + 1);
-        let start = neighbours.len();
-        neighbours.push(0);
-        let mut d2 = dist2[0].0;
-        let mut nhave = 1;
-        let mut n = 0u16;
-        for &(d, j) in &dist2 {
-            if d > d2 {
-                if nhave == nwant {
-                    break;
-                }
-                d2 = d;
-                nhave += 1;
-            }
-            neighbours.push(j as u16);
-            n += 1;
-        }
-        neighbours[start] = n;
-    }
-    Iq3Grid { grid, map, neighbours }
-}
-
-pub(super) fn grid(size: usize) -> &'static Iq3Grid {
-    static G256: OnceLock<Iq3Grid> = OnceLock::new();
-    static G512: OnceLock<Iq3Grid> = OnceLock::new();
+pub(super) fn grid(size: usize) -> &'static Grid<4> {
+    static G256: OnceLock<Grid<4>> = OnceLock::new();
+    static G512: OnceLock<Grid<4>> = OnceLock::new();
     if size == 256 {
-        G256.get_or_init(|| build(&KGRID_256, 2))
+        G256.get_or_init(|| Grid::build(&KGRID_256, 3, KMAP_SIZE, 2))
     } else {
-        G512.get_or_init(|| build(&KGRID_512, 3))
+        G512.get_or_init(|| Grid::build(&KGRID_512, 3, KMAP_SIZE, 3))
     }
-}
-
-/// `iq3_find_best_neighbour`: writes the chosen point's levels into `l`, returns its index.
-#[inline(always)]
-fn best_neighbour(g: &Iq3Grid, u: usize, xval: &[f32], weight: &[f32], scale: f32, l: &mut [i8]) -> usize {
-    let start = (-g.map[u] - 1) as usize;
-    let n = g.neighbours[start] as usize;
-    let mut best_d2 = f32::MAX;
-    let mut gi = usize::MAX;
-    for &j in &g.neighbours[start + 1..start + 1 + n] {
-        let pg = &g.grid[j as usize];
-        let mut d2 = 0f32;
-        for i in 0..4 {
-            let diff = scale * pg[i] as f32 - xval[i];
-            d2 += weight[i] * diff * diff;
-        }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            gi = j as usize;
-        }
-    }
-    let pg = &g.grid[gi];
-    for i in 0..4 {
-        l[i] = (pg[i] - 1) / 2;
-    }
-    gi
-}
-
-#[inline(always)]
-fn pattern(l: &[i8]) -> usize {
-    let mut u = 0usize;
-    for i in 0..4 {
-        u |= (l[i] as usize) << (3 * i);
-    }
-    u
-}
-
-/// The scale search of one block of 32 shared by both types: `L` gets the levels, returns
-/// the scale (0 for an all-small block: `None`). `nis`: scales tried each side (15 / 9);
-/// `refit_all`: IQ3_S re-snaps every group after the search, IQ3_XXS only the off-grid ones.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn search(g: &Iq3Grid, xval: &[f32; 32], weight: &[f32; 32], waux: &[f32; 32], l: &mut [i8; 32], nis: i32, on_grid_init: bool, refit_all: bool) -> f32 {
-    const KMAXQ: i32 = 8;
-    let mut max = xval[0];
-    for &v in &xval[1..] {
-        max = if max > v { max } else { v };
-    }
-    let _ = max;
-    let mut best = 0f32;
-    let mut scale = max / (2 * KMAXQ - 1) as f32;
-    let mut is_on_grid = [on_grid_init; 8];
-    let mut is_on_grid_aux = [true; 8];
-    let mut laux = [0i8; 32];
-    for is in -nis..=nis {
-        let id = ((2 * KMAXQ - 1) as f32 + is as f32 * 0.2f32) / max;
-        let this_scale = 1.0 / id;
-        for k in 0..8 {
-            for i in 0..4 {
-                let lv = nearest_int(0.5 * (id * xval[4 * k + i] - 1.0));
-                laux[4 * k + i] = lv.min(KMAXQ - 1).max(0) as i8;
-            }
-            let u = pattern(&laux[4 * k..]);
-            is_on_grid_aux[k] = true;
-            if g.map[u] < 0 {
-                is_on_grid_aux[k] = false;
-                best_neighbour(g, u, &xval[4 * k..], &waux[4 * k..], this_scale, &mut laux[4 * k..4 * k + 4]);
-            }
-        }
-        let mut sumqx = 0f32;
-        let mut sumq2 = 0f32;
-        for i in 0..32 {
-            let w = weight[i];
-            let q = (2 * laux[i] as i32 + 1) as f32;
-            sumqx += w * xval[i] * q;
-            sumq2 += w * q * q;
-        }
-        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            *l = laux;
-            is_on_grid = is_on_grid_aux;
-        }
-    }
-    let n_not_ongrid = is_on_grid.iter().filter(|&&b| !b).count();
-    if n_not_ongrid > 0 && scale > 0.0 {
-        let id = 1.0 / scale;
-        for k in 0..8 {
-            if !refit_all && is_on_grid[k] {
-                continue;
-            }
-            let mut u = 0usize;
-            for i in 0..4 {
-                let lv = nearest_int(0.5 * (id * xval[4 * k + i] - 1.0)).min(KMAXQ - 1).max(0);
-                u |= (lv as usize) << (3 * i);
-            }
-            let gi = if g.map[u] >= 0 {
-                g.map[u] as usize
-            } else {
-                best_neighbour(g, u, &xval[4 * k..], &waux[4 * k..], scale, &mut l[4 * k..4 * k + 4])
-            };
-            let pg = &g.grid[gi];
-            for i in 0..4 {
-                l[4 * k + i] = (pg[i] - 1) / 2;
-            }
-        }
-        let mut sumqx = 0f32;
-        let mut sumq2 = 0f32;
-        for i in 0..32 {
-            let w = weight[i];
-            let q = (2 * l[i] as i32 + 1) as f32;
-            sumqx += w * xval[i] * q;
-            sumq2 += w * q * q;
-        }
-        if sumq2 > 0.0 {
-            scale = sumqx / sumq2;
-        }
-    }
-    scale
 }
 
 #[inline(always)]
@@ -240,11 +53,7 @@ pub(super) fn iq3_xxs_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
         let mut sas = [0u32; 8];
         let mut scales = [0f32; 8];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
             let mut weight = [0f32; 32];
@@ -253,43 +62,16 @@ pub(super) fn iq3_xxs_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
             let mut xval = [0f32; 32];
             let mut block_signs = [0u8; 4];
             for k in 0..4 {
-                let mut nflip = 0;
-                let mut s = 0u8;
-                for i in 0..8 {
-                    let v = xb[8 * k + i];
-                    if v >= 0.0 {
-                        xval[8 * k + i] = v;
-                    } else {
-                        xval[8 * k + i] = -v;
-                        nflip += 1;
-                        s |= 1 << i;
-                    }
-                }
-                if nflip % 2 != 0 {
-                    let mut imin = 0;
-                    let mut min = weight[8 * k] * xb[8 * k] * xb[8 * k];
-                    for i in 1..8 {
-                        let ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                        if ax < min {
-                            min = ax;
-                            imin = i;
-                        }
-                    }
-                    xval[8 * k + imin] = -xval[8 * k + imin];
-                    s ^= 1 << imin;
-                }
-                block_signs[k] = s & 127;
+                block_signs[k] = signs8(&xb[8 * k..], &weight[8 * k..], &mut xval[8 * k..8 * k + 8], true);
             }
-            let mut max = xval[0];
-            for &v in &xval[1..] {
-                max = if max > v { max } else { v };
-            }
+            let max = cmax_of(&xval);
             if max < GROUP_MAX_EPS_IQ3_XXS {
                 scales[ib] = 0.0;
                 continue;
             }
             let mut l = [0i8; 32];
-            let mut scale = search(g, &xval, &weight, &waux, &mut l, 15, true, false);
+            let p = Search { kmaxq: KMAXQ, nis: 15, step: 0.2, on_grid_init: true, refit: Refit::OffGrid };
+            let mut scale = g.search(&p, &xval, &weight, &waux, max, max / (2 * KMAXQ - 1) as f32, &mut l);
             if scale < 0.0 {
                 scale = -scale;
                 for s in &mut block_signs {
@@ -297,14 +79,14 @@ pub(super) fn iq3_xxs_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
                 }
             }
             for k in 0..8 {
-                let u = pattern(&l[4 * k..]);
+                let u = g.pattern(&l[4 * k..]);
                 let gi = g.map[u];
                 assert!(gi >= 0, "IQ3_XXS: point {u} not on the grid");
                 q3[8 * ib + k] = gi as u8;
             }
             sas[ib] = block_signs[0] as u32 | (block_signs[1] as u32) << 7 | (block_signs[2] as u32) << 14 | (block_signs[3] as u32) << 21;
             scales[ib] = scale;
-            max_scale = if max_scale > scale { max_scale } else { scale };
+            max_scale = cmax(max_scale, scale);
         }
         if max_scale == 0.0 {
             b[2..98].fill(0);
@@ -335,11 +117,7 @@ pub(super) fn iq3_s_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
         let mut signs_off = 74usize;
         let mut scales = [0f32; 8];
         let mut max_scale = 0f32;
-        let mut sumx2 = 0f32;
-        for &v in xbl {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
             let mut weight = [0f32; 32];
@@ -348,29 +126,17 @@ pub(super) fn iq3_s_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
             let mut xval = [0f32; 32];
             let mut block_signs = [0u8; 4];
             for k in 0..4 {
-                let mut s = 0u8;
-                for i in 0..8 {
-                    let v = xb[8 * k + i];
-                    if v >= 0.0 {
-                        xval[8 * k + i] = v;
-                    } else {
-                        xval[8 * k + i] = -v;
-                        s |= 1 << i;
-                    }
-                }
-                block_signs[k] = s;
+                block_signs[k] = signs8(&xb[8 * k..], &weight[8 * k..], &mut xval[8 * k..8 * k + 8], false);
             }
-            let mut max = xval[0];
-            for &v in &xval[1..] {
-                max = if max > v { max } else { v };
-            }
+            let max = cmax_of(&xval);
             if max == 0.0 {
                 // ggml skips the block without advancing its qs / signs pointers
                 scales[ib] = 0.0;
                 continue;
             }
             let mut l = [0i8; 32];
-            let mut scale = search(g, &xval, &weight, &waux, &mut l, 9, false, true);
+            let p = Search { kmaxq: KMAXQ, nis: 9, step: 0.2, on_grid_init: false, refit: Refit::AllIfOffGrid };
+            let mut scale = g.search(&p, &xval, &weight, &waux, max, max / (2 * KMAXQ - 1) as f32, &mut l);
             if scale < 0.0 {
                 scale = -scale;
                 for s in &mut block_signs {
@@ -378,7 +144,7 @@ pub(super) fn iq3_s_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
                 }
             }
             for k in 0..8 {
-                let u = pattern(&l[4 * k..]);
+                let u = g.pattern(&l[4 * k..]);
                 let gi = g.map[u];
                 assert!(gi >= 0, "IQ3_S: point {u} not on the grid");
                 b[qs_off + k] = (gi & 255) as u8;
@@ -388,7 +154,7 @@ pub(super) fn iq3_s_row(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
             b[signs_off..signs_off + 4].copy_from_slice(&block_signs);
             signs_off += 4;
             scales[ib] = scale;
-            max_scale = if max_scale > scale { max_scale } else { scale };
+            max_scale = cmax(max_scale, scale);
         }
         if max_scale == 0.0 {
             continue;

@@ -10,14 +10,15 @@
 //! Block layouts are in `quant/legacy.rs` and `quant/kquants.rs`.
 
 use crate::ggml_type::{GgmlType, QK_K};
-use crate::quant::fp::{f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::quant::fp::{f32_to_bf16, f32_to_f16};
+use crate::quant::lowbit::{self, best_index_mxfp4};
 use crate::quant::legacy::{self, best_index_int8, KVALUES_IQ4NL};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `nearest_int`: round half to even through the 1.5 * 2^23 trick.
 #[inline(always)]
-fn nearest_int(v: f32) -> i32 {
+pub(super) fn nearest_int(v: f32) -> i32 {
     let val = v + 12582912.0;
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
@@ -27,20 +28,34 @@ fn wr_f16(b: &mut [u8], o: usize, v: f32) {
     b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
 }
 
-/// The f16 a value becomes once stored (GGML_FP16_TO_FP32(GGML_FP32_TO_FP16(v))).
-#[inline(always)]
-fn via_f16(v: f32) -> f32 {
-    f16_to_f32(f32_to_f16(v))
-}
-
 /// C's `MAX(a, b)` = `a > b ? a : b`.
 #[inline(always)]
-fn cmax(a: f32, b: f32) -> f32 {
+pub(super) fn cmax(a: f32, b: f32) -> f32 {
     if a > b {
         a
     } else {
         b
     }
+}
+
+/// sum of x^2, in order.
+#[inline(always)]
+pub(super) fn sum_sq(x: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
+/// C's `MAX` over a slice (`a > b ? a : b`, from the first value).
+#[inline(always)]
+pub(super) fn cmax_of(x: &[f32]) -> f32 {
+    let mut m = x[0];
+    for &v in &x[1..] {
+        m = cmax(m, v);
+    }
+    m
 }
 
 // ------------------------------------------------------------------ scale searches
@@ -412,11 +427,7 @@ fn pack_2bit(l: &[u8], qs: &mut [u8]) {
 
 #[inline(always)]
 fn sigma2_row(x: &[f32]) -> f32 {
-    let mut s = 0f32;
-    for &v in x {
-        s += v * v;
-    }
-    s / x.len() as f32
+    sum_sq(x) / x.len() as f32
 }
 
 #[inline(always)]
@@ -548,21 +559,28 @@ fn q2_k_ref(x: &[f32], y: &mut [u8]) {
         } else {
             wr_f16(b, 82, 0.0);
         }
-        let dd = crate::quant::fp::rd_f16(b, 80);
-        let dmin = crate::quant::fp::rd_f16(b, 82);
-        for j in 0..16 {
-            let d = dd * (b[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = dmin * (b[j] >> 4) as f32;
-            for ii in 0..16 {
-                let lv = nearest_int((x[16 * j + ii] + dm) / d);
-                l[16 * j + ii] = lv.min(3).max(0) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b[16..80]);
+        q2_k_finish(x, b, &mut l);
     }
+}
+
+/// Q2_K's levels of block `x` at the scales and mins stored in `b` (4-bit each, times the
+/// stored f16 d / dmin), packed into its quants.
+#[inline(always)]
+fn q2_k_finish(x: &[f32], b: &mut [u8], l: &mut [u8; QK_K]) {
+    let dd = crate::quant::fp::rd_f16(b, 80);
+    let dmin = crate::quant::fp::rd_f16(b, 82);
+    for j in 0..16 {
+        let d = dd * (b[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin * (b[j] >> 4) as f32;
+        for ii in 0..16 {
+            let lv = nearest_int((x[16 * j + ii] + dm) / d);
+            l[16 * j + ii] = lv.min(3).max(0) as u8;
+        }
+    }
+    pack_2bit(l, &mut b[16..80]);
 }
 
 #[inline(always)]
@@ -577,11 +595,7 @@ fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
     let mut lm = [0u8; 16];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(84)).enumerate() {
         sw.fill(0.0);
-        let mut sumx2 = 0f32;
-        for &v in x {
-            sumx2 += v * v;
-        }
-        let sigma2 = sumx2 / QK_K as f32;
+        let sigma2 = sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             let qw = &qw_row[QK_K * i + 16 * j..];
             for k in 0..16 {
@@ -598,23 +612,10 @@ fn q2_k_impl(x: &[f32], y: &mut [u8], qw_row: &[f32]) {
         let mm = make_qp_quants(16, 15, &mins, &mut lm, &sw);
         wr_f16(b, 80, dm);
         wr_f16(b, 82, mm);
-        let dm = via_f16(dm);
-        let mm = via_f16(mm);
         for j in 0..16 {
             b[j] = ls[j] | (lm[j] << 4);
         }
-        for j in 0..16 {
-            let d = dm * (b[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (b[j] >> 4) as f32;
-            for ii in 0..16 {
-                let lv = nearest_int((x[16 * j + ii] + m) / d);
-                l[16 * j + ii] = lv.min(3).max(0) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b[16..80]);
+        q2_k_finish(x, b, &mut l);
     }
 }
 
@@ -714,11 +715,7 @@ fn q3_k_impl(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
     let mut sw = [0f32; 16];
     let mut ls = [0i8; 16];
     for (i, (x, b)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(110)).enumerate() {
-        let mut sumx2 = 0f32;
-        for &v in x {
-            sumx2 += v * v;
-        }
-        let sigma2 = 2.0 * sumx2 / QK_K as f32;
+        let sigma2 = 2.0 * sum_sq(x) / QK_K as f32;
         for j in 0..16 {
             match qw_row {
                 Some(q) => {
@@ -1215,26 +1212,12 @@ fn tq2_0(x: &[f32], y: &mut [u8]) {
     }
 }
 
-const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 fn e8m0_to_fp32_half(x: u8) -> f32 {
     let bits = if x < 2 { 0x0020_0000u32 << x } else { ((x as u32) - 1) << 23 };
     f32::from_bits(bits)
 }
 
-#[inline(always)]
-fn best_index_mxfp4(x: f32, e: f32) -> u8 {
-    let mut best_index = 0u8;
-    let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
-    for i in 1..16 {
-        let err = (KVALUES_MXFP4[i] as f32 * e - x).abs();
-        if err < best_err {
-            best_index = i as u8;
-            best_err = err;
-        }
-    }
-    best_index
-}
 
 #[inline(always)]
 fn mxfp4(x: &[f32], y: &mut [u8]) {
@@ -1263,7 +1246,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
     matches!(
         ty,
         F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS | TQ1_0 | TQ2_0 | MXFP4
-            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_S | IQ1_M
+            | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S | IQ1_S | IQ1_M | Q1_0 | Q2_0 | NVFP4
     )
 }
 
@@ -1348,6 +1331,11 @@ fn quantize_chunk_impl(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usi
         (TQ1_0, _) => tq1_0(src, dst),
         (TQ2_0, _) => tq2_0(src, dst),
         (MXFP4, _) => mxfp4(src, dst),
+        // ggml's quantize_q1_0 / quantize_q2_0 take the imatrix but quantize row by row
+        // without it; quantize_nvfp4 ignores it too
+        (Q1_0, _) => lowbit::quantize_q1_0(src, dst),
+        (Q2_0, _) => lowbit::quantize_q2_0(src, dst),
+        (NVFP4, _) => lowbit::quantize_nvfp4(src, dst),
         (IQ3_XXS, q) => rows.for_each(|(s, d)| super::iq3::iq3_xxs_row(s, d, q)),
         (IQ3_S, q) => rows.for_each(|(s, d)| super::iq3::iq3_s_row(s, d, q)),
         (IQ2_XXS, Some(q)) => rows.for_each(|(s, d)| super::iq2::iq2_xxs_row(s, d, q)),

@@ -11,6 +11,7 @@
 
 pub mod collect;
 pub mod imatrix;
+mod grid;
 mod iq1;
 mod iq2;
 mod iq3;

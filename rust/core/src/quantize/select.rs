@@ -15,6 +15,8 @@ pub struct Ftype {
 /// llama-quantize's type names (QUANT_OPTIONS, in its order) and their `llama_ftype`. The
 /// aliases Q3_K / Q4_K / Q5_K are the _M mixes; COPY copies every tensor unchanged.
 pub const FTYPES: &[(&str, u32)] = &[
+    ("Q1_0", 40),
+    ("Q2_0", 41),
     ("Q4_0", 2),
     ("Q4_1", 3),
     ("MXFP4_MOE", 38),
@@ -88,6 +90,8 @@ pub mod ft {
     pub const TQ1_0: u32 = 36;
     pub const TQ2_0: u32 = 37;
     pub const MXFP4_MOE: u32 = 38;
+    pub const Q1_0: u32 = 40;
+    pub const Q2_0: u32 = 41;
 }
 
 /// llama-quantize's `try_parse_ftype`: a name (any case) or a number.
@@ -121,6 +125,8 @@ pub fn default_type(ftype: u32) -> Option<GgmlType> {
         ft::Q6_K => Q6_K,
         ft::TQ1_0 => TQ1_0,
         ft::TQ2_0 => TQ2_0,
+        ft::Q1_0 => Q1_0,
+        ft::Q2_0 => Q2_0,
         ft::IQ2_XXS => IQ2_XXS,
         ft::IQ2_XS => IQ2_XS,
         ft::IQ2_S => IQ2_XS,
@@ -458,7 +464,7 @@ impl<'a> Selector<'a> {
         self.n_fallback += 1;
         let mut ret = match target {
             IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,
-            Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
+            Q2_0 | Q2_K | Q3_K | TQ1_0 | TQ2_0 => Q4_0,
             Q4_K => Q5_0,
             Q5_K => Q5_1,
             Q6_K => Q8_0,
@@ -532,7 +538,7 @@ impl<'a> Selector<'a> {
                 new_type = Q2_K;
             } else if is(ft::IQ2_S) || is(ft::IQ2_M) || is(ft::IQ3_XXS) {
                 new_type = IQ3_S;
-            } else if is(ft::TQ1_0) || is(ft::TQ2_0) {
+            } else if is(ft::TQ1_0) || is(ft::TQ2_0) || is(ft::Q2_0) {
                 new_type = Q4_K;
             }
         } else if iq_low.contains(&ftype) {
