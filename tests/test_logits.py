@@ -194,7 +194,7 @@ TINY_LLAMA = ["F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q
 TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2", "phi3", "mistral3",
               "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4",
               "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4",
-              "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
+              "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "gemma3n"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
 # the grid / ternary / MXFP4 types on a one-layer llama small enough to track in git
 # (tests/data/tiny/models, made by tests/data/tiny/make_tiny_iq.py with llama-quantize)
 TINY_IQ = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]

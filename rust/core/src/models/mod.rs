@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod exaone4;
 pub mod gemma;
 pub mod gemma3;
+pub mod gemma3n;
 pub mod glm4;
 pub mod graph;
 pub mod granite;
@@ -116,6 +117,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen3Next,
     &falcon_h1::FalconH1,
     &granite_hybrid::GraniteHybrid,
+    &gemma3n::Gemma3n,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the
