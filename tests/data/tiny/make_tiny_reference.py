@@ -33,7 +33,8 @@ N_GEN = 12
 # micro-batch size of llama.cpp's run where 512 does not suit: at 64 queries and more
 # llama.cpp switches to its tiled flash-attention kernel, whose float differences the tiny
 # deepseek2's expert routing (MLA, expert groups, sigmoid with bias) turns into flipped
-# experts; with 32, llama.cpp runs the one-chunk kernel pyllama runs at every size
+# experts (and the 22 layers of four AltUp streams of the tiny gemma3n amplify into
+# logits); with 32, llama.cpp runs the one-chunk kernel pyllama runs at every size
 N_UBATCH = {"deepseek2": 32, "mistral4": 32, "gemma3n": 32}
 # architectures whose reference also holds llama.cpp's greedy continuation (checked by
 # tests/test_logits.py up to the first near tie)
