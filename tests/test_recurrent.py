@@ -17,9 +17,10 @@ from pyllama.batch import batch_init
 from pyllama.context import Context, ContextParams
 
 DATA = Path(__file__).parent / "data"
-# every architecture with a reference (qwen3: the plain KV cache, for comparison)
+# every architecture with a reference (qwen3: the plain KV cache, for comparison; gemma3n:
+# a KV cache whose last layers read earlier layers' cells)
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
-ARCHS = [a for a in ALL if a not in ("qwen3",)]  # the recurrent and hybrid ones
+ARCHS = [a for a in ALL if a not in ("qwen3", "gemma3n")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
 
 
