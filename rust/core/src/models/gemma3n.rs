@@ -318,12 +318,15 @@ fn gaussian_topk(r: &mut [f32]) {
 
 impl Gemma3nForward {
     /// out [n, w.n_rows()] = w x: ggml_mul_mat (no LoRA term) or, with `lora`, build_lora_mm.
+    /// F32 weights (AltUp, Laurel, per_layer_model_proj: llama-quantize keeps them F32) in
+    /// llama.cpp's summation order (the 4-wide AltUp coefficients take its ggml_vec_dot_f32
+    /// path): 22+ layers of four rescaled streams turn any other rounding into logit noise.
     fn mm(st: &mut Step, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], lora: bool) -> Result<()> {
         let b = &mut *st.b;
         if lora {
-            Step::mm(st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut b.lora)
+            Step::mm_f(true, st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut b.lora)
         } else {
-            Step::mm(st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut None)
+            Step::mm_f(true, st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut None)
         }
     }
 
@@ -360,6 +363,7 @@ impl Forward for Gemma3nForward {
         let hp = st.hp;
         let (ne, n, nl) = (hp.n_embd, st.n, self.layers.len());
         let nea = N_EMBD_ALTUP;
+        st.f32_llamacpp = true;
         let from_tokens = st.tokens.is_some();
         // raw embeddings (multimodal input) are not scaled
         st.build_inp_embd(&self.tok_embd, if from_tokens { (ne as f32).sqrt() } else { 1.0 })?;
@@ -485,8 +489,8 @@ impl Forward for Gemma3nForward {
             let n_ff = hp.n_ff[il];
             {
                 let b = &mut *st.b;
-                Step::mm(st.pool, st.dev, &l.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
-                Step::mm(st.pool, st.dev, &l.gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm_f(true, st.pool, st.dev, &l.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm_f(true, st.pool, st.dev, &l.gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
             }
             if il < N_LAYER_SPARSITY {
                 par_rows(st.pool, &mut st.b.gate, n_ff, n, &|_, r| gaussian_topk(r));
@@ -500,7 +504,7 @@ impl Forward for Gemma3nForward {
                         *gv = u * *gv;
                     }
                 });
-                Step::mm(st.pool, st.dev, &l.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm_f(true, st.pool, st.dev, &l.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             }
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.build_post_norm(&l.post_ffw_norm, self.eps);

@@ -6,9 +6,9 @@
 //! then hadd, hadd, and the elements past the last block added one product at a time
 //! (a multiply, then an add: GCC does not contract them there).
 //!
-//! F32 weights are rare in quantized files (routers, AltUp / Laurel, small projections),
-//! but there they feed nonlinear choices (expert selection, gemma3n's rescaled streams) that
-//! a different rounding order can flip; and every matmul of an F32 file takes this path.
+//! The graph builders take this path for F32 weights when the forward pass asks for it
+//! (`Step::f32_llamacpp`: gemma3n, whose 4 AltUp streams over 20+ layers turn any other
+//! rounding into visible logit differences); the others keep pyllama's F32 kernels.
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
