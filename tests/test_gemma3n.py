@@ -71,3 +71,10 @@ def test_fixed_sizes_must_agree(path, key, value):
     # describes another model, and is refused, naming the key
     with pytest.raises(pyllama.UnsupportedModelError, match=key.replace(".", r"\.")):
         _core.Model([str(path)], kv_overrides={key: value})
+
+
+@pytest.mark.parametrize("pattern, want", [(0, [True] * 6), (3, [True, True, False] * 2), (6, [True] * 5 + [False])])
+def test_gemma3_swa_pattern_as_llamacpp(tiny_model_path, pattern, want):
+    # (gemma3, beside: llama.cpp's set_swa_pattern, where 0 makes every layer slide)
+    m = _core.Model([str(tiny_model_path("gemma3"))], kv_overrides={"gemma3.attention.sliding_window_pattern": pattern})
+    assert m.hparams()["swa_layers"] == want
