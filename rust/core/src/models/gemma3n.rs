@@ -401,7 +401,6 @@ impl Forward for Gemma3nForward {
         for k in 1..N_ALTUP {
             let mut y = vec![0f32; m];
             Self::mm(st, &self.altup_proj[k - 1], &s[0], n, &mut y, false)?;
-            dump(st, "altup_raw", -1, &y, ne);
             rescale(&mut y, ne, n, &target);
             s.push(y);
         }
