@@ -17,10 +17,11 @@ from pyllama.batch import batch_init
 from pyllama.context import Context, ContextParams
 
 DATA = Path(__file__).parent / "data"
-# every architecture with a reference (qwen3: the plain KV cache, for comparison; gemma4: a
-# KV cache with sliding-window layers of their own head size and layers that reuse others' K/V)
+# every architecture with a reference (qwen3: the plain KV cache, for comparison; gemma4 and
+# gemma3n: KV caches whose last layers read earlier layers' cells, gemma4's with sliding-window
+# layers of their own head size)
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
-ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4")]  # the recurrent and hybrid ones
+ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4", "gemma3n")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
 # llama.cpp's arwkv7 (one token shift) stores the shifted rows of a micro-batch with several
 # sequences through ggml_view_1d of a strided view (arwkv7.cpp, build_rwkv_token_shift_store):

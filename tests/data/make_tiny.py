@@ -170,6 +170,12 @@ _SPECS = [
     # layer 1 without the optional gate LoRA and GroupNorm (five lerps)
     dict(name="tiny-arwkv7", arch="arwkv7", seed=2105, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
          eps=1e-6, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32, bare_layers=[1])),
+    # gemma3n: 22 layers, since llama.cpp fixes the 20 layers that keep a KV cache: layers 20
+    # (sliding window) and 21 (global; a pattern of 2 alternates them) read layers 18's and 19's;
+    # the FFN gate is sparse on layers 0-9; AltUp, Laurel and the 256 per-layer inputs per
+    # layer at llama.cpp's fixed sizes
+    dict(name="tiny-gemma3n", arch="gemma3n", seed=1024, n_layer=22, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
+         eps=1e-6, rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=64, swa_pattern=2),
 ]
 # architectures with recurrent layers: their layers are written by _recurrent_layers
 RECURRENT = ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe")
@@ -953,6 +959,56 @@ def _layer_rwkv7(add, b, i, s) -> None:
 
 def _output_rwkv6(add, s) -> None:
     add("output_norm.bias", [s["n_embd"]], "bias")
+# gemma3n's sizes that llama.cpp fixes (src/llama-hparams.h, src/models/models.h)
+G3N_ALTUP, G3N_EMBD_ALTUP, G3N_LAUREL_RANK, G3N_KV_LAYERS, G3N_SPARSE_LAYERS = 4, 256, 64, 20, 10
+
+
+def _keys_gemma3n(w, A, s) -> None:
+    # what convert_hf_to_gguf writes (llama.cpp reads only the window, its pattern and rope
+    # base; the pattern as the converter writes it, one bool per layer)
+    w.add_float32(f"{A}.rope.freq_base_swa", s["rope_base_swa"])
+    w.add_uint32(f"{A}.attention.sliding_window", s["sliding_window"])
+    w.add_array(f"{A}.attention.sliding_window_pattern", [i % s["swa_pattern"] < s["swa_pattern"] - 1
+                                                          for i in range(s["n_layer"])])
+    w.add_float32(f"{A}.final_logit_softcapping", 30.0)
+    w.add_uint32(f"{A}.altup.active_idx", 0)
+    w.add_uint32(f"{A}.altup.num_inputs", G3N_ALTUP)
+    w.add_uint32(f"{A}.embedding_length_per_layer_input", G3N_EMBD_ALTUP)
+    w.add_uint32(f"{A}.attention.shared_kv_layers", s["n_layer"] - G3N_KV_LAYERS)
+    w.add_array(f"{A}.activation_sparsity_scale",
+                [1.6448533535003662 if i < G3N_SPARSE_LAYERS else float("-inf") for i in range(s["n_layer"])])
+
+
+def _layer_gemma3n(add, b, i, s) -> None:
+    n_embd, hd = s["n_embd"], s["head_dim"]
+    add(b + "attn_norm.weight", [n_embd], "norm")
+    _attn(add, b, s)
+    add(b + "attn_q_norm.weight", [hd], "norm")
+    add(b + "attn_k_norm.weight", [hd], "norm")
+    add(b + "post_attention_norm.weight", [n_embd], "norm")
+    add(b + "ffn_norm.weight", [n_embd], "norm")
+    _dense(add, b, s)
+    add(b + "post_ffw_norm.weight", [n_embd], "norm")
+    add(b + "inp_gate.weight", [n_embd, G3N_EMBD_ALTUP], "w")
+    add(b + "proj.weight", [G3N_EMBD_ALTUP, n_embd], "w")
+    add(b + "post_norm.weight", [n_embd], "norm")
+    add(b + "altup_correct_coef.weight", [G3N_ALTUP, G3N_ALTUP], "wf")
+    add(b + "altup_correct_scale.weight", [n_embd], "norm")
+    add(b + "altup_predict_coef.weight", [G3N_ALTUP, G3N_ALTUP * G3N_ALTUP], "wf")
+    add(b + "altup_router.weight", [n_embd, G3N_ALTUP], "wf")
+    add(b + "altup_router_norm.weight", [n_embd], "norm")
+    add(b + "laurel_l.weight", [n_embd, G3N_LAUREL_RANK], "wf")
+    add(b + "laurel_r.weight", [G3N_LAUREL_RANK, n_embd], "wf")
+    add(b + "laurel_post_norm.weight", [n_embd], "norm")
+
+
+def _output_gemma3n(add, s) -> None:
+    n_embd, n_layer = s["n_embd"], s["n_layer"]
+    add("altup_proj.weight", [n_embd, n_embd, G3N_ALTUP - 1], "wf")
+    add("altup_unembd_proj.weight", [n_embd, n_embd, G3N_ALTUP - 1], "wf")
+    add("per_layer_token_embd.weight", [G3N_EMBD_ALTUP * n_layer, N_VOCAB], "embd")
+    add("per_layer_model_proj.weight", [n_embd, G3N_EMBD_ALTUP * n_layer], "wf")
+    add("per_layer_proj_norm.weight", [G3N_EMBD_ALTUP], "norm")
 
 
 _EXTRA = {
@@ -969,4 +1025,5 @@ _EXTRA = {
     "deepseek2": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
     "mistral4": dict(keys=_keys_deepseek2, layer=_layer_deepseek2),
     "gemma4": dict(keys=_keys_gemma4, layer=_layer_gemma4, embd=_embd_gemma4),
+    "gemma3n": dict(keys=_keys_gemma3n, layer=_layer_gemma3n, output=_output_gemma3n),
 }

@@ -219,6 +219,10 @@ pub struct Step<'a> {
     pub embd: Option<&'a [f32]>,
     pub logits: &'a mut [f32],
     pub hidden: Option<&'a mut [f32]>,
+    /// The graph builders multiply F32 weights in llama.cpp's summation order
+    /// (ops/matmul_f32.rs) instead of pyllama's: set by forward passes whose numerics
+    /// amplify rounding (gemma3n's AltUp streams); false otherwise.
+    pub f32_llamacpp: bool,
 }
 
 /// The batch as Python hands it over (already validated and autofilled there; checked
@@ -794,6 +798,7 @@ impl Context {
             embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
             logits: &mut [],
             hidden,
+            f32_llamacpp: false,
         };
         st.enc_key_lists();
         self.fwd.forward(&mut st)
@@ -914,6 +919,7 @@ impl Context {
             embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
             logits,
             hidden,
+            f32_llamacpp: false,
         };
         self.fwd.forward(&mut st)
     }

@@ -33,13 +33,14 @@ N_GEN = 12
 # micro-batch size of llama.cpp's run where 512 does not suit: at 64 queries and more
 # llama.cpp switches to its tiled flash-attention kernel, whose float differences the tiny
 # deepseek2's expert routing (MLA, expert groups, sigmoid with bias) turns into flipped
-# experts; with 32, llama.cpp runs the one-chunk kernel pyllama runs at every size
-N_UBATCH = {"deepseek2": 32, "mistral4": 32}
+# experts (and the 22 layers of four AltUp streams of the tiny gemma3n amplify into
+# logits); with 32, llama.cpp runs the one-chunk kernel pyllama runs at every size
+N_UBATCH = {"deepseek2": 32, "mistral4": 32, "gemma3n": 32}
 # architectures whose reference also holds llama.cpp's greedy continuation (checked by
 # tests/test_logits.py up to the first near tie)
 GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2",
           "gpt-oss", "deepseek2", "mistral4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
-          "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7"}
+          "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "gemma3n"}
 
 
 def main() -> None:

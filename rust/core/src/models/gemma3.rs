@@ -31,10 +31,13 @@ impl Arch for Gemma3 {
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {
         let mut hp = common_hparams(meta, n_vocab, RopeType::Neox)?;
-        // llama.cpp: set_swa_pattern(6) -> layers il % 6 < 5 use the sliding window.
+        // llama.cpp: load_swa_pattern(ml, 6) when the file has a window -> layers il % 6 < 5
+        // use it (a per-layer bool array as given; a pattern of 0: every layer); no window
+        // (or 0): no sliding-window layers
         hp.n_swa = meta.u("attention.sliding_window")?.unwrap_or(0);
-        let pattern = meta.u("attention.sliding_window_pattern")?.unwrap_or(6).max(1);
-        hp.swa_layers = (0..hp.n_layer).map(|il| hp.n_swa > 0 && il % pattern < pattern - 1).collect();
+        if hp.n_swa > 0 {
+            hp.swa_layers = super::swa_pattern(meta, hp.n_layer, 6, false)?;
+        }
         hp.rope_freq_base_swa = meta.f("rope.freq_base_swa")?.unwrap_or(10000.0);
         hp.rope_freq_scale_swa = 1.0;
         // Only the 27B model scales by n_embd/n_head; every other size by the key length.

@@ -440,7 +440,7 @@ impl Gemma4Fwd {
             crate::cb!(st, "Vcur_normed", il, v, kw);
             st.attend_cached(&p)?;
         } else {
-            st.attend_only(&p)?;
+            st.attend_only(&p, il)?;
         }
         let b = &mut *st.b;
         Step::mm(st.pool, st.dev, &l.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;

@@ -17,6 +17,7 @@ use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::matmul::{try_matmul_rows, MatmulDevice};
+use crate::ops::matmul_f32::matmul_f32_llamacpp;
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -173,6 +174,17 @@ impl<'r> AttnConfig<'r> {
             sinks: None,
         }
     }
+}
+
+/// What `Step::build_attn_ext` adds to `build_attn` (default: nothing).
+#[derive(Clone, Copy, Default, Debug)]
+pub struct AttnExtra {
+    /// Weightless per-head RMSNorm of V before it is stored (gemma3n).
+    pub v_rms: bool,
+    /// This layer keeps no cache: its queries attend over the keys and values that earlier
+    /// layer stored for the same cells (llama.cpp's layer reuse, gemma3n's last layers);
+    /// no K or V is computed here.
+    pub kv_from: Option<usize>,
 }
 
 /// The feed-forward's activation (llama.cpp's LLM_FFN_SILU / LLM_FFN_GELU).
@@ -399,7 +411,7 @@ impl Step<'_> {
         let n_ff = w.down.ne[0];
         let b = &mut *self.b;
         if gate == FfnGate::None {
-            Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.up, w.up_b, n_ff, n);
             cb!(self, "ffn_up", il, up, n_ff);
             let b = &mut *self.b;
@@ -410,14 +422,14 @@ impl Step<'_> {
             }
             cb!(self, if act == FfnAct::Gelu { "ffn_gelu" } else { "ffn_silu" }, il, up, n_ff);
             let b = &mut *self.b;
-            Self::mm(self.pool, self.dev, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
             return Ok(());
         }
         match (gate, w.gate) {
             (FfnGate::Par, Some(g)) => {
-                Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             }
             (FfnGate::Fused, None) => {
                 Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
@@ -438,7 +450,7 @@ impl Step<'_> {
         }
         cb!(self, if act == FfnAct::Silu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
-        Self::mm(self.pool, self.dev, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
         Ok(())
     }
@@ -489,7 +501,7 @@ impl Step<'_> {
         }
         match x.logits {
             Some(l) => b.moe[..n * n_exp].copy_from_slice(&l[..n * n_exp]),
-            None => Self::mm(self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?,
+            None => Self::mm_f(self.f32_llamacpp, self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?,
         }
         cb!(self, "ffn_moe_logits", il, moe, n_exp);
         let b = &mut *self.b;
@@ -721,6 +733,35 @@ impl Step<'_> {
         Ok(())
     }
 
+    /// `mm`, with F32 weights in llama.cpp's summation order when `llamacpp` (see
+    /// `Step::f32_llamacpp`) and no device holds them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mm_f(
+        llamacpp: bool,
+        pool: &ThreadPool,
+        dev: Option<&dyn MatmulDevice>,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
+    ) -> Result<()> {
+        if !(llamacpp && dev.is_none() && w.ty == crate::ggml_type::GgmlType::F32) {
+            return Self::mm(pool, dev, w, x, n, out, scratch, lora);
+        }
+        let (n_in, n_out) = (w.ne[0], w.n_rows());
+        if x.len() < n * n_in || out.len() < n * n_out {
+            return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
+        }
+        matmul_f32_llamacpp(pool, w, &x[..n * n_in], n, &mut out[..n * n_out], n_out, 0..n_out)?;
+        crate::quantize::collect::observe(w, &x[..n * n_in], n);
+        if let Some(l) = lora {
+            l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * n_out], 0..n_out, scratch)?;
+        }
+        Ok(())
+    }
+
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm_rows(
@@ -759,19 +800,25 @@ impl Step<'_> {
     /// hd_v]), optional per-head q/k norms, rope, K/V stored into the cells of this
     /// micro-batch, attention over the cache (att [n, n_head * hd_v]), output projection.
     pub fn build_attn(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+        self.build_attn_ext(w, c, &AttnExtra::default())
+    }
+
+    /// `build_attn` with what few architectures need (`AttnExtra`): a weightless RMSNorm of
+    /// V, or a layer that attends over an earlier layer's cache (llama.cpp's KV reuse).
+    pub fn build_attn_ext(&mut self, w: &AttnWeights, c: &AttnConfig, x: &AttnExtra) -> Result<()> {
         // q and k borrow the FFN's gate and up buffers while attention runs (a layer's
         // attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of scratch
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
-        let r = self.build_attn_qkv(w, c);
+        let r = self.build_attn_qkv(w, c, x);
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
         r
     }
 
-    fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+    fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig, x: &AttnExtra) -> Result<()> {
         let hp = self.hp;
         let il = c.il;
         let n = self.n;
@@ -779,14 +826,66 @@ impl Step<'_> {
         let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
         let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
+        if let Some(src) = x.kv_from {
+            // a layer without a cache of its own: q only, then the keys and values layer
+            // `src` stored (its head counts must be this layer's)
+            if src >= il || hp.n_head_kv(src) != n_head_kv {
+                return Err(Error::Invalid(format!("internal: layer {il} cannot read the cache of layer {src}")));
+            }
+            if w.fused_qkv {
+                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            } else {
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            }
+            add_bias(&mut b.q, w.bq, qw, n);
+            cb!(self, "Qcur", il, q, qw);
+            let b = &mut *self.b;
+            if let Some(qn) = w.q_norm {
+                let width = if qn.len() == qw { qw } else { hd_k };
+                for h in b.q[..n * qw].chunks_exact_mut(width) {
+                    rms_norm_row(h, Some(qn), hp.f_norm_rms_eps);
+                }
+                cb!(self, "Qcur_normed", il, q, qw);
+            }
+            let b = &mut *self.b;
+            if let Some(r) = c.rope {
+                let pos = &b.pos;
+                for t in 0..n {
+                    r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
+                }
+                cb!(self, "Qcur_pos", il, q, qw);
+            }
+            let b = &mut *self.b;
+            if c.q_scale != 1.0 {
+                act::scale(&mut b.q[..n * qw], c.q_scale);
+            }
+            let p = AttnParams {
+                il: src,
+                n_head,
+                n_head_kv,
+                hd_k,
+                hd_v,
+                scale: c.kq_scale,
+                softcap: c.softcap,
+                n_swa: c.n_swa,
+                chunked: c.chunked,
+                sinks: c.sinks,
+            };
+            self.attend_only(&p, il)?;
+            let b = &mut *self.b;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+            add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
+            cb!(self, "attn_out", il, tmp, hp.n_embd);
+            return Ok(());
+        }
         if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
         } else {
-            Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
         }
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
@@ -804,6 +903,11 @@ impl Step<'_> {
             let width = if kn.len() == kw { kw } else { hd_k };
             for h in b.k[..n * kw].chunks_exact_mut(width) {
                 rms_norm_row(h, Some(kn), eps);
+            }
+        }
+        if x.v_rms {
+            for h in b.v[..n * vw].chunks_exact_mut(hd_v) {
+                rms_norm_row(h, None, eps);
             }
         }
         if let Some(r) = c.rope {
@@ -859,7 +963,7 @@ impl Step<'_> {
         };
         self.attend_cached(&p)?;
         let b = &mut *self.b;
-        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())
@@ -870,41 +974,49 @@ impl Step<'_> {
     /// `att` [n, n_head * hd_v] (quantized caches: llama.cpp's Hadamard rotations of q, K
     /// and V, and V's undone on the output). `q` and `k` must be lent (see `build_attn`).
     pub fn attend_cached(&mut self, p: &AttnParams) -> Result<()> {
+        self.attend_kv(p, true, p.il)
+    }
+
+    /// `attend_cached` of layer `name_il` over the cache of layer `p.il`; `store` false:
+    /// that cache already holds this micro-batch's keys and values (a layer that reuses an
+    /// earlier layer's cache), only `q` is read.
+    fn attend_kv(&mut self, p: &AttnParams, store: bool, name_il: usize) -> Result<()> {
         let (il, n) = (p.il, self.n);
         let (qw, kw, vw) = (p.n_head * p.hd_k, p.n_head_kv * p.hd_k, p.n_head_kv * p.hd_v);
         let b = &mut *self.b;
         let kv = &mut *self.kv;
         // quantized caches: llama.cpp's Hadamard rotation of Q, K and V (kv_cache::rotation_sizes)
         crate::kv_cache::fwht(&mut b.q[..n * qw], kv.rot_k);
-        crate::kv_cache::fwht(&mut b.k[..n * kw], kv.rot_k);
-        crate::kv_cache::fwht(&mut b.v[..n * vw], kv.rot_v);
-        let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
-        for t in 0..n {
-            let (s, cell) = b.cells[t];
-            let o = (s as usize * kv.size + cell as usize) * rk;
-            quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
-            let o = (s as usize * kv.size + cell as usize) * rv;
-            quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+        if store {
+            crate::kv_cache::fwht(&mut b.k[..n * kw], kv.rot_k);
+            crate::kv_cache::fwht(&mut b.v[..n * vw], kv.rot_v);
+            let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+            for t in 0..n {
+                let (s, cell) = b.cells[t];
+                let o = (s as usize * kv.size + cell as usize) * rk;
+                quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
+                let o = (s as usize * kv.size + cell as usize) * rv;
+                quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+            }
         }
-        self.attend_rotated(p)
+        self.attend_rotated(p, name_il)
     }
 
     /// Attends with `q` [n, n_head * hd_k] over layer `p.il`'s cached K/V into `att`,
-    /// storing nothing: a layer that reuses another layer's cache (Gemma 4's last
-    /// `shared_kv_layers` layers; llama.cpp's layer_reuse_cb) passes that layer's id.
-    pub fn attend_only(&mut self, p: &AttnParams) -> Result<()> {
-        let qw = p.n_head * p.hd_k;
-        crate::kv_cache::fwht(&mut self.b.q[..self.n * qw], self.kv.rot_k);
-        self.attend_rotated(p)
+    /// storing nothing: a layer that reuses another layer's cache (Gemma 3n's and Gemma 4's
+    /// last layers; llama.cpp's layer_reuse_cb) passes that layer's id in `p.il` and its own
+    /// as `name_il` (the name of its debug outputs).
+    pub fn attend_only(&mut self, p: &AttnParams, name_il: usize) -> Result<()> {
+        self.attend_kv(p, false, name_il)
     }
 
-    fn attend_rotated(&mut self, p: &AttnParams) -> Result<()> {
-        let (il, n) = (p.il, self.n);
+    fn attend_rotated(&mut self, p: &AttnParams, name_il: usize) -> Result<()> {
+        let n = self.n;
         let b = &mut *self.b;
         let kv = &mut *self.kv;
         let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };
         attention::attention(self.pool, kv, p, &inp, &b.q, &mut b.att, &mut b.attn_scratch, b.attn_stride);
-        cb!(self, "kqv_out", il, att, p.n_head * p.hd_v);
+        cb!(self, "kqv_out", name_il, att, p.n_head * p.hd_v);
         let b = &mut *self.b;
         crate::kv_cache::fwht(&mut b.att[..n * p.n_head * p.hd_v], self.kv.rot_v); // rotate V's rotation back
         Ok(())
@@ -946,7 +1058,7 @@ impl Step<'_> {
         let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
-            Self::mm(self.pool, self.dev, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
@@ -954,7 +1066,7 @@ impl Step<'_> {
         } else {
             for j in 0..n {
                 let r = b.out_row[j];
-                Self::mm(self.pool, self.dev, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
                 add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);

@@ -10,6 +10,7 @@ pub mod decoder;
 pub mod exaone4;
 pub mod gemma;
 pub mod gemma3;
+pub mod gemma3n;
 pub mod gemma4;
 pub mod glm4;
 pub mod graph;
@@ -125,6 +126,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &qwen35::Qwen3Next,
     &falcon_h1::FalconH1,
     &granite_hybrid::GraniteHybrid,
+    &gemma3n::Gemma3n,
     &rwkv6::Rwkv6,
     &rwkv7::Rwkv7,
     &arwkv7::Arwkv7,
