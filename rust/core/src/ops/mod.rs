@@ -1,6 +1,7 @@
 //! Shared building blocks of the forward passes: matmul, norms, rope, attention,
 //! activations.
 pub mod matmul;
+pub mod sgemm;
 pub mod act;
 pub mod attention;
 pub mod attention_tiled;
