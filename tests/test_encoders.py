@@ -96,8 +96,13 @@ def test_pooling_override(model_dir, pooling):
     ctx = _ctx(m, pooling_type=POOLING_NAMES[pooling])
     rows = REF["models"]["bert-F32"][pooling]
     got = embed_token_lists(ctx, [r["tokens"] for r in rows], normalize_mode=-1)
+    # pooling none: every token's unnormalised row (entries up to 3.5). The weight matmuls
+    # sum in llama.cpp's order (tinyBLAS), the attention in pyllama's own; one score summed
+    # otherwise can tip GELU's f16 table input to the neighbouring f16 (2^-11 relative) and
+    # move that token's row: measured 1.2e-4 (mean / last / cls pooling: 4e-5)
+    tol = 2e-4 if pooling == "none" else 1e-4
     for r, g in zip(rows, got):
-        _close(np.ravel(g), r["embedding"])
+        _close(np.ravel(g), r["embedding"], tol)
 
 
 @pytest.mark.parametrize("key", [k for k in MODELS if "pairs" in REF["models"][k]])
