@@ -634,25 +634,27 @@ impl Step<'_> {
     /// hd_v]), optional per-head q/k norms, rope, K/V stored into the cells of this
     /// micro-batch, attention over the cache (att [n, n_head * hd_v]), output projection.
     pub fn build_attn(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
-        // q and k borrow the FFN's gate and up buffers while attention runs (a layer's
-        // attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of scratch
+        self.with_qk_scratch(|st| st.build_attn_qkv(w, c))
+    }
+
+    /// Runs `f` (an attention) with q and k borrowing the FFN's gate and up buffers (a
+    /// layer's attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of
+    /// scratch.
+    pub(crate) fn with_qk_scratch(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
-        let r = self.build_attn_qkv(w, c);
+        let r = f(self);
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
         r
     }
 
-    fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
-        let hp = self.hp;
-        let il = c.il;
+    /// The q/k/v projections of the live rows from `cur`, biases added: q [n, qw],
+    /// k [n, kw], v [n, vw], from one fused matrix (row ranges) or three.
+    pub(crate) fn project_qkv(&mut self, w: &AttnWeights, qw: usize, kw: usize, vw: usize) -> Result<()> {
         let n = self.n;
-        let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
-        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
-        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
@@ -666,6 +668,18 @@ impl Step<'_> {
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
         add_bias(&mut b.v, w.bv, vw, n);
+        Ok(())
+    }
+
+    fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
+        let hp = self.hp;
+        let il = c.il;
+        let n = self.n;
+        let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
+        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+        self.project_qkv(w, qw, kw, vw)?;
+        let b = &mut *self.b;
         let eps = hp.f_norm_rms_eps;
         if let Some(qn) = w.q_norm {
             let width = if qn.len() == qw { qw } else { hd_k };
