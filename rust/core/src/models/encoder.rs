@@ -193,8 +193,7 @@ impl Step<'_> {
         let n = self.n;
         let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
-        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
-        self.project_qkv(w, qw, kw, vw)?;
+        let (qw, kw, vw) = self.project_qkv(w, il)?;
         let b = &mut *self.b;
         match &c.qk_norm {
             None => {}

@@ -651,10 +651,13 @@ impl Step<'_> {
         r
     }
 
-    /// The q/k/v projections of the live rows from `cur`, biases added: q [n, qw],
-    /// k [n, kw], v [n, vw], from one fused matrix (row ranges) or three.
-    pub(crate) fn project_qkv(&mut self, w: &AttnWeights, qw: usize, kw: usize, vw: usize) -> Result<()> {
-        let n = self.n;
+    /// Layer `il`'s q/k/v projections of the live rows from `cur`, biases added: q [n, qw],
+    /// k [n, kw], v [n, vw] (qw = n_head * hd_k, kw = n_head_kv * hd_k, vw = n_head_kv *
+    /// hd_v; returned), from one fused matrix (row ranges) or three.
+    pub(crate) fn project_qkv(&mut self, w: &AttnWeights, il: usize) -> Result<(usize, usize, usize)> {
+        let (hp, n) = (self.hp, self.n);
+        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+        let (qw, kw, vw) = (hp.n_head(il) * hd_k, hp.n_head_kv(il) * hd_k, hp.n_head_kv(il) * hd_v);
         let b = &mut *self.b;
         if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
@@ -668,7 +671,7 @@ impl Step<'_> {
         add_bias(&mut b.q, w.bq, qw, n);
         add_bias(&mut b.k, w.bk, kw, n);
         add_bias(&mut b.v, w.bv, vw, n);
-        Ok(())
+        Ok((qw, kw, vw))
     }
 
     fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig) -> Result<()> {
@@ -677,8 +680,7 @@ impl Step<'_> {
         let n = self.n;
         let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
-        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
-        self.project_qkv(w, qw, kw, vw)?;
+        let (qw, kw, vw) = self.project_qkv(w, il)?;
         let b = &mut *self.b;
         let eps = hp.f_norm_rms_eps;
         if let Some(qn) = w.q_norm {
