@@ -1,6 +1,7 @@
-//! Tiled matrix product for F32 and F16 weights (the matmul's float path when the row
-//! length is a multiple of 8): register-blocked micro-kernels that read each weight vector
-//! once per tile of RN tokens and each activation vector once per RM weight rows.
+//! Tiled matrix product for F32 weights (the matmul's path for them when the row length is
+//! a multiple of 8; the F16 kernels are here and tested but not used yet, see `applies`):
+//! register-blocked micro-kernels that read each weight vector once per tile of RN tokens
+//! and each activation vector once per RM weight rows.
 //!
 //! Float order: llamafile's tinyBLAS (ggml-cpu/llamafile/sgemm.cpp), which llama.cpp's x86
 //! AVX2 build runs for F32 x F32 and F16 x F16 products of 2 or more tokens (row length a
@@ -26,9 +27,12 @@ use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 pub const KN: usize = 8;
 
 /// Whether the matmul of a `ty` weight with rows of `n_in` elements in kernel set `set`
-/// runs here (`PYLLAMA_NO_SGEMM=1` turns it off, for comparisons).
+/// runs here (`PYLLAMA_NO_SGEMM=1` turns it off, for comparisons). F32 only for now: the
+/// F16 kernels make prefill 25% faster, but a single token's product (one FMA chain per
+/// row after a conversion, or several rows = several streams) ran at half the old
+/// two-accumulator vec_dot's speed, and the order must be the same for every token count.
 pub fn applies(set: KernelSet, ty: GgmlType, n_in: usize) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16) && n_in % KN == 0 && n_in > 0 && !disabled() && kernels(set, ty).is_some()
+    ty == GgmlType::F32 && n_in % KN == 0 && n_in > 0 && !disabled() && kernels(set, ty).is_some()
 }
 
 fn disabled() -> bool {
@@ -60,9 +64,11 @@ pub fn dot_scalar(n: usize, w: &[f32], x: &[f32]) -> f32 {
 pub type Tile = unsafe fn(n: usize, w: *const u8, ldw: usize, x: *const u8, ldx: usize, out: *mut f32, ld_out: usize);
 
 /// The kernels of one build: `tile[rm - 1][rn - 1]` for rm <= RM, rn <= RN, and a
-/// single-token kernel over `rows1` rows. A gemv is bound by reading the weights: one row
-/// at a time (one sequential stream) measured as fast as the old two-accumulator vec_dot,
-/// 8 rows about the same, 2 or 12 rows at once (as many streams, 4 KiB apart) slower.
+/// single-token kernel over `rows1` rows. An F32 gemv is bound by reading the weights: one
+/// row at a time (one sequential stream) measured as fast as the old two-accumulator
+/// vec_dot, 8 rows about the same, 2 or 12 rows at once (as many streams, 4 KiB apart)
+/// slower; F16 takes 4 rows (one chain per row was 25% slower than the old kernel, 4 rows
+/// still 2x slower: see `applies`).
 #[derive(Clone, Copy)]
 pub struct Kernels {
     pub rm: usize,
@@ -255,7 +261,13 @@ mod x86 {
 
                 pub fn kernels<const H: bool>() -> Kernels {
                     let t = [row::<H, 1>(), row::<H, 2>(), row::<H, 3>(), row::<H, 4>()];
-                    Kernels { rm: $RM, rn: $RN, tile: t, rows1: $ROWS1, gemv: tile::<H, $ROWS1, 1> }
+                    // F16: the conversion lengthens each step, so one chain per row would
+                    // bound a gemv by FMA latency; 4 rows keep 4 chains in flight
+                    if H {
+                        Kernels { rm: $RM, rn: $RN, tile: t, rows1: 4, gemv: tile::<H, 4, 1> }
+                    } else {
+                        Kernels { rm: $RM, rn: $RN, tile: t, rows1: $ROWS1, gemv: tile::<H, $ROWS1, 1> }
+                    }
                 }
             }
         };
@@ -390,7 +402,7 @@ mod tests {
     fn matmul_equals_scalar_twin_bit_for_bit() {
         // Whole matmuls through every tile shape (rows 1..=13, tokens 1..=14 and a chunked
         // 70, 1 and 2 threads, a row slice into a wider output) equal `dot_scalar` per element,
-        // F32 and F16 weights, in every SIMD set this CPU runs.
+        // F32 weights (and the F16 kernels), in every SIMD set this CPU runs.
         let pools = [crate::threadpool::ThreadPool::new(1), crate::threadpool::ThreadPool::new(2)];
         let mut s = 0x5eed_0001u64;
         for set in sets() {
@@ -413,7 +425,17 @@ mod tests {
                                 let ld = n_out + 3;
                                 let mut out = vec![f32::NAN; ld * n_tok];
                                 let mut scratch = Vec::new();
-                                matmul_with(pool, set, &tv, &x, n_tok, &mut out, ld, r0..r1, &mut scratch).unwrap();
+                                if ty == GgmlType::F32 {
+                                    matmul_with(pool, set, &tv, &x, n_tok, &mut out, ld, r0..r1, &mut scratch).unwrap();
+                                } else {
+                                    // F16 (not the matmul's path yet): the kernels directly, on
+                                    // f16 activations
+                                    let xh: Vec<u8> = x.iter().flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes()).collect();
+                                    let k = kernels(set, ty).unwrap();
+                                    unsafe {
+                                        run(pool, k, n_in, w.as_ptr().add(r0 * 2 * n_in), 2 * n_in, r1 - r0, xh.as_ptr(), 2 * n_in, n_tok, out.as_mut_ptr(), ld)
+                                    };
+                                }
                                 for t in 0..n_tok {
                                     for r in r0..r1 {
                                         let want = dot_scalar(n_in, &wd[r * n_in..], &xd[t * n_in..]);

@@ -306,7 +306,7 @@ fn simd_float_dequantize_is_exact() {
 #[test]
 fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     // The matmul (4-token tiles, precomputed activation scales, 2 threads) must give each
-    // element exactly what one vec_dot call gives (F32 / F16 weights in the SIMD sets: what
+    // element exactly what one vec_dot call gives (F32 weights in the SIMD sets: what
     // the tile matmul's scalar twin gives): the determinism the forward pass needs.
     use crate::model::TensorView;
     use crate::ops::matmul::matmul_with;
@@ -340,7 +340,7 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
                 for r in 0..n_out {
                     let wr = &w[r * wrow..(r + 1) * wrow];
                     let v = if crate::ops::sgemm::applies(set, ty, n_in) {
-                        // F32 / F16 weights: the tile matmul's order (ops/sgemm.rs), one
+                        // F32 weights: the tile matmul's order (ops/sgemm.rs), one
                         // element at a time in its scalar twin
                         let (mut wf, mut xf) = (vec![0f32; n_in], vec![0f32; n_in]);
                         dequantize_row(ty, wr, &mut wf).unwrap();
