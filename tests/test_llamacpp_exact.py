@@ -104,3 +104,22 @@ def test_tiny_iq_bit_identical_to_llamacpp(qtype, tiny_iq_model):
         ctx = _core.Context(m, n_ctx=2048, n_seq_max=1, n_ubatch=512, n_threads=2, n_threads_batch=2)
         last = decode_all(ctx, np.array(p["tokens"], np.int32), ref["n_vocab"])[-1]  # every row, as the reference
         assert np.array_equal(last.view(np.uint32), z[f"p{i}_last_logits"].view(np.uint32)), (qtype, i)
+
+
+# tiny F32 models whose every matmul is a plain weight x activations product: llama.cpp runs
+# llamafile's tinyBLAS for them from 2 tokens on (ops/sgemm.rs sums in its order); the MoE
+# expert products (mul_mat_id: ggml_vec_dot_f32), MLA and the recurrent layers take other
+# orders of llama.cpp's, so those models agree within tolerance only (tests/test_logits.py)
+TINY_F32_EXACT = ["cohere2", "exaone4", "gemma", "gemma2", "gemma3", "glm4", "granite", "lfm2", "llama",
+                  "mistral3", "olmo2", "phi2", "phi3", "qwen2", "qwen3", "smollm3", "starcoder2"]
+
+
+@pytest.mark.parametrize("arch", TINY_F32_EXACT)
+def test_tiny_f32_prefill_bit_identical(arch):
+    # the prompts under 64 tokens (8 and 46: longer ones switch llama.cpp's attention to its
+    # tiled kernel, which PYLLAMA_ORDER=llamacpp follows), every position's 20 logits
+    from test_logits import tiny_path
+
+    name = f"tiny-{arch}-F32"
+    res = mismatches(tiny_path(name), DATA / "tiny" / name, prompts=range(2))
+    assert all(bad == 0 for _, _, bad in res), res

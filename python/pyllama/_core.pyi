@@ -4,7 +4,7 @@ re-exported by :mod:`pyllama` (their ``__module__`` is ``pyllama``)."""
 
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
-from typing import Any, final
+from typing import Any, Optional, final
 
 import numpy as np
 import numpy.typing as npt
@@ -199,6 +199,7 @@ class Context:
     @property
     def is_encoder(self) -> bool: ...
     def classify(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+    def dense_out(self, x: npt.NDArray[np.float32]) -> Optional[npt.NDArray[np.float32]]: ...
     @property
     def n_ubatch(self) -> int: ...
     @property

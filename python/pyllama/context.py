@@ -350,9 +350,9 @@ class Context:
                            LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK):
             raise ValueError(f"pooling_type = {params.pooling_type} is not supported "
                              "(none, mean, cls, last and rank are)")
-        if pooling == LLAMA_POOLING_TYPE_RANK and causal:
+        if pooling == LLAMA_POOLING_TYPE_RANK and causal and core_model.arch != "qwen3":
             raise ValueError(f"pooling_type = rank needs a reranker with a classifier head; "
-                             f"{core_model.arch} rerankers are not supported")
+                             f"{core_model.arch} rerankers are not supported (qwen3's are)")
         rope_freq_scale = float(params.rope_freq_scale)
         if params.rope_scaling_type == LLAMA_ROPE_SCALING_TYPE_NONE:
             rope_freq_scale = 1.0  # llama.cpp: never scale if the scaling type is none
@@ -835,7 +835,19 @@ class Context:
             if embd_buf is not None and self._pooling != LLAMA_POOLING_TYPE_NONE:
                 embd_seq = _pool(ab, embd_buf[:n], self._pooling, ubatches, core=core,
                                  pooling_cls=self._pooling_cls)
+                if embd_seq and self._pooling != LLAMA_POOLING_TYPE_RANK:
+                    # llama.cpp's build_dense_out: the model's dense projections (EmbeddingGemma's
+                    # dense_2 / dense_3) on the pooled vectors
+                    seqs = sorted(embd_seq)
+                    d = core.dense_out(np.ascontiguousarray(np.stack([embd_seq[s] for s in seqs]), dtype=np.float32))
+                    if d is not None:
+                        embd_seq = {s: d[k].copy() for k, s in enumerate(seqs)}
             else:
+                if embd_buf is not None:
+                    # pooling none: on every token's row
+                    d = core.dense_out(np.ascontiguousarray(embd_buf[:n]))
+                    if d is not None:
+                        embd_buf[:n] = d
                 embd_seq = {}
         except Exception as e:  # fatal: Rust failed mid-way
             return self._fatal(e)
@@ -1009,7 +1021,8 @@ class Context:
         self._output_ids[:n] = out_rows
         # embd_buf, not self._embeddings: an abort callback may switch embeddings on mid-decode
         if embd_buf is not None and self._pooling != LLAMA_POOLING_TYPE_NONE and n_outputs:
-            self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling, ubatches)
+            self._embd_seq = _pool(ab, embd_buf[:n_outputs], self._pooling, ubatches, core=core,
+                                   pooling_cls=self._pooling_cls, causal=True)
 
         if not self._has_evaluated_once:
             self._t_load_us = _time_us() - self._t_start_us
@@ -1424,7 +1437,7 @@ def _llamacpp_order() -> bool:
 
 
 def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Optional[list] = None, *,
-          core=None, pooling_cls: int = 0) -> dict:
+          core=None, pooling_cls: int = 0, causal: bool = False) -> dict:
     """Per-sequence pooled embeddings over all of a sequence's tokens in the batch, as
     llama.cpp's mean / CLS (first position) / LAST (last position) pooling; an entry in
     several sequences counts for each. hidden: [n_tokens, n_embd] (all tokens are outputs);
@@ -1441,10 +1454,11 @@ def _pool(ab: AllocatedBatch, hidden: np.ndarray, pooling: int, ubatches: Option
     only its last micro-batch's part (``embd_seq`` is overwritten per micro-batch), which
     depends on where the batch was cut, and that is not copied."""
     if pooling == LLAMA_POOLING_TYPE_RANK:
-        # llama.cpp's build_pooling: the CLS row (or the mean where the classifier pools by
-        # mean), then the model's classifier head; n_cls_out scores per sequence
+        # llama.cpp's build_pooling: the CLS row (the last one for a causal model, as
+        # Qwen3-Reranker; the mean where the classifier pools by mean), then the model's
+        # classifier head; n_cls_out scores per sequence
         base = _pool(ab, hidden, LLAMA_POOLING_TYPE_MEAN if pooling_cls == LLAMA_POOLING_TYPE_MEAN
-                     else LLAMA_POOLING_TYPE_CLS, ubatches)
+                     else LLAMA_POOLING_TYPE_LAST if causal else LLAMA_POOLING_TYPE_CLS, ubatches)
         if not base:
             return {}
         seqs = sorted(base)

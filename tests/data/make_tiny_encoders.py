@@ -59,6 +59,11 @@ SPECS = {
     "gemma-embedding": dict(arch="gemma-embedding", pooling=1, seed=2007, n_layer=3, n_head_kv=2, head_dim=16,
                             rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=8, swa_pattern=2,
                             eps=1e-6),
+    # the same with the sentence-transformers dense projections after pooling (dense_2 {64, 96},
+    # dense_3 {96, 64}, no biases), as convert_hf_to_gguf --sentence-transformers-dense-modules
+    "gemma-embedding-dense": dict(arch="gemma-embedding", pooling=1, seed=2007, n_layer=3, n_head_kv=2,
+                                  head_dim=16, rope_base=1000000.0, rope_base_swa=10000.0, sliding_window=8,
+                                  swa_pattern=2, eps=1e-6, dense=96),
     # nomic-embed-text v2 MoE style: nomic's rope, BERT's GELU FFN with biases on layer 0,
     # 4 ungated GELU experts (2 used) on layer 1 (moe_every_n_layers 2), fused qkv with bias
     "nomic-bert-moe": dict(arch="nomic-bert-moe", pooling=1, seed=2009, rope_base=10000.0, n_expert=4,
@@ -69,6 +74,9 @@ SPECS = {
     # Qwen3-Embedding style: tests/data/make_tiny.py's tiny qwen3 decoder (same weights) with
     # qwen3.pooling_type = last and this WordPiece vocabulary padded to its 2048 tokens
     "qwen3-embed": dict(arch="qwen3", pooling=3, seed=0, decoder=True),
+    # Qwen3-Reranker style: the same decoder with rank pooling (the last token) and a
+    # `cls.output` head of two labels, softmaxed (llama.cpp's qwen3 reranker head)
+    "qwen3-rank": dict(arch="qwen3", pooling=4, seed=0, decoder=True, rank=True, n_cls_out=2),
     # T5 encoder: relative-position buckets (32; only layer 0 has attn_rel_b), layer 0 ReLU,
     # layer 1 GELU-gated (flan); SentencePiece UGM vocabulary
     "t5encoder": dict(arch="t5encoder", pooling=1, seed=2008, head_dim=16, n_buckets=32, eps=1e-6),
@@ -115,6 +123,11 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
         w.add_uint32(f"{A}.attention.key_length", s["head_dim"])
         w.add_uint32(f"{A}.attention.value_length", s["head_dim"])
         w.add_uint32(f"{A}.attention.sliding_window_pattern", s["swa_pattern"])
+        if "dense" in s:
+            w.add_uint32(f"{A}.dense_2_feat_in", ne)
+            w.add_uint32(f"{A}.dense_2_feat_out", s["dense"])
+            w.add_uint32(f"{A}.dense_3_feat_in", s["dense"])
+            w.add_uint32(f"{A}.dense_3_feat_out", ne)
     else:
         w.add_float32(f"{A}.attention.layer_norm_epsilon", s["eps"])
     if "sliding_window" in s:
@@ -170,6 +183,9 @@ def write(name: str, out_dir: Path, qtype: str = "F32", n_layer: int | None = No
             add("cls.norm.weight", [ne], "norm")
             add("cls.output.weight", [ne, 1], "w")
             add("cls.output.bias", [1], "bias")
+        if "dense" in s:
+            add("dense_2.weight", [ne, s["dense"]], "w")
+            add("dense_3.weight", [s["dense"], ne], "w")
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -253,6 +269,8 @@ def _write_decoder(path: Path, s: dict, qtype: str) -> Path:
             sub = f.types[1] if len(f.types) > 1 else None
             w.add_key_value(k, f.contents(), f.types[0], sub)
         w.add_uint32(f"{A}.pooling_type", s["pooling"])
+        if s.get("rank"):
+            w.add_array(f"{A}.classifier.output_labels", ["yes", "no"][:s["n_cls_out"]])
         toks = vocab()
         toks += [f"[unused{i}]" for i in range(99, 99 + make_tiny.N_VOCAB - len(toks))]
         w.add_tokenizer_model("bert")
@@ -265,6 +283,15 @@ def _write_decoder(path: Path, s: dict, qtype: str) -> Path:
                 w.add_tensor(t.name, data)
             else:
                 w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+        if s.get("rank"):
+            ne = int(src.fields[f"{A}.embedding_length"].contents())
+            rng = np.random.default_rng(s["seed"] + 1)
+            a = (rng.standard_normal((s["n_cls_out"], ne), dtype=np.float32) * np.float32(1.0 / np.sqrt(ne))).astype(np.float32)
+            if qtype == "Q8_0" and ne % 32 == 0:
+                w.add_tensor("cls.output.weight", gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                             raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            else:
+                w.add_tensor("cls.output.weight", a)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

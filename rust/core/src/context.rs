@@ -58,6 +58,12 @@ pub trait Forward: Send + Sync {
     fn classify(&self, _pool: &ThreadPool, _x: &[f32], _n: usize) -> Result<(Vec<f32>, usize)> {
         Err(Error::Invalid("this model has no classifier head (cls.weight / cls.output.weight): rank pooling needs one".into()))
     }
+    /// The sentence-transformers dense projections applied after pooling (llama.cpp's
+    /// `build_dense_out`: EmbeddingGemma's `dense_2` / `dense_3`) to vectors x [n, n_embd]:
+    /// the projected [n, n_embd], or None when the model has none.
+    fn dense_out(&self, _pool: &ThreadPool, _x: &[f32], _n: usize) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
     /// Recurrent and hybrid models: which layers keep a recurrent state, and the widths of
     /// that state (n_embd_r, n_embd_s floats per sequence; recurrent.rs). None: attention only.
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
@@ -762,46 +768,14 @@ impl Context {
         }
         let ub = ubatches[0];
         self.load_ubatch(batch, ub);
-        let b = &mut self.b;
-        b.out_idx.clear();
-        b.out_row.clear();
-        for (t, &i) in ub.iter().enumerate() {
-            let r = out_rows[i as usize];
-            if r >= 0 {
-                b.out_idx.push(t);
-                b.out_row.push(r as usize);
-            }
-        }
-        self.ub_tokens.clear();
-        if let Some(toks) = batch.tokens {
-            self.ub_tokens.extend(ub.iter().map(|&i| toks[i as usize]));
-        }
-        let ne = self.model.hparams.n_embd;
-        self.ub_embd.clear();
-        if let Some(e) = batch.embd {
-            for &i in ub {
-                self.ub_embd.extend_from_slice(&e[i as usize * ne..(i as usize + 1) * ne]);
-            }
-        }
-        let pool = if n > 1 { self.pool_batch.as_ref().unwrap_or(&self.pool) } else { &self.pool };
-        let mut st = Step {
-            pool,
-            dev: self.model.device.as_deref(),
-            hp: &self.model.hparams,
-            kv: &mut self.kv,
-            rs: None,
-            rs_seqs: 0,
-            b: &mut self.b,
-            debug: self.debug.as_mut(),
-            n,
-            tokens: if batch.tokens.is_some() { Some(&self.ub_tokens) } else { None },
-            embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
-            logits: &mut [],
-            hidden,
-            f32_llamacpp: false,
-        };
-        st.enc_key_lists();
-        self.fwd.forward(&mut st)
+        self.forward_ubatch(batch, ub, out_rows, &mut [], hidden, 0, true)
+    }
+
+    /// The model's dense projections after pooling over vectors x [n, n_embd] (None: it
+    /// has none; see `Forward::dense_out`).
+    pub fn dense_out(&self, x: &[f32], n: usize) -> Result<Option<Vec<f32>>> {
+        let pool = self.pool_batch.as_ref().unwrap_or(&self.pool);
+        self.fwd.dense_out(pool, x, n)
     }
 
     /// The model's classifier head over pooled vectors x [n, n_embd] (rank pooling).
@@ -884,6 +858,26 @@ impl Context {
             b.keys.extend_from_slice(&b.keys_tmp);
             b.key_range[t] = (r0, b.keys.len() as u32);
         }
+        self.forward_ubatch(batch, ub, out_rows, logits, hidden, rs_seqs, false)
+    }
+
+    /// Micro-batch `ub` (positions and sequences already loaded): its output rows, token
+    /// ids and input embeddings into the buffers, then the forward pass over a Step of its
+    /// tokens (decode's and encode's common set-up; `encoder`: attention among the
+    /// micro-batch's own tokens, no recurrent memory).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_ubatch(
+        &mut self,
+        batch: &BatchRef,
+        ub: &[i32],
+        out_rows: &[i32],
+        logits: &mut [f32],
+        hidden: Option<&mut [f32]>,
+        rs_seqs: usize,
+        encoder: bool,
+    ) -> Result<()> {
+        let n = ub.len();
+        let b = &mut self.b;
         b.out_idx.clear();
         b.out_row.clear();
         for (t, &i) in ub.iter().enumerate() {
@@ -910,7 +904,7 @@ impl Context {
             dev: self.model.device.as_deref(),
             hp: &self.model.hparams,
             kv: &mut self.kv,
-            rs: self.rs.as_mut(),
+            rs: if encoder { None } else { self.rs.as_mut() },
             rs_seqs,
             b: &mut self.b,
             debug: self.debug.as_mut(),
@@ -921,6 +915,9 @@ impl Context {
             hidden,
             f32_llamacpp: false,
         };
+        if encoder {
+            st.enc_key_lists();
+        }
         self.fwd.forward(&mut st)
     }
 

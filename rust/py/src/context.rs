@@ -191,6 +191,24 @@ impl PyContext {
         Ok(PyArray2::from_owned_array(py, a))
     }
 
+    /// The model's dense projections after pooling (EmbeddingGemma's dense_2 / dense_3)
+    /// over vectors x [n, n_embd]: float32 [n, n_embd], or None when the model has none.
+    fn dense_out<'py>(&self, py: Python<'py>, x: numpy::PyReadonlyArray2<'py, f32>) -> PyResult<Option<Bound<'py, PyArray2<f32>>>> {
+        let n = x.shape()[0];
+        let ne = self.inner.model.hparams.n_embd;
+        if x.shape()[1] != ne {
+            return Err(PyValueError::new_err(format!("dense_out: x must be [n, {ne}]")));
+        }
+        let data = x.as_slice().map_err(|_| PyValueError::new_err("dense_out: x must be C-contiguous"))?.to_vec();
+        let inner = &self.inner;
+        let out = py.allow_threads(|| no_panic("dense_out", || inner.dense_out(&data, n).map_err(to_py)))?;
+        out.map(|v| {
+            let a = numpy::ndarray::Array2::from_shape_vec((n, ne), v).map_err(|e| PyValueError::new_err(format!("dense_out: {e}")))?;
+            Ok(PyArray2::from_owned_array(py, a))
+        })
+        .transpose()
+    }
+
     #[getter]
     fn n_ubatch(&self) -> usize {
         self.inner.params.n_ubatch

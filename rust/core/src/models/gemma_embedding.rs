@@ -4,7 +4,9 @@
 //! non-causal encoder: a symmetric sliding window on layers il % 6 < 5, no KV cache,
 //! the final RMSNorm'd hidden states as embeddings (llama.cpp's
 //! src/models/gemma-embedding.cpp). The optional sentence-transformers dense layers
-//! (`dense_2`, `dense_3`) are refused.
+//! (`dense_2` {n_embd, d}, `dense_3` {d, n_embd}, no biases) project the pooled vectors
+//! (every token's row with pooling none) after pooling, as llama.cpp's `build_dense_out`
+//! (`Forward::dense_out`; the caller pools, projects, then normalises).
 
 use super::encoder::{EncAttn, QkNorm, Qkv};
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
@@ -15,7 +17,9 @@ use crate::context::{ContextParams, Forward, Step};
 use crate::error::{Error, Result};
 use crate::hparams::{HParams, Meta, RopeType};
 use crate::model::TensorView;
+use crate::ops::matmul::try_matmul_rows;
 use crate::ops::rope::RopeParams;
+use crate::threadpool::ThreadPool;
 
 pub struct GemmaEmbedding;
 
@@ -74,6 +78,8 @@ struct GemmaEmbeddingForward {
     layers: Vec<Layer>,
     eps: f32,
     q_scale: f32,
+    dense_2: Option<TensorView<'static>>,
+    dense_3: Option<TensorView<'static>>,
     _keep: Keep,
 }
 
@@ -81,11 +87,20 @@ impl GemmaEmbeddingForward {
     fn load(ld: &Loader, cp: &ContextParams) -> Result<GemmaEmbeddingForward> {
         let hp = ld.hp();
         let (ne, nv, hd) = (hp.n_embd, hp.n_vocab, hp.n_embd_head_k);
-        for t in ["dense_2.weight", "dense_3.weight"] {
-            if ld.model().tensor(t).is_some() {
-                return Err(Error::Unsupported(format!("gemma-embedding: the sentence-transformers dense layer '{t}' is not supported")));
+        // dense_2 {n_embd, d} then dense_3 {d, n_embd}: both or neither (llama.cpp asserts
+        // dense_2's input and dense_3's output are n_embd; with one alone its embedding
+        // rows would not be n_embd wide)
+        let d = ld.model().tensor("dense_2.weight").map(|t| t.ne[1]);
+        let (dense_2, dense_3) = match (d, ld.model().tensor("dense_3.weight").is_some()) {
+            (None, false) => (None, None),
+            (Some(d), true) => (Some(ld.req("dense_2.weight", &[ne, d])?), Some(ld.req("dense_3.weight", &[d, ne])?)),
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "{}: gemma-embedding has only one of the sentence-transformers dense layers dense_2 / dense_3 (both or neither)",
+                    ld.model().files[0].path
+                )))
             }
-        }
+        };
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
@@ -113,6 +128,8 @@ impl GemmaEmbeddingForward {
             layers,
             eps: hp.f_norm_rms_eps,
             q_scale: hp.f_attention_scale,
+            dense_2,
+            dense_3,
             _keep: ld.keep(),
         })
     }
@@ -124,6 +141,19 @@ impl Forward for GemmaEmbeddingForward {
     }
     fn encoder(&self) -> bool {
         true
+    }
+    fn dense_out(&self, pool: &ThreadPool, x: &[f32], n: usize) -> Result<Option<Vec<f32>>> {
+        let (Some(d2), Some(d3)) = (&self.dense_2, &self.dense_3) else { return Ok(None) };
+        let (ne, d) = (d2.ne[0], d2.n_rows());
+        if x.len() != n * ne {
+            return Err(Error::Invalid(format!("dense_out: expected [{n}, {ne}] vectors, got {} values", x.len())));
+        }
+        let mut scratch = Vec::new();
+        let mut mid = vec![0f32; n * d];
+        try_matmul_rows(pool, d2, x, n, &mut mid, d, 0..d, &mut scratch)?;
+        let mut out = vec![0f32; n * ne];
+        try_matmul_rows(pool, d3, &mid, n, &mut out, ne, 0..ne, &mut scratch)?;
+        Ok(Some(out))
     }
     fn forward(&self, st: &mut Step) -> Result<()> {
         let ne = st.hp.n_embd;

@@ -806,16 +806,51 @@ impl Step<'_> {
     /// `build_attn` with what few architectures need (`AttnExtra`): a weightless RMSNorm of
     /// V, or a layer that attends over an earlier layer's cache (llama.cpp's KV reuse).
     pub fn build_attn_ext(&mut self, w: &AttnWeights, c: &AttnConfig, x: &AttnExtra) -> Result<()> {
-        // q and k borrow the FFN's gate and up buffers while attention runs (a layer's
-        // attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of scratch
+        self.with_qk_scratch(|st| st.build_attn_qkv(w, c, x))
+    }
+
+    /// Runs `f` (an attention) with q and k borrowing the FFN's gate and up buffers (a
+    /// layer's attention and FFN never overlap), saving n_ubatch x (n_q + n_kv) floats of
+    /// scratch.
+    pub(crate) fn with_qk_scratch(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
-        let r = self.build_attn_qkv(w, c, x);
+        let r = f(self);
         let b = &mut *self.b;
         std::mem::swap(&mut b.q, &mut b.gate);
         std::mem::swap(&mut b.k, &mut b.up);
         r
+    }
+
+    /// Layer `il`'s q/k/v projections of the live rows from `cur`, biases added: q [n, qw],
+    /// k [n, kw], v [n, vw] (qw = n_head * hd_k, kw = n_head_kv * hd_k, vw = n_head_kv *
+    /// hd_v; returned), from one fused matrix (row ranges) or three; `q_only`: q alone (a
+    /// layer that reads another layer's cache).
+    pub(crate) fn project_qkv(&mut self, w: &AttnWeights, il: usize, q_only: bool) -> Result<(usize, usize, usize)> {
+        let (hp, n) = (self.hp, self.n);
+        let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
+        let (qw, kw, vw) = (hp.n_head(il) * hd_k, hp.n_head_kv(il) * hd_k, hp.n_head_kv(il) * hd_v);
+        let b = &mut *self.b;
+        if w.fused_qkv {
+            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
+            if !q_only {
+                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+            }
+        } else {
+            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            if !q_only {
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+            }
+        }
+        add_bias(&mut b.q, w.bq, qw, n);
+        if !q_only {
+            add_bias(&mut b.k, w.bk, kw, n);
+            add_bias(&mut b.v, w.bv, vw, n);
+        }
+        Ok((qw, kw, vw))
     }
 
     fn build_attn_qkv(&mut self, w: &AttnWeights, c: &AttnConfig, x: &AttnExtra) -> Result<()> {
@@ -824,20 +859,13 @@ impl Step<'_> {
         let n = self.n;
         let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
         let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
-        let (qw, kw, vw) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
-        let b = &mut *self.b;
         if let Some(src) = x.kv_from {
             // a layer without a cache of its own: q only, then the keys and values layer
             // `src` stored (its head counts must be this layer's)
             if src >= il || hp.n_head_kv(src) != n_head_kv {
                 return Err(Error::Invalid(format!("internal: layer {il} cannot read the cache of layer {src}")));
             }
-            if w.fused_qkv {
-                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
-            } else {
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            }
-            add_bias(&mut b.q, w.bq, qw, n);
+            let (qw, _, _) = self.project_qkv(w, il, true)?;
             cb!(self, "Qcur", il, q, qw);
             let b = &mut *self.b;
             if let Some(qn) = w.q_norm {
@@ -878,18 +906,8 @@ impl Step<'_> {
             cb!(self, "attn_out", il, tmp, hp.n_embd);
             return Ok(());
         }
-        if w.fused_qkv {
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
-        } else {
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
-        }
-        add_bias(&mut b.q, w.bq, qw, n);
-        add_bias(&mut b.k, w.bk, kw, n);
-        add_bias(&mut b.v, w.bv, vw, n);
+        let (qw, kw, vw) = self.project_qkv(w, il, false)?;
+        let b = &mut *self.b;
         let eps = hp.f_norm_rms_eps;
         if let Some(qn) = w.q_norm {
             let width = if qn.len() == qw { qw } else { hd_k };

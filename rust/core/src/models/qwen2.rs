@@ -51,7 +51,7 @@ impl Arch for Qwen3 {
     }
 
     fn build_forward(&self, ld: &Loader, cp: &ContextParams) -> Result<Box<dyn Forward>> {
-        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { qk_norm: true, ..DecoderConfig::new(ld.hp()) })?))
+        Ok(Box::new(Decoder::load(ld, cp, DecoderConfig { qk_norm: true, cls_out: true, ..DecoderConfig::new(ld.hp()) })?))
     }
 
     fn hparams(&self, meta: &Meta, n_vocab: usize) -> Result<HParams> {

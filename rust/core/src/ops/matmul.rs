@@ -7,7 +7,8 @@
 //! The activations are first quantized to `vec_dot_type(w.ty)` (llama.cpp's x86 activation
 //! quantizers), then each thread computes a contiguous range of output rows.
 //!
-//! Paths: one token -> the multi-row kernels (`quant::rows_kernel`); 2+ tokens of a type
+//! Paths: F32 weights with rows a multiple of 8 -> the register-blocked tiles of `sgemm`
+//! (tinyBLAS's float order, every token count); one token -> the multi-row kernels (`quant::rows_kernel`); 2+ tokens of a type
 //! with packed kernels (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) -> packed groups of 8 tokens, the
 //! last group partial (so K sequences decoding together read each weight block once);
 //! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
@@ -171,6 +172,19 @@ pub fn matmul_with(
     let op = SyncPtr(out.as_mut_ptr());
     let wdata = w.data;
     let r0 = rows.start;
+
+    if super::sgemm::applies(set, w.ty, n_in) {
+        if let Some(k) = super::sgemm::kernels(set, w.ty) {
+            // F32 weights: register-blocked tiles in tinyBLAS's float order, for every
+            // token count (see ops/sgemm.rs)
+            // SAFETY: rows r0..r0 + n_rows of wdata, n_tokens rows of xq and the out rows
+            // were checked above; `k` is the set's (kernel_set checked the CPU).
+            unsafe {
+                super::sgemm::run(pool, k, n_in, wdata.as_ptr().add(r0 * wrow), wrow, n_rows, xq.as_ptr(), xrow, n_tokens, op.get(), ld_out)
+            };
+            return Ok(());
+        }
+    }
 
     #[cfg(target_arch = "x86_64")]
     if n_tokens == 1 {

@@ -2,6 +2,7 @@
 //! activations.
 pub mod matmul;
 pub mod matmul_f32;
+pub mod sgemm;
 pub mod act;
 pub mod attention;
 pub mod attention_tiled;

@@ -175,7 +175,7 @@ unsafe fn ld_s8(p: *const u8) -> int8x16_t {
 /// 4 f16 -> 4 f32 with `fcvtl` (base ARMv8 AdvSIMD; the intrinsic needs Rust's unstable
 /// f16 vector types). Exact, subnormals included.
 #[inline(always)]
-unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
+pub(crate) unsafe fn cvt_f16x4(h: uint16x4_t) -> float32x4_t {
     let r: float32x4_t;
     asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) r, in(vreg) h, options(pure, nomem, nostack, preserves_flags));
     r

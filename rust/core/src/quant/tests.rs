@@ -306,7 +306,8 @@ fn simd_float_dequantize_is_exact() {
 #[test]
 fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     // The matmul (4-token tiles, precomputed activation scales, 2 threads) must give each
-    // element exactly what one vec_dot call gives: the determinism the forward pass needs.
+    // element exactly what one vec_dot call gives (F32 weights in the SIMD sets: what
+    // the tile matmul's scalar twin gives): the determinism the forward pass needs.
     use crate::model::TensorView;
     use crate::ops::matmul::matmul_with;
     use crate::threadpool::ThreadPool;
@@ -337,7 +338,17 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
             for t in 0..n_tok {
                 let xq = activations(ty, &x[t * n_in..(t + 1) * n_in], set);
                 for r in 0..n_out {
-                    let v = dot(n_in, &w[r * wrow..(r + 1) * wrow], &xq);
+                    let wr = &w[r * wrow..(r + 1) * wrow];
+                    let v = if crate::ops::sgemm::applies(set, ty, n_in) {
+                        // F32 weights: the tile matmul's order (ops/sgemm.rs), one
+                        // element at a time in its scalar twin
+                        let (mut wf, mut xf) = (vec![0f32; n_in], vec![0f32; n_in]);
+                        dequantize_row(ty, wr, &mut wf).unwrap();
+                        dequantize_row(vec_dot_type(ty), &xq, &mut xf).unwrap();
+                        crate::ops::sgemm::dot_scalar(n_in, &wf, &xf)
+                    } else {
+                        dot(n_in, wr, &xq)
+                    };
                     assert_eq!(v.to_bits(), out[t * n_out + r].to_bits(), "{ty} {set:?} t={t} r={r}");
                 }
             }
