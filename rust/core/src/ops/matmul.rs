@@ -9,7 +9,9 @@
 //!
 //! Paths: one token -> the multi-row kernels (`quant::rows_kernel`); 2+ tokens of a type
 //! with packed kernels (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) -> packed groups of 8 tokens, the
-//! last group partial (so K sequences decoding together read each weight block once);
+//! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
+//! row is taken once for all groups, so K sequences decoding together read each weight
+//! block from memory once;
 //! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
 //! (`quant::cols_kernel`); the scalar set -> vec_dot per element.
 //!
