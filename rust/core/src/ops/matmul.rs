@@ -10,7 +10,9 @@
 //! Paths: F32 weights with rows a multiple of 8 -> the register-blocked tiles of `sgemm`
 //! (tinyBLAS's float order, every token count); one token -> the multi-row kernels (`quant::rows_kernel`); 2+ tokens of a type
 //! with packed kernels (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) -> packed groups of 8 tokens, the
-//! last group partial (so K sequences decoding together read each weight block once);
+//! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
+//! row is taken once for all groups, so K sequences decoding together read each weight
+//! block from memory once;
 //! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
 //! (`quant::cols_kernel`); the scalar set -> vec_dot per element.
 //!
@@ -247,25 +249,42 @@ pub fn matmul_with(
                 pool.run(&|ith, nth| split_range(n_groups, ith, nth).for_each(pack_group));
             }
             let xp = SyncPtr(scratch.as_mut_ptr());
+            // One (row, group) product: the kernel writes nc <= PACK_COLS values into tmp,
+            // which go to the group's output rows.
+            let row_group = |r: usize, g: usize, tmp: &mut [f32; PACK_COLS]| {
+                let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                let t = g * PACK_COLS;
+                let nc = (n_tokens - t).min(PACK_COLS);
+                let k = if nc == PACK_COLS { full } else { last };
+                // SAFETY: row r + r0 < n_out (checked); out in bounds (checked); the
+                // kernel writes nc <= PACK_COLS values into tmp.
+                unsafe {
+                    k(nb, wdata.as_ptr().add((r0 + r) * wrow), gp, tmp.as_mut_ptr());
+                    for (c, v) in tmp[..nc].iter().enumerate() {
+                        *op.get().add((t + c) * ld_out + r) = *v;
+                    }
+                }
+            };
             pool.run(&|ith, nth| {
                 let mine = split_range(n_rows, ith, nth);
                 let mut tmp = [0f32; PACK_COLS];
-                // group-outer: the group's packed activations (nb * PACK_BLOCK bytes) stay
-                // in L1 while the thread's weight rows stream from L2 (blocks of rows that
-                // fit L1 with the group measured the same)
-                for g in 0..n_groups {
-                    let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
-                    let t = g * PACK_COLS;
-                    let nc = (n_tokens - t).min(PACK_COLS);
-                    let k = if nc == PACK_COLS { full } else { last };
-                    for r in mine.clone() {
-                        // SAFETY: row r + r0 < n_out (checked); out in bounds (checked); the
-                        // kernel writes nc <= PACK_COLS values into tmp.
-                        unsafe {
-                            k(nb, wdata.as_ptr().add((r0 + r) * wrow), gp, tmp.as_mut_ptr());
-                            for (c, v) in tmp[..nc].iter().enumerate() {
-                                *op.get().add((t + c) * ld_out + r) = *v;
-                            }
+                if n_groups <= ROW_OUTER_GROUPS {
+                    // a decode step of 9..32 sequences: every group's packed activations
+                    // fit L1 together, so each weight row is read from memory once for
+                    // all groups (group-outer would stream a large matrix, the output
+                    // projection, once per group)
+                    for r in mine {
+                        for g in 0..n_groups {
+                            row_group(r, g, &mut tmp);
+                        }
+                    }
+                } else {
+                    // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
+                    // stay in L1 while the thread's weight rows stream from L2 (blocks of
+                    // rows that fit L1 with the group measured the same)
+                    for g in 0..n_groups {
+                        for r in mine.clone() {
+                            row_group(r, g, &mut tmp);
                         }
                     }
                 }
@@ -388,6 +407,10 @@ fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
         unsafe { out.add(k).write_unaligned(v) };
     }
 }
+
+/// Packed groups up to which the packed path loops over weight rows outside the groups
+/// (each row read once for all groups); more groups (prefill) loop over groups outside.
+const ROW_OUTER_GROUPS: usize = 4;
 
 /// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).
 const TOKEN_CHUNK_BYTES: usize = 64 * 1024;
