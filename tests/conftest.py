@@ -3,6 +3,8 @@ in tests/data (small) so the tests never depend on ../shared."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,12 @@ import pytest
 from pyllama import _models
 
 DATA = Path(__file__).parent / "data"
+
+# Test modules share helpers across layers (test_logits' decode_all and references, the
+# server tests' Server, test_tokenizer's suite metadata): every layer folder is importable.
+for _layer in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")):
+    if str(_layer) not in sys.path:
+        sys.path.append(str(_layer))
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +75,33 @@ def tiny_iq_model(tmp_path_factory):
     spec.loader.exec_module(mod)
     out = tmp_path_factory.mktemp("tiny-iq")
     return lambda qtype: mod.build(out, qtype)
+
+
+# The layers (tests/<layer>/): gguf (files, loading, quantize), kernels (weight types, KV
+# types, GPU), models (forward passes against llama.cpp's logits, batches, memory, state),
+# tokenizer (vocabularies, chat templates), sampling (samplers, grammars, speculative),
+# api (llama.h layer, Llama drop-in, generation), cli, server.
+#
+# `heavy`: whole files that run real models end to end, servers or CLIs in subprocesses, or
+# long sweeps (on 2 cores they take most of the suite's time). `pytest -m "not heavy"` is
+# the fast subset (under two minutes on 2 cores); CI runs everything.
+HEAVY = {
+    "test_context_shift_long.py", "test_perplexity.py", "test_logits.py", "test_server.py",
+    "test_verify.py", "test_llamacpp_exact.py", "test_cli_flags.py", "test_cli_chat.py",
+    "test_hub.py", "test_embedding_llamacpp.py", "test_quantize.py", "test_hardening.py",
+    "test_grammar_engines.py", "test_generate_examples.py", "test_speculative.py",
+    "test_chat_hostile.py", "test_gpu.py", "test_cli_generate.py", "test_kv_types.py",
+    "test_lora.py", "test_cli_errors.py", "test_server_ray.py", "test_json_schema.py",
+    "test_batched_decode.py", "test_gemma3n.py", "test_model_load.py", "test_reasoning.py",
+    "test_llama.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = os.environ.get("PYLLAMA_SLOW") == "1" or "slow" in (config.getoption("markexpr", "") or "")
+    skip_slow = pytest.mark.skip(reason="slow: run with -m slow or PYLLAMA_SLOW=1")
+    for item in items:
+        if item.path.name in HEAVY:
+            item.add_marker(pytest.mark.heavy)
+        if not run_slow and item.get_closest_marker("slow") is not None:
+            item.add_marker(skip_slow)

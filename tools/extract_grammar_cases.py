@@ -1,4 +1,4 @@
-"""Extract llama.cpp's grammar test cases as data for tests/test_grammar.py.
+"""Extract llama.cpp's grammar test cases as data for tests/sampling/test_grammar.py.
 
 Reads tests/test-grammar-parser.cpp and tests/test-grammar-integration.cpp of a llama.cpp
 checkout and writes tests/data/grammar/llama_cpp_cases.json:

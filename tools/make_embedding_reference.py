@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write tests/data/embedding_llamacpp.json: llama.cpp's embeddings (llama-embedding's
-settings, via tools/llamacpp_embeddings.cpp) for the cases tests/test_embedding_llamacpp.py
+settings, via tools/llamacpp_embeddings.cpp) for the cases tests/models/test_embedding_llamacpp.py
 checks pyllama against bit for bit.
 
     python tools/make_embedding_reference.py BIN [OUT]

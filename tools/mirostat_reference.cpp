@@ -1,5 +1,5 @@
 // llama.cpp's mirostat samplers on fixed logit rows: the reference token streams that
-// tests/test_sampling_mirostat.py checks pyllama's MirostatSampler / MirostatV2Sampler
+// tests/sampling/test_sampling_mirostat.py checks pyllama's MirostatSampler / MirostatV2Sampler
 // against (tests/data/sampling/mirostat_reference.json).
 //
 // No model is needed: a mirostat sampler only sees the candidate array. For each run the

@@ -81,7 +81,7 @@ exclusive, and an additional property's key may not be a proper prefix of a decl
 name (llama.cpp's exclusion trie), so some valid keys are not offered.
 
 Deviations from llama.cpp's grammar text, each where llama.cpp's grammar is wrong (found
-by tests/test_json_schema.py's differential and generation tests):
+by tests/sampling/test_json_schema.py's differential and generation tests):
 
 1. A pattern is matched against the JSON text between the quotes, so the translation
    keeps that text valid JSON for the string it stands for: a literal ``"`` or ``\\`` (or

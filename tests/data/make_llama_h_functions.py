@@ -1,6 +1,6 @@
 """Write tests/data/llama_h_functions.json: every ``LLAMA_API`` function of llama.h (the
 llama.cpp that llama-cpp-python 0.3.36 vendors, 0c1e570) with its parameter names in
-order, for tests/test_llama_h_coverage.py (which must not need the sdist).
+order, for tests/api/test_llama_h_coverage.py (which must not need the sdist).
 
     python tests/data/make_llama_h_functions.py [path/to/llama.h]
 """

@@ -135,12 +135,12 @@ XFAIL: dict[str, str] = {
     "test_llama.py::test_real_model":
         "asserts Qwen3.5-0.8B's token ids for 'Hello, world!' ([9419, 11, 1814, 0]); the local stand-in, "
         "Qwen2.5-Coder, gives [9707, 11, 1879, 0]. The rest of the test (llama_cpp._internals: LlamaModel, "
-        "LlamaContext, LlamaBatch, LlamaSampler) runs in tests/test_internals.py",
+        "LlamaContext, LlamaBatch, LlamaSampler) runs in tests/api/test_internals.py",
     "test_llama.py::test_recurrent_model_prompt_cache_reset": _REC,
     "test_llama.py::test_hybrid_model_prompt_cache_reset": _HYB,
     "test_llama.py::test_real_llama_embeddings":
         "needs bge-small-en-v1.5, a BERT model: not installed here, and bert is not an architecture pyllama "
-        "runs yet (issue 16); Llama(embedding=True).embed itself works (tests/test_llama_dropin.py)",
+        "runs yet (issue 16); Llama(embedding=True).embed itself works (tests/api/test_llama_dropin.py)",
 }
 for _t in ("test_exact_cached_prompt_reuse_matches_fresh", "test_loaded_exact_cached_prompt_reuse_matches_fresh",
            "test_ram_cache_exact_prompt_hit_matches_fresh", "test_shorter_prompt_prefix_reuse_matches_fresh"):

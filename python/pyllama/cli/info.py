@@ -28,6 +28,9 @@ SETTINGS = {
     "PYLLAMA_BENCH_TYPES": "benchmarks: weight types of the kernel benchmark",
     "PYLLAMA_SLOW": "tests: run the long sweeps",
     "PYLLAMA_GPU": "cpu-ok = let GPU offload use a software adapter (Mesa's lavapipe; for tests)",
+    "PYLLAMA_GPU_RESIDENT": "0 = offloaded layers send every matmul's activations across (the per-matmul mode) instead of staying on the GPU",
+    "PYLLAMA_GPU_MAX_MIB": "cap on the MiB of weights uploaded to the GPU (a load past it fails, saying how many layers fit)",
+    "PYLLAMA_NO_SGEMM": "benchmarks: F32 weights without the tiled (tinyBLAS-order) matmul",
 }
 
 DISTRIBUTION = "pyllama-gguf"

@@ -10,7 +10,7 @@ emits it. The Rust forward pass releases the GIL, so the event loop keeps servin
 the model runs.
 
 Batch invariance: pyllama's forward pass gives a sequence the same logits whatever else is
-in the batch or the cache (tests/test_determinism.py), and each job samples with its own
+in the batch or the cache (tests/models/test_determinism.py), and each job samples with its own
 seeded chain, so a request's output does not depend on its batch mates or arrival order.
 
 Prompt cache: an idle slot keeps its sequence in the KV cache; a new job goes to the idle

@@ -1,5 +1,5 @@
 """llama.cpp's outputs for the tiny encoders of tests/data/make_tiny_encoders.py, stored in
-reference.json beside this script (tests/test_encoders.py reads it; no llama.cpp needed
+reference.json beside this script (tests/models/test_encoders.py reads it; no llama.cpp needed
 there).
 
 embed_dump.cpp (built here against the AVX2 libllama of the llama.cpp version pyllama
@@ -129,7 +129,7 @@ def main() -> None:
                 if spec.get("decoder"):
                     # each prompt alone: llama.cpp's tiled flash attention over several sequences
                     # of a unified cache is not in pyllama's default float order (see
-                    # tests/test_embedding_llamacpp.py)
+                    # tests/models/test_embedding_llamacpp.py)
                     rows = [dump(exe, path, [t], "model", width, tmp, -1)[0] for t in PROMPTS]
                 else:
                     rows = dump(exe, path, PROMPTS, "model", width, tmp)

@@ -1,5 +1,5 @@
 """Extract llama.cpp's JSON-schema-to-GBNF cases (tests/test-json-schema-to-grammar.cpp:
-schema, expected status and expected grammar text) as data for tests/test_json_schema.py.
+schema, expected status and expected grammar text) as data for tests/sampling/test_json_schema.py.
 
 Writes llama_cpp_schema_grammars.json next to this file:
 

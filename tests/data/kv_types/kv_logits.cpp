@@ -1,5 +1,5 @@
 // llama.cpp's logits with a given KV cache type and flash-attention setting, for pyllama's
-// tests/test_kv_types.py (make_kv_reference.py builds and runs this).
+// tests/kernels/test_kv_types.py (make_kv_reference.py builds and runs this).
 //   kv_logits MODEL OUT.f32 TYPE_K TYPE_V FA [one] -- TOKEN...
 // TYPE_K / TYPE_V: ggml type names (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl);
 // FA: -1 auto, 0 off, 1 on (llama_flash_attn_type). Settings as ../shared/reference:

@@ -1,5 +1,5 @@
 """llama.cpp's logits for every KV cache type (-ctk / -ctv) with flash attention on, off
-and auto, for tests/test_kv_types.py (kv_reference.npz beside this file).
+and auto, for tests/kernels/test_kv_types.py (kv_reference.npz beside this file).
 
 Regenerate (needs llama.cpp built from the llama-cpp-python 0.3.36 sdist, e.g. the AVX2
 build in ~/.cache/pyllama/llama.cpp/build-avx2, and the reference models installed):

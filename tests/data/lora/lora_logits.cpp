@@ -1,5 +1,5 @@
 // llama.cpp's logits with LoRA adapters and a control vector applied, for pyllama's
-// tests/test_lora.py (make_lora_reference.py builds and runs this).
+// tests/models/test_lora.py (make_lora_reference.py builds and runs this).
 //   lora_logits MODEL OUT.f32 [--lora FILE SCALE]... [--cvec FILE SCALE]... [--cvec-range A B] -- TOKEN...
 // Adapters go through llama_adapter_lora_init + llama_set_adapters_lora; control vectors
 // through common_control_vector_load + llama_set_adapter_cvec with llama.cpp's CLI rules

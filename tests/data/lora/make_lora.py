@@ -1,4 +1,4 @@
-"""LoRA adapters and control vectors for the tiny test models (tests/test_lora.py), and
+"""LoRA adapters and control vectors for the tiny test models (tests/models/test_lora.py), and
 llama.cpp's logits with them applied (lora_reference.npz beside this file).
 
 The adapters are random but deterministic (fixed seeds; gguf-py's writer output is
@@ -17,7 +17,7 @@ logits are stored (the 20 highest at every position, and the whole last row). Re
 
 which compiles lora_logits.cpp against that build and runs it on every case of CASES.
 llama.cpp runs ../shared/tiny's models (TINY_DIR): tests/data/make_tiny.py writes the same
-weights (tests/test_logits.py checks that) but a tokenizer without BPE merges, which
+weights (tests/models/test_logits.py checks that) but a tokenizer without BPE merges, which
 llama.cpp refuses to load; the tests feed token ids, so the logits are the same.
 """
 

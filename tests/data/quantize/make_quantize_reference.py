@@ -7,7 +7,7 @@ and set of switches, and llama-imatrix's importance matrix for the text model.
 DIR holds llama-quantize and llama-imatrix (default: $LLAMA_CPP_BIN or
 ~/.cache/pyllama/llama.cpp/build-avx2/bin; build them with
 ``cmake --build ~/.cache/pyllama/llama.cpp/build-avx2 --target llama-quantize llama-imatrix``).
-The models come from models.py (written at test time by tests/test_quantize.py too).
+The models come from models.py (written at test time by tests/gguf/test_quantize.py too).
 """
 
 from __future__ import annotations

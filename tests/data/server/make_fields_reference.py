@@ -1,6 +1,6 @@
 """llama-server's answers to its per-request fields n_indent, t_max_predict_ms,
 return_progress and n_cache_reuse, on SmolLM2-135M-Instruct Q4_1
-(tests/test_server_fields.py replays the same requests against ``pyllama serve``).
+(tests/server/test_server_fields.py replays the same requests against ``pyllama serve``).
 
 Run llama-server (llama.cpp 0c1e570 from the llama-cpp-python 0.3.36 sdist) with
 ``-m SmolLM2-135M-Instruct.Q4_1.gguf -c 2048 -np 1 -b 32 -ub 32 -t 2`` on PORT, then

@@ -1,4 +1,4 @@
-"""llama-server's /infill answers for Qwen2.5-Coder-0.5B-Instruct Q4_K_M (tests/test_server_infill.py).
+"""llama-server's /infill answers for Qwen2.5-Coder-0.5B-Instruct Q4_K_M (tests/server/test_server_infill.py).
 
 Run llama-server (llama.cpp 0c1e570 from the llama-cpp-python 0.3.36 sdist) with
 ``-m qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -c 2048 -np 1 -t 2`` on PORT, then

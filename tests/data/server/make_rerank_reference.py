@@ -1,5 +1,5 @@
 """llama-server's /v1/rerank answers for the tiny bert and jina-bert-v2 rerankers of
-tests/data/make_tiny_encoders.py (tests/test_server_rerank.py replays them against
+tests/data/make_tiny_encoders.py (tests/server/test_server_rerank.py replays them against
 ``pyllama serve --reranking``).
 
     python make_rerank_reference.py [LLAMA_SERVER]

@@ -2,7 +2,7 @@
 tiny recurrent and hybrid fixtures of tests/data/make_tiny.py (and qwen3's plain KV cache,
 gemma3n's with layers reusing others' cells): seq-ops-<arch>.json (the
 script, every printed answer, n_vocab) and seq-ops-<arch>.npz (the logits rows, in order)
-beside this file, made by seq_ops.cpp built against llama.cpp's library. tests/test_recurrent.py
+beside this file, made by seq_ops.cpp built against llama.cpp's library. tests/models/test_recurrent.py
 replays the script on pyllama and compares.
 
     python tests/data/tiny/make_seq_ops_reference.py <arch> [LLAMA_SRC] [LLAMA_BUILD] [TOKENIZER_GGUF]

@@ -1,8 +1,8 @@
 """tiny-iq: a one-layer random-weight llama quantized to every grid / ternary / MXFP4 type
 (and Q1_0, Q2_0, NVFP4),
 with llama.cpp's logits for each (tiny-iq-<T>.logits.json / .npz beside this file, the
-format of the other tiny references). tests/test_logits.py holds pyllama to them with the
-tiny-model tolerances, tests/test_llamacpp_exact.py bit for bit.
+format of the other tiny references). tests/models/test_logits.py holds pyllama to them with the
+tiny-model tolerances, tests/models/test_llamacpp_exact.py bit for bit.
 
 No .gguf is tracked in git: the tests rebuild every file (``build(out_dir, type)``): the F32
 model from SEED with the gguf package, the importance matrix from tiny-iq-imatrix.npz

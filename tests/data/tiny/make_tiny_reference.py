@@ -3,7 +3,7 @@
 the other tiny references (../shared/reference/make_reference.py): per prompt its tokens, the
 20 highest logits at every position and the whole last row, and for the architectures in
 GREEDY llama.cpp's greedy continuation (N_GEN tokens) with its top-1 margin at each step.
-tests/test_logits.py holds pyllama to them with the tolerances of every tiny model.
+tests/models/test_logits.py holds pyllama to them with the tolerances of every tiny model.
 
 The prompts are the token ids of tiny-qwen3-F32's reference (8, 46 and 301 tokens: the
 301-token prompt crosses llama.cpp's 256-key flash-attention tiles). llama.cpp runs
@@ -37,7 +37,7 @@ N_GEN = 12
 # logits); with 32, llama.cpp runs the one-chunk kernel pyllama runs at every size
 N_UBATCH = {"deepseek2": 32, "mistral4": 32, "gemma3n": 32}
 # architectures whose reference also holds llama.cpp's greedy continuation (checked by
-# tests/test_logits.py up to the first near tie)
+# tests/models/test_logits.py up to the first near tie)
 GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2",
           "gpt-oss", "deepseek2", "mistral4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
           "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "gemma3n"}

@@ -1,7 +1,7 @@
 // llama.cpp's answers to a script of multi-sequence batches and sequence operations, for
-// pyllama's tests/test_recurrent.py (make_seq_ops_reference.py builds and runs this).
+// pyllama's tests/models/test_recurrent.py (make_seq_ops_reference.py builds and runs this).
 //   seq_ops MODEL OUT.f32 N_SEQ_MAX < SCRIPT
-// Script lines (the same interpreter is in tests/test_recurrent.py):
+// Script lines (the same interpreter is in tests/models/test_recurrent.py):
 //   decode S:T,T,...;S:T,...   one batch: each sequence's tokens, contiguous, at positions
 //                              continuing llama_memory_seq_pos_max + 1, logits for the last
 //                              token of each; prints "decode RET" and appends the rows to OUT

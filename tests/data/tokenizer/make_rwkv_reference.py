@@ -1,6 +1,6 @@
 """llama.cpp's tokens for a synthetic RWKV vocabulary (``tokenizer.ggml.model`` "rwkv"):
 rwkv.json beside this file (each prompt's bytes in base64 and llama.cpp's ids), checked by
-tests/test_tokenizer.py.
+tests/tokenizer/test_tokenizer.py.
 
 The vocabulary (``write_vocab``, also used by the test): a control token ``<s>``, the 256
 single bytes written as RWKV's converter escapes them (printable ASCII as is, ``\\\\``,

@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn libstdcxx_draws() {
-        // from libstdc++ (tests/test_sampling.py LIBSTDCXX, seed 42)
+        // from libstdc++ (tests/sampling/test_sampling.py LIBSTDCXX, seed 42)
         let mut r = StdRng::new(42);
         assert_eq!(r.uniform_double(), 0.79654298428784598);
         let mut r = StdRng::new(42);

@@ -3,7 +3,7 @@ llama.cpp's llama-spm vocabulary re-labelled as T5 (its scores serve as unigram 
 plus four user-defined tokens and one token marked unused; "a" with add_space_prefix and
 remove_extra_whitespaces, "b" with neither. No precompiled_charsmap (nomic-bert-moe's
 real vocabulary covers that).
-tests/test_tokenizer.py::t5_toy_metadata builds the same metadata in memory.
+tests/tokenizer/test_tokenizer.py::t5_toy_metadata builds the same metadata in memory.
 
     python make_t5_toy.py   (writes t5-a.gguf and t5-b.gguf here; then make_crosscheck.py)
 """
