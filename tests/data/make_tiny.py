@@ -3,8 +3,10 @@ tracked in git).
 
 The weights and hyperparameters follow ../shared/tiny/make_tiny_models.py exactly (same
 specs, same seeds, same draws in the same order), so ``tiny-<arch>-F32.gguf`` here holds the
-same tensors as the file of that name there (tests/test_tiny_generated.py checks this when
-those files exist), and llama.cpp's logits for those files apply. Only the tokenizer
+same tensors as the file of that name there (the stored llama.cpp logits of the tests pin
+this: a different draw fails them), and llama.cpp's logits for those files apply; the
+architectures added later (explicit ``seed=``) have their references made from these files by
+tests/data/tiny/make_tiny_reference.py. Only the tokenizer
 differs: a synthetic 2048-token vocabulary, since the tests that use these files feed token
 ids directly.
 """
