@@ -225,10 +225,6 @@ pub struct Step<'a> {
     pub embd: Option<&'a [f32]>,
     pub logits: &'a mut [f32],
     pub hidden: Option<&'a mut [f32]>,
-    /// The graph builders multiply F32 weights in llama.cpp's summation order
-    /// (ops/matmul_f32.rs) instead of pyllama's: set by forward passes whose numerics
-    /// amplify rounding (gemma3n's AltUp streams); false otherwise.
-    pub f32_llamacpp: bool,
 }
 
 /// The batch as Python hands it over (already validated and autofilled there; checked
@@ -913,7 +909,6 @@ impl Context {
             embd: if batch.embd.is_some() { Some(&self.ub_embd) } else { None },
             logits,
             hidden,
-            f32_llamacpp: false,
         };
         if encoder {
             st.enc_key_lists();

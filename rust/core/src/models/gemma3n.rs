@@ -324,9 +324,9 @@ impl Gemma3nForward {
     fn mm(st: &mut Step, w: &TensorView, x: &[f32], n: usize, out: &mut [f32], lora: bool) -> Result<()> {
         let b = &mut *st.b;
         if lora {
-            Step::mm_f(true, st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut b.lora)
+            Step::mm(st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut b.lora)
         } else {
-            Step::mm_f(true, st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut None)
+            Step::mm(st.pool, st.dev, w, x, n, out, &mut b.mm_scratch, &mut None)
         }
     }
 
@@ -363,7 +363,6 @@ impl Forward for Gemma3nForward {
         let hp = st.hp;
         let (ne, n, nl) = (hp.n_embd, st.n, self.layers.len());
         let nea = N_EMBD_ALTUP;
-        st.f32_llamacpp = true;
         let from_tokens = st.tokens.is_some();
         // raw embeddings (multimodal input) are not scaled
         st.build_inp_embd(&self.tok_embd, if from_tokens { (ne as f32).sqrt() } else { 1.0 })?;
@@ -488,8 +487,8 @@ impl Forward for Gemma3nForward {
             let n_ff = hp.n_ff[il];
             {
                 let b = &mut *st.b;
-                Step::mm_f(true, st.pool, st.dev, &l.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
-                Step::mm_f(true, st.pool, st.dev, &l.gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm(st.pool, st.dev, &l.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm(st.pool, st.dev, &l.gate, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
             }
             if il < N_LAYER_SPARSITY {
                 par_rows(st.pool, &mut st.b.gate, n_ff, n, &|_, r| gaussian_topk(r));
@@ -503,7 +502,7 @@ impl Forward for Gemma3nForward {
                         *gv = u * *gv;
                     }
                 });
-                Step::mm_f(true, st.pool, st.dev, &l.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+                Step::mm(st.pool, st.dev, &l.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             }
             crate::cb!(st, "ffn_out", il, tmp, ne);
             st.build_post_norm(&l.post_ffw_norm, self.eps);

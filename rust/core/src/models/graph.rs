@@ -17,7 +17,6 @@ use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::matmul::{try_matmul_rows, MatmulDevice};
-use crate::ops::matmul_f32::matmul_f32_llamacpp;
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -411,7 +410,7 @@ impl Step<'_> {
         let n_ff = w.down.ne[0];
         let b = &mut *self.b;
         if gate == FfnGate::None {
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.up, w.up_b, n_ff, n);
             cb!(self, "ffn_up", il, up, n_ff);
             let b = &mut *self.b;
@@ -422,14 +421,14 @@ impl Step<'_> {
             }
             cb!(self, if act == FfnAct::Gelu { "ffn_gelu" } else { "ffn_silu" }, il, up, n_ff);
             let b = &mut *self.b;
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.down, &b.up, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
             return Ok(());
         }
         match (gate, w.gate) {
             (FfnGate::Par, Some(g)) => {
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             }
             (FfnGate::Fused, None) => {
                 Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
@@ -450,7 +449,7 @@ impl Step<'_> {
         }
         cb!(self, if act == FfnAct::Silu { "ffn_swiglu" } else { "ffn_geglu" }, il, gate, n_ff);
         let b = &mut *self.b;
-        Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, w.down, &b.gate, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
         Ok(())
     }
@@ -501,7 +500,7 @@ impl Step<'_> {
         }
         match x.logits {
             Some(l) => b.moe[..n * n_exp].copy_from_slice(&l[..n * n_exp]),
-            None => Self::mm_f(self.f32_llamacpp, self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?,
+            None => Self::mm(self.pool, self.dev, m.router, &b.cur, n, &mut b.moe[..n * n_exp], &mut b.mm_scratch, &mut b.lora)?,
         }
         cb!(self, "ffn_moe_logits", il, moe, n_exp);
         let b = &mut *self.b;
@@ -733,35 +732,6 @@ impl Step<'_> {
         Ok(())
     }
 
-    /// `mm`, with F32 weights in llama.cpp's summation order when `llamacpp` (see
-    /// `Step::f32_llamacpp`) and no device holds them.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mm_f(
-        llamacpp: bool,
-        pool: &ThreadPool,
-        dev: Option<&dyn MatmulDevice>,
-        w: &TensorView,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-        lora: &mut Option<LoraSet>,
-    ) -> Result<()> {
-        if !(llamacpp && dev.is_none() && w.ty == crate::ggml_type::GgmlType::F32) {
-            return Self::mm(pool, dev, w, x, n, out, scratch, lora);
-        }
-        let (n_in, n_out) = (w.ne[0], w.n_rows());
-        if x.len() < n * n_in || out.len() < n * n_out {
-            return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
-        }
-        matmul_f32_llamacpp(pool, w, &x[..n * n_in], n, &mut out[..n * n_out], n_out, 0..n_out)?;
-        crate::quantize::collect::observe(w, &x[..n * n_in], n);
-        if let Some(l) = lora {
-            l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..n * n_out], 0..n_out, scratch)?;
-        }
-        Ok(())
-    }
-
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm_rows(
@@ -839,10 +809,10 @@ impl Step<'_> {
                 Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
             }
         } else {
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
             }
         }
         add_bias(&mut b.q, w.bq, qw, n);
@@ -901,7 +871,7 @@ impl Step<'_> {
             };
             self.attend_only(&p, il)?;
             let b = &mut *self.b;
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
             cb!(self, "attn_out", il, tmp, hp.n_embd);
             return Ok(());
@@ -981,7 +951,7 @@ impl Step<'_> {
         };
         self.attend_cached(&p)?;
         let b = &mut *self.b;
-        Self::mm_f(self.f32_llamacpp, self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
+        Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
         cb!(self, "attn_out", il, tmp, hp.n_embd);
         Ok(())
@@ -1076,7 +1046,7 @@ impl Step<'_> {
         let contiguous = b.out_row.iter().enumerate().all(|(j, &r)| r == r0 + j);
         if contiguous {
             let dst = &mut self.logits[r0 * nv..(r0 + n) * nv];
-            Self::mm_f(self.f32_llamacpp, self.pool, self.dev, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
+            Self::mm(self.pool, self.dev, output, &b.cur, n, dst, &mut b.mm_scratch, &mut b.lora)?;
             add_bias(dst, bias, nv, n);
             if final_softcap != 0.0 {
                 act::softcap(dst, final_softcap);
@@ -1084,7 +1054,7 @@ impl Step<'_> {
         } else {
             for j in 0..n {
                 let r = b.out_row[j];
-                Self::mm_f(self.f32_llamacpp, self.pool, self.dev, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm(self.pool, self.dev, output, &b.cur[j * ne..(j + 1) * ne], 1, &mut b.row, &mut b.mm_scratch, &mut b.lora)?;
                 add_bias(&mut b.row, bias, nv, 1);
                 if final_softcap != 0.0 {
                     act::softcap(&mut b.row[..nv], final_softcap);

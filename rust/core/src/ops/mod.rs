@@ -1,7 +1,6 @@
 //! Shared building blocks of the forward passes: matmul, norms, rope, attention,
 //! activations.
 pub mod matmul;
-pub mod matmul_f32;
 pub mod sgemm;
 pub mod act;
 pub mod attention;
