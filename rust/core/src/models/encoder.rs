@@ -540,3 +540,47 @@ impl ClsHead {
         Ok((cur, width))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_dot_tail_as_gcc_compiles_it() {
+        // n = 79: blocks 0..64, then 8 + 4 products added in order, the last 3 fused
+        assert!(!tail_fused(75, 79) && tail_fused(76, 79) && tail_fused(78, 79));
+        assert!((0..16).all(|i| !tail_fused(i, 16)));
+        assert!((0..3).all(|i| tail_fused(i, 3)));
+        assert!(!tail_fused(3, 6) && tail_fused(4, 6));
+        // three elements: all fused (the unfused sum of these differs in the last bit)
+        let x = [1.0 + f32::EPSILON * 3.0, 1.0 - f32::EPSILON, 0.5 + f32::EPSILON];
+        let mut want = 0f32;
+        for i in 0..3 {
+            want = fmaf(x[i], x[i], want);
+        }
+        let unfused = x.iter().fold(0f32, |s, &a| s + a * a);
+        assert_ne!(unfused.to_bits(), want.to_bits());
+        assert_eq!(vec_dot_f32(&x, &x).to_bits(), want.to_bits());
+    }
+
+    #[test]
+    fn sparse_kqv_equals_the_dense_row() {
+        // a V^T row over n keys times probabilities that are 0 off the visible keys: the
+        // sparse walk must give the dense ggml_vec_dot_f32 / tinyBLAS results bit for bit
+        for &n in &[5usize, 16, 40, 79, 96, 101] {
+            let v: Vec<f32> = (0..n).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.173).collect();
+            let vis: Vec<u32> = (0..n as u32).filter(|u| u % 3 != 1 && *u + 2 < n as u32).collect();
+            let p: Vec<f32> = vis.iter().map(|&u| 1.0 / (u as f32 + 1.7)).collect();
+            let mut dense = vec![0f32; n];
+            for (&u, &w) in vis.iter().zip(&p) {
+                dense[u as usize] = w;
+            }
+            let got = kqv_vec_dot(n, &vis, &p, |u| v[u]);
+            assert_eq!(got.to_bits(), vec_dot_f32(&v, &dense).to_bits(), "n = {n}");
+            if n % 8 == 0 {
+                let got = kqv_tinyblas(&vis, &p, |u| v[u]);
+                assert_eq!(got.to_bits(), tinyblas_dot(&v, &dense).to_bits(), "n = {n}");
+            }
+        }
+    }
+}
