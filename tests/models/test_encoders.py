@@ -131,8 +131,8 @@ def test_real_model_minilm(tmp_path, key):
     (encoder attention sums over the micro-batch in llama.cpp's order, so the batch matters).
     Measured with the eight in one batch and pyllama's earlier attention order (not since:
     the package is not installed everywhere): F32 within 2.3e-4 of the largest entry
-    (n_ff = 1536: an f32 sum in another order tips GELU's f16 table input to the neighbouring f16, 2^-11 relative,
-    and the down projection adds up such steps; the tiny models, n_ff 128, agree to 1e-6);
+    (n_ff = 1536: an f32 sum in another order tips GELU's f16 table input to the
+    neighbouring f16, 2^-11 relative, and the down projection adds up such steps);
     Q8_0 bit for bit except on two texts (26 and 17 tokens, 3.6e-3 and 3.2e-4): llama.cpp's
     Q8_0 matmul takes another kernel for some token counts (24 and 26 differ, 25 does not),
     pyllama's Q8_0 matmul does not depend on the batch."""
