@@ -61,7 +61,12 @@ def test_rerank_equals_llama_rerank(rserver):
     q, docs = "what is the capital of france", MK.DOCS
     want = llm.rerank(q, docs)
     res = rserver.post("/v1/rerank", {"query": q, "documents": docs}).json()["results"]
-    assert {r["index"]: r["relevance_score"] for r in res} == dict(enumerate(want))
+    got = {r["index"]: r["relevance_score"] for r in res}
+    assert sorted(got) == list(range(len(want)))
+    # the same scores up to float order: encoder attention sums over the whole micro-batch in
+    # llama.cpp's order (models/encoder.rs), so a sequence's last bits depend on where it sits
+    # in the batch, and the server batches the documents otherwise (measured 3.6e-7)
+    assert [got[i] for i in range(len(want))] == pytest.approx(want, rel=0, abs=2e-6)
 
 
 @pytest.mark.parametrize("body, msg", [

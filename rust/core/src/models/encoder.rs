@@ -23,7 +23,8 @@ use crate::ops::act;
 use crate::ops::matmul::try_matmul_rows;
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
-use crate::ops::vec::dot_f32;
+use crate::ops::attention::{tinyblas_dot, v_expf};
+use crate::ops::vec::fmaf;
 use crate::threadpool::ThreadPool;
 
 /// One layer's q/k/v projections: three matrices, or one fused `attn_qkv` (then wq, wk
@@ -154,6 +155,91 @@ impl Ptr {
     }
 }
 
+/// tinyBLAS's horizontal sum of one 8-lane accumulator: (l + l4), then (t0 + t2) + (t1 + t3).
+#[inline]
+fn hsum8_tiny(a: &[f32; 8]) -> f32 {
+    let h = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// tinyBLAS's dot of a V^T row (`val(u)` for key u) with the probabilities `p` of the
+/// visible keys `vis` (ascending), the other keys' weights being 0: key u in lane u % 8.
+fn kqv_tinyblas(vis: &[u32], p: &[f32], val: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    for (&u, &w) in vis.iter().zip(p) {
+        let u = u as usize;
+        acc[u % 8] = fmaf(val(u), w, acc[u % 8]);
+    }
+    hsum8_tiny(&acc)
+}
+
+/// Whether ggml_vec_dot_f32 adds element `i` of `n` (past its blocks of 32) fused: GCC
+/// (llama.cpp's x86 AVX2 build) compiles the leftover loop `sumf += x[i]*y[i]` as groups of
+/// 8 then one of 4 products, each product rounded and added in order, and the last 0..3
+/// elements as FMAs (contracted).
+#[inline]
+fn tail_fused(i: usize, n: usize) -> bool {
+    let np = n / 32 * 32;
+    let r = n - np;
+    let mut unfused = r / 8 * 8;
+    if r - unfused >= 4 {
+        unfused += 4;
+    }
+    i >= np + unfused
+}
+
+/// The 4 x 8 blocks of ggml_vec_dot_f32 (AVX2: fused lanes over blocks of 32), reduced
+/// (s0 + s2) + (s1 + s3), then lanes l + l4, hadd, hadd.
+#[inline]
+fn reduce_blocks(s: &[[f32; 8]; 4]) -> f32 {
+    let v: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+    let t0 = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    (t0[0] + t0[1]) + (t0[2] + t0[3])
+}
+
+/// ggml_vec_dot_f32 (llama.cpp's x86 AVX2 build, see `tail_fused`) of a V^T row of `n`
+/// keys (`val(u)` for key u) with `p` on the visible keys `vis` (ascending), 0 elsewhere:
+/// a zero weight leaves every accumulator as it was.
+fn kqv_vec_dot(n: usize, vis: &[u32], p: &[f32], val: impl Fn(usize) -> f32) -> f32 {
+    let np = n / 32 * 32;
+    let mut s = [[0f32; 8]; 4];
+    let mut first_tail = vis.len();
+    for (j, (&u, &w)) in vis.iter().zip(p).enumerate() {
+        let u = u as usize;
+        if u >= np {
+            first_tail = j;
+            break;
+        }
+        let (b, l) = ((u % 32) / 8, u % 8);
+        s[b][l] = fmaf(val(u), w, s[b][l]);
+    }
+    let mut sum = reduce_blocks(&s);
+    for (&u, &w) in vis[first_tail..].iter().zip(&p[first_tail..]) {
+        let u = u as usize;
+        sum = if tail_fused(u, n) { fmaf(val(u), w, sum) } else { sum + val(u) * w };
+    }
+    sum
+}
+
+/// ggml_vec_dot_f32 of two rows (the order of `kqv_vec_dot`).
+fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n / 32 * 32;
+    let mut s = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, a) in sj.iter_mut().enumerate() {
+                *a = fmaf(x[i + 8 * j + l], y[i + 8 * j + l], *a);
+            }
+        }
+    }
+    let mut sum = reduce_blocks(&s);
+    for i in np..n {
+        sum = if tail_fused(i, n) { fmaf(x[i], y[i], sum) } else { sum + x[i] * y[i] };
+    }
+    sum
+}
+
 impl Step<'_> {
     /// Each token's keys for encoder attention: the micro-batch's tokens with the same
     /// first sequence id (llama.cpp's no-cache mask), in micro-batch order, into
@@ -181,8 +267,10 @@ impl Step<'_> {
     }
 
     /// Encoder self-attention: in `cur` [n, n_embd], out `tmp` [n, n_embd]; q/k borrow
-    /// `gate`/`up` as in `build_attn`. Scores in f32 (llama.cpp's no-flash-attention path:
-    /// f32 K and V), softmax as ggml's soft_max_ext.
+    /// `gate`/`up` as in `build_attn`. In llama.cpp's float order with flash attention off
+    /// (f32 K and V, ggml_vec_dot_f32 / tinyBLAS by shape, soft_max_ext over the whole
+    /// micro-batch), as its x86 AVX2 build computes it: a token's result depends on the
+    /// positions of its sequence's tokens in the micro-batch, as llama.cpp's does.
     pub fn build_attn_enc(&mut self, w: &AttnWeights, c: &EncAttn) -> Result<()> {
         self.with_qk_scratch(|st| st.attn_enc_inner(w, c))
     }
@@ -235,27 +323,47 @@ impl Step<'_> {
         let group = n_head / n_head_kv;
         let half_swa = (c.n_swa / 2) as i64;
         let slopes: Vec<f32> = (0..n_head).map(|h| alibi_slope(c.max_alibi_bias, n_head, h)).collect();
+        // llama.cpp's no-cache attention with flash attention off (build_attn_mha): every
+        // row of kq spans the whole micro-batch (n_kv = n), masked keys weigh exactly 0.
+        //   kq = mul_mat(K, q): q permuted is not contiguous (unless one head or one token),
+        //        so ggml_vec_dot_f32 per score, else tinyBLAS when its shapes allow;
+        //   soft_max_ext: kq * scale + slope * mask, exp(x - max) through ggml_v_expf in
+        //        lane groups of 8 over the n entries (libm expf past the last group), each
+        //        group summed in f32 then in f64, times (float)(1 / sum);
+        //   kqv = mul_mat(V^T, kq): tinyBLAS (n >= 2, n % 8 == 0, hd_v % 4 == 0), else
+        //        ggml_vec_dot_f32. A key that weighs 0 leaves its lane's accumulator as it
+        //        was, so only the visible keys are visited, each in its own lane.
+        let q_cont = n_head == 1 || n == 1;
+        let kq_tiny = q_cont && n >= 2 && hd_k % 8 == 0 && n % 4 == 0;
+        let kqv_tiny = n >= 2 && n % 8 == 0 && hd_v % 4 == 0;
         let work = |t0: usize, t1: usize| {
             let mut s = vec![0f32; max_keys];
+            let mut vis = vec![0u32; max_keys];
+            let mut row = vec![0f32; n];
             for t in t0..t1 {
                 // SAFETY: token rows of att are disjoint and each is written by one thread.
                 let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(t * aw), aw) };
                 let (r0, r1) = ranges[t];
-                let ks = &keys[r0 as usize..r1 as usize];
                 let pt = pos[t];
+                let mut nv = 0;
+                for &u in &keys[r0 as usize..r1 as usize] {
+                    let pu = pos[u as usize];
+                    if half_swa > 0 && (pt as i64 - pu as i64).abs() > half_swa {
+                        continue;
+                    }
+                    vis[nv] = u;
+                    nv += 1;
+                }
+                let vis = &vis[..nv];
                 for h in 0..n_head {
                     let hk = h / group;
                     let qh = &q[t * qw + h * hd_k..t * qw + (h + 1) * hd_k];
                     let mut m = f32::NEG_INFINITY;
-                    for (j, &u) in ks.iter().enumerate() {
+                    for (j, &u) in vis.iter().enumerate() {
                         let u = u as usize;
                         let pu = pos[u];
-                        if half_swa > 0 && (pt as i64 - pu as i64).abs() > half_swa {
-                            s[j] = f32::NEG_INFINITY;
-                            continue;
-                        }
                         let kh = &k[u * kw + hk * hd_k..u * kw + (hk + 1) * hd_k];
-                        let mut x = dot_f32(kh, qh);
+                        let mut x = if kq_tiny { tinyblas_dot(kh, qh) } else { vec_dot_f32(kh, qh) };
                         if let Some(rb) = &c.rel_bias {
                             x += rb.rel[rb.bucket(pu, pt) * n_head + h];
                         }
@@ -266,25 +374,31 @@ impl Step<'_> {
                         s[j] = y;
                         m = m.max(y);
                     }
+                    // exp(x - max) in place, and the whole row (zeros where masked) for the sum
+                    row.fill(0.0);
+                    let n8 = n / 8 * 8;
+                    for (j, &u) in vis.iter().enumerate() {
+                        let u = u as usize;
+                        let e = if u < n8 { v_expf(s[j] - m) } else { (s[j] - m).exp() };
+                        s[j] = e;
+                        row[u] = e;
+                    }
                     let mut sum = 0f64;
-                    for x in s[..ks.len()].iter_mut() {
-                        let e = if *x == f32::NEG_INFINITY { 0.0 } else { (*x - m).exp() };
-                        *x = e;
+                    for g in row[..n8].chunks_exact(8) {
+                        sum += hsum8_tiny(&[g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]]) as f64;
+                    }
+                    for &e in &row[n8..] {
                         sum += e as f64;
                     }
-                    let inv = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+                    let inv = (1.0 / sum) as f32;
+                    for e in s[..nv].iter_mut() {
+                        *e *= inv;
+                    }
                     let oh = &mut out[h * hd_v..(h + 1) * hd_v];
-                    oh.fill(0.0);
-                    for (j, &u) in ks.iter().enumerate() {
-                        let p = s[j] * inv;
-                        if p == 0.0 {
-                            continue;
-                        }
-                        let u = u as usize;
-                        let vh = &v[u * vw + hk * hd_v..u * vw + (hk + 1) * hd_v];
-                        for (o, &x) in oh.iter_mut().zip(vh) {
-                            *o += p * x;
-                        }
+                    let voff = hk * hd_v;
+                    for (d, o) in oh.iter_mut().enumerate() {
+                        let val = |u: usize| v[u * vw + voff + d];
+                        *o = if kqv_tiny { kqv_tinyblas(vis, &s[..nv], val) } else { kqv_vec_dot(n, vis, &s[..nv], val) };
                     }
                 }
             }
@@ -424,5 +538,49 @@ impl ClsHead {
             }
         }
         Ok((cur, width))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_dot_tail_as_gcc_compiles_it() {
+        // n = 79: blocks 0..64, then 8 + 4 products added in order, the last 3 fused
+        assert!(!tail_fused(75, 79) && tail_fused(76, 79) && tail_fused(78, 79));
+        assert!((0..16).all(|i| !tail_fused(i, 16)));
+        assert!((0..3).all(|i| tail_fused(i, 3)));
+        assert!(!tail_fused(3, 6) && tail_fused(4, 6));
+        // three elements: all fused (the unfused sum of these differs in the last bit)
+        let x = [1.0 + f32::EPSILON * 3.0, 1.0 - f32::EPSILON, 0.5 + f32::EPSILON];
+        let mut want = 0f32;
+        for i in 0..3 {
+            want = fmaf(x[i], x[i], want);
+        }
+        let unfused = x.iter().fold(0f32, |s, &a| s + a * a);
+        assert_ne!(unfused.to_bits(), want.to_bits());
+        assert_eq!(vec_dot_f32(&x, &x).to_bits(), want.to_bits());
+    }
+
+    #[test]
+    fn sparse_kqv_equals_the_dense_row() {
+        // a V^T row over n keys times probabilities that are 0 off the visible keys: the
+        // sparse walk must give the dense ggml_vec_dot_f32 / tinyBLAS results bit for bit
+        for &n in &[5usize, 16, 40, 79, 96, 101] {
+            let v: Vec<f32> = (0..n).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.173).collect();
+            let vis: Vec<u32> = (0..n as u32).filter(|u| u % 3 != 1 && *u + 2 < n as u32).collect();
+            let p: Vec<f32> = vis.iter().map(|&u| 1.0 / (u as f32 + 1.7)).collect();
+            let mut dense = vec![0f32; n];
+            for (&u, &w) in vis.iter().zip(&p) {
+                dense[u as usize] = w;
+            }
+            let got = kqv_vec_dot(n, &vis, &p, |u| v[u]);
+            assert_eq!(got.to_bits(), vec_dot_f32(&v, &dense).to_bits(), "n = {n}");
+            if n % 8 == 0 {
+                let got = kqv_tinyblas(&vis, &p, |u| v[u]);
+                assert_eq!(got.to_bits(), tinyblas_dot(&v, &dense).to_bits(), "n = {n}");
+            }
+        }
     }
 }

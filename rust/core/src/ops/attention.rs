@@ -526,7 +526,7 @@ fn one_chunk_any<'a>(
 // ---- flash attention off: llama.cpp's mul_mat / soft_max / mul_mat path -------------------
 
 /// ggml's AVX2 `ggml_v_expf` for one lane (vec.h): the exp llama.cpp's soft_max uses.
-fn v_expf(x: f32) -> f32 {
+pub(crate) fn v_expf(x: f32) -> f32 {
     use crate::ops::vec::fmaf;
     let c = f32::from_bits;
     let r = c(0x4b40_0000); // 0x1.8p23
@@ -557,7 +557,7 @@ fn v_expf(x: f32) -> f32 {
 /// One output of llamafile's tinyBLAS (what ggml's mul_mat runs on AVX2 for F32 / F16 /
 /// BF16 operands when the batch has >= 2 columns): one 8-lane fused accumulator over k in
 /// steps of 8, then the lanes summed as (l + l+4), pairs, the last two.
-fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::ops::vec::has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked above).
