@@ -299,6 +299,7 @@ def quantize_model(
     imatrix: str | PathLike[str] | None = None,
     include_weights: Sequence[str] = ...,
     exclude_weights: Sequence[str] = ...,
+    tensor_types: Sequence[tuple[str, str]] = ...,
     progress: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]: ...
 def quantize_types(

@@ -5,7 +5,7 @@
   give the same bytes (SHA-256): every imatrix-free type pyllama implements on five models
   (tiny ones, MoE, fused QKV, shape fallbacks, and a 512-wide llama with planted edge
   cases), every IQ type with an importance matrix, the switches (--pure, --leave-output-tensor, --output/--token-embedding-type,
-  --keep-split), and the imatrix-weighted searches with llama-imatrix's matrix.
+  --keep-split, --tensor-type with regular expressions and NVFP4), and the imatrix-weighted searches with llama-imatrix's matrix.
 - The per-tensor type choice equals llama.cpp's snapshots (test-quant-type-selection.cpp)
   for five real models rebuilt from their hyperparameters.
 - pyllama's importance matrix agrees with llama-imatrix's within float tolerance.
@@ -86,6 +86,10 @@ def _kwargs(args: list[str]) -> dict:
             kw["output_tensor_type"] = next(it)
         elif a == "--token-embedding-type":
             kw["token_embedding_type"] = next(it)
+        elif a == "--tensor-type":
+            from pyllama.cli.quantize import parse_tensor_type
+
+            kw.setdefault("tensor_types", []).append(parse_tensor_type(next(it)))
         else:
             raise AssertionError(a)
     return kw
@@ -165,6 +169,10 @@ def test_errors(workdir, model_paths):
         quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="q8_k")
     with pytest.raises(ValueError, match="IQ2_XXS needs an importance matrix and there is none for tensor token_embd"):
         quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="iq2_xxs")
+    with pytest.raises(ValueError, match=r"invalid regular expression 'attn\('"):
+        quantize(src, workdir / "e.gguf", "Q4_0", tensor_types=[("attn(", "q8_0")])
+    with pytest.raises(ValueError, match="unknown ggml type 'q9'"):
+        quantize(src, workdir / "e.gguf", "Q4_0", tensor_types=[("attn", "q9")])
     with pytest.raises(ValueError, match="same"):
         quantize(src, src, "Q8_0")
     with pytest.raises(FileNotFoundError):
@@ -296,3 +304,15 @@ def test_cli_quantize(workdir, model_paths, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q9"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid ftype 'Q9'" in r.stderr
+    # the pattern is lowercased (as llama-quantize does): ATTN= gives attn='s bytes
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
+                        "ATTN=Q4_0", "--tensor-type", "attn_q=q5_1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    want = CASES["tiny-llama Q8_0 --tensor-type attn=q4_0 --tensor-type attn_q=q5_1"]["sha256"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == want
+    for bad, msg in (("attn_q", "malformed tensor type"), ("=q8_0", "missing tensor name"),
+                     ("attn_q=", "missing quantization type"), ("attn_q=q9", "invalid quantization type 'q9'"),
+                     ("attn[=q8_0", "invalid regular expression")):
+        r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
+                            bad], capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)

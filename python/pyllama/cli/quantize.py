@@ -34,6 +34,34 @@ def _ftype_names() -> list[str]:
     return [n for n, _ in _core.quantize_ftypes()]
 
 
+# ggml_type_name of every ggml type (what llama-quantize's parse_ggml_type accepts).
+GGML_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+              "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",
+              "I16", "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0"}
+
+
+def parse_tensor_type(arg: str) -> tuple[str, str]:
+    """``--tensor-type NAME_REGEX=TYPE`` as llama-quantize parses it: split at the first '=',
+    the pattern lowercased, TYPE a ggml type name (any case) -> (pattern, TYPE)."""
+    import re
+
+    name, sep, ty = arg.partition("=")
+    if not sep:
+        raise typer.BadParameter(f"--tensor-type: malformed tensor type '{arg}' (give NAME_REGEX=TYPE)")
+    if not name:
+        raise typer.BadParameter(f"--tensor-type '{arg}': missing tensor name")
+    if not ty:
+        raise typer.BadParameter(f"--tensor-type '{arg}': missing quantization type")
+    if ty.upper() not in GGML_TYPES:
+        raise typer.BadParameter(f"--tensor-type '{arg}': invalid quantization type '{ty}'")
+    name = name.lower()
+    try:
+        re.compile(name)
+    except re.error as e:
+        raise typer.BadParameter(f"--tensor-type '{arg}': invalid regular expression: {e}") from None
+    return name, ty.upper()
+
+
 def parse_positionals(args: List[str]) -> tuple[str, Optional[str], str, Optional[int]]:
     """llama-quantize's positional arguments: ``IN [OUT] TYPE [nthreads]`` -> (in, out or
     None for ggml-model-TYPE.gguf beside IN, type name, nthreads or None)."""
@@ -81,6 +109,12 @@ def quantize_cmd(
     output_tensor_type: Optional[str] = typer.Option(None, "--output-tensor-type", help="ggml type of output.weight"),
     token_embedding_type: Optional[str] = typer.Option(None, "--token-embedding-type", help="ggml type of the token embeddings"),
     keep_split: bool = typer.Option(False, "--keep-split", help="write the same splits as the input"),
+    tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="NAME_REGEX=TYPE",
+                                          help="quantize tensors whose name matches NAME_REGEX (lowercased; searched "
+                                               "with Python's re, which agrees with llama.cpp's std::regex on the usual "
+                                               "patterns) as ggml TYPE, e.g. attn_q=q8_0 or 'blk\\.[0-3]\\.ffn=q6_k'; "
+                                               "repeatable, the first match wins; not for output.weight / token_embd "
+                                               "when --output-tensor-type / --token-embedding-type name them"),
 ) -> None:
     """Quantize a GGUF model the way llama-quantize does (same bytes)."""
     from .. import _core
@@ -93,12 +127,9 @@ def quantize_cmd(
     if (include_weights or exclude_weights) and imatrix is None:
         raise typer.BadParameter("--include-weights / --exclude-weights need --imatrix")
     for flag, t in (("--output-tensor-type", output_tensor_type), ("--token-embedding-type", token_embedding_type)):
-        if t is not None and t.upper() not in {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-                                                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",
-                                                "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
-                                                "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4",
-                                                "NVFP4", "Q1_0", "Q2_0"}:
+        if t is not None and t.upper() not in GGML_TYPES:
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
+    tensor_types = [parse_tensor_type(s) for s in tensor_type]
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())
     if out is None:
@@ -122,7 +153,8 @@ def quantize_cmd(
         s = quantize(inp, out, ftype_name, n_threads=threads, imatrix=imatrix, allow_requantize=allow_requantize,
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
                      token_embedding_type=token_embedding_type, keep_split=keep_split,
-                     include_weights=include_weights, exclude_weights=exclude_weights, progress=progress)
+                     include_weights=include_weights, exclude_weights=exclude_weights, tensor_types=tensor_types,
+                     progress=progress)
     except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"error: failed to quantize: {e}", err=True)
         raise typer.Exit(1) from None

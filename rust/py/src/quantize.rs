@@ -27,7 +27,7 @@ fn ftype_of(name: &str) -> PyResult<select::Ftype> {
 #[pyfunction]
 #[pyo3(signature = (input, output, ftype, *, n_threads = 1, allow_requantize = false, leave_output_tensor = false,
     pure = false, output_tensor_type = None, token_embedding_type = None, keep_split = false, imatrix = None,
-    include_weights = Vec::new(), exclude_weights = Vec::new(), progress = None))]
+    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), progress = None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_model<'py>(
     py: Python<'py>,
@@ -44,6 +44,7 @@ fn quantize_model<'py>(
     imatrix: Option<std::path::PathBuf>,
     include_weights: Vec<String>,
     exclude_weights: Vec<String>,
+    tensor_types: Vec<(String, String)>,
     progress: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ft = ftype_of(ftype)?;
@@ -62,7 +63,31 @@ fn quantize_model<'py>(
         pure,
         has_imatrix: false,
         tensor_types: Vec::new(),
+        tensor_type_matcher: None,
     };
+    let mut sel = sel;
+    if !tensor_types.is_empty() {
+        // llama.cpp searches names with std::regex (ECMAScript); Python's re.search agrees on
+        // the subset used in practice (literals, ., [], |, \d, anchors, groups, quantifiers).
+        let re = py.import("re")?;
+        let mut compiled: Vec<PyObject> = Vec::new();
+        for (pat, ty) in &tensor_types {
+            let c = re.call_method1("compile", (pat,)).map_err(|e| {
+                PyValueError::new_err(format!("tensor_types: invalid regular expression '{pat}': {}", e.value(py)))
+            })?;
+            compiled.push(c.unbind());
+            sel.tensor_types.push((pat.clone(), ggml_type(ty, &format!("tensor_types '{pat}'"))?));
+        }
+        let compiled = std::sync::Arc::new(compiled);
+        sel.tensor_type_matcher = Some(select::TensorTypeMatcher(std::sync::Arc::new(move |i: usize, name: &str| {
+            Python::with_gil(|py| {
+                compiled[i]
+                    .call_method1(py, "search", (name,))
+                    .map(|m| !m.is_none(py))
+                    .unwrap_or(false)
+            })
+        })));
+    }
     let mut kv_overrides = Vec::new();
     let mut weights = None;
     if let Some(path) = &imatrix {
@@ -192,6 +217,7 @@ fn quantize_types(
         pure,
         has_imatrix,
         tensor_types: Vec::new(),
+        tensor_type_matcher: None,
     };
     let mut descs = Vec::with_capacity(tensors.len());
     for (name, shape, ty) in tensors {
