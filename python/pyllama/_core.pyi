@@ -300,6 +300,7 @@ def quantize_model(
     include_weights: Sequence[str] = ...,
     exclude_weights: Sequence[str] = ...,
     tensor_types: Sequence[tuple[str, str]] = ...,
+    kv_overrides: Sequence[tuple[str, str, int | float | bool | str]] = ...,
     progress: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]: ...
 def quantize_types(

@@ -90,6 +90,7 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
              output_tensor_type: Optional[str] = None, token_embedding_type: Optional[str] = None,
              keep_split: bool = False, include_weights: Sequence[str] = (), exclude_weights: Sequence[str] = (),
              tensor_types: Sequence[Tuple[str, str]] = (),
+             kv_overrides: Sequence[Tuple[str, str, Union[int, float, bool, str]]] = (),
              progress: Optional[Callable[[dict], None]] = None) -> dict:
     """Quantize a GGUF model as llama-quantize does (byte-identical output for the types
     pyllama implements). ``ftype``: a llama-quantize type name (Q4_K_M, Q8_0, IQ4_XS, ...).
@@ -97,11 +98,14 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
     warnings); ``progress(info)`` is called after each tensor. ``tensor_types``: llama-quantize's
     ``--tensor-type`` as (regular expression, ggml type name) pairs; the first whose
     ``re.search`` matches a tensor's name sets its type (llama.cpp uses std::regex's ECMAScript
-    search: the same for the usual patterns)."""
+    search: the same for the usual patterns). ``kv_overrides``: ``--override-kv`` as (key,
+    "int" | "float" | "bool" | "str", value) triples, set in the output's metadata as
+    llama-quantize does (int as the u32 of its absolute value, float as f32)."""
     return _core.quantize_model(Path(input), Path(output), ftype, n_threads=n_threads,
                                 allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor,
                                 pure=pure, output_tensor_type=output_tensor_type,
                                 token_embedding_type=token_embedding_type, keep_split=keep_split,
                                 imatrix=None if imatrix is None else Path(imatrix),
                                 include_weights=list(include_weights), exclude_weights=list(exclude_weights),
-                                tensor_types=[(str(p), str(t)) for p, t in tensor_types], progress=progress)
+                                tensor_types=[(str(p), str(t)) for p, t in tensor_types],
+                                kv_overrides=[tuple(o) for o in kv_overrides], progress=progress)

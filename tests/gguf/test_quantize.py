@@ -5,7 +5,7 @@
   give the same bytes (SHA-256): every imatrix-free type pyllama implements on five models
   (tiny ones, MoE, fused QKV, shape fallbacks, and a 512-wide llama with planted edge
   cases), every IQ type with an importance matrix, the switches (--pure, --leave-output-tensor, --output/--token-embedding-type,
-  --keep-split, --tensor-type with regular expressions and NVFP4), and the imatrix-weighted searches with llama-imatrix's matrix.
+  --keep-split, --tensor-type with regular expressions and NVFP4, --override-kv), and the imatrix-weighted searches with llama-imatrix's matrix.
 - The per-tensor type choice equals llama.cpp's snapshots (test-quant-type-selection.cpp)
   for five real models rebuilt from their hyperparameters.
 - pyllama's importance matrix agrees with llama-imatrix's within float tolerance.
@@ -90,6 +90,10 @@ def _kwargs(args: list[str]) -> dict:
             from pyllama.cli.quantize import parse_tensor_type
 
             kw.setdefault("tensor_types", []).append(parse_tensor_type(next(it)))
+        elif a == "--override-kv":
+            from pyllama.cli.quantize import parse_override_kv
+
+            kw.setdefault("kv_overrides", []).append(parse_override_kv(next(it)))
         else:
             raise AssertionError(a)
     return kw
@@ -107,7 +111,7 @@ def _marks(c: dict):
     return () if fast else (pytest.mark.slow, pytest.mark.skipif(not _SLOW, reason="slow: run with PYLLAMA_SLOW=1"))
 
 
-@pytest.mark.parametrize("case", [pytest.param(k, marks=_marks(CASES[k])) for k in sorted(CASES)])
+@pytest.mark.parametrize("case", [pytest.param(k, id=k, marks=_marks(CASES[k])) for k in sorted(CASES)])
 def test_same_bytes_as_llama_quantize(case, workdir, model_paths, imatrix_files, monkeypatch):
     c = CASES[case]
     src = model_paths(c["model"])
@@ -316,3 +320,19 @@ def test_cli_quantize(workdir, model_paths, tmp_path):
         r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
                             bad], capture_output=True, text=True)
         assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
+
+
+def test_parse_override_kv_as_llama_cpp():
+    import typer
+    from pyllama.cli.quantize import parse_override_kv as p
+
+    assert p("a.b=int:-12x") == ("a.b", "int", -12)  # atol: the number prefix
+    assert p("a=int:x") == ("a", "int", 0)
+    assert p("a=float: 2.5e1y") == ("a", "float", 25.0)
+    assert p("a=bool:false") == ("a", "bool", False)
+    assert p("a=str:x=y:z") == ("a", "str", "x=y:z")
+    for bad, msg in (("a", "malformed"), ("=int:1", "malformed"), ("k" * 128 + "=int:1", "malformed"),
+                     ("a=i32:1", "invalid type"), ("a=bool:yes", "invalid boolean"),
+                     ("a=str:" + "x" * 128, "cannot exceed 127")):
+        with pytest.raises(typer.BadParameter, match=msg):
+            p(bad)

@@ -62,6 +62,40 @@ def parse_tensor_type(arg: str) -> tuple[str, str]:
     return name, ty.upper()
 
 
+def _c_number(s: str, pattern: str, conv):
+    """C's atol/atof: leading blanks, the longest number prefix, 0 when there is none."""
+    import re
+
+    m = re.match(r"[ \t\n\v\f\r]*(" + pattern + ")", s)
+    return conv(m.group(1)) if m else conv("0")
+
+
+def parse_override_kv(arg: str) -> tuple[str, str, object]:
+    """``--override-kv KEY=TYPE:VALUE`` as llama.cpp's string_parse_kv_override reads it
+    (TYPE int, float, bool or str; int/float values read as atol/atof do)."""
+    key, sep, rest = arg.partition("=")
+    if not sep or not key or len(key.encode()) >= 128:
+        raise typer.BadParameter(f"--override-kv: malformed KV override '{arg}' (give KEY=TYPE:VALUE)")
+    tag, colon, val = rest.partition(":")
+    if not colon or tag not in ("int", "float", "bool", "str"):
+        raise typer.BadParameter(f"--override-kv: invalid type for KV override '{arg}' (int, float, bool or str)")
+    if tag == "int":
+        v: object = _c_number(val, r"[+-]?\d+", int)
+        if not -(1 << 63) <= v < (1 << 63):  # type: ignore[operator]
+            raise typer.BadParameter(f"--override-kv '{arg}': integer out of range")
+    elif tag == "float":
+        v = _c_number(val, r"[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", float)
+    elif tag == "bool":
+        if val not in ("true", "false"):
+            raise typer.BadParameter(f"--override-kv: invalid boolean value for KV override '{arg}'")
+        v = val == "true"
+    else:
+        if len(val.encode()) > 127:
+            raise typer.BadParameter(f"--override-kv: malformed KV override '{arg}', value cannot exceed 127 chars")
+        v = val
+    return key, tag, v
+
+
 def parse_positionals(args: List[str]) -> tuple[str, Optional[str], str, Optional[int]]:
     """llama-quantize's positional arguments: ``IN [OUT] TYPE [nthreads]`` -> (in, out or
     None for ggml-model-TYPE.gguf beside IN, type name, nthreads or None)."""
@@ -115,6 +149,9 @@ def quantize_cmd(
                                                "patterns) as ggml TYPE, e.g. attn_q=q8_0 or 'blk\\.[0-3]\\.ffn=q6_k'; "
                                                "repeatable, the first match wins; not for output.weight / token_embd "
                                                "when --output-tensor-type / --token-embedding-type name them"),
+    override_kv: List[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
+                                          help="set metadata KEY in the output (TYPE int, float, bool or str; int is "
+                                               "written as u32, float as f32, as llama-quantize does); repeatable"),
 ) -> None:
     """Quantize a GGUF model the way llama-quantize does (same bytes)."""
     from .. import _core
@@ -130,6 +167,7 @@ def quantize_cmd(
         if t is not None and t.upper() not in GGML_TYPES:
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
     tensor_types = [parse_tensor_type(s) for s in tensor_type]
+    kv_overrides = [parse_override_kv(s) for s in override_kv]
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())
     if out is None:
@@ -154,7 +192,7 @@ def quantize_cmd(
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
                      token_embedding_type=token_embedding_type, keep_split=keep_split,
                      include_weights=include_weights, exclude_weights=exclude_weights, tensor_types=tensor_types,
-                     progress=progress)
+                     kv_overrides=kv_overrides, progress=progress)
     except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"error: failed to quantize: {e}", err=True)
         raise typer.Exit(1) from None

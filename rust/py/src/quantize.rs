@@ -27,7 +27,7 @@ fn ftype_of(name: &str) -> PyResult<select::Ftype> {
 #[pyfunction]
 #[pyo3(signature = (input, output, ftype, *, n_threads = 1, allow_requantize = false, leave_output_tensor = false,
     pure = false, output_tensor_type = None, token_embedding_type = None, keep_split = false, imatrix = None,
-    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), progress = None))]
+    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), progress = None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_model<'py>(
     py: Python<'py>,
@@ -45,6 +45,7 @@ fn quantize_model<'py>(
     include_weights: Vec<String>,
     exclude_weights: Vec<String>,
     tensor_types: Vec<(String, String)>,
+    kv_overrides: Vec<(String, String, Bound<'py, PyAny>)>,
     progress: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ft = ftype_of(ftype)?;
@@ -88,7 +89,30 @@ fn quantize_model<'py>(
             })
         })));
     }
+    // llama-quantize's --override-kv, written as llama_model_quantize_impl does: int as u32
+    // of its absolute value, float as f32; then the imatrix keys.
+    let user_kv = kv_overrides;
     let mut kv_overrides = Vec::new();
+    for (key, tag, v) in &user_kv {
+        if key.is_empty() || key.len() >= 128 {
+            return Err(PyValueError::new_err(format!("kv_overrides: key '{key}' must have 1 to 127 bytes")));
+        }
+        let bad = |e: PyErr| PyValueError::new_err(format!("kv_overrides {key}: {tag} value: {}", e.value(py)));
+        let val = match tag.as_str() {
+            "int" => Value::U32(v.extract::<i64>().map_err(bad)?.unsigned_abs() as u32),
+            "float" => Value::F32(v.extract::<f64>().map_err(bad)? as f32),
+            "bool" => Value::Bool(v.extract::<bool>().map_err(bad)?),
+            "str" => {
+                let s: String = v.extract().map_err(bad)?;
+                if s.len() > 127 {
+                    return Err(PyValueError::new_err(format!("kv_overrides {key}: a str value has at most 127 bytes")));
+                }
+                Value::String(s.into_bytes())
+            }
+            _ => return Err(PyValueError::new_err(format!("kv_overrides {key}: type '{tag}' is not int, float, bool or str"))),
+        };
+        kv_overrides.push((key.clone(), val));
+    }
     let mut weights = None;
     if let Some(path) = &imatrix {
         let p = path.to_string_lossy().into_owned();

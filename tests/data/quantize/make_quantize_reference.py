@@ -77,6 +77,14 @@ def cases() -> list[dict]:
         dict(model="tiny-qwen3moe", args=["--tensor-type", "_exps=q4_k", "--tensor-type", "attn_.*=iq4_xs"],
              type="Q5_K_M"),
     ]
+    # --override-kv: new keys appended, existing ones moved to the end; int written as u32 of
+    # its absolute value, float as f32, C's atol/atof reading
+    out += [
+        dict(model="tiny-llama", args=["--override-kv", "general.name=str:renamed", "--override-kv", "test.i=int:-7",
+                                       "--override-kv", "test.f=float:0.1", "--override-kv", "test.b=bool:true",
+                                       "--override-kv", "llama.context_length=int:77x", "--override-kv",
+                                       "test.e=float: 1e-3junk"], type="Q8_0"),
+    ]
     for t in IMATRIX_TYPES:
         out.append(dict(model="text-llama", args=[], type=t, imatrix="text-llama"))
         out.append(dict(model="wide-llama", args=[], type=t, imatrix="wide-llama"))
