@@ -301,6 +301,7 @@ def quantize_model(
     exclude_weights: Sequence[str] = ...,
     tensor_types: Sequence[tuple[str, str]] = ...,
     kv_overrides: Sequence[tuple[str, str, int | float | bool | str]] = ...,
+    prune_layers: Sequence[int] = ...,
     progress: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]: ...
 def quantize_types(

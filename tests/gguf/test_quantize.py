@@ -5,7 +5,7 @@
   give the same bytes (SHA-256): every imatrix-free type pyllama implements on five models
   (tiny ones, MoE, fused QKV, shape fallbacks, and a 512-wide llama with planted edge
   cases), every IQ type with an importance matrix, the switches (--pure, --leave-output-tensor, --output/--token-embedding-type,
-  --keep-split, --tensor-type with regular expressions and NVFP4, --override-kv), and the imatrix-weighted searches with llama-imatrix's matrix.
+  --keep-split, --tensor-type with regular expressions and NVFP4, --override-kv, --prune-layers), and the imatrix-weighted searches with llama-imatrix's matrix.
 - The per-tensor type choice equals llama.cpp's snapshots (test-quant-type-selection.cpp)
   for five real models rebuilt from their hyperparameters.
 - pyllama's importance matrix agrees with llama-imatrix's within float tolerance.
@@ -94,6 +94,10 @@ def _kwargs(args: list[str]) -> dict:
             from pyllama.cli.quantize import parse_override_kv
 
             kw.setdefault("kv_overrides", []).append(parse_override_kv(next(it)))
+        elif a == "--prune-layers":
+            from pyllama.cli.quantize import parse_prune_layers
+
+            kw["prune_layers"] = parse_prune_layers(next(it))
         else:
             raise AssertionError(a)
     return kw
@@ -335,4 +339,15 @@ def test_parse_override_kv_as_llama_cpp():
                      ("a=i32:1", "invalid type"), ("a=bool:yes", "invalid boolean"),
                      ("a=str:" + "x" * 128, "cannot exceed 127")):
         with pytest.raises(typer.BadParameter, match=msg):
+            p(bad)
+
+
+def test_parse_prune_layers_as_llama_cpp():
+    import typer
+    from pyllama.cli.quantize import parse_prune_layers as p
+
+    assert p("4,1, 3,1") == [1, 3, 4]  # std::stoi per item, then sorted and unique
+    assert p("2x") == [2]
+    for bad in ("-1", "x", "1,,2", ""):
+        with pytest.raises(typer.BadParameter, match="invalid layer id"):
             p(bad)

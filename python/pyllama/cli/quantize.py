@@ -96,6 +96,20 @@ def parse_override_kv(arg: str) -> tuple[str, str, object]:
     return key, tag, v
 
 
+def parse_prune_layers(arg: str) -> list[int]:
+    """``--prune-layers L0,L1,...`` as llama-quantize reads it (std::stoi per item: leading
+    blanks, a number prefix; negative or no number is an error) -> sorted, unique."""
+    import re
+
+    out = []
+    for item in arg.split(","):
+        m = re.match(r"[ \t\n\v\f\r]*([+-]?\d+)", item)
+        if not m or int(m.group(1)) < 0 or int(m.group(1)) >= 1 << 31:
+            raise typer.BadParameter(f"--prune-layers: invalid layer id '{item}'")
+        out.append(int(m.group(1)))
+    return sorted(set(out))
+
+
 def parse_positionals(args: List[str]) -> tuple[str, Optional[str], str, Optional[int]]:
     """llama-quantize's positional arguments: ``IN [OUT] TYPE [nthreads]`` -> (in, out or
     None for ggml-model-TYPE.gguf beside IN, type name, nthreads or None)."""
@@ -152,6 +166,9 @@ def quantize_cmd(
     override_kv: List[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
                                           help="set metadata KEY in the output (TYPE int, float, bool or str; int is "
                                                "written as u32, float as f32, as llama-quantize does); repeatable"),
+    prune_layers: Optional[str] = typer.Option(None, "--prune-layers", metavar="L0,L1,...",
+                                               help="drop these blocks (blk.N.*), renumber the rest and update "
+                                                    "block_count"),
 ) -> None:
     """Quantize a GGUF model the way llama-quantize does (same bytes)."""
     from .. import _core
@@ -168,6 +185,7 @@ def quantize_cmd(
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
     tensor_types = [parse_tensor_type(s) for s in tensor_type]
     kv_overrides = [parse_override_kv(s) for s in override_kv]
+    prune = parse_prune_layers(prune_layers) if prune_layers is not None else []
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())
     if out is None:
@@ -192,7 +210,7 @@ def quantize_cmd(
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
                      token_embedding_type=token_embedding_type, keep_split=keep_split,
                      include_weights=include_weights, exclude_weights=exclude_weights, tensor_types=tensor_types,
-                     kv_overrides=kv_overrides, progress=progress)
+                     kv_overrides=kv_overrides, prune_layers=prune, progress=progress)
     except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"error: failed to quantize: {e}", err=True)
         raise typer.Exit(1) from None

@@ -27,7 +27,7 @@ fn ftype_of(name: &str) -> PyResult<select::Ftype> {
 #[pyfunction]
 #[pyo3(signature = (input, output, ftype, *, n_threads = 1, allow_requantize = false, leave_output_tensor = false,
     pure = false, output_tensor_type = None, token_embedding_type = None, keep_split = false, imatrix = None,
-    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), progress = None))]
+    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), prune_layers = Vec::new(), progress = None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_model<'py>(
     py: Python<'py>,
@@ -46,6 +46,7 @@ fn quantize_model<'py>(
     exclude_weights: Vec<String>,
     tensor_types: Vec<(String, String)>,
     kv_overrides: Vec<(String, String, Bound<'py, PyAny>)>,
+    prune_layers: Vec<u32>,
     progress: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ft = ftype_of(ftype)?;
@@ -147,6 +148,7 @@ fn quantize_model<'py>(
         keep_split,
         imatrix: weights,
         kv_overrides,
+        prune_layers,
     };
     let inp = input.to_string_lossy().into_owned();
     let out = output.to_string_lossy().into_owned();

@@ -85,6 +85,14 @@ def cases() -> list[dict]:
                                        "--override-kv", "llama.context_length=int:77x", "--override-kv",
                                        "test.e=float: 1e-3junk"], type="Q8_0"),
     ]
+    # --prune-layers: blocks dropped, the rest renumbered, block_count updated; the mixes still
+    # count the original layers
+    out += [
+        dict(model="wide-llama", args=["--prune-layers", "1"], type="Q4_K_M"),
+        dict(model="tiny-llama", args=["--prune-layers", "0"], type="Q3_K_M"),
+        dict(model="tiny-qwen3moe", args=["--prune-layers", "1"], type="Q4_K_S"),
+        dict(model="tiny-gemma3", args=["--prune-layers", "4,1, 3"], type="Q4_K_M"),
+    ]
     for t in IMATRIX_TYPES:
         out.append(dict(model="text-llama", args=[], type=t, imatrix="text-llama"))
         out.append(dict(model="wide-llama", args=[], type=t, imatrix="wide-llama"))

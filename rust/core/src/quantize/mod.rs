@@ -37,8 +37,10 @@ pub struct QuantizeParams {
     pub keep_split: bool,
     /// Per-tensor importance (already divided by the counts, as llama-quantize loads it).
     pub imatrix: Option<HashMap<String, Vec<f32>>>,
-    /// Extra metadata appended last (llama-quantize's quantize.imatrix.* keys).
+    /// Extra metadata appended last (--override-kv, then llama-quantize's quantize.imatrix.* keys).
     pub kv_overrides: Vec<(String, Value)>,
+    /// `--prune-layers`: blocks to drop (the rest are renumbered from 0, block_count updated).
+    pub prune_layers: Vec<u32>,
 }
 
 /// One line of progress: a tensor has been written.
@@ -101,6 +103,59 @@ pub fn model_info(f: &GgufFile) -> Result<ModelInfo> {
 struct SrcTensor<'a> {
     info: &'a TensorInfo,
     file: usize,
+    /// The name written (differs from `info.name` when --prune-layers renumbers blocks).
+    name: String,
+}
+
+/// The block number in `blk.N.` (the first such part of the name) and its byte range.
+fn blk_number(name: &str) -> Option<(u64, std::ops::Range<usize>)> {
+    let mut from = 0;
+    while let Some(i) = name[from..].find("blk.") {
+        let start = from + i + 4;
+        let digits = name[start..].bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 && name.as_bytes().get(start + digits) == Some(&b'.') {
+            let n = name[start..start + digits].parse::<u64>().ok()?;
+            return Some((n, start..start + digits));
+        }
+        from = from + i + 1;
+    }
+    None
+}
+
+/// llama-quantize's `remap_layer` over the tensors in weights-map order: pruned blocks'
+/// tensors are dropped, blocks below the first pruned one keep their number, the others are
+/// numbered on from there. Returns the new block count.
+fn prune_and_renumber(tensors: &mut Vec<SrcTensor>, prune: &[u32]) -> Result<u32> {
+    let mut mapped: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut next_id: u64 = 0;
+    let first = *prune.first().unwrap_or(&0) as u64;
+    let mut kept = Vec::with_capacity(tensors.len());
+    for mut t in tensors.drain(..) {
+        if let Some((blk, range)) = blk_number(&t.info.name) {
+            let m = *mapped.entry(blk).or_insert_with(|| {
+                if prune.iter().any(|&p| p as u64 == blk) {
+                    None
+                } else if blk < first {
+                    next_id = blk + 1;
+                    Some(blk)
+                } else {
+                    next_id += 1;
+                    Some(next_id - 1)
+                }
+            });
+            match m {
+                None => continue,
+                Some(n) => {
+                    let mut name = t.info.name.clone();
+                    name.replace_range(range, &n.to_string());
+                    t.name = name;
+                }
+            }
+        }
+        kept.push(t);
+    }
+    *tensors = kept;
+    u32::try_from(next_id).map_err(|_| invalid("block count after pruning does not fit in u32"))
 }
 
 /// Quantize `input` (a GGUF file, or the first of a split set) into `output` as
@@ -138,13 +193,20 @@ pub fn quantize_model(
             if tensors.iter().any(|s| s.info.name == t.name) {
                 return Err(invalid(format!("{input}: duplicate tensor '{}'", t.name)));
             }
-            tensors.push(SrcTensor { info: t, file: fi });
+            tensors.push(SrcTensor { info: t, file: fi, name: t.name.clone() });
         }
     }
-    let n_tensors = tensors.len();
     // llama_model_loader's weights_map order (layer number, then name); --keep-split keeps
     // the split index first and the file offset within it.
     tensors.sort_by(|a, b| select::tensor_order(&a.info.name, &b.info.name));
+    let mut block_count = None;
+    if !p.prune_layers.is_empty() {
+        let mut prune = p.prune_layers.clone();
+        prune.sort_unstable();
+        prune.dedup();
+        block_count = Some(prune_and_renumber(&mut tensors, &prune)?);
+    }
+    let n_tensors = tensors.len();
     if p.keep_split {
         tensors.sort_by(|a, b| a.file.cmp(&b.file).then(a.info.offset.cmp(&b.info.offset)));
     }
@@ -162,17 +224,17 @@ pub fn quantize_model(
     let _ = default;
 
     // Preliminary pass: target types.
-    let mut selector = Selector::new(&model, &sp, tensors.iter().map(|t| t.info.name.as_str()));
+    let mut selector = Selector::new(&model, &sp, tensors.iter().map(|t| t.name.as_str()));
     let mut targets = Vec::with_capacity(n_tensors);
     for t in &tensors {
-        let desc = TensorDesc { name: t.info.name.clone(), ty: t.info.ty, ne: t.info.ne };
+        let desc = TensorDesc { name: t.name.clone(), ty: t.info.ty, ne: t.info.ne };
         let allows = select::allows_quantization(&sp, &model.arch, &desc);
         let target = if allows { selector.target_type(&desc).map_err(invalid)? } else { t.info.ty };
-        let needs = select::tensor_requires_imatrix(&t.info.name, target, ftype);
+        let needs = select::tensor_requires_imatrix(&t.name, target, ftype);
         if p.imatrix.is_none() && allows && needs {
             return Err(invalid(format!(
                 "this quantization requires an importance matrix (--imatrix): tensor {} would be {target}",
-                t.info.name
+                t.name
             )));
         }
         if target != t.info.ty && !kernels::can_quantize(target) {
@@ -199,6 +261,9 @@ pub fn quantize_model(
     kv0.retain(|(k, _)| k != "split.no" && k != "split.count" && k != "split.tensors.count");
     for (k, v) in &p.kv_overrides {
         set(&mut kv0, k, v.clone());
+    }
+    if let Some(n) = block_count {
+        set(&mut kv0, &format!("{}.block_count", model.arch), Value::U32(n));
     }
     let alignment = match kv0.iter().find(|(k, _)| k == "general.alignment") {
         Some((_, Value::U32(a))) if *a > 0 && a.is_power_of_two() => *a as u64,
@@ -277,7 +342,7 @@ pub fn quantize_model(
         }
         for o in list {
             let t = tensors[o.src].info;
-            write_str(&mut head, t.name.as_bytes());
+            write_str(&mut head, tensors[o.src].name.as_bytes());
             let n_dims = (1..4).rev().find(|&i| t.ne[i] != 1).map(|i| i + 1).unwrap_or(1);
             head.extend_from_slice(&(n_dims as u32).to_le_bytes());
             for d in 0..n_dims {
@@ -344,7 +409,7 @@ pub fn quantize_model(
             let go_on = progress(&TensorProgress {
                 index,
                 total: n_tensors,
-                name: t.name.clone(),
+                name: st.name.clone(),
                 ne: t.ne,
                 src_type: t.ty,
                 dst_type: target,
