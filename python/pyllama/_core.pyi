@@ -302,6 +302,7 @@ def quantize_model(
     tensor_types: Sequence[tuple[str, str]] = ...,
     kv_overrides: Sequence[tuple[str, str, int | float | bool | str]] = ...,
     prune_layers: Sequence[int] = ...,
+    dry_run: bool = False,
     progress: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]: ...
 def quantize_types(

@@ -91,7 +91,7 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
              keep_split: bool = False, include_weights: Sequence[str] = (), exclude_weights: Sequence[str] = (),
              tensor_types: Sequence[Tuple[str, str]] = (),
              kv_overrides: Sequence[Tuple[str, str, Union[int, float, bool, str]]] = (),
-             prune_layers: Sequence[int] = (),
+             prune_layers: Sequence[int] = (), dry_run: bool = False,
              progress: Optional[Callable[[dict], None]] = None) -> dict:
     """Quantize a GGUF model as llama-quantize does (byte-identical output for the types
     pyllama implements). ``ftype``: a llama-quantize type name (Q4_K_M, Q8_0, IQ4_XS, ...).
@@ -102,7 +102,9 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
     search: the same for the usual patterns). ``kv_overrides``: ``--override-kv`` as (key,
     "int" | "float" | "bool" | "str", value) triples, set in the output's metadata as
     llama-quantize does (int as the u32 of its absolute value, float as f32). ``prune_layers``:
-    ``--prune-layers``, block numbers to drop (the others are renumbered, block_count updated)."""
+    ``--prune-layers``, block numbers to drop (the others are renumbered, block_count updated).
+    ``dry_run``: only the per-tensor plan (progress) and sizes; nothing is written and
+    ``outputs`` is empty."""
     return _core.quantize_model(Path(input), Path(output), ftype, n_threads=n_threads,
                                 allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor,
                                 pure=pure, output_tensor_type=output_tensor_type,
@@ -111,4 +113,4 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
                                 include_weights=list(include_weights), exclude_weights=list(exclude_weights),
                                 tensor_types=[(str(p), str(t)) for p, t in tensor_types],
                                 kv_overrides=[tuple(o) for o in kv_overrides], prune_layers=list(prune_layers),
-                                progress=progress)
+                                dry_run=dry_run, progress=progress)

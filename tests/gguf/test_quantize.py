@@ -312,6 +312,11 @@ def test_cli_quantize(workdir, model_paths, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q9"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid ftype 'Q9'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", "--dry-run", str(src), "q4_k_m"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "calculating quantization size" in r.stderr and "MiB (q4_k)" in r.stderr and "quant size" in r.stderr
+    assert not (src.parent / "ggml-model-Q4_K_M.gguf").exists() and "wrote" not in r.stdout
     # the pattern is lowercased (as llama-quantize does): ATTN= gives attn='s bytes
     r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
                         "ATTN=Q4_0", "--tensor-type", "attn_q=q5_1"], capture_output=True, text=True)
@@ -351,3 +356,25 @@ def test_parse_prune_layers_as_llama_cpp():
     for bad in ("-1", "x", "1,,2", ""):
         with pytest.raises(typer.BadParameter, match="invalid layer id"):
             p(bad)
+
+
+def test_dry_run_plans_what_a_run_writes(workdir, model_paths):
+    """--dry-run reports, tensor by tensor, the names, types and sizes the real run writes
+    (whose bytes are llama-quantize's, above), and writes nothing."""
+    src = model_paths("tiny-gemma3")
+    kw = dict(tensor_types=[("attn_v", "q8_0")], prune_layers=[1, 4], kv_overrides=[("x.y", "int", 3)])
+    plan, done = [], []
+    out = workdir / "dry.gguf"
+    s = quantize(src, out, "Q4_K_M", dry_run=True, progress=plan.append, **kw)
+    assert not out.exists() and s["outputs"] == []
+    r = quantize(src, out, "Q4_K_M", progress=done.append, **kw)
+    key = lambda d: (d["name"], d["src_type"], d["dst_type"], d["src_bytes"], d["dst_bytes"])  # noqa: E731
+    assert [key(d) for d in plan] == [key(d) for d in done]
+    assert any(d["name"] == "blk.3.attn_v.weight" and d["dst_type"] == "Q8_0" for d in plan)  # blk.5 renumbered
+    assert (s["size_before"], s["size_after"], s["n_tensors"]) == (r["size_before"], r["size_after"], r["n_tensors"])
+    out.unlink()
+    # no quantizer runs: a type that needs an importance matrix only warns, as in llama-quantize
+    s = quantize(model_paths("tiny-llama"), out, "IQ2_XXS", dry_run=True)
+    assert not out.exists()
+    assert s["warnings"][-1].startswith("dry run completed successfully, but actually completing this quantization "
+                                        "will require an imatrix")

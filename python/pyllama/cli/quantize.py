@@ -169,6 +169,8 @@ def quantize_cmd(
     prune_layers: Optional[str] = typer.Option(None, "--prune-layers", metavar="L0,L1,...",
                                                help="drop these blocks (blk.N.*), renumber the rest and update "
                                                     "block_count"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print each tensor's target type and size and the "
+                                                          "totals; write nothing"),
 ) -> None:
     """Quantize a GGUF model the way llama-quantize does (same bytes)."""
     from .. import _core
@@ -188,17 +190,20 @@ def quantize_cmd(
     prune = parse_prune_layers(prune_layers) if prune_layers is not None else []
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())
-    if out is None:
+    if out is None and not dry_run:
         base = os.path.dirname(inp)
         out = os.path.join(base, f"ggml-model-{ftype_name}") + ("" if keep_split else ".gguf")
     threads = nthreads if nthreads is not None and nthreads > 0 else (os.cpu_count() or 1)
-    print(f"quantize: quantizing '{inp}' to '{out}' as {ftype_name}"
-          + (f" using {nthreads} threads" if nthreads and nthreads > 0 else ""), file=sys.stderr)
+    what = (f"calculating quantization size for '{inp}' as {ftype_name}" if dry_run
+            else f"quantizing '{inp}' to '{out}' as {ftype_name}")
+    print(f"quantize: {what}" + (f" using {nthreads} threads" if nthreads and nthreads > 0 else ""), file=sys.stderr)
 
     def progress(t: dict) -> None:
         src, dst = t["src_type"].lower(), t["dst_type"].lower()
         line = f"[{t['index']:4d}/{t['total']:4d}] {t['name']:>36s} - [{_shape(t['shape'])}], type = {src:>6s}, "
-        if src != dst:
+        if src != dst and dry_run:
+            line += f"size = {_mib(t['src_bytes']):8.2f} MiB -> {_mib(t['dst_bytes']):8.2f} MiB ({dst})"
+        elif src != dst:
             line += f"converting to {dst} .. size = {_mib(t['src_bytes']):8.2f} MiB -> {_mib(t['dst_bytes']):8.2f} MiB"
         else:
             line += f"size = {_mib(t['dst_bytes']):8.3f} MiB"
@@ -206,11 +211,11 @@ def quantize_cmd(
 
     t0 = time.perf_counter()
     try:
-        s = quantize(inp, out, ftype_name, n_threads=threads, imatrix=imatrix, allow_requantize=allow_requantize,
+        s = quantize(inp, out if out is not None else os.devnull, ftype_name, n_threads=threads, imatrix=imatrix, allow_requantize=allow_requantize,
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
                      token_embedding_type=token_embedding_type, keep_split=keep_split,
                      include_weights=include_weights, exclude_weights=exclude_weights, tensor_types=tensor_types,
-                     kv_overrides=kv_overrides, prune_layers=prune, progress=progress)
+                     kv_overrides=kv_overrides, prune_layers=prune, dry_run=dry_run, progress=progress)
     except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"error: failed to quantize: {e}", err=True)
         raise typer.Exit(1) from None
@@ -224,7 +229,8 @@ def quantize_cmd(
         print(f"quantize: WARNING: {s['n_fallback']} of {s['n_tensors']} tensor(s) required fallback quantization",
               file=sys.stderr)
     print(f"\nquantize: quantize time = {dt * 1e3:8.2f} ms")
-    print(f"quantize: wrote {', '.join(s['outputs'])}")
+    if not dry_run:
+        print(f"quantize: wrote {', '.join(s['outputs'])}")
 
 
 def _ctx_size(ctx, param, value):

@@ -27,7 +27,7 @@ fn ftype_of(name: &str) -> PyResult<select::Ftype> {
 #[pyfunction]
 #[pyo3(signature = (input, output, ftype, *, n_threads = 1, allow_requantize = false, leave_output_tensor = false,
     pure = false, output_tensor_type = None, token_embedding_type = None, keep_split = false, imatrix = None,
-    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), prune_layers = Vec::new(), progress = None))]
+    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), prune_layers = Vec::new(), dry_run = false, progress = None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_model<'py>(
     py: Python<'py>,
@@ -47,6 +47,7 @@ fn quantize_model<'py>(
     tensor_types: Vec<(String, String)>,
     kv_overrides: Vec<(String, String, Bound<'py, PyAny>)>,
     prune_layers: Vec<u32>,
+    dry_run: bool,
     progress: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ft = ftype_of(ftype)?;
@@ -149,6 +150,7 @@ fn quantize_model<'py>(
         imatrix: weights,
         kv_overrides,
         prune_layers,
+        dry_run,
     };
     let inp = input.to_string_lossy().into_owned();
     let out = output.to_string_lossy().into_owned();

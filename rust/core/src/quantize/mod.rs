@@ -41,6 +41,9 @@ pub struct QuantizeParams {
     pub kv_overrides: Vec<(String, Value)>,
     /// `--prune-layers`: blocks to drop (the rest are renumbered from 0, block_count updated).
     pub prune_layers: Vec<u32>,
+    /// `--dry-run`: report each tensor's target type and size, write nothing (no quantizer
+    /// runs, so neither a missing importance matrix nor a type without one stops it).
+    pub dry_run: bool,
 }
 
 /// One line of progress: a tensor has been written.
@@ -231,13 +234,13 @@ pub fn quantize_model(
         let allows = select::allows_quantization(&sp, &model.arch, &desc);
         let target = if allows { selector.target_type(&desc).map_err(invalid)? } else { t.info.ty };
         let needs = select::tensor_requires_imatrix(&t.name, target, ftype);
-        if p.imatrix.is_none() && allows && needs {
+        if p.imatrix.is_none() && allows && needs && !p.dry_run {
             return Err(invalid(format!(
                 "this quantization requires an importance matrix (--imatrix): tensor {} would be {target}",
                 t.name
             )));
         }
-        if target != t.info.ty && !kernels::can_quantize(target) {
+        if target != t.info.ty && !kernels::can_quantize(target) && !p.dry_run {
             return Err(Error::Unsupported(format!(
                 "pyllama cannot quantize to {target} (tensor {}): no quantizer for that type",
                 t.info.name
@@ -287,7 +290,7 @@ pub fn quantize_model(
     } else {
         vec![output.to_string()]
     };
-    for o in &outputs {
+    for o in outputs.iter().filter(|_| !p.dry_run) {
         for f in &files {
             if same_file(&f.path, o) {
                 return Err(invalid(format!("input and output files are the same: '{o}'")));
@@ -325,6 +328,42 @@ pub fn quantize_model(
         ..Default::default()
     };
     let mut index = 0usize;
+    if p.dry_run {
+        summary.outputs.clear();
+        let mut will_require_imatrix = false;
+        for o in per_split.iter().flatten() {
+            index += 1;
+            let t = tensors[o.src].info;
+            let (target, needs) = targets[o.src];
+            let _ = target;
+            will_require_imatrix |= needs && select::allows_quantization(&sp, &model.arch, &TensorDesc {
+                name: tensors[o.src].name.clone(),
+                ty: t.ty,
+                ne: t.ne,
+            });
+            summary.size_before += t.nbytes;
+            summary.size_after += o.nbytes;
+            let go_on = progress(&TensorProgress {
+                index,
+                total: n_tensors,
+                name: tensors[o.src].name.clone(),
+                ne: t.ne,
+                src_type: t.ty,
+                dst_type: target,
+                src_bytes: t.nbytes,
+                dst_bytes: o.nbytes,
+                note: None,
+            });
+            if !go_on {
+                return Err(Error::Cancelled);
+            }
+        }
+        if will_require_imatrix && p.imatrix.is_none() {
+            warnings.push("dry run completed successfully, but actually completing this quantization will require an imatrix!".into());
+        }
+        summary.warnings = warnings;
+        return Ok(summary);
+    }
     for (s, list) in per_split.iter().enumerate() {
         let path = &outputs[s];
         let file = std::fs::File::create(path).map_err(|e| Error::Io { path: path.clone(), what: "create".into(), source: e })?;
