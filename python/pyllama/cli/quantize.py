@@ -165,7 +165,9 @@ def quantize_cmd(
                                                "when --output-tensor-type / --token-embedding-type name them"),
     override_kv: List[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
                                           help="set metadata KEY in the output (TYPE int, float, bool or str; int is "
-                                               "written as u32, float as f32, as llama-quantize does); repeatable"),
+                                               "written as u32, float as f32, as llama-quantize does) and in what "
+                                               "the type mixes read (block_count, head counts, expert_count); "
+                                               "repeatable"),
     prune_layers: Optional[str] = typer.Option(None, "--prune-layers", metavar="L0,L1,...",
                                                help="drop these blocks (blk.N.*), renumber the rest and update "
                                                     "block_count"),

@@ -84,6 +84,10 @@ def cases() -> list[dict]:
                                        "--override-kv", "test.f=float:0.1", "--override-kv", "test.b=bool:true",
                                        "--override-kv", "llama.context_length=int:77x", "--override-kv",
                                        "test.e=float: 1e-3junk"], type="Q8_0"),
+        # llama-quantize loads the input with the overrides: hyperparameters the mixes read count
+        dict(model="tiny-qwen3moe", args=["--override-kv", "qwen3moe.expert_count=int:8"], type="Q4_K_M"),
+        dict(model="wide-llama", args=["--override-kv", "llama.attention.head_count_kv=int:1"], type="IQ4_XS"),
+        dict(model="wide-llama", args=["--override-kv", "llama.block_count=int:16"], type="Q4_K_M"),
     ]
     # --prune-layers: blocks dropped, the rest renumbered, block_count updated; the mixes still
     # count the original layers

@@ -79,13 +79,24 @@ fn invalid(msg: impl Into<String>) -> Error {
 /// What the type choice needs from the file: `{arch}.block_count`, head counts (layer 0),
 /// `expert_count`, and whether llama.cpp calls the model a 70B.
 pub fn model_info(f: &GgufFile) -> Result<ModelInfo> {
+    model_info_with(f, &[])
+}
+
+/// `model_info` as llama-quantize's loader sees the file with `--override-kv` applied: an
+/// override of a hyperparameter the mixes read changes their choices (an int override is
+/// the only kind llama.cpp accepts for them).
+pub fn model_info_with(f: &GgufFile, overrides: &[(String, Value)]) -> Result<ModelInfo> {
     let arch = f
         .get("general.architecture")
         .and_then(|v| v.as_str())
         .ok_or_else(|| invalid(format!("{}: no general.architecture string", f.path)))?
         .to_string();
     let u = |key: &str| -> Option<u64> {
-        match f.get(&format!("{arch}.{key}"))? {
+        let full = format!("{arch}.{key}");
+        if let Some((_, v)) = overrides.iter().rev().find(|(k, _)| *k == full) {
+            return v.as_i64().map(|v| v.max(0) as u64);
+        }
+        match f.get(&full)? {
             Value::Array(a) => a.get(0).and_then(|v| v.as_i64()).map(|v| v.max(0) as u64),
             v => v.as_i64().map(|v| v.max(0) as u64),
         }
@@ -188,7 +199,14 @@ pub fn quantize_model(
             files.push(GgufFile::open(&crate::model::split_path(&prefix, i, n_split_in), LoadMode::Mmap)?);
         }
     }
-    let model = model_info(&files[0])?;
+    for (k, v) in &p.kv_overrides {
+        let arch = files[0].get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+        let hp = ["block_count", "attention.head_count", "attention.head_count_kv", "expert_count"];
+        if hp.iter().any(|h| *k == format!("{arch}.{h}")) && !matches!(v, Value::U32(_)) {
+            return Err(invalid(format!("override for {k}: llama.cpp reads it as an integer (give int:N)")));
+        }
+    }
+    let model = model_info_with(&files[0], &p.kv_overrides)?;
 
     let mut tensors: Vec<SrcTensor> = Vec::new();
     for (fi, f) in files.iter().enumerate() {
