@@ -685,3 +685,17 @@ fn par_each<T: Send>(items: Vec<T>, n_threads: usize, f: impl Fn(T) + Sync) {
         }
     });
 }
+
+#[cfg(test)]
+mod prune_tests {
+    use super::blk_number;
+
+    #[test]
+    fn blk_number_is_the_first_blk_n_dot() {
+        assert_eq!(blk_number("blk.12.attn_q.weight"), Some((12, 4..6)));
+        assert_eq!(blk_number("v.blk.3.ffn_up.weight").map(|x| x.0), Some(3));
+        assert_eq!(blk_number("blk.x.blk.7.a").map(|x| x.0), Some(7));
+        assert_eq!(blk_number("blk.7a.b"), None);
+        assert_eq!(blk_number("token_embd.weight"), None);
+    }
+}
