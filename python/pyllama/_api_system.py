@@ -506,10 +506,10 @@ _GGML_TYPE_COUNT = 43
 def llama_model_quantize(fname_inp: Any, fname_out: Any, params: llama_model_quantize_params) -> int:
     """Quantize a GGUF model file as llama.cpp does (pyllama's quantizer writes the same
     bytes as llama-quantize). Returns 0 on success, 1 on failure (the reason is logged,
-    as llama.cpp does). ``imatrix``, ``kv_overrides``, ``tt_overrides``, ``prune_layers``
-    and ``dry_run`` are not supported: set, they raise NotImplementedError (use
-    ``pyllama quantize --imatrix FILE`` / :func:`pyllama.imatrix.quantize` for an
-    importance matrix)."""
+    as llama.cpp does; ``dry_run`` writes nothing). ``imatrix``, ``kv_overrides``,
+    ``tt_overrides`` and ``prune_layers`` (C arrays here) are not supported: set, they raise
+    NotImplementedError (use ``pyllama quantize --imatrix/--override-kv/--tensor-type/
+    --prune-layers`` or :func:`pyllama.imatrix.quantize`)."""
     import logging
     import os
 
@@ -519,9 +519,8 @@ def llama_model_quantize(fname_inp: Any, fname_out: Any, params: llama_model_qua
         if getattr(params, field, None) is not None:
             _not_supported(f"llama_model_quantize({field}=...)",
                            "pass an importance matrix as a file to pyllama.imatrix.quantize; "
-                           "metadata overrides, tensor-type patterns and layer pruning are not implemented")
-    if params.dry_run:
-        _not_supported("llama_model_quantize(dry_run=True)", "dry runs are not implemented")
+                           "for metadata overrides, tensor-type patterns and layer pruning use "
+                           "pyllama.imatrix.quantize(kv_overrides=, tensor_types=, prune_layers=)")
 
     def path(v: Any) -> str:
         return os.fsdecode(v) if isinstance(v, (bytes, bytearray)) else os.fspath(v)
@@ -547,7 +546,7 @@ def llama_model_quantize(fname_inp: Any, fname_out: Any, params: llama_model_qua
                              leave_output_tensor=not params.quantize_output_tensor, pure=bool(params.pure),
                              output_tensor_type=type_name(params.output_tensor_type),
                              token_embedding_type=type_name(params.token_embedding_type),
-                             keep_split=bool(params.keep_split))
+                             keep_split=bool(params.keep_split), dry_run=bool(params.dry_run))
     except Exception as e:  # llama.cpp logs the error and returns 1
         logging.getLogger("pyllama").error("llama_model_quantize: failed to quantize: %s", e)
         return 1

@@ -299,6 +299,10 @@ def quantize_model(
     imatrix: str | PathLike[str] | None = None,
     include_weights: Sequence[str] = ...,
     exclude_weights: Sequence[str] = ...,
+    tensor_types: Sequence[tuple[str, str]] = ...,
+    kv_overrides: Sequence[tuple[str, str, int | float | bool | str]] = ...,
+    prune_layers: Sequence[int] = ...,
+    dry_run: bool = False,
     progress: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]: ...
 def quantize_types(

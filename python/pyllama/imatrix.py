@@ -10,7 +10,7 @@ column's squared activation (per expert for expert weights) and the token counts
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 from . import _core
 
@@ -89,15 +89,28 @@ def quantize(input: PathLike, output: PathLike, ftype: str, *, n_threads: int = 
              allow_requantize: bool = False, leave_output_tensor: bool = False, pure: bool = False,
              output_tensor_type: Optional[str] = None, token_embedding_type: Optional[str] = None,
              keep_split: bool = False, include_weights: Sequence[str] = (), exclude_weights: Sequence[str] = (),
+             tensor_types: Sequence[Tuple[str, str]] = (),
+             kv_overrides: Sequence[Tuple[str, str, Union[int, float, bool, str]]] = (),
+             prune_layers: Sequence[int] = (), dry_run: bool = False,
              progress: Optional[Callable[[dict], None]] = None) -> dict:
     """Quantize a GGUF model as llama-quantize does (byte-identical output for the types
     pyllama implements). ``ftype``: a llama-quantize type name (Q4_K_M, Q8_0, IQ4_XS, ...).
     Returns a summary (size_before, size_after, n_elements, n_tensors, n_fallback, outputs,
-    warnings); ``progress(info)`` is called after each tensor."""
+    warnings); ``progress(info)`` is called after each tensor. ``tensor_types``: llama-quantize's
+    ``--tensor-type`` as (regular expression, ggml type name) pairs; the first whose
+    ``re.search`` matches a tensor's name sets its type (llama.cpp uses std::regex's ECMAScript
+    search: the same for the usual patterns). ``kv_overrides``: ``--override-kv`` as (key,
+    "int" | "float" | "bool" | "str", value) triples, set in the output's metadata as
+    llama-quantize does (int as the u32 of its absolute value, float as f32). ``prune_layers``:
+    ``--prune-layers``, block numbers to drop (the others are renumbered, block_count updated).
+    ``dry_run``: only the per-tensor plan (progress) and sizes; nothing is written and
+    ``outputs`` is empty."""
     return _core.quantize_model(Path(input), Path(output), ftype, n_threads=n_threads,
                                 allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor,
                                 pure=pure, output_tensor_type=output_tensor_type,
                                 token_embedding_type=token_embedding_type, keep_split=keep_split,
                                 imatrix=None if imatrix is None else Path(imatrix),
                                 include_weights=list(include_weights), exclude_weights=list(exclude_weights),
-                                progress=progress)
+                                tensor_types=[(str(p), str(t)) for p, t in tensor_types],
+                                kv_overrides=[tuple(o) for o in kv_overrides], prune_layers=list(prune_layers),
+                                dry_run=dry_run, progress=progress)

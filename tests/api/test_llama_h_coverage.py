@@ -235,8 +235,8 @@ def test_quantize_params_defaults():
     assert p.max_buf_size == 8 << 30 and p.imatrix is None and p.kv_overrides is None
     # a missing input is a failure (1), as llama.cpp reports it; unsupported fields raise
     assert L.llama_model_quantize(b"/nonexistent/in.gguf", b"out.gguf", p) == 1
-    p.dry_run = True
-    with pytest.raises(NotImplementedError, match="dry_run"):
+    p.kv_overrides = object()
+    with pytest.raises(NotImplementedError, match="kv_overrides"):
         L.llama_model_quantize(b"in.gguf", b"out.gguf", p)
 
 
@@ -257,6 +257,9 @@ def test_model_quantize_writes_what_pyllama_quantize_writes(tmp_path):
     quantize(src, tmp_path / "b.gguf", "Q4_K_M")
     assert hashlib.sha256((tmp_path / "a.gguf").read_bytes()).digest() == \
         hashlib.sha256((tmp_path / "b.gguf").read_bytes()).digest()
+    p.dry_run = True  # computes the plan, writes nothing
+    assert L.llama_model_quantize(str(src).encode(), str(tmp_path / "c.gguf").encode(), p) == 0
+    assert not (tmp_path / "c.gguf").exists()
 
 
 # ---------------------------------------------------------------------- save / load from file objects

@@ -5,7 +5,7 @@
   give the same bytes (SHA-256): every imatrix-free type pyllama implements on five models
   (tiny ones, MoE, fused QKV, shape fallbacks, and a 512-wide llama with planted edge
   cases), every IQ type with an importance matrix, the switches (--pure, --leave-output-tensor, --output/--token-embedding-type,
-  --keep-split), and the imatrix-weighted searches with llama-imatrix's matrix.
+  --keep-split, --tensor-type with regular expressions and NVFP4, --override-kv, --prune-layers), and the imatrix-weighted searches with llama-imatrix's matrix.
 - The per-tensor type choice equals llama.cpp's snapshots (test-quant-type-selection.cpp)
   for five real models rebuilt from their hyperparameters.
 - pyllama's importance matrix agrees with llama-imatrix's within float tolerance.
@@ -86,6 +86,18 @@ def _kwargs(args: list[str]) -> dict:
             kw["output_tensor_type"] = next(it)
         elif a == "--token-embedding-type":
             kw["token_embedding_type"] = next(it)
+        elif a == "--tensor-type":
+            from pyllama.cli.quantize import parse_tensor_type
+
+            kw.setdefault("tensor_types", []).append(parse_tensor_type(next(it)))
+        elif a == "--override-kv":
+            from pyllama.cli.quantize import parse_override_kv
+
+            kw.setdefault("kv_overrides", []).append(parse_override_kv(next(it)))
+        elif a == "--prune-layers":
+            from pyllama.cli.quantize import parse_prune_layers
+
+            kw["prune_layers"] = parse_prune_layers(next(it))
         else:
             raise AssertionError(a)
     return kw
@@ -103,7 +115,7 @@ def _marks(c: dict):
     return () if fast else (pytest.mark.slow, pytest.mark.skipif(not _SLOW, reason="slow: run with PYLLAMA_SLOW=1"))
 
 
-@pytest.mark.parametrize("case", [pytest.param(k, marks=_marks(CASES[k])) for k in sorted(CASES)])
+@pytest.mark.parametrize("case", [pytest.param(k, id=k, marks=_marks(CASES[k])) for k in sorted(CASES)])
 def test_same_bytes_as_llama_quantize(case, workdir, model_paths, imatrix_files, monkeypatch):
     c = CASES[case]
     src = model_paths(c["model"])
@@ -165,6 +177,10 @@ def test_errors(workdir, model_paths):
         quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="q8_k")
     with pytest.raises(ValueError, match="IQ2_XXS needs an importance matrix and there is none for tensor token_embd"):
         quantize(src, workdir / "e.gguf", "Q4_0", token_embedding_type="iq2_xxs")
+    with pytest.raises(ValueError, match=r"invalid regular expression 'attn\('"):
+        quantize(src, workdir / "e.gguf", "Q4_0", tensor_types=[("attn(", "q8_0")])
+    with pytest.raises(ValueError, match="unknown ggml type 'q9'"):
+        quantize(src, workdir / "e.gguf", "Q4_0", tensor_types=[("attn", "q9")])
     with pytest.raises(ValueError, match="same"):
         quantize(src, src, "Q8_0")
     with pytest.raises(FileNotFoundError):
@@ -296,3 +312,69 @@ def test_cli_quantize(workdir, model_paths, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q9"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid ftype 'Q9'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", "--dry-run", str(src), "q4_k_m"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "calculating quantization size" in r.stderr and "MiB (q4_k)" in r.stderr and "quant size" in r.stderr
+    assert not (src.parent / "ggml-model-Q4_K_M.gguf").exists() and "wrote" not in r.stdout
+    # the pattern is lowercased (as llama-quantize does): ATTN= gives attn='s bytes
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
+                        "ATTN=Q4_0", "--tensor-type", "attn_q=q5_1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    want = CASES["tiny-llama Q8_0 --tensor-type attn=q4_0 --tensor-type attn_q=q5_1"]["sha256"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == want
+    for bad, msg in (("attn_q", "malformed tensor type"), ("=q8_0", "missing tensor name"),
+                     ("attn_q=", "missing quantization type"), ("attn_q=q9", "invalid quantization type 'q9'"),
+                     ("attn[=q8_0", "invalid regular expression")):
+        r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type",
+                            bad], capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
+
+
+def test_parse_override_kv_as_llama_cpp():
+    import typer
+    from pyllama.cli.quantize import parse_override_kv as p
+
+    assert p("a.b=int:-12x") == ("a.b", "int", -12)  # atol: the number prefix
+    assert p("a=int:x") == ("a", "int", 0)
+    assert p("a=float: 2.5e1y") == ("a", "float", 25.0)
+    assert p("a=bool:false") == ("a", "bool", False)
+    assert p("a=str:x=y:z") == ("a", "str", "x=y:z")
+    for bad, msg in (("a", "malformed"), ("=int:1", "malformed"), ("k" * 128 + "=int:1", "malformed"),
+                     ("a=i32:1", "invalid type"), ("a=bool:yes", "invalid boolean"),
+                     ("a=str:" + "x" * 128, "cannot exceed 127")):
+        with pytest.raises(typer.BadParameter, match=msg):
+            p(bad)
+
+
+def test_parse_prune_layers_as_llama_cpp():
+    import typer
+    from pyllama.cli.quantize import parse_prune_layers as p
+
+    assert p("4,1, 3,1") == [1, 3, 4]  # std::stoi per item, then sorted and unique
+    assert p("2x") == [2]
+    for bad in ("-1", "x", "1,,2", ""):
+        with pytest.raises(typer.BadParameter, match="invalid layer id"):
+            p(bad)
+
+
+def test_dry_run_plans_what_a_run_writes(workdir, model_paths):
+    """--dry-run reports, tensor by tensor, the names, types and sizes the real run writes
+    (whose bytes are llama-quantize's, above), and writes nothing."""
+    src = model_paths("tiny-gemma3")
+    kw = dict(tensor_types=[("attn_v", "q8_0")], prune_layers=[1, 4], kv_overrides=[("x.y", "int", 3)])
+    plan, done = [], []
+    out = workdir / "dry.gguf"
+    s = quantize(src, out, "Q4_K_M", dry_run=True, progress=plan.append, **kw)
+    assert not out.exists() and s["outputs"] == []
+    r = quantize(src, out, "Q4_K_M", progress=done.append, **kw)
+    key = lambda d: (d["name"], d["src_type"], d["dst_type"], d["src_bytes"], d["dst_bytes"])  # noqa: E731
+    assert [key(d) for d in plan] == [key(d) for d in done]
+    assert any(d["name"] == "blk.3.attn_v.weight" and d["dst_type"] == "Q8_0" for d in plan)  # blk.5 renumbered
+    assert (s["size_before"], s["size_after"], s["n_tensors"]) == (r["size_before"], r["size_after"], r["n_tensors"])
+    out.unlink()
+    # no quantizer runs: a type that needs an importance matrix only warns, as in llama-quantize
+    s = quantize(model_paths("tiny-llama"), out, "IQ2_XXS", dry_run=True)
+    assert not out.exists()
+    assert s["warnings"][-1].startswith("dry run completed successfully, but actually completing this quantization "
+                                        "will require an imatrix")

@@ -34,6 +34,82 @@ def _ftype_names() -> list[str]:
     return [n for n, _ in _core.quantize_ftypes()]
 
 
+# ggml_type_name of every ggml type (what llama-quantize's parse_ggml_type accepts).
+GGML_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+              "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8",
+              "I16", "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0"}
+
+
+def parse_tensor_type(arg: str) -> tuple[str, str]:
+    """``--tensor-type NAME_REGEX=TYPE`` as llama-quantize parses it: split at the first '=',
+    the pattern lowercased, TYPE a ggml type name (any case) -> (pattern, TYPE)."""
+    import re
+
+    name, sep, ty = arg.partition("=")
+    if not sep:
+        raise typer.BadParameter(f"--tensor-type: malformed tensor type '{arg}' (give NAME_REGEX=TYPE)")
+    if not name:
+        raise typer.BadParameter(f"--tensor-type '{arg}': missing tensor name")
+    if not ty:
+        raise typer.BadParameter(f"--tensor-type '{arg}': missing quantization type")
+    if ty.upper() not in GGML_TYPES:
+        raise typer.BadParameter(f"--tensor-type '{arg}': invalid quantization type '{ty}'")
+    name = name.lower()
+    try:
+        re.compile(name)
+    except re.error as e:
+        raise typer.BadParameter(f"--tensor-type '{arg}': invalid regular expression: {e}") from None
+    return name, ty.upper()
+
+
+def _c_number(s: str, pattern: str, conv):
+    """C's atol/atof: leading blanks, the longest number prefix, 0 when there is none."""
+    import re
+
+    m = re.match(r"[ \t\n\v\f\r]*(" + pattern + ")", s)
+    return conv(m.group(1)) if m else conv("0")
+
+
+def parse_override_kv(arg: str) -> tuple[str, str, object]:
+    """``--override-kv KEY=TYPE:VALUE`` as llama.cpp's string_parse_kv_override reads it
+    (TYPE int, float, bool or str; int/float values read as atol/atof do)."""
+    key, sep, rest = arg.partition("=")
+    if not sep or not key or len(key.encode()) >= 128:
+        raise typer.BadParameter(f"--override-kv: malformed KV override '{arg}' (give KEY=TYPE:VALUE)")
+    tag, colon, val = rest.partition(":")
+    if not colon or tag not in ("int", "float", "bool", "str"):
+        raise typer.BadParameter(f"--override-kv: invalid type for KV override '{arg}' (int, float, bool or str)")
+    if tag == "int":
+        v: object = _c_number(val, r"[+-]?\d+", int)
+        if not -(1 << 63) <= v < (1 << 63):  # type: ignore[operator]
+            raise typer.BadParameter(f"--override-kv '{arg}': integer out of range")
+    elif tag == "float":
+        v = _c_number(val, r"[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", float)
+    elif tag == "bool":
+        if val not in ("true", "false"):
+            raise typer.BadParameter(f"--override-kv: invalid boolean value for KV override '{arg}'")
+        v = val == "true"
+    else:
+        if len(val.encode()) > 127:
+            raise typer.BadParameter(f"--override-kv: malformed KV override '{arg}', value cannot exceed 127 chars")
+        v = val
+    return key, tag, v
+
+
+def parse_prune_layers(arg: str) -> list[int]:
+    """``--prune-layers L0,L1,...`` as llama-quantize reads it (std::stoi per item: leading
+    blanks, a number prefix; negative or no number is an error) -> sorted, unique."""
+    import re
+
+    out = []
+    for item in arg.split(","):
+        m = re.match(r"[ \t\n\v\f\r]*([+-]?\d+)", item)
+        if not m or int(m.group(1)) < 0 or int(m.group(1)) >= 1 << 31:
+            raise typer.BadParameter(f"--prune-layers: invalid layer id '{item}'")
+        out.append(int(m.group(1)))
+    return sorted(set(out))
+
+
 def parse_positionals(args: List[str]) -> tuple[str, Optional[str], str, Optional[int]]:
     """llama-quantize's positional arguments: ``IN [OUT] TYPE [nthreads]`` -> (in, out or
     None for ggml-model-TYPE.gguf beside IN, type name, nthreads or None)."""
@@ -81,6 +157,22 @@ def quantize_cmd(
     output_tensor_type: Optional[str] = typer.Option(None, "--output-tensor-type", help="ggml type of output.weight"),
     token_embedding_type: Optional[str] = typer.Option(None, "--token-embedding-type", help="ggml type of the token embeddings"),
     keep_split: bool = typer.Option(False, "--keep-split", help="write the same splits as the input"),
+    tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="NAME_REGEX=TYPE",
+                                          help="quantize tensors whose name matches NAME_REGEX (lowercased; searched "
+                                               "with Python's re, which agrees with llama.cpp's std::regex on the usual "
+                                               "patterns) as ggml TYPE, e.g. attn_q=q8_0 or 'blk\\.[0-3]\\.ffn=q6_k'; "
+                                               "repeatable, the first match wins; not for output.weight / token_embd "
+                                               "when --output-tensor-type / --token-embedding-type name them"),
+    override_kv: List[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
+                                          help="set metadata KEY in the output (TYPE int, float, bool or str; int is "
+                                               "written as u32, float as f32, as llama-quantize does) and in what "
+                                               "the type mixes read (block_count, head counts, expert_count); "
+                                               "repeatable"),
+    prune_layers: Optional[str] = typer.Option(None, "--prune-layers", metavar="L0,L1,...",
+                                               help="drop these blocks (blk.N.*), renumber the rest and update "
+                                                    "block_count"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print each tensor's target type and size and the "
+                                                          "totals; write nothing"),
 ) -> None:
     """Quantize a GGUF model the way llama-quantize does (same bytes)."""
     from .. import _core
@@ -93,25 +185,27 @@ def quantize_cmd(
     if (include_weights or exclude_weights) and imatrix is None:
         raise typer.BadParameter("--include-weights / --exclude-weights need --imatrix")
     for flag, t in (("--output-tensor-type", output_tensor_type), ("--token-embedding-type", token_embedding_type)):
-        if t is not None and t.upper() not in {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-                                                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS",
-                                                "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16",
-                                                "I32", "I64", "F64", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4",
-                                                "NVFP4", "Q1_0", "Q2_0"}:
+        if t is not None and t.upper() not in GGML_TYPES:
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
+    tensor_types = [parse_tensor_type(s) for s in tensor_type]
+    kv_overrides = [parse_override_kv(s) for s in override_kv]
+    prune = parse_prune_layers(prune_layers) if prune_layers is not None else []
     ftype_name = next(n for n, i in _core.quantize_ftypes()
                       if n.upper() == ftype.upper() or str(i) == ftype.strip())
-    if out is None:
+    if out is None and not dry_run:
         base = os.path.dirname(inp)
         out = os.path.join(base, f"ggml-model-{ftype_name}") + ("" if keep_split else ".gguf")
     threads = nthreads if nthreads is not None and nthreads > 0 else (os.cpu_count() or 1)
-    print(f"quantize: quantizing '{inp}' to '{out}' as {ftype_name}"
-          + (f" using {nthreads} threads" if nthreads and nthreads > 0 else ""), file=sys.stderr)
+    what = (f"calculating quantization size for '{inp}' as {ftype_name}" if dry_run
+            else f"quantizing '{inp}' to '{out}' as {ftype_name}")
+    print(f"quantize: {what}" + (f" using {nthreads} threads" if nthreads and nthreads > 0 else ""), file=sys.stderr)
 
     def progress(t: dict) -> None:
         src, dst = t["src_type"].lower(), t["dst_type"].lower()
         line = f"[{t['index']:4d}/{t['total']:4d}] {t['name']:>36s} - [{_shape(t['shape'])}], type = {src:>6s}, "
-        if src != dst:
+        if src != dst and dry_run:
+            line += f"size = {_mib(t['src_bytes']):8.2f} MiB -> {_mib(t['dst_bytes']):8.2f} MiB ({dst})"
+        elif src != dst:
             line += f"converting to {dst} .. size = {_mib(t['src_bytes']):8.2f} MiB -> {_mib(t['dst_bytes']):8.2f} MiB"
         else:
             line += f"size = {_mib(t['dst_bytes']):8.3f} MiB"
@@ -119,10 +213,11 @@ def quantize_cmd(
 
     t0 = time.perf_counter()
     try:
-        s = quantize(inp, out, ftype_name, n_threads=threads, imatrix=imatrix, allow_requantize=allow_requantize,
+        s = quantize(inp, out if out is not None else os.devnull, ftype_name, n_threads=threads, imatrix=imatrix, allow_requantize=allow_requantize,
                      leave_output_tensor=leave_output_tensor, pure=pure, output_tensor_type=output_tensor_type,
                      token_embedding_type=token_embedding_type, keep_split=keep_split,
-                     include_weights=include_weights, exclude_weights=exclude_weights, progress=progress)
+                     include_weights=include_weights, exclude_weights=exclude_weights, tensor_types=tensor_types,
+                     kv_overrides=kv_overrides, prune_layers=prune, dry_run=dry_run, progress=progress)
     except (PyllamaError, ValueError, FileNotFoundError, OSError, MemoryError) as e:
         typer.echo(f"error: failed to quantize: {e}", err=True)
         raise typer.Exit(1) from None
@@ -136,7 +231,8 @@ def quantize_cmd(
         print(f"quantize: WARNING: {s['n_fallback']} of {s['n_tensors']} tensor(s) required fallback quantization",
               file=sys.stderr)
     print(f"\nquantize: quantize time = {dt * 1e3:8.2f} ms")
-    print(f"quantize: wrote {', '.join(s['outputs'])}")
+    if not dry_run:
+        print(f"quantize: wrote {', '.join(s['outputs'])}")
 
 
 def _ctx_size(ctx, param, value):

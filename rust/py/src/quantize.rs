@@ -27,7 +27,7 @@ fn ftype_of(name: &str) -> PyResult<select::Ftype> {
 #[pyfunction]
 #[pyo3(signature = (input, output, ftype, *, n_threads = 1, allow_requantize = false, leave_output_tensor = false,
     pure = false, output_tensor_type = None, token_embedding_type = None, keep_split = false, imatrix = None,
-    include_weights = Vec::new(), exclude_weights = Vec::new(), progress = None))]
+    include_weights = Vec::new(), exclude_weights = Vec::new(), tensor_types = Vec::new(), kv_overrides = Vec::new(), prune_layers = Vec::new(), dry_run = false, progress = None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_model<'py>(
     py: Python<'py>,
@@ -44,6 +44,10 @@ fn quantize_model<'py>(
     imatrix: Option<std::path::PathBuf>,
     include_weights: Vec<String>,
     exclude_weights: Vec<String>,
+    tensor_types: Vec<(String, String)>,
+    kv_overrides: Vec<(String, String, Bound<'py, PyAny>)>,
+    prune_layers: Vec<u32>,
+    dry_run: bool,
     progress: Option<PyObject>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let ft = ftype_of(ftype)?;
@@ -62,8 +66,55 @@ fn quantize_model<'py>(
         pure,
         has_imatrix: false,
         tensor_types: Vec::new(),
+        tensor_type_matcher: None,
     };
+    let mut sel = sel;
+    if !tensor_types.is_empty() {
+        // llama.cpp searches names with std::regex (ECMAScript); Python's re.search agrees on
+        // the subset used in practice (literals, ., [], |, \d, anchors, groups, quantifiers).
+        let re = py.import("re")?;
+        let mut compiled: Vec<PyObject> = Vec::new();
+        for (pat, ty) in &tensor_types {
+            let c = re.call_method1("compile", (pat,)).map_err(|e| {
+                PyValueError::new_err(format!("tensor_types: invalid regular expression '{pat}': {}", e.value(py)))
+            })?;
+            compiled.push(c.unbind());
+            sel.tensor_types.push((pat.clone(), ggml_type(ty, &format!("tensor_types '{pat}'"))?));
+        }
+        let compiled = std::sync::Arc::new(compiled);
+        sel.tensor_type_matcher = Some(select::TensorTypeMatcher(std::sync::Arc::new(move |i: usize, name: &str| {
+            Python::with_gil(|py| {
+                compiled[i]
+                    .call_method1(py, "search", (name,))
+                    .map(|m| !m.is_none(py))
+                    .unwrap_or(false)
+            })
+        })));
+    }
+    // llama-quantize's --override-kv, written as llama_model_quantize_impl does: int as u32
+    // of its absolute value, float as f32; then the imatrix keys.
+    let user_kv = kv_overrides;
     let mut kv_overrides = Vec::new();
+    for (key, tag, v) in &user_kv {
+        if key.is_empty() || key.len() >= 128 {
+            return Err(PyValueError::new_err(format!("kv_overrides: key '{key}' must have 1 to 127 bytes")));
+        }
+        let bad = |e: PyErr| PyValueError::new_err(format!("kv_overrides {key}: {tag} value: {}", e.value(py)));
+        let val = match tag.as_str() {
+            "int" => Value::U32(v.extract::<i64>().map_err(bad)?.unsigned_abs() as u32),
+            "float" => Value::F32(v.extract::<f64>().map_err(bad)? as f32),
+            "bool" => Value::Bool(v.extract::<bool>().map_err(bad)?),
+            "str" => {
+                let s: String = v.extract().map_err(bad)?;
+                if s.len() > 127 {
+                    return Err(PyValueError::new_err(format!("kv_overrides {key}: a str value has at most 127 bytes")));
+                }
+                Value::String(s.into_bytes())
+            }
+            _ => return Err(PyValueError::new_err(format!("kv_overrides {key}: type '{tag}' is not int, float, bool or str"))),
+        };
+        kv_overrides.push((key.clone(), val));
+    }
     let mut weights = None;
     if let Some(path) = &imatrix {
         let p = path.to_string_lossy().into_owned();
@@ -98,6 +149,8 @@ fn quantize_model<'py>(
         keep_split,
         imatrix: weights,
         kv_overrides,
+        prune_layers,
+        dry_run,
     };
     let inp = input.to_string_lossy().into_owned();
     let out = output.to_string_lossy().into_owned();
@@ -192,6 +245,7 @@ fn quantize_types(
         pure,
         has_imatrix,
         tensor_types: Vec::new(),
+        tensor_type_matcher: None,
     };
     let mut descs = Vec::with_capacity(tensors.len());
     for (name, shape, ty) in tensors {

@@ -61,6 +61,42 @@ def cases() -> list[dict]:
         dict(model="tiny-llama", args=["--keep-split"], type="Q8_0"),
         dict(model="wide-llama", args=["--token-embedding-type", "iq1_m", "--output-tensor-type", "iq2_s"], type="Q4_0"),
     ]
+    # --tensor-type: regular expressions searched in tensor names, the first match wins, only
+    # when the ftype's default type is quantized, not over --output/--token-embedding-type;
+    # NVFP4 output is only reachable this way
+    out += [
+        dict(model="tiny-llama", args=["--tensor-type", "attn_q=q8_0", "--tensor-type", "ffn_down=q5_0"], type="Q4_K_M"),
+        dict(model="tiny-llama", args=["--tensor-type", "attn=q4_0", "--tensor-type", "attn_q=q5_1"], type="Q8_0"),
+        dict(model="tiny-llama", args=["--tensor-type", "ATTN_K=Q6_K"], type="F16"),
+        dict(model="wide-llama", args=["--tensor-type", r"blk\.[01]\.ffn_(up|gate)=iq4_nl", "--tensor-type",
+                                       r"^blk\.\d+\.attn_v\.weight$=q6_k", "--tensor-type", "output=q8_0"],
+             type="Q4_K_M"),
+        dict(model="wide-llama", args=["--tensor-type", "token_embd|output=q5_k", "--output-tensor-type", "q4_0"],
+             type="Q3_K_S"),
+        dict(model="wide-llama", args=["--tensor-type", "weight=nvfp4"], type="Q8_0"),
+        dict(model="tiny-qwen3moe", args=["--tensor-type", "_exps=q4_k", "--tensor-type", "attn_.*=iq4_xs"],
+             type="Q5_K_M"),
+    ]
+    # --override-kv: new keys appended, existing ones moved to the end; int written as u32 of
+    # its absolute value, float as f32, C's atol/atof reading
+    out += [
+        dict(model="tiny-llama", args=["--override-kv", "general.name=str:renamed", "--override-kv", "test.i=int:-7",
+                                       "--override-kv", "test.f=float:0.1", "--override-kv", "test.b=bool:true",
+                                       "--override-kv", "llama.context_length=int:77x", "--override-kv",
+                                       "test.e=float: 1e-3junk"], type="Q8_0"),
+        # llama-quantize loads the input with the overrides: hyperparameters the mixes read count
+        dict(model="tiny-qwen3moe", args=["--override-kv", "qwen3moe.expert_count=int:8"], type="Q4_K_M"),
+        dict(model="wide-llama", args=["--override-kv", "llama.attention.head_count_kv=int:1"], type="IQ4_XS"),
+        dict(model="wide-llama", args=["--override-kv", "llama.block_count=int:16"], type="Q4_K_M"),
+    ]
+    # --prune-layers: blocks dropped, the rest renumbered, block_count updated; the mixes still
+    # count the original layers
+    out += [
+        dict(model="wide-llama", args=["--prune-layers", "1"], type="Q4_K_M"),
+        dict(model="tiny-llama", args=["--prune-layers", "0"], type="Q3_K_M"),
+        dict(model="tiny-qwen3moe", args=["--prune-layers", "1"], type="Q4_K_S"),
+        dict(model="tiny-gemma3", args=["--prune-layers", "4,1, 3"], type="Q4_K_M"),
+    ]
     for t in IMATRIX_TYPES:
         out.append(dict(model="text-llama", args=[], type=t, imatrix="text-llama"))
         out.append(dict(model="wide-llama", args=[], type=t, imatrix="wide-llama"))
@@ -96,12 +132,41 @@ def synthetic_imatrix(path: Path, model_path: Path) -> None:
     save_imatrix(path, entries, datasets=["synthetic"], chunk_count=1, chunk_size=100)
 
 
+def run_case(lq: Path, c: dict, paths: dict, tmp: Path) -> dict:
+    """llama-quantize on one imatrix-free case -> its reference entry."""
+    out = tmp / "out.gguf"
+    subprocess.run([str(lq), *c["args"], str(paths[c["model"]]), str(out), c["type"], "2"], cwd=tmp, check=True,
+                   capture_output=True)
+    written = out if out.exists() else tmp / "out-00001-of-00001.gguf"
+    data = written.read_bytes()
+    written.unlink()
+    return {**c, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "output": written.name}
+
+
+def add_missing(lq: Path) -> None:
+    ref = json.loads((HERE / "reference.json").read_text())
+    todo = [c for c in cases() if case_id(c) not in ref["cases"]]
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        paths = {m: models.write_model(m, tmp / "models") for m in {c["model"] for c in todo}}
+        for c in todo:
+            assert not c.get("imatrix"), "imatrix cases need a full run"
+            ref["cases"][case_id(c)] = run_case(lq, c, paths, tmp)
+            print(case_id(c), ref["cases"][case_id(c)]["size"], flush=True)
+    (HERE / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     default_bin = os.environ.get("LLAMA_CPP_BIN", str(Path.home() / ".cache/pyllama/llama.cpp/build-avx2/bin"))
     ap.add_argument("--bin", default=default_bin)
+    ap.add_argument("--missing", action="store_true",
+                    help="only add the imatrix-free cases reference.json lacks (keeps everything else)")
     a = ap.parse_args()
     lq, li = Path(a.bin) / "llama-quantize", Path(a.bin) / "llama-imatrix"
+    if a.missing:
+        add_missing(lq)
+        return
     ref: dict = {"generator": "llama-quantize / llama-imatrix of llama.cpp 0c1e570 (build-avx2)", "cases": {}}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)

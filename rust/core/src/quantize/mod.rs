@@ -37,8 +37,13 @@ pub struct QuantizeParams {
     pub keep_split: bool,
     /// Per-tensor importance (already divided by the counts, as llama-quantize loads it).
     pub imatrix: Option<HashMap<String, Vec<f32>>>,
-    /// Extra metadata appended last (llama-quantize's quantize.imatrix.* keys).
+    /// Extra metadata appended last (--override-kv, then llama-quantize's quantize.imatrix.* keys).
     pub kv_overrides: Vec<(String, Value)>,
+    /// `--prune-layers`: blocks to drop (the rest are renumbered from 0, block_count updated).
+    pub prune_layers: Vec<u32>,
+    /// `--dry-run`: report each tensor's target type and size, write nothing (no quantizer
+    /// runs, so neither a missing importance matrix nor a type without one stops it).
+    pub dry_run: bool,
 }
 
 /// One line of progress: a tensor has been written.
@@ -74,13 +79,24 @@ fn invalid(msg: impl Into<String>) -> Error {
 /// What the type choice needs from the file: `{arch}.block_count`, head counts (layer 0),
 /// `expert_count`, and whether llama.cpp calls the model a 70B.
 pub fn model_info(f: &GgufFile) -> Result<ModelInfo> {
+    model_info_with(f, &[])
+}
+
+/// `model_info` as llama-quantize's loader sees the file with `--override-kv` applied: an
+/// override of a hyperparameter the mixes read changes their choices (an int override is
+/// the only kind llama.cpp accepts for them).
+pub fn model_info_with(f: &GgufFile, overrides: &[(String, Value)]) -> Result<ModelInfo> {
     let arch = f
         .get("general.architecture")
         .and_then(|v| v.as_str())
         .ok_or_else(|| invalid(format!("{}: no general.architecture string", f.path)))?
         .to_string();
     let u = |key: &str| -> Option<u64> {
-        match f.get(&format!("{arch}.{key}"))? {
+        let full = format!("{arch}.{key}");
+        if let Some((_, v)) = overrides.iter().rev().find(|(k, _)| *k == full) {
+            return v.as_i64().map(|v| v.max(0) as u64);
+        }
+        match f.get(&full)? {
             Value::Array(a) => a.get(0).and_then(|v| v.as_i64()).map(|v| v.max(0) as u64),
             v => v.as_i64().map(|v| v.max(0) as u64),
         }
@@ -101,6 +117,59 @@ pub fn model_info(f: &GgufFile) -> Result<ModelInfo> {
 struct SrcTensor<'a> {
     info: &'a TensorInfo,
     file: usize,
+    /// The name written (differs from `info.name` when --prune-layers renumbers blocks).
+    name: String,
+}
+
+/// The block number in `blk.N.` (the first such part of the name) and its byte range.
+fn blk_number(name: &str) -> Option<(u64, std::ops::Range<usize>)> {
+    let mut from = 0;
+    while let Some(i) = name[from..].find("blk.") {
+        let start = from + i + 4;
+        let digits = name[start..].bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 && name.as_bytes().get(start + digits) == Some(&b'.') {
+            let n = name[start..start + digits].parse::<u64>().ok()?;
+            return Some((n, start..start + digits));
+        }
+        from = from + i + 1;
+    }
+    None
+}
+
+/// llama-quantize's `remap_layer` over the tensors in weights-map order: pruned blocks'
+/// tensors are dropped, blocks below the first pruned one keep their number, the others are
+/// numbered on from there. Returns the new block count.
+fn prune_and_renumber(tensors: &mut Vec<SrcTensor>, prune: &[u32]) -> Result<u32> {
+    let mut mapped: HashMap<u64, Option<u64>> = HashMap::new();
+    let mut next_id: u64 = 0;
+    let first = *prune.first().unwrap_or(&0) as u64;
+    let mut kept = Vec::with_capacity(tensors.len());
+    for mut t in tensors.drain(..) {
+        if let Some((blk, range)) = blk_number(&t.info.name) {
+            let m = *mapped.entry(blk).or_insert_with(|| {
+                if prune.iter().any(|&p| p as u64 == blk) {
+                    None
+                } else if blk < first {
+                    next_id = blk + 1;
+                    Some(blk)
+                } else {
+                    next_id += 1;
+                    Some(next_id - 1)
+                }
+            });
+            match m {
+                None => continue,
+                Some(n) => {
+                    let mut name = t.info.name.clone();
+                    name.replace_range(range, &n.to_string());
+                    t.name = name;
+                }
+            }
+        }
+        kept.push(t);
+    }
+    *tensors = kept;
+    u32::try_from(next_id).map_err(|_| invalid("block count after pruning does not fit in u32"))
 }
 
 /// Quantize `input` (a GGUF file, or the first of a split set) into `output` as
@@ -130,7 +199,14 @@ pub fn quantize_model(
             files.push(GgufFile::open(&crate::model::split_path(&prefix, i, n_split_in), LoadMode::Mmap)?);
         }
     }
-    let model = model_info(&files[0])?;
+    for (k, v) in &p.kv_overrides {
+        let arch = files[0].get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+        let hp = ["block_count", "attention.head_count", "attention.head_count_kv", "expert_count"];
+        if hp.iter().any(|h| *k == format!("{arch}.{h}")) && !matches!(v, Value::U32(_)) {
+            return Err(invalid(format!("override for {k}: llama.cpp reads it as an integer (give int:N)")));
+        }
+    }
+    let model = model_info_with(&files[0], &p.kv_overrides)?;
 
     let mut tensors: Vec<SrcTensor> = Vec::new();
     for (fi, f) in files.iter().enumerate() {
@@ -138,13 +214,20 @@ pub fn quantize_model(
             if tensors.iter().any(|s| s.info.name == t.name) {
                 return Err(invalid(format!("{input}: duplicate tensor '{}'", t.name)));
             }
-            tensors.push(SrcTensor { info: t, file: fi });
+            tensors.push(SrcTensor { info: t, file: fi, name: t.name.clone() });
         }
     }
-    let n_tensors = tensors.len();
     // llama_model_loader's weights_map order (layer number, then name); --keep-split keeps
     // the split index first and the file offset within it.
     tensors.sort_by(|a, b| select::tensor_order(&a.info.name, &b.info.name));
+    let mut block_count = None;
+    if !p.prune_layers.is_empty() {
+        let mut prune = p.prune_layers.clone();
+        prune.sort_unstable();
+        prune.dedup();
+        block_count = Some(prune_and_renumber(&mut tensors, &prune)?);
+    }
+    let n_tensors = tensors.len();
     if p.keep_split {
         tensors.sort_by(|a, b| a.file.cmp(&b.file).then(a.info.offset.cmp(&b.info.offset)));
     }
@@ -162,20 +245,20 @@ pub fn quantize_model(
     let _ = default;
 
     // Preliminary pass: target types.
-    let mut selector = Selector::new(&model, &sp, tensors.iter().map(|t| t.info.name.as_str()));
+    let mut selector = Selector::new(&model, &sp, tensors.iter().map(|t| t.name.as_str()));
     let mut targets = Vec::with_capacity(n_tensors);
     for t in &tensors {
-        let desc = TensorDesc { name: t.info.name.clone(), ty: t.info.ty, ne: t.info.ne };
+        let desc = TensorDesc { name: t.name.clone(), ty: t.info.ty, ne: t.info.ne };
         let allows = select::allows_quantization(&sp, &model.arch, &desc);
         let target = if allows { selector.target_type(&desc).map_err(invalid)? } else { t.info.ty };
-        let needs = select::tensor_requires_imatrix(&t.info.name, target, ftype);
-        if p.imatrix.is_none() && allows && needs {
+        let needs = select::tensor_requires_imatrix(&t.name, target, ftype);
+        if p.imatrix.is_none() && allows && needs && !p.dry_run {
             return Err(invalid(format!(
                 "this quantization requires an importance matrix (--imatrix): tensor {} would be {target}",
-                t.info.name
+                t.name
             )));
         }
-        if target != t.info.ty && !kernels::can_quantize(target) {
+        if target != t.info.ty && !kernels::can_quantize(target) && !p.dry_run {
             return Err(Error::Unsupported(format!(
                 "pyllama cannot quantize to {target} (tensor {}): no quantizer for that type",
                 t.info.name
@@ -200,6 +283,9 @@ pub fn quantize_model(
     for (k, v) in &p.kv_overrides {
         set(&mut kv0, k, v.clone());
     }
+    if let Some(n) = block_count {
+        set(&mut kv0, &format!("{}.block_count", model.arch), Value::U32(n));
+    }
     let alignment = match kv0.iter().find(|(k, _)| k == "general.alignment") {
         Some((_, Value::U32(a))) if *a > 0 && a.is_power_of_two() => *a as u64,
         Some(_) => return Err(invalid(format!("{input}: general.alignment must be a power-of-two u32"))),
@@ -222,7 +308,7 @@ pub fn quantize_model(
     } else {
         vec![output.to_string()]
     };
-    for o in &outputs {
+    for o in outputs.iter().filter(|_| !p.dry_run) {
         for f in &files {
             if same_file(&f.path, o) {
                 return Err(invalid(format!("input and output files are the same: '{o}'")));
@@ -260,6 +346,42 @@ pub fn quantize_model(
         ..Default::default()
     };
     let mut index = 0usize;
+    if p.dry_run {
+        summary.outputs.clear();
+        let mut will_require_imatrix = false;
+        for o in per_split.iter().flatten() {
+            index += 1;
+            let t = tensors[o.src].info;
+            let (target, needs) = targets[o.src];
+            let _ = target;
+            will_require_imatrix |= needs && select::allows_quantization(&sp, &model.arch, &TensorDesc {
+                name: tensors[o.src].name.clone(),
+                ty: t.ty,
+                ne: t.ne,
+            });
+            summary.size_before += t.nbytes;
+            summary.size_after += o.nbytes;
+            let go_on = progress(&TensorProgress {
+                index,
+                total: n_tensors,
+                name: tensors[o.src].name.clone(),
+                ne: t.ne,
+                src_type: t.ty,
+                dst_type: target,
+                src_bytes: t.nbytes,
+                dst_bytes: o.nbytes,
+                note: None,
+            });
+            if !go_on {
+                return Err(Error::Cancelled);
+            }
+        }
+        if will_require_imatrix && p.imatrix.is_none() {
+            warnings.push("dry run completed successfully, but actually completing this quantization will require an imatrix!".into());
+        }
+        summary.warnings = warnings;
+        return Ok(summary);
+    }
     for (s, list) in per_split.iter().enumerate() {
         let path = &outputs[s];
         let file = std::fs::File::create(path).map_err(|e| Error::Io { path: path.clone(), what: "create".into(), source: e })?;
@@ -277,7 +399,7 @@ pub fn quantize_model(
         }
         for o in list {
             let t = tensors[o.src].info;
-            write_str(&mut head, t.name.as_bytes());
+            write_str(&mut head, tensors[o.src].name.as_bytes());
             let n_dims = (1..4).rev().find(|&i| t.ne[i] != 1).map(|i| i + 1).unwrap_or(1);
             head.extend_from_slice(&(n_dims as u32).to_le_bytes());
             for d in 0..n_dims {
@@ -344,7 +466,7 @@ pub fn quantize_model(
             let go_on = progress(&TensorProgress {
                 index,
                 total: n_tensors,
-                name: t.name.clone(),
+                name: st.name.clone(),
                 ne: t.ne,
                 src_type: t.ty,
                 dst_type: target,
@@ -562,4 +684,18 @@ fn par_each<T: Send>(items: Vec<T>, n_threads: usize, f: impl Fn(T) + Sync) {
             });
         }
     });
+}
+
+#[cfg(test)]
+mod prune_tests {
+    use super::blk_number;
+
+    #[test]
+    fn blk_number_is_the_first_blk_n_dot() {
+        assert_eq!(blk_number("blk.12.attn_q.weight"), Some((12, 4..6)));
+        assert_eq!(blk_number("v.blk.3.ffn_up.weight").map(|x| x.0), Some(3));
+        assert_eq!(blk_number("blk.x.blk.7.a").map(|x| x.0), Some(7));
+        assert_eq!(blk_number("blk.7a.b"), None);
+        assert_eq!(blk_number("token_embd.weight"), None);
+    }
 }

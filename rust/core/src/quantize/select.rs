@@ -260,9 +260,35 @@ pub struct SelectParams {
     pub only_copy: bool,
     pub pure: bool,
     pub has_imatrix: bool,
-    /// `--tensor-type PATTERN=TYPE` (regular expressions in llama.cpp); pyllama matches
-    /// them as substrings, which is what the documented examples (attn_q=q8_0) use.
+    /// `--tensor-type PATTERN=TYPE`, in order (the first pattern that matches a name wins).
     pub tensor_types: Vec<(String, GgmlType)>,
+    /// How a pattern matches a tensor name: llama.cpp uses `std::regex_search`; the caller
+    /// supplies the regular-expression search (Python's `re.search` in the binding). Without
+    /// one, a pattern matches names that contain it as a substring.
+    pub tensor_type_matcher: Option<TensorTypeMatcher>,
+}
+
+/// `(pattern index, tensor name) -> matches?` for `SelectParams::tensor_types`.
+#[derive(Clone)]
+pub struct TensorTypeMatcher(pub std::sync::Arc<dyn Fn(usize, &str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for TensorTypeMatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TensorTypeMatcher")
+    }
+}
+
+impl SelectParams {
+    /// The type of the first `--tensor-type` pattern that matches `name`.
+    pub fn manual_type(&self, name: &str) -> Option<GgmlType> {
+        self.tensor_types.iter().enumerate().find_map(|(i, (pat, ty))| {
+            let hit = match &self.tensor_type_matcher {
+                Some(m) => (m.0)(i, name),
+                None => name.contains(pat.as_str()),
+            };
+            hit.then_some(*ty)
+        })
+    }
 }
 
 impl Default for SelectParams {
@@ -276,6 +302,7 @@ impl Default for SelectParams {
             pure: false,
             has_imatrix: false,
             tensor_types: Vec::new(),
+            tensor_type_matcher: None,
         }
     }
 }
@@ -425,7 +452,7 @@ impl<'a> Selector<'a> {
         let cat = category(&t.name);
         let default = default_type(p.ftype).ok_or_else(|| format!("invalid output file type {}", p.ftype))?;
         if let (Some(tt), Category::TokenEmbd) = (p.token_embedding_type, cat) {
-            let named = t.name == "per_layer_token_embd.weight" && p.tensor_types.iter().any(|(pat, _)| t.name.contains(pat.as_str()));
+            let named = t.name == "per_layer_token_embd.weight" && p.manual_type(&t.name).is_some();
             if !named {
                 return Ok(tt);
             }
@@ -435,15 +462,12 @@ impl<'a> Selector<'a> {
         }
         let mut new_type = default;
         if is_quantized(default) {
-            let mut manual = false;
-            for (pat, qt) in &p.tensor_types {
-                if t.name.contains(pat.as_str()) {
-                    if *qt != new_type {
-                        self.warnings.push(format!("{}: applying manual override: {} -> {}", t.name, new_type, qt));
-                        new_type = *qt;
-                    }
-                    manual = true;
-                    break;
+            let manual_type = if p.tensor_types.is_empty() { None } else { p.manual_type(&t.name) };
+            let manual = manual_type.is_some();
+            if let Some(qt) = manual_type {
+                if qt != new_type {
+                    self.warnings.push(format!("{}: applying manual override: {} -> {}", t.name, new_type, qt));
+                    new_type = qt;
                 }
             }
             if !manual && !p.pure {
