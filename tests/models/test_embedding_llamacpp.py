@@ -104,7 +104,7 @@ def test_llamacpp_order_embeddings_bit_identical(smollm2_path, gemma3_path):
     # Gemma 3 (batch-size dependent Q4_K / Q6_K kernels in llama.cpp) and batches of 592
     # tokens: two micro-batches of >= 64 queries, many sequences in one unified cache
     paths = {"smollm2": str(smollm2_path), "gemma3": str(gemma3_path)}
-    code = _CHILD.format(tests=str(Path(__file__).parents[1]), paths=paths)
+    code = _CHILD.format(tests=str(Path(__file__).parent), paths=paths)
     env = dict(os.environ, PYLLAMA_ORDER="llamacpp")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]

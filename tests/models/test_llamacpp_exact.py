@@ -73,7 +73,7 @@ def test_llamacpp_order_bit_identical(which, request):
                      "qwen25": ("qwen25_path", "qwen2.5-coder-0.5b-q4_k_m")}[which]
     path = request.getfixturevalue(fixture)
     prefix = DATA / "reference" / name
-    code = _CHILD.format(tests=str(Path(__file__).parents[1]), model=str(path), prefix=str(prefix))
+    code = _CHILD.format(tests=str(Path(__file__).parent), model=str(path), prefix=str(prefix))
     env = dict(os.environ, PYLLAMA_ORDER="llamacpp")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
