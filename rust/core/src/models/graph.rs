@@ -827,7 +827,7 @@ impl Step<'_> {
         let hp = self.hp;
         let il = c.il;
         let n = self.n;
-        let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
+        let n_head_kv = hp.n_head_kv(il);
         let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
         if let Some(src) = x.kv_from {
             // a layer without a cache of its own: q only, then the keys and values layer
@@ -857,24 +857,7 @@ impl Step<'_> {
             if c.q_scale != 1.0 {
                 act::scale(&mut b.q[..n * qw], c.q_scale);
             }
-            let p = AttnParams {
-                il: src,
-                n_head,
-                n_head_kv,
-                hd_k,
-                hd_v,
-                scale: c.kq_scale,
-                softcap: c.softcap,
-                n_swa: c.n_swa,
-                chunked: c.chunked,
-                sinks: c.sinks,
-            };
-            self.attend_only(&p, il)?;
-            let b = &mut *self.b;
-            Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
-            add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
-            cb!(self, "attn_out", il, tmp, hp.n_embd);
-            return Ok(());
+            return self.attend_and_project(w, c, Some(src));
         }
         let (qw, kw, vw) = self.project_qkv(w, il, false)?;
         let b = &mut *self.b;
@@ -937,19 +920,30 @@ impl Step<'_> {
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
         cb!(self, "Vcur", il, v, vw);
+        self.attend_and_project(w, c, None)
+    }
+
+    /// Attention of layer `c.il`'s prepared q (and, unless `kv_from`, its k/v, stored into
+    /// the cache first) over the cache of layer `kv_from` or its own, then the output
+    /// projection into `tmp` [n, n_embd].
+    fn attend_and_project(&mut self, w: &AttnWeights, c: &AttnConfig, kv_from: Option<usize>) -> Result<()> {
+        let (hp, il, n) = (self.hp, c.il, self.n);
         let p = AttnParams {
-            il,
-            n_head,
-            n_head_kv,
-            hd_k,
-            hd_v,
+            il: kv_from.unwrap_or(il),
+            n_head: hp.n_head(il),
+            n_head_kv: hp.n_head_kv(il),
+            hd_k: hp.head_k(il),
+            hd_v: hp.head_v(il),
             scale: c.kq_scale,
             softcap: c.softcap,
             n_swa: c.n_swa,
             chunked: c.chunked,
             sinks: c.sinks,
         };
-        self.attend_cached(&p)?;
+        match kv_from {
+            Some(_) => self.attend_only(&p, il)?,
+            None => self.attend_cached(&p)?,
+        }
         let b = &mut *self.b;
         Self::mm(self.pool, self.dev, w.wo, &b.att, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)?;
         add_bias(&mut b.tmp, w.bo, hp.n_embd, n);
