@@ -259,10 +259,10 @@ def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
 
 @checked(ctx=_CTX)
 def llama_n_rs_seq(ctx: Context) -> int:
-    """Recurrent-state snapshots per sequence: 0 (llama.cpp clamps a request to 0 for
-    architectures without recurrent rollback; for lfm2 / qwen35 / qwen35moe, which have it
-    there, pyllama refuses n_rs_seq > 0 at context creation)."""
-    return 0
+    """Recurrent-state snapshots per sequence for rollback: the context's ``n_rs_seq``,
+    clamped to 0 (as llama.cpp) for architectures without recurrent rollback (all but
+    lfm2, lfm2moe, qwen35 and qwen35moe)."""
+    return ctx.n_rs_seq
 
 
 @checked(ctx=_CTX)

@@ -43,6 +43,38 @@ pub fn conv_seq<'a>(
     }
 }
 
+/// Rollback snapshots of convolution states (llama.cpp's `n_rs_seq` > 0), taken before
+/// `conv_seq` folds `nt` inputs into the state of cell `cell`: `buf` holds planes of `size`
+/// rows of `w` = conv_dim * (d_conv - 1) floats, plane 0 the current states; each plane j of
+/// `planes` gets the state j tokens before the end of the inputs (the window of `conv_seq`
+/// from nt - j; j >= nt: the state before them, as llama.cpp's clamped view).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_snapshots<'a>(
+    buf: &mut [f32],
+    size: usize,
+    cell: usize,
+    planes: std::ops::Range<usize>,
+    x: &dyn Fn(usize) -> &'a [f32],
+    nt: usize,
+    d_conv: usize,
+    w: usize,
+) {
+    let dc1 = d_conv - 1;
+    let (cur, rest) = buf.split_at_mut(size * w);
+    let prior = &cur[cell * w..(cell + 1) * w];
+    for j in planes {
+        let row = (j - 1) * size + cell;
+        let snap = &mut rest[row * w..(row + 1) * w];
+        let from = nt.saturating_sub(j);
+        for (c, out) in snap.chunks_exact_mut(dc1).enumerate() {
+            for (i, v) in out.iter_mut().enumerate() {
+                let k = from + i;
+                *v = if k < dc1 { prior[c * dc1 + k] } else { x(k - dc1)[c] };
+            }
+        }
+    }
+}
+
 /// ggml's softplus (`ggml_compute_softplus_f32` and the softplus op): log(1 + exp(x)), x above 20.
 #[inline]
 pub fn softplus(x: f32) -> f32 {
