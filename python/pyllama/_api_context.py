@@ -309,7 +309,10 @@ def llama_memory_clear(mem: llama_memory_t, data: bool = True) -> None:
 
 @checked(mem=_MEM)
 def llama_memory_seq_rm(mem: llama_memory_t, seq_id: int, p0: int, p1: int) -> bool:
-    """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf)."""
+    """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf).
+    False (nothing changed) where impossible: a recurrent or hybrid memory refuses a range
+    that cuts a state and seq_id < 0; with ``n_rs_seq`` > 0 it can drop the last
+    1..n_rs_seq positions once before the next decode (docs/architectures.md)."""
     if mem is None:
         return True
     return mem._seq_rm(seq_id, p0, p1, "llama_memory_seq_rm")

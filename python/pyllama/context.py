@@ -694,7 +694,10 @@ class Context:
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
-        p1 < 0 means infinity. Returns False only where a partial removal is impossible."""
+        p1 < 0 means infinity. Returns False only where a partial removal is impossible: a
+        recurrent state cannot lose its last positions (except the last 1..``n_rs_seq`` once,
+        with rollback snapshots) and, as in llama.cpp, a recurrent or hybrid memory refuses
+        ``seq_id`` < 0."""
         return self._seq_rm(seq_id, p0, p1, "Context.seq_rm")
 
     @_serialized

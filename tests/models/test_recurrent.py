@@ -322,3 +322,17 @@ def test_llama_generate_reuses_prefix_only_where_the_state_allows(arch, tmp_path
     llm = Llama(path, n_ctx=256, verbose=False)
     greedy(llm, a)
     assert greedy(llm, b) == greedy(Llama(path, n_ctx=256, verbose=False), b)
+
+
+def test_state_of_a_shared_cell_with_different_rollbacks_is_refused(tmp_path_factory):
+    # a copied sequence shares its source's cell; a rollback of one of them leaves the cell's
+    # sequences with different pending rollbacks, whose common state llama.cpp cannot write
+    # (it aborts): pyllama raises, and a single sequence's state can still be saved
+    from pyllama import StateError
+
+    ctx = _context(_tiny("lfm2", tmp_path_factory), 2, n_rs_seq=2)
+    assert replay(ctx, ["decode 0:1,2,3,4", "cp 0 1 -1 -1", "rm 0 3 -1", "pos 1"], 2048)[0] == [
+        "decode 0", "rm 1", "pos 1 2 2"]
+    with pytest.raises(StateError, match="different pending rollbacks"):
+        L.llama_state_get_size(ctx)
+    assert L.llama_state_seq_get_size(ctx, 0) > 0
