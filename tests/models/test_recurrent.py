@@ -23,12 +23,13 @@ DATA = Path(__file__).parents[1] / "data"
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
 ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4", "gemma3n")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
-# llama.cpp's arwkv7 (one token shift) stores the shifted rows of a micro-batch with several
-# sequences through ggml_view_1d of a strided view (arwkv7.cpp, build_rwkv_token_shift_store):
-# sequence k > 0 keeps the normed row (n_seq_tokens - 1 + k) of the whole micro-batch, not its
-# own last row. pyllama keeps each sequence's last row; the script's first decode (two
-# sequences in one micro-batch) makes llama.cpp's row 4 (sequence 1 continued) differ.
-LLAMA_CPP_WRONG_ROWS = {"arwkv7": [4]}
+# llama.cpp's arwkv7 and rwkv6qwen2 (one token shift) store the shifted rows of a micro-batch
+# with several sequences through ggml_view_1d of a strided view (arwkv7.cpp / rwkv6qwen2.cpp,
+# build_rwkv_token_shift_store): sequence k > 0 keeps the normed row (n_seq_tokens - 1 + k) of
+# the whole micro-batch, not its own last row. pyllama keeps each sequence's last row; the
+# script's first decode (two sequences in one micro-batch) makes llama.cpp's row 4 (sequence 1
+# continued) differ.
+LLAMA_CPP_WRONG_ROWS = {"arwkv7": [4], "rwkv6qwen2": [4]}
 
 
 def _tiny(arch, tmp_path_factory):

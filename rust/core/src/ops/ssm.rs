@@ -202,6 +202,29 @@ pub fn wkv6_token(s: &mut [f32], k: &[f32], v: &[f32], r: &[f32], u: &[f32], w: 
     }
 }
 
+/// One token of ggml's `gated_linear_attn` (rwkv6qwen2's QRWKV time mix) for one sequence,
+/// on x86-64 AVX2 (head_size a multiple of 8): `k`, `v`, `q` (receptance), `g` (decay)
+/// [n_head * hs]; the state s [n_head][hs (k)][hs (v)] in place. Per head and key index i:
+/// s_ij = s_ij * g_i + v_j k_i, out_j += s_ij * (q_i * scale), each one FMA.
+#[allow(clippy::too_many_arguments)]
+pub fn gla_token(s: &mut [f32], k: &[f32], v: &[f32], q: &[f32], g: &[f32], scale: f32, out: &mut [f32], hs: usize) {
+    let nh = k.len() / hs;
+    for h in 0..nh {
+        let vh = &v[h * hs..(h + 1) * hs];
+        let oh = &mut out[h * hs..(h + 1) * hs];
+        for i in 0..hs {
+            let hi = h * hs + i;
+            let (kv_k, qv, gv) = (k[hi], q[hi] * scale, g[hi]);
+            let row = &mut s[hi * hs..(hi + 1) * hs];
+            for j in 0..hs {
+                let temp = fmaf(row[j], gv, vh[j] * kv_k);
+                oh[j] = fmaf(temp, qv, oh[j]);
+                row[j] = temp;
+            }
+        }
+    }
+}
+
 /// One token of ggml's `rwkv_wkv7` (the generalized delta rule) for one sequence, on
 /// x86-64 AVX2 (head_size a multiple of 32): `r`, `w` (decay), `k`, `v`, `a`, `b`
 /// [n_head * hs]; the state s [n_head][hs (v)][hs (k)] is updated in place. Per head and
