@@ -885,27 +885,41 @@ def _keys_rwkv6(w, A, s) -> None:
     w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
     w.add_uint32(f"{A}.time_mix_extra_dim", r["mix_extra"])
     w.add_uint32(f"{A}.time_decay_extra_dim", r["decay_extra"])
-    w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
-    w.add_uint32(f"{A}.token_shift_count", 2)
+    if A == "rwkv6":
+        w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
+    w.add_uint32(f"{A}.token_shift_count", 2 if A == "rwkv6" else 1)
 
 
-def _layer_rwkv6(add, b, i, s) -> None:
-    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
+def _time_mix_rwkv6(add, b, i, s, qwen2: bool) -> None:
+    """rwkv6's time mix; rwkv6qwen2's QRWKV form (no first / GroupNorm, kv heads, layer 0's biases)."""
+    ne, r = s["n_embd"], s["rwkv"]
     e, d, hs = r["mix_extra"], r["decay_extra"], r["head_size"]
-    _rwkv_norms(add, b, i, ne)
+    kvw = s["n_head_kv"] * hs if qwen2 else ne
     add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
     add(b + "time_mix_w2.weight", [e, ne, 5], "w")
     add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
     add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 5], "lerp")
-    add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
+    if not qwen2:
+        add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
     add(b + "time_mix_decay.weight", [ne], "bias")
     add(b + "time_mix_decay_w1.weight", [ne, d], "w")
     add(b + "time_mix_decay_w2.weight", [d, ne], "w")
     for m in ("key", "value", "receptance", "gate"):
-        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
-    add(b + "time_mix_ln.weight", [ne], "norm")
-    add(b + "time_mix_ln.bias", [ne], "bias")
+        add(b + f"time_mix_{m}.weight", [ne, kvw if m in ("key", "value") else ne], "w")
+    if qwen2 and i == 0:
+        add(b + "time_mix_receptance.bias", [ne], "bias")
+        add(b + "time_mix_key.bias", [kvw], "bias")
+        add(b + "time_mix_value.bias", [kvw], "bias")
+    if not qwen2:
+        add(b + "time_mix_ln.weight", [ne], "norm")
+        add(b + "time_mix_ln.bias", [ne], "bias")
     add(b + "time_mix_output.weight", [ne, ne], "w")
+
+
+def _layer_rwkv6(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    _rwkv_norms(add, b, i, ne)
+    _time_mix_rwkv6(add, b, i, s, qwen2=False)
     add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
     add(b + "channel_mix_lerp_r.weight", [ne, 1, 1], "lerp")
     add(b + "channel_mix_key.weight", [ne, nf], "w")
@@ -913,34 +927,10 @@ def _layer_rwkv6(add, b, i, s) -> None:
     add(b + "channel_mix_receptance.weight", [ne, ne], "w")
 
 
-def _keys_rwkv6qwen2(w, A, s) -> None:
-    r = s["rwkv"]
-    w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
-    w.add_uint32(f"{A}.time_mix_extra_dim", r["mix_extra"])
-    w.add_uint32(f"{A}.time_decay_extra_dim", r["decay_extra"])
-    w.add_uint32(f"{A}.token_shift_count", 1)
-
-
 def _layer_rwkv6qwen2(add, b, i, s) -> None:
-    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
-    e, d, kvw = r["mix_extra"], r["decay_extra"], s["n_head_kv"] * r["head_size"]
+    ne, nf = s["n_embd"], s["n_ff"]
     add(b + "attn_norm.weight", [ne], "norm")
-    add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
-    add(b + "time_mix_w2.weight", [e, ne, 5], "w")
-    add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
-    add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 5], "lerp")
-    add(b + "time_mix_decay.weight", [ne], "bias")
-    add(b + "time_mix_decay_w1.weight", [ne, d], "w")
-    add(b + "time_mix_decay_w2.weight", [d, ne], "w")
-    add(b + "time_mix_key.weight", [ne, kvw], "w")
-    add(b + "time_mix_value.weight", [ne, kvw], "w")
-    add(b + "time_mix_receptance.weight", [ne, ne], "w")
-    add(b + "time_mix_gate.weight", [ne, ne], "w")
-    if i == 0:
-        add(b + "time_mix_receptance.bias", [ne], "bias")
-        add(b + "time_mix_key.bias", [kvw], "bias")
-        add(b + "time_mix_value.bias", [kvw], "bias")
-    add(b + "time_mix_output.weight", [ne, ne], "w")
+    _time_mix_rwkv6(add, b, i, s, qwen2=True)
     add(b + "ffn_norm.weight", [ne], "norm")
     add(b + "ffn_gate.weight", [ne, nf], "w")
     add(b + "ffn_up.weight", [ne, nf], "w")
@@ -1056,7 +1046,7 @@ _EXTRA = {
     "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
     "rwkv7": dict(keys=_keys_rwkv7, layer=_layer_rwkv7, output=_output_rwkv6),
     "arwkv7": dict(keys=_keys_rwkv7, layer=_layer_arwkv7),
-    "rwkv6qwen2": dict(keys=_keys_rwkv6qwen2, layer=_layer_rwkv6qwen2, output=_output_rwkv6),
+    "rwkv6qwen2": dict(keys=_keys_rwkv6, layer=_layer_rwkv6qwen2, output=_output_rwkv6),
     "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),
