@@ -507,6 +507,7 @@ impl Context {
             }
         }
         self.kv.has_shift = false;
+        self.kv.host_changed();
         Ok(())
     }
 
@@ -1095,6 +1096,7 @@ impl Context {
         let slot = state::plan(&self.kv, &p, dest)?;
         if apply {
             state::apply(&mut self.kv, self.rs.as_mut(), &p, dest, slot);
+            self.kv.host_changed();
         }
         Ok(p)
     }
