@@ -7,9 +7,15 @@
 //! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
 //! hands it those products. The shared decoder (models/decoder.rs) goes further: its
 //! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
-//! gated activations and residual adds in `ops.wgsl`), and only q, k, v and the attention
-//! output cross, attention and the KV cache staying on the CPU. Other forward passes run
-//! everything but those matmuls on the CPU, crossing once per offloaded matmul.
+//! gated activations and residual adds in `ops.wgsl`); with the context's `offload_kqv`
+//! their KV cache and attention are on the device too (`kv`: `attn.wgsl`), else q, k, v
+//! and the attention output cross per layer, attention and the KV cache staying on the
+//! CPU. Other forward passes run everything but those matmuls on the CPU, crossing once
+//! per offloaded matmul.
+//!
+//! Errors: wgpu reports validation errors, out-of-memory and device loss through a handler
+//! (it would panic without one); `Gpu::check_alive` turns them into errors of the call
+//! that ran (Alloc for out-of-memory), so a decode fails instead of aborting.
 //!
 //! Adapters: `adapters()` lists what wgpu finds. A software adapter (Mesa's lavapipe,
 //! WARP, SwiftShader: device type Cpu) is refused unless asked for (`allow_software`, or

@@ -45,8 +45,11 @@ pub enum B {
     Meta,
     /// the new K and V rows of every offloaded layer, for the host copy of the cache
     KvOut,
+    /// every layer's rope table, when one submission runs all the layers (host writes all
+    /// land before it runs: each layer copies its own into `Rope` in command order)
+    RopeAll,
 }
-const N_BUF: usize = 12;
+const N_BUF: usize = 13;
 
 /// Device copies of the small f32 vectors (norm weights, biases) of one forward pass's
 /// layers, keyed by the host vector's address and length: the owner (the decoder) keeps
@@ -108,7 +111,7 @@ impl<'g> Run<'g> {
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         for &(b, n) in floats {
             let bytes = (n.max(1) * 4) as u64;
-            if bytes > gpu.info.max_storage_binding && b != B::KvOut {
+            if bytes > gpu.info.max_storage_binding && !matches!(b, B::KvOut | B::RopeAll) {
                 return Err(Error::Invalid(format!(
                     "GPU: the activation buffer {b:?} ({bytes} bytes) exceeds the adapter's storage binding limit"
                 )));
@@ -170,6 +173,13 @@ impl<'g> Run<'g> {
         // SAFETY: f32 has no padding; the bytes are read as they are.
         let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
         self.gpu.queue.write_buffer(&self.buf(b), 0, bytes);
+    }
+
+    /// Write host floats into buffer `b` from float `at` on.
+    pub fn write_at(&mut self, b: B, at: usize, data: &[f32]) {
+        // SAFETY: f32 has no padding; the bytes are read as they are.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        self.gpu.queue.write_buffer(&self.buf(b), (at * 4) as u64, bytes);
     }
 
     /// Write host words into buffer `b`.

@@ -538,6 +538,7 @@ impl Decoder {
             (B::Rope, n * hd_k),
             (B::Meta, tables.as_ref().map_or(0, |t| t.words.len())),
             (B::KvOut, if gkv.is_some() { kv_rows } else { 0 }),
+            (B::RopeAll, if gkv.is_some() { (n_layer - first) * n * hd_k } else { 0 }),
         ];
         let mut run = Run::begin(off, &self.gpu_vecs, &sizes)?;
         run.write(B::X, &st.b.x[..n * ne]);
@@ -579,7 +580,14 @@ impl Decoder {
                 for t in 0..n {
                     r.fill_cache(st.b.pos[t], &mut table[t * hd_k..(t + 1) * hd_k]);
                 }
-                run.write(B::Rope, &table);
+                if gkv.is_some() {
+                    // one submission: this layer's table goes to its own place, copied in order
+                    let at = (il - first) * n * hd_k;
+                    run.write_at(B::RopeAll, at, &table);
+                    run.copy_at(B::RopeAll, at, B::Rope, 0, n * hd_k);
+                } else {
+                    run.write(B::Rope, &table);
+                }
                 let neox = r.rope_type == RopeType::Neox;
                 run.rope(B::Q, n, n_head, hd_k, r.n_dims, neox);
                 run.rope(B::K, n, n_head_kv, hd_k, r.n_dims, neox);
