@@ -447,23 +447,27 @@ mod tests {
         got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
     }
 
-    #[test]
-    fn attention_agrees_with_cpu() {
-        let g = match Gpu::open(0, true) {
-            Ok(g) => g,
+    /// An offload without weights on adapter 0 (software allowed), or None (skip).
+    fn offload() -> Option<Offload> {
+        match Gpu::open(0, true) {
+            Ok(g) => Some(Offload {
+                gpu: Arc::new(g),
+                weights: Default::default(),
+                n_layers_offloaded: 0,
+                output_offloaded: false,
+                bytes: 0,
+                kept_on_cpu: Vec::new(),
+            }),
             Err(e) => {
                 eprintln!("SKIP: no GPU adapter: {e}");
-                return;
+                None
             }
-        };
-        let off = Offload {
-            gpu: Arc::new(g),
-            weights: Default::default(),
-            n_layers_offloaded: 0,
-            output_offloaded: false,
-            bytes: 0,
-            kept_on_cpu: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn attention_agrees_with_cpu() {
+        let Some(off) = offload() else { return };
         let mut seed = 11u64;
         for (ty, fa, tol) in [(GgmlType::F32, false, 2e-6f32), (GgmlType::F32, true, 2e-3), (GgmlType::F16, true, 2e-3)] {
             for hd in [64, 256] {
@@ -479,21 +483,7 @@ mod tests {
     #[test]
     fn lost_device_is_an_error() {
         // a destroyed device (what a driver reset does): every later call errs, none panics
-        let g = match Gpu::open(0, true) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("SKIP: no GPU adapter: {e}");
-                return;
-            }
-        };
-        let off = Offload {
-            gpu: Arc::new(g),
-            weights: Default::default(),
-            n_layers_offloaded: 0,
-            output_offloaded: false,
-            bytes: 0,
-            kept_on_cpu: Vec::new(),
-        };
+        let Some(off) = offload() else { return };
         let kv = KvCache::new(&[64], &[64], 8, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
         let vecs = super::super::resident::VecCache::default();
         {
