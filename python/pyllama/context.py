@@ -433,7 +433,8 @@ class Context:
                 core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
                 n_threads_batch=n_threads_batch, n_rs_seq=n_rs_seq, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
                 swa_full=bool(params.swa_full), embeddings=self._embeddings,
-                rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn)
+                rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn,
+                offload_kqv=bool(params.offload_kqv))
         # "kv", "recurrent" or "hybrid" (llama.cpp's llama_kv_cache / _memory_recurrent /
         # _memory_hybrid): decides how batches are split into micro-batches
         self._memory_kind = "kv" if self._core is None else str(self._core.memory_kind)

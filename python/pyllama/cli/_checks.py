@@ -237,6 +237,12 @@ def opt_gpu_layers():
                              "needs the GPU backend and an adapter (PYLLAMA_GPU=cpu-ok admits a software one)")
 
 
+def opt_no_kv_offload():
+    return typer.Option(False, "-nkvo", "--no-kv-offload",
+                        help="keep the KV cache and attention of GPU-offloaded layers on the CPU (llama.cpp's "
+                             "offload_kqv = false)")
+
+
 def opt_load_mode():
     return typer.Option("auto", "-lm", "--load-mode", callback=load_mode, help="auto, none, mmap, mlock, mmap+mlock, dio")
 

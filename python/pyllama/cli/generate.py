@@ -22,7 +22,7 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
                  threads: Optional[int], threads_batch: Optional[int], load_mode: str,
                  cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False,
                  loras: Optional[list] = None, control_vectors: Optional[list] = None,
-                 cvec_range: Optional[tuple] = None, gpu_layers: int = 0):
+                 cvec_range: Optional[tuple] = None, gpu_layers: int = 0, kv_offload: bool = True):
     """Model path (or the default model) -> (path, Session), with a progress bar on stderr.
     ``loras`` / ``control_vectors``: [(path, scale)] applied to the session's context as
     llama.cpp's common_init_from_params does (see :func:`apply_adapters`)."""
@@ -37,7 +37,7 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
     params = {"n_ctx": n_ctx, "n_batch": batch_size, "n_ubatch": min(ubatch_size, batch_size),
               "type_k": cache_type_k, "type_v": cache_type_v,
               "flash_attn_type": O.FLASH_ATTN_TYPES.get(flash_attn, -1),
-              "no_perf": False}
+              "no_perf": False, "offload_kqv": kv_offload}
     threads, threads_batch = _threads(threads), _threads(threads_batch)  # <= 0: the default, as llama.cpp
     if threads is not None:
         params["n_threads"] = threads
@@ -181,6 +181,7 @@ def generate(
     threads: Optional[int] = O.opt_threads(),
     threads_batch: Optional[int] = O.opt_threads_batch(),
     gpu_layers: int = O.opt_gpu_layers(),
+    no_kv_offload: bool = O.opt_no_kv_offload(),
     load_mode: str = O.opt_load_mode(),
     cache_type_k: str = O.opt_cache_type_k(),
     cache_type_v: str = O.opt_cache_type_v(),
@@ -286,7 +287,7 @@ def generate(
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                    loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
-                                   quiet=log_disable, gpu_layers=gpu_layers)
+                                   quiet=log_disable, gpu_layers=gpu_layers, kv_offload=not no_kv_offload)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

@@ -518,6 +518,7 @@ impl Context {
             }
         }
         self.kv.has_shift = false;
+        self.kv.host_changed();
         Ok(())
     }
 
@@ -1106,6 +1107,7 @@ impl Context {
         let slot = state::plan(&self.kv, &p, dest)?;
         if apply {
             state::apply(&mut self.kv, self.rs.as_mut(), &p, dest, slot);
+            self.kv.host_changed();
         }
         Ok(p)
     }

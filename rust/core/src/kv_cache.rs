@@ -164,6 +164,12 @@ pub struct KvCache {
     /// an F32 K or V is first rounded to F16, as llama.cpp's graph casts it for that kernel
     /// (off: F32 stays F32, as llama.cpp's mul_mat path reads it).
     pub flash_attn: bool,
+    /// llama.cpp's `offload_kqv`: the cache of GPU-offloaded layers lives on the device and
+    /// attention runs there (gpu/kv.rs); false keeps both on the CPU.
+    pub offload_kqv: bool,
+    /// That device copy, made by the first decode that uses it.
+    #[cfg(feature = "gpu")]
+    pub gpu: Option<Box<crate::gpu::kv::GpuKv>>,
 }
 
 /// llama.cpp's attention rotation for quantized caches (llama-kv-cache.cpp, `attn_rot_k`
@@ -294,7 +300,29 @@ impl KvCache {
             rot_k: 0,
             rot_v: 0,
             flash_attn: true,
+            offload_kqv: true,
+            #[cfg(feature = "gpu")]
+            gpu: None,
         })
+    }
+
+    /// The host K/V bytes changed (K-shift, state load, a layer computed on the CPU): a
+    /// device copy must be uploaded again before it is read.
+    #[inline]
+    pub fn host_changed(&mut self) {
+        #[cfg(feature = "gpu")]
+        if let Some(g) = self.gpu.as_mut() {
+            g.dirty = true;
+        }
+    }
+
+    /// Layer `il`'s host K/V rows changed (written by the CPU path).
+    #[inline]
+    pub fn host_changed_layer(&mut self, _il: usize) {
+        #[cfg(feature = "gpu")]
+        if let Some(g) = self.gpu.as_mut().filter(|g| _il >= g.first) {
+            g.dirty = true;
+        }
     }
 
     pub fn n_stream(&self) -> usize {
@@ -444,6 +472,7 @@ impl KvCache {
             for b in self.k.iter_mut().chain(self.v.iter_mut()) {
                 b.fill(0);
             }
+            self.host_changed();
         }
         self.has_shift = false;
     }
@@ -528,6 +557,7 @@ impl KvCache {
             let n = self.row_v[il] * size;
             buf.copy_within(s0 * n..(s0 + 1) * n, s1 * n);
         }
+        self.host_changed();
         Ok(())
     }
 

@@ -93,7 +93,7 @@ impl PyContext {
     #[new]
     #[pyo3(signature = (model, *, n_ctx, n_seq_max, n_ubatch, n_threads, n_threads_batch, n_rs_seq = 0, type_k = "f16",
                         type_v = "f16", kv_unified = true, swa_full = false, embeddings = false,
-                        rope_freq_base = 0.0, rope_freq_scale = 0.0, flash_attn = true))]
+                        rope_freq_base = 0.0, rope_freq_scale = 0.0, flash_attn = true, offload_kqv = true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -112,6 +112,7 @@ impl PyContext {
         rope_freq_base: f32,
         rope_freq_scale: f32,
         flash_attn: bool,
+        offload_kqv: bool,
     ) -> PyResult<Self> {
         let p = ContextParams {
             n_ctx,
@@ -137,7 +138,26 @@ impl PyContext {
         let m: Arc<pyllama_core::model::Model> = model.get().inner.clone();
         let mut inner = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
         inner.kv.flash_attn = flash_attn;
+        inner.kv.offload_kqv = offload_kqv;
         Ok(PyContext { inner, model })
+    }
+
+    /// llama.cpp's `offload_kqv`, as given: the KV cache of GPU-offloaded layers lives on the
+    /// device and attention runs there (F16/F32 caches; others stay on the CPU).
+    #[getter]
+    fn offload_kqv(&self) -> bool {
+        self.inner.kv.offload_kqv
+    }
+
+    /// Bytes of the KV cache held on the GPU (0 until a decode puts it there, and without
+    /// `offload_kqv`, GPU offload, or an F16/F32 cache).
+    fn kv_gpu_bytes(&self) -> u64 {
+        #[cfg(feature = "gpu")]
+        {
+            self.inner.kv.gpu.as_ref().map_or(0, |g| g.bytes())
+        }
+        #[cfg(not(feature = "gpu"))]
+        0
     }
 
     #[getter]

@@ -7,9 +7,15 @@
 //! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
 //! hands it those products. The shared decoder (models/decoder.rs) goes further: its
 //! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
-//! gated activations and residual adds in `ops.wgsl`), and only q, k, v and the attention
-//! output cross, attention and the KV cache staying on the CPU. Other forward passes run
-//! everything but those matmuls on the CPU, crossing once per offloaded matmul.
+//! gated activations and residual adds in `ops.wgsl`); with the context's `offload_kqv`
+//! their KV cache and attention are on the device too (`kv`: `attn.wgsl`), else q, k, v
+//! and the attention output cross per layer, attention and the KV cache staying on the
+//! CPU. Other forward passes run everything but those matmuls on the CPU, crossing once
+//! per offloaded matmul.
+//!
+//! Errors: wgpu reports validation errors, out-of-memory and device loss through a handler
+//! (it would panic without one); `Gpu::check_alive` turns them into errors of the call
+//! that ran (Alloc for out-of-memory), so a decode fails instead of aborting.
 //!
 //! Adapters: `adapters()` lists what wgpu finds. A software adapter (Mesa's lavapipe,
 //! WARP, SwiftShader: device type Cpu) is refused unless asked for (`allow_software`, or
@@ -21,6 +27,7 @@
 //! sum in another order, so results agree with the CPU path to float tolerance, not bit
 //! for bit.
 
+pub mod kv;
 pub mod resident;
 mod shaders;
 
@@ -157,6 +164,17 @@ pub struct Gpu {
     scratch: Mutex<Scratch>,
     /// The offloaded layers' ops pipelines and activation buffers (resident.rs).
     res: Mutex<resident::Resident>,
+    /// Errors wgpu reports outside an error scope (it would panic without a handler) and
+    /// the device-lost reason: `check_alive` turns them into errors of the call that ran.
+    fault: Arc<Mutex<Fault>>,
+}
+
+#[derive(Default)]
+struct Fault {
+    /// The first error since the last check.
+    error: Option<String>,
+    /// Set once the device is lost; every later call fails.
+    lost: Option<String>,
 }
 
 /// Tokens per workgroup of the matrix-matrix kernel.
@@ -192,6 +210,19 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| Error::Unsupported(format!("GPU adapter '{}': cannot open a device: {e}", info.name)))?;
+        let fault = Arc::new(Mutex::new(Fault::default()));
+        {
+            let f = fault.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+                f.error.get_or_insert_with(|| e.to_string());
+            }));
+            let f = fault.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+                f.lost.get_or_insert_with(|| format!("{reason:?}: {msg}"));
+            });
+        }
         let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -220,7 +251,31 @@ impl Gpu {
             pipes: Mutex::new(Pipelines { layout, by_kind: HashMap::new() }),
             scratch: Mutex::new(Scratch { x: None, y: None, read: None, params }),
             res: Mutex::new(resident::Resident::default()),
+            fault,
         })
+    }
+
+    /// Err when the device was lost (then always) or wgpu reported an error since the last
+    /// check (once): a decode that ran into either fails with it instead of aborting.
+    pub fn check_alive(&self) -> Result<()> {
+        // runs the callbacks due (the device-lost one among them) without waiting
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = &f.lost {
+            return Err(Error::Invalid(format!("GPU '{}': the device was lost ({l})", self.info.name)));
+        }
+        match f.error.take() {
+            Some(e) if e.to_lowercase().contains("out of memory") => {
+                Err(Error::Alloc(format!("GPU '{}': out of device memory: {e}", self.info.name)))
+            }
+            Some(e) => Err(Error::Invalid(format!("GPU '{}': {e}", self.info.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// Lose the device on purpose (tests: what a driver reset or an unplugged GPU does).
+    pub fn destroy_for_test(&self) {
+        self.device.destroy();
     }
 
     fn pipeline(&self, ty: GgmlType, tn: u32) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
@@ -303,6 +358,7 @@ impl Gpu {
         if n_tokens == 0 || n_rows == 0 {
             return Ok(());
         }
+        self.check_alive()?;
         let tn = if n_tokens == 1 { 1 } else { TN_MM };
         let (pipe, layout) = self.pipeline(w.ty, tn)?;
         let row_bytes = crate::quant::row_bytes(w.ty, n_in)?;
@@ -390,7 +446,7 @@ impl Gpu {
             }
         }
         rbuf.unmap();
-        Ok(())
+        self.check_alive()
     }
 }
 

@@ -4,9 +4,11 @@
 //! `Offload` holds, RMS norms, biases, rope, gated activations, residual adds) over
 //! activation buffers that live on the device, and submits them as one command buffer per
 //! stretch: the residual stream is uploaded once into the first offloaded layer and read
-//! back once after the last. Attention and the KV cache stay on the CPU (llama.cpp's
-//! `offload_kqv = false` split): each layer sends its q, k and v to the host and gets the
-//! attention output back, one round trip per layer instead of one per matmul.
+//! back once after the last. With the context's `offload_kqv` (and an F16 or F32 cache) the
+//! layers' KV cache lives on the device too and attention runs there (gpu/kv.rs), so a
+//! stretch of layers is one submission; otherwise attention and the KV cache stay on the
+//! CPU (llama.cpp's `offload_kqv = false` split): each layer sends its q, k and v to the
+//! host and gets the attention output back, one round trip per layer.
 
 use super::{Gpu, Offload, TN_MM};
 use crate::error::{Error, Result};
@@ -39,8 +41,15 @@ pub enum B {
     Gate,
     Up,
     Rope,
+    /// u32 per-micro-batch tables of the device attention (key cells, ranges, rows)
+    Meta,
+    /// the new K and V rows of every offloaded layer, for the host copy of the cache
+    KvOut,
+    /// every layer's rope table, when one submission runs all the layers (host writes all
+    /// land before it runs: each layer copies its own into `Rope` in command order)
+    RopeAll,
 }
-const N_BUF: usize = 10;
+const N_BUF: usize = 13;
 
 /// Device copies of the small f32 vectors (norm weights, biases) of one forward pass's
 /// layers, keyed by the host vector's address and length: the owner (the decoder) keeps
@@ -52,6 +61,8 @@ pub struct VecCache(Mutex<HashMap<(usize, usize), wgpu::Buffer>>);
 #[derive(Default)]
 pub(super) struct Resident {
     ops: Option<(wgpu::BindGroupLayout, HashMap<&'static str, wgpu::ComputePipeline>)>,
+    /// the KV store and attention pipelines (attn.wgsl): layout, store, attn
+    pub(super) kv: Option<(wgpu::BindGroupLayout, wgpu::ComputePipeline, wgpu::ComputePipeline)>,
     bufs: [Option<wgpu::Buffer>; N_BUF],
     read: Option<wgpu::Buffer>,
     dummy: Option<wgpu::Buffer>,
@@ -63,23 +74,21 @@ enum Cmd {
     Pass {
         pipe: wgpu::ComputePipeline,
         layout: wgpu::BindGroupLayout,
-        /// an ops pass binds (d, a, params); a matmul pass (w, x, y, params)
-        ops: bool,
-        bufs: [wgpu::Buffer; 3],
-        sizes: [u64; 3],
+        /// bindings 0.. in order (buffer, bytes bound from offset 0); the parameters follow
+        bufs: Vec<(wgpu::Buffer, u64)>,
         slot: u64,
         groups: (u32, u32, u32),
     },
-    Copy { src: wgpu::Buffer, dst: wgpu::Buffer, bytes: u64 },
+    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, bytes: u64 },
 }
 
 /// Operations recorded for one submission over the device's activation buffers (held
 /// locked for the run's lifetime).
 pub struct Run<'g> {
-    gpu: &'g Gpu,
+    pub(super) gpu: &'g Gpu,
     off: &'g Offload,
     vecs: &'g VecCache,
-    res: MutexGuard<'g, Resident>,
+    pub(super) res: MutexGuard<'g, Resident>,
     params: Vec<u8>,
     cmds: Vec<Cmd>,
 }
@@ -97,15 +106,27 @@ impl<'g> Run<'g> {
         if res.ops.is_none() {
             res.ops = Some(gpu.ops_pipelines());
         }
+        gpu.check_alive()?;
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         for &(b, n) in floats {
             let bytes = (n.max(1) * 4) as u64;
-            if bytes > gpu.info.max_storage_binding {
+            if bytes > gpu.info.max_storage_binding && !matches!(b, B::KvOut | B::RopeAll) {
                 return Err(Error::Invalid(format!(
                     "GPU: the activation buffer {b:?} ({bytes} bytes) exceeds the adapter's storage binding limit"
                 )));
             }
             gpu.grow(&mut res.bufs[b as usize], bytes, usage, "activations");
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            // drop what may not have been made, so the next run tries again
+            res.bufs = Default::default();
+            let mib = floats.iter().map(|&(_, n)| n as f64 * 4.0).sum::<f64>() / 1048576.0;
+            return Err(Error::Alloc(format!(
+                "GPU '{}': out of device memory for the activations of a micro-batch ({mib:.1} MiB): {e}; \
+                 lower n_ubatch or n_gpu_layers",
+                gpu.info.name
+            )));
         }
         if res.dummy.is_none() {
             res.dummy = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -118,11 +139,11 @@ impl<'g> Run<'g> {
         Ok(Run { gpu, off, vecs, res, params: Vec::new(), cmds: Vec::new() })
     }
 
-    fn buf(&self, b: B) -> wgpu::Buffer {
+    pub(super) fn buf(&self, b: B) -> wgpu::Buffer {
         self.res.bufs[b as usize].clone().expect("run buffer sized in begin")
     }
 
-    fn slot(&mut self, words: &[u32; 8]) -> u64 {
+    pub(super) fn slot(&mut self, words: &[u32]) -> u64 {
         let at = self.params.len() as u64;
         for w in words {
             self.params.extend_from_slice(&w.to_le_bytes());
@@ -154,10 +175,33 @@ impl<'g> Run<'g> {
         self.gpu.queue.write_buffer(&self.buf(b), 0, bytes);
     }
 
+    /// Write host floats into buffer `b` from float `at` on.
+    pub fn write_at(&mut self, b: B, at: usize, data: &[f32]) {
+        // SAFETY: f32 has no padding; the bytes are read as they are.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        self.gpu.queue.write_buffer(&self.buf(b), (at * 4) as u64, bytes);
+    }
+
+    /// Write host words into buffer `b`.
+    pub fn write_u32(&mut self, b: B, data: &[u32]) {
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.gpu.queue.write_buffer(&self.buf(b), 0, &bytes);
+    }
+
     /// dst[..n floats] = src[..n floats]
     pub fn copy(&mut self, src: B, dst: B, n: usize) {
+        self.copy_at(src, 0, dst, 0, n);
+    }
+
+    /// dst[dst_at..dst_at + n] = src[src_at..src_at + n] (floats)
+    pub fn copy_at(&mut self, src: B, src_at: usize, dst: B, dst_at: usize, n: usize) {
         let (src, dst) = (self.buf(src), self.buf(dst));
-        self.cmds.push(Cmd::Copy { src, dst, bytes: (n * 4) as u64 });
+        self.cmds.push(Cmd::Copy { src, src_off: (src_at * 4) as u64, dst, dst_off: (dst_at * 4) as u64, bytes: (n * 4) as u64 });
+    }
+
+    /// Record a compute pass binding `bufs` (then the parameter block `slot`).
+    pub(super) fn pass(&mut self, pipe: wgpu::ComputePipeline, layout: wgpu::BindGroupLayout, bufs: Vec<(wgpu::Buffer, u64)>, slot: u64, groups: (u32, u32, u32)) {
+        self.cmds.push(Cmd::Pass { pipe, layout, bufs, slot, groups });
     }
 
     /// dst [n, rows.len()] = rows `rows` of w times src [n, w.ne[0]].
@@ -180,8 +224,8 @@ impl<'g> Run<'g> {
         }
         let slot = self.slot(&[n_in as u32, n_rows as u32, rows.start as u32, n as u32, row_bytes as u32, nx, 0, 0]);
         let (x, y) = (self.buf(src), self.buf(dst));
-        let sizes = [g.buf.size(), (n * n_in * 4) as u64, (n * n_rows * 4) as u64];
-        self.cmds.push(Cmd::Pass { pipe, layout, ops: false, bufs: [g.buf.clone(), x, y], sizes, slot, groups: (nx, ny, nz as u32) });
+        let bufs = vec![(g.buf.clone(), g.buf.size()), (x, (n * n_in * 4) as u64), (y, (n * n_rows * 4) as u64)];
+        self.pass(pipe, layout, bufs, slot, (nx, ny, nz as u32));
         Ok(())
     }
 
@@ -195,9 +239,9 @@ impl<'g> Run<'g> {
         let (nx, ny) = groups_for(groups);
         let slot = self.slot(&[n as u32, w as u32, nx, ints[0], ints[1], ints[2], f0.to_bits(), 0]);
         let a = a.unwrap_or_else(|| self.res.dummy.clone().expect("dummy made in begin"));
-        let sizes = [(d_floats * 4) as u64, a.size(), 32];
-        let dbuf = self.buf(d);
-        self.cmds.push(Cmd::Pass { pipe, layout, ops: true, bufs: [dbuf.clone(), a, dbuf], sizes, slot, groups: (nx, ny, 1) });
+        let asize = a.size();
+        let bufs = vec![(self.buf(d), (d_floats * 4) as u64), (a, asize)];
+        self.pass(pipe, layout, bufs, slot, (nx, ny, 1));
     }
 
     /// Rows of width `w` of d [rows * w]: RMS-normalized, times `weight` [w] when given.
@@ -256,8 +300,8 @@ impl<'g> Run<'g> {
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("layers") });
         for c in self.cmds.drain(..) {
             match c {
-                Cmd::Copy { src, dst, bytes } => enc.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes),
-                Cmd::Pass { pipe, layout, ops, bufs, sizes, slot, groups } => {
+                Cmd::Copy { src, src_off, dst, dst_off, bytes } => enc.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
+                Cmd::Pass { pipe, layout, bufs, slot, groups } => {
                     let p = params.as_ref().expect("params recorded with each pass");
                     fn entry(i: u32, b: &wgpu::Buffer, off: u64, size: u64) -> wgpu::BindGroupEntry<'_> {
                         wgpu::BindGroupEntry {
@@ -269,16 +313,9 @@ impl<'g> Run<'g> {
                             }),
                         }
                     }
-                    let entries: Vec<wgpu::BindGroupEntry> = if ops {
-                        vec![entry(0, &bufs[0], 0, sizes[0]), entry(1, &bufs[1], 0, sizes[1]), entry(2, p, slot, 32)]
-                    } else {
-                        vec![
-                            entry(0, &bufs[0], 0, sizes[0]),
-                            entry(1, &bufs[1], 0, sizes[1]),
-                            entry(2, &bufs[2], 0, sizes[2]),
-                            entry(3, p, slot, 32),
-                        ]
-                    };
+                    let mut entries: Vec<wgpu::BindGroupEntry> =
+                        bufs.iter().enumerate().map(|(i, (b, size))| entry(i as u32, b, 0, *size)).collect();
+                    entries.push(entry(bufs.len() as u32, p, slot, 80));
                     let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &entries });
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
                     pass.set_pipeline(&pipe);
@@ -302,7 +339,7 @@ impl<'g> Run<'g> {
             None
         };
         self.gpu.queue.submit([enc.finish()]);
-        let Some(rbuf) = rbuf else { return Ok(()) };
+        let Some(rbuf) = rbuf else { return self.gpu.check_alive() };
         let slice = rbuf.slice(0..total);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -327,7 +364,7 @@ impl<'g> Run<'g> {
             }
         }
         rbuf.unmap();
-        Ok(())
+        self.gpu.check_alive()
     }
 }
 

@@ -455,25 +455,61 @@ impl Decoder {
         first
     }
 
-    /// Layers first..n_layer on the device: x goes up once, each layer's q, k and v come
-    /// down for attention over the CPU's KV cache and its output goes back up, and x comes
-    /// down after the last layer. The same operations as `cpu_layer` in the same order
+    /// Layers first..n_layer on the device: x goes up once, and comes down after the last
+    /// layer. With the context's `offload_kqv` and an F16/F32 cache, each layer's K/V rows
+    /// go into the device copy of its cache and attention runs there (gpu/kv.rs: one
+    /// submission for all the layers; the new K/V rows come down with x for the host copy);
+    /// otherwise each layer's q, k and v come down for attention over the CPU's KV cache
+    /// and its output goes back up. The same operations as `cpu_layer` in the same order
     /// (the last layer's feed-forward runs on every row; `select_outputs` follows). False
     /// when no row wants output.
     #[cfg(feature = "gpu")]
     fn gpu_layers(&self, st: &mut Step, first: usize) -> Result<bool> {
-        use crate::gpu::resident::{Run, B};
-        use crate::hparams::RopeType;
-        use crate::ops::attention::AttnParams;
         let off: &crate::gpu::Offload = match st.dev.and_then(|d| d.as_any().downcast_ref()) {
             Some(o) => o,
             None => return Err(crate::error::Error::Invalid("internal: no GPU offload".into())),
         };
+        let (hd_k, hd_v) = (st.hp.n_embd_head_k, st.hp.n_embd_head_v);
+        let mut gkv = None;
+        if st.kv.offload_kqv {
+            match crate::gpu::kv::unsupported(st.kv, hd_k, hd_v) {
+                Some(why) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| eprintln!("pyllama: {why}; the KV cache of the offloaded layers stays on the CPU"));
+                }
+                None => {
+                    if st.kv.gpu.as_ref().is_none_or(|g| g.first != first) {
+                        st.kv.gpu = None;
+                        st.kv.gpu = Some(Box::new(crate::gpu::kv::GpuKv::new(off, &*st.kv, first)?));
+                    }
+                    gkv = st.kv.gpu.take();
+                }
+            }
+        }
+        // the device copy is out of the cache while the layers run; back in whatever happens
+        let r = match gkv.as_deref_mut() {
+            Some(g) => g.upload(&*st.kv).and_then(|()| self.gpu_run(st, first, off, Some(g))),
+            None => self.gpu_run(st, first, off, None),
+        };
+        if let Some(mut g) = gkv {
+            if r.is_err() {
+                g.dirty = true; // the device copy may be partly written: the host's is the reference
+            }
+            st.kv.gpu = Some(g);
+        }
+        r
+    }
+
+    #[cfg(feature = "gpu")]
+    fn gpu_run(&self, st: &mut Step, first: usize, off: &crate::gpu::Offload, gkv: Option<&crate::gpu::kv::GpuKv>) -> Result<bool> {
+        use crate::gpu::resident::{Run, B};
+        use crate::hparams::RopeType;
+        use crate::ops::attention::AttnParams;
         let hp = st.hp;
         let (n, ne, n_layer) = (st.n, hp.n_embd, self.layers.len());
         let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
         let c = &self.cfg;
-        let (mut qw, mut kw, mut vw, mut ow, mut ff) = (0, 0, 0, 0, 0);
+        let (mut qw, mut kw, mut vw, mut ow, mut ff, mut kv_rows) = (0, 0, 0, 0, 0, 0);
         for il in first..n_layer {
             qw = qw.max(hd_k * hp.n_head(il));
             kw = kw.max(hp.n_embd_k_gqa(il));
@@ -482,7 +518,13 @@ impl Decoder {
             if let Ffn::Dense { down, .. } = &self.layers[il].ffn {
                 ff = ff.max(down.ne[0]);
             }
+            kv_rows += n * (hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il));
         }
+        let tables = gkv.map(|_| {
+            let variants: Vec<(usize, bool)> = self.layers[first..].iter().map(|l| (l.n_swa, c.swa_chunked)).collect();
+            let b = &*st.b;
+            crate::gpu::kv::Tables::new(st.kv, &b.keys, &b.key_range[..n], &b.pos[..n], &b.cells[..n], &variants)
+        });
         let sizes = [
             (B::X, n * ne),
             (B::Cur, n * ne),
@@ -494,9 +536,16 @@ impl Decoder {
             (B::Gate, n * ff),
             (B::Up, n * ff),
             (B::Rope, n * hd_k),
+            (B::Meta, tables.as_ref().map_or(0, |t| t.words.len())),
+            (B::KvOut, if gkv.is_some() { kv_rows } else { 0 }),
+            (B::RopeAll, if gkv.is_some() { (n_layer - first) * n * hd_k } else { 0 }),
         ];
         let mut run = Run::begin(off, &self.gpu_vecs, &sizes)?;
         run.write(B::X, &st.b.x[..n * ne]);
+        if let Some(t) = &tables {
+            run.write_u32(B::Meta, &t.words);
+        }
+        let mut out_at = 0;
         let eps = self.eps;
         let eps_qk = hp.f_norm_rms_eps;
         let mut table = vec![0f32; n * hd_k];
@@ -531,7 +580,14 @@ impl Decoder {
                 for t in 0..n {
                     r.fill_cache(st.b.pos[t], &mut table[t * hd_k..(t + 1) * hd_k]);
                 }
-                run.write(B::Rope, &table);
+                if gkv.is_some() {
+                    // one submission: this layer's table goes to its own place, copied in order
+                    let at = (il - first) * n * hd_k;
+                    run.write_at(B::RopeAll, at, &table);
+                    run.copy_at(B::RopeAll, at, B::Rope, 0, n * hd_k);
+                } else {
+                    run.write(B::Rope, &table);
+                }
                 let neox = r.rope_type == RopeType::Neox;
                 run.rope(B::Q, n, n_head, hd_k, r.n_dims, neox);
                 run.rope(B::K, n, n_head_kv, hd_k, r.n_dims, neox);
@@ -543,29 +599,46 @@ impl Decoder {
                 run.rms_norm(B::Q, n * n_head, hd_k, None, eps_qk);
                 run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
             }
-            // q and k come down into the FFN's gate and up memory, as build_attn lends it
-            let b = &mut *st.b;
-            std::mem::swap(&mut b.q, &mut b.gate);
-            std::mem::swap(&mut b.k, &mut b.up);
-            let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
-            let p = AttnParams {
-                il,
-                n_head,
-                n_head_kv,
-                hd_k,
-                hd_v,
-                scale: c.kq_scale,
-                softcap: c.attn_softcap,
-                n_swa: l.n_swa,
-                chunked: c.swa_chunked,
-                sinks: None,
-            };
-            let r = r.and_then(|()| st.attend_cached(&p));
-            let b = &mut *st.b;
-            std::mem::swap(&mut b.q, &mut b.gate);
-            std::mem::swap(&mut b.k, &mut b.up);
-            r?;
-            run.write(B::Att, &st.b.att[..n * n_head * hd_v]);
+            if let (Some(g), Some(t)) = (gkv, tables.as_ref()) {
+                let a = crate::gpu::kv::LayerAttn {
+                    il,
+                    n_head,
+                    n_head_kv,
+                    hd_k,
+                    hd_v,
+                    scale: c.kq_scale,
+                    softcap: c.attn_softcap,
+                    n_swa: l.n_swa,
+                    chunked: c.swa_chunked,
+                    flash: st.kv.flash_attn,
+                };
+                run.attend(g, t, n, &a, out_at)?;
+                out_at += n * (lk + lv);
+            } else {
+                // q and k come down into the FFN's gate and up memory, as build_attn lends it
+                let b = &mut *st.b;
+                std::mem::swap(&mut b.q, &mut b.gate);
+                std::mem::swap(&mut b.k, &mut b.up);
+                let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
+                let p = AttnParams {
+                    il,
+                    n_head,
+                    n_head_kv,
+                    hd_k,
+                    hd_v,
+                    scale: c.kq_scale,
+                    softcap: c.attn_softcap,
+                    n_swa: l.n_swa,
+                    chunked: c.swa_chunked,
+                    sinks: None,
+                };
+                let r = r.and_then(|()| st.attend_cached(&p));
+                let b = &mut *st.b;
+                std::mem::swap(&mut b.q, &mut b.gate);
+                std::mem::swap(&mut b.k, &mut b.up);
+                r?;
+                run.write(B::Att, &st.b.att[..n * n_head * hd_v]);
+            }
             run.mm(&l.wo, B::Att, B::Tmp, n, 0..ne)?;
             run.add_bias(B::Tmp, n, l.bo.as_deref());
             if let Some(pn) = &l.post_attn_norm {
@@ -605,8 +678,33 @@ impl Decoder {
             }
             run.add(B::X, B::Tmp, n * ne);
         }
-        run.submit(&mut [(B::X, &mut st.b.x[..n * ne])])?;
+        if gkv.is_none() {
+            run.submit(&mut [(B::X, &mut st.b.x[..n * ne])])?;
+            drop(run);
+            return Ok(st.select_outputs());
+        }
+        // the new K/V rows into the host copy, converted as the CPU path stores them
+        let mut rows = vec![0f32; out_at];
+        run.submit(&mut [(B::X, &mut st.b.x[..n * ne]), (B::KvOut, &mut rows)])?;
         drop(run);
+        let kv = &mut *st.kv;
+        let mut at = 0;
+        for il in first..n_layer {
+            let (lk, lv) = (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+            let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+            for t in 0..n {
+                let (s, cell) = st.b.cells[t];
+                let o = (s as usize * kv.size + cell as usize) * rk;
+                crate::quant::quantize_row_cpu(kv.type_k, &rows[at + t * lk..at + (t + 1) * lk], &mut kv.k[il][o..o + rk])?;
+            }
+            at += n * lk;
+            for t in 0..n {
+                let (s, cell) = st.b.cells[t];
+                let o = (s as usize * kv.size + cell as usize) * rv;
+                crate::quant::quantize_row_cpu(kv.type_v, &rows[at + t * lv..at + (t + 1) * lv], &mut kv.v[il][o..o + rv])?;
+            }
+            at += n * lv;
+        }
         Ok(st.select_outputs())
     }
 }

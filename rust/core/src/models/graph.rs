@@ -980,6 +980,7 @@ impl Step<'_> {
                 let o = (s as usize * kv.size + cell as usize) * rv;
                 quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
             }
+            kv.host_changed_layer(il);
         }
         self.attend_rotated(p, name_il)
     }
