@@ -138,6 +138,8 @@ pub fn matmul_with(
         _ => 0,
     };
     let mut xscales: *const f32 = std::ptr::null();
+    // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
+    let mut rb_base = 0usize;
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
@@ -147,7 +149,7 @@ pub fn matmul_with(
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
         let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens), 0);
+        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens) + rb_bytes(set, w.ty, n_in, n_tokens, pool.n_threads()), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -156,6 +158,7 @@ pub fn matmul_with(
             fill_scales(vdt, dst, nsc, sc);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
+        rb_base = sp.get() as usize + pack_off + packed_bytes(set, w.ty, n_in, n_tokens);
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
@@ -314,8 +317,7 @@ pub fn matmul_with(
                     (xs_addr as *const f32).wrapping_add(t * nsc)
                 }
             };
-            pool.run(&|ith, nth| {
-                let mine = split_range(n_rows, ith, nth);
+            let tiled_rows = |mine: Range<usize>| {
                 let mut t0 = 0;
                 while t0 < n_tokens {
                     let t1 = (t0 + chunk).min(n_tokens);
@@ -355,7 +357,45 @@ pub fn matmul_with(
                     }
                     t0 = t1;
                 }
-            });
+            };
+            #[cfg(target_arch = "x86_64")]
+            if n_tokens >= quant::avx2_rb::MIN_TOKENS && n_rows >= quant::avx2_rb::RB {
+                if let Some(rb) = quant::avx2_rb::kernels(set, w.ty) {
+                    // K-quant prefill: blocks of RB rows repacked once per matmul into the
+                    // thread's scratch area (after the activations), all tokens against
+                    // each block; the last n_rows % RB rows take the tiles above
+                    let nsb = n_in / 256;
+                    let area = (nsb * rb.sb_bytes).div_ceil(64) * 64;
+                    let bp = SyncPtr(rb_base as *mut u8);
+                    let nrb = n_rows / quant::avx2_rb::RB;
+                    pool.run(&|ith, nth| {
+                        // SAFETY: scratch was sized for nth areas (rb_bytes); each thread
+                        // writes only its own
+                        let buf = unsafe { bp.get().add(ith * area) };
+                        for b in split_range(nrb, ith, nth) {
+                            let r = b * quant::avx2_rb::RB;
+                            // SAFETY: rows r0 + r .. + RB are inside wdata; the kernels
+                            // write RB values of each of their nc token rows of out (checked
+                            // above); the kernel set was checked for this CPU
+                            unsafe {
+                                (rb.repack)(nsb, wdata.as_ptr().add((r0 + r) * wrow), wrow, buf);
+                                let mut t = 0;
+                                while t < n_tokens {
+                                    let nc = (n_tokens - t).min(rb.tile);
+                                    let k = rb.cols[nc].expect("row-block kernels for 1..=tile columns");
+                                    k(nsb, buf, xq.as_ptr().add(t * xrow), xrow, op.get().add(t * ld_out + r), ld_out);
+                                    t += nc;
+                                }
+                            }
+                        }
+                        if ith + 1 == nth {
+                            tiled_rows(nrb * quant::avx2_rb::RB..n_rows);
+                        }
+                    });
+                    return Ok(());
+                }
+            }
+            pool.run(&|ith, nth| tiled_rows(split_range(n_rows, ith, nth)));
             return Ok(());
         }
     }
@@ -389,6 +429,18 @@ fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> u
         }
     }
     let _ = (set, ty, n_in, n_tokens);
+    0
+}
+
+/// Bytes of the row-block path's repack areas (one per thread; 0: that path is not taken).
+fn rb_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if n_tokens >= quant::avx2_rb::MIN_TOKENS {
+        if let Some(rb) = quant::avx2_rb::kernels(set, ty) {
+            return n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64;
+        }
+    }
+    let _ = (set, ty, n_in, n_tokens, n_threads);
     0
 }
 
