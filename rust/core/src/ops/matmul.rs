@@ -217,6 +217,8 @@ pub fn matmul_with(
         let rest = n_tokens % PACK_COLS;
         let full = quant::packed_kernel(set, w.ty, PACK_COLS);
         let last = if rest > 0 { quant::packed_kernel(set, w.ty, rest) } else { full };
+        let pair_full = quant::avx2_rb::packed_pair_kernel(set, w.ty, PACK_COLS);
+        let pair_last = if rest > 0 { quant::avx2_rb::packed_pair_kernel(set, w.ty, rest) } else { pair_full };
         if let (Some(full), Some(last)) = (full, last) {
             // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
             // after the rows and scales in scratch; the last group holds the remaining
@@ -286,7 +288,27 @@ pub fn matmul_with(
                     // stay in L1 while the thread's weight rows stream from L2 (blocks of
                     // rows that fit L1 with the group measured the same)
                     for g in 0..n_groups {
-                        for r in mine.clone() {
+                        let mut r = mine.start;
+                        let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                        if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
+                            // the AVX-512 set: two rows per call (one per zmm half)
+                            let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                            let mut tmp_b = [0f32; PACK_COLS];
+                            while r + 1 < mine.end {
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
+                                // (checked); the kernel writes nc values to each tmp
+                                unsafe {
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    }
+                                }
+                                r += 2;
+                            }
+                        }
+                        for r in r..mine.end {
                             row_group(r, g, &mut tmp);
                         }
                     }

@@ -377,6 +377,94 @@ macro_rules! builds {
 builds!(q4_k_tile, q4_k_plain, q4_k_vnni, q4_k_evex);
 builds!(q6_k_tile, q6_k_plain, q6_k_vnni, q6_k_evex);
 
+// ------------------------------------------------------------------ packed pairs (AVX-512)
+
+/// A packed-group kernel over two weight rows (AVX-512 set): `avx2::PackedDot` for rows
+/// `wa` and `wb` at once, their NC values to `outa` and `outb`.
+pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
+
+/// The AVX-512 set's two-row kernel of the signed 32-block type `ty` (Q4_0, Q5_0, Q8_0)
+/// for the first `nc` columns of a packed group (see `avx2::packed_kernel_cols`): the
+/// matmul's prefill runs it on pairs of rows. None elsewhere.
+pub fn packed_pair_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<PackedPairDot> {
+    if set != KernelSet::Avx512 || no_rb() {
+        return None;
+    }
+    macro_rules! pick {
+        ($f:ident) => {
+            match nc {
+                1 => $f::<1> as PackedPairDot,
+                2 => $f::<2>,
+                3 => $f::<3>,
+                4 => $f::<4>,
+                5 => $f::<5>,
+                6 => $f::<6>,
+                7 => $f::<7>,
+                8 => $f::<8>,
+                _ => return None,
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => pick!(pair_q4_0),
+        GgmlType::Q5_0 => pick!(pair_q5_0),
+        GgmlType::Q8_0 => pick!(pair_q8_0),
+        _ => return None,
+    })
+}
+
+/// The packed signed-family kernel (`avx2::dot_packed_signed`, its E build) for two rows
+/// in one zmm: lanes 0..8 row a, 8..16 row b. Per lane exactly the ymm kernel's operations:
+/// the i32 lanes correction + `vpdpbusd`, the f32 scale d_w * d_x (the same product as the
+/// ymm kernel's 8-column multiply), one FMA per block, and each half's `hsum_ps` at the end.
+/// zmm operations serve two rows per instruction; the activations and corrections are
+/// loaded once for both (a 256-bit broadcast).
+#[inline(always)]
+unsafe fn pair_signed<const NC: usize>(
+    nb: usize,
+    wa: *const u8,
+    wb: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    outa: *mut f32,
+    outb: *mut f32,
+    decode: impl Fn(*const u8) -> (f32, __m256i),
+) {
+    use super::avx2::PACK_BLOCK;
+    let mut acc = [_mm512_setzero_ps(); NC];
+    for i in 0..nb {
+        let (da, qa) = decode(wa.add(i * wsize));
+        let (db, qb) = decode(wb.add(i * wsize));
+        let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
+        let dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(da), _mm512_set1_ps(db));
+        let b = xp.add(i * PACK_BLOCK);
+        for c in 0..NC {
+            let y = _mm512_broadcast_i64x4(load256(b.add(32 + 32 * c)));
+            let corr = _mm512_broadcast_i64x4(load256(b.add(32 + 256 + 32 * c)));
+            let v = _mm512_dpbusd_epi32(corr, q, y);
+            let dc = _mm512_mul_ps(dw, _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(c))));
+            acc[c] = _mm512_fmadd_ps(dc, _mm512_cvtepi32_ps(v), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *outa.add(c) = super::avx2::hsum_ps(_mm512_castps512_ps256(acc[c]));
+        *outb.add(c) = super::avx2::hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[c]))));
+    }
+}
+
+macro_rules! pair_kernel {
+    ($name:ident, $wsize:expr, $decu:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+            pair_signed::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $decu)
+        }
+    };
+}
+
+pair_kernel!(pair_q4_0, 18, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
+pair_kernel!(pair_q5_0, 22, |b| super::avx2::q5_0_unsigned(b));
+pair_kernel!(pair_q8_0, 34, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,27 +568,35 @@ mod tests {
             sets.push(KernelSet::Avx512);
         }
         let mut s = 0x0dd_ba11_u64;
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (more than
+        // ROW_OUTER_GROUPS groups, a partial last group, an odd row count)
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
             let (n_in, n_out) = (512, 45);
             let wrow = ty.row_size(n_in).unwrap();
             let mut w: Vec<u8> = (0..wrow * n_out).map(|_| next(&mut s) as u8).collect();
             for blk in w.chunks_exact_mut(ty.type_size()) {
-                let offs: &[usize] = if ty == GgmlType::Q4_K { &[0, 2] } else { &[208] };
+                let offs: &[usize] = match ty {
+                    GgmlType::Q4_K => &[0, 2],
+                    GgmlType::Q6_K => &[208],
+                    _ => &[0],
+                };
                 for &o in offs {
                     let v = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
                     blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
             let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
-            let n_tok = MIN_TOKENS + 11;
+            let n_tok = 43;
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect();
-            let xrow = GgmlType::Q8_K.row_size(n_in).unwrap();
+            let vdt = quant::vec_dot_type(ty);
+            let xrow = vdt.row_size(n_in).unwrap();
             let mut xq = vec![0u8; xrow * n_tok];
             for t in 0..n_tok {
-                quant::quantize_row_act(GgmlType::Q8_K, &x[t * n_in..(t + 1) * n_in], &mut xq[t * xrow..(t + 1) * xrow]).unwrap();
+                quant::quantize_row_act(vdt, &x[t * n_in..(t + 1) * n_in], &mut xq[t * xrow..(t + 1) * xrow]).unwrap();
             }
             for set in &sets {
-                assert!(kernels(*set, ty).is_some() || std::env::var_os("PYLLAMA_NO_RB").is_some());
+                let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+                assert!(!k_quant || kernels(*set, ty).is_some() || std::env::var_os("PYLLAMA_NO_RB").is_some());
                 let dot = quant::vec_dot_fn(ty, *set).unwrap();
                 for threads in [1, 2] {
                     let pool = ThreadPool::new(threads);
@@ -514,6 +610,59 @@ mod tests {
                                 let got = out[t * ld + r - r0];
                                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} {set:?} threads={threads} rows {r0}..{r1} t={t} r={r}");
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_pair_kernels_equal_single_column_kernels_bit_for_bit() {
+        // Both rows of the AVX-512 two-row packed kernels, every column count, equal the
+        // plain single-column kernel bit for bit (random and extreme blocks).
+        if !quant::avx512_available() {
+            return;
+        }
+        let mut s = 0x9a1f_u64;
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let nb = 5;
+            let n = 32 * nb;
+            let wrow = ty.row_size(n).unwrap();
+            let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+            let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+            for case in 0..4 {
+                let mut w: Vec<u8> = (0..2 * wrow).map(|_| next(&mut s) as u8).collect();
+                if case == 1 {
+                    w.fill(0xFF);
+                } else if case == 2 {
+                    w.fill(0);
+                }
+                if case != 1 {
+                    for blk in w.chunks_exact_mut(ty.type_size()) {
+                        let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                        blk[..2].copy_from_slice(&d.to_le_bytes());
+                    }
+                }
+                let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
+                for c in 0..avx2::PACK_COLS {
+                    let x: Vec<f32> = (0..n).map(|k| if case == 3 { if k % 3 == 0 { -1.0 } else { 1.0 } } else { (next(&mut s) % 2001) as f32 / 1000.0 - 1.0 }).collect();
+                    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                }
+                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb)
+                    .map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32())
+                    .collect();
+                for nc in 1..=avx2::PACK_COLS {
+                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
+                    unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, avx2::pack_offset(ty), packed.as_mut_ptr()) };
+                    let k = packed_pair_kernel(KernelSet::Avx512, ty, nc).unwrap();
+                    let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
+                    unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
+                    for c in 0..nc {
+                        for (r, got) in [(0, ga[c]), (1, gb[c])] {
+                            let mut want = 0f32;
+                            unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                            assert_eq!(got.to_bits(), want.to_bits(), "{ty} nc={nc} case {case} row {r} col {c}");
                         }
                     }
                 }
