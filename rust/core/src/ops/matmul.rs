@@ -13,6 +13,11 @@
 //! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
 //! row is taken once for all groups, so K sequences decoding together read each weight
 //! block from memory once;
+//! in the AVX-512 set two weight rows per call for prefill (`quant::avx2_rb::packed_pair_kernel`,
+//! one row per zmm half);
+//! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
+//! into the thread's scratch, all tokens against each block (`quant::avx2_rb`), the rows
+//! left after the blocks on the tiles below;
 //! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
 //! (`quant::cols_kernel`); the scalar set -> vec_dot per element.
 //!
@@ -138,6 +143,8 @@ pub fn matmul_with(
         _ => 0,
     };
     let mut xscales: *const f32 = std::ptr::null();
+    // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
+    let mut rb_base = 0usize;
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
@@ -147,7 +154,7 @@ pub fn matmul_with(
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
         let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens), 0);
+        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens) + rb_bytes(set, w.ty, n_in, n_tokens, pool.n_threads()), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -156,6 +163,7 @@ pub fn matmul_with(
             fill_scales(vdt, dst, nsc, sc);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
+        rb_base = sp.get() as usize + pack_off + packed_bytes(set, w.ty, n_in, n_tokens);
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
@@ -214,6 +222,8 @@ pub fn matmul_with(
         let rest = n_tokens % PACK_COLS;
         let full = quant::packed_kernel(set, w.ty, PACK_COLS);
         let last = if rest > 0 { quant::packed_kernel(set, w.ty, rest) } else { full };
+        let pair_full = quant::avx2_rb::packed_pair_kernel(set, w.ty, PACK_COLS);
+        let pair_last = if rest > 0 { quant::avx2_rb::packed_pair_kernel(set, w.ty, rest) } else { pair_full };
         if let (Some(full), Some(last)) = (full, last) {
             // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
             // after the rows and scales in scratch; the last group holds the remaining
@@ -283,7 +293,27 @@ pub fn matmul_with(
                     // stay in L1 while the thread's weight rows stream from L2 (blocks of
                     // rows that fit L1 with the group measured the same)
                     for g in 0..n_groups {
-                        for r in mine.clone() {
+                        let mut r = mine.start;
+                        let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                        if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
+                            // the AVX-512 set: two rows per call (one per zmm half)
+                            let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                            let mut tmp_b = [0f32; PACK_COLS];
+                            while r + 1 < mine.end {
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
+                                // (checked); the kernel writes nc values to each tmp
+                                unsafe {
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    }
+                                }
+                                r += 2;
+                            }
+                        }
+                        for r in r..mine.end {
                             row_group(r, g, &mut tmp);
                         }
                     }
@@ -314,8 +344,7 @@ pub fn matmul_with(
                     (xs_addr as *const f32).wrapping_add(t * nsc)
                 }
             };
-            pool.run(&|ith, nth| {
-                let mine = split_range(n_rows, ith, nth);
+            let tiled_rows = |mine: Range<usize>| {
                 let mut t0 = 0;
                 while t0 < n_tokens {
                     let t1 = (t0 + chunk).min(n_tokens);
@@ -355,7 +384,45 @@ pub fn matmul_with(
                     }
                     t0 = t1;
                 }
-            });
+            };
+            #[cfg(target_arch = "x86_64")]
+            if n_tokens >= quant::avx2_rb::MIN_TOKENS && n_rows >= quant::avx2_rb::RB {
+                if let Some(rb) = quant::avx2_rb::kernels(set, w.ty) {
+                    // K-quant prefill: blocks of RB rows repacked once per matmul into the
+                    // thread's scratch area (after the activations), all tokens against
+                    // each block; the last n_rows % RB rows take the tiles above
+                    let nsb = n_in / 256;
+                    let area = (nsb * rb.sb_bytes).div_ceil(64) * 64;
+                    let bp = SyncPtr(rb_base as *mut u8);
+                    let nrb = n_rows / quant::avx2_rb::RB;
+                    pool.run(&|ith, nth| {
+                        // SAFETY: scratch was sized for nth areas (rb_bytes); each thread
+                        // writes only its own
+                        let buf = unsafe { bp.get().add(ith * area) };
+                        for b in split_range(nrb, ith, nth) {
+                            let r = b * quant::avx2_rb::RB;
+                            // SAFETY: rows r0 + r .. + RB are inside wdata; the kernels
+                            // write RB values of each of their nc token rows of out (checked
+                            // above); the kernel set was checked for this CPU
+                            unsafe {
+                                (rb.repack)(nsb, wdata.as_ptr().add((r0 + r) * wrow), wrow, buf);
+                                let mut t = 0;
+                                while t < n_tokens {
+                                    let nc = (n_tokens - t).min(rb.tile);
+                                    let k = rb.cols[nc].expect("row-block kernels for 1..=tile columns");
+                                    k(nsb, buf, xq.as_ptr().add(t * xrow), xrow, op.get().add(t * ld_out + r), ld_out);
+                                    t += nc;
+                                }
+                            }
+                        }
+                        if ith + 1 == nth {
+                            tiled_rows(nrb * quant::avx2_rb::RB..n_rows);
+                        }
+                    });
+                    return Ok(());
+                }
+            }
+            pool.run(&|ith, nth| tiled_rows(split_range(n_rows, ith, nth)));
             return Ok(());
         }
     }
@@ -389,6 +456,18 @@ fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> u
         }
     }
     let _ = (set, ty, n_in, n_tokens);
+    0
+}
+
+/// Bytes of the row-block path's repack areas (one per thread; 0: that path is not taken).
+fn rb_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if n_tokens >= quant::avx2_rb::MIN_TOKENS {
+        if let Some(rb) = quant::avx2_rb::kernels(set, ty) {
+            return n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64;
+        }
+    }
+    let _ = (set, ty, n_in, n_tokens, n_threads);
     0
 }
 

@@ -331,7 +331,7 @@ unsafe fn load128(p: *const u8) -> __m128i {
 /// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_32(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles_32(p: *const u8) -> __m256i {
     // Broadcast the 16 bytes to both halves (a pure load) and shift only the upper half:
     // keeps the shuffle port free (vinserti128 competed with the scale conversions).
     let t = _mm256_broadcastsi128_si256(load128(p));
@@ -629,7 +629,7 @@ unsafe fn evex_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 
 /// Q5_0 weights + 16: low nibbles | (high bit << 4), in 0..=31.
 #[inline(always)]
-unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
+pub(crate) unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
     let hi = _mm256_and_si256(bits_32(b.add(2)), _mm256_set1_epi8(0x10));
     (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
 }

@@ -1,7 +1,8 @@
 //! AVX-512 kernels (F + BW + VL + VNNI, x86-64), chosen at run time by `super::kernel_set()`:
 //! the single-token multi-row kernels of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (`rows_kernel`) and the
-//! Q6_K vec_dot / tile kernel (`dot_kernels`). Everything else in the AVX-512 kernel set is
-//! the AVX2 (+ AVX-VNNI) kernels.
+//! Q6_K vec_dot / tile kernel (`dot_kernels`). The set's prefill kernels that put two weight
+//! rows in one zmm (packed Q4_0/Q5_0/Q8_0) and its row-block K-quant builds are in
+//! `avx2_rb.rs`. Everything else in the AVX-512 kernel set is the AVX2 (+ AVX-VNNI) kernels.
 //!
 //! Requirement that shapes everything here: each result is BIT-IDENTICAL to the AVX2
 //! kernel's (`avx2.rs`), so logits do not depend on the CPU. The integer work (decoding the

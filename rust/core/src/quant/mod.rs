@@ -80,6 +80,8 @@ pub mod neon_iq;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_iq;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2_rb;
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;

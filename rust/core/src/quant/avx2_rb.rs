@@ -1,0 +1,672 @@
+//! Row-block prefill kernels for the K-quants (x86-64): the matmul's prompt path for Q4_K
+//! and Q6_K weights (pipeline step 13).
+//!
+//! The tile kernels of `avx2.rs` work on one weight row at a time with the 32 elements of a
+//! block across the vector lanes, so every column needs a horizontal sum of its i32 lanes
+//! per 64 (Q4_K) or 256 (Q6_K) elements before the float step. Here a thread first copies
+//! `RB` = 8 weight rows into a scratch layout with the rows interleaved 4 bytes at a time
+//! (`repack_*`, once per row block and matmul, as llama.cpp's repack.cpp does at load time),
+//! so each i32 lane holds one ROW: an activation dword broadcast to all lanes against one
+//! weight vector gives 8 rows' partial dots at once, the sums come out per lane with no
+//! horizontal step, and the float step runs for 8 rows in one instruction.
+//!
+//! Bit-identical to the tile kernels (`avx2::dot_q4_k`, `avx2::dot_q6_k`): the integer sums
+//! are exact whatever the order (no i16 saturation or i32 overflow is possible with these
+//! formats' ranges; see each kernel), and each lane runs exactly the float operations the
+//! tile kernel runs for that (row, column), in the same order: the same bits, hence batch
+//! invariance holds whichever path computes an element.
+//!
+//! Three builds as for the packed kernels: plain AVX2 (`maddubs` into i16 sums, `madd` with
+//! the scales), AVX-VNNI and AVX-512 VNNI on ymm (`vpdpbusd` into i32 sums, `vpmulld` with
+//! the scales).
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::avx2::PackBuild;
+use super::fp::f16_to_f32;
+use super::KernelSet;
+use crate::ggml_type::GgmlType;
+use std::arch::x86_64::*;
+
+/// Weight rows per row block (one per i32 lane of a ymm).
+pub const RB: usize = 8;
+
+/// A row-block kernel: for the NC activation rows (Q8_K, `x + c * xs`) and the RB weight
+/// rows repacked at `wp` (`nsb` super-blocks), out[c * ldo + r] = dot(row r, column c).
+pub type RbKernel = unsafe fn(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize);
+/// Repacks RB weight rows (`w`, `wrow` bytes apart, `nsb` super-blocks each) into `dst`.
+pub type RepackFn = unsafe fn(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8);
+
+/// The row-block kernels of one weight type in one build.
+#[derive(Clone, Copy)]
+pub struct RbKernels {
+    pub repack: RepackFn,
+    /// Repacked bytes per super-block of RB rows.
+    pub sb_bytes: usize,
+    /// Columns per full tile.
+    pub tile: usize,
+    /// cols[nc]: the kernel of nc columns, 1 <= nc <= tile.
+    pub cols: [Option<RbKernel>; 9],
+}
+
+/// Fewest tokens for which the matmul takes the row-block path: below this the repack
+/// (once per row block) is not paid back and the tile/column kernels of `avx2.rs` run.
+pub const MIN_TOKENS: usize = 16;
+
+/// The row-block kernels of weight type `ty` for kernel set `set`, if any (Q4_K and Q6_K
+/// on the AVX2 and AVX-512 sets, not under `PYLLAMA_ORDER=llamacpp`, whose orders depend
+/// on the batch).
+pub fn kernels(set: KernelSet, ty: GgmlType) -> Option<RbKernels> {
+    if super::avx2::llamacpp_order() || no_rb() {
+        return None;
+    }
+    let build = match set {
+        KernelSet::Avx512 => PackBuild::Evex,
+        KernelSet::Avx2 if super::avx2::vnni_available() => PackBuild::Vnni,
+        KernelSet::Avx2 => PackBuild::Plain,
+        _ => return None,
+    };
+    kernels_with(ty, build)
+}
+
+/// `PYLLAMA_NO_RB=1`: the K-quant prefill takes the tile kernels (for comparisons; the
+/// results are the same bits either way).
+fn no_rb() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_RB").is_some_and(|v| v != "0"))
+}
+
+macro_rules! cols_table {
+    ($f:ident, $tile:expr) => {{
+        let mut t: [Option<RbKernel>; 9] = [None; 9];
+        t[1] = Some($f::<1> as RbKernel);
+        t[2] = Some($f::<2> as RbKernel);
+        t[3] = Some($f::<3> as RbKernel);
+        t[4] = Some($f::<4> as RbKernel);
+        if $tile == 8 {
+            t[5] = Some($f::<5> as RbKernel);
+            t[6] = Some($f::<6> as RbKernel);
+            t[7] = Some($f::<7> as RbKernel);
+            t[8] = Some($f::<8> as RbKernel);
+        }
+        t
+    }};
+}
+
+const PLAIN: u8 = 0;
+const VNNI: u8 = 1;
+const EVEX: u8 = 2;
+
+/// `kernels` with the build chosen by the caller (tests compare all builds).
+pub fn kernels_with(ty: GgmlType, build: PackBuild) -> Option<RbKernels> {
+    // AVX2 has 16 ymm registers: 4 columns; the AVX-512 build has 32: 8 columns
+    let tile = if build == PackBuild::Evex { 8 } else { 4 };
+    let (repack, sb_bytes, cols): (RepackFn, usize, _) = match (ty, build) {
+        (GgmlType::Q4_K, PackBuild::Plain) => (repack_q4_k, Q4K_SB, cols_table!(q4_k_plain, 4)),
+        (GgmlType::Q4_K, PackBuild::Vnni) => (repack_q4_k, Q4K_SB, cols_table!(q4_k_vnni, 4)),
+        (GgmlType::Q4_K, PackBuild::Evex) => (repack_q4_k, Q4K_SB, cols_table!(q4_k_evex, 8)),
+        (GgmlType::Q6_K, PackBuild::Plain) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_plain, 4)),
+        (GgmlType::Q6_K, PackBuild::Vnni) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_vnni, 4)),
+        (GgmlType::Q6_K, PackBuild::Evex) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_evex, 8)),
+        _ => return None,
+    };
+    Some(RbKernels { repack, sb_bytes, tile, cols })
+}
+
+#[inline(always)]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The i32 at p in all 8 lanes (a broadcast load).
+#[inline(always)]
+unsafe fn bcast32(p: *const u8) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn vnni_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
+unsafe fn evex_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, a, b)
+}
+
+/// acc + the u8 x i8 products of w and x: i16 pair sums (plain build, `maddubs`) or i32
+/// sums of 4 (VNNI builds).
+#[inline(always)]
+unsafe fn dot_acc<const B: u8>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    match B {
+        PLAIN => _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)),
+        VNNI => vnni_acc(acc, w, x),
+        _ => evex_acc(acc, w, x),
+    }
+}
+
+/// The per-lane (per-row) i32 scales `sc` times the sums `a` of `dot_acc`: i32 lanes.
+#[inline(always)]
+unsafe fn scale<const B: u8>(a: __m256i, sc: __m256i) -> __m256i {
+    if B == PLAIN {
+        // i16 pairs (sc, sc) (|sc| < 2^15): madd gives sc * (pair sum 0 + pair sum 1) per lane
+        _mm256_madd_epi16(a, _mm256_blend_epi16::<0xAA>(sc, _mm256_slli_epi32(sc, 16)))
+    } else {
+        _mm256_mullo_epi32(a, sc)
+    }
+}
+
+unsafe fn rd_f16(p: *const u8) -> f32 {
+    f16_to_f32(std::ptr::read_unaligned(p as *const u16))
+}
+
+// ------------------------------------------------------------------ Q4_K
+
+/// Repacked Q4_K super-block of RB rows: [d_w: 8 f32][dmin_w: 8 f32][scale of sub-block
+/// s = 0..8: 8 i32, one per row][mins of sub-blocks 2j, 2j+1, j = 0..4: 8 x 2 i16][quant
+/// bytes: for dword d = 0..32 of the 128 quant bytes, 8 rows x 4 bytes]. Quant dword d
+/// holds elements 4(d % 8) .. +4 of sub-block 2(d / 8) (low nibbles) and 2(d / 8) + 1 (high).
+const Q4K_SB: usize = 32 + 32 + 256 + 128 + 1024;
+const Q4K_SC: usize = 64;
+const Q4K_MN: usize = 320;
+const Q4K_Q: usize = 448;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    for i in 0..nsb {
+        let p = dst.add(i * Q4K_SB);
+        for r in 0..RB {
+            let b = w.add(r * wrow + i * 144);
+            (p as *mut f32).add(r).write_unaligned(rd_f16(b));
+            (p.add(32) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
+            let sc = std::slice::from_raw_parts(b.add(4), 12);
+            for s in 0..8 {
+                let (d, m) = super::kquants::scale_min_k4(s, sc);
+                (p.add(Q4K_SC + 32 * s + 4 * r) as *mut i32).write_unaligned(d as i32);
+                (p.add(Q4K_MN + 32 * (s / 2) + 4 * r + 2 * (s % 2)) as *mut i16).write_unaligned(m as i16);
+            }
+            for d in 0..32 {
+                std::ptr::copy_nonoverlapping(b.add(16 + 4 * d), p.add(Q4K_Q + 32 * d + 4 * r), 4);
+            }
+        }
+    }
+}
+
+/// Q4_K x Q8_K, RB rows x NC columns. Per lane (row r) and column c, exactly the float
+/// steps of `avx2::dot_q4_k` (`dot_q4_k_ord::<_, true>`): per 64 elements j,
+/// acc = fma(f32(isum_j), d_w * d_x, acc) and acc_m = fma(f32(msum_j), dmin_w * d_x, acc_m),
+/// then acc - acc_m. isum_j: the exact i32 sum over sub-blocks 2j, 2j+1 of scale * q_w * q_x
+/// (plain build: i16 sums of at most 8 maddubs pairs, |.| <= 8 * 2 * 15 * 128 = 30720);
+/// msum_j: min(2j) * bsum(2j) + min(2j+1) * bsum(2j+1), the same `madd` as there.
+#[inline(always)]
+unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    let mut accm = [_mm256_setzero_ps(); NC];
+    for i in 0..nsb {
+        let p = wp.add(i * Q4K_SB);
+        let dw8 = _mm256_loadu_ps(p as *const f32);
+        let dm8 = _mm256_loadu_ps(p.add(32) as *const f32);
+        let mut dsc = [_mm256_setzero_ps(); NC];
+        let mut dmn = [_mm256_setzero_ps(); NC];
+        // bsum of each 32-element sub-block (i16, exact), per column
+        let mut bs = [[0i16; 8]; NC];
+        for c in 0..NC {
+            let xb = x.add(c * xs + i * 292);
+            let yd = _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32));
+            dsc[c] = _mm256_mul_ps(dw8, yd);
+            dmn[c] = _mm256_mul_ps(dm8, yd);
+            let b = load256(xb.add(260));
+            let s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+            _mm_storeu_si128(bs[c].as_mut_ptr() as *mut __m128i, s);
+        }
+        let q = p.add(Q4K_Q);
+        for j in 0..4 {
+            let mut isum = [_mm256_setzero_si256(); NC];
+            for h in 0..2 {
+                let mut a = [_mm256_setzero_si256(); NC];
+                for k in 0..8 {
+                    let wpk = load256(q.add(32 * (8 * j + k)));
+                    let wq = if h == 0 { _mm256_and_si256(wpk, m4) } else { _mm256_and_si256(_mm256_srli_epi16(wpk, 4), m4) };
+                    for c in 0..NC {
+                        let xv = bcast32(x.add(c * xs + i * 292 + 4 + 64 * j + 32 * h + 4 * k));
+                        a[c] = dot_acc::<B>(a[c], wq, xv);
+                    }
+                }
+                let sc = load256(p.add(Q4K_SC + 32 * (2 * j + h)));
+                for c in 0..NC {
+                    isum[c] = _mm256_add_epi32(isum[c], scale::<B>(a[c], sc));
+                }
+            }
+            let mn = load256(p.add(Q4K_MN + 32 * j));
+            for c in 0..NC {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), dsc[c], acc[c]);
+                let msum = _mm256_madd_epi16(mn, bcast32(bs[c].as_ptr().add(2 * j) as *const u8));
+                accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dmn[c], accm[c]);
+            }
+        }
+    }
+    for c in 0..NC {
+        _mm256_storeu_ps(out.add(c * ldo), _mm256_sub_ps(acc[c], accm[c]));
+    }
+}
+
+// ------------------------------------------------------------------ Q6_K
+
+/// Repacked Q6_K super-block of RB rows: [d_w: 8 f32][scale of 16-element group g = 0..16:
+/// 8 i32, one per row][scales of groups 2m, 2m+1, m = 0..8: 8 x 2 i16][quants as unsigned
+/// bytes 0..=63: for dword e = 0..64 (elements 4e..4e+4), 8 rows x 4 bytes].
+const Q6K_SB: usize = 32 + 512 + 256 + 2048;
+const Q6K_SC: usize = 32;
+const Q6K_SP: usize = 544;
+const Q6K_Q: usize = 800;
+
+/// Bits s, s + 1 of each byte of bh, moved to bits 4 and 5.
+#[inline(always)]
+unsafe fn q6_hi(bh: __m256i, m2: __m256i, s: i32) -> __m256i {
+    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(bh, _mm_cvtsi32_si128(s)), m2), 4)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let mut tmp = [0u8; 256];
+    for i in 0..nsb {
+        let p = dst.add(i * Q6K_SB);
+        for r in 0..RB {
+            let b = w.add(r * wrow + i * 210);
+            (p as *mut f32).add(r).write_unaligned(rd_f16(b.add(208)));
+            for g in 0..16 {
+                let s = *b.add(192 + g) as i8;
+                (p.add(Q6K_SC + 32 * g + 4 * r) as *mut i32).write_unaligned(s as i32);
+                (p.add(Q6K_SP + 32 * (g / 2) + 4 * r + 2 * (g % 2)) as *mut i16).write_unaligned(s as i16);
+            }
+            // the unsigned 6-bit values of elements 0..256, decoded as `avx2::dot_q6_k` does
+            for j in 0..2 {
+                let b1 = load256(b.add(64 * j));
+                let b2 = load256(b.add(64 * j + 32));
+                let bh = load256(b.add(128 + 32 * j));
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(b1, m4), q6_hi(bh, m2, 0)),
+                    _mm256_or_si256(_mm256_and_si256(b2, m4), q6_hi(bh, m2, 2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), q6_hi(bh, m2, 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), q6_hi(bh, m2, 6)),
+                ];
+                for (l, v) in q.iter().enumerate() {
+                    _mm256_storeu_si256(tmp.as_mut_ptr().add(128 * j + 32 * l) as *mut __m256i, *v);
+                }
+            }
+            for e in 0..64 {
+                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(4 * e), p.add(Q6K_Q + 32 * e + 4 * r), 4);
+            }
+        }
+    }
+}
+
+/// Q6_K x Q8_K, RB rows x NC columns. Per lane (row r) and column c, exactly the float
+/// steps of `avx2::dot_q6_k` (`dot_q6_k_ord::<_, true>`): per super-block
+/// acc = fma(d_w * f32(isum), d_x, acc), isum the exact i32 sum over the 16 groups of
+/// scale * (sum of q_w * q_x - 32 * bsum) with q_w the unsigned 6-bit values (plain build:
+/// i16 sums of 2 maddubs pairs per 16-element group, |.| <= 2 * 2 * 63 * 128 = 32256).
+#[inline(always)]
+unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nsb {
+        let p = wp.add(i * Q6K_SB);
+        let mut isum = [_mm256_setzero_si256(); NC];
+        for g in 0..16 {
+            let sc = load256(p.add(Q6K_SC + 32 * g));
+            let mut a = [_mm256_setzero_si256(); NC];
+            for k in 0..4 {
+                let wq = load256(p.add(Q6K_Q + 32 * (4 * g + k)));
+                for c in 0..NC {
+                    let xv = bcast32(x.add(c * xs + i * 292 + 4 + 16 * g + 4 * k));
+                    a[c] = dot_acc::<B>(a[c], wq, xv);
+                }
+                if B == PLAIN && k == 1 {
+                    // two maddubs per i16 at most (see above): fold the first 8 elements
+                    for c in 0..NC {
+                        isum[c] = _mm256_add_epi32(isum[c], scale::<B>(a[c], sc));
+                        a[c] = _mm256_setzero_si256();
+                    }
+                }
+            }
+            for c in 0..NC {
+                isum[c] = _mm256_add_epi32(isum[c], scale::<B>(a[c], sc));
+            }
+        }
+        let dw8 = _mm256_loadu_ps(p as *const f32);
+        for c in 0..NC {
+            let xb = x.add(c * xs + i * 292);
+            // 32 * sum over groups of scale * bsum: i16 pairs (scale 2m, 2m+1) x (bsum 2m,
+            // 2m+1)
+            let mut sb = _mm256_setzero_si256();
+            for m in 0..8 {
+                sb = _mm256_add_epi32(sb, _mm256_madd_epi16(load256(p.add(Q6K_SP + 32 * m)), bcast32(xb.add(260 + 4 * m))));
+            }
+            let s = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(sb, 5));
+            let yd = _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw8, _mm256_cvtepi32_ps(s)), yd, acc[c]);
+        }
+    }
+    for c in 0..NC {
+        _mm256_storeu_ps(out.add(c * ldo), acc[c]);
+    }
+}
+
+macro_rules! builds {
+    ($tile:ident, $plain:ident, $vnni:ident, $evex:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $plain<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+            $tile::<PLAIN, NC>(nsb, wp, x, xs, out, ldo)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub unsafe fn $vnni<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+            $tile::<VNNI, NC>(nsb, wp, x, xs, out, ldo)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $evex<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+            $tile::<EVEX, NC>(nsb, wp, x, xs, out, ldo)
+        }
+    };
+}
+
+builds!(q4_k_tile, q4_k_plain, q4_k_vnni, q4_k_evex);
+builds!(q6_k_tile, q6_k_plain, q6_k_vnni, q6_k_evex);
+
+// ------------------------------------------------------------------ packed pairs (AVX-512)
+
+/// A packed-group kernel over two weight rows (AVX-512 set): `avx2::PackedDot` for rows
+/// `wa` and `wb` at once, their NC values to `outa` and `outb`.
+pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
+
+/// The AVX-512 set's two-row kernel of the signed 32-block type `ty` (Q4_0, Q5_0, Q8_0)
+/// for the first `nc` columns of a packed group (see `avx2::packed_kernel_cols`): the
+/// matmul's prefill runs it on pairs of rows. None elsewhere.
+pub fn packed_pair_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<PackedPairDot> {
+    if set != KernelSet::Avx512 || no_rb() {
+        return None;
+    }
+    macro_rules! pick {
+        ($f:ident) => {
+            match nc {
+                1 => $f::<1> as PackedPairDot,
+                2 => $f::<2>,
+                3 => $f::<3>,
+                4 => $f::<4>,
+                5 => $f::<5>,
+                6 => $f::<6>,
+                7 => $f::<7>,
+                8 => $f::<8>,
+                _ => return None,
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => pick!(pair_q4_0),
+        GgmlType::Q5_0 => pick!(pair_q5_0),
+        GgmlType::Q8_0 => pick!(pair_q8_0),
+        _ => return None,
+    })
+}
+
+/// The packed signed-family kernel (`avx2::dot_packed_signed`, its E build) for two rows
+/// in one zmm: lanes 0..8 row a, 8..16 row b. Per lane exactly the ymm kernel's operations:
+/// the i32 lanes correction + `vpdpbusd`, the f32 scale d_w * d_x (the same product as the
+/// ymm kernel's 8-column multiply), one FMA per block, and each half's `hsum_ps` at the end.
+/// zmm operations serve two rows per instruction; the activations and corrections are
+/// loaded once for both (a 256-bit broadcast).
+#[inline(always)]
+unsafe fn pair_signed<const NC: usize>(
+    nb: usize,
+    wa: *const u8,
+    wb: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    outa: *mut f32,
+    outb: *mut f32,
+    decode: impl Fn(*const u8) -> (f32, __m256i),
+) {
+    use super::avx2::PACK_BLOCK;
+    let mut acc = [_mm512_setzero_ps(); NC];
+    for i in 0..nb {
+        let (da, qa) = decode(wa.add(i * wsize));
+        let (db, qb) = decode(wb.add(i * wsize));
+        let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
+        let dw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(da), _mm512_set1_ps(db));
+        let b = xp.add(i * PACK_BLOCK);
+        for c in 0..NC {
+            let y = _mm512_broadcast_i64x4(load256(b.add(32 + 32 * c)));
+            let corr = _mm512_broadcast_i64x4(load256(b.add(32 + 256 + 32 * c)));
+            let v = _mm512_dpbusd_epi32(corr, q, y);
+            let dc = _mm512_mul_ps(dw, _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(c))));
+            acc[c] = _mm512_fmadd_ps(dc, _mm512_cvtepi32_ps(v), acc[c]);
+        }
+    }
+    for c in 0..NC {
+        *outa.add(c) = super::avx2::hsum_ps(_mm512_castps512_ps256(acc[c]));
+        *outb.add(c) = super::avx2::hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[c]))));
+    }
+}
+
+macro_rules! pair_kernel {
+    ($name:ident, $wsize:expr, $decu:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+            pair_signed::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $decu)
+        }
+    };
+}
+
+pair_kernel!(pair_q4_0, 18, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
+pair_kernel!(pair_q5_0, 22, |b| super::avx2::q5_0_unsigned(b));
+pair_kernel!(pair_q8_0, 34, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{self, avx2};
+
+    fn next(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    #[test]
+    fn row_block_kernels_equal_tile_kernels_bit_for_bit() {
+        // Every (row, column) of every build and column count must be exactly what the
+        // single-column tile kernel gives, also at the extremes: all weight quants at
+        // their top (0xFF bytes, 6-bit scales 63 / i8 scales -1), all at zero, activations
+        // at +-127 and -128 (the i16 bounds of the plain build).
+        if !quant::avx2_available() {
+            return;
+        }
+        let mut builds = vec![PackBuild::Plain];
+        if is_x86_feature_detected!("avxvnni") {
+            builds.push(PackBuild::Vnni);
+        }
+        if quant::avx512_available() {
+            builds.push(PackBuild::Evex);
+        }
+        let mut s = 0x51ab_7c11_d00d_f00du64;
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let nsb = 3;
+            let n = 256 * nsb;
+            let wrow = ty.row_size(n).unwrap();
+            let xrow = GgmlType::Q8_K.row_size(n).unwrap();
+            let (one, _) = avx2::dot_kernels(ty).unwrap();
+            for case in 0..6 {
+                let mut w: Vec<u8> = (0..wrow * RB).map(|_| next(&mut s) as u8).collect();
+                match case {
+                    1 => w.fill(0xFF),
+                    2 => w.fill(0),
+                    _ => {}
+                }
+                // finite f16 scales (except in case 1)
+                for r in 0..RB {
+                    for i in 0..nsb {
+                        let offs: &[usize] = if ty == GgmlType::Q4_K { &[0, 2] } else { &[208] };
+                        for &o in offs {
+                            let v = if case == 1 { 0x3C00u16 } else { half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits() };
+                            let at = r * wrow + i * ty.type_size() + o;
+                            w[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
+                let nx = 8;
+                let mut xq = vec![0u8; xrow * nx];
+                for c in 0..nx {
+                    let x: Vec<f32> = (0..n)
+                        .map(|k| match case {
+                            3 => 1.0,
+                            4 => if k % 2 == 0 { -1.0 } else { 1.0 },
+                            5 => -1.0,
+                            _ => (next(&mut s) % 2001) as f32 / 1000.0 - 1.0,
+                        })
+                        .collect();
+                    quant::quantize_row_act(GgmlType::Q8_K, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                }
+                for &build in &builds {
+                    let k = kernels_with(ty, build).unwrap();
+                    let mut buf = vec![0u8; nsb * k.sb_bytes];
+                    unsafe { (k.repack)(nsb, w.as_ptr(), wrow, buf.as_mut_ptr()) };
+                    for nc in 1..=k.tile {
+                        let mut got = vec![f32::NAN; nc * RB];
+                        unsafe { (k.cols[nc].unwrap())(nsb, buf.as_ptr(), xq.as_ptr(), xrow, got.as_mut_ptr(), RB) };
+                        for c in 0..nc {
+                            for r in 0..RB {
+                                let mut want = 0f32;
+                                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                                assert_eq!(got[c * RB + r].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} row {r} col {c}: {} vs {want}", got[c * RB + r]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_block_matmul_equals_single_vec_dot_bit_for_bit() {
+        // The matmul's row-block path (row blocks split over 1 and 2 threads, the rows left
+        // after the blocks on the tiles, token tiles plus a partial one, a row range that
+        // starts inside the matrix, a wider output stride) gives each element exactly what
+        // one vec_dot gives, in both SIMD sets.
+        use crate::model::TensorView;
+        use crate::ops::matmul::matmul_with;
+        use crate::threadpool::ThreadPool;
+        if !quant::avx2_available() {
+            return;
+        }
+        let mut sets = vec![KernelSet::Avx2];
+        if quant::avx512_available() {
+            sets.push(KernelSet::Avx512);
+        }
+        let mut s = 0x0dd_ba11_u64;
+        // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (more than
+        // ROW_OUTER_GROUPS groups, a partial last group, an odd row count)
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let (n_in, n_out) = (512, 45);
+            let wrow = ty.row_size(n_in).unwrap();
+            let mut w: Vec<u8> = (0..wrow * n_out).map(|_| next(&mut s) as u8).collect();
+            for blk in w.chunks_exact_mut(ty.type_size()) {
+                let offs: &[usize] = match ty {
+                    GgmlType::Q4_K => &[0, 2],
+                    GgmlType::Q6_K => &[208],
+                    _ => &[0],
+                };
+                for &o in offs {
+                    let v = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                    blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let n_tok = 43;
+            let x: Vec<f32> = (0..n_in * n_tok).map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect();
+            let vdt = quant::vec_dot_type(ty);
+            let xrow = vdt.row_size(n_in).unwrap();
+            let mut xq = vec![0u8; xrow * n_tok];
+            for t in 0..n_tok {
+                quant::quantize_row_act(vdt, &x[t * n_in..(t + 1) * n_in], &mut xq[t * xrow..(t + 1) * xrow]).unwrap();
+            }
+            for set in &sets {
+                let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+                assert!(!k_quant || kernels(*set, ty).is_some() || std::env::var_os("PYLLAMA_NO_RB").is_some());
+                let dot = quant::vec_dot_fn(ty, *set).unwrap();
+                for threads in [1, 2] {
+                    let pool = ThreadPool::new(threads);
+                    for (r0, r1, ld) in [(0, n_out, n_out), (3, 40, 50)] {
+                        let mut out = vec![f32::NAN; ld * n_tok];
+                        let mut scratch = Vec::new();
+                        matmul_with(&pool, *set, &tv, &x, n_tok, &mut out, ld, r0..r1, &mut scratch).unwrap();
+                        for t in 0..n_tok {
+                            for r in r0..r1 {
+                                let want = dot(n_in, &w[r * wrow..(r + 1) * wrow], &xq[t * xrow..(t + 1) * xrow]);
+                                let got = out[t * ld + r - r0];
+                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {set:?} threads={threads} rows {r0}..{r1} t={t} r={r}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_pair_kernels_equal_single_column_kernels_bit_for_bit() {
+        // Both rows of the AVX-512 two-row packed kernels, every column count, equal the
+        // plain single-column kernel bit for bit (random and extreme blocks).
+        if !quant::avx512_available() {
+            return;
+        }
+        let mut s = 0x9a1f_u64;
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let nb = 5;
+            let n = 32 * nb;
+            let wrow = ty.row_size(n).unwrap();
+            let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+            let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+            for case in 0..4 {
+                let mut w: Vec<u8> = (0..2 * wrow).map(|_| next(&mut s) as u8).collect();
+                if case == 1 {
+                    w.fill(0xFF);
+                } else if case == 2 {
+                    w.fill(0);
+                }
+                if case != 1 {
+                    for blk in w.chunks_exact_mut(ty.type_size()) {
+                        let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                        blk[..2].copy_from_slice(&d.to_le_bytes());
+                    }
+                }
+                let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
+                for c in 0..avx2::PACK_COLS {
+                    let x: Vec<f32> = (0..n).map(|k| if case == 3 { if k % 3 == 0 { -1.0 } else { 1.0 } } else { (next(&mut s) % 2001) as f32 / 1000.0 - 1.0 }).collect();
+                    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                }
+                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb)
+                    .map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32())
+                    .collect();
+                for nc in 1..=avx2::PACK_COLS {
+                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
+                    unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, avx2::pack_offset(ty), packed.as_mut_ptr()) };
+                    let k = packed_pair_kernel(KernelSet::Avx512, ty, nc).unwrap();
+                    let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
+                    unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
+                    for c in 0..nc {
+                        for (r, got) in [(0, ga[c]), (1, gb[c])] {
+                            let mut want = 0f32;
+                            unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                            assert_eq!(got.to_bits(), want.to_bits(), "{ty} nc={nc} case {case} row {r} col {c}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
