@@ -127,8 +127,11 @@ pub fn matmul_with(
     if n_tokens == 0 || n_rows == 0 {
         return Ok(());
     }
-    let vdt = quant::vec_dot_type(w.ty);
-    let dot = quant::vec_dot_fn(w.ty, set).ok_or_else(|| bad(format!("unsupported tensor type {}", w.ty)))?;
+    // the weight type's kernels, looked up once for the whole product
+    let table = quant::table::table(set);
+    let kern = table.get(w.ty);
+    let vdt = kern.vec_dot_type;
+    let dot = kern.vec_dot.ok_or_else(|| bad(format!("unsupported tensor type {}", w.ty)))?;
     let xrow = quant::row_bytes(vdt, n_in)?;
 
     // Activations in the vec_dot type: [n_tokens][xrow] bytes.
@@ -142,12 +145,12 @@ pub fn matmul_with(
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
     } else {
-        let qf = quant::quantize_act_fn(vdt, set).ok_or_else(|| bad(format!("no quantizer for {vdt}")))?;
+        let qf = table.get(vdt).quantize_act.ok_or_else(|| bad(format!("no quantizer for {vdt}")))?;
         // [n_tokens][xrow] quantized rows, then (Q8_0/Q8_1 only) [n_tokens][nsc] f32 block
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
         let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens), 0);
+        scratch.resize(pack_off + packed_bytes(kern, n_in, n_tokens), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -176,7 +179,7 @@ pub fn matmul_with(
     let r0 = rows.start;
 
     if super::sgemm::applies(set, w.ty, n_in) {
-        if let Some(k) = super::sgemm::kernels(set, w.ty) {
+        if let Some(k) = kern.sgemm {
             // F32 weights: register-blocked tiles in tinyBLAS's float order, for every
             // token count (see ops/sgemm.rs)
             // SAFETY: rows r0..r0 + n_rows of wdata, n_tokens rows of xq and the out rows
@@ -188,9 +191,8 @@ pub fn matmul_with(
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     if n_tokens == 1 {
-        if let Some(rows_k) = quant::rows_kernel(w.ty, set) {
+        if let Some(rows_k) = kern.rows {
             // Single token: one call per thread over all its rows (several weight rows per
             // pass break the per-row FMA chain; each element is still bit-identical to `one`).
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
@@ -209,11 +211,11 @@ pub fn matmul_with(
 
 
     #[cfg(target_arch = "x86_64")]
-    if packed_bytes(set, w.ty, n_in, n_tokens) > 0 {
-        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
+    if let Some(pk) = kern.packed.filter(|_| packed_bytes(kern, n_in, n_tokens) > 0) {
+        use quant::avx2::{pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
         let rest = n_tokens % PACK_COLS;
-        let full = quant::packed_kernel(set, w.ty, PACK_COLS);
-        let last = if rest > 0 { quant::packed_kernel(set, w.ty, rest) } else { full };
+        let full = pk.cols[PACK_COLS];
+        let last = if rest > 0 { pk.cols[rest] } else { full };
         if let (Some(full), Some(last)) = (full, last) {
             // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
             // after the rows and scales in scratch; the last group holds the remaining
@@ -221,10 +223,10 @@ pub fn matmul_with(
             // decoding together) and takes the kernel of that many columns.
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
-            let gbytes = nb * pack_block_bytes(w.ty);
+            let gbytes = nb * pk.block_bytes;
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-            let off = pack_offset(w.ty);
+            let off = pk.offset;
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -295,7 +297,8 @@ pub fn matmul_with(
 
     // SIMD sets (AVX2 / AVX-512 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
     if set.is_simd() {
-        if let Some((one, many, tile)) = quant::tiled_kernels(set, w.ty, n_tokens) {
+        if let Some(tl) = kern.tiled_for(n_tokens) {
+            let (one, many, tile) = (tl.one(), tl.many(), tl.width);
             const MAX_TILE: usize = quant::MAX_TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once
@@ -304,7 +307,7 @@ pub fn matmul_with(
             // cols[nc]: the nc-token kernel for 2 <= nc < tile (see `quant::cols_kernel`)
             let mut cols: [Option<quant::DotN>; MAX_TILE] = [None; MAX_TILE];
             for (nc, c) in cols.iter_mut().enumerate().take(tile).skip(2) {
-                *c = quant::cols_kernel(set, w.ty, n_tokens, nc);
+                *c = tl.mid(nc);
             }
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
             let xsc = |t: usize| -> *const f32 {
@@ -375,21 +378,16 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// Bytes of packed activation groups the matmul of a `ty` weight needs (0: not packed).
-/// Only the AVX2 set packs, and only weight types with a packed kernel and at least one
-/// full group of tokens.
-fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use quant::avx2::{pack_block_bytes, PACK_COLS};
+/// Bytes of packed activation groups the matmul of a weight with kernels `kern` needs (0:
+/// not packed). Only the x86 sets pack, and only weight types with a packed kernel.
+fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) -> usize {
+    use quant::table::MAX_PACK;
+    match kern.packed {
         // from 2 tokens on (one token takes the multi-row kernels); the last group may be
         // partial
-        if n_tokens >= 2 && quant::packed_kernel(set, ty, PACK_COLS).is_some() {
-            return n_tokens.div_ceil(PACK_COLS) * (n_in / 32) * pack_block_bytes(ty);
-        }
+        Some(p) if n_tokens >= 2 && p.cols[MAX_PACK].is_some() => n_tokens.div_ceil(MAX_PACK) * (n_in / 32) * p.block_bytes,
+        _ => 0,
     }
-    let _ = (set, ty, n_in, n_tokens);
-    0
 }
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
@@ -438,7 +436,7 @@ mod tests {
         if !quant::avx2_available() {
             return;
         }
-        let vnni_cpu = is_x86_feature_detected!("avxvnni");
+        let vnni_cpu = quant::cpu::features().avxvnni;
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
         for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             let nb = 7;

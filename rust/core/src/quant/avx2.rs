@@ -26,12 +26,7 @@ use super::{legacy, VecDotFn};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
-/// out[c] = dot(w, x + c * xs) for c in 0..NC; w and every x row hold `n` elements.
-/// `xd`: null, or precomputed f32 activation block scales for the Q8_0/Q8_1 activations
-/// (Q8_0: d per block; Q8_1: (d, s) per block), column c's at `xd + c * xds`. The matmul
-/// converts them once per token instead of once per (weight row, block): same values (the
-/// f16 -> f32 conversion is exact), so the results are bit-identical either way.
-pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
+pub use super::{DotN, PackedDot};
 
 /// The prefill tile width: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
@@ -44,11 +39,7 @@ pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
 /// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
 /// `PYLLAMA_KERNELS=avx2` turns them off).
 pub fn vnni_available() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        is_x86_feature_detected!("avxvnni")
-            && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("avx2")).unwrap_or(false)
-    })
+    super::cpu::features().avxvnni && super::cpu::env().kernels != super::cpu::Forced::Avx2
 }
 
 /// The widest prefill tile: `tile_kernels` returns kernels of TILE or WIDE_TILE columns.
@@ -489,9 +480,6 @@ pub fn pack_offset(ty: GgmlType) -> i32 {
     }
 }
 
-/// A packed tile kernel: out[c] = dot(w, column c) for the PACK_COLS columns of one
-/// packed group `xp` (nb blocks of PACK_BLOCK bytes), `nb` 32-element blocks.
-pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
 /// Packs PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks each, their f32 scales
 /// at `xd + c * xds`) for weight offset `off`: per block, [d_x of the 8 columns: 8 f32]
@@ -1178,8 +1166,7 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// uses the batch (prompt) orders for every token count instead, so results are the same
 /// whatever n_ubatch.
 pub fn llamacpp_order() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("PYLLAMA_ORDER").map(|v| v.eq_ignore_ascii_case("llamacpp")).unwrap_or(false))
+    super::cpu::env().llamacpp_order
 }
 
 /// `dot_kernels`, for a matmul over `n_tokens` activation rows (only differs from

@@ -38,19 +38,12 @@ use super::VecDotFn;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
-/// One activation row (token) against `nrows` consecutive weight rows `ws` bytes apart:
-/// out[r] = dot(w + r * ws, x) for r in 0..nrows. `xd`: null, or the f32 activation block
-/// scales as in `DotN` (Q8_0: d per block; Q8_1: (d, s) per block).
-pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
+pub use super::DotRows;
 
 /// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
 /// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-        && super::avx2_available()
+    super::cpu::features().avx512_set()
 }
 
 /// (single-column, TILE-column) AVX-512 kernels of weight type `ty`, if there are any.

@@ -48,11 +48,7 @@ use std::arch::asm;
 /// Whether the `sdot` builds are used (same results as the plain NEON ones;
 /// `PYLLAMA_KERNELS=neon` turns them off, like `avx2` turns off VNNI on x86).
 pub fn dotprod_available() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::arch::is_aarch64_feature_detected!("dotprod")
-            && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("neon")).unwrap_or(false)
-    })
+    super::cpu::features().dotprod && super::cpu::env().kernels != super::cpu::Forced::Neon
 }
 
 /// (single-column, TILE-column) kernels of weight type `ty`, if a NEON version exists.
