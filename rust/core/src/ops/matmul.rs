@@ -28,9 +28,12 @@ use crate::quant::{self, kernel_set, KernelSet};
 use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 use std::ops::Range;
 
-/// Another device that runs some matrix products: those whose weights it holds (the GPU
-/// offload of `n_gpu_layers`, `crate::gpu`). The forward pass asks it first and runs the
-/// CPU kernels when it answers false, so a model without one computes exactly as before.
+/// The backend seam: another device that runs some matrix products, those whose weights it
+/// holds (the GPU offload of `n_gpu_layers`, `crate::gpu::Offload`). The forward pass never
+/// names a backend: its products go through `matmul_on`, which asks the model's device
+/// first and otherwise runs the CPU backend (`try_matmul_rows` over the kernel table,
+/// `quant::table`), so a model without one computes exactly as before, and a new backend is
+/// one more implementation of this trait, not an edit of the model files.
 pub trait MatmulDevice: Send + Sync {
     /// `try_matmul_rows` on the device: Ok(false) when `w` is not on it (nothing written).
     #[allow(clippy::too_many_arguments)]
@@ -50,6 +53,28 @@ pub trait MatmulDevice: Send + Sync {
     /// The device itself (the GPU backend's `gpu::Offload`), for forward passes that keep
     /// activations on it.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Rows `rows` of w x into `out` (as `try_matmul_rows`) on the backend that holds `w`: the
+/// device `dev` when it does, else the CPU kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on(
+    dev: Option<&dyn MatmulDevice>,
+    pool: &ThreadPool,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    if let Some(d) = dev {
+        if d.matmul_rows(w, x, n_tokens, out, ld_out, rows.clone())? {
+            return Ok(());
+        }
+    }
+    try_matmul_rows(pool, w, x, n_tokens, out, ld_out, rows, scratch)
 }
 
 /// out[t, r] = dot(w row r, x row t). Panics on inconsistent shapes (a caller bug); use
@@ -416,7 +441,19 @@ const TOKEN_CHUNK_BYTES: usize = 64 * 1024;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use crate::ggml_type::GgmlType;
-    use crate::quant::{self, avx2};
+    use crate::quant::{self, avx2, table, KernelSet};
+
+    /// The packed kernels of `ty` in `build` (the AVX2 set's plain or AVX-VNNI build, or
+    /// the AVX-512 set's EVEX one).
+    fn packed_of(ty: GgmlType, build: avx2::PackBuild) -> table::Packed {
+        let (set, vnni) = match build {
+            avx2::PackBuild::Plain => (KernelSet::Avx2, false),
+            avx2::PackBuild::Vnni => (KernelSet::Avx2, true),
+            avx2::PackBuild::Evex => (KernelSet::Avx512, false),
+        };
+        let opt = table::Options { vnni, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        table::build(set, opt).get(ty).packed.expect("a packed type")
+    }
 
     /// xorshift: deterministic test data without a dependency.
     fn next(s: &mut u64) -> u64 {
@@ -424,6 +461,12 @@ mod tests {
         *s ^= *s >> 7;
         *s ^= *s << 17;
         *s
+    }
+
+    /// The plain AVX2 single-column kernel of `ty`.
+    fn packed_one(ty: GgmlType) -> quant::DotN {
+        let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        table::build(KernelSet::Avx2, opt).get(ty).tiled.expect("a tiled type").one()
     }
 
     #[test]
@@ -489,33 +532,26 @@ mod tests {
                 if quant::avx512_available() {
                     builds.push(avx2::PackBuild::Evex);
                 }
-                let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+                let one = packed_one(ty);
+                let p = packed_of(ty, avx2::PackBuild::Plain);
                 // every group width: full groups and the partial last group of a batch
                 for nc in 1..=avx2::PACK_COLS {
-                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
+                    let mut packed = vec![0xA5u8; nb * p.block_bytes];
                     unsafe {
                         if q81 {
                             avx2::pack_q8_1_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
                         } else {
-                            let off = avx2::pack_offset(ty);
-                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
+                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, p.offset, packed.as_mut_ptr())
                         }
                     };
                     for &build in &builds {
-                        let k = avx2::packed_kernel_cols(ty, build, nc).unwrap();
+                        let k = packed_of(ty, build).cols[nc].unwrap();
                         let mut got = [f32::NAN; avx2::PACK_COLS];
                         unsafe { k(nb, w.as_ptr(), packed.as_ptr(), got.as_mut_ptr()) };
                         for c in 0..nc {
                             let mut want = 0f32;
                             unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
                             assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} column {c}");
-                        }
-                        if nc == avx2::PACK_COLS && build != avx2::PackBuild::Evex {
-                            // the 8-column entry points the matmul used before
-                            let k8 = avx2::packed_kernel_with(ty, build == avx2::PackBuild::Vnni).unwrap();
-                            let mut got8 = [f32::NAN; avx2::PACK_COLS];
-                            unsafe { k8(nb, w.as_ptr(), packed.as_ptr(), got8.as_mut_ptr()) };
-                            assert_eq!(got8.map(f32::to_bits), got.map(f32::to_bits), "{ty} {build:?}");
                         }
                     }
                 }

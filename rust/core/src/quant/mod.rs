@@ -11,11 +11,57 @@
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
 
-/// The dispatch of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
-/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `dot_kernels(ty)` (the
-/// single-column and TILE-column kernels) and `vec_dot_fn(ty)` (a safe single row that
-/// checks the slice lengths). The invoking module's kernels must run on any CPU its kernel
-/// set is chosen for.
+/// `Tiled` (see `table.rs`) of a kernel `$f::<NC>` generic over its columns, with every
+/// width from 1 to its tile width (8 or 4): the single-column kernel, the tile, and the
+/// kernels over the tokens left after the tiles.
+macro_rules! tiled {
+    ($f:ident, 8) => {
+        $crate::quant::table::Tiled {
+            width: 8,
+            cols: [
+                None,
+                Some($f::<1> as $crate::quant::DotN),
+                Some($f::<2>),
+                Some($f::<3>),
+                Some($f::<4>),
+                Some($f::<5>),
+                Some($f::<6>),
+                Some($f::<7>),
+                Some($f::<8>),
+            ],
+        }
+    };
+    ($f:ident, 4) => {
+        $crate::quant::table::Tiled {
+            width: 4,
+            cols: [None, Some($f::<1> as $crate::quant::DotN), Some($f::<2>), Some($f::<3>), Some($f::<4>), None, None, None, None],
+        }
+    };
+}
+
+/// A safe single-row vec_dot `$name` (a `VecDotFn`) over the raw single-column kernel
+/// `$k::<1>` of weight type `$wty`: checks the slice lengths, then calls the kernel. The
+/// invoking module's kernels must run on any CPU its kernel set is chosen for (the table
+/// registers them only for that set).
+macro_rules! safe_one {
+    ($($name:ident, $k:ident, $wty:ident;)*) => {$(
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
+            let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
+            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+            let mut out = 0f32;
+            // SAFETY: lengths checked above; the kernel table registers this module's
+            // kernels only for a set this CPU runs (and every aarch64 CPU has NEON).
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+            out
+        }
+    )*};
+}
+
+/// The registration of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
+/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `register_iq(t, cols)`
+/// puts each type's kernels (TILE wide; with the 2..TILE - 1 column widths when `cols`) and
+/// a safe single row into table `t`.
 macro_rules! iq_dispatch {
     () => {
         iq_dispatch! {
@@ -32,33 +78,18 @@ macro_rules! iq_dispatch {
         }
     };
     ($($one:ident, $k:ident, $wty:ident;)*) => {
-        /// (single-column, TILE-column) kernels of `ty`, if this module has them.
-        pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-            Some(match ty {
-                $(GgmlType::$wty => ($k::<1> as DotN, $k::<TILE> as DotN),)*
-                _ => return None,
-            })
-        }
+        safe_one! { $($one, $k, $wty;)* }
 
-        $(
-            fn $one(n: usize, w: &[u8], x: &[u8]) -> f32 {
-                let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
-                let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
-                assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-                let mut out = 0f32;
-                // SAFETY: lengths checked above; the kernel set of this module was chosen
-                // for this CPU (kernel_set), and every aarch64 CPU has NEON.
-                unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-                out
-            }
-        )*
-
-        /// Safe single-row vec_dot of `ty` (checks the slice lengths).
-        pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-            Some(match ty {
-                $(GgmlType::$wty => $one,)*
-                _ => return None,
-            })
+        /// This module's kernels in table `t` (`cols`: also the kernels over 2..TILE - 1
+        /// columns).
+        pub(crate) fn register_iq(t: &mut super::table::KernelTable, cols: bool) {
+            $(
+                let mut tl = tiled!($k, 4);
+                if !cols {
+                    tl = super::table::Tiled::pair(tl.one(), tl.many(), tl.width);
+                }
+                t.set_tiled(GgmlType::$wty, tl, $one);
+            )*
         }
     };
 }

@@ -176,6 +176,8 @@ impl Options {
     }
 }
 
+// (the x86 sets register more kinds of kernels than NEON does)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl KernelTable {
     /// The kernels of weight type `ty`.
     #[inline]
@@ -185,6 +187,43 @@ impl KernelTable {
 
     fn entry(&mut self, ty: GgmlType) -> &mut TypeKernels {
         &mut self.types[ty as usize]
+    }
+
+    /// Registration: `ty`'s raw kernels over activation columns and its safe single row.
+    pub(crate) fn set_tiled(&mut self, ty: GgmlType, tiled: Tiled, vec_dot: VecDotFn) {
+        let e = self.entry(ty);
+        e.tiled = Some(tiled);
+        e.vec_dot = Some(vec_dot);
+    }
+
+    /// Registration: `ty`'s tiles for batches of `SMALL_BATCH` rows or more (`large`) and
+    /// below (`small`), where they differ (`PYLLAMA_ORDER=llamacpp`).
+    pub(crate) fn set_tiled_by_batch(&mut self, ty: GgmlType, small: Tiled, large: Tiled) {
+        let e = self.entry(ty);
+        e.tiled_small = Some(small);
+        e.tiled = Some(large);
+    }
+
+    /// Registration: `ty`'s safe single row only.
+    pub(crate) fn set_vec_dot(&mut self, ty: GgmlType, vec_dot: VecDotFn) {
+        self.entry(ty).vec_dot = Some(vec_dot);
+    }
+
+    /// Registration: `ty`'s single-token multi-row kernel.
+    pub(crate) fn set_rows(&mut self, ty: GgmlType, rows: DotRows) {
+        self.entry(ty).rows = Some(rows);
+    }
+
+    /// Registration: `ty`'s packed kernels.
+    pub(crate) fn set_packed(&mut self, ty: GgmlType, packed: Packed) {
+        self.entry(ty).packed = Some(packed);
+    }
+
+    /// Registration: the activation quantizer into `ty` and / or its dequantizer.
+    pub(crate) fn set_convert(&mut self, ty: GgmlType, quantize_act: Option<QuantizeFn>, dequant: Option<DequantFn>) {
+        let e = self.entry(ty);
+        e.quantize_act = quantize_act.or(e.quantize_act);
+        e.dequant = dequant.or(e.dequant);
     }
 
     /// Every type's entry (tests, `pyllama info`).
@@ -226,18 +265,7 @@ pub fn build(set: KernelSet, opt: Options) -> KernelTable {
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx2 | KernelSet::Avx512 => x86(&mut t, set, opt),
         #[cfg(target_arch = "aarch64")]
-        KernelSet::Neon => {
-            use super::neon;
-            for ty in all_types() {
-                let e = t.entry(ty);
-                if let Some(f) = neon::vec_dot_fn(ty) {
-                    e.vec_dot = Some(f);
-                }
-                if let Some((one, many)) = neon::dot_kernels_with(ty, opt.dotprod) {
-                    e.tiled = Some(Tiled::pair(one, many, super::TILE));
-                }
-            }
-        }
+        KernelSet::Neon => super::neon::register(&mut t, opt.dotprod),
         _ => {}
     }
     for ty in all_types() {
@@ -273,70 +301,13 @@ fn x86(t: &mut KernelTable, set: KernelSet, opt: Options) {
         _ if opt.vnni => avx2::PackBuild::Vnni,
         _ => avx2::PackBuild::Plain,
     };
-    for ty in all_types() {
-        let e = t.entry(ty);
-        if let Some(f) = avx2::vec_dot_fn(ty) {
-            e.vec_dot = Some(f);
-        }
-        if let Some((one, many, width)) = avx2::tile_kernels_with(ty, opt.vnni) {
-            let mut tl = Tiled::pair(one, many, width);
-            for nc in 2..width {
-                tl.cols[nc] = avx2::cols_kernel_with(ty, opt.vnni, nc);
-            }
-            e.tiled = Some(tl);
-        }
-        if set == KernelSet::Avx2 {
-            e.rows = avx2::rows_kernel_with(ty, opt.vnni);
-        }
-        if avx2::packed_kernel_cols(ty, pack, MAX_PACK).is_some() {
-            let mut cols = [None; MAX_PACK + 1];
-            for (nc, c) in cols.iter_mut().enumerate().skip(1) {
-                *c = avx2::packed_kernel_cols(ty, pack, nc);
-            }
-            e.packed = Some(Packed { cols, offset: avx2::pack_offset(ty), block_bytes: avx2::pack_block_bytes(ty) });
-        }
-        match ty {
-            GgmlType::Q8_0 => e.quantize_act = Some(avx2::quantize_q8_0),
-            GgmlType::Q8_1 => e.quantize_act = Some(avx2::quantize_q8_1),
-            GgmlType::Q8_K => e.quantize_act = Some(avx2::quantize_q8_k),
-            GgmlType::F16 => {
-                e.quantize_act = Some(avx2::quantize_f16);
-                e.dequant = Some(avx2::dequantize_f16);
-            }
-            GgmlType::BF16 => e.dequant = Some(avx2::dequantize_bf16),
-            _ => {}
-        }
-    }
+    avx2::register(t, opt.vnni, pack);
     if set == KernelSet::Avx512 {
         // AVX-512's own kernels over AVX2's (bit-identical results, see avx512.rs)
-        for ty in all_types() {
-            let e = t.entry(ty);
-            if let Some(f) = avx512::vec_dot_fn(ty) {
-                e.vec_dot = Some(f);
-            }
-            if let Some((one, many)) = avx512::dot_kernels(ty) {
-                let mut tl = Tiled::pair(one, many, super::TILE);
-                for nc in 2..super::TILE {
-                    tl.cols[nc] = avx512::cols_kernel(ty, nc);
-                }
-                e.tiled = Some(tl);
-            }
-            e.rows = avx512::rows_kernel(ty);
-        }
+        avx512::register(t);
     }
     if opt.llamacpp_order {
-        // llama.cpp's batch-dependent orders (see avx2::llamacpp_order): Q4_K, Q6_K and the
-        // grid types take its kernels for the batch's size, with no leftover-column kernels
-        let affected = |ty| matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty);
-        for ty in all_types().filter(|&ty| affected(ty)) {
-            let small = avx2::dot_kernels_for(ty, 1);
-            let large = avx2::dot_kernels_for(ty, SMALL_BATCH);
-            if let (Some((s1, sn)), Some((l1, ln))) = (small, large) {
-                let e = t.entry(ty);
-                e.tiled_small = Some(Tiled::pair(s1, sn, super::TILE));
-                e.tiled = Some(Tiled::pair(l1, ln, super::TILE));
-            }
-        }
+        avx2::register_llamacpp_order(t);
     }
 }
 
