@@ -136,9 +136,16 @@ fn kernel_roof(ty: GgmlType) -> Option<[f64; 5]> {
         if !quant::kernel_set().is_simd() {
             return None;
         }
-        let avx2k = quant::avx2::dot_kernels(ty)?; // VNNI builds where the CPU has them
-        let avx512k = if quant::avx512_available() { quant::avx512::dot_kernels(ty) } else { None };
-        let rowsk = if quant::avx512_available() { quant::avx512::rows_kernel(ty) } else { None };
+        use quant::{table::table, KernelSet, TILE};
+        let pair = |t: &quant::table::Tiled| (t.one(), t.cols[TILE].expect("tiles are at least TILE wide"));
+        let avx2k = table(KernelSet::Avx2).get(ty).tiled.as_ref().map(pair)?; // VNNI builds where the CPU has them
+        let (avx512k, rowsk) = if quant::avx512_available() {
+            let e = table(KernelSet::Avx512).get(ty);
+            // AVX-512's own tile (where it has one: the table falls back to AVX2's)
+            (e.tiled.as_ref().map(pair).filter(|k| k.0 as usize != avx2k.0 as usize), e.rows)
+        } else {
+            (None, None)
+        };
         let n = 4096;
         let rows = 16;
         let w = random_weights(ty, n, rows);

@@ -16,7 +16,7 @@ use crate::hparams::HParams;
 use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
-use crate::ops::matmul::{try_matmul_rows, MatmulDevice};
+use crate::ops::matmul::{matmul_on, MatmulDevice};
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -718,13 +718,7 @@ impl Step<'_> {
         if x.len() < n * n_in || out.len() < m {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
-        let on_dev = match dev {
-            Some(d) => d.matmul_rows(w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out)?,
-            None => false,
-        };
-        if !on_dev {
-            try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
-        }
+        matmul_on(dev, pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
         crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix (no-op unless collecting)
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
@@ -749,13 +743,7 @@ impl Step<'_> {
         if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
             return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
         }
-        let on_dev = match dev {
-            Some(d) => d.matmul_rows(w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone())?,
-            None => false,
-        };
-        if !on_dev {
-            try_matmul_rows(pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
-        }
+        matmul_on(dev, pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
         if rows.start == 0 {
             crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix: a fused matrix counts once
         }

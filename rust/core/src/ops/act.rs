@@ -60,9 +60,9 @@ pub fn softmax_ggml(x: &mut [f32]) {
     let mut sum = 0f64;
     #[cfg(target_arch = "x86_64")]
     {
-        if super::vec::has_avx2_fma() {
+        if crate::quant::table::kernels().avx2_math {
             i = x.len() / 8 * 8;
-            // SAFETY: AVX2 and FMA are present (checked); i <= n.
+            // SAFETY: avx2_math: the CPU has AVX2 and FMA; i <= n.
             unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
         }
     }
@@ -101,9 +101,9 @@ pub fn silu_row(x: &mut [f32]) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if super::vec::has_avx2_fma() {
+        if crate::quant::table::kernels().avx2_math {
             i = x.len() / 8 * 8;
-            // SAFETY: AVX2 and FMA are present (checked).
+            // SAFETY: avx2_math: the CPU has AVX2 and FMA.
             unsafe { silu_avx2(&mut x[..i]) };
         }
     }
@@ -133,9 +133,9 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        if super::vec::has_avx2_fma() {
+        if crate::quant::table::kernels().avx2_math {
             i = n / 8 * 8;
-            // SAFETY: AVX2 and FMA are present (checked); i <= both lengths.
+            // SAFETY: avx2_math: the CPU has AVX2 and FMA; i <= both lengths.
             unsafe { swiglu_avx2(&mut gate[..i], &up[..i]) };
         }
     }

@@ -559,8 +559,8 @@ pub(crate) fn v_expf(x: f32) -> f32 {
 /// steps of 8, then the lanes summed as (l + l+4), pairs, the last two.
 pub(crate) fn tinyblas_dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::ops::vec::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
+    if crate::quant::table::kernels().avx2_math {
+        // SAFETY: avx2_math: the CPU has AVX2 and FMA.
         return unsafe { tinyblas_dot_avx2(a, b) };
     }
     tinyblas_dot_ref(a, b)

@@ -37,7 +37,7 @@ pub fn attend<'a>(
     kscale: f32,
     out: &mut [f32],
 ) -> bool {
-    if !(super::vec::has_avx2_fma() && is_x86_feature_detected!("f16c")) {
+    if !crate::quant::table::kernels().avx2_math {
         return false;
     }
     let hd_k = q.len();

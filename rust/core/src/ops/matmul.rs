@@ -33,9 +33,12 @@ use crate::quant::{self, kernel_set, KernelSet};
 use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 use std::ops::Range;
 
-/// Another device that runs some matrix products: those whose weights it holds (the GPU
-/// offload of `n_gpu_layers`, `crate::gpu`). The forward pass asks it first and runs the
-/// CPU kernels when it answers false, so a model without one computes exactly as before.
+/// The backend seam: another device that runs some matrix products, those whose weights it
+/// holds (the GPU offload of `n_gpu_layers`, `crate::gpu::Offload`). The forward pass never
+/// names a backend: its products go through `matmul_on`, which asks the model's device
+/// first and otherwise runs the CPU backend (`try_matmul_rows` over the kernel table,
+/// `quant::table`), so a model without one computes exactly as before, and a new backend is
+/// one more implementation of this trait, not an edit of the model files.
 pub trait MatmulDevice: Send + Sync {
     /// `try_matmul_rows` on the device: Ok(false) when `w` is not on it (nothing written).
     #[allow(clippy::too_many_arguments)]
@@ -55,6 +58,28 @@ pub trait MatmulDevice: Send + Sync {
     /// The device itself (the GPU backend's `gpu::Offload`), for forward passes that keep
     /// activations on it.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Rows `rows` of w x into `out` (as `try_matmul_rows`) on the backend that holds `w`: the
+/// device `dev` when it does, else the CPU kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on(
+    dev: Option<&dyn MatmulDevice>,
+    pool: &ThreadPool,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    if let Some(d) = dev {
+        if d.matmul_rows(w, x, n_tokens, out, ld_out, rows.clone())? {
+            return Ok(());
+        }
+    }
+    try_matmul_rows(pool, w, x, n_tokens, out, ld_out, rows, scratch)
 }
 
 /// out[t, r] = dot(w row r, x row t). Panics on inconsistent shapes (a caller bug); use
@@ -132,8 +157,11 @@ pub fn matmul_with(
     if n_tokens == 0 || n_rows == 0 {
         return Ok(());
     }
-    let vdt = quant::vec_dot_type(w.ty);
-    let dot = quant::vec_dot_fn(w.ty, set).ok_or_else(|| bad(format!("unsupported tensor type {}", w.ty)))?;
+    // the weight type's kernels, looked up once for the whole product
+    let table = quant::table::table(set);
+    let kern = table.get(w.ty);
+    let vdt = kern.vec_dot_type;
+    let dot = kern.vec_dot.ok_or_else(|| bad(format!("unsupported tensor type {}", w.ty)))?;
     let xrow = quant::row_bytes(vdt, n_in)?;
 
     // Activations in the vec_dot type: [n_tokens][xrow] bytes.
@@ -149,12 +177,12 @@ pub fn matmul_with(
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
     } else {
-        let qf = quant::quantize_act_fn(vdt, set).ok_or_else(|| bad(format!("no quantizer for {vdt}")))?;
+        let qf = table.get(vdt).quantize_act.ok_or_else(|| bad(format!("no quantizer for {vdt}")))?;
         // [n_tokens][xrow] quantized rows, then (Q8_0/Q8_1 only) [n_tokens][nsc] f32 block
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
         let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(set, w.ty, n_in, n_tokens) + rb_bytes(set, w.ty, n_in, n_tokens, pool.n_threads()), 0);
+        scratch.resize(pack_off + packed_bytes(kern, n_in, n_tokens) + rb_bytes(set, w.ty, n_in, n_tokens, pool.n_threads()), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -163,7 +191,7 @@ pub fn matmul_with(
             fill_scales(vdt, dst, nsc, sc);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
-        rb_base = sp.get() as usize + pack_off + packed_bytes(set, w.ty, n_in, n_tokens);
+        rb_base = sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens);
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
@@ -184,7 +212,7 @@ pub fn matmul_with(
     let r0 = rows.start;
 
     if super::sgemm::applies(set, w.ty, n_in) {
-        if let Some(k) = super::sgemm::kernels(set, w.ty) {
+        if let Some(k) = kern.sgemm {
             // F32 weights: register-blocked tiles in tinyBLAS's float order, for every
             // token count (see ops/sgemm.rs)
             // SAFETY: rows r0..r0 + n_rows of wdata, n_tokens rows of xq and the out rows
@@ -196,9 +224,8 @@ pub fn matmul_with(
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     if n_tokens == 1 {
-        if let Some(rows_k) = quant::rows_kernel(w.ty, set) {
+        if let Some(rows_k) = kern.rows {
             // Single token: one call per thread over all its rows (several weight rows per
             // pass break the per-row FMA chain; each element is still bit-identical to `one`).
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
@@ -217,11 +244,11 @@ pub fn matmul_with(
 
 
     #[cfg(target_arch = "x86_64")]
-    if packed_bytes(set, w.ty, n_in, n_tokens) > 0 {
-        use quant::avx2::{pack_block_bytes, pack_offset, pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
+    if let Some(pk) = kern.packed.filter(|_| packed_bytes(kern, n_in, n_tokens) > 0) {
+        use quant::avx2::{pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
         let rest = n_tokens % PACK_COLS;
-        let full = quant::packed_kernel(set, w.ty, PACK_COLS);
-        let last = if rest > 0 { quant::packed_kernel(set, w.ty, rest) } else { full };
+        let full = pk.cols[PACK_COLS];
+        let last = if rest > 0 { pk.cols[rest] } else { full };
         let pair_full = quant::avx2_rb::packed_pair_kernel(set, w.ty, PACK_COLS);
         let pair_last = if rest > 0 { quant::avx2_rb::packed_pair_kernel(set, w.ty, rest) } else { pair_full };
         if let (Some(full), Some(last)) = (full, last) {
@@ -231,10 +258,10 @@ pub fn matmul_with(
             // decoding together) and takes the kernel of that many columns.
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
-            let gbytes = nb * pack_block_bytes(w.ty);
+            let gbytes = nb * pk.block_bytes;
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-            let off = pack_offset(w.ty);
+            let off = pk.offset;
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -325,7 +352,8 @@ pub fn matmul_with(
 
     // SIMD sets (AVX2 / AVX-512 on x86-64, NEON on aarch64): raw kernels, tiled over tokens.
     if set.is_simd() {
-        if let Some((one, many, tile)) = quant::tiled_kernels(set, w.ty, n_tokens) {
+        if let Some(tl) = kern.tiled_for(n_tokens) {
+            let (one, many, tile) = (tl.one(), tl.many(), tl.width);
             const MAX_TILE: usize = quant::MAX_TILE;
             // Tokens are processed in chunks whose activations stay in L1/L2 while the
             // thread walks its weight rows; within a chunk each weight row is decoded once
@@ -334,7 +362,7 @@ pub fn matmul_with(
             // cols[nc]: the nc-token kernel for 2 <= nc < tile (see `quant::cols_kernel`)
             let mut cols: [Option<quant::DotN>; MAX_TILE] = [None; MAX_TILE];
             for (nc, c) in cols.iter_mut().enumerate().take(tile).skip(2) {
-                *c = quant::cols_kernel(set, w.ty, n_tokens, nc);
+                *c = tl.mid(nc);
             }
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
             let xsc = |t: usize| -> *const f32 {
@@ -442,21 +470,16 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// Bytes of packed activation groups the matmul of a `ty` weight needs (0: not packed).
-/// Only the AVX2 set packs, and only weight types with a packed kernel and at least one
-/// full group of tokens.
-fn packed_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use quant::avx2::{pack_block_bytes, PACK_COLS};
+/// Bytes of packed activation groups the matmul of a weight with kernels `kern` needs (0:
+/// not packed). Only the x86 sets pack, and only weight types with a packed kernel.
+fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) -> usize {
+    use quant::table::MAX_PACK;
+    match kern.packed {
         // from 2 tokens on (one token takes the multi-row kernels); the last group may be
         // partial
-        if n_tokens >= 2 && quant::packed_kernel(set, ty, PACK_COLS).is_some() {
-            return n_tokens.div_ceil(PACK_COLS) * (n_in / 32) * pack_block_bytes(ty);
-        }
+        Some(p) if n_tokens >= 2 && p.cols[MAX_PACK].is_some() => n_tokens.div_ceil(MAX_PACK) * (n_in / 32) * p.block_bytes,
+        _ => 0,
     }
-    let _ = (set, ty, n_in, n_tokens);
-    0
 }
 
 /// Bytes of the row-block path's repack areas (one per thread; 0: that path is not taken).
@@ -497,7 +520,19 @@ const TOKEN_CHUNK_BYTES: usize = 64 * 1024;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use crate::ggml_type::GgmlType;
-    use crate::quant::{self, avx2};
+    use crate::quant::{self, avx2, table, KernelSet};
+
+    /// The packed kernels of `ty` in `build` (the AVX2 set's plain or AVX-VNNI build, or
+    /// the AVX-512 set's EVEX one).
+    fn packed_of(ty: GgmlType, build: avx2::PackBuild) -> table::Packed {
+        let (set, vnni) = match build {
+            avx2::PackBuild::Plain => (KernelSet::Avx2, false),
+            avx2::PackBuild::Vnni => (KernelSet::Avx2, true),
+            avx2::PackBuild::Evex => (KernelSet::Avx512, false),
+        };
+        let opt = table::Options { vnni, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        table::build(set, opt).get(ty).packed.expect("a packed type")
+    }
 
     /// xorshift: deterministic test data without a dependency.
     fn next(s: &mut u64) -> u64 {
@@ -505,6 +540,12 @@ mod tests {
         *s ^= *s >> 7;
         *s ^= *s << 17;
         *s
+    }
+
+    /// The plain AVX2 single-column kernel of `ty`.
+    fn packed_one(ty: GgmlType) -> quant::DotN {
+        let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        table::build(KernelSet::Avx2, opt).get(ty).tiled.expect("a tiled type").one()
     }
 
     #[test]
@@ -517,7 +558,7 @@ mod tests {
         if !quant::avx2_available() {
             return;
         }
-        let vnni_cpu = is_x86_feature_detected!("avxvnni");
+        let vnni_cpu = quant::cpu::features().avxvnni;
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
         for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             let nb = 7;
@@ -570,33 +611,26 @@ mod tests {
                 if quant::avx512_available() {
                     builds.push(avx2::PackBuild::Evex);
                 }
-                let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+                let one = packed_one(ty);
+                let p = packed_of(ty, avx2::PackBuild::Plain);
                 // every group width: full groups and the partial last group of a batch
                 for nc in 1..=avx2::PACK_COLS {
-                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
+                    let mut packed = vec![0xA5u8; nb * p.block_bytes];
                     unsafe {
                         if q81 {
                             avx2::pack_q8_1_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
                         } else {
-                            let off = avx2::pack_offset(ty);
-                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, off, packed.as_mut_ptr())
+                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, p.offset, packed.as_mut_ptr())
                         }
                     };
                     for &build in &builds {
-                        let k = avx2::packed_kernel_cols(ty, build, nc).unwrap();
+                        let k = packed_of(ty, build).cols[nc].unwrap();
                         let mut got = [f32::NAN; avx2::PACK_COLS];
                         unsafe { k(nb, w.as_ptr(), packed.as_ptr(), got.as_mut_ptr()) };
                         for c in 0..nc {
                             let mut want = 0f32;
                             unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
                             assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} column {c}");
-                        }
-                        if nc == avx2::PACK_COLS && build != avx2::PackBuild::Evex {
-                            // the 8-column entry points the matmul used before
-                            let k8 = avx2::packed_kernel_with(ty, build == avx2::PackBuild::Vnni).unwrap();
-                            let mut got8 = [f32::NAN; avx2::PACK_COLS];
-                            unsafe { k8(nb, w.as_ptr(), packed.as_ptr(), got8.as_mut_ptr()) };
-                            assert_eq!(got8.map(f32::to_bits), got.map(f32::to_bits), "{ty} {build:?}");
                         }
                     }
                 }

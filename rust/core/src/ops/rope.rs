@@ -68,8 +68,9 @@ impl RopeParams {
     pub fn apply(&self, x: &mut [f32], cache: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if super::vec::has_avx2_fma() {
-                // SAFETY: the CPU has FMA (checked above).
+            if crate::quant::table::kernels().avx2_math {
+                // SAFETY: avx2_math: the CPU has FMA (the same bits as without: mul_add
+                // is fused either way; this only compiles it to the instruction).
                 return unsafe { self.apply_fma(x, cache) };
             }
         }

@@ -36,8 +36,7 @@ pub fn applies(set: KernelSet, ty: GgmlType, n_in: usize) -> bool {
 }
 
 fn disabled() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_SGEMM").is_some_and(|v| v != "0"))
+    crate::quant::cpu::env().no_sgemm
 }
 
 /// The horizontal sum of an 8-lane accumulator in x86's `hsum` order.

@@ -1,6 +1,7 @@
 //! Small vector kernels the attention and the elementwise ops share: f32 and f16 dot
 //! products and axpy. Each has a plain `_ref` and an AVX2+FMA+F16C twin, chosen once at
-//! run time (`PYLLAMA_KERNELS=ref` forces the plain ones).
+//! run time by the kernel table (`quant::table::KernelTable::avx2_math`; `PYLLAMA_KERNELS=ref`
+//! forces the plain ones).
 //!
 //! Determinism: whichever kernel is chosen is used for every call in the process, and each
 //! keeps a fixed summation order (8 lanes, then a fixed horizontal sum, then the tail), so
@@ -24,14 +25,11 @@ struct Kernels {
 fn kernels() -> &'static Kernels {
     static K: OnceLock<Kernels> = OnceLock::new();
     K.get_or_init(|| {
-        let force_ref = std::env::var("PYLLAMA_KERNELS").map(|v| v == "ref").unwrap_or(false);
         #[cfg(target_arch = "x86_64")]
         {
-            if !force_ref
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
+            // the kernel table's choice: the x86 SIMD sets (AVX2, AVX-512), which all have
+            // AVX2 + FMA + F16C; not the reference set
+            if crate::quant::table::kernels().avx2_math {
                 return Kernels {
                     dot_f32: |a, b| unsafe { x86::dot_f32_avx2(a, b) },
                     dot_f16: |a, b| unsafe { x86::dot_f16_avx2(a, b) },
@@ -45,7 +43,6 @@ fn kernels() -> &'static Kernels {
                 };
             }
         }
-        let _ = force_ref;
         Kernels {
             dot_f32: dot_f32_ref,
             dot_f16: dot_f16_ref,
@@ -488,12 +485,12 @@ mod tests {
     }
 }
 
-/// Whether the CPU has AVX2 and FMA (checked once): the x86 builds of ggml's vector expf,
-/// FMA-contracted scalar code and the ops that use them.
+/// Whether the CPU has AVX2 and FMA: `fmaf` then runs the FMA instruction (the same bits as
+/// the libm fallback, faster). Kernel choices ask the kernel table instead
+/// (`quant::table::kernels().avx2_math`), which honours `PYLLAMA_KERNELS=ref`.
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2_fma() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
-    *F.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    crate::quant::cpu::features().avx2_fma()
 }
 
 /// ggml's horizontal sum of 8 f32 lanes on AVX2 (`hsum_float_8` / the 8-lane reductions

@@ -22,240 +22,144 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::{legacy, VecDotFn};
+use super::legacy;
+use super::table::{KernelTable, Packed, Tiled};
+use super::DotRows;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
-/// out[c] = dot(w, x + c * xs) for c in 0..NC; w and every x row hold `n` elements.
-/// `xd`: null, or precomputed f32 activation block scales for the Q8_0/Q8_1 activations
-/// (Q8_0: d per block; Q8_1: (d, s) per block), column c's at `xd + c * xds`. The matmul
-/// converts them once per token instead of once per (weight row, block): same values (the
-/// f16 -> f32 conversion is exact), so the results are bit-identical either way.
-pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
+pub use super::{DotN, PackedDot};
 
 /// The prefill tile width: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
 
-/// (single-column, TILE-column) kernels of weight type `ty`, if an AVX2 version exists.
-pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    dot_kernels_with(ty, vnni_available())
-}
-
 /// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
 /// `PYLLAMA_KERNELS=avx2` turns them off).
 pub fn vnni_available() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        is_x86_feature_detected!("avxvnni")
-            && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("avx2")).unwrap_or(false)
-    })
+    super::cpu::features().avxvnni && super::cpu::env().kernels != super::cpu::Forced::Avx2
 }
 
-/// The widest prefill tile: `tile_kernels` returns kernels of TILE or WIDE_TILE columns.
+/// The widest prefill tile: the tiles are TILE or WIDE_TILE columns wide.
 pub const WIDE_TILE: usize = 8;
 
-/// (single-column kernel, tile kernel, tile width) of weight type `ty` for the matmul.
-/// The width is chosen per type: 8 columns where the kernel keeps its 8 accumulators in
+/// The AVX2 set's kernels in table `t`: `vnni` picks the AVX-VNNI builds of the 32-element
+/// block kernels, `pack` the build of the packed kernels.
+///
+/// Tile widths, per type: 8 columns where the kernel keeps its 8 accumulators in
 /// registers (decoding each weight block once per 8 tokens instead of 4), 4 where 8 would
 /// spill (Q4_1/Q5_1 keep two accumulators per column, the float kernels two). Measured
 /// with `cargo bench --bench prefill` (1 thread, GMAC/s, 4 -> 8 columns): Q5_0 31 -> 33,
 /// Q8_0 35 -> 37, Q4_K 37 -> 42 (llama.cpp-order Q4_K: 31 -> 33), Q6_K 35 -> 40;
 /// Q4_1 38 -> 26 (spills, kept at 4). Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 prefill mostly runs the
-/// packed kernels instead (`packed_kernel`); their tiles serve PYLLAMA_KERNELS checks.
-/// Same per-column code whatever NC, so the width changes no result.
-pub fn tile_kernels(ty: GgmlType) -> Option<(DotN, DotN, usize)> {
-    tile_kernels_with(ty, vnni_available())
-}
-
-/// `tile_kernels` for a matmul over `n_tokens` activation rows: under
-/// `PYLLAMA_ORDER=llamacpp` the Q4_K/Q6_K and grid-type (IQ1-IQ3) kernels of
-/// `dot_kernels_for`, in 4-column tiles (llama.cpp's Q4_K gemm order works on groups of 4
-/// tokens; Q6_K and the grid types take its vec_dot order below 8 rows).
-pub fn tile_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
-    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
-        let (one, many) = dot_kernels_for(ty, n_tokens)?;
-        return Some((one, many, TILE));
-    }
-    tile_kernels(ty)
-}
-
-/// `tile_kernels` with the VNNI choice made by the caller.
-pub fn tile_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN, usize)> {
+/// packed kernels instead; their tiles serve PYLLAMA_KERNELS checks. Every width (the
+/// tile's, and the 1..width - 1 columns the matmul runs on the tokens left after its tiles
+/// or packed groups: a batch of 2..7 tokens, K sequences decoding one token each, then
+/// decodes each weight block once instead of once per token) is the same generic code, so
+/// each column gets exactly the operations of the single-column kernel (the same bits).
+pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
     use GgmlType::*;
-    const W: usize = WIDE_TILE;
-    if vnni {
-        match ty {
-            Q4_0 => return Some((dot_q4_0_vnni::<1>, dot_q4_0_vnni::<W>, W)),
-            Q5_0 => return Some((dot_q5_0_vnni::<1>, dot_q5_0_vnni::<W>, W)),
-            Q8_0 => return Some((dot_q8_0_vnni::<1>, dot_q8_0_vnni::<W>, W)),
-            IQ4_NL => return Some((dot_iq4_nl_vnni::<1>, dot_iq4_nl_vnni::<W>, W)),
-            _ => {}
-        }
+    // the plain or the AVX-VNNI build of a 32-element block kernel
+    macro_rules! v {
+        ($plain:ident, $vnni:ident, $w:tt) => {
+            if vnni {
+                tiled!($vnni, $w)
+            } else {
+                tiled!($plain, $w)
+            }
+        };
     }
-    Some(match ty {
-        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<W>, W),
-        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<W>, W),
-        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<W>, W),
-        IQ4_NL => (dot_iq4_nl::<1>, dot_iq4_nl::<W>, W),
-        Q2_K => (dot_q2_k::<1>, dot_q2_k::<W>, W),
-        Q3_K => (dot_q3_k::<1>, dot_q3_k::<W>, W),
-        Q4_K => (dot_q4_k::<1>, dot_q4_k::<W>, W),
-        Q5_K => (dot_q5_k::<1>, dot_q5_k::<W>, W),
-        Q6_K => (dot_q6_k::<1>, dot_q6_k::<W>, W),
-        IQ4_XS => (dot_iq4_xs::<1>, dot_iq4_xs::<W>, W),
-        _ => {
-            let (one, many) = dot_kernels_with(ty, vnni)?;
-            (one, many, TILE)
-        }
-    })
-}
+    t.set_tiled(Q4_0, v!(dot_q4_0, dot_q4_0_vnni, 8), one_q4_0);
+    t.set_tiled(Q5_0, v!(dot_q5_0, dot_q5_0_vnni, 8), one_q5_0);
+    t.set_tiled(Q8_0, v!(dot_q8_0, dot_q8_0_vnni, 8), one_q8_0);
+    t.set_tiled(IQ4_NL, v!(dot_iq4_nl, dot_iq4_nl_vnni, 8), one_iq4_nl);
+    t.set_tiled(Q4_1, v!(dot_q4_1, dot_q4_1_vnni, 4), one_q4_1);
+    t.set_tiled(Q5_1, v!(dot_q5_1, dot_q5_1_vnni, 4), one_q5_1);
+    t.set_tiled(Q2_K, tiled!(dot_q2_k, 8), one_q2_k);
+    t.set_tiled(Q3_K, tiled!(dot_q3_k, 8), one_q3_k);
+    t.set_tiled(Q4_K, tiled!(dot_q4_k, 8), one_q4_k);
+    t.set_tiled(Q5_K, tiled!(dot_q5_k, 8), one_q5_k);
+    t.set_tiled(Q6_K, tiled!(dot_q6_k, 8), one_q6_k);
+    t.set_tiled(IQ4_XS, tiled!(dot_iq4_xs, 8), one_iq4_xs);
+    t.set_tiled(F32, tiled!(dot_f32, 4), one_f32);
+    t.set_tiled(F16, tiled!(dot_f16, 4), one_f16);
+    t.set_tiled(BF16, tiled!(dot_bf16, 4), one_bf16);
+    super::avx2_iq::register_iq(t, true);
+    super::avx2_iq::register_lowbit(t);
 
-/// `dot_kernels` with the VNNI choice made by the caller (tests compare both).
-pub fn dot_kernels_with(ty: GgmlType, vnni: bool) -> Option<(DotN, DotN)> {
-    use GgmlType::*;
-    if vnni {
-        match ty {
-            Q4_0 => return Some((dot_q4_0_vnni::<1>, dot_q4_0_vnni::<TILE>)),
-            Q4_1 => return Some((dot_q4_1_vnni::<1>, dot_q4_1_vnni::<TILE>)),
-            Q5_0 => return Some((dot_q5_0_vnni::<1>, dot_q5_0_vnni::<TILE>)),
-            Q5_1 => return Some((dot_q5_1_vnni::<1>, dot_q5_1_vnni::<TILE>)),
-            Q8_0 => return Some((dot_q8_0_vnni::<1>, dot_q8_0_vnni::<TILE>)),
-            IQ4_NL => return Some((dot_iq4_nl_vnni::<1>, dot_iq4_nl_vnni::<TILE>)),
-            _ => {}
-        }
+    // single token: several weight rows per pass
+    let rows: [(GgmlType, DotRows, DotRows); 6] = [
+        (Q4_0, rows_q4_0, rows_q4_0_vnni),
+        (Q5_0, rows_q5_0, rows_q5_0_vnni),
+        (Q8_0, rows_q8_0, rows_q8_0_vnni),
+        (IQ4_NL, rows_iq4_nl, rows_iq4_nl_vnni),
+        (Q4_1, rows_q4_1, rows_q4_1_vnni),
+        (Q5_1, rows_q5_1, rows_q5_1_vnni),
+    ];
+    for (ty, plain, with_vnni) in rows {
+        t.set_rows(ty, if vnni { with_vnni } else { plain });
     }
-    Some(match ty {
-        Q4_0 => (dot_q4_0::<1>, dot_q4_0::<TILE>),
-        Q4_1 => (dot_q4_1::<1>, dot_q4_1::<TILE>),
-        Q5_0 => (dot_q5_0::<1>, dot_q5_0::<TILE>),
-        Q5_1 => (dot_q5_1::<1>, dot_q5_1::<TILE>),
-        Q8_0 => (dot_q8_0::<1>, dot_q8_0::<TILE>),
-        IQ4_NL => (dot_iq4_nl::<1>, dot_iq4_nl::<TILE>),
-        Q2_K => (dot_q2_k::<1>, dot_q2_k::<TILE>),
-        Q3_K => (dot_q3_k::<1>, dot_q3_k::<TILE>),
-        Q4_K => (dot_q4_k::<1>, dot_q4_k::<TILE>),
-        Q5_K => (dot_q5_k::<1>, dot_q5_k::<TILE>),
-        Q6_K => (dot_q6_k::<1>, dot_q6_k::<TILE>),
-        IQ4_XS => (dot_iq4_xs::<1>, dot_iq4_xs::<TILE>),
-        F32 => (dot_f32::<1>, dot_f32::<TILE>),
-        F16 => (dot_f16::<1>, dot_f16::<TILE>),
-        BF16 => (dot_bf16::<1>, dot_bf16::<TILE>),
-        _ => return super::avx2_iq::dot_kernels(ty),
-    })
-}
 
-/// `$f::<nc>` for nc in the listed widths (a `DotN`), or `return None`.
-macro_rules! by_width {
-    ($f:ident, $nc:expr, [$($w:literal),*]) => {
-        match $nc {
-            $($w => $f::<$w> as DotN,)*
-            _ => return None,
-        }
-    };
-}
-
-/// The kernel of weight type `ty` over `nc` activation rows at once (nc = 1..WIDE_TILE for
-/// the types tiled 8 wide, 1..TILE for those tiled 4 wide): the tile kernels' generic code
-/// at another width, so each column gets exactly the operations of the single-column
-/// kernel (the same bits). The matmul runs it on the tokens left after its tiles or packed
-/// groups: a batch of 2..7 tokens (K sequences decoding one token each) then decodes each
-/// weight block once instead of once per token. None where there is none (then the
-/// single-column kernel per token), and under `PYLLAMA_ORDER=llamacpp` for Q4_K / Q6_K,
-/// whose orders there differ by width.
-pub fn cols_kernel(ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
-    if llamacpp_order() && (matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) || super::avx2_iq::batch_dependent(ty)) {
-        let _ = n_tokens;
-        return None;
+    // prefill: packed groups of PACK_COLS tokens (the weight offset: the signed types'
+    // quants plus it are all in 0..=255, so they can be the unsigned operand of
+    // `vpdpbusd`/`maddubs` without the per-column `vpsignb` of the plain kernels)
+    macro_rules! packed {
+        ($ty:ident, $off:expr, $bytes:expr, $plain:ident, $vnni:ident, $evex:ident) => {
+            let cols = match pack {
+                PackBuild::Plain => packed_cols!($plain),
+                PackBuild::Vnni => packed_cols!($vnni),
+                PackBuild::Evex => packed_cols!($evex),
+            };
+            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes });
+        };
     }
-    cols_kernel_with(ty, vnni_available(), nc)
-}
-
-/// `cols_kernel` with the VNNI choice made by the caller (tests compare both).
-pub fn cols_kernel_with(ty: GgmlType, vnni: bool, nc: usize) -> Option<DotN> {
-    use GgmlType::*;
-    if vnni {
-        match ty {
-            Q4_0 => return Some(by_width!(dot_q4_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
-            Q5_0 => return Some(by_width!(dot_q5_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
-            Q8_0 => return Some(by_width!(dot_q8_0_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
-            IQ4_NL => return Some(by_width!(dot_iq4_nl_vnni, nc, [1, 2, 3, 4, 5, 6, 7])),
-            Q4_1 => return Some(by_width!(dot_q4_1_vnni, nc, [1, 2, 3])),
-            Q5_1 => return Some(by_width!(dot_q5_1_vnni, nc, [1, 2, 3])),
-            _ => {}
-        }
+    macro_rules! packed_cols {
+        ($f:ident) => {
+            [None, Some($f::<1> as PackedDot), Some($f::<2>), Some($f::<3>), Some($f::<4>), Some($f::<5>), Some($f::<6>), Some($f::<7>), Some($f::<8>)]
+        };
     }
-    Some(match ty {
-        Q4_0 => by_width!(dot_q4_0, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q5_0 => by_width!(dot_q5_0, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q8_0 => by_width!(dot_q8_0, nc, [1, 2, 3, 4, 5, 6, 7]),
-        IQ4_NL => by_width!(dot_iq4_nl, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q4_1 => by_width!(dot_q4_1, nc, [1, 2, 3]),
-        Q5_1 => by_width!(dot_q5_1, nc, [1, 2, 3]),
-        Q2_K => by_width!(dot_q2_k, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q3_K => by_width!(dot_q3_k, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q4_K => by_width!(dot_q4_k, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q5_K => by_width!(dot_q5_k, nc, [1, 2, 3, 4, 5, 6, 7]),
-        Q6_K => by_width!(dot_q6_k, nc, [1, 2, 3, 4, 5, 6, 7]),
-        IQ4_XS => by_width!(dot_iq4_xs, nc, [1, 2, 3, 4, 5, 6, 7]),
-        F32 => by_width!(dot_f32, nc, [1, 2, 3]),
-        F16 => by_width!(dot_f16, nc, [1, 2, 3]),
-        BF16 => by_width!(dot_bf16, nc, [1, 2, 3]),
-        _ => return super::avx2_iq::cols_kernel(ty, nc),
-    })
+    packed!(Q4_0, 8, PACK_BLOCK, packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex);
+    packed!(Q5_0, 16, PACK_BLOCK, packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex);
+    packed!(Q8_0, 128, PACK_BLOCK, packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex);
+    packed!(Q4_1, 0, PACK_BLOCK_Q8_1, packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex);
+    packed!(Q5_1, 0, PACK_BLOCK_Q8_1, packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex);
+
+    // the activation quantizers and the exact f16 / bf16 conversions (the scalar ones' bytes)
+    t.set_convert(Q8_0, Some(quantize_q8_0), None);
+    t.set_convert(Q8_1, Some(quantize_q8_1), None);
+    t.set_convert(Q8_K, Some(quantize_q8_k), None);
+    t.set_convert(F16, Some(quantize_f16), Some(dequantize_f16));
+    t.set_convert(BF16, None, Some(dequantize_bf16));
 }
 
-macro_rules! safe_one {
-    ($name:ident, $k:ident, $wty:expr) => {
-        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
-            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
-            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
-            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-            let mut out = 0f32;
-            // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
-            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-            out
-        }
-    };
+/// `PYLLAMA_ORDER=llamacpp` (see `llamacpp_order`): llama.cpp's batch-dependent kernels of
+/// Q4_K (its repacked gemv order for tokens left over after groups of 4, gemm order within
+/// them), Q6_K (its tiled order for batches of 8 rows or more, its vec_dot order below) and
+/// the grid types (`avx2_iq::register_llamacpp_order`), in 4-column tiles with no kernels
+/// between 1 and 4 columns (their orders there differ by width).
+pub(crate) fn register_llamacpp_order(t: &mut KernelTable) {
+    let q4k = Tiled::pair(dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>, TILE);
+    t.set_tiled_by_batch(GgmlType::Q4_K, q4k, q4k);
+    let q6k_small = Tiled::pair(dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>, TILE);
+    t.set_tiled_by_batch(GgmlType::Q6_K, q6k_small, Tiled::pair(dot_q6_k::<1>, dot_q6_k::<TILE>, TILE));
+    super::avx2_iq::register_llamacpp_order(t);
 }
 
-safe_one!(one_q4_0, dot_q4_0, GgmlType::Q4_0);
-safe_one!(one_q4_1, dot_q4_1, GgmlType::Q4_1);
-safe_one!(one_q5_0, dot_q5_0, GgmlType::Q5_0);
-safe_one!(one_q5_1, dot_q5_1, GgmlType::Q5_1);
-safe_one!(one_q8_0, dot_q8_0, GgmlType::Q8_0);
-safe_one!(one_iq4_nl, dot_iq4_nl, GgmlType::IQ4_NL);
-safe_one!(one_q2_k, dot_q2_k, GgmlType::Q2_K);
-safe_one!(one_q3_k, dot_q3_k, GgmlType::Q3_K);
-safe_one!(one_q4_k, dot_q4_k, GgmlType::Q4_K);
-safe_one!(one_q5_k, dot_q5_k, GgmlType::Q5_K);
-safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
-safe_one!(one_iq4_xs, dot_iq4_xs, GgmlType::IQ4_XS);
-safe_one!(one_f32, dot_f32, GgmlType::F32);
-safe_one!(one_f16, dot_f16, GgmlType::F16);
-safe_one!(one_bf16, dot_bf16, GgmlType::BF16);
-
-/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths).
-pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => one_q4_0,
-        Q4_1 => one_q4_1,
-        Q5_0 => one_q5_0,
-        Q5_1 => one_q5_1,
-        Q8_0 => one_q8_0,
-        IQ4_NL => one_iq4_nl,
-        Q2_K => one_q2_k,
-        Q3_K => one_q3_k,
-        Q4_K => one_q4_k,
-        Q5_K => one_q5_k,
-        Q6_K => one_q6_k,
-        IQ4_XS => one_iq4_xs,
-        F32 => one_f32,
-        F16 => one_f16,
-        BF16 => one_bf16,
-        Q1_0 | NVFP4 => return super::avx2_iq::lowbit_vec_dot_fn(ty),
-        _ => return super::avx2_iq::vec_dot_fn(ty),
-    })
+safe_one! {
+    one_q4_0, dot_q4_0, Q4_0;
+    one_q4_1, dot_q4_1, Q4_1;
+    one_q5_0, dot_q5_0, Q5_0;
+    one_q5_1, dot_q5_1, Q5_1;
+    one_q8_0, dot_q8_0, Q8_0;
+    one_iq4_nl, dot_iq4_nl, IQ4_NL;
+    one_q2_k, dot_q2_k, Q2_K;
+    one_q3_k, dot_q3_k, Q3_K;
+    one_q4_k, dot_q4_k, Q4_K;
+    one_q5_k, dot_q5_k, Q5_K;
+    one_q6_k, dot_q6_k, Q6_K;
+    one_iq4_xs, dot_iq4_xs, IQ4_XS;
+    one_f32, dot_f32, F32;
+    one_f16, dot_f16, F16;
+    one_bf16, dot_bf16, BF16;
 }
 
 // ------------------------------------------------------------------ helpers
@@ -476,22 +380,6 @@ pub const PACK_COLS: usize = 8;
 /// Bytes of one block of a packed group: the 8 columns' f32 scales d_x, their 8 x 32 i8
 /// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_group`).
 pub const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
-
-/// The weight offset of a signed 32-block type for the packed kernels: its quants plus
-/// this are all in 0..=255, so they can be the unsigned operand of `vpdpbusd`/`maddubs`
-/// without the per-column `vpsignb` of the plain kernels. 0: no packed kernel.
-pub fn pack_offset(ty: GgmlType) -> i32 {
-    match ty {
-        GgmlType::Q4_0 => 8,
-        GgmlType::Q5_0 => 16,
-        GgmlType::Q8_0 => 128,
-        _ => 0,
-    }
-}
-
-/// A packed tile kernel: out[c] = dot(w, column c) for the PACK_COLS columns of one
-/// packed group `xp` (nb blocks of PACK_BLOCK bytes), `nb` 32-element blocks.
-pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
 /// Packs PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks each, their f32 scales
 /// at `xd + c * xds`) for weight offset `off`: per block, [d_x of the 8 columns: 8 f32]
@@ -766,74 +654,12 @@ unsafe fn q5_1_quants(b: *const u8) -> __m256i {
 }
 packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, 24, |b| q5_1_quants(b));
 
-/// Bytes per block of a packed group for weight type `ty`'s activations (0: not packed).
-pub fn pack_block_bytes(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => PACK_BLOCK,
-        GgmlType::Q4_1 | GgmlType::Q5_1 => PACK_BLOCK_Q8_1,
-        _ => 0,
-    }
-}
-
 /// Which build of the packed kernels: plain AVX2, AVX-VNNI, or AVX-512 VNNI (EVEX).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PackBuild {
     Plain,
     Vnni,
     Evex,
-}
-
-/// The packed kernel of weight type `ty` (None: the type uses `tile_kernels`).
-pub fn packed_kernel(ty: GgmlType) -> Option<PackedDot> {
-    packed_kernel_with(ty, vnni_available())
-}
-
-/// `packed_kernel` with the VNNI choice made by the caller (tests compare both).
-pub fn packed_kernel_with(ty: GgmlType, vnni: bool) -> Option<PackedDot> {
-    packed_kernel_cols(ty, if vnni { PackBuild::Vnni } else { PackBuild::Plain }, PACK_COLS)
-}
-
-/// The packed kernel of weight type `ty` in build `build` that computes the first `nc`
-/// (1..=PACK_COLS) columns of a group: the matmul's last, partial group of a batch, and
-/// whole batches of 2..7 tokens (several sequences decoding together), where each weight
-/// block is then decoded once for all of them. Every column is bit-identical to the plain
-/// single-column kernel's (the same code as the 8-column kernel, fewer columns).
-pub fn packed_kernel_cols(ty: GgmlType, build: PackBuild, nc: usize) -> Option<PackedDot> {
-    use GgmlType::*;
-    use PackBuild::*;
-    macro_rules! w {
-        ($f:ident) => {
-            match nc {
-                1 => $f::<1> as PackedDot,
-                2 => $f::<2>,
-                3 => $f::<3>,
-                4 => $f::<4>,
-                5 => $f::<5>,
-                6 => $f::<6>,
-                7 => $f::<7>,
-                8 => $f::<8>,
-                _ => return None,
-            }
-        };
-    }
-    Some(match (ty, build) {
-        (Q4_0, Plain) => w!(packed_q4_0),
-        (Q4_0, Vnni) => w!(packed_q4_0_vnni),
-        (Q4_0, Evex) => w!(packed_q4_0_evex),
-        (Q5_0, Plain) => w!(packed_q5_0),
-        (Q5_0, Vnni) => w!(packed_q5_0_vnni),
-        (Q5_0, Evex) => w!(packed_q5_0_evex),
-        (Q8_0, Plain) => w!(packed_q8_0),
-        (Q8_0, Vnni) => w!(packed_q8_0_vnni),
-        (Q8_0, Evex) => w!(packed_q8_0_evex),
-        (Q4_1, Plain) => w!(packed_q4_1),
-        (Q4_1, Vnni) => w!(packed_q4_1_vnni),
-        (Q4_1, Evex) => w!(packed_q4_1_evex),
-        (Q5_1, Plain) => w!(packed_q5_1),
-        (Q5_1, Vnni) => w!(packed_q5_1_vnni),
-        (Q5_1, Evex) => w!(packed_q5_1_evex),
-        _ => return None,
-    })
 }
 
 /// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1): per block
@@ -1178,22 +1004,7 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// uses the batch (prompt) orders for every token count instead, so results are the same
 /// whatever n_ubatch.
 pub fn llamacpp_order() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("PYLLAMA_ORDER").map(|v| v.eq_ignore_ascii_case("llamacpp")).unwrap_or(false))
-}
-
-/// `dot_kernels`, for a matmul over `n_tokens` activation rows (only differs from
-/// `dot_kernels` under `PYLLAMA_ORDER=llamacpp`).
-pub fn dot_kernels_for(ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN)> {
-    if llamacpp_order() {
-        match ty {
-            GgmlType::Q4_K => return Some((dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>)),
-            GgmlType::Q6_K if n_tokens < 8 => return Some((dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>)),
-            _ if n_tokens < 8 && super::avx2_iq::batch_dependent(ty) => return super::avx2_iq::dot_kernels_vec_dot_order(ty),
-            _ => {}
-        }
-    }
-    dot_kernels(ty)
+    super::cpu::env().llamacpp_order
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1886,23 +1697,3 @@ rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, dec_q8_0);
 rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, dec_iq4_nl);
 rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, q4_1_quants);
 rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, q5_1_quants);
-
-/// The AVX2 single-token multi-row kernel of `ty` (VNNI build when `vnni`), if there is one.
-pub fn rows_kernel_with(ty: GgmlType, vnni: bool) -> Option<super::avx512::DotRows> {
-    use GgmlType::*;
-    Some(match (ty, vnni) {
-        (Q4_0, false) => rows_q4_0,
-        (Q4_0, true) => rows_q4_0_vnni,
-        (Q5_0, false) => rows_q5_0,
-        (Q5_0, true) => rows_q5_0_vnni,
-        (Q8_0, false) => rows_q8_0,
-        (Q8_0, true) => rows_q8_0_vnni,
-        (IQ4_NL, false) => rows_iq4_nl,
-        (IQ4_NL, true) => rows_iq4_nl_vnni,
-        (Q4_1, false) => rows_q4_1,
-        (Q4_1, true) => rows_q4_1_vnni,
-        (Q5_1, false) => rows_q5_1,
-        (Q5_1, true) => rows_q5_1_vnni,
-        _ => return None,
-    })
-}

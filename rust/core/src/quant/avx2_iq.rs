@@ -23,10 +23,10 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::avx2::{f16, hsum_ps, DotN, TILE};
+use super::avx2::{f16, hsum_ps, TILE};
 use super::iq_grids::*;
 use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7};
-use super::VecDotFn;
+use super::table::{KernelTable, Tiled};
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
@@ -429,55 +429,25 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
 
 iq_dispatch!();
 
-/// The llama.cpp vec_dot-order kernels of the grid types (what llama.cpp runs below 8 rows;
-/// used under PYLLAMA_ORDER=llamacpp), None for the other types.
-pub fn dot_kernels_vec_dot_order(ty: GgmlType) -> Option<(DotN, DotN)> {
+/// `PYLLAMA_ORDER=llamacpp`: the grid types take llama.cpp's vec_dot-order kernels below
+/// `SMALL_BATCH` rows (what llama.cpp runs there) and its tiled order from there on, in
+/// 4-column tiles with no kernels between 1 and 4 columns.
+pub(crate) fn register_llamacpp_order(t: &mut KernelTable) {
     use GgmlType::*;
-    Some(match ty {
-        IQ2_XXS => (dot_iq2_xxs_vd::<1>, dot_iq2_xxs_vd::<TILE>),
-        IQ2_XS => (dot_iq2_xs_vd::<1>, dot_iq2_xs_vd::<TILE>),
-        IQ2_S => (dot_iq2_s_vd::<1>, dot_iq2_s_vd::<TILE>),
-        IQ3_XXS => (dot_iq3_xxs_vd::<1>, dot_iq3_xxs_vd::<TILE>),
-        IQ3_S => (dot_iq3_s_vd::<1>, dot_iq3_s_vd::<TILE>),
-        IQ1_S => (dot_iq1_s_vd::<1>, dot_iq1_s_vd::<TILE>),
-        IQ1_M => (dot_iq1_m_vd::<1>, dot_iq1_m_vd::<TILE>),
-        _ => return None,
-    })
-}
-
-/// Whether llama.cpp's order for `ty` depends on the row count (its tiled kernel from 8
-/// rows on, vec_dot below): the grid types.
-pub fn batch_dependent(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M)
-}
-
-/// The kernel of `ty` over nc = 1..TILE - 1 columns (the tile code at that width).
-pub fn cols_kernel(ty: GgmlType, nc: usize) -> Option<DotN> {
-    use GgmlType::*;
-    macro_rules! w {
-        ($f:ident) => {
-            match nc {
-                1 => $f::<1> as DotN,
-                2 => $f::<2>,
-                3 => $f::<3>,
-                _ => return None,
-            }
-        };
+    macro_rules! by_batch {
+        ($($ty:ident: $vd:ident, $tl:ident;)*) => {$(
+            t.set_tiled_by_batch($ty, Tiled::pair($vd::<1>, $vd::<TILE>, TILE), Tiled::pair($tl::<1>, $tl::<TILE>, TILE));
+        )*};
     }
-    Some(match ty {
-        IQ2_XXS => w!(dot_iq2_xxs),
-        IQ2_XS => w!(dot_iq2_xs),
-        IQ2_S => w!(dot_iq2_s),
-        IQ3_XXS => w!(dot_iq3_xxs),
-        IQ3_S => w!(dot_iq3_s),
-        IQ1_S => w!(dot_iq1_s),
-        IQ1_M => w!(dot_iq1_m),
-        TQ1_0 => w!(dot_tq1_0),
-        TQ2_0 => w!(dot_tq2_0),
-        MXFP4 => w!(dot_mxfp4),
-        _ => return None,
-    })
+    by_batch! {
+        IQ2_XXS: dot_iq2_xxs_vd, dot_iq2_xxs;
+        IQ2_XS: dot_iq2_xs_vd, dot_iq2_xs;
+        IQ2_S: dot_iq2_s_vd, dot_iq2_s;
+        IQ3_XXS: dot_iq3_xxs_vd, dot_iq3_xxs;
+        IQ3_S: dot_iq3_s_vd, dot_iq3_s;
+        IQ1_S: dot_iq1_s_vd, dot_iq1_s;
+        IQ1_M: dot_iq1_m_vd, dot_iq1_m;
+    }
 }
 
 /// Q1_0 x Q8_0, ggml's AVX2 vec_dot (`lowbit::vec_dot_q1_0_q8_0_x86` is its scalar twin):
@@ -553,12 +523,9 @@ safe_lowbit! {
     one_nvfp4, dot_nvfp4, NVFP4;
 }
 
-/// Safe single-row vec_dot of Q1_0 / NVFP4 (Q2_0 has no x86 kernel in ggml: its scalar
-/// loop, `lowbit::vec_dot_q2_0_q8_0_x86`).
-pub fn lowbit_vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    match ty {
-        GgmlType::Q1_0 => Some(one_q1_0),
-        GgmlType::NVFP4 => Some(one_nvfp4),
-        _ => None,
-    }
+/// The safe single rows of Q1_0 / NVFP4 in table `t` (Q2_0 has no x86 kernel in ggml: the
+/// table keeps its scalar loop, `lowbit::vec_dot_q2_0_q8_0_x86`).
+pub(crate) fn register_lowbit(t: &mut KernelTable) {
+    t.set_vec_dot(GgmlType::Q1_0, one_q1_0);
+    t.set_vec_dot(GgmlType::NVFP4, one_nvfp4);
 }

@@ -499,7 +499,7 @@ mod tests {
             let n = 256 * nsb;
             let wrow = ty.row_size(n).unwrap();
             let xrow = GgmlType::Q8_K.row_size(n).unwrap();
-            let (one, _) = avx2::dot_kernels(ty).unwrap();
+            let one = quant::table::table(KernelSet::Avx2).get(ty).tiled.unwrap().one();
             for case in 0..6 {
                 let mut w: Vec<u8> = (0..wrow * RB).map(|_| next(&mut s) as u8).collect();
                 match case {
@@ -630,7 +630,10 @@ mod tests {
             let n = 32 * nb;
             let wrow = ty.row_size(n).unwrap();
             let xrow = GgmlType::Q8_0.row_size(n).unwrap();
-            let (one, _) = avx2::dot_kernels_with(ty, false).unwrap();
+            let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+            let tk = *quant::table::build(KernelSet::Avx2, opt).get(ty);
+            let one = tk.tiled.unwrap().one();
+            let pk = tk.packed.unwrap();
             for case in 0..4 {
                 let mut w: Vec<u8> = (0..2 * wrow).map(|_| next(&mut s) as u8).collect();
                 if case == 1 {
@@ -653,8 +656,8 @@ mod tests {
                     .map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32())
                     .collect();
                 for nc in 1..=avx2::PACK_COLS {
-                    let mut packed = vec![0xA5u8; nb * avx2::pack_block_bytes(ty)];
-                    unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, avx2::pack_offset(ty), packed.as_mut_ptr()) };
+                    let mut packed = vec![0xA5u8; nb * pk.block_bytes];
+                    unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr()) };
                     let k = packed_pair_kernel(KernelSet::Avx512, ty, nc).unwrap();
                     let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
                     unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };

@@ -34,84 +34,36 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::avx2::{f16, hsum_ps, DotN, TILE};
-use super::VecDotFn;
+use super::avx2::{f16, hsum_ps, TILE};
+use super::table::KernelTable;
 use crate::ggml_type::GgmlType;
 use std::arch::x86_64::*;
 
-/// One activation row (token) against `nrows` consecutive weight rows `ws` bytes apart:
-/// out[r] = dot(w + r * ws, x) for r in 0..nrows. `xd`: null, or the f32 activation block
-/// scales as in `DotN` (Q8_0: d per block; Q8_1: (d, s) per block).
-pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
+pub use super::DotRows;
 
 /// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
 /// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
 pub fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-        && super::avx2_available()
+    super::cpu::features().avx512_set()
 }
 
-/// (single-column, TILE-column) AVX-512 kernels of weight type `ty`, if there are any.
-/// Only Q6_K: the 32-element-block formats' AVX-512 builds of these (two blocks per zmm,
-/// the AVX2 float order) were slower than the AVX2 + AVX-VNNI ones and were dropped (see
-/// the module note).
-pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    match ty {
-        GgmlType::Q6_K => Some((dot_q6_k::<1>, dot_q6_k::<TILE>)),
-        _ => None,
-    }
-}
-
-/// The kernel of weight type `ty` over `nc` < TILE activation rows at once (see
-/// `avx2::cols_kernel`), for the types `dot_kernels` has: the tile's code at width nc.
-pub fn cols_kernel(ty: GgmlType, nc: usize) -> Option<DotN> {
-    match (ty, nc) {
-        (GgmlType::Q6_K, 1) => Some(dot_q6_k::<1>),
-        (GgmlType::Q6_K, 2) => Some(dot_q6_k::<2>),
-        (GgmlType::Q6_K, 3) => Some(dot_q6_k::<3>),
-        _ => None,
-    }
-}
-
-/// The single-token multi-row kernel of weight type `ty`, if there is one.
-pub fn rows_kernel(ty: GgmlType) -> Option<DotRows> {
+/// The AVX-512 set's own kernels, laid over the AVX2 set's in table `t`: the single-token
+/// multi-row kernels and Q6_K's vec_dot / tile (4 columns, and 1..3 for the tokens left
+/// after the tiles). Only Q6_K has tiles: the 32-element-block formats' AVX-512 builds of
+/// these (two blocks per zmm, the AVX2 float order) were slower than the AVX2 + AVX-VNNI
+/// ones and were dropped (see the module note).
+pub(crate) fn register(t: &mut KernelTable) {
     use GgmlType::*;
-    Some(match ty {
-        Q4_0 => rows_q4_0,
-        Q4_1 => rows_q4_1,
-        Q5_0 => rows_q5_0,
-        Q8_0 => rows_q8_0,
-        Q5_1 => rows_q5_1,
-        IQ4_NL => rows_iq4_nl,
-        _ => return None,
-    })
-}
-
-macro_rules! safe_one {
-    ($name:ident, $k:ident, $wty:expr) => {
-        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
-            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
-            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
-            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-            let mut out = 0f32;
-            // SAFETY: lengths checked above; the caller (kernel_set) checked the CPU.
-            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-            out
-        }
-    };
-}
-
-safe_one!(one_q6_k, dot_q6_k, GgmlType::Q6_K);
-
-/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths), if AVX-512 has one.
-pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    match ty {
-        GgmlType::Q6_K => Some(one_q6_k),
-        _ => None,
+    t.set_tiled(Q6_K, tiled!(dot_q6_k, 4), one_q6_k);
+    let rows: [(GgmlType, DotRows); 6] =
+        [(Q4_0, rows_q4_0), (Q4_1, rows_q4_1), (Q5_0, rows_q5_0), (Q8_0, rows_q8_0), (Q5_1, rows_q5_1), (IQ4_NL, rows_iq4_nl)];
+    for (ty, k) in rows {
+        t.set_rows(ty, k);
     }
+}
+
+safe_one! {
+    one_q6_k, dot_q6_k, Q6_K;
 }
 
 // ------------------------------------------------------------------ helpers
@@ -327,7 +279,7 @@ macro_rules! signed_rows {
 /// The last row of an odd row count: the AVX2 single-row kernel (bit-identical by definition).
 #[inline(always)]
 unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *const f32, out: *mut f32) {
-    let (one, _) = super::avx2::dot_kernels(ty).expect("an AVX2 kernel for every multi-row format");
+    let one = super::table::table(super::KernelSet::Avx2).get(ty).tiled.expect("an AVX2 kernel for every multi-row format").one();
     one(n, w, x, 0, xd, 0, out);
 }
 

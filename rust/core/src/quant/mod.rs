@@ -11,11 +11,57 @@
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
 //! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
 
-/// The dispatch of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
-/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `dot_kernels(ty)` (the
-/// single-column and TILE-column kernels) and `vec_dot_fn(ty)` (a safe single row that
-/// checks the slice lengths). The invoking module's kernels must run on any CPU its kernel
-/// set is chosen for.
+/// `Tiled` (see `table.rs`) of a kernel `$f::<NC>` generic over its columns, with every
+/// width from 1 to its tile width (8 or 4): the single-column kernel, the tile, and the
+/// kernels over the tokens left after the tiles.
+macro_rules! tiled {
+    ($f:ident, 8) => {
+        $crate::quant::table::Tiled {
+            width: 8,
+            cols: [
+                None,
+                Some($f::<1> as $crate::quant::DotN),
+                Some($f::<2>),
+                Some($f::<3>),
+                Some($f::<4>),
+                Some($f::<5>),
+                Some($f::<6>),
+                Some($f::<7>),
+                Some($f::<8>),
+            ],
+        }
+    };
+    ($f:ident, 4) => {
+        $crate::quant::table::Tiled {
+            width: 4,
+            cols: [None, Some($f::<1> as $crate::quant::DotN), Some($f::<2>), Some($f::<3>), Some($f::<4>), None, None, None, None],
+        }
+    };
+}
+
+/// A safe single-row vec_dot `$name` (a `VecDotFn`) over the raw single-column kernel
+/// `$k::<1>` of weight type `$wty`: checks the slice lengths, then calls the kernel. The
+/// invoking module's kernels must run on any CPU its kernel set is chosen for (the table
+/// registers them only for that set).
+macro_rules! safe_one {
+    ($($name:ident, $k:ident, $wty:ident;)*) => {$(
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
+            let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
+            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
+            let mut out = 0f32;
+            // SAFETY: lengths checked above; the kernel table registers this module's
+            // kernels only for a set this CPU runs (and every aarch64 CPU has NEON).
+            unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
+            out
+        }
+    )*};
+}
+
+/// The registration of a SIMD module of the grid / ternary / MXFP4 kernels (`avx2_iq`,
+/// `neon_iq`), over its `dot_iq2_xxs` ... `dot_tq2_0`, `dot_mxfp4`: `register_iq(t, cols)`
+/// puts each type's kernels (TILE wide; with the 2..TILE - 1 column widths when `cols`) and
+/// a safe single row into table `t`.
 macro_rules! iq_dispatch {
     () => {
         iq_dispatch! {
@@ -32,37 +78,23 @@ macro_rules! iq_dispatch {
         }
     };
     ($($one:ident, $k:ident, $wty:ident;)*) => {
-        /// (single-column, TILE-column) kernels of `ty`, if this module has them.
-        pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-            Some(match ty {
-                $(GgmlType::$wty => ($k::<1> as DotN, $k::<TILE> as DotN),)*
-                _ => return None,
-            })
-        }
+        safe_one! { $($one, $k, $wty;)* }
 
-        $(
-            fn $one(n: usize, w: &[u8], x: &[u8]) -> f32 {
-                let wb = GgmlType::$wty.row_size(n).expect("row length is a multiple of the block size");
-                let xb = super::vec_dot_type(GgmlType::$wty).row_size(n).expect("row length is a multiple of the block size");
-                assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-                let mut out = 0f32;
-                // SAFETY: lengths checked above; the kernel set of this module was chosen
-                // for this CPU (kernel_set), and every aarch64 CPU has NEON.
-                unsafe { $k::<1>(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-                out
-            }
-        )*
-
-        /// Safe single-row vec_dot of `ty` (checks the slice lengths).
-        pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-            Some(match ty {
-                $(GgmlType::$wty => $one,)*
-                _ => return None,
-            })
+        /// This module's kernels in table `t` (`cols`: also the kernels over 2..TILE - 1
+        /// columns).
+        pub(crate) fn register_iq(t: &mut super::table::KernelTable, cols: bool) {
+            $(
+                let mut tl = tiled!($k, 4);
+                if !cols {
+                    tl = super::table::Tiled::pair(tl.one(), tl.many(), tl.width);
+                }
+                t.set_tiled(GgmlType::$wty, tl, $one);
+            )*
         }
     };
 }
 
+pub mod cpu;
 pub mod fp;
 pub mod iq_grids;
 pub mod iquants;
@@ -70,6 +102,7 @@ pub mod kquants;
 pub mod legacy;
 pub mod lowbit;
 pub mod float;
+pub mod table;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "aarch64")]
@@ -91,6 +124,8 @@ use std::sync::OnceLock;
 pub type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
 /// Quantize one activation row of f32 into the vec_dot type.
 pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+/// Decode one row into f32 (`dst.len()` elements from exactly their bytes).
+pub type DequantFn = fn(src: &[u8], dst: &mut [f32]);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSet {
@@ -120,26 +155,12 @@ impl KernelSet {
 
 /// Whether the AVX-512 kernels can run on this CPU (AVX-512 F, BW, VL and VNNI, plus AVX2).
 pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx512::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cfg!(target_arch = "x86_64") && cpu::features().avx512_set()
 }
 
 /// Whether the AVX2 kernels can run on this CPU (AVX2, FMA and F16C).
 pub fn avx2_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cfg!(target_arch = "x86_64") && cpu::features().avx2_set()
 }
 
 /// Whether the NEON kernels can run: every aarch64 CPU has NEON (Advanced SIMD).
@@ -150,35 +171,7 @@ pub fn neon_available() -> bool {
 /// The CPU features the kernel choice depends on, as (name, detected) in a fixed order:
 /// what `pyllama info` and `llama_print_system_info` report.
 pub fn cpu_features() -> Vec<(&'static str, bool)> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        vec![
-            ("sse3", is_x86_feature_detected!("sse3")),
-            ("ssse3", is_x86_feature_detected!("ssse3")),
-            ("avx", is_x86_feature_detected!("avx")),
-            ("avx2", is_x86_feature_detected!("avx2")),
-            ("fma", is_x86_feature_detected!("fma")),
-            ("f16c", is_x86_feature_detected!("f16c")),
-            ("avxvnni", is_x86_feature_detected!("avxvnni")),
-            ("avx512f", is_x86_feature_detected!("avx512f")),
-            ("avx512bw", is_x86_feature_detected!("avx512bw")),
-            ("avx512vl", is_x86_feature_detected!("avx512vl")),
-            ("avx512vnni", is_x86_feature_detected!("avx512vnni")),
-            ("avx512bf16", is_x86_feature_detected!("avx512bf16")),
-        ]
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        vec![
-            ("neon", true),
-            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
-            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
-        ]
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        Vec::new()
-    }
+    cpu::features().list()
 }
 
 /// Whether the AVX2 set also runs its AVX-VNNI builds (false off x86-64).
@@ -199,18 +192,15 @@ pub fn avx2_vnni_in_use() -> bool {
 /// AVX-512 ones; a set the CPU cannot run falls back to the best it can.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
-    *SET.get_or_init(|| {
-        let forced = std::env::var("PYLLAMA_KERNELS").unwrap_or_default().to_ascii_lowercase();
-        match forced.as_str() {
-            "ref" => KernelSet::Ref,
-            // "avx2vnni": the AVX2 set with its AVX-VNNI builds (what an AVX2 + AVX-VNNI CPU
-            // without AVX-512 runs); "avx2" also turns those off (see avx2::vnni_available)
-            "avx2" | "avx2vnni" if avx2_available() => KernelSet::Avx2,
-            _ if avx512_available() => KernelSet::Avx512,
-            _ if avx2_available() => KernelSet::Avx2,
-            _ if neon_available() => KernelSet::Neon,
-            _ => KernelSet::Ref,
-        }
+    *SET.get_or_init(|| match cpu::env().kernels {
+        cpu::Forced::Ref => KernelSet::Ref,
+        // "avx2vnni": the AVX2 set with its AVX-VNNI builds (what an AVX2 + AVX-VNNI CPU
+        // without AVX-512 runs); "avx2" also turns those off (see avx2::vnni_available)
+        cpu::Forced::Avx2 | cpu::Forced::Avx2Vnni if avx2_available() => KernelSet::Avx2,
+        _ if avx512_available() => KernelSet::Avx512,
+        _ if avx2_available() => KernelSet::Avx2,
+        _ if neon_available() => KernelSet::Neon,
+        _ => KernelSet::Ref,
     })
 }
 
@@ -236,8 +226,16 @@ fn check_lengths(ty: GgmlType, n: usize, bytes: usize) -> Result<()> {
 /// Decode one row: `dst.len()` elements from `src` (exactly their bytes). Bit-identical to
 /// ggml's dequantize_row_* and gguf-py's `gguf.quants.dequantize`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let f = table::kernels().get(ty).dequant.ok_or_else(|| unsupported(ty, "no dequantize kernel"))?;
+    check_lengths(ty, dst.len(), src.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// The scalar dequantizer of `ty` (every type has one).
+pub fn dequantize_fn_ref(ty: GgmlType) -> Option<DequantFn> {
     use GgmlType::*;
-    let f: fn(&[u8], &mut [f32]) = match ty {
+    Some(match ty {
         F32 => float::dequantize_f32,
         F16 => float::dequantize_f16,
         BF16 => float::dequantize_bf16,
@@ -273,18 +271,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         I16 => float::dequantize_i16,
         I32 => float::dequantize_i32,
         I64 => float::dequantize_i64,
-    };
-    check_lengths(ty, dst.len(), src.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if kernel_set().is_simd() {
-        match ty {
-            F16 => return Ok(avx2::dequantize_f16(src, dst)),
-            BF16 => return Ok(avx2::dequantize_bf16(src, dst)),
-            _ => {}
-        }
-    }
-    f(src, dst);
-    Ok(())
+    })
 }
 
 /// ggml's reference quantizer (`quantize_row_*_ref`) for `ty`, if pyllama has one.
@@ -336,18 +323,12 @@ pub fn quantize_row_cpu(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// (for Q8_0/Q8_1: inverse scale 127/amax, round half to even; others as `quantize_row`).
 /// Scalar and SIMD versions give identical bytes.
 pub fn quantize_act_fn(ty: GgmlType, set: KernelSet) -> Option<QuantizeFn> {
+    table::table(set).get(ty).quantize_act
+}
+
+/// The scalar activation quantizer into `ty` (`quantize_act_fn` of the reference set).
+pub fn quantize_act_fn_ref(ty: GgmlType) -> Option<QuantizeFn> {
     use GgmlType::*;
-    #[cfg(target_arch = "x86_64")]
-    if set.is_simd() {
-        match ty {
-            Q8_0 => return Some(avx2::quantize_q8_0),
-            Q8_1 => return Some(avx2::quantize_q8_1),
-            Q8_K => return Some(avx2::quantize_q8_k),
-            F16 => return Some(avx2::quantize_f16),
-            _ => {}
-        }
-    }
-    let _ = set;
     Some(match ty {
         Q8_0 => legacy::quantize_q8_0_x86,
         Q8_1 => legacy::quantize_q8_1_x86,
@@ -440,40 +421,27 @@ pub fn vec_dot_fn_x86_order(ty: GgmlType) -> Option<VecDotFn> {
 }
 
 /// The vec_dot of weight type `ty` in kernel set `set` (falls back to `_ref` where no SIMD
-/// version exists).
+/// version exists): its kernel table's entry.
 pub fn vec_dot_fn(ty: GgmlType, set: KernelSet) -> Option<VecDotFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if set == KernelSet::Avx512 {
-            if let Some(f) = avx512::vec_dot_fn(ty) {
-                return Some(f);
-            }
-        }
-        if set.is_simd() {
-            if let Some(f) = avx2::vec_dot_fn(ty) {
-                return Some(f);
-            }
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    if set == KernelSet::Neon {
-        if let Some(f) = neon::vec_dot_fn(ty) {
-            return Some(f);
-        }
-    }
-    // Q1_0, Q2_0, NVFP4 where the set has no kernel for them (NEON; Q2_0 everywhere, as
-    // ggml has none on x86): the scalar twin of llama.cpp's x86 order (`lowbit::*_x86`),
-    // so their logits are the x86 build's
-    if set.is_simd() && matches!(ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::NVFP4) {
-        return vec_dot_fn_x86_order(ty);
-    }
-    vec_dot_fn_ref(ty)
+    table::table(set).get(ty).vec_dot
 }
 
-/// Raw kernel over activation rows: out[c] = dot(w, x + c * xs) for c in 0..NC (NC = 1 or
-/// `TILE`), `xd` null or the activations' precomputed f32 block scales (see `avx2::DotN`,
-/// the same type).
+/// Raw kernel over activation rows: out[c] = dot(w, x + c * xs) for c in 0..NC; w and every
+/// x row hold `n` elements. `xd`: null, or precomputed f32 activation block scales for the
+/// Q8_0/Q8_1 activations (Q8_0: d per block; Q8_1: (d, s) per block), column c's at
+/// `xd + c * xds`. The matmul converts them once per token instead of once per (weight row,
+/// block): same values (the f16 -> f32 conversion is exact), so the results are
+/// bit-identical either way.
 pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32);
+
+/// One activation row (token) against `nrows` consecutive weight rows `ws` bytes apart:
+/// out[r] = dot(w + r * ws, x) for r in 0..nrows. `xd`: null, or the f32 activation block
+/// scales as in `DotN`.
+pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
+
+/// A packed tile kernel: out[c] = dot(w, column c) for the columns of one packed group
+/// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_group`).
+pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
 /// The prefill tile width of every SIMD kernel set: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
@@ -482,44 +450,19 @@ const _: () = assert!(avx2::TILE == TILE);
 
 /// (single-column, tile, tile width) raw kernels of weight type `ty` in kernel set `set` for
 /// a matmul over `n_tokens` activation rows, if that set has a SIMD version (the matmul's
-/// tiled path; `None`: use the safe per-element `vec_dot_fn`). The AVX2 set picks its tile
-/// width per weight type (`avx2::tile_kernels_for`, up to `MAX_TILE`); the AVX-512 set
-/// uses its Q6_K kernels and the AVX2 ones otherwise (and always under
-/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on n_tokens); NEON tiles by `TILE`.
+/// tiled path; `None`: use the safe per-element `vec_dot_fn`): see `table::TypeKernels`.
 pub fn tiled_kernels(set: KernelSet, ty: GgmlType, n_tokens: usize) -> Option<(DotN, DotN, usize)> {
-    let _ = (ty, n_tokens);
-    match set {
-        #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx512 if !avx2::llamacpp_order() => match avx512::dot_kernels(ty) {
-            Some((one, many)) => Some((one, many, TILE)),
-            None => avx2::tile_kernels_for(ty, n_tokens),
-        },
-        #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx2 | KernelSet::Avx512 => avx2::tile_kernels_for(ty, n_tokens),
-        #[cfg(target_arch = "aarch64")]
-        KernelSet::Neon => neon::dot_kernels(ty).map(|(one, many)| (one, many, TILE)),
-        _ => None,
-    }
+    table::table(set).get(ty).tiled_for(n_tokens).map(|t| (t.one(), t.many(), t.width))
 }
 
-/// The kernel over `nc` activation rows at once (nc below the tile width of
+/// The kernel over `nc` activation rows at once (1 < nc < the tile width of
 /// `tiled_kernels(set, ty, n_tokens)`) of weight type `ty` in kernel set `set`, if there is
 /// one: the same set's tile code at width nc, so every column equals the single-column
 /// kernel bit for bit. The matmul runs it on the tokens left over after the tiles (the
 /// whole batch when several sequences decode one token each), decoding each weight block
 /// once for all of them. NEON has none (the single-column kernel per token).
 pub fn cols_kernel(set: KernelSet, ty: GgmlType, n_tokens: usize, nc: usize) -> Option<DotN> {
-    let _ = (ty, n_tokens, nc);
-    if no_cols() {
-        return None;
-    }
-    match set {
-        #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx512 if !avx2::llamacpp_order() && avx512::dot_kernels(ty).is_some() => avx512::cols_kernel(ty, nc),
-        #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx2 | KernelSet::Avx512 => avx2::cols_kernel(ty, n_tokens, nc),
-        _ => None,
-    }
+    table::table(set).get(ty).tiled_for(n_tokens).and_then(|t| t.mid(nc))
 }
 
 /// The packed kernel (see `avx2::packed_kernel_cols`) of weight type `ty` for the first
@@ -527,26 +470,8 @@ pub fn cols_kernel(set: KernelSet, ty: GgmlType, n_tokens: usize, nc: usize) -> 
 /// AVX-512 VNNI (EVEX) build, the AVX2 set its AVX-VNNI build where `avx2::vnni_available`,
 /// else the plain one. All builds give the same bits. None: no packed kernel (also under
 /// `PYLLAMA_NO_COLS` for nc < PACK_COLS, which then leaves the packed path to full groups).
-#[cfg(target_arch = "x86_64")]
-pub fn packed_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<avx2::PackedDot> {
-    use avx2::PackBuild;
-    if nc < avx2::PACK_COLS && no_cols() {
-        return None;
-    }
-    let build = match set {
-        KernelSet::Avx512 => PackBuild::Evex,
-        KernelSet::Avx2 if avx2::vnni_available() => PackBuild::Vnni,
-        KernelSet::Avx2 => PackBuild::Plain,
-        _ => return None,
-    };
-    avx2::packed_kernel_cols(ty, build, nc)
-}
-
-/// `PYLLAMA_NO_COLS=1`: leftover tokens take the single-column kernel one by one (for
-/// comparisons; results are the same bits either way).
-fn no_cols() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_COLS").is_some_and(|v| v != "0"))
+pub fn packed_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<PackedDot> {
+    table::table(set).get(ty).packed.and_then(|p| p.cols.get(nc).copied().flatten())
 }
 
 /// The widest tile any set uses (the matmul's per-tile output buffer).
@@ -554,26 +479,11 @@ pub const MAX_TILE: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(avx2::WIDE_TILE <= MAX_TILE);
 
-/// `PYLLAMA_NO_ROWS=1`: single-token matmuls use the single-row kernels (for comparisons;
-/// results are the same bits either way).
-#[cfg(target_arch = "x86_64")]
-fn no_rows() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_ROWS").is_some_and(|v| v != "0"))
-}
-
-/// The single-token kernel over several weight rows (see `avx512::DotRows`) of weight type
-/// `ty` in kernel set `set`, if there is one; the matmul uses it when n_tokens == 1.
-#[cfg(target_arch = "x86_64")]
-pub fn rows_kernel(ty: GgmlType, set: KernelSet) -> Option<avx512::DotRows> {
-    if no_rows() {
-        return None;
-    }
-    match set {
-        KernelSet::Avx512 => avx512::rows_kernel(ty),
-        KernelSet::Avx2 => avx2::rows_kernel_with(ty, avx2::vnni_available()),
-        _ => None,
-    }
+/// The single-token kernel over several weight rows (see `DotRows`) of weight type `ty` in
+/// kernel set `set`, if there is one (not under `PYLLAMA_NO_ROWS`); the matmul uses it when
+/// n_tokens == 1.
+pub fn rows_kernel(ty: GgmlType, set: KernelSet) -> Option<DotRows> {
+    table::table(set).get(ty).rows
 }
 
 /// `dot(w, x)` over `n` elements, `w` a row of `ty`, `x` a row of `vec_dot_type(ty)`.

@@ -40,7 +40,8 @@
 
 use super::kquants::scale_min_k4;
 use super::legacy::KVALUES_IQ4NL;
-use super::{DotN, VecDotFn, TILE};
+use super::table::{KernelTable, Tiled};
+use super::TILE;
 use crate::ggml_type::GgmlType;
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -48,106 +49,74 @@ use std::arch::asm;
 /// Whether the `sdot` builds are used (same results as the plain NEON ones;
 /// `PYLLAMA_KERNELS=neon` turns them off, like `avx2` turns off VNNI on x86).
 pub fn dotprod_available() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::arch::is_aarch64_feature_detected!("dotprod")
-            && !std::env::var("PYLLAMA_KERNELS").map(|v| v.eq_ignore_ascii_case("neon")).unwrap_or(false)
-    })
+    super::cpu::features().dotprod && super::cpu::env().kernels != super::cpu::Forced::Neon
 }
 
-/// (single-column, TILE-column) kernels of weight type `ty`, if a NEON version exists.
-pub fn dot_kernels(ty: GgmlType) -> Option<(DotN, DotN)> {
-    dot_kernels_with(ty, dotprod_available())
-}
-
-/// `dot_kernels` with the dotprod choice made by the caller (tests compare both; `dp`
-/// must only be true where the CPU has dotprod).
-pub fn dot_kernels_with(ty: GgmlType, dp: bool) -> Option<(DotN, DotN)> {
+/// The NEON set's kernels in table `t` (`dp`: the dotprod builds, only where the CPU has
+/// dotprod): every type's single-column and TILE-column kernels and its safe single row.
+/// The matmul runs the single-column kernel on the tokens left after the tiles.
+pub(crate) fn register(t: &mut KernelTable, dp: bool) {
     use GgmlType::*;
     macro_rules! pick {
-        ($plain:ident, $dot:ident) => {
+        ($($ty:ident: $plain:ident, $one:ident, $dot:ident, $one_dp:ident;)*) => {$(
             if dp {
-                ($dot::<1> as DotN, $dot::<TILE> as DotN)
+                t.set_tiled($ty, Tiled::pair($dot::<1>, $dot::<TILE>, TILE), $one_dp);
             } else {
-                ($plain::<1> as DotN, $plain::<TILE> as DotN)
+                t.set_tiled($ty, Tiled::pair($plain::<1>, $plain::<TILE>, TILE), $one);
             }
-        };
+        )*};
     }
-    Some(match ty {
-        Q4_0 => pick!(dot_q4_0, dot_q4_0_dp),
-        Q4_1 => pick!(dot_q4_1, dot_q4_1_dp),
-        Q5_0 => pick!(dot_q5_0, dot_q5_0_dp),
-        Q5_1 => pick!(dot_q5_1, dot_q5_1_dp),
-        Q8_0 => pick!(dot_q8_0, dot_q8_0_dp),
-        IQ4_NL => pick!(dot_iq4_nl, dot_iq4_nl_dp),
-        Q2_K => pick!(dot_q2_k, dot_q2_k_dp),
-        Q3_K => pick!(dot_q3_k, dot_q3_k_dp),
-        IQ4_XS => pick!(dot_iq4_xs, dot_iq4_xs_dp),
-        Q4_K => pick!(dot_q4_k, dot_q4_k_dp),
-        Q5_K => pick!(dot_q5_k, dot_q5_k_dp),
-        Q6_K => pick!(dot_q6_k, dot_q6_k_dp),
-        Q8_K => pick!(dot_q8_k, dot_q8_k_dp),
-        F32 => (dot_f32::<1> as DotN, dot_f32::<TILE> as DotN),
-        F16 => (dot_f16::<1> as DotN, dot_f16::<TILE> as DotN),
-        BF16 => (dot_bf16::<1> as DotN, dot_bf16::<TILE> as DotN),
-        _ => return super::neon_iq::dot_kernels(ty),
-    })
+    pick! {
+        Q4_0: dot_q4_0, one_q4_0, dot_q4_0_dp, one_q4_0_dp;
+        Q4_1: dot_q4_1, one_q4_1, dot_q4_1_dp, one_q4_1_dp;
+        Q5_0: dot_q5_0, one_q5_0, dot_q5_0_dp, one_q5_0_dp;
+        Q5_1: dot_q5_1, one_q5_1, dot_q5_1_dp, one_q5_1_dp;
+        Q8_0: dot_q8_0, one_q8_0, dot_q8_0_dp, one_q8_0_dp;
+        IQ4_NL: dot_iq4_nl, one_iq4_nl, dot_iq4_nl_dp, one_iq4_nl_dp;
+        Q2_K: dot_q2_k, one_q2_k, dot_q2_k_dp, one_q2_k_dp;
+        Q3_K: dot_q3_k, one_q3_k, dot_q3_k_dp, one_q3_k_dp;
+        IQ4_XS: dot_iq4_xs, one_iq4_xs, dot_iq4_xs_dp, one_iq4_xs_dp;
+        Q4_K: dot_q4_k, one_q4_k, dot_q4_k_dp, one_q4_k_dp;
+        Q5_K: dot_q5_k, one_q5_k, dot_q5_k_dp, one_q5_k_dp;
+        Q6_K: dot_q6_k, one_q6_k, dot_q6_k_dp, one_q6_k_dp;
+        Q8_K: dot_q8_k, one_q8_k, dot_q8_k_dp, one_q8_k_dp;
+        F32: dot_f32, one_f32, dot_f32, one_f32;
+        F16: dot_f16, one_f16, dot_f16, one_f16;
+        BF16: dot_bf16, one_bf16, dot_bf16, one_bf16;
+    }
+    super::neon_iq::register_iq(t, false);
 }
 
-macro_rules! safe_one {
-    ($name:ident, $wty:expr) => {
-        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
-            let wb = $wty.row_size(n).expect("row length is a multiple of the block size");
-            let xb = super::vec_dot_type($wty).row_size(n).expect("row length is a multiple of the block size");
-            assert!(w.len() >= wb && x.len() >= xb, "vec_dot: short row");
-            let (one, _) = dot_kernels($wty).expect("NEON kernel exists");
-            let mut out = 0f32;
-            // SAFETY: lengths checked above; dot_kernels only picks dotprod where present.
-            unsafe { one(n, w.as_ptr(), x.as_ptr(), 0, std::ptr::null(), 0, &mut out) };
-            out
-        }
-    };
-}
-
-safe_one!(one_q4_0, GgmlType::Q4_0);
-safe_one!(one_q4_1, GgmlType::Q4_1);
-safe_one!(one_q5_0, GgmlType::Q5_0);
-safe_one!(one_q5_1, GgmlType::Q5_1);
-safe_one!(one_q8_0, GgmlType::Q8_0);
-safe_one!(one_iq4_nl, GgmlType::IQ4_NL);
-safe_one!(one_q2_k, GgmlType::Q2_K);
-safe_one!(one_q3_k, GgmlType::Q3_K);
-safe_one!(one_iq4_xs, GgmlType::IQ4_XS);
-safe_one!(one_q4_k, GgmlType::Q4_K);
-safe_one!(one_q5_k, GgmlType::Q5_K);
-safe_one!(one_q6_k, GgmlType::Q6_K);
-safe_one!(one_q8_k, GgmlType::Q8_K);
-safe_one!(one_f32, GgmlType::F32);
-safe_one!(one_f16, GgmlType::F16);
-safe_one!(one_bf16, GgmlType::BF16);
-
-/// Safe single-row vec_dot of weight type `ty` (checks the slice lengths).
-pub fn vec_dot_fn(ty: GgmlType) -> Option<VecDotFn> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => one_q4_0,
-        Q4_1 => one_q4_1,
-        Q5_0 => one_q5_0,
-        Q5_1 => one_q5_1,
-        Q8_0 => one_q8_0,
-        IQ4_NL => one_iq4_nl,
-        Q2_K => one_q2_k,
-        Q3_K => one_q3_k,
-        IQ4_XS => one_iq4_xs,
-        Q4_K => one_q4_k,
-        Q5_K => one_q5_k,
-        Q6_K => one_q6_k,
-        Q8_K => one_q8_k,
-        F32 => one_f32,
-        F16 => one_f16,
-        BF16 => one_bf16,
-        _ => return super::neon_iq::vec_dot_fn(ty),
-    })
+safe_one! {
+    one_q4_0, dot_q4_0, Q4_0;
+    one_q4_1, dot_q4_1, Q4_1;
+    one_q5_0, dot_q5_0, Q5_0;
+    one_q5_1, dot_q5_1, Q5_1;
+    one_q8_0, dot_q8_0, Q8_0;
+    one_iq4_nl, dot_iq4_nl, IQ4_NL;
+    one_q2_k, dot_q2_k, Q2_K;
+    one_q3_k, dot_q3_k, Q3_K;
+    one_iq4_xs, dot_iq4_xs, IQ4_XS;
+    one_q4_k, dot_q4_k, Q4_K;
+    one_q5_k, dot_q5_k, Q5_K;
+    one_q6_k, dot_q6_k, Q6_K;
+    one_q8_k, dot_q8_k, Q8_K;
+    one_f32, dot_f32, F32;
+    one_f16, dot_f16, F16;
+    one_bf16, dot_bf16, BF16;
+    one_q4_0_dp, dot_q4_0_dp, Q4_0;
+    one_q4_1_dp, dot_q4_1_dp, Q4_1;
+    one_q5_0_dp, dot_q5_0_dp, Q5_0;
+    one_q5_1_dp, dot_q5_1_dp, Q5_1;
+    one_q8_0_dp, dot_q8_0_dp, Q8_0;
+    one_iq4_nl_dp, dot_iq4_nl_dp, IQ4_NL;
+    one_q2_k_dp, dot_q2_k_dp, Q2_K;
+    one_q3_k_dp, dot_q3_k_dp, Q3_K;
+    one_iq4_xs_dp, dot_iq4_xs_dp, IQ4_XS;
+    one_q4_k_dp, dot_q4_k_dp, Q4_K;
+    one_q5_k_dp, dot_q5_k_dp, Q5_K;
+    one_q6_k_dp, dot_q6_k_dp, Q6_K;
+    one_q8_k_dp, dot_q8_k_dp, Q8_K;
 }
 
 // ------------------------------------------------------------------ helpers

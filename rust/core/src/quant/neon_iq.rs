@@ -16,7 +16,6 @@
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 use super::iquants::{self, chunk_parts, e8m0_half, KVALUES_MXFP4};
-use super::{DotN, VecDotFn, TILE};
 use crate::ggml_type::GgmlType;
 use std::arch::aarch64::*;
 

@@ -25,6 +25,28 @@ impl Rng {
     }
 }
 
+/// The table of `set` built with these builds and no options (tests compare builds).
+fn built(set: KernelSet, vnni: bool, dotprod: bool) -> table::KernelTable {
+    table::build(set, table::Options { vnni, dotprod, llamacpp_order: false, no_cols: false, no_rows: false })
+}
+
+/// (single-column, TILE-column) kernels of `ty` in `set`'s table (`b`: the VNNI builds on
+/// x86, the dotprod builds on aarch64).
+fn dot_pair(set: KernelSet, b: bool, ty: GgmlType) -> Option<(DotN, DotN)> {
+    built(set, b, b).get(ty).tiled.map(|t| (t.one(), t.cols[TILE].expect("every tile is at least TILE wide")))
+}
+
+/// llama.cpp's vec_dot-order kernels of `ty` (what `PYLLAMA_ORDER=llamacpp` runs below
+/// `SMALL_BATCH` rows), where they differ from the default ones: the grid types.
+#[cfg(target_arch = "x86_64")]
+fn vec_dot_order_pair(ty: GgmlType) -> Option<(DotN, DotN)> {
+    let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: true, no_cols: false, no_rows: false };
+    let t = table::build(KernelSet::Avx2, opt);
+    let e = t.get(ty);
+    let (small, large) = (e.tiled_small?, e.tiled?);
+    (small.one() as usize != large.one() as usize).then(|| (small.one(), small.many()))
+}
+
 /// Byte offsets of the f16 scale fields in a block (made finite in random data).
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
@@ -159,7 +181,7 @@ fn tiled_kernels_equal_single_column_kernels_bit_for_bit() {
         }
         let mut rng = Rng(42);
         for ty in WEIGHT_TYPES {
-            let (one, many) = avx2::dot_kernels(ty).unwrap();
+            let (one, many) = dot_pair(KernelSet::Avx2, avx2::vnni_available(), ty).unwrap();
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
             let n = bs * 3;
             let w = random_row(ty, n, &mut rng);
@@ -360,14 +382,14 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
 fn vnni_kernels_equal_plain_avx2_bit_for_bit() {
     #[cfg(target_arch = "x86_64")]
     {
-        if !avx2_available() || !is_x86_feature_detected!("avxvnni") {
+        if !avx2_available() || !cpu::features().avxvnni {
             eprintln!("no AVX-VNNI on this CPU: nothing to compare");
             return;
         }
         let mut rng = Rng(77);
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
-            let (p1, p4) = avx2::dot_kernels_with(ty, false).unwrap();
-            let (v1, v4) = avx2::dot_kernels_with(ty, true).unwrap();
+            let (p1, p4) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
+            let (v1, v4) = dot_pair(KernelSet::Avx2, true, ty).unwrap();
             for nblocks in [1usize, 3, 8] {
                 let n = 32 * nblocks;
                 for _ in 0..20 {
@@ -448,8 +470,8 @@ fn avx512_kernels_equal_avx2_bit_for_bit() {
         }
         let mut rng = Rng(0xA5A5_0512);
         for ty in AVX512_TYPES {
-            let Some((b1, b4)) = avx512::dot_kernels(ty) else { continue };
-            let (a1, a4) = avx2::dot_kernels_with(ty, false).unwrap();
+            let Some((b1, b4)) = dot_pair(KernelSet::Avx512, false, ty).filter(|k| Some(k.0 as usize) != dot_pair(KernelSet::Avx2, false, ty).map(|a| a.0 as usize)) else { continue };
+            let (a1, a4) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
             let vdt = vec_dot_type(ty);
             for nblocks in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 33] {
                 if ty.block_size() == 256 && nblocks > 9 {
@@ -506,18 +528,18 @@ fn avx2_multi_row_kernels_equal_single_row_bit_for_bit() {
     // single-row kernel's, plain AVX2 and AVX-VNNI builds, for every row count.
     #[cfg(target_arch = "x86_64")]
     {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+        if !avx2_available() {
             eprintln!("no AVX2 on this CPU: nothing to compare");
             return;
         }
         let mut rng = Rng(0x0a2_0001);
         for vnni in [false, true] {
-            if vnni && !is_x86_feature_detected!("avxvnni") {
+            if vnni && !cpu::features().avxvnni {
                 continue;
             }
             for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
-                let rows = avx2::rows_kernel_with(ty, vnni).expect("a multi-row kernel");
-                let (a1, _) = avx2::dot_kernels_with(ty, vnni).unwrap();
+                let rows = built(KernelSet::Avx2, vnni, false).get(ty).rows.expect("a multi-row kernel");
+                let (a1, _) = dot_pair(KernelSet::Avx2, vnni, ty).unwrap();
                 let vdt = vec_dot_type(ty);
                 for nblocks in [1usize, 2, 3, 7, 20] {
                     let n = 32 * nblocks;
@@ -555,8 +577,8 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
         }
         let mut rng = Rng(0x0512_0001);
         for ty in AVX512_TYPES {
-            let Some(rows) = avx512::rows_kernel(ty) else { continue };
-            let (a1, _) = avx2::dot_kernels_with(ty, false).unwrap();
+            let Some(rows) = built(KernelSet::Avx512, false, false).get(ty).rows else { continue };
+            let (a1, _) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
             let vdt = vec_dot_type(ty);
             for nblocks in [1usize, 2, 3, 7, 8, 20] {
                 let n = 32 * nblocks;
@@ -648,7 +670,7 @@ const NEON_TYPES: [GgmlType; 16] = [
 #[cfg(target_arch = "aarch64")]
 fn neon_builds() -> Vec<bool> {
     let mut v = vec![false];
-    if std::arch::is_aarch64_feature_detected!("dotprod") {
+    if cpu::features().dotprod {
         v.push(true);
     } else {
         eprintln!("no dotprod on this CPU: only the plain NEON build is tested");
@@ -688,7 +710,7 @@ fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for dp in neon_builds() {
         for ty in NEON_TYPES {
-            let (one, _) = neon::dot_kernels_with(ty, dp).unwrap();
+            let (one, _) = dot_pair(KernelSet::Neon, dp, ty).unwrap();
             let float = ty.block_size() == 1;
             let bs = if float { 32 } else { ty.block_size() };
             for nblocks in [1usize, 2, 3, 5, 7] {
@@ -725,7 +747,7 @@ fn neon_vec_dot_matches_ref_on_random_blocks_and_odd_lengths() {
     }
     // The safe dispatch (kernel_set() is Neon on aarch64 unless PYLLAMA_KERNELS=ref).
     for ty in NEON_TYPES {
-        assert!(neon::vec_dot_fn(ty).is_some(), "{ty}");
+        assert!(table::table(KernelSet::Neon).get(ty).vec_dot.is_some(), "{ty}");
     }
 }
 
@@ -735,7 +757,7 @@ fn neon_tiled_kernels_equal_single_column_kernels_bit_for_bit() {
     let mut rng = Rng(42);
     for dp in neon_builds() {
         for ty in NEON_TYPES {
-            let (one, many) = neon::dot_kernels_with(ty, dp).unwrap();
+            let (one, many) = dot_pair(KernelSet::Neon, dp, ty).unwrap();
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
             for n in [bs, bs * 3 + if ty.block_size() == 1 { 5 } else { 0 }] {
                 let w = neon_weight_row(ty, n, &mut rng);
@@ -771,7 +793,7 @@ fn neon_tiled_kernels_equal_single_column_kernels_bit_for_bit() {
 #[test]
 #[cfg(target_arch = "aarch64")]
 fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
-    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+    if !cpu::features().dotprod {
         eprintln!("no dotprod on this CPU: nothing to compare");
         return;
     }
@@ -798,8 +820,8 @@ fn neon_dotprod_and_plain_builds_agree_bit_for_bit() {
             }
             let x: Vec<f32> = (0..n).map(|_| rng.normal() * 10.0).collect();
             let xq = activations(ty, &x, KernelSet::Neon);
-            let (p1, _) = neon::dot_kernels_with(ty, false).unwrap();
-            let (d1, _) = neon::dot_kernels_with(ty, true).unwrap();
+            let (p1, _) = dot_pair(KernelSet::Neon, false, ty).unwrap();
+            let (d1, _) = dot_pair(KernelSet::Neon, true, ty).unwrap();
             let (mut a, mut b) = (0f32, 0f32);
             unsafe {
                 p1(n, w.as_ptr(), xq.as_ptr(), 0, std::ptr::null(), 0, &mut a);
@@ -974,10 +996,10 @@ fn simd_legacy_and_float_kernels_follow_the_x86_order_bit_for_bit() {
     let kernels = |ty: GgmlType| -> Option<super::DotN> {
         #[cfg(target_arch = "x86_64")]
         if avx2_available() {
-            return avx2::dot_kernels(ty).map(|k| k.0 as super::DotN);
+            return dot_pair(KernelSet::Avx2, avx2::vnni_available(), ty).map(|k| k.0);
         }
         #[cfg(target_arch = "aarch64")]
-        return neon::dot_kernels(ty).map(|k| k.0);
+        return dot_pair(KernelSet::Neon, neon::dotprod_available(), ty).map(|k| k.0);
         #[allow(unreachable_code)]
         {
             let _ = ty;
@@ -1090,18 +1112,18 @@ fn cols_kernels_equal_single_column_kernels_bit_for_bit() {
         // (name, cols kernel of width nc, single-column kernel)
         let mut builds: Vec<(&str, Box<dyn Fn(GgmlType, usize) -> Option<DotN>>, Box<dyn Fn(GgmlType) -> DotN>)> = vec![(
             "avx2",
-            Box::new(|ty, nc| avx2::cols_kernel_with(ty, false, nc)),
-            Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0),
+            Box::new(|ty, nc| built(KernelSet::Avx2, false, false).get(ty).tiled.and_then(|t| t.cols[nc])),
+            Box::new(|ty| dot_pair(KernelSet::Avx2, false, ty).unwrap().0),
         )];
-        if is_x86_feature_detected!("avxvnni") {
+        if cpu::features().avxvnni {
             builds.push((
                 "avx2vnni",
-                Box::new(|ty, nc| avx2::cols_kernel_with(ty, true, nc)),
-                Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0),
+                Box::new(|ty, nc| built(KernelSet::Avx2, true, false).get(ty).tiled.and_then(|t| t.cols[nc])),
+                Box::new(|ty| dot_pair(KernelSet::Avx2, false, ty).unwrap().0),
             ));
         }
         if avx512_available() {
-            builds.push(("avx512", Box::new(avx512::cols_kernel), Box::new(|ty| avx2::dot_kernels_with(ty, false).unwrap().0)));
+            builds.push(("avx512", Box::new(|ty, nc| built(KernelSet::Avx512, false, false).get(ty).tiled.and_then(|t| t.cols[nc])), Box::new(|ty| dot_pair(KernelSet::Avx2, false, ty).unwrap().0)));
         }
         let mut checked = 0;
         for (name, cols, one_of) in &builds {
@@ -1301,7 +1323,7 @@ fn iq_simd_kernels_equal_x86_order_twins_bit_for_bit() {
         for ty in IQ_TYPES {
             let vdt = vec_dot_type(ty);
             let twin = vec_dot_fn_x86_order(ty).unwrap();
-            let (one, many) = avx2::dot_kernels(ty).unwrap();
+            let (one, many) = dot_pair(KernelSet::Avx2, avx2::vnni_available(), ty).unwrap();
             for nblocks in [1usize, 2, 3, 4, 7] {
                 let n = ty.block_size() * nblocks;
                 let xrow = vdt.row_size(n).unwrap();
@@ -1323,7 +1345,7 @@ fn iq_simd_kernels_equal_x86_order_twins_bit_for_bit() {
                             assert!(same(s, want[c]), "{ty} n={n} w{wcase} x{xcase} single column {c}: {s} vs {}", want[c]);
                         }
                         for nc in 1..TILE {
-                            let k = avx2::cols_kernel_with(ty, false, nc).unwrap();
+                            let k = built(KernelSet::Avx2, false, false).get(ty).tiled.and_then(|t| t.cols[nc]).unwrap();
                             let mut g = [0f32; TILE];
                             unsafe { k(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, g.as_mut_ptr()) };
                             for c in 0..nc {
@@ -1339,7 +1361,7 @@ fn iq_simd_kernels_equal_x86_order_twins_bit_for_bit() {
                         }
                         // the grid types' llama.cpp vec_dot-order builds (PYLLAMA_ORDER=llamacpp,
                         // below 8 rows) against that order's twin
-                        if let Some((one_vd, many_vd)) = avx2_iq::dot_kernels_vec_dot_order(ty) {
+                        if let Some((one_vd, many_vd)) = vec_dot_order_pair(ty) {
                             let mut g = [0f32; TILE];
                             unsafe { many_vd(n, w.as_ptr(), xq.as_ptr(), xrow, std::ptr::null(), 0, g.as_mut_ptr()) };
                             for c in 0..TILE {
@@ -1440,7 +1462,7 @@ fn neon_iq_kernels_equal_x86_order_twins_bit_for_bit() {
     for ty in IQ_TYPES {
         let vdt = vec_dot_type(ty);
         let twin = vec_dot_fn_x86_order(ty).unwrap();
-        let (one, many) = neon::dot_kernels(ty).unwrap();
+        let (one, many) = dot_pair(KernelSet::Neon, neon::dotprod_available(), ty).unwrap();
         for nblocks in [1usize, 2, 3, 5] {
             let n = ty.block_size() * nblocks;
             let xrow = vdt.row_size(n).unwrap();

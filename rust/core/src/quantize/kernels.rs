@@ -1266,7 +1266,7 @@ pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], n_per_row: usiz
     // element-wise parts, the same IEEE operations in the same order (Rust never fuses a
     // multiply and an add by itself), so the same bytes.
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if crate::quant::cpu::features().avx2 {
         // SAFETY: the CPU has AVX2 (checked above).
         unsafe { quantize_chunk_avx2(ty, src, dst, n_per_row, imatrix) };
         return;
