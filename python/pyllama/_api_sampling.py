@@ -140,8 +140,10 @@ def llama_sampler_accept(smpl: Sampler, token: int) -> None:
 def _apply_rest(smpl: Sampler, cur_p: TokenDataArray) -> None:
     """A chain attached to a sequence (llama_set_sampler) skips the samplers that run
     after each decode, as llama.cpp's chain skips its backend samplers."""
-    n = getattr(smpl, "_backend_n", 0)
-    if n and isinstance(smpl, SamplerChain):
+    from ._api_batch_ext import BACKEND_N
+
+    n = BACKEND_N.get(smpl, 0) if isinstance(smpl, SamplerChain) else 0
+    if n:
         for s in smpl.samplers[n:]:
             s.apply(cur_p)
     else:
@@ -201,7 +203,7 @@ def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
     if _api_context._SEQ_SAMPLERS and ctx in _api_context._SEQ_SAMPLERS:  # llama_set_sampler
         from . import _api_batch_ext
 
-        r = _api_batch_ext._result(ctx, idx, "llama_sampler_sample")
+        r = _api_batch_ext.sampled_row(ctx, idx, "llama_sampler_sample")
         if r is not None:
             return _sample_sampled(smpl, r)
     logits = _api_context.llama_get_logits_ith(ctx, idx)
@@ -559,10 +561,10 @@ class InfillSampler(Sampler):
 
     def apply(self, cur: TokenDataArray) -> None:
         v = self.vocab
-        ids, logits, p, selected, srt = cur._args()
+        ids, logits, p, selected, srt = cur.arrays()
         pieces = {int(t): v.token_to_piece(int(t), False, 0) for t in ids.tolist()}
         eot = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
-        cur._set(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
+        cur.assign(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
 
     def clone(self) -> "InfillSampler":
         return InfillSampler(self.vocab)
