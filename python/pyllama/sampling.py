@@ -52,6 +52,7 @@ __all__ = [
     "TopNSigmaSampler",
     "MirostatSampler",
     "MirostatV2Sampler",
+    "AdaptivePSampler",
     "PenaltiesSampler",
     "DrySampler",
     "LogitBiasSampler",
@@ -433,6 +434,30 @@ class MirostatV2Sampler(_Seeded):
     @property
     def mu(self) -> np.float32:
         return np.float32(self._r.mu)
+
+
+class AdaptivePSampler(_Seeded):
+    """llama_sampler_init_adaptive_p: select tokens whose original probability is near
+    ``target``, steering with an exponential moving average of the chosen tokens'
+    probabilities (decay clamped to [0, 0.99]); a negative target samples the
+    distribution as it is. It selects, so it ends a chain. The math is Rust's
+    (``_core.SamplerState.adaptive_p``), float32 as llama.cpp; the draw is
+    std::discrete_distribution over std::mt19937."""
+
+    name = "adaptive-p"
+
+    def __init__(self, target: float, decay: float, seed: int) -> None:
+        self.target = np.float32(target)
+        self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
+        self._r = _core.SamplerState.adaptive_p(float(self.target), float(self.decay), self._seed(seed))
+
+    @property
+    def weighted_sum(self) -> np.float32:
+        return np.float32(self._r.ema[0])
+
+    @property
+    def total_weight(self) -> np.float32:
+        return np.float32(self._r.ema[1])
 
 
 class PenaltiesSampler(_Builtin):
