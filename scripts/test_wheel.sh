@@ -80,6 +80,18 @@ assert out == "The capital of France is" + want + "\n", repr(out)
 llm = Llama(model_path=str(default_model_path()), n_ctx=256, verbose=False)
 text = llm.create_completion("The capital of France is", max_tokens=14, temperature=0.0)["choices"][0]["text"]
 assert text == want, repr(text)
+# the wgpu backend is in the wheel; where Mesa's software Vulkan driver is installed (CI), two
+# offloaded layers give the same greedy tokens as the CPU
+from pyllama import gpu
+assert gpu.built(), "the wheel must carry the wgpu GPU backend"
+if list(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json")):
+    assert gpu.devices(allow_software=True), "lavapipe is installed but the wheel finds no adapter"
+    import os
+    os.environ["PYLLAMA_GPU"] = "cpu-ok"
+    g = Llama(model_path=str(default_model_path()), n_ctx=256, n_gpu_layers=2, verbose=False)
+    text = g.create_completion("The capital of France is", max_tokens=3, temperature=0.0)["choices"][0]["text"]
+    assert want.startswith(text) and text, repr(text)
+    print("gpu: 2 layers on", gpu.usable(allow_software=True)[0]["name"], "give", repr(text))
 print("smoke test: ok (CLI and Llama give llama.cpp's greedy text;", pyllama.__version__, ")")
 EOF
 test -s out8.txt

@@ -260,10 +260,10 @@ def llama_set_embeddings(ctx: Context, embeddings: bool) -> None:
 
 @checked(ctx=_CTX)
 def llama_n_rs_seq(ctx: Context) -> int:
-    """Recurrent-state snapshots per sequence: 0 (llama.cpp clamps a request to 0 for
-    architectures without recurrent rollback; for lfm2 / qwen35 / qwen35moe, which have it
-    there, pyllama refuses n_rs_seq > 0 at context creation)."""
-    return 0
+    """Recurrent-state snapshots per sequence for rollback: the context's ``n_rs_seq``,
+    clamped to 0 (as llama.cpp) for architectures without recurrent rollback (all but
+    lfm2, lfm2moe, qwen35 and qwen35moe)."""
+    return ctx.n_rs_seq
 
 
 @checked(ctx=_CTX)
@@ -310,7 +310,10 @@ def llama_memory_clear(mem: llama_memory_t, data: bool = True) -> None:
 
 @checked(mem=_MEM)
 def llama_memory_seq_rm(mem: llama_memory_t, seq_id: int, p0: int, p1: int) -> bool:
-    """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf)."""
+    """Remove positions [p0, p1) of ``seq_id`` (< 0: any sequence; p0 < 0: 0; p1 < 0: inf).
+    False (nothing changed) where impossible: a recurrent or hybrid memory refuses a range
+    that cuts a state and seq_id < 0; with ``n_rs_seq`` > 0 it can drop the last
+    1..n_rs_seq positions once before the next decode (docs/architectures.md)."""
     if mem is None:
         return True
     return mem.seq_rm(seq_id, p0, p1, caller="llama_memory_seq_rm")

@@ -186,6 +186,7 @@ class Context:
         n_ubatch: int,
         n_threads: int,
         n_threads_batch: int,
+        n_rs_seq: int = 0,
         type_k: str = "f16",
         type_v: str = "f16",
         kv_unified: bool = True,
@@ -215,6 +216,8 @@ class Context:
     def n_ubatch(self) -> int: ...
     @property
     def n_seq_max(self) -> int: ...
+    @property
+    def n_rs_seq(self) -> int: ...
     @property
     def n_threads(self) -> int: ...
     @property

@@ -506,15 +506,23 @@ def split_seq(ab: AllocatedBatch, n_ubatch: int) -> list[np.ndarray]:
         out.append(np.array(idxs, dtype=np.int32))
 
 
-def split_equal(ab: AllocatedBatch, n_ubatch: int, sequential: bool = False) -> list[np.ndarray]:
+def split_equal(ab: AllocatedBatch, n_ubatch: int, sequential: bool = False,
+                n_keep_tail: int = 0) -> list[np.ndarray]:
     """llama.cpp's ``split_equal``: each micro-batch takes the same number of entries from
     each of several non-overlapping sequence sets (entries of a set in batch order), so
     that per-sequence streams stay aligned. One difference: llama.cpp may admit
     ``n_ubatch + 1`` sets into a micro-batch; here a micro-batch never exceeds ``n_ubatch``.
     ``sequential`` additionally requires consecutive first sequence ids (and no coupling).
+    ``n_keep_tail`` > 0 (recurrent rollback snapshots: n_rs_seq + 1) keeps the last
+    ``n_keep_tail`` entries of every set in one micro-batch: a micro-batch keeps the longest
+    prefix of its sets that either end in it or leave at least that many entries; when the
+    first set does neither, it alone is extended to its end (if that fits in ``n_ubatch``)
+    or cut back until ``n_keep_tail`` entries remain.
     """
     if n_ubatch < 1:
         raise ValueError(f"n_ubatch = {n_ubatch} must be >= 1")
+    if n_keep_tail > 0 and n_ubatch <= n_keep_tail:
+        raise ValueError(f"n_ubatch = {n_ubatch} must be larger than n_keep_tail = {n_keep_tail}")
     if sequential and ab.has_cpl:
         raise InvalidBatchError("sequential split is not supported when there are coupled sequences "
                                 "in the input batch")
@@ -553,5 +561,30 @@ def split_equal(ab: AllocatedBatch, n_ubatch: int, sequential: bool = False) -> 
                 cur_idx[m] += 1
             if (len(per_set[0]) + 1) * len(sets) > n_ubatch:
                 break
+        if n_keep_tail > 0:
+            left = [len(by_set[m]) - cur_idx[m] for m in sets]
+            n_keep = 0
+            while n_keep < len(sets) and not (0 < left[n_keep] < n_keep_tail):
+                n_keep += 1
+            if n_keep == 0:
+                m, lst = sets[0], per_set[0]
+                if len(lst) + left[0] <= n_ubatch:  # the first set to its end
+                    for j in by_set[m][cur_idx[m]:]:
+                        lst.append(j)
+                        used[j] = True
+                    n_used += left[0]
+                    cur_idx[m] = len(by_set[m])
+                else:  # or back until n_keep_tail entries remain
+                    while len(by_set[m]) - cur_idx[m] < n_keep_tail:
+                        used[lst.pop()] = False
+                        n_used -= 1
+                        cur_idx[m] -= 1
+                n_keep = 1
+            for m, lst in zip(sets[n_keep:], per_set[n_keep:]):  # the others wait
+                for j in lst:
+                    used[j] = False
+                n_used -= len(lst)
+                cur_idx[m] -= len(lst)
+            per_set = per_set[:n_keep]
         out.append(np.array([j for lst in per_set for j in lst], dtype=np.int32))
     return out

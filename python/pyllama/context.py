@@ -207,7 +207,10 @@ def _n_vocab_of(hparams: dict) -> int:
     return int(hparams["n_vocab"])
 
 
-_INT_PARAMS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch",
+# llama.cpp's llm_arch_supports_rs_rollback, of the architectures pyllama runs
+_RS_ROLLBACK_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")
+
+_INT_PARAMS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "n_threads", "n_threads_batch",
                "rope_scaling_type", "attention_type", "flash_attn_type", "yarn_orig_ctx")
 _FLOAT_PARAMS = ("rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor",
                  "yarn_beta_fast", "yarn_beta_slow", "defrag_thold")
@@ -333,7 +336,7 @@ class Context:
         n_ctx_train = int(hp["n_ctx_train"])
         if params.n_ctx == 0 and n_ctx_train == 0:
             raise ValueError("n_ctx and the model's n_ctx_train cannot both be zero")
-        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch"):
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "n_threads", "n_threads_batch"):
             if int(getattr(params, name)) < 0:
                 raise ValueError(f"{name} = {getattr(params, name)} must be >= 0")
         n_seq_max = max(1, int(params.n_seq_max))
@@ -365,15 +368,14 @@ class Context:
         if (params.yarn_ext_factor >= 0 or params.yarn_attn_factor >= 0 or params.yarn_beta_fast >= 0
                 or params.yarn_beta_slow >= 0 or params.yarn_orig_ctx != 0):
             log.warning("llama_init_from_model: yarn_* overrides are not supported and are ignored")
-        if int(params.n_rs_seq) > 0:
-            # llama.cpp keeps n_rs_seq recurrent-state snapshots per sequence (partial
-            # rollback by seq_rm) for the architectures that support it, and clamps it to 0
-            # for the others; pyllama keeps none
-            if core_model.arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe"):
-                raise ValueError(f"n_rs_seq = {params.n_rs_seq}: recurrent rollback snapshots are not implemented "
-                                 f"in pyllama (use 0: seq_rm then removes whole sequences only)")
+        # llama.cpp keeps n_rs_seq recurrent-state snapshots per sequence (seq_rm can then
+        # remove the last n_rs_seq positions) for the architectures whose graphs write them
+        # (lfm2, lfm2moe, qwen35, qwen35moe), and clamps the request to 0 for the others
+        n_rs_seq = int(params.n_rs_seq)
+        if n_rs_seq > 0 and core_model.arch not in _RS_ROLLBACK_ARCHS:
             log.debug("llama_init_from_model: n_rs_seq = %d requested but %s does not support recurrent partial "
-                      "rollback; clamping to 0", params.n_rs_seq, core_model.arch)
+                      "rollback; clamping to 0", n_rs_seq, core_model.arch)
+            n_rs_seq = 0
         type_k = _type_name(params.type_k, "type_k")
         type_v = _type_name(params.type_v, "type_v")
         flash_attn = _resolve_flash_attn(int(params.flash_attn_type), type_v)
@@ -384,6 +386,11 @@ class Context:
         # with causal attention the batch size is limited by the context size
         n_batch = min(n_ctx, int(params.n_batch)) if causal else int(params.n_batch)
         n_ubatch = min(n_batch, int(params.n_ubatch) if params.n_ubatch else int(params.n_batch))
+        if n_rs_seq > 0 and n_ubatch <= n_rs_seq + 1:
+            # llama.cpp's split keeps a sequence's last n_rs_seq + 1 tokens in one micro-batch
+            # and asserts n_ubatch > n_rs_seq + 1 (an abort at the first decode)
+            raise ValueError(f"n_rs_seq = {n_rs_seq} needs n_ubatch > n_rs_seq + 1 (n_ubatch is {n_ubatch}): "
+                             "the last n_rs_seq + 1 tokens of a sequence stay in one micro-batch")
         n_ctx = -(-n_ctx // 256) * 256
         kv_unified = bool(params.kv_unified)
         if kv_unified:
@@ -427,7 +434,7 @@ class Context:
         else:
             self._core = _core.Context(
                 core_model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_ubatch=n_ubatch, n_threads=n_threads,
-                n_threads_batch=n_threads_batch, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
+                n_threads_batch=n_threads_batch, n_rs_seq=n_rs_seq, type_k=type_k, type_v=type_v, kv_unified=kv_unified,
                 swa_full=bool(params.swa_full), embeddings=self._embeddings,
                 rope_freq_base=float(params.rope_freq_base), rope_freq_scale=rope_freq_scale, flash_attn=flash_attn)
         # "kv", "recurrent" or "hybrid" (llama.cpp's llama_kv_cache / _memory_recurrent /
@@ -506,6 +513,14 @@ class Context:
         if self._vocab_only:
             return self._vocab_only_dims[2]
         return int(self._live().n_seq_max)
+
+    @property
+    def n_rs_seq(self) -> int:
+        """Recurrent-state rollback snapshots per sequence (llama.cpp's ``n_rs_seq``): 0 unless
+        requested, and 0 for models without them (the request is clamped)."""
+        if self._vocab_only:
+            return 0
+        return int(self._live().n_rs_seq)
 
     @property
     def n_threads(self) -> int:
@@ -680,8 +695,10 @@ class Context:
     @_serialized
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1, *, caller: str = "Context.seq_rm") -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
-        p1 < 0 means infinity. Returns False only where a partial removal is impossible.
-        ``caller``: the name error messages start with."""
+        p1 < 0 means infinity. Returns False only where a partial removal is impossible: a
+        recurrent state cannot lose its last positions (except the last 1..``n_rs_seq`` once,
+        with rollback snapshots) and, as in llama.cpp, a recurrent or hybrid memory refuses
+        ``seq_id`` < 0. ``caller``: the name error messages start with."""
         s = self._check_seq(seq_id, caller, allow_any=True)
         p0, p1 = _int32(p0, caller, "p0"), _int32(p1, caller, "p1")
         return bool(self._live().seq_rm(s, p0, p1))
@@ -953,7 +970,10 @@ class Context:
                 if self._embeddings:
                     ubatches = split_seq(ab, n_ubatch)
                 else:
-                    ubatches = split_equal(ab, n_ubatch, sequential=kind == "recurrent" or not self._kv_unified)
+                    # with rollback snapshots, a sequence's last n_rs_seq + 1 tokens stay together
+                    n_rs = int(core.n_rs_seq)
+                    ubatches = split_equal(ab, n_ubatch, sequential=kind == "recurrent" or not self._kv_unified,
+                                           n_keep_tail=n_rs + 1 if n_rs else 0)
             except InvalidBatchError as e:  # no split: llama.cpp's failed prepare, no slot
                 raise self._no_slot(n, core, f"failed to find a memory slot for batch of size {n}: {e}") from None
 

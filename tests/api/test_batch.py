@@ -193,6 +193,44 @@ def test_split_equal_covers_in_order(seqs, n_ubatch):
         assert order == sorted(order)
 
 
+def test_split_equal_keeps_the_tail_together():
+    # llama.cpp's split_equal with n_keep_tail (recurrent rollback: n_rs_seq + 1), by hand:
+    # seq 0 entries 0..7, seq 1 entries 8..13, n_ubatch 4, sequential
+    entries = [(1, p, [0], 1) for p in range(8)] + [(1, p, [1], 1) for p in range(6)]
+    ab = alloc(make(entries))
+    parts = lambda n_keep_tail: [p.tolist() for p in split_equal(ab, 4, True, n_keep_tail)]  # noqa: E731
+    assert parts(0) == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7]]
+    # 2 of seq 1 would be left: it waits; then seq 0 would leave 2: it is taken to its end
+    assert parts(3) == [[0, 1, 8, 9], [2, 3], [4, 5, 6, 7], [10, 11, 12, 13]]
+    # one sequence of 6: 4 would leave 2, so the first micro-batch is cut back to 3
+    ab = alloc(make([(1, p, [0], 1) for p in range(6)]))
+    assert [p.tolist() for p in split_equal(ab, 4, n_keep_tail=3)] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="n_keep_tail"):
+        split_equal(ab, 3, n_keep_tail=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 4), st.integers(0, 4))
+def test_split_equal_tail_property(seqs, n_keep_tail, extra):
+    """With n_keep_tail, every entry still comes once and in order, and the last
+    min(len, n_keep_tail) entries of each sequence share a micro-batch."""
+    n_ubatch = n_keep_tail + 1 + extra
+    nxt = {}
+    entries = []
+    for s in seqs:
+        entries.append((1, nxt.get(s, 0), [s], 1))
+        nxt[s] = nxt.get(s, 0) + 1
+    parts = [p.tolist() for p in split_equal(alloc(make(entries)), n_ubatch, n_keep_tail=n_keep_tail)]
+    flat = [i for p in parts for i in p]
+    assert sorted(flat) == list(range(len(entries)))
+    assert all(0 < len(p) <= n_ubatch for p in parts)
+    for s in set(seqs):
+        mine = [i for i in flat if seqs[i] == s]
+        assert mine == sorted(mine)
+        tail = mine[-n_keep_tail:]
+        assert any(set(tail) <= set(p) for p in parts)
+
+
 def test_out_of_int32_values():
     b = batch_get_one(np.array([1, 2], dtype=np.int64))
     assert b.token.dtype == np.int32

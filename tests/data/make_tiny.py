@@ -172,6 +172,11 @@ _SPECS = [
     # layer 1 without the optional gate LoRA and GroupNorm (five lerps)
     dict(name="tiny-arwkv7", arch="arwkv7", seed=2105, n_layer=3, n_head=0, n_head_kv=0, head_dim=32, n_ff=192,
          eps=1e-6, tied=False, rwkv=dict(head_size=32, decay=32, iclr=32, value_mix=64, gate=32, bare_layers=[1])),
+    # rwkv6qwen2 (QRWKV6): RWKV-6's time mix in its QRWKV form in a Qwen2-style decoder; 4 WKV
+    # heads of 16 reading 2 key / value heads (GQA-style), layer 0 with the r / k / v biases,
+    # the output norm's optional bias
+    dict(name="tiny-rwkv6qwen2", arch="rwkv6qwen2", seed=2106, n_layer=3, n_head=0, n_head_kv=2, head_dim=16,
+         n_ff=192, eps=1e-6, tied=False, rwkv=dict(head_size=16, mix_extra=32, decay_extra=32)),
     # gemma3n: 22 layers, since llama.cpp fixes the 20 layers that keep a KV cache: layers 20
     # (sliding window) and 21 (global; a pattern of 2 alternates them) read layers 18's and 19's;
     # the FFN gate is sparse on layers 0-9; AltUp, Laurel and the 256 per-layer inputs per
@@ -880,32 +885,56 @@ def _keys_rwkv6(w, A, s) -> None:
     w.add_uint32(f"{A}.wkv.head_size", r["head_size"])
     w.add_uint32(f"{A}.time_mix_extra_dim", r["mix_extra"])
     w.add_uint32(f"{A}.time_decay_extra_dim", r["decay_extra"])
-    w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
-    w.add_uint32(f"{A}.token_shift_count", 2)
+    if A == "rwkv6":
+        w.add_uint32(f"{A}.rescale_every_n_layers", r["rescale"])
+    w.add_uint32(f"{A}.token_shift_count", 2 if A == "rwkv6" else 1)
 
 
-def _layer_rwkv6(add, b, i, s) -> None:
-    ne, r, nf = s["n_embd"], s["rwkv"], s["n_ff"]
+def _time_mix_rwkv6(add, b, i, s, qwen2: bool) -> None:
+    """rwkv6's time mix; rwkv6qwen2's QRWKV form (no first / GroupNorm, kv heads, layer 0's biases)."""
+    ne, r = s["n_embd"], s["rwkv"]
     e, d, hs = r["mix_extra"], r["decay_extra"], r["head_size"]
-    _rwkv_norms(add, b, i, ne)
+    kvw = s["n_head_kv"] * hs if qwen2 else ne
     add(b + "time_mix_w1.weight", [ne, 5 * e], "w")
     add(b + "time_mix_w2.weight", [e, ne, 5], "w")
     add(b + "time_mix_lerp_x.weight", [ne, 1, 1], "lerp")
     add(b + "time_mix_lerp_fused.weight", [ne, 1, 1, 5], "lerp")
-    add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
+    if not qwen2:
+        add(b + "time_mix_first.weight", [hs, ne // hs], "bias")
     add(b + "time_mix_decay.weight", [ne], "bias")
     add(b + "time_mix_decay_w1.weight", [ne, d], "w")
     add(b + "time_mix_decay_w2.weight", [d, ne], "w")
     for m in ("key", "value", "receptance", "gate"):
-        add(b + f"time_mix_{m}.weight", [ne, ne], "w")
-    add(b + "time_mix_ln.weight", [ne], "norm")
-    add(b + "time_mix_ln.bias", [ne], "bias")
+        add(b + f"time_mix_{m}.weight", [ne, kvw if m in ("key", "value") else ne], "w")
+    if qwen2 and i == 0:
+        add(b + "time_mix_receptance.bias", [ne], "bias")
+        add(b + "time_mix_key.bias", [kvw], "bias")
+        add(b + "time_mix_value.bias", [kvw], "bias")
+    if not qwen2:
+        add(b + "time_mix_ln.weight", [ne], "norm")
+        add(b + "time_mix_ln.bias", [ne], "bias")
     add(b + "time_mix_output.weight", [ne, ne], "w")
+
+
+def _layer_rwkv6(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    _rwkv_norms(add, b, i, ne)
+    _time_mix_rwkv6(add, b, i, s, qwen2=False)
     add(b + "channel_mix_lerp_k.weight", [ne, 1, 1], "lerp")
     add(b + "channel_mix_lerp_r.weight", [ne, 1, 1], "lerp")
     add(b + "channel_mix_key.weight", [ne, nf], "w")
     add(b + "channel_mix_value.weight", [nf, ne], "w")
     add(b + "channel_mix_receptance.weight", [ne, ne], "w")
+
+
+def _layer_rwkv6qwen2(add, b, i, s) -> None:
+    ne, nf = s["n_embd"], s["n_ff"]
+    add(b + "attn_norm.weight", [ne], "norm")
+    _time_mix_rwkv6(add, b, i, s, qwen2=True)
+    add(b + "ffn_norm.weight", [ne], "norm")
+    add(b + "ffn_gate.weight", [ne, nf], "w")
+    add(b + "ffn_up.weight", [ne, nf], "w")
+    add(b + "ffn_down.weight", [nf, ne], "w")
 
 
 def _keys_rwkv7(w, A, s) -> None:
@@ -1017,6 +1046,7 @@ _EXTRA = {
     "rwkv6": dict(keys=_keys_rwkv6, layer=_layer_rwkv6, output=_output_rwkv6),
     "rwkv7": dict(keys=_keys_rwkv7, layer=_layer_rwkv7, output=_output_rwkv6),
     "arwkv7": dict(keys=_keys_rwkv7, layer=_layer_arwkv7),
+    "rwkv6qwen2": dict(keys=_keys_rwkv6, layer=_layer_rwkv6qwen2, output=_output_rwkv6),
     "mamba": dict(keys=_keys_mamba, layer=_layer_mamba),
     "llama4": dict(keys=_keys_llama4, layer=_layer_llama4),
     "phimoe": dict(keys=_keys_phimoe, layer=_layer_phimoe, output=_output_phimoe),

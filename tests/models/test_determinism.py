@@ -34,7 +34,7 @@ SMOL_PROMPT = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 
                                             "llama4", "phimoe", "granitemoe", "glm4moe",
                                             "cohere2", "gpt-oss", "deepseek2", "mistral4",
                                             "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
-                                            "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7",
+                                            "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2",
                                             "gemma3n"])
 def tiny(request, tiny_model_path):
     return _core.Model([str(tiny_model_path(request.param))])

@@ -27,7 +27,7 @@ from pyllama import llama_api as L
 DATA = Path(__file__).parents[1] / "data"
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "phi2", "gemma", "gemma2", "gemma3", "mistral3", "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4",
          "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe", "gemma4",
-         "mamba", "rwkv6", "rwkv7", "arwkv7", "gemma3n"]  # falcon-mamba: its keys are mamba.*
+         "mamba", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2", "gemma3n"]  # falcon-mamba: its keys are mamba.*
 VALUES = [2**16, 2**20, 2**31, 2**32 - 1]
 # keys swept on every architecture (added when the file lacks them), beside every integer
 # {arch}.* key the file has

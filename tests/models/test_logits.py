@@ -195,7 +195,7 @@ TINY_OTHER = ["qwen2", "qwen3", "qwen3moe", "gemma", "gemma2", "gemma3", "phi2",
               "smollm3", "olmo2", "granite", "starcoder2", "exaone4", "glm4",
               "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2", "gpt-oss", "deepseek2", "mistral4",
               "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "granitehybrid", "lfm2moe", "gemma4",
-              "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "gemma3n"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
+              "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2", "gemma3n"]  # smollm3 and later: generated only (tests/data/tiny/make_tiny_reference.py)
 # the grid / ternary / MXFP4 types on a one-layer llama small enough to track in git
 # (yet built at test time, conftest's tiny_iq_model: tests/data/tiny/make_tiny_iq.py with
 # pyllama quantize, byte for byte llama-quantize's; and Q1_0, Q2_0, NVFP4)

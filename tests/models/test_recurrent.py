@@ -23,12 +23,13 @@ DATA = Path(__file__).parents[1] / "data"
 ALL = sorted(p.name[len("seq-ops-"):-len(".json")] for p in (DATA / "tiny").glob("seq-ops-*.json"))
 ARCHS = [a for a in ALL if a not in ("qwen3", "gemma4", "gemma3n")]  # the recurrent and hybrid ones
 NO_SHIFT = ("qwen35", "qwen35moe")  # M-RoPE
-# llama.cpp's arwkv7 (one token shift) stores the shifted rows of a micro-batch with several
-# sequences through ggml_view_1d of a strided view (arwkv7.cpp, build_rwkv_token_shift_store):
-# sequence k > 0 keeps the normed row (n_seq_tokens - 1 + k) of the whole micro-batch, not its
-# own last row. pyllama keeps each sequence's last row; the script's first decode (two
-# sequences in one micro-batch) makes llama.cpp's row 4 (sequence 1 continued) differ.
-LLAMA_CPP_WRONG_ROWS = {"arwkv7": [4]}
+# llama.cpp's arwkv7 and rwkv6qwen2 (one token shift) store the shifted rows of a micro-batch
+# with several sequences through ggml_view_1d of a strided view (arwkv7.cpp / rwkv6qwen2.cpp,
+# build_rwkv_token_shift_store): sequence k > 0 keeps the normed row (n_seq_tokens - 1 + k) of
+# the whole micro-batch, not its own last row. pyllama keeps each sequence's last row; the
+# script's first decode (two sequences in one micro-batch) makes llama.cpp's row 4 (sequence 1
+# continued) differ.
+LLAMA_CPP_WRONG_ROWS = {"arwkv7": [4], "rwkv6qwen2": [4]}
 
 
 def _tiny(arch, tmp_path_factory):
@@ -41,7 +42,8 @@ def _tiny(arch, tmp_path_factory):
 
 
 def _context(path, n_seq_max, **kw):
-    p = ContextParams(n_ctx=256, n_batch=256, n_ubatch=512, n_seq_max=n_seq_max, n_threads=2, n_threads_batch=2, **kw)
+    p = ContextParams(**{"n_ctx": 256, "n_batch": 256, "n_ubatch": 512, "n_seq_max": n_seq_max, "n_threads": 2,
+                         "n_threads_batch": 2, **kw})
     return Context(_core.Model([str(path)]), p)
 
 
@@ -49,6 +51,7 @@ def replay(ctx, script, n_vocab):
     """Run seq_ops.cpp's script language on a pyllama context: (answers, logits rows)."""
     mem = L.llama_get_memory(ctx)
     answers, rows = [], []
+    saved = {}
     for line in script:
         op, *args = line.split()
         if op == "decode":
@@ -81,6 +84,22 @@ def replay(ctx, script, n_vocab):
         elif op == "pos":
             s = int(args[0])
             answers.append(f"pos {s} {L.llama_memory_seq_pos_min(mem, s)} {L.llama_memory_seq_pos_max(mem, s)}")
+        elif op == "save":
+            s = int(args[0])
+            n = L.llama_state_get_size(ctx) if s < 0 else L.llama_state_seq_get_size(ctx, s)
+            blob = np.zeros(n, dtype=np.uint8)
+            got = L.llama_state_get_data(ctx, blob, n) if s < 0 else L.llama_state_seq_get_data(ctx, blob, n, s)
+            saved[s] = blob[:got]
+        elif op == "load":
+            s, d = map(int, args)
+            blob = saved[s]
+            n = (L.llama_state_set_data(ctx, blob, len(blob)) if s < 0
+                 else L.llama_state_seq_set_data(ctx, blob, len(blob), d))
+            answers.append(f"load {int(n == len(blob))}")
+        elif op == "clear":
+            L.llama_memory_clear(mem, True)
+        elif op == "nrs":
+            answers.append(f"nrs {L.llama_n_rs_seq(ctx)}")
         else:
             raise ValueError(line)
     return answers, np.array(rows).reshape(-1, n_vocab)
@@ -194,16 +213,67 @@ def test_position_rules(arch, tmp_path_factory):
         assert _decode_at(ctx, 0, [8, 9], 3) == 0
 
 
+ROLLBACK = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")  # llm_arch_supports_rs_rollback
+ROLLBACK_REFS = sorted(p.name[len("rollback-"):-len(".json")] for p in (DATA / "tiny").glob("rollback-*.json"))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_n_rs_seq(arch, tmp_path_factory):
-    # llama.cpp keeps rollback snapshots for lfm2 / lfm2moe / qwen35 / qwen35moe (pyllama refuses to
-    # pretend), and clamps the request to 0 for the others
+    # llama.cpp keeps rollback snapshots for lfm2 / lfm2moe / qwen35 / qwen35moe, and clamps
+    # the request to 0 for the others; the snapshots are planes beside the states
     path = _tiny(arch, tmp_path_factory)
-    if arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe"):
-        with pytest.raises(ValueError, match="n_rs_seq"):
-            _context(path, 1, n_rs_seq=2)
+    ctx = _context(path, 2, n_rs_seq=2)
+    if arch in ROLLBACK:
+        assert L.llama_n_rs_seq(ctx) == 2
+        assert ctx._core.rs_bytes() == 3 * _context(path, 2)._core.rs_bytes()
+        # llama.cpp asserts n_ubatch > n_rs_seq + 1 at the first decode: refused up front
+        with pytest.raises(ValueError, match="n_ubatch > n_rs_seq"):
+            _context(path, 1, n_rs_seq=3, n_ubatch=4, n_batch=4)
     else:
-        assert L.llama_n_rs_seq(_context(path, 1, n_rs_seq=2)) == 0
+        assert L.llama_n_rs_seq(ctx) == 0
+        assert ctx._core.rs_bytes() == _context(path, 2)._core.rs_bytes()
+    assert L.llama_n_rs_seq(_context(path, 1)) == 0
+    with pytest.raises(ValueError, match="n_rs_seq"):
+        _context(path, 1, n_rs_seq=-1)
+
+
+@pytest.mark.parametrize("arch", ROLLBACK_REFS)
+def test_rollback_matches_llamacpp(arch, tmp_path_factory):
+    # tests/data/tiny/make_seq_ops_reference.py --rollback: llama.cpp's answers and logits for
+    # scripts of partial removals with n_rs_seq > 0 (clamped to 0 for mamba2 and qwen3next)
+    ref = json.loads((DATA / "tiny" / f"rollback-{arch}.json").read_text())
+    want_all = np.load(DATA / "tiny" / f"rollback-{arch}.npz")
+    path = _tiny(arch, tmp_path_factory)
+    for run in ref["runs"]:
+        ctx = _context(path, ref["n_seq_max"], n_rs_seq=run["n_rs_seq"], n_ubatch=run["n_ubatch"])
+        answers, rows = replay(ctx, run["script"], ref["n_vocab"])
+        assert answers == run["answers"], run["name"]
+        want = want_all[run["name"]]
+        assert rows.shape == want.shape
+        d = np.abs(rows - want)
+        # llama.cpp's F32 graph and pyllama's differ in float order only (measured: at most 9e-4)
+        assert d.max() <= 5e-3, (run["name"], d.mean(), d.max())
+        assert (rows.argmax(axis=1) == want.argmax(axis=1)).all(), run["name"]
+
+
+@pytest.mark.parametrize("arch", ROLLBACK)
+def test_rollback_equals_decoding_the_shorter_prompt(arch, tmp_path_factory):
+    # removing the last k <= n_rs_seq positions and continuing gives the logits of the
+    # shorter prompt and the continuation decoded from scratch (up to the batch's float order);
+    # n_rs_seq changes nothing else: the same decodes give bit-identical logits without it
+    path = _tiny(arch, tmp_path_factory)
+    nv = 2048
+    prompt = [17, 300, 5, 901, 44, 1203, 8, 77]
+    plain = replay(_context(path, 2), ["decode 0:" + ",".join(map(str, prompt))], nv)[1]
+    for k in (1, 2, 3):
+        ctx = _context(path, 2, n_rs_seq=3)
+        rows = replay(ctx, ["decode 0:" + ",".join(map(str, prompt)), f"rm 0 {8 - k} -1", "decode 0:999,3"], nv)[1]
+        assert np.array_equal(rows[0], plain[0])
+        fresh = replay(_context(path, 2), ["decode 0:" + ",".join(map(str, prompt[:8 - k] + [999, 3]))], nv)[1]
+        assert np.abs(rows[1] - fresh[0]).max() < 1e-3, k
+        # one more than n_rs_seq: refused, nothing changed
+        last = 8 - k + 1
+        assert replay(ctx, [f"rm 0 {last - 3} -1", "pos 0"], nv)[0] == ["rm 0", f"pos 0 {last} {last}"]
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "qwen35"])
@@ -253,3 +323,17 @@ def test_llama_generate_reuses_prefix_only_where_the_state_allows(arch, tmp_path
     llm = Llama(path, n_ctx=256, verbose=False)
     greedy(llm, a)
     assert greedy(llm, b) == greedy(Llama(path, n_ctx=256, verbose=False), b)
+
+
+def test_state_of_a_shared_cell_with_different_rollbacks_is_refused(tmp_path_factory):
+    # a copied sequence shares its source's cell; a rollback of one of them leaves the cell's
+    # sequences with different pending rollbacks, whose common state llama.cpp cannot write
+    # (it aborts): pyllama raises, and a single sequence's state can still be saved
+    from pyllama import StateError
+
+    ctx = _context(_tiny("lfm2", tmp_path_factory), 2, n_rs_seq=2)
+    assert replay(ctx, ["decode 0:1,2,3,4", "cp 0 1 -1 -1", "rm 0 3 -1", "pos 1"], 2048)[0] == [
+        "decode 0", "rm 1", "pos 1 2 2"]
+    with pytest.raises(StateError, match="different pending rollbacks"):
+        L.llama_state_get_size(ctx)
+    assert L.llama_state_seq_get_size(ctx, 0) > 0

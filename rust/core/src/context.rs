@@ -29,6 +29,9 @@ use std::sync::Arc;
 pub struct ContextParams {
     pub n_ctx: usize,
     pub n_seq_max: usize,
+    /// Recurrent-state rollback snapshots per sequence (llama.cpp's `n_rs_seq`); 0 for the
+    /// models without them (`Forward::rs_rollback`: the context clamps the request).
+    pub n_rs_seq: usize,
     pub n_ubatch: usize,
     pub n_threads: usize,
     pub n_threads_batch: usize,
@@ -68,6 +71,11 @@ pub trait Forward: Send + Sync {
     /// that state (n_embd_r, n_embd_s floats per sequence; recurrent.rs). None: attention only.
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         None
+    }
+    /// Whether the forward pass writes rollback snapshots of its recurrent states (llama.cpp's
+    /// `llm_arch_supports_rs_rollback`): n_rs_seq > 0 is kept, else clamped to 0.
+    fn rs_rollback(&self) -> bool {
+        false
     }
     /// The layers with a KV cache when it is not "every non-recurrent layer" (Falcon-H1:
     /// attention and a Mamba-2 mixer side by side in every layer).
@@ -311,6 +319,9 @@ impl Context {
             per
         };
         let fwd = model.arch.build_forward(&crate::models::loader::Loader::new(&model), &p)?;
+        if !fwd.rs_rollback() {
+            p.n_rs_seq = 0; // llama.cpp clamps the request for architectures without snapshots
+        }
         // encoders keep nothing between batches (llama.cpp makes them no memory): a
         // one-cell cache stands in for the sequence bookkeeping
         let size = if fwd.encoder() { 1 } else { size };
@@ -413,7 +424,7 @@ impl Context {
             cvec: Cvec::disabled(),
         };
         let rs = match &recr {
-            Some((layers, nr, ns)) => Some(RsCache::new(layers, *nr, *ns, p.n_seq_max)?),
+            Some((layers, nr, ns)) => Some(RsCache::new(layers, *nr, *ns, p.n_seq_max, p.n_rs_seq)?),
             None => None,
         };
         let pool = ThreadPool::new(p.n_threads);

@@ -66,6 +66,10 @@ impl SeqSet {
         r.add(s);
         r
     }
+    /// The lowest sequence id in the set.
+    pub fn first(&self) -> Option<usize> {
+        self.0.iter().enumerate().find(|(_, w)| **w != 0).map(|(i, w)| i * 64 + w.trailing_zeros() as usize)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -537,6 +537,7 @@ impl Model {
         let cp = crate::context::ContextParams {
             n_ctx: self.hparams.n_ctx_train.max(1),
             n_seq_max: 1,
+            n_rs_seq: 0,
             n_ubatch: 1,
             n_threads: 1,
             n_threads_batch: 1,

@@ -1,7 +1,7 @@
 //! Recurrent memory (Mamba-2's conv and SSM states, LFM2's short-convolution state, the
 //! gated delta-net's conv and delta states): one state per sequence instead of one K/V row
-//! per token, after llama.cpp's src/llama-memory-recurrent.cpp (n_rs_seq = 0: no rollback
-//! snapshots, llama.cpp's default).
+//! per token, after llama.cpp's src/llama-memory-recurrent.cpp, with its rollback snapshots
+//! (`n_rs_seq`, 0 by default: none).
 //!
 //! There are `size` = max(1, n_seq_max) cells; a cell holds one state (per recurrent layer
 //! an `r` row of n_embd_r floats, the convolution's last inputs, and an `s` row of n_embd_s
@@ -9,9 +9,12 @@
 //! sequences that share it. `cells[seq].tail` is the cell holding sequence `seq`'s state.
 //! Sequence operations follow llama.cpp exactly, including what they refuse:
 //! - `seq_rm` can remove a sequence entirely, or positions after its last one; removing
-//!   the end of a state (0 < p0 <= last position < p1) is impossible (the states of earlier
-//!   tokens are gone) and returns false with nothing changed; a negative seq id accepts
-//!   only the whole range (or an empty one);
+//!   the end of a state (0 < p0 <= last position < p1) needs the state of an earlier token:
+//!   with `n_rs_seq` = 0 it is impossible and returns false with nothing changed; with
+//!   `n_rs_seq` > 0 the last k <= n_rs_seq positions can be removed once (the rollback is
+//!   pending until the sequence's next decode, which starts from snapshot k; a second
+//!   partial removal before that returns false); a negative seq id accepts only the whole
+//!   range (or an empty one);
 //! - `seq_cp` makes the destination share the source's cell (the state is copied when the
 //!   destination next decodes: the cell is then split, llama.cpp's `find_slot`);
 //! - `seq_add` / `seq_div` only move the position of the tail cell.
@@ -21,6 +24,17 @@
 //! [head, head + n) the cell its state comes from (`src0`; a new sequence starts from a
 //! zeroed cell, `rs_z`); `gather` then moves the states into place before the forward pass
 //! (llama.cpp's `build_rs` does it inside the graph).
+//!
+//! Rollback snapshots (llama.cpp's `n_rs_seq` > 0, for the architectures whose graphs write
+//! them: lfm2, lfm2moe, qwen35, qwen35moe): the state buffers hold 1 + n_rs_seq planes of
+//! `size` rows; plane 0 is the current state, and a micro-batch of n tokens per sequence also
+//! writes, for the sequence in cell c, the state j tokens before its end into plane j, row c
+//! (j < min(n, n_rs_seq + 1); the gated delta-net's convolution writes every plane, those
+//! beyond n with the state before the micro-batch). Planes a micro-batch does not write keep
+//! what they held (llama.cpp's "caller-owned" slots). `seq_rm` of the last k positions
+//! records `rs_idx[seq] = k`; the next `gather` reads that cell's state from plane k and
+//! clears the index (for the cell's lowest sequence id, as llama.cpp's `s_copy`). The batch
+//! split keeps the last n_rs_seq + 1 tokens of a sequence in one micro-batch.
 
 use crate::error::{alloc, Error, Result};
 use crate::kv_cache::SeqSet;
@@ -56,6 +70,10 @@ pub struct RsSeq {
 pub struct RsCache {
     pub size: usize,
     pub n_seq_max: usize,
+    /// Rollback snapshots per sequence (planes 1..=n_rs_seq of the state buffers).
+    pub n_rs_seq: usize,
+    /// Per sequence: the pending rollback (the plane its next decode starts from; 0: none).
+    pub rs_idx: Vec<u32>,
     pub cells: Vec<RsCell>,
     pub head: usize,
     pub used: usize,
@@ -64,7 +82,8 @@ pub struct RsCache {
     pub rs_z: i32,
     pub n_embd_r: usize,
     pub n_embd_s: usize,
-    /// Per layer: [size, n_embd_r] and [size, n_embd_s] f32 (empty for other layers).
+    /// Per layer: [(1 + n_rs_seq) * size, n_embd_r] and [.., n_embd_s] f32 (empty for
+    /// other layers); row p * size + c is plane p's state of cell c.
     pub r: Vec<Vec<f32>>,
     pub s: Vec<Vec<f32>>,
 }
@@ -75,23 +94,26 @@ fn range(p0: i32, p1: i32) -> (i32, i32) {
 
 impl RsCache {
     /// `layers[il]`: whether layer il is recurrent.
-    pub fn new(layers: &[bool], n_embd_r: usize, n_embd_s: usize, n_seq_max: usize) -> Result<RsCache> {
+    pub fn new(layers: &[bool], n_embd_r: usize, n_embd_s: usize, n_seq_max: usize, n_rs_seq: usize) -> Result<RsCache> {
         let size = n_seq_max.max(1);
+        let rows = alloc::mul("the recurrent state rows [n_seq_max * (1 + n_rs_seq)]", size, n_rs_seq.saturating_add(1))?;
         let buf = |on: bool, w: usize, what: &str| -> Result<Vec<f32>> {
             if !on {
                 return Ok(Vec::new());
             }
-            alloc::filled(alloc::mul(what, size, w)?, 0f32, what)
+            alloc::filled(alloc::mul(what, rows, w)?, 0f32, what)
         };
         let mut r = Vec::with_capacity(layers.len());
         let mut s = Vec::with_capacity(layers.len());
         for &on in layers {
-            r.push(buf(on, n_embd_r, "the recurrent conv state of one layer [n_seq_max, n_embd_r]")?);
-            s.push(buf(on, n_embd_s, "the recurrent state of one layer [n_seq_max, n_embd_s]")?);
+            r.push(buf(on, n_embd_r, "the recurrent conv state of one layer [n_seq_max * (1 + n_rs_seq), n_embd_r]")?);
+            s.push(buf(on, n_embd_s, "the recurrent state of one layer [n_seq_max * (1 + n_rs_seq), n_embd_s]")?);
         }
         Ok(RsCache {
             size,
             n_seq_max,
+            n_rs_seq,
+            rs_idx: vec![0; n_seq_max],
             cells: vec![RsCell::EMPTY; size],
             head: 0,
             used: 0,
@@ -108,6 +130,7 @@ impl RsCache {
         self.cells.iter_mut().for_each(|c| *c = RsCell::EMPTY);
         self.head = 0;
         self.used = 0;
+        self.rs_idx.fill(0);
         if data {
             for b in self.r.iter_mut().chain(self.s.iter_mut()) {
                 b.fill(0.0);
@@ -123,40 +146,41 @@ impl RsCache {
     }
 
     /// llama_memory_recurrent::seq_rm: false (nothing changed) when the range would cut a
-    /// state in the middle.
+    /// state in the middle, except for a rollback of at most n_rs_seq positions (see above).
     pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> bool {
         let (p0, p1) = range(p0, p1);
-        if seq >= 0 && seq as usize >= self.n_seq_max {
+        // llama.cpp tests the seq id as unsigned against n_seq_max: a negative one (every
+        // sequence) is refused too
+        let Some(q) = usize::try_from(seq).ok().filter(|&q| q < self.n_seq_max) else {
             return false;
+        };
+        if p0 == 0 && p1 == i32::MAX {
+            self.rs_idx[q] = 0; // removing everything drops a pending rollback
         }
-        if seq >= 0 {
-            let t = self.cells[seq as usize].tail;
-            if t >= 0 {
-                let pos = self.cells[t as usize].pos;
-                if 0 < p0 && p0 <= pos && p1 > pos {
-                    // a partial rollback: needs snapshots (n_rs_seq > 0), which pyllama keeps none of
-                    return false;
+        let t = self.cells[q].tail;
+        if t >= 0 {
+            let pos = self.cells[t as usize].pos;
+            if 0 < p0 && p0 <= pos && p1 > pos {
+                // a partial rollback: the state k tokens back is snapshot k (single use)
+                let k = i64::from(pos) - i64::from(p0) + 1;
+                if self.rs_idx[q] == 0 && k >= 1 && k <= self.n_rs_seq as i64 {
+                    self.rs_idx[q] = k as u32;
+                    self.cells[t as usize].pos = p0 - 1;
+                    return true;
                 }
-                if p0 <= pos && pos < p1 {
-                    self.cells[seq as usize].tail = -1;
-                }
+                return false;
             }
-        } else if p0 != p1 && (p0 != 0 || p1 != i32::MAX) {
-            return false;
+            if p0 <= pos && pos < p1 {
+                self.cells[q].tail = -1;
+            }
         }
         let mut new_head = self.size;
         for i in 0..self.size {
             let c = &mut self.cells[i];
-            if c.pos < p0 || c.pos >= p1 {
+            if c.pos < p0 || c.pos >= p1 || !c.seq.has(q) {
                 continue;
             }
-            if seq < 0 {
-                c.seq = SeqSet::EMPTY;
-            } else if c.seq.has(seq as usize) {
-                c.seq.remove(seq as usize);
-            } else {
-                continue;
-            }
+            c.seq.remove(q);
             if c.is_empty() {
                 if c.pos >= 0 {
                     self.used -= 1;
@@ -433,10 +457,18 @@ impl RsCache {
 
     /// Move the states into the cells of the last `find_slot` (llama.cpp's `build_rs`):
     /// the `rs_z` cell is zeroed, then each cell of [head, head + n) takes the state of its
-    /// `src0`, for every recurrent layer.
+    /// `src0`, for every recurrent layer; from snapshot plane k after a rollback of k
+    /// positions of the cell's (lowest) sequence, whose rollback is then done (`s_copy`).
     pub fn gather(&mut self) {
         let (head, n) = (self.head, self.n);
-        let src: Vec<usize> = (head..head + n).map(|i| self.cells[i].src0.max(0) as usize).collect();
+        let mut src: Vec<usize> = (head..head + n).map(|i| self.cells[i].src0.max(0) as usize).collect();
+        if self.n_rs_seq > 0 {
+            for (k, s) in src.iter_mut().enumerate() {
+                if let Some(q) = self.cells[head + k].seq.first().filter(|&q| q < self.rs_idx.len()) {
+                    *s += std::mem::take(&mut self.rs_idx[q]) as usize * self.size;
+                }
+            }
+        }
         if src.iter().enumerate().all(|(k, &s)| s == head + k) && self.rs_z < 0 {
             return;
         }
@@ -450,6 +482,12 @@ impl RsCache {
                 b[head * w..(head + n) * w].copy_from_slice(&rows);
             }
         }
+    }
+
+    /// Row `cell` of snapshot plane `plane` in a state buffer of row width `w`.
+    pub fn row(&self, plane: usize, cell: usize, w: usize) -> std::ops::Range<usize> {
+        let i = plane * self.size + cell;
+        i * w..(i + 1) * w
     }
 
     /// Bytes of the states (for `memory_size`).
@@ -467,7 +505,7 @@ mod tests {
     }
 
     fn cache(n: usize) -> RsCache {
-        RsCache::new(&[true], 2, 3, n).unwrap()
+        RsCache::new(&[true], 2, 3, n, 0).unwrap()
     }
 
     #[test]
@@ -483,15 +521,46 @@ mod tests {
         // after the end: fine, nothing to do
         assert!(rs.seq_rm(0, 5, -1));
         assert_eq!(rs.seq_pos_max(0), 4);
-        // negative seq: all or nothing
+        // negative seq: refused (llama.cpp compares it unsigned with n_seq_max)
         assert!(!rs.seq_rm(-1, 1, -1));
-        assert!(rs.seq_rm(-1, 3, 3));
+        assert!(!rs.seq_rm(-1, -1, -1));
+        assert_eq!(rs.seq_pos_max(0), 4);
         // whole
         assert!(rs.seq_rm(0, -1, -1));
         assert_eq!(rs.seq_pos_max(0), -1);
         assert_eq!(rs.used, 0);
         // beyond n_seq_max: false
         assert!(!rs.seq_rm(7, -1, -1));
+    }
+
+    #[test]
+    fn rollback_reads_the_snapshot_plane_once() {
+        let mut rs = RsCache::new(&[true], 2, 3, 2, 2).unwrap();
+        assert_eq!(rs.n_bytes(), 2 * 3 * (2 + 3) * 4);
+        assert!(rs.find_slot(&[one(0, 7)]));
+        rs.gather();
+        let c = rs.head;
+        for p in 0..3 {
+            let r = rs.row(p, c, 3);
+            rs.s[0][r].fill(p as f32 + 1.0);
+        }
+        // three back: beyond n_rs_seq; a negative seq: refused
+        assert!(!rs.seq_rm(0, 5, -1));
+        assert!(!rs.seq_rm(-1, 6, -1));
+        assert!(rs.seq_rm(0, 6, -1));
+        assert_eq!((rs.rs_idx[0], rs.seq_pos_max(0)), (2, 5));
+        // pending: a second rollback is refused, one after the new end is a no-op
+        assert!(!rs.seq_rm(0, 5, -1));
+        assert!(rs.seq_rm(0, 6, -1));
+        // the next micro-batch starts from plane 2 and clears the rollback
+        assert!(rs.find_slot(&[one(0, 6)]));
+        rs.gather();
+        assert_eq!(&rs.s[0][rs.row(0, rs.head, 3)], &[3.0, 3.0, 3.0]);
+        assert_eq!(rs.rs_idx[0], 0);
+        // removing the whole sequence drops a pending rollback
+        assert!(rs.seq_rm(0, 6, -1));
+        assert!(rs.seq_rm(0, -1, -1));
+        assert_eq!(rs.rs_idx[0], 0);
     }
 
     #[test]

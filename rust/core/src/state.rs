@@ -358,7 +358,11 @@ fn write_rs(w: &mut W, rs: &RsCache, seq: Option<usize>) {
             }
         }
     }
-    let data = |i: usize| if rs.cells[i].src >= 0 { rs.cells[i].src as usize } else { i };
+    let data = |i: usize| {
+        let c = &rs.cells[i];
+        // check_save refused a cell without one plane
+        rs_plane(rs, c, seq).unwrap_or(0) * rs.size + if c.src >= 0 { c.src as usize } else { i }
+    };
     for il in 0..rs.r.len() {
         for (buf, width) in [(&rs.r[il], rs.n_embd_r), (&rs.s[il], rs.n_embd_s)] {
             if buf.is_empty() {
@@ -398,7 +402,32 @@ fn check_save(kv: &KvCache, a: &SaveArgs) -> SResult<()> {
     if a.tokens.len() > u32::MAX as usize {
         return err("too many tokens for a state");
     }
+    if let (Some(rs), None) = (a.rs, a.seq) {
+        for (i, c) in rs.cells.iter().enumerate() {
+            if rs_plane(rs, c, None).is_none() {
+                return err(format!(
+                    "recurrent cell {i} is shared by sequences with different pending rollbacks (seq_rm of their \
+                     last positions): its state cannot be written (llama.cpp aborts)"
+                ));
+            }
+        }
+    }
     Ok(())
+}
+
+/// The snapshot plane holding the current state of a cell (llama.cpp's state_write: plane k
+/// while a rollback of k positions is pending): that of `seq`, or the one all of the cell's
+/// sequences agree on (None where they differ).
+fn rs_plane(rs: &RsCache, c: &crate::recurrent::RsCell, seq: Option<usize>) -> Option<usize> {
+    if rs.n_rs_seq == 0 {
+        return Some(0);
+    }
+    if let Some(s) = seq {
+        return Some(rs.rs_idx[s] as usize);
+    }
+    let mut planes = (0..rs.n_seq_max.min(crate::kv_cache::MAX_SEQ)).filter(|&q| c.seq.has(q)).map(|q| rs.rs_idx[q]);
+    let first = planes.next().unwrap_or(0);
+    planes.all(|p| p == first).then_some(first as usize)
 }
 
 /// Bytes `save` will write.
@@ -791,6 +820,12 @@ pub fn plan(kv: &KvCache, p: &Parsed, dest: Option<usize>) -> SResult<Option<Vec
 /// is removed.
 fn apply_rs(rs: &mut RsCache, p: &Parsed, dest: Option<usize>) {
     let n = p.rs_cells.len();
+    // the restored states are current: no rollback pending (llama.cpp's set_rs_idx(seq_id, 0));
+    // the snapshot planes keep what they held (zeros after a whole-state load: clear)
+    match dest {
+        Some(d) => rs.rs_idx[d] = 0,
+        None => rs.rs_idx.fill(0),
+    }
     let placed: Vec<usize> = match dest {
         Some(d) => {
             rs.seq_rm(d as i32, -1, -1);

@@ -125,7 +125,7 @@ impl PyDecodeOutcome {
 #[pymethods]
 impl PyContext {
     #[new]
-    #[pyo3(signature = (model, *, n_ctx, n_seq_max, n_ubatch, n_threads, n_threads_batch, type_k = "f16",
+    #[pyo3(signature = (model, *, n_ctx, n_seq_max, n_ubatch, n_threads, n_threads_batch, n_rs_seq = 0, type_k = "f16",
                         type_v = "f16", kv_unified = true, swa_full = false, embeddings = false,
                         rope_freq_base = 0.0, rope_freq_scale = 0.0, flash_attn = true))]
     #[allow(clippy::too_many_arguments)]
@@ -137,6 +137,7 @@ impl PyContext {
         n_ubatch: usize,
         n_threads: usize,
         n_threads_batch: usize,
+        n_rs_seq: usize,
         type_k: &str,
         type_v: &str,
         kv_unified: bool,
@@ -149,6 +150,7 @@ impl PyContext {
         let p = ContextParams {
             n_ctx,
             n_seq_max,
+            n_rs_seq,
             n_ubatch,
             n_threads,
             n_threads_batch,
@@ -250,6 +252,12 @@ impl PyContext {
     #[getter]
     fn n_seq_max(&self) -> usize {
         self.inner.params.n_seq_max
+    }
+
+    /// Rollback snapshots per sequence (0 where the model has none: the request is clamped).
+    #[getter]
+    fn n_rs_seq(&self) -> usize {
+        self.inner.params.n_rs_seq
     }
     #[getter]
     fn n_threads(&self) -> usize {

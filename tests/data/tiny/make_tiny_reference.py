@@ -40,7 +40,7 @@ N_UBATCH = {"deepseek2": 32, "mistral4": 32, "gemma3n": 32}
 # tests/models/test_logits.py up to the first near tie)
 GREEDY = {"olmo2", "granite", "starcoder2", "exaone4", "glm4", "llama4", "phimoe", "granitemoe", "glm4moe", "cohere2",
           "gpt-oss", "deepseek2", "mistral4", "mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next", "falcon-h1",
-          "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "gemma3n"}
+          "granitehybrid", "lfm2moe", "gemma4", "mamba", "falcon-mamba", "rwkv6", "rwkv7", "arwkv7", "rwkv6qwen2", "gemma3n"}
 
 
 def main() -> None:

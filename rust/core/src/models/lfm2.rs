@@ -241,11 +241,16 @@ fn shortconv(
     }
     let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: lfm2 without recurrent memory".into()))?;
     let nr = rs.n_embd_r;
+    // rollback snapshots: the states 1..min(nt, n_rs_seq + 1) - 1 tokens back (lfm2.cpp)
+    let snaps = 1..nt.min(rs.n_rs_seq + 1);
     for k in 0..n_seqs {
         let cell = rs.head + k;
-        let state = &mut rs.r[il][cell * nr..(cell + 1) * nr];
         let bx = &sc.bx;
         let x = |t: usize| &bx[(k * nt + t) * ne..(k * nt + t + 1) * ne];
+        if !snaps.is_empty() {
+            ssm::conv_snapshots(&mut rs.r[il], rs.size, cell, snaps.clone(), &x, nt, lc, nr);
+        }
+        let state = &mut rs.r[il][cell * nr..(cell + 1) * nr];
         ssm::conv_seq(state, &x, nt, conv, lc, &mut sc.y[k * nt * ne..], ne, &mut sc.win);
     }
     for t in 0..n {
@@ -270,6 +275,10 @@ impl Forward for Lfm2Fwd {
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         // llama.cpp's n_embd_r = n_embd * (l_cache - 1); n_embd_s = 0 (no scan state)
         Some((self.recr.clone(), self.output_norm.len() * (self.l_cache - 1), 0))
+    }
+
+    fn rs_rollback(&self) -> bool {
+        true // llm_arch_supports_rs_rollback: lfm2, lfm2moe
     }
 
     fn forward(&self, st: &mut Step) -> Result<()> {

@@ -130,6 +130,7 @@ pub static REGISTRY: &[&dyn Arch] = &[
     &rwkv6::Rwkv6,
     &rwkv7::Rwkv7,
     &arwkv7::Arwkv7,
+    &arwkv7::Rwkv6Qwen2,
 ];
 
 /// Stands in for an architecture pyllama has no schema for, in vocab-only loads (the

@@ -551,11 +551,19 @@ fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32
     }
     let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: qwen35 without recurrent memory".into()))?;
     let (nr, ns) = (rs.n_embd_r, rs.n_embd_s);
+    // rollback snapshots (delta-net-base.cpp): every plane of the conv state (those beyond
+    // nt with the state before the micro-batch), the planes 1..min(nt, n_rs_seq + 1) - 1 of
+    // the delta state
+    let conv_snaps = 1..rs.n_rs_seq + 1;
+    let snaps = 1..nt.min(rs.n_rs_seq + 1);
     for k in 0..n_seqs {
         let cell = rs.head + k;
-        let state = &mut rs.r[il][cell * nr..(cell + 1) * nr];
         let qkv = &sc.a;
         let x = |t: usize| &qkv[(k * nt + t) * cd..(k * nt + t + 1) * cd];
+        if !conv_snaps.is_empty() {
+            ssm::conv_snapshots(&mut rs.r[il], rs.size, cell, conv_snaps.clone(), &x, nt, sp.d_conv, nr);
+        }
+        let state = &mut rs.r[il][cell * nr..(cell + 1) * nr];
         ssm::conv_seq(state, &x, nt, conv, sp.d_conv, &mut sc.d[k * nt * cd..], cd, &mut sc.win);
     }
     let l2_eps = eps / sk as f32;
@@ -572,8 +580,8 @@ fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32
     }
     for k in 0..n_seqs {
         let cell = rs.head + k;
-        let s = &mut rs.s[il][cell * ns..(cell + 1) * ns];
         for t in 0..nt {
+            let s = &mut rs.s[il][cell * ns..(cell + 1) * ns];
             let row = k * nt + t;
             let qkv = &sc.d[row * cd..(row + 1) * cd];
             for h in 0..hv {
@@ -586,6 +594,10 @@ fn gated_delta_net(st: &mut Step, il: usize, m: &Mixer, sp: &SsmParams, eps: f32
                 let m = &mut s[h * sv * sv..(h + 1) * sv * sv];
                 let o = &mut sc.e[row * vd + h * sv..row * vd + (h + 1) * sv];
                 ssm::delta_net_token(m, q, kk, v, gs[row * hv + h], betas[row * hv + h], o, &mut sc.delta);
+            }
+            if snaps.contains(&(nt - 1 - t)) {
+                let to = rs.row(nt - 1 - t, cell, ns).start;
+                rs.s[il].copy_within(cell * ns..(cell + 1) * ns, to);
             }
         }
     }
@@ -612,6 +624,11 @@ impl Forward for Qwen35Fwd {
 
     fn recurrent(&self) -> Option<(Vec<bool>, usize, usize)> {
         Some((self.recr.clone(), (self.sp.d_conv - 1) * self.sp.conv_dim(), self.sp.d_state * self.sp.d_inner))
+    }
+
+    fn rs_rollback(&self) -> bool {
+        // llm_arch_supports_rs_rollback: qwen35 and qwen35moe, not qwen3next
+        self.variant != Variant::Qwen3Next
     }
 
     fn can_shift(&self) -> bool {

@@ -88,34 +88,9 @@ impl Arch for Rwkv6 {
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
             let nf = hp.n_ff[il];
-            let lerp = match ld.opt_vec(&b("time_mix_lerp_fused.weight"), &[ne, 1, 1, 5])? {
-                Some(v) => v,
-                None => {
-                    let mut v = Vec::with_capacity(5 * ne);
-                    for m in ["w", "k", "v", "r", "g"] {
-                        v.extend(ld.req_vec(&b(&format!("time_mix_lerp_{m}.weight")), &[ne])?);
-                    }
-                    v
-                }
-            };
             layers.push(Layer {
                 norms: LayerNorms::load(ld, il)?,
-                p,
-                w1: ld.req(&b("time_mix_w1.weight"), &[ne, 5 * e])?,
-                w2: ld.req(&b("time_mix_w2.weight"), &[e, ne, 5])?,
-                lerp_x: ld.req_vec(&b("time_mix_lerp_x.weight"), &[ne])?,
-                lerp,
-                first: ld.req_vec(&b("time_mix_first.weight"), &[hs, ne / hs])?,
-                decay: ld.req_vec(&b("time_mix_decay.weight"), &[ne])?,
-                decay_w1: ld.req(&b("time_mix_decay_w1.weight"), &[ne, d])?,
-                decay_w2: ld.req(&b("time_mix_decay_w2.weight"), &[d, ne])?,
-                key: ld.req(&b("time_mix_key.weight"), &[ne, ne])?,
-                value: ld.req(&b("time_mix_value.weight"), &[ne, ne])?,
-                receptance: ld.req(&b("time_mix_receptance.weight"), &[ne, ne])?,
-                gate: ld.req(&b("time_mix_gate.weight"), &[ne, ne])?,
-                ln: ld.req_vec(&b("time_mix_ln.weight"), &[ne])?,
-                ln_b: ld.req_vec(&b("time_mix_ln.bias"), &[ne])?,
-                output: ld.req(&b("time_mix_output.weight"), &[ne, ne])?,
+                tm: TimeMix6::load(ld, il, p.head_size, e, d, ne / hs, false)?,
                 cm_lerp_k: ld.req_vec(&b("channel_mix_lerp_k.weight"), &[ne])?,
                 cm_lerp_r: ld.req_vec(&b("channel_mix_lerp_r.weight"), &[ne])?,
                 cm_key: ld.req(&b("channel_mix_key.weight"), &[ne, nf])?,
@@ -157,17 +132,22 @@ pub(crate) trait RwkvLayer: Send + Sync {
     fn channel_mix(&self, st: &mut Step, sc: &mut Scratch) -> Result<()>;
 }
 
-struct Layer {
-    norms: LayerNorms,
-    p: Params,
+/// An RWKV-6 time mix's weights (rwkv6; rwkv6qwen2's "QRWKV" form: no `time_mix_first`,
+/// no GroupNorm, optional r / k / v biases, k / v of `n_kv` heads repeated to all heads).
+pub(crate) struct TimeMix6 {
+    head_size: usize,
+    mix_extra: usize,
+    decay_extra: usize,
+    /// heads of the key and value projections (n_embd / head_size: no repetition)
+    n_kv: usize,
     w1: TensorView<'static>,
     /// {mix_extra, n_embd, 5}: rows [g * n_embd, (g + 1) * n_embd) are mix g's matrix
     w2: TensorView<'static>,
     lerp_x: Vec<f32>,
     /// [5][n_embd]: the w, k, v, r, g lerps
     lerp: Vec<f32>,
-    /// [n_head][head_size] (llama.cpp's time_faaaa)
-    first: Vec<f32>,
+    /// [n_head][head_size] (llama.cpp's time_faaaa); None: the QRWKV form (rwkv6qwen2)
+    first: Option<Vec<f32>>,
     decay: Vec<f32>,
     decay_w1: TensorView<'static>,
     decay_w2: TensorView<'static>,
@@ -175,9 +155,82 @@ struct Layer {
     value: TensorView<'static>,
     receptance: TensorView<'static>,
     gate: TensorView<'static>,
-    ln: Vec<f32>,
-    ln_b: Vec<f32>,
+    /// the biases of receptance, key, value (rwkv6qwen2's, optional)
+    bias: [Option<Vec<f32>>; 3],
+    /// the GroupNorm's weight and bias (rwkv6)
+    ln: Option<(Vec<f32>, Vec<f32>)>,
     output: TensorView<'static>,
+}
+
+impl TimeMix6 {
+    /// `qwen2`: rwkv6qwen2's form (the tensors of rwkv6qwen2.cpp's load_arch_tensors).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load(ld: &Loader, il: usize, hs: usize, e: usize, d: usize, n_kv: usize, qwen2: bool) -> Result<TimeMix6> {
+        let ne = ld.hp().n_embd;
+        let b = |s: &str| format!("blk.{il}.{s}");
+        let lerp = match ld.opt_vec(&b("time_mix_lerp_fused.weight"), &[ne, 1, 1, 5])? {
+            Some(v) => v,
+            None if qwen2 => ld.req_vec(&b("time_mix_lerp_fused.weight"), &[ne, 1, 1, 5])?,
+            None => {
+                let mut v = Vec::with_capacity(5 * ne);
+                for m in ["w", "k", "v", "r", "g"] {
+                    v.extend(ld.req_vec(&b(&format!("time_mix_lerp_{m}.weight")), &[ne])?);
+                }
+                v
+            }
+        };
+        let first = if qwen2 {
+            if ld.opt_vec(&b("time_mix_first.weight"), &[hs, ne / hs])?.is_some() {
+                // llama.cpp then takes the RWKV-6 path, whose GroupNorm rwkv6qwen2 does not load
+                return Err(Error::Unsupported(format!(
+                    "{}: rwkv6qwen2 with time_mix_first (llama.cpp's RWKV-6 path without its GroupNorm) is not supported",
+                    b("time_mix_first.weight")
+                )));
+            }
+            None
+        } else {
+            Some(ld.req_vec(&b("time_mix_first.weight"), &[hs, ne / hs])?)
+        };
+        let kvw = n_kv * hs;
+        Ok(TimeMix6 {
+            head_size: hs,
+            mix_extra: e,
+            decay_extra: d,
+            n_kv,
+            w1: ld.req(&b("time_mix_w1.weight"), &[ne, 5 * e])?,
+            w2: ld.req(&b("time_mix_w2.weight"), &[e, ne, 5])?,
+            lerp_x: ld.req_vec(&b("time_mix_lerp_x.weight"), &[ne])?,
+            lerp,
+            first,
+            decay: ld.req_vec(&b("time_mix_decay.weight"), &[ne])?,
+            decay_w1: ld.req(&b("time_mix_decay_w1.weight"), &[ne, d])?,
+            decay_w2: ld.req(&b("time_mix_decay_w2.weight"), &[d, ne])?,
+            key: ld.req(&b("time_mix_key.weight"), &[ne, kvw])?,
+            value: ld.req(&b("time_mix_value.weight"), &[ne, kvw])?,
+            receptance: ld.req(&b("time_mix_receptance.weight"), &[ne, ne])?,
+            gate: ld.req(&b("time_mix_gate.weight"), &[ne, ne])?,
+            bias: if qwen2 {
+                [
+                    ld.opt_vec(&b("time_mix_receptance.bias"), &[ne])?,
+                    ld.opt_vec(&b("time_mix_key.bias"), &[kvw])?,
+                    ld.opt_vec(&b("time_mix_value.bias"), &[kvw])?,
+                ]
+            } else {
+                [None, None, None]
+            },
+            ln: if qwen2 {
+                None
+            } else {
+                Some((ld.req_vec(&b("time_mix_ln.weight"), &[ne])?, ld.req_vec(&b("time_mix_ln.bias"), &[ne])?))
+            },
+            output: ld.req(&b("time_mix_output.weight"), &[ne, ne])?,
+        })
+    }
+}
+
+struct Layer {
+    norms: LayerNorms,
+    tm: TimeMix6,
     cm_lerp_k: Vec<f32>,
     cm_lerp_r: Vec<f32>,
     cm_key: TensorView<'static>,
@@ -323,81 +376,7 @@ impl RwkvLayer for Layer {
     }
 
     fn time_mix(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
-        let l = self;
-        let (n, ne) = (st.n, st.hp.n_embd);
-        let (e, hs) = (self.p.mix_extra, self.p.head_size);
-        let m = n * ne;
-        for v in [&mut sc.sx, &mut sc.xxx, &mut sc.r, &mut sc.k, &mut sc.v, &mut sc.g, &mut sc.w, &mut sc.o] {
-            v.resize(m, 0.0);
-        }
-        sc.mix.resize(5 * m, 0.0);
-        sc.w1o.resize(n * 5 * e, 0.0);
-        sc.gin.resize(n * e, 0.0);
-        sc.dtmp.resize(n * self.p.decay_extra, 0.0);
-        let cur = &st.b.cur[..m];
-        shift_diff(&sc.xprev[..m], cur, &mut sc.sx);
-        lerp_rows(&sc.sx, cur, &l.lerp_x, &mut sc.xxx, ne);
-        let b = &mut *st.b;
-        Step::mm(st.pool, st.dev, &l.w1, &sc.xxx, n, &mut sc.w1o, &mut b.mm_scratch, &mut b.lora)?;
-        for v in sc.w1o[..n * 5 * e].iter_mut() {
-            *v = v.tanh();
-        }
-        for g in 0..5 {
-            for t in 0..n {
-                sc.gin[t * e..(t + 1) * e].copy_from_slice(&sc.w1o[t * 5 * e + g * e..t * 5 * e + (g + 1) * e]);
-            }
-            let out = &mut sc.mix[g * m..(g + 1) * m];
-            Step::mm_rows(st.pool, st.dev, &l.w2, &sc.gin, n, out, g * ne..(g + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
-            // ((xxx + lerp) * sx) + cur
-            let lg = &l.lerp[g * ne..(g + 1) * ne];
-            for ((o, s), c) in out.chunks_exact_mut(ne).zip(sc.sx.chunks_exact(ne)).zip(b.cur.chunks_exact(ne)) {
-                for j in 0..ne {
-                    o[j] = (o[j] + lg[j]) * s[j] + c[j];
-                }
-            }
-        }
-        let (xw, rest) = sc.mix.split_at(m);
-        let (xk, rest) = rest.split_at(m);
-        let (xv, rest) = rest.split_at(m);
-        let (xr, xg) = rest.split_at(m);
-        Step::mm(st.pool, st.dev, &l.receptance, xr, n, &mut sc.r, &mut b.mm_scratch, &mut b.lora)?;
-        Step::mm(st.pool, st.dev, &l.key, xk, n, &mut sc.k, &mut b.mm_scratch, &mut b.lora)?;
-        Step::mm(st.pool, st.dev, &l.value, xv, n, &mut sc.v, &mut b.mm_scratch, &mut b.lora)?;
-        Step::mm(st.pool, st.dev, &l.gate, xg, n, &mut sc.g, &mut b.mm_scratch, &mut b.lora)?;
-        for row in sc.g[..m].chunks_exact_mut(ne) {
-            act::silu_row(row);
-        }
-        Step::mm(st.pool, st.dev, &l.decay_w1, xw, n, &mut sc.dtmp, &mut b.mm_scratch, &mut b.lora)?;
-        for v in sc.dtmp.iter_mut() {
-            *v = v.tanh();
-        }
-        Step::mm(st.pool, st.dev, &l.decay_w2, &sc.dtmp, n, &mut sc.w, &mut b.mm_scratch, &mut b.lora)?;
-        for row in sc.w[..m].chunks_exact_mut(ne) {
-            for (v, d) in row.iter_mut().zip(&l.decay) {
-                *v = (-(*v + d).exp()).exp();
-            }
-        }
-        // the WKV-6 recurrence, sequence by sequence
-        let n_seqs = st.rs_seqs.max(1);
-        let nt = n / n_seqs;
-        let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: rwkv6 without recurrent memory".into()))?;
-        let ns = rs.n_embd_s;
-        sc.o[..m].fill(0.0);
-        for k in 0..n_seqs {
-            let cell = rs.head + k;
-            let s = &mut rs.s[il][cell * ns..(cell + 1) * ns];
-            for t in 0..nt {
-                let row = (k * nt + t) * ne..(k * nt + t + 1) * ne;
-                ssm::wkv6_token(s, &sc.k[row.clone()], &sc.v[row.clone()], &sc.r[row.clone()], &l.first, &sc.w[row.clone()], &mut sc.o[row], hs);
-            }
-        }
-        // GroupNorm per head, then * gate
-        group_norm(&mut sc.o[..m], &l.ln, &l.ln_b, ne, hs);
-        for (v, gv) in sc.o[..m].iter_mut().zip(&sc.g) {
-            *v *= gv;
-        }
-        let b = &mut *st.b;
-        Step::mm(st.pool, st.dev, &l.output, &sc.o, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)
+        self.tm.run(st, il, sc)
     }
 
     fn channel_mix(&self, st: &mut Step, sc: &mut Scratch) -> Result<()> {
@@ -425,6 +404,139 @@ impl RwkvLayer for Layer {
             *o = r * *o;
         }
         Ok(())
+    }
+}
+
+/// ggml_add of a bias to every row.
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// The key / value heads repeated to all heads (ggml_repeat of [hs, 1, n_kv] to
+/// [hs, n_head / n_kv, n_kv]: head h reads kv head h / (n_head / n_kv)), in place: `x`
+/// holds n rows of n_kv * hs and gets n rows of n_head * hs.
+fn repeat_heads(x: &mut [f32], n: usize, hs: usize, n_kv: usize, n_head: usize) {
+    let (wk, wh, rep) = (n_kv * hs, n_head * hs, n_head / n_kv);
+    for t in (0..n).rev() {
+        for h in (0..n_head).rev() {
+            let g = h / rep;
+            x.copy_within(t * wk + g * hs..t * wk + (g + 1) * hs, t * wh + h * hs);
+        }
+    }
+}
+
+impl TimeMix6 {
+    /// In `cur` [n, n_embd] (normed) and sc.xprev, out `tmp`; the WKV states in `rs.s[il]`.
+    pub(crate) fn run(&self, st: &mut Step, il: usize, sc: &mut Scratch) -> Result<()> {
+        let l = self;
+        let (n, ne) = (st.n, st.hp.n_embd);
+        let (e, hs) = (self.mix_extra, self.head_size);
+        let m = n * ne;
+        for v in [&mut sc.sx, &mut sc.xxx, &mut sc.r, &mut sc.k, &mut sc.v, &mut sc.g, &mut sc.w, &mut sc.o] {
+            v.resize(m, 0.0);
+        }
+        sc.mix.resize(5 * m, 0.0);
+        sc.w1o.resize(n * 5 * e, 0.0);
+        sc.gin.resize(n * e, 0.0);
+        sc.dtmp.resize(n * self.decay_extra, 0.0);
+        let cur = &st.b.cur[..m];
+        shift_diff(&sc.xprev[..m], cur, &mut sc.sx);
+        lerp_rows(&sc.sx, cur, &l.lerp_x, &mut sc.xxx, ne);
+        let b = &mut *st.b;
+        Step::mm(st.pool, st.dev, &l.w1, &sc.xxx, n, &mut sc.w1o, &mut b.mm_scratch, &mut b.lora)?;
+        for v in sc.w1o[..n * 5 * e].iter_mut() {
+            *v = v.tanh();
+        }
+        for g in 0..5 {
+            for t in 0..n {
+                sc.gin[t * e..(t + 1) * e].copy_from_slice(&sc.w1o[t * 5 * e + g * e..t * 5 * e + (g + 1) * e]);
+            }
+            let out = &mut sc.mix[g * m..(g + 1) * m];
+            Step::mm_rows(st.pool, st.dev, &l.w2, &sc.gin, n, out, g * ne..(g + 1) * ne, &mut b.mm_scratch, &mut b.lora)?;
+            // ((xxx + lerp) * sx) + cur
+            let lg = &l.lerp[g * ne..(g + 1) * ne];
+            for ((o, s), c) in out.chunks_exact_mut(ne).zip(sc.sx.chunks_exact(ne)).zip(b.cur.chunks_exact(ne)) {
+                for j in 0..ne {
+                    o[j] = (o[j] + lg[j]) * s[j] + c[j];
+                }
+            }
+        }
+        let (xw, rest) = sc.mix.split_at(m);
+        let (xk, rest) = rest.split_at(m);
+        let (xv, rest) = rest.split_at(m);
+        let (xr, xg) = rest.split_at(m);
+        let kvw = l.n_kv * hs;
+        Step::mm(st.pool, st.dev, &l.receptance, xr, n, &mut sc.r, &mut b.mm_scratch, &mut b.lora)?;
+        Step::mm(st.pool, st.dev, &l.key, xk, n, &mut sc.k, &mut b.mm_scratch, &mut b.lora)?;
+        Step::mm(st.pool, st.dev, &l.value, xv, n, &mut sc.v, &mut b.mm_scratch, &mut b.lora)?;
+        for (x, bias) in [(&mut sc.r, &l.bias[0]), (&mut sc.k, &l.bias[1]), (&mut sc.v, &l.bias[2])] {
+            if let Some(bias) = bias {
+                add_bias(&mut x[..n * bias.len()], bias);
+            }
+        }
+        Step::mm(st.pool, st.dev, &l.gate, xg, n, &mut sc.g, &mut b.mm_scratch, &mut b.lora)?;
+        if l.first.is_some() {
+            for row in sc.g[..m].chunks_exact_mut(ne) {
+                act::silu_row(row);
+            }
+        } else {
+            for v in sc.g[..m].iter_mut() {
+                *v = 1.0 / (1.0 + (-*v).exp());
+            }
+        }
+        if kvw != ne {
+            repeat_heads(&mut sc.k, n, hs, l.n_kv, ne / hs);
+            repeat_heads(&mut sc.v, n, hs, l.n_kv, ne / hs);
+        }
+        Step::mm(st.pool, st.dev, &l.decay_w1, xw, n, &mut sc.dtmp, &mut b.mm_scratch, &mut b.lora)?;
+        for v in sc.dtmp.iter_mut() {
+            *v = v.tanh();
+        }
+        Step::mm(st.pool, st.dev, &l.decay_w2, &sc.dtmp, n, &mut sc.w, &mut b.mm_scratch, &mut b.lora)?;
+        for row in sc.w[..m].chunks_exact_mut(ne) {
+            for (v, d) in row.iter_mut().zip(&l.decay) {
+                *v = (-(*v + d).exp()).exp();
+            }
+        }
+        if l.first.is_none() {
+            // k = k - k * w
+            for (k, w) in sc.k[..m].iter_mut().zip(&sc.w) {
+                *k -= *k * w;
+            }
+        }
+        // ggml_gated_linear_attn's scale: pow(head_size, -0.5f) in double, as a float
+        let scale = (hs as f64).powf(-0.5) as f32;
+        // the WKV-6 recurrence, sequence by sequence
+        let n_seqs = st.rs_seqs.max(1);
+        let nt = n / n_seqs;
+        let rs = st.rs.as_deref_mut().ok_or_else(|| Error::Invalid("internal: rwkv6 without recurrent memory".into()))?;
+        let ns = rs.n_embd_s;
+        sc.o[..m].fill(0.0);
+        for k in 0..n_seqs {
+            let cell = rs.head + k;
+            let s = &mut rs.s[il][cell * ns..(cell + 1) * ns];
+            for t in 0..nt {
+                let row = (k * nt + t) * ne..(k * nt + t + 1) * ne;
+                let (kk, v, r, w) = (&sc.k[row.clone()], &sc.v[row.clone()], &sc.r[row.clone()], &sc.w[row.clone()]);
+                match &l.first {
+                    Some(u) => ssm::wkv6_token(s, kk, v, r, u, w, &mut sc.o[row], hs),
+                    None => ssm::gla_token(s, kk, v, r, w, scale, &mut sc.o[row], hs),
+                }
+            }
+        }
+        // GroupNorm per head (rwkv6), then * gate
+        if let Some((ln, ln_b)) = &l.ln {
+            group_norm(&mut sc.o[..m], ln, ln_b, ne, hs);
+        }
+        for (v, gv) in sc.o[..m].iter_mut().zip(&sc.g) {
+            *v *= gv;
+        }
+        let b = &mut *st.b;
+        Step::mm(st.pool, st.dev, &l.output, &sc.o, n, &mut b.tmp, &mut b.mm_scratch, &mut b.lora)
     }
 }
 

@@ -43,6 +43,38 @@ pub fn conv_seq<'a>(
     }
 }
 
+/// Rollback snapshots of convolution states (llama.cpp's `n_rs_seq` > 0), taken before
+/// `conv_seq` folds `nt` inputs into the state of cell `cell`: `buf` holds planes of `size`
+/// rows of `w` = conv_dim * (d_conv - 1) floats, plane 0 the current states; each plane j of
+/// `planes` gets the state j tokens before the end of the inputs (the window of `conv_seq`
+/// from nt - j; j >= nt: the state before them, as llama.cpp's clamped view).
+#[allow(clippy::too_many_arguments)]
+pub fn conv_snapshots<'a>(
+    buf: &mut [f32],
+    size: usize,
+    cell: usize,
+    planes: std::ops::Range<usize>,
+    x: &dyn Fn(usize) -> &'a [f32],
+    nt: usize,
+    d_conv: usize,
+    w: usize,
+) {
+    let dc1 = d_conv - 1;
+    let (cur, rest) = buf.split_at_mut(size * w);
+    let prior = &cur[cell * w..(cell + 1) * w];
+    for j in planes {
+        let row = (j - 1) * size + cell;
+        let snap = &mut rest[row * w..(row + 1) * w];
+        let from = nt.saturating_sub(j);
+        for (c, out) in snap.chunks_exact_mut(dc1).enumerate() {
+            for (i, v) in out.iter_mut().enumerate() {
+                let k = from + i;
+                *v = if k < dc1 { prior[c * dc1 + k] } else { x(k - dc1)[c] };
+            }
+        }
+    }
+}
+
 /// ggml's softplus (`ggml_compute_softplus_f32` and the softplus op): log(1 + exp(x)), x above 20.
 #[inline]
 pub fn softplus(x: f32) -> f32 {
@@ -151,23 +183,47 @@ pub fn scan_token_mamba1(s: &mut [f32], x: &[f32], dt: &[f32], a: &[f32], b: &[f
 /// index i, for every value index j: kv = v_j * k_i; out_j += (kv * u_i + s_ij) * r_i;
 /// s_ij = s_ij * w_i + kv (the AVX2 path's FMAs, in i order).
 pub fn wkv6_token(s: &mut [f32], k: &[f32], v: &[f32], r: &[f32], u: &[f32], w: &[f32], out: &mut [f32], hs: usize) {
-    let nh = k.len() / hs;
+    per_key_row(s, v, out, hs, |hi, row, vh, oh| {
+        let (kv_k, rv, uv, wv) = (k[hi], r[hi], u[hi], w[hi]);
+        for j in 0..hs {
+            let kv = vh[j] * kv_k;
+            let prev = row[j];
+            let temp = fmaf(kv, uv, prev);
+            oh[j] = fmaf(temp, rv, oh[j]);
+            row[j] = fmaf(prev, wv, kv);
+        }
+    });
+}
+
+/// The loop of the RWKV-6 style scans: per head h and key index i (hi = h * hs + i), `f`
+/// gets the state row s[hi] [hs (v)], the head's values and its output row.
+#[inline(always)]
+fn per_key_row(s: &mut [f32], v: &[f32], out: &mut [f32], hs: usize, mut f: impl FnMut(usize, &mut [f32], &[f32], &mut [f32])) {
+    let nh = v.len() / hs;
     for h in 0..nh {
         let vh = &v[h * hs..(h + 1) * hs];
         let oh = &mut out[h * hs..(h + 1) * hs];
         for i in 0..hs {
             let hi = h * hs + i;
-            let (kv_k, rv, uv, wv) = (k[hi], r[hi], u[hi], w[hi]);
-            let row = &mut s[(h * hs + i) * hs..(h * hs + i + 1) * hs];
-            for j in 0..hs {
-                let kv = vh[j] * kv_k;
-                let prev = row[j];
-                let temp = fmaf(kv, uv, prev);
-                oh[j] = fmaf(temp, rv, oh[j]);
-                row[j] = fmaf(prev, wv, kv);
-            }
+            f(hi, &mut s[hi * hs..(hi + 1) * hs], vh, oh);
         }
     }
+}
+
+/// One token of ggml's `gated_linear_attn` (rwkv6qwen2's QRWKV time mix) for one sequence,
+/// on x86-64 AVX2 (head_size a multiple of 8): `k`, `v`, `q` (receptance), `g` (decay)
+/// [n_head * hs]; the state s [n_head][hs (k)][hs (v)] in place. Per head and key index i:
+/// s_ij = s_ij * g_i + v_j k_i, out_j += s_ij * (q_i * scale), each one FMA.
+#[allow(clippy::too_many_arguments)]
+pub fn gla_token(s: &mut [f32], k: &[f32], v: &[f32], q: &[f32], g: &[f32], scale: f32, out: &mut [f32], hs: usize) {
+    per_key_row(s, v, out, hs, |hi, row, vh, oh| {
+        let (kv_k, qv, gv) = (k[hi], q[hi] * scale, g[hi]);
+        for j in 0..hs {
+            let temp = fmaf(row[j], gv, vh[j] * kv_k);
+            oh[j] = fmaf(temp, qv, oh[j]);
+            row[j] = temp;
+        }
+    });
 }
 
 /// One token of ggml's `rwkv_wkv7` (the generalized delta rule) for one sequence, on
