@@ -184,6 +184,7 @@ pub fn params(n_ctx: usize, n_ubatch: usize, n_seq_max: usize, kv: GgmlType) -> 
     ContextParams {
         n_ctx,
         n_seq_max,
+        n_rs_seq: 0,
         n_ubatch,
         n_threads: 2,
         n_threads_batch: 2,
