@@ -9,6 +9,7 @@ from ._core import __version__
 from .errors import (
     Aborted,
     ContextFullError,
+    DecodeError,
     GGUFError,
     InvalidBatchError,
     LoadCancelled,
@@ -57,6 +58,7 @@ __all__ = [
     "Context",
     "ContextFullError",
     "ControlVector",
+    "DecodeError",
     "GGUFError",
     "GGUFFile",
     "Llama",

@@ -30,7 +30,7 @@ import numpy as np
 from . import _api_check as _chk
 from . import sampling as _s
 from ._api_check import checked, describe, int32
-from ._api_context import _CTX, _SEQ_SAMPLERS, llama_encode
+from ._api_context import _CTX, _SEQ_SAMPLERS, decode_status, llama_encode
 from .batch import LLAMA_TOKEN_NULL, Batch
 from .context import Context
 
@@ -306,7 +306,7 @@ def llama_process(ctx: Context, type: int, batch: llama_batch_ext) -> int:  # no
         return -1
     if ctx in _SEQ_SAMPLERS:
         return decode_and_sample(ctx, b, "llama_process")
-    return ctx._decode_code(b)
+    return decode_status(ctx, b)
 
 
 # ---------------------------------------------------------------------- backend sampling
@@ -339,6 +339,10 @@ class _Sampled:
 #: context -> {output row: _Sampled} of the last decode
 _RESULTS: "weakref.WeakKeyDictionary[Context, dict]" = weakref.WeakKeyDictionary()
 
+#: chain attached to a sequence -> how many of its leading samplers run after each decode
+#: (backend_prefix); llama_sampler_sample then runs only the rest
+BACKEND_N: "weakref.WeakKeyDictionary[_s.SamplerChain, int]" = weakref.WeakKeyDictionary()
+
 
 def set_seq_sampler(ctx: Context, seq_id: int, smpl: Any, fn: str) -> bool:
     samplers = _SEQ_SAMPLERS.get(ctx, {})
@@ -346,7 +350,7 @@ def set_seq_sampler(ctx: Context, seq_id: int, smpl: Any, fn: str) -> bool:
         samplers.pop(seq_id, None)
     elif isinstance(smpl, _s.SamplerChain) and len(smpl) > 0:
         samplers[seq_id] = smpl
-        smpl._backend_n = backend_prefix(smpl)  # type: ignore[attr-defined]
+        BACKEND_N[smpl] = backend_prefix(smpl)
         log.debug("%s: seq_id = %d, sampler = %s", fn, seq_id, smpl.describe())
     else:
         name = getattr(smpl, "name", "?")
@@ -396,12 +400,12 @@ def decode_and_sample(ctx: Context, batch: Batch, fn: str) -> int:
                 log.error("%s: backend sampling supports at most %d outputs per sequence (seq_id %d had %d)",
                           fn, limit, seq_id, count)
                 return -1
-    code = ctx._decode_code(batch)
+    code = decode_status(ctx, batch)
     results: dict = {}
     _RESULTS[ctx] = results
     if code != 0 or firsts is None:
         return code
-    out_ids = ctx._output_ids[:n]
+    out_ids = ctx.output_ids[:n]
     for i in np.flatnonzero(out_ids >= 0):
         chain = samplers.get(int(firsts[i]))
         if chain is None:
@@ -409,7 +413,7 @@ def decode_and_sample(ctx: Context, batch: Batch, fn: str) -> int:
         row = int(out_ids[i])
         cur = _s.TokenDataArray.from_logits(ctx.logits[row])
         probs = False
-        for smpl in chain.samplers[: chain._backend_n]:
+        for smpl in chain.samplers[: BACKEND_N.get(chain, 0)]:
             smpl.apply(cur)
             probs = probs or isinstance(smpl, _s.DistSampler)
         identity = cur.size == ctx.n_vocab and bool(np.array_equal(cur.ids, np.arange(cur.size)))
@@ -451,12 +455,12 @@ def init_samplers(ctx: Context, params: Any) -> None:
             log.info("llama_context: setting backend sampler for seq_id %d (n = %d)", seq_id, len(smpl))
 
 
-def _result(ctx: Context, i: int, fn: str) -> Optional[_Sampled]:
+def sampled_row(ctx: Context, i: int, fn: str) -> Optional[_Sampled]:
     res = _RESULTS.get(ctx)
     if res is None:
         return None
     try:
-        row = ctx._resolve_row(i)
+        row = ctx.output_row(i)
     except IndexError as e:
         log.error("%s: invalid backend sampled id %d, reason: %s", fn, i, e)
         return None
@@ -467,27 +471,27 @@ def _result(ctx: Context, i: int, fn: str) -> Optional[_Sampled]:
 def llama_get_sampled_token_ith(ctx: Context, i: int) -> int:
     """The token the sequence sampler selected for batch entry ``i`` (i < 0 counts back
     from the last output), LLAMA_TOKEN_NULL when none was."""
-    r = _result(ctx, i, "llama_get_sampled_token_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_token_ith")
     return LLAMA_TOKEN_NULL if r is None else r.token
 
 
 @checked(ctx=_CTX, i=int32)
 def llama_get_sampled_probs_ith(ctx: Context, i: int) -> Optional[np.ndarray]:
     """float32 probabilities of the kept candidates (after a dist sampler), else None."""
-    r = _result(ctx, i, "llama_get_sampled_probs_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_probs_ith")
     return None if r is None else r.probs
 
 
 @checked(ctx=_CTX, i=int32)
 def llama_get_sampled_probs_count_ith(ctx: Context, i: int) -> int:
-    r = _result(ctx, i, "llama_get_sampled_probs_count_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_probs_count_ith")
     return 0 if r is None or r.probs is None else int(r.probs.shape[0])
 
 
 @checked(ctx=_CTX, i=int32)
 def llama_get_sampled_logits_ith(ctx: Context, i: int) -> Optional[np.ndarray]:
     """float32 logits of the candidates the sequence sampler kept, else None."""
-    r = _result(ctx, i, "llama_get_sampled_logits_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_logits_ith")
     return None if r is None else r.logits
 
 
@@ -498,7 +502,7 @@ def llama_get_sampled_logits_count_ith(ctx: Context, i: int) -> int:
     are the candidates then)."""
     if ctx not in _SEQ_SAMPLERS:
         return ctx.n_vocab
-    r = _result(ctx, i, "llama_get_sampled_logits_count_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_logits_count_ith")
     return 0 if r is None else int(r.logits.shape[0])
 
 
@@ -506,7 +510,7 @@ def llama_get_sampled_logits_count_ith(ctx: Context, i: int) -> int:
 def llama_get_sampled_candidates_ith(ctx: Context, i: int) -> np.ndarray:
     """int32 token ids of the sampled logits/probs; every id 0..n_vocab-1 when the
     sampler kept the whole vocabulary in order (llama.cpp's fallback)."""
-    r = _result(ctx, i, "llama_get_sampled_candidates_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_candidates_ith")
     if r is not None and r.ids is not None:
         return r.ids
     return np.arange(ctx.n_vocab, dtype=np.int32)
@@ -515,7 +519,7 @@ def llama_get_sampled_candidates_ith(ctx: Context, i: int) -> np.ndarray:
 @checked(ctx=_CTX, i=int32)
 def llama_get_sampled_candidates_count_ith(ctx: Context, i: int) -> int:
     """How many candidate ids entry ``i`` has (0: the whole vocabulary, in order)."""
-    r = _result(ctx, i, "llama_get_sampled_candidates_count_ith")
+    r = sampled_row(ctx, i, "llama_get_sampled_candidates_count_ith")
     return 0 if r is None or r.ids is None else int(r.ids.shape[0])
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from . import _api_check as _chk
 from ._api_check import checked, describe, int32, integer, opt_int32
 from .batch import LLAMA_MAX_SEQ, LLAMA_TOKEN_NULL, Batch, batch_get_one, batch_init
+from .errors import Aborted, ContextFullError, DecodeError, InvalidBatchError
 from .context import (  # noqa: F401  (re-exported constants)
     LLAMA_ATTENTION_TYPE_CAUSAL,
     LLAMA_ATTENTION_TYPE_NON_CAUSAL,
@@ -269,7 +270,7 @@ def llama_n_rs_seq(ctx: Context) -> int:
 def llama_get_causal_attn(ctx: Context) -> bool:
     """True: the decoder-only models pyllama runs attend causally (non-causal attention
     is not implemented)."""
-    return ctx._causal
+    return ctx.causal_attn
 
 
 @checked(ctx=_CTX)
@@ -281,7 +282,7 @@ def llama_set_causal_attn(ctx: Context, causal_attn: bool) -> None:
         raise TypeError(f"llama_set_causal_attn: causal_attn must be a bool, got {describe(causal_attn)}")
     if not causal_attn:
         raise ValueError(f"llama_set_causal_attn: causal_attn = False: non-causal attention is not supported "
-                         f"(pyllama's attention for {ctx._core_model.arch} is causal only)")
+                         f"(pyllama's attention for {ctx.arch} is causal only)")
 
 
 @checked(ctx=_CTX)
@@ -315,49 +316,49 @@ def llama_memory_seq_rm(mem: llama_memory_t, seq_id: int, p0: int, p1: int) -> b
     1..n_rs_seq positions once before the next decode (docs/architectures.md)."""
     if mem is None:
         return True
-    return mem._seq_rm(seq_id, p0, p1, "llama_memory_seq_rm")
+    return mem.seq_rm(seq_id, p0, p1, caller="llama_memory_seq_rm")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_cp(mem: llama_memory_t, seq_id_src: int, seq_id_dst: int, p0: int, p1: int) -> None:
     if mem is None:
         return None
-    mem._seq_cp(seq_id_src, seq_id_dst, p0, p1, "llama_memory_seq_cp")
+    mem.seq_cp(seq_id_src, seq_id_dst, p0, p1, caller="llama_memory_seq_cp")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_keep(mem: llama_memory_t, seq_id: int) -> None:
     if mem is None:
         return None
-    mem._seq_keep(seq_id, "llama_memory_seq_keep")
+    mem.seq_keep(seq_id, caller="llama_memory_seq_keep")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_add(mem: llama_memory_t, seq_id: int, p0: int, p1: int, delta: int) -> None:
     if mem is None:
         return None
-    mem._seq_add(seq_id, p0, p1, delta, "llama_memory_seq_add")
+    mem.seq_add(seq_id, p0, p1, delta, caller="llama_memory_seq_add")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_div(mem: llama_memory_t, seq_id: int, p0: int, p1: int, d: int) -> None:
     if mem is None:
         return None
-    mem._seq_div(seq_id, p0, p1, d, "llama_memory_seq_div")
+    mem.seq_div(seq_id, p0, p1, d, caller="llama_memory_seq_div")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_pos_min(mem: llama_memory_t, seq_id: int) -> int:
     if mem is None:
         return -1
-    return mem._seq_pos_min(seq_id, "llama_memory_seq_pos_min")
+    return mem.seq_pos_min(seq_id, caller="llama_memory_seq_pos_min")
 
 
 @checked(mem=_MEM)
 def llama_memory_seq_pos_max(mem: llama_memory_t, seq_id: int) -> int:
     if mem is None:
         return -1
-    return mem._seq_pos_max(seq_id, "llama_memory_seq_pos_max")
+    return mem.seq_pos_max(seq_id, caller="llama_memory_seq_pos_max")
 
 
 @checked(mem=_MEM)
@@ -368,8 +369,7 @@ def llama_memory_can_shift(mem: llama_memory_t) -> bool:
     decode (pyllama refuses them)."""
     if mem is None:
         return False
-    core = getattr(mem, "_core", None)
-    return bool(core.can_shift) if core is not None else True
+    return mem.memory_can_shift
 
 
 # ---------------------------------------------------------------------- batches
@@ -421,6 +421,34 @@ def llama_batch_free(batch: Batch) -> None:
 _SEQ_SAMPLERS: "weakref.WeakKeyDictionary[Context, dict]" = weakref.WeakKeyDictionary()
 
 
+def decode_status(ctx: Context, batch: Batch) -> int:
+    """``ctx.decode(batch)`` as llama_decode's return code (the context has logged the
+    reason of a failure):
+
+    ======================  =====================================================
+    Context.decode          code
+    ======================  =====================================================
+    returns                 0
+    ContextFullError        1 (no KV slot; nothing changed)
+    Aborted                 2 (the cache keeps the finished micro-batches)
+    InvalidBatchError       -1 (nothing changed)
+    DecodeError             its ``code`` (< -1; -3: the forward pass failed)
+    ======================  =====================================================
+
+    Other exceptions (a freed context, a TypeError) propagate."""
+    try:
+        ctx.decode(batch)
+    except ContextFullError:
+        return 1
+    except Aborted:
+        return 2
+    except InvalidBatchError:
+        return -1
+    except DecodeError as e:
+        return e.code
+    return 0
+
+
 @checked(ctx=_CTX, batch=_BATCH)
 def llama_decode(ctx: Context, batch: Batch) -> int:
     """Process a batch with the decoder.
@@ -436,7 +464,7 @@ def llama_decode(ctx: Context, batch: Batch) -> int:
         from ._api_batch_ext import decode_and_sample
 
         return decode_and_sample(ctx, batch, "llama_decode")
-    return ctx._decode_code(batch)
+    return decode_status(ctx, batch)
 
 
 @checked(ctx=_CTX, batch=_BATCH)
@@ -448,11 +476,10 @@ def llama_encode(ctx: Context, batch: Batch) -> int:
     A decoder-only model has no encoder: the reason is logged and -1 returned (llama.cpp
     cannot encode with those either)."""
     integer(batch.n_tokens, "llama_encode", "batch.n_tokens")
-    if getattr(ctx, "_vocab_only", False) or not ctx.is_encoder:
-        arch = getattr(ctx._core_model, "arch", "?")
-        log.error("llama_encode: %s is a decoder-only architecture with no encoder; use llama_decode", arch)
+    if ctx.vocab_only or not ctx.is_encoder:
+        log.error("llama_encode: %s is a decoder-only architecture with no encoder; use llama_decode", ctx.arch)
         return -1
-    return ctx._decode_code(batch)
+    return decode_status(ctx, batch)
 
 
 # ---------------------------------------------------------------------- outputs

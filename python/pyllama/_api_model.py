@@ -277,7 +277,8 @@ def llama_model_free(model: Optional[Model]) -> None:
     through these functions is a ValueError (llama.cpp would read freed memory); NULL and
     a second free are no-ops."""
     if model is not None:
-        model._metadata = None
+        model.drop_metadata()
+        _META_ITEMS.pop(model, None)
         _chk.mark_freed(model)
 
 
@@ -352,11 +353,14 @@ def llama_model_desc(model: Model, buf: Any = None, buf_size: int = 0) -> Union[
     return _write(_out(buf, buf_size, "llama_model_desc"), buf_size, model.desc)
 
 
+#: model -> its meta() items, read once for the llama_model_meta_*_by_index calls
+_META_ITEMS: "weakref.WeakKeyDictionary[Model, list[tuple[str, str]]]" = weakref.WeakKeyDictionary()
+
+
 def _meta_items(model: Model) -> list[tuple[str, str]]:
-    cache = getattr(model, "_meta_items", None)
+    cache = _META_ITEMS.get(model)
     if cache is None:
-        cache = list(model.meta().items())
-        model._meta_items = cache  # type: ignore[attr-defined]
+        cache = _META_ITEMS[model] = list(model.meta().items())
     return cache
 
 
@@ -436,11 +440,6 @@ _DIFFUSION = {"dream", "llada", "llada-moe", "rnd1"}
 _ENCODER = {"t5", "t5encoder", "eagle3", "dflash"}
 
 
-def _meta(model: Model, key: str) -> Any:
-    md = model._metadata if model._metadata is not None else None
-    return md.get(key) if md is not None else model._core.meta_value(key)
-
-
 @checked(model=_MODEL)
 def llama_model_rope_type(model: Model) -> int:
     """LLAMA_ROPE_TYPE_NORM (llama, mistral3), _NEOX (qwen2/3, phi2/3, gemma*), ... as
@@ -483,7 +482,7 @@ def llama_model_rope_freq_scale_train(model: Model) -> float:
 
 
 def _cls_labels(model: Model) -> list:
-    v = _meta(model, f"{model.arch}.classifier.output_labels")
+    v = model.meta_value(f"{model.arch}.classifier.output_labels")
     return list(v) if isinstance(v, list) else []
 
 
@@ -651,7 +650,7 @@ def _save_gguf(model: Model, path: str) -> None:
     ``general.alignment`` says (32 when absent)."""
     import struct
 
-    core = model._core
+    core = model.core
     md = core.metadata()
     types = core.metadata_types()
     items = [(k, v) for k, v in md.items() if not k.startswith("split.")]

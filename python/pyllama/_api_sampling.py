@@ -140,8 +140,10 @@ def llama_sampler_accept(smpl: Sampler, token: int) -> None:
 def _apply_rest(smpl: Sampler, cur_p: TokenDataArray) -> None:
     """A chain attached to a sequence (llama_set_sampler) skips the samplers that run
     after each decode, as llama.cpp's chain skips its backend samplers."""
-    n = getattr(smpl, "_backend_n", 0)
-    if n and isinstance(smpl, SamplerChain):
+    from ._api_batch_ext import BACKEND_N
+
+    n = BACKEND_N.get(smpl, 0) if isinstance(smpl, SamplerChain) else 0
+    if n:
         for s in smpl.samplers[n:]:
             s.apply(cur_p)
     else:
@@ -201,7 +203,7 @@ def llama_sampler_sample(smpl: Sampler, ctx, idx: int) -> int:
     if _api_context._SEQ_SAMPLERS and ctx in _api_context._SEQ_SAMPLERS:  # llama_set_sampler
         from . import _api_batch_ext
 
-        r = _api_batch_ext._result(ctx, idx, "llama_sampler_sample")
+        r = _api_batch_ext.sampled_row(ctx, idx, "llama_sampler_sample")
         if r is not None:
             return _sample_sampled(smpl, r)
     logits = _api_context.llama_get_logits_ith(ctx, idx)
@@ -559,10 +561,10 @@ class InfillSampler(Sampler):
 
     def apply(self, cur: TokenDataArray) -> None:
         v = self.vocab
-        ids, logits, p, selected, srt = cur._args()
+        ids, logits, p, selected, srt = cur.arrays()
         pieces = {int(t): v.token_to_piece(int(t), False, 0) for t in ids.tolist()}
         eot = v.eot if v.eot != LLAMA_TOKEN_NULL else v.eos
-        cur._set(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
+        cur.assign(_core.sampler_infill(ids, logits, p, selected, srt, v.eog_ids, pieces, int(eot)))
 
     def clone(self) -> "InfillSampler":
         return InfillSampler(self.vocab)
@@ -584,32 +586,8 @@ def llama_sampler_init_infill(vocab) -> Sampler:
     return InfillSampler(vocab)
 
 
-class AdaptivePSampler(_s._Seeded):
-    """llama_sampler_init_adaptive_p: select tokens whose original probability is near
-    ``target``, steering with an exponential moving average of the chosen tokens'
-    probabilities (decay clamped to [0, 0.99]); a negative target samples the
-    distribution as it is. It selects, so it ends a chain. The math is Rust's
-    (``_core.SamplerState.adaptive_p``), float32 as llama.cpp; the draw is
-    std::discrete_distribution over std::mt19937."""
-
-    name = "adaptive-p"
-
-    def __init__(self, target: float, decay: float, seed: int) -> None:
-        self.target = np.float32(target)
-        self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
-        self._r = _core.SamplerState.adaptive_p(float(self.target), float(self.decay), self._seed(seed))
-
-    @property
-    def weighted_sum(self) -> np.float32:
-        return np.float32(self._r.ema[0])
-
-    @property
-    def total_weight(self) -> np.float32:
-        return np.float32(self._r.ema[1])
-
-
 def llama_sampler_init_adaptive_p(target: float, decay: float, seed: int) -> Sampler:
-    return AdaptivePSampler(target, decay, seed)
+    return _s.AdaptivePSampler(target, decay, seed)
 
 
 # -- perf ---------------------------------------------------------------------------------

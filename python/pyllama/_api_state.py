@@ -91,7 +91,7 @@ def _get_data(ctx: Context, dst, size, seq_id: Optional[int], flags: int, fn: st
         return 0
     arr = np.frombuffer(view, dtype=np.uint8, count=size)
     try:
-        return ctx._state_save_into(arr, seq_id, None, flags, fn)
+        return ctx.save_state_into(arr, seq_id=seq_id, flags=flags, caller=fn)
     except StateError as e:
         _fail(fn, e)
         return 0
@@ -108,7 +108,7 @@ def _set_data(ctx: Context, src, size, dest: Optional[int], fn: str) -> int:
     size = _chk.size(size, fn, "size")
     data = _chk.bytes_in(src, fn, "src", size, "size")
     try:
-        return ctx._state_load(data, dest, fn)[0]
+        return ctx.restore_state(data, dest_seq_id=dest, caller=fn)[0]
     except StateError as e:
         _fail(fn, e)
         return 0
@@ -128,11 +128,12 @@ def _load_file(ctx: Context, path_session, tokens_out, n_token_capacity, n_token
     out = _chk.int32_out(tokens_out, fn, "tokens_out", cap, "n_token_capacity") if tokens_out is not None else None
     set_count = _size_out(n_token_count_out, fn, "n_token_count_out")
     try:
-        data = ctx._read_file(path, fn)
+        with open(path, "rb") as f:
+            data = f.read()
         # without tokens_out (sequence files) only the count is asked for: check, don't load
         apply = out is not None or dest is None
-        n_read, tokens = ctx._state_load(data, dest, fn, max_tokens=cap if apply else None,
-                                         apply=apply, whole=True)
+        n_read, tokens = ctx.restore_state(data, dest_seq_id=dest, max_tokens=cap if apply else None,
+                                           apply=apply, whole=True, caller=fn)
     except (OSError, StateError) as e:
         _fail(fn, e)
         return 0

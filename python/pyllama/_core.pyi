@@ -4,7 +4,7 @@ re-exported by :mod:`pyllama` (their ``__module__`` is ``pyllama``)."""
 
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
-from typing import Any, Optional, final
+from typing import Any, Literal, Optional, final
 
 import numpy as np
 import numpy.typing as npt
@@ -13,7 +13,7 @@ __all__ = [
     "__version__", "BUILD", "PyllamaError", "GGUFError", "UnsupportedModelError", "LoadCancelled", "StateError",
     "load_mode_names", "split_prefix", "split_path", "GGUFFile", "Model", "dequantize", "quantize", "matmul",
     "kernel_set", "cpu_features", "vec_dot_type", "quantize_model", "quantize_types", "quantize_ftypes",
-    "load_imatrix", "imatrix_begin", "imatrix_end", "imatrix_save", "Context", "LoraAdapter", "top_k_indices",
+    "load_imatrix", "imatrix_begin", "imatrix_end", "imatrix_save", "Context", "DecodeOutcome", "LoraAdapter", "top_k_indices",
     "VocabStore", "GrammarRules", "TokenTrie", "GrammarState", "gpu_built", "gpu_devices",
     "SamplerState", "StdRng", "sampler_chain_sample",
     "sampler_chain_apply", "sampler_softmax", "sampler_infill", "sampler_c_int", "sampler_libm", "sampler_powf",
@@ -163,6 +163,17 @@ class LoraAdapter:
     def metadata(self, arrays: bool = True) -> dict[str, Any]: ...
 
 @final
+class DecodeOutcome:
+    """What a decode did, short of a fatal error (an exception): llama_decode's 0, 1, 2, -1."""
+
+    @property
+    def kind(self) -> Literal["ok", "no_slot", "aborted", "invalid_batch"]: ...
+    @property
+    def n_done(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+
+@final
 class Context:
     """A context: KV cache, scratch and thread pools over a model; `decode` runs micro-batches."""
 
@@ -236,8 +247,8 @@ class Context:
         logits: _F32,
         hidden: _F32 | None = None,
         abort: Callable[[], bool] | None = None,
-    ) -> tuple[int, int]: ...
-    def decode_one(self, token: int, logits: _F32) -> int: ...
+    ) -> DecodeOutcome: ...
+    def decode_one(self, token: int, logits: _F32) -> DecodeOutcome: ...
     def memory_clear(self, data: bool = True) -> None: ...
     def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool: ...
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...

@@ -10,10 +10,13 @@ One coarse call into Rust per ``decode``: Python hands over the whole validated 
 its micro-batch split; Rust reserves KV cells for every micro-batch before computing any
 and writes the logits straight into this object's numpy buffer.
 
-The llama.h-style functions in :mod:`pyllama._api_context` wrap this class and turn its
-exceptions into llama.h's return codes; :meth:`Context.decode` raises
-:class:`~pyllama.errors.InvalidBatchError`, :class:`~pyllama.errors.ContextFullError` or
-:class:`~pyllama.errors.Aborted` instead.
+Rust reports what a decode did as a typed outcome (``_core.DecodeOutcome``: ok, no slot,
+aborted after n_done micro-batches, invalid batch; a fatal error is an exception);
+:meth:`Context.decode` raises :class:`~pyllama.errors.InvalidBatchError`,
+:class:`~pyllama.errors.ContextFullError`, :class:`~pyllama.errors.Aborted` or
+:class:`~pyllama.errors.DecodeError` from it, and the llama.h-style functions in
+:mod:`pyllama._api_context` turn those exceptions into llama.h's return codes, using only
+this class's public methods.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from .batch import (
     split_simple,
 )
 from ._api_check import describe as _describe, int32 as _int32, integer as _integer
-from .errors import Aborted, ContextFullError, InvalidBatchError
+from .errors import Aborted, ContextFullError, DecodeError, InvalidBatchError
 
 log = logging.getLogger("pyllama")
 
@@ -465,9 +468,6 @@ class Context:
         self._t_eval_us = 0
         self._n_p_eval = 0
         self._n_eval = 0
-        self._last_error = ""
-        self._abort_exc: Optional[BaseException] = None
-        self._fatal_exc: Optional[BaseException] = None
 
     # ------------------------------------------------------------------ getters
 
@@ -677,8 +677,8 @@ class Context:
     # Sequence ids, positions and deltas are llama.h's int32 llama_seq_id / llama_pos: a
     # non-integer is a TypeError and a value outside int32 a ValueError, naming the
     # parameter. Within int32, llama.h's conventions hold (seq_id < 0 in seq_rm: every
-    # sequence; p0 < 0: 0; p1 < 0: infinity). The llama_memory_* functions call the
-    # _seq_* forms with their own name, so messages name what the caller called.
+    # sequence; p0 < 0: 0; p1 < 0: infinity). Messages start with ``caller``: the method's
+    # own name by default, a wrapper's (llama_memory_seq_rm, ...) when it passes one.
 
     def _check_seq(self, seq_id: int, fn: str, name: str = "seq_id", allow_any: bool = False) -> int:
         s = _int32(seq_id, fn, name)
@@ -693,84 +693,65 @@ class Context:
         """Empty the cache (all sequences). ``data`` also zeroes the stored K/V."""
         self._live().memory_clear(bool(data))
 
-    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+    @_serialized
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1, *, caller: str = "Context.seq_rm") -> bool:
         """Remove positions [p0, p1) of ``seq_id`` (< 0: every sequence); p0 < 0 means 0,
         p1 < 0 means infinity. Returns False only where a partial removal is impossible: a
         recurrent state cannot lose its last positions (except the last 1..``n_rs_seq`` once,
         with rollback snapshots) and, as in llama.cpp, a recurrent or hybrid memory refuses
-        ``seq_id`` < 0."""
-        return self._seq_rm(seq_id, p0, p1, "Context.seq_rm")
-
-    @_serialized
-    def _seq_rm(self, seq_id, p0, p1, fn: str) -> bool:
-        s = self._check_seq(seq_id, fn, allow_any=True)
-        p0, p1 = _int32(p0, fn, "p0"), _int32(p1, fn, "p1")
+        ``seq_id`` < 0. ``caller``: the name error messages start with."""
+        s = self._check_seq(seq_id, caller, allow_any=True)
+        p0, p1 = _int32(p0, caller, "p0"), _int32(p1, caller, "p1")
         return bool(self._live().seq_rm(s, p0, p1))
 
-    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``."""
-        self._seq_cp(seq_id_src, seq_id_dst, p0, p1, "Context.seq_cp")
-
     @_serialized
-    def _seq_cp(self, seq_id_src, seq_id_dst, p0, p1, fn: str) -> None:
-        src = self._check_seq(seq_id_src, fn, "seq_id_src")
-        dst = self._check_seq(seq_id_dst, fn, "seq_id_dst")
-        p0, p1 = _int32(p0, fn, "p0"), _int32(p1, fn, "p1")
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1, *,
+               caller: str = "Context.seq_cp") -> None:
+        """Make the cells of ``seq_id_src`` in [p0, p1) also belong to ``seq_id_dst``
+        (without a unified cache, only whole sequences: p0 = p1 = -1)."""
+        src = self._check_seq(seq_id_src, caller, "seq_id_src")
+        dst = self._check_seq(seq_id_dst, caller, "seq_id_dst")
+        p0, p1 = _int32(p0, caller, "p0"), _int32(p1, caller, "p1")
         if not self._kv_unified and src != dst:
             # separate cells per sequence: like llama.cpp, only whole sequences are copied
             # (its rule for a "full" range, which it asserts)
             size = self._n_ctx_seq
             if (0 < p0 and p0 + 1 < size) or (0 < p1 and p1 + 1 < size):
-                raise ValueError(f"{fn}({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
+                raise ValueError(f"{caller}({src}, {dst}, {p0}, {p1}): without a unified KV cache only "
                                  "whole sequences can be copied (p0 = p1 = -1)")
         self._live().seq_cp(src, dst, p0, p1)
 
-    def seq_keep(self, seq_id: int) -> None:
+    @_serialized
+    def seq_keep(self, seq_id: int, *, caller: str = "Context.seq_keep") -> None:
         """Remove every sequence except ``seq_id``."""
-        self._seq_keep(seq_id, "Context.seq_keep")
+        self._live().seq_keep(self._check_seq(seq_id, caller))
 
     @_serialized
-    def _seq_keep(self, seq_id, fn: str) -> None:
-        self._live().seq_keep(self._check_seq(seq_id, fn))
-
-    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int, *, caller: str = "Context.seq_add") -> None:
         """Shift positions [p0, p1) of ``seq_id`` by ``delta`` (K is re-roped, as llama.cpp
         does); cells whose position would become negative are removed."""
-        self._seq_add(seq_id, p0, p1, delta, "Context.seq_add")
-
-    @_serialized
-    def _seq_add(self, seq_id, p0, p1, delta, fn: str) -> None:
-        s = self._check_seq(seq_id, fn)
-        p0, p1, delta = _int32(p0, fn, "p0"), _int32(p1, fn, "p1"), _int32(delta, fn, "delta")
+        s = self._check_seq(seq_id, caller)
+        p0, p1, delta = _int32(p0, caller, "p0"), _int32(p1, caller, "p1"), _int32(delta, caller, "delta")
         self._live().seq_add(s, p0, p1, delta)
 
-    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
-        self._seq_div(seq_id, p0, p1, d, "Context.seq_div")
-
     @_serialized
-    def _seq_div(self, seq_id, p0, p1, d, fn: str) -> None:
-        s = self._check_seq(seq_id, fn)
-        p0, p1, d = _int32(p0, fn, "p0"), _int32(p1, fn, "p1"), _int32(d, fn, "d")
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int, *, caller: str = "Context.seq_div") -> None:
+        """Integer-divide positions [p0, p1) of ``seq_id`` by ``d`` (> 0)."""
+        s = self._check_seq(seq_id, caller)
+        p0, p1, d = _int32(p0, caller, "p0"), _int32(p1, caller, "p1"), _int32(d, caller, "d")
         if d < 1:
-            raise ValueError(f"{fn}: d = {d} must be >= 1")
+            raise ValueError(f"{caller}: d = {d} must be >= 1")
         self._live().seq_div(s, p0, p1, d)
 
-    def seq_pos_min(self, seq_id: int) -> int:
+    @_serialized
+    def seq_pos_min(self, seq_id: int, *, caller: str = "Context.seq_pos_min") -> int:
         """Smallest position of ``seq_id`` in the cache, -1 if it holds none."""
-        return self._seq_pos_min(seq_id, "Context.seq_pos_min")
+        return int(self._live().seq_pos_min(self._check_seq(seq_id, caller)))
 
     @_serialized
-    def _seq_pos_min(self, seq_id, fn: str) -> int:
-        return int(self._live().seq_pos_min(self._check_seq(seq_id, fn)))
-
-    def seq_pos_max(self, seq_id: int) -> int:
+    def seq_pos_max(self, seq_id: int, *, caller: str = "Context.seq_pos_max") -> int:
         """Largest position of ``seq_id`` in the cache, -1 if it holds none."""
-        return self._seq_pos_max(seq_id, "Context.seq_pos_max")
-
-    @_serialized
-    def _seq_pos_max(self, seq_id, fn: str) -> int:
-        return int(self._live().seq_pos_max(self._check_seq(seq_id, fn)))
+        return int(self._live().seq_pos_max(self._check_seq(seq_id, caller)))
 
     # ------------------------------------------------------------------ decode
 
@@ -780,17 +761,16 @@ class Context:
         return split_equal(ab, n_ubatch, sequential=False)
 
     @_serialized
-    def _decode_code(self, batch: Batch) -> int:
-        """Run ``batch`` and return llama_decode's code: 0 ok, 1 no KV slot (nothing
-        changed), 2 aborted (the cache keeps the finished micro-batches), -1 invalid batch
-        (nothing changed), < -1 fatal. Logs the reason for every nonzero code."""
+    def _run(self, batch: Batch) -> None:
+        """Run ``batch`` (see :meth:`decode` for what it raises). Logs the reason of every
+        failure as llama_decode does."""
         if self._vocab_only and not self._freed:
-            self._last_error = "the model is vocab-only: it has no weights to decode with"
-            log.error("llama_decode: %s (load it without vocab_only)", self._last_error)
-            return -1
+            msg = "the model is vocab-only: it has no weights to decode with"
+            log.error("llama_decode: %s (load it without vocab_only)", msg)
+            raise InvalidBatchError(msg)
         core = self._live()
         if not self._causal:
-            return self._encode_code(core, batch)
+            return self._encode(core, batch)
         if (batch.n_tokens == 1 and batch.embd is None and batch.pos is None and batch.seq_id is None
                 and batch.n_seq_id is None and batch.logits is None and self._abort is None
                 and not self._embeddings):
@@ -811,13 +791,11 @@ class Context:
                 warn=lambda m: log.warning("llama_decode: %s", m),
                 kv_unified=self._kv_unified, mrope=self._mrope)
         except InvalidBatchError as e:
-            self._last_error = str(e)
             log.error("llama_decode: failed to initialize batch: %s", e)
-            return -1
+            raise
+        self._decode_allocated(core, ab, n_seq_max)
 
-        return self._decode_allocated(core, ab, n_seq_max)
-
-    def _encode_code(self, core: "_core.Context", batch: Batch) -> int:
+    def _encode(self, core: "_core.Context", batch: Batch) -> None:
         """llama.cpp's ``encode`` (which its ``decode`` calls for models without memory):
         every token an output, positions from 0 where the batch has none, no KV cache, the
         whole batch in one micro-batch (llama.cpp asserts n_ubatch >= n_tokens; here it is
@@ -836,9 +814,8 @@ class Context:
                     f"the encoder needs the whole batch in one micro-batch: n_tokens = {ab.n_tokens} > "
                     f"n_ubatch = {int(core.n_ubatch)} (raise n_ubatch to n_batch)")
         except InvalidBatchError as e:
-            self._last_error = str(e)
             log.error("llama_encode: failed to initialize batch: %s", e)
-            return -1
+            raise
         n = ab.n_tokens
         n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
         out_rows = np.arange(n, dtype=np.int32)
@@ -869,7 +846,7 @@ class Context:
                         embd_buf[:n] = d
                 embd_seq = {}
         except Exception as e:  # fatal: Rust failed mid-way
-            return self._fatal(e)
+            raise self._fatal(e) from e
         t1 = _time_us()
         if embd_buf is not None:
             self._embd_buf = embd_buf
@@ -884,49 +861,55 @@ class Context:
         self._n_p_eval += n
         if not self._no_perf:
             self._t_p_eval_us += t1 - t0
-        return 0
 
     @property
     def is_encoder(self) -> bool:
         """Whether the model is an encoder (bert, ...): non-causal, no KV cache."""
         return not self._causal
 
-    def _fatal(self, e: Exception) -> int:
-        """Record a failure inside the forward pass (no outputs left) and return -3."""
-        self._fatal_exc = e
-        self._last_error = f"{type(e).__name__}: {e}"
+    @property
+    def arch(self) -> str:
+        """The model's architecture (``general.architecture``: "llama", "gemma3", ...)."""
+        return str(self._core_model.arch)
+
+    @property
+    def causal_attn(self) -> bool:
+        """Whether the model attends causally (decoder-only models; False for encoders)."""
+        return self._causal
+
+    def _fatal(self, e: Exception) -> DecodeError:
+        """A failure inside the forward pass: no outputs left; logged, returned as a
+        DecodeError to raise from ``e``."""
         self._n_outputs = 0
         self._output_ids.fill(-1)
-        log.error("llama_decode: fatal error while computing the batch: %s", self._last_error)
-        return -3
+        msg = f"{type(e).__name__}: {e}"
+        log.error("llama_decode: fatal error while computing the batch: %s", msg)
+        return DecodeError(f"decode failed: {msg}")
 
-    def _decode_one(self, core: "_core.Context", tok: np.ndarray) -> int:
-        """``_decode_code`` for the token-generation step: one valid token id continuing
-        sequence 0, logits for it, no abort callback, no embeddings. Same effects and codes
-        as the general path, which it skips (allocation, split and output map are constant
+    def _no_slot(self, n: int, core: "_core.Context", detail: str = "") -> ContextFullError:
+        msg = detail or f"failed to find a memory slot for batch of size {n} (n_ctx = {int(core.n_ctx)})"
+        log.warning("llama_decode: %s", msg)
+        return ContextFullError(msg)
+
+    def _decode_one(self, core: "_core.Context", tok: np.ndarray) -> None:
+        """``_run`` for the token-generation step: one valid token id continuing sequence
+        0, logits for it, no abort callback, no embeddings. Same effects and exceptions as
+        the general path, which it skips (allocation, split and output map are constant
         here), and one Rust call with two scalars and the logits row instead of eight arrays."""
         t0 = _time_us()
         try:
-            ret = core.decode_one(int(tok[0]), self._logits_buf[0])
+            out = core.decode_one(int(tok[0]), self._logits_buf[0])
         except Exception as e:  # fatal: Rust failed mid-way
-            return self._fatal(e)
+            raise self._fatal(e) from e
         t1 = _time_us()
-        if ret != 0:
-            if ret == -1:
-                self._last_error = ("sequence 0 would continue at position 2147483648, past the largest "
-                                    "position 2147483647 (positions are int32)")
-                log.error("llama_decode: failed to initialize batch: %s", self._last_error)
-                return -1
-            if ret == 1:
-                self._last_error = f"failed to find a memory slot for batch of size 1 (n_ctx = {int(core.n_ctx)})"
-                log.warning("llama_decode: %s", self._last_error)
-                return 1
-            self._output_ids.fill(-1)
-            self._embd_seq = {}
-            self._n_outputs = 0
-            self._last_error = f"the forward pass returned {ret}"
-            log.error("llama_decode: %s", self._last_error)
-            return int(ret) if ret < 0 else -3
+        kind = out.kind
+        if kind != "ok":
+            if kind == "invalid_batch":
+                log.error("llama_decode: failed to initialize batch: %s", out.reason)
+                raise InvalidBatchError(out.reason)
+            if kind == "no_slot":
+                raise self._no_slot(1, core)
+            raise RuntimeError(f"decode_one: unexpected outcome {out!r}")  # a pyllama bug
         if self._n_outputs != 1 or self._output_ids[0] != 0:
             self._output_ids.fill(-1)
             self._output_ids[0] = 0
@@ -939,9 +922,8 @@ class Context:
         self._n_eval += 1
         if not self._no_perf:
             self._t_eval_us += t1 - t0
-        return 0
 
-    def _decode_allocated(self, core: "_core.Context", ab: AllocatedBatch, n_seq_max: int) -> int:
+    def _decode_allocated(self, core: "_core.Context", ab: AllocatedBatch, n_seq_max: int) -> None:
         n = ab.n_tokens
         n_outputs = ab.n_outputs
         n_ubatch = int(core.n_ubatch)
@@ -956,7 +938,7 @@ class Context:
                 out_rows[ab.output] = np.arange(n_outputs, dtype=np.int32)
         n_seq_id, seq_id = ab.seq_id_array(n_seq_max)
 
-        # grow the output buffers (new arrays: on codes 1/-1 the old outputs stay intact)
+        # grow the output buffers (new arrays: when nothing changed the old outputs stay intact)
         logits_buf = self._logits_buf
         if logits_buf.shape[0] < n_outputs:
             logits_buf = np.zeros((max(n_outputs, n_seq_max), self.n_vocab), dtype=np.float32)
@@ -993,29 +975,27 @@ class Context:
                     n_rs = int(core.n_rs_seq)
                     ubatches = split_equal(ab, n_ubatch, sequential=kind == "recurrent" or not self._kv_unified,
                                            n_keep_tail=n_rs + 1 if n_rs else 0)
-            except InvalidBatchError as e:  # no split: llama.cpp's failed prepare, code 1
-                self._last_error = f"failed to find a memory slot for batch of size {n}: {e}"
-                log.warning("llama_decode: %s", self._last_error)
-                return 1
+            except InvalidBatchError as e:  # no split: llama.cpp's failed prepare, no slot
+                raise self._no_slot(n, core, f"failed to find a memory slot for batch of size {n}: {e}") from None
 
         t0 = _time_us()
         try:
-            ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
-                                      logits_buf[:n_outputs], hidden, abort)
-            if ret == 1 and self._kv_unified and multi_set and kind == "kv":
+            out = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
+                              logits_buf[:n_outputs], hidden, abort)
+            if out.kind == "no_slot" and self._kv_unified and multi_set and kind == "kv":
                 # as llama.cpp's SWA cache: if the simple split finds no slot, try equal split
                 ubatches = split_equal(ab, n_ubatch)
-                ret, n_done = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
-                                          logits_buf[:n_outputs], hidden, abort)
+                out = core.decode(ab.token, ab.embd, ab.pos, n_seq_id, seq_id, ubatches, out_rows,
+                                  logits_buf[:n_outputs], hidden, abort)
         except Exception as e:  # fatal: Rust failed mid-way
-            return self._fatal(e)
+            raise self._fatal(e) from e
         t1 = _time_us()
 
-        if ret == 1:
-            self._last_error = (f"failed to find a memory slot for batch of size {n} "
-                                f"(n_ctx = {int(core.n_ctx)})")
-            log.warning("llama_decode: %s", self._last_error)
-            return 1
+        if out.kind == "no_slot":
+            raise self._no_slot(n, core)
+        if out.kind == "invalid_batch":  # Python's allocator lets none through: kept for completeness
+            log.error("llama_decode: failed to initialize batch: %s", out.reason)
+            raise InvalidBatchError(out.reason)
 
         # from here on the old outputs are replaced
         self._logits_buf = logits_buf
@@ -1024,20 +1004,18 @@ class Context:
         self._output_ids.fill(-1)
         self._embd_seq = {}
 
-        if ret == 2:
+        if out.kind == "aborted":
             self._n_outputs = 0
-            self._last_error = (f"aborted by the abort callback after {n_done} of {len(ubatches)} "
-                                "micro-batches; the cache keeps the finished ones")
+            msg = (f"aborted by the abort callback after {out.n_done} of {len(ubatches)} "
+                   "micro-batches; the cache keeps the finished ones")
             if cb_error:
-                self._last_error += f" (the callback raised {cb_error[0]!r})"
-                self._abort_exc = cb_error[0]
-            log.warning("llama_decode: %s", self._last_error)
-            return 2
-        if ret != 0:
-            self._n_outputs = 0
-            self._last_error = f"the forward pass returned {ret}"
-            log.error("llama_decode: %s", self._last_error)
-            return int(ret) if ret < 0 else -3
+                msg += f" (the callback raised {cb_error[0]!r})"
+            log.warning("llama_decode: %s", msg)
+            err = Aborted(msg)
+            err.n_done, err.n_ubatches = int(out.n_done), len(ubatches)
+            if cb_error:
+                raise err from cb_error[0]
+            raise err
 
         self._n_outputs = n_outputs
         self._output_ids[:n] = out_rows
@@ -1057,7 +1035,6 @@ class Context:
             self._n_p_eval += n
             if not self._no_perf:
                 self._t_p_eval_us += t1 - t0
-        return 0
 
     def decode(self, tokens_or_batch: Union[Batch, Sequence[int], np.ndarray], *, seq_id: int = 0,
                logits_all: bool = False) -> None:
@@ -1065,11 +1042,15 @@ class Context:
 
         A sequence of token ids continues sequence ``seq_id`` (positions from the cache's
         last one + 1) and produces logits for the last token, or for every token with
-        ``logits_all``. A :class:`~pyllama.batch.Batch` is used as given.
+        ``logits_all``. A :class:`~pyllama.batch.Batch` is used as given. An encoder
+        model's context encodes the batch (every token an output, no KV cache).
 
         Raises :class:`InvalidBatchError` (nothing changed), :class:`ContextFullError`
-        (no room in the KV cache; nothing changed) or :class:`Aborted` (the abort callback
-        stopped it; the cache keeps the micro-batches finished before).
+        (no room in the KV cache; nothing changed), :class:`Aborted` (the abort callback
+        stopped it; the cache keeps the first ``n_done`` micro-batches; an exception the
+        callback raised is its ``__cause__``) or :class:`DecodeError` (a fatal error in
+        the forward pass: no outputs; the cause is its ``__cause__``). llama_decode's
+        codes for these are -1, 1, 2 and ``DecodeError.code`` (< -1).
         """
         if isinstance(tokens_or_batch, Batch):
             batch = tokens_or_batch
@@ -1086,22 +1067,7 @@ class Context:
                 batch.seq_id = np.full((n, 1), int(seq_id), dtype=np.int32)
                 if logits_all:
                     batch.logits = np.ones(n, dtype=np.int8)
-        self._abort_exc = None
-        self._fatal_exc = None
-        code = self._decode_code(batch)
-        if code == 0:
-            return
-        if code == -1:
-            raise InvalidBatchError(self._last_error)
-        if code == 1:
-            raise ContextFullError(self._last_error)
-        if code == 2:
-            if self._abort_exc is not None:
-                raise Aborted(self._last_error) from self._abort_exc
-            raise Aborted(self._last_error)
-        if self._fatal_exc is not None:
-            raise self._fatal_exc
-        raise RuntimeError(f"decode failed: {self._last_error}")
+        self._run(batch)
 
     # ------------------------------------------------------------------ outputs
 
@@ -1116,9 +1082,18 @@ class Context:
         order. A view: the next decode overwrites it."""
         return self._logits_buf[: self._n_outputs]
 
-    def _resolve_row(self, i: int) -> int:
-        """llama.cpp's ``output_resolve_row``: batch index -> output row; negative counts
-        back from the last output row. Raises IndexError with llama.cpp's reason."""
+    @property
+    def output_ids(self) -> np.ndarray:
+        """int32 [n_batch], read-only: the output row of each batch entry of the last
+        decode (-1: the entry asked for no output). A view: the next decode rewrites it."""
+        v = self._output_ids.view()
+        v.flags.writeable = False
+        return v
+
+    def output_row(self, i: int) -> int:
+        """llama.cpp's ``output_resolve_row``: batch index -> output row of the last decode
+        (a row of :attr:`logits`); negative counts back from the last output row. Raises
+        IndexError with llama.cpp's reason when entry ``i`` has no output."""
         i = int(i)
         if i < 0:
             j = self._n_outputs + i
@@ -1138,7 +1113,7 @@ class Context:
         """float32 [n_vocab] logits of batch entry ``i`` (i < 0: output row n_outputs + i)."""
         i = _int32(i, "Context.logits_ith", "i")
         self._live()
-        return self._logits_buf[self._resolve_row(i)]
+        return self._logits_buf[self.output_row(i)]
 
     @property
     def embeddings(self) -> Optional[np.ndarray]:
@@ -1153,7 +1128,7 @@ class Context:
         self._live()
         if self._embd_buf is None or not self._embeddings:
             raise IndexError("no embeddings (create the context with embeddings=True)")
-        return self._embd_buf[self._resolve_row(i)]
+        return self._embd_buf[self.output_row(i)]
 
     def embeddings_seq(self, seq_id: int) -> Optional[np.ndarray]:
         """float32 [n_embd] pooled embedding of ``seq_id`` over its tokens in the last batch
@@ -1270,8 +1245,13 @@ class Context:
         return int(self._live().state_size(seq_id=s, flags=int(flags), tokens=self._tokens_arg(tokens, "Context.state_size"), **out))
 
     @_serialized
-    def _state_save_into(self, dst: np.ndarray, seq_id: Optional[int], tokens, flags: int, fn: str) -> int:
-        """Write the state into the uint8 array ``dst``; returns the bytes written."""
+    def save_state_into(self, dst: np.ndarray, *, seq_id: Optional[int] = None, tokens=None, flags: int = 0,
+                        caller: str = "Context.save_state_into") -> int:
+        """Write the state of the whole context (or of sequence ``seq_id``) into the uint8
+        array ``dst`` without allocating; returns the bytes written. StateError when
+        ``dst`` is smaller than :meth:`state_size`. ``caller``: the name error messages
+        start with."""
+        fn = caller
         s = self._state_seq(seq_id, fn)
         out = self._state_outputs() if s is None else {}
         t = self._tokens_arg(tokens, fn)
@@ -1295,11 +1275,15 @@ class Context:
         return self._live().state_save(seq_id=s, flags=int(flags), tokens=t)
 
     @_serialized
-    def _state_load(self, data, dest_seq_id: Optional[int], fn: str, *, max_tokens: Optional[int] = None,
-                    apply: bool = True, whole: bool = False) -> tuple:
-        """Check and (with ``apply``) load a state; returns (bytes read, tokens). Raises
-        StateError, the context unchanged, when it does not fit. ``whole``: the data must
-        be exactly one state (a file), nothing after it."""
+    def restore_state(self, data, *, dest_seq_id: Optional[int] = None, max_tokens: Optional[int] = None,
+                      apply: bool = True, whole: bool = False, caller: str = "Context.restore_state") -> tuple:
+        """Check and (with ``apply``) load a state from :meth:`save_state` (``dest_seq_id``
+        None) or :meth:`seq_save_state` (into ``dest_seq_id``); returns (bytes read, its
+        tokens). Raises StateError, the context unchanged, when it does not fit, holds more
+        than ``max_tokens`` tokens or (``whole``: the data must be exactly one state, as a
+        file) has bytes after it. ``apply=False`` only checks. ``caller``: the name error
+        messages start with. :meth:`load_state` and the ``*_file`` methods are this."""
+        fn = caller
         arr = self._bytes_arg(data, fn)
         dest = self._state_seq(dest_seq_id, fn)
         if whole and arr.shape[0] >= 28:
@@ -1334,14 +1318,14 @@ class Context:
         returns the bytes read. A state from another model, KV type or layout, one with more
         cells than this context holds, or a truncated or corrupted one raises
         :class:`~pyllama.StateError` and leaves the context as it was."""
-        return self._state_load(data, None, "Context.load_state")[0]
+        return self.restore_state(data, caller="Context.load_state")[0]
 
     def seq_load_state(self, data, dest_seq_id: int, *, flags: int = 0) -> int:
         """Put a sequence state from :meth:`seq_save_state` into ``dest_seq_id`` (its
         current cells are replaced); returns the bytes read. Raises StateError as
         :meth:`load_state`, also when the cells do not fit."""
         self._check_seq(dest_seq_id, "Context.seq_load_state")
-        return self._state_load(data, dest_seq_id, "Context.seq_load_state")[0]
+        return self.restore_state(data, dest_seq_id=dest_seq_id, caller="Context.seq_load_state")[0]
 
     @staticmethod
     def _read_file(path, fn: str) -> bytes:
@@ -1350,7 +1334,8 @@ class Context:
 
 
     def _load_file(self, path, dest: Optional[int], fn: str, max_tokens: Optional[int]) -> tuple:
-        return self._state_load(self._read_file(path, fn), dest, fn, max_tokens=max_tokens, whole=True)
+        return self.restore_state(self._read_file(path, fn), dest_seq_id=dest, max_tokens=max_tokens, whole=True,
+                                  caller=fn)
 
     def save_state_file(self, path, tokens=None) -> int:
         """Write :meth:`save_state` (with ``tokens``) to ``path``; returns the bytes written."""

@@ -195,13 +195,28 @@ class Model:
         types = self._core.metadata_types()
         return {k: meta_value_str(md[k]) for k in sorted(md) if types[k][0] != 9}
 
+    def meta_value(self, key: str) -> Any:
+        """The value of metadata ``key`` (None when absent), without reading every key
+        the way :attr:`metadata` does."""
+        return self._metadata.get(key) if self._metadata is not None else self._core.meta_value(key)
+
+    def drop_metadata(self) -> None:
+        """Forget the metadata read so far (:attr:`metadata` reads it again when asked):
+        llama_model_free lets its arrays (tokens, merges) go."""
+        self._metadata = None
+
+    @property
+    def core(self) -> "_core.Model":
+        """The Rust model (``pyllama._core.Model``): weights, metadata and tensor index."""
+        return self._core
+
     def chat_template(self, name: Optional[str] = None) -> Optional[str]:
         """The chat template (``tokenizer.chat_template`` or ``tokenizer.chat_template.<name>``),
         or None. Untrusted input: render it only in jinja2's sandbox."""
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Model.chat_template: name must be a str or None, got {_describe(name)}")
         key = "tokenizer.chat_template" + (f".{name}" if name else "")
-        v = self.metadata.get(key) if self._metadata is not None else self._core.meta_value(key)
+        v = self.meta_value(key)
         if isinstance(v, bytes):
             v = v.decode("utf-8", "replace")
         return v if isinstance(v, str) else None

@@ -52,6 +52,7 @@ __all__ = [
     "TopNSigmaSampler",
     "MirostatSampler",
     "MirostatV2Sampler",
+    "AdaptivePSampler",
     "PenaltiesSampler",
     "DrySampler",
     "LogitBiasSampler",
@@ -138,16 +139,20 @@ class TokenDataArray:
 
     # -- the arrays to and from Rust ------------------------------------------------------
 
-    def _args(self) -> tuple:
+    def arrays(self) -> tuple:
+        """(ids int32, logits float32, p float32, selected, sorted): the candidates as the
+        Rust samplers (``_core.sampler_*``) take them."""
         return (np.asarray(self.ids, np.int32), np.asarray(self.logits, np.float32),
                 np.asarray(self.p, np.float32), int(self.selected), bool(self.sorted))
 
-    def _set(self, t: tuple) -> None:
+    def assign(self, t: tuple) -> None:
+        """Replace the candidates with ``t``, a tuple as :meth:`arrays` gives (what the
+        Rust samplers return)."""
         self.ids, self.logits, self.p, self.selected, self.sorted = t
 
     def _softmax(self, do_sort: bool) -> None:
         """``llama_sampler_softmax_impl``: p = softmax(logits), sorted first if ``do_sort``."""
-        self._set(_core.sampler_softmax(*self._args(), bool(do_sort)))
+        self.assign(_core.sampler_softmax(*self.arrays(), bool(do_sort)))
 
 
 def _top_indices(logits: np.ndarray, k: int) -> np.ndarray:
@@ -270,7 +275,7 @@ class _Builtin(Sampler):
     _r: "_core.SamplerState"
 
     def apply(self, cur: TokenDataArray) -> None:
-        cur._set(self._r.apply(*cur._args()))
+        cur.assign(self._r.apply(*cur.arrays()))
 
     def accept(self, token: int) -> None:
         self._r.accept(int(token))
@@ -429,6 +434,30 @@ class MirostatV2Sampler(_Seeded):
     @property
     def mu(self) -> np.float32:
         return np.float32(self._r.mu)
+
+
+class AdaptivePSampler(_Seeded):
+    """llama_sampler_init_adaptive_p: select tokens whose original probability is near
+    ``target``, steering with an exponential moving average of the chosen tokens'
+    probabilities (decay clamped to [0, 0.99]); a negative target samples the
+    distribution as it is. It selects, so it ends a chain. The math is Rust's
+    (``_core.SamplerState.adaptive_p``), float32 as llama.cpp; the draw is
+    std::discrete_distribution over std::mt19937."""
+
+    name = "adaptive-p"
+
+    def __init__(self, target: float, decay: float, seed: int) -> None:
+        self.target = np.float32(target)
+        self.decay = np.float32(min(max(float(np.float32(decay)), 0.0), 0.99))
+        self._r = _core.SamplerState.adaptive_p(float(self.target), float(self.decay), self._seed(seed))
+
+    @property
+    def weighted_sum(self) -> np.float32:
+        return np.float32(self._r.ema[0])
+
+    @property
+    def total_weight(self) -> np.float32:
+        return np.float32(self._r.ema[1])
 
 
 class PenaltiesSampler(_Builtin):
@@ -688,7 +717,7 @@ class SamplerChain(Sampler):
         t0 = time.perf_counter() if not self.no_perf else 0.0
         for step in self._plan()[3]:
             if isinstance(step, list):
-                cur._set(_core.sampler_chain_apply([s._r for s in step], *cur._args()))
+                cur.assign(_core.sampler_chain_apply([s._r for s in step], *cur.arrays()))
             else:
                 step.apply(cur)
         if not self.no_perf:
@@ -724,7 +753,7 @@ class SamplerChain(Sampler):
             t0 = time.perf_counter() if not self.no_perf else 0.0
             token, r = _core.sampler_chain_sample([s._r for s in whole], logits)
             cur = TokenDataArray.__new__(TokenDataArray)
-            cur._set(r)
+            cur.assign(r)
             if token < 0:
                 raise self._no_token(cur)
             self.last = cur

@@ -12,7 +12,7 @@ import pyllama
 from pyllama import _core
 
 NAMES = ["PyllamaError", "GGUFError", "UnsupportedModelError", "LoadCancelled", "StateError",
-         "InvalidBatchError", "ContextFullError", "Aborted"]
+         "InvalidBatchError", "ContextFullError", "Aborted", "DecodeError"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,7 +3,7 @@
 - ``_core.top_k_indices`` (Rust, one pass) against a full stable sort: same positions in
   the same order, also with ties, NaN and infinities.
 - ``Context._decode_one`` (single-token decode without the batch allocator) against the
-  general ``_decode_code`` path fed an explicit batch: same logits, positions, output map,
+  general ``Context.decode`` path fed an explicit batch: same logits, positions, output map,
   perf counts and return codes, on a real (tiny, generated) model.
 - ``SamplerChain``'s skip of disabled samplers: same tokens as applying every sampler.
 - a chain of built-in samplers in one Rust call: the same tokens, candidates and
@@ -110,7 +110,7 @@ def test_single_token_fast_path_equals_general_path(llama):
     for i in range(8, 40):
         fast.decode(toks[i:i + 1])
         b = _general_batch(int(toks[i]), i)
-        assert slow._decode_code(b) == 0
+        slow.decode(b)
         np.testing.assert_array_equal(fast.logits, slow.logits)
         np.testing.assert_array_equal(fast.logits_ith(0), slow.logits_ith(0))
         np.testing.assert_array_equal(fast.logits_ith(-1), slow.logits_ith(-1))
@@ -165,7 +165,9 @@ def test_core_decode_one_rejects_bad_input_with_exceptions(llama):
     with pytest.raises(Exception):
         core.decode_one(3, np.zeros(ctx.n_vocab - 1, np.float32))  # row too short
     assert core.seq_pos_max(0) == -1  # nothing was decoded
-    assert core.decode_one(3, row) == 0 and core.seq_pos_max(0) == 0 and np.isfinite(row).all()
+    out = core.decode_one(3, row)
+    assert (out.kind, out.n_done, out.reason) == ("ok", 1, "")
+    assert core.seq_pos_max(0) == 0 and np.isfinite(row).all()
 
 
 def _tokens(chain, rows):

@@ -136,9 +136,18 @@ def test_abort_keeps_finished_ubatches(llama):
 
 def test_abort_before_first_ubatch_and_idiomatic(llama):
     ctx = Context(llama, n_ubatch=4, n_threads=2, n_threads_batch=2, abort_callback=lambda: True)
-    with pytest.raises(Aborted):
+    with pytest.raises(Aborted, match="after 0 of 3 micro-batches") as ei:
         ctx.decode(TOKENS[:10])
+    assert (ei.value.n_done, ei.value.n_ubatches) == (0, 3)
     assert ctx.seq_pos_max(0) == -1
+    # how far it got: two of three micro-batches of 4
+    calls = []
+    ctx.set_abort_callback(lambda: calls.append(1) or len(calls) > 2)
+    with pytest.raises(Aborted) as ei:
+        ctx.decode(TOKENS[:10])
+    assert (ei.value.n_done, ei.value.n_ubatches) == (2, 3)
+    assert ctx.seq_pos_max(0) == 7 and ctx.n_outputs == 0
+    ctx.memory_clear()
 
     def boom():
         raise RuntimeError("callback bug")

@@ -73,7 +73,7 @@ def test_bit_identical_with_other_sequences_in_the_batch(model, unified):
     ctx = make_ctx(model, n_seq_max=2, n_ubatch=37, kv_unified=unified, n_ctx=1024)
     ubs = [np.arange(s, min(s + 37, n), dtype=np.int32) for s in range(0, n, 37)]
     logits = np.zeros((len(rows_a), nv), np.float32)
-    assert ctx.decode(toks, None, pos, np.ones(n, np.int32), seq, ubs, out_rows, logits, None, None) == (0, len(ubs))
+    assert ctx.decode(toks, None, pos, np.ones(n, np.int32), seq, ubs, out_rows, logits, None, None).n_done == len(ubs)
     assert np.array_equal(logits, alone)
 
 
@@ -89,7 +89,7 @@ def test_shared_prefix_cell_seen_by_two_sequences(model):
     out_rows = np.full(n, -1, np.int32)
     out_rows[-1] = 0
     assert ctx.decode(toks, None, np.arange(n, dtype=np.int32), np.full(n, 2, np.int32), seq,
-                      [np.arange(n, dtype=np.int32)], out_rows, logits, None, None) == (0, 1)
+                      [np.arange(n, dtype=np.int32)], out_rows, logits, None, None).kind == "ok"
     assert (ctx.seq_pos_max(0), ctx.seq_pos_max(1)) == (n - 1, n - 1)
     nxt = decode_all(ctx, np.array([5], np.int32), nv, start=n, seq=1, outputs="last")
     alone = make_ctx(model)
@@ -134,7 +134,7 @@ def test_full_cache_returns_1_and_changes_nothing(model):
     out_rows[-1] = 0
     ret = ctx.decode(toks[200:300], None, np.arange(200, 300, dtype=np.int32), np.ones(n, np.int32),
                      np.zeros((n, 1), np.int32), ubs, out_rows, logits, None, None)
-    assert ret == (1, 0)
+    assert (ret.kind, ret.n_done) == ("no_slot", 0)
     assert (ctx.seq_pos_min(0), ctx.seq_pos_max(0)) == (0, 199)
     # a smaller batch still fits, and gives the same logits as an unconstrained context
     got = decode_all(ctx, toks[200:250], nv, start=200, outputs="last")
@@ -158,7 +158,7 @@ def test_abort_keeps_exactly_the_finished_ubatches(model):
     logits = np.zeros((n, nv), np.float32)
     ret = ctx.decode(toks, None, np.arange(n, dtype=np.int32), np.ones(n, np.int32), np.zeros((n, 1), np.int32),
                      ubs, np.arange(n, dtype=np.int32), logits, None, abort)
-    assert ret == (2, 1)
+    assert (ret.kind, ret.n_done) == ("aborted", 1)
     assert ctx.seq_pos_max(0) == 49
     # continuing from there reproduces the uninterrupted logits
     rest = decode_all(ctx, toks[50:], nv, start=50)

@@ -27,10 +27,10 @@ def _ctx(model, **kw):
 def _decode(ctx, toks, start=0, seq=0):
     n = len(toks)
     logits = np.zeros((n, 2048), np.float32)
-    ret, _ = ctx.decode(np.asarray(toks, np.int32), None, np.arange(start, start + n, dtype=np.int32),
-                        np.ones(n, np.int32), np.full((n, 1), seq, np.int32), [np.arange(n, dtype=np.int32)],
-                        np.arange(n, dtype=np.int32), logits, None, None)
-    assert ret == 0
+    out = ctx.decode(np.asarray(toks, np.int32), None, np.arange(start, start + n, dtype=np.int32),
+                     np.ones(n, np.int32), np.full((n, 1), seq, np.int32), [np.arange(n, dtype=np.int32)],
+                     np.arange(n, dtype=np.int32), logits, None, None)
+    assert out.kind == "ok"
     return logits
 
 

@@ -48,10 +48,10 @@ def decode_all(ctx: _core.Context, tokens: np.ndarray, n_vocab: int, start: int 
         out_rows[-1] = 0
     n_out = int((out_rows >= 0).sum())
     logits = np.zeros((n_out, n_vocab), dtype=np.float32)
-    ret, n_done = ctx.decode(
+    out = ctx.decode(
         np.asarray(tokens, dtype=np.int32), None, np.arange(start, start + n, dtype=np.int32),
         np.ones(n, np.int32), np.full((n, 1), seq, np.int32), ubs, out_rows, logits, None, None)
-    assert (ret, n_done) == (0, len(ubs))
+    assert (out.kind, out.n_done) == ("ok", len(ubs))
     return logits
 
 

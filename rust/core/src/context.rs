@@ -247,6 +247,23 @@ pub struct BatchRef<'a> {
     pub seq_cols: usize,
 }
 
+/// What a decode did, short of a fatal error (which is an `Err`): llama_decode's return
+/// codes as a type. Python's `Context.decode` raises one exception per kind and the
+/// llama.h-style layer maps those back to the codes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// Every micro-batch ran (llama_decode's 0).
+    Done { n_ubatches: usize },
+    /// Some micro-batch found no KV cells (or recurrent state cells): nothing changed (1).
+    NoSlot,
+    /// The abort callback said stop before micro-batch `n_done`: the cache holds exactly
+    /// the micro-batches before it (2).
+    Aborted { n_done: usize },
+    /// The batch cannot be run as given; nothing changed (-1). Python's batch allocator
+    /// catches every such batch before Rust sees it, except the one `decode_one` checks.
+    InvalidBatch(String),
+}
+
 pub struct Context {
     fwd: Box<dyn Forward>,
     pub params: ContextParams,
@@ -636,9 +653,11 @@ impl Context {
         }
     }
 
-    /// Run a batch: returns (0, n_ubatches) on success, (1, 0) when some micro-batch finds
-    /// no KV cells (nothing changed), (2, n_done) when `abort` said stop before micro-batch
-    /// n_done (the cache holds exactly the finished ones).
+    /// Run a batch: `Decoded::Done` when every micro-batch ran, `NoSlot` when some
+    /// micro-batch finds no KV cells (nothing changed), `Aborted { n_done }` when `abort`
+    /// said stop before micro-batch n_done (the cache holds exactly the finished ones). An
+    /// `Err` is a fatal error (llama_decode's < -1): the cache holds the micro-batches
+    /// finished before the failing one.
     pub fn decode(
         &mut self,
         batch: &BatchRef,
@@ -647,10 +666,10 @@ impl Context {
         logits: &mut [f32],
         mut hidden: Option<&mut [f32]>,
         abort: &mut dyn FnMut() -> bool,
-    ) -> Result<(i32, usize)> {
+    ) -> Result<Decoded> {
         if self.fwd.encoder() {
             self.encode(batch, ubatches, out_rows, hidden)?;
-            return Ok((0, 1));
+            return Ok(Decoded::Done { n_ubatches: 1 });
         }
         self.check(batch, ubatches, out_rows, logits.len(), hidden.as_deref().map(|h| h.len()))?;
         if let Some(d) = self.debug.as_mut() {
@@ -668,13 +687,13 @@ impl Context {
             let ok = self.rs_plan.iter().all(|q| rs.find_slot(q));
             rs.restore(snap);
             if !ok {
-                return Ok((1, 0));
+                return Ok(Decoded::NoSlot);
             }
         }
         if self.mem_kind == MemKind::Recurrent {
             for (u, ub) in ubatches.iter().enumerate() {
                 if abort() {
-                    return Ok((2, u));
+                    return Ok(Decoded::Aborted { n_done: u });
                 }
                 let rs = self.rs.as_mut().expect("recurrent memory");
                 if !rs.find_slot(&self.rs_plan[u]) {
@@ -685,7 +704,7 @@ impl Context {
                 let slot = Slot::default();
                 self.run_ubatch(batch, ub, &slot, out_rows, logits, hidden.as_deref_mut(), self.rs_plan[u].len())?;
             }
-            return Ok((0, ubatches.len()));
+            return Ok(Decoded::Done { n_ubatches: ubatches.len() });
         }
         // 1. reserve cells for every micro-batch (apply each so the next search sees it),
         //    then undo: all or nothing, as llama_kv_cache::prepare.
@@ -710,13 +729,13 @@ impl Context {
         }
         self.kv.set_heads(&heads);
         if !ok {
-            return Ok((1, 0));
+            return Ok(Decoded::NoSlot);
         }
         self.apply_k_shift()?;
         // 2. compute
         for (u, ub) in ubatches.iter().enumerate() {
             if abort() {
-                return Ok((2, u));
+                return Ok(Decoded::Aborted { n_done: u });
             }
             self.load_ubatch(batch, ub);
             let mut slot = std::mem::take(&mut self.slots[u]);
@@ -744,7 +763,25 @@ impl Context {
             }
             self.slots[u] = slot;
         }
-        Ok((0, ubatches.len()))
+        Ok(Decoded::Done { n_ubatches: ubatches.len() })
+    }
+
+    /// The token-generation step: `token` at the position after sequence 0's last, its
+    /// logits into `logits` ([n_vocab]); the same work and outcome as `decode` with that
+    /// one-token batch. `InvalidBatch` when sequence 0 already ends at the largest int32
+    /// position (nothing changed). The caller has checked `token` < n_vocab.
+    pub fn decode_one(&mut self, token: i32, logits: &mut [f32]) -> Result<Decoded> {
+        let last = self.mem_seq_pos_max(0)?;
+        if last == i32::MAX {
+            return Ok(Decoded::InvalidBatch(format!(
+                "sequence 0 would continue at position {}, past the largest position {} (positions are int32)",
+                i64::from(i32::MAX) + 1,
+                i32::MAX
+            )));
+        }
+        let (tok, pos, n_seq_id, seq_id, ub, orow) = ([token], [last + 1], [1i32], [0i32], [0i32], [0i32]);
+        let batch = BatchRef { tokens: Some(&tok), embd: None, pos: &pos, n_seq_id: &n_seq_id, seq_id: &seq_id, seq_cols: 1 };
+        self.decode(&batch, &[&ub], &orow, logits, None, &mut || false)
     }
 
     pub fn is_encoder(&self) -> bool {
@@ -1117,5 +1154,171 @@ impl Context {
             let all = v.iter().any(|s| s == "*");
             Debug { wanted: v.into_iter().collect(), all, dumps: HashMap::new() }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Context::decode on a real (tiny, random-weight) LLaMA written by the test: the
+    //! all-or-nothing KV reservation, aborts, sequence operations and batch invariance.
+    //! Logits are compared bit for bit where pyllama promises identical results.
+
+    use super::*;
+    use crate::testutil::{decode, decode_abort, params, Tiny};
+
+    fn tokens(n: usize, seed: i32) -> Vec<i32> {
+        (0..n as i32).map(|i| (i * 7 + seed * 13 + 3) % 64).collect()
+    }
+
+    fn run(ctx: &mut Context, toks: &[i32], p0: i32, seq: i32, n_ubatch: usize) -> (Decoded, Vec<f32>) {
+        let pos: Vec<i32> = (p0..p0 + toks.len() as i32).collect();
+        let seqs = vec![seq; toks.len()];
+        let mut out = vec![false; toks.len()];
+        out[toks.len() - 1] = true;
+        decode(ctx, toks, &pos, &seqs, &out, n_ubatch)
+    }
+
+    /// Cells holding some sequence, counted from the cells themselves.
+    fn used(ctx: &Context) -> usize {
+        ctx.kv.streams.iter().map(|s| s.cells.iter().filter(|c| !c.is_empty()).count()).sum()
+    }
+
+    fn new_ctx(m: &Arc<Model>, n_ctx: usize, n_ubatch: usize, n_seq: usize) -> Context {
+        Context::new(m.clone(), params(n_ctx, n_ubatch, n_seq, GgmlType::F16)).unwrap()
+    }
+
+    #[test]
+    fn kv_slots_are_reserved_for_every_micro_batch_or_none() {
+        let m = Tiny::new(1).load("slots");
+        let toks = tokens(16, 0);
+        let mut ctx = new_ctx(&m, 16, 4, 1);
+        assert_eq!(run(&mut ctx, &toks[..12], 0, 0, 4).0, Decoded::Done { n_ubatches: 3 });
+        // 8 more tokens in two micro-batches: the first would fit the 4 free cells, the
+        // second not, so neither is placed
+        assert_eq!(run(&mut ctx, &toks[8..16], 12, 0, 4).0, Decoded::NoSlot);
+        assert_eq!(ctx.mem_seq_pos_max(0).unwrap(), 11);
+        assert_eq!(used(&ctx), 12);
+        // the cache is as before: the 4 that fit give what a fresh context gives
+        let (d, after) = run(&mut ctx, &toks[12..16], 12, 0, 4);
+        assert_eq!(d, Decoded::Done { n_ubatches: 1 });
+        let mut fresh = new_ctx(&m, 16, 4, 1);
+        let (_, want) = run(&mut fresh, &toks, 0, 0, 4);
+        assert_eq!(after, want);
+        // full now: even one token finds no cell
+        let mut row = vec![0f32; ctx.n_vocab()];
+        assert_eq!(ctx.decode_one(5, &mut row).unwrap(), Decoded::NoSlot);
+        assert_eq!(ctx.mem_seq_pos_max(0).unwrap(), 15);
+    }
+
+    #[test]
+    fn abort_keeps_exactly_the_finished_micro_batches() {
+        let m = Tiny::new(2).load("abort");
+        let toks = tokens(12, 1);
+        let mut ctx = new_ctx(&m, 32, 4, 1);
+        let pos: Vec<i32> = (0..12).collect();
+        let mut out = vec![false; 12];
+        out[11] = true;
+        let mut asked = 0;
+        let mut stop_third = || {
+            asked += 1;
+            asked == 3
+        };
+        let (d, _) = decode_abort(&mut ctx, &toks, &pos, &[0; 12], &out, 4, &mut stop_third);
+        assert_eq!(d, Decoded::Aborted { n_done: 2 });
+        assert_eq!(ctx.mem_seq_pos_max(0).unwrap(), 7);
+        // the 8 finished positions are the ones a full decode writes
+        let (_, rest) = run(&mut ctx, &toks[8..], 8, 0, 4);
+        let mut fresh = new_ctx(&m, 32, 4, 1);
+        let (_, want) = run(&mut fresh, &toks, 0, 0, 4);
+        assert_eq!(rest, want);
+    }
+
+    #[test]
+    fn seq_rm_then_redecode_gives_the_same_logits() {
+        let m = Tiny::new(3).load("seqrm");
+        let toks = tokens(10, 2);
+        let mut ctx = new_ctx(&m, 32, 8, 1);
+        let (_, first) = run(&mut ctx, &toks, 0, 0, 8);
+        assert!(ctx.mem_seq_rm(0, 6, -1).unwrap());
+        assert_eq!((ctx.mem_seq_pos_min(0).unwrap(), ctx.mem_seq_pos_max(0).unwrap()), (0, 5));
+        assert_eq!(used(&ctx), 6);
+        let (_, again) = run(&mut ctx, &toks[6..], 6, 0, 8);
+        assert_eq!(first, again);
+        // a different continuation differs: the comparison above can fail
+        let mut other = toks[6..].to_vec();
+        other[0] = (other[0] + 1) % 64;
+        assert!(ctx.mem_seq_rm(0, 6, -1).unwrap());
+        assert_ne!(run(&mut ctx, &other, 6, 0, 8).1, first);
+        assert!(ctx.mem_seq_rm(-1, -1, -1).unwrap());
+        assert_eq!((ctx.mem_seq_pos_max(0).unwrap(), used(&ctx)), (-1, 0));
+    }
+
+    #[test]
+    fn seq_cp_shares_the_prefix_cells() {
+        let m = Tiny::new(4).load("seqcp");
+        let toks = tokens(7, 3);
+        let mut ctx = new_ctx(&m, 32, 8, 2);
+        run(&mut ctx, &toks[..6], 0, 0, 8);
+        ctx.mem_seq_cp(0, 1, -1, -1).unwrap();
+        assert_eq!(ctx.mem_seq_pos_max(1).unwrap(), 5);
+        assert_eq!(used(&ctx), 6, "copied cells are shared, not duplicated");
+        let (_, in1) = run(&mut ctx, &toks[6..], 6, 1, 8);
+        let (_, in0) = run(&mut ctx, &toks[6..], 6, 0, 8);
+        assert_eq!(in0, in1);
+        let mut fresh = new_ctx(&m, 32, 8, 1);
+        assert_eq!(run(&mut fresh, &toks, 0, 0, 8).1, in1);
+        // removing sequence 0 leaves sequence 1's cells
+        assert!(ctx.mem_seq_rm(0, -1, -1).unwrap());
+        assert_eq!((ctx.mem_seq_pos_max(0).unwrap(), ctx.mem_seq_pos_max(1).unwrap()), (-1, 6));
+        assert_eq!(used(&ctx), 7);
+    }
+
+    #[test]
+    fn a_sequence_logits_do_not_depend_on_its_batch_mates_or_the_split() {
+        let m = Tiny::new(5).load("invariance");
+        let a = tokens(9, 4);
+        let mut alone = new_ctx(&m, 64, 16, 3);
+        let pos: Vec<i32> = (0..9).collect();
+        let (_, want) = decode(&mut alone, &a, &pos, &[0; 9], &[true; 9], 16);
+        // the same sequence interleaved with two others, in micro-batches of 5 and of 27
+        for n_ubatch in [5, 27] {
+            let mut ctx = new_ctx(&m, 64, n_ubatch, 3);
+            let (b, c) = (tokens(9, 5), tokens(9, 6));
+            let (mut tk, mut ps, mut sq) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..9 {
+                for (s, t) in [(1, b[i]), (0, a[i]), (2, c[i])] {
+                    tk.push(t);
+                    ps.push(i as i32);
+                    sq.push(s);
+                }
+            }
+            let out: Vec<bool> = sq.iter().map(|&s| s == 0).collect();
+            let (d, got) = decode(&mut ctx, &tk, &ps, &sq, &out, n_ubatch);
+            assert!(matches!(d, Decoded::Done { .. }));
+            assert_eq!(got, want, "n_ubatch {n_ubatch}");
+        }
+    }
+
+    #[test]
+    fn decode_one_is_a_one_token_batch_and_refuses_positions_past_int32() {
+        let m = Tiny::new(6).load("one");
+        let toks = tokens(5, 7);
+        let mut a = new_ctx(&m, 32, 8, 1);
+        let mut b = new_ctx(&m, 32, 8, 1);
+        run(&mut a, &toks[..4], 0, 0, 8);
+        run(&mut b, &toks[..4], 0, 0, 8);
+        let mut row = vec![0f32; a.n_vocab()];
+        assert_eq!(a.decode_one(toks[4], &mut row).unwrap(), Decoded::Done { n_ubatches: 1 });
+        assert_eq!(run(&mut b, &toks[4..], 4, 0, 8).1, row);
+        // a token id outside the vocabulary is an error, not a panic
+        assert!(a.decode_one(64, &mut row).is_err());
+        // shift the sequence to end at the largest position: the next one does not exist
+        a.mem_seq_add(0, -1, -1, i32::MAX - 4).unwrap();
+        assert_eq!(a.mem_seq_pos_max(0).unwrap(), i32::MAX);
+        match a.decode_one(1, &mut row).unwrap() {
+            Decoded::InvalidBatch(why) => assert!(why.contains("2147483648"), "{why}"),
+            d => panic!("expected InvalidBatch, got {d:?}"),
+        }
+        assert_eq!((a.mem_seq_pos_max(0).unwrap(), used(&a)), (i32::MAX, 5));
     }
 }

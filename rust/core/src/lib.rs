@@ -24,3 +24,5 @@ pub mod kv_cache;
 pub mod sampling;
 pub mod state;
 pub mod recurrent;
+#[cfg(test)]
+pub mod testutil;

@@ -6,7 +6,7 @@ use crate::errors::{state_err, to_py};
 use crate::gguf::PyModel;
 use numpy::{PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray, PyUntypedArrayMethods};
 use pyllama_core::adapter::LoraAdapter;
-use pyllama_core::context::{BatchRef, Context, ContextParams};
+use pyllama_core::context::{BatchRef, Context, ContextParams, Decoded};
 use pyllama_core::kv_cache::parse_cache_type;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -85,6 +85,40 @@ fn slice2<'a>(a: &'a Option<numpy::PyReadonlyArray2<'_, f32>>) -> PyResult<&'a [
     match a {
         None => Ok(&[]),
         Some(a) => a.as_slice().map_err(|_| PyValueError::new_err("state: arrays must be C-contiguous")),
+    }
+}
+
+/// What `Context.decode` / `decode_one` did, short of a fatal error (raised as an
+/// exception): llama_decode's codes 0, 1, 2 and -1 as a value.
+#[pyclass(name = "DecodeOutcome", module = "pyllama._core", frozen)]
+pub struct PyDecodeOutcome {
+    /// "ok", "no_slot" (nothing changed), "aborted" (the cache keeps the first `n_done`
+    /// micro-batches) or "invalid_batch" (nothing changed; `reason` says why).
+    #[pyo3(get)]
+    kind: &'static str,
+    /// Micro-batches finished: all of them when ok, those before the abort when aborted, 0 else.
+    #[pyo3(get)]
+    n_done: usize,
+    #[pyo3(get)]
+    reason: String,
+}
+
+impl From<Decoded> for PyDecodeOutcome {
+    fn from(d: Decoded) -> Self {
+        let (kind, n_done, reason) = match d {
+            Decoded::Done { n_ubatches } => ("ok", n_ubatches, String::new()),
+            Decoded::NoSlot => ("no_slot", 0, String::new()),
+            Decoded::Aborted { n_done } => ("aborted", n_done, String::new()),
+            Decoded::InvalidBatch(r) => ("invalid_batch", 0, r),
+        };
+        PyDecodeOutcome { kind, n_done, reason }
+    }
+}
+
+#[pymethods]
+impl PyDecodeOutcome {
+    fn __repr__(&self) -> String {
+        format!("DecodeOutcome(kind={:?}, n_done={}, reason={:?})", self.kind, self.n_done, self.reason)
     }
 }
 
@@ -274,8 +308,7 @@ impl PyContext {
         self.inner.set_n_threads(n_threads, n_threads_batch)
     }
 
-    /// Run the micro-batches of one batch. Returns (ret, n_done): ret 0 ok, 1 no KV slot
-    /// (nothing changed), 2 aborted before micro-batch n_done.
+    /// Run the micro-batches of one batch; a fatal error is an exception.
     #[pyo3(signature = (tokens, embd, pos, n_seq_id, seq_id, ubatches, out_rows, logits, hidden = None, abort = None))]
     #[allow(clippy::too_many_arguments)]
     fn decode(
@@ -291,7 +324,7 @@ impl PyContext {
         logits: Bound<'_, PyArray2<f32>>,
         hidden: Option<Bound<'_, PyArray2<f32>>>,
         abort: Option<PyObject>,
-    ) -> PyResult<(i32, usize)> {
+    ) -> PyResult<PyDecodeOutcome> {
         if let Some(f) = &abort {
             if !f.bind(py).is_callable() {
                 return Err(pyo3::exceptions::PyTypeError::new_err("decode: abort must be callable or None"));
@@ -340,37 +373,20 @@ impl PyContext {
         if let Some(e) = cb_err {
             return Err(e);
         }
-        r
+        r.map(PyDecodeOutcome::from)
     }
 
     /// The token-generation step without the general call's arrays: `token` at the
     /// position after sequence 0's last, logits into `logits` (float32 [n_vocab], one row
-    /// of the context's output buffer). Same work and codes as `decode` with a one-token
-    /// batch (0 ok, 1 no KV slot, -1 when sequence 0 already ends at the largest int32
-    /// position); the caller has validated `token`.
-    fn decode_one(&mut self, py: Python<'_>, token: i32, logits: Bound<'_, PyArray1<f32>>) -> PyResult<i32> {
+    /// of the context's output buffer). Same work and outcome as `decode` with a one-token
+    /// batch ("invalid_batch" when sequence 0 already ends at the largest int32 position);
+    /// the caller has validated `token`.
+    fn decode_one(&mut self, py: Python<'_>, token: i32, logits: Bound<'_, PyArray1<f32>>) -> PyResult<PyDecodeOutcome> {
         let mut lg_w = out_buf(&logits, "decode_one: logits")?;
         let lg = lg_w.as_slice_mut().map_err(|_| PyValueError::new_err("decode_one: logits must be C-contiguous"))?;
-        let last = self.inner.mem_seq_pos_max(0).map_err(to_py)?;
-        if last == i32::MAX {
-            // the next position does not fit llama_pos: an invalid batch, nothing changed
-            return Ok(-1);
-        }
-        let pos = last + 1;
-        let (tok, pos, n_seq_id, seq_id, ub, orow) = ([token], [pos], [1i32], [0i32], [0i32], [0i32]);
-        let batch = BatchRef {
-            tokens: Some(&tok),
-            embd: None,
-            pos: &pos,
-            n_seq_id: &n_seq_id,
-            seq_id: &seq_id,
-            seq_cols: 1,
-        };
         let inner = &mut self.inner;
-        let r = py.allow_threads(|| {
-            no_panic("decode_one", || inner.decode(&batch, &[&ub], &orow, lg, None, &mut || false).map_err(to_py))
-        });
-        r.map(|(ret, _)| ret)
+        let r = py.allow_threads(|| no_panic("decode_one", || inner.decode_one(token, lg).map_err(to_py)));
+        r.map(PyDecodeOutcome::from)
     }
 
     #[pyo3(signature = (data = true))]
@@ -644,6 +660,7 @@ fn top_k_indices<'py>(py: Python<'py>, logits: Bound<'py, PyArray1<f32>>, k: usi
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyContext>()?;
+    m.add_class::<PyDecodeOutcome>()?;
     m.add_class::<PyLoraAdapter>()?;
     m.add_function(wrap_pyfunction!(top_k_indices, m)?)?;
     Ok(())

@@ -810,3 +810,60 @@ pub(crate) fn run_ffn(st: &mut Step, ffn: &Ffn, c: &DecoderConfig, il: usize) ->
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The shared decoder (as `llama` configures it) against a plain f64 forward pass of
+    //! the same weights (testutil::Tiny::reference_logits): embedding, RMSNorm, NORM rope,
+    //! GQA causal attention, SwiGLU, tied output.
+
+    use crate::context::{Context, Decoded};
+    use crate::ggml_type::GgmlType;
+    use crate::testutil::{decode, params, Tiny};
+
+    fn max_err(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn logits_match_a_plain_forward_pass() {
+        let tiny = Tiny::new(21);
+        let m = tiny.load("decoder-ref");
+        let toks: Vec<i32> = vec![5, 17, 3, 60, 22, 9, 41];
+        let want = tiny.reference_logits(&toks);
+        let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
+        for (kv, flash, tol) in [(GgmlType::F32, false, 1e-4), (GgmlType::F16, true, 2e-2)] {
+            let mut ctx = Context::new(m.clone(), params(64, 4, 1, kv)).unwrap();
+            ctx.kv.flash_attn = flash;
+            let pos: Vec<i32> = (0..toks.len() as i32).collect();
+            let mut out = vec![false; toks.len()];
+            out[toks.len() - 1] = true;
+            let (d, got) = decode(&mut ctx, &toks, &pos, &vec![0; toks.len()], &out, 4);
+            assert_eq!(d, Decoded::Done { n_ubatches: 2 });
+            let e = max_err(&got, &want);
+            assert!(e <= tol * scale, "{kv}: max |logit error| {e} over logits up to {scale}");
+        }
+    }
+
+    #[test]
+    fn every_output_row_matches_its_prefix() {
+        // the logits of token i of a batch are the reference's for the prefix 0..=i
+        let tiny = Tiny::new(22);
+        let m = tiny.load("decoder-rows");
+        let toks: Vec<i32> = vec![1, 2, 33, 44, 5, 63];
+        let mut ctx = Context::new(m, params(64, 8, 1, GgmlType::F32)).unwrap();
+        ctx.kv.flash_attn = false;
+        let pos: Vec<i32> = (0..toks.len() as i32).collect();
+        let (_, got) = decode(&mut ctx, &toks, &pos, &vec![0; toks.len()], &vec![true; toks.len()], 8);
+        let nv = tiny.n_vocab;
+        for i in 0..toks.len() {
+            let want = tiny.reference_logits(&toks[..=i]);
+            let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
+            let e = max_err(&got[i * nv..(i + 1) * nv], &want);
+            assert!(e <= 1e-4 * scale, "row {i}: max error {e}");
+        }
+        // and a different weight gives different logits: the comparison can fail
+        let other = Tiny::new(23).reference_logits(&toks);
+        assert!(max_err(&got[(toks.len() - 1) * nv..], &other) > 1e-2);
+    }
+}

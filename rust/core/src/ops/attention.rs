@@ -772,3 +772,162 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize,
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `attention` against a plain softmax(q.k * scale) V computed here in f64 from the
+    //! values the cache holds: causal, sliding-window and chunked masks by position, GQA
+    //! head groups, softcap and sinks, for F16 (llama.cpp's one_chunk kernel) and F32 K/V.
+
+    use super::*;
+    use crate::testutil::Rng;
+
+    struct Case {
+        n_head: usize,
+        n_head_kv: usize,
+        hd: usize,
+        n_swa: usize,
+        chunked: bool,
+        softcap: f32,
+        sinks: bool,
+    }
+
+    const BASE: Case = Case { n_head: 4, n_head_kv: 2, hd: 16, n_swa: 0, chunked: false, softcap: 0.0, sinks: false };
+
+    /// Keys at positions 0..10 in scattered cells of a 16-cell cache, queries at `qpos`:
+    /// (attention's output, the reference) [n_q, n_head * hd].
+    fn run(c: &Case, t: GgmlType, flash: bool, qpos: &[i32]) -> (Vec<f32>, Vec<f32>) {
+        let (size, n_keys, hd) = (16usize, 10usize, c.hd);
+        let kw = c.n_head_kv * hd;
+        let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, t, t).unwrap();
+        kv.flash_attn = flash;
+        let mut r = Rng::new(11 + c.n_head as u64 * 7 + c.n_swa as u64);
+        // what the cache holds, as f32 (F16: the rounded values)
+        let round = |x: f32| if t == GgmlType::F16 { half::f16::from_f32(x).to_f32() } else { x };
+        let mut kvals = vec![vec![0f32; kw]; n_keys];
+        let mut vvals = vec![vec![0f32; kw]; n_keys];
+        let mut keys = Vec::new();
+        for p in 0..n_keys {
+            let cell = (p * 3) % size; // not in position order
+            keys.push((p as i32, cell as u32));
+            kvals[p] = r.vec(kw, 1.0).into_iter().map(round).collect();
+            vvals[p] = r.vec(kw, 1.0).into_iter().map(round).collect();
+            for (buf, vals, rb) in [(&mut kv.k[0], &kvals[p], kv.row_k[0]), (&mut kv.v[0], &vvals[p], kv.row_v[0])] {
+                let row = &mut buf[cell * rb..(cell + 1) * rb];
+                for (d, x) in vals.iter().enumerate() {
+                    if t == GgmlType::F16 {
+                        row[2 * d..2 * d + 2].copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+                    } else {
+                        row[4 * d..4 * d + 4].copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+            }
+        }
+        let n_q = qpos.len();
+        let q = r.vec(n_q * c.n_head * hd, 1.0);
+        let sinks: Vec<f32> = (0..c.n_head).map(|h| 0.5 * h as f32 - 0.7).collect();
+        let p = AttnParams {
+            il: 0,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            hd_k: hd,
+            hd_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: c.softcap,
+            n_swa: c.n_swa,
+            chunked: c.chunked,
+            sinks: if c.sinks { Some(&sinks) } else { None },
+        };
+        let stream = vec![0u32; n_q];
+        let key_range = vec![(0u32, n_keys as u32); n_q];
+        let inp = AttnInputs { pos: qpos, stream: &stream, key_range: &key_range, keys: &keys };
+        let pool = ThreadPool::new(2);
+        let stride = scratch_per_thread(size, hd, hd);
+        let mut scratch = vec![0f32; stride * 2];
+        let mut out = vec![f32::NAN; n_q * c.n_head * hd];
+        attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
+
+        // the reference; F16 K means q rounded to f16 first, as llama.cpp's kernel does
+        let q_in = |x: f32| if t == GgmlType::F16 && flash { half::f16::from_f32(x).to_f32() } else { x };
+        let mut want = vec![0f32; out.len()];
+        for (i, &pos) in qpos.iter().enumerate() {
+            let visible = |kp: i32| {
+                kp <= pos
+                    && match (c.n_swa, c.chunked) {
+                        (0, _) => true,
+                        (w, true) => kp >= pos / w as i32 * w as i32,
+                        (w, false) => pos - kp < w as i32,
+                    }
+            };
+            for h in 0..c.n_head {
+                let g = h / (c.n_head / c.n_head_kv);
+                let qh: Vec<f64> = q[(i * c.n_head + h) * hd..][..hd].iter().map(|&x| q_in(x) as f64).collect();
+                let mut sc = Vec::new();
+                for kp in (0..n_keys).filter(|&kp| visible(kp as i32)) {
+                    let mut s = qh.iter().zip(&kvals[kp][g * hd..(g + 1) * hd]).map(|(a, &b)| a * b as f64).sum::<f64>()
+                        * p.scale as f64;
+                    if c.softcap != 0.0 {
+                        s = c.softcap as f64 * (s / c.softcap as f64).tanh();
+                    }
+                    sc.push((kp, s));
+                }
+                let sink = if c.sinks { Some(sinks[h] as f64) } else { None };
+                let m = sc.iter().map(|x| x.1).chain(sink).fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|x| (x.1 - m).exp()).chain(sink.map(|s| (s - m).exp())).sum();
+                for (kp, s) in &sc {
+                    let w = (s - m).exp() / z;
+                    for d in 0..hd {
+                        want[(i * c.n_head + h) * hd + d] += (w * vvals[*kp][g * hd + d] as f64) as f32;
+                    }
+                }
+            }
+        }
+        (out, want)
+    }
+
+    fn check(c: &Case, t: GgmlType, flash: bool, tol: f32) {
+        let qpos = [0, 3, 4, 9, 12];
+        let (got, want) = run(c, t, flash, &qpos);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= tol, "{t} flash={flash} swa={} element {i}: got {g}, want {w}", c.n_swa);
+        }
+    }
+
+    #[test]
+    fn causal_gqa_matches_the_reference() {
+        // F16: the V accumulator is f16 (one rounding per key); F32 without flash attention: f32 throughout
+        check(&BASE, GgmlType::F16, true, 4e-3);
+        check(&BASE, GgmlType::F32, false, 2e-5);
+        check(&Case { n_head: 6, n_head_kv: 1, ..BASE }, GgmlType::F16, true, 4e-3);
+        check(&Case { n_head: 2, n_head_kv: 2, hd: 8, ..BASE }, GgmlType::F32, false, 2e-5);
+    }
+
+    #[test]
+    fn sliding_window_and_chunked_masks_match_the_reference() {
+        for t in [GgmlType::F16, GgmlType::F32] {
+            let tol = if t == GgmlType::F16 { 4e-3 } else { 2e-5 };
+            check(&Case { n_swa: 3, ..BASE }, t, t == GgmlType::F16, tol);
+            check(&Case { n_swa: 4, chunked: true, ..BASE }, t, t == GgmlType::F16, tol);
+        }
+    }
+
+    #[test]
+    fn softcap_and_sinks_match_the_reference() {
+        check(&Case { softcap: 1.5, ..BASE }, GgmlType::F16, true, 4e-3);
+        check(&Case { sinks: true, ..BASE }, GgmlType::F16, true, 4e-3);
+        check(&Case { sinks: true, n_swa: 3, ..BASE }, GgmlType::F32, false, 2e-5);
+    }
+
+    #[test]
+    fn the_masks_change_the_result() {
+        // the reference comparison can fail: a window changes the outputs
+        let qpos = [9];
+        let (full, _) = run(&BASE, GgmlType::F32, false, &qpos);
+        let (swa, _) = run(&Case { n_swa: 3, ..BASE }, GgmlType::F32, false, &qpos);
+        assert!(full.iter().zip(&swa).any(|(a, b)| (a - b).abs() > 1e-2));
+        // chunks of 4: a query at position 12 starts a chunk with no keys (they end at 9):
+        // it sees nothing and its output is zero
+        let (none, _) = run(&Case { n_swa: 4, chunked: true, ..BASE }, GgmlType::F16, true, &[12]);
+        assert!(none.iter().all(|&x| x == 0.0), "{none:?}");
+    }
+}
