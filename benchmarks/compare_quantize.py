@@ -3,7 +3,10 @@
 F32 input with the same thread count; prints the median wall time of each per type, the
 ratio llama.cpp / pyllama (> 1: pyllama is faster), the same for CPU time (user + sys of
 the process; steadier than wall time on a shared machine), and whether the outputs are
-identical. pyllama's times include starting Python (about 0.4 s of CPU).
+identical. pyllama's times include starting Python and the CLI (about 0.4 s of CPU, mostly
+importing typer and pydantic); the last ratio, "excl. start", is llama.cpp's CPU time over
+pyllama's less that start-up cost, measured each round as the CPU time of `pyllama quantize`
+on a one-layer 64-wide model.
 
 Types that need an importance matrix (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M,
 IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M, Q2_K_S) get one: --imatrix, or else a random positive one
@@ -129,23 +132,29 @@ def main() -> None:
         tmp = Path(td)
         src = a.model or write_model(tmp / "in.gguf", *map(int, a.size.split(",")))
         print(f"input {src} ({src.stat().st_size / 2**20:.0f} MiB), {a.threads} threads, {a.rounds} rounds")
-        print(f"{'type':8s} {'llama.cpp s':>12s} {'pyllama s':>10s} {'ratio':>6s} {'llama cpu':>10s} "
-              f"{'pyllama cpu':>11s} {'ratio':>6s}  identical")
+        tiny = write_model(tmp / "tiny.gguf", 64, 128, 1, 256)
+        print(f"{'type':9s} {'llama.cpp s':>11s} {'pyllama s':>10s} {'ratio':>6s} {'llama cpu':>10s} "
+              f"{'pyllama cpu':>11s} {'ratio':>6s} {'start cpu':>9s} {'excl. start':>11s}  identical")
         imatrix = a.imatrix
         for ty in a.types.split(","):
             extra: list[str] = []
             if ty in NEEDS_IMATRIX:
                 imatrix = imatrix or write_imatrix(tmp / "imatrix.gguf", src)
                 extra = ["--imatrix", str(imatrix)]
-            tl, tp = [], []
+            tl, tp, ts = [], [], []
             for _ in range(a.rounds):
+                ts.append(timed([sys.executable, "-m", "pyllama", "quantize", str(tiny), str(tmp / "t.gguf"), "Q8_0",
+                                 str(a.threads)]))
                 tl.append(timed([str(lq), *extra, str(src), str(tmp / "l.gguf"), ty, str(a.threads)]))
                 tp.append(timed([sys.executable, "-m", "pyllama", "quantize", *extra, str(src), str(tmp / "p.gguf"), ty,
                                  str(a.threads)]))
             same = hashlib.sha256((tmp / "l.gguf").read_bytes()).digest() == hashlib.sha256((tmp / "p.gguf").read_bytes()).digest()
             ml, mp = statistics.median(x[0] for x in tl), statistics.median(x[0] for x in tp)
             cl, cp = statistics.median(x[1] for x in tl), statistics.median(x[1] for x in tp)
-            print(f"{ty:8s} {ml:12.2f} {mp:10.2f} {ml / mp:6.2f} {cl:10.2f} {cp:11.2f} {cl / cp:6.2f}  {same}", flush=True)
+            cs = statistics.median(x[1] for x in ts)
+            excl = f"{cl / (cp - cs):11.2f}" if cp > cs else f"{'-':>11s}"
+            print(f"{ty:9s} {ml:11.2f} {mp:10.2f} {ml / mp:6.2f} {cl:10.2f} {cp:11.2f} {cl / cp:6.2f} {cs:9.2f} {excl}  {same}",
+                  flush=True)
 
 
 if __name__ == "__main__":
