@@ -70,6 +70,67 @@ pub(super) unsafe fn qx_trials(nmax: i32, x: &[f32], w: &[f32], max: f32, sumlx:
     _mm256_storeu_ps(suml2.as_mut_ptr().add(16), s22);
 }
 
+/// Eight trials of `make_qkx2_quants` / `make_qkx3_quants` at inverse scales `iscale`
+/// with the caller's current `min` (`xm` = x - min): per lane the levels
+/// l_i = clamp(nearest_int(iscale xm_i), 0, nmax), the sums sum w l, sum (w l) l,
+/// sum (w l) x in i order, D, this_scale and this_min as ggml computes them (this_min > 0:
+/// 0 and sum_xl / sum_l2), and the weighted error of the fit (|diff| or diff^2).
+/// A lane's results mean something only where D > 0, as in ggml.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn qkx_trials(
+    nmax: i32,
+    x: &[f32],
+    xm: &[f32],
+    w: &[f32],
+    sum_w: f32,
+    sum_x: f32,
+    iscale: &[f32; 8],
+    use_mad: bool,
+    out_d: &mut [f32; 8],
+    out_err: &mut [f32; 8],
+    out_scale: &mut [f32; 8],
+    out_min: &mut [f32; 8],
+) {
+    let n = x.len().min(xm.len()).min(w.len());
+    let isc = _mm256_loadu_ps(iscale.as_ptr());
+    let hi = _mm256_set1_epi32(nmax);
+    let lo = _mm256_setzero_si256();
+    let level = |i: usize| {
+        let l = nearest_int8(_mm256_mul_ps(isc, _mm256_set1_ps(xm[i])));
+        _mm256_cvtepi32_ps(_mm256_max_epi32(_mm256_min_epi32(l, hi), lo))
+    };
+    let z = _mm256_setzero_ps();
+    let (mut sl, mut sl2, mut sxl) = (z, z, z);
+    for i in 0..n {
+        let lf = level(i);
+        let wl = _mm256_mul_ps(_mm256_set1_ps(w[i]), lf);
+        sl = _mm256_add_ps(sl, wl);
+        sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, lf));
+        sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, _mm256_set1_ps(x[i])));
+    }
+    let sw = _mm256_set1_ps(sum_w);
+    let sx = _mm256_set1_ps(sum_x);
+    let d = _mm256_sub_ps(_mm256_mul_ps(sw, sl2), _mm256_mul_ps(sl, sl));
+    let mut scale = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sw, sxl), _mm256_mul_ps(sx, sl)), d);
+    let mut min = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, sx), _mm256_mul_ps(sl, sxl)), d);
+    let pos = _mm256_cmp_ps::<_CMP_GT_OQ>(min, z);
+    min = _mm256_blendv_ps(min, z, pos);
+    scale = _mm256_blendv_ps(scale, _mm256_div_ps(sxl, sl2), pos);
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut err = z;
+    for i in 0..n {
+        let lf = level(i);
+        let mut diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, lf), min), _mm256_set1_ps(x[i]));
+        diff = if use_mad { _mm256_and_ps(diff, abs_mask) } else { _mm256_mul_ps(diff, diff) };
+        err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_set1_ps(w[i]), diff));
+    }
+    _mm256_storeu_ps(out_d.as_mut_ptr(), d);
+    _mm256_storeu_ps(out_err.as_mut_ptr(), err);
+    _mm256_storeu_ps(out_scale.as_mut_ptr(), scale);
+    _mm256_storeu_ps(out_min.as_mut_ptr(), min);
+}
+
 /// The 16 values of a 4-bit table as two float vectors.
 #[derive(Clone, Copy)]
 pub(super) struct Table16 {
