@@ -331,6 +331,40 @@ def test_cli_quantize(workdir, model_paths, tmp_path):
         assert r.returncode == 2 and msg in r.stderr, (bad, r.stderr)
 
 
+def test_cli_tensor_type_file(workdir, model_paths, tmp_path):
+    """--tensor-type-file: llama-quantize reads each whitespace-separated word of the file as
+    one --tensor-type, so a file with a reference case's --tensor-type values gives that
+    case's bytes (llama-quantize's output)."""
+    import subprocess
+
+    src = model_paths("tiny-llama")
+    out = tmp_path / "cli.gguf"
+    tt = tmp_path / "types.txt"
+    tt.write_text("  ATTN_Q=q8_0\n\n\tffn_down=Q5_0 \n")
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", "--tensor-type-file", str(tt), str(src), str(out),
+                        "Q4_K_M", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    want = CASES["tiny-llama Q4_K_M --tensor-type attn_q=q8_0 --tensor-type ffn_down=q5_0"]["sha256"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == want
+    tt.write_text("attn=q4_0 attn_q=q5_1")  # the order of the file is the order of the matches
+    r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0", "--tensor-type-file",
+                        str(tt)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    want = CASES["tiny-llama Q8_0 --tensor-type attn=q4_0 --tensor-type attn_q=q5_1"]["sha256"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == want
+    for content, extra, msg in (("attn_q=q8_0 ffn_down", [], "malformed tensor type 'ffn_down'"),
+                                ("attn_q=q9", [], "invalid quantization type 'q9'"),
+                                ("attn_q=q8_0", ["--tensor-type", "ffn_up=q4_0"], "not both"),
+                                (None, [], "failed to open file")):
+        if content is None:
+            tt.unlink()
+        else:
+            tt.write_text(content)
+        r = subprocess.run([sys.executable, "-m", "pyllama", "quantize", str(src), str(out), "Q8_0",
+                            "--tensor-type-file", str(tt), *extra], capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, (content, r.stderr)
+
+
 def test_parse_override_kv_as_llama_cpp():
     import typer
     from pyllama.cli.quantize import parse_override_kv as p

@@ -62,6 +62,26 @@ def parse_tensor_type(arg: str) -> tuple[str, str]:
     return name, ty.upper()
 
 
+def parse_tensor_type_file(path: str) -> list[tuple[str, str]]:
+    """``--tensor-type-file FILE`` as llama-quantize reads it: every whitespace-separated
+    word of FILE is one ``NAME_REGEX=TYPE`` (as ``--tensor-type``), in file order."""
+    import re
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise typer.BadParameter(f"--tensor-type-file: failed to open file '{path}': {e.strerror or e}") from None
+    out = []
+    for word in re.split(rb"[ \t\n\v\f\r]+", data):
+        if word:
+            try:
+                text = word.decode("utf-8")
+            except UnicodeDecodeError:
+                raise typer.BadParameter(f"--tensor-type-file '{path}': {word!r} is not UTF-8") from None
+            out.append(parse_tensor_type(text))
+    return out
+
+
 def _c_number(s: str, pattern: str, conv):
     """C's atol/atof: leading blanks, the longest number prefix, 0 when there is none."""
     import re
@@ -163,6 +183,9 @@ def quantize_cmd(
                                                "patterns) as ggml TYPE, e.g. attn_q=q8_0 or 'blk\\.[0-3]\\.ffn=q6_k'; "
                                                "repeatable, the first match wins; not for output.weight / token_embd "
                                                "when --output-tensor-type / --token-embedding-type name them"),
+    tensor_type_file: Optional[Path] = typer.Option(None, "--tensor-type-file", metavar="FILE",
+                                                    help="NAME_REGEX=TYPE entries as --tensor-type takes them, "
+                                                         "separated by spaces or newlines, first match wins"),
     override_kv: List[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
                                           help="set metadata KEY in the output (TYPE int, float, bool or str; int is "
                                                "written as u32, float as f32, as llama-quantize does) and in what "
@@ -187,7 +210,13 @@ def quantize_cmd(
     for flag, t in (("--output-tensor-type", output_tensor_type), ("--token-embedding-type", token_embedding_type)):
         if t is not None and t.upper() not in GGML_TYPES:
             raise typer.BadParameter(f"{flag}: invalid ggml_type '{t}'")
+    if tensor_type and tensor_type_file is not None:
+        # llama-quantize keeps command-line order across the two, and the first match wins;
+        # that order is not known here, so the mix is refused rather than guessed
+        raise typer.BadParameter("give the tensor types either with --tensor-type or in --tensor-type-file, not both")
     tensor_types = [parse_tensor_type(s) for s in tensor_type]
+    if tensor_type_file is not None:
+        tensor_types = parse_tensor_type_file(str(tensor_type_file))
     kv_overrides = [parse_override_kv(s) for s in override_kv]
     prune = parse_prune_layers(prune_layers) if prune_layers is not None else []
     ftype_name = next(n for n, i in _core.quantize_ftypes()

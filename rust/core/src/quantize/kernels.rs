@@ -124,6 +124,29 @@ fn make_qx_quants(n: usize, nmax: i32, x: &[f32], l_out: &mut [i8], mut rmse_typ
         return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
     }
     let mut best = scale * sumlx;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // All 18 trials at once (the same sums), then ggml's choice in trial order; the
+        // levels are those of the last trial that improved, as ggml's loop leaves them.
+        let (mut slx, mut sl2) = ([0f32; 24], [0f32; 24]);
+        // SAFETY: the CPU has AVX2 (checked above).
+        unsafe { super::search_avx2::qx_trials(nmax, x, w, max, &mut slx, &mut sl2) };
+        let mut best_is = 0;
+        for k in 0..18 {
+            if sl2[k] > 0.0 && slx[k] * slx[k] > best * sl2[k] {
+                scale = slx[k] / sl2[k];
+                best = scale * slx[k];
+                best_is = super::search_avx2::qx_trial_is(k);
+            }
+        }
+        if best_is != 0 {
+            iscale = -(nmax as f32 + 0.1f32 * best_is as f32) / max;
+            for i in 0..n {
+                l_out[i] = (nmax + nearest_int(iscale * x[i]).min(nmax - 1).max(-nmax)) as i8;
+            }
+        }
+        return scale;
+    }
     let mut lbuf = [0f32; 32];
     let ls = &mut lbuf[..n];
     for is in -9i32..=9 {
@@ -275,6 +298,49 @@ fn make_qkx_quants(
         best_error += weights[i] * diff;
     }
     if nstep < 1 {
+        return (scale, -min);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // Eight trials at once (the same sums and errors), chosen in trial order. ggml's
+        // trials read `min`, which an accepted trial changes: when it does, the trials after
+        // it are computed again with the new one.
+        let mut xm = [0f32; 32];
+        let mut best: Option<(f32, f32)> = None; // (iscale, min) of the accepted trial
+        let mut is = 0i32;
+        'trials: while is <= nstep {
+            for i in 0..n {
+                xm[i] = x[i] - min;
+            }
+            let isc: [f32; 8] = std::array::from_fn(|k| (rmin + rdelta * (is + k as i32) as f32 + nmaxf) / (max - min));
+            let (mut dd, mut err, mut sc, mut mn) = ([0f32; 8], [0f32; 8], [0f32; 8], [0f32; 8]);
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe {
+                super::search_avx2::qkx_trials(nmax, x, &xm[..n], weights, sum_w, sum_x, &isc, use_mad, &mut dd, &mut err, &mut sc, &mut mn)
+            };
+            for k in 0..8 {
+                if is + k as i32 > nstep {
+                    break;
+                }
+                if dd[k] > 0.0 && err[k] < best_error {
+                    best = Some((isc[k], min));
+                    best_error = err[k];
+                    scale = sc[k];
+                    let moved = mn[k].to_bits() != min.to_bits();
+                    min = mn[k];
+                    if moved {
+                        is += k as i32 + 1;
+                        continue 'trials;
+                    }
+                }
+            }
+            is += 8;
+        }
+        if let Some((isc, m)) = best {
+            for i in 0..n {
+                l_out[i] = nearest_int(isc * (x[i] - m)).min(nmax).max(0) as u8;
+            }
+        }
         return (scale, -min);
     }
     let mut lf = [0f32; 32];
@@ -1006,6 +1072,10 @@ fn q6_k(x: &[f32], y: &mut [u8], qw_row: Option<&[f32]>) {
 fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Option<&mut [u8]>, scales_l: Option<&mut [u8]>, l: &mut [u8], qw: Option<&[f32]>, ntry: i32) {
     const BS: usize = 32;
     let values = &KVALUES_IQ4NL;
+    #[cfg(target_arch = "x86_64")]
+    let table = iq4_table();
+    #[cfg(not(target_arch = "x86_64"))]
+    let table: Option<()> = None;
     let mut weight = [0f32; 32];
     let mut scales = [0f32; 8];
     let mut sigma2 = 0f32;
@@ -1048,6 +1118,29 @@ fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Op
         }
         let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
         let mut id = 1.0 / d;
+        #[cfg(target_arch = "x86_64")]
+        if let (7, Some(t)) = (ntry, table) {
+            // The first pass and the 15 trials at once (the same sums), then ggml's
+            // choice in trial order.
+            let (mut sqx, mut sq2) = ([0f32; 16], [0f32; 16]);
+            // SAFETY: `table` exists only when the CPU has AVX2.
+            unsafe { super::search_avx2::iq4_trials(t, values[0] as i32, id, max, xb, &weight, lb, &mut sqx, &mut sq2) };
+            d = if sq2[0] > 0.0 { sqx[0] / sq2[0] } else { 0.0 };
+            let mut best = d * sqx[0];
+            for k in 1..16 {
+                if sq2[k] > 0.0 && sqx[k] * sqx[k] > best * sq2[k] {
+                    d = sqx[k] / sq2[k];
+                    best = d * sqx[k];
+                }
+            }
+            scales[ib] = d;
+            let abs_d = d.abs();
+            if abs_d > amax_scale {
+                amax_scale = abs_d;
+                max_scale = d;
+            }
+            continue;
+        }
         let mut sumqx = 0f32;
         let mut sumq2 = 0f32;
         for j in 0..BS {
@@ -1096,9 +1189,7 @@ fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Op
             let dl = d * lv as f32;
             let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
             let xb = &x[ib * BS..ib * BS + BS];
-            for j in 0..BS {
-                l[ib * BS + j] = best_index_int8(values, idl * xb[j]) as u8;
-            }
+            best_indices(table, idl, xb, &mut l[ib * BS..ib * BS + BS]);
             lv += 32;
             let l_l = (lv & 0xf) as u8;
             let l_h = (lv >> 4) as u16;
@@ -1114,15 +1205,48 @@ fn iq4_impl(sbs: usize, x: &[f32], d_out: &mut [u8], q4: &mut [u8], scales_h: Op
         d_out[..2].copy_from_slice(&f32_to_f16(scales[0]).to_le_bytes());
         if ntry > 0 {
             let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
-            for j in 0..sbs {
-                l[j] = best_index_int8(values, id * x[j]) as u8;
-            }
+            best_indices(table, id, &x[..sbs], &mut l[..sbs]);
         }
     }
     for i in 0..sbs / 32 {
         for j in 0..16 {
             q4[16 * i + j] = l[32 * i + j] | (l[32 * i + 16 + j] << 4);
         }
+    }
+}
+
+/// IQ4_NL's table for the AVX2 searches, when the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn iq4_table() -> Option<super::search_avx2::Table16> {
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        Some(unsafe { super::search_avx2::Table16::new(&KVALUES_IQ4NL) })
+    } else {
+        None
+    }
+}
+
+/// `best_index_int8(values, id * x[j])` into `l[j]` for every j (AVX2 with a table).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn best_indices(table: Option<super::search_avx2::Table16>, id: f32, x: &[f32], l: &mut [u8]) {
+    match table {
+        // SAFETY: `table` exists only when the CPU has AVX2; x.len() is 32 or 256.
+        Some(t) => unsafe { super::search_avx2::best_indices(t, id, x, l) },
+        None => {
+            for (d, &v) in l.iter_mut().zip(x) {
+                *d = best_index_int8(&KVALUES_IQ4NL, id * v) as u8;
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn best_indices(_: Option<()>, id: f32, x: &[f32], l: &mut [u8]) {
+    for (d, &v) in l.iter_mut().zip(x) {
+        *d = best_index_int8(&KVALUES_IQ4NL, id * v) as u8;
     }
 }
 

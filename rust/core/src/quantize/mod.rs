@@ -15,6 +15,8 @@ mod grid;
 mod iq1;
 mod iq2;
 mod iq3;
+#[cfg(target_arch = "x86_64")]
+mod search_avx2;
 pub mod kernels;
 pub mod select;
 
