@@ -36,10 +36,10 @@ def _decode(ctx, toks, pos, seqs) -> np.ndarray:
     nu = ctx.n_ubatch
     ubs = [np.arange(s, min(s + nu, n), dtype=np.int32) for s in range(0, n, nu)]
     logits = np.zeros((n, ctx.n_vocab), dtype=np.float32)
-    ret, done = ctx.decode(np.asarray(toks, np.int32), None, np.asarray(pos, np.int32), np.ones(n, np.int32),
+    r = ctx.decode(np.asarray(toks, np.int32), None, np.asarray(pos, np.int32), np.ones(n, np.int32),
                            np.asarray(seqs, np.int32).reshape(n, 1), ubs, np.arange(n, dtype=np.int32), logits,
                            None, None)
-    assert (ret, done) == (0, len(ubs))
+    assert (r.kind, r.n_done) == ("ok", len(ubs))
     return logits
 
 

@@ -72,8 +72,7 @@ pub fn kernels(set: KernelSet, ty: GgmlType) -> Option<RbKernels> {
 /// `PYLLAMA_NO_RB=1`: the K-quant prefill takes the tile kernels (for comparisons; the
 /// results are the same bits either way).
 fn no_rb() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var_os("PYLLAMA_NO_RB").is_some_and(|v| v != "0"))
+    super::cpu::env().no_rb
 }
 
 macro_rules! cols_table {
@@ -596,7 +595,7 @@ mod tests {
             }
             for set in &sets {
                 let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-                assert!(!k_quant || kernels(*set, ty).is_some() || std::env::var_os("PYLLAMA_NO_RB").is_some());
+                assert!(!k_quant || kernels(*set, ty).is_some() || super::super::cpu::env().no_rb);
                 let dot = quant::vec_dot_fn(ty, *set).unwrap();
                 for threads in [1, 2] {
                     let pool = ThreadPool::new(threads);

@@ -138,6 +138,9 @@ pub struct KernelEnv {
     pub no_rows: bool,
     /// `PYLLAMA_NO_SGEMM=1`: F32/F16 weights without the tinyBLAS-order tiles.
     pub no_sgemm: bool,
+    /// `PYLLAMA_NO_RB=1`: K-quant prefill without the row-block kernels (`avx2_rb`; the
+    /// same bits either way, for comparisons).
+    pub no_rb: bool,
 }
 
 impl KernelEnv {
@@ -160,6 +163,7 @@ impl KernelEnv {
             no_cols: flag("PYLLAMA_NO_COLS"),
             no_rows: flag("PYLLAMA_NO_ROWS"),
             no_sgemm: flag("PYLLAMA_NO_SGEMM"),
+            no_rb: flag("PYLLAMA_NO_RB"),
         }
     }
 }
@@ -188,7 +192,8 @@ mod tests {
         assert!(parse(&[("PYLLAMA_ORDER", "LlamaCpp")]).llamacpp_order);
         assert!(!parse(&[("PYLLAMA_ORDER", "pyllama")]).llamacpp_order);
         let e = parse(&[("PYLLAMA_NO_COLS", "1"), ("PYLLAMA_NO_ROWS", "0"), ("PYLLAMA_NO_SGEMM", "yes")]);
-        assert!(e.no_cols && !e.no_rows && e.no_sgemm);
+        assert!(e.no_cols && !e.no_rows && e.no_sgemm && !e.no_rb);
+        assert!(parse(&[("PYLLAMA_NO_RB", "1")]).no_rb);
     }
 
     #[test]
