@@ -6,8 +6,9 @@ usable. A software adapter (Mesa's lavapipe: ``type == "cpu"``) is usable only w
 for, with ``allow_software=True`` or ``PYLLAMA_GPU=cpu-ok``: it is slower than the CPU
 kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
 ``llama_model_params``, ``-ngl``) puts the matmuls of the last N layers on the first usable
-adapter (``main_gpu`` picks another); today only the matrix products run there, so the
-activations cross to the device and back once per offloaded matmul.
+adapter (``main_gpu`` picks another). For the shared decoder's architectures whole layers
+run there (with ``offload_kqv`` and an F16/F32 cache, the KV cache and attention too); other
+layers send each matmul's activations to the device and back.
 """
 
 from __future__ import annotations

@@ -205,6 +205,26 @@ pub struct LayerAttn {
     pub flash: bool,
 }
 
+impl LayerAttn {
+    /// The device kernel's description of the attention `p` describes for the CPU (the
+    /// device path has no sinks: layers with them stay on the CPU).
+    pub fn of(p: &crate::ops::attention::AttnParams, flash: bool) -> LayerAttn {
+        debug_assert!(p.sinks.is_none());
+        LayerAttn {
+            il: p.il,
+            n_head: p.n_head,
+            n_head_kv: p.n_head_kv,
+            hd_k: p.hd_k,
+            hd_v: p.hd_v,
+            scale: p.scale,
+            softcap: p.softcap,
+            n_swa: p.n_swa,
+            chunked: p.chunked,
+            flash,
+        }
+    }
+}
+
 impl Gpu {
     pub(super) fn kv_pipelines(&self) -> (wgpu::BindGroupLayout, wgpu::ComputePipeline, wgpu::ComputePipeline) {
         let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {

@@ -599,19 +599,20 @@ impl Decoder {
                 run.rms_norm(B::Q, n * n_head, hd_k, None, eps_qk);
                 run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
             }
+            let p = AttnParams {
+                il,
+                n_head,
+                n_head_kv,
+                hd_k,
+                hd_v,
+                scale: c.kq_scale,
+                softcap: c.attn_softcap,
+                n_swa: l.n_swa,
+                chunked: c.swa_chunked,
+                sinks: None,
+            };
             if let (Some(g), Some(t)) = (gkv, tables.as_ref()) {
-                let a = crate::gpu::kv::LayerAttn {
-                    il,
-                    n_head,
-                    n_head_kv,
-                    hd_k,
-                    hd_v,
-                    scale: c.kq_scale,
-                    softcap: c.attn_softcap,
-                    n_swa: l.n_swa,
-                    chunked: c.swa_chunked,
-                    flash: st.kv.flash_attn,
-                };
+                let a = crate::gpu::kv::LayerAttn::of(&p, st.kv.flash_attn);
                 run.attend(g, t, n, &a, out_at)?;
                 out_at += n * (lk + lv);
             } else {
@@ -620,18 +621,6 @@ impl Decoder {
                 std::mem::swap(&mut b.q, &mut b.gate);
                 std::mem::swap(&mut b.k, &mut b.up);
                 let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
-                let p = AttnParams {
-                    il,
-                    n_head,
-                    n_head_kv,
-                    hd_k,
-                    hd_v,
-                    scale: c.kq_scale,
-                    softcap: c.attn_softcap,
-                    n_swa: l.n_swa,
-                    chunked: c.swa_chunked,
-                    sinks: None,
-                };
                 let r = r.and_then(|()| st.attend_cached(&p));
                 let b = &mut *st.b;
                 std::mem::swap(&mut b.q, &mut b.gate);
