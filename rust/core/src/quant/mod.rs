@@ -443,6 +443,18 @@ pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x:
 /// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_group`).
 pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
+/// A packed-group kernel over two weight rows (the AVX-512 set, `avx2_rb`): `PackedDot` for
+/// rows `wa` and `wb` at once, their values to `outa` and `outb`.
+pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
+
+/// A row-block kernel (`avx2_rb`): for the NC activation rows (Q8_K, `x + c * xs`) and the
+/// `table::RowBlock::rows` weight rows repacked at `wp` (`nsb` super-blocks),
+/// out[c * ldo + r] = dot(row r, column c).
+pub type RbKernel = unsafe fn(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize);
+/// Repacks a row block's weight rows (`w`, `wrow` bytes apart, `nsb` super-blocks each)
+/// into `dst`.
+pub type RepackFn = unsafe fn(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8);
+
 /// The prefill tile width of every SIMD kernel set: activation rows per pass over a weight row.
 pub const TILE: usize = 4;
 #[cfg(target_arch = "x86_64")]
