@@ -252,7 +252,7 @@ pub fn matmul_with(
         let pair_full = pk.pair[PACK_COLS];
         let pair_last = if rest > 0 { pk.pair[rest] } else { pair_full };
         if let (Some(full), Some(last)) = (full, last) {
-            // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
+            // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_cols`),
             // after the rows and scales in scratch; the last group holds the remaining
             // n_tokens % PACK_COLS tokens (all of them for a batch of 2..7 sequences
             // decoding together) and takes the kernel of that many columns.
@@ -507,6 +507,7 @@ fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
 
 /// Packed groups up to which the packed path loops over weight rows outside the groups
 /// (each row read once for all groups); more groups (prefill) loop over groups outside.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // (only x86 packs)
 const ROW_OUTER_GROUPS: usize = 4;
 
 /// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).

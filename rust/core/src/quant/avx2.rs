@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 pub use super::{DotN, PackedDot};
 
 /// The prefill tile width: activation rows per pass over a weight row.
-pub const TILE: usize = 4;
+pub(crate) const TILE: usize = 4;
 
 /// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
 /// `PYLLAMA_KERNELS=avx2` turns them off).
@@ -40,7 +40,7 @@ pub fn vnni_available() -> bool {
 }
 
 /// The widest prefill tile: the tiles are TILE or WIDE_TILE columns wide.
-pub const WIDE_TILE: usize = 8;
+pub(crate) const WIDE_TILE: usize = 8;
 
 /// The AVX2 set's kernels in table `t`: `vnni` picks the AVX-VNNI builds of the 32-element
 /// block kernels, `pack` the build of the packed kernels.
@@ -376,27 +376,22 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
 // ------------------------------------------------------------------ packed prefill tiles
 
 /// Columns (tokens) of a packed activation group.
-pub const PACK_COLS: usize = 8;
+pub(crate) const PACK_COLS: usize = 8;
 /// Bytes of one block of a packed group: the 8 columns' f32 scales d_x, their 8 x 32 i8
-/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_group`).
-pub const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
+/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_cols`).
+pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
 
-/// Packs PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks each, their f32 scales
-/// at `xd + c * xds`) for weight offset `off`: per block, [d_x of the 8 columns: 8 f32]
-/// [quants of column 0..8: 8 x 32 i8][-off * (sum of each 4 consecutive quants) of column
-/// 0..8: 8 x 8 i32]. The corrections make sum((q_w + off) * q_x) over each 4 quants equal
-/// sum(q_w * q_x): the same i32 in every lane as the plain kernels compute.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_0_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
-    pack_q8_0_cols(nb, PACK_COLS, x, xs, xd, xds, off, dst)
-}
-
-/// `pack_q8_0_group` of the first `ncols` <= PACK_COLS columns of a group (the last,
-/// partial group of a batch): the other columns' d_x are 0 and their quants unset (the
-/// kernels of `ncols` columns never read them).
+/// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks
+/// each, their f32 scales at `xd + c * xds`) for weight offset `off`: per block, [d_x of
+/// the 8 columns: 8 f32][quants of column 0..8: 8 x 32 i8][-off * (sum of each 4
+/// consecutive quants) of column 0..8: 8 x 8 i32]. The corrections make
+/// sum((q_w + off) * q_x) over each 4 quants equal sum(q_w * q_x): the same i32 in every
+/// lane as the plain kernels compute. In a partial group (the last of a batch) the other
+/// columns' d_x are 0 and their quants unset (the kernels of `ncols` columns never read
+/// them).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
+pub(crate) unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let moff = _mm256_set1_epi32(-off);
@@ -528,15 +523,15 @@ pub(crate) unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
 macro_rules! packed_signed {
     ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $s:expr, $dec:expr, $decu:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<false, { $s }, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<true, false, false, NC>(nb, w, $wsize, xp, out, $decu)
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<false, false, true, NC>(nb, w, $wsize, xp, out, $decu)
         }
     };
@@ -553,20 +548,15 @@ packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, 34, true, |b| (f
 ));
 
 /// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
-/// then their 8 x 32 i8 quants (see `pack_q8_1_group`).
-pub const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
+/// then their 8 x 32 i8 quants (see `pack_q8_1_cols`).
+pub(crate) const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
 
-/// Packs PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks each, their (d, s) f32
-/// pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8 columns][s_x of the 8
-/// columns][quants of column 0..8: 8 x 32 i8].
+/// Packs a group of `ncols` <= PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks
+/// each, their (d, s) f32 pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8
+/// columns][s_x of the 8 columns][quants of column 0..8: 8 x 32 i8] (a partial group as
+/// in `pack_q8_0_cols`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    pack_q8_1_cols(nb, PACK_COLS, x, xs, xd, xds, dst)
-}
-
-/// `pack_q8_1_group` of the first `ncols` <= PACK_COLS columns (as `pack_q8_0_cols`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_Q8_1);
         for c in 0..PACK_COLS {
@@ -631,15 +621,15 @@ unsafe fn dot_packed_min<const V: bool, const E: bool, const NC: usize>(
 macro_rules! packed_min {
     ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $dec:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<false, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<true, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<false, true, NC>(nb, w, $wsize, xp, out, $dec)
         }
     };
@@ -710,11 +700,11 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
 macro_rules! legacy_kernel {
     ($plain:ident, $vnni:ident, $body:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, false>(n, w, x, xs, xd, xds, out)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, true>(n, w, x, xs, xd, xds, out)
         }
     };
@@ -884,7 +874,7 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
 /// single-token kernel); `SB = true`: one FMA per 64-element pair of sub-blocks
 /// (ggml_gemm_q4_K_8x8_q8_K, llama.cpp's 4-token kernel).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     // the 8-column SB tile reduces its columns' i32 sums together and keeps its
@@ -992,7 +982,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
 /// so results stay independent of the batch (llama.cpp's own choice between its gemv and
 /// gemm orders depends on how many rows the batch has).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
@@ -1003,12 +993,12 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// reference prompts, but depend on the batch size, as llama.cpp's do: pyllama's default
 /// uses the batch (prompt) orders for every token count instead, so results are the same
 /// whatever n_ubatch.
-pub fn llamacpp_order() -> bool {
+pub(crate) fn llamacpp_order() -> bool {
     super::cpu::env().llamacpp_order
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -1073,7 +1063,7 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// (ggml-cpu/tiled, batches of 8 rows or more): per super-block the exact i32 sum times
 /// d_w, then one FMA with d_a into a single accumulator.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
@@ -1144,12 +1134,12 @@ pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *con
 /// pyllama's Q6_K kernel: llama.cpp's tiled (prompt) order for every token count, so
 /// results do not depend on the batch.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     dot_q6_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
@@ -1205,7 +1195,7 @@ pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
@@ -1272,7 +1262,7 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
@@ -1343,7 +1333,7 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -1356,12 +1346,12 @@ pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs:
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| _mm256_cvtph_ps(load128(p.add(2 * k))), |p, k| f16(p.add(2 * k)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -1556,24 +1546,24 @@ unsafe fn dequantize_bf16_avx2(src: &[u8], dst: &mut [f32]) {
 
 // Safe entry points (the kernel set was chosen only if the CPU has AVX2/FMA/F16C; the
 // chunking keeps every access inside the slices).
-pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_0_avx2(src, dst) }
 }
-pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_1_avx2(src, dst) }
 }
-pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_k_avx2(src, dst) }
 }
-pub fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_f16_avx2(src, dst) }
 }
 /// Exact conversions (same bits as the scalar ones): used by `dequantize_row` for the
 /// KV cache's F16/BF16 rows, which attention reads for every token.
-pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_f16_avx2(src, dst) }
 }
-pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_bf16_avx2(src, dst) }
 }
 
@@ -1678,7 +1668,7 @@ macro_rules! rows_kernel {
     };
     (@build $name:ident, $v:expr, $feat:literal, $fam:ident, $wsize:expr, $dec:ident) => {
         #[target_feature(enable = $feat)]
-        pub unsafe fn $name(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $name(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             by_rows(nrows, |r, four| {
                 let (w, out) = (w.add(r * ws), out.add(r));
                 if four {

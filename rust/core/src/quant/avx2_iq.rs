@@ -353,7 +353,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 macro_rules! iq_kernel {
     ($name:ident, $tiled:expr, $kind:expr, $ts:expr, $fin:expr, $dw:expr, $dec:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
             iq_body::<NC, { $kind }, { $tiled }>(n, w, x, xs, out, $ts, $fin, $dw, |b, c| $dec(b, c))
         }
     };
@@ -382,7 +382,7 @@ iq_kernel!(dot_tq2_0, false, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_t
 
 /// MXFP4 x Q8_0 (see the module note for the order).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 32;
     let values = load128(KVALUES_MXFP4.as_ptr() as *const u8);
     let m4 = _mm_set1_epi8(0xF);

@@ -41,12 +41,6 @@ use std::arch::x86_64::*;
 
 pub use super::DotRows;
 
-/// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
-/// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
-pub fn available() -> bool {
-    super::cpu::features().avx512_set()
-}
-
 /// The AVX-512 set's own kernels, laid over the AVX2 set's in table `t`: the single-token
 /// multi-row kernels and Q6_K's vec_dot / tile (4 columns, and 1..3 for the tokens left
 /// after the tiles). Only Q6_K has tiles: the 32-element-block formats' AVX-512 builds of
@@ -259,7 +253,7 @@ const RP_MAX: usize = 2;
 macro_rules! signed_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             let mut r = 0;
             while r + 2 * RP_MAX <= nrows {
                 rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
@@ -372,7 +366,7 @@ unsafe fn rows_min_body<const RP: usize>(
 macro_rules! min_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             let mut r = 0;
             while r + 2 * RP_MAX <= nrows {
                 rows_min_body::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
@@ -411,7 +405,7 @@ min_rows!(rows_q5_1, GgmlType::Q5_1, 24, dec2_q5_1);
 /// offset taken off through the activations' block sums), so the float steps are the
 /// AVX2 kernel's.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm512_set1_epi8(0xF);
     let m30 = _mm512_set1_epi8(0x30);

@@ -32,7 +32,7 @@
 use super::fp::{f16_to_f32, rd_f16, rd_f32};
 use super::iq_grids::*;
 
-pub const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 
 /// ggml's kmask_iq2xs: bit j of a sign byte belongs to element j of a group of 8.
 #[inline(always)]
@@ -62,19 +62,19 @@ fn grid4(g: u32, j: usize) -> u8 {
 
 /// IQ1_M's f16 super-block scale, spread over the top nibbles of its 4 scale words.
 #[inline(always)]
-pub fn iq1m_d(b: &[u8]) -> f32 {
+pub(crate) fn iq1m_d(b: &[u8]) -> f32 {
     let sc = |k: usize| u16_at(b, 48 + 2 * k);
     f16_to_f32((sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000))
 }
 
 /// ggml_e8m0_to_fp32_half: 2^(e - 128) (denormal for e < 2).
 #[inline(always)]
-pub fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     f32::from_bits(if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 })
 }
 
 /// kvalues_mxfp4: twice the E2M1 values.
-pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// 8 bytes of +1 / -1 (0x01 / 0xFF) from the 8 bits of `s` (set bit: -1).
 const fn sign_bytes(s: u8) -> u64 {
@@ -89,7 +89,8 @@ const fn sign_bytes(s: u8) -> u64 {
 }
 
 /// Sign bytes of every sign byte (IQ2_S, IQ3_S store 8 sign bits per group).
-pub static SIGNS8: [u64; 256] = {
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
+pub(crate) static SIGNS8: [u64; 256] = {
     let mut t = [0u64; 256];
     let mut i = 0;
     while i < 256 {
@@ -101,7 +102,7 @@ pub static SIGNS8: [u64; 256] = {
 
 /// Sign bytes of the 7-bit sign codes (ggml's ksigns_iq2xs: the 8th bit makes the count
 /// of minus signs even), as ggml's keven_signs_q2xs.
-pub static SIGNS7: [u64; 128] = {
+pub(crate) static SIGNS7: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
     while i < 128 {
@@ -123,7 +124,7 @@ pub struct BlockInts {
 }
 
 /// The ints of block `b` of weight type `ty` (one of this module's 256-element types).
-pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
+pub(crate) fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
     use crate::ggml_type::GgmlType::*;
     let mut o = BlockInts { q: [0; QK_K], dq: [0; QK_K] };
     let q = &mut o.q;
@@ -263,7 +264,7 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
 
 // ---------------------------------------------------------------- dequantize
 
-pub fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(66).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -281,7 +282,7 @@ pub fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(74).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -299,7 +300,7 @@ pub fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(82).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -317,7 +318,7 @@ pub fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(98).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -336,7 +337,7 @@ pub fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -357,7 +358,7 @@ pub fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
 
 const IQ1_DELTA: f32 = 0.125;
 
-pub fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(50).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 0);
         for ib in 0..8 {
@@ -374,7 +375,7 @@ pub fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(56).zip(dst.chunks_exact_mut(QK_K)) {
         let d = iq1m_d(b);
         for ib in 0..8 {
@@ -397,7 +398,7 @@ pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(54).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 52);
         let ints = block_ints(crate::ggml_type::GgmlType::TQ1_0, b);
@@ -407,7 +408,7 @@ pub fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(66).zip(dst.chunks_exact_mut(QK_K)) {
         let d = rd_f16(b, 64);
         let ints = block_ints(crate::ggml_type::GgmlType::TQ2_0, b);
@@ -417,7 +418,7 @@ pub fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
         let d = e8m0_half(b[0]);
         for j in 0..16 {
@@ -467,7 +468,7 @@ fn final_scale(ty: crate::ggml_type::GgmlType) -> f32 {
 
 /// ggml's generic vec_dot (ggml-cpu/quants.c) for the 256-element types of this module:
 /// per super-block the exact integer sum(s), then one f32 step per block in order.
-pub fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     let ts = ty.type_size();
     let mut sumf = 0f32;
@@ -497,13 +498,13 @@ pub fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8
 
 /// The horizontal sum of 8 f32 lanes in ggml's `hsum_float_8` order.
 #[inline(always)]
-pub fn hsum8(v: [f32; 8]) -> f32 {
+pub(crate) fn hsum8(v: [f32; 8]) -> f32 {
     ((v[4] + v[0]) + (v[6] + v[2])) + ((v[5] + v[1]) + (v[7] + v[3]))
 }
 
 /// The same dot product in the order of ggml's AVX2 vec_dot kernels (see the module note):
 /// TQ1_0 / TQ2_0 everywhere, the grid types below 8 rows under PYLLAMA_ORDER=llamacpp.
-pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     let ts = ty.type_size();
     let mut acc = [0f32; 8];
@@ -550,7 +551,7 @@ pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8
 /// integer sum (IQ1_S / IQ1_M: 8 x the grid part plus the delta part), times d_w with the
 /// grid factor folded in (d/8 for IQ2_*, IQ1_*; d/4 for IQ3_XXS; d for IQ3_S), one FMA with
 /// d_a, blocks in order. TQ1_0 / TQ2_0 (never tiled): `vec_dot_k_x86`.
-pub fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     if matches!(ty, TQ1_0 | TQ2_0) {
         return vec_dot_k_x86(ty, n, x, y);
@@ -579,11 +580,11 @@ pub fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[
 
 macro_rules! k_dots {
     ($($ref_name:ident, $x86_name:ident, $ty:ident;)*) => {$(
-        pub fn $ref_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        pub(crate) fn $ref_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             vec_dot_k_ref(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
         /// pyllama's x86 order (see `vec_dot_k_tiled`)
-        pub fn $x86_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        pub(crate) fn $x86_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             vec_dot_k_tiled(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
     )*};
@@ -602,7 +603,7 @@ k_dots! {
 }
 
 /// MXFP4 x Q8_0, ggml's generic order: per block d = d_y * e8m0_half(e), sumf += d * sumi.
-pub fn vec_dot_mxfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_mxfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0f32;
     for (bx, by) in x.chunks_exact(17).zip(y.chunks_exact(34)).take(n / 32) {
         let d = rd_f16(by, 0) * e8m0_half(bx[0]);
@@ -621,7 +622,7 @@ fn mxfp4_at(bx: &[u8], p: usize) -> i32 {
 /// MXFP4 x Q8_0 in ggml's AVX2 order: blocks in pairs, even blocks into one 8-lane FMA
 /// accumulator and odd ones into another (lane k: the products at 4k..4k+4), the
 /// horizontal sum of their sum, then an odd last block by one scalar FMA.
-pub fn vec_dot_mxfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_mxfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let nb = n / 32;
     let mut acc = [[0f32; 8]; 2];
     let lanes = |ib: usize| -> (f32, [i32; 8]) {
@@ -663,11 +664,13 @@ pub struct ChunkParts {
     pub dsc: i32,
 }
 
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
 const ONES: u64 = 0x0101_0101_0101_0101;
 
 /// `ChunkParts` of chunk `c` of block `b` of `ty`.
 #[inline(always)]
-pub fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkParts {
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
+pub(crate) fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkParts {
     use crate::ggml_type::GgmlType::*;
     let mut o = ChunkParts { mag: [0; 4], sgn: [ONES; 4], sc: [1; 2], dl: [ONES; 4], dsc: 0 };
     match ty {

@@ -18,7 +18,7 @@ use super::iquants::{hsum8, KVALUES_MXFP4};
 /// ggml_ue4m3_to_fp32: unsigned E4M3 (bias 7), halved (MXFP4's doubled kvalues); 0 and
 /// 0x7F are 0. Exact: every value is a small integer times a power of two.
 #[inline(always)]
-pub fn ue4m3_to_f32(x: u8) -> f32 {
+pub(crate) fn ue4m3_to_f32(x: u8) -> f32 {
     if x == 0 || x == 0x7F {
         return 0.0;
     }
@@ -33,7 +33,7 @@ pub fn ue4m3_to_f32(x: u8) -> f32 {
 }
 
 /// ggml_fp32_to_ue4m3 (round half up on the fourth mantissa bit, saturating at 0x7E).
-pub fn f32_to_ue4m3(mut x: f32) -> u8 {
+pub(crate) fn f32_to_ue4m3(mut x: f32) -> u8 {
     if !(x > 0.0) {
         return 0;
     }
@@ -62,7 +62,7 @@ pub fn f32_to_ue4m3(mut x: f32) -> u8 {
     ((exp << 3) | man) as u8
 }
 
-pub fn dequantize_q1_0(x: &[u8], y: &mut [f32]) {
+pub(crate) fn dequantize_q1_0(x: &[u8], y: &mut [f32]) {
     for (b, y) in x.chunks_exact(18).zip(y.chunks_exact_mut(128)) {
         let d = rd_f16(b, 0);
         for (j, v) in y.iter_mut().enumerate() {
@@ -71,7 +71,7 @@ pub fn dequantize_q1_0(x: &[u8], y: &mut [f32]) {
     }
 }
 
-pub fn dequantize_q2_0(x: &[u8], y: &mut [f32]) {
+pub(crate) fn dequantize_q2_0(x: &[u8], y: &mut [f32]) {
     for (b, y) in x.chunks_exact(18).zip(y.chunks_exact_mut(64)) {
         let d = rd_f16(b, 0);
         for (j, v) in y.iter_mut().enumerate() {
@@ -80,7 +80,7 @@ pub fn dequantize_q2_0(x: &[u8], y: &mut [f32]) {
     }
 }
 
-pub fn dequantize_nvfp4(x: &[u8], y: &mut [f32]) {
+pub(crate) fn dequantize_nvfp4(x: &[u8], y: &mut [f32]) {
     for (b, y) in x.chunks_exact(36).zip(y.chunks_exact_mut(64)) {
         for s in 0..4 {
             let d = ue4m3_to_f32(b[s]);
@@ -115,7 +115,7 @@ fn q1_lanes(b: &[u8], k: usize, y: &[u8], yb: usize) -> [i32; 8] {
 }
 
 /// Q1_0 x Q8_0, ggml's generic order.
-pub fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0f32;
     for i in 0..n / 128 {
         let b = &x[18 * i..18 * i + 18];
@@ -133,7 +133,7 @@ pub fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// Q1_0 x Q8_0 in ggml's AVX2 order: per block, lanes times d_y (a product for the first
 /// Q8_0 block, FMAs for the other three), one FMA with d_w into the accumulator.
-pub fn vec_dot_q1_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q1_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = [0f32; 8];
     for i in 0..n / 128 {
         let b = &x[18 * i..18 * i + 18];
@@ -178,12 +178,12 @@ fn q2_0_dot(n: usize, x: &[u8], y: &[u8], fma: bool) -> f32 {
 }
 
 /// Q2_0 x Q8_0, ggml's generic order (no contraction).
-pub fn vec_dot_q2_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q2_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     q2_0_dot(n, x, y, false)
 }
 
 /// Q2_0 x Q8_0 as llama.cpp's x86 build computes it (the generic loop with FMAs).
-pub fn vec_dot_q2_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q2_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     q2_0_dot(n, x, y, true)
 }
 
@@ -194,7 +194,7 @@ fn nvfp4_w(b: &[u8], s: usize, j: usize) -> i32 {
 }
 
 /// NVFP4 x Q8_0, ggml's generic order.
-pub fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0f32;
     for i in 0..n / 64 {
         let b = &x[36 * i..36 * i + 36];
@@ -211,7 +211,7 @@ pub fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// NVFP4 x Q8_0 in ggml's AVX2 order: per Q8_0 block 8 lanes (lanes 0..4 the first
 /// sub-block, scale d[2h] * d_y, lanes 4..8 the second, d[2h + 1] * d_y), one FMA each.
-pub fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = [0f32; 8];
     for i in 0..n / 64 {
         let b = &x[36 * i..36 * i + 36];
@@ -233,7 +233,7 @@ pub fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// quantize_row_q1_0_ref: d = mean |x| (summed in order), bit j set where x_j >= 0.
-pub fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
+pub(crate) fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(128).zip(y.chunks_exact_mut(18)) {
         let mut sum_abs = 0f32;
         for &v in x {
@@ -250,7 +250,7 @@ pub fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
 }
 
 /// quantize_row_q2_0_ref: d = max |x|, q = clamp(roundf(x / d) + 1, 0, 3).
-pub fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
+pub(crate) fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(18)) {
         let mut amax = 0f32;
         for &v in x {
@@ -271,7 +271,7 @@ pub fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
 
 /// quantize_row_nvfp4_ref: per 16 elements the UE4M3 scale of amax / 6, each value the
 /// nearest E2M1 code (ggml's best_index_mxfp4).
-pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
+pub(crate) fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
     for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(36)) {
         for s in 0..4 {
             let xb = &x[16 * s..16 * s + 16];
@@ -296,7 +296,7 @@ pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
 /// ggml's best_index_mxfp4: the E2M1 code whose kvalue times `e` is nearest `x` (the first
 /// on ties).
 #[inline(always)]
-pub fn best_index_mxfp4(x: f32, e: f32) -> u8 {
+pub(crate) fn best_index_mxfp4(x: f32, e: f32) -> u8 {
     let mut best_index = 0u8;
     let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
     for i in 1..16 {

@@ -307,11 +307,11 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
 macro_rules! kernel {
     ($plain:ident, $dot:ident, $body:ident) => {
         #[target_feature(enable = "neon")]
-        pub unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, false>(n, w, x, xs, xd, xds, out)
         }
         #[target_feature(enable = "neon,dotprod")]
-        pub unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, true>(n, w, x, xs, xd, xds, out)
         }
     };
@@ -773,17 +773,17 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| vld1q_f32(p.add(4 * k) as *const f32), |p, k| f32_at(p.add(4 * k)))
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| cvt_f16x4(vld1_u16(p.add(2 * k) as *const u16)), |p, k| f16_at(p.add(2 * k)))
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,

@@ -137,7 +137,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
 macro_rules! k_kernel {
     ($name:ident, $ty:ident) => {
         #[target_feature(enable = "neon")]
-        pub unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
             k_body::<NC>(GgmlType::$ty, n, w, x, xs, out)
         }
     };
@@ -155,7 +155,7 @@ k_kernel!(dot_tq2_0, TQ2_0);
 
 /// MXFP4 x Q8_0 in ggml's AVX2 order (see the module note).
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 32;
     let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
     let m4 = vdupq_n_u8(0xF);
