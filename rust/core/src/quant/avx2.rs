@@ -26,6 +26,7 @@ use super::legacy;
 use super::table::{KernelTable, Packed, Tiled};
 use super::DotRows;
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 pub use super::{DotN, PackedDot};
@@ -360,10 +361,10 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
         let vdw = _mm256_set1_ps(dw);
         let aw = _mm256_sign_epi8(qw, qw);
         for c in 0..NC {
-            let by = x.add(c * xs + i * 34);
+            let by = x.add(c * xs + i * BlockQ8_0::SIZE);
             let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
             let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
-            let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
+            let sy = _mm256_sign_epi8(load256(by.add(offset_of!(BlockQ8_0, qs))), qw);
             let q = u8_i8_dot_ps::<V>(aw, sy);
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
@@ -403,7 +404,7 @@ pub(crate) unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: u
                 continue;
             }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
-            let y = load256(x.add(c * xs + i * 34 + 2));
+            let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             _mm256_storeu_si256(b.add(32 + 32 * c) as *mut __m256i, y);
             // maddubs(1, y): i16 pair sums of y (exact), madd(., 1): sums of 4
             let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
@@ -513,8 +514,8 @@ unsafe fn evex_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 /// Q5_0 weights + 16: low nibbles | (high bit << 4), in 0..=31.
 #[inline(always)]
 pub(crate) unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
-    let hi = _mm256_and_si256(bits_32(b.add(2)), _mm256_set1_epi8(0x10));
-    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+    let hi = _mm256_and_si256(bits_32(b.add(offset_of!(BlockQ5_0, qh))), _mm256_set1_epi8(0x10));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_0, qs))), hi))
 }
 
 /// A packed signed-family kernel in its three builds (plain AVX2, AVX-VNNI, AVX-512 VNNI),
@@ -537,14 +538,14 @@ macro_rules! packed_signed {
     };
 }
 
-packed_signed!(packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex, 18, false, |b| (f16(b), nibbles_32(b.add(2))), |b| (
+packed_signed!(packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex, BlockQ4_0::SIZE, false, |b| (f16(b), nibbles_32(b.add(offset_of!(BlockQ4_0, qs)))), |b| (
     f16(b),
-    nibbles_32(b.add(2))
+    nibbles_32(b.add(offset_of!(BlockQ4_0, qs)))
 ));
-packed_signed!(packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex, 22, false, |b| q5_0_unsigned(b), |b| q5_0_unsigned(b));
-packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, 34, true, |b| (f16(b), load256(b.add(2))), |b| (
+packed_signed!(packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex, BlockQ5_0::SIZE, false, |b| q5_0_unsigned(b), |b| q5_0_unsigned(b));
+packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, BlockQ8_0::SIZE, true, |b| (f16(b), load256(b.add(offset_of!(BlockQ8_0, qs)))), |b| (
     f16(b),
-    _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))
+    _mm256_xor_si256(load256(b.add(offset_of!(BlockQ8_0, qs))), _mm256_set1_epi8(0x80u8 as i8))
 ));
 
 /// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
@@ -567,7 +568,7 @@ pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: u
             }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
             *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
-            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * 36 + 4)));
+            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs))));
         }
     }
 }
@@ -635,14 +636,14 @@ macro_rules! packed_min {
     };
 }
 
-packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, 20, |b| q4_1_quants(b));
+packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, BlockQ4_1::SIZE, |b| q4_1_quants(b));
 
 #[inline(always)]
 unsafe fn q5_1_quants(b: *const u8) -> __m256i {
-    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
-    _mm256_or_si256(nibbles_32(b.add(8)), hi)
+    let hi = _mm256_and_si256(bits_32(b.add(offset_of!(BlockQ5_1, qh))), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_1, qs))), hi)
 }
-packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, 24, |b| q5_1_quants(b));
+packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, BlockQ5_1::SIZE, |b| q5_1_quants(b));
 
 /// Which build of the packed kernels: plain AVX2, AVX-VNNI, or AVX-512 VNNI (EVEX).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -678,7 +679,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
         let dm = f16x2(bw); // (d_w, m_w)
         let qw = decode(bw);
         for c in 0..NC {
-            let by = x.add(c * xs + i * 36);
+            let by = x.add(c * xs + i * BlockQ8_1::SIZE);
             let ds = if xd.is_null() {
                 f16x2(by)
             } else {
@@ -687,7 +688,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
             let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
             summ[c] = _mm_add_ps(summ[c], p);
             let d = _mm256_broadcastss_ps(p);
-            let q = u8_i8_dot_ps::<V>(qw, load256(by.add(4)));
+            let q = u8_i8_dot_ps::<V>(qw, load256(by.add(offset_of!(BlockQ8_1, qs))));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
     }
@@ -714,68 +715,68 @@ macro_rules! legacy_kernel {
 /// multi-row kernels): (d_w, the 32 quants as i8).
 #[inline(always)]
 unsafe fn dec_q4_0(b: *const u8) -> (f32, __m256i) {
-    (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+    (f16(b), _mm256_sub_epi8(nibbles_32(b.add(offset_of!(BlockQ4_0, qs))), _mm256_set1_epi8(8)))
 }
 #[inline(always)]
 unsafe fn dec_q5_0(b: *const u8) -> (f32, __m256i) {
     // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
-    let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+    let hi = _mm256_andnot_si256(bits_32(b.add(offset_of!(BlockQ5_0, qh))), _mm256_set1_epi8(0xF0u8 as i8));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_0, qs))), hi))
 }
 #[inline(always)]
 unsafe fn dec_q8_0(b: *const u8) -> (f32, __m256i) {
-    (f16(b), load256(b.add(2)))
+    (f16(b), load256(b.add(offset_of!(BlockQ8_0, qs))))
 }
 #[inline(always)]
 unsafe fn dec_iq4_nl(b: *const u8) -> (f32, __m256i) {
-    (f16(b), iq4_lookup(b.add(2)))
+    (f16(b), iq4_lookup(b.add(offset_of!(BlockIQ4NL, qs))))
 }
 /// Q4_1 quants (u8, 0..=15); Q5_1's are `q5_1_quants`.
 #[inline(always)]
 unsafe fn q4_1_quants(b: *const u8) -> __m256i {
-    nibbles_32(b.add(4))
+    nibbles_32(b.add(offset_of!(BlockQ4_1, qs)))
 }
 
 legacy_kernel!(dot_q4_0, dot_q4_0_vnni, body_q4_0);
 
 #[inline(always)]
 unsafe fn body_q4_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_q4_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ4_0::SIZE, x, xs, xd, xds, out, |b| dec_q4_0(b))
 }
 
 legacy_kernel!(dot_q5_0, dot_q5_0_vnni, body_q5_0);
 
 #[inline(always)]
 unsafe fn body_q5_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 22, x, xs, xd, xds, out, |b| dec_q5_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ5_0::SIZE, x, xs, xd, xds, out, |b| dec_q5_0(b))
 }
 
 legacy_kernel!(dot_q8_0, dot_q8_0_vnni, body_q8_0);
 
 #[inline(always)]
 unsafe fn body_q8_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 34, x, xs, xd, xds, out, |b| dec_q8_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ8_0::SIZE, x, xs, xd, xds, out, |b| dec_q8_0(b))
 }
 
 legacy_kernel!(dot_iq4_nl, dot_iq4_nl_vnni, body_iq4_nl);
 
 #[inline(always)]
 unsafe fn body_iq4_nl<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_iq4_nl(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockIQ4NL::SIZE, x, xs, xd, xds, out, |b| dec_iq4_nl(b))
 }
 
 legacy_kernel!(dot_q4_1, dot_q4_1_vnni, body_q4_1);
 
 #[inline(always)]
 unsafe fn body_q4_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 20, x, xs, xd, xds, out, |b| q4_1_quants(b))
+    dot_min_q8_1::<NC, V>(n, w, BlockQ4_1::SIZE, x, xs, xd, xds, out, |b| q4_1_quants(b))
 }
 
 legacy_kernel!(dot_q5_1, dot_q5_1_vnni, body_q5_1);
 
 #[inline(always)]
 unsafe fn body_q5_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 24, x, xs, xd, xds, out, |b| q5_1_quants(b))
+    dot_min_q8_1::<NC, V>(n, w, BlockQ5_1::SIZE, x, xs, xd, xds, out, |b| q5_1_quants(b))
 }
 
 // ------------------------------------------------------------------ K-quants
@@ -862,8 +863,8 @@ unsafe fn k4_mins_and_scales(p: *const u8) -> __m256i {
 /// Q8_K pieces of column c's block i: (d, qs pointer, bsums pointer).
 #[inline(always)]
 unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const u8) {
-    let b = x.add(c * xs + i * 292);
-    (b, b.add(4))
+    let b = x.add(c * xs + i * BlockQ8K::SIZE);
+    (b, b.add(offset_of!(BlockQ8K, qs)))
 }
 
 /// Q4_K x Q8_K in the summation orders of llama.cpp's repacked q4_K_8x8 kernels (used on
@@ -885,13 +886,13 @@ pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: 
     let mut acc8 = _mm256_setzero_ps();
     let mut acc8_m = _mm256_setzero_ps();
     for i in 0..nb {
-        let bw = w.add(i * 144);
+        let bw = w.add(i * BlockQ4K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 144);
+            prefetch_block(bw, BlockQ4K::SIZE);
         }
         let dw = f16(bw);
-        let dminw = f16(bw.add(2));
-        let ms = k4_mins_and_scales(bw.add(4));
+        let dminw = f16(bw.add(offset_of!(BlockQ4K, dmin)));
+        let ms = k4_mins_and_scales(bw.add(offset_of!(BlockQ4K, scales)));
         let mins = _mm256_extracti128_si256(ms, 1);
         let sc128 = _mm256_extracti128_si256(ms, 0);
         let scales = _mm256_set_m128i(sc128, sc128);
@@ -931,7 +932,7 @@ pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: 
                 mins8[j] = _mm256_set_m128i(hi[j], lo[j]);
             }
         }
-        let q4 = bw.add(16);
+        let q4 = bw.add(offset_of!(BlockQ4K, qs));
         for j in 0..4 {
             let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
             let scale_h = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
@@ -1004,18 +1005,18 @@ pub(crate) unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const
     let mut acc = [_mm256_setzero_ps(); NC];
     let mut acc_m = [_mm_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 176);
+        let bw = w.add(i * BlockQ5K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 176);
+            prefetch_block(bw, BlockQ5K::SIZE);
         }
         let dw = f16(bw);
-        let dminw = f16(bw.add(2));
-        let ms = k4_mins_and_scales(bw.add(4));
+        let dminw = f16(bw.add(offset_of!(BlockQ5K, dmin)));
+        let ms = k4_mins_and_scales(bw.add(offset_of!(BlockQ5K, scales)));
         let mins = _mm256_extracti128_si256(ms, 1);
         let sc128 = _mm256_extracti128_si256(ms, 0);
         let scales = _mm256_set_m128i(sc128, sc128);
-        let hbits = load256(bw.add(16));
-        let q5 = bw.add(48);
+        let hbits = load256(bw.add(offset_of!(BlockQ5K, qh)));
+        let q5 = bw.add(offset_of!(BlockQ5K, qs));
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..4 {
             let scale_0 = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
@@ -1070,16 +1071,16 @@ pub(crate) unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, 
     let mut acc = [_mm256_setzero_ps(); NC];
     let mut acc1 = [0f32; NC];
     for i in 0..nb {
-        let bw = w.add(i * 210);
+        let bw = w.add(i * BlockQ6K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 210);
+            prefetch_block(bw, BlockQ6K::SIZE);
         }
-        let dw = f16(bw.add(208));
-        let scales = load128(bw.add(192));
+        let dw = f16(bw.add(offset_of!(BlockQ6K, d)));
+        let scales = load128(bw.add(offset_of!(BlockQ6K, scales)));
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let ql = bw.add(64 * j);
-            let qh = bw.add(128 + 32 * j);
+            let ql = bw.add(offset_of!(BlockQ6K, ql) + 64 * j);
+            let qh = bw.add(offset_of!(BlockQ6K, qh) + 32 * j);
             let b1 = load256(ql);
             let b2 = load256(ql.add(32));
             let bh = load256(qh);
@@ -1145,9 +1146,9 @@ pub(crate) unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const
     let m4 = _mm_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 84);
-        let dw = f16(bw.add(80));
-        let dminw = f16(bw.add(82));
+        let bw = w.add(i * BlockQ2K::SIZE);
+        let dw = f16(bw.add(offset_of!(BlockQ2K, d)));
+        let dminw = f16(bw.add(offset_of!(BlockQ2K, dmin)));
         let ms = load128(bw);
         let scales8 = _mm_and_si128(ms, m4);
         let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
@@ -1157,7 +1158,7 @@ pub(crate) unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const
         let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let bits = load256(bw.add(16 + 32 * j));
+            let bits = load256(bw.add(offset_of!(BlockQ2K, qs) + 32 * j));
             let q = [
                 _mm256_and_si256(bits, m3),
                 _mm256_and_si256(_mm256_srli_epi16(bits, 2), m3),
@@ -1200,11 +1201,11 @@ pub(crate) unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 110);
-        let dw = f16(bw.add(108));
+        let bw = w.add(i * BlockQ3K::SIZE);
+        let dw = f16(bw.add(offset_of!(BlockQ3K, d)));
         // The 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), high 2 bits in 8..12.
         let mut a = [0u32; 3];
-        std::ptr::copy_nonoverlapping(bw.add(96), a.as_mut_ptr() as *mut u8, 12);
+        std::ptr::copy_nonoverlapping(bw.add(offset_of!(BlockQ3K, scales)), a.as_mut_ptr() as *mut u8, 12);
         const KM1: u32 = 0x03030303;
         const KM2: u32 = 0x0f0f0f0f;
         let sc = _mm_set_epi32(
@@ -1220,7 +1221,7 @@ pub(crate) unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const
         let hbits = load256(bw);
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let bits = load256(bw.add(32 + 32 * j));
+            let bits = load256(bw.add(offset_of!(BlockQ3K, qs) + 32 * j));
             let mut ql = [_mm256_setzero_si256(); 4];
             let mut qh = [_mm256_setzero_si256(); 4];
             for k in 0..4 {
@@ -1266,15 +1267,15 @@ pub(crate) unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *con
     let nb = n / 256;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 136);
+        let bw = w.add(i * BlockIQ4XS::SIZE);
         let dw = f16(bw);
-        let sh = std::ptr::read_unaligned(bw.add(2) as *const u16);
+        let sh = std::ptr::read_unaligned(bw.add(offset_of!(BlockIQ4XS, scales_h)) as *const u16);
         let mut sumi = [_mm256_setzero_si256(); NC];
         for ib in 0..8 {
-            let lo = (*bw.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xF;
+            let lo = (*bw.add(offset_of!(BlockIQ4XS, scales_l) + ib / 2) >> (4 * (ib % 2))) & 0xF;
             let ls = ((lo as u16 | (((sh >> (2 * ib)) & 3) << 4)) as i16) - 32;
             let vls = _mm256_set1_epi16(ls);
-            let qw = iq4_lookup(bw.add(8 + 16 * ib));
+            let qw = iq4_lookup(bw.add(offset_of!(BlockIQ4XS, qs) + 16 * ib));
             let aw = _mm256_sign_epi8(qw, qw);
             for c in 0..NC {
                 let (_, q8) = q8k(x, xs, c, i);
@@ -1434,7 +1435,7 @@ unsafe fn hsum_i32_128(s: __m128i) -> i32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(BlockQ8_0::SIZE)) {
         let (amax, v) = absmax_32(x.as_ptr());
         let d = amax / 127.0;
         b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
@@ -1445,7 +1446,7 @@ unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(BlockQ8_1::SIZE)) {
         let (amax, v) = absmax_32(x.as_ptr());
         let d = amax / 127.0;
         b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
@@ -1460,7 +1461,7 @@ unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
     let sign = _mm256_set1_ps(-0.0);
-    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BlockQ8K::SIZE)) {
         let p = x.as_ptr();
         let mut m = _mm256_setzero_ps();
         for k in 0..32 {
@@ -1592,10 +1593,10 @@ unsafe fn rows_signed<const R: usize, const V: bool>(
     let nb = n / 32;
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * 34);
+        let by = x.add(i * BlockQ8_0::SIZE);
         let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm256_set1_ps(dx);
-        let y = load256(by.add(2));
+        let y = load256(by.add(offset_of!(BlockQ8_0, qs)));
         for (r, a) in acc.iter_mut().enumerate() {
             let bw = w.add(r * ws + i * wsize);
             prefetch_w(bw);
@@ -1628,9 +1629,9 @@ unsafe fn rows_min<const R: usize, const V: bool>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut summ = [_mm_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * 36);
+        let by = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() { f16x2(by) } else { _mm_castpd_ps(_mm_load_sd(xd.add(2 * i) as *const f64)) };
-        let y = load256(by.add(4));
+        let y = load256(by.add(offset_of!(BlockQ8_1, qs)));
         for r in 0..R {
             let bw = w.add(r * ws + i * wsize);
             prefetch_w_l1(bw);
@@ -1681,9 +1682,9 @@ macro_rules! rows_kernel {
     };
 }
 
-rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, 18, dec_q4_0);
-rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, 22, dec_q5_0);
-rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, dec_q8_0);
-rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, dec_iq4_nl);
-rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, q4_1_quants);
-rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, q5_1_quants);
+rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, BlockQ4_0::SIZE, dec_q4_0);
+rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, BlockQ5_0::SIZE, dec_q5_0);
+rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, BlockQ8_0::SIZE, dec_q8_0);
+rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, BlockIQ4NL::SIZE, dec_iq4_nl);
+rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, BlockQ4_1::SIZE, q4_1_quants);
+rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, BlockQ5_1::SIZE, q5_1_quants);

@@ -28,6 +28,7 @@ use super::iq_grids::*;
 use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7};
 use super::table::{KernelTable, Tiled};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use std::arch::x86_64::*;
 
 #[inline]
@@ -270,7 +271,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
                 let c = 2 * c2 + h;
                 let ch = dec(bw, c);
                 for col in 0..NC {
-                    let q8 = x.add(col * xs + i * 292 + 4);
+                    let q8 = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs));
                     let y = load256(q8.add(32 * c));
                     let sy = if KIND == TERN { y } else { _mm256_sign_epi8(y, ch.s) };
                     sumi[col] = _mm256_add_epi32(sumi[col], _mm256_madd_epi16(_mm256_maddubs_epi16(ch.u, sy), ch.sc));
@@ -293,7 +294,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
             // the delta part), times d_w with the grid factor folded in, one FMA with d_a
             let dt = if KIND == IQ1S || KIND == IQ1M { dwi * 0.125 } else { dwi * fin };
             for col in 0..NC {
-                let yd = std::ptr::read_unaligned(x.add(col * xs + i * 292) as *const f32);
+                let yd = std::ptr::read_unaligned(x.add(col * xs + i * BlockQ8K::SIZE) as *const f32);
                 let mut isum = hsum_epi32(sumi[col]);
                 match KIND {
                     IQ1S => isum = 8 * isum + s1[col],
@@ -305,7 +306,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
             continue;
         }
         for col in 0..NC {
-            let by = x.add(col * xs + i * 292);
+            let by = x.add(col * xs + i * BlockQ8K::SIZE);
             let d = dwi * std::ptr::read_unaligned(by as *const f32);
             if KIND == TERN {
                 let bsum = _mm256_madd_epi16(load256(by.add(260)), ones16);
@@ -362,23 +363,23 @@ macro_rules! iq_kernel {
 // the grid types: llama.cpp's tiled order (its matmuls of 8 or more rows; pyllama's default
 // for every row count) and its AVX2 vec_dot order (`_vd`: below 8 rows, under
 // PYLLAMA_ORDER=llamacpp)
-iq_kernel!(dot_iq2_xxs, true, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
-iq_kernel!(dot_iq2_xs, true, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
-iq_kernel!(dot_iq2_s, true, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
-iq_kernel!(dot_iq3_xxs, true, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
-iq_kernel!(dot_iq3_s, true, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
-iq_kernel!(dot_iq1_s, true, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m, true, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
-iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
-iq_kernel!(dot_iq2_xs_vd, false, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
-iq_kernel!(dot_iq2_s_vd, false, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
-iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
-iq_kernel!(dot_iq3_s_vd, false, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
-iq_kernel!(dot_iq1_s_vd, false, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m_vd, false, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
+iq_kernel!(dot_iq2_xxs, true, PLAIN, BlockIQ2XXS::SIZE, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs, true, PLAIN, BlockIQ2XS::SIZE, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s, true, PLAIN, BlockIQ2S::SIZE, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs, true, PLAIN, BlockIQ3XXS::SIZE, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s, true, PLAIN, BlockIQ3S::SIZE, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s, true, IQ1S, BlockIQ1S::SIZE, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m, true, IQ1M, BlockIQ1M::SIZE, 1.0, |b| iq1m_d(b), dec_iq1_m);
+iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, BlockIQ2XXS::SIZE, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs_vd, false, PLAIN, BlockIQ2XS::SIZE, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s_vd, false, PLAIN, BlockIQ2S::SIZE, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, BlockIQ3XXS::SIZE, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s_vd, false, PLAIN, BlockIQ3S::SIZE, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s_vd, false, IQ1S, BlockIQ1S::SIZE, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m_vd, false, IQ1M, BlockIQ1M::SIZE, 1.0, |b| iq1m_d(b), dec_iq1_m);
 // the ternary types: llama.cpp has no tiled kernel for them, its vec_dot order throughout
-iq_kernel!(dot_tq1_0, false, TERN, 54, 1.0, |b: *const u8| f16(b.add(52)), dec_tq1_0);
-iq_kernel!(dot_tq2_0, false, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_tq2_0);
+iq_kernel!(dot_tq1_0, false, TERN, BlockTQ1_0::SIZE, 1.0, |b: *const u8| f16(b.add(offset_of!(BlockTQ1_0, d))), dec_tq1_0);
+iq_kernel!(dot_tq2_0, false, TERN, BlockTQ2_0::SIZE, 1.0, |b: *const u8| f16(b.add(offset_of!(BlockTQ2_0, d))), dec_tq2_0);
 
 /// MXFP4 x Q8_0 (see the module note for the order).
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -27,6 +27,7 @@ use super::fp::f16_to_f32;
 use super::table::{KernelTable, RowBlock, MAX_PACK};
 use super::{PackedPairDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The two-row kernels `$f::<NC>` over 1..=MAX_PACK columns, by column count.
@@ -164,7 +165,7 @@ unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
     for i in 0..nsb {
         let p = dst.add(i * Q4K_SB);
         for r in 0..RB {
-            let b = w.add(r * wrow + i * 144);
+            let b = w.add(r * wrow + i * BlockQ4K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b));
             (p.add(32) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
             let sc = std::slice::from_raw_parts(b.add(4), 12);
@@ -200,7 +201,7 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
         // bsum of each 32-element sub-block (i16, exact), per column
         let mut bs = [[0i16; 8]; NC];
         for c in 0..NC {
-            let xb = x.add(c * xs + i * 292);
+            let xb = x.add(c * xs + i * BlockQ8K::SIZE);
             let yd = _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32));
             dsc[c] = _mm256_mul_ps(dw8, yd);
             dmn[c] = _mm256_mul_ps(dm8, yd);
@@ -217,7 +218,7 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
                     let wpk = load256(q.add(32 * (8 * j + k)));
                     let wq = if h == 0 { _mm256_and_si256(wpk, m4) } else { _mm256_and_si256(_mm256_srli_epi16(wpk, 4), m4) };
                     for c in 0..NC {
-                        let xv = bcast32(x.add(c * xs + i * 292 + 4 + 64 * j + 32 * h + 4 * k));
+                        let xv = bcast32(x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 64 * j + 32 * h + 4 * k));
                         a[c] = dot_acc::<B>(a[c], wq, xv);
                     }
                 }
@@ -263,7 +264,7 @@ unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
     for i in 0..nsb {
         let p = dst.add(i * Q6K_SB);
         for r in 0..RB {
-            let b = w.add(r * wrow + i * 210);
+            let b = w.add(r * wrow + i * BlockQ6K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b.add(208)));
             for g in 0..16 {
                 let s = *b.add(192 + g) as i8;
@@ -309,7 +310,7 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
             for k in 0..4 {
                 let wq = load256(p.add(Q6K_Q + 32 * (4 * g + k)));
                 for c in 0..NC {
-                    let xv = bcast32(x.add(c * xs + i * 292 + 4 + 16 * g + 4 * k));
+                    let xv = bcast32(x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 16 * g + 4 * k));
                     a[c] = dot_acc::<B>(a[c], wq, xv);
                 }
                 if B == PLAIN && k == 1 {
@@ -326,7 +327,7 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
         }
         let dw8 = _mm256_loadu_ps(p as *const f32);
         for c in 0..NC {
-            let xb = x.add(c * xs + i * 292);
+            let xb = x.add(c * xs + i * BlockQ8K::SIZE);
             // 32 * sum over groups of scale * bsum: i16 pairs (scale 2m, 2m+1) x (bsum 2m,
             // 2m+1)
             let mut sb = _mm256_setzero_si256();
@@ -413,9 +414,9 @@ macro_rules! pair_kernel {
     };
 }
 
-pair_kernel!(pair_q4_0, 18, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
-pair_kernel!(pair_q5_0, 22, |b| super::avx2::q5_0_unsigned(b));
-pair_kernel!(pair_q8_0, 34, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
+pair_kernel!(pair_q4_0, BlockQ4_0::SIZE, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
+pair_kernel!(pair_q5_0, BlockQ5_0::SIZE, |b| super::avx2::q5_0_unsigned(b));
+pair_kernel!(pair_q8_0, BlockQ8_0::SIZE, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
 
 #[cfg(test)]
 mod tests {

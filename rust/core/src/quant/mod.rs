@@ -94,6 +94,7 @@ macro_rules! iq_dispatch {
     };
 }
 
+pub mod blocks;
 pub mod cpu;
 pub mod fp;
 pub mod iq_grids;
@@ -440,7 +441,7 @@ pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *
 pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
 
 /// A packed tile kernel: out[c] = dot(w, column c) for the columns of one packed group
-/// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_group`).
+/// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_cols`).
 pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
 /// A packed-group kernel over two weight rows (the AVX-512 set, `avx2_rb`): `PackedDot` for
