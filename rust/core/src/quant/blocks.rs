@@ -38,6 +38,12 @@ pub(crate) fn as_blocks_mut<B: Block>(row: &mut [u8]) -> &mut [B] {
     unsafe { std::slice::from_raw_parts_mut(row.as_mut_ptr() as *mut B, row.len() / B::SIZE) }
 }
 
+/// The block at the start of `b` (at least one block's bytes).
+#[inline(always)]
+pub(crate) fn block<B: Block>(b: &[u8]) -> &B {
+    &as_blocks::<B>(b)[0]
+}
+
 /// The f32 value of an f16 field.
 #[inline(always)]
 pub(crate) fn f16(v: F16) -> f32 {

@@ -17,6 +17,7 @@
 
 use super::iquants::{self, chunk_parts, e8m0_half, KVALUES_MXFP4};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockQ8K};
 use std::arch::aarch64::*;
 
 /// 4 i32 lanes: lane k = sum of w[4k..4k+4] * y[4k..4k+4].
@@ -83,7 +84,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
             ];
             let dl = [bytes16(p.dl[0], p.dl[1]), bytes16(p.dl[2], p.dl[3])];
             for col in 0..NC {
-                let q8 = x.add(col * xs + i * 292 + 4 + 32 * c) as *const i8;
+                let q8 = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 32 * c) as *const i8;
                 for h in 0..2 {
                     let y = vld1q_s8(q8.add(16 * h));
                     lanes[col][h] = vmlaq_n_s32(lanes[col][h], lanes4(wv[h], y), p.sc[h]);
@@ -92,7 +93,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
                     }
                 }
                 if ty == IQ1_S {
-                    let bs = x.add(col * xs + i * 292 + 260 + 4 * c);
+                    let bs = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, bsums) + 4 * c);
                     let pair = std::ptr::read_unaligned(bs as *const i16) as i32
                         + std::ptr::read_unaligned(bs.add(2) as *const i16) as i32;
                     s1[col] += p.dsc * pair;
@@ -101,7 +102,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
         }
         let dw = block_dw(ty, bw);
         for col in 0..NC {
-            let by = x.add(col * xs + i * 292);
+            let by = x.add(col * xs + i * BlockQ8K::SIZE);
             let yd = std::ptr::read_unaligned(by as *const f32);
             if tern {
                 // lanes minus the activation sums of their 32-element ranges (the digit offset)
