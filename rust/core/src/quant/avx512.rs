@@ -424,7 +424,7 @@ pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const
         let bw = w.add(i * BlockQ6K::SIZE);
         if NC < TILE {
             let mut o = 0;
-            while o < 210 {
+            while o < BlockQ6K::SIZE {
                 prefetch_t1(bw.add(o));
                 o += 64;
             }

@@ -17,7 +17,7 @@
 
 use super::iquants::{self, chunk_parts, e8m0_half, KVALUES_MXFP4};
 use crate::ggml_type::GgmlType;
-use super::blocks::{offset_of, Block, BlockQ8K};
+use super::blocks::{offset_of, Block, BlockMXFP4, BlockQ8K, BlockQ8_0};
 use std::arch::aarch64::*;
 
 /// 4 i32 lanes: lane k = sum of w[4k..4k+4] * y[4k..4k+4].
@@ -172,11 +172,11 @@ pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *cons
     let mut ib = 0;
     while ib + 1 < nb {
         for h in 0..2 {
-            let b = w.add(17 * (ib + h));
+            let b = w.add(BlockMXFP4::SIZE * (ib + h));
             let wv = decode(b);
             let e = e8m0_half(*b);
             for col in 0..NC {
-                let yb = x.add(col * xs + 34 * (ib + h));
+                let yb = x.add(col * xs + BlockQ8_0::SIZE * (ib + h));
                 let d = vdupq_n_f32(super::fp::f16_to_f32(std::ptr::read_unaligned(yb as *const u16)) * e);
                 let l = lanes(wv, yb);
                 for k in 0..2 {
@@ -191,8 +191,8 @@ pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *cons
         let hi = vaddq_f32(acc[0][col][1], acc[1][col][1]);
         let mut sumf = hsum8(f4(lo), f4(hi));
         if ib < nb {
-            let b = w.add(17 * ib);
-            let yb = x.add(col * xs + 34 * ib);
+            let b = w.add(BlockMXFP4::SIZE * ib);
+            let yb = x.add(col * xs + BlockQ8_0::SIZE * ib);
             let l = lanes(decode(b), yb);
             let s = vaddvq_s32(vaddq_s32(l[0], l[1]));
             let d = super::fp::f16_to_f32(std::ptr::read_unaligned(yb as *const u16)) * e8m0_half(*b);
