@@ -9,7 +9,7 @@
 //! kernels follow the same float order, so logits do not depend on the CPU.
 //!
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
-//! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
+//! `type_size` bytes (ggml's layout: the structs of `blocks.rs`).
 
 /// `Tiled` (see `table.rs`) of a kernel `$f::<NC>` generic over its columns, with every
 /// width from 1 to its tile width (8 or 4): the single-column kernel, the tile, and the
