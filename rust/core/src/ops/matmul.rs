@@ -13,10 +13,10 @@
 //! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
 //! row is taken once for all groups, so K sequences decoding together read each weight
 //! block from memory once;
-//! in the AVX-512 set two weight rows per call for prefill (`quant::avx2_rb::packed_pair_kernel`,
+//! in the AVX-512 set two weight rows per call for prefill (`quant::table::Packed::pair`,
 //! one row per zmm half);
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
-//! into the thread's scratch, all tokens against each block (`quant::avx2_rb`), the rows
+//! into the thread's scratch, all tokens against each block (`quant::table::RowBlock`), the rows
 //! left after the blocks on the tiles below;
 //! other types -> tiles of 4 or 8 tokens, then one kernel over the 2..7 tokens left
 //! (`quant::cols_kernel`); the scalar set -> vec_dot per element.
@@ -182,7 +182,7 @@ pub fn matmul_with(
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
         let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(kern, n_in, n_tokens) + rb_bytes(set, w.ty, n_in, n_tokens, pool.n_threads()), 0);
+        scratch.resize(pack_off + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -249,10 +249,10 @@ pub fn matmul_with(
         let rest = n_tokens % PACK_COLS;
         let full = pk.cols[PACK_COLS];
         let last = if rest > 0 { pk.cols[rest] } else { full };
-        let pair_full = quant::avx2_rb::packed_pair_kernel(set, w.ty, PACK_COLS);
-        let pair_last = if rest > 0 { quant::avx2_rb::packed_pair_kernel(set, w.ty, rest) } else { pair_full };
+        let pair_full = pk.pair[PACK_COLS];
+        let pair_last = if rest > 0 { pk.pair[rest] } else { pair_full };
         if let (Some(full), Some(last)) = (full, last) {
-            // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_group`),
+            // Groups of PACK_COLS tokens in the packed layout (see `pack_q8_0_cols`),
             // after the rows and scales in scratch; the last group holds the remaining
             // n_tokens % PACK_COLS tokens (all of them for a batch of 2..7 sequences
             // decoding together) and takes the kernel of that many columns.
@@ -413,24 +413,23 @@ pub fn matmul_with(
                     t0 = t1;
                 }
             };
-            #[cfg(target_arch = "x86_64")]
-            if n_tokens >= quant::avx2_rb::MIN_TOKENS && n_rows >= quant::avx2_rb::RB {
-                if let Some(rb) = quant::avx2_rb::kernels(set, w.ty) {
+            if let Some(rb) = kern.row_block {
+                if n_tokens >= rb.min_tokens && n_rows >= rb.rows {
                     // K-quant prefill: blocks of RB rows repacked once per matmul into the
                     // thread's scratch area (after the activations), all tokens against
-                    // each block; the last n_rows % RB rows take the tiles above
+                    // each block; the last n_rows % rb.rows rows take the tiles above
                     let nsb = n_in / 256;
                     let area = (nsb * rb.sb_bytes).div_ceil(64) * 64;
                     let bp = SyncPtr(rb_base as *mut u8);
-                    let nrb = n_rows / quant::avx2_rb::RB;
+                    let nrb = n_rows / rb.rows;
                     pool.run(&|ith, nth| {
                         // SAFETY: scratch was sized for nth areas (rb_bytes); each thread
                         // writes only its own
                         let buf = unsafe { bp.get().add(ith * area) };
                         for b in split_range(nrb, ith, nth) {
-                            let r = b * quant::avx2_rb::RB;
-                            // SAFETY: rows r0 + r .. + RB are inside wdata; the kernels
-                            // write RB values of each of their nc token rows of out (checked
+                            let r = b * rb.rows;
+                            // SAFETY: rows r0 + r .. + rb.rows are inside wdata; the kernels
+                            // write rb.rows values of each of their nc token rows of out (checked
                             // above); the kernel set was checked for this CPU
                             unsafe {
                                 (rb.repack)(nsb, wdata.as_ptr().add((r0 + r) * wrow), wrow, buf);
@@ -444,7 +443,7 @@ pub fn matmul_with(
                             }
                         }
                         if ith + 1 == nth {
-                            tiled_rows(nrb * quant::avx2_rb::RB..n_rows);
+                            tiled_rows(nrb * rb.rows..n_rows);
                         }
                     });
                     return Ok(());
@@ -483,15 +482,11 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
 }
 
 /// Bytes of the row-block path's repack areas (one per thread; 0: that path is not taken).
-fn rb_bytes(set: KernelSet, ty: GgmlType, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if n_tokens >= quant::avx2_rb::MIN_TOKENS {
-        if let Some(rb) = quant::avx2_rb::kernels(set, ty) {
-            return n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64;
-        }
+fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
+    match kern.row_block {
+        Some(rb) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
+        _ => 0,
     }
-    let _ = (set, ty, n_in, n_tokens, n_threads);
-    0
 }
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
@@ -512,6 +507,7 @@ fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
 
 /// Packed groups up to which the packed path loops over weight rows outside the groups
 /// (each row read once for all groups); more groups (prefill) loop over groups outside.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // (only x86 packs)
 const ROW_OUTER_GROUPS: usize = 4;
 
 /// Bytes of quantized activations per token chunk of the tiled path (fits L2 with room).
@@ -530,7 +526,7 @@ mod tests {
             avx2::PackBuild::Vnni => (KernelSet::Avx2, true),
             avx2::PackBuild::Evex => (KernelSet::Avx512, false),
         };
-        let opt = table::Options { vnni, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        let opt = table::Options { vnni, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
         table::build(set, opt).get(ty).packed.expect("a packed type")
     }
 
@@ -544,7 +540,7 @@ mod tests {
 
     /// The plain AVX2 single-column kernel of `ty`.
     fn packed_one(ty: GgmlType) -> quant::DotN {
-        let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+        let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
         table::build(KernelSet::Avx2, opt).get(ty).tiled.expect("a tiled type").one()
     }
 

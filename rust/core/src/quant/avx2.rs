@@ -26,12 +26,13 @@ use super::legacy;
 use super::table::{KernelTable, Packed, Tiled};
 use super::DotRows;
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 pub use super::{DotN, PackedDot};
 
 /// The prefill tile width: activation rows per pass over a weight row.
-pub const TILE: usize = 4;
+pub(crate) const TILE: usize = 4;
 
 /// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
 /// `PYLLAMA_KERNELS=avx2` turns them off).
@@ -40,7 +41,7 @@ pub fn vnni_available() -> bool {
 }
 
 /// The widest prefill tile: the tiles are TILE or WIDE_TILE columns wide.
-pub const WIDE_TILE: usize = 8;
+pub(crate) const WIDE_TILE: usize = 8;
 
 /// The AVX2 set's kernels in table `t`: `vnni` picks the AVX-VNNI builds of the 32-element
 /// block kernels, `pack` the build of the packed kernels.
@@ -109,7 +110,7 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
                 PackBuild::Vnni => packed_cols!($vnni),
                 PackBuild::Evex => packed_cols!($evex),
             };
-            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes });
+            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes, pair: [None; super::table::MAX_PACK + 1] });
         };
     }
     macro_rules! packed_cols {
@@ -360,10 +361,10 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
         let vdw = _mm256_set1_ps(dw);
         let aw = _mm256_sign_epi8(qw, qw);
         for c in 0..NC {
-            let by = x.add(c * xs + i * 34);
+            let by = x.add(c * xs + i * BlockQ8_0::SIZE);
             let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
             let d = _mm256_mul_ps(vdw, _mm256_set1_ps(dx));
-            let sy = _mm256_sign_epi8(load256(by.add(2)), qw);
+            let sy = _mm256_sign_epi8(load256(by.add(offset_of!(BlockQ8_0, qs))), qw);
             let q = u8_i8_dot_ps::<V>(aw, sy);
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
@@ -376,27 +377,22 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
 // ------------------------------------------------------------------ packed prefill tiles
 
 /// Columns (tokens) of a packed activation group.
-pub const PACK_COLS: usize = 8;
+pub(crate) const PACK_COLS: usize = 8;
 /// Bytes of one block of a packed group: the 8 columns' f32 scales d_x, their 8 x 32 i8
-/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_group`).
-pub const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
+/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_cols`).
+pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
 
-/// Packs PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks each, their f32 scales
-/// at `xd + c * xds`) for weight offset `off`: per block, [d_x of the 8 columns: 8 f32]
-/// [quants of column 0..8: 8 x 32 i8][-off * (sum of each 4 consecutive quants) of column
-/// 0..8: 8 x 8 i32]. The corrections make sum((q_w + off) * q_x) over each 4 quants equal
-/// sum(q_w * q_x): the same i32 in every lane as the plain kernels compute.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_0_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
-    pack_q8_0_cols(nb, PACK_COLS, x, xs, xd, xds, off, dst)
-}
-
-/// `pack_q8_0_group` of the first `ncols` <= PACK_COLS columns of a group (the last,
-/// partial group of a batch): the other columns' d_x are 0 and their quants unset (the
-/// kernels of `ncols` columns never read them).
+/// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks
+/// each, their f32 scales at `xd + c * xds`) for weight offset `off`: per block, [d_x of
+/// the 8 columns: 8 f32][quants of column 0..8: 8 x 32 i8][-off * (sum of each 4
+/// consecutive quants) of column 0..8: 8 x 8 i32]. The corrections make
+/// sum((q_w + off) * q_x) over each 4 quants equal sum(q_w * q_x): the same i32 in every
+/// lane as the plain kernels compute. In a partial group (the last of a batch) the other
+/// columns' d_x are 0 and their quants unset (the kernels of `ncols` columns never read
+/// them).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
+pub(crate) unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
     let ones8 = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     let moff = _mm256_set1_epi32(-off);
@@ -408,7 +404,7 @@ pub unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, x
                 continue;
             }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
-            let y = load256(x.add(c * xs + i * 34 + 2));
+            let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             _mm256_storeu_si256(b.add(32 + 32 * c) as *mut __m256i, y);
             // maddubs(1, y): i16 pair sums of y (exact), madd(., 1): sums of 4
             let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
@@ -518,8 +514,8 @@ unsafe fn evex_dot_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 /// Q5_0 weights + 16: low nibbles | (high bit << 4), in 0..=31.
 #[inline(always)]
 pub(crate) unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
-    let hi = _mm256_and_si256(bits_32(b.add(2)), _mm256_set1_epi8(0x10));
-    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+    let hi = _mm256_and_si256(bits_32(b.add(offset_of!(BlockQ5_0, qh))), _mm256_set1_epi8(0x10));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_0, qs))), hi))
 }
 
 /// A packed signed-family kernel in its three builds (plain AVX2, AVX-VNNI, AVX-512 VNNI),
@@ -528,45 +524,40 @@ pub(crate) unsafe fn q5_0_unsigned(b: *const u8) -> (f32, __m256i) {
 macro_rules! packed_signed {
     ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $s:expr, $dec:expr, $decu:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<false, { $s }, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<true, false, false, NC>(nb, w, $wsize, xp, out, $decu)
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_signed::<false, false, true, NC>(nb, w, $wsize, xp, out, $decu)
         }
     };
 }
 
-packed_signed!(packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex, 18, false, |b| (f16(b), nibbles_32(b.add(2))), |b| (
+packed_signed!(packed_q4_0, packed_q4_0_vnni, packed_q4_0_evex, BlockQ4_0::SIZE, false, |b| (f16(b), nibbles_32(b.add(offset_of!(BlockQ4_0, qs)))), |b| (
     f16(b),
-    nibbles_32(b.add(2))
+    nibbles_32(b.add(offset_of!(BlockQ4_0, qs)))
 ));
-packed_signed!(packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex, 22, false, |b| q5_0_unsigned(b), |b| q5_0_unsigned(b));
-packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, 34, true, |b| (f16(b), load256(b.add(2))), |b| (
+packed_signed!(packed_q5_0, packed_q5_0_vnni, packed_q5_0_evex, BlockQ5_0::SIZE, false, |b| q5_0_unsigned(b), |b| q5_0_unsigned(b));
+packed_signed!(packed_q8_0, packed_q8_0_vnni, packed_q8_0_evex, BlockQ8_0::SIZE, true, |b| (f16(b), load256(b.add(offset_of!(BlockQ8_0, qs)))), |b| (
     f16(b),
-    _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))
+    _mm256_xor_si256(load256(b.add(offset_of!(BlockQ8_0, qs))), _mm256_set1_epi8(0x80u8 as i8))
 ));
 
 /// Bytes of one block of a packed Q8_1 group: the 8 columns' d_x, their s_x (8 f32 each),
-/// then their 8 x 32 i8 quants (see `pack_q8_1_group`).
-pub const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
+/// then their 8 x 32 i8 quants (see `pack_q8_1_cols`).
+pub(crate) const PACK_BLOCK_Q8_1: usize = 8 * PACK_COLS + 32 * PACK_COLS;
 
-/// Packs PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks each, their (d, s) f32
-/// pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8 columns][s_x of the 8
-/// columns][quants of column 0..8: 8 x 32 i8].
+/// Packs a group of `ncols` <= PACK_COLS Q8_1 activation rows (`x + c * xs`, nb blocks
+/// each, their (d, s) f32 pairs at `xd + c * xds + 2 * block`): per block [d_x of the 8
+/// columns][s_x of the 8 columns][quants of column 0..8: 8 x 32 i8] (a partial group as
+/// in `pack_q8_0_cols`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_1_group(nb: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    pack_q8_1_cols(nb, PACK_COLS, x, xs, xd, xds, dst)
-}
-
-/// `pack_q8_1_group` of the first `ncols` <= PACK_COLS columns (as `pack_q8_0_cols`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_Q8_1);
         for c in 0..PACK_COLS {
@@ -577,7 +568,7 @@ pub unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, x
             }
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
             *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
-            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * 36 + 4)));
+            _mm256_storeu_si256(b.add(64 + 32 * c) as *mut __m256i, load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs))));
         }
     }
 }
@@ -631,28 +622,28 @@ unsafe fn dot_packed_min<const V: bool, const E: bool, const NC: usize>(
 macro_rules! packed_min {
     ($plain:ident, $vnni:ident, $evex:ident, $wsize:expr, $dec:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<false, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<true, false, NC>(nb, w, $wsize, xp, out, $dec)
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $evex<const NC: usize>(nb: usize, w: *const u8, xp: *const u8, out: *mut f32) {
             dot_packed_min::<false, true, NC>(nb, w, $wsize, xp, out, $dec)
         }
     };
 }
 
-packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, 20, |b| q4_1_quants(b));
+packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, BlockQ4_1::SIZE, |b| q4_1_quants(b));
 
 #[inline(always)]
 unsafe fn q5_1_quants(b: *const u8) -> __m256i {
-    let hi = _mm256_and_si256(bits_32(b.add(4)), _mm256_set1_epi8(0x10));
-    _mm256_or_si256(nibbles_32(b.add(8)), hi)
+    let hi = _mm256_and_si256(bits_32(b.add(offset_of!(BlockQ5_1, qh))), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_1, qs))), hi)
 }
-packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, 24, |b| q5_1_quants(b));
+packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, BlockQ5_1::SIZE, |b| q5_1_quants(b));
 
 /// Which build of the packed kernels: plain AVX2, AVX-VNNI, or AVX-512 VNNI (EVEX).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -688,7 +679,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
         let dm = f16x2(bw); // (d_w, m_w)
         let qw = decode(bw);
         for c in 0..NC {
-            let by = x.add(c * xs + i * 36);
+            let by = x.add(c * xs + i * BlockQ8_1::SIZE);
             let ds = if xd.is_null() {
                 f16x2(by)
             } else {
@@ -697,7 +688,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
             let p = _mm_mul_ps(dm, ds); // (d_w * d_x, m_w * s_x)
             summ[c] = _mm_add_ps(summ[c], p);
             let d = _mm256_broadcastss_ps(p);
-            let q = u8_i8_dot_ps::<V>(qw, load256(by.add(4)));
+            let q = u8_i8_dot_ps::<V>(qw, load256(by.add(offset_of!(BlockQ8_1, qs))));
             acc[c] = _mm256_fmadd_ps(d, q, acc[c]);
         }
     }
@@ -710,11 +701,11 @@ unsafe fn dot_min_q8_1<const NC: usize, const V: bool>(
 macro_rules! legacy_kernel {
     ($plain:ident, $vnni:ident, $body:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, false>(n, w, x, xs, xd, xds, out)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $vnni<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, true>(n, w, x, xs, xd, xds, out)
         }
     };
@@ -724,68 +715,68 @@ macro_rules! legacy_kernel {
 /// multi-row kernels): (d_w, the 32 quants as i8).
 #[inline(always)]
 unsafe fn dec_q4_0(b: *const u8) -> (f32, __m256i) {
-    (f16(b), _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+    (f16(b), _mm256_sub_epi8(nibbles_32(b.add(offset_of!(BlockQ4_0, qs))), _mm256_set1_epi8(8)))
 }
 #[inline(always)]
 unsafe fn dec_q5_0(b: *const u8) -> (f32, __m256i) {
     // bit clear -> value - 16 is negative: set the high nibble to 0xF (two's complement).
-    let hi = _mm256_andnot_si256(bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-    (f16(b), _mm256_or_si256(nibbles_32(b.add(6)), hi))
+    let hi = _mm256_andnot_si256(bits_32(b.add(offset_of!(BlockQ5_0, qh))), _mm256_set1_epi8(0xF0u8 as i8));
+    (f16(b), _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_0, qs))), hi))
 }
 #[inline(always)]
 unsafe fn dec_q8_0(b: *const u8) -> (f32, __m256i) {
-    (f16(b), load256(b.add(2)))
+    (f16(b), load256(b.add(offset_of!(BlockQ8_0, qs))))
 }
 #[inline(always)]
 unsafe fn dec_iq4_nl(b: *const u8) -> (f32, __m256i) {
-    (f16(b), iq4_lookup(b.add(2)))
+    (f16(b), iq4_lookup(b.add(offset_of!(BlockIQ4NL, qs))))
 }
 /// Q4_1 quants (u8, 0..=15); Q5_1's are `q5_1_quants`.
 #[inline(always)]
 unsafe fn q4_1_quants(b: *const u8) -> __m256i {
-    nibbles_32(b.add(4))
+    nibbles_32(b.add(offset_of!(BlockQ4_1, qs)))
 }
 
 legacy_kernel!(dot_q4_0, dot_q4_0_vnni, body_q4_0);
 
 #[inline(always)]
 unsafe fn body_q4_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_q4_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ4_0::SIZE, x, xs, xd, xds, out, |b| dec_q4_0(b))
 }
 
 legacy_kernel!(dot_q5_0, dot_q5_0_vnni, body_q5_0);
 
 #[inline(always)]
 unsafe fn body_q5_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 22, x, xs, xd, xds, out, |b| dec_q5_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ5_0::SIZE, x, xs, xd, xds, out, |b| dec_q5_0(b))
 }
 
 legacy_kernel!(dot_q8_0, dot_q8_0_vnni, body_q8_0);
 
 #[inline(always)]
 unsafe fn body_q8_0<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 34, x, xs, xd, xds, out, |b| dec_q8_0(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockQ8_0::SIZE, x, xs, xd, xds, out, |b| dec_q8_0(b))
 }
 
 legacy_kernel!(dot_iq4_nl, dot_iq4_nl_vnni, body_iq4_nl);
 
 #[inline(always)]
 unsafe fn body_iq4_nl<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, V>(n, w, 18, x, xs, xd, xds, out, |b| dec_iq4_nl(b))
+    dot_signed_q8_0::<NC, V>(n, w, BlockIQ4NL::SIZE, x, xs, xd, xds, out, |b| dec_iq4_nl(b))
 }
 
 legacy_kernel!(dot_q4_1, dot_q4_1_vnni, body_q4_1);
 
 #[inline(always)]
 unsafe fn body_q4_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 20, x, xs, xd, xds, out, |b| q4_1_quants(b))
+    dot_min_q8_1::<NC, V>(n, w, BlockQ4_1::SIZE, x, xs, xd, xds, out, |b| q4_1_quants(b))
 }
 
 legacy_kernel!(dot_q5_1, dot_q5_1_vnni, body_q5_1);
 
 #[inline(always)]
 unsafe fn body_q5_1<const NC: usize, const V: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, V>(n, w, 24, x, xs, xd, xds, out, |b| q5_1_quants(b))
+    dot_min_q8_1::<NC, V>(n, w, BlockQ5_1::SIZE, x, xs, xd, xds, out, |b| q5_1_quants(b))
 }
 
 // ------------------------------------------------------------------ K-quants
@@ -872,8 +863,8 @@ unsafe fn k4_mins_and_scales(p: *const u8) -> __m256i {
 /// Q8_K pieces of column c's block i: (d, qs pointer, bsums pointer).
 #[inline(always)]
 unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const u8) {
-    let b = x.add(c * xs + i * 292);
-    (b, b.add(4))
+    let b = x.add(c * xs + i * BlockQ8K::SIZE);
+    (b, b.add(offset_of!(BlockQ8K, qs)))
 }
 
 /// Q4_K x Q8_K in the summation orders of llama.cpp's repacked q4_K_8x8 kernels (used on
@@ -884,7 +875,7 @@ unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (*const u8, *const
 /// single-token kernel); `SB = true`: one FMA per 64-element pair of sub-blocks
 /// (ggml_gemm_q4_K_8x8_q8_K, llama.cpp's 4-token kernel).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     // the 8-column SB tile reduces its columns' i32 sums together and keeps its
@@ -895,13 +886,13 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
     let mut acc8 = _mm256_setzero_ps();
     let mut acc8_m = _mm256_setzero_ps();
     for i in 0..nb {
-        let bw = w.add(i * 144);
+        let bw = w.add(i * BlockQ4K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 144);
+            prefetch_block(bw, BlockQ4K::SIZE);
         }
         let dw = f16(bw);
-        let dminw = f16(bw.add(2));
-        let ms = k4_mins_and_scales(bw.add(4));
+        let dminw = f16(bw.add(offset_of!(BlockQ4K, dmin)));
+        let ms = k4_mins_and_scales(bw.add(offset_of!(BlockQ4K, scales)));
         let mins = _mm256_extracti128_si256(ms, 1);
         let sc128 = _mm256_extracti128_si256(ms, 0);
         let scales = _mm256_set_m128i(sc128, sc128);
@@ -941,7 +932,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
                 mins8[j] = _mm256_set_m128i(hi[j], lo[j]);
             }
         }
-        let q4 = bw.add(16);
+        let q4 = bw.add(offset_of!(BlockQ4K, qs));
         for j in 0..4 {
             let scale_l = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
             let scale_h = _mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1));
@@ -992,7 +983,7 @@ pub unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: *const 
 /// so results stay independent of the batch (llama.cpp's own choice between its gemv and
 /// gemm orders depends on how many rows the batch has).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
@@ -1003,29 +994,29 @@ pub unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// reference prompts, but depend on the batch size, as llama.cpp's do: pyllama's default
 /// uses the batch (prompt) orders for every token count instead, so results are the same
 /// whatever n_ubatch.
-pub fn llamacpp_order() -> bool {
+pub(crate) fn llamacpp_order() -> bool {
     super::cpu::env().llamacpp_order
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
     let mut acc_m = [_mm_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 176);
+        let bw = w.add(i * BlockQ5K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 176);
+            prefetch_block(bw, BlockQ5K::SIZE);
         }
         let dw = f16(bw);
-        let dminw = f16(bw.add(2));
-        let ms = k4_mins_and_scales(bw.add(4));
+        let dminw = f16(bw.add(offset_of!(BlockQ5K, dmin)));
+        let ms = k4_mins_and_scales(bw.add(offset_of!(BlockQ5K, scales)));
         let mins = _mm256_extracti128_si256(ms, 1);
         let sc128 = _mm256_extracti128_si256(ms, 0);
         let scales = _mm256_set_m128i(sc128, sc128);
-        let hbits = load256(bw.add(16));
-        let q5 = bw.add(48);
+        let hbits = load256(bw.add(offset_of!(BlockQ5K, qh)));
+        let q5 = bw.add(offset_of!(BlockQ5K, qs));
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..4 {
             let scale_0 = _mm256_shuffle_epi8(scales, shuf_k4(2 * j));
@@ -1073,23 +1064,23 @@ pub unsafe fn dot_q5_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 /// (ggml-cpu/tiled, batches of 8 rows or more): per super-block the exact i32 sum times
 /// d_w, then one FMA with d_a into a single accumulator.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
     let mut acc1 = [0f32; NC];
     for i in 0..nb {
-        let bw = w.add(i * 210);
+        let bw = w.add(i * BlockQ6K::SIZE);
         if NC <= PF_COLS {
-            prefetch_block(bw, 210);
+            prefetch_block(bw, BlockQ6K::SIZE);
         }
-        let dw = f16(bw.add(208));
-        let scales = load128(bw.add(192));
+        let dw = f16(bw.add(offset_of!(BlockQ6K, d)));
+        let scales = load128(bw.add(offset_of!(BlockQ6K, scales)));
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let ql = bw.add(64 * j);
-            let qh = bw.add(128 + 32 * j);
+            let ql = bw.add(offset_of!(BlockQ6K, ql) + 64 * j);
+            let qh = bw.add(offset_of!(BlockQ6K, qh) + 32 * j);
             let b1 = load256(ql);
             let b2 = load256(ql.add(32));
             let bh = load256(qh);
@@ -1144,20 +1135,20 @@ pub unsafe fn dot_q6_k_ord<const NC: usize, const TILED: bool>(n: usize, w: *con
 /// pyllama's Q6_K kernel: llama.cpp's tiled (prompt) order for every token count, so
 /// results do not depend on the batch.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     dot_q6_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 84);
-        let dw = f16(bw.add(80));
-        let dminw = f16(bw.add(82));
+        let bw = w.add(i * BlockQ2K::SIZE);
+        let dw = f16(bw.add(offset_of!(BlockQ2K, d)));
+        let dminw = f16(bw.add(offset_of!(BlockQ2K, dmin)));
         let ms = load128(bw);
         let scales8 = _mm_and_si128(ms, m4);
         let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
@@ -1167,7 +1158,7 @@ pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
         let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let bits = load256(bw.add(16 + 32 * j));
+            let bits = load256(bw.add(offset_of!(BlockQ2K, qs) + 32 * j));
             let q = [
                 _mm256_and_si256(bits, m3),
                 _mm256_and_si256(_mm256_srli_epi16(bits, 2), m3),
@@ -1205,16 +1196,16 @@ pub unsafe fn dot_q2_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 110);
-        let dw = f16(bw.add(108));
+        let bw = w.add(i * BlockQ3K::SIZE);
+        let dw = f16(bw.add(offset_of!(BlockQ3K, d)));
         // The 16 6-bit scales: low 4 bits in bytes 0..8 (nibbles), high 2 bits in 8..12.
         let mut a = [0u32; 3];
-        std::ptr::copy_nonoverlapping(bw.add(96), a.as_mut_ptr() as *mut u8, 12);
+        std::ptr::copy_nonoverlapping(bw.add(offset_of!(BlockQ3K, scales)), a.as_mut_ptr() as *mut u8, 12);
         const KM1: u32 = 0x03030303;
         const KM2: u32 = 0x0f0f0f0f;
         let sc = _mm_set_epi32(
@@ -1230,7 +1221,7 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
         let hbits = load256(bw);
         let mut sumi = [_mm256_setzero_si256(); NC];
         for j in 0..2 {
-            let bits = load256(bw.add(32 + 32 * j));
+            let bits = load256(bw.add(offset_of!(BlockQ3K, qs) + 32 * j));
             let mut ql = [_mm256_setzero_si256(); 4];
             let mut qh = [_mm256_setzero_si256(); 4];
             for k in 0..4 {
@@ -1272,19 +1263,19 @@ pub unsafe fn dot_q3_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_iq4_xs<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let mut acc = [_mm256_setzero_ps(); NC];
     for i in 0..nb {
-        let bw = w.add(i * 136);
+        let bw = w.add(i * BlockIQ4XS::SIZE);
         let dw = f16(bw);
-        let sh = std::ptr::read_unaligned(bw.add(2) as *const u16);
+        let sh = std::ptr::read_unaligned(bw.add(offset_of!(BlockIQ4XS, scales_h)) as *const u16);
         let mut sumi = [_mm256_setzero_si256(); NC];
         for ib in 0..8 {
-            let lo = (*bw.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xF;
+            let lo = (*bw.add(offset_of!(BlockIQ4XS, scales_l) + ib / 2) >> (4 * (ib % 2))) & 0xF;
             let ls = ((lo as u16 | (((sh >> (2 * ib)) & 3) << 4)) as i16) - 32;
             let vls = _mm256_set1_epi16(ls);
-            let qw = iq4_lookup(bw.add(8 + 16 * ib));
+            let qw = iq4_lookup(bw.add(offset_of!(BlockIQ4XS, qs) + 16 * ib));
             let aw = _mm256_sign_epi8(qw, qw);
             for c in 0..NC {
                 let (_, q8) = q8k(x, xs, c, i);
@@ -1343,7 +1334,7 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -1356,12 +1347,12 @@ pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs:
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| _mm256_cvtph_ps(load128(p.add(2 * k))), |p, k| f16(p.add(2 * k)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,
@@ -1444,7 +1435,7 @@ unsafe fn hsum_i32_128(s: __m128i) -> i32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(BlockQ8_0::SIZE)) {
         let (amax, v) = absmax_32(x.as_ptr());
         let d = amax / 127.0;
         b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
@@ -1455,7 +1446,7 @@ unsafe fn quantize_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(BlockQ8_1::SIZE)) {
         let (amax, v) = absmax_32(x.as_ptr());
         let d = amax / 127.0;
         b[0..2].copy_from_slice(&super::fp::f32_to_f16(d).to_le_bytes());
@@ -1470,7 +1461,7 @@ unsafe fn quantize_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
     let sign = _mm256_set1_ps(-0.0);
-    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+    for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(BlockQ8K::SIZE)) {
         let p = x.as_ptr();
         let mut m = _mm256_setzero_ps();
         for k in 0..32 {
@@ -1556,24 +1547,24 @@ unsafe fn dequantize_bf16_avx2(src: &[u8], dst: &mut [f32]) {
 
 // Safe entry points (the kernel set was chosen only if the CPU has AVX2/FMA/F16C; the
 // chunking keeps every access inside the slices).
-pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_0_avx2(src, dst) }
 }
-pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_1_avx2(src, dst) }
 }
-pub fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_q8_k_avx2(src, dst) }
 }
-pub fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
     unsafe { quantize_f16_avx2(src, dst) }
 }
 /// Exact conversions (same bits as the scalar ones): used by `dequantize_row` for the
 /// KV cache's F16/BF16 rows, which attention reads for every token.
-pub fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_f16_avx2(src, dst) }
 }
-pub fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_bf16_avx2(src, dst) }
 }
 
@@ -1602,10 +1593,10 @@ unsafe fn rows_signed<const R: usize, const V: bool>(
     let nb = n / 32;
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * 34);
+        let by = x.add(i * BlockQ8_0::SIZE);
         let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm256_set1_ps(dx);
-        let y = load256(by.add(2));
+        let y = load256(by.add(offset_of!(BlockQ8_0, qs)));
         for (r, a) in acc.iter_mut().enumerate() {
             let bw = w.add(r * ws + i * wsize);
             prefetch_w(bw);
@@ -1638,9 +1629,9 @@ unsafe fn rows_min<const R: usize, const V: bool>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut summ = [_mm_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * 36);
+        let by = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() { f16x2(by) } else { _mm_castpd_ps(_mm_load_sd(xd.add(2 * i) as *const f64)) };
-        let y = load256(by.add(4));
+        let y = load256(by.add(offset_of!(BlockQ8_1, qs)));
         for r in 0..R {
             let bw = w.add(r * ws + i * wsize);
             prefetch_w_l1(bw);
@@ -1678,7 +1669,7 @@ macro_rules! rows_kernel {
     };
     (@build $name:ident, $v:expr, $feat:literal, $fam:ident, $wsize:expr, $dec:ident) => {
         #[target_feature(enable = $feat)]
-        pub unsafe fn $name(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $name(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             by_rows(nrows, |r, four| {
                 let (w, out) = (w.add(r * ws), out.add(r));
                 if four {
@@ -1691,9 +1682,9 @@ macro_rules! rows_kernel {
     };
 }
 
-rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, 18, dec_q4_0);
-rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, 22, dec_q5_0);
-rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, 34, dec_q8_0);
-rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, 18, dec_iq4_nl);
-rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, 20, q4_1_quants);
-rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, 24, q5_1_quants);
+rows_kernel!(rows_q4_0, rows_q4_0_vnni, rows_signed, BlockQ4_0::SIZE, dec_q4_0);
+rows_kernel!(rows_q5_0, rows_q5_0_vnni, rows_signed, BlockQ5_0::SIZE, dec_q5_0);
+rows_kernel!(rows_q8_0, rows_q8_0_vnni, rows_signed, BlockQ8_0::SIZE, dec_q8_0);
+rows_kernel!(rows_iq4_nl, rows_iq4_nl_vnni, rows_signed, BlockIQ4NL::SIZE, dec_iq4_nl);
+rows_kernel!(rows_q4_1, rows_q4_1_vnni, rows_min, BlockQ4_1::SIZE, q4_1_quants);
+rows_kernel!(rows_q5_1, rows_q5_1_vnni, rows_min, BlockQ5_1::SIZE, q5_1_quants);

@@ -28,6 +28,7 @@ use super::iq_grids::*;
 use super::iquants::{e8m0_half, KVALUES_MXFP4, SIGNS7};
 use super::table::{KernelTable, Tiled};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockMXFP4, BlockNVFP4, BlockQ1_0, BlockQ8K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0};
 use std::arch::x86_64::*;
 
 #[inline]
@@ -86,8 +87,8 @@ unsafe fn g64(a: u64, b: u64, c: u64, d: u64) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_xxs(b: *const u8, c: usize) -> Chunk {
-    let a0 = rd_u32(b.add(2 + 8 * c)) as usize;
-    let a1 = rd_u32(b.add(6 + 8 * c));
+    let a0 = rd_u32(b.add(offset_of!(BlockIQ2XXS, qs) + 8 * c)) as usize;
+    let a1 = rd_u32(b.add(offset_of!(BlockIQ2XXS, qs) + 4 + 8 * c));
     let g = |l: usize| *IQ2XXS_GRID.get_unchecked((a0 >> (8 * l)) & 255);
     let s = |l: usize| *SIGNS7.get_unchecked(((a1 >> (7 * l)) & 127) as usize);
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16((2 * (a1 >> 28) + 1) as i16))
@@ -96,10 +97,10 @@ unsafe fn dec_iq2_xxs(b: *const u8, c: usize) -> Chunk {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_xs(b: *const u8, c: usize) -> Chunk {
-    let v = |l: usize| rd_u16(b.add(2 + 8 * c + 2 * l)) as usize;
+    let v = |l: usize| rd_u16(b.add(offset_of!(BlockIQ2XS, qs) + 8 * c + 2 * l)) as usize;
     let g = |l: usize| *IQ2XS_GRID.get_unchecked(v(l) & 511);
     let s = |l: usize| *SIGNS7.get_unchecked((v(l) >> 9) & 127);
-    let sc = *b.add(66 + c) as u32;
+    let sc = *b.add(offset_of!(BlockIQ2XS, scales) + c) as u32;
     chunk(g64(g(0), g(1), g(2), g(3)), g64(s(0), s(1), s(2), s(3)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
 
@@ -118,19 +119,19 @@ unsafe fn signs_from_bits(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq2_s(b: *const u8, c: usize) -> Chunk {
-    let qh = *b.add(66 + c) as usize;
-    let g = |l: usize| *IQ2S_GRID.get_unchecked(*b.add(2 + 4 * c + l) as usize | ((qh << (8 - 2 * l)) & 0x300));
-    let sc = *b.add(74 + c) as u32;
-    chunk(g64(g(0), g(1), g(2), g(3)), signs_from_bits(b.add(34 + 4 * c)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
+    let qh = *b.add(offset_of!(BlockIQ2S, qh) + c) as usize;
+    let g = |l: usize| *IQ2S_GRID.get_unchecked(*b.add(offset_of!(BlockIQ2S, qs) + 4 * c + l) as usize | ((qh << (8 - 2 * l)) & 0x300));
+    let sc = *b.add(offset_of!(BlockIQ2S, scales) + c) as u32;
+    chunk(g64(g(0), g(1), g(2), g(3)), signs_from_bits(b.add(offset_of!(BlockIQ2S, qs) + 32 + 4 * c)), scales2(2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq3_xxs(b: *const u8, c: usize) -> Chunk {
-    let q = b.add(2 + 8 * c);
+    let q = b.add(offset_of!(BlockIQ3XXS, qs) + 8 * c);
     let g = |k: usize| *IQ3XXS_GRID.get_unchecked(*q.add(k) as usize) as i32;
     let u = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-    let a = rd_u32(b.add(66 + 4 * c));
+    let a = rd_u32(b.add(offset_of!(BlockIQ3XXS, qs) + 64 + 4 * c));
     let s = |l: usize| *SIGNS7.get_unchecked(((a >> (7 * l)) & 127) as usize);
     chunk(u, g64(s(0), s(1), s(2), s(3)), _mm256_set1_epi16((2 * (a >> 28) + 1) as i16))
 }
@@ -138,20 +139,20 @@ unsafe fn dec_iq3_xxs(b: *const u8, c: usize) -> Chunk {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq3_s(b: *const u8, c: usize) -> Chunk {
-    let q = b.add(2 + 8 * c);
-    let qh = *b.add(66 + c) as usize;
+    let q = b.add(offset_of!(BlockIQ3S, qs) + 8 * c);
+    let qh = *b.add(offset_of!(BlockIQ3S, qh) + c) as usize;
     // grid entry k of the chunk takes bit k of qh as its 9th index bit
     let g = |k: usize| *IQ3S_GRID.get_unchecked(*q.add(k) as usize | ((qh << (8 - k)) & 256)) as i32;
     let u = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-    let ls = 2 * ((*b.add(106 + c / 2) as u32 >> (4 * (c % 2))) & 0xf) + 1;
-    chunk(u, signs_from_bits(b.add(74 + 4 * c)), _mm256_set1_epi16(ls as i16))
+    let ls = 2 * ((*b.add(offset_of!(BlockIQ3S, scales) + c / 2) as u32 >> (4 * (c % 2))) & 0xf) + 1;
+    chunk(u, signs_from_bits(b.add(offset_of!(BlockIQ3S, signs) + 4 * c)), _mm256_set1_epi16(ls as i16))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dec_iq1_s(b: *const u8, c: usize) -> Chunk {
-    let qh = rd_u16(b.add(34 + 2 * c)) as usize;
-    let g = |l: usize| *IQ1S_GRID.get_unchecked(*b.add(2 + 4 * c + l) as usize | (((qh >> (3 * l)) & 7) << 8));
+    let qh = rd_u16(b.add(offset_of!(BlockIQ1S, qh) + 2 * c)) as usize;
+    let g = |l: usize| *IQ1S_GRID.get_unchecked(*b.add(offset_of!(BlockIQ1S, qs) + 4 * c + l) as usize | (((qh >> (3 * l)) & 7) << 8));
     let v = g64(g(0), g(1), g(2), g(3));
     let ls = (2 * ((qh >> 12) & 7) + 1) as i32;
     let mut ch = chunk(_mm256_sign_epi8(v, v), v, _mm256_set1_epi16(ls as i16));
@@ -270,7 +271,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
                 let c = 2 * c2 + h;
                 let ch = dec(bw, c);
                 for col in 0..NC {
-                    let q8 = x.add(col * xs + i * 292 + 4);
+                    let q8 = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs));
                     let y = load256(q8.add(32 * c));
                     let sy = if KIND == TERN { y } else { _mm256_sign_epi8(y, ch.s) };
                     sumi[col] = _mm256_add_epi32(sumi[col], _mm256_madd_epi16(_mm256_maddubs_epi16(ch.u, sy), ch.sc));
@@ -293,7 +294,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
             // the delta part), times d_w with the grid factor folded in, one FMA with d_a
             let dt = if KIND == IQ1S || KIND == IQ1M { dwi * 0.125 } else { dwi * fin };
             for col in 0..NC {
-                let yd = std::ptr::read_unaligned(x.add(col * xs + i * 292) as *const f32);
+                let yd = std::ptr::read_unaligned(x.add(col * xs + i * BlockQ8K::SIZE) as *const f32);
                 let mut isum = hsum_epi32(sumi[col]);
                 match KIND {
                     IQ1S => isum = 8 * isum + s1[col],
@@ -305,7 +306,7 @@ unsafe fn iq_body<const NC: usize, const KIND: u8, const TILED: bool>(
             continue;
         }
         for col in 0..NC {
-            let by = x.add(col * xs + i * 292);
+            let by = x.add(col * xs + i * BlockQ8K::SIZE);
             let d = dwi * std::ptr::read_unaligned(by as *const f32);
             if KIND == TERN {
                 let bsum = _mm256_madd_epi16(load256(by.add(260)), ones16);
@@ -353,7 +354,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 macro_rules! iq_kernel {
     ($name:ident, $tiled:expr, $kind:expr, $ts:expr, $fin:expr, $dw:expr, $dec:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
             iq_body::<NC, { $kind }, { $tiled }>(n, w, x, xs, out, $ts, $fin, $dw, |b, c| $dec(b, c))
         }
     };
@@ -362,27 +363,27 @@ macro_rules! iq_kernel {
 // the grid types: llama.cpp's tiled order (its matmuls of 8 or more rows; pyllama's default
 // for every row count) and its AVX2 vec_dot order (`_vd`: below 8 rows, under
 // PYLLAMA_ORDER=llamacpp)
-iq_kernel!(dot_iq2_xxs, true, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
-iq_kernel!(dot_iq2_xs, true, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
-iq_kernel!(dot_iq2_s, true, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
-iq_kernel!(dot_iq3_xxs, true, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
-iq_kernel!(dot_iq3_s, true, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
-iq_kernel!(dot_iq1_s, true, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m, true, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
-iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, 66, 0.125, |b| f16(b), dec_iq2_xxs);
-iq_kernel!(dot_iq2_xs_vd, false, PLAIN, 74, 0.125, |b| f16(b), dec_iq2_xs);
-iq_kernel!(dot_iq2_s_vd, false, PLAIN, 82, 0.125, |b| f16(b), dec_iq2_s);
-iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, 98, 0.25, |b| f16(b), dec_iq3_xxs);
-iq_kernel!(dot_iq3_s_vd, false, PLAIN, 110, 1.0, |b| f16(b), dec_iq3_s);
-iq_kernel!(dot_iq1_s_vd, false, IQ1S, 50, 1.0, |b| f16(b), dec_iq1_s);
-iq_kernel!(dot_iq1_m_vd, false, IQ1M, 56, 1.0, |b| iq1m_d(b), dec_iq1_m);
+iq_kernel!(dot_iq2_xxs, true, PLAIN, BlockIQ2XXS::SIZE, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs, true, PLAIN, BlockIQ2XS::SIZE, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s, true, PLAIN, BlockIQ2S::SIZE, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs, true, PLAIN, BlockIQ3XXS::SIZE, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s, true, PLAIN, BlockIQ3S::SIZE, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s, true, IQ1S, BlockIQ1S::SIZE, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m, true, IQ1M, BlockIQ1M::SIZE, 1.0, |b| iq1m_d(b), dec_iq1_m);
+iq_kernel!(dot_iq2_xxs_vd, false, PLAIN, BlockIQ2XXS::SIZE, 0.125, |b| f16(b), dec_iq2_xxs);
+iq_kernel!(dot_iq2_xs_vd, false, PLAIN, BlockIQ2XS::SIZE, 0.125, |b| f16(b), dec_iq2_xs);
+iq_kernel!(dot_iq2_s_vd, false, PLAIN, BlockIQ2S::SIZE, 0.125, |b| f16(b), dec_iq2_s);
+iq_kernel!(dot_iq3_xxs_vd, false, PLAIN, BlockIQ3XXS::SIZE, 0.25, |b| f16(b), dec_iq3_xxs);
+iq_kernel!(dot_iq3_s_vd, false, PLAIN, BlockIQ3S::SIZE, 1.0, |b| f16(b), dec_iq3_s);
+iq_kernel!(dot_iq1_s_vd, false, IQ1S, BlockIQ1S::SIZE, 1.0, |b| f16(b), dec_iq1_s);
+iq_kernel!(dot_iq1_m_vd, false, IQ1M, BlockIQ1M::SIZE, 1.0, |b| iq1m_d(b), dec_iq1_m);
 // the ternary types: llama.cpp has no tiled kernel for them, its vec_dot order throughout
-iq_kernel!(dot_tq1_0, false, TERN, 54, 1.0, |b: *const u8| f16(b.add(52)), dec_tq1_0);
-iq_kernel!(dot_tq2_0, false, TERN, 66, 1.0, |b: *const u8| f16(b.add(64)), dec_tq2_0);
+iq_kernel!(dot_tq1_0, false, TERN, BlockTQ1_0::SIZE, 1.0, |b: *const u8| f16(b.add(offset_of!(BlockTQ1_0, d))), dec_tq1_0);
+iq_kernel!(dot_tq2_0, false, TERN, BlockTQ2_0::SIZE, 1.0, |b: *const u8| f16(b.add(offset_of!(BlockTQ2_0, d))), dec_tq2_0);
 
 /// MXFP4 x Q8_0 (see the module note for the order).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 32;
     let values = load128(KVALUES_MXFP4.as_ptr() as *const u8);
     let m4 = _mm_set1_epi8(0xF);
@@ -401,11 +402,11 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     let mut ib = 0;
     while ib + 1 < nb {
         for h in 0..2 {
-            let b = w.add(17 * (ib + h));
+            let b = w.add(BlockMXFP4::SIZE * (ib + h));
             let wv = decode(b);
             let e = e8m0_half(*b);
             for col in 0..NC {
-                let yb = x.add(col * xs + 34 * (ib + h));
+                let yb = x.add(col * xs + BlockQ8_0::SIZE * (ib + h));
                 let d = f16(yb) * e;
                 acc[h][col] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes(wv, yb)), acc[h][col]);
             }
@@ -415,8 +416,8 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     for col in 0..NC {
         let mut sumf = hsum_ps(_mm256_add_ps(acc[0][col], acc[1][col]));
         if ib < nb {
-            let b = w.add(17 * ib);
-            let yb = x.add(col * xs + 34 * ib);
+            let b = w.add(BlockMXFP4::SIZE * ib);
+            let yb = x.add(col * xs + BlockQ8_0::SIZE * ib);
             let l = lanes(decode(b), yb);
             let s = _mm_add_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
             let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -462,10 +463,10 @@ unsafe fn dot_q1_0(n: usize, x: *const u8, y: *const u8) -> f32 {
     let zero = _mm256_setzero_si256();
     let mut acc = _mm256_setzero_ps();
     for ib in 0..n / 128 {
-        let b = x.add(18 * ib);
+        let b = x.add(BlockQ1_0::SIZE * ib);
         let mut blk = _mm256_setzero_ps();
         for k in 0..4 {
-            let yb = y.add(34 * (4 * ib + k));
+            let yb = y.add(BlockQ8_0::SIZE * (4 * ib + k));
             let bits = std::ptr::read_unaligned(b.add(2 + 4 * k) as *const i32);
             let sm = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit), zero);
             let sy = _mm256_sub_epi8(_mm256_xor_si256(load256(yb.add(2)), sm), sm);
@@ -488,13 +489,13 @@ unsafe fn dot_nvfp4(n: usize, x: *const u8, y: *const u8) -> f32 {
     let ones16 = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     for ib in 0..n / 64 {
-        let b = x.add(36 * ib);
+        let b = x.add(BlockNVFP4::SIZE * ib);
         for h in 0..2 {
             let q4 = load128(b.add(4 + 16 * h));
             let lo = _mm_shuffle_epi8(values, _mm_and_si128(q4, m4));
             let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q4, 4), m4));
             let w = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-            let yb = y.add(34 * (2 * ib + h));
+            let yb = y.add(BlockQ8_0::SIZE * (2 * ib + h));
             let q8 = load256(yb.add(2));
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q8, w)), ones16);
             let dy = f16(yb);

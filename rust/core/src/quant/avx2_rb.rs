@@ -24,55 +24,43 @@
 
 use super::avx2::PackBuild;
 use super::fp::f16_to_f32;
-use super::KernelSet;
+use super::table::{KernelTable, RowBlock, MAX_PACK};
+use super::{PackedPairDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use std::arch::x86_64::*;
 
-/// Weight rows per row block (one per i32 lane of a ymm).
-pub const RB: usize = 8;
-
-/// A row-block kernel: for the NC activation rows (Q8_K, `x + c * xs`) and the RB weight
-/// rows repacked at `wp` (`nsb` super-blocks), out[c * ldo + r] = dot(row r, column c).
-pub type RbKernel = unsafe fn(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize);
-/// Repacks RB weight rows (`w`, `wrow` bytes apart, `nsb` super-blocks each) into `dst`.
-pub type RepackFn = unsafe fn(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8);
-
-/// The row-block kernels of one weight type in one build.
-#[derive(Clone, Copy)]
-pub struct RbKernels {
-    pub repack: RepackFn,
-    /// Repacked bytes per super-block of RB rows.
-    pub sb_bytes: usize,
-    /// Columns per full tile.
-    pub tile: usize,
-    /// cols[nc]: the kernel of nc columns, 1 <= nc <= tile.
-    pub cols: [Option<RbKernel>; 9],
+/// The two-row kernels `$f::<NC>` over 1..=MAX_PACK columns, by column count.
+macro_rules! pair_cols {
+    ($f:ident) => {
+        [None, Some($f::<1> as PackedPairDot), Some($f::<2>), Some($f::<3>), Some($f::<4>), Some($f::<5>), Some($f::<6>), Some($f::<7>), Some($f::<8>)]
+    };
 }
+const _: () = assert!(MAX_PACK == 8);
+
+/// Weight rows per row block (one per i32 lane of a ymm).
+pub(crate) const RB: usize = 8;
 
 /// Fewest tokens for which the matmul takes the row-block path: below this the repack
 /// (once per row block) is not paid back and the tile/column kernels of `avx2.rs` run.
-pub const MIN_TOKENS: usize = 16;
+pub(crate) const MIN_TOKENS: usize = 16;
 
-/// The row-block kernels of weight type `ty` for kernel set `set`, if any (Q4_K and Q6_K
-/// on the AVX2 and AVX-512 sets, not under `PYLLAMA_ORDER=llamacpp`, whose orders depend
-/// on the batch).
-pub fn kernels(set: KernelSet, ty: GgmlType) -> Option<RbKernels> {
-    if super::avx2::llamacpp_order() || no_rb() {
-        return None;
+/// This module's kernels in table `t`, in build `build` (the set's: `PackBuild::Evex` for
+/// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
+/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), and in the AVX-512 set the
+/// two-row packed kernels of Q4_0, Q5_0, Q8_0. `PYLLAMA_NO_RB=1` registers none (the same
+/// bits either way, for comparisons).
+pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
+    if row_blocks {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            t.set_row_block(ty, kernels_with(ty, build).expect("row-block kernels of Q4_K and Q6_K"));
+        }
     }
-    let build = match set {
-        KernelSet::Avx512 => PackBuild::Evex,
-        KernelSet::Avx2 if super::avx2::vnni_available() => PackBuild::Vnni,
-        KernelSet::Avx2 => PackBuild::Plain,
-        _ => return None,
-    };
-    kernels_with(ty, build)
-}
-
-/// `PYLLAMA_NO_RB=1`: the K-quant prefill takes the tile kernels (for comparisons; the
-/// results are the same bits either way).
-fn no_rb() -> bool {
-    super::cpu::env().no_rb
+    if build == PackBuild::Evex {
+        t.set_packed_pair(GgmlType::Q4_0, pair_cols!(pair_q4_0));
+        t.set_packed_pair(GgmlType::Q5_0, pair_cols!(pair_q5_0));
+        t.set_packed_pair(GgmlType::Q8_0, pair_cols!(pair_q8_0));
+    }
 }
 
 macro_rules! cols_table {
@@ -96,8 +84,8 @@ const PLAIN: u8 = 0;
 const VNNI: u8 = 1;
 const EVEX: u8 = 2;
 
-/// `kernels` with the build chosen by the caller (tests compare all builds).
-pub fn kernels_with(ty: GgmlType, build: PackBuild) -> Option<RbKernels> {
+/// The row-block kernels of `ty` in `build` (tests compare all builds), if any.
+pub(crate) fn kernels_with(ty: GgmlType, build: PackBuild) -> Option<RowBlock> {
     // AVX2 has 16 ymm registers: 4 columns; the AVX-512 build has 32: 8 columns
     let tile = if build == PackBuild::Evex { 8 } else { 4 };
     let (repack, sb_bytes, cols): (RepackFn, usize, _) = match (ty, build) {
@@ -109,7 +97,7 @@ pub fn kernels_with(ty: GgmlType, build: PackBuild) -> Option<RbKernels> {
         (GgmlType::Q6_K, PackBuild::Evex) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_evex, 8)),
         _ => return None,
     };
-    Some(RbKernels { repack, sb_bytes, tile, cols })
+    Some(RowBlock { rows: RB, min_tokens: MIN_TOKENS, repack, sb_bytes, tile, cols })
 }
 
 #[inline(always)]
@@ -173,11 +161,11 @@ const Q4K_MN: usize = 320;
 const Q4K_Q: usize = 448;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
     for i in 0..nsb {
         let p = dst.add(i * Q4K_SB);
         for r in 0..RB {
-            let b = w.add(r * wrow + i * 144);
+            let b = w.add(r * wrow + i * BlockQ4K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b));
             (p.add(32) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
             let sc = std::slice::from_raw_parts(b.add(4), 12);
@@ -213,7 +201,7 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
         // bsum of each 32-element sub-block (i16, exact), per column
         let mut bs = [[0i16; 8]; NC];
         for c in 0..NC {
-            let xb = x.add(c * xs + i * 292);
+            let xb = x.add(c * xs + i * BlockQ8K::SIZE);
             let yd = _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32));
             dsc[c] = _mm256_mul_ps(dw8, yd);
             dmn[c] = _mm256_mul_ps(dm8, yd);
@@ -230,7 +218,7 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
                     let wpk = load256(q.add(32 * (8 * j + k)));
                     let wq = if h == 0 { _mm256_and_si256(wpk, m4) } else { _mm256_and_si256(_mm256_srli_epi16(wpk, 4), m4) };
                     for c in 0..NC {
-                        let xv = bcast32(x.add(c * xs + i * 292 + 4 + 64 * j + 32 * h + 4 * k));
+                        let xv = bcast32(x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 64 * j + 32 * h + 4 * k));
                         a[c] = dot_acc::<B>(a[c], wq, xv);
                     }
                 }
@@ -269,14 +257,14 @@ unsafe fn q6_hi(bh: __m256i, m2: __m256i, s: i32) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut tmp = [0u8; 256];
     for i in 0..nsb {
         let p = dst.add(i * Q6K_SB);
         for r in 0..RB {
-            let b = w.add(r * wrow + i * 210);
+            let b = w.add(r * wrow + i * BlockQ6K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b.add(208)));
             for g in 0..16 {
                 let s = *b.add(192 + g) as i8;
@@ -322,7 +310,7 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
             for k in 0..4 {
                 let wq = load256(p.add(Q6K_Q + 32 * (4 * g + k)));
                 for c in 0..NC {
-                    let xv = bcast32(x.add(c * xs + i * 292 + 4 + 16 * g + 4 * k));
+                    let xv = bcast32(x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 16 * g + 4 * k));
                     a[c] = dot_acc::<B>(a[c], wq, xv);
                 }
                 if B == PLAIN && k == 1 {
@@ -339,7 +327,7 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
         }
         let dw8 = _mm256_loadu_ps(p as *const f32);
         for c in 0..NC {
-            let xb = x.add(c * xs + i * 292);
+            let xb = x.add(c * xs + i * BlockQ8K::SIZE);
             // 32 * sum over groups of scale * bsum: i16 pairs (scale 2m, 2m+1) x (bsum 2m,
             // 2m+1)
             let mut sb = _mm256_setzero_si256();
@@ -359,15 +347,15 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
 macro_rules! builds {
     ($tile:ident, $plain:ident, $vnni:ident, $evex:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $plain<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+        unsafe fn $plain<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
             $tile::<PLAIN, NC>(nsb, wp, x, xs, out, ldo)
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub unsafe fn $vnni<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+        unsafe fn $vnni<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
             $tile::<VNNI, NC>(nsb, wp, x, xs, out, ldo)
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $evex<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+        unsafe fn $evex<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
             $tile::<EVEX, NC>(nsb, wp, x, xs, out, ldo)
         }
     };
@@ -377,40 +365,6 @@ builds!(q4_k_tile, q4_k_plain, q4_k_vnni, q4_k_evex);
 builds!(q6_k_tile, q6_k_plain, q6_k_vnni, q6_k_evex);
 
 // ------------------------------------------------------------------ packed pairs (AVX-512)
-
-/// A packed-group kernel over two weight rows (AVX-512 set): `avx2::PackedDot` for rows
-/// `wa` and `wb` at once, their NC values to `outa` and `outb`.
-pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
-
-/// The AVX-512 set's two-row kernel of the signed 32-block type `ty` (Q4_0, Q5_0, Q8_0)
-/// for the first `nc` columns of a packed group (see `avx2::packed_kernel_cols`): the
-/// matmul's prefill runs it on pairs of rows. None elsewhere.
-pub fn packed_pair_kernel(set: KernelSet, ty: GgmlType, nc: usize) -> Option<PackedPairDot> {
-    if set != KernelSet::Avx512 || no_rb() {
-        return None;
-    }
-    macro_rules! pick {
-        ($f:ident) => {
-            match nc {
-                1 => $f::<1> as PackedPairDot,
-                2 => $f::<2>,
-                3 => $f::<3>,
-                4 => $f::<4>,
-                5 => $f::<5>,
-                6 => $f::<6>,
-                7 => $f::<7>,
-                8 => $f::<8>,
-                _ => return None,
-            }
-        };
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => pick!(pair_q4_0),
-        GgmlType::Q5_0 => pick!(pair_q5_0),
-        GgmlType::Q8_0 => pick!(pair_q8_0),
-        _ => return None,
-    })
-}
 
 /// The packed signed-family kernel (`avx2::dot_packed_signed`, its E build) for two rows
 /// in one zmm: lanes 0..8 row a, 8..16 row b. Per lane exactly the ymm kernel's operations:
@@ -454,20 +408,20 @@ unsafe fn pair_signed<const NC: usize>(
 macro_rules! pair_kernel {
     ($name:ident, $wsize:expr, $decu:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
             pair_signed::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $decu)
         }
     };
 }
 
-pair_kernel!(pair_q4_0, 18, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
-pair_kernel!(pair_q5_0, 22, |b| super::avx2::q5_0_unsigned(b));
-pair_kernel!(pair_q8_0, 34, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
+pair_kernel!(pair_q4_0, BlockQ4_0::SIZE, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
+pair_kernel!(pair_q5_0, BlockQ5_0::SIZE, |b| super::avx2::q5_0_unsigned(b));
+pair_kernel!(pair_q8_0, BlockQ8_0::SIZE, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{self, avx2};
+    use crate::quant::{self, avx2, KernelSet};
 
     fn next(s: &mut u64) -> u64 {
         *s ^= *s << 13;
@@ -595,7 +549,7 @@ mod tests {
             }
             for set in &sets {
                 let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-                assert!(!k_quant || kernels(*set, ty).is_some() || super::super::cpu::env().no_rb);
+                assert!(!k_quant || quant::table::table(*set).get(ty).row_block.is_some() || super::super::cpu::env().no_rb);
                 let dot = quant::vec_dot_fn(ty, *set).unwrap();
                 for threads in [1, 2] {
                     let pool = ThreadPool::new(threads);
@@ -629,8 +583,9 @@ mod tests {
             let n = 32 * nb;
             let wrow = ty.row_size(n).unwrap();
             let xrow = GgmlType::Q8_0.row_size(n).unwrap();
-            let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false };
+            let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
             let tk = *quant::table::build(KernelSet::Avx2, opt).get(ty);
+            let pairs = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pair;
             let one = tk.tiled.unwrap().one();
             let pk = tk.packed.unwrap();
             for case in 0..4 {
@@ -657,7 +612,7 @@ mod tests {
                 for nc in 1..=avx2::PACK_COLS {
                     let mut packed = vec![0xA5u8; nb * pk.block_bytes];
                     unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr()) };
-                    let k = packed_pair_kernel(KernelSet::Avx512, ty, nc).unwrap();
+                    let k = pairs[nc].unwrap();
                     let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
                     unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
                     for c in 0..nc {

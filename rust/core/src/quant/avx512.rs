@@ -37,15 +37,10 @@
 use super::avx2::{f16, hsum_ps, TILE};
 use super::table::KernelTable;
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 pub use super::DotRows;
-
-/// Whether this CPU can run the AVX-512 kernels (they also use AVX2/FMA/F16C helpers).
-/// AVX-512 CPUs without VNNI (Skylake-X) keep the AVX2 kernels.
-pub fn available() -> bool {
-    super::cpu::features().avx512_set()
-}
 
 /// The AVX-512 set's own kernels, laid over the AVX2 set's in table `t`: the single-token
 /// multi-row kernels and Q6_K's vec_dot / tile (4 columns, and 1..3 for the tokens left
@@ -174,21 +169,21 @@ const OFF_Q5_0: i8 = 16;
 const OFF_Q8_0: i8 = -128; // 0x80: 128 as the unsigned operand of vpdpbusd
 
 kfn!(unsafe fn dec2_q4_0(a: *const u8, b: *const u8) -> __m512i {
-    nibbles_2x32(a.add(2), b.add(2))
+    nibbles_2x32(a.add(offset_of!(BlockQ4_0, qs)), b.add(offset_of!(BlockQ4_0, qs)))
 });
 kfn!(unsafe fn dec2_q5_0(a: *const u8, b: *const u8) -> __m512i {
-    let nib = nibbles_2x32(a.add(6), b.add(6));
-    let m = rd32(a.add(2)) | (rd32(b.add(2)) << 32);
+    let nib = nibbles_2x32(a.add(offset_of!(BlockQ5_0, qs)), b.add(offset_of!(BlockQ5_0, qs)));
+    let m = rd32(a.add(offset_of!(BlockQ5_0, qh))) | (rd32(b.add(offset_of!(BlockQ5_0, qh))) << 32);
     _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
 });
 kfn!(
     /// IQ4_NL: the non-linear table's signed value of each nibble, + 128 (`OFF_Q8_0`).
     unsafe fn dec2_iq4_nl(a: *const u8, b: *const u8) -> __m512i {
     let tbl = _mm512_broadcast_i32x4(_mm_loadu_si128(super::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
-    _mm512_xor_si512(_mm512_shuffle_epi8(tbl, nibbles_2x32(a.add(2), b.add(2))), _mm512_set1_epi8(-128))
+    _mm512_xor_si512(_mm512_shuffle_epi8(tbl, nibbles_2x32(a.add(offset_of!(BlockIQ4NL, qs)), b.add(offset_of!(BlockIQ4NL, qs)))), _mm512_set1_epi8(-128))
 });
 kfn!(unsafe fn dec2_q8_0(a: *const u8, b: *const u8) -> __m512i {
-    _mm512_xor_si512(join(load256(a.add(2)), load256(b.add(2))), _mm512_set1_epi8(-128))
+    _mm512_xor_si512(join(load256(a.add(offset_of!(BlockQ8_0, qs))), load256(b.add(offset_of!(BlockQ8_0, qs)))), _mm512_set1_epi8(-128))
 });
 
 // ------------------------------------------------------------------ signed family x Q8_0
@@ -214,7 +209,7 @@ unsafe fn rows_signed<const RP: usize>(
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
     for i in 0..nb {
-        let bx = x.add(i * 34);
+        let bx = x.add(i * BlockQ8_0::SIZE);
         let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm_set1_ps(dx);
         let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
@@ -259,7 +254,7 @@ const RP_MAX: usize = 2;
 macro_rules! signed_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             let mut r = 0;
             while r + 2 * RP_MAX <= nrows {
                 rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
@@ -283,10 +278,10 @@ unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *cons
     one(n, w, x, 0, xd, 0, out);
 }
 
-signed_rows!(rows_q4_0, GgmlType::Q4_0, 18, OFF_Q4_0, dec2_q4_0);
-signed_rows!(rows_q5_0, GgmlType::Q5_0, 22, OFF_Q5_0, dec2_q5_0);
-signed_rows!(rows_q8_0, GgmlType::Q8_0, 34, OFF_Q8_0, dec2_q8_0);
-signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, 18, OFF_Q8_0, dec2_iq4_nl);
+signed_rows!(rows_q4_0, GgmlType::Q4_0, BlockQ4_0::SIZE, OFF_Q4_0, dec2_q4_0);
+signed_rows!(rows_q5_0, GgmlType::Q5_0, BlockQ5_0::SIZE, OFF_Q5_0, dec2_q5_0);
+signed_rows!(rows_q8_0, GgmlType::Q8_0, BlockQ8_0::SIZE, OFF_Q8_0, dec2_q8_0);
+signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, BlockIQ4NL::SIZE, OFF_Q8_0, dec2_iq4_nl);
 // ------------------------------------------------------------------ Q4_1 x Q8_1
 
 /// Q4_1 / Q5_1 (weights u * d + m) against Q8_1, one activation row against 2 * RP weight
@@ -313,7 +308,7 @@ unsafe fn rows_min_body<const RP: usize>(
     // the quad path's m_w * s_x sums: lanes 1, 3, 5, 7 for its 4 rows
     let mut summ4 = [_mm256_setzero_ps(); RP];
     for i in 0..nb {
-        let bx = x.add(i * 36);
+        let bx = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() {
             cvt_h4(rd32(bx) * 0x1_0000_0001)
         } else {
@@ -372,7 +367,7 @@ unsafe fn rows_min_body<const RP: usize>(
 macro_rules! min_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             let mut r = 0;
             while r + 2 * RP_MAX <= nrows {
                 rows_min_body::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), |a, b| $dec2(a, b));
@@ -390,18 +385,18 @@ macro_rules! min_rows {
 }
 
 kfn!(unsafe fn dec2_q4_1(a: *const u8, b: *const u8) -> __m512i {
-    nibbles_2x32(a.add(4), b.add(4))
+    nibbles_2x32(a.add(offset_of!(BlockQ4_1, qs)), b.add(offset_of!(BlockQ4_1, qs)))
 });
 kfn!(
     /// Q5_1: bit k of qh (bytes 4..8) is the 5th bit of element k.
     unsafe fn dec2_q5_1(a: *const u8, b: *const u8) -> __m512i {
-    let nib = nibbles_2x32(a.add(8), b.add(8));
-    let m = rd32(a.add(4)) | (rd32(b.add(4)) << 32);
+    let nib = nibbles_2x32(a.add(offset_of!(BlockQ5_1, qs)), b.add(offset_of!(BlockQ5_1, qs)));
+    let m = rd32(a.add(offset_of!(BlockQ5_1, qh))) | (rd32(b.add(offset_of!(BlockQ5_1, qh))) << 32);
     _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
 });
 
-min_rows!(rows_q4_1, GgmlType::Q4_1, 20, dec2_q4_1);
-min_rows!(rows_q5_1, GgmlType::Q5_1, 24, dec2_q5_1);
+min_rows!(rows_q4_1, GgmlType::Q4_1, BlockQ4_1::SIZE, dec2_q4_1);
+min_rows!(rows_q5_1, GgmlType::Q5_1, BlockQ5_1::SIZE, dec2_q5_1);
 
 // ------------------------------------------------------------------ Q6_K x Q8_K
 
@@ -411,7 +406,7 @@ min_rows!(rows_q5_1, GgmlType::Q5_1, 24, dec2_q5_1);
 /// offset taken off through the activations' block sums), so the float steps are the
 /// AVX2 kernel's.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 256;
     let m4 = _mm512_set1_epi8(0xF);
     let m30 = _mm512_set1_epi8(0x30);
@@ -426,21 +421,21 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
     let sidx = [sidx(0), sidx(1), sidx(2), sidx(3)];
     let mut acc = [0f32; NC];
     for i in 0..nb {
-        let bw = w.add(i * 210);
+        let bw = w.add(i * BlockQ6K::SIZE);
         if NC < TILE {
             let mut o = 0;
-            while o < 210 {
+            while o < BlockQ6K::SIZE {
                 prefetch_t1(bw.add(o));
                 o += 64;
             }
         }
-        let dw = f16(bw.add(208));
-        let s16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(192) as *const __m128i));
+        let dw = f16(bw.add(offset_of!(BlockQ6K, d)));
+        let s16y = _mm256_cvtepi8_epi16(_mm_loadu_si128(bw.add(offset_of!(BlockQ6K, scales)) as *const __m128i));
         let s16 = _mm512_castsi256_si512(s16y);
         let mut sumi = [_mm512_setzero_si512(); NC];
         for j in 0..2 {
-            let b12 = _mm512_loadu_si512(bw.add(64 * j) as *const _);
-            let bh = _mm512_broadcast_i64x4(load256(bw.add(128 + 32 * j)));
+            let b12 = _mm512_loadu_si512(bw.add(offset_of!(BlockQ6K, ql) + 64 * j) as *const _);
+            let bh = _mm512_broadcast_i64x4(load256(bw.add(offset_of!(BlockQ6K, qh) + 32 * j)));
             // bits (2k, 2k+1) of qh are bits 4, 5 of chunk k's values
             let hlo = _mm512_and_si512(_mm512_sllv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), m30);
             let hhi = _mm512_and_si512(_mm512_srlv_epi64(bh, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), m30);
@@ -449,7 +444,7 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
             let sc01 = _mm512_permutexvar_epi16(sidx[2 * j], s16);
             let sc23 = _mm512_permutexvar_epi16(sidx[2 * j + 1], s16);
             for c in 0..NC {
-                let q8 = x.add(c * xs + i * 292 + 4 + 128 * j);
+                let q8 = x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 128 * j);
                 // q (0..63) * y pairs fit i16 (|.| <= 2 * 63 * 128)
                 let p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(q8 as *const _));
                 let p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(q8.add(64) as *const _));
@@ -458,9 +453,9 @@ pub unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs
             }
         }
         for c in 0..NC {
-            let by = x.add(c * xs + i * 292);
+            let by = x.add(c * xs + i * BlockQ8K::SIZE);
             // 32 * sum over the 16 groups of scale * bsum: the -32 offset of every value
-            let off = _mm256_madd_epi16(_mm256_loadu_si256(by.add(260) as *const __m256i), s16y);
+            let off = _mm256_madd_epi16(_mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)) as *const __m256i), s16y);
             let total = _mm512_reduce_add_epi32(sumi[c]).wrapping_sub(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(off)) << 5);
             let yd = std::ptr::read_unaligned(by as *const f32);
             acc[c] = (dw * total as f32).mul_add(yd, acc[c]);

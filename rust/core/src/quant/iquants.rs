@@ -29,10 +29,11 @@
 //! products at positions 4k..4k+4 of every 32-element chunk, FMA'd with the block scale
 //! into 8 f32 lanes; the horizontal sum ((v4+v0)+(v6+v2))+((v5+v1)+(v7+v3)).
 
-use super::fp::{f16_to_f32, rd_f16, rd_f32};
+use super::blocks::{as_blocks, block, f16, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockMXFP4, BlockQ8K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0};
+use super::fp::{f16_to_f32, rd_f16};
 use super::iq_grids::*;
 
-pub const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 
 /// ggml's kmask_iq2xs: bit j of a sign byte belongs to element j of a group of 8.
 #[inline(always)]
@@ -62,19 +63,20 @@ fn grid4(g: u32, j: usize) -> u8 {
 
 /// IQ1_M's f16 super-block scale, spread over the top nibbles of its 4 scale words.
 #[inline(always)]
-pub fn iq1m_d(b: &[u8]) -> f32 {
-    let sc = |k: usize| u16_at(b, 48 + 2 * k);
+pub(crate) fn iq1m_d(b: &[u8]) -> f32 {
+    let scales = &block::<BlockIQ1M>(b).scales;
+    let sc = |k: usize| u16_at(scales, 2 * k);
     f16_to_f32((sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000))
 }
 
 /// ggml_e8m0_to_fp32_half: 2^(e - 128) (denormal for e < 2).
 #[inline(always)]
-pub fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     f32::from_bits(if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 })
 }
 
 /// kvalues_mxfp4: twice the E2M1 values.
-pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// 8 bytes of +1 / -1 (0x01 / 0xFF) from the 8 bits of `s` (set bit: -1).
 const fn sign_bytes(s: u8) -> u64 {
@@ -89,7 +91,8 @@ const fn sign_bytes(s: u8) -> u64 {
 }
 
 /// Sign bytes of every sign byte (IQ2_S, IQ3_S store 8 sign bits per group).
-pub static SIGNS8: [u64; 256] = {
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
+pub(crate) static SIGNS8: [u64; 256] = {
     let mut t = [0u64; 256];
     let mut i = 0;
     while i < 256 {
@@ -101,7 +104,7 @@ pub static SIGNS8: [u64; 256] = {
 
 /// Sign bytes of the 7-bit sign codes (ggml's ksigns_iq2xs: the 8th bit makes the count
 /// of minus signs even), as ggml's keven_signs_q2xs.
-pub static SIGNS7: [u64; 128] = {
+pub(crate) static SIGNS7: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
     while i < 128 {
@@ -123,15 +126,16 @@ pub struct BlockInts {
 }
 
 /// The ints of block `b` of weight type `ty` (one of this module's 256-element types).
-pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
+pub(crate) fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
     use crate::ggml_type::GgmlType::*;
     let mut o = BlockInts { q: [0; QK_K], dq: [0; QK_K] };
     let q = &mut o.q;
     match ty {
         IQ2_XXS => {
+            let blk = block::<BlockIQ2XXS>(b);
             for ib in 0..8 {
-                let a0 = u32_at(b, 2 + 8 * ib);
-                let a1 = u32_at(b, 6 + 8 * ib);
+                let a0 = u32_at(&blk.qs, 8 * ib);
+                let a1 = u32_at(&blk.qs, 4 + 8 * ib);
                 let ls = 2 * (a1 >> 28) as i32 + 1;
                 for l in 0..4 {
                     let g = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize];
@@ -144,11 +148,12 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ2_XS => {
+            let blk = block::<BlockIQ2XS>(b);
             for ib in 0..8 {
-                let sc = b[66 + ib];
+                let sc = blk.scales[ib];
                 for l in 0..4 {
                     let ls = 2 * (if l < 2 { sc & 0xf } else { sc >> 4 }) as i32 + 1;
-                    let v16 = u16_at(b, 2 + 8 * ib + 2 * l);
+                    let v16 = u16_at(&blk.qs, 8 * ib + 2 * l);
                     let g = IQ2XS_GRID[(v16 & 511) as usize];
                     let s = KSIGNS_IQ2XS[(v16 >> 9) as usize];
                     for j in 0..8 {
@@ -159,13 +164,14 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ2_S => {
+            let blk = block::<BlockIQ2S>(b);
             for ib in 0..8 {
-                let sc = b[74 + ib];
-                let qh = b[66 + ib] as usize;
+                let sc = blk.scales[ib];
+                let qh = blk.qh[ib] as usize;
                 for l in 0..4 {
                     let ls = 2 * (if l < 2 { sc & 0xf } else { sc >> 4 }) as i32 + 1;
-                    let g = IQ2S_GRID[b[2 + 4 * ib + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
-                    let s = b[34 + 4 * ib + l];
+                    let g = IQ2S_GRID[blk.qs[4 * ib + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
+                    let s = blk.qs[32 + 4 * ib + l];
                     for j in 0..8 {
                         let v = grid8(g, j) as i32 * ls;
                         q[32 * ib + 8 * l + j] = if neg(s, j) { -v } else { v };
@@ -174,13 +180,14 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ3_XXS => {
+            let blk = block::<BlockIQ3XXS>(b);
             for ib in 0..8 {
-                let a = u32_at(b, 66 + 4 * ib);
+                let a = u32_at(&blk.qs, 64 + 4 * ib);
                 let ls = 2 * (a >> 28) as i32 + 1;
                 for l in 0..4 {
                     let s = KSIGNS_IQ2XS[((a >> (7 * l)) & 127) as usize];
-                    let g1 = IQ3XXS_GRID[b[2 + 8 * ib + 2 * l] as usize];
-                    let g2 = IQ3XXS_GRID[b[2 + 8 * ib + 2 * l + 1] as usize];
+                    let g1 = IQ3XXS_GRID[blk.qs[8 * ib + 2 * l] as usize];
+                    let g2 = IQ3XXS_GRID[blk.qs[8 * ib + 2 * l + 1] as usize];
                     for j in 0..8 {
                         let v = if j < 4 { grid4(g1, j) } else { grid4(g2, j - 4) } as i32 * ls;
                         q[32 * ib + 8 * l + j] = if neg(s, j) { -v } else { v };
@@ -189,13 +196,14 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ3_S => {
+            let blk = block::<BlockIQ3S>(b);
             for ib in 0..8 {
-                let ls = 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xf) as i32 + 1;
-                let qh = b[66 + ib] as usize;
+                let ls = 2 * ((blk.scales[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32 + 1;
+                let qh = blk.qh[ib] as usize;
                 for l in 0..4 {
-                    let g1 = IQ3S_GRID[b[2 + 8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256)];
-                    let g2 = IQ3S_GRID[b[2 + 8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256)];
-                    let s = b[74 + 4 * ib + l];
+                    let g1 = IQ3S_GRID[blk.qs[8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256)];
+                    let g2 = IQ3S_GRID[blk.qs[8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256)];
+                    let s = blk.signs[4 * ib + l];
                     for j in 0..8 {
                         let v = if j < 4 { grid4(g1, j) } else { grid4(g2, j - 4) } as i32 * ls;
                         q[32 * ib + 8 * l + j] = if neg(s, j) { -v } else { v };
@@ -204,12 +212,13 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ1_S => {
+            let blk = block::<BlockIQ1S>(b);
             for ib in 0..8 {
-                let qh = u16_at(b, 34 + 2 * ib) as usize;
+                let qh = u16_at(&blk.qh, 2 * ib) as usize;
                 let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
                 let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
                 for l in 0..4 {
-                    let g = IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+                    let g = IQ1S_GRID[blk.qs[4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
                     for j in 0..8 {
                         q[32 * ib + 8 * l + j] = grid8(g, j) as i8 as i32 * ls;
                         o.dq[32 * ib + 8 * l + j] = delta * ls;
@@ -218,14 +227,15 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         IQ1_M => {
+            let blk = block::<BlockIQ1M>(b);
             for ib in 0..8 {
-                let sc = u16_at(b, 48 + 2 * (ib / 2));
-                let (qh0, qh1) = (b[32 + 2 * ib] as usize, b[33 + 2 * ib] as usize);
+                let sc = u16_at(&blk.scales, 2 * (ib / 2));
+                let (qh0, qh1) = (blk.qh[2 * ib] as usize, blk.qh[2 * ib + 1] as usize);
                 let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
                 let dbit = [qh0 & 0x08, qh0 & 0x80, qh1 & 0x08, qh1 & 0x80];
                 for l in 0..4 {
                     let ls = 2 * ((sc >> (6 * (ib % 2) + 3 * (l / 2))) & 7) as i32 + 1;
-                    let g = IQ1S_GRID[b[4 * ib + l] as usize | (idx[l] & 0x700)];
+                    let g = IQ1S_GRID[blk.qs[4 * ib + l] as usize | (idx[l] & 0x700)];
                     for j in 0..8 {
                         q[32 * ib + 8 * l + j] = grid8(g, j) as i8 as i32 * ls;
                         o.dq[32 * ib + 8 * l + j] = if dbit[l] != 0 { -ls } else { ls };
@@ -234,26 +244,28 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
             }
         }
         TQ1_0 => {
+            let blk = block::<BlockTQ1_0>(b);
             const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
             let digit = |byte: u8, n: usize| ((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as i32;
             for n in 0..5 {
                 for m in 0..32 {
-                    q[32 * n + m] = digit(b[m], n);
+                    q[32 * n + m] = digit(blk.qs[m], n);
                 }
                 for m in 0..16 {
-                    q[160 + 16 * n + m] = digit(b[32 + m], n);
+                    q[160 + 16 * n + m] = digit(blk.qs[32 + m], n);
                 }
             }
             for n in 0..4 {
                 for j in 0..4 {
-                    q[240 + 4 * n + j] = digit(b[48 + j], n);
+                    q[240 + 4 * n + j] = digit(blk.qh[j], n);
                 }
             }
         }
         TQ2_0 => {
+            let blk = block::<BlockTQ2_0>(b);
             for p in 0..QK_K {
                 let (j, l, k) = (p / 128, (p % 128) / 32, p % 32);
-                q[p] = ((b[32 * j + k] >> (2 * l)) & 3) as i32;
+                q[p] = ((blk.qs[32 * j + k] >> (2 * l)) & 3) as i32;
             }
         }
         _ => panic!("block_ints: {ty} is not a grid or ternary type"),
@@ -263,12 +275,13 @@ pub fn block_ints(ty: crate::ggml_type::GgmlType, b: &[u8]) -> BlockInts {
 
 // ---------------------------------------------------------------- dequantize
 
-pub fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(66).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ2XXS::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ2XXS>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let a0 = u32_at(b, 2 + 8 * ib);
-            let a1 = u32_at(b, 6 + 8 * ib);
+            let a0 = u32_at(&blk.qs, 8 * ib);
+            let a1 = u32_at(&blk.qs, 4 + 8 * ib);
             let db = d * (0.5 + (a1 >> 28) as f32) * 0.25;
             for l in 0..4 {
                 let g = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize];
@@ -281,14 +294,15 @@ pub fn dequantize_iq2_xxs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(74).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ2XS::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ2XS>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let sc = b[66 + ib];
+            let sc = blk.scales[ib];
             let db = [d * (0.5 + (sc & 0xf) as f32) * 0.25, d * (0.5 + (sc >> 4) as f32) * 0.25];
             for l in 0..4 {
-                let v16 = u16_at(b, 2 + 8 * ib + 2 * l);
+                let v16 = u16_at(&blk.qs, 8 * ib + 2 * l);
                 let g = IQ2XS_GRID[(v16 & 511) as usize];
                 let s = KSIGNS_IQ2XS[(v16 >> 9) as usize];
                 for j in 0..8 {
@@ -299,16 +313,17 @@ pub fn dequantize_iq2_xs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(82).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ2S::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ2S>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let sc = b[74 + ib];
+            let sc = blk.scales[ib];
             let db = [d * (0.5 + (sc & 0xf) as f32) * 0.25, d * (0.5 + (sc >> 4) as f32) * 0.25];
-            let qh = b[66 + ib] as usize;
+            let qh = blk.qh[ib] as usize;
             for l in 0..4 {
-                let g = IQ2S_GRID[b[2 + 4 * ib + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
-                let s = b[34 + 4 * ib + l];
+                let g = IQ2S_GRID[blk.qs[4 * ib + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
+                let s = blk.qs[32 + 4 * ib + l];
                 for j in 0..8 {
                     y[32 * ib + 8 * l + j] = db[l / 2] * grid8(g, j) as f32 * if neg(s, j) { -1.0 } else { 1.0 };
                 }
@@ -317,16 +332,17 @@ pub fn dequantize_iq2_s(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(98).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ3XXS::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ3XXS>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let a = u32_at(b, 66 + 4 * ib);
+            let a = u32_at(&blk.qs, 64 + 4 * ib);
             let db = d * (0.5 + (a >> 28) as f32) * 0.5;
             for l in 0..4 {
                 let s = KSIGNS_IQ2XS[((a >> (7 * l)) & 127) as usize];
-                let g1 = IQ3XXS_GRID[b[2 + 8 * ib + 2 * l] as usize];
-                let g2 = IQ3XXS_GRID[b[2 + 8 * ib + 2 * l + 1] as usize];
+                let g1 = IQ3XXS_GRID[blk.qs[8 * ib + 2 * l] as usize];
+                let g2 = IQ3XXS_GRID[blk.qs[8 * ib + 2 * l + 1] as usize];
                 for j in 0..4 {
                     y[32 * ib + 8 * l + j] = db * grid4(g1, j) as f32 * if neg(s, j) { -1.0 } else { 1.0 };
                     y[32 * ib + 8 * l + j + 4] = db * grid4(g2, j) as f32 * if neg(s, j + 4) { -1.0 } else { 1.0 };
@@ -336,16 +352,17 @@ pub fn dequantize_iq3_xxs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(110).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ3S::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ3S>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let db = d * (1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xf) as i32) as f32;
-            let qh = b[66 + ib] as usize;
+            let db = d * (1 + 2 * ((blk.scales[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32) as f32;
+            let qh = blk.qh[ib] as usize;
             for l in 0..4 {
-                let g1 = IQ3S_GRID[b[2 + 8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256)];
-                let g2 = IQ3S_GRID[b[2 + 8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256)];
-                let s = b[74 + 4 * ib + l];
+                let g1 = IQ3S_GRID[blk.qs[8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256)];
+                let g2 = IQ3S_GRID[blk.qs[8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256)];
+                let s = blk.signs[4 * ib + l];
                 for j in 0..4 {
                     y[32 * ib + 8 * l + j] = db * grid4(g1, j) as f32 * if neg(s, j) { -1.0 } else { 1.0 };
                     y[32 * ib + 8 * l + j + 4] = db * grid4(g2, j) as f32 * if neg(s, j + 4) { -1.0 } else { 1.0 };
@@ -357,15 +374,16 @@ pub fn dequantize_iq3_s(src: &[u8], dst: &mut [f32]) {
 
 const IQ1_DELTA: f32 = 0.125;
 
-pub fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(50).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ1S::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ1S>(b);
+        let d = f16(blk.d);
         for ib in 0..8 {
-            let qh = u16_at(b, 34 + 2 * ib) as usize;
+            let qh = u16_at(&blk.qh, 2 * ib) as usize;
             let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
             let delta = if qh & 0x8000 != 0 { -IQ1_DELTA } else { IQ1_DELTA };
             for l in 0..4 {
-                let g = IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+                let g = IQ1S_GRID[blk.qs[4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
                 for j in 0..8 {
                     y[32 * ib + 8 * l + j] = dl * (grid8(g, j) as i8 as f32 + delta);
                 }
@@ -374,20 +392,21 @@ pub fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(56).zip(dst.chunks_exact_mut(QK_K)) {
+pub(crate) fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockIQ1M::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let blk = block::<BlockIQ1M>(b);
         let d = iq1m_d(b);
         for ib in 0..8 {
-            let sc = u16_at(b, 48 + 2 * (ib / 2));
+            let sc = u16_at(&blk.scales, 2 * (ib / 2));
             let dl = [
                 d * (2 * ((sc >> (6 * (ib % 2))) & 7) + 1) as f32,
                 d * (2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1) as f32,
             ];
-            let (qh0, qh1) = (b[32 + 2 * ib] as usize, b[33 + 2 * ib] as usize);
+            let (qh0, qh1) = (blk.qh[2 * ib] as usize, blk.qh[2 * ib + 1] as usize);
             let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
             let dbit = [qh0 & 0x08, qh0 & 0x80, qh1 & 0x08, qh1 & 0x80];
             for l in 0..4 {
-                let g = IQ1S_GRID[b[4 * ib + l] as usize | (idx[l] & 0x700)];
+                let g = IQ1S_GRID[blk.qs[4 * ib + l] as usize | (idx[l] & 0x700)];
                 let delta = if dbit[l] != 0 { -IQ1_DELTA } else { IQ1_DELTA };
                 for j in 0..8 {
                     y[32 * ib + 8 * l + j] = dl[l / 2] * (grid8(g, j) as i8 as f32 + delta);
@@ -397,9 +416,9 @@ pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(54).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 52);
+pub(crate) fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockTQ1_0::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = f16(block::<BlockTQ1_0>(b).d);
         let ints = block_ints(crate::ggml_type::GgmlType::TQ1_0, b);
         for (v, t) in y.iter_mut().zip(ints.q) {
             *v = (t - 1) as f32 * d;
@@ -407,9 +426,9 @@ pub fn dequantize_tq1_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(66).zip(dst.chunks_exact_mut(QK_K)) {
-        let d = rd_f16(b, 64);
+pub(crate) fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BlockTQ2_0::SIZE).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = f16(block::<BlockTQ2_0>(b).d);
         let ints = block_ints(crate::ggml_type::GgmlType::TQ2_0, b);
         for (v, t) in y.iter_mut().zip(ints.q) {
             *v = (t - 1) as f32 * d;
@@ -417,12 +436,12 @@ pub fn dequantize_tq2_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
-        let d = e8m0_half(b[0]);
+pub(crate) fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockMXFP4>(src).iter().zip(dst.chunks_exact_mut(32)) {
+        let d = e8m0_half(b.e);
         for j in 0..16 {
-            y[j] = KVALUES_MXFP4[(b[1 + j] & 0xf) as usize] as f32 * d;
-            y[j + 16] = KVALUES_MXFP4[(b[1 + j] >> 4) as usize] as f32 * d;
+            y[j] = KVALUES_MXFP4[(b.qs[j] & 0xf) as usize] as f32 * d;
+            y[j + 16] = KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32 * d;
         }
     }
 }
@@ -432,15 +451,16 @@ pub fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
 /// Q8_K pieces: (d, qs as i32, bsums).
 #[inline(always)]
 fn q8k(by: &[u8]) -> (f32, [i32; QK_K], [i32; 16]) {
+    let by = block::<BlockQ8K>(by);
     let mut q = [0i32; QK_K];
-    for (v, &c) in q.iter_mut().zip(&by[4..260]) {
-        *v = c as i8 as i32;
+    for (v, &c) in q.iter_mut().zip(&by.qs) {
+        *v = c as i32;
     }
     let mut bs = [0i32; 16];
     for (j, s) in bs.iter_mut().enumerate() {
-        *s = i16::from_le_bytes([by[260 + 2 * j], by[261 + 2 * j]]) as i32;
+        *s = i16::from_le_bytes([by.bsums[2 * j], by.bsums[2 * j + 1]]) as i32;
     }
-    (rd_f32(by, 0), q, bs)
+    (by.d(), q, bs)
 }
 
 /// The weight's f16 scale of a 256-element block of `ty` (IQ1_M: the assembled one).
@@ -449,8 +469,8 @@ fn block_d(ty: crate::ggml_type::GgmlType, b: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     match ty {
         IQ1_M => iq1m_d(b),
-        TQ1_0 => rd_f16(b, 52),
-        TQ2_0 => rd_f16(b, 64),
+        TQ1_0 => f16(block::<BlockTQ1_0>(b).d),
+        TQ2_0 => f16(block::<BlockTQ2_0>(b).d),
         _ => rd_f16(b, 0),
     }
 }
@@ -467,11 +487,11 @@ fn final_scale(ty: crate::ggml_type::GgmlType) -> f32 {
 
 /// ggml's generic vec_dot (ggml-cpu/quants.c) for the 256-element types of this module:
 /// per super-block the exact integer sum(s), then one f32 step per block in order.
-pub fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     let ts = ty.type_size();
     let mut sumf = 0f32;
-    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(292)).take(n / QK_K) {
+    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(BlockQ8K::SIZE)).take(n / QK_K) {
         let (yd, q8, bsums) = q8k(by);
         let w = block_ints(ty, bx);
         let isum: i32 = (0..QK_K).map(|p| w.q[p] * q8[p]).sum();
@@ -497,19 +517,19 @@ pub fn vec_dot_k_ref(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8
 
 /// The horizontal sum of 8 f32 lanes in ggml's `hsum_float_8` order.
 #[inline(always)]
-pub fn hsum8(v: [f32; 8]) -> f32 {
+pub(crate) fn hsum8(v: [f32; 8]) -> f32 {
     ((v[4] + v[0]) + (v[6] + v[2])) + ((v[5] + v[1]) + (v[7] + v[3]))
 }
 
 /// The same dot product in the order of ggml's AVX2 vec_dot kernels (see the module note):
 /// TQ1_0 / TQ2_0 everywhere, the grid types below 8 rows under PYLLAMA_ORDER=llamacpp.
-pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     let ts = ty.type_size();
     let mut acc = [0f32; 8];
     let mut acc2 = [0f32; 8];
     let mut acc1 = 0f32;
-    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(292)).take(n / QK_K) {
+    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(BlockQ8K::SIZE)).take(n / QK_K) {
         let (yd, q8, bsums) = q8k(by);
         let w = block_ints(ty, bx);
         let mut lanes = [0i32; 8];
@@ -550,14 +570,14 @@ pub fn vec_dot_k_x86(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8
 /// integer sum (IQ1_S / IQ1_M: 8 x the grid part plus the delta part), times d_w with the
 /// grid factor folded in (d/8 for IQ2_*, IQ1_*; d/4 for IQ3_XXS; d for IQ3_S), one FMA with
 /// d_a, blocks in order. TQ1_0 / TQ2_0 (never tiled): `vec_dot_k_x86`.
-pub fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ggml_type::GgmlType::*;
     if matches!(ty, TQ1_0 | TQ2_0) {
         return vec_dot_k_x86(ty, n, x, y);
     }
     let ts = ty.type_size();
     let mut sumf = 0f32;
-    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(292)).take(n / QK_K) {
+    for (bx, by) in x.chunks_exact(ts).zip(y.chunks_exact(BlockQ8K::SIZE)).take(n / QK_K) {
         let (yd, q8, bsums) = q8k(by);
         let w = block_ints(ty, bx);
         let mut isum: i32 = (0..QK_K).map(|p| w.q[p] * q8[p]).sum();
@@ -579,11 +599,11 @@ pub fn vec_dot_k_tiled(ty: crate::ggml_type::GgmlType, n: usize, x: &[u8], y: &[
 
 macro_rules! k_dots {
     ($($ref_name:ident, $x86_name:ident, $ty:ident;)*) => {$(
-        pub fn $ref_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        pub(crate) fn $ref_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             vec_dot_k_ref(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
         /// pyllama's x86 order (see `vec_dot_k_tiled`)
-        pub fn $x86_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        pub(crate) fn $x86_name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             vec_dot_k_tiled(crate::ggml_type::GgmlType::$ty, n, x, y)
         }
     )*};
@@ -602,35 +622,35 @@ k_dots! {
 }
 
 /// MXFP4 x Q8_0, ggml's generic order: per block d = d_y * e8m0_half(e), sumf += d * sumi.
-pub fn vec_dot_mxfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_mxfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0f32;
-    for (bx, by) in x.chunks_exact(17).zip(y.chunks_exact(34)).take(n / 32) {
-        let d = rd_f16(by, 0) * e8m0_half(bx[0]);
-        let sumi: i32 = (0..32).map(|p| mxfp4_at(bx, p) * by[2 + p] as i8 as i32).sum();
+    for (bx, by) in as_blocks::<BlockMXFP4>(x).iter().zip(as_blocks::<BlockQ8_0>(y)).take(n / 32) {
+        let d = f16(by.d) * e8m0_half(bx.e);
+        let sumi: i32 = (0..32).map(|p| mxfp4_at(bx, p) * by.qs[p] as i32).sum();
         sumf += d * sumi as f32;
     }
     sumf
 }
 
 #[inline(always)]
-fn mxfp4_at(bx: &[u8], p: usize) -> i32 {
-    let q = bx[1 + p % 16];
+fn mxfp4_at(bx: &BlockMXFP4, p: usize) -> i32 {
+    let q = bx.qs[p % 16];
     KVALUES_MXFP4[if p < 16 { q & 0xf } else { q >> 4 } as usize] as i32
 }
 
 /// MXFP4 x Q8_0 in ggml's AVX2 order: blocks in pairs, even blocks into one 8-lane FMA
 /// accumulator and odd ones into another (lane k: the products at 4k..4k+4), the
 /// horizontal sum of their sum, then an odd last block by one scalar FMA.
-pub fn vec_dot_mxfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_mxfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let nb = n / 32;
     let mut acc = [[0f32; 8]; 2];
     let lanes = |ib: usize| -> (f32, [i32; 8]) {
-        let (bx, by) = (&x[17 * ib..17 * ib + 17], &y[34 * ib..34 * ib + 34]);
+        let (bx, by) = (&as_blocks::<BlockMXFP4>(x)[ib], &as_blocks::<BlockQ8_0>(y)[ib]);
         let mut l = [0i32; 8];
         for p in 0..32 {
-            l[p / 4] += mxfp4_at(bx, p) * by[2 + p] as i8 as i32;
+            l[p / 4] += mxfp4_at(bx, p) * by.qs[p] as i32;
         }
-        (rd_f16(by, 0) * e8m0_half(bx[0]), l)
+        (f16(by.d) * e8m0_half(bx.e), l)
     };
     let mut ib = 0;
     while ib + 1 < nb {
@@ -663,17 +683,20 @@ pub struct ChunkParts {
     pub dsc: i32,
 }
 
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
 const ONES: u64 = 0x0101_0101_0101_0101;
 
 /// `ChunkParts` of chunk `c` of block `b` of `ty`.
 #[inline(always)]
-pub fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkParts {
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))] // the NEON grid kernels
+pub(crate) fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkParts {
     use crate::ggml_type::GgmlType::*;
     let mut o = ChunkParts { mag: [0; 4], sgn: [ONES; 4], sc: [1; 2], dl: [ONES; 4], dsc: 0 };
     match ty {
         IQ2_XXS => {
-            let a0 = u32_at(b, 2 + 8 * c);
-            let a1 = u32_at(b, 6 + 8 * c);
+            let blk = block::<BlockIQ2XXS>(b);
+            let a0 = u32_at(&blk.qs, 8 * c);
+            let a1 = u32_at(&blk.qs, 4 + 8 * c);
             for l in 0..4 {
                 o.mag[l] = IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize];
                 o.sgn[l] = SIGNS7[((a1 >> (7 * l)) & 127) as usize];
@@ -681,59 +704,65 @@ pub fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkP
             o.sc = [2 * (a1 >> 28) as i32 + 1; 2];
         }
         IQ2_XS => {
+            let blk = block::<BlockIQ2XS>(b);
             for l in 0..4 {
-                let v = u16_at(b, 2 + 8 * c + 2 * l) as usize;
+                let v = u16_at(&blk.qs, 8 * c + 2 * l) as usize;
                 o.mag[l] = IQ2XS_GRID[v & 511];
                 o.sgn[l] = SIGNS7[v >> 9];
             }
-            let sc = b[66 + c] as i32;
+            let sc = blk.scales[c] as i32;
             o.sc = [2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1];
         }
         IQ2_S => {
-            let qh = b[66 + c] as usize;
+            let blk = block::<BlockIQ2S>(b);
+            let qh = blk.qh[c] as usize;
             for l in 0..4 {
-                o.mag[l] = IQ2S_GRID[b[2 + 4 * c + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
-                o.sgn[l] = SIGNS8[b[34 + 4 * c + l] as usize];
+                o.mag[l] = IQ2S_GRID[blk.qs[4 * c + l] as usize | ((qh << (8 - 2 * l)) & 0x300)];
+                o.sgn[l] = SIGNS8[blk.qs[32 + 4 * c + l] as usize];
             }
-            let sc = b[74 + c] as i32;
+            let sc = blk.scales[c] as i32;
             o.sc = [2 * (sc & 0xf) + 1, 2 * (sc >> 4) + 1];
         }
         IQ3_XXS => {
-            let a = u32_at(b, 66 + 4 * c);
+            let blk = block::<BlockIQ3XXS>(b);
+            let a = u32_at(&blk.qs, 64 + 4 * c);
             for l in 0..4 {
-                let g = |k: usize| IQ3XXS_GRID[b[2 + 8 * c + k] as usize] as u64;
+                let g = |k: usize| IQ3XXS_GRID[blk.qs[8 * c + k] as usize] as u64;
                 o.mag[l] = g(2 * l) | (g(2 * l + 1) << 32);
                 o.sgn[l] = SIGNS7[((a >> (7 * l)) & 127) as usize];
             }
             o.sc = [2 * (a >> 28) as i32 + 1; 2];
         }
         IQ3_S => {
-            let qh = b[66 + c] as usize;
+            let blk = block::<BlockIQ3S>(b);
+            let qh = blk.qh[c] as usize;
             for l in 0..4 {
-                let g = |k: usize| IQ3S_GRID[b[2 + 8 * c + k] as usize | ((qh << (8 - k)) & 256)] as u64;
+                let g = |k: usize| IQ3S_GRID[blk.qs[8 * c + k] as usize | ((qh << (8 - k)) & 256)] as u64;
                 o.mag[l] = g(2 * l) | (g(2 * l + 1) << 32);
-                o.sgn[l] = SIGNS8[b[74 + 4 * c + l] as usize];
+                o.sgn[l] = SIGNS8[blk.signs[4 * c + l] as usize];
             }
-            o.sc = [2 * ((b[106 + c / 2] >> (4 * (c % 2))) & 0xf) as i32 + 1; 2];
+            o.sc = [2 * ((blk.scales[c / 2] >> (4 * (c % 2))) & 0xf) as i32 + 1; 2];
         }
         IQ1_S => {
-            let qh = u16_at(b, 34 + 2 * c) as usize;
+            let blk = block::<BlockIQ1S>(b);
+            let qh = u16_at(&blk.qh, 2 * c) as usize;
             for l in 0..4 {
-                o.mag[l] = IQ1S_GRID[b[2 + 4 * c + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+                o.mag[l] = IQ1S_GRID[blk.qs[4 * c + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
             }
             let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
             o.sc = [ls; 2];
             o.dsc = if qh & 0x8000 != 0 { -ls } else { ls };
         }
         IQ1_M => {
-            let (qh0, qh1) = (b[32 + 2 * c] as usize, b[33 + 2 * c] as usize);
+            let blk = block::<BlockIQ1M>(b);
+            let (qh0, qh1) = (blk.qh[2 * c] as usize, blk.qh[2 * c + 1] as usize);
             let idx = [qh0 << 8, qh0 << 4, qh1 << 8, qh1 << 4];
             let dbit = [qh0 & 0x08, qh0 & 0x80, qh1 & 0x08, qh1 & 0x80];
             for l in 0..4 {
-                o.mag[l] = IQ1S_GRID[b[4 * c + l] as usize | (idx[l] & 0x700)];
+                o.mag[l] = IQ1S_GRID[blk.qs[4 * c + l] as usize | (idx[l] & 0x700)];
                 o.dl[l] = if dbit[l] != 0 { u64::MAX } else { ONES };
             }
-            let sc = u16_at(b, 48 + 2 * (c / 2)) >> (6 * (c % 2));
+            let sc = u16_at(&blk.scales, 2 * (c / 2)) >> (6 * (c % 2));
             o.sc = [2 * (sc & 7) as i32 + 1, 2 * ((sc >> 3) & 7) as i32 + 1];
         }
         TQ1_0 | TQ2_0 => {
@@ -741,14 +770,15 @@ pub fn chunk_parts(ty: crate::ggml_type::GgmlType, b: &[u8], c: usize) -> ChunkP
             for p in 0..32 {
                 let e = 32 * c + p;
                 let digit = if ty == TQ2_0 {
-                    (b[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3
+                    (block::<BlockTQ2_0>(b).qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3
                 } else {
+                    let blk = block::<BlockTQ1_0>(b);
                     let (byte, n) = if e < 160 {
-                        (b[e % 32], e / 32)
+                        (blk.qs[e % 32], e / 32)
                     } else if e < 240 {
-                        (b[32 + (e - 160) % 16], (e - 160) / 16)
+                        (blk.qs[32 + (e - 160) % 16], (e - 160) / 16)
                     } else {
-                        (b[48 + (e - 240) % 4], (e - 240) / 4)
+                        (blk.qh[(e - 240) % 4], (e - 240) / 4)
                     };
                     ((byte.wrapping_mul(POW3[n]) as u16 * 3) >> 8) as u8
                 };

@@ -1,6 +1,6 @@
 //! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL.
 //!
-//! Byte layouts (ggml-common.h), all little endian, d/m/s are f16:
+//! Byte layouts (ggml-common.h, the structs of `blocks.rs`), all little endian, d/m/s are f16:
 //!   Q4_0   18 B: d, qs[16]            x[j] = d*((qs[j]&15)-8),  x[j+16] = d*((qs[j]>>4)-8)
 //!   Q4_1   20 B: d, m, qs[16]         x[j] = d*(qs[j]&15) + m,  x[j+16] = d*(qs[j]>>4) + m
 //!   Q5_0   22 B: d, qh(u32), qs[16]   5th bit of x[j] is bit j of qh; value - 16
@@ -11,49 +11,44 @@
 //!
 //! Everything here is the scalar reference (`_ref`); the SIMD kernels live in `avx2.rs`.
 
-use super::fp::{f32_to_f16, rd_f16, wr_f16};
+use super::blocks::{as_blocks, as_blocks_mut, f16, f16_bytes, BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 
-pub const QK: usize = 32;
+pub(crate) const QK: usize = 32;
 
 /// IQ4_NL / IQ4_XS non-linear 4-bit grid (ggml-common.h kvalues_iq4nl).
-pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 // ---------------------------------------------------------------- dequantize
 
-pub fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ4_0>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
         for j in 0..16 {
-            let q = b[2 + j];
+            let q = b.qs[j];
             y[j] = d * ((q & 15) as i32 - 8) as f32;
             y[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
         }
     }
 }
 
-pub fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
-        let m = rd_f16(b, 2);
+pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ4_1>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
+        let m = f16(b.m);
         for j in 0..16 {
-            let q = b[4 + j];
+            let q = b.qs[j];
             y[j] = d * (q & 15) as f32 + m;
             y[j + 16] = d * (q >> 4) as f32 + m;
         }
     }
 }
 
-#[inline(always)]
-fn rd_u32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-
-pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
-        let qh = rd_u32(b, 2);
+pub(crate) fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ5_0>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
+        let qh = u32::from_le_bytes(b.qh);
         for j in 0..16 {
-            let q = b[6 + j];
+            let q = b.qs[j];
             let h0 = ((qh >> j) & 1) << 4;
             let h1 = ((qh >> (j + 16)) & 1) << 4;
             y[j] = d * (((q & 15) as u32 | h0) as i32 - 16) as f32;
@@ -62,13 +57,13 @@ pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
-        let m = rd_f16(b, 2);
-        let qh = rd_u32(b, 4);
+pub(crate) fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ5_1>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
+        let m = f16(b.m);
+        let qh = u32::from_le_bytes(b.qh);
         for j in 0..16 {
-            let q = b[8 + j];
+            let q = b.qs[j];
             let h0 = ((qh >> j) & 1) << 4;
             let h1 = ((qh >> (j + 16)) & 1) << 4;
             y[j] = d * ((q & 15) as u32 | h0) as f32 + m;
@@ -77,29 +72,29 @@ pub fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ8_0>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
         for j in 0..QK {
-            y[j] = (b[2 + j] as i8) as f32 * d;
+            y[j] = b.qs[j] as f32 * d;
         }
     }
 }
 
-pub fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(36).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ8_1>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
         for j in 0..QK {
-            y[j] = (b[4 + j] as i8) as f32 * d;
+            y[j] = b.qs[j] as f32 * d;
         }
     }
 }
 
-pub fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockIQ4NL>(src).iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16(b.d);
         for j in 0..16 {
-            let q = b[2 + j];
+            let q = b.qs[j];
             y[j] = d * KVALUES_IQ4NL[(q & 15) as usize] as f32;
             y[j + 16] = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
         }
@@ -144,70 +139,70 @@ fn trunc_i8_min(v: f32, hi: i32) -> u8 {
     ((v as i32) as i8 as i32).min(hi) as u8
 }
 
-pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(18)) {
+pub(crate) fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ4_0>(dst)) {
         let max = signed_absmax(x);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
+        b.d = f16_bytes(d);
         for j in 0..16 {
             let x0 = trunc_i8_min(x[j] * id + 8.5, 15);
             let x1 = trunc_i8_min(x[j + 16] * id + 8.5, 15);
-            b[2 + j] = x0 | (x1 << 4);
+            b.qs[j] = x0 | (x1 << 4);
         }
     }
 }
 
-pub fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(20)) {
+pub(crate) fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ4_1>(dst)) {
         let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
-        wr_f16(b, 2, min);
+        b.d = f16_bytes(d);
+        b.m = f16_bytes(min);
         for j in 0..16 {
             let x0 = trunc_i8_min((x[j] - min) * id + 0.5, 15);
             let x1 = trunc_i8_min((x[j + 16] - min) * id + 0.5, 15);
-            b[4 + j] = x0 | (x1 << 4);
+            b.qs[j] = x0 | (x1 << 4);
         }
     }
 }
 
-pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(22)) {
+pub(crate) fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ5_0>(dst)) {
         let max = signed_absmax(x);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
+        b.d = f16_bytes(d);
         let mut qh = 0u32;
         for j in 0..16 {
             let x0 = trunc_i8_min(x[j] * id + 16.5, 31);
             let x1 = trunc_i8_min(x[j + 16] * id + 16.5, 31);
-            b[6 + j] = (x0 & 15) | ((x1 & 15) << 4);
+            b.qs[j] = (x0 & 15) | ((x1 & 15) << 4);
             qh |= (((x0 & 0x10) >> 4) as u32) << j;
             qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
         }
-        b[2..6].copy_from_slice(&qh.to_le_bytes());
+        b.qh = qh.to_le_bytes();
     }
 }
 
-pub fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(24)) {
+pub(crate) fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ5_1>(dst)) {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
-        wr_f16(b, 2, min);
+        b.d = f16_bytes(d);
+        b.m = f16_bytes(min);
         let mut qh = 0u32;
         for j in 0..16 {
             // ggml casts straight to uint8_t here (no MIN): the value is at most 31.5 -> 31.
             let x0 = ((x[j] - min) * id + 0.5) as u8;
             let x1 = ((x[j + 16] - min) * id + 0.5) as u8;
-            b[8 + j] = (x0 & 15) | ((x1 & 15) << 4);
+            b.qs[j] = (x0 & 15) | ((x1 & 15) << 4);
             qh |= (((x0 & 0x10) >> 4) as u32) << j;
             qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
         }
-        b[4..8].copy_from_slice(&qh.to_le_bytes());
+        b.qh = qh.to_le_bytes();
     }
 }
 
@@ -217,31 +212,31 @@ fn roundf(v: f32) -> f32 {
     v.round()
 }
 
-pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
+pub(crate) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ8_0>(dst)) {
         let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
+        b.d = f16_bytes(d);
         for j in 0..QK {
-            b[2 + j] = roundf(x[j] * id) as i8 as u8;
+            b.qs[j] = roundf(x[j] * id) as i8;
         }
     }
 }
 
-pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(36)) {
+pub(crate) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ8_1>(dst)) {
         let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        wr_f16(b, 0, d);
+        b.d = f16_bytes(d);
         let mut sum = 0i32;
         for j in 0..QK {
             let q = roundf(x[j] * id) as i8;
-            b[4 + j] = q as u8;
+            b.qs[j] = q;
             sum += q as i32;
         }
-        wr_f16(b, 2, sum as f32 * d);
+        b.s = f16_bytes(sum as f32 * d);
     }
 }
 
@@ -258,36 +253,36 @@ fn cvt_pack_i8(v: f32) -> (i8, i32) {
     (i.clamp(-128, 127) as i8, i)
 }
 
-pub fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(34)) {
+pub(crate) fn quantize_q8_0_x86(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ8_0>(dst)) {
         let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
-        b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        b.d = f16_bytes(d);
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         for j in 0..QK {
-            b[2 + j] = cvt_pack_i8(x[j] * id).0 as u8;
+            b.qs[j] = cvt_pack_i8(x[j] * id).0;
         }
     }
 }
 
-pub fn quantize_q8_1_x86(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(36)) {
+pub(crate) fn quantize_q8_1_x86(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockQ8_1>(dst)) {
         let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
         let d = amax / 127.0;
-        b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+        b.d = f16_bytes(d);
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for j in 0..QK {
             let (q, wide) = cvt_pack_i8(x[j] * id);
-            b[4 + j] = q as u8;
+            b.qs[j] = q;
             sum = sum.wrapping_add(wide); // the SIMD version sums the unpacked 32-bit values
         }
-        b[2..4].copy_from_slice(&f32_to_f16(d * sum as f32).to_le_bytes());
+        b.s = f16_bytes(d * sum as f32);
     }
 }
 
 #[inline]
-pub fn best_index_int8(val: &[i8; 16], x: f32) -> usize {
+pub(crate) fn best_index_int8(val: &[i8; 16], x: f32) -> usize {
     if x <= val[0] as f32 {
         return 0;
     }
@@ -313,9 +308,9 @@ pub fn best_index_int8(val: &[i8; 16], x: f32) -> usize {
 /// `quantize_row_iq4_nl_ref`: one scale per 32 values, no search around it (ntry = -1).
 /// An all-zero block (amax < 1e-15) gets d = 0 and indices 0 (ggml leaves the indices of
 /// the previous block there; with d = 0 they decode to 0 either way).
-pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
     let values = &KVALUES_IQ4NL;
-    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(18)) {
+    for (x, b) in src.chunks_exact(QK).zip(as_blocks_mut::<BlockIQ4NL>(dst)) {
         let mut l = [0u8; QK];
         let mut amax = 0.0f32;
         let mut max = 0.0f32;
@@ -347,9 +342,9 @@ pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
                 0.0
             }
         };
-        wr_f16(b, 0, scale);
+        b.d = f16_bytes(scale);
         for j in 0..16 {
-            b[2 + j] = l[j] | (l[j + 16] << 4);
+            b.qs[j] = l[j] | (l[j + 16] << 4);
         }
     }
 }
@@ -359,98 +354,98 @@ pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
 // integer dot product, then one float multiply-add (ggml's generic kernels do the same).
 
 #[inline(always)]
-fn i8s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
-    b.iter().map(|&v| v as i8 as i32)
+fn i8s(b: &[i8]) -> impl Iterator<Item = i32> + '_ {
+    b.iter().map(|&v| v as i32)
 }
 
-pub fn vec_dot_q4_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q4_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / QK) {
+    for (bx, by) in as_blocks::<BlockQ4_0>(x).iter().zip(as_blocks::<BlockQ8_0>(y)).take(n / QK) {
         let mut sumi = 0i32;
-        for (j, q8) in i8s(&by[2..34]).enumerate() {
-            let q = bx[2 + (j & 15)];
+        for (j, q8) in i8s(&by.qs).enumerate() {
+            let q = bx.qs[j & 15];
             let v = if j < 16 { q & 15 } else { q >> 4 } as i32 - 8;
             sumi += v * q8;
         }
-        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+        sumf += sumi as f32 * (f16(bx.d) * f16(by.d));
     }
     sumf
 }
 
-pub fn vec_dot_q4_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q4_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(20).zip(y.chunks_exact(36)).take(n / QK) {
+    for (bx, by) in as_blocks::<BlockQ4_1>(x).iter().zip(as_blocks::<BlockQ8_1>(y)).take(n / QK) {
         let mut sumi = 0i32;
-        for (j, q8) in i8s(&by[4..36]).enumerate() {
-            let q = bx[4 + (j & 15)];
+        for (j, q8) in i8s(&by.qs).enumerate() {
+            let q = bx.qs[j & 15];
             let v = if j < 16 { q & 15 } else { q >> 4 } as i32;
             sumi += v * q8;
         }
-        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32 + rd_f16(bx, 2) * rd_f16(by, 2);
+        sumf += (f16(bx.d) * f16(by.d)) * sumi as f32 + f16(bx.m) * f16(by.s);
     }
     sumf
 }
 
-pub fn vec_dot_q5_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q5_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(22).zip(y.chunks_exact(34)).take(n / QK) {
-        let qh = rd_u32(bx, 2);
+    for (bx, by) in as_blocks::<BlockQ5_0>(x).iter().zip(as_blocks::<BlockQ8_0>(y)).take(n / QK) {
+        let qh = u32::from_le_bytes(bx.qh);
         let mut sumi = 0i32;
-        for (j, q8) in i8s(&by[2..34]).enumerate() {
-            let q = bx[6 + (j & 15)];
+        for (j, q8) in i8s(&by.qs).enumerate() {
+            let q = bx.qs[j & 15];
             let lo = if j < 16 { q & 15 } else { q >> 4 } as u32;
             let v = (lo | (((qh >> j) & 1) << 4)) as i32 - 16;
             sumi += v * q8;
         }
-        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+        sumf += sumi as f32 * (f16(bx.d) * f16(by.d));
     }
     sumf
 }
 
-pub fn vec_dot_q5_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q5_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(24).zip(y.chunks_exact(36)).take(n / QK) {
-        let qh = rd_u32(bx, 4);
+    for (bx, by) in as_blocks::<BlockQ5_1>(x).iter().zip(as_blocks::<BlockQ8_1>(y)).take(n / QK) {
+        let qh = u32::from_le_bytes(bx.qh);
         let mut sumi = 0i32;
-        for (j, q8) in i8s(&by[4..36]).enumerate() {
-            let q = bx[8 + (j & 15)];
+        for (j, q8) in i8s(&by.qs).enumerate() {
+            let q = bx.qs[j & 15];
             let lo = if j < 16 { q & 15 } else { q >> 4 } as u32;
             let v = (lo | (((qh >> j) & 1) << 4)) as i32;
             sumi += v * q8;
         }
-        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32 + rd_f16(bx, 2) * rd_f16(by, 2);
+        sumf += (f16(bx.d) * f16(by.d)) * sumi as f32 + f16(bx.m) * f16(by.s);
     }
     sumf
 }
 
-pub fn vec_dot_q8_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q8_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(34).zip(y.chunks_exact(34)).take(n / QK) {
-        let sumi: i32 = i8s(&bx[2..34]).zip(i8s(&by[2..34])).map(|(a, b)| a * b).sum();
-        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    for (bx, by) in as_blocks::<BlockQ8_0>(x).iter().zip(as_blocks::<BlockQ8_0>(y)).take(n / QK) {
+        let sumi: i32 = i8s(&bx.qs).zip(i8s(&by.qs)).map(|(a, b)| a * b).sum();
+        sumf += sumi as f32 * (f16(bx.d) * f16(by.d));
     }
     sumf
 }
 
-pub fn vec_dot_q8_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q8_1_q8_1_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(36).zip(y.chunks_exact(36)).take(n / QK) {
-        let sumi: i32 = i8s(&bx[4..36]).zip(i8s(&by[4..36])).map(|(a, b)| a * b).sum();
-        sumf += sumi as f32 * (rd_f16(bx, 0) * rd_f16(by, 0));
+    for (bx, by) in as_blocks::<BlockQ8_1>(x).iter().zip(as_blocks::<BlockQ8_1>(y)).take(n / QK) {
+        let sumi: i32 = i8s(&bx.qs).zip(i8s(&by.qs)).map(|(a, b)| a * b).sum();
+        sumf += sumi as f32 * (f16(bx.d) * f16(by.d));
     }
     sumf
 }
 
-pub fn vec_dot_iq4_nl_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_iq4_nl_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut sumf = 0.0f32;
-    for (bx, by) in x.chunks_exact(18).zip(y.chunks_exact(34)).take(n / QK) {
+    for (bx, by) in as_blocks::<BlockIQ4NL>(x).iter().zip(as_blocks::<BlockQ8_0>(y)).take(n / QK) {
         let mut sumi = 0i32;
-        for (j, q8) in i8s(&by[2..34]).enumerate() {
-            let q = bx[2 + (j & 15)];
+        for (j, q8) in i8s(&by.qs).enumerate() {
+            let q = bx.qs[j & 15];
             let v = KVALUES_IQ4NL[if j < 16 { q & 15 } else { q >> 4 } as usize] as i32;
             sumi += v * q8;
         }
-        sumf += (rd_f16(bx, 0) * rd_f16(by, 0)) * sumi as f32;
+        sumf += (f16(bx.d) * f16(by.d)) * sumi as f32;
     }
     sumf
 }
@@ -462,17 +457,18 @@ pub fn vec_dot_iq4_nl_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// over an IQ4_NL K cache uses it, so q.k equals llama.cpp's to the bit: the single-
 /// accumulator kernel differs in the last bits, which the quantized cache and 30 layers
 /// amplify into logit differences of several units on SmolLM2.
-pub fn vec_dot_iq4_nl_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_iq4_nl_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     use crate::ops::vec::fmaf;
     let nb = n / QK;
-    let lanes = |bx: &[u8], by: &[u8]| -> [f32; 8] {
+    let (xb, yb) = (as_blocks::<BlockIQ4NL>(x), as_blocks::<BlockQ8_0>(y));
+    let lanes = |bx: &BlockIQ4NL, by: &BlockQ8_0| -> [f32; 8] {
         let mut p = [0f32; 8];
         for (k, pk) in p.iter_mut().enumerate() {
             let mut s = 0i32;
             for e in 4 * k..4 * k + 4 {
-                let q = bx[2 + (e & 15)];
+                let q = bx.qs[e & 15];
                 let v = KVALUES_IQ4NL[(if e < 16 { q & 15 } else { q >> 4 }) as usize] as i32;
-                s += v * (by[2 + e] as i8 as i32);
+                s += v * by.qs[e] as i32;
             }
             *pk = s as f32;
         }
@@ -482,8 +478,8 @@ pub fn vec_dot_iq4_nl_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut ib = 0;
     while ib + 1 < nb {
         for (acc, b) in [(&mut a1, ib), (&mut a2, ib + 1)] {
-            let (bx, by) = (&x[b * 18..b * 18 + 18], &y[b * 34..b * 34 + 34]);
-            let d = rd_f16(by, 0) * rd_f16(bx, 0);
+            let (bx, by) = (&xb[b], &yb[b]);
+            let d = f16(by.d) * f16(bx.d);
             for (a, p) in acc.iter_mut().zip(lanes(bx, by)) {
                 *a = fmaf(d, p, *a);
             }
@@ -498,8 +494,8 @@ pub fn vec_dot_iq4_nl_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
         0.0
     };
     while ib < nb {
-        let (bx, by) = (&x[ib * 18..ib * 18 + 18], &y[ib * 34..ib * 34 + 34]);
-        let d = rd_f16(by, 0) * rd_f16(bx, 0);
+        let (bx, by) = (&xb[ib], &yb[ib]);
+        let d = f16(by.d) * f16(bx.d);
         let sumi: i32 = lanes(bx, by).iter().map(|&p| p as i32).sum();
         sumf = fmaf(d, sumi as f32, sumf); // GCC contracts sumf += d * sumi
         ib += 1;

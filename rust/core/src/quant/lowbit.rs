@@ -1,6 +1,6 @@
 //! Q1_0, Q2_0 and NVFP4 (ggml types 41, 42, 40), each against Q8_0 activations.
 //!
-//! Blocks (ggml-common.h):
+//! Blocks (ggml-common.h, the structs of `blocks.rs`):
 //!   Q1_0   18 B per 128: d (f16), qs[16] (bit j: element j is +d, else -d)
 //!   Q2_0   18 B per 64: d (f16), qs[16] (2 bits per element, low bits first; q - 1 in {-1, 0, 1, 2})
 //!   NVFP4  36 B per 64: d[4] (UE4M3 scale per 16 elements), qs[32] (E2M1 codes as MXFP4's
@@ -12,13 +12,13 @@
 //! horizontal sum `iquants::hsum8`), for Q2_0 (no x86 kernel) the generic loop as GCC
 //! compiles it with FMA (`sumi += d1 * sumi_block` and `sumf += d0 * sumi` contracted).
 
-use super::fp::rd_f16;
+use super::blocks::{as_blocks, as_blocks_mut, f16, f16_bytes, BlockNVFP4, BlockQ1_0, BlockQ2_0, BlockQ8_0};
 use super::iquants::{hsum8, KVALUES_MXFP4};
 
 /// ggml_ue4m3_to_fp32: unsigned E4M3 (bias 7), halved (MXFP4's doubled kvalues); 0 and
 /// 0x7F are 0. Exact: every value is a small integer times a power of two.
 #[inline(always)]
-pub fn ue4m3_to_f32(x: u8) -> f32 {
+pub(crate) fn ue4m3_to_f32(x: u8) -> f32 {
     if x == 0 || x == 0x7F {
         return 0.0;
     }
@@ -33,7 +33,7 @@ pub fn ue4m3_to_f32(x: u8) -> f32 {
 }
 
 /// ggml_fp32_to_ue4m3 (round half up on the fourth mantissa bit, saturating at 0x7E).
-pub fn f32_to_ue4m3(mut x: f32) -> u8 {
+pub(crate) fn f32_to_ue4m3(mut x: f32) -> u8 {
     if !(x > 0.0) {
         return 0;
     }
@@ -62,30 +62,30 @@ pub fn f32_to_ue4m3(mut x: f32) -> u8 {
     ((exp << 3) | man) as u8
 }
 
-pub fn dequantize_q1_0(x: &[u8], y: &mut [f32]) {
-    for (b, y) in x.chunks_exact(18).zip(y.chunks_exact_mut(128)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_q1_0(x: &[u8], y: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ1_0>(x).iter().zip(y.chunks_exact_mut(128)) {
+        let d = f16(b.d);
         for (j, v) in y.iter_mut().enumerate() {
-            *v = if (b[2 + j / 8] >> (j % 8)) & 1 != 0 { d } else { -d };
+            *v = if (b.qs[j / 8] >> (j % 8)) & 1 != 0 { d } else { -d };
         }
     }
 }
 
-pub fn dequantize_q2_0(x: &[u8], y: &mut [f32]) {
-    for (b, y) in x.chunks_exact(18).zip(y.chunks_exact_mut(64)) {
-        let d = rd_f16(b, 0);
+pub(crate) fn dequantize_q2_0(x: &[u8], y: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockQ2_0>(x).iter().zip(y.chunks_exact_mut(64)) {
+        let d = f16(b.d);
         for (j, v) in y.iter_mut().enumerate() {
-            *v = (((b[2 + j / 4] >> (2 * (j % 4))) & 3) as i32 - 1) as f32 * d;
+            *v = (((b.qs[j / 4] >> (2 * (j % 4))) & 3) as i32 - 1) as f32 * d;
         }
     }
 }
 
-pub fn dequantize_nvfp4(x: &[u8], y: &mut [f32]) {
-    for (b, y) in x.chunks_exact(36).zip(y.chunks_exact_mut(64)) {
+pub(crate) fn dequantize_nvfp4(x: &[u8], y: &mut [f32]) {
+    for (b, y) in as_blocks::<BlockNVFP4>(x).iter().zip(y.chunks_exact_mut(64)) {
         for s in 0..4 {
-            let d = ue4m3_to_f32(b[s]);
+            let d = ue4m3_to_f32(b.d[s]);
             for j in 0..8 {
-                let q = b[4 + 8 * s + j];
+                let q = b.qs[8 * s + j];
                 y[16 * s + j] = KVALUES_MXFP4[(q & 0xF) as usize] as f32 * d;
                 y[16 * s + j + 8] = KVALUES_MXFP4[(q >> 4) as usize] as f32 * d;
             }
@@ -94,14 +94,14 @@ pub fn dequantize_nvfp4(x: &[u8], y: &mut [f32]) {
 }
 
 #[inline(always)]
-fn q8(y: &[u8], blk: usize, j: usize) -> i32 {
-    y[34 * blk + 2 + j] as i8 as i32
+fn q8(y: &[BlockQ8_0], blk: usize, j: usize) -> i32 {
+    y[blk].qs[j] as i32
 }
 
 /// Q1_0's weight at element j (0..128) of block `b`: +1 or -1.
 #[inline(always)]
-fn q1_sign(b: &[u8], j: usize) -> i32 {
-    if (b[2 + j / 8] >> (j % 8)) & 1 != 0 {
+fn q1_sign(b: &BlockQ1_0, j: usize) -> i32 {
+    if (b.qs[j / 8] >> (j % 8)) & 1 != 0 {
         1
     } else {
         -1
@@ -110,21 +110,22 @@ fn q1_sign(b: &[u8], j: usize) -> i32 {
 
 /// The 8 i32 lanes of one Q1_0 sub-block k (32 elements) against Q8_0 block `yb`.
 #[inline(always)]
-fn q1_lanes(b: &[u8], k: usize, y: &[u8], yb: usize) -> [i32; 8] {
+fn q1_lanes(b: &BlockQ1_0, k: usize, y: &[BlockQ8_0], yb: usize) -> [i32; 8] {
     std::array::from_fn(|l| (0..4).map(|e| q1_sign(b, 32 * k + 4 * l + e) * q8(y, yb, 4 * l + e)).sum())
 }
 
 /// Q1_0 x Q8_0, ggml's generic order.
-pub fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ1_0>(x), as_blocks::<BlockQ8_0>(y));
     let mut sumf = 0f32;
     for i in 0..n / 128 {
-        let b = &x[18 * i..18 * i + 18];
-        let d0 = rd_f16(b, 0);
+        let b = &x[i];
+        let d0 = f16(b.d);
         let mut sumi = 0f32;
         for k in 0..4 {
             let yb = 4 * i + k;
             let s: i32 = (0..32).map(|j| q1_sign(b, 32 * k + j) * q8(y, yb, j)).sum();
-            sumi += rd_f16(y, 34 * yb) * s as f32;
+            sumi += f16(y[yb].d) * s as f32;
         }
         sumf += d0 * sumi;
     }
@@ -133,15 +134,16 @@ pub fn vec_dot_q1_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// Q1_0 x Q8_0 in ggml's AVX2 order: per block, lanes times d_y (a product for the first
 /// Q8_0 block, FMAs for the other three), one FMA with d_w into the accumulator.
-pub fn vec_dot_q1_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q1_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ1_0>(x), as_blocks::<BlockQ8_0>(y));
     let mut acc = [0f32; 8];
     for i in 0..n / 128 {
-        let b = &x[18 * i..18 * i + 18];
-        let d0 = rd_f16(b, 0);
+        let b = &x[i];
+        let d0 = f16(b.d);
         let mut blk = [0f32; 8];
         for k in 0..4 {
             let yb = 4 * i + k;
-            let dy = rd_f16(y, 34 * yb);
+            let dy = f16(y[yb].d);
             let l = q1_lanes(b, k, y, yb);
             for (a, &v) in blk.iter_mut().zip(&l) {
                 *a = if k == 0 { dy * v as f32 } else { dy.mul_add(v as f32, *a) };
@@ -157,17 +159,18 @@ pub fn vec_dot_q1_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// Q2_0 x Q8_0, ggml's generic loop; `fma`: with GCC's contractions (llama.cpp's x86 build).
 #[inline(always)]
 fn q2_0_dot(n: usize, x: &[u8], y: &[u8], fma: bool) -> f32 {
+    let (x, y) = (as_blocks::<BlockQ2_0>(x), as_blocks::<BlockQ8_0>(y));
     let mut sumf = 0f32;
     for i in 0..n / 64 {
-        let b = &x[18 * i..18 * i + 18];
-        let d0 = rd_f16(b, 0);
+        let b = &x[i];
+        let d0 = f16(b.d);
         let mut sumi = 0f32;
         for k in 0..2 {
             let yb = 2 * i + k;
-            let d1 = rd_f16(y, 34 * yb);
+            let d1 = f16(y[yb].d);
             let mut s = 0i32;
             for j in 0..32 {
-                let q = ((b[2 + 8 * k + j / 4] >> (2 * (j % 4))) & 3) as i32 - 1;
+                let q = ((b.qs[8 * k + j / 4] >> (2 * (j % 4))) & 3) as i32 - 1;
                 s += q * q8(y, yb, j);
             }
             sumi = if fma { d1.mul_add(s as f32, sumi) } else { sumi + d1 * s as f32 };
@@ -178,30 +181,31 @@ fn q2_0_dot(n: usize, x: &[u8], y: &[u8], fma: bool) -> f32 {
 }
 
 /// Q2_0 x Q8_0, ggml's generic order (no contraction).
-pub fn vec_dot_q2_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q2_0_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
     q2_0_dot(n, x, y, false)
 }
 
 /// Q2_0 x Q8_0 as llama.cpp's x86 build computes it (the generic loop with FMAs).
-pub fn vec_dot_q2_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_q2_0_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
     q2_0_dot(n, x, y, true)
 }
 
 #[inline(always)]
-fn nvfp4_w(b: &[u8], s: usize, j: usize) -> i32 {
-    let q = b[4 + 8 * s + j % 8];
+fn nvfp4_w(b: &BlockNVFP4, s: usize, j: usize) -> i32 {
+    let q = b.qs[8 * s + j % 8];
     KVALUES_MXFP4[if j < 8 { q & 0xF } else { q >> 4 } as usize] as i32
 }
 
 /// NVFP4 x Q8_0, ggml's generic order.
-pub fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockNVFP4>(x), as_blocks::<BlockQ8_0>(y));
     let mut sumf = 0f32;
     for i in 0..n / 64 {
-        let b = &x[36 * i..36 * i + 36];
+        let b = &x[i];
         for s in 0..4 {
-            let d = ue4m3_to_f32(b[s]);
+            let d = ue4m3_to_f32(b.d[s]);
             let yb = 2 * i + s / 2;
-            let dy = rd_f16(y, 34 * yb);
+            let dy = f16(y[yb].d);
             let sumi: i32 = (0..16).map(|j| nvfp4_w(b, s, j) * q8(y, yb, 16 * (s % 2) + j)).sum();
             sumf += dy * d * sumi as f32;
         }
@@ -211,14 +215,15 @@ pub fn vec_dot_nvfp4_q8_0_ref(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// NVFP4 x Q8_0 in ggml's AVX2 order: per Q8_0 block 8 lanes (lanes 0..4 the first
 /// sub-block, scale d[2h] * d_y, lanes 4..8 the second, d[2h + 1] * d_y), one FMA each.
-pub fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+pub(crate) fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (as_blocks::<BlockNVFP4>(x), as_blocks::<BlockQ8_0>(y));
     let mut acc = [0f32; 8];
     for i in 0..n / 64 {
-        let b = &x[36 * i..36 * i + 36];
+        let b = &x[i];
         for h in 0..2 {
             let yb = 2 * i + h;
-            let dy = rd_f16(y, 34 * yb);
-            let sc = [ue4m3_to_f32(b[2 * h]) * dy, ue4m3_to_f32(b[2 * h + 1]) * dy];
+            let dy = f16(y[yb].d);
+            let sc = [ue4m3_to_f32(b.d[2 * h]) * dy, ue4m3_to_f32(b.d[2 * h + 1]) * dy];
             for (l, a) in acc.iter_mut().enumerate() {
                 let s = 2 * h + l / 4;
                 let p: i32 = (0..4).map(|e| {
@@ -233,25 +238,25 @@ pub fn vec_dot_nvfp4_q8_0_x86(n: usize, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// quantize_row_q1_0_ref: d = mean |x| (summed in order), bit j set where x_j >= 0.
-pub fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(128).zip(y.chunks_exact_mut(18)) {
+pub(crate) fn quantize_q1_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(128).zip(as_blocks_mut::<BlockQ1_0>(y)) {
         let mut sum_abs = 0f32;
         for &v in x {
             sum_abs += v.abs();
         }
-        b[0..2].copy_from_slice(&super::fp::f32_to_f16(sum_abs / 128.0).to_le_bytes());
-        b[2..].fill(0);
+        b.d = f16_bytes(sum_abs / 128.0);
+        b.qs = [0; 16];
         for (j, &v) in x.iter().enumerate() {
             if v >= 0.0 {
-                b[2 + j / 8] |= 1 << (j % 8);
+                b.qs[j / 8] |= 1 << (j % 8);
             }
         }
     }
 }
 
 /// quantize_row_q2_0_ref: d = max |x|, q = clamp(roundf(x / d) + 1, 0, 3).
-pub fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(18)) {
+pub(crate) fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(as_blocks_mut::<BlockQ2_0>(y)) {
         let mut amax = 0f32;
         for &v in x {
             let a = v.abs();
@@ -260,19 +265,19 @@ pub fn quantize_q2_0(x: &[f32], y: &mut [u8]) {
             }
         }
         let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
-        b[0..2].copy_from_slice(&super::fp::f32_to_f16(amax).to_le_bytes());
-        b[2..].fill(0);
+        b.d = f16_bytes(amax);
+        b.qs = [0; 16];
         for (j, &v) in x.iter().enumerate() {
             let q = ((v * id).round() as i32 + 1).clamp(0, 3);
-            b[2 + j / 4] |= (q as u8) << (2 * (j % 4));
+            b.qs[j / 4] |= (q as u8) << (2 * (j % 4));
         }
     }
 }
 
 /// quantize_row_nvfp4_ref: per 16 elements the UE4M3 scale of amax / 6, each value the
 /// nearest E2M1 code (ggml's best_index_mxfp4).
-pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
-    for (x, b) in x.chunks_exact(64).zip(y.chunks_exact_mut(36)) {
+pub(crate) fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
+    for (x, b) in x.chunks_exact(64).zip(as_blocks_mut::<BlockNVFP4>(y)) {
         for s in 0..4 {
             let xb = &x[16 * s..16 * s + 16];
             let mut amax = 0f32;
@@ -282,12 +287,12 @@ pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
                 }
             }
             let ue = f32_to_ue4m3(amax / 6.0);
-            b[s] = ue;
+            b.d[s] = ue;
             let d = ue4m3_to_f32(ue);
             for j in 0..8 {
                 let x0 = best_index_mxfp4(xb[j], d);
                 let x1 = best_index_mxfp4(xb[8 + j], d);
-                b[4 + 8 * s + j] = x0 | (x1 << 4);
+                b.qs[8 * s + j] = x0 | (x1 << 4);
             }
         }
     }
@@ -296,7 +301,7 @@ pub fn quantize_nvfp4(x: &[f32], y: &mut [u8]) {
 /// ggml's best_index_mxfp4: the E2M1 code whose kvalue times `e` is nearest `x` (the first
 /// on ties).
 #[inline(always)]
-pub fn best_index_mxfp4(x: f32, e: f32) -> u8 {
+pub(crate) fn best_index_mxfp4(x: f32, e: f32) -> u8 {
     let mut best_index = 0u8;
     let mut best_err = (KVALUES_MXFP4[0] as f32 * e - x).abs();
     for i in 1..16 {

@@ -9,7 +9,7 @@
 //! kernels follow the same float order, so logits do not depend on the CPU.
 //!
 //! Data shapes: a "row" is `n` elements stored as `n / block_size` consecutive blocks of
-//! `type_size` bytes (ggml's layout, see `legacy.rs` and `kquants.rs` for each block).
+//! `type_size` bytes (ggml's layout: the structs of `blocks.rs`).
 
 /// `Tiled` (see `table.rs`) of a kernel `$f::<NC>` generic over its columns, with every
 /// width from 1 to its tile width (8 or 4): the single-column kernel, the tile, and the
@@ -94,6 +94,7 @@ macro_rules! iq_dispatch {
     };
 }
 
+pub mod blocks;
 pub mod cpu;
 pub mod fp;
 pub mod iq_grids;
@@ -440,8 +441,20 @@ pub type DotN = unsafe fn(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *
 pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32);
 
 /// A packed tile kernel: out[c] = dot(w, column c) for the columns of one packed group
-/// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_group`).
+/// `xp` (nb blocks), `nb` 32-element blocks (see `avx2::pack_q8_0_cols`).
 pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
+
+/// A packed-group kernel over two weight rows (the AVX-512 set, `avx2_rb`): `PackedDot` for
+/// rows `wa` and `wb` at once, their values to `outa` and `outb`.
+pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
+
+/// A row-block kernel (`avx2_rb`): for the NC activation rows (Q8_K, `x + c * xs`) and the
+/// `table::RowBlock::rows` weight rows repacked at `wp` (`nsb` super-blocks),
+/// out[c * ldo + r] = dot(row r, column c).
+pub type RbKernel = unsafe fn(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize);
+/// Repacks a row block's weight rows (`w`, `wrow` bytes apart, `nsb` super-blocks each)
+/// into `dst`.
+pub type RepackFn = unsafe fn(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8);
 
 /// The prefill tile width of every SIMD kernel set: activation rows per pass over a weight row.
 pub const TILE: usize = 4;

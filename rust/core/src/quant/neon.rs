@@ -43,6 +43,7 @@ use super::legacy::KVALUES_IQ4NL;
 use super::table::{KernelTable, Tiled};
 use super::TILE;
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -248,11 +249,11 @@ unsafe fn dot_signed_q8_0<const NC: usize, const DP: bool>(
         let dw = f16_at(bw);
         let (q0, q1) = decode(bw);
         for (c, a) in acc.iter_mut().enumerate() {
-            let by = x.add(c * xs + i * 34);
+            let by = x.add(c * xs + i * BlockQ8_0::SIZE);
             let dx = if xd.is_null() { f16_at(by) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
             let d = dw * dx;
-            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(2)))), d);
-            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(18)))), d);
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(offset_of!(BlockQ8_0, qs))))), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(offset_of!(BlockQ8_0, qs) + 16)))), d);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -285,7 +286,7 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
         let (dw, mw) = (f16_at(bw), f16_at(bw.add(2)));
         let (q0, q1) = decode(bw);
         for (c, a) in acc.iter_mut().enumerate() {
-            let by = x.add(c * xs + i * 36);
+            let by = x.add(c * xs + i * BlockQ8_1::SIZE);
             let (dx, sx) = if xd.is_null() {
                 (f16_at(by), f16_at(by.add(2)))
             } else {
@@ -294,8 +295,8 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
             };
             let d = dw * dx;
             summ[c] += mw * sx;
-            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(4)))), d);
-            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(20)))), d);
+            a.0 = vfmaq_n_f32(a.0, vcvtq_f32_s32(dot4_lanes::<DP>(q0, ld_s8(by.add(offset_of!(BlockQ8_1, qs))))), d);
+            a.1 = vfmaq_n_f32(a.1, vcvtq_f32_s32(dot4_lanes::<DP>(q1, ld_s8(by.add(offset_of!(BlockQ8_1, qs) + 16)))), d);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -307,11 +308,11 @@ unsafe fn dot_min_q8_1<const NC: usize, const DP: bool>(
 macro_rules! kernel {
     ($plain:ident, $dot:ident, $body:ident) => {
         #[target_feature(enable = "neon")]
-        pub unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $plain<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, false>(n, w, x, xs, xd, xds, out)
         }
         #[target_feature(enable = "neon,dotprod")]
-        pub unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $dot<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
             $body::<NC, true>(n, w, x, xs, xd, xds, out)
         }
     };
@@ -334,7 +335,7 @@ kernel!(dot_q8_k, dot_q8_k_dp, body_q8_k);
 /// Q4_0 (18 B: d, qs[16]): nibble - 8.
 #[inline(always)]
 unsafe fn body_q4_0<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, DP>(n, w, 18, x, xs, xd, xds, out, |b| {
+    dot_signed_q8_0::<NC, DP>(n, w, BlockQ4_0::SIZE, x, xs, xd, xds, out, |b| {
         let (lo, hi) = nibbles(b.add(2));
         let eight = vdupq_n_s8(8);
         (vsubq_s8(vreinterpretq_s8_u8(lo), eight), vsubq_s8(vreinterpretq_s8_u8(hi), eight))
@@ -344,7 +345,7 @@ unsafe fn body_q4_0<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
 /// Q5_0 (22 B: d, qh u32, qs[16]): (nibble | bit << 4) - 16.
 #[inline(always)]
 unsafe fn body_q5_0<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, DP>(n, w, 22, x, xs, xd, xds, out, |b| {
+    dot_signed_q8_0::<NC, DP>(n, w, BlockQ5_0::SIZE, x, xs, xd, xds, out, |b| {
         let (lo, hi) = nibbles(b.add(6));
         let (h0, h1) = fifth_bits(b.add(2));
         let sixteen = vdupq_n_s8(16);
@@ -358,14 +359,14 @@ unsafe fn body_q5_0<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
 /// Q8_0 (34 B: d, qs[32] i8).
 #[inline(always)]
 unsafe fn body_q8_0<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_signed_q8_0::<NC, DP>(n, w, 34, x, xs, xd, xds, out, |b| (ld_s8(b.add(2)), ld_s8(b.add(18))))
+    dot_signed_q8_0::<NC, DP>(n, w, BlockQ8_0::SIZE, x, xs, xd, xds, out, |b| (ld_s8(b.add(2)), ld_s8(b.add(18))))
 }
 
 /// IQ4_NL (18 B: d, qs[16]): nibble -> KVALUES_IQ4NL[nibble] by table lookup.
 #[inline(always)]
 unsafe fn body_iq4_nl<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-    dot_signed_q8_0::<NC, DP>(n, w, 18, x, xs, xd, xds, out, |b| {
+    dot_signed_q8_0::<NC, DP>(n, w, BlockIQ4NL::SIZE, x, xs, xd, xds, out, |b| {
         let (lo, hi) = nibbles(b.add(2));
         (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
     })
@@ -374,7 +375,7 @@ unsafe fn body_iq4_nl<const NC: usize, const DP: bool>(n: usize, w: *const u8, x
 /// Q4_1 (20 B: d, m, qs[16]): nibble.
 #[inline(always)]
 unsafe fn body_q4_1<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, DP>(n, w, 20, x, xs, xd, xds, out, |b| {
+    dot_min_q8_1::<NC, DP>(n, w, BlockQ4_1::SIZE, x, xs, xd, xds, out, |b| {
         let (lo, hi) = nibbles(b.add(4));
         (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
     })
@@ -383,7 +384,7 @@ unsafe fn body_q4_1<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
 /// Q5_1 (24 B: d, m, qh u32, qs[16]): nibble | bit << 4.
 #[inline(always)]
 unsafe fn body_q5_1<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
-    dot_min_q8_1::<NC, DP>(n, w, 24, x, xs, xd, xds, out, |b| {
+    dot_min_q8_1::<NC, DP>(n, w, BlockQ5_1::SIZE, x, xs, xd, xds, out, |b| {
         let (lo, hi) = nibbles(b.add(8));
         let (h0, h1) = fifth_bits(b.add(4));
         (vreinterpretq_s8_u8(vorrq_u8(lo, h0)), vreinterpretq_s8_u8(vorrq_u8(hi, h1)))
@@ -396,8 +397,8 @@ unsafe fn body_q5_1<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
 /// Column c's Q8_K block i: (d, pointer to qs).
 #[inline(always)]
 unsafe fn q8k(x: *const u8, xs: usize, c: usize, i: usize) -> (f32, *const u8) {
-    let b = x.add(c * xs + i * 292);
-    (f32_at(b), b.add(4))
+    let b = x.add(c * xs + i * BlockQ8K::SIZE);
+    (f32_at(b), b.add(offset_of!(BlockQ8K, qs)))
 }
 
 /// Q4_K/Q5_K scales (i32) and mins (i16) of the 8 sub-blocks from the 12 packed bytes.
@@ -435,7 +436,7 @@ unsafe fn body_q4_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let mut sumf = [0f32; NC];
     let mut sumf_m = [0f32; NC];
     for i in 0..nb {
-        let bw = w.add(i * 144);
+        let bw = w.add(i * BlockQ4K::SIZE);
         let (dw, dminw) = (f16_at(bw), f16_at(bw.add(2)));
         let (s, mins) = k4_scales_mins(bw.add(4));
         // pair p: qs[32p..32p+32]; low nibbles = sub-block 2p, high = sub-block 2p+1.
@@ -480,7 +481,7 @@ unsafe fn body_q5_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let mut acc = [(z, z); NC];
     let mut acc_m = [z; NC];
     for i in 0..nb {
-        let bw = w.add(i * 176);
+        let bw = w.add(i * BlockQ5K::SIZE);
         let (dw, dminw) = (f16_at(bw), f16_at(bw.add(2)));
         let (s, mins) = k4_scales_mins(bw.add(4));
         let qh = [vld1q_u8(bw.add(16)), vld1q_u8(bw.add(32))];
@@ -529,9 +530,9 @@ unsafe fn body_q2_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let mut acc = [(z, z); NC];
     let m3 = vdupq_n_u8(3);
     for i in 0..nb {
-        let bw = w.add(i * 84);
-        let dw = f16_at(bw.add(80));
-        let dminw = f16_at(bw.add(82));
+        let bw = w.add(i * BlockQ2K::SIZE);
+        let dw = f16_at(bw.add(offset_of!(BlockQ2K, d)));
+        let dminw = f16_at(bw.add(offset_of!(BlockQ2K, dmin)));
         let sm = vld1q_u8(bw);
         let mut sc = [0i32; 16];
         for (g, v) in sc.iter_mut().enumerate() {
@@ -588,9 +589,9 @@ unsafe fn body_q3_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let m3 = vdupq_n_u8(3);
     let four = vdupq_n_u8(4);
     for i in 0..nb {
-        let bw = w.add(i * 110);
-        let dw = f16_at(bw.add(108));
-        let scales = super::kquants::q3k_scales(std::slice::from_raw_parts(bw.add(96), 12));
+        let bw = w.add(i * BlockQ3K::SIZE);
+        let dw = f16_at(bw.add(offset_of!(BlockQ3K, d)));
+        let scales = super::kquants::q3k_scales(std::slice::from_raw_parts(bw.add(offset_of!(BlockQ3K, scales)), 12));
         let hm = [vld1q_u8(bw), vld1q_u8(bw.add(16))];
         // chunk j, shift 2k, half h: elements 128j + 32k + 16h + (0..16), high bit 4j + k.
         let mut q = [vdupq_n_s8(0); 16];
@@ -632,7 +633,7 @@ unsafe fn body_iq4_xs<const NC: usize, const DP: bool>(n: usize, w: *const u8, x
     let mut acc = [(z, z); NC];
     let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
     for i in 0..nb {
-        let bw = w.add(i * 136);
+        let bw = w.add(i * BlockIQ4XS::SIZE);
         let dw = f16_at(bw);
         let sh = std::ptr::read_unaligned(bw.add(2) as *const u16);
         let mut ls = [0i32; 8];
@@ -672,7 +673,7 @@ unsafe fn body_q6_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let m2 = vdupq_n_u8(3);
     let off = vdupq_n_s8(32);
     for i in 0..nb {
-        let bw = w.add(i * 210);
+        let bw = w.add(i * BlockQ6K::SIZE);
         let (ql, qh, sc) = (bw, bw.add(128), bw.add(192) as *const i8);
         let dw = f16_at(bw.add(208));
         // Each 16-byte register is exactly one 16-element scale group g: for half h,
@@ -716,7 +717,7 @@ unsafe fn body_q8_k<const NC: usize, const DP: bool>(n: usize, w: *const u8, x: 
     let nb = n / 256;
     let mut sumf = [0f32; NC];
     for i in 0..nb {
-        let bw = w.add(i * 292);
+        let bw = w.add(i * BlockQ8K::SIZE);
         let dw = f32_at(bw);
         for (c, sf) in sumf.iter_mut().enumerate() {
             let (yd, q8) = q8k(x, xs, c, i);
@@ -773,17 +774,17 @@ unsafe fn dot_float<const NC: usize>(
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f32<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| vld1q_f32(p.add(4 * k) as *const f32), |p, k| f32_at(p.add(4 * k)))
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_f16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(n, w, x, xs, out, |p, k| cvt_f16x4(vld1_u16(p.add(2 * k) as *const u16)), |p, k| f16_at(p.add(2 * k)))
 }
 
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_bf16<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     dot_float::<NC>(
         n,
         w,

@@ -17,6 +17,7 @@
 
 use super::iquants::{self, chunk_parts, e8m0_half, KVALUES_MXFP4};
 use crate::ggml_type::GgmlType;
+use super::blocks::{offset_of, Block, BlockMXFP4, BlockQ8K, BlockQ8_0};
 use std::arch::aarch64::*;
 
 /// 4 i32 lanes: lane k = sum of w[4k..4k+4] * y[4k..4k+4].
@@ -83,7 +84,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
             ];
             let dl = [bytes16(p.dl[0], p.dl[1]), bytes16(p.dl[2], p.dl[3])];
             for col in 0..NC {
-                let q8 = x.add(col * xs + i * 292 + 4 + 32 * c) as *const i8;
+                let q8 = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 32 * c) as *const i8;
                 for h in 0..2 {
                     let y = vld1q_s8(q8.add(16 * h));
                     lanes[col][h] = vmlaq_n_s32(lanes[col][h], lanes4(wv[h], y), p.sc[h]);
@@ -92,7 +93,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
                     }
                 }
                 if ty == IQ1_S {
-                    let bs = x.add(col * xs + i * 292 + 260 + 4 * c);
+                    let bs = x.add(col * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, bsums) + 4 * c);
                     let pair = std::ptr::read_unaligned(bs as *const i16) as i32
                         + std::ptr::read_unaligned(bs.add(2) as *const i16) as i32;
                     s1[col] += p.dsc * pair;
@@ -101,7 +102,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
         }
         let dw = block_dw(ty, bw);
         for col in 0..NC {
-            let by = x.add(col * xs + i * 292);
+            let by = x.add(col * xs + i * BlockQ8K::SIZE);
             let yd = std::ptr::read_unaligned(by as *const f32);
             if tern {
                 // lanes minus the activation sums of their 32-element ranges (the digit offset)
@@ -137,7 +138,7 @@ unsafe fn k_body<const NC: usize>(ty: GgmlType, n: usize, w: *const u8, x: *cons
 macro_rules! k_kernel {
     ($name:ident, $ty:ident) => {
         #[target_feature(enable = "neon")]
-        pub unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+        pub(crate) unsafe fn $name<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
             k_body::<NC>(GgmlType::$ty, n, w, x, xs, out)
         }
     };
@@ -155,7 +156,7 @@ k_kernel!(dot_tq2_0, TQ2_0);
 
 /// MXFP4 x Q8_0 in ggml's AVX2 order (see the module note).
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
+pub(crate) unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, _xd: *const f32, _xds: usize, out: *mut f32) {
     let nb = n / 32;
     let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
     let m4 = vdupq_n_u8(0xF);
@@ -171,11 +172,11 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
     let mut ib = 0;
     while ib + 1 < nb {
         for h in 0..2 {
-            let b = w.add(17 * (ib + h));
+            let b = w.add(BlockMXFP4::SIZE * (ib + h));
             let wv = decode(b);
             let e = e8m0_half(*b);
             for col in 0..NC {
-                let yb = x.add(col * xs + 34 * (ib + h));
+                let yb = x.add(col * xs + BlockQ8_0::SIZE * (ib + h));
                 let d = vdupq_n_f32(super::fp::f16_to_f32(std::ptr::read_unaligned(yb as *const u16)) * e);
                 let l = lanes(wv, yb);
                 for k in 0..2 {
@@ -190,8 +191,8 @@ pub unsafe fn dot_mxfp4<const NC: usize>(n: usize, w: *const u8, x: *const u8, x
         let hi = vaddq_f32(acc[0][col][1], acc[1][col][1]);
         let mut sumf = hsum8(f4(lo), f4(hi));
         if ib < nb {
-            let b = w.add(17 * ib);
-            let yb = x.add(col * xs + 34 * ib);
+            let b = w.add(BlockMXFP4::SIZE * ib);
+            let yb = x.add(col * xs + BlockQ8_0::SIZE * ib);
             let l = lanes(decode(b), yb);
             let s = vaddvq_s32(vaddq_s32(l[0], l[1]));
             let d = super::fp::f16_to_f32(std::ptr::read_unaligned(yb as *const u16)) * e8m0_half(*b);

@@ -7,10 +7,12 @@
 //!
 //! How a table is built (`build`): the scalar references for every type, then the set's
 //! SIMD kernels laid over them: AVX2 (+ its AVX-VNNI builds where used) for the AVX2 and
-//! AVX-512 sets, then AVX-512's own kernels over AVX2's; NEON (+ dotprod) on aarch64.
-//! Then the options: `PYLLAMA_ORDER=llamacpp` lays llama.cpp's batch-dependent kernels over
+//! AVX-512 sets, then AVX-512's own kernels over AVX2's, then the row-block kernels of
+//! `avx2_rb` (Q4_K / Q6_K prefill; the AVX-512 set's two-row packed kernels); NEON
+//! (+ dotprod) on aarch64. Then the options: `PYLLAMA_ORDER=llamacpp` lays llama.cpp's batch-dependent kernels over
 //! Q4_K, Q6_K and the grid types (a second tile for batches under `SMALL_BATCH` rows),
-//! `PYLLAMA_NO_COLS` / `PYLLAMA_NO_ROWS` drop the leftover-column and multi-row kernels.
+//! `PYLLAMA_NO_COLS` / `PYLLAMA_NO_ROWS` drop the leftover-column and multi-row kernels,
+//! `PYLLAMA_NO_RB` the row-block and two-row kernels.
 //! `PYLLAMA_KERNELS=ref` gives the reference table: scalar kernels everywhere, the vector
 //! ops and activations too.
 //!
@@ -18,7 +20,7 @@
 //! output (quant/tests.rs and ops/matmul.rs hold them to it), so which entry a matmul takes
 //! changes its speed only.
 
-use super::{DequantFn, DotN, DotRows, KernelSet, PackedDot, QuantizeFn, VecDotFn, MAX_TILE};
+use super::{DequantFn, DotN, DotRows, KernelSet, PackedDot, PackedPairDot, QuantizeFn, RbKernel, RepackFn, VecDotFn, MAX_TILE};
 use crate::ggml_type::GgmlType;
 use std::sync::OnceLock;
 
@@ -79,6 +81,26 @@ pub struct Packed {
     pub offset: i32,
     /// bytes per block of a packed group (`avx2::pack_block_bytes`)
     pub block_bytes: usize,
+    /// `pair[nc]`: the two-row kernel over the first nc columns of a packed group (the
+    /// AVX-512 set's signed types, not under `PYLLAMA_NO_RB`; see `avx2_rb`)
+    pub pair: [Option<PackedPairDot>; MAX_PACK + 1],
+}
+
+/// Row-block prefill kernels (x86 K-quants, see `avx2_rb`): blocks of `rows` weight rows
+/// repacked into scratch once per matmul, every token against each block.
+#[derive(Clone, Copy)]
+pub struct RowBlock {
+    /// weight rows per block
+    pub rows: usize,
+    /// fewest tokens for which a matmul takes this path (below, the repack is not paid back)
+    pub min_tokens: usize,
+    pub repack: RepackFn,
+    /// repacked bytes per super-block of `rows` rows
+    pub sb_bytes: usize,
+    /// columns per full tile
+    pub tile: usize,
+    /// `cols[nc]`: the kernel over nc columns, 1 <= nc <= tile
+    pub cols: [Option<RbKernel>; MAX_TILE + 1],
 }
 
 /// One weight type's kernels in one kernel set.
@@ -104,6 +126,8 @@ pub struct TypeKernels {
     pub rows: Option<DotRows>,
     /// packed prefill kernels
     pub packed: Option<Packed>,
+    /// row-block prefill kernels
+    pub row_block: Option<RowBlock>,
     /// register-blocked F32 tiles (`ops::sgemm`)
     pub sgemm: Option<crate::ops::sgemm::Kernels>,
 }
@@ -121,6 +145,7 @@ impl TypeKernels {
             tiled_small: None,
             rows: None,
             packed: None,
+            row_block: None,
             sgemm: None,
         }
     }
@@ -159,6 +184,8 @@ pub struct Options {
     pub llamacpp_order: bool,
     pub no_cols: bool,
     pub no_rows: bool,
+    /// no row-block or two-row packed kernels (`PYLLAMA_NO_RB`)
+    pub no_rb: bool,
 }
 
 impl Options {
@@ -172,6 +199,7 @@ impl Options {
             llamacpp_order: env.llamacpp_order,
             no_cols: env.no_cols,
             no_rows: env.no_rows,
+            no_rb: env.no_rb,
         }
     }
 }
@@ -217,6 +245,16 @@ impl KernelTable {
     /// Registration: `ty`'s packed kernels.
     pub(crate) fn set_packed(&mut self, ty: GgmlType, packed: Packed) {
         self.entry(ty).packed = Some(packed);
+    }
+
+    /// Registration: `ty`'s two-row packed kernels (over its packed entry).
+    pub(crate) fn set_packed_pair(&mut self, ty: GgmlType, pair: [Option<PackedPairDot>; MAX_PACK + 1]) {
+        self.entry(ty).packed.as_mut().expect("two-row kernels over a packed entry").pair = pair;
+    }
+
+    /// Registration: `ty`'s row-block kernels.
+    pub(crate) fn set_row_block(&mut self, ty: GgmlType, rb: RowBlock) {
+        self.entry(ty).row_block = Some(rb);
     }
 
     /// Registration: the activation quantizer into `ty` and / or its dequantizer.
@@ -305,6 +343,10 @@ fn x86(t: &mut KernelTable, set: KernelSet, opt: Options) {
     if set == KernelSet::Avx512 {
         // AVX-512's own kernels over AVX2's (bit-identical results, see avx512.rs)
         avx512::register(t);
+    }
+    if !opt.no_rb {
+        // the row-block kernels follow pyllama's batch-independent orders only
+        super::avx2_rb::register(t, pack, !opt.llamacpp_order);
     }
     if opt.llamacpp_order {
         avx2::register_llamacpp_order(t);

@@ -27,7 +27,7 @@ impl Rng {
 
 /// The table of `set` built with these builds and no options (tests compare builds).
 fn built(set: KernelSet, vnni: bool, dotprod: bool) -> table::KernelTable {
-    table::build(set, table::Options { vnni, dotprod, llamacpp_order: false, no_cols: false, no_rows: false })
+    table::build(set, table::Options { vnni, dotprod, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false })
 }
 
 /// (single-column, TILE-column) kernels of `ty` in `set`'s table (`b`: the VNNI builds on
@@ -40,7 +40,7 @@ fn dot_pair(set: KernelSet, b: bool, ty: GgmlType) -> Option<(DotN, DotN)> {
 /// `SMALL_BATCH` rows), where they differ from the default ones: the grid types.
 #[cfg(target_arch = "x86_64")]
 fn vec_dot_order_pair(ty: GgmlType) -> Option<(DotN, DotN)> {
-    let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: true, no_cols: false, no_rows: false };
+    let opt = table::Options { vnni: false, dotprod: false, llamacpp_order: true, no_cols: false, no_rows: false, no_rb: false };
     let t = table::build(KernelSet::Avx2, opt);
     let e = t.get(ty);
     let (small, large) = (e.tiled_small?, e.tiled?);
