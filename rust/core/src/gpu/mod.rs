@@ -798,8 +798,28 @@ impl Backend for GpuBackend {
                 let each: Vec<String> = ps
                     .iter()
                     .map(|p| {
-                        let l = if p.layers.is_empty() { String::new() } else { format!("layers {}..{}: ", p.layers.start, p.layers.end - 1) };
-                        format!("adapter {}: {l}{}", p.adapter, p.off.summary())
+                        let what = match (p.layers.len(), p.off.output_offloaded) {
+                            (0, _) => "the output layer".to_string(),
+                            (1, out) => format!("layer {}{}", p.layers.start, if out { " and the output layer" } else { "" }),
+                            (_, out) => format!(
+                                "layers {}-{}{}",
+                                p.layers.start,
+                                p.layers.end - 1,
+                                if out { " and the output layer" } else { "" }
+                            ),
+                        };
+                        format!(
+                            "adapter {} '{}': {what}, {} weights, {:.1} MiB{}",
+                            p.adapter,
+                            p.off.gpu.info.name,
+                            p.off.n_weights(),
+                            p.off.bytes as f64 / 1048576.0,
+                            if p.off.kept_on_cpu.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (kept on the CPU: {})", p.off.kept_on_cpu.join(", "))
+                            }
+                        )
                     })
                     .collect();
                 format!("GPU offload split by layer over {} devices: {}", ps.len(), each.join("; "))
