@@ -1026,6 +1026,41 @@ mod tests {
     }
 
     #[test]
+    fn layer_assignment_is_llama_cpps() {
+        // llama_model::load_tensors: unit u of the ngl offloaded ones (the output layer is unit
+        // n_layer) goes to the first device whose cumulative normalized share exceeds u / ngl
+        let a = |n_layer, ngl, s: &[f32]| assign_layers(n_layer, ngl, s);
+        let d = |v: &[i32]| v.iter().map(|&x| (x >= 0).then_some(x as usize)).collect::<Vec<_>>();
+        // 4 layers, all, equal over 2: cum [.5, 1]; u/5 = 0, .2, .4 | .6, .8
+        assert_eq!(a(4, -1, &[0.0, 0.0]), d(&[0, 0, 0, 1, 1]));
+        // ngl 3: layers 2, 3 and the output; u/3 = 0, .33 | .67
+        assert_eq!(a(4, 3, &[1.0, 1.0]), d(&[-1, -1, 0, 0, 1]));
+        // a zero share takes nothing: [0, 1] puts every unit on device 1
+        assert_eq!(a(4, 99, &[0.0, 1.0]), d(&[1, 1, 1, 1, 1]));
+        // 3:1 -> cum [.75, 1]; u/5 = 0 .. .6 | .8
+        assert_eq!(a(4, 5, &[3.0, 1.0]), d(&[0, 0, 0, 0, 1]));
+        // three devices 1:2:1 over 7 units: cum [.25, .75, 1]
+        assert_eq!(a(6, -1, &[1.0, 2.0, 1.0]), d(&[0, 0, 1, 1, 1, 1, 2]));
+        // ngl 1: the output layer only; ngl 0: nothing; one device: everything offloaded on it
+        assert_eq!(a(4, 1, &[1.0, 1.0]), d(&[-1, -1, -1, -1, 0]));
+        assert_eq!(a(4, 0, &[1.0]), d(&[-1; 5]));
+        assert_eq!(a(2, 99, &[5.0]), d(&[0, 0, 0]));
+        assert_eq!(a(2, 99, &[]), d(&[-1, -1, -1]));
+    }
+
+    #[test]
+    fn one_adapter_opens_as_two_devices() {
+        // what PYLLAMA_GPU_REPEAT relies on: wgpu gives a second device on the same adapter,
+        // and each runs its own work
+        let (Some(a), Some(b)) = (gpu(), gpu()) else { return };
+        let mut rng = Rng(11);
+        for g in [&a, &b] {
+            let (r, _) = check(g, GgmlType::F32, 64, 8, 3, 0..8, &mut rng);
+            assert!(r <= 1e-5, "{r:e}");
+        }
+    }
+
+    #[test]
     fn software_adapter_refused_unless_allowed() {
         // Without the opt-in, a software adapter is never picked.
         if software_allowed_by_env() {
