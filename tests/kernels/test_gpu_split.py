@@ -224,3 +224,21 @@ def test_gpu_notes_go_to_the_pyllama_logger():
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("NOTES")][0]
     assert line.count("stays on the CPU") == 1 and "WARNING" in line and "q8_0/q8_0" in line, line
     assert "stays on the CPU" not in r.stderr, r.stderr
+
+
+def test_serve_no_kv_offload_reaches_the_context():
+    # pyllama serve -nkvo: the engine's context keeps the KV cache of the GPU layers on the CPU
+    _need_gpu()
+    from pyllama.generation import vocab_of
+    from pyllama.model import Model
+    from pyllama.server.engine import Engine, EngineConfig
+
+    m = Model.load(str(tiny_path("tiny-llama-F32")), n_gpu_layers=99, gpu_allow_software=True)
+    toks = np.arange(1, 6, dtype=np.int32)
+    got = {}
+    for kqv in (True, False):
+        e = Engine(m, vocab_of(m), EngineConfig(n_ctx=256, n_parallel=1, offload_kqv=kqv))
+        assert e.ctx.params.offload_kqv is kqv
+        decode_all(e.ctx._core, toks, int(m._core.hparams()["n_vocab"]))
+        got[kqv] = e.ctx._core.kv_gpu_bytes()
+    assert got[True] > 0 and got[False] == 0, got
