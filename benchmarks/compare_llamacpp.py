@@ -6,7 +6,10 @@ llama-bench is found with --llama-bench, on PATH, or built from the llama-cpp-py
 sdist (downloaded with pip into ~/.cache/pyllama/llama.cpp, built with cmake; needs cmake and
 a C++ compiler; ~10 minutes on 2 cores the first time). Nothing of llama.cpp is committed.
 
-    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
+    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2] [--baseline DIR]
+
+``--baseline DIR`` adds an older pyllama (``pip install --target DIR pyllama_gguf-*.whl``) to the
+alternation: a before/after table in one run.
 """
 
 from __future__ import annotations
@@ -62,9 +65,9 @@ def build_llama_bench(target: str = "llama-bench") -> Path:
     return exe
 
 
-def run_json(cmd: list[str]) -> list[dict]:
+def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out[out.index("["):])
 
 
@@ -82,6 +85,8 @@ def main() -> None:
     ap.add_argument("-n", "--n-gen", default="128")
     ap.add_argument("--rounds", type=int, default=2, help="alternate the two programs this many times")
     ap.add_argument("--llama-bench", help="path to an existing llama-bench")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also run an older pyllama installed in DIR (pip install --target DIR), alternated with the others")
     a = ap.parse_args()
 
     models = a.model
@@ -92,22 +97,29 @@ def main() -> None:
     lb = a.llama_bench or shutil.which("llama-bench") or str(build_llama_bench())
     common = ["-t", a.threads, "-r", a.repetitions, "-p", a.n_prompt, "-n", a.n_gen, "-o", "json"]
     samples: dict[tuple[str, str, str], list[float]] = {}
+    progs: list[tuple[str, str, dict | None]] = [("llama.cpp", lb, None), ("pyllama", "", None)]
+    if a.baseline:
+        penv = dict(os.environ)
+        progs.append(("baseline", "", dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))))
     for rnd in range(a.rounds):
         for m in models:
-            for prog, cmd in (
-                ("llama.cpp", [lb, "-m", m, *common]),
-                ("pyllama", [sys.executable, "-m", "pyllama", "bench", "-m", m, *common]),
-            ):
-                for r in run_json(cmd):
+            for prog, exe, env in progs:
+                cmd = [exe, "-m", m, *common] if exe else [sys.executable, "-m", "pyllama", "bench", "-m", m, *common]
+                for r in run_json(cmd, env):
                     samples.setdefault((Path(m).name, key(r), prog), []).extend(r["samples_ts"])
-    print(f"\n| model | test | llama.cpp t/s | pyllama t/s | ratio |\n|---|---|---:|---:|---:|")
+    extra = (" baseline t/s | baseline ratio |", "---:|---:|") if a.baseline else ("", "")
+    print(f"\n| model | test | llama.cpp t/s | pyllama t/s | ratio |{extra[0]}\n|---|---|---:|---:|---:|{extra[1]}")
     for m in models:
         name = Path(m).name
         tests = sorted({t for (mm, t, _) in samples if mm == name}, key=lambda t: (t[:2] != "pp", t))
         for t in tests:
             ref = statistics.median(samples[(name, t, "llama.cpp")])
             ours = statistics.median(samples[(name, t, "pyllama")])
-            print(f"| {name} | {t} | {ref:.1f} | {ours:.1f} | {ours / ref:.2f}x |")
+            row = f"| {name} | {t} | {ref:.1f} | {ours:.1f} | {ours / ref:.2f}x |"
+            if a.baseline:
+                base = statistics.median(samples[(name, t, "baseline")])
+                row += f" {base:.1f} | {base / ref:.2f}x |"
+            print(row)
 
 
 if __name__ == "__main__":

@@ -532,6 +532,13 @@ class Context:
         return self._n_threads_batch
 
     @property
+    def n_parallel_regions(self) -> int:
+        """Parallel regions (one fork/join of the thread pool each) run since the context was
+        made or its thread counts were set; benchmarks/bandwidth.py divides by tokens to price
+        the pool's per-region cost against a token's time."""
+        return int(self._core.pool_regions)
+
+    @property
     def pooling_type(self) -> int:
         return self._pooling
 

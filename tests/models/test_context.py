@@ -208,3 +208,23 @@ def test_cache_types(llama, caplog):
     with caplog.at_level(logging.ERROR, logger="pyllama"):
         assert init(llama, type_k=L.GGML_TYPE_Q4_K) is None
     assert "not a supported KV cache type" in caplog.text
+
+
+def test_n_parallel_regions_counts_the_pool_runs(tiny_model_path):
+    """Context.n_parallel_regions: 0 on a new context, grows with each decode by the same
+    count for the same single-token step, back to 0 after set_n_threads (new pools)."""
+    from pyllama import Context, Model
+
+    model = Model.load(tiny_model_path("llama"))
+    with Context(model, n_ctx=64, n_threads=2, n_threads_batch=2) as ctx:
+        assert ctx.n_parallel_regions == 0
+        ctx.decode([1, 2, 3])
+        a = ctx.n_parallel_regions
+        assert a > 0
+        ctx.decode([4])
+        b = ctx.n_parallel_regions
+        ctx.decode([5])
+        c = ctx.n_parallel_regions
+        assert b > a and c - b == b - a
+        ctx.set_n_threads(1, 1)
+        assert ctx.n_parallel_regions == 0

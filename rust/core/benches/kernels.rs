@@ -1,7 +1,8 @@
 //! Kernel benchmark (not a test): `cargo bench -p pyllama-core --bench kernels [-- MODE]`.
 //! Modes: (none) full table, `quick` shorter timings, `roof` best-case per-core kernel
 //! speed with the weights in cache (AVX2 and AVX-512 kernels side by side), `pool`
-//! thread-pool cost per parallel region, `tg` the single-token bandwidth table: per format,
+//! thread-pool cost per parallel region, `bw` the read probe on PYLLAMA_BENCH_MIB MiB and the
+//! pool's region cost in one line each (benchmarks/bandwidth.py), `tg` the single-token bandwidth table: per format,
 //! GB/s of weights with 1 and 2 threads for the AVX2 and the AVX-512 kernel sets on a
 //! matrix larger than L3 (1 GiB by default; `PYLLAMA_BENCH_MIB` changes it), beside the
 //! read bandwidth measured on a buffer of the same size, and their ratio. Add `huge` to put
@@ -301,17 +302,14 @@ fn per_part_cpu(pool: &ThreadPool, calls: usize, f: &(dyn Fn(usize, usize) + Syn
     (wall, best)
 }
 
-/// The `tg` mode: single-token matmul bandwidth per format and kernel set vs the read probe.
-fn tg_table(huge: bool, calls: usize) {
-    let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
-    let bytes = mib << 20;
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+/// The read probe: [wall, per-CPU-second] GB/s with each pool, streaming `bytes` (best of
+/// `calls` passes).
+fn probe_bandwidth(pools: &[ThreadPool], bytes: usize, huge: bool, calls: usize) -> Vec<[f64; 2]> {
     let mut probe = Mapped::new(bytes, huge);
     for (i, b) in probe.as_mut().iter_mut().enumerate() {
         *b = i as u8;
     }
-    // [wall, per-CPU-second] GB/s for 1 and 2 threads
-    let bw: Vec<[f64; 2]> = pools
+    pools
         .iter()
         .map(|p| {
             let buf = probe.as_ref();
@@ -321,8 +319,44 @@ fn tg_table(huge: bool, calls: usize) {
             });
             [bytes as f64 / t / 1e9, bytes as f64 / tc / 1e9]
         })
+        .collect()
+}
+
+/// The `bw` mode (benchmarks/bandwidth.py reads it): the read probe on PYLLAMA_BENCH_MIB MiB
+/// (a model's weight bytes) and the pool's cost per empty parallel region, 1 and 2 threads.
+fn bw_line(huge: bool) {
+    let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let bw = probe_bandwidth(&pools, mib << 20, huge, 12);
+    println!("probe {mib} MiB GB/s: 1 thread {:.2} 2 threads {:.2}", bw[0][0], bw[1][0]);
+    for (n, pool) in pools.iter().enumerate() {
+        println!("pool of {}: {:.3} us per empty region", n + 1, region_cost(pool) * 1e6);
+    }
+}
+
+/// Median seconds per empty parallel region over 20 rounds of 2000 back-to-back regions.
+fn region_cost(pool: &ThreadPool) -> f64 {
+    let mut v: Vec<f64> = (0..20)
+        .map(|_| {
+            let t0 = Instant::now();
+            for _ in 0..2000 {
+                pool.run(&|ith, _| {
+                    black_box(ith);
+                });
+            }
+            t0.elapsed().as_secs_f64() / 2000.0
+        })
         .collect();
-    drop(probe);
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[10]
+}
+
+/// The `tg` mode: single-token matmul bandwidth per format and kernel set vs the read probe.
+fn tg_table(huge: bool, calls: usize) {
+    let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let bytes = mib << 20;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let bw = probe_bandwidth(&pools, bytes, huge, calls);
     let mut sets = vec![quant::KernelSet::Avx2];
     if quant::avx512_available() {
         sets.push(quant::KernelSet::Avx512);
@@ -389,24 +423,15 @@ fn main() {
         tg_table(std::env::args().any(|a| a == "huge"), if quick { 5 } else { 12 });
         return;
     }
+    if std::env::args().any(|a| a == "bw") {
+        bw_line(std::env::args().any(|a| a == "huge"));
+        return;
+    }
     if std::env::args().any(|a| a == "pool") {
         // Per-region overhead of the thread pool: back-to-back empty regions (a decode step
         // makes ~200 of them per token), median of 20 rounds of 2000.
         for n in [1usize, 2] {
-            let pool = ThreadPool::new(n);
-            let mut v: Vec<f64> = (0..20)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    for _ in 0..2000 {
-                        pool.run(&|ith, _| {
-                            black_box(ith);
-                        });
-                    }
-                    t0.elapsed().as_secs_f64() / 2000.0
-                })
-                .collect();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            println!("pool of {n}: {:.2} us per empty region (median), {:.2} us (best)", v[10] * 1e6, v[0] * 1e6);
+            println!("pool of {n}: {:.2} us per empty region (median)", region_cost(&ThreadPool::new(n)) * 1e6);
         }
         return;
     }

@@ -290,6 +290,12 @@ pub struct Context {
 }
 
 impl Context {
+    /// Parallel regions run by the context's thread pools since they were made (creation or
+    /// the last `set_n_threads`).
+    pub fn pool_regions(&self) -> u64 {
+        self.pool.regions() + self.pool_batch.as_ref().map_or(0, |p| p.regions())
+    }
+
     pub fn new(model: Arc<Model>, mut p: ContextParams) -> Result<Context> {
         if model.vocab_only {
             return Err(Error::Invalid("the model was loaded with vocab_only: it has no weights to run".into()));

@@ -50,6 +50,9 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     lock: Mutex<()>,
+    /// Parallel regions run so far (`run` calls; benchmarks/bandwidth.py divides the pool's
+    /// per-region cost by a token's time with it).
+    regions: AtomicU64,
 }
 
 impl ThreadPool {
@@ -74,16 +77,22 @@ impl ThreadPool {
                     .expect("failed to spawn a pyllama worker thread")
             })
             .collect();
-        ThreadPool { shared, workers, lock: Mutex::new(()) }
+        ThreadPool { shared, workers, lock: Mutex::new(()), regions: AtomicU64::new(0) }
     }
 
     pub fn n_threads(&self) -> usize {
         self.shared.n_threads
     }
 
+    /// How many parallel regions (`run` calls) this pool has run.
+    pub fn regions(&self) -> u64 {
+        self.regions.load(Ordering::Relaxed)
+    }
+
     /// Run `f(ith, nth)` on every thread (the caller is ith = 0) and wait for all of them.
     /// A panic in any thread is re-raised here after all threads have finished.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        self.regions.fetch_add(1, Ordering::Relaxed);
         let n = self.shared.n_threads;
         if n == 1 {
             f(0, 1);

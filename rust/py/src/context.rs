@@ -287,6 +287,11 @@ impl PyContext {
     fn n_threads_batch(&self) -> usize {
         self.inner.params.n_threads_batch
     }
+    /// Parallel regions the thread pools have run (since creation or set_n_threads).
+    #[getter]
+    fn pool_regions(&self) -> u64 {
+        self.inner.pool_regions()
+    }
     #[getter]
     fn n_vocab(&self) -> usize {
         self.inner.n_vocab()

@@ -12,7 +12,8 @@
 //! `cls` / `cls.output` (encoder.rs `ClsHead`). Token types are always 0 ("sentence A"),
 //! as llama.cpp.
 
-use super::encoder::{ClsHead, EncAttn, QkNorm, Qkv};
+use super::encoder::{ClsHead, EncAttn, QkNorm};
+use super::graph::Qkv;
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, MoeAct, MoeConfig, MoeWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};

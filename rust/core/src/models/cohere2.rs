@@ -10,7 +10,7 @@
 //!   x    = (ffn + x) + att
 //!   logits = (token_embd . (layernorm(x) * output_norm)) * logit_scale
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, FfnAct, FfnGate, FfnWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, swa_pattern, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -60,13 +60,8 @@ fn logit_scale(meta: &Meta) -> Result<f32> {
 
 struct Layer {
     norm: Vec<f32>,
-    wq: TensorView<'static>,
-    wk: TensorView<'static>,
-    wv: TensorView<'static>,
+    qkv: Qkv,
     wo: TensorView<'static>,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
     gate: TensorView<'static>,
     up: TensorView<'static>,
     down: TensorView<'static>,
@@ -86,8 +81,8 @@ struct Cohere2Forward {
 }
 
 impl Cohere2Forward {
-    /// The schema (llama.cpp's load_arch_tensors: q/k/v {n_embd, n_embd / n_embd_gqa},
-    /// optional q/k/v biases, wo {n_embd, n_embd}, gate/up/down, no output.weight).
+    /// The schema (llama.cpp's load_arch_tensors: q/k/v {n_embd, n_embd / n_embd_gqa} or
+    /// one attn_qkv, optional q/k/v biases, wo {n_embd, n_embd}, gate/up/down, no output.weight).
     fn load(ld: &Loader, cp: &ContextParams) -> Result<Cohere2Forward> {
         let hp = ld.hp();
         let meta = Meta { file: &ld.model().files[0], arch: &hp.arch };
@@ -100,13 +95,8 @@ impl Cohere2Forward {
             let swa = hp.swa_layers[il];
             layers.push(Layer {
                 norm: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
-                wq: ld.req(&b("attn_q.weight"), &[n_embd, n_embd])?,
-                wk: ld.req(&b("attn_k.weight"), &[n_embd, nk])?,
-                wv: ld.req(&b("attn_v.weight"), &[n_embd, nv])?,
+                qkv: Qkv::load(ld, il, n_embd, n_embd, nk, nv)?,
                 wo: ld.req(&b("attn_output.weight"), &[n_embd, n_embd])?,
-                bq: ld.opt_vec(&b("attn_q.bias"), &[n_embd])?,
-                bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-                bv: ld.opt_vec(&b("attn_v.bias"), &[nv])?,
                 gate: ld.req(&b("ffn_gate.weight"), &[n_embd, n_ff])?,
                 up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
                 down: ld.req(&b("ffn_down.weight"), &[n_ff, n_embd])?,
@@ -139,19 +129,7 @@ impl Forward for Cohere2Forward {
         for (il, l) in self.layers.iter().enumerate() {
             st.build_norm(&l.norm, None, Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
-            let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
-                bq: l.bq.as_deref(),
-                bk: l.bk.as_deref(),
-                bv: l.bv.as_deref(),
-                bo: None,
-                q_norm: None,
-                k_norm: None,
-                fused_qkv: false,
-            };
+            let w = l.qkv.weights(&l.wo, None);
             let a = AttnConfig { n_swa: l.n_swa, ..AttnConfig::new(il, l.rope.as_ref(), 1.0 / (hd as f32).sqrt()) };
             st.build_attn(&w, &a)?;
             // the FFN reads the same normed input: keep the attention output aside (`att`

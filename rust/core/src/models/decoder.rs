@@ -17,7 +17,7 @@
 //! `load` binds every tensor through the `Loader` (name, shape, required or optional), so
 //! this file is also the schema of those architectures.
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use crate::backend::{BackendCache, DecoderLayer, DecoderStack};
 use crate::context::{ContextParams, Forward, Step};
@@ -44,11 +44,8 @@ pub struct DecoderConfig {
     pub attn_softcap: f32,
     pub final_softcap: f32,
     pub act: FfnAct,
-    /// phi3: one `attn_qkv` matrix (and bias) and one `ffn_up` of 2 * n_ff rows holding
-    /// gate and up.
-    pub fused: bool,
-    /// Only the FFN is fused (glm4): one `ffn_up` of 2 * n_ff rows, gate first, with
-    /// separate q/k/v.
+    /// The FFN is fused (phi3, glm4): one `ffn_up` of 2 * n_ff rows, gate first. (q/k/v
+    /// are fused or not as the file has them, in every architecture: `Qkv::load`.)
     pub fused_up: bool,
     /// Mixture-of-experts feed-forward layers (qwen3moe: every layer; see `moe_step` and
     /// `n_dense_lead`), routed as `moe_cfg` says.
@@ -122,7 +119,6 @@ impl DecoderConfig {
             attn_softcap: 0.0,
             final_softcap: 0.0,
             act: FfnAct::Silu,
-            fused: false,
             fused_up: false,
             moe: false,
             output_opt: true,
@@ -181,6 +177,8 @@ struct Layer {
     wq: TensorView<'static>,
     wk: TensorView<'static>,
     wv: TensorView<'static>,
+    /// wq, wk and wv are one `attn_qkv` matrix (the file's choice: `Qkv::load`).
+    fused_qkv: bool,
     wo: TensorView<'static>,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
@@ -235,23 +233,7 @@ impl Decoder {
             let (n_q, n_k, n_v) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
             let n_o = hp.n_embd_head_v * hp.n_head(il);
             let req_if = |on: bool, s: &str, n: usize| if on { ld.req_vec(&b(s), &[n]).map(Some) } else { Ok(None) };
-            let (wq, wk, wv, bq, bk, bv) = if cfg.fused {
-                let w = ld.req(&b("attn_qkv.weight"), &[n_embd, n_q + n_k + n_v])?;
-                let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[n_q + n_k + n_v])? {
-                    Some(v) => (Some(v[..n_q].to_vec()), Some(v[n_q..n_q + n_k].to_vec()), Some(v[n_q + n_k..].to_vec())),
-                    None => (None, None, None),
-                };
-                (w, w, w, bq, bk, bv)
-            } else {
-                (
-                    ld.req(&b("attn_q.weight"), &[n_embd, n_q])?,
-                    ld.req(&b("attn_k.weight"), &[n_embd, n_k])?,
-                    ld.req(&b("attn_v.weight"), &[n_embd, n_v])?,
-                    ld.opt_vec(&b("attn_q.bias"), &[n_q])?,
-                    ld.opt_vec(&b("attn_k.bias"), &[n_k])?,
-                    ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
-                )
-            };
+            let Qkv { wq, wk, wv, bq, bk, bv, fused: fused_qkv } = Qkv::load(ld, il, n_embd, n_q, n_k, n_v)?;
             let ffn = load_ffn(ld, &cfg, il)?;
             let step = cfg.no_rope_layer_step;
             let nope = step > 0 && (il + 1) % step == 0;
@@ -270,6 +252,7 @@ impl Decoder {
                 wq,
                 wk,
                 wv,
+                fused_qkv,
                 wo: ld.req(&b("attn_output.weight"), &[n_o, n_embd])?,
                 bq,
                 bk,
@@ -374,7 +357,7 @@ impl Decoder {
             bo: l.bo.as_deref(),
             q_norm: l.q_norm.as_deref(),
             k_norm: l.k_norm.as_deref(),
-            fused_qkv: c.fused,
+            fused_qkv: l.fused_qkv,
         };
         let a = AttnConfig {
             q_scale: c.q_scale,
@@ -452,7 +435,7 @@ impl Decoder {
                 wq: &l.wq,
                 wk: &l.wk,
                 wv: &l.wv,
-                fused_qkv: c.fused,
+                fused_qkv: l.fused_qkv,
                 bq: l.bq.as_deref(),
                 bk: l.bk.as_deref(),
                 bv: l.bv.as_deref(),
@@ -543,7 +526,7 @@ pub(crate) fn load_ffn(ld: &Loader, cfg: &DecoderConfig, il: usize) -> Result<Ff
                 None
             },
         }
-    } else if cfg.fused || cfg.fused_up {
+    } else if cfg.fused_up {
         Ffn::Dense {
             gate: None,
             up: ld.req(&b("ffn_up.weight"), &[n_embd, 2 * n_ff])?,

@@ -2,7 +2,6 @@
 //! (`build_attn_inp_no_cache`, src/llama-graph.cpp) and its rank pooling head
 //! (`build_pooling` with LLAMA_POOLING_TYPE_RANK):
 //!
-//! - `Qkv`: separate `attn_q/k/v` or one fused `attn_qkv`, biases optional
 //!   (llama.cpp's `create_tensor_qkv`);
 //! - `Step::build_attn_enc`: attention among the micro-batch's own tokens, no KV cache.
 //!   Token i sees token j when their first sequence ids are equal (no causal mask),
@@ -26,62 +25,6 @@ use crate::ops::rope::RopeParams;
 use crate::ops::attention::{tinyblas_dot, v_expf};
 use crate::ops::vec::fmaf;
 use crate::threadpool::ThreadPool;
-
-/// One layer's q/k/v projections: three matrices, or one fused `attn_qkv` (then wq, wk
-/// and wv are the same view and `fused` is set).
-pub struct Qkv {
-    pub wq: TensorView<'static>,
-    pub wk: TensorView<'static>,
-    pub wv: TensorView<'static>,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub fused: bool,
-}
-
-impl Qkv {
-    /// `blk.{il}.attn_qkv` {n_embd, nq + nk + nv} (+ bias) when the file has it, else
-    /// `attn_q` / `attn_k` / `attn_v` (+ optional biases); llama.cpp's create_tensor_qkv.
-    pub fn load(ld: &Loader, il: usize, n_embd: usize, nq: usize, nk: usize, nv: usize) -> Result<Qkv> {
-        let b = |s: &str| format!("blk.{il}.{s}");
-        if let Some(w) = ld.opt(&b("attn_qkv.weight"), &[n_embd, nq + nk + nv])? {
-            let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[nq + nk + nv])? {
-                Some(v) => (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec())),
-                None => (
-                    ld.opt_vec(&b("attn_q.bias"), &[nq])?,
-                    ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-                    ld.opt_vec(&b("attn_v.bias"), &[nv])?,
-                ),
-            };
-            return Ok(Qkv { wq: w.clone(), wk: w.clone(), wv: w, bq, bk, bv, fused: true });
-        }
-        Ok(Qkv {
-            wq: ld.req(&b("attn_q.weight"), &[n_embd, nq])?,
-            wk: ld.req(&b("attn_k.weight"), &[n_embd, nk])?,
-            wv: ld.req(&b("attn_v.weight"), &[n_embd, nv])?,
-            bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
-            bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-            bv: ld.opt_vec(&b("attn_v.bias"), &[nv])?,
-            fused: false,
-        })
-    }
-
-    pub fn weights<'a>(&'a self, wo: &'a TensorView<'static>, bo: Option<&'a [f32]>) -> AttnWeights<'a> {
-        AttnWeights {
-            wq: &self.wq,
-            wk: &self.wk,
-            wv: &self.wv,
-            wo,
-            bq: self.bq.as_deref(),
-            bk: self.bk.as_deref(),
-            bv: self.bv.as_deref(),
-            bo,
-            q_norm: None,
-            k_norm: None,
-            fused_qkv: self.fused,
-        }
-    }
-}
 
 /// q / k norms of encoder layers: LayerNorm with bias over the whole projection (bert's
 /// jina variants), or RMSNorm per head (gemma-embedding, qwen3).

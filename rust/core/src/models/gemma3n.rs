@@ -29,7 +29,7 @@
 //! layers, the 10 sparse layers and the final softcap (30; the file's
 //! `final_logit_softcapping` is not read); so does this file.
 
-use super::graph::{layer_rope, par_rows, AttnConfig, AttnExtra, AttnWeights, Norm};
+use super::graph::{layer_rope, par_rows, AttnConfig, AttnExtra, AttnWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, swa_pattern, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -141,13 +141,8 @@ fn kv_source(hp: &HParams, il: usize) -> Option<usize> {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: TensorView<'static>,
-    wk: TensorView<'static>,
-    wv: TensorView<'static>,
+    qkv: Qkv,
     wo: TensorView<'static>,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
@@ -221,13 +216,8 @@ impl Gemma3nForward {
             }
             layers.push(Layer {
                 attn_norm: ld.req_vec(&b("attn_norm.weight"), &[ne])?,
-                wq: ld.req(&b("attn_q.weight"), &[ne, nq])?,
-                wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-                wv: ld.req(&b("attn_v.weight"), &[ne, nvv])?,
+                qkv: Qkv::load(ld, il, ne, nq, nk, nvv)?,
                 wo: ld.req(&b("attn_output.weight"), &[nq, ne])?,
-                bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
-                bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
-                bv: ld.opt_vec(&b("attn_v.bias"), &[nvv])?,
                 q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[hd])?,
                 k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[hd])?,
                 post_attn_norm: ld.req_vec(&b("post_attention_norm.weight"), &[ne])?,
@@ -456,18 +446,11 @@ impl Forward for Gemma3nForward {
             // attention (build_attn leaves `cur` as it was)
             let shared = l.kv_from.is_some();
             let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
                 // llama.cpp's graph adds no q bias on the layers that reuse a cache
-                bq: if shared { None } else { l.bq.as_deref() },
-                bk: l.bk.as_deref(),
-                bv: l.bv.as_deref(),
-                bo: None,
+                bq: if shared { None } else { l.qkv.bq.as_deref() },
                 q_norm: Some(&l.q_norm),
                 k_norm: Some(&l.k_norm),
-                fused_qkv: false,
+                ..l.qkv.weights(&l.wo, None)
             };
             let a = AttnConfig { n_swa: l.n_swa, ..AttnConfig::new(il, Some(&l.rope), hp.f_attention_scale) };
             st.build_attn_ext(&w, &a, &AttnExtra { v_rms: true, kv_from: l.kv_from })?;

@@ -8,7 +8,8 @@
 //! (every token's row with pooling none) after pooling, as llama.cpp's `build_dense_out`
 //! (`Forward::dense_out`; the caller pools, projects, then normalises).
 
-use super::encoder::{EncAttn, QkNorm, Qkv};
+use super::encoder::{EncAttn, QkNorm};
+use super::graph::Qkv;
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::modern_bert::swa_pattern;

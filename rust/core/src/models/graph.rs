@@ -219,52 +219,86 @@ pub struct FfnWeights<'w> {
     pub down_b: Option<&'w [f32]>,
 }
 
-/// The owned attention weights of a layer without q/k norms: q/k/v/o projections of the
-/// standard widths (`AttnWeights`) with optional biases; the hybrids' attention layers.
-pub struct AttnLayer {
+/// One layer's q/k/v projections: three matrices, or one fused `attn_qkv` (then wq, wk
+/// and wv are the same view and `fused` is set).
+pub struct Qkv {
     pub wq: TensorView<'static>,
     pub wk: TensorView<'static>,
     pub wv: TensorView<'static>,
-    pub wo: TensorView<'static>,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
-    pub bo: Option<Vec<f32>>,
+    pub fused: bool,
 }
 
-impl AttnLayer {
-    /// `blk.{il}.attn_{q,k,v,output}.weight` and their optional `.bias`.
-    pub fn load(ld: &Loader, il: usize) -> Result<AttnLayer> {
-        let hp = ld.hp();
-        let ne = hp.n_embd;
+impl Qkv {
+    /// `blk.{il}.attn_qkv` {n_embd, nq + nk + nv} (+ bias) when the file has it, else
+    /// `attn_q` / `attn_k` / `attn_v` (+ optional biases); llama.cpp's create_tensor_qkv.
+    pub fn load(ld: &Loader, il: usize, n_embd: usize, nq: usize, nk: usize, nv: usize) -> Result<Qkv> {
         let b = |s: &str| format!("blk.{il}.{s}");
-        let (nq, nk, nv) = (hp.n_head(il) * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
-        Ok(AttnLayer {
-            wq: ld.req(&b("attn_q.weight"), &[ne, nq])?,
-            wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-            wv: ld.req(&b("attn_v.weight"), &[ne, nv])?,
+        if let Some(w) = ld.opt(&b("attn_qkv.weight"), &[n_embd, nq + nk + nv])? {
+            let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[nq + nk + nv])? {
+                Some(v) => (Some(v[..nq].to_vec()), Some(v[nq..nq + nk].to_vec()), Some(v[nq + nk..].to_vec())),
+                None => (
+                    ld.opt_vec(&b("attn_q.bias"), &[nq])?,
+                    ld.opt_vec(&b("attn_k.bias"), &[nk])?,
+                    ld.opt_vec(&b("attn_v.bias"), &[nv])?,
+                ),
+            };
+            return Ok(Qkv { wq: w.clone(), wk: w.clone(), wv: w, bq, bk, bv, fused: true });
+        }
+        Ok(Qkv {
+            wq: ld.req(&b("attn_q.weight"), &[n_embd, nq])?,
+            wk: ld.req(&b("attn_k.weight"), &[n_embd, nk])?,
+            wv: ld.req(&b("attn_v.weight"), &[n_embd, nv])?,
             bq: ld.opt_vec(&b("attn_q.bias"), &[nq])?,
             bk: ld.opt_vec(&b("attn_k.bias"), &[nk])?,
             bv: ld.opt_vec(&b("attn_v.bias"), &[nv])?,
-            wo: ld.req(&b("attn_output.weight"), &[hp.n_head(il) * hp.n_embd_head_v, ne])?,
-            bo: ld.opt_vec(&b("attn_output.bias"), &[ne])?,
+            fused: false,
         })
     }
 
-    pub fn weights(&self) -> AttnWeights<'_> {
+    pub fn weights<'a>(&'a self, wo: &'a TensorView<'static>, bo: Option<&'a [f32]>) -> AttnWeights<'a> {
         AttnWeights {
             wq: &self.wq,
             wk: &self.wk,
             wv: &self.wv,
-            wo: &self.wo,
+            wo,
             bq: self.bq.as_deref(),
             bk: self.bk.as_deref(),
             bv: self.bv.as_deref(),
-            bo: self.bo.as_deref(),
+            bo,
             q_norm: None,
             k_norm: None,
-            fused_qkv: false,
+            fused_qkv: self.fused,
         }
+    }
+}
+
+/// The owned attention weights of a layer without q/k norms: q/k/v (`Qkv`) and o
+/// projections of the standard widths (`AttnWeights`) with optional biases; the hybrids'
+/// attention layers.
+pub struct AttnLayer {
+    pub qkv: Qkv,
+    pub wo: TensorView<'static>,
+    pub bo: Option<Vec<f32>>,
+}
+
+impl AttnLayer {
+    /// `Qkv::load` at the layer's widths, `blk.{il}.attn_output.weight` and its optional `.bias`.
+    pub fn load(ld: &Loader, il: usize) -> Result<AttnLayer> {
+        let hp = ld.hp();
+        let ne = hp.n_embd;
+        let (nq, nk, nv) = (hp.n_head(il) * hp.n_embd_head_k, hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+        Ok(AttnLayer {
+            qkv: Qkv::load(ld, il, ne, nq, nk, nv)?,
+            wo: ld.req(&format!("blk.{il}.attn_output.weight"), &[hp.n_head(il) * hp.n_embd_head_v, ne])?,
+            bo: ld.opt_vec(&format!("blk.{il}.attn_output.bias"), &[ne])?,
+        })
+    }
+
+    pub fn weights(&self) -> AttnWeights<'_> {
+        self.qkv.weights(&self.wo, self.bo.as_deref())
     }
 }
 

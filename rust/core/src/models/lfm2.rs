@@ -10,7 +10,7 @@
 //! `lfm2moe` (lfm2moe.rs) is the same graph with mixture-of-experts feed-forwards after
 //! `leading_dense_block_count` dense layers (`build` below with `Some(MoeSpec)`).
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams_ext, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -102,9 +102,7 @@ pub(super) fn build(ld: &Loader, cp: &ContextParams, moe: Option<MoeSpec>) -> Re
                 )));
             }
             Mixer::Attn {
-                wq: ld.req(&b("attn_q.weight"), &[ne, ne])?,
-                wk: ld.req(&b("attn_k.weight"), &[ne, nk])?,
-                wv: ld.req(&b("attn_v.weight"), &[ne, nk])?,
+                qkv: Qkv::load(ld, il, ne, ne, nk, nk)?,
                 wo: ld.req(&b("attn_output.weight"), &[ne, ne])?,
                 q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[hd])?,
                 k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[hd])?,
@@ -153,9 +151,7 @@ pub(super) fn build(ld: &Loader, cp: &ContextParams, moe: Option<MoeSpec>) -> Re
 
 enum Mixer {
     Attn {
-        wq: TensorView<'static>,
-        wk: TensorView<'static>,
-        wv: TensorView<'static>,
+        qkv: Qkv,
         wo: TensorView<'static>,
         q_norm: Vec<f32>,
         k_norm: Vec<f32>,
@@ -291,20 +287,8 @@ impl Forward for Lfm2Fwd {
             st.build_norm(&l.attn_norm, None, Norm::Rms, self.eps);
             match &l.mixer {
                 Mixer::Conv { conv, in_proj, out_proj } => shortconv(st, il, conv, in_proj, out_proj, self.l_cache, &mut sc)?,
-                Mixer::Attn { wq, wk, wv, wo, q_norm, k_norm, rope, n_swa } => {
-                    let w = AttnWeights {
-                        wq,
-                        wk,
-                        wv,
-                        wo,
-                        bq: None,
-                        bk: None,
-                        bv: None,
-                        bo: None,
-                        q_norm: Some(q_norm),
-                        k_norm: Some(k_norm),
-                        fused_qkv: false,
-                    };
+                Mixer::Attn { qkv, wo, q_norm, k_norm, rope, n_swa } => {
+                    let w = AttnWeights { q_norm: Some(q_norm), k_norm: Some(k_norm), ..qkv.weights(wo, None) };
                     let a = AttnConfig {
                         il,
                         rope: Some(rope),

@@ -5,7 +5,8 @@
 //! `embed = true`). llama.cpp's decode runs it through encode (no memory), so attention is
 //! bidirectional within each sequence.
 
-use super::encoder::{EncAttn, Qkv};
+use super::encoder::EncAttn;
+use super::graph::Qkv;
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};

@@ -12,7 +12,8 @@
 //! The rank head (`cls` + GELU + `cls_norm`, `cls.output`) pools by mean unless
 //! `classifier.pooling_type` says otherwise.
 
-use super::encoder::{ClsHead, EncAttn, Qkv};
+use super::encoder::{ClsHead, EncAttn};
+use super::graph::Qkv;
 use super::graph::{layer_rope, FfnAct, FfnGate, FfnWeights, Norm};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};

@@ -14,7 +14,7 @@
 //!
 //! `PostNormForward` is also EXAONE 4's forward pass (exaone4.rs), configured by `PostNorm`.
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -78,9 +78,7 @@ impl PostNorm {
 }
 
 struct Layer {
-    wq: TensorView<'static>,
-    wk: TensorView<'static>,
-    wv: TensorView<'static>,
+    qkv: Qkv,
     wo: TensorView<'static>,
     /// [n_head * hd] and [n_head_kv * hd]: whole-projection norms
     q_norm: Vec<f32>,
@@ -122,9 +120,7 @@ impl PostNormForward {
             let n_ff = hp.n_ff[il];
             let swa = hp.swa_layers.get(il).copied().unwrap_or(false);
             layers.push(Layer {
-                wq: ld.req(&b("attn_q.weight"), &[n_embd, n_q])?,
-                wk: ld.req(&b("attn_k.weight"), &[n_embd, n_k])?,
-                wv: ld.req(&b("attn_v.weight"), &[n_embd, n_v])?,
+                qkv: Qkv::load(ld, il, n_embd, n_q, n_k, n_v)?,
                 wo: ld.req(&b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd])?,
                 q_norm: ld.req_vec(&b("attn_q_norm.weight"), &[if o.qk_norm_per_head { hp.n_embd_head_k } else { n_q }])?,
                 k_norm: ld.req_vec(&b("attn_k_norm.weight"), &[if o.qk_norm_per_head { hp.n_embd_head_k } else { n_k }])?,
@@ -181,19 +177,7 @@ impl Forward for PostNormForward {
                 let b = &mut *st.b;
                 b.cur[..m].copy_from_slice(&b.x[..m]);
             }
-            let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
-                bq: None,
-                bk: None,
-                bv: None,
-                bo: None,
-                q_norm: Some(&l.q_norm),
-                k_norm: Some(&l.k_norm),
-                fused_qkv: false,
-            };
+            let w = AttnWeights { q_norm: Some(&l.q_norm), k_norm: Some(&l.k_norm), ..l.qkv.weights(&l.wo, None) };
             let a = AttnConfig { n_swa: l.n_swa, ..AttnConfig::new(il, l.rope.as_ref(), 1.0 / (hd as f32).sqrt()) };
             st.build_attn(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {

@@ -1,5 +1,5 @@
 //! Phi-2: LayerNorm (with bias) once per layer, attention and a GELU MLP run in parallel
-//! from that one norm and added to the residual together, fused `attn_qkv` with bias,
+//! from that one norm and added to the residual together, `attn_qkv` (or attn_q/k/v) with bias,
 //! NEOX rope on the first `rope.dimension_count` dims of each head only, q scaled by
 //! 1/sqrt(head) before a softmax of scale 1, `output.weight` + `output.bias`. See
 //! llama.cpp's src/models/phi2.cpp:
@@ -10,7 +10,7 @@
 //!   x    = (att + ffn) + x
 //!   logits = output (layernorm(x) * output_norm + output_norm_b) + output_b
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, FfnAct, FfnGate, FfnWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -54,10 +54,7 @@ impl Arch for Phi2 {
 struct Layer {
     norm_w: Vec<f32>,
     norm_b: Vec<f32>,
-    wqkv: TensorView<'static>,
-    bq: Vec<f32>,
-    bk: Vec<f32>,
-    bv: Vec<f32>,
+    qkv: Qkv,
     wo: TensorView<'static>,
     bo: Vec<f32>,
     up: TensorView<'static>,
@@ -80,26 +77,22 @@ struct Phi2Forward {
 }
 
 impl Phi2Forward {
-    /// The schema: every tensor phi2 computes with, required (llama.cpp's load_arch_tensors).
+    /// The schema: every tensor phi2 computes with (llama.cpp's load_arch_tensors): all
+    /// required but the q/k/v biases.
     fn load(ld: &Loader, cp: &ContextParams) -> Result<Phi2Forward> {
         let hp = ld.hp();
         let (n_embd, n_vocab) = (hp.n_embd, hp.n_vocab);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let b = |s: &str| format!("blk.{il}.{s}");
-            // llama.cpp: wqkv {n_embd, n_embd + 2 n_embd_gqa} and wo {n_embd, n_embd}; the same
-            // for real files, written with the q/k/v widths the forward pass slices by, so a
-            // file whose key/value lengths disagree with its tensors fails at load.
+            // llama.cpp's create_tensor_qkv: one attn_qkv (optional bias) or attn_q/k/v, of
+            // the q/k/v widths the forward pass slices by
             let (nq, nk, nv) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
             let n_ff = hp.n_ff[il];
-            let bqkv = ld.req_vec(&b("attn_qkv.bias"), &[nq + nk + nv])?;
             layers.push(Layer {
                 norm_w: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
                 norm_b: ld.req_vec(&b("attn_norm.bias"), &[n_embd])?,
-                wqkv: ld.req(&b("attn_qkv.weight"), &[n_embd, nq + nk + nv])?,
-                bq: bqkv[..nq].to_vec(),
-                bk: bqkv[nq..nq + nk].to_vec(),
-                bv: bqkv[nq + nk..].to_vec(),
+                qkv: Qkv::load(ld, il, n_embd, nq, nk, nv)?,
                 wo: ld.req(&b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd])?,
                 bo: ld.req_vec(&b("attn_output.bias"), &[n_embd])?,
                 up: ld.req(&b("ffn_up.weight"), &[n_embd, n_ff])?,
@@ -136,19 +129,7 @@ impl Forward for Phi2Forward {
         for (il, l) in self.layers.iter().enumerate() {
             st.build_norm(&l.norm_w, Some(&l.norm_b), Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
-            let w = AttnWeights {
-                wq: &l.wqkv,
-                wk: &l.wqkv,
-                wv: &l.wqkv,
-                wo: &l.wo,
-                bq: Some(&l.bq),
-                bk: Some(&l.bk),
-                bv: Some(&l.bv),
-                bo: Some(&l.bo),
-                q_norm: None,
-                k_norm: None,
-                fused_qkv: true,
-            };
+            let w = l.qkv.weights(&l.wo, Some(&l.bo));
             let a = AttnConfig { q_scale: 1.0 / (hd as f32).sqrt(), ..AttnConfig::new(il, Some(&l.rope), 1.0) };
             st.build_attn(&w, &a)?;
             // The MLP reads the same normed input; keep the attention output aside (`att`

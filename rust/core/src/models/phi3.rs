@@ -34,7 +34,7 @@ impl Arch for Phi3 {
         if long_rope && !ld.checking() {
             return Err(Error::Unsupported("phi3 with LongRoPE factors (rope_factors_long/short) is not supported yet".into()));
         }
-        let cfg = DecoderConfig { q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(), kq_scale: 1.0, fused: true, ..DecoderConfig::new(hp) };
+        let cfg = DecoderConfig { q_scale: 1.0 / (hp.n_embd_head_k as f32).sqrt(), kq_scale: 1.0, fused_up: true, ..DecoderConfig::new(hp) };
         Ok(Box::new(Decoder::load(ld, cp, cfg)?))
     }
 

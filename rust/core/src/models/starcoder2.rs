@@ -9,7 +9,7 @@
 //!   x   = x + down(gelu(up cur + up_b)) + down_b
 //!   logits = output (layernorm(x) * output_norm + output_norm_b)
 
-use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, Norm};
+use super::graph::{layer_rope, AttnConfig, FfnAct, FfnGate, FfnWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
 use super::{common_hparams, Arch};
 use crate::context::{ContextParams, Forward, Step};
@@ -57,14 +57,7 @@ impl Arch for Starcoder2 {
 struct Layer {
     attn_norm: Vec<f32>,
     attn_norm_b: Vec<f32>,
-    wq: TensorView<'static>,
-    wk: TensorView<'static>,
-    wv: TensorView<'static>,
-    /// wq, wk and wv are one `attn_qkv` matrix (llama.cpp's create_tensor_qkv accepts either)
-    fused: bool,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
+    qkv: Qkv,
     wo: TensorView<'static>,
     bo: Vec<f32>,
     ffn_norm: Vec<f32>,
@@ -98,39 +91,10 @@ impl Starcoder2Forward {
             let b = |s: &str| format!("blk.{il}.{s}");
             let (n_q, n_k, n_v) = (hp.n_embd_head_k * hp.n_head(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
             let n_ff = hp.n_ff[il];
-            let split = |v: Vec<f32>| (Some(v[..n_q].to_vec()), Some(v[n_q..n_q + n_k].to_vec()), Some(v[n_q + n_k..].to_vec()));
-            let (fused, wq, wk, wv, bq, bk, bv) = match ld.opt(&b("attn_qkv.weight"), &[n_embd, n_q + n_k + n_v])? {
-                Some(w) => {
-                    let (bq, bk, bv) = match ld.opt_vec(&b("attn_qkv.bias"), &[n_q + n_k + n_v])? {
-                        Some(v) => split(v),
-                        None => (
-                            ld.opt_vec(&b("attn_q.bias"), &[n_q])?,
-                            ld.opt_vec(&b("attn_k.bias"), &[n_k])?,
-                            ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
-                        ),
-                    };
-                    (true, w, w, w, bq, bk, bv)
-                }
-                None => (
-                    false,
-                    ld.req(&b("attn_q.weight"), &[n_embd, n_q])?,
-                    ld.req(&b("attn_k.weight"), &[n_embd, n_k])?,
-                    ld.req(&b("attn_v.weight"), &[n_embd, n_v])?,
-                    ld.opt_vec(&b("attn_q.bias"), &[n_q])?,
-                    ld.opt_vec(&b("attn_k.bias"), &[n_k])?,
-                    ld.opt_vec(&b("attn_v.bias"), &[n_v])?,
-                ),
-            };
             layers.push(Layer {
                 attn_norm: ld.req_vec(&b("attn_norm.weight"), &[n_embd])?,
                 attn_norm_b: ld.req_vec(&b("attn_norm.bias"), &[n_embd])?,
-                wq,
-                wk,
-                wv,
-                fused,
-                bq,
-                bk,
-                bv,
+                qkv: Qkv::load(ld, il, n_embd, n_q, n_k, n_v)?,
                 wo: ld.req(&b("attn_output.weight"), &[hp.n_embd_head_v * hp.n_head(il), n_embd])?,
                 bo: ld.req_vec(&b("attn_output.bias"), &[n_embd])?,
                 ffn_norm: ld.req_vec(&b("ffn_norm.weight"), &[n_embd])?,
@@ -169,19 +133,7 @@ impl Forward for Starcoder2Forward {
         for (il, l) in self.layers.iter().enumerate() {
             st.build_norm(&l.attn_norm, Some(&l.attn_norm_b), Norm::Layer, self.eps);
             crate::cb!(st, "attn_norm", il, cur, ne);
-            let w = AttnWeights {
-                wq: &l.wq,
-                wk: &l.wk,
-                wv: &l.wv,
-                wo: &l.wo,
-                bq: l.bq.as_deref(),
-                bk: l.bk.as_deref(),
-                bv: l.bv.as_deref(),
-                bo: Some(&l.bo),
-                q_norm: None,
-                k_norm: None,
-                fused_qkv: l.fused,
-            };
+            let w = l.qkv.weights(&l.wo, Some(&l.bo));
             let a = AttnConfig::new(il, Some(&l.rope), 1.0 / (hd as f32).sqrt());
             st.build_attn(&w, &a)?;
             if il == n_layer - 1 && !st.select_outputs() {
