@@ -527,7 +527,9 @@ fn budget_bytes() -> Result<Option<u64>> {
 /// The device of usable adapter `index`, opened once per process and shared by every
 /// model offloaded to it (its compiled pipelines and scratch buffers with it).
 pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
-    static OPEN: OnceLock<Mutex<HashMap<(usize, bool, usize), Arc<Gpu>>>> = OnceLock::new();
+    /// (usable index, software allowed, PYLLAMA_GPU_REPEAT) -> the opened device
+    type Open = HashMap<(usize, bool, usize), Arc<Gpu>>;
+    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
     let allow = allow_software || software_allowed_by_env();
     let key = (index, allow, repeat()?);
     let mut open = OPEN.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());

@@ -289,6 +289,17 @@ impl<'g> Run<'g> {
         self.op("rope", d, Some(a), n, hd, [n_dims as u32, neox as u32, n_head as u32], 0.0, n.div_ceil(64), n_tok * n_head * hd);
     }
 
+    /// A block's output tmp [n, ne]: [RMS-normed by `post_norm`] [* `scale`], added to x.
+    pub fn residual(&mut self, post_norm: Option<&[f32]>, eps: f32, scale: f32, n: usize, ne: usize) {
+        if let Some(pn) = post_norm {
+            self.rms_norm(B::Tmp, n, ne, Some(pn), eps);
+        }
+        if scale != 1.0 {
+            self.scale(B::Tmp, n * ne, scale);
+        }
+        self.add(B::X, B::Tmp, n * ne);
+    }
+
     /// Submit what was recorded; with `reads`, copy those buffers' first floats into the
     /// host slices after the work is done.
     pub fn submit(&mut self, reads: &mut [(B, &mut [f32])]) -> Result<()> {
@@ -499,13 +510,7 @@ pub(super) fn run_stretch(
         }
         run.mm(l.wo, B::Att, B::Tmp, n, 0..ne)?;
         run.add_bias(B::Tmp, n, l.bo);
-        if let Some(pn) = l.post_attn_norm {
-            run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
-        }
-        if stack.residual_scale != 1.0 {
-            run.scale(B::Tmp, n * ne, stack.residual_scale);
-        }
-        run.add(B::X, B::Tmp, n * ne);
+        run.residual(l.post_attn_norm, eps, stack.residual_scale, n, ne);
         run.copy(B::X, B::Cur, n * ne);
         run.rms_norm(B::Cur, n, ne, Some(l.ffn_norm), eps);
         run.add_bias(B::Cur, n, l.ffn_norm_b);
@@ -525,13 +530,7 @@ pub(super) fn run_stretch(
         run.glu(B::Gate, B::Up, n * n_ff, stack.gelu);
         run.mm(l.down, B::Gate, B::Tmp, n, 0..ne)?;
         run.add_bias(B::Tmp, n, l.down_b);
-        if let Some(pn) = l.post_ffw_norm {
-            run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
-        }
-        if stack.residual_scale != 1.0 {
-            run.scale(B::Tmp, n * ne, stack.residual_scale);
-        }
-        run.add(B::X, B::Tmp, n * ne);
+        run.residual(l.post_ffw_norm, eps, stack.residual_scale, n, ne);
     }
     if gkv.is_none() {
         return run.submit(&mut [(B::X, &mut st.b.x[..n * ne])]);
