@@ -59,10 +59,14 @@ def tensor_split_list(v: Any, where: str = "Model.load") -> Optional[list[float]
     values (at most 16, each finite and >= 0)."""
     if v is None:
         return None
-    if isinstance(v, (str, bytes)) or not isinstance(v, (SequenceABC, np.ndarray)):
+    try:
+        items = None if isinstance(v, (str, bytes, MappingABC)) else list(v)  # a ctypes float array too
+    except TypeError:
+        items = None
+    if items is None:
         raise TypeError(f"{where}: tensor_split must be a sequence of numbers or None, got {_describe(v)}")
     out = []
-    for i, x in enumerate(v):
+    for i, x in enumerate(items):
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
             raise TypeError(f"{where}: tensor_split[{i}] must be a number, got {_describe(x)}")
         out.append(float(x))

@@ -178,7 +178,9 @@ def test_llama_h_and_llama_cpp_python_surfaces(monkeypatch):
     p = L.llama_model_default_params()
     p.n_gpu_layers = 99
     p.split_mode = L.LLAMA_SPLIT_MODE_LAYER
-    p.tensor_split = [1, 2, 0, 0]
+    import ctypes
+
+    p.tensor_split = (ctypes.c_float * 16)(1, 2)  # llama-cpp-python's array of llama_max_devices
     m = L.llama_model_load_from_file(path.encode(), p)
     # 7 units, cum [1/3, 1]: u/7 = 0, .14, .29 | .43 ..: layers 0-2 on 0, 3-5 and the output on 1
     assert "layers 0-2," in m.offload and "layers 3-5 and the output layer," in m.offload, m.offload

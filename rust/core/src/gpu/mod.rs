@@ -4,14 +4,17 @@
 //! at model load, the 2-D and 3-D weights of the layers llama.cpp would put on the GPU
 //! (the output projection counts as layer n_layer: `n_gpu_layers = N` is the output layer
 //! and the last N - 1 repeating layers; negative = all) from the mapping into device
-//! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
-//! hands it those products. The shared decoder (models/decoder.rs) goes further: its
-//! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
+//! buffers, on one adapter (`split_mode` none: `main_gpu`) or split by layer over several
+//! (`split_mode` layer, in proportion to `tensor_split`: `assign_layers`, llama.cpp's
+//! formula). `GpuBackend` (one `Offload` per device) is the model's `backend::Backend`, so
+//! the forward pass's `mm` hands it those products. The shared decoder (models/decoder.rs)
+//! goes further, through the seam's `decoder_first` / `decoder_run`: its offloaded layers
+//! keep the activations on their device (`resident`: norms, biases, rope,
 //! gated activations and residual adds in `ops.wgsl`); with the context's `offload_kqv`
 //! their KV cache and attention are on the device too (`kv`: `attn.wgsl`), else q, k, v
 //! and the attention output cross per layer, attention and the KV cache staying on the
-//! CPU. Other forward passes run everything but those matmuls on the CPU, crossing once
-//! per offloaded matmul.
+//! CPU; x leaves one device and enters the next once per border of a split. Other forward
+//! passes run everything but those matmuls on the CPU, crossing once per offloaded matmul.
 //!
 //! Errors: wgpu reports validation errors, out-of-memory and device loss through a handler
 //! (it would panic without one); `Gpu::check_alive` turns them into errors of the call
