@@ -93,7 +93,7 @@ HEAVY = {
     "test_chat_hostile.py", "test_gpu.py", "test_cli_generate.py", "test_kv_types.py",
     "test_lora.py", "test_gpu_kv.py", "test_cli_errors.py", "test_server_ray.py", "test_json_schema.py",
     "test_batched_decode.py", "test_gemma3n.py", "test_model_load.py", "test_reasoning.py",
-    "test_llama.py",
+    "test_llama.py", "test_gpu_split.py",
 }
 
 

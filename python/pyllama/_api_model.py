@@ -107,9 +107,10 @@ class llama_model_kv_override:
 
 class llama_model_params:
     """llama.h's struct llama_model_params (the fields pyllama reads, plus those kept for
-    compatibility: split_mode, tensor_split; n_gpu_layers and main_gpu choose the GPU
-    offload when the extension has the GPU backend, see pyllama.gpu; pyllama's default for
-    n_gpu_layers is 0 where llama.cpp's is -1, all)."""
+    compatibility: devices, tensor_buft_overrides, use_extra_bufts, no_host). n_gpu_layers,
+    split_mode, main_gpu and tensor_split place the GPU offload as llama.cpp does when the
+    extension has the GPU backend (see pyllama.gpu and Model.load); pyllama's default for
+    n_gpu_layers is 0 where llama.cpp's is -1, all."""
 
     def __init__(self) -> None:
         self.devices = None
@@ -221,6 +222,8 @@ def _load(paths: list[str], params: llama_model_params) -> Optional[Model]:
             # without the GPU backend n_gpu_layers stays a compatibility field (see below)
             n_gpu_layers=int(params.n_gpu_layers) if _gpu.built() and not params.vocab_only else 0,
             main_gpu=int(params.main_gpu),
+            split_mode=params.split_mode,
+            tensor_split=params.tensor_split,
         )
         if params.vocab_only:
             # The vocabulary is all such a load is for: surface its errors now. Otherwise

@@ -65,9 +65,9 @@ def llama_print_system_info() -> bytes:
 
 
 def llama_max_devices() -> int:
-    """Devices a model can be split across: 1 (offload uses one GPU adapter, main_gpu;
-    no split across several yet)."""
-    return 1
+    """llama.h's LLAMA_MAX_DEVICES: the most entries tensor_split may have (16); a model's
+    layers are split over the usable GPU adapters (split_mode "layer")."""
+    return 16
 
 
 def llama_max_tensor_buft_overrides() -> int:

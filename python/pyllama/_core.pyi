@@ -110,6 +110,8 @@ class Model:
         n_gpu_layers: int = 0,
         main_gpu: int = 0,
         gpu_allow_software: bool = False,
+        split_mode: str = "layer",
+        tensor_split: Sequence[float] | None = None,
     ) -> Model: ...
     @property
     def arch(self) -> str: ...

@@ -51,14 +51,18 @@ def progress_bar(label: str = "loading", stream=None, width: int = 30) -> Callab
 
 
 def load_model(path, *, load_mode: str = "auto", progress: Optional[Callable[[float], bool]] = None,
-               n_gpu_layers: int = 0):
+               n_gpu_layers: int = 0, split_mode: str = "layer", tensor_split: Optional[list] = None,
+               main_gpu: int = 0):
     """Load a GGUF model (:class:`pyllama.model.Model`); ``n_gpu_layers`` (-ngl) offloads
-    when the GPU backend is built (without it the CLI has already said it is ignored)."""
+    when the GPU backend is built (without it the CLI has already said it is ignored),
+    placed by ``split_mode`` (-sm), ``tensor_split`` (-ts) and ``main_gpu`` (-mg) as
+    :meth:`pyllama.model.Model.load` says."""
     from . import gpu
     from .model import Model
 
     return Model.load(path, load_mode=load_mode, progress=progress,
-                      n_gpu_layers=n_gpu_layers if gpu.built() else 0)
+                      n_gpu_layers=n_gpu_layers if gpu.built() else 0, split_mode=split_mode,
+                      tensor_split=tensor_split, main_gpu=main_gpu)
 
 
 def vocab_of(model):

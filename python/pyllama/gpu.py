@@ -5,10 +5,16 @@
 usable. A software adapter (Mesa's lavapipe: ``type == "cpu"``) is usable only when asked
 for, with ``allow_software=True`` or ``PYLLAMA_GPU=cpu-ok``: it is slower than the CPU
 kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
-``llama_model_params``, ``-ngl``) puts the matmuls of the last N layers on the first usable
-adapter (``main_gpu`` picks another). For the shared decoder's architectures whole layers
-run there (with ``offload_kqv`` and an F16/F32 cache, the KV cache and attention too); other
+``llama_model_params``, ``-ngl``) puts the matmuls of the last N layers on the usable
+adapters as llama.cpp places them: ``split_mode`` "layer" (the default, ``-sm``) spreads the
+layers over every usable adapter in proportion to ``tensor_split`` (``-ts``; equal shares by
+default), "none" puts them all on adapter ``main_gpu`` (``-mg``). For the shared decoder's
+architectures whole layers run there (with ``offload_kqv`` and an F16/F32 cache, the KV
+cache and attention too), the residual stream crossing once per device border; other
 layers send each matmul's activations to the device and back.
+
+``PYLLAMA_GPU_REPEAT=N`` (for tests) lists every usable adapter N times, each entry opened
+as a device of its own: a layer split across devices on a machine with one adapter.
 """
 
 from __future__ import annotations
@@ -72,8 +78,15 @@ def devices(allow_software: bool = False) -> list[dict[str, Any]]:
 
 
 def usable(allow_software: bool = False) -> list[dict[str, Any]]:
-    """The adapters offload may use, in ``main_gpu`` order."""
-    return [d for d in devices(allow_software) if d["usable"]]
+    """The adapters offload may use, in ``main_gpu`` / ``tensor_split`` order (each
+    ``PYLLAMA_GPU_REPEAT`` times)."""
+    import os
+
+    try:
+        n = int(os.environ.get("PYLLAMA_GPU_REPEAT", "1"))
+    except ValueError:
+        n = 1
+    return [d for d in devices(allow_software) if d["usable"] for _ in range(max(n, 1))]
 
 
 def available(allow_software: bool = False) -> bool:

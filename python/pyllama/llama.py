@@ -362,6 +362,10 @@ class Llama:
         context goes on as llama.cpp's ``--context-shift`` does (the first ``n_keep`` tokens
         kept, half of the rest dropped, the remaining cells moved down and their keys
         re-rotated); ``max_tokens`` None or <= 0 then means until the end of generation.
+        ``n_gpu_layers``, ``split_mode``, ``main_gpu`` and ``tensor_split`` place the GPU
+        offload as llama.cpp does (see :meth:`pyllama.model.Model.load`: "layer" spreads the
+        offloaded layers over the usable adapters by ``tensor_split``, "none" uses adapter
+        ``main_gpu``, "row" is refused); without the GPU backend they have nothing to place.
         """
         where = "Llama"
         # refused: not built yet
@@ -405,9 +409,6 @@ class Llama:
         if n_gpu_layers is not None and n_gpu_layers > 0 and not gpu_ok:
             _warn_once("n_gpu_layers", f"Llama(n_gpu_layers={n_gpu_layers}): {_gpu.why_not()}; every layer "
                        "runs on the CPU")
-        if split_mode != LLAMA_SPLIT_MODE_LAYER or main_gpu != 0 or tensor_split is not None:
-            _warn_once("split", "Llama(split_mode / main_gpu / tensor_split): there is one (CPU) device; "
-                       "the model is not split")
         if numa:
             _warn_once("numa", f"Llama(numa={numa!r}): pyllama sets no NUMA policy; threads are not pinned")
 
@@ -435,7 +436,8 @@ class Llama:
             # with the GPU backend built, the load itself says (once) when no adapter is usable
             ngl = int(n_gpu_layers or 0) if gpu_ok else 0
             self._model = Model.load(self.model_path, load_mode=load_mode, vocab_only=vocab_only,
-                                     kv_overrides=kv_overrides, n_gpu_layers=ngl, main_gpu=int(main_gpu))
+                                     kv_overrides=kv_overrides, n_gpu_layers=ngl, main_gpu=int(main_gpu),
+                                     split_mode=split_mode, tensor_split=tensor_split)
             from .generation import vocab_of
 
             self._vocab = vocab_of(self._model)

@@ -38,6 +38,41 @@ def _int_arg(name: str, v: Any) -> int:
     return v
 
 
+#: llama.h's enum llama_split_mode, by value
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+
+
+def split_mode_name(v: Any, where: str = "Model.load") -> str:
+    """``split_mode`` as the extension takes it: llama.h's value (0 none, 1 layer, 2 row,
+    3 tensor) or its name."""
+    if isinstance(v, str) and v.lower() in SPLIT_MODES:
+        return v.lower()
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(SPLIT_MODES):
+        return SPLIT_MODES[v]
+    if isinstance(v, (str, int)) and not isinstance(v, bool):
+        raise ValueError(f"{where}: split_mode = {v!r} is not one of 0/'none', 1/'layer', 2/'row', 3/'tensor'")
+    raise TypeError(f"{where}: split_mode must be an int or a str, got {_describe(v)}")
+
+
+def tensor_split_list(v: Any, where: str = "Model.load") -> Optional[list[float]]:
+    """``tensor_split`` as a list of floats (None stays None); the extension checks the
+    values (at most 16, each finite and >= 0)."""
+    if v is None:
+        return None
+    try:
+        items = None if isinstance(v, (str, bytes, MappingABC)) else list(v)  # a ctypes float array too
+    except TypeError:
+        items = None
+    if items is None:
+        raise TypeError(f"{where}: tensor_split must be a sequence of numbers or None, got {_describe(v)}")
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{where}: tensor_split[{i}] must be a number, got {_describe(x)}")
+        out.append(float(x))
+    return out
+
+
 def _fspath(p: PathArg) -> str:
     if isinstance(p, bytes):
         return p.decode("utf-8", "surrogateescape")
@@ -115,6 +150,8 @@ class Model:
         n_gpu_layers: int = 0,
         main_gpu: int = 0,
         gpu_allow_software: bool = False,
+        split_mode: Union[str, int] = "layer",
+        tensor_split: Optional[Sequence[float]] = None,
     ) -> "Model":
         """Load a model from a GGUF file, the first part of a split model
         (``name-00001-of-00003.gguf``: the other parts are found next to it), or a list of
@@ -126,10 +163,17 @@ class Model:
         NaN/Inf (floats and quantization scales). ``kv_overrides`` replaces metadata
         values before the hyperparameters are read. ``n_gpu_layers`` puts the matmuls of the
         top N layers (the output layer counts as the topmost, as in llama.cpp: 1 is the
-        output layer alone, n_layer + 1 or a negative value everything) on GPU adapter ``main_gpu`` of :func:`pyllama.gpu.usable`, the weights uploaded once
-        here; ``gpu_allow_software`` admits a software adapter (lavapipe). Without the GPU
-        backend or a usable adapter a warning says so and the CPU runs every layer
-        (``Model.offload`` says what runs on the GPU).
+        output layer alone, n_layer + 1 or a negative value everything) on the GPU
+        adapters of :func:`pyllama.gpu.usable`, the weights uploaded once here, as llama.cpp
+        places them: ``split_mode`` "layer" (1, the default) spreads the offloaded layers over
+        every usable adapter in proportion to ``tensor_split`` (one share per adapter,
+        entries past the adapter count are not read; None or all zero: equal shares, as
+        wgpu reports no free memory), each layer's KV cache with it; "none" (0) puts them
+        all on adapter ``main_gpu`` (which must be 0 under "layer"); "row" (2) and "tensor"
+        (3) split single matrices, which the wgpu backend cannot (a ValueError, as
+        llama.cpp's Vulkan backend refuses them). ``gpu_allow_software`` admits a software
+        adapter (lavapipe). Without the GPU backend or a usable adapter a warning says so
+        and the CPU runs every layer (``Model.offload`` says what runs where).
 
         Raises GGUFError (malformed file), UnsupportedModelError (well-formed but not
         runnable), LoadCancelled, FileNotFoundError / OSError, ValueError (bad argument).
@@ -163,6 +207,8 @@ class Model:
             n_gpu_layers=_int_arg("n_gpu_layers", n_gpu_layers),
             main_gpu=_int_arg("main_gpu", main_gpu),
             gpu_allow_software=bool(gpu_allow_software),
+            split_mode=split_mode_name(split_mode),
+            tensor_split=tensor_split_list(tensor_split),
         )
         return cls(core)
 

@@ -189,7 +189,7 @@ def test_system_functions():
     info = L.llama_print_system_info()
     assert re.fullmatch(rb"CPU : ([A-Z0-9_]+ = 1 \| )*KERNELS = \w+ \| ", info), info
     assert L.llama_supports_gpu_offload() is False and L.llama_supports_rpc() is False
-    assert L.llama_max_devices() == 1 and L.llama_max_tensor_buft_overrides() == 4096
+    assert L.llama_max_devices() == 16 and L.llama_max_tensor_buft_overrides() == 4096
     for numa in range(5):
         L.llama_numa_init(numa)
     with pytest.raises(ValueError, match="llama_numa_init: numa = 5 is not a ggml_numa_strategy"):

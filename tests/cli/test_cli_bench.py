@@ -87,6 +87,24 @@ def test_lists_make_one_test_each(smollm2_path):
         assert r.stderr.count("-ngl") == 1 and gpu.why_not() in r.stderr, r.stderr
 
 
+def test_gpu_placement_lists_and_columns(smollm2_path):
+    # -sm / -mg / -ts / -nkvo as llama-bench: one test per combination, the fields as it
+    # prints them (tensor_split "%.2f" up to the last non-zero share, '/'-joined), and the
+    # md columns sm / nkvo / ts shown when not the defaults. -ngl 0: nothing to place, so
+    # every combination loads here with or without a GPU.
+    r = bench(smollm2_path, "-p", "4", "-n", "0", "-r", "1", "-t", "1", "-ngl", "0", "-sm", "none,layer",
+              "-ts", "3/1,0", "-nkvo", "0,1", "-o", "jsonl")
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["split_mode"], x["tensor_split"], x["no_kv_offload"], x["main_gpu"]) for x in rows] == [
+        ("none", "3.00/1.00", False, 0), ("none", "3.00/1.00", True, 0), ("none", "0.00", False, 0),
+        ("none", "0.00", True, 0), ("layer", "3.00/1.00", False, 0), ("layer", "3.00/1.00", True, 0),
+        ("layer", "0.00", False, 0), ("layer", "0.00", True, 0)]
+    out = bench(smollm2_path, *SMALL, "-ngl", "0", "-sm", "none", "-ts", "0/1", "-nkvo", "1").stdout
+    head = [c.strip() for c in out.splitlines()[0].strip("|").split("|")]
+    assert head == ["model", "size", "params", "backend", "threads", "sm", "nkvo", "ts", "test", "t/s"], head
+    assert "|   none |             1 | 0.00/1.00    |" in out.splitlines()[2], out
+
+
 def test_default_threads_are_the_physical_cores(smollm2_path):
     r = bench(smollm2_path, "-p", "4", "-n", "0", "-r", "1", "-o", "jsonl")
     assert json.loads(r.stdout)["n_threads"] == physical_cores() >= 1

@@ -118,6 +118,15 @@ USAGE = {
     "bench-fa": (["bench", "-fa", "maybe"], ["'-fa'", "maybe"]),
     "bench-d-neg": (["bench", "-d", "-4"], ["'-d'", "-4"]),
     "bench-ngl-text": (["bench", "-ngl", "all"], ["'-ngl'", "all"]),
+    # GPU placement (llama.cpp's -sm / -ts / -mg; -ts splits on , and / as common/arg.cpp)
+    "gen-sm": (["generate", "-p", "x", "-sm", "rows"], ["'-sm'", "rows", "none, layer, row or tensor"]),
+    "chat-ts-text": (["chat", "-ts", "3,x"], ["'-ts'", "'x'", "not a number"]),
+    "serve-ts-neg": (["serve", "-ts", "1,-1"], ["'-ts'", "-1", ">= 0"]),
+    "gen-ts-17": (["generate", "-p", "x", "-ts", ",".join(["1"] * 17)], ["'-ts'", "17", "at most 16"]),
+    "gen-mg-neg": (["generate", "-p", "x", "-mg", "-1"], ["'-mg'", "-1"]),
+    "bench-sm": (["bench", "-sm", "layer,rows"], ["'-sm'", "rows"]),
+    "bench-ts": (["bench", "-ts", "1/x"], ["'-ts'", "'x'"]),
+    "bench-nkvo": (["bench", "-nkvo", "2"], ["'-nkvo'", "'2'"]),
     # -f files: missing, a directory, not UTF-8 (file name and byte offset in the message)
     "gen-f-missing": (["generate", "-f", "{d}/missing.txt"], ["'-f'", "missing.txt", "No such file"]),
     "gen-f-dir": (["generate", "-f", "{d}/adir"], ["'-f'", "adir", "directory"]),
@@ -167,6 +176,10 @@ ACCEPTED = [
     ["perplexity", "-f", "{ok}", "--chunks", "-7", "-ub", "0", "-c", "4", "-b", "1"],
     ["bench", "-p", "0,1-4*2,", "-n", "0", "-ub", "0", "-pg", "0,0", "-pg", "4,2", "-fa", "auto,on", "-ctk", "f16,q8_0",
      "-d", "0,8", "-ngl", "-1,0", "-o", "jsonl"],
+    ["generate", "-p", "x", "-sm", "none", "-mg", "1", "-ts", "3/1", "-nkvo"],
+    ["chat", "-sm", "LAYER", "-ts", "3,1,0"],
+    ["serve", "-sm", "row", "-ts", "1", "-mg", "0", "-nkvo"],
+    ["bench", "-sm", "none,layer", "-mg", "0,1", "-ts", "1/1,3;1", "-nkvo", "0,1"],
 ]
 
 

@@ -237,6 +237,61 @@ def opt_gpu_layers():
                              "needs the GPU backend and an adapter (PYLLAMA_GPU=cpu-ok admits a software one)")
 
 
+def split_mode(ctx, param, value):
+    """-sm: llama.cpp's names (none, layer, row, tensor)."""
+    if value is None:
+        return value
+    v = value.strip().lower()
+    if v not in ("none", "layer", "row", "tensor"):
+        raise typer.BadParameter(f"expects none, layer, row or tensor, got {value!r}")
+    return v
+
+
+def parse_tensor_split(value: str) -> list[float]:
+    """-ts "3,1" or "3/1" (llama.cpp's common/arg.cpp splits on , and /): one finite share
+    >= 0 per adapter, at most llama_max_devices (16)."""
+    import re
+
+    parts = [p for p in re.split(r"[,/]+", value.strip()) if p != ""]
+    if not parts:
+        raise typer.BadParameter(f"expects proportions such as 3,1, got {value!r}")
+    if len(parts) > 16:
+        raise typer.BadParameter(f"got {len(parts)} proportions, but at most 16 devices (llama_max_devices)")
+    out = []
+    for p in parts:
+        try:
+            x = float(p)
+        except ValueError:
+            raise typer.BadParameter(f"{p!r} is not a number (expected proportions such as 3,1)") from None
+        if not math.isfinite(x) or x < 0:
+            raise typer.BadParameter(f"{p!r}: each proportion must be a finite number >= 0")
+        out.append(x)
+    return out
+
+
+def tensor_split(ctx, param, value):
+    if value is None:
+        return value
+    return parse_tensor_split(value)
+
+
+def opt_split_mode():
+    return typer.Option("layer", "-sm", "--split-mode", callback=split_mode,
+                        help="how the GPU layers are split across adapters: none (one adapter, -mg), layer (the "
+                             "default: whole layers and their KV cache spread by -ts); row and tensor are refused "
+                             "(the wgpu backend cannot split a matrix)")
+
+
+def opt_tensor_split():
+    return typer.Option(None, "-ts", "--tensor-split", metavar="N0,N1,...", callback=tensor_split,
+                        help="each adapter's share of the GPU layers with -sm layer, e.g. 3,1 (default: equal)")
+
+
+def opt_main_gpu():
+    return typer.Option(0, "-mg", "--main-gpu", metavar="INDEX", callback=integer(0),
+                        help="the adapter to use with -sm none (index into `pyllama info`'s usable adapters)")
+
+
 def opt_no_kv_offload():
     return typer.Option(False, "-nkvo", "--no-kv-offload",
                         help="keep the KV cache and attention of GPU-offloaded layers on the CPU (llama.cpp's "

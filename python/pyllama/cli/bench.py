@@ -8,6 +8,7 @@ Tokens per second per repetition; the table shows mean +- sample stddev.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import sys
@@ -155,6 +156,51 @@ def _signed_list(ctx, param, value):
     return vals
 
 
+def _split_modes(ctx, param, value):
+    """-sm: comma-separated none, layer, row, tensor (llama-bench's list)."""
+    out = []
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        for item in str(v).split(","):
+            item = item.strip().lower()
+            if item not in ("none", "layer", "row", "tensor"):
+                raise typer.BadParameter(f"{item!r} is not a split mode (none, layer, row, tensor)")
+            out.append(item)
+    return out
+
+
+def _tensor_splits(ctx, param, value):
+    """-ts: comma-separated splits, each one share per adapter separated by / or ;
+    (llama-bench's "ts0/ts1/..")."""
+    from ._checks import parse_tensor_split
+
+    out = []
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        for item in str(v).split(","):
+            if item.strip():
+                out.append(parse_tensor_split(item.replace(";", "/")))
+    if not out:
+        raise typer.BadParameter(f"{value!r} gives no value")
+    return out
+
+
+def _bools(ctx, param, value):
+    """-nkvo: comma-separated 0/1 (llama-bench's string_split<bool>)."""
+    out = []
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        for item in str(v).split(","):
+            item = item.strip()
+            if item not in ("0", "1"):
+                raise typer.BadParameter(f"{item!r} is not 0 or 1")
+            out.append(item == "1")
+    return out
+
+
+def _ts_str(ts: list) -> str:
+    """llama-bench's tensor_split column: %.2f per entry up to the last non-zero one, '/'-joined."""
+    last = max([i for i, x in enumerate(ts) if x > 0], default=0)
+    return "/".join(f"{x:.2f}" for x in (list(ts) + [0.0])[:last + 1])
+
+
 def _output(ctx, param, value):
     v = value.lower()
     if v not in OUTPUTS:
@@ -300,8 +346,9 @@ class Test:
             "model_size": str(self.model_size), "model_n_params": str(self.model_n_params),
             "n_batch": str(self.n_batch), "n_ubatch": str(self.n_ubatch), "n_threads": str(self.n_threads),
             "cpu_mask": "0x0", "cpu_strict": "0", "poll": "50", "type_k": self.type_k, "type_v": self.type_v,
-            "n_gpu_layers": str(self.n_gpu_layers), "n_cpu_moe": "0", "split_mode": "layer", "main_gpu": "0",
-            "no_kv_offload": "0", "flash_attn": str(self.flash_attn), "devices": "auto", "tensor_split": "0.00",
+            "n_gpu_layers": str(self.n_gpu_layers), "n_cpu_moe": "0", "split_mode": getattr(self, "split_mode", "layer"),
+            "main_gpu": str(getattr(self, "main_gpu", 0)), "no_kv_offload": str(int(getattr(self, "no_kv_offload", False))),
+            "flash_attn": str(self.flash_attn), "devices": "auto", "tensor_split": _ts_str(getattr(self, "tensor_split", [])),
             "tensor_buft_overrides": "none", "load_mode": "auto", "lazy_mode": "auto", "embeddings": "0",
             "no_op_offload": "0", "no_host": "0", "repack": "1", "fit_target": "0", "fit_min_ctx": "0",
             "n_prompt": str(self.n_prompt), "n_gen": str(self.n_gen), "n_depth": str(self.n_depth),
@@ -401,8 +448,9 @@ class Printer:
 
     # markdown: the columns llama-bench shows (a parameter appears when it is not the default)
     _WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
-              "n_ubatch": 8, "type_k": 6, "type_v": 6, "flash_attn": 3, "test": 15}
-    _SHOW = {"n_gpu_layers": "ngl", "n_threads": "threads", "flash_attn": "fa"}
+              "n_ubatch": 8, "type_k": 6, "type_v": 6, "split_mode": 6, "flash_attn": 3, "test": 15}
+    _SHOW = {"n_gpu_layers": "ngl", "n_threads": "threads", "flash_attn": "fa", "split_mode": "sm",
+             "no_kv_offload": "nkvo", "tensor_split": "ts"}
 
     def _width(self, f: str) -> int:
         if f in self._WIDTH:
@@ -413,8 +461,9 @@ class Printer:
     def _md_header(self) -> None:
         p = self.params
         fields = ["model", "size", "params", "backend", "n_threads"]
-        for f in ("n_batch", "n_ubatch", "type_k", "type_v", "flash_attn"):
-            if p[f] != p["defaults"][f]:
+        for f in ("n_batch", "n_ubatch", "type_k", "type_v", "main_gpu", "split_mode", "no_kv_offload", "flash_attn",
+                  "tensor_split"):
+            if f in p and p[f] != p["defaults"][f]:
                 fields.append(f)
         fields += ["test", "t/s"]
         self.md_fields = fields
@@ -438,6 +487,8 @@ class Printer:
                 v = getattr(t, "backends", "CPU")
             elif f == "test":
                 v = t.name
+            elif f == "split_mode":
+                v = t.split_mode
             elif f == "t/s":
                 v = f"{t.avg_ts():.2f} ± {t.stdev_ts():.2f}"
             else:
@@ -481,6 +532,18 @@ def bench(
                                          help="layers on the GPU, as -p (-1 = all; the model is loaded once per value; "
                                               "without a usable GPU adapter every layer runs on the CPU, with one warning "
                                               "when more than 0 are asked for)"),
+    split_mode: list[str] = typer.Option(["layer"], "-sm", "--split-mode", metavar="LIST", callback=_split_modes,
+                                         help="none or layer, comma-separated (how the GPU layers are split across "
+                                              "adapters; row and tensor are refused)"),
+    main_gpu: list[str] = typer.Option(["0"], "-mg", "--main-gpu", metavar="LIST", callback=_int_list(0, "main_gpu"),
+                                       help="the adapter of -sm none, as -p"),
+    tensor_split: list[str] = typer.Option(["0"], "-ts", "--tensor-split", metavar="TS0/TS1/..",
+                                           callback=_tensor_splits,
+                                           help="each adapter's share of the GPU layers with -sm layer, '/'-separated; "
+                                                "several splits comma-separated (0: equal shares)"),
+    no_kv_offload: list[str] = typer.Option(["0"], "-nkvo", "--no-kv-offload", metavar="0|1",
+                                            callback=_bools,
+                                            help="1: the KV cache of GPU layers stays on the CPU; comma-separated"),
     output: str = typer.Option("md", "-o", "--output", callback=_output, help="md, csv, json, jsonl or sql (llama-bench's)"),
     seed: int = typer.Option(0, "--seed", help="random tokens seed"),
     progress: bool = typer.Option(False, "--progress", help="print progress on stderr"),
@@ -513,22 +576,28 @@ def bench(
     tests += [(pp, tg) for pp, tg in pg if pp or tg]
     api.llama_backend_init()
     params = {"n_batch": n_batch, "n_ubatch": n_ubatch, "type_k": cache_type_k, "type_v": cache_type_v,
-              "flash_attn": flash_attn,
+              "flash_attn": flash_attn, "split_mode": split_mode, "main_gpu": main_gpu,
+              "no_kv_offload": no_kv_offload, "tensor_split": tensor_split,
               "defaults": {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"],
-                           "flash_attn": [-1]}}
+                           "flash_attn": [-1], "split_mode": ["layer"], "main_gpu": [0], "no_kv_offload": [False],
+                           "tensor_split": [[0.0]]}}
     printer = Printer(output, sys.stdout, params)
     build = f"pyllama {__version__}"
     cpu = _cpu_name()
     n_total = len(models) * len(nts) * len(n_batch) * len(n_ubatch) * len(cache_type_k) * len(cache_type_v) \
-        * len(flash_attn) * len(gpu_layers) * len(n_depth) * len(tests)
+        * len(flash_attn) * len(gpu_layers) * len(n_depth) * len(tests) * len(split_mode) * len(main_gpu) \
+        * len(tensor_split) * len(no_kv_offload)
     idx = 0
     header_done = False
     try:
         for mpath in models:
-            for ngl in gpu_layers:
+            for ngl, sm, mg, ts in itertools.product(gpu_layers, split_mode, main_gpu, tensor_split):
                 # as llama-bench: the model is loaded again when its parameters change
                 mparams = api.llama_model_default_params()
                 mparams.n_gpu_layers = ngl
+                mparams.split_mode = ("none", "layer", "row", "tensor").index(sm)
+                mparams.main_gpu = mg
+                mparams.tensor_split = ts
                 lm = api.llama_model_load_from_file(str(mpath).encode(), mparams)
                 if lm is None:
                     typer.echo(f"error: failed to load model {mpath}", err=True)
@@ -543,7 +612,7 @@ def bench(
                         for nub in n_ubatch:
                             for ctk in cache_type_k:
                                 for ctv in cache_type_v:
-                                    for fa in flash_attn:
+                                    for fa, nkvo in itertools.product(flash_attn, no_kv_offload):
                                         for nd in n_depth:
                                             for pp, tg in tests:
                                                 idx += 1
@@ -551,6 +620,8 @@ def bench(
                                                          model_type=desc, model_size=size, model_n_params=n_params,
                                                          n_batch=nb, n_ubatch=nub, n_threads=nt, type_k=ctk, type_v=ctv,
                                                          n_gpu_layers=ngl, flash_attn=fa, n_prompt=pp, n_gen=tg,
+                                                         split_mode=sm, main_gpu=mg, tensor_split=ts,
+                                                         no_kv_offload=nkvo,
                                                          backends=backends,
                                                          n_depth=nd, test_time=datetime.datetime.now(
                                                              datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -582,6 +653,7 @@ def _run_test(api, lm, vocab, t: Test, reps: int, seed: int, progress: bool, idx
     cp.type_k = _ggml_type(api, t.type_k)
     cp.type_v = _ggml_type(api, t.type_v)
     cp.flash_attn_type = t.flash_attn
+    cp.offload_kqv = not t.no_kv_offload
     ctx = api.llama_init_from_model(lm, cp)
     if ctx is None:
         typer.echo(f"error: failed to create a context for {t.model_filename} (-t {t.n_threads} -b {t.n_batch} "

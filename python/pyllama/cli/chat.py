@@ -374,6 +374,9 @@ def chat(
     threads_batch: Optional[int] = O.opt_threads_batch(),
     gpu_layers: int = O.opt_gpu_layers(),
     no_kv_offload: bool = O.opt_no_kv_offload(),
+    split_mode: str = O.opt_split_mode(),
+    tensor_split: Optional[str] = O.opt_tensor_split(),
+    main_gpu: int = O.opt_main_gpu(),
     load_mode: str = O.opt_load_mode(),
     cache_type_k: str = O.opt_cache_type_k(),
     cache_type_v: str = O.opt_cache_type_v(),
@@ -451,7 +454,8 @@ def chat(
                                   threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                   loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
-                                  quiet=log_disable, gpu_layers=gpu_layers, kv_offload=not no_kv_offload)
+                                  quiet=log_disable, gpu_layers=gpu_layers, kv_offload=not no_kv_offload,
+                                  split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

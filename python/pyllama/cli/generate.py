@@ -22,7 +22,8 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
                  threads: Optional[int], threads_batch: Optional[int], load_mode: str,
                  cache_type_k: str, cache_type_v: str, flash_attn: str = "auto", quiet: bool = False,
                  loras: Optional[list] = None, control_vectors: Optional[list] = None,
-                 cvec_range: Optional[tuple] = None, gpu_layers: int = 0, kv_offload: bool = True):
+                 cvec_range: Optional[tuple] = None, gpu_layers: int = 0, kv_offload: bool = True,
+                 split_mode: str = "layer", tensor_split: Optional[list] = None, main_gpu: int = 0):
     """Model path (or the default model) -> (path, Session), with a progress bar on stderr.
     ``loras`` / ``control_vectors``: [(path, scale)] applied to the session's context as
     llama.cpp's common_init_from_params does (see :func:`apply_adapters`)."""
@@ -30,7 +31,7 @@ def open_session(model: Optional[Path], *, ctx_size: int, batch_size: int, ubatc
 
     path = resolve_model_path(model, progress=not quiet)
     m = load_model(path, load_mode=load_mode, progress=None if quiet else progress_bar(f"loading {path.name}"),
-                   n_gpu_layers=gpu_layers)
+                   n_gpu_layers=gpu_layers, split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu)
     n_ctx = ctx_size
     if n_ctx <= 0:
         n_ctx = min(int(m.n_ctx_train), 4096) if int(m.n_ctx_train) > 0 else 4096
@@ -182,6 +183,9 @@ def generate(
     threads_batch: Optional[int] = O.opt_threads_batch(),
     gpu_layers: int = O.opt_gpu_layers(),
     no_kv_offload: bool = O.opt_no_kv_offload(),
+    split_mode: str = O.opt_split_mode(),
+    tensor_split: Optional[str] = O.opt_tensor_split(),
+    main_gpu: int = O.opt_main_gpu(),
     load_mode: str = O.opt_load_mode(),
     cache_type_k: str = O.opt_cache_type_k(),
     cache_type_v: str = O.opt_cache_type_v(),
@@ -287,7 +291,8 @@ def generate(
                                    threads=threads, threads_batch=threads_batch, load_mode=load_mode,
                                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
                                    loras=loras, control_vectors=cvecs, cvec_range=control_vector_layer_range,
-                                   quiet=log_disable, gpu_layers=gpu_layers, kv_offload=not no_kv_offload)
+                                   quiet=log_disable, gpu_layers=gpu_layers, kv_offload=not no_kv_offload,
+                                  split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu)
         chain = sampler_from_flags(sess, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical=typical,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

@@ -30,7 +30,8 @@ SETTINGS = {
     "PYLLAMA_SLOW": "tests: run the long sweeps",
     "PYLLAMA_GPU": "cpu-ok = let GPU offload use a software adapter (Mesa's lavapipe; for tests)",
     "PYLLAMA_GPU_RESIDENT": "0 = offloaded layers send every matmul's activations across (the per-matmul mode) instead of staying on the GPU",
-    "PYLLAMA_GPU_MAX_MIB": "cap on the MiB of weights uploaded to the GPU (a load past it fails, saying how many layers fit)",
+    "PYLLAMA_GPU_MAX_MIB": "cap on the MiB of weights uploaded to each GPU device (a load past it fails, saying how many layers fit)",
+    "PYLLAMA_GPU_REPEAT": "tests: list every usable GPU adapter N times, each its own device (a layer split on one adapter)",
     "PYLLAMA_NO_SGEMM": "benchmarks: F32 weights without the tiled (tinyBLAS-order) matmul",
 }
 

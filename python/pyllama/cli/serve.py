@@ -50,6 +50,10 @@ def serve(
     threads: Optional[int] = O.opt_threads(),
     threads_batch: Optional[int] = O.opt_threads_batch(),
     gpu_layers: int = O.opt_gpu_layers(),
+    no_kv_offload: bool = O.opt_no_kv_offload(),
+    split_mode: str = O.opt_split_mode(),
+    tensor_split: Optional[str] = O.opt_tensor_split(),
+    main_gpu: int = O.opt_main_gpu(),
     load_mode: str = O.opt_load_mode(),
     cache_type_k: str = O.opt_cache_type_k(),
     cache_type_v: str = O.opt_cache_type_v(),
@@ -164,7 +168,8 @@ def serve(
     unified = kv_unified or parallel < 0
     try:
         path = resolve_model_path(model)
-        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"), n_gpu_layers=gpu_layers)
+        m = load_model(path, load_mode=load_mode, progress=progress_bar(f"loading {path.name}"), n_gpu_layers=gpu_layers,
+                       split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu)
         n_ctx = ctx_size if ctx_size > 0 else (int(m.n_ctx_train) or 4096)
         threads_, threads_batch_ = _threads(threads), _threads(threads_batch)
         defaults = sampler_params(
@@ -189,7 +194,7 @@ def serve(
                             embedding=embedding, pooling={"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}.get(pooling, -1),
                             loras=O.adapter_files(lora, lora_scaled, "--lora"),
                             control_vectors=O.adapter_files(control_vector, control_vector_scaled, "--control-vector"),
-                            cvec_range=control_vector_layer_range)
+                            cvec_range=control_vector_layer_range, offload_kqv=not no_kv_offload)
         cfg = ServerConfig(model_path=str(path), alias=alias, api_keys=keys, chat_template=chat_template,
                            metrics=metrics, slots=slots, timeout=timeout, threads_http=max(threads_http, 0),
                            n_predict=n_predict, sampling=defaults, engine=ecfg,

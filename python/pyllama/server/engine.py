@@ -79,6 +79,7 @@ class EngineConfig:
     loras: list = field(default_factory=list)            # [(path, scale)]: --lora / --lora-scaled
     control_vectors: list = field(default_factory=list)  # [(path, scale)]: --control-vector[-scaled]
     cvec_range: Optional[tuple] = None                   # --control-vector-layer-range (start, end)
+    offload_kqv: bool = True  # -nkvo false: the KV cache of GPU-offloaded layers stays on the CPU
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Engine:
                            n_seq_max=config.n_parallel, kv_unified=config.kv_unified,
                            n_threads=config.n_threads, n_threads_batch=config.n_threads_batch,
                            type_k=config.type_k, type_v=config.type_v, no_perf=False,
-                           flash_attn_type=config.flash_attn, **extra)
+                           flash_attn_type=config.flash_attn, offload_kqv=config.offload_kqv, **extra)
         self.pooling = int(self.ctx.pooling_type)
         # --cache-reuse moves cached cells to new positions (seq_add re-ropes K); a recurrent
         # state cannot drop tokens from its middle, so it reuses only the common prefix

@@ -217,7 +217,7 @@ macro_rules! cb {
 pub struct Step<'a> {
     pub pool: &'a ThreadPool,
     /// The model's offload device (`n_gpu_layers`): the matmuls of the weights it holds.
-    pub dev: Option<&'a dyn crate::ops::matmul::MatmulDevice>,
+    pub dev: Option<&'a dyn crate::backend::Backend>,
     pub hp: &'a HParams,
     pub kv: &'a mut KvCache,
     /// The recurrent states (recurrent and hybrid models): sequence set k of the

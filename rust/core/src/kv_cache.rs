@@ -167,9 +167,10 @@ pub struct KvCache {
     /// llama.cpp's `offload_kqv`: the cache of GPU-offloaded layers lives on the device and
     /// attention runs there (gpu/kv.rs); false keeps both on the CPU.
     pub offload_kqv: bool,
-    /// That device copy, made by the first decode that uses it.
+    /// That device copy, made by the first decode that uses it: one part per device the
+    /// offloaded layers are split over (`split_mode` layer), each holding its layers' cache.
     #[cfg(feature = "gpu")]
-    pub gpu: Option<Box<crate::gpu::kv::GpuKv>>,
+    pub gpu: Vec<crate::gpu::kv::GpuKv>,
 }
 
 /// llama.cpp's attention rotation for quantized caches (llama-kv-cache.cpp, `attn_rot_k`
@@ -302,7 +303,7 @@ impl KvCache {
             flash_attn: true,
             offload_kqv: true,
             #[cfg(feature = "gpu")]
-            gpu: None,
+            gpu: Vec::new(),
         })
     }
 
@@ -311,7 +312,7 @@ impl KvCache {
     #[inline]
     pub fn host_changed(&mut self) {
         #[cfg(feature = "gpu")]
-        if let Some(g) = self.gpu.as_mut() {
+        for g in self.gpu.iter_mut() {
             g.dirty = true;
         }
     }
@@ -320,7 +321,7 @@ impl KvCache {
     #[inline]
     pub fn host_changed_layer(&mut self, _il: usize) {
         #[cfg(feature = "gpu")]
-        if let Some(g) = self.gpu.as_mut().filter(|g| _il >= g.first) {
+        if let Some(g) = self.gpu.iter_mut().find(|g| g.layers().contains(&_il)) {
             g.dirty = true;
         }
     }

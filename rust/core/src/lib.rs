@@ -2,11 +2,13 @@
 //! a GGUF file to a token, file by file (which step of the pipeline each module is).
 
 pub mod adapter;
+pub mod backend;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;
 pub mod grammar;
 pub mod hparams;
+pub mod log;
 pub mod model;
 pub mod models;
 pub mod ops;

@@ -147,8 +147,16 @@ pub struct LoadParams<'a> {
     /// negative = all). 0 = none. Without the `gpu`
     /// feature, or without a usable adapter, a warning says so and the CPU runs everything.
     pub n_gpu_layers: i32,
-    /// Which usable GPU adapter (`gpu::usable_adapters`) to use.
+    /// llama.cpp's main_gpu: under `SplitMode::None`, the usable GPU adapter
+    /// (`gpu::usable_adapters`) everything offloaded goes to; must be 0 under `Layer`.
     pub main_gpu: usize,
+    /// llama.cpp's split_mode: how the offloaded layers are spread over the usable adapters.
+    pub split_mode: SplitMode,
+    /// llama.cpp's tensor_split: under `SplitMode::Layer`, each usable adapter's share of
+    /// the offloaded layers (entries past the adapter count are not read; none or all zero:
+    /// equal shares, wgpu reporting no free memory). At most `MAX_DEVICES` entries, each
+    /// finite and >= 0.
+    pub tensor_split: Vec<f32>,
     /// Use a software adapter (lavapipe) when no hardware one is there (tests).
     pub gpu_allow_software: bool,
 }
@@ -163,9 +171,62 @@ impl Default for LoadParams<'_> {
             kv_overrides: Vec::new(),
             n_gpu_layers: 0,
             main_gpu: 0,
+            split_mode: SplitMode::Layer,
+            tensor_split: Vec::new(),
             gpu_allow_software: false,
         }
     }
+}
+
+/// llama.h's LLAMA_MAX_DEVICES (llama_max_devices): the longest tensor_split.
+pub const MAX_DEVICES: usize = 16;
+
+/// llama.h's enum llama_split_mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    /// LLAMA_SPLIT_MODE_NONE: one adapter, main_gpu.
+    None,
+    /// LLAMA_SPLIT_MODE_LAYER: whole layers (and their KV cache) spread over the adapters.
+    Layer,
+    /// LLAMA_SPLIT_MODE_ROW: rows of each matrix across the adapters (not supported: an error
+    /// when a layer is offloaded, as llama.cpp's Vulkan backend).
+    Row,
+    /// LLAMA_SPLIT_MODE_TENSOR: tensor parallelism (not supported, as `Row`).
+    Tensor,
+}
+
+impl SplitMode {
+    /// From llama.h's value (0 none, 1 layer, 2 row, 3 tensor).
+    pub fn from_i32(v: i32) -> Result<SplitMode> {
+        Ok(match v {
+            0 => SplitMode::None,
+            1 => SplitMode::Layer,
+            2 => SplitMode::Row,
+            3 => SplitMode::Tensor,
+            _ => return Err(Error::Invalid(format!("split_mode = {v}: not one of 0 (none), 1 (layer), 2 (row), 3 (tensor)"))),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::None => "none",
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
+        }
+    }
+}
+
+/// Checks tensor_split as llama.cpp's callers do: at most MAX_DEVICES entries (what
+/// llama-cpp-python refuses too), each finite and >= 0 (a share).
+pub fn check_tensor_split(ts: &[f32]) -> Result<()> {
+    if ts.len() > MAX_DEVICES {
+        return Err(Error::Invalid(format!("tensor_split has {} entries: at most {MAX_DEVICES} (llama_max_devices)", ts.len())));
+    }
+    if let Some((i, x)) = ts.iter().enumerate().find(|(_, x)| !x.is_finite() || **x < 0.0) {
+        return Err(Error::Invalid(format!("tensor_split[{i}] = {x}: each share must be a finite number >= 0")));
+    }
+    Ok(())
 }
 
 pub struct Model {
@@ -178,8 +239,8 @@ pub struct Model {
     pub load_mode: LoadMode,
     /// Non-fatal problems met while loading (mlock or O_DIRECT refused), for logging.
     pub warnings: Vec<String>,
-    /// The device the offloaded matmuls run on (`LoadParams::n_gpu_layers`), if any.
-    pub device: Option<Arc<dyn crate::ops::matmul::MatmulDevice>>,
+    /// The backend the offloaded layers run on (`LoadParams::n_gpu_layers`), if any.
+    pub device: Option<Arc<dyn crate::backend::Backend>>,
 }
 
 /// `<prefix>-00001-of-00003.gguf` -> (`<prefix>`, split_no 0-based, count), as llama.cpp's
@@ -269,6 +330,8 @@ impl Model {
             let op = crate::gpu::OffloadParams {
                 n_gpu_layers: ngl,
                 main_gpu: params.main_gpu,
+                split_mode: params.split_mode,
+                tensor_split: params.tensor_split.clone(),
                 allow_software: params.gpu_allow_software,
             };
             let mut prog = |done: u64, total: u64| {
@@ -278,7 +341,8 @@ impl Model {
             match crate::gpu::offload(self, &op, &mut prog) {
                 Ok(o) => self.device = Some(Arc::new(o)),
                 Err(Error::Cancelled) => return Err(Error::Cancelled),
-                // a main_gpu that names no adapter is the caller's mistake
+                // a main_gpu that names no adapter, or a split the backend cannot do, is the
+                // caller's mistake
                 Err(e @ Error::Invalid(_)) => return Err(e),
                 // out of device memory: the load fails, saying how many layers would fit
                 Err(e @ Error::Alloc(_)) => return Err(e),
@@ -298,6 +362,7 @@ impl Model {
     /// parts are found by name), or every part of a split model in order.
     pub fn load(paths: &[String], mut params: LoadParams) -> Result<Model> {
         let first_path = paths.first().ok_or_else(|| Error::Invalid("no model file given".into()))?;
+        check_tensor_split(&params.tensor_split)?;
         let mode = params.load_mode;
         fn report(p: f32, params: &mut LoadParams) -> Result<()> {
             if let Some(cb) = params.progress.as_mut() {

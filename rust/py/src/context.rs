@@ -188,7 +188,7 @@ impl PyContext {
     fn kv_gpu_bytes(&self) -> u64 {
         #[cfg(feature = "gpu")]
         {
-            self.inner.kv.gpu.as_ref().map_or(0, |g| g.bytes())
+            self.inner.kv.gpu.iter().map(|g| g.bytes()).sum()
         }
         #[cfg(not(feature = "gpu"))]
         0

@@ -4,7 +4,7 @@
 use crate::errors::to_py;
 use numpy::{PyArray1, PyArrayMethods};
 use pyllama_core::gguf::{GgufFile, LoadMode, Value};
-use pyllama_core::model::{LoadParams, Model};
+use pyllama_core::model::{LoadParams, Model, SplitMode};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -169,10 +169,13 @@ impl PyModel {
     /// cancels (LoadCancelled); None or any truthy value continues. `kv_overrides` maps
     /// metadata keys to bool / int / float / str values. `n_gpu_layers` puts the matmuls
     /// of the top N layers (the output layer counting as the topmost, as in llama.cpp;
-    /// negative: all) on GPU adapter `main_gpu`; `gpu_allow_software` lets a software adapter
-    /// (lavapipe) be used. No usable adapter, or no `gpu` feature: a warning and the CPU.
+    /// negative: all) on the GPU: `split_mode` "layer" spreads them over the usable adapters
+    /// in proportion to `tensor_split` (none or all zero: equal shares), "none" puts them on
+    /// adapter `main_gpu`, "row" and "tensor" are refused (as llama.cpp's Vulkan backend);
+    /// `gpu_allow_software` lets a software adapter (lavapipe) be used. No usable adapter,
+    /// or no `gpu` feature: a warning and the CPU.
     #[new]
-    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None, kv_overrides = None, n_gpu_layers = 0, main_gpu = 0, gpu_allow_software = false))]
+    #[pyo3(signature = (paths, load_mode = "auto", vocab_only = false, check_tensors = false, progress = None, kv_overrides = None, n_gpu_layers = 0, main_gpu = 0, gpu_allow_software = false, split_mode = "layer", tensor_split = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -185,10 +188,23 @@ impl PyModel {
         n_gpu_layers: i32,
         main_gpu: i32,
         gpu_allow_software: bool,
+        split_mode: &str,
+        tensor_split: Option<Vec<f32>>,
     ) -> PyResult<Self> {
         if main_gpu < 0 {
             return Err(PyValueError::new_err(format!("main_gpu must be >= 0, not {main_gpu}")));
         }
+        let split_mode = match split_mode {
+            "none" => SplitMode::None,
+            "layer" => SplitMode::Layer,
+            "row" => SplitMode::Row,
+            "tensor" => SplitMode::Tensor,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "split_mode must be 'none', 'layer', 'row' or 'tensor', not {split_mode:?}"
+                )))
+            }
+        };
         let mut overrides = Vec::new();
         if let Some(d) = kv_overrides {
             for (k, v) in d.iter() {
@@ -236,6 +252,8 @@ impl PyModel {
             kv_overrides: overrides,
             n_gpu_layers,
             main_gpu: main_gpu as usize,
+            split_mode,
+            tensor_split: tensor_split.unwrap_or_default(),
             gpu_allow_software,
         };
         let r = py.allow_threads(|| Model::load(&paths, params));

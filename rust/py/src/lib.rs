@@ -14,6 +14,23 @@ mod sampling;
 mod quantize;
 mod vocab;
 
+/// The core's run-time diagnostics (`pyllama_core::log`) as records of the `pyllama` logger,
+/// so `logging` configuration and `llama_log_set` see them.
+fn log_to_python(level: pyllama_core::log::Level, msg: &str) {
+    Python::with_gil(|py| {
+        let r = py.import("logging").and_then(|l| l.call_method1("getLogger", ("pyllama",))).and_then(|lg| {
+            let method = match level {
+                pyllama_core::log::Level::Info => "info",
+                pyllama_core::log::Level::Warn => "warning",
+            };
+            lg.call_method1(method, (msg,))
+        });
+        if let Err(e) = r {
+            e.write_unraisable(py, None);
+        }
+    });
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -25,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     build.set_item("abi3", "cp39")?;
     build.set_item("gpu", if cfg!(feature = "gpu") { "wgpu" } else { "none" })?;
     m.add("BUILD", build)?;
+    pyllama_core::log::set_sink(log_to_python);
     errors::register(m)?;
     gguf::register(m)?;
     gpu::register(m)?;

@@ -58,11 +58,11 @@ pub fn unsupported(kv: &KvCache, hd_k: usize, hd_v: usize) -> Option<String> {
 }
 
 impl GpuKv {
-    /// Device buffers for layers `first..n_layer` of `kv`, filled from the host copy.
-    pub fn new(off: &Offload, kv: &KvCache, first: usize) -> Result<GpuKv> {
+    /// Device buffers for layers `layers` of `kv`, filled from the host copy.
+    pub fn new(off: &Offload, kv: &KvCache, layers: std::ops::Range<usize>) -> Result<GpuKv> {
         let gpu = off.gpu.clone();
         gpu.check_alive()?;
-        let n_layer = kv.k.len();
+        let (first, n_layer) = (layers.start, layers.end.min(kv.k.len()));
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let mut total = 0u64;
         let mut mk = |bytes: usize, what: &str| -> Result<wgpu::Buffer> {
@@ -101,6 +101,11 @@ impl GpuKv {
         Ok(g)
     }
 
+    /// The layers whose cache this holds.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.k.len()
+    }
+
     /// Bytes on the device.
     pub fn bytes(&self) -> u64 {
         self.k.iter().chain(&self.v).map(|b| b.size()).sum()
@@ -111,7 +116,7 @@ impl GpuKv {
         if !self.dirty {
             return Ok(());
         }
-        for (j, il) in (self.first..kv.k.len()).enumerate() {
+        for (j, il) in self.layers().enumerate() {
             for (buf, host) in [(&self.k[j], &kv.k[il]), (&self.v[j], &kv.v[il])] {
                 let n = host.len() / 4 * 4;
                 self.gpu.queue.write_buffer(buf, 0, &host[..n]);
@@ -401,7 +406,7 @@ mod tests {
         put(&mut kv, &[0, 1, 2, 3], both, seed);
         put(&mut kv, &(4..75).collect::<Vec<i32>>(), SeqSet::only(0), seed);
         put(&mut kv, &[4, 5, 6], SeqSet::only(1), seed);
-        let mut g = GpuKv::new(off, &kv, 0).unwrap();
+        let mut g = GpuKv::new(off, &kv, 0..kv.k.len()).unwrap();
         // the micro-batch: seq 0 at 75, 76, 77 and seq 1 at 7, 8; cells taken, rows not yet stored
         let pos = [75, 76, 77, 7, 8];
         let seq0 = [0usize, 0, 0, 1, 1];
@@ -515,7 +520,7 @@ mod tests {
             assert_eq!(x, vec![2.0; 64]);
         }
         off.gpu.destroy_for_test();
-        let e = GpuKv::new(&off, &kv, 0).err().expect("a KV cache on a lost device");
+        let e = GpuKv::new(&off, &kv, 0..kv.k.len()).err().expect("a KV cache on a lost device");
         assert!(e.to_string().contains("lost"), "{e}");
         let e = Run::begin(&off, &vecs, &[(B::X, 64)]).err().expect("a run on a lost device");
         assert!(e.to_string().contains("lost"), "{e}");

@@ -4,14 +4,17 @@
 //! at model load, the 2-D and 3-D weights of the layers llama.cpp would put on the GPU
 //! (the output projection counts as layer n_layer: `n_gpu_layers = N` is the output layer
 //! and the last N - 1 repeating layers; negative = all) from the mapping into device
-//! buffers; `Offload` implements `ops::matmul::MatmulDevice`, so the forward pass's `mm`
-//! hands it those products. The shared decoder (models/decoder.rs) goes further: its
-//! offloaded layers keep the activations on the device (`resident`: norms, biases, rope,
+//! buffers, on one adapter (`split_mode` none: `main_gpu`) or split by layer over several
+//! (`split_mode` layer, in proportion to `tensor_split`: `assign_layers`, llama.cpp's
+//! formula). `GpuBackend` (one `Offload` per device) is the model's `backend::Backend`, so
+//! the forward pass's `mm` hands it those products. The shared decoder (models/decoder.rs)
+//! goes further, through the seam's `decoder_first` / `decoder_run`: its offloaded layers
+//! keep the activations on their device (`resident`: norms, biases, rope,
 //! gated activations and residual adds in `ops.wgsl`); with the context's `offload_kqv`
 //! their KV cache and attention are on the device too (`kv`: `attn.wgsl`), else q, k, v
 //! and the attention output cross per layer, attention and the KV cache staying on the
-//! CPU. Other forward passes run everything but those matmuls on the CPU, crossing once
-//! per offloaded matmul.
+//! CPU; x leaves one device and enters the next once per border of a split. Other forward
+//! passes run everything but those matmuls on the CPU, crossing once per offloaded matmul.
 //!
 //! Errors: wgpu reports validation errors, out-of-memory and device loss through a handler
 //! (it would panic without one); `Gpu::check_alive` turns them into errors of the call
@@ -34,7 +37,9 @@ mod shaders;
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
 use crate::model::{Model, TensorView};
-use crate::ops::matmul::MatmulDevice;
+use crate::backend::{Backend, DecoderStack};
+use crate::context::Step;
+pub use crate::model::SplitMode;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -135,10 +140,34 @@ pub fn software_allowed_by_env() -> bool {
     std::env::var("PYLLAMA_GPU").map(|v| v.trim().eq_ignore_ascii_case("cpu-ok")).unwrap_or(false)
 }
 
+/// PYLLAMA_GPU_REPEAT=N (N >= 1, for tests): every usable adapter is listed N times in a
+/// row, each entry opened as a device of its own, so a layer split across devices
+/// (`split_mode` layer) runs on a machine with one adapter.
+fn repeat() -> Result<usize> {
+    match std::env::var("PYLLAMA_GPU_REPEAT") {
+        Err(_) => Ok(1),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=16).contains(&n) => Ok(n),
+            _ => Err(Error::Invalid(format!("PYLLAMA_GPU_REPEAT = {v:?}: not a count from 1 to 16"))),
+        },
+    }
+}
+
+/// The adapters offload may use, in `main_gpu` order: hardware ones, and software ones
+/// when allowed (each `PYLLAMA_GPU_REPEAT` times).
+fn usable_raw(allow_software: bool) -> Result<Vec<wgpu::Adapter>> {
+    let allow = allow_software || software_allowed_by_env();
+    let n = repeat()?;
+    Ok(raw_adapters()
+        .into_iter()
+        .filter(|a| allow || a.get_info().device_type != wgpu::DeviceType::Cpu)
+        .flat_map(|a| std::iter::repeat_n(a, n))
+        .collect())
+}
+
 /// The adapters offload may use: hardware ones, and software ones when allowed.
 pub fn usable_adapters(allow_software: bool) -> Vec<AdapterInfo> {
-    let allow = allow_software || software_allowed_by_env();
-    adapters().into_iter().filter(|a| allow || !a.is_software()).collect()
+    usable_raw(allow_software).unwrap_or_default().iter().map(info_of).collect()
 }
 
 struct Pipelines {
@@ -183,11 +212,8 @@ const TN_MM: u32 = 8;
 impl Gpu {
     /// Open adapter `index` of `usable_adapters(allow_software)`.
     pub fn open(index: usize, allow_software: bool) -> Result<Gpu> {
-        let allow = allow_software || software_allowed_by_env();
-        let all = raw_adapters();
-        let n_all = all.len();
-        let usable: Vec<wgpu::Adapter> =
-            all.into_iter().filter(|a| allow || a.get_info().device_type != wgpu::DeviceType::Cpu).collect();
+        let n_all = raw_adapters().len();
+        let usable = usable_raw(allow_software)?;
         if usable.is_empty() {
             return Err(Error::Unsupported(if n_all == 0 {
                 "no GPU adapter found (no Vulkan, Metal or DX12 driver)".into()
@@ -463,8 +489,12 @@ pub struct GpuWeight {
 pub struct OffloadParams {
     /// Layers from the top, the output layer first; negative = all.
     pub n_gpu_layers: i32,
-    /// Index into `usable_adapters`.
+    /// `SplitMode::None`: the one adapter (index into `usable_adapters`) everything offloaded goes to.
     pub main_gpu: usize,
+    pub split_mode: SplitMode,
+    /// Each usable adapter's share of the offloaded layers under `SplitMode::Layer`; entries
+    /// past the adapter count are not read, all zero (or none) = equal shares.
+    pub tensor_split: Vec<f32>,
     pub allow_software: bool,
 }
 
@@ -485,8 +515,8 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
-/// PYLLAMA_GPU_MAX_MIB: the most device memory the offloaded weights may take (unset: as
-/// much as the device gives).
+/// PYLLAMA_GPU_MAX_MIB: the most device memory the offloaded weights may take on each
+/// device (unset: as much as the device gives).
 fn budget_bytes() -> Result<Option<u64>> {
     match std::env::var("PYLLAMA_GPU_MAX_MIB") {
         Err(_) => Ok(None),
@@ -500,27 +530,117 @@ fn budget_bytes() -> Result<Option<u64>> {
 /// The device of usable adapter `index`, opened once per process and shared by every
 /// model offloaded to it (its compiled pipelines and scratch buffers with it).
 pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
-    static OPEN: OnceLock<Mutex<HashMap<(usize, bool), Arc<Gpu>>>> = OnceLock::new();
+    /// (usable index, software allowed, PYLLAMA_GPU_REPEAT) -> the opened device
+    type Open = HashMap<(usize, bool, usize), Arc<Gpu>>;
+    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
     let allow = allow_software || software_allowed_by_env();
+    let key = (index, allow, repeat()?);
     let mut open = OPEN.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(g) = open.get(&(index, allow)) {
+    if let Some(g) = open.get(&key) {
         return Ok(g.clone());
     }
     let g = Arc::new(Gpu::open(index, allow)?);
-    open.insert((index, allow), g.clone());
+    open.insert(key, g.clone());
     Ok(g)
 }
 
-/// Open the adapter and upload the weights `p` asks for. `progress(done, total)` is called
+/// llama.cpp's layer assignment (llama_model::load_tensors): with `ngl` (negative = all)
+/// layers offloaded, the output layer counting as layer n_layer, layers
+/// `n_layer + 1 - ngl ..= n_layer` go to the devices, layer `il` to the first device whose
+/// cumulative share of `splits` (normalized) exceeds `(il - first) / ngl`. `splits` all zero:
+/// equal shares (llama.cpp's default is the devices' free memory, which wgpu does not
+/// report; llama.cpp then uses the host's, the same for every device). Entry `il` (0..=n_layer)
+/// is the device of layer il, None for the CPU.
+pub fn assign_layers(n_layer: usize, ngl: i32, splits: &[f32]) -> Vec<Option<usize>> {
+    let n_dev = splits.len();
+    if n_dev == 0 {
+        return vec![None; n_layer + 1];
+    }
+    let ngl = if ngl < 0 { n_layer + 1 } else { (ngl as usize).min(n_layer + 1) };
+    let first = n_layer + 1 - ngl;
+    let all_zero = splits.iter().all(|&x| x == 0.0);
+    let mut cum: Vec<f32> = Vec::with_capacity(n_dev);
+    let mut sum = 0f32;
+    for &x in splits {
+        sum += if all_zero { 1.0 } else { x };
+        cum.push(sum);
+    }
+    for c in cum.iter_mut() {
+        *c /= sum;
+    }
+    (0..=n_layer)
+        .map(|il| {
+            if il < first {
+                return None;
+            }
+            let f = (il - first) as f32 / ngl as f32;
+            Some(cum.partition_point(|&c| c <= f).min(n_dev - 1))
+        })
+        .collect()
+}
+
+/// The usable adapters (indices into `usable_adapters`) `p` offloads to, in split order,
+/// after llama.cpp's checks of split_mode, main_gpu and tensor_split.
+fn devices_of(p: &OffloadParams) -> Result<Vec<usize>> {
+    let n = usable_raw(p.allow_software)?.len();
+    if n == 0 {
+        // Gpu::open says why (no adapter, or only software ones)
+        Gpu::open(0, p.allow_software)?;
+    }
+    if p.main_gpu >= n {
+        return Err(Error::Invalid(format!("main_gpu = {}: there are {n} usable GPU adapters", p.main_gpu)));
+    }
+    match p.split_mode {
+        SplitMode::None => Ok(vec![p.main_gpu]),
+        SplitMode::Layer if p.main_gpu != 0 => Err(Error::Invalid(format!(
+            "main_gpu = {}: main_gpu picks the adapter of split_mode 'none'; split_mode 'layer' spreads the \
+             offloaded layers over all {n} usable adapters by tensor_split (llama.cpp reads main_gpu only with 'none')",
+            p.main_gpu
+        ))),
+        SplitMode::Layer => Ok((0..n).collect()),
+        // ggml-vulkan has no split buffer type either: llama.cpp fails the load the same way
+        SplitMode::Row | SplitMode::Tensor => Err(Error::Invalid(format!(
+            "split_mode '{}': the GPU backend (wgpu) cannot split a tensor across adapters (llama.cpp's Vulkan \
+             backend neither: 'does not support split buffers'); use 'layer' or 'none'",
+            p.split_mode.name()
+        ))),
+    }
+}
+
+/// Open the adapters and upload the weights `p` asks for. `progress(done, total)` is called
 /// per weight uploaded; returning false cancels.
-pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u64) -> bool) -> Result<Offload> {
-    let gpu = shared(p.main_gpu, p.allow_software)?;
-    // llama.cpp's layer assignment (llama_model::load_tensors): the output layer counts as
-    // layer n_layer, and layers n_layer + 1 - ngl ..= n_layer go to the GPU; negative = all
+pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u64) -> bool) -> Result<GpuBackend> {
+    let devs = devices_of(p)?;
     let n_layer = model.hparams.n_layer;
-    let ngl = if p.n_gpu_layers < 0 { n_layer + 1 } else { p.n_gpu_layers as usize };
-    let first = (n_layer + 1).saturating_sub(ngl);
-    let output_offloaded = ngl >= 1;
+    let splits: Vec<f32> = (0..devs.len()).map(|i| p.tensor_split.get(i).copied().unwrap_or(0.0)).collect();
+    let place = assign_layers(n_layer, p.n_gpu_layers, &splits);
+    // the devices that get a layer, each opened once, in layer order
+    let mut parts: Vec<(usize, Part)> = Vec::new();
+    for (il, d) in place.iter().enumerate() {
+        let Some(d) = *d else { continue };
+        if parts.last().is_none_or(|(pd, _)| *pd != d) {
+            let gpu = shared(devs[d], p.allow_software)?;
+            let off = Offload {
+                gpu,
+                weights: HashMap::new(),
+                n_layers_offloaded: 0,
+                output_offloaded: false,
+                bytes: 0,
+                kept_on_cpu: Vec::new(),
+            };
+            parts.push((d, Part { off, layers: il.min(n_layer)..il.min(n_layer), adapter: devs[d] }));
+        }
+        let part = &mut parts.last_mut().expect("pushed above").1;
+        if il < n_layer {
+            part.layers.end = il + 1;
+            part.off.n_layers_offloaded += 1;
+        } else {
+            part.off.output_offloaded = true;
+        }
+    }
+    // layer (0..=n_layer) -> index into parts
+    let part_of: Vec<Option<usize>> =
+        place.iter().map(|d| d.and_then(|d| parts.iter().position(|(pd, _)| *pd == d))).collect();
     // the output projection: output.weight, or the tied token embedding
     let out_name = if model.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
     let mut want: Vec<TensorView> = Vec::new();
@@ -528,35 +648,36 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
         for t in &f.tensors {
             let Some(v) = model.tensor(&t.name) else { continue };
             let is_matrix = v.ne[1] > 1;
-            let pick = match layer_of(&t.name) {
-                Some(il) => il >= first && il < n_layer,
-                None => output_offloaded && t.name == out_name,
+            let unit = match layer_of(&t.name) {
+                Some(il) if il < n_layer => Some(il),
+                Some(_) => None,
+                None => (t.name == out_name).then_some(n_layer),
             };
-            if pick && is_matrix {
+            if is_matrix && unit.is_some_and(|u| place[u].is_some()) {
                 want.push(v);
             }
         }
     }
     // top down, as llama.cpp counts them: the output layer, then n_layer - 1, n_layer - 2, ...
-    // so the layers uploaded before the device runs out are an n_gpu_layers that fits
+    // so the layers uploaded before a device runs out are an n_gpu_layers that fits
     let unit = |v: &TensorView| layer_of(v.name).unwrap_or(n_layer);
     want.sort_by_key(|v| std::cmp::Reverse(unit(v)));
     let total: u64 = want.iter().map(|v| v.data.len() as u64).sum();
     let budget = budget_bytes()?;
     let mut done = 0u64;
-    let mut weights = HashMap::new();
-    let mut kept_on_cpu = Vec::new();
     let mut i = 0;
-    let mut fit = 0usize; // complete layers (the output counting as one) on the device
+    let mut fit = 0usize; // complete layers (the output counting as one) on the devices
     while i < want.len() {
         let u = unit(&want[i]);
         let j = i + want[i..].iter().take_while(|v| unit(v) == u).count();
         let unit_bytes: u64 = want[i..j].iter().map(|v| v.data.len() as u64).sum();
-        let on_dev: u64 = weights.values().map(|w: &GpuWeight| w.bytes as u64).sum();
+        let part = &mut parts[part_of[u].expect("a layer with weights to upload has a device")].1;
+        let gpu = part.off.gpu.clone();
+        let on_dev: u64 = part.off.weights.values().map(|w: &GpuWeight| w.bytes as u64).sum();
         let what = if u == n_layer { "the output layer".to_string() } else { format!("layer {u}") };
         let oom = |why: &str| {
             Error::Alloc(format!(
-                "GPU '{}': {why} uploading {what} ({:.1} MiB; {:.1} MiB of the {:.1} MiB asked for are on the device): \
+                "GPU '{}': {why} uploading {what} ({:.1} MiB; {:.1} MiB of the {:.1} MiB asked for are on this device): \
                  n_gpu_layers = {fit} would fit",
                 gpu.info.name,
                 unit_bytes as f64 / 1048576.0,
@@ -572,9 +693,9 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
             let up = if shaders::supported(v.ty) { gpu.upload(v) } else { None };
             match up {
                 Some(g) => {
-                    weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
+                    part.off.weights.insert((v.data.as_ptr() as usize, v.data.len()), g);
                 }
-                None => kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
+                None => part.off.kept_on_cpu.push(format!("{} ({})", v.name, v.ty)),
             }
         }
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -587,19 +708,17 @@ pub fn offload(model: &Model, p: &OffloadParams, progress: &mut dyn FnMut(u64, u
         }
         i = j;
     }
-    let bytes = weights.values().map(|w| w.bytes as u64).sum();
-    Ok(Offload { gpu, weights, n_layers_offloaded: n_layer - first.min(n_layer), output_offloaded, bytes, kept_on_cpu })
+    let mut parts: Vec<Part> = parts.into_iter().map(|(_, p)| p).collect();
+    for p in parts.iter_mut() {
+        p.off.bytes = p.off.weights.values().map(|w| w.bytes as u64).sum();
+    }
+    Ok(GpuBackend { parts, n_layer })
 }
 
 impl Offload {
     /// The device copy of `w`, when this offload holds it.
     pub fn weight(&self, w: &TensorView) -> Option<&GpuWeight> {
         self.weights.get(&(w.data.as_ptr() as usize, w.data.len()))
-    }
-
-    /// Index of the first repeating layer on the device (n_layer when none is).
-    pub fn first_layer(&self, n_layer: usize) -> usize {
-        n_layer - self.n_layers_offloaded.min(n_layer)
     }
 
     pub fn n_weights(&self) -> usize {
@@ -609,7 +728,7 @@ impl Offload {
     /// One line for the load log.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "GPU offload: {} of the repeating layers{} on '{}' ({}, {}), {} weights, {:.1} MiB",
+            "{} of the repeating layers{} on '{}' ({}, {}), {} weights, {:.1} MiB",
             self.n_layers_offloaded,
             if self.output_offloaded { " and the output layer" } else { "" },
             self.gpu.info.name,
@@ -625,7 +744,39 @@ impl Offload {
     }
 }
 
-impl MatmulDevice for Offload {
+/// One device of a `GpuBackend` and the repeating layers it holds.
+pub struct Part {
+    pub off: Offload,
+    /// Consecutive repeating layers (empty when it holds the output layer only).
+    pub layers: Range<usize>,
+    /// Its index in `usable_adapters`.
+    pub adapter: usize,
+}
+
+/// The model's offloaded weights on one device or, split by layer, on several, bottom
+/// layers first: the backend (`crate::backend::Backend`) the forward pass hands their work.
+pub struct GpuBackend {
+    pub parts: Vec<Part>,
+    pub n_layer: usize,
+}
+
+impl GpuBackend {
+    /// The first repeating layer on a device (n_layer when none is).
+    pub fn first_layer(&self) -> usize {
+        self.parts.iter().filter(|p| !p.layers.is_empty()).map(|p| p.layers.start).min().unwrap_or(self.n_layer)
+    }
+
+    /// The device that holds layer `il`'s weights.
+    fn part(&self, il: usize) -> Option<&Part> {
+        self.parts.iter().find(|p| p.layers.contains(&il))
+    }
+
+    pub fn n_weights(&self) -> usize {
+        self.parts.iter().map(|p| p.off.n_weights()).sum()
+    }
+}
+
+impl Backend for GpuBackend {
     fn matmul_rows(
         &self,
         w: &TensorView,
@@ -635,17 +786,125 @@ impl MatmulDevice for Offload {
         ld_out: usize,
         rows: Range<usize>,
     ) -> Result<bool> {
-        let Some(g) = self.weights.get(&(w.data.as_ptr() as usize, w.data.len())) else { return Ok(false) };
-        self.gpu.matmul(g, x, n_tokens, out, ld_out, rows)?;
-        Ok(true)
+        for p in &self.parts {
+            if let Some(g) = p.off.weight(w) {
+                p.off.gpu.matmul(g, x, n_tokens, out, ld_out, rows)?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn describe(&self) -> String {
-        self.summary()
+        match &self.parts[..] {
+            [] => "GPU offload: nothing offloaded".into(),
+            [p] => format!("GPU offload: {}", p.off.summary()),
+            ps => {
+                let each: Vec<String> = ps
+                    .iter()
+                    .map(|p| {
+                        let what = match (p.layers.len(), p.off.output_offloaded) {
+                            (0, _) => "the output layer".to_string(),
+                            (1, out) => format!("layer {}{}", p.layers.start, if out { " and the output layer" } else { "" }),
+                            (_, out) => format!(
+                                "layers {}-{}{}",
+                                p.layers.start,
+                                p.layers.end - 1,
+                                if out { " and the output layer" } else { "" }
+                            ),
+                        };
+                        format!(
+                            "adapter {} '{}': {what}, {} weights, {:.1} MiB{}",
+                            p.adapter,
+                            p.off.gpu.info.name,
+                            p.off.n_weights(),
+                            p.off.bytes as f64 / 1048576.0,
+                            if p.off.kept_on_cpu.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (kept on the CPU: {})", p.off.kept_on_cpu.join(", "))
+                            }
+                        )
+                    })
+                    .collect();
+                format!("GPU offload split by layer over {} devices: {}", ps.len(), each.join("; "))
+            }
+        }
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn decoder_first(&self, stack: &DecoderStack) -> usize {
+        let n_layer = stack.n_layer;
+        let first = self.first_layer().min(n_layer);
+        if !resident::enabled() || first < n_layer - stack.layers.len() || n_layer != self.n_layer {
+            return n_layer;
+        }
+        for il in first..n_layer {
+            let l = stack.layer(il);
+            let Some(p) = self.part(il) else { return n_layer };
+            let mats = [Some(l.wq), Some(l.wk), Some(l.wv), Some(l.wo), l.gate, Some(l.up), Some(l.down)];
+            if mats.iter().flatten().any(|w| p.off.weight(w).is_none()) {
+                return n_layer;
+            }
+        }
+        first
+    }
+
+    /// The layers `first..` device by device: x comes down from one device and goes up to
+    /// the next once per border (wgpu has no copy between devices).
+    fn decoder_run(&self, st: &mut Step, stack: &DecoderStack, first: usize) -> Result<bool> {
+        let vecs = stack
+            .cache
+            .get_or_init(resident::VecCache::default)
+            .ok_or_else(|| Error::Invalid("internal: the decoder's backend cache holds another backend's data".into()))?;
+        let stretches: Vec<(&Offload, Range<usize>)> = self
+            .parts
+            .iter()
+            .map(|p| (&p.off, p.layers.start.max(first)..p.layers.end))
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        let (hd_k, hd_v) = (st.hp.n_embd_head_k, st.hp.n_embd_head_v);
+        let on_device = st.kv.offload_kqv
+            && match kv::unsupported(st.kv, hd_k, hd_v) {
+                Some(why) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| crate::log::warn(&format!("{why}; the KV cache of the offloaded layers stays on the CPU")));
+                    false
+                }
+                None => true,
+            };
+        // the device copies are out of the cache while the layers run; back in whatever happens
+        let mut kvs = std::mem::take(&mut st.kv.gpu);
+        if on_device && (kvs.len() != stretches.len() || kvs.iter().zip(&stretches).any(|(g, (_, r))| g.layers() != *r)) {
+            kvs.clear(); // free the old copies before making new ones
+            for (off, r) in &stretches {
+                kvs.push(kv::GpuKv::new(off, &*st.kv, r.clone())?);
+            }
+        }
+        let mut r = Ok(());
+        for (i, (off, layers)) in stretches.iter().enumerate() {
+            let g = match kvs.get_mut(i).filter(|_| on_device) {
+                Some(g) => match g.upload(&*st.kv) {
+                    Ok(()) => Some(&*g),
+                    Err(e) => {
+                        r = Err(e);
+                        break;
+                    }
+                },
+                None => None,
+            };
+            r = resident::run_stretch(st, stack, layers.clone(), off, vecs, g);
+            if r.is_err() {
+                break;
+            }
+        }
+        if r.is_err() {
+            for g in kvs.iter_mut() {
+                g.dirty = true; // a device copy may be partly written: the host's is the reference
+            }
+        }
+        st.kv.gpu = kvs;
+        r?;
+        Ok(st.select_outputs())
     }
 }
 
@@ -768,6 +1027,41 @@ mod tests {
         for ty in [F32, F16, BF16] {
             let (r, _) = check(&g, ty, 45, 6, 3, 0..6, &mut rng);
             assert!(r <= 1e-5, "{ty} n_in=45: {r:e}");
+        }
+    }
+
+    #[test]
+    fn layer_assignment_is_llama_cpps() {
+        // llama_model::load_tensors: unit u of the ngl offloaded ones (the output layer is unit
+        // n_layer) goes to the first device whose cumulative normalized share exceeds u / ngl
+        let a = |n_layer, ngl, s: &[f32]| assign_layers(n_layer, ngl, s);
+        let d = |v: &[i32]| v.iter().map(|&x| (x >= 0).then_some(x as usize)).collect::<Vec<_>>();
+        // 4 layers, all, equal over 2: cum [.5, 1]; u/5 = 0, .2, .4 | .6, .8
+        assert_eq!(a(4, -1, &[0.0, 0.0]), d(&[0, 0, 0, 1, 1]));
+        // ngl 3: layers 2, 3 and the output; u/3 = 0, .33 | .67
+        assert_eq!(a(4, 3, &[1.0, 1.0]), d(&[-1, -1, 0, 0, 1]));
+        // a zero share takes nothing: [0, 1] puts every unit on device 1
+        assert_eq!(a(4, 99, &[0.0, 1.0]), d(&[1, 1, 1, 1, 1]));
+        // 3:1 -> cum [.75, 1]; u/5 = 0 .. .6 | .8
+        assert_eq!(a(4, 5, &[3.0, 1.0]), d(&[0, 0, 0, 0, 1]));
+        // three devices 1:2:1 over 7 units: cum [.25, .75, 1]
+        assert_eq!(a(6, -1, &[1.0, 2.0, 1.0]), d(&[0, 0, 1, 1, 1, 1, 2]));
+        // ngl 1: the output layer only; ngl 0: nothing; one device: everything offloaded on it
+        assert_eq!(a(4, 1, &[1.0, 1.0]), d(&[-1, -1, -1, -1, 0]));
+        assert_eq!(a(4, 0, &[1.0]), d(&[-1; 5]));
+        assert_eq!(a(2, 99, &[5.0]), d(&[0, 0, 0]));
+        assert_eq!(a(2, 99, &[]), d(&[-1, -1, -1]));
+    }
+
+    #[test]
+    fn one_adapter_opens_as_two_devices() {
+        // what PYLLAMA_GPU_REPEAT relies on: wgpu gives a second device on the same adapter,
+        // and each runs its own work
+        let (Some(a), Some(b)) = (gpu(), gpu()) else { return };
+        let mut rng = Rng(11);
+        for g in [&a, &b] {
+            let (r, _) = check(g, GgmlType::F32, 64, 8, 3, 0..8, &mut rng);
+            assert!(r <= 1e-5, "{r:e}");
         }
     }
 

@@ -10,8 +10,12 @@
 //! CPU (llama.cpp's `offload_kqv = false` split): each layer sends its q, k and v to the
 //! host and gets the attention output back, one round trip per layer.
 
+use super::kv::{GpuKv, LayerAttn, Tables};
 use super::{Gpu, Offload, TN_MM};
+use crate::backend::DecoderStack;
+use crate::context::Step;
 use crate::error::{Error, Result};
+use crate::hparams::RopeType;
 use crate::model::TensorView;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -52,10 +56,11 @@ pub enum B {
 const N_BUF: usize = 13;
 
 /// Device copies of the small f32 vectors (norm weights, biases) of one forward pass's
-/// layers, keyed by the host vector's address and length: the owner (the decoder) keeps
-/// those vectors alive and unchanged as long as this cache.
+/// layers, keyed by the device and the host vector's address and length: the owner (the
+/// decoder, through `backend::BackendCache`) keeps those vectors alive and unchanged as
+/// long as this cache.
 #[derive(Default)]
-pub struct VecCache(Mutex<HashMap<(usize, usize), wgpu::Buffer>>);
+pub struct VecCache(Mutex<HashMap<(usize, usize, usize), wgpu::Buffer>>);
 
 /// The ops pipelines and the activation buffers, per device.
 #[derive(Default)]
@@ -155,7 +160,7 @@ impl<'g> Run<'g> {
     /// The device copy of a host vector (uploaded on first use).
     fn vec(&self, v: &[f32]) -> wgpu::Buffer {
         let mut m = self.vecs.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry((v.as_ptr() as usize, v.len()))
+        m.entry((self.gpu as *const Gpu as usize, v.as_ptr() as usize, v.len()))
             .or_insert_with(|| {
                 let mut bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 bytes.resize(bytes.len().max(16), 0);
@@ -284,6 +289,17 @@ impl<'g> Run<'g> {
         self.op("rope", d, Some(a), n, hd, [n_dims as u32, neox as u32, n_head as u32], 0.0, n.div_ceil(64), n_tok * n_head * hd);
     }
 
+    /// A block's output tmp [n, ne]: [RMS-normed by `post_norm`] [* `scale`], added to x.
+    pub fn residual(&mut self, post_norm: Option<&[f32]>, eps: f32, scale: f32, n: usize, ne: usize) {
+        if let Some(pn) = post_norm {
+            self.rms_norm(B::Tmp, n, ne, Some(pn), eps);
+        }
+        if scale != 1.0 {
+            self.scale(B::Tmp, n * ne, scale);
+        }
+        self.add(B::X, B::Tmp, n * ne);
+    }
+
     /// Submit what was recorded; with `reads`, copy those buffers' first floats into the
     /// host slices after the work is done.
     pub fn submit(&mut self, reads: &mut [(B, &mut [f32])]) -> Result<()> {
@@ -366,6 +382,182 @@ impl<'g> Run<'g> {
         rbuf.unmap();
         self.gpu.check_alive()
     }
+}
+
+/// Layers `layers` of a decoder on one device (`Backend::decoder_run` for one stretch of a
+/// split): x [n, n_embd] goes up once and comes down after the last layer. With `gkv` (the
+/// context's `offload_kqv` and an F16/F32 cache) each layer's K/V rows go into the device
+/// copy of its cache and attention runs there (gpu/kv.rs: one submission for the stretch;
+/// the new K/V rows come down with x for the host copy); otherwise each layer's q, k and v
+/// come down for attention over the CPU's KV cache and its output goes back up. The same
+/// operations as the decoder's CPU layer in the same order (the last layer's feed-forward
+/// runs on every row; the caller selects the output rows after the last stretch).
+pub(super) fn run_stretch(
+    st: &mut Step,
+    stack: &DecoderStack,
+    layers: Range<usize>,
+    off: &Offload,
+    vecs: &VecCache,
+    gkv: Option<&GpuKv>,
+) -> Result<()> {
+    let hp = st.hp;
+    let (n, ne) = (st.n, hp.n_embd);
+    let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
+    let (mut qw, mut kw, mut vw, mut ow, mut ff, mut kv_rows) = (0, 0, 0, 0, 0, 0);
+    for il in layers.clone() {
+        qw = qw.max(hd_k * hp.n_head(il));
+        kw = kw.max(hp.n_embd_k_gqa(il));
+        vw = vw.max(hp.n_embd_v_gqa(il));
+        ow = ow.max(hd_v * hp.n_head(il));
+        ff = ff.max(stack.layer(il).down.ne[0]);
+        kv_rows += n * (hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il));
+    }
+    let tables = gkv.map(|_| {
+        let variants: Vec<(usize, bool)> = layers.clone().map(|il| (stack.layer(il).attn.n_swa, stack.layer(il).attn.chunked)).collect();
+        let b = &*st.b;
+        Tables::new(st.kv, &b.keys, &b.key_range[..n], &b.pos[..n], &b.cells[..n], &variants)
+    });
+    let sizes = [
+        (B::X, n * ne),
+        (B::Cur, n * ne),
+        (B::Tmp, n * ne),
+        (B::Q, n * qw),
+        (B::K, n * kw),
+        (B::V, n * vw),
+        (B::Att, n * ow),
+        (B::Gate, n * ff),
+        (B::Up, n * ff),
+        (B::Rope, n * hd_k),
+        (B::Meta, tables.as_ref().map_or(0, |t| t.words.len())),
+        (B::KvOut, if gkv.is_some() { kv_rows } else { 0 }),
+        (B::RopeAll, if gkv.is_some() { layers.len() * n * hd_k } else { 0 }),
+    ];
+    let mut run = Run::begin(off, vecs, &sizes)?;
+    run.write(B::X, &st.b.x[..n * ne]);
+    if let Some(t) = &tables {
+        run.write_u32(B::Meta, &t.words);
+    }
+    let mut out_at = 0;
+    let (eps, eps_qk) = (stack.eps, stack.eps_qk);
+    let mut table = vec![0f32; n * hd_k];
+    for il in layers.clone() {
+        let l = stack.layer(il);
+        let p = &l.attn;
+        let (n_head, n_head_kv) = (p.n_head, p.n_head_kv);
+        let (lq, lk, lv) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
+        run.copy(B::X, B::Cur, n * ne);
+        run.rms_norm(B::Cur, n, ne, Some(l.attn_norm), eps);
+        run.add_bias(B::Cur, n, l.attn_norm_b);
+        if l.fused_qkv {
+            run.mm(l.wq, B::Cur, B::Q, n, 0..lq)?;
+            run.mm(l.wq, B::Cur, B::K, n, lq..lq + lk)?;
+            run.mm(l.wq, B::Cur, B::V, n, lq + lk..lq + lk + lv)?;
+        } else {
+            run.mm(l.wq, B::Cur, B::Q, n, 0..lq)?;
+            run.mm(l.wk, B::Cur, B::K, n, 0..lk)?;
+            run.mm(l.wv, B::Cur, B::V, n, 0..lv)?;
+        }
+        run.add_bias(B::Q, n, l.bq);
+        run.add_bias(B::K, n, l.bk);
+        run.add_bias(B::V, n, l.bv);
+        if let Some(qn) = l.q_norm {
+            let w = if qn.len() == lq { lq } else { hd_k };
+            run.rms_norm(B::Q, n * lq / w, w, Some(qn), eps_qk);
+        }
+        if let Some(kn) = l.k_norm {
+            let w = if kn.len() == lk { lk } else { hd_k };
+            run.rms_norm(B::K, n * lk / w, w, Some(kn), eps_qk);
+        }
+        if let Some(r) = l.rope.filter(|r| r.rope_type != RopeType::None) {
+            for t in 0..n {
+                r.fill_cache(st.b.pos[t], &mut table[t * hd_k..(t + 1) * hd_k]);
+            }
+            if gkv.is_some() {
+                // one submission: this layer's table goes to its own place, copied in order
+                let at = (il - layers.start) * n * hd_k;
+                run.write_at(B::RopeAll, at, &table);
+                run.copy_at(B::RopeAll, at, B::Rope, 0, n * hd_k);
+            } else {
+                run.write(B::Rope, &table);
+            }
+            let neox = r.rope_type == RopeType::Neox;
+            run.rope(B::Q, n, n_head, hd_k, r.n_dims, neox);
+            run.rope(B::K, n, n_head_kv, hd_k, r.n_dims, neox);
+        }
+        if stack.q_scale != 1.0 {
+            run.scale(B::Q, n * lq, stack.q_scale);
+        }
+        if l.qk_rms_after_rope {
+            run.rms_norm(B::Q, n * n_head, hd_k, None, eps_qk);
+            run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
+        }
+        if let (Some(g), Some(t)) = (gkv, tables.as_ref()) {
+            let a = LayerAttn::of(p, st.kv.flash_attn);
+            run.attend(g, t, n, &a, out_at)?;
+            out_at += n * (lk + lv);
+        } else {
+            // q and k come down into the FFN's gate and up memory, as build_attn lends it
+            let b = &mut *st.b;
+            std::mem::swap(&mut b.q, &mut b.gate);
+            std::mem::swap(&mut b.k, &mut b.up);
+            let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
+            let r = r.and_then(|()| st.attend_cached(p));
+            let b = &mut *st.b;
+            std::mem::swap(&mut b.q, &mut b.gate);
+            std::mem::swap(&mut b.k, &mut b.up);
+            r?;
+            run.write(B::Att, &st.b.att[..n * n_head * hd_v]);
+        }
+        run.mm(l.wo, B::Att, B::Tmp, n, 0..ne)?;
+        run.add_bias(B::Tmp, n, l.bo);
+        run.residual(l.post_attn_norm, eps, stack.residual_scale, n, ne);
+        run.copy(B::X, B::Cur, n * ne);
+        run.rms_norm(B::Cur, n, ne, Some(l.ffn_norm), eps);
+        run.add_bias(B::Cur, n, l.ffn_norm_b);
+        let n_ff = l.down.ne[0];
+        match l.gate {
+            Some(g) => {
+                run.mm(g, B::Cur, B::Gate, n, 0..n_ff)?;
+                run.mm(l.up, B::Cur, B::Up, n, 0..n_ff)?;
+            }
+            None => {
+                run.mm(l.up, B::Cur, B::Gate, n, 0..n_ff)?;
+                run.mm(l.up, B::Cur, B::Up, n, n_ff..2 * n_ff)?;
+            }
+        }
+        run.add_bias(B::Gate, n, l.gate_b);
+        run.add_bias(B::Up, n, l.up_b);
+        run.glu(B::Gate, B::Up, n * n_ff, stack.gelu);
+        run.mm(l.down, B::Gate, B::Tmp, n, 0..ne)?;
+        run.add_bias(B::Tmp, n, l.down_b);
+        run.residual(l.post_ffw_norm, eps, stack.residual_scale, n, ne);
+    }
+    if gkv.is_none() {
+        return run.submit(&mut [(B::X, &mut st.b.x[..n * ne])]);
+    }
+    // the new K/V rows into the host copy, converted as the CPU path stores them
+    let mut rows = vec![0f32; out_at];
+    run.submit(&mut [(B::X, &mut st.b.x[..n * ne]), (B::KvOut, &mut rows)])?;
+    drop(run);
+    let kv = &mut *st.kv;
+    let mut at = 0;
+    for il in layers {
+        let (lk, lv) = (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
+        let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+        for t in 0..n {
+            let (s, cell) = st.b.cells[t];
+            let o = (s as usize * kv.size + cell as usize) * rk;
+            crate::quant::quantize_row_cpu(kv.type_k, &rows[at + t * lk..at + (t + 1) * lk], &mut kv.k[il][o..o + rk])?;
+        }
+        at += n * lk;
+        for t in 0..n {
+            let (s, cell) = st.b.cells[t];
+            let o = (s as usize * kv.size + cell as usize) * rv;
+            crate::quant::quantize_row_cpu(kv.type_v, &rows[at + t * lv..at + (t + 1) * lv], &mut kv.v[il][o..o + rv])?;
+        }
+        at += n * lv;
+    }
+    Ok(())
 }
 
 impl Gpu {

@@ -19,7 +19,9 @@
 
 use super::graph::{layer_rope, AttnConfig, AttnWeights, FfnAct, FfnGate, FfnWeights, MoeConfig, MoeWeights, Norm, Qkv};
 use super::loader::{Keep, Loader};
+use crate::backend::{BackendCache, DecoderLayer, DecoderStack};
 use crate::context::{ContextParams, Forward, Step};
+use crate::ops::attention::AttnParams;
 use super::encoder::ClsHead;
 use crate::error::{Error, Result};
 use crate::model::TensorView;
@@ -204,9 +206,9 @@ pub struct Decoder {
     output_bias: Option<Vec<f32>>,
     layers: Vec<Layer>,
     eps: f32,
-    /// Device copies of the norm weights and biases of the offloaded layers.
-    #[cfg(feature = "gpu")]
-    gpu_vecs: crate::gpu::resident::VecCache,
+    /// What the model's backend keeps for this decoder (device copies of the norm weights
+    /// and biases of the layers it runs).
+    dev_cache: BackendCache,
     /// The reranker head (`DecoderConfig::cls_out`), when the file has one.
     head: Option<ClsHead>,
     /// Keeps the tensor bytes the views above borrow alive; must stay the last field.
@@ -276,8 +278,7 @@ impl Decoder {
             layers,
             eps: hp.f_norm_rms_eps,
             output_norm_b,
-            #[cfg(feature = "gpu")]
-            gpu_vecs: Default::default(),
+            dev_cache: Default::default(),
             head: if cfg.cls_out { Some(ClsHead::output_only(ld, true)?).filter(|h| h.present()) } else { None },
             cfg,
             _keep: ld.keep(),
@@ -308,15 +309,19 @@ impl Forward for Decoder {
             crate::ops::act::scale(&mut st.b.x[..m], c.embd_mult);
         }
         crate::cb!(st, if c.embd_scale { "inp_scaled" } else { "inp_embd" }, -1, x, ne);
-        let first = self.gpu_first(st);
+        // the backend seam: the top layers the model's device runs end to end, if any
+        let stack = self.dev_stack(st);
+        let dev = st.dev.zip(stack.as_ref());
+        let first = dev.map_or(self.layers.len(), |(d, s)| d.decoder_first(s));
         for il in 0..first {
             if !self.cpu_layer(st, il)? {
                 return Ok(());
             }
         }
-        #[cfg(feature = "gpu")]
-        if first < self.layers.len() && !self.gpu_layers(st, first)? {
-            return Ok(());
+        if let Some((d, s)) = dev.filter(|_| first < self.layers.len()) {
+            if !d.decoder_run(st, s, first)? {
+                return Ok(());
+            }
         }
         st.build_norm(&self.output_norm, self.output_norm_b.as_deref(), Norm::Rms, self.eps);
         st.build_output(&self.output, self.output_bias.as_deref(), c.final_softcap)?;
@@ -399,285 +404,82 @@ impl Decoder {
 }
 
 impl Decoder {
-    /// The first layer whose activations stay on the device (n_layer: none). The layers
-    /// `n_gpu_layers` offloads run there end to end when the device holds all their
-    /// matrices and nothing needs the host between their ops: no LoRA, control vector,
-    /// debug dump or imatrix collection, dense feed-forward, no sinks or attention
-    /// temperature; otherwise they run here with their matmuls on the device.
-    #[cfg(not(feature = "gpu"))]
-    fn gpu_first(&self, _st: &Step) -> usize {
-        self.layers.len()
-    }
-
-    #[cfg(feature = "gpu")]
-    fn gpu_first(&self, st: &Step) -> usize {
-        let n_layer = self.layers.len();
-        let Some(off) = st.dev.and_then(|d| d.as_any().downcast_ref::<crate::gpu::Offload>()) else { return n_layer };
+    /// The top layers in the backend seam's neutral form (`crate::backend`), when the model
+    /// has a backend and nothing needs the host between a layer's ops: no LoRA, debug dump or
+    /// imatrix collection, a SiLU or GELU gated feed-forward; and per layer, from the top
+    /// down to the first that fails, a dense feed-forward, no sinks, attention temperature
+    /// or control vector. The backend runs what it holds of these end to end
+    /// (`Backend::decoder_first`); the rest run here with their matmuls offered to it.
+    fn dev_stack(&self, st: &Step) -> Option<DecoderStack<'_>> {
+        st.dev?;
         let c = &self.cfg;
         if st.debug.is_some()
             || st.b.lora.is_some()
             || crate::quantize::collect::is_active()
-            || !crate::gpu::resident::enabled()
             || !matches!(c.act, FfnAct::Silu | FfnAct::Gelu)
         {
-            return n_layer;
+            return None;
         }
-        let first = off.first_layer(n_layer);
-        for il in first..n_layer {
+        let (hp, n_layer) = (st.hp, self.layers.len());
+        let mut layers = Vec::new();
+        for il in (0..n_layer).rev() {
             let l = &self.layers[il];
             let attn_temp = if c.attn_temp_nope_only && l.rope.is_some() { None } else { c.attn_temp };
+            let Ffn::Dense { gate, up, down, gate_b, up_b, down_b } = &l.ffn else { break };
             if l.sinks.is_some() || attn_temp.is_some() || st.b.cvec.dir(il).is_some() {
-                return n_layer;
+                break;
             }
-            let Ffn::Dense { gate, up, down, .. } = &l.ffn else { return n_layer };
-            let mats = [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), gate.as_ref(), Some(up), Some(down)];
-            if mats.iter().flatten().any(|w| off.weight(w).is_none()) {
-                return n_layer;
-            }
+            layers.push(DecoderLayer {
+                attn_norm: &l.attn_norm,
+                attn_norm_b: l.attn_norm_b.as_deref(),
+                wq: &l.wq,
+                wk: &l.wk,
+                wv: &l.wv,
+                fused_qkv: l.fused_qkv,
+                bq: l.bq.as_deref(),
+                bk: l.bk.as_deref(),
+                bv: l.bv.as_deref(),
+                q_norm: l.q_norm.as_deref(),
+                k_norm: l.k_norm.as_deref(),
+                rope: l.rope.as_ref(),
+                qk_rms_after_rope: c.qk_rms_after_rope && l.rope.is_some(),
+                attn: AttnParams {
+                    il,
+                    n_head: hp.n_head(il),
+                    n_head_kv: hp.n_head_kv(il),
+                    hd_k: hp.n_embd_head_k,
+                    hd_v: hp.n_embd_head_v,
+                    scale: c.kq_scale,
+                    softcap: c.attn_softcap,
+                    n_swa: l.n_swa,
+                    chunked: c.swa_chunked,
+                    sinks: None,
+                },
+                wo: &l.wo,
+                bo: l.bo.as_deref(),
+                post_attn_norm: l.post_attn_norm.as_deref(),
+                ffn_norm: &l.ffn_norm,
+                ffn_norm_b: l.ffn_norm_b.as_deref(),
+                gate: gate.as_ref(),
+                up,
+                down,
+                gate_b: gate_b.as_deref(),
+                up_b: up_b.as_deref(),
+                down_b: down_b.as_deref(),
+                post_ffw_norm: l.post_ffw_norm.as_deref(),
+            });
         }
-        first
-    }
-
-    /// Layers first..n_layer on the device: x goes up once, and comes down after the last
-    /// layer. With the context's `offload_kqv` and an F16/F32 cache, each layer's K/V rows
-    /// go into the device copy of its cache and attention runs there (gpu/kv.rs: one
-    /// submission for all the layers; the new K/V rows come down with x for the host copy);
-    /// otherwise each layer's q, k and v come down for attention over the CPU's KV cache
-    /// and its output goes back up. The same operations as `cpu_layer` in the same order
-    /// (the last layer's feed-forward runs on every row; `select_outputs` follows). False
-    /// when no row wants output.
-    #[cfg(feature = "gpu")]
-    fn gpu_layers(&self, st: &mut Step, first: usize) -> Result<bool> {
-        let off: &crate::gpu::Offload = match st.dev.and_then(|d| d.as_any().downcast_ref()) {
-            Some(o) => o,
-            None => return Err(crate::error::Error::Invalid("internal: no GPU offload".into())),
-        };
-        let (hd_k, hd_v) = (st.hp.n_embd_head_k, st.hp.n_embd_head_v);
-        let mut gkv = None;
-        if st.kv.offload_kqv {
-            match crate::gpu::kv::unsupported(st.kv, hd_k, hd_v) {
-                Some(why) => {
-                    static SAID: std::sync::Once = std::sync::Once::new();
-                    SAID.call_once(|| eprintln!("pyllama: {why}; the KV cache of the offloaded layers stays on the CPU"));
-                }
-                None => {
-                    if st.kv.gpu.as_ref().is_none_or(|g| g.first != first) {
-                        st.kv.gpu = None;
-                        st.kv.gpu = Some(Box::new(crate::gpu::kv::GpuKv::new(off, &*st.kv, first)?));
-                    }
-                    gkv = st.kv.gpu.take();
-                }
-            }
-        }
-        // the device copy is out of the cache while the layers run; back in whatever happens
-        let r = match gkv.as_deref_mut() {
-            Some(g) => g.upload(&*st.kv).and_then(|()| self.gpu_run(st, first, off, Some(g))),
-            None => self.gpu_run(st, first, off, None),
-        };
-        if let Some(mut g) = gkv {
-            if r.is_err() {
-                g.dirty = true; // the device copy may be partly written: the host's is the reference
-            }
-            st.kv.gpu = Some(g);
-        }
-        r
-    }
-
-    #[cfg(feature = "gpu")]
-    fn gpu_run(&self, st: &mut Step, first: usize, off: &crate::gpu::Offload, gkv: Option<&crate::gpu::kv::GpuKv>) -> Result<bool> {
-        use crate::gpu::resident::{Run, B};
-        use crate::hparams::RopeType;
-        use crate::ops::attention::AttnParams;
-        let hp = st.hp;
-        let (n, ne, n_layer) = (st.n, hp.n_embd, self.layers.len());
-        let (hd_k, hd_v) = (hp.n_embd_head_k, hp.n_embd_head_v);
-        let c = &self.cfg;
-        let (mut qw, mut kw, mut vw, mut ow, mut ff, mut kv_rows) = (0, 0, 0, 0, 0, 0);
-        for il in first..n_layer {
-            qw = qw.max(hd_k * hp.n_head(il));
-            kw = kw.max(hp.n_embd_k_gqa(il));
-            vw = vw.max(hp.n_embd_v_gqa(il));
-            ow = ow.max(hd_v * hp.n_head(il));
-            if let Ffn::Dense { down, .. } = &self.layers[il].ffn {
-                ff = ff.max(down.ne[0]);
-            }
-            kv_rows += n * (hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il));
-        }
-        let tables = gkv.map(|_| {
-            let variants: Vec<(usize, bool)> = self.layers[first..].iter().map(|l| (l.n_swa, c.swa_chunked)).collect();
-            let b = &*st.b;
-            crate::gpu::kv::Tables::new(st.kv, &b.keys, &b.key_range[..n], &b.pos[..n], &b.cells[..n], &variants)
-        });
-        let sizes = [
-            (B::X, n * ne),
-            (B::Cur, n * ne),
-            (B::Tmp, n * ne),
-            (B::Q, n * qw),
-            (B::K, n * kw),
-            (B::V, n * vw),
-            (B::Att, n * ow),
-            (B::Gate, n * ff),
-            (B::Up, n * ff),
-            (B::Rope, n * hd_k),
-            (B::Meta, tables.as_ref().map_or(0, |t| t.words.len())),
-            (B::KvOut, if gkv.is_some() { kv_rows } else { 0 }),
-            (B::RopeAll, if gkv.is_some() { (n_layer - first) * n * hd_k } else { 0 }),
-        ];
-        let mut run = Run::begin(off, &self.gpu_vecs, &sizes)?;
-        run.write(B::X, &st.b.x[..n * ne]);
-        if let Some(t) = &tables {
-            run.write_u32(B::Meta, &t.words);
-        }
-        let mut out_at = 0;
-        let eps = self.eps;
-        let eps_qk = hp.f_norm_rms_eps;
-        let mut table = vec![0f32; n * hd_k];
-        for il in first..n_layer {
-            let l = &self.layers[il];
-            let (n_head, n_head_kv) = (hp.n_head(il), hp.n_head_kv(il));
-            let (lq, lk, lv) = (n_head * hd_k, n_head_kv * hd_k, n_head_kv * hd_v);
-            run.copy(B::X, B::Cur, n * ne);
-            run.rms_norm(B::Cur, n, ne, Some(&l.attn_norm), eps);
-            run.add_bias(B::Cur, n, l.attn_norm_b.as_deref());
-            if l.fused_qkv {
-                run.mm(&l.wq, B::Cur, B::Q, n, 0..lq)?;
-                run.mm(&l.wq, B::Cur, B::K, n, lq..lq + lk)?;
-                run.mm(&l.wq, B::Cur, B::V, n, lq + lk..lq + lk + lv)?;
-            } else {
-                run.mm(&l.wq, B::Cur, B::Q, n, 0..lq)?;
-                run.mm(&l.wk, B::Cur, B::K, n, 0..lk)?;
-                run.mm(&l.wv, B::Cur, B::V, n, 0..lv)?;
-            }
-            run.add_bias(B::Q, n, l.bq.as_deref());
-            run.add_bias(B::K, n, l.bk.as_deref());
-            run.add_bias(B::V, n, l.bv.as_deref());
-            if let Some(qn) = &l.q_norm {
-                let w = if qn.len() == lq { lq } else { hd_k };
-                run.rms_norm(B::Q, n * lq / w, w, Some(qn), eps_qk);
-            }
-            if let Some(kn) = &l.k_norm {
-                let w = if kn.len() == lk { lk } else { hd_k };
-                run.rms_norm(B::K, n * lk / w, w, Some(kn), eps_qk);
-            }
-            if let Some(r) = l.rope.as_ref().filter(|r| r.rope_type != RopeType::None) {
-                for t in 0..n {
-                    r.fill_cache(st.b.pos[t], &mut table[t * hd_k..(t + 1) * hd_k]);
-                }
-                if gkv.is_some() {
-                    // one submission: this layer's table goes to its own place, copied in order
-                    let at = (il - first) * n * hd_k;
-                    run.write_at(B::RopeAll, at, &table);
-                    run.copy_at(B::RopeAll, at, B::Rope, 0, n * hd_k);
-                } else {
-                    run.write(B::Rope, &table);
-                }
-                let neox = r.rope_type == RopeType::Neox;
-                run.rope(B::Q, n, n_head, hd_k, r.n_dims, neox);
-                run.rope(B::K, n, n_head_kv, hd_k, r.n_dims, neox);
-            }
-            if c.q_scale != 1.0 {
-                run.scale(B::Q, n * lq, c.q_scale);
-            }
-            if c.qk_rms_after_rope && l.rope.is_some() {
-                run.rms_norm(B::Q, n * n_head, hd_k, None, eps_qk);
-                run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
-            }
-            let p = AttnParams {
-                il,
-                n_head,
-                n_head_kv,
-                hd_k,
-                hd_v,
-                scale: c.kq_scale,
-                softcap: c.attn_softcap,
-                n_swa: l.n_swa,
-                chunked: c.swa_chunked,
-                sinks: None,
-            };
-            if let (Some(g), Some(t)) = (gkv, tables.as_ref()) {
-                let a = crate::gpu::kv::LayerAttn::of(&p, st.kv.flash_attn);
-                run.attend(g, t, n, &a, out_at)?;
-                out_at += n * (lk + lv);
-            } else {
-                // q and k come down into the FFN's gate and up memory, as build_attn lends it
-                let b = &mut *st.b;
-                std::mem::swap(&mut b.q, &mut b.gate);
-                std::mem::swap(&mut b.k, &mut b.up);
-                let r = run.submit(&mut [(B::Q, &mut b.q[..n * lq]), (B::K, &mut b.k[..n * lk]), (B::V, &mut b.v[..n * lv])]);
-                let r = r.and_then(|()| st.attend_cached(&p));
-                let b = &mut *st.b;
-                std::mem::swap(&mut b.q, &mut b.gate);
-                std::mem::swap(&mut b.k, &mut b.up);
-                r?;
-                run.write(B::Att, &st.b.att[..n * n_head * hd_v]);
-            }
-            run.mm(&l.wo, B::Att, B::Tmp, n, 0..ne)?;
-            run.add_bias(B::Tmp, n, l.bo.as_deref());
-            if let Some(pn) = &l.post_attn_norm {
-                run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
-            }
-            if c.residual_scale != 1.0 {
-                run.scale(B::Tmp, n * ne, c.residual_scale);
-            }
-            run.add(B::X, B::Tmp, n * ne);
-            run.copy(B::X, B::Cur, n * ne);
-            run.rms_norm(B::Cur, n, ne, Some(&l.ffn_norm), eps);
-            run.add_bias(B::Cur, n, l.ffn_norm_b.as_deref());
-            let Ffn::Dense { gate, up, down, gate_b, up_b, down_b } = &l.ffn else {
-                return Err(crate::error::Error::Invalid(format!("internal: layer {il}: MoE on the GPU path")));
-            };
-            let n_ff = down.ne[0];
-            match gate {
-                Some(g) => {
-                    run.mm(g, B::Cur, B::Gate, n, 0..n_ff)?;
-                    run.mm(up, B::Cur, B::Up, n, 0..n_ff)?;
-                }
-                None => {
-                    run.mm(up, B::Cur, B::Gate, n, 0..n_ff)?;
-                    run.mm(up, B::Cur, B::Up, n, n_ff..2 * n_ff)?;
-                }
-            }
-            run.add_bias(B::Gate, n, gate_b.as_deref());
-            run.add_bias(B::Up, n, up_b.as_deref());
-            run.glu(B::Gate, B::Up, n * n_ff, c.act == FfnAct::Gelu);
-            run.mm(down, B::Gate, B::Tmp, n, 0..ne)?;
-            run.add_bias(B::Tmp, n, down_b.as_deref());
-            if let Some(pn) = &l.post_ffw_norm {
-                run.rms_norm(B::Tmp, n, ne, Some(pn), eps);
-            }
-            if c.residual_scale != 1.0 {
-                run.scale(B::Tmp, n * ne, c.residual_scale);
-            }
-            run.add(B::X, B::Tmp, n * ne);
-        }
-        if gkv.is_none() {
-            run.submit(&mut [(B::X, &mut st.b.x[..n * ne])])?;
-            drop(run);
-            return Ok(st.select_outputs());
-        }
-        // the new K/V rows into the host copy, converted as the CPU path stores them
-        let mut rows = vec![0f32; out_at];
-        run.submit(&mut [(B::X, &mut st.b.x[..n * ne]), (B::KvOut, &mut rows)])?;
-        drop(run);
-        let kv = &mut *st.kv;
-        let mut at = 0;
-        for il in first..n_layer {
-            let (lk, lv) = (hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il));
-            let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
-            for t in 0..n {
-                let (s, cell) = st.b.cells[t];
-                let o = (s as usize * kv.size + cell as usize) * rk;
-                crate::quant::quantize_row_cpu(kv.type_k, &rows[at + t * lk..at + (t + 1) * lk], &mut kv.k[il][o..o + rk])?;
-            }
-            at += n * lk;
-            for t in 0..n {
-                let (s, cell) = st.b.cells[t];
-                let o = (s as usize * kv.size + cell as usize) * rv;
-                crate::quant::quantize_row_cpu(kv.type_v, &rows[at + t * lv..at + (t + 1) * lv], &mut kv.v[il][o..o + rv])?;
-            }
-            at += n * lv;
-        }
-        Ok(st.select_outputs())
+        layers.reverse();
+        Some(DecoderStack {
+            n_layer,
+            layers,
+            eps: self.eps,
+            eps_qk: hp.f_norm_rms_eps,
+            q_scale: c.q_scale,
+            residual_scale: c.residual_scale,
+            gelu: c.act == FfnAct::Gelu,
+            cache: &self.dev_cache,
+        })
     }
 }
 

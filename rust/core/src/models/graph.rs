@@ -16,7 +16,8 @@ use crate::hparams::HParams;
 use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
-use crate::ops::matmul::{matmul_on, MatmulDevice};
+use crate::backend::Backend;
+use crate::ops::matmul::matmul_on;
 use crate::ops::norm::{layer_norm_row, rms_norm_row};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -739,7 +740,7 @@ impl Step<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm(
         pool: &ThreadPool,
-        dev: Option<&dyn MatmulDevice>,
+        dev: Option<&dyn Backend>,
         w: &TensorView,
         x: &[f32],
         n: usize,
@@ -764,7 +765,7 @@ impl Step<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm_rows(
         pool: &ThreadPool,
-        dev: Option<&dyn MatmulDevice>,
+        dev: Option<&dyn Backend>,
         w: &TensorView,
         x: &[f32],
         n: usize,

@@ -26,6 +26,7 @@
 //! count (tests hold every path to it bit for bit); so a token's logits do not depend on
 //! what else is in its batch.
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
 use crate::model::TensorView;
@@ -33,38 +34,11 @@ use crate::quant::{self, kernel_set, KernelSet};
 use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 use std::ops::Range;
 
-/// The backend seam: another device that runs some matrix products, those whose weights it
-/// holds (the GPU offload of `n_gpu_layers`, `crate::gpu::Offload`). The forward pass never
-/// names a backend: its products go through `matmul_on`, which asks the model's device
-/// first and otherwise runs the CPU backend (`try_matmul_rows` over the kernel table,
-/// `quant::table`), so a model without one computes exactly as before, and a new backend is
-/// one more implementation of this trait, not an edit of the model files.
-pub trait MatmulDevice: Send + Sync {
-    /// `try_matmul_rows` on the device: Ok(false) when `w` is not on it (nothing written).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_rows(
-        &self,
-        w: &TensorView,
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        ld_out: usize,
-        rows: Range<usize>,
-    ) -> Result<bool>;
-
-    /// One line: the device and what it holds.
-    fn describe(&self) -> String;
-
-    /// The device itself (the GPU backend's `gpu::Offload`), for forward passes that keep
-    /// activations on it.
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
 /// Rows `rows` of w x into `out` (as `try_matmul_rows`) on the backend that holds `w`: the
-/// device `dev` when it does, else the CPU kernels.
+/// device `dev` when it does, else the CPU kernels (the backend seam: crate::backend).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
-    dev: Option<&dyn MatmulDevice>,
+    dev: Option<&dyn Backend>,
     pool: &ThreadPool,
     w: &TensorView,
     x: &[f32],
