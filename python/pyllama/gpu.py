@@ -7,9 +7,8 @@ for, with ``allow_software=True`` or ``PYLLAMA_GPU=cpu-ok``: it is slower than t
 kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
 ``llama_model_params``, ``-ngl``) puts the matmuls of the last N layers on the first usable
 adapter (``main_gpu`` picks another). For the shared decoder's architectures whole layers
-run there (with ``offload_kqv`` and an f32, f16, q8_0, q4_0, q4_1, q5_0 or q5_1 cache, the KV
-cache and attention too); other layers send each matmul's activations to the device and
-back.
+run there (with ``offload_kqv`` and an F16/F32 cache, the KV cache and attention too); other
+layers send each matmul's activations to the device and back.
 """
 
 from __future__ import annotations

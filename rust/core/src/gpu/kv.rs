@@ -62,9 +62,14 @@ fn type_code(t: GgmlType) -> Option<u32> {
 
 /// Why the cache of `kv` cannot live on the device (None: it can).
 pub fn unsupported(kv: &KvCache, hd_k: usize, hd_v: usize) -> Option<String> {
-    if type_code(kv.type_k).is_none() || type_code(kv.type_v).is_none() {
+    // kv_store.wgsl and attn.wgsl handle the quantized types (Q8_0, Q4_0, Q4_1, Q5_0,
+    // Q5_1; the attention test below holds them to the CPU to 3e-7, bytes equal), but whole
+    // models with a quantized K or V on the device disagree with the CPU path (tiny-llama:
+    // mean |diff| 0.03..0.3 over multi-token prompts; cause not found yet): until then
+    // those caches stay on the CPU
+    if !matches!(kv.type_k, GgmlType::F32 | GgmlType::F16) || !matches!(kv.type_v, GgmlType::F32 | GgmlType::F16) {
         return Some(format!(
-            "KV cache types {}/{}: GPU attention handles f32, f16, q8_0, q4_0, q4_1, q5_0 and q5_1 caches",
+            "KV cache types {}/{}: GPU attention handles f16 and f32 caches",
             kv.type_k.name().to_lowercase(),
             kv.type_v.name().to_lowercase()
         ));
