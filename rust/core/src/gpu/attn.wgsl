@@ -1,41 +1,19 @@
 // Attention over the device-held KV cache of an offloaded decoder layer (gpu/kv.rs).
 //
 // The cache of one layer is two buffers of rows [n_stream * size][n_embd_{k,v}_gqa], in
-// the host cache's byte layout: F16 (two halves per u32 word, the low one first) or F32.
+// the host cache's byte layout: F32, F16 (two halves per u32 word, the low one first), or
+// the blocks of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 (32 elements each, rows of whole blocks;
+// blocks need not start on a word: they are read byte by byte, and kv_store.wgsl writes
+// them). f16.wgsl and kv_params.wgsl are prepended by gpu/kv.rs.
 //
 // tab (u32, the `Meta` buffer) holds, per micro-batch: the cells of every sequence's sorted key list
 // (KvCache::keys_of, concatenated), then per mask variant the visible key range [lo, hi)
 // of each token (causal / sliding window, computed on the host as the CPU path does), then
 // each token's first cache row (stream * size).
 //
-// store: one thread per element (F32) or element pair (F16) of the micro-batch's K or V
-// rows, written to the token's cell.
 // attn: one workgroup per (head, token); a streaming ("flash") softmax over the visible
 // keys in chunks of 64, one key per thread for the scores, each thread then owning output
 // dimensions li, li + 64, ... of the value accumulator.
-
-struct P {
-    n_tok: u32,
-    n_head: u32,
-    group: u32,   // query heads per KV head
-    hd_k: u32,
-    hd_v: u32,
-    ek: u32,      // K row length (n_embd_k_gqa)
-    ev: u32,      // V row length
-    f16k: u32,    // 1: K rows are F16
-    f16v: u32,
-    rng_off: u32, // meta offset of the tokens' (lo, hi) pairs
-    row_off: u32, // meta offset of the tokens' first rows (store: the cell rows)
-    qw: u32,      // q row width (n_head * hd_k)
-    ow: u32,      // output row width (n_head * hd_v)
-    nx: u32,      // store: workgroups along x
-    kscale: f32,  // multiplies q.k first
-    softcap: f32, // then s = softcap * tanh(s) (0 = none)
-    post: f32,    // then s *= post
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-}
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
@@ -44,52 +22,119 @@ struct P {
 @group(0) @binding(4) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(5) var<uniform> p: P;
 
-// store: src = the f32 rows [n_tok, row] (row = ek), dst = the cache; f16k says its type
-@compute @workgroup_size(64)
-fn store(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = (wg.y * p.nx + wg.x) * 64u + li;
-    var per = p.ek;
-    if (p.f16k == 1u) {
-        per = p.ek / 2u;
-    }
-    if (i >= p.n_tok * per) {
-        return;
-    }
-    let t = i / per;
-    let k = i % per;
-    let r = tab[p.row_off + t];
-    if (p.f16k == 1u) {
-        let s = t * p.ek + 2u * k;
-        dst[r * per + k] = pack2x16float(vec2<f32>(src[s], src[s + 1u]));
+// byte o of the K (v = false) or V (v = true) cache
+fn cbyte(v: bool, o: u32) -> u32 {
+    var w: u32;
+    if (v) {
+        w = vc[o >> 2u];
     } else {
-        dst[r * per + k] = bitcast<u32>(src[t * p.ek + k]);
+        w = kc[o >> 2u];
+    }
+    return (w >> ((o & 3u) * 8u)) & 0xffu;
+}
+
+fn cf16(v: bool, o: u32) -> f32 {
+    return f16_val(cbyte(v, o) | (cbyte(v, o + 1u) << 8u));
+}
+
+// Block fields of element i of a cache of quantized type ty (2..6), as ggml's
+// dequantize_row_* reads them: the element is qraw * qd (+ qm for Q4_1 / Q5_1).
+fn qbytes(ty: u32) -> u32 {
+    return array<u32, 7>(4u, 2u, 34u, 18u, 20u, 22u, 24u)[ty];
+}
+
+fn qd(v: bool, ty: u32, i: u32) -> f32 {
+    return cf16(v, (i / 32u) * qbytes(ty));
+}
+
+fn qm(v: bool, ty: u32, i: u32) -> f32 {
+    if (ty == 4u || ty == 6u) {
+        return cf16(v, (i / 32u) * qbytes(ty) + 2u);
+    }
+    return 0.0;
+}
+
+fn qraw(v: bool, ty: u32, i: u32) -> f32 {
+    let b = (i / 32u) * qbytes(ty);
+    let j = i % 32u;
+    let lo = j % 16u; // 4-bit types: byte lo of qs, low nibble for j < 16
+    let sh = (j / 16u) * 4u;
+    switch ty {
+        case 2u: { // Q8_0: f16 d, i8 qs[32]
+            return f32(bitcast<i32>(cbyte(v, b + 2u + j) << 24u) >> 24u);
+        }
+        case 3u: { // Q4_0: f16 d, qs[16]; q - 8
+            return f32((cbyte(v, b + 2u + lo) >> sh) & 15u) - 8.0;
+        }
+        case 4u: { // Q4_1: f16 d, f16 m, qs[16]; q
+            return f32((cbyte(v, b + 4u + lo) >> sh) & 15u);
+        }
+        case 5u: { // Q5_0: f16 d, u8 qh[4] (fifth bit of element j in bit j), qs[16]; q - 16
+            let q = ((cbyte(v, b + 6u + lo) >> sh) & 15u) | (((cbyte(v, b + 2u + j / 8u) >> (j % 8u)) & 1u) << 4u);
+            return f32(i32(q) - 16);
+        }
+        default: { // Q5_1: f16 d, f16 m, u8 qh[4], qs[16]; q
+            let q = ((cbyte(v, b + 8u + lo) >> sh) & 15u) | (((cbyte(v, b + 4u + j / 8u) >> (j % 8u)) & 1u) << 4u);
+            return f32(q);
+        }
     }
 }
 
 fn kval(i: u32) -> f32 {
-    if (p.f16k == 1u) {
-        let v = unpack2x16float(kc[i >> 1u]);
-        return select(v.x, v.y, (i & 1u) == 1u);
+    if (p.tk == 0u) {
+        return bitcast<f32>(kc[i]);
     }
-    return bitcast<f32>(kc[i]);
+    if (p.tk == 1u) {
+        return f16_val((kc[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
+    }
+    return qraw(false, p.tk, i) * qd(false, p.tk, i) + qm(false, p.tk, i);
 }
 
 fn vval(i: u32) -> f32 {
-    if (p.f16v == 1u) {
-        let v = unpack2x16float(vc[i >> 1u]);
-        return select(v.x, v.y, (i & 1u) == 1u);
+    if (p.tv == 0u) {
+        return bitcast<f32>(vc[i]);
     }
-    return bitcast<f32>(vc[i]);
+    if (p.tv == 1u) {
+        return f16_val((vc[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
+    }
+    return qraw(true, p.tv, i) * qd(true, p.tv, i) + qm(true, p.tv, i);
 }
 
 const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<f32, 256>;
+var<workgroup> qsd: array<f32, 8>; // quantized K: q's block scales (f16 values)
+var<workgroup> qss: array<f32, 8>; // and d * sum of its quants (Q8_1's s), f16 values
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> rows: array<u32, 64>;
 var<workgroup> red: array<f32, 64>;
 var<workgroup> wlo: u32;
 var<workgroup> whi: u32;
+
+// Quantized K: q (in qs) to K's vec_dot type as ggml-cpu's flash attention does: Q8_0
+// (for Q8_0 / Q4_0 / Q5_0 K) or Q8_1 (Q4_1 / Q5_1), the x86 quantizers: d = amax / 127
+// (stored f16), quants round(x * 127 / amax) half to even, Q8_1's s = f16(d * sum).
+// Thread li < hd_k / 32 does block li; the quants replace q in qs.
+fn quantize_q(li: u32) {
+    workgroupBarrier();
+    if (li < p.hd_k / 32u) {
+        let b = li * 32u;
+        var amax = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            amax = max(amax, abs(qs[b + j]));
+        }
+        let d = amax / 127.0;
+        let id = select(0.0, 127.0 / amax, amax != 0.0);
+        var sum = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            let q = clamp(round(qs[b + j] * id), -128.0, 127.0);
+            qs[b + j] = q;
+            sum += q;
+        }
+        qsd[li] = f16_val(f16_bits(d));
+        qss[li] = f16_val(f16_bits(d * sum));
+    }
+}
 
 // attn: src = q [n_tok, qw], dst = out [n_tok, ow] (f32 bits)
 @compute @workgroup_size(64)
@@ -103,6 +148,9 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var d = li; d < p.hd_k; d += 64u) {
         qs[d] = src[t * p.qw + h * p.hd_k + d];
+    }
+    if (p.tk >= 2u) {
+        quantize_q(li);
     }
     let lo = workgroupUniformLoad(&wlo);
     let hi = workgroupUniformLoad(&whi);
@@ -118,8 +166,20 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             rows[li] = r;
             let ko = r * p.ek + g * p.hd_k;
             var dot = 0.0;
-            for (var d = 0u; d < p.hd_k; d += 1u) {
-                dot = fma(kval(ko + d), qs[d], dot);
+            if (p.tk >= 2u) {
+                // the vec_dot of K's type with q in its vec_dot type: per block, the
+                // integer dot times both scales (+ K's min times q's sum for Q4_1 / Q5_1)
+                for (var b = 0u; b < p.hd_k; b += 32u) {
+                    var isum = 0.0;
+                    for (var d = 0u; d < 32u; d += 1u) {
+                        isum += qraw(false, p.tk, ko + b + d) * qs[b + d];
+                    }
+                    dot += isum * (qd(false, p.tk, ko + b) * qsd[b / 32u]) + qm(false, p.tk, ko + b) * qss[b / 32u];
+                }
+            } else {
+                for (var d = 0u; d < p.hd_k; d += 1u) {
+                    dot = fma(kval(ko + d), qs[d], dot);
+                }
             }
             s = dot * p.kscale;
             if (p.softcap != 0.0) {

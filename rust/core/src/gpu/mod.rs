@@ -206,8 +206,8 @@ struct Fault {
     lost: Option<String>,
 }
 
-/// Tokens per workgroup of the matrix-matrix kernel.
-const TN_MM: u32 = 8;
+/// Tokens per workgroup of the tiled matrix-matrix kernel (mm_tiled.wgsl).
+const TN_MM: u32 = 16;
 
 impl Gpu {
     /// Open adapter `index` of `usable_adapters(allow_software)`.
@@ -401,8 +401,9 @@ impl Gpu {
         let xbuf = self.grow(&mut sc.x, xb, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, "x");
         let ybuf = self.grow(&mut sc.y, yb, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC, "y");
         let rbuf = self.grow(&mut sc.read, yb, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "read");
-        let nx = n_rows.min(65535);
-        let ny = n_rows.div_ceil(nx);
+        let n_groups = n_rows.div_ceil(shaders::rows_per_group(tn));
+        let nx = n_groups.min(65535);
+        let ny = n_groups.div_ceil(nx);
         let nz = n_tokens.div_ceil(tn as usize);
         if nz > 65535 {
             return Err(too_big("the token count"));

@@ -222,7 +222,7 @@ impl<'g> Run<'g> {
         let tn = if n == 1 { 1 } else { TN_MM };
         let (pipe, layout) = self.gpu.pipeline(g.ty, tn)?;
         let row_bytes = crate::quant::row_bytes(g.ty, n_in)?;
-        let (nx, ny) = groups_for(n_rows);
+        let (nx, ny) = groups_for(n_rows.div_ceil(super::shaders::rows_per_group(tn)));
         let nz = n.div_ceil(tn as usize);
         if nz > 65535 || rows.end * row_bytes > u32::MAX as usize {
             return Err(Error::Invalid(format!("GPU matmul '{}': too large for 32-bit indexing", w.name)));

@@ -1,4 +1,5 @@
-//! WGSL sources: one `deq` per weight format, prepended to `matmul.wgsl`.
+//! WGSL sources: one `deq` per weight format, appended to `mm_common.wgsl` and a kernel
+//! (`matmul.wgsl` for one token, `mm_tiled.wgsl` for several).
 //!
 //! `deq(base, j, v)` writes the 32 weights of chunk `j` of the row whose bytes start at
 //! `base` into `v` (zeros past the row's end for the float formats, whose rows need not be
@@ -298,10 +299,22 @@ fn deq_source(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// The full shader for `ty` with `tn` tokens per workgroup (1..=8).
+/// Rows per workgroup of the kernel for `tn` tokens per workgroup: 1 for the
+/// matrix-vector kernel (tn = 1, matmul.wgsl), 64 for the tiled one (mm_tiled.wgsl).
+pub fn rows_per_group(tn: u32) -> usize {
+    if tn == 1 {
+        1
+    } else {
+        64
+    }
+}
+
+/// The full shader for `ty` with `tn` tokens per workgroup: tn = 1 is the matrix-vector
+/// kernel, 2..=32 the tiled matrix-matrix one.
 pub fn matmul_source(ty: GgmlType, tn: u32) -> Option<String> {
-    debug_assert!((1..=8).contains(&tn));
+    debug_assert!((1..=32).contains(&tn));
     let deq = deq_source(ty)?;
     let table = if matches!(ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS) { IQ4_TABLE } else { "" };
-    Some(format!("const TN: u32 = {tn}u;\n{}\n{table}{deq}", include_str!("matmul.wgsl")))
+    let kernel = if tn == 1 { include_str!("matmul.wgsl") } else { include_str!("mm_tiled.wgsl") };
+    Some(format!("const TN: u32 = {tn}u;\n{}\n{}\n{kernel}\n{table}{deq}", include_str!("f16.wgsl"), include_str!("mm_common.wgsl")))
 }
