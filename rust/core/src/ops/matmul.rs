@@ -309,8 +309,32 @@ pub fn matmul_with(
                     // a decode step of 9..32 sequences: every group's packed activations
                     // fit L1 together, so each weight row is read from memory once for
                     // all groups (group-outer would stream a large matrix, the output
-                    // projection, once per group)
-                    for r in mine {
+                    // projection, once per group); in the AVX-512 set two rows per call
+                    // (one per zmm half: half the instructions per column and block)
+                    let mut r = mine.start;
+                    if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
+                        let mut tmp_b = [0f32; PACK_COLS];
+                        while r + 1 < mine.end {
+                            for g in 0..n_groups {
+                                let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                                let pk = if nc == PACK_COLS { pf } else { pl };
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
+                                // bytes are in scratch; out in bounds (checked); the kernel
+                                // writes nc values to each tmp
+                                unsafe {
+                                    let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    }
+                                }
+                            }
+                            r += 2;
+                        }
+                    }
+                    for r in r..mine.end {
                         for g in 0..n_groups {
                             row_group(r, g, &mut tmp);
                         }
