@@ -814,6 +814,11 @@ mod tests {
     /// Keys at positions 0..10 in scattered cells of a 16-cell cache, queries at `qpos`:
     /// (attention's output, the reference) [n_q, n_head * hd].
     fn run(c: &Case, t: GgmlType, flash: bool, qpos: &[i32]) -> (Vec<f32>, Vec<f32>) {
+        run_on(c, t, flash, qpos, 2)
+    }
+
+    /// `run` on a pool of `threads` threads.
+    fn run_on(c: &Case, t: GgmlType, flash: bool, qpos: &[i32], threads: usize) -> (Vec<f32>, Vec<f32>) {
         let (size, n_keys, hd) = (16usize, 10usize, c.hd);
         let kw = c.n_head_kv * hd;
         let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, t, t).unwrap();
@@ -858,9 +863,9 @@ mod tests {
         let stream = vec![0u32; n_q];
         let key_range = vec![(0u32, n_keys as u32); n_q];
         let inp = AttnInputs { pos: qpos, stream: &stream, key_range: &key_range, keys: &keys };
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(threads);
         let stride = scratch_per_thread(size, hd, hd);
-        let mut scratch = vec![0f32; stride * 2];
+        let mut scratch = vec![0f32; stride * threads];
         let mut out = vec![f32::NAN; n_q * c.n_head * hd];
         attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
 
@@ -907,6 +912,23 @@ mod tests {
         let (got, want) = run(c, t, flash, &qpos);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= tol, "{t} flash={flash} swa={} element {i}: got {g}, want {w}", c.n_swa);
+        }
+    }
+
+    #[test]
+    fn f16_kernel_bits_do_not_depend_on_threads_or_head_grouping() {
+        // The F16 kernel's items: whole GQA groups (enough tokens per thread) or even shares
+        // of the (token, head) slots cut inside groups (a decode step): each head gets the
+        // same bits whichever heads it shares a pass over the keys with.
+        for c in [Case { n_head: 6, n_head_kv: 2, hd: 64, ..BASE }, Case { n_head: 4, n_head_kv: 1, hd: 32, ..BASE }, BASE] {
+            for qpos in [&[9][..], &[7, 9], &[2, 3, 4, 5, 6, 7, 8, 9]] {
+                let (one, _) = run_on(&c, GgmlType::F16, true, qpos, 1);
+                for threads in 2..=5 {
+                    let (got, _) = run_on(&c, GgmlType::F16, true, qpos, threads);
+                    let same = one.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "n_head {} / {} kv, {} tokens, {threads} threads", c.n_head, c.n_head_kv, qpos.len());
+                }
+            }
         }
     }
 
