@@ -13,8 +13,8 @@
 //! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
 //! row is taken once for all groups, so K sequences decoding together read each weight
 //! block from memory once;
-//! in the AVX-512 set two weight rows per call for prefill (`quant::avx2_rb::packed_pair_kernel`,
-//! one row per zmm half);
+//! in the AVX-512 set two weight rows per call (`quant::avx2_rb::packed_pair_kernel`, one row
+//! per zmm half), for prefill and for those decode steps alike;
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
 //! into the thread's scratch, all tokens against each block (`quant::avx2_rb`), the rows
 //! left after the blocks on the tiles below;
