@@ -6,10 +6,14 @@ llama-bench is found with --llama-bench, on PATH, or built from the llama-cpp-py
 sdist (downloaded with pip into ~/.cache/pyllama/llama.cpp, built with cmake; needs cmake and
 a C++ compiler; ~10 minutes on 2 cores the first time). Nothing of llama.cpp is committed.
 
-    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2] [--baseline DIR]
+    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
+        [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR]
 
-``--baseline DIR`` adds an older pyllama (``pip install --target DIR pyllama_gguf-*.whl``) to the
-alternation: a before/after table in one run.
+-d/--depth fills the KV cache with that many tokens before each test (untimed, llama-bench's
+-d), so pp512 @ d4096 and tg128 @ d4096 time attention over a long cache; -ctk/-ctv/-fa go to
+both programs (llama.cpp needs -fa 1 for a quantized V cache). ``--baseline DIR`` adds an older
+pyllama (``pip install --target DIR pyllama_gguf-*.whl``) to the alternation: a before/after
+table in one run.
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
 
 def key(r: dict) -> str:
     p, g = r["n_prompt"], r["n_gen"]
-    return f"pp{p}" if g == 0 else (f"tg{g}" if p == 0 else f"pp{p}+tg{g}")
+    t = f"pp{p}" if g == 0 else (f"tg{g}" if p == 0 else f"pp{p}+tg{g}")
+    d = r.get("n_depth", 0)
+    return f"{t} @ d{d}" if d else t
 
 
 def main() -> None:
@@ -84,6 +90,10 @@ def main() -> None:
     ap.add_argument("-p", "--n-prompt", default="512")
     ap.add_argument("-n", "--n-gen", default="128")
     ap.add_argument("--rounds", type=int, default=2, help="alternate the two programs this many times")
+    ap.add_argument("-d", "--depth", default="0", help="tokens in the KV cache before each test (llama-bench -d)")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16")
+    ap.add_argument("-fa", "--flash-attn", default=None, help="llama-bench -fa (both programs); default: each one's own")
     ap.add_argument("--llama-bench", help="path to an existing llama-bench")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run an older pyllama installed in DIR (pip install --target DIR), alternated with the others")
@@ -95,7 +105,10 @@ def main() -> None:
 
         models = [str(p) for p in (_models.smollm2_path(), _models.gemma3_path()) if p]
     lb = a.llama_bench or shutil.which("llama-bench") or str(build_llama_bench())
-    common = ["-t", a.threads, "-r", a.repetitions, "-p", a.n_prompt, "-n", a.n_gen, "-o", "json"]
+    common = ["-t", a.threads, "-r", a.repetitions, "-p", a.n_prompt, "-n", a.n_gen, "-d", a.depth,
+              "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-o", "json"]
+    if a.flash_attn is not None:
+        common += ["-fa", a.flash_attn]
     samples: dict[tuple[str, str, str], list[float]] = {}
     progs: list[tuple[str, str, dict | None]] = [("llama.cpp", lb, None), ("pyllama", "", None)]
     if a.baseline:

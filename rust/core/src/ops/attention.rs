@@ -165,32 +165,48 @@ pub fn attention(
         // is converted from f16 once per group instead of once per head, and the heads'
         // dot products run as independent chains. Per head, the operations and their
         // order are exactly those of the single-head kernel.
-        // Items are (token, heads); thread ith takes items ith, ith + nth, ...: a causal
-        // batch's later tokens see more keys, and contiguous ranges left the first thread
-        // idle for most of the region.
-        // Heads per item: the whole group when there are enough items to share out
-        // (prefill), else fewer (a single-token decode of Gemma 3 has one KV head: one
-        // item would leave the other threads idle). Per head the result is the same.
-        let sub = [group, 2, 1]
-            .into_iter()
-            .find(|&s| s <= group && group % s == 0 && n_tokens * (p.n_head / s) >= 4 * pool.n_threads())
-            .unwrap_or(1);
-        let per_tok = p.n_head / sub;
-        let n_items = n_tokens * per_tok;
+        // Items are (token, first head, heads) of one GQA group. With enough of them for
+        // every thread (prefill), whole groups, thread ith taking items ith, ith + nth, ...
+        // (a causal batch's later tokens see more keys: contiguous ranges left the first
+        // thread idle for most of the region). Otherwise (decode: a single-token step of SmolLM2 has 3
+        // groups of 3 heads, Gemma 3 one group of 4, for 2+ threads) each thread takes a
+        // contiguous, even share of the step's (token, head) slots, cut at group borders:
+        // the heads a thread does of one group share one pass over the group's K and V rows
+        // (a 4096-key cache reads them once per thread instead of once per head), and the
+        // threads stay balanced. Per head the result is the same either way.
+        let whole_groups = n_tokens * p.n_head_kv >= 4 * pool.n_threads();
+        let n_slots = n_tokens * p.n_head;
         pool.run(&|ith, nth| {
             let (hk, hv) = (p.hd_k, p.hd_v);
-            let mut qb = vec![0f32; sub * hk];
-            let mut acc = vec![0u16; sub * hv];
-            let mut m = vec![0f32; sub];
-            let mut ssum = vec![0f32; sub];
-            let mut sc = vec![0f32; sub];
-            let mut vs = vec![0f32; sub];
+            let mut qb = vec![0f32; group * hk];
+            let mut acc = vec![0u16; group * hv];
+            let mut m = vec![0f32; group];
+            let mut ssum = vec![0f32; group];
+            let mut sc = vec![0f32; group];
+            let mut vs = vec![0f32; group];
+            // this thread's items, as (token, first head, heads)
+            let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
+            let mut slot = mine.start;
             let mut item = ith;
-            while item < n_items {
-                let t = item / per_tok;
-                let h0 = item % per_tok * sub;
-                let g = h0 / group; // the KV head of heads h0..h0 + sub (sub divides group)
-                item += nth;
+            loop {
+                let (t, h0, sub) = if whole_groups {
+                    if item >= n_tokens * p.n_head_kv {
+                        break;
+                    }
+                    let it = item;
+                    item += nth;
+                    (it / p.n_head_kv, it % p.n_head_kv * group, group)
+                } else {
+                    if slot >= mine.end {
+                        break;
+                    }
+                    let (t, h) = (slot / p.n_head, slot % p.n_head);
+                    // up to the end of h's group, of the token, or of this thread's share
+                    let sub = (group - h % group).min(mine.end - slot);
+                    slot += sub;
+                    (t, h, sub)
+                };
+                let g = h0 / group; // the KV head of heads h0..h0 + sub (one group)
                 // SAFETY: heads h0..h0 + sub of token t belong to this item only.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
                 o.fill(0.0);
@@ -203,6 +219,7 @@ pub fn attention(
                 for (d, x) in qb.iter_mut().zip(&q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk]) {
                     *d = half::f16::from_f32(*x).to_f32();
                 }
+                let acc = &mut acc[..sub * hv];
                 acc.fill(0);
                 m.fill(f32::NEG_INFINITY);
                 ssum.fill(0.0);
@@ -239,7 +256,7 @@ pub fn attention(
                     }
                     let row = kv.v_row(p.il, stream, cell as usize);
                     let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
-                    mad_f16_acc_n(&mut acc, hv, &vs, v16);
+                    mad_f16_acc_n(acc, hv, &vs[..sub], v16);
                 }
                 for j in 0..sub {
                     let oj = &mut o[j * hv..(j + 1) * hv];
@@ -797,6 +814,11 @@ mod tests {
     /// Keys at positions 0..10 in scattered cells of a 16-cell cache, queries at `qpos`:
     /// (attention's output, the reference) [n_q, n_head * hd].
     fn run(c: &Case, t: GgmlType, flash: bool, qpos: &[i32]) -> (Vec<f32>, Vec<f32>) {
+        run_on(c, t, flash, qpos, 2)
+    }
+
+    /// `run` on a pool of `threads` threads.
+    fn run_on(c: &Case, t: GgmlType, flash: bool, qpos: &[i32], threads: usize) -> (Vec<f32>, Vec<f32>) {
         let (size, n_keys, hd) = (16usize, 10usize, c.hd);
         let kw = c.n_head_kv * hd;
         let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, t, t).unwrap();
@@ -841,9 +863,9 @@ mod tests {
         let stream = vec![0u32; n_q];
         let key_range = vec![(0u32, n_keys as u32); n_q];
         let inp = AttnInputs { pos: qpos, stream: &stream, key_range: &key_range, keys: &keys };
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(threads);
         let stride = scratch_per_thread(size, hd, hd);
-        let mut scratch = vec![0f32; stride * 2];
+        let mut scratch = vec![0f32; stride * threads];
         let mut out = vec![f32::NAN; n_q * c.n_head * hd];
         attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
 
@@ -890,6 +912,23 @@ mod tests {
         let (got, want) = run(c, t, flash, &qpos);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!((g - w).abs() <= tol, "{t} flash={flash} swa={} element {i}: got {g}, want {w}", c.n_swa);
+        }
+    }
+
+    #[test]
+    fn f16_kernel_bits_do_not_depend_on_threads_or_head_grouping() {
+        // The F16 kernel's items: whole GQA groups (enough tokens per thread) or even shares
+        // of the (token, head) slots cut inside groups (a decode step): each head gets the
+        // same bits whichever heads it shares a pass over the keys with.
+        for c in [Case { n_head: 6, n_head_kv: 2, hd: 64, ..BASE }, Case { n_head: 4, n_head_kv: 1, hd: 32, ..BASE }, BASE] {
+            for qpos in [&[9][..], &[7, 9], &[2, 3, 4, 5, 6, 7, 8, 9]] {
+                let (one, _) = run_on(&c, GgmlType::F16, true, qpos, 1);
+                for threads in 2..=5 {
+                    let (got, _) = run_on(&c, GgmlType::F16, true, qpos, threads);
+                    let same = one.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "n_head {} / {} kv, {} tokens, {threads} threads", c.n_head, c.n_head_kv, qpos.len());
+                }
+            }
         }
     }
 

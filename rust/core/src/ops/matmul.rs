@@ -13,8 +13,8 @@
 //! last group partial; up to 4 groups (a decode step of up to 32 sequences) each weight
 //! row is taken once for all groups, so K sequences decoding together read each weight
 //! block from memory once;
-//! in the AVX-512 set two weight rows per call for prefill (`quant::table::Packed::pair`,
-//! one row per zmm half);
+//! in the AVX-512 set two weight rows per call (`quant::table::Packed::pair`, one row per
+//! zmm half), for prefill and for those decode steps alike;
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
 //! into the thread's scratch, all tokens against each block (`quant::table::RowBlock`), the rows
 //! left after the blocks on the tiles below;
@@ -283,8 +283,32 @@ pub fn matmul_with(
                     // a decode step of 9..32 sequences: every group's packed activations
                     // fit L1 together, so each weight row is read from memory once for
                     // all groups (group-outer would stream a large matrix, the output
-                    // projection, once per group)
-                    for r in mine {
+                    // projection, once per group); in the AVX-512 set two rows per call
+                    // (one per zmm half: half the instructions per column and block)
+                    let mut r = mine.start;
+                    if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
+                        let mut tmp_b = [0f32; PACK_COLS];
+                        while r + 1 < mine.end {
+                            for g in 0..n_groups {
+                                let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                                let pk = if nc == PACK_COLS { pf } else { pl };
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
+                                // bytes are in scratch; out in bounds (checked); the kernel
+                                // writes nc values to each tmp
+                                unsafe {
+                                    let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    }
+                                }
+                            }
+                            r += 2;
+                        }
+                    }
+                    for r in r..mine.end {
                         for g in 0..n_groups {
                             row_group(r, g, &mut tmp);
                         }

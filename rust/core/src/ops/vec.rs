@@ -307,16 +307,20 @@ mod x86 {
         finish_f16_dot(&acc, a, b, np, n)
     }
 
-    /// ggml's tail of an f16 dot: the four 8-lane accumulators reduced in its order, then
-    /// the elements past the last 32 added in f64.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    /// ggml's tail of an f16 dot: the four 8-lane accumulators reduced in its order
+    /// (`reduce_ggml`: (acc0 + acc2) + (acc1 + acc3), then lanes l + l+4, then (0+1) + (2+3),
+    /// here in registers), then the elements past the last 32 added in f64. Always inlined
+    /// into its AVX2 callers (attention calls it once per key and head).
+    #[inline(always)]
     unsafe fn finish_f16_dot(acc: &[__m256; 4], a: &[u16], b: &[f32], np: usize, n: usize) -> f32 {
-        let mut l = [[0f32; 8]; 4];
-        for j in 0..4 {
-            _mm256_storeu_ps(l[j].as_mut_ptr(), acc[j]);
+        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let t1 = _mm_hadd_ps(t0, t0); // [t0[0] + t0[1], t0[2] + t0[3], ..]
+        let r = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+        if np == n {
+            return r;
         }
-        let mut s = super::reduce_ggml(&l) as f64;
+        let mut s = r as f64;
         for i in np..n {
             s += (f16::from_bits(a[i]).to_f32() * b[i]) as f64;
         }

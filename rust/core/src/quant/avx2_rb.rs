@@ -521,8 +521,9 @@ mod tests {
             sets.push(KernelSet::Avx512);
         }
         let mut s = 0x0dd_ba11_u64;
-        // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (more than
-        // ROW_OUTER_GROUPS groups, a partial last group, an odd row count)
+        // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (43 tokens: more
+        // than ROW_OUTER_GROUPS groups; 13: a decode step's row-outer loop over 2 groups;
+        // a partial last group, an odd row count)
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
             let (n_in, n_out) = (512, 45);
             let wrow = ty.row_size(n_in).unwrap();
@@ -539,7 +540,7 @@ mod tests {
                 }
             }
             let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
-            let n_tok = 43;
+            for n_tok in [43, 13] {
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect();
             let vdt = quant::vec_dot_type(ty);
             let xrow = vdt.row_size(n_in).unwrap();
@@ -561,11 +562,12 @@ mod tests {
                             for r in r0..r1 {
                                 let want = dot(n_in, &w[r * wrow..(r + 1) * wrow], &xq[t * xrow..(t + 1) * xrow]);
                                 let got = out[t * ld + r - r0];
-                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {set:?} threads={threads} rows {r0}..{r1} t={t} r={r}");
+                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {set:?} n_tok={n_tok} threads={threads} rows {r0}..{r1} t={t} r={r}");
                             }
                         }
                     }
                 }
+            }
             }
         }
     }
