@@ -8,8 +8,9 @@ machine that has the widest set can run each narrower class's code: pyllama thro
 llama.cpp's own packaging does the same (``GGML_CPU_ALL_VARIANTS`` builds one libggml-cpu per
 class, with the flag lists below); here each class's libggml-cpu is built from the
 llama-cpp-python 0.3.36 sdist into ``~/.cache/pyllama/llama.cpp/cls-<class>`` and put in front
-of the base llama-bench (the haswell build) with ``LD_LIBRARY_PATH``. The rest of llama.cpp
-(libllama, libggml-base) holds no class-specific kernels.
+of the base llama-bench (the haswell build) with ``LD_LIBRARY_PATH``; the libggml-base built
+beside it (same sources, the class's flags) comes along. libllama holds no class-specific
+kernels.
 
 Microarchitecture is not emulated: the ratios say how pyllama's code for a class compares with
 llama.cpp's code for that class on this machine's cores.
