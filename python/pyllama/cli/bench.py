@@ -56,6 +56,15 @@ def parse_int_range(s: str) -> list[int]:
     return out
 
 
+def _items(value):
+    """The comma-separated items of a list option (given once or repeated), stripped, empty
+    ones dropped (llama-bench accepts a trailing comma)."""
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        for item in str(v).split(","):
+            if item.strip():
+                yield item.strip()
+
+
 def _int_list(lo: int, what: str):
     """Option callback: the values of llama-bench list flags (each -p given adds its list)."""
 
@@ -100,7 +109,7 @@ def _pairs(ctx, param, value):
 def _names(choices_of, what: str):
     def check(ctx, param, value):
         choices = tuple(choices_of())
-        vals = [x.strip().lower() for x in value.split(",") if x.strip()]
+        vals = [x.lower() for x in _items(value)]
         for v in vals:
             if v not in choices:
                 raise typer.BadParameter(f"{v!r} is not a {what} ({', '.join(choices)})")
@@ -125,9 +134,7 @@ def _flash_attn(ctx, param, value):
     """-fa list: on, off or auto (llama.cpp's flash-attention kernel, or its mul_mat /
     soft_max / mul_mat path, both reproduced in ops/attention.rs)."""
     out = []
-    for v in (x.strip().lower() for x in value.split(",")):
-        if not v:
-            continue
+    for v in (x.lower() for x in _items(value)):
         if v not in _FA:
             raise typer.BadParameter(f"{v!r} is not a flash-attention setting (on, off, auto, 1, 0, -1)")
         out.append(_FA[v])
@@ -139,18 +146,14 @@ def _flash_attn(ctx, param, value):
 def _signed_list(ctx, param, value):
     """-ngl: llama-bench's parse_int_range with negative values allowed (-1 = all layers)."""
     vals: list[int] = []
-    for v in value if isinstance(value, (list, tuple)) else [value]:
-        for item in str(v).split(","):
-            item = item.strip()
-            if not item:
-                continue
-            if item.startswith("-") and re.fullmatch(r"-[0-9]+", item):
-                vals.append(int(item))
-                continue
-            try:
-                vals += parse_int_range(item)
-            except ValueError as e:
-                raise typer.BadParameter(str(e)) from None
+    for item in _items(value):
+        if re.fullmatch(r"-[0-9]+", item):
+            vals.append(int(item))
+            continue
+        try:
+            vals += parse_int_range(item)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     if not vals:
         raise typer.BadParameter(f"{value!r} gives no value")
     return vals
@@ -158,13 +161,12 @@ def _signed_list(ctx, param, value):
 
 def _split_modes(ctx, param, value):
     """-sm: comma-separated none, layer, row, tensor (llama-bench's list)."""
-    out = []
-    for v in value if isinstance(value, (list, tuple)) else [value]:
-        for item in str(v).split(","):
-            item = item.strip().lower()
-            if item not in ("none", "layer", "row", "tensor"):
-                raise typer.BadParameter(f"{item!r} is not a split mode (none, layer, row, tensor)")
-            out.append(item)
+    out = [item.lower() for item in _items(value)]
+    for item in out:
+        if item not in ("none", "layer", "row", "tensor"):
+            raise typer.BadParameter(f"{item!r} is not a split mode (none, layer, row, tensor)")
+    if not out:
+        raise typer.BadParameter(f"{value!r} gives no value")
     return out
 
 
@@ -173,11 +175,7 @@ def _tensor_splits(ctx, param, value):
     (llama-bench's "ts0/ts1/..")."""
     from ._checks import parse_tensor_split
 
-    out = []
-    for v in value if isinstance(value, (list, tuple)) else [value]:
-        for item in str(v).split(","):
-            if item.strip():
-                out.append(parse_tensor_split(item.replace(";", "/")))
+    out = [parse_tensor_split(item.replace(";", "/")) for item in _items(value)]
     if not out:
         raise typer.BadParameter(f"{value!r} gives no value")
     return out
@@ -185,14 +183,13 @@ def _tensor_splits(ctx, param, value):
 
 def _bools(ctx, param, value):
     """-nkvo: comma-separated 0/1 (llama-bench's string_split<bool>)."""
-    out = []
-    for v in value if isinstance(value, (list, tuple)) else [value]:
-        for item in str(v).split(","):
-            item = item.strip()
-            if item not in ("0", "1"):
-                raise typer.BadParameter(f"{item!r} is not 0 or 1")
-            out.append(item == "1")
-    return out
+    items = list(_items(value))
+    for item in items:
+        if item not in ("0", "1"):
+            raise typer.BadParameter(f"{item!r} is not 0 or 1")
+    if not items:
+        raise typer.BadParameter(f"{value!r} gives no value")
+    return [item == "1" for item in items]
 
 
 def _ts_str(ts: list) -> str:
