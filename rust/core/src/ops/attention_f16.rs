@@ -102,6 +102,44 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     run_portable(p, qb, ranges, acc, m, ssum, scr);
 }
 
+/// Whether the AVX-512 `x86::exp8` gives exactly this process's `f32::exp` (glibc's
+/// `__expf_fma`), checked once on ~270K arguments over the softmax's range (every 4096th
+/// float in [-104, 0], the special cases around glibc's thresholds, 0, -0, -inf, NaN):
+/// where the C library's expf differs (another libc, another glibc build), the kernel
+/// keeps calling `f32::exp`, so the bits stay the platform's one_chunk bits either way.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vexp_ok() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| vexp_matches(4096))
+}
+
+/// `exp8` against `f32::exp` on every `step`-th f32 in [-104, 0] plus the edge cases.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vexp_matches(step: u32) -> bool {
+    if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+        return false;
+    }
+    let edges = [0.0f32, -0.0, f32::NEG_INFINITY, f32::NAN, -88.0, -87.99999, -88.72283, -103.27892, -103.27893, -103.97207, -103.97208, -1e-30, -1e-45, 88.0, 88.7];
+    let mut xs: Vec<f32> = edges.to_vec();
+    let mut b = 0x8000_0000u32; // -0.0, then more negative
+    while f32::from_bits(b) >= -104.0 {
+        xs.push(f32::from_bits(b));
+        b += step;
+    }
+    xs.chunks(8).all(|c| {
+        let mut x = [0f32; 8];
+        x[..c.len()].copy_from_slice(c);
+        // SAFETY: the AVX-512 set was checked above.
+        let e = unsafe { x86::exp8_slice(&x) };
+        x.iter().zip(&e).all(|(a, b)| a.exp().to_bits() == b.to_bits())
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn vexp_ok() -> bool {
+    false
+}
+
 /// The active queries of key j (those whose range holds it), into `act`; their count.
 #[inline(always)]
 fn active(ranges: &[(usize, usize)], j: usize, act: &mut [usize]) -> usize {
@@ -337,6 +375,73 @@ mod x86 {
 
     const RN: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+    /// glibc's `__exp2f_data` (sysdeps/ieee754/flt-32/e_exp2f_data.c, EXP2F_TABLE_BITS 5):
+    /// tab[i] = bits(2^(i/32)) - (i << 47), then N/ln2, the shift 0x1.8p52 and the
+    /// polynomial scaled by 1/N^k.
+    const EXP_TAB: [u64; 32] = [
+        0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b, 0x3fef54873168b9aa,
+        0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+        0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187, 0x3feea589994cce13, 0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+        0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+    ];
+    const INVLN2N: f64 = f64::from_bits(0x40471547652b82fe); // 0x1.71547652b82fep+5
+    const SHIFT: f64 = f64::from_bits(0x4338000000000000); // 0x1.8p52
+    const C0: f64 = f64::from_bits(0x3ebc6af84b912394); // 0x1.c6af84b912394p-20
+    const C1: f64 = f64::from_bits(0x3f2ebfce50fac4f3); // 0x1.ebfce50fac4f3p-13
+    const C2: f64 = f64::from_bits(0x3f962e42ff0c52d6); // 0x1.62e42ff0c52d6p-6
+
+    /// expf of 8 lanes, bit-identical to glibc's x86-64 `__expf_fma` (what `f32::exp` calls
+    /// on glibc >= 2.27 with FMA): xd = x; kd' = fma(N/ln2, xd, shift); ki = bits(kd');
+    /// kd = kd' - shift; r = fma(N/ln2, xd, -kd); s = double(tab[ki % 32] + (ki << 47));
+    /// y = fma(fma(r, C0, C1), r * r, fma(r, C2, 1)) * s, rounded to f32; lanes with
+    /// |x| >= 88 (and NaN / inf), glibc's special cases, call `f32::exp` itself. Used only
+    /// after `vexp_ok` confirmed it against this process's `f32::exp`.
+    #[inline(always)]
+    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(x);
+        let abstop = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+        let special = _mm256_cmpgt_epi32_mask(abstop, _mm256_set1_epi32(0x42a));
+        let xd = _mm512_cvtps_pd(x);
+        let kds = _mm512_fmadd_pd(_mm512_set1_pd(INVLN2N), xd, _mm512_set1_pd(SHIFT));
+        let ki = _mm512_castpd_si512(kds);
+        let kd = _mm512_sub_pd(kds, _mm512_set1_pd(SHIFT));
+        let r = _mm512_fmsub_pd(_mm512_set1_pd(INVLN2N), xd, kd);
+        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        let tp = EXP_TAB.as_ptr() as *const __m512i;
+        let t_lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(tp), idx, _mm512_loadu_si512(tp.add(1)));
+        let t_hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(tp.add(2)), idx, _mm512_loadu_si512(tp.add(3)));
+        let tv = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), t_lo, t_hi);
+        let t = _mm512_add_epi64(tv, _mm512_slli_epi64::<47>(ki));
+        let z = _mm512_fmadd_pd(r, _mm512_set1_pd(C0), _mm512_set1_pd(C1));
+        let r2 = _mm512_mul_pd(r, r);
+        let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C2), _mm512_set1_pd(1.0));
+        let y = _mm512_fmadd_pd(z, r2, y);
+        let y = _mm512_mul_pd(y, _mm512_castsi512_pd(t));
+        let out = _mm512_cvtpd_ps(y);
+        if special == 0 {
+            return out;
+        }
+        let mut o = [0f32; 8];
+        let mut xi = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), out);
+        _mm256_storeu_ps(xi.as_mut_ptr(), x);
+        for l in 0..8 {
+            if special >> l & 1 != 0 {
+                o[l] = xi[l].exp();
+            }
+        }
+        _mm256_loadu_ps(o.as_ptr())
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn exp8_slice(x: &[f32; 8]) -> [f32; 8] {
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), exp8(_mm256_loadu_ps(x.as_ptr())));
+        o
+    }
+
     #[inline(always)]
     unsafe fn scale_512(y: &mut [u16], a: f32) {
         let n16 = y.len() / 16 * 16;
@@ -472,6 +577,7 @@ mod x86 {
         let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
         let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
         let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = scr;
+        let vexp = p.softcap == 0.0 && super::vexp_ok();
         let mut j0 = jlo;
         while j0 < jhi {
             let nb = KB.min(jhi - j0);
@@ -494,6 +600,24 @@ mod x86 {
                 any = true;
                 let mut s = [0f32; KB];
                 scores_8(kf, hk, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                if vexp && a == j0 && b == j0 + KB {
+                    // the whole block seen, and no score above the running max (the common
+                    // case once the max settles): every key takes the softmax's else branch,
+                    // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
+                    let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps(p.kscale));
+                    let mv = _mm256_set1_ps(*m.get_unchecked(i));
+                    if _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0 {
+                        let e = exp8(_mm256_sub_ps(sv, mv));
+                        let pv = vs.as_mut_ptr().add(i * KB);
+                        _mm256_storeu_ps(pv, e);
+                        let ss = ssum.get_unchecked_mut(i);
+                        for kk in 0..KB {
+                            *ss = crate::ops::vec::fmaf(*ss, 1.0, *pv.add(kk)); // S = S * ms + vs, ms = 1
+                        }
+                        f.fill(1);
+                        continue;
+                    }
+                }
                 for kk in 0..KB {
                     let j = j0 + kk;
                     if j < a || j >= b {
@@ -514,6 +638,29 @@ mod x86 {
                 }
             }
             j0 += nb;
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    #[test]
+    fn vector_expf_is_the_c_library_expf_bit_for_bit() {
+        // every 61st float in [-104, 0] (~18M) and the edge cases; on a CPU without AVX-512
+        // the vector exp is never used (and vexp_matches says so)
+        if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+            assert!(!super::vexp_matches(61));
+            return;
+        }
+        assert!(super::vexp_matches(61));
+        assert!(super::vexp_ok());
+    }
+
+    #[test]
+    #[ignore = "every float in [-104, 0]: ~1.1e9 exps (run with --ignored)"]
+    fn vector_expf_is_the_c_library_expf_on_every_float() {
+        if crate::quant::kernel_set() == crate::quant::KernelSet::Avx512 {
+            assert!(super::vexp_matches(1));
         }
     }
 }
