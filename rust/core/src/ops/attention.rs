@@ -1,6 +1,7 @@
 //! Attention of a micro-batch's queries over the KV cache: causal + sliding-window (or
 //! chunked) mask
-//! by absolute position, GQA, optional logit softcap, threads over (token, head).
+//! by absolute position, GQA, optional logit softcap, threads over (token, head) items or,
+//! for the F16 cache, over passes of several queries (`f16_passes`, `attention_f16.rs`).
 //!
 //! Each query sees the cells of its (first) sequence with pos <= its own position (and,
 //! on sliding-window layers, pos > its position - n_swa: llama.cpp's `is_masked_swa`
@@ -17,7 +18,10 @@
 //! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
 //! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
 //! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
-//! >= 64 queries), which is what keeps results independent of n_ubatch. Every other K/V
+//! >= 64 queries), which is what keeps results independent of n_ubatch. It runs in passes
+//! of several queries (the GQA heads of a KV head, and in prefill a run of tokens) that
+//! share each K and V row's conversion, each query with its own one-query arithmetic
+//! (`attention_f16.rs`), so the pass a query lands in never changes its bits. Every other K/V
 //! type pair (f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mixed) takes the same
 //! one_chunk kernel in its general form (`one_chunk_head`): q converted to the K type's
 //! vec_dot type, q.k through that type's vec_dot, V dequantized and accumulated in f32

@@ -50,6 +50,7 @@ pub(crate) struct Scratch {
     ms: Vec<f32>,
     act: Vec<usize>,
     /// the blocked AVX-512 kernel's per (query, key of the block) flags: 0 unseen, 1 mad, 2 scale + mad
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fl: Vec<u8>,
 }
 
@@ -133,11 +134,6 @@ pub(crate) fn vexp_matches(step: u32) -> bool {
         let e = unsafe { x86::exp8_slice(&x) };
         x.iter().zip(&e).all(|(a, b)| a.exp().to_bits() == b.to_bits())
     })
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn vexp_ok() -> bool {
-    false
 }
 
 /// The active queries of key j (those whose range holds it), into `act`; their count.
