@@ -417,7 +417,72 @@ fn tg_table(huge: bool, calls: usize) {
     }
 }
 
+/// `attn`: the attention op alone over a 4096-token F16 cache (llama-bench -d 4096):
+/// a 512-token micro-batch (pp512) and one token (tg), SmolLM2's and Gemma 3 270M's shapes,
+/// 1 and 2 threads, milliseconds per call (one layer), and a hash of the outputs' bits (to
+/// compare builds and kernel sets: they must not change).
+fn attn_table() {
+    use pyllama_core::kv_cache::KvCache;
+    use pyllama_core::ops::attention::{attention, scratch_per_thread, AttnInputs, AttnParams};
+    let depth = 4096usize;
+    let min = Duration::from_millis(300);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    println!("attention, one layer, F16 K/V, depth {depth}, ms per call: 1 thread, 2 threads");
+    // (name, n_head, n_head_kv, hd, n_swa)
+    for (name, n_head, n_head_kv, hd, n_swa) in
+        [("smollm2", 9usize, 3usize, 64usize, 0usize), ("gemma3", 4, 1, 256, 0), ("gemma3 swa512", 4, 1, 256, 512)]
+    {
+        for n_tokens in [512usize, 1] {
+            let size = depth + n_tokens;
+            let kw = n_head_kv * hd;
+            let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+            kv.flash_attn = true;
+            let mut rng = Rng(42);
+            let mut f16_rand = |buf: &mut [u8]| {
+                for c in buf.chunks_exact_mut(2) {
+                    let x = (rng.next() % 2001) as f32 / 1000.0 - 1.0;
+                    c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+                }
+            };
+            f16_rand(&mut kv.k[0]);
+            f16_rand(&mut kv.v[0]);
+            let keys: Vec<(i32, u32)> = (0..size).map(|i| (i as i32, i as u32)).collect();
+            let pos: Vec<i32> = (depth..depth + n_tokens).map(|x| x as i32).collect();
+            let stream = vec![0u32; n_tokens];
+            let key_range = vec![(0u32, size as u32); n_tokens];
+            let inp = AttnInputs { pos: &pos, stream: &stream, key_range: &key_range, keys: &keys };
+            let p = AttnParams {
+                il: 0,
+                n_head,
+                n_head_kv,
+                hd_k: hd,
+                hd_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap: 0.0,
+                n_swa,
+                chunked: false,
+                sinks: None,
+            };
+            let q: Vec<f32> = (0..n_tokens * n_head * hd).map(|i| ((i * 37) % 101) as f32 * 0.02 - 1.0).collect();
+            let mut out = vec![0f32; n_tokens * n_head * hd];
+            let stride = scratch_per_thread(size, hd, hd);
+            let mut scratch = vec![0f32; stride * 2];
+            let t: Vec<f64> = pools
+                .iter()
+                .map(|pool| time_it(min, || attention(pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride)) * 1e3)
+                .collect();
+            // the outputs' bits, to compare kernels
+            let h = out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3));
+            println!("{name:<14} n_tokens {n_tokens:>3}: {:>9.3} {:>9.3}   bits {h:016x}", t[0], t[1]);
+        }
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "attn") {
+        attn_table();
+        return;
+    }
     if std::env::args().any(|a| a == "tg") {
         let quick = std::env::args().any(|a| a == "quick");
         tg_table(std::env::args().any(|a| a == "huge"), if quick { 5 } else { 12 });

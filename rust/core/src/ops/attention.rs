@@ -1,6 +1,7 @@
 //! Attention of a micro-batch's queries over the KV cache: causal + sliding-window (or
 //! chunked) mask
-//! by absolute position, GQA, optional logit softcap, threads over (token, head).
+//! by absolute position, GQA, optional logit softcap, threads over (token, head) items or,
+//! for the F16 cache, over passes of several queries (`f16_passes`, `attention_f16.rs`).
 //!
 //! Each query sees the cells of its (first) sequence with pos <= its own position (and,
 //! on sliding-window layers, pos > its position - n_swa: llama.cpp's `is_masked_swa`
@@ -17,7 +18,10 @@
 //! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
 //! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
 //! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
-//! >= 64 queries), which is what keeps results independent of n_ubatch. Every other K/V
+//! >= 64 queries), which is what keeps results independent of n_ubatch. It runs in passes
+//! of several queries (the GQA heads of a KV head, and in prefill a run of tokens) that
+//! share each K and V row's conversion, each query with its own one-query arithmetic
+//! (`attention_f16.rs`), so the pass a query lands in never changes its bits. Every other K/V
 //! type pair (f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mixed) takes the same
 //! one_chunk kernel in its general form (`one_chunk_head`): q converted to the K type's
 //! vec_dot type, q.k through that type's vec_dot, V dequantized and accumulated in f32
@@ -27,7 +31,7 @@
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{axpy_f32, dot_f16_ggml, dot_f16_ggml_2, mad_f16_acc, mad_f16_acc_n, scale_f16_acc};
+use crate::ops::vec::{axpy_f32, dot_f16_ggml, mad_f16_acc, scale_f16_acc};
 use crate::quant;
 use crate::threadpool::ThreadPool;
 
@@ -160,119 +164,7 @@ pub fn attention(
     let tiled = false;
 
     if f16_kernel && !tiled {
-        // llama.cpp's one_chunk flash attention for F16 K/V (see the module doc), for all
-        // the heads of a GQA group at once: they see the same keys, so each K and V row
-        // is converted from f16 once per group instead of once per head, and the heads'
-        // dot products run as independent chains. Per head, the operations and their
-        // order are exactly those of the single-head kernel.
-        // Items are (token, first head, heads) of one GQA group. With enough of them for
-        // every thread (prefill), whole groups, thread ith taking items ith, ith + nth, ...
-        // (a causal batch's later tokens see more keys: contiguous ranges left the first
-        // thread idle for most of the region). Otherwise (decode: a single-token step of SmolLM2 has 3
-        // groups of 3 heads, Gemma 3 one group of 4, for 2+ threads) each thread takes a
-        // contiguous, even share of the step's (token, head) slots, cut at group borders:
-        // the heads a thread does of one group share one pass over the group's K and V rows
-        // (a 4096-key cache reads them once per thread instead of once per head), and the
-        // threads stay balanced. Per head the result is the same either way.
-        let whole_groups = n_tokens * p.n_head_kv >= 4 * pool.n_threads();
-        let n_slots = n_tokens * p.n_head;
-        pool.run(&|ith, nth| {
-            let (hk, hv) = (p.hd_k, p.hd_v);
-            let mut qb = vec![0f32; group * hk];
-            let mut acc = vec![0u16; group * hv];
-            let mut m = vec![0f32; group];
-            let mut ssum = vec![0f32; group];
-            let mut sc = vec![0f32; group];
-            let mut vs = vec![0f32; group];
-            // this thread's items, as (token, first head, heads)
-            let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
-            let mut slot = mine.start;
-            let mut item = ith;
-            loop {
-                let (t, h0, sub) = if whole_groups {
-                    if item >= n_tokens * p.n_head_kv {
-                        break;
-                    }
-                    let it = item;
-                    item += nth;
-                    (it / p.n_head_kv, it % p.n_head_kv * group, group)
-                } else {
-                    if slot >= mine.end {
-                        break;
-                    }
-                    let (t, h) = (slot / p.n_head, slot % p.n_head);
-                    // up to the end of h's group, of the token, or of this thread's share
-                    let sub = (group - h % group).min(mine.end - slot);
-                    slot += sub;
-                    (t, h, sub)
-                };
-                let g = h0 / group; // the KV head of heads h0..h0 + sub (one group)
-                // SAFETY: heads h0..h0 + sub of token t belong to this item only.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
-                o.fill(0.0);
-                let vis = visible(t);
-                if vis.is_empty() {
-                    continue;
-                }
-                let stream = inp.stream[t] as usize;
-                let (ko, vo) = (koff(g), voff(g));
-                for (d, x) in qb.iter_mut().zip(&q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk]) {
-                    *d = half::f16::from_f32(*x).to_f32();
-                }
-                let acc = &mut acc[..sub * hv];
-                acc.fill(0);
-                m.fill(f32::NEG_INFINITY);
-                ssum.fill(0.0);
-                for &(_, cell) in vis.iter() {
-                    let row = kv.k_row(p.il, stream, cell as usize);
-                    let k16 = as_u16(&row[ko..ko + kbytes]).unwrap_or(&[]);
-                    let mut j = 0;
-                    while j + 2 <= sub {
-                        let (s0, s1) = dot_f16_ggml_2(k16, &qb[j * hk..(j + 1) * hk], &qb[(j + 1) * hk..(j + 2) * hk]);
-                        sc[j] = s0 * kscale;
-                        sc[j + 1] = s1 * kscale;
-                        j += 2;
-                    }
-                    if j < sub {
-                        sc[j] = dot_f16_ggml(k16, &qb[j * hk..(j + 1) * hk]) * kscale;
-                    }
-                    for j in 0..sub {
-                        let mut s = sc[j];
-                        if p.softcap != 0.0 {
-                            s = p.softcap * s.tanh();
-                        }
-                        let mut ms = 1.0f32;
-                        let mut v = 1.0f32;
-                        if s > m[j] {
-                            let m_old = m[j];
-                            m[j] = s;
-                            ms = (m_old - s).exp();
-                            scale_f16_acc(&mut acc[j * hv..(j + 1) * hv], ms);
-                        } else {
-                            v = (s - m[j]).exp();
-                        }
-                        vs[j] = v;
-                        ssum[j] = crate::ops::vec::fmaf(ssum[j], ms, v); // GCC: fma(S, ms, vs)
-                    }
-                    let row = kv.v_row(p.il, stream, cell as usize);
-                    let v16 = as_u16(&row[vo..vo + vbytes]).unwrap_or(&[]);
-                    mad_f16_acc_n(acc, hv, &vs[..sub], v16);
-                }
-                for j in 0..sub {
-                    let oj = &mut o[j * hv..(j + 1) * hv];
-                    for (d, a) in oj.iter_mut().zip(&acc[j * hv..(j + 1) * hv]) {
-                        *d = half::f16::from_bits(*a).to_f32();
-                    }
-                    if let Some(sk) = p.sinks {
-                        ssum[j] = sink_correct(oj, m[j], ssum[j], sk[h0 + j]);
-                    }
-                    let inv = if ssum[j] == 0.0 { 0.0 } else { 1.0 / ssum[j] };
-                    for d in oj.iter_mut() {
-                        *d *= inv;
-                    }
-                }
-            }
-        });
+        f16_passes(pool, kv, p, inp, q, out, kscale, f16_pass_queries(p.hd_k.max(p.hd_v)));
         return;
     }
 
@@ -304,6 +196,171 @@ pub fn attention(
             let v_of = |cell: u32| as_u16(&kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes]).unwrap_or(&[]);
             if !crate::ops::attention_tiled::attend(qh, vis, &k_of, &v_of, kscale, o) {
                 one_chunk_head(kv, p, qh, stream, h, vis, o);
+            }
+        }
+    });
+}
+
+/// The visible keys of a query at `pos` as a range of `keys` (sorted by position): those
+/// with pos <= its own, and inside the sliding window or chunk.
+fn visible_range(p: &AttnParams, keys: &[(i32, u32)], pos: i32) -> (usize, usize) {
+    let hi = keys.partition_point(|k| k.0 <= pos);
+    let lo = if p.n_swa > 0 && p.chunked {
+        let start = (pos as i64 / p.n_swa as i64) * p.n_swa as i64;
+        keys[..hi].partition_point(|k| (k.0 as i64) < start)
+    } else if p.n_swa > 0 {
+        let w = p.n_swa as i64;
+        keys[..hi].partition_point(|k| pos as i64 - k.0 as i64 >= w)
+    } else {
+        0
+    };
+    (lo, hi)
+}
+
+/// Most queries (tokens x heads of one GQA group) one F16 pass takes in prefill: their q
+/// rows and f16 accumulators stay in L1 while each key's rows are converted once for all
+/// (2048 / hd: 32 queries of head dim 64, 8 of 256; 768 / hd was ~10% slower on a
+/// 4096-key cache, 4096 / hd no faster).
+fn f16_pass_queries(hd: usize) -> usize {
+    (2048 / hd.max(1)).max(1)
+}
+
+/// llama.cpp's one_chunk flash attention for F16 K/V (see the module doc) in passes of
+/// several queries over their keys (`attention_f16`): each pass is the heads of one GQA
+/// group for a run of consecutive tokens that read the same key list (same stream and
+/// sequence), so each K and V row is converted from f16 once per pass instead of once per
+/// query. Per query the operations and their order are exactly those of the one-query
+/// kernel, whichever queries share its pass: results do not depend on the tile size, the
+/// micro-batch or the thread count.
+///
+/// Work split. With enough passes for every thread (prefill), passes of up to
+/// `f16_pass_queries` queries (whole groups, runs of tokens), thread ith taking passes ith,
+/// ith + nth, ... (a causal batch's later tokens see more keys: contiguous ranges left the
+/// first thread idle for most of the region). Otherwise (decode: a single-token step of
+/// SmolLM2 has 3 groups of 3 heads, Gemma 3 one group of 4, for 2+ threads) each thread
+/// takes a contiguous, even share of the step's (token, head) slots, cut at group and token
+/// borders: the heads a thread does of one group share one pass over the group's K and V
+/// rows (a 4096-key cache reads them once per thread instead of once per head), and the
+/// threads stay balanced.
+#[allow(clippy::too_many_arguments)]
+fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs, q: &[f32], out: &mut [f32], kscale: f32, max_q: usize) {
+    use crate::ops::attention_f16 as f16k;
+    let n_tokens = inp.pos.len();
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let group = p.n_head / p.n_head_kv;
+    let qw = p.n_head * hk;
+    let ow = p.n_head * hv;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let kall = as_u16(&kv.k[p.il]).unwrap_or(&[]);
+    let vall = as_u16(&kv.v[p.il]).unwrap_or(&[]);
+    let (k_stride, v_stride) = (kv.row_k[p.il] / 2, kv.row_v[p.il] / 2);
+    let nth = pool.n_threads();
+    let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
+    // runs of tokens that share a key list, at most `tile` tokens each
+    let mut tiles: Vec<(usize, usize)> = Vec::new();
+    if whole_groups {
+        let mut tile = (max_q / group).max(1);
+        // enough passes for the threads: at least 4 per thread
+        tile = tile.min((n_tokens * p.n_head_kv / (4 * nth)).max(1));
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let mut t1 = t0 + 1;
+            while t1 < n_tokens && t1 - t0 < tile && inp.stream[t1] == inp.stream[t0] && inp.key_range[t1] == inp.key_range[t0] {
+                t1 += 1;
+            }
+            tiles.push((t0, t1));
+            t0 = t1;
+        }
+    }
+    let n_slots = n_tokens * p.n_head;
+    pool.run(&|ith, nth| {
+        let mut qb: Vec<f32> = Vec::new();
+        let mut acc: Vec<u16> = Vec::new();
+        let mut m: Vec<f32> = Vec::new();
+        let mut ssum: Vec<f32> = Vec::new();
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        let mut scr = f16k::Scratch::default();
+        let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
+        let mut slot = mine.start;
+        let mut item = ith;
+        loop {
+            // this pass: tokens t0..t1, heads h0..h0 + sub of one group
+            let (t0, t1, h0, sub) = if whole_groups {
+                if item >= tiles.len() * p.n_head_kv {
+                    break;
+                }
+                let it = item;
+                item += nth;
+                let (t0, t1) = tiles[it / p.n_head_kv];
+                (t0, t1, it % p.n_head_kv * group, group)
+            } else {
+                if slot >= mine.end {
+                    break;
+                }
+                let (t, h) = (slot / p.n_head, slot % p.n_head);
+                // up to the end of h's group, of the token, or of this thread's share
+                let sub = (group - h % group).min(mine.end - slot);
+                slot += sub;
+                (t, t + 1, h, sub)
+            };
+            let g = h0 / group;
+            let (r0, r1) = inp.key_range[t0];
+            let keys = &inp.keys[r0 as usize..r1 as usize];
+            let stream = inp.stream[t0] as usize;
+            let nq = (t1 - t0) * sub;
+            qb.resize(nq * hk, 0.0);
+            acc.clear();
+            acc.resize(nq * hv, 0);
+            m.clear();
+            m.resize(nq, f32::NEG_INFINITY);
+            ssum.clear();
+            ssum.resize(nq, 0.0);
+            ranges.clear();
+            for t in t0..t1 {
+                let r = visible_range(p, keys, inp.pos[t]);
+                let qt = &q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk];
+                for (d, x) in qb[(t - t0) * sub * hk..(t - t0 + 1) * sub * hk].iter_mut().zip(qt) {
+                    *d = half::f16::from_f32(*x).to_f32();
+                }
+                ranges.extend(std::iter::repeat_n(r, sub));
+            }
+            let pass = f16k::Pass {
+                rows: f16k::Rows {
+                    k: kall,
+                    v: vall,
+                    k_stride,
+                    v_stride,
+                    k_off: stream * kv.size * k_stride + g * hk,
+                    v_off: stream * kv.size * v_stride + g * hv,
+                },
+                keys,
+                hd_k: hk,
+                hd_v: hv,
+                kscale,
+                softcap: p.softcap,
+            };
+            f16k::run(&pass, &qb, &ranges, &mut acc, &mut m, &mut ssum, &mut scr);
+            for t in t0..t1 {
+                // SAFETY: heads h0..h0 + sub of token t belong to this pass only.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
+                for j in 0..sub {
+                    let i = (t - t0) * sub + j;
+                    let oj = &mut o[j * hv..(j + 1) * hv];
+                    if ranges[i].0 == ranges[i].1 {
+                        oj.fill(0.0);
+                        continue;
+                    }
+                    for (d, a) in oj.iter_mut().zip(&acc[i * hv..(i + 1) * hv]) {
+                        *d = half::f16::from_bits(*a).to_f32();
+                    }
+                    if let Some(sk) = p.sinks {
+                        ssum[i] = sink_correct(oj, m[i], ssum[i], sk[h0 + j]);
+                    }
+                    let inv = if ssum[i] == 0.0 { 0.0 } else { 1.0 / ssum[i] };
+                    for d in oj.iter_mut() {
+                        *d *= inv;
+                    }
+                }
             }
         }
     });
@@ -927,6 +984,74 @@ mod tests {
                     let (got, _) = run_on(&c, GgmlType::F16, true, qpos, threads);
                     let same = one.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "n_head {} / {} kv, {} tokens, {threads} threads", c.n_head, c.n_head_kv, qpos.len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_passes_are_bit_identical_to_the_one_query_kernel() {
+        // Queries sharing a pass over their keys (GQA heads x runs of tokens, any tile size,
+        // tail tiles, 1..3 threads) give each query exactly the one-query kernel's bits, for
+        // causal, sliding-window and chunked masks, softcap and sinks, head dims on the
+        // blocked AVX-512 path (64, 128) and off it (16, 48: dot and V tails).
+        let (size, n_keys) = (64usize, 48usize);
+        for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 128), (3, 3, 48), (4, 2, 16)] {
+            let kw = n_head_kv * hd;
+            let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+            kv.flash_attn = true;
+            let mut r = Rng::new(5 + hd as u64);
+            for buf in [&mut kv.k[0], &mut kv.v[0]] {
+                for (c, x) in buf.chunks_exact_mut(2).zip(r.vec(size * kw, 2.0)) {
+                    c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+                }
+            }
+            // keys at positions 0..48 in scattered cells; the batch: tokens at 20..40, then 47, 5, 30
+            let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
+            let qpos: Vec<i32> = (20..40).chain([47, 5, 30]).collect();
+            let n_q = qpos.len();
+            let q = r.vec(n_q * n_head * hd, 1.5);
+            let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
+            for (n_swa, chunked, softcap, sink) in [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)] {
+                let p = AttnParams {
+                    il: 0,
+                    n_head,
+                    n_head_kv,
+                    hd_k: hd,
+                    hd_v: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    softcap,
+                    n_swa,
+                    chunked,
+                    sinks: if sink { Some(&sinks) } else { None },
+                };
+                let kscale = if softcap != 0.0 { p.scale / softcap } else { p.scale };
+                let stream = vec![0u32; n_q];
+                let key_range = vec![(0u32, n_keys as u32); n_q];
+                let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };
+                // the one-query kernel, query by query
+                let mut want = vec![0f32; n_q * n_head * hd];
+                for (t, &pos) in qpos.iter().enumerate() {
+                    let (lo, hi) = visible_range(&p, &keys, pos);
+                    for h in 0..n_head {
+                        let o = &mut want[(t * n_head + h) * hd..][..hd];
+                        if lo < hi {
+                            one_chunk_head(&kv, &p, &q[(t * n_head + h) * hd..][..hd], 0, h, &keys[lo..hi], o);
+                        }
+                    }
+                }
+                for threads in 1..=3 {
+                    let pool = ThreadPool::new(threads);
+                    for max_q in [1, 2, 3, 5, 8, 64] {
+                        let mut got = vec![f32::NAN; want.len()];
+                        f16_passes(&pool, &kv, &p, &inp, &q, &mut got, kscale, max_q);
+                        let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "hd {hd}, {n_head}/{n_head_kv} heads, swa {n_swa} chunked {chunked} softcap {softcap} sinks {sink}, \
+                             {threads} threads, {max_q} queries per pass: element {bad:?}"
+                        );
+                    }
                 }
             }
         }

@@ -5,6 +5,7 @@ pub mod sgemm;
 pub mod act;
 pub mod attention;
 pub mod attention_tiled;
+pub(crate) mod attention_f16;
 pub mod norm;
 pub mod rope;
 pub mod vec;

@@ -1,0 +1,662 @@
+//! The F16 K/V one_chunk flash-attention kernel (see `attention.rs`'s module doc) for
+//! several queries in one pass over their keys: the heads of a GQA group, and in prefill
+//! several tokens of the micro-batch that read the same key list. Each K row and V row is
+//! converted from f16 once per pass and used by every query that sees that key; each query
+//! keeps exactly the arithmetic of the one-query kernel (`dot_f16_ggml`'s lanes and
+//! reduction order for q.k, the scalar online-softmax update, `ggml_vec_scale_f16` /
+//! `ggml_vec_mad_f16` with one f16 rounding per key on its own accumulator), key by key in
+//! the same order, so its result is bit-identical whatever queries share the pass: the
+//! determinism guarantee (results independent of n_ubatch and batch composition) holds.
+//!
+//! A query sees the keys `keys[lo..hi]` of the shared, position-sorted key list (its causal
+//! and sliding-window range); a key outside a query's range is skipped for that query only.
+//!
+//! Kernels: AVX-512 (two of the one-query kernel's 8-lane accumulators in one zmm: lanes
+//! 0..8 acc0 / acc2, 8..16 acc1 / acc3, so (a0 + a1) split in halves is ggml's
+//! (acc0 + acc2) + (acc1 + acc3); 16-lane f16 conversions of the V accumulator), AVX2 (the
+//! one-query kernel's registers), and the portable `ops::vec` calls elsewhere.
+
+use crate::ops::vec::{dot_f16_ggml, fmaf, mad_f16_acc, scale_f16_acc};
+
+/// The F16 K and V rows of one KV head: row of cell c at `k[k_off + c * k_stride..][..hd_k]`.
+pub(crate) struct Rows<'a> {
+    pub k: &'a [u16],
+    pub v: &'a [u16],
+    pub k_stride: usize,
+    pub v_stride: usize,
+    pub k_off: usize,
+    pub v_off: usize,
+}
+
+/// What the queries of one pass share.
+pub(crate) struct Pass<'a> {
+    pub rows: Rows<'a>,
+    /// the key list (position, cell), sorted by position
+    pub keys: &'a [(i32, u32)],
+    pub hd_k: usize,
+    pub hd_v: usize,
+    /// multiplies q.k (the softcap already folded in, as ggml does)
+    pub kscale: f32,
+    pub softcap: f32,
+}
+
+/// Per-thread buffers of a pass.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    sc: Vec<f32>,
+    vs: Vec<f32>,
+    ms: Vec<f32>,
+    act: Vec<usize>,
+    /// the blocked AVX-512 kernel's per (query, key of the block) flags: 0 unseen, 1 mad, 2 scale + mad
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fl: Vec<u8>,
+}
+
+/// Runs the queries `qb` [nq * hd_k] (already rounded to f16) over their keys
+/// `keys[ranges[i].0..ranges[i].1]`, updating their state: V accumulators `acc`
+/// [nq * hd_v] (f16 bits), running max `m` and sum `ssum` (start: 0, -inf, 0).
+pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+    let nq = ranges.len();
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    assert!(qb.len() >= nq * hk && acc.len() >= nq * hv && m.len() >= nq && ssum.len() >= nq);
+    assert!(ranges.iter().all(|&(lo, hi)| lo <= hi && hi <= p.keys.len()));
+    let n_rows_k = p.rows.k.len();
+    let n_rows_v = p.rows.v.len();
+    // every row the keys name lies inside the buffers (checked once, so the kernels can index freely)
+    let max_cell = ranges.iter().flat_map(|&(lo, hi)| p.keys[lo..hi].iter().map(|k| k.1 as usize)).max();
+    if let Some(c) = max_cell {
+        assert!(p.rows.k_off + c * p.rows.k_stride + hk <= n_rows_k && p.rows.v_off + c * p.rows.v_stride + hv <= n_rows_v);
+    }
+    scr.kf.resize(hk, 0.0);
+    scr.vf.resize(hv, 0.0);
+    scr.sc.resize(nq, 0.0);
+    scr.vs.resize(nq, 0.0);
+    scr.ms.resize(nq, 0.0);
+    scr.act.resize(nq, 0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::quant::KernelSet;
+        if crate::quant::table::kernels().avx2_math {
+            if crate::quant::kernel_set() == KernelSet::Avx512 && hk % 32 == 0 && hv % 64 == 0 && nq > 0 {
+                let nq4 = nq.div_ceil(4) * 4;
+                scr.kf.resize(x86::KB * hk, 0.0);
+                scr.vf.resize(x86::KB * hv, 0.0);
+                scr.sc.resize(nq * x86::KB, 0.0);
+                scr.vs.resize(nq * x86::KB, 0.0);
+                scr.ms.resize(nq * x86::KB, 0.0);
+                scr.fl.clear();
+                scr.fl.resize(nq4 * x86::KB, 0);
+                // SAFETY: as below; buffer sizes set here.
+                unsafe { x86::run_avx512_blocked(p, qb, ranges, acc, m, ssum, scr) };
+            } else if crate::quant::kernel_set() == KernelSet::Avx512 {
+                // SAFETY: the AVX-512 set is chosen only on CPUs with AVX-512 F/BW/VL (and AVX2, FMA, F16C).
+                unsafe { x86::run_avx512(p, qb, ranges, acc, m, ssum, scr) };
+            } else {
+                // SAFETY: avx2_math: AVX2, FMA and F16C are present.
+                unsafe { x86::run_avx2(p, qb, ranges, acc, m, ssum, scr) };
+            }
+            return;
+        }
+    }
+    run_portable(p, qb, ranges, acc, m, ssum, scr);
+}
+
+/// Whether the AVX-512 `x86::exp8` gives exactly this process's `f32::exp` (glibc's
+/// `__expf_fma`), checked once on ~270K arguments over the softmax's range (every 4096th
+/// float in [-104, 0], the special cases around glibc's thresholds, 0, -0, -inf, NaN):
+/// where the C library's expf differs (another libc, another glibc build), the kernel
+/// keeps calling `f32::exp`, so the bits stay the platform's one_chunk bits either way.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vexp_ok() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| vexp_matches(4096))
+}
+
+/// `exp8` against `f32::exp` on every `step`-th f32 in [-104, 0] plus the edge cases.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vexp_matches(step: u32) -> bool {
+    if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+        return false;
+    }
+    let edges = [0.0f32, -0.0, f32::NEG_INFINITY, f32::NAN, -88.0, -87.99999, -88.72283, -103.27892, -103.27893, -103.97207, -103.97208, -1e-30, -1e-45, 88.0, 88.7];
+    let mut xs: Vec<f32> = edges.to_vec();
+    let mut b = 0x8000_0000u32; // -0.0, then more negative
+    while f32::from_bits(b) >= -104.0 {
+        xs.push(f32::from_bits(b));
+        b += step;
+    }
+    xs.chunks(8).all(|c| {
+        let mut x = [0f32; 8];
+        x[..c.len()].copy_from_slice(c);
+        // SAFETY: the AVX-512 set was checked above.
+        let e = unsafe { x86::exp8_slice(&x) };
+        x.iter().zip(&e).all(|(a, b)| a.exp().to_bits() == b.to_bits())
+    })
+}
+
+/// The active queries of key j (those whose range holds it), into `act`; their count.
+#[inline(always)]
+fn active(ranges: &[(usize, usize)], j: usize, act: &mut [usize]) -> usize {
+    let mut na = 0;
+    for (i, &(lo, hi)) in ranges.iter().enumerate() {
+        act[na] = i;
+        na += (lo <= j && j < hi) as usize;
+    }
+    na
+}
+
+/// The online-softmax step of the one_chunk kernel for score `s` of a query with state
+/// (m, ssum): returns (ms, vs); ms != 1 or a new max means the accumulator is scaled by ms
+/// (signalled by the returned flag).
+#[inline(always)]
+fn softmax_step(p: &Pass, dot: f32, m: &mut f32, ssum: &mut f32) -> (bool, f32, f32) {
+    let mut s = dot * p.kscale;
+    if p.softcap != 0.0 {
+        s = p.softcap * s.tanh();
+    }
+    let mut ms = 1.0f32;
+    let mut vs = 1.0f32;
+    let scale = s > *m;
+    if scale {
+        let m_old = *m;
+        *m = s;
+        ms = (m_old - s).exp();
+    } else {
+        vs = (s - *m).exp();
+    }
+    *ssum = fmaf(*ssum, ms, vs); // GCC: fma(S, ms, vs)
+    (scale, ms, vs)
+}
+
+fn run_portable(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    for j in jlo..jhi {
+        let na = active(ranges, j, &mut scr.act);
+        if na == 0 {
+            continue;
+        }
+        let cell = p.keys[j].1 as usize;
+        let k16 = &p.rows.k[p.rows.k_off + cell * p.rows.k_stride..][..hk];
+        let v16 = &p.rows.v[p.rows.v_off + cell * p.rows.v_stride..][..hv];
+        for &i in &scr.act[..na] {
+            let (scale, ms, vs) = softmax_step(p, dot_f16_ggml(k16, &qb[i * hk..(i + 1) * hk]), &mut m[i], &mut ssum[i]);
+            let a = &mut acc[i * hv..(i + 1) * hv];
+            if scale {
+                scale_f16_acc(a, ms);
+            }
+            mad_f16_acc(a, vs, v16);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{active, softmax_step, Pass, Scratch};
+    use crate::ops::vec::{mad_f16_acc_ref, scale_f16_acc_ref};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// ggml's reduction of the four 8-lane accumulators of an f16 dot, given x =
+    /// (acc0 + acc2) + (acc1 + acc3): lanes l + l+4, then (0+1) + (2+3); the elements past
+    /// the last 32 added in f64 (as `vec::finish_f16_dot`).
+    #[inline(always)]
+    unsafe fn finish(x: __m256, k16: &[u16], q: &[f32], np: usize, n: usize) -> f32 {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let t1 = _mm_hadd_ps(t0, t0);
+        let r = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+        if np == n {
+            return r;
+        }
+        let mut s = r as f64;
+        for i in np..n {
+            s += (f16::from_bits(k16[i]).to_f32() * q[i]) as f64;
+        }
+        s as f32
+    }
+
+    /// f16 row -> f32 (exact)
+    #[inline(always)]
+    unsafe fn to_f32_avx2(src: &[u16], dst: &mut [f32]) {
+        let n = src.len();
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i)));
+            i += 8;
+        }
+        for i in n8..n {
+            dst[i] = f16::from_bits(src[i]).to_f32();
+        }
+    }
+
+    /// `dot_f16_ggml_avx2(k16, q)` with k16 already in f32 (`kf`).
+    #[inline(always)]
+    unsafe fn dot_avx2(kf: &[f32], k16: &[u16], q: &[f32]) -> f32 {
+        let n = kf.len();
+        let np = n / 32 * 32;
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for (j, aj) in a.iter_mut().enumerate() {
+                *aj = _mm256_fmadd_ps(_mm256_loadu_ps(kf.as_ptr().add(i + 8 * j)), _mm256_loadu_ps(q.as_ptr().add(i + 8 * j)), *aj);
+            }
+            i += 32;
+        }
+        let x = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        finish(x, k16, q, np, n)
+    }
+
+    /// y = f16(y * a) over the 8-lane chunks from `from`, then the rest as ggml's scalar tail
+    #[inline(always)]
+    unsafe fn scale_avx2(y: &mut [u16], from: usize, a: f32) {
+        let n = y.len();
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = from;
+        while i < n8 {
+            let py = y.as_mut_ptr().add(i) as *mut __m128i;
+            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(py)), va)));
+            i += 8;
+        }
+        if n8 < n {
+            scale_f16_acc_ref(&mut y[n8..], a);
+        }
+    }
+
+    /// y = f16(x * a + y) over the 8-lane chunks from `from` (x in f32), then the scalar tail
+    #[inline(always)]
+    unsafe fn mad_avx2(y: &mut [u16], from: usize, a: f32, xf: &[f32], x16: &[u16]) {
+        let n = y.len();
+        let n8 = n / 8 * 8;
+        let va = _mm256_set1_ps(a);
+        let mut i = from;
+        while i < n8 {
+            let py = y.as_mut_ptr().add(i) as *mut __m128i;
+            let vy = _mm256_cvtph_ps(_mm_loadu_si128(py));
+            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(_mm256_loadu_ps(xf.as_ptr().add(i)), va, vy)));
+            i += 8;
+        }
+        if n8 < n {
+            mad_f16_acc_ref(&mut y[n8..], a, &x16[n8..]);
+        }
+    }
+
+    macro_rules! pass_body {
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $dot:ident, $scale:ident, $mad:ident) => {{
+            let (hk, hv) = ($p.hd_k, $p.hd_v);
+            let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
+            let jhi = $ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            let Scratch { kf, vf, sc, vs, ms, act, .. } = $scr;
+            for j in jlo..jhi {
+                let na = active($ranges, j, act);
+                if na == 0 {
+                    continue;
+                }
+                let cell = $p.keys[j].1 as usize;
+                let k16 = $p.rows.k.get_unchecked($p.rows.k_off + cell * $p.rows.k_stride..).get_unchecked(..hk);
+                $to_f32(k16, kf);
+                for a in 0..na {
+                    let i = *act.get_unchecked(a);
+                    *sc.get_unchecked_mut(a) = $dot(kf, k16, $qb.get_unchecked(i * hk..(i + 1) * hk));
+                }
+                for a in 0..na {
+                    let i = *act.get_unchecked(a);
+                    let (scale, msa, vsa) = softmax_step($p, *sc.get_unchecked(a), $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
+                    // a scale flag travels as ms (scale <=> ms slot is finite; 2.0 never is an ms)
+                    *ms.get_unchecked_mut(a) = if scale { msa } else { 2.0 };
+                    *vs.get_unchecked_mut(a) = vsa;
+                }
+                let v16 = $p.rows.v.get_unchecked($p.rows.v_off + cell * $p.rows.v_stride..).get_unchecked(..hv);
+                $to_f32(v16, vf);
+                for a in 0..na {
+                    let i = *act.get_unchecked(a);
+                    let y = $acc.get_unchecked_mut(i * hv..(i + 1) * hv);
+                    let msa = *ms.get_unchecked(a);
+                    if msa != 2.0 {
+                        $scale(y, msa);
+                    }
+                    $mad(y, *vs.get_unchecked(a), vf, v16);
+                }
+            }
+        }};
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn run_avx2(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+        #[inline(always)]
+        unsafe fn scale(y: &mut [u16], a: f32) {
+            scale_avx2(y, 0, a)
+        }
+        #[inline(always)]
+        unsafe fn mad(y: &mut [u16], a: f32, xf: &[f32], x16: &[u16]) {
+            mad_avx2(y, 0, a, xf, x16)
+        }
+        pass_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, dot_avx2, scale, mad)
+    }
+
+    #[inline(always)]
+    unsafe fn to_f32_512(src: &[u16], dst: &mut [f32]) {
+        let n = src.len();
+        let n16 = n / 16 * 16;
+        let mut i = 0;
+        while i < n16 {
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i)));
+            i += 16;
+        }
+        to_f32_avx2(&src[n16..], &mut dst[n16..]);
+    }
+
+    /// `dot_avx2` with zmm accumulators: a0 holds acc0 | acc1, a1 acc2 | acc3 (the same
+    /// FMAs lane for lane), so a0 + a1 is (acc0 + acc2) | (acc1 + acc3).
+    #[inline(always)]
+    unsafe fn dot_512(kf: &[f32], k16: &[u16], q: &[f32]) -> f32 {
+        let n = kf.len();
+        let np = n / 32 * 32;
+        let mut a0 = _mm512_setzero_ps();
+        let mut a1 = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < np {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(kf.as_ptr().add(i)), _mm512_loadu_ps(q.as_ptr().add(i)), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(kf.as_ptr().add(i + 16)), _mm512_loadu_ps(q.as_ptr().add(i + 16)), a1);
+            i += 32;
+        }
+        let ab = _mm512_add_ps(a0, a1);
+        let x = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
+        finish(x, k16, q, np, n)
+    }
+
+    const RN: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+    /// glibc's `__exp2f_data` (sysdeps/ieee754/flt-32/e_exp2f_data.c, EXP2F_TABLE_BITS 5):
+    /// tab[i] = bits(2^(i/32)) - (i << 47), then N/ln2, the shift 0x1.8p52 and the
+    /// polynomial scaled by 1/N^k.
+    const EXP_TAB: [u64; 32] = [
+        0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b, 0x3fef54873168b9aa,
+        0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+        0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74,
+        0x3feea11473eb0187, 0x3feea589994cce13, 0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+        0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+        0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+    ];
+    const INVLN2N: f64 = f64::from_bits(0x40471547652b82fe); // 0x1.71547652b82fep+5
+    const SHIFT: f64 = f64::from_bits(0x4338000000000000); // 0x1.8p52
+    const C0: f64 = f64::from_bits(0x3ebc6af84b912394); // 0x1.c6af84b912394p-20
+    const C1: f64 = f64::from_bits(0x3f2ebfce50fac4f3); // 0x1.ebfce50fac4f3p-13
+    const C2: f64 = f64::from_bits(0x3f962e42ff0c52d6); // 0x1.62e42ff0c52d6p-6
+
+    /// expf of 8 lanes, bit-identical to glibc's x86-64 `__expf_fma` (what `f32::exp` calls
+    /// on glibc >= 2.27 with FMA): xd = x; kd' = fma(N/ln2, xd, shift); ki = bits(kd');
+    /// kd = kd' - shift; r = fma(N/ln2, xd, -kd); s = double(tab[ki % 32] + (ki << 47));
+    /// y = fma(fma(r, C0, C1), r * r, fma(r, C2, 1)) * s, rounded to f32; lanes with
+    /// |x| >= 88 (and NaN / inf), glibc's special cases, call `f32::exp` itself. Used only
+    /// after `vexp_ok` confirmed it against this process's `f32::exp`.
+    #[inline(always)]
+    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(x);
+        let abstop = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+        let special = _mm256_cmpgt_epi32_mask(abstop, _mm256_set1_epi32(0x42a));
+        let xd = _mm512_cvtps_pd(x);
+        let kds = _mm512_fmadd_pd(_mm512_set1_pd(INVLN2N), xd, _mm512_set1_pd(SHIFT));
+        let ki = _mm512_castpd_si512(kds);
+        let kd = _mm512_sub_pd(kds, _mm512_set1_pd(SHIFT));
+        let r = _mm512_fmsub_pd(_mm512_set1_pd(INVLN2N), xd, kd);
+        let idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+        let tp = EXP_TAB.as_ptr() as *const __m512i;
+        let t_lo = _mm512_permutex2var_epi64(_mm512_loadu_si512(tp), idx, _mm512_loadu_si512(tp.add(1)));
+        let t_hi = _mm512_permutex2var_epi64(_mm512_loadu_si512(tp.add(2)), idx, _mm512_loadu_si512(tp.add(3)));
+        let tv = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), t_lo, t_hi);
+        let t = _mm512_add_epi64(tv, _mm512_slli_epi64::<47>(ki));
+        let z = _mm512_fmadd_pd(r, _mm512_set1_pd(C0), _mm512_set1_pd(C1));
+        let r2 = _mm512_mul_pd(r, r);
+        let y = _mm512_fmadd_pd(r, _mm512_set1_pd(C2), _mm512_set1_pd(1.0));
+        let y = _mm512_fmadd_pd(z, r2, y);
+        let y = _mm512_mul_pd(y, _mm512_castsi512_pd(t));
+        let out = _mm512_cvtpd_ps(y);
+        if special == 0 {
+            return out;
+        }
+        let mut o = [0f32; 8];
+        let mut xi = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), out);
+        _mm256_storeu_ps(xi.as_mut_ptr(), x);
+        for l in 0..8 {
+            if special >> l & 1 != 0 {
+                o[l] = xi[l].exp();
+            }
+        }
+        _mm256_loadu_ps(o.as_ptr())
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn exp8_slice(x: &[f32; 8]) -> [f32; 8] {
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), exp8(_mm256_loadu_ps(x.as_ptr())));
+        o
+    }
+
+    #[inline(always)]
+    unsafe fn scale_512(y: &mut [u16], a: f32) {
+        let n16 = y.len() / 16 * 16;
+        let va = _mm512_set1_ps(a);
+        let mut i = 0;
+        while i < n16 {
+            let py = y.as_mut_ptr().add(i) as *mut __m256i;
+            _mm256_storeu_si256(py, _mm512_cvtps_ph::<RN>(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(py)), va)));
+            i += 16;
+        }
+        scale_avx2(y, n16, a);
+    }
+
+    #[inline(always)]
+    unsafe fn mad_512(y: &mut [u16], a: f32, xf: &[f32], x16: &[u16]) {
+        let n16 = y.len() / 16 * 16;
+        let va = _mm512_set1_ps(a);
+        let mut i = 0;
+        while i < n16 {
+            let py = y.as_mut_ptr().add(i) as *mut __m256i;
+            let vy = _mm512_cvtph_ps(_mm256_loadu_si256(py));
+            _mm256_storeu_si256(py, _mm512_cvtps_ph::<RN>(_mm512_fmadd_ps(_mm512_loadu_ps(xf.as_ptr().add(i)), va, vy)));
+            i += 16;
+        }
+        mad_avx2(y, n16, a, xf, x16);
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn run_avx512(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+        pass_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, dot_512, scale_512, mad_512)
+    }
+
+    /// Keys per block of the blocked AVX-512 kernel.
+    pub(super) const KB: usize = 8;
+
+    /// The scores of query `q` against the KB keys of the block (`kf`: KB rows of hk f32),
+    /// each the exact `dot_512` value (hk a multiple of 32: no tail); ggml's horizontal sums
+    /// of the 8 keys done together: lo/hi halves added per key pair, then two hadd levels
+    /// (the same pairs as `finish`: (l + l+4), then (0+1) + (2+3)).
+    #[inline(always)]
+    unsafe fn scores_8(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
+        let mut x = [_mm256_setzero_ps(); KB];
+        for (kk, xk) in x.iter_mut().enumerate() {
+            let kr = kf.as_ptr().add(kk * hk);
+            let mut a0 = _mm512_setzero_ps();
+            let mut a1 = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < hk {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(kr.add(i)), _mm512_loadu_ps(q.as_ptr().add(i)), a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(kr.add(i + 16)), _mm512_loadu_ps(q.as_ptr().add(i + 16)), a1);
+                i += 32;
+            }
+            let ab = _mm512_add_ps(a0, a1);
+            *xk = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
+        }
+        // y[k/2] = [x[k].lo + x[k].hi, x[k+1].lo + x[k+1].hi]
+        let mut y = [_mm256_setzero_ps(); KB / 2];
+        for (k, yk) in y.iter_mut().enumerate() {
+            let (a, b) = (x[2 * k], x[2 * k + 1]);
+            *yk = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b));
+        }
+        let z0 = _mm256_hadd_ps(y[0], y[1]);
+        let z1 = _mm256_hadd_ps(y[2], y[3]);
+        let w = _mm256_hadd_ps(z0, z1); // keys [0, 2, 4, 6 | 1, 3, 5, 7]
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), w);
+        *out = [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]];
+    }
+
+    #[inline(always)]
+    unsafe fn round16(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<RN>(x))
+    }
+
+    /// The V accumulation of one block for queries i0..i0 + 4 (those < nq), 64 lanes at a
+    /// time with the accumulators in registers (f32 holding f16 values: each step rounds
+    /// to f16 exactly as the stored accumulator would be), keys in order per query.
+    #[inline(always)]
+    unsafe fn accumulate_4(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) {
+        let mut c = 0;
+        while c < hv {
+            let mut r = [[_mm512_setzero_ps(); 4]; 4];
+            for (qi, rq) in r.iter_mut().enumerate() {
+                if i0 + qi < nq {
+                    let pa = acc.as_ptr().add((i0 + qi) * hv + c);
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(16 * u) as *const __m256i));
+                    }
+                }
+            }
+            for kk in 0..nb {
+                let pv = vf.as_ptr().add(kk * hv + c);
+                let v = [_mm512_loadu_ps(pv), _mm512_loadu_ps(pv.add(16)), _mm512_loadu_ps(pv.add(32)), _mm512_loadu_ps(pv.add(48))];
+                for (qi, rq) in r.iter_mut().enumerate() {
+                    let f = (i0 + qi) * KB + kk;
+                    let flag = *fl.get_unchecked(f);
+                    if flag == 0 {
+                        continue;
+                    }
+                    if flag == 2 {
+                        let vm = _mm512_set1_ps(*ms.get_unchecked(f));
+                        for ru in rq.iter_mut() {
+                            *ru = round16(_mm512_mul_ps(*ru, vm));
+                        }
+                    }
+                    let va = _mm512_set1_ps(*vs.get_unchecked(f));
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = round16(_mm512_fmadd_ps(v[u], va, *ru));
+                    }
+                }
+            }
+            for (qi, rq) in r.iter().enumerate() {
+                if i0 + qi < nq {
+                    let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                    for (u, ru) in rq.iter().enumerate() {
+                        _mm256_storeu_si256(pa.add(16 * u) as *mut __m256i, _mm512_cvtps_ph::<RN>(*ru));
+                    }
+                }
+            }
+            c += 64;
+        }
+    }
+
+    /// The pass in blocks of KB keys: the block's K and V rows converted once; per query
+    /// the block's scores (`scores_8`), then its online-softmax steps in key order; then
+    /// the V accumulation four queries at a time (`accumulate_4`). hk % 32 == 0, hv % 64 ==
+    /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: nq rounded
+    /// up to 4, times KB, zeroed).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn run_avx512_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+        let (hk, hv) = (p.hd_k, p.hd_v);
+        let nq = ranges.len();
+        let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+        let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+        let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = scr;
+        let vexp = p.softcap == 0.0 && super::vexp_ok();
+        let mut j0 = jlo;
+        while j0 < jhi {
+            let nb = KB.min(jhi - j0);
+            for kk in 0..nb {
+                let cell = p.keys[j0 + kk].1 as usize;
+                let k16 = p.rows.k.get_unchecked(p.rows.k_off + cell * p.rows.k_stride..).get_unchecked(..hk);
+                to_f32_512(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
+                let v16 = p.rows.v.get_unchecked(p.rows.v_off + cell * p.rows.v_stride..).get_unchecked(..hv);
+                to_f32_512(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+            }
+            let mut any = false;
+            for i in 0..nq {
+                let (lo, hi) = *ranges.get_unchecked(i);
+                let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
+                let (a, b) = (lo.max(j0), hi.min(j0 + nb));
+                if a >= b {
+                    f.fill(0);
+                    continue;
+                }
+                any = true;
+                let mut s = [0f32; KB];
+                scores_8(kf, hk, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                if vexp && a == j0 && b == j0 + KB {
+                    // the whole block seen, and no score above the running max (the common
+                    // case once the max settles): every key takes the softmax's else branch,
+                    // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
+                    let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps(p.kscale));
+                    let mv = _mm256_set1_ps(*m.get_unchecked(i));
+                    if _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0 {
+                        let e = exp8(_mm256_sub_ps(sv, mv));
+                        let pv = vs.as_mut_ptr().add(i * KB);
+                        _mm256_storeu_ps(pv, e);
+                        let ss = ssum.get_unchecked_mut(i);
+                        for kk in 0..KB {
+                            *ss = crate::ops::vec::fmaf(*ss, 1.0, *pv.add(kk)); // S = S * ms + vs, ms = 1
+                        }
+                        f.fill(1);
+                        continue;
+                    }
+                }
+                for kk in 0..KB {
+                    let j = j0 + kk;
+                    if j < a || j >= b {
+                        *f.get_unchecked_mut(kk) = 0;
+                        continue;
+                    }
+                    let (scale, msa, vsa) = softmax_step(p, s[kk], m.get_unchecked_mut(i), ssum.get_unchecked_mut(i));
+                    *f.get_unchecked_mut(kk) = 1 + scale as u8;
+                    *ms.get_unchecked_mut(i * KB + kk) = msa;
+                    *vs.get_unchecked_mut(i * KB + kk) = vsa;
+                }
+            }
+            if any {
+                let mut i0 = 0;
+                while i0 < nq {
+                    accumulate_4(acc, hv, nq, i0, nb, vf, fl, ms, vs);
+                    i0 += 4;
+                }
+            }
+            j0 += nb;
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    #[test]
+    fn vector_expf_is_the_c_library_expf_bit_for_bit() {
+        // every 61st float in [-104, 0] (~18M) and the edge cases; on a CPU without AVX-512
+        // the vector exp is never used (and vexp_matches says so)
+        if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+            assert!(!super::vexp_matches(61));
+            return;
+        }
+        assert!(super::vexp_matches(61));
+        assert!(super::vexp_ok());
+    }
+
+    #[test]
+    #[ignore = "every float in [-104, 0]: ~1.1e9 exps (run with --ignored)"]
+    fn vector_expf_is_the_c_library_expf_on_every_float() {
+        if crate::quant::kernel_set() == crate::quant::KernelSet::Avx512 {
+            assert!(super::vexp_matches(1));
+        }
+    }
+}
