@@ -9,8 +9,8 @@ kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
 adapters as llama.cpp places them: ``split_mode`` "layer" (the default, ``-sm``) spreads the
 layers over every usable adapter in proportion to ``tensor_split`` (``-ts``; equal shares by
 default), "none" puts them all on adapter ``main_gpu`` (``-mg``). For the shared decoder's
-architectures whole layers run there (with ``offload_kqv`` and an F16/F32 cache, the KV
-cache and attention too), the residual stream crossing once per device border; other
+architectures whole layers run there (with ``offload_kqv`` and an F32, F16, Q8_0, Q4_0, Q4_1,
+Q5_0 or Q5_1 cache, the KV cache and attention too), the residual stream crossing once per device border; other
 layers send each matmul's activations to the device and back.
 
 ``PYLLAMA_GPU_REPEAT=N`` (for tests) lists every usable adapter N times, each entry opened
