@@ -281,15 +281,16 @@ impl Gpu {
                 entry(5, wgpu::BufferBindingType::Uniform),
             ],
         });
-        let module = |name: &str, src: &str| {
+        let module = |name: &str, src: &str, reduce: &str| {
             self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(name),
                 source: wgpu::ShaderSource::Wgsl(
-                    format!("{}\n{}\n{src}", include_str!("f16.wgsl"), include_str!("kv_params.wgsl")).into(),
+                    format!("{}\n{}\n{reduce}\n{src}", include_str!("f16.wgsl"), include_str!("kv_params.wgsl")).into(),
                 ),
             })
         };
-        let (m_store, m_attn) = (module("store", include_str!("kv_store.wgsl")), module("attn", include_str!("attn.wgsl")));
+        let m_store = module("store", include_str!("kv_store.wgsl"), "");
+        let m_attn = module("attn", include_str!("attn.wgsl"), super::shaders::reduce_source(self.subgroups));
         let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("attn"),
             bind_group_layouts: &[Some(&layout)],
@@ -542,7 +543,12 @@ mod tests {
 
     /// An offload without weights on adapter 0 (software allowed), or None (skip).
     fn offload() -> Option<Offload> {
-        match Gpu::open(0, true) {
+        offload_with(super::subgroups_allowed_by_env())
+    }
+
+    /// `offload`, with subgroup reductions only when `subgroups` (and offered).
+    fn offload_with(subgroups: bool) -> Option<Offload> {
+        match Gpu::open_with(0, true, subgroups) {
             Ok(g) => Some(Offload {
                 gpu: Arc::new(g),
                 weights: Default::default(),
@@ -565,13 +571,24 @@ mod tests {
 
     #[test]
     fn attention_agrees_with_cpu() {
-        let Some(off) = offload() else { return };
+        // with subgroup reductions where the adapter has them, and without
+        for sg in [true, false] {
+            let Some(off) = offload_with(sg) else { return };
+            eprintln!("subgroups: {}", off.gpu.subgroups);
+            attention_cases(&off);
+            if !off.gpu.info.subgroups {
+                break;
+            }
+        }
+    }
+
+    fn attention_cases(off: &Offload) {
         let mut seed = 11u64;
         let quant = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1].map(|t| (t, true, QTOL));
         for (ty, fa, tol) in [(GgmlType::F32, false, 2e-6f32), (GgmlType::F32, true, 2e-3), (GgmlType::F16, true, 2e-3)].into_iter().chain(quant) {
             for hd in [64, 256] {
                 for (n_swa, softcap) in [(0, 0.0), (4, 0.0), (0, 0.5), (3, 0.5), (70, 0.0)] {
-                    let d = case(&off, ty, fa, hd, n_swa, softcap, 1.0, &mut seed);
+                    let d = case(off, ty, fa, hd, n_swa, softcap, 1.0, &mut seed);
                     eprintln!("{ty} hd={hd} n_swa={n_swa} softcap={softcap}: max |diff| {d:e}");
                     assert!(d <= tol, "{ty} hd={hd} n_swa={n_swa} softcap={softcap}: {d}");
                 }
@@ -582,7 +599,7 @@ mod tests {
         // small: the tolerances above times 1e-4, F16's wider (the CPU accumulates V in f16,
         // whose subnormal steps are 6e-8)
         for (ty, tol) in [(GgmlType::F16, 5e-7f32), (GgmlType::Q8_0, 1e-9), (GgmlType::Q4_1, 1e-9)] {
-            let d = case(&off, ty, true, 64, 0, 0.0, 1e-4, &mut seed);
+            let d = case(off, ty, true, 64, 0, 0.0, 1e-4, &mut seed);
             eprintln!("{ty} |x| <= 1e-4: max |diff| {d:e}");
             assert!(d <= tol, "{ty} small values: {d}");
         }
