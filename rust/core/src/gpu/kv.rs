@@ -543,7 +543,7 @@ mod tests {
 
     /// An offload without weights on adapter 0 (software allowed), or None (skip).
     fn offload() -> Option<Offload> {
-        offload_with(super::subgroups_allowed_by_env())
+        offload_with(crate::gpu::subgroups_allowed_by_env())
     }
 
     /// `offload`, with subgroup reductions only when `subgroups` (and offered).
