@@ -9,8 +9,8 @@ kernels and is there for testing. ``n_gpu_layers`` (``Model.load``, ``Llama``,
 adapters as llama.cpp places them: ``split_mode`` "layer" (the default, ``-sm``) spreads the
 layers over every usable adapter in proportion to ``tensor_split`` (``-ts``; equal shares by
 default), "none" puts them all on adapter ``main_gpu`` (``-mg``). For the shared decoder's
-architectures whole layers run there (with ``offload_kqv`` and an F16/F32 cache, the KV
-cache and attention too), the residual stream crossing once per device border; other
+architectures whole layers run there (with ``offload_kqv`` and an F32, F16, Q8_0, Q4_0, Q4_1,
+Q5_0 or Q5_1 cache, the KV cache and attention too), the residual stream crossing once per device border; other
 layers send each matmul's activations to the device and back.
 
 ``PYLLAMA_GPU_REPEAT=N`` (for tests) lists every usable adapter N times, each entry opened
@@ -31,7 +31,7 @@ def built() -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _devices(allow_software: bool, env: str) -> tuple[dict[str, Any], ...]:
+def _devices(allow_software: bool, env: str, env_sg: str) -> tuple[dict[str, Any], ...]:
     return tuple(_quiet_driver(lambda: _core.gpu_devices(allow_software)))
 
 
@@ -68,13 +68,17 @@ def _quiet_driver(fn):
 
 def devices(allow_software: bool = False) -> list[dict[str, Any]]:
     """Every adapter found (name, type, backend, driver, driver_info, vendor, device,
-    max_buffer_size, max_storage_binding, usable); empty without the backend. Enumerated
-    once per process (and per PYLLAMA_GPU value)."""
+    max_buffer_size, max_storage_binding, subgroups, subgroup_sizes, subgroups_used, usable);
+    empty without the backend. ``subgroups``: the adapter offers subgroup operations;
+    ``subgroups_used``: offload's matrix-vector and attention kernels reduce with them (not
+    with ``PYLLAMA_GPU_SUBGROUPS=0``, which keeps the workgroup-memory reductions).
+    Enumerated once per process (and per PYLLAMA_GPU / PYLLAMA_GPU_SUBGROUPS value)."""
     import os
 
     if not built():
         return []
-    return [dict(d) for d in _devices(bool(allow_software), os.environ.get("PYLLAMA_GPU", ""))]
+    env = os.environ.get("PYLLAMA_GPU", ""), os.environ.get("PYLLAMA_GPU_SUBGROUPS", "")
+    return [dict(d) for d in _devices(bool(allow_software), *env)]
 
 
 def usable(allow_software: bool = False) -> list[dict[str, Any]]:

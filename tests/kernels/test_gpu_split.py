@@ -198,7 +198,7 @@ def test_llama_h_and_llama_cpp_python_surfaces(monkeypatch):
 
 
 def test_gpu_notes_go_to_the_pyllama_logger():
-    # the core's run-time notes (here: a quantized KV cache stays on the CPU) are records of
+    # the core's run-time notes (here: a bf16 KV cache stays on the CPU) are records of
     # the `pyllama` logger, one line each, not raw stderr
     _need_gpu()
     code = textwrap.dedent(f"""
@@ -215,7 +215,7 @@ def test_gpu_notes_go_to_the_pyllama_logger():
         from test_logits import decode_all
         for _ in range(2):  # two contexts: still one note
             ctx = _core.Context(m, n_ctx=256, n_seq_max=1, n_ubatch=512, n_threads=2, n_threads_batch=2,
-                                type_k="q8_0", type_v="q8_0")
+                                type_k="bf16", type_v="bf16")
             decode_all(ctx, np.arange(1, 6, dtype=np.int32), int(m.hparams()["n_vocab"]))
         notes = [r for r in records if "stays on the CPU" in r[1]]
         print("NOTES", notes)
@@ -224,7 +224,7 @@ def test_gpu_notes_go_to_the_pyllama_logger():
                        env={**os.environ, "PYTHONWARNINGS": ""})
     assert r.returncode == 0, r.stderr
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("NOTES")][0]
-    assert line.count("stays on the CPU") == 1 and "WARNING" in line and "q8_0/q8_0" in line, line
+    assert line.count("stays on the CPU") == 1 and "WARNING" in line and "bf16/bf16" in line, line
     assert "stays on the CPU" not in r.stderr, r.stderr
 
 

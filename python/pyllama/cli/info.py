@@ -31,6 +31,7 @@ SETTINGS = {
     "PYLLAMA_GPU": "cpu-ok = let GPU offload use a software adapter (Mesa's lavapipe; for tests)",
     "PYLLAMA_GPU_RESIDENT": "0 = offloaded layers send every matmul's activations across (the per-matmul mode) instead of staying on the GPU",
     "PYLLAMA_GPU_MAX_MIB": "cap on the MiB of weights uploaded to each GPU device (a load past it fails, saying how many layers fit)",
+    "PYLLAMA_GPU_SUBGROUPS": "0 = GPU kernels reduce in workgroup memory even where the adapter offers subgroup operations",
     "PYLLAMA_GPU_REPEAT": "tests: list every usable GPU adapter N times, each its own device (a layer split on one adapter)",
     "PYLLAMA_NO_SGEMM": "benchmarks: F32 weights without the tiled (tinyBLAS-order) matmul",
 }
@@ -89,6 +90,17 @@ def _cached_models() -> list[dict[str, Any]]:
 
     return [{"name": m.name, "path": str(m.paths[0]), "size": m.size, "type": file_type(m.paths[0]),
              "source": m.source} for m in cached_models()]
+
+
+def _subgroups(dev: dict) -> str:
+    """Whether offload's kernels reduce with subgroup operations on adapter `dev`."""
+    if not dev["subgroups"]:
+        return "no subgroup operations: workgroup-memory reductions"
+    lo, hi = dev["subgroup_sizes"]
+    size = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    if dev["subgroups_used"]:
+        return f"subgroup reductions (subgroups of {size})"
+    return f"subgroups of {size} offered, not used (PYLLAMA_GPU_SUBGROUPS=0)"
 
 
 def _gpu_report() -> dict:
@@ -178,7 +190,7 @@ def info(
         print(f"gpu: none ({g['why']})")
     for i, dev in enumerate(g["devices"]):
         print(f"gpu device {i}: {dev['name']} ({dev['backend']}, {dev['type']}, driver {dev['driver'] or '?'}; "
-              f"largest buffer {human_bytes(dev['max_buffer_size'])})"
+              f"largest buffer {human_bytes(dev['max_buffer_size'])}; {_subgroups(dev)})"
               + ("" if dev["usable"] else " (software: not used unless PYLLAMA_GPU=cpu-ok)"))
     if g["devices"] and g["why"]:
         print(f"gpu: offload off ({g['why']})")

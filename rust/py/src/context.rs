@@ -177,14 +177,15 @@ impl PyContext {
     }
 
     /// llama.cpp's `offload_kqv`, as given: the KV cache of GPU-offloaded layers lives on the
-    /// device and attention runs there (F16/F32 caches; others stay on the CPU).
+    /// device and attention runs there (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 caches; BF16 and
+    /// IQ4_NL stay on the CPU).
     #[getter]
     fn offload_kqv(&self) -> bool {
         self.inner.kv.offload_kqv
     }
 
     /// Bytes of the KV cache held on the GPU (0 until a decode puts it there, and without
-    /// `offload_kqv`, GPU offload, or an F16/F32 cache).
+    /// `offload_kqv`, GPU offload, or a cache type the device handles).
     fn kv_gpu_bytes(&self) -> u64 {
         #[cfg(feature = "gpu")]
         {

@@ -13,8 +13,11 @@ fn gpu_built() -> bool {
 /// The GPU adapters wgpu finds, hardware first (the order `main_gpu` indexes among the
 /// usable ones): dicts of name, type ("discrete", "integrated", "virtual", "cpu" for a
 /// software rasterizer, "other"), backend, driver, driver_info, vendor, device,
-/// max_buffer_size, max_storage_binding and usable (False for a software adapter unless
-/// `allow_software` or PYLLAMA_GPU=cpu-ok). Always empty without the `gpu` feature.
+/// max_buffer_size, max_storage_binding, subgroups (the adapter offers subgroup
+/// operations), subgroup_sizes ((min, max) threads), subgroups_used (offload's kernels will
+/// reduce with them: offered and not PYLLAMA_GPU_SUBGROUPS=0) and usable (False for a
+/// software adapter unless `allow_software` or PYLLAMA_GPU=cpu-ok). Always empty without
+/// the `gpu` feature.
 #[pyfunction]
 #[pyo3(signature = (allow_software = false))]
 fn gpu_devices(py: Python<'_>, allow_software: bool) -> PyResult<Vec<Bound<'_, PyDict>>> {
@@ -34,6 +37,9 @@ fn gpu_devices(py: Python<'_>, allow_software: bool) -> PyResult<Vec<Bound<'_, P
             d.set_item("device", a.device)?;
             d.set_item("max_buffer_size", a.max_buffer_size)?;
             d.set_item("max_storage_binding", a.max_storage_binding)?;
+            d.set_item("subgroups", a.subgroups)?;
+            d.set_item("subgroup_sizes", a.subgroup_sizes)?;
+            d.set_item("subgroups_used", a.subgroups && pyllama_core::gpu::subgroups_allowed_by_env())?;
             d.set_item("usable", allow || !a.is_software())?;
             out.push(d);
         }

@@ -4,7 +4,8 @@
 // the host cache's byte layout: F32, F16 (two halves per u32 word, the low one first), or
 // the blocks of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 (32 elements each, rows of whole blocks;
 // blocks need not start on a word: they are read byte by byte, and kv_store.wgsl writes
-// them). f16.wgsl and kv_params.wgsl are prepended by gpu/kv.rs.
+// them). f16.wgsl, kv_params.wgsl and a reduction (reduce_wg.wgsl, or reduce_sg.wgsl where
+// the device has subgroup operations) are prepended by gpu/kv.rs.
 //
 // tab (u32, the `Meta` buffer) holds, per micro-batch: the cells of every sequence's sorted key list
 // (KvCache::keys_of, concatenated), then per mask variant the visible key range [lo, hi)
@@ -107,7 +108,6 @@ var<workgroup> qsd: array<f32, 8>; // quantized K: q's block scales (f16 values)
 var<workgroup> qss: array<f32, 8>; // and d * sum of its quants (Q8_1's s), f16 values
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> rows: array<u32, 64>;
-var<workgroup> red: array<f32, 64>;
 var<workgroup> wlo: u32;
 var<workgroup> whi: u32;
 
@@ -138,7 +138,8 @@ fn quantize_q(li: u32) {
 
 // attn: src = q [n_tok, qw], dst = out [n_tok, ow] (f32 bits)
 @compute @workgroup_size(64)
-fn attn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn attn(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    let li = lanes.li;
     let h = wg.x;
     let t = wg.y;
     let g = h / p.group;
@@ -187,31 +188,14 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             s = s * p.post;
         }
-        red[li] = s;
-        workgroupBarrier();
-        for (var k = 32u; k > 0u; k >>= 1u) {
-            if (li < k) {
-                red[li] = max(red[li], red[li + k]);
-            }
-            workgroupBarrier();
-        }
-        let mnew = max(m, red[0]);
-        workgroupBarrier();
+        let mnew = max(m, wg_max(s, lanes));
         var pj = 0.0;
         if (j < hi) {
             pj = exp(s - mnew);
         }
-        ps[li] = pj;
-        red[li] = pj;
-        workgroupBarrier();
-        for (var k = 32u; k > 0u; k >>= 1u) {
-            if (li < k) {
-                red[li] += red[li + k];
-            }
-            workgroupBarrier();
-        }
+        ps[li] = pj; // and rows[li]: visible to all after wg_sum's barrier
         let corr = exp(m - mnew);
-        ssum = ssum * corr + red[0];
+        ssum = ssum * corr + wg_sum(pj, lanes);
         for (var k = 0u; k < 4u; k += 1u) {
             acc[k] *= corr;
         }

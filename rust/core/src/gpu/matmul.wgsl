@@ -1,16 +1,18 @@
 // y[t, r] = dot(dequantized weight row r0 + r, x[t]) for one weight format (the `deq`
-// function, `const TN` and mm_common.wgsl are prepended by gpu/shaders.rs): the
-// matrix-vector kernel (token generation, TN = 1; mm_tiled.wgsl is the prompts' one).
+// function, `const TN`, mm_common.wgsl and a reduction (reduce_wg.wgsl or reduce_sg.wgsl)
+// are prepended by gpu/shaders.rs): the matrix-vector kernel (token generation, TN = 1;
+// mm_tiled.wgsl is the prompts' one).
 //
 // One workgroup of WG threads per (output row, tile of TN tokens): each thread walks the
 // row in chunks of 32 weights, dequantizes a chunk into registers once and uses it for
-// every token of the tile; the partial sums are reduced in workgroup memory.
+// every token of the tile; the partial sums are reduced with subgroup operations where
+// the device has them, else in workgroup memory (`wg_sum`).
 
 const WG: u32 = 64u;
-var<workgroup> red: array<f32, 512>; // WG * TN, TN <= 8
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    let li = lanes.li;
     let rr = wg.x + wg.y * p.nx;
     if (rr >= p.n_rows) {
         return; // uniform: every thread of the workgroup has the same rr
@@ -39,21 +41,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     for (var t = 0u; t < TN; t++) {
-        red[t * WG + li] = acc[t];
-    }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            for (var t = 0u; t < TN; t++) {
-                red[t * WG + li] += red[t * WG + li + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (li < TN) {
-        let tok = t0 + li;
-        if (tok < p.n_tok) {
-            y[tok * p.n_rows + rr] = red[li * WG];
+        let r = wg_sum(acc[t], lanes);
+        let tok = t0 + t;
+        if (li == 0u && tok < p.n_tok) {
+            y[tok * p.n_rows + rr] = r;
         }
     }
 }

@@ -63,6 +63,10 @@ pub struct AdapterInfo {
     /// reports no free or total memory; these bound what one weight may be).
     pub max_buffer_size: u64,
     pub max_storage_binding: u64,
+    /// The adapter offers subgroup operations (wgpu's Features::SUBGROUP), with subgroups
+    /// of `subgroup_sizes` (min, max) threads.
+    pub subgroups: bool,
+    pub subgroup_sizes: (u32, u32),
 }
 
 impl AdapterInfo {
@@ -94,7 +98,15 @@ fn info_of(a: &wgpu::Adapter) -> AdapterInfo {
         device: i.device,
         max_buffer_size: l.max_buffer_size,
         max_storage_binding: l.max_storage_buffer_binding_size as u64,
+        subgroups: a.features().contains(wgpu::Features::SUBGROUP),
+        subgroup_sizes: (i.subgroup_min_size, i.subgroup_max_size),
     }
+}
+
+/// False when the environment variable `PYLLAMA_GPU_SUBGROUPS=0` asks for the kernels'
+/// workgroup-memory reductions even where the adapter offers subgroup operations.
+pub fn subgroups_allowed_by_env() -> bool {
+    std::env::var("PYLLAMA_GPU_SUBGROUPS").map(|v| v.trim() != "0").unwrap_or(true)
 }
 
 fn instance() -> wgpu::Instance {
@@ -187,6 +199,9 @@ struct Scratch {
 /// An opened adapter: device, queue and the compute pipelines.
 pub struct Gpu {
     pub info: AdapterInfo,
+    /// The device was opened with subgroup operations, and the matrix-vector and attention
+    /// kernels reduce with them (`shaders::reduce_source`).
+    pub subgroups: bool,
     device: wgpu::Device,
     queue: wgpu::Queue,
     pipes: Mutex<Pipelines>,
@@ -210,8 +225,14 @@ struct Fault {
 const TN_MM: u32 = 16;
 
 impl Gpu {
-    /// Open adapter `index` of `usable_adapters(allow_software)`.
+    /// Open adapter `index` of `usable_adapters(allow_software)`, with subgroup operations
+    /// where it offers them (unless PYLLAMA_GPU_SUBGROUPS=0).
     pub fn open(index: usize, allow_software: bool) -> Result<Gpu> {
+        Gpu::open_with(index, allow_software, subgroups_allowed_by_env())
+    }
+
+    /// `open`, with subgroup operations only when `subgroups` and the adapter offers them.
+    pub fn open_with(index: usize, allow_software: bool, subgroups: bool) -> Result<Gpu> {
         let n_all = raw_adapters().len();
         let usable = usable_raw(allow_software)?;
         if usable.is_empty() {
@@ -229,9 +250,11 @@ impl Gpu {
         })?;
         let info = info_of(&adapter);
         let limits = adapter.limits();
+        let subgroups = subgroups && info.subgroups;
+        let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("pyllama"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits,
             ..Default::default()
         }))
@@ -272,6 +295,7 @@ impl Gpu {
         });
         Ok(Gpu {
             info,
+            subgroups,
             device,
             queue,
             pipes: Mutex::new(Pipelines { layout, by_kind: HashMap::new() }),
@@ -279,6 +303,17 @@ impl Gpu {
             res: Mutex::new(resident::Resident::default()),
             fault,
         })
+    }
+
+    /// How the kernels reduce, for the load log: "subgroup reductions" or why not.
+    pub fn reductions(&self) -> &'static str {
+        if self.subgroups {
+            "subgroup reductions"
+        } else if self.info.subgroups {
+            "workgroup-memory reductions: PYLLAMA_GPU_SUBGROUPS=0"
+        } else {
+            "workgroup-memory reductions: no subgroup operations"
+        }
     }
 
     /// Err when the device was lost (then always) or wgpu reported an error since the last
@@ -309,7 +344,7 @@ impl Gpu {
         if let Some(pl) = p.by_kind.get(&(ty, tn)) {
             return Ok((pl.clone(), p.layout.clone()));
         }
-        let src = shaders::matmul_source(ty, tn).ok_or_else(|| Error::Unsupported(format!("no GPU kernel for {ty}")))?;
+        let src = shaders::matmul_source(ty, tn, self.subgroups).ok_or_else(|| Error::Unsupported(format!("no GPU kernel for {ty}")))?;
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("matmul"),
             source: wgpu::ShaderSource::Wgsl(src.into()),
@@ -531,16 +566,17 @@ fn budget_bytes() -> Result<Option<u64>> {
 /// The device of usable adapter `index`, opened once per process and shared by every
 /// model offloaded to it (its compiled pipelines and scratch buffers with it).
 pub fn shared(index: usize, allow_software: bool) -> Result<Arc<Gpu>> {
-    /// (usable index, software allowed, PYLLAMA_GPU_REPEAT) -> the opened device
-    type Open = HashMap<(usize, bool, usize), Arc<Gpu>>;
+    /// (usable index, software allowed, PYLLAMA_GPU_REPEAT, subgroups allowed) -> the opened device
+    type Open = HashMap<(usize, bool, usize, bool), Arc<Gpu>>;
     static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
     let allow = allow_software || software_allowed_by_env();
-    let key = (index, allow, repeat()?);
+    let sg = subgroups_allowed_by_env();
+    let key = (index, allow, repeat()?, sg);
     let mut open = OPEN.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());
     if let Some(g) = open.get(&key) {
         return Ok(g.clone());
     }
-    let g = Arc::new(Gpu::open(index, allow)?);
+    let g = Arc::new(Gpu::open_with(index, allow, sg)?);
     open.insert(key, g.clone());
     Ok(g)
 }
@@ -729,12 +765,13 @@ impl Offload {
     /// One line for the load log.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{} of the repeating layers{} on '{}' ({}, {}), {} weights, {:.1} MiB",
+            "{} of the repeating layers{} on '{}' ({}, {}, {}), {} weights, {:.1} MiB",
             self.n_layers_offloaded,
             if self.output_offloaded { " and the output layer" } else { "" },
             self.gpu.info.name,
             self.gpu.info.backend,
             self.gpu.info.device_type,
+            self.gpu.reductions(),
             self.weights.len(),
             self.bytes as f64 / (1024.0 * 1024.0)
         );
@@ -1001,8 +1038,24 @@ mod tests {
 
     #[test]
     fn kernels_agree_with_cpu() {
-        let Some(g) = gpu() else { return };
-        eprintln!("adapter: {:?}", g.info);
+        // with subgroup reductions where the adapter has them, and without
+        for sg in [true, false] {
+            let g = match Gpu::open_with(0, true, sg) {
+                Ok(g) => g,
+                Err(e) => {
+                    eprintln!("SKIP: no GPU adapter: {e}");
+                    return;
+                }
+            };
+            eprintln!("adapter: {:?}; subgroups: {}", g.info, g.subgroups);
+            kernel_cases(&g);
+            if !g.info.subgroups {
+                break;
+            }
+        }
+    }
+
+    fn kernel_cases(g: &Gpu) {
         let mut rng = Rng(7);
         use GgmlType::*;
         for ty in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS] {
@@ -1018,7 +1071,7 @@ mod tests {
                 (bs * 2, 16, 8, 0..16),
                 (bs * 5, 9, 17, 2..9),
             ] {
-                let (r, c) = check(&g, ty, n_in, n_out, n_tok, rows, &mut rng);
+                let (r, c) = check(g, ty, n_in, n_out, n_tok, rows, &mut rng);
                 eprintln!("{ty} n_in={n_in} n_tok={n_tok}: vs exact {r:.2e}, vs cpu {c:.2e}");
                 assert!(r <= 1e-5, "{ty} n_in={n_in} n_tok={n_tok}: GPU vs exact dot {r:e}");
                 assert!(c <= cpu_tol, "{ty} n_in={n_in} n_tok={n_tok}: GPU vs CPU {c:e}");
@@ -1026,7 +1079,7 @@ mod tests {
         }
         // float rows that are not a multiple of 32 long
         for ty in [F32, F16, BF16] {
-            let (r, _) = check(&g, ty, 45, 6, 3, 0..6, &mut rng);
+            let (r, _) = check(g, ty, 45, 6, 3, 0..6, &mut rng);
             assert!(r <= 1e-5, "{ty} n_in=45: {r:e}");
         }
     }

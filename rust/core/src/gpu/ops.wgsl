@@ -136,3 +136,29 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     d[i0] = fma(x0, c, -(x1 * s));
     d[i1] = fma(x0, s, x1 * c);
 }
+
+// d times the orthonormal Walsh-Hadamard matrix of size w (a power of two), chunk by chunk
+// of w values: one thread per chunk (n chunks), in kv_cache::fwht's float order (each
+// value times 1/sqrt(w) (f0), then the butterflies (u + v, u - v) for len = 1, 2, 4, ...),
+// so the result is the CPU's bit for bit. llama.cpp's rotation of q/K/V for quantized caches.
+@compute @workgroup_size(64)
+fn fwht(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let c = gidx(wg, li);
+    if (c >= p.n) {
+        return;
+    }
+    let o = c * p.w;
+    for (var i = 0u; i < p.w; i++) {
+        d[o + i] *= p.f0;
+    }
+    for (var len = 1u; len < p.w; len <<= 1u) {
+        for (var i = 0u; i < p.w; i += 2u * len) {
+            for (var j = i; j < i + len; j++) {
+                let u = d[o + j];
+                let v = d[o + j + len];
+                d[o + j] = u + v;
+                d[o + j + len] = u - v;
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! `Offload` holds, RMS norms, biases, rope, gated activations, residual adds) over
 //! activation buffers that live on the device, and submits them as one command buffer per
 //! stretch: the residual stream is uploaded once into the first offloaded layer and read
-//! back once after the last. With the context's `offload_kqv` (and an F16 or F32 cache) the
+//! back once after the last. With the context's `offload_kqv` (and a cache type gpu/kv.rs handles) the
 //! layers' KV cache lives on the device too and attention runs there (gpu/kv.rs), so a
 //! stretch of layers is one submission; otherwise attention and the KV cache stay on the
 //! CPU (llama.cpp's `offload_kqv = false` split): each layer sends its q, k and v to the
@@ -73,7 +73,7 @@ pub(super) struct Resident {
     dummy: Option<wgpu::Buffer>,
 }
 
-const OPS: [&str; 7] = ["rms_norm", "add_bias", "add", "scale", "swiglu", "geglu", "rope"];
+const OPS: [&str; 8] = ["rms_norm", "add_bias", "add", "scale", "swiglu", "geglu", "rope", "fwht"];
 
 enum Cmd {
     Pass {
@@ -276,6 +276,16 @@ impl<'g> Run<'g> {
         self.op("scale", d, None, n, 1, [0; 3], f, n.div_ceil(64), n);
     }
 
+    /// d[..n] times the orthonormal Hadamard matrix of size `size`, chunk by chunk
+    /// (`kv_cache::fwht`, bit-equal; `size` 0: nothing).
+    pub fn fwht(&mut self, d: B, n: usize, size: usize) {
+        if size == 0 {
+            return;
+        }
+        let chunks = n / size;
+        self.op("fwht", d, None, chunks, size, [0; 3], 1.0 / (size as f32).sqrt(), chunks.div_ceil(64), n);
+    }
+
     /// gate[..n] = act(gate) * up: silu (`gelu` false) or gelu_tanh.
     pub fn glu(&mut self, gate: B, up: B, n: usize, gelu: bool) {
         let a = self.buf(up);
@@ -386,7 +396,7 @@ impl<'g> Run<'g> {
 
 /// Layers `layers` of a decoder on one device (`Backend::decoder_run` for one stretch of a
 /// split): x [n, n_embd] goes up once and comes down after the last layer. With `gkv` (the
-/// context's `offload_kqv` and an F16/F32 cache) each layer's K/V rows go into the device
+/// context's `offload_kqv` and a cache type gpu/kv.rs handles) each layer's K/V rows go into the device
 /// copy of its cache and attention runs there (gpu/kv.rs: one submission for the stretch;
 /// the new K/V rows come down with x for the host copy); otherwise each layer's q, k and v
 /// come down for attention over the CPU's KV cache and its output goes back up. The same
@@ -492,8 +502,16 @@ pub(super) fn run_stretch(
             run.rms_norm(B::K, n * n_head_kv, hd_k, None, eps_qk);
         }
         if let (Some(g), Some(t)) = (gkv, tables.as_ref()) {
-            let a = LayerAttn::of(p, st.kv.flash_attn);
+            // the CPU path's attention form (ops/attention.rs: a quantized V needs flash
+            // attention) and llama.cpp's Hadamard rotations for quantized caches
+            // (kv_cache::rotation_sizes): q and K, V before they are stored, V's undone on the output
+            let kv = &*st.kv;
+            let a = LayerAttn::of(p, kv.flash_attn || crate::kv_cache::is_quantized(kv.type_v));
+            run.fwht(B::Q, n * lq, kv.rot_k);
+            run.fwht(B::K, n * lk, kv.rot_k);
+            run.fwht(B::V, n * lv, kv.rot_v);
             run.attend(g, t, n, &a, out_at)?;
+            run.fwht(B::Att, n * n_head * hd_v, kv.rot_v);
             out_at += n * (lk + lv);
         } else {
             // q and k come down into the FFN's gate and up memory, as build_attn lends it
@@ -705,6 +723,17 @@ mod tests {
             let d = max_diff(&got, &want);
             eprintln!("{}: {d:e}", if gelu { "geglu" } else { "swiglu" });
             assert!(d <= if gelu { 2e-3 * 4.0 } else { 1e-5 * 4.0 }, "glu gelu={gelu}: {d}");
+        }
+
+        // the Hadamard rotation of quantized caches: bit-equal to kv_cache::fwht
+        for size in [64, 32] {
+            let x = rand(n * w, &mut seed);
+            let mut want = x.clone();
+            crate::kv_cache::fwht(&mut want, size);
+            run.write(B::Q, &x);
+            run.fwht(B::Q, n * w, size);
+            run.submit(&mut [(B::Q, &mut got)]).unwrap();
+            assert_eq!(got, want, "fwht {size}");
         }
 
         // residual add and scale

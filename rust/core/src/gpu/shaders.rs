@@ -309,12 +309,35 @@ pub fn rows_per_group(tn: u32) -> usize {
     }
 }
 
+/// The workgroup reductions (`Lanes`, `wg_sum`, `wg_max`) of the matrix-vector and
+/// attention kernels: with `subgroups` (the device was opened with wgpu's
+/// Features::SUBGROUP) reduce_sg.wgsl, else reduce_wg.wgsl (a tree in workgroup memory).
+/// naga (wgpu 30) takes the subgroup built-ins without WGSL's `enable subgroups;`
+/// directive (it refuses that as not yet implemented) and checks them against the device's
+/// features.
+pub fn reduce_source(subgroups: bool) -> &'static str {
+    if subgroups {
+        include_str!("reduce_sg.wgsl")
+    } else {
+        include_str!("reduce_wg.wgsl")
+    }
+}
+
 /// The full shader for `ty` with `tn` tokens per workgroup: tn = 1 is the matrix-vector
-/// kernel, 2..=32 the tiled matrix-matrix one.
-pub fn matmul_source(ty: GgmlType, tn: u32) -> Option<String> {
+/// kernel (its reduction with subgroup operations when `subgroups`), 2..=32 the tiled
+/// matrix-matrix one (no reduction).
+pub fn matmul_source(ty: GgmlType, tn: u32, subgroups: bool) -> Option<String> {
     debug_assert!((1..=32).contains(&tn));
     let deq = deq_source(ty)?;
     let table = if matches!(ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS) { IQ4_TABLE } else { "" };
-    let kernel = if tn == 1 { include_str!("matmul.wgsl") } else { include_str!("mm_tiled.wgsl") };
-    Some(format!("const TN: u32 = {tn}u;\n{}\n{}\n{kernel}\n{table}{deq}", include_str!("f16.wgsl"), include_str!("mm_common.wgsl")))
+    let (kernel, reduce) = if tn == 1 {
+        (include_str!("matmul.wgsl"), reduce_source(subgroups))
+    } else {
+        (include_str!("mm_tiled.wgsl"), "")
+    };
+    Some(format!(
+        "const TN: u32 = {tn}u;\n{}\n{}\n{reduce}\n{kernel}\n{table}{deq}",
+        include_str!("f16.wgsl"),
+        include_str!("mm_common.wgsl")
+    ))
 }
