@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 import pytest
-from test_logits import DATA, N_THREADS, REAL, Stats, decode_all, load_ref, tiny_path
+from test_logits import DATA, N_THREADS, REAL, TINY_LLAMA, TINY_OTHER, Stats, decode_all, load_ref, tiny_path
 
 from pyllama import _core, gpu
 
@@ -34,14 +34,30 @@ def _need_gpu() -> None:
         pytest.skip("no GPU adapter (no Vulkan/Metal/DX12 driver; apt-get install mesa-vulkan-drivers for lavapipe)")
 
 
-# F32 and Q8_0 are generated at test time; the others come from ../shared/tiny when present
-TINY_GPU = ["tiny-llama-F32", "tiny-llama-Q8_0", "tiny-llama-F16", "tiny-llama-Q4_0", "tiny-llama-Q4_1",
-            "tiny-llama-Q5_0", "tiny-llama-Q5_1", "tiny-llama-Q6_K", "tiny-llama-Q4_K_M",
-            "tiny-llama-BF16", "tiny-llama-Q2_K", "tiny-llama-Q3_K_M", "tiny-llama-Q5_K_M", "tiny-llama-IQ4_NL",
-            "tiny-llama-IQ4_XS"]
-# the shared decoder's other configurations (qkv biases, q/k norms, post-norms, GELU,
-# softcaps, sliding windows, neox rope, fused qkv and gate/up): device-resident layers
-TINY_ARCH = ["tiny-qwen2-F32", "tiny-qwen3-F32", "tiny-gemma2-F32", "tiny-gemma3-F32", "tiny-phi3-F32"]
+# every one built at test time (test_logits.tiny_path: tests/data/make_tiny.py and pyllama
+# quantize, byte for byte ../shared/tiny's), so all of them run in CI
+TINY_GPU = [f"tiny-llama-{t}" for t in TINY_LLAMA]
+# every other architecture, F32 and Q8_0: the shared decoder's other configurations (qkv
+# biases, q/k norms, post-norms, GELU, softcaps, sliding windows, neox rope, fused qkv and
+# gate/up) keep their layers on the device; the rest (MoE, MLA, recurrent and hybrid
+# models, ...) offload their matmuls
+TINY_ARCH = [f"tiny-{a}-{q}" for a in TINY_OTHER for q in ("F32", "Q8_0")]
+# Q8_0 with every layer on the GPU, outside the quantized tolerances against llama.cpp and
+# the CPU path (measured on lavapipe, first prompt: mean / p99 of the top-20 |diff| against
+# llama.cpp, then of every logit against the CPU path). Not a GPU bug: the GPU multiplies
+# the dequantized weights by f32 activations, where llama.cpp's CPU backend (and pyllama's
+# CPU path) first rounds the activations to Q8_0; these deep recurrent / MLA / AltUp models
+# amplify that rounding past the tolerance once every layer uses the other product (half
+# the layers stay inside it). test_quantized_offload_is_the_dequantized_product holds the
+# GPU to the CPU path on the dequantized weights instead, within the float tolerances.
+Q8_ACTIVATION_SENSITIVE = {
+    "tiny-mistral4-Q8_0": "mean 0.251 p99 2.14 top1 0.857; CPU mean 0.227 p99 1.55",
+    "tiny-qwen3next-Q8_0": "mean 0.549 p99 4.69 top1 0.400; CPU mean 0.401 p99 3.73",
+    "tiny-gemma3n-Q8_0": "mean 1.08 p99 3.70 top1 0.600; CPU mean 0.908 p99 3.34",
+    "tiny-qwen35moe-Q8_0": "mean 0.174 p99 0.981; CPU mean 0.182 p99 0.947",
+    "tiny-qwen35-Q8_0": "mean 0.134 p99 0.585; CPU mean 0.134 p99 0.621",
+    "tiny-rwkv6-Q8_0": "mean 0.211 p99 1.12; CPU mean 0.208 p99 1.01",
+}
 
 
 def _load(path, ngl: int) -> _core.Model:
@@ -68,11 +84,17 @@ def _first_prompt_logits(m: _core.Model, prefix) -> np.ndarray:
     return decode_all(ctx, toks, ref["n_vocab"])
 
 
-CASES = ([(n, False) for n in TINY_GPU] + [(n, True) for n in TINY_GPU[:2]] + [(n, False) for n in TINY_ARCH]
-         + [("tiny-gemma3-F32", True), ("tiny-phi3-F32", True)])
+def _case(name: str, half: bool):
+    why = None if half else Q8_ACTIVATION_SENSITIVE.get(name)
+    marks = [pytest.mark.xfail(reason=f"Q8_0 activation rounding (see Q8_ACTIVATION_SENSITIVE): {why}",
+                               strict=False)] if why else []
+    return pytest.param(name, half, marks=marks, id=f"{name}-{'half' if half else 'all'}")
 
 
-@pytest.mark.parametrize("name,half", CASES, ids=[f"{n}-{'half' if h else 'all'}" for n, h in CASES])
+CASES = [_case(n, h) for n in TINY_GPU + TINY_ARCH for h in (False, True)]
+
+
+@pytest.mark.parametrize("name,half", CASES)
 def test_tiny_offload_matches_llamacpp_and_cpu(name, half):
     _need_gpu()
     path = tiny_path(name)
@@ -100,6 +122,48 @@ def test_tiny_offload_matches_llamacpp_and_cpu(name, half):
     # another summation order (and f32 activations): were the logits bit-identical, the
     # GPU would not have computed them
     assert not np.array_equal(a, b), "identical logits: was anything offloaded?"
+
+
+def _dequantized_copy(src, dst):
+    """``src`` with every tensor stored as F32 (gguf-py's dequantization), the metadata kept."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if not k.startswith("GGUF.") and k != "general.architecture":
+            w.add_key_value(k, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        a = np.array(t.data)
+        if t.tensor_type != gguf.GGMLQuantizationType.F32:
+            a = gguf.quants.dequantize(a, t.tensor_type)
+        w.add_tensor(t.name, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+QUANTIZED = [n for n in TINY_GPU + TINY_ARCH if not n.endswith("F32")]
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_quantized_offload_is_the_dequantized_product(name, tmp_path):
+    # The GPU multiplies the stored weights, dequantized, by f32 activations: every layer on
+    # the GPU, its logits are the CPU path's on an F32 copy of the dequantized weights (no
+    # activation rounding there either) within the float tolerances, whatever the weight
+    # type (a wrong dequantization moves them by far more), the models of
+    # Q8_ACTIVATION_SENSITIVE included
+    _need_gpu()
+    path = tiny_path(name)
+    deq = _dequantized_copy(path, tmp_path / "deq.gguf")
+    n_layer = int(_core.Model([str(path)]).hparams()["n_layer"])
+    prefix = DATA / "tiny" / name
+    a = _first_prompt_logits(_core.Model([str(deq)]), prefix)
+    b = _first_prompt_logits(_load(path, n_layer + 1), prefix)
+    d = np.abs(a - b)
+    assert float(d.mean()) <= 0.03 and float(np.percentile(d, 99)) <= 0.15, (d.mean(), np.percentile(d, 99), d.max())
 
 
 def test_resident_layers_against_per_matmul_offload(monkeypatch):
