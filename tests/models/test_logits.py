@@ -206,6 +206,7 @@ TINY = ([f"tiny-llama-{t}" for t in TINY_LLAMA] + ["tiny-llama-fullvocab-F32-Q8_
 
 
 _GENERATED: dict = {}
+_GEN_DIR: list = []  # the session's folder for generated models (removed at exit)
 
 
 def _make_tiny_module():
@@ -217,22 +218,68 @@ def _make_tiny_module():
     return mod
 
 
-def _generate_tiny(name: str):
-    """tiny-<arch>-F32 rebuilt with tests/data/make_tiny.py (same specs, seeds and draws as
-    ../shared/tiny/make_tiny_models.py, so the same weights; only the tokenizer differs,
-    which these tests do not use): the F32 checks of every architecture run without ../shared."""
-    qtype = "F32" if name.endswith("-F32") else "Q8_0" if name.endswith("-Q8_0") else None
-    if not name.startswith("tiny-") or qtype is None or not (DATA / "make_tiny.py").exists():
-        return None
-    arch = name[len("tiny-"):-len(qtype) - 1]
-    if name not in _GENERATED:
+def _gen_dir() -> Path:
+    if not _GEN_DIR:
+        import atexit
+        import shutil
         import tempfile
 
-        mod = _make_tiny_module()
-        if arch not in mod.SPECS:
-            return None
-        _GENERATED[name] = Path(mod.write_tiny(arch, Path(tempfile.mkdtemp(prefix="pyllama-tiny-")), qtype))
+        d, pid = Path(tempfile.mkdtemp(prefix="pyllama-tiny-")), os.getpid()
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(d, ignore_errors=True))
+        _GEN_DIR.append(d)
+    return _GEN_DIR[0]
+
+
+def quantize_tiny_llama(f32: Path, qtype: str, out_dir: Path) -> Path:
+    """tiny-llama-<qtype>.gguf from the F32 model as ../shared/tiny's were made:
+    ``llama-quantize --pure F32 OUT <qtype>`` (no importance matrix; every 2-D weight takes
+    the type, the norms stay F32), and for ``Q4_K_M-mix`` the real Q4_K_M recipe (no
+    --pure: token_embd, blk.1.attn_v and blk.1.ffn_down Q6_K). Written by ``pyllama
+    quantize``, whose tensors are byte for byte llama-quantize's
+    (test_generated_tiny_models_equal_shared_ones)."""
+    from pyllama.imatrix import quantize
+
+    out = Path(out_dir) / f"tiny-llama-{qtype}.gguf"
+    if not out.exists():
+        mix = qtype.endswith("-mix")
+        tmp = out.with_name(out.name + ".part")
+        quantize(f32, tmp, qtype[:-len("-mix")] if mix else qtype, n_threads=N_THREADS, pure=not mix)
+        tmp.rename(out)
+    return out
+
+
+def _generate_tiny(name: str):
+    """tiny-<arch>-F32 / -Q8_0 rebuilt with tests/data/make_tiny.py (same specs, seeds and
+    draws as ../shared/tiny/make_tiny_models.py, so the same weights; only the tokenizer
+    differs, which these tests do not use), and tiny-llama-<TYPE> for the other TINY_LLAMA
+    types quantized from the generated F32 by quantize_tiny_llama: every tiny check of
+    these types runs without ../shared."""
+    if not name.startswith("tiny-") or not (DATA / "make_tiny.py").exists():
+        return None
+    qtype = next((t for t in ("F32", "Q8_0") if name.endswith(f"-{t}")), None)
+    llama_q = name[len("tiny-llama-"):] if name.startswith("tiny-llama-") else None
+    if qtype is None and llama_q not in TINY_LLAMA:
+        return None
+    if name not in _GENERATED:
+        if qtype is None:
+            _GENERATED[name] = quantize_tiny_llama(_generate_tiny("tiny-llama-F32"), llama_q, _gen_dir())
+        else:
+            mod = _make_tiny_module()
+            arch = name[len("tiny-"):-len(qtype) - 1]
+            if arch not in mod.SPECS:
+                return None
+            _GENERATED[name] = Path(mod.write_tiny(arch, _gen_dir(), qtype))
     return _GENERATED[name]
+
+
+def _same_tensors(a, b) -> None:
+    """Two GGUFReaders hold the same tensors: names, types and bytes."""
+    ta = {t.name: t for t in a.tensors}
+    tb = {t.name: t for t in b.tensors}
+    assert set(ta) == set(tb)
+    for k in ta:
+        assert ta[k].tensor_type == tb[k].tensor_type, k
+        assert np.array_equal(np.array(ta[k].data), np.array(tb[k].data)), k
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
@@ -248,18 +295,27 @@ def test_generated_tiny_models_equal_shared_ones(arch, qtype, tmp_path):
 
     a = GGUFReader(str(_make_tiny_module().write_tiny(arch, tmp_path, qtype)))
     b = GGUFReader(str(shared[0]))
-    ta = {t.name: np.array(t.data) for t in a.tensors}
-    tb = {t.name: np.array(t.data) for t in b.tensors}
-    assert set(ta) == set(tb)
-    for k in ta:
-        assert np.array_equal(ta[k], tb[k]), k
-        assert a.get_tensor(list(ta).index(k)).tensor_type == b.get_tensor(list(tb).index(k)).tensor_type, k
+    _same_tensors(a, b)
 
     def hp(r):
         return {k: r.fields[k].parts[r.fields[k].data[0]].tolist() for k in r.fields
                 if not k.startswith(("tokenizer.", "general.", "GGUF."))}
 
     assert hp(a) == hp(b)
+
+
+@pytest.mark.parametrize("qtype", [t for t in TINY_LLAMA if t not in ("F32", "Q8_0")])
+def test_generated_quantized_tiny_llama_equal_shared_ones(qtype, tmp_path):
+    # pyllama quantize on the generated F32 writes ../shared/tiny's llama-quantize tensors
+    # byte for byte (headers differ: the tokenizer, and llama-quantize's own metadata), so
+    # llama.cpp's logits for the shared files apply to the generated ones
+    shared = [d / f"tiny-llama-{qtype}.gguf" for d in TINY_DIRS if (d / f"tiny-llama-{qtype}.gguf").exists()]
+    if not shared:
+        pytest.skip("../shared/tiny not present (set PYLLAMA_TINY_DIR)")
+    from gguf import GGUFReader
+
+    f32 = _make_tiny_module().write_tiny("llama", tmp_path, "F32")
+    _same_tensors(GGUFReader(str(quantize_tiny_llama(f32, qtype, tmp_path))), GGUFReader(str(shared[0])))
 
 
 def tiny_path(name: str) -> Path:
@@ -297,8 +353,8 @@ def test_tiny_greedy_until_tie(name):
     # pyllama's greedy continuation, one token per decode, equals llama.cpp's
     # (tests/data/tiny/make_tiny_reference.py) up to the first step where llama.cpp's top-1
     # margin is a near tie (< 0.25, the tolerance of the top-1 check above)
-    ref, _ = load_ref(DATA / "tiny" / name)
-    m = _core.Model([str(tiny_path(name))])
+    m = _core.Model([str(tiny_path(name))])  # first: a skip must not leave load_ref's npz open
+    ref = json.loads((DATA / "tiny" / f"{name}.logits.json").read_text())
     nv = ref["n_vocab"]
     for p in ref["prompts"]:
         toks = np.array(p["tokens"], dtype=np.int32)
