@@ -107,9 +107,11 @@ var<workgroup> qs: array<f32, 256>;
 var<workgroup> qsd: array<f32, 8>; // quantized K: q's block scales (f16 values)
 var<workgroup> qss: array<f32, 8>; // and d * sum of its quants (Q8_1's s), f16 values
 var<workgroup> ps: array<f32, 64>;
+var<workgroup> pm: array<f32, 64>; // F16 V: the running max after each key of a chunk, then ms
 var<workgroup> rows: array<u32, 64>;
 var<workgroup> wlo: u32;
 var<workgroup> whi: u32;
+var<workgroup> wm: f32;
 
 // Quantized K: q (in qs) to K's vec_dot type as ggml-cpu's flash attention does: Q8_0
 // (for Q8_0 / Q4_0 / Q5_0 K) or Q8_1 (Q4_1 / Q5_1), the x86 quantizers: d = amax / 127
@@ -123,8 +125,8 @@ fn quantize_q(li: u32) {
         for (var j = 0u; j < 32u; j++) {
             amax = max(amax, abs(qs[b + j]));
         }
-        let d = amax / 127.0;
-        let id = select(0.0, 127.0 / amax, amax != 0.0);
+        let d = div_cr(amax, 127.0);
+        let id = select(0.0, div_cr(127.0, amax), amax != 0.0);
         var sum = 0.0;
         for (var j = 0u; j < 32u; j++) {
             let q = clamp(round(qs[b + j] * id), -128.0, 127.0);
@@ -148,7 +150,9 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         whi = tab[p.rng_off + 2u * t + 1u];
     }
     for (var d = li; d < p.hd_k; d += 64u) {
-        qs[d] = src[t * p.qw + h * p.hd_k + d];
+        let x = src[t * p.qw + h * p.hd_k + d];
+        // F16 K: q in K's vec_dot type (f16), as the CPU path converts it
+        qs[d] = select(x, f16_val(f16_bits(x)), p.tk == 1u);
     }
     if (p.tk >= 2u) {
         quantize_q(li);
@@ -187,6 +191,64 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
                 s = p.softcap * tanh(s);
             }
             s = s * p.post;
+        }
+        if (p.tv == 1u) {
+            // F16 V: the CPU path's (llama.cpp's one_chunk) order, key by key: the running
+            // max M_j; a new max scales the f16 accumulator by ms = exp(M_{j-1} - M_j)
+            // (f16(acc * ms)); acc = f16(fma(v, vs, acc)) with vs = exp(s_j - M_j);
+            // S = fma(S, ms, vs). M_j is a prefix max over the chunk's scores, each key's
+            // ms and vs one thread's; every thread then walks the keys for its dimensions.
+            pm[li] = s;
+            for (var st = 1u; st < 64u; st <<= 1u) {
+                workgroupBarrier();
+                var v = pm[li];
+                if (li >= st) {
+                    v = max(v, pm[li - st]);
+                }
+                workgroupBarrier();
+                pm[li] = v;
+            }
+            workgroupBarrier();
+            let mj = max(m, pm[li]);
+            var mprev = m;
+            if (li > 0u) {
+                mprev = max(m, pm[li - 1u]);
+            }
+            let cnt = min(64u, hi - base);
+            if (li == cnt - 1u) {
+                wm = mj;
+            }
+            workgroupBarrier();
+            if (s > mprev) {
+                pm[li] = exp(mprev - s); // ms (vs = exp(0) = 1)
+                ps[li] = 1.0;
+            } else {
+                pm[li] = -1.0; // no new max: no scaling
+                ps[li] = exp(s - mprev);
+            }
+            let mlast = workgroupUniformLoad(&wm);
+            for (var jj = 0u; jj < cnt; jj += 1u) {
+                let ms = pm[jj];
+                let vs = ps[jj];
+                var msum = 1.0;
+                if (ms >= 0.0) {
+                    msum = ms;
+                    for (var k = 0u; k < 4u; k += 1u) {
+                        acc[k] = f16_val(f16_bits(acc[k] * ms));
+                    }
+                }
+                let vo = rows[jj] * p.ev + g * p.hd_v;
+                for (var k = 0u; k < 4u; k += 1u) {
+                    let d = li + 64u * k;
+                    if (d < p.hd_v) {
+                        acc[k] = f16_val(f16_bits(fma(vval(vo + d), vs, acc[k])));
+                    }
+                }
+                ssum = fma(ssum, msum, vs);
+            }
+            m = mlast;
+            workgroupBarrier();
+            continue;
         }
         let mnew = max(m, wg_max(s, lanes));
         var pj = 0.0;

@@ -24,31 +24,3 @@ struct P {
     pad2: u32,
 }
 
-// f32 -> f16 bits, round to nearest even (ggml's FP32_TO_FP16 / F16C)
-fn f16_bits(f: f32) -> u32 {
-    let x = bitcast<u32>(f);
-    let sign = (x >> 16u) & 0x8000u;
-    let ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) {
-        return sign | 0x7e00u;
-    }
-    if (ax >= 0x477ff000u) {
-        return sign | 0x7c00u; // >= 65520 (and inf): inf
-    }
-    if (ax < 0x38800000u) { // below 2^-14: a subnormal half, round(|f| 2^24)
-        let e = ax >> 23u;
-        if (e < 102u) {
-            return sign;
-        }
-        let m = (ax & 0x7fffffu) | 0x800000u;
-        let sh = 126u - e;
-        let q = m >> sh;
-        let rem = m & ((1u << sh) - 1u);
-        let hw = 1u << (sh - 1u);
-        return sign | (q + select(0u, 1u, rem > hw || (rem == hw && (q & 1u) == 1u)));
-    }
-    let r = ax - 0x38000000u; // rebias the exponent 127 -> 15
-    let q = r >> 13u;
-    let rem = r & 0x1fffu;
-    return sign | (q + select(0u, 1u, rem > 0x1000u || (rem == 0x1000u && (q & 1u) == 1u)));
-}

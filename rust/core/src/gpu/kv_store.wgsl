@@ -75,8 +75,8 @@ fn store(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     var bs = 34u;
     switch p.tk {
         case 2u: { // Q8_0
-            let d = amax / 127.0;
-            let id = select(0.0, 127.0 / amax, amax != 0.0);
+            let d = div_cr(amax, 127.0);
+            let id = select(0.0, div_cr(127.0, amax), amax != 0.0);
             let h = f16_bits(d);
             by[0] = h & 0xffu;
             by[1] = h >> 8u;
@@ -88,8 +88,8 @@ fn store(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
             let five = p.tk == 5u;
             let off = select(8.0, 16.0, five);
             let top = select(15, 31, five);
-            let d = smax / -off;
-            let id = select(0.0, 1.0 / d, d != 0.0);
+            let d = div_cr(smax, -off);
+            let id = select(0.0, div_cr(1.0, d), d != 0.0);
             let h = f16_bits(d);
             by[0] = h & 0xffu;
             by[1] = h >> 8u;
@@ -113,8 +113,8 @@ fn store(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         }
         default: { // Q4_1 / Q5_1: d = (max - min) / 15 (31), q = (x - min) / d + 0.5
             let five = p.tk == 6u;
-            let d = (mx - mn) / select(15.0, 31.0, five);
-            let id = select(0.0, 1.0 / d, d != 0.0);
+            let d = div_cr(mx - mn, select(15.0, 31.0, five));
+            let id = select(0.0, div_cr(1.0, d), d != 0.0);
             let hd = f16_bits(d);
             let hm = f16_bits(mn);
             by[0] = hd & 0xffu;

@@ -447,6 +447,9 @@ impl Gpu {
             [n_in as u32, n_rows as u32, rows.start as u32, n_tokens as u32, row_bytes as u32, nx as u32, 0, 0];
         let pbytes: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.queue.write_buffer(&sc.params, 0, &pbytes);
+        // the input as the CPU path's dot products see it (resident.rs's `round_act`, here on the host)
+        let xr = round_act_host(w.ty, x, n_in)?;
+        let x = xr.as_deref().unwrap_or(x);
         // SAFETY: f32 has no padding; the bytes are read as they are.
         let xbytes = unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) };
         self.queue.write_buffer(&xbuf, 0, xbytes);
@@ -510,6 +513,23 @@ impl Gpu {
         rbuf.unmap();
         self.check_alive()
     }
+}
+
+/// Rows of `n_in` activations rounded to the format the CPU path multiplies weight type `ty`
+/// with (its `vec_dot_type`: Q8_0 / Q8_1 / Q8_K as the CPU's activation quantizers make them,
+/// F16, BF16) and widened back to f32; None when that format is f32.
+fn round_act_host(ty: GgmlType, x: &[f32], n_in: usize) -> Result<Option<Vec<f32>>> {
+    let vdt = crate::quant::table::kernels().get(ty).vec_dot_type;
+    if resident::round_mode(vdt).is_none() || n_in == 0 {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; crate::quant::row_bytes(vdt, n_in)?];
+    let mut out = vec![0f32; x.len()];
+    for (src, dst) in x.chunks_exact(n_in).zip(out.chunks_exact_mut(n_in)) {
+        crate::quant::quantize_row_act(vdt, src, &mut bytes)?;
+        crate::quant::dequantize_row(vdt, &bytes, dst)?;
+    }
+    Ok(Some(out))
 }
 
 /// A weight on the device.

@@ -100,9 +100,18 @@ fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 fn geglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = gidx(wg, li);
     if (i < p.n) {
+        // ggml's CPU GELU (act.rs gelu_lut): 0 at or below -10, x at or above 10, else the
+        // f16 table: gelu of the f16-rounded input, rounded to f16
         let x = d[i];
-        let t = clamp(0.7978845608028654 * x * (1.0 + 0.044715 * x * x), -15.0, 15.0);
-        d[i] = 0.5 * x * (1.0 + tanh(t)) * a[i];
+        var g = x;
+        if (x <= -10.0) {
+            g = 0.0;
+        } else if (x < 10.0) {
+            let h = f16_val(f16_bits(x));
+            let t = clamp(0.7978845608028654 * h * fma(0.044715 * h, h, 1.0), -15.0, 15.0);
+            g = f16_val(f16_bits(0.5 * h * (1.0 + tanh(t))));
+        }
+        d[i] = g * a[i];
     }
 }
 
@@ -159,6 +168,68 @@ fn fwht(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 d[o + j] = u + v;
                 d[o + j + len] = u - v;
             }
+        }
+    }
+}
+
+// d = a rounded to the activation format the CPU path multiplies a weight type with (its
+// vec_dot_type, `quant::vec_dot_type`), then widened back to f32: the matmul then sees the
+// values the CPU's integer / f16 dot products see, so offloaded layers give the CPU path's
+// numbers up to summation order (not f32 activations' slightly different ones).
+// a0 = 1: f16 (round to nearest even), n elements; 2: bf16 (ggml's rounding), n elements;
+// 3: Q8_0 / Q8_1 as llama.cpp's x86 quantizer (d = f16(amax / 127), quants
+// round_even(x * 127 / amax) clamped to i8), n blocks of 32;
+// 4: Q8_K (iscale = -127 / the signed value of largest magnitude, quants
+// min(round_even(iscale * x), 127), d = 1 / iscale in f32), n blocks of 256.
+@compute @workgroup_size(64)
+fn round_act(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = gidx(wg, li);
+    if (i >= p.n) {
+        return;
+    }
+    if (p.a0 == 1u) {
+        d[i] = f16_val(f16_bits(a[i]));
+    } else if (p.a0 == 2u) {
+        let u = bitcast<u32>(a[i]);
+        var h: u32;
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            h = (u >> 16u) | 64u;
+        } else {
+            h = (u + (0x7fffu + ((u >> 16u) & 1u))) >> 16u;
+        }
+        d[i] = bitcast<f32>(h << 16u);
+    } else if (p.a0 == 3u) {
+        let o = i * 32u;
+        var amax = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            amax = max(amax, abs(a[o + j]));
+        }
+        let ds = f16_val(f16_bits(div_cr(amax, 127.0)));
+        let id = select(0.0, div_cr(127.0, amax), amax != 0.0);
+        for (var j = 0u; j < 32u; j++) {
+            d[o + j] = clamp(round(a[o + j] * id), -128.0, 127.0) * ds;
+        }
+    } else {
+        let o = i * 256u;
+        var amax = 0.0;
+        var mx = 0.0;
+        for (var j = 0u; j < 256u; j++) {
+            let v = a[o + j];
+            if (abs(v) > amax) {
+                amax = abs(v);
+                mx = v;
+            }
+        }
+        if (amax == 0.0) {
+            for (var j = 0u; j < 256u; j++) {
+                d[o + j] = 0.0;
+            }
+            return;
+        }
+        let iscale = div_cr(-127.0, mx);
+        let ds = div_cr(1.0, iscale);
+        for (var j = 0u; j < 256u; j++) {
+            d[o + j] = min(round(iscale * a[o + j]), 127.0) * ds;
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::backend::DecoderStack;
 use crate::context::Step;
 use crate::error::{Error, Result};
 use crate::hparams::RopeType;
+use crate::ggml_type::GgmlType;
 use crate::model::TensorView;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -52,8 +53,10 @@ pub enum B {
     /// every layer's rope table, when one submission runs all the layers (host writes all
     /// land before it runs: each layer copies its own into `Rope` in command order)
     RopeAll,
+    /// a matmul's input rounded to its weight type's activation format (`round_act`)
+    Act,
 }
-const N_BUF: usize = 13;
+const N_BUF: usize = 14;
 
 /// Device copies of the small f32 vectors (norm weights, biases) of one forward pass's
 /// layers, keyed by the device and the host vector's address and length: the owner (the
@@ -73,7 +76,7 @@ pub(super) struct Resident {
     dummy: Option<wgpu::Buffer>,
 }
 
-const OPS: [&str; 8] = ["rms_norm", "add_bias", "add", "scale", "swiglu", "geglu", "rope", "fwht"];
+const OPS: [&str; 9] = ["rms_norm", "add_bias", "add", "scale", "swiglu", "geglu", "rope", "fwht", "round_act"];
 
 enum Cmd {
     Pass {
@@ -96,6 +99,21 @@ pub struct Run<'g> {
     pub(super) res: MutexGuard<'g, Resident>,
     params: Vec<u8>,
     cmds: Vec<Cmd>,
+    /// what `B::Act` holds while only matmuls have been recorded since it was rounded:
+    /// (source buffer, activation format, floats), so q/k/v or gate/up round their input once
+    act: Option<(B, GgmlType, usize)>,
+}
+
+/// `round_act`'s mode for an activation format and the floats each thread rounds (None: f32,
+/// nothing to round).
+pub(super) fn round_mode(vdt: GgmlType) -> Option<(u32, usize)> {
+    match vdt {
+        GgmlType::F16 => Some((1, 1)),
+        GgmlType::BF16 => Some((2, 1)),
+        GgmlType::Q8_0 | GgmlType::Q8_1 => Some((3, 32)),
+        GgmlType::Q8_K => Some((4, 256)),
+        _ => None,
+    }
 }
 
 fn groups_for(n: usize) -> (u32, u32) {
@@ -141,7 +159,7 @@ impl<'g> Run<'g> {
                 mapped_at_creation: false,
             }));
         }
-        Ok(Run { gpu, off, vecs, res, params: Vec::new(), cmds: Vec::new() })
+        Ok(Run { gpu, off, vecs, res, params: Vec::new(), cmds: Vec::new(), act: None })
     }
 
     pub(super) fn buf(&self, b: B) -> wgpu::Buffer {
@@ -201,11 +219,13 @@ impl<'g> Run<'g> {
     /// dst[dst_at..dst_at + n] = src[src_at..src_at + n] (floats)
     pub fn copy_at(&mut self, src: B, src_at: usize, dst: B, dst_at: usize, n: usize) {
         let (src, dst) = (self.buf(src), self.buf(dst));
+        self.act = None;
         self.cmds.push(Cmd::Copy { src, src_off: (src_at * 4) as u64, dst, dst_off: (dst_at * 4) as u64, bytes: (n * 4) as u64 });
     }
 
     /// Record a compute pass binding `bufs` (then the parameter block `slot`).
     pub(super) fn pass(&mut self, pipe: wgpu::ComputePipeline, layout: wgpu::BindGroupLayout, bufs: Vec<(wgpu::Buffer, u64)>, slot: u64, groups: (u32, u32, u32)) {
+        self.act = None;
         self.cmds.push(Cmd::Pass { pipe, layout, bufs, slot, groups });
     }
 
@@ -227,10 +247,34 @@ impl<'g> Run<'g> {
         if nz > 65535 || rows.end * row_bytes > u32::MAX as usize {
             return Err(Error::Invalid(format!("GPU matmul '{}': too large for 32-bit indexing", w.name)));
         }
+        // the input as the CPU path's dot products see it (its weight type's vec_dot_type)
+        let vdt = crate::quant::table::kernels().get(g.ty).vec_dot_type;
+        let x = match round_mode(vdt) {
+            None => self.buf(src),
+            Some((mode, unit)) => {
+                let floats = n * n_in;
+                if floats % unit != 0 {
+                    return Err(Error::Invalid(format!(
+                        "GPU matmul '{}': {n_in} inputs are not whole {vdt} blocks",
+                        w.name
+                    )));
+                }
+                let key = (src, vdt, floats);
+                if self.act != Some(key) {
+                    let a = self.buf(src);
+                    let units = floats / unit;
+                    self.op("round_act", B::Act, Some(a), units, unit, [mode, 0, 0], 0.0, units.div_ceil(64), floats);
+                }
+                self.act = Some(key);
+                self.buf(B::Act)
+            }
+        };
         let slot = self.slot(&[n_in as u32, n_rows as u32, rows.start as u32, n as u32, row_bytes as u32, nx, 0, 0]);
-        let (x, y) = (self.buf(src), self.buf(dst));
+        let y = self.buf(dst);
         let bufs = vec![(g.buf.clone(), g.buf.size()), (x, (n * n_in * 4) as u64), (y, (n * n_rows * 4) as u64)];
+        let act = self.act;
         self.pass(pipe, layout, bufs, slot, (nx, ny, nz as u32));
+        self.act = act;
         Ok(())
     }
 
@@ -441,6 +485,7 @@ pub(super) fn run_stretch(
         (B::Meta, tables.as_ref().map_or(0, |t| t.words.len())),
         (B::KvOut, if gkv.is_some() { kv_rows } else { 0 }),
         (B::RopeAll, if gkv.is_some() { layers.len() * n * hd_k } else { 0 }),
+        (B::Act, n * ne.max(ow).max(ff)),
     ];
     let mut run = Run::begin(off, vecs, &sizes)?;
     run.write(B::X, &st.b.x[..n * ne]);
@@ -596,7 +641,7 @@ impl Gpu {
         });
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("ops"),
-            source: wgpu::ShaderSource::Wgsl(include_str!("ops.wgsl").into()),
+            source: wgpu::ShaderSource::Wgsl(format!("{}\n{}", include_str!("f16.wgsl"), include_str!("ops.wgsl")).into()),
         });
         let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("ops"),
