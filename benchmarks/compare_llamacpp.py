@@ -50,7 +50,8 @@ def build_llama_bench(target: str = "llama-bench") -> Path:
             )
             tars = list(CACHE.glob("llama_cpp_python-*.tar.gz"))
             if not tars:
-                sys.exit("could not download the llama-cpp-python sdist")
+                sys.exit("could not download the llama-cpp-python sdist (pip reads its metadata without build "
+                         "isolation, so scikit-build-core must be installed: pip install scikit-build-core)")
         with tarfile.open(tars[0]) as t:
             t.extractall(src)
     root = next(src.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"

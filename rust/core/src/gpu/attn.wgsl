@@ -81,9 +81,19 @@ fn qraw(v: bool, ty: u32, i: u32) -> f32 {
     }
 }
 
+// K / V taken as f16: an F16 cache, or an F32 one under flash attention
+fn k16() -> bool {
+    return p.tk == 1u || (p.tk == 0u && p.f16cast == 1u);
+}
+
+fn v16() -> bool {
+    return p.tv == 1u || (p.tv == 0u && p.f16cast == 1u);
+}
+
 fn kval(i: u32) -> f32 {
     if (p.tk == 0u) {
-        return bitcast<f32>(kc[i]);
+        let x = bitcast<f32>(kc[i]);
+        return select(x, f16_val(f16_bits(x)), p.f16cast == 1u);
     }
     if (p.tk == 1u) {
         return f16_val((kc[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
@@ -93,7 +103,8 @@ fn kval(i: u32) -> f32 {
 
 fn vval(i: u32) -> f32 {
     if (p.tv == 0u) {
-        return bitcast<f32>(vc[i]);
+        let x = bitcast<f32>(vc[i]);
+        return select(x, f16_val(f16_bits(x)), p.f16cast == 1u);
     }
     if (p.tv == 1u) {
         return f16_val((vc[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);
@@ -151,8 +162,8 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     }
     for (var d = li; d < p.hd_k; d += 64u) {
         let x = src[t * p.qw + h * p.hd_k + d];
-        // F16 K: q in K's vec_dot type (f16), as the CPU path converts it
-        qs[d] = select(x, f16_val(f16_bits(x)), p.tk == 1u);
+        // f16 K: q in K's vec_dot type (f16), as the CPU path converts it
+        qs[d] = select(x, f16_val(f16_bits(x)), k16());
     }
     if (p.tk >= 2u) {
         quantize_q(li);
@@ -192,8 +203,8 @@ fn attn(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
             }
             s = s * p.post;
         }
-        if (p.tv == 1u) {
-            // F16 V: the CPU path's (llama.cpp's one_chunk) order, key by key: the running
+        if (v16()) {
+            // f16 V: the CPU path's (llama.cpp's one_chunk) order, key by key: the running
             // max M_j; a new max scales the f16 accumulator by ms = exp(M_{j-1} - M_j)
             // (f16(acc * ms)); acc = f16(fma(v, vs, acc)) with vs = exp(s_j - M_j);
             // S = fma(S, ms, vs). M_j is a prefix max over the chunk's scores, each key's

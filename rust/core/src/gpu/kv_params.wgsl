@@ -19,7 +19,7 @@ struct P {
     kscale: f32,  // multiplies q.k first
     softcap: f32, // then s = softcap * tanh(s) (0 = none)
     post: f32,    // then s *= post
-    pad0: u32,
+    f16cast: u32, // 1: flash attention, which reads an F32 cache as f16 (llama.cpp's cast)
     pad1: u32,
     pad2: u32,
 }

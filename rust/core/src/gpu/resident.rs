@@ -261,9 +261,7 @@ impl<'g> Run<'g> {
                 }
                 let key = (src, vdt, floats);
                 if self.act != Some(key) {
-                    let a = self.buf(src);
-                    let units = floats / unit;
-                    self.op("round_act", B::Act, Some(a), units, unit, [mode, 0, 0], 0.0, units.div_ceil(64), floats);
+                    self.round_act(src, mode, unit, floats);
                 }
                 self.act = Some(key);
                 self.buf(B::Act)
@@ -276,6 +274,14 @@ impl<'g> Run<'g> {
         self.pass(pipe, layout, bufs, slot, (nx, ny, nz as u32));
         self.act = act;
         Ok(())
+    }
+
+    /// B::Act[..floats] = src rounded by `round_act` mode `mode` (`round_mode`), `unit`
+    /// floats per thread.
+    pub(super) fn round_act(&mut self, src: B, mode: u32, unit: usize, floats: usize) {
+        let a = self.buf(src);
+        let units = floats / unit;
+        self.op("round_act", B::Act, Some(a), units, unit, [mode, 0, 0], 0.0, units.div_ceil(64), floats);
     }
 
     #[allow(clippy::too_many_arguments)]
