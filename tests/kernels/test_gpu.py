@@ -304,23 +304,28 @@ def _perplexity(path, ngl: int, n_ctx: int, n_chunks: int) -> float:
 
 def test_gemma3_offload_perplexity_one_chunk(gemma3_path):
     # Gemma 3 270M Q4_K_M, every layer on the GPU, one chunk of 128 tokens of
-    # text-gpl3.txt (about 35 s on lavapipe): within 0.5% of the CPU path's perplexity
-    # (issue 17's bound; measured -0.27%: 16.0664 against 16.1104)
+    # text-gpl3.txt (about 100 s on lavapipe). 64 scored tokens are a small sample: a quant
+    # that lands one step the other way somewhere re-rolls the rounding of everything after
+    # it, and such a sample's perplexity moves by a few percent (measured on lavapipe with
+    # successive kernel versions: -2.2%, -1.8%, -0.27%, +0.72% against 16.1104). So 3% here; the
+    # 0.5% bound of issue 17 is test_offload_perplexity's, over 1024 tokens (-m slow)
     _need_gpu()
     cpu, dev = _perplexity(gemma3_path, 0, 128, 1), _perplexity(gemma3_path, 99, 128, 1)
-    assert abs(dev / cpu - 1) <= 0.005, (dev, cpu)
+    assert abs(dev / cpu - 1) <= 0.03, (dev, cpu)
     assert dev != cpu
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_offload_perplexity(model, request):
-    # Every layer on the GPU, two chunks of 128 tokens of text-gpl3.txt (about 100 s for
-    # SmolLM2 and 75 s for Gemma 3 on lavapipe): within issue 17's 0.5% of the CPU path's
-    # perplexity. (Before the GPU rounded its matmul inputs as the CPU does, SmolLM2 was
-    # 1.5% above it: f32 activations are another model, as far as perplexity goes.)
+    # Every layer on the GPU, four chunks of 256 tokens of text-gpl3.txt (about 30 minutes
+    # per model on lavapipe with 2 cores): within issue 17's 0.5% of the CPU path's
+    # perplexity (measured: SmolLM2 19.2568 against 19.3321, -0.39%). Before the GPU
+    # rounded its matmul inputs as the CPU does, SmolLM2 was 0.8% above the CPU path at
+    # four chunks of 128 and 1.5% at two: f32 activations are another model, as far as
+    # perplexity goes.
     _need_gpu()
     path = request.getfixturevalue(f"{model}_path")
-    dev, cpu = _perplexity(path, 99, 128, 2), _perplexity(path, 0, 128, 2)
+    dev, cpu = _perplexity(path, 99, 256, 4), _perplexity(path, 0, 256, 4)
     assert abs(dev / cpu - 1) <= 0.005, (dev, cpu)
     assert dev != cpu
