@@ -43,7 +43,8 @@ def test_info_json_matches_the_extension(tmp_path):
     assert d["settings"] == {"PYLLAMA_CACHE": str(tmp_path)}  # HF_HUB_CACHE is not a PYLLAMA_ setting
     assert d["cached_models"] == []
     # the adapters the extension finds (none without the GPU backend), each named
-    assert d["gpu"]["devices"] == _core.gpu_devices()
+    # (through JSON, as the command prints them: subgroup_sizes is a tuple in Python)
+    assert d["gpu"]["devices"] == json.loads(json.dumps(_core.gpu_devices()))
     assert (d["gpu"]["backend"] == "wgpu") == _core.gpu_built()
     if not _core.gpu_built():
         assert d["gpu"]["devices"] == [] and "without the GPU backend" in d["gpu"]["why"]
