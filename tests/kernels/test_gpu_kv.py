@@ -143,9 +143,9 @@ CASES = [("tiny-llama-F32", False, "f16", s) for s in SCEN] + [
 ]
 
 
-@pytest.mark.parametrize("name,half,ctype,scen", CASES,
-                         ids=[f"{n}-{'half' if h else 'all'}-{c}-{s}" for n, h, c, s in CASES])
-def test_kv_on_device_matches_cpu(name, half, ctype, scen):
+def _models(name, half):
+    """The CPU model and the offloaded one: every layer and the output (half: the output and
+    the top half of the layers) on the GPU."""
     _need_gpu()
     path = tiny_path(name)
     cpu = _core.Model([str(path)])
@@ -153,6 +153,13 @@ def test_kv_on_device_matches_cpu(name, half, ctype, scen):
     ngl = n_layer // 2 + 1 if half else n_layer + 1
     gm = _core.Model([str(path)], n_gpu_layers=ngl, gpu_allow_software=True)
     assert gm.offload is not None, gm.warnings
+    return cpu, gm
+
+
+@pytest.mark.parametrize("name,half,ctype,scen", CASES,
+                         ids=[f"{n}-{'half' if h else 'all'}-{c}-{s}" for n, h, c, s in CASES])
+def test_kv_on_device_matches_cpu(name, half, ctype, scen):
+    cpu, gm = _models(name, half)
     want, _ = _run(cpu, scen, type_k=ctype, type_v=ctype)
     got, ctx = _run(gm, scen, type_k=ctype, type_v=ctype)
     assert ctx.offload_kqv and ctx.kv_gpu_bytes() > 0, "the KV cache did not go to the device"
@@ -179,13 +186,7 @@ QCASES = [(n, h, c, "steps") for n in QMODELS for h in (False, True) for c in ("
 @pytest.mark.parametrize("name,half,ctype,scen", QCASES,
                          ids=[f"{n}-{'half' if h else 'all'}-{c.replace('/', '-')}-{s}" for n, h, c, s in QCASES])
 def test_quantized_kv_on_device_matches_cpu(name, half, ctype, scen):
-    _need_gpu()
-    path = tiny_path(name)
-    cpu = _core.Model([str(path)])
-    n_layer = int(cpu.hparams()["n_layer"])
-    ngl = n_layer // 2 + 1 if half else n_layer + 1
-    gm = _core.Model([str(path)], n_gpu_layers=ngl, gpu_allow_software=True)
-    assert gm.offload is not None, gm.warnings
+    cpu, gm = _models(name, half)
     tk, tv = ctype.split("/")
     kw = {"type_k": tk, "type_v": tv}
     if scen == "prompt":

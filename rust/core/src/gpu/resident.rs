@@ -252,13 +252,10 @@ impl<'g> Run<'g> {
         let x = match round_mode(vdt) {
             None => self.buf(src),
             Some((mode, unit)) => {
+                // whole blocks: n_in is a multiple of the weight type's block (row_bytes
+                // above), which its vec_dot type's block divides
                 let floats = n * n_in;
-                if floats % unit != 0 {
-                    return Err(Error::Invalid(format!(
-                        "GPU matmul '{}': {n_in} inputs are not whole {vdt} blocks",
-                        w.name
-                    )));
-                }
+                debug_assert_eq!(floats % unit, 0);
                 let key = (src, vdt, floats);
                 if self.act != Some(key) {
                     self.round_act(src, mode, unit, floats);
