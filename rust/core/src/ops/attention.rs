@@ -994,9 +994,9 @@ mod tests {
         // Queries sharing a pass over their keys (GQA heads x runs of tokens, any tile size,
         // tail tiles, 1..3 threads) give each query exactly the one-query kernel's bits, for
         // causal, sliding-window and chunked masks, softcap and sinks, head dims on the
-        // blocked AVX-512 path (64, 128) and off it (16, 48: dot and V tails).
+        // blocked AVX-512 / AVX2 paths (64, 128, 256) and off them (16, 48: dot and V tails).
         let (size, n_keys) = (64usize, 48usize);
-        for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 128), (3, 3, 48), (4, 2, 16)] {
+        for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 128), (2, 1, 256), (3, 3, 48), (4, 2, 16)] {
             let kw = n_head_kv * hd;
             let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
             kv.flash_attn = true;
@@ -1052,6 +1052,61 @@ mod tests {
                              {threads} threads, {max_q} queries per pass: element {bad:?}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_passes_over_a_long_cache_are_bit_identical_to_the_one_query_kernel() {
+        // The blocked kernels' steady state (whole 8-key blocks below the running max: the
+        // vector exp, the V accumulation of four queries without per-key flags) needs long
+        // key lists; 700 keys, the last 50 positions as the batch, head dims 64 and 256.
+        let (size, n_keys) = (1024usize, 700usize);
+        for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 256)] {
+            let kw = n_head_kv * hd;
+            let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+            kv.flash_attn = true;
+            let mut r = Rng::new(77 + hd as u64);
+            for buf in [&mut kv.k[0], &mut kv.v[0]] {
+                for (c, x) in buf.chunks_exact_mut(2).zip(r.vec(size * kw, 1.0)) {
+                    c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+                }
+            }
+            let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5) % size) as u32)).collect();
+            let qpos: Vec<i32> = (650..700).collect();
+            let n_q = qpos.len();
+            let q = r.vec(n_q * n_head * hd, 3.0);
+            let p = AttnParams {
+                il: 0,
+                n_head,
+                n_head_kv,
+                hd_k: hd,
+                hd_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap: 0.0,
+                n_swa: 0,
+                chunked: false,
+                sinks: None,
+            };
+            let stream = vec![0u32; n_q];
+            let key_range = vec![(0u32, n_keys as u32); n_q];
+            let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };
+            let mut want = vec![0f32; n_q * n_head * hd];
+            for (t, &pos) in qpos.iter().enumerate() {
+                let (lo, hi) = visible_range(&p, &keys, pos);
+                for h in 0..n_head {
+                    let o = &mut want[(t * n_head + h) * hd..][..hd];
+                    one_chunk_head(&kv, &p, &q[(t * n_head + h) * hd..][..hd], 0, h, &keys[lo..hi], o);
+                }
+            }
+            for threads in [1, 2] {
+                let pool = ThreadPool::new(threads);
+                for max_q in [4, 7, 64] {
+                    let mut got = vec![f32::NAN; want.len()];
+                    f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q);
+                    let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(bad.is_none(), "hd {hd}, {threads} threads, {max_q} queries per pass: element {bad:?}");
                 }
             }
         }

@@ -14,7 +14,10 @@
 //! Kernels: AVX-512 (two of the one-query kernel's 8-lane accumulators in one zmm: lanes
 //! 0..8 acc0 / acc2, 8..16 acc1 / acc3, so (a0 + a1) split in halves is ggml's
 //! (acc0 + acc2) + (acc1 + acc3); 16-lane f16 conversions of the V accumulator), AVX2 (the
-//! one-query kernel's registers), and the portable `ops::vec` calls elsewhere.
+//! one-query kernel's registers), and the portable `ops::vec` calls elsewhere. Where the head
+//! dims allow, both x86 sets run a blocked form: blocks of 8 keys, the 8 scores' horizontal
+//! sums together, the 8 exps of a block below the running max in one vector (glibc's expf
+//! arithmetic, `vexp_ok`), the V accumulators of four queries in registers.
 
 use crate::ops::vec::{dot_f16_ggml, fmaf, mad_f16_acc, scale_f16_acc};
 
@@ -90,6 +93,16 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 scr.fl.resize(nq4 * x86::KB, 0);
                 // SAFETY: as below; buffer sizes set here.
                 unsafe { x86::run_avx512_blocked(p, qb, ranges, acc, m, ssum, scr) };
+            } else if crate::quant::kernel_set() != KernelSet::Avx512 && hk % 32 == 0 && hv % 16 == 0 && nq > 0 {
+                let nq4 = nq.div_ceil(4) * 4;
+                scr.kf.resize(x86::KB * hk, 0.0);
+                scr.vf.resize(x86::KB * hv, 0.0);
+                scr.vs.resize(nq * x86::KB, 0.0);
+                scr.ms.resize(nq * x86::KB, 0.0);
+                scr.fl.clear();
+                scr.fl.resize(nq4 * x86::KB, 0);
+                // SAFETY: avx2_math: AVX2, FMA and F16C are present; buffer sizes set here.
+                unsafe { x86::run_avx2_blocked(p, qb, ranges, acc, m, ssum, scr) };
             } else if crate::quant::kernel_set() == KernelSet::Avx512 {
                 // SAFETY: the AVX-512 set is chosen only on CPUs with AVX-512 F/BW/VL (and AVX2, FMA, F16C).
                 unsafe { x86::run_avx512(p, qb, ranges, acc, m, ssum, scr) };
@@ -103,7 +116,7 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     run_portable(p, qb, ranges, acc, m, ssum, scr);
 }
 
-/// Whether the AVX-512 `x86::exp8` gives exactly this process's `f32::exp` (glibc's
+/// Whether the vector exp of the blocked kernels (`x86::exp8`, `x86::exp8_avx2`) gives exactly this process's `f32::exp` (glibc's
 /// `__expf_fma`), checked once on ~270K arguments over the softmax's range (every 4096th
 /// float in [-104, 0], the special cases around glibc's thresholds, 0, -0, -inf, NaN):
 /// where the C library's expf differs (another libc, another glibc build), the kernel
@@ -114,10 +127,12 @@ pub(crate) fn vexp_ok() -> bool {
     *OK.get_or_init(|| vexp_matches(4096))
 }
 
-/// `exp8` against `f32::exp` on every `step`-th f32 in [-104, 0] plus the edge cases.
+/// The kernel set's vector exp (`exp8` on AVX-512, `exp8_avx2` on AVX2) against `f32::exp`
+/// on every `step`-th f32 in [-104, 0] plus the edge cases.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn vexp_matches(step: u32) -> bool {
-    if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+    let avx512 = crate::quant::kernel_set() == crate::quant::KernelSet::Avx512;
+    if !crate::quant::table::kernels().avx2_math {
         return false;
     }
     let edges = [0.0f32, -0.0, f32::NEG_INFINITY, f32::NAN, -88.0, -87.99999, -88.72283, -103.27892, -103.27893, -103.97207, -103.97208, -1e-30, -1e-45, 88.0, 88.7];
@@ -130,8 +145,8 @@ pub(crate) fn vexp_matches(step: u32) -> bool {
     xs.chunks(8).all(|c| {
         let mut x = [0f32; 8];
         x[..c.len()].copy_from_slice(c);
-        // SAFETY: the AVX-512 set was checked above.
-        let e = unsafe { x86::exp8_slice(&x) };
+        // SAFETY: the AVX-512 set (or AVX2 + FMA) was checked above.
+        let e = unsafe { if avx512 { x86::exp8_slice(&x) } else { x86::exp8_slice_avx2(&x) } };
         x.iter().zip(&e).all(|(a, b)| a.exp().to_bits() == b.to_bits())
     })
 }
@@ -474,9 +489,7 @@ mod x86 {
     pub(super) const KB: usize = 8;
 
     /// The scores of query `q` against the KB keys of the block (`kf`: KB rows of hk f32),
-    /// each the exact `dot_512` value (hk a multiple of 32: no tail); ggml's horizontal sums
-    /// of the 8 keys done together: lo/hi halves added per key pair, then two hadd levels
-    /// (the same pairs as `finish`: (l + l+4), then (0+1) + (2+3)).
+    /// each the exact `dot_512` value (hk a multiple of 32: no tail).
     #[inline(always)]
     unsafe fn scores_8(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
         let mut x = [_mm256_setzero_ps(); KB];
@@ -493,6 +506,14 @@ mod x86 {
             let ab = _mm512_add_ps(a0, a1);
             *xk = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
         }
+        *out = hsum_8(&x);
+    }
+
+    /// The 8 keys' scores from their dot accumulators x[k] = (acc0 + acc2) + (acc1 + acc3):
+    /// ggml's horizontal sums of the 8 keys done together, lo/hi halves added per key pair,
+    /// then two hadd levels (the same pairs as `finish`: (l + l+4), then (0+1) + (2+3)).
+    #[inline(always)]
+    unsafe fn hsum_8(x: &[__m256; KB]) -> [f32; KB] {
         // y[k/2] = [x[k].lo + x[k].hi, x[k+1].lo + x[k+1].hi]
         let mut y = [_mm256_setzero_ps(); KB / 2];
         for (k, yk) in y.iter_mut().enumerate() {
@@ -504,7 +525,7 @@ mod x86 {
         let w = _mm256_hadd_ps(z0, z1); // keys [0, 2, 4, 6 | 1, 3, 5, 7]
         let mut l = [0f32; 8];
         _mm256_storeu_ps(l.as_mut_ptr(), w);
-        *out = [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]];
+        [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]]
     }
 
     #[inline(always)]
@@ -636,15 +657,284 @@ mod x86 {
             j0 += nb;
         }
     }
+
+    /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
+    /// `dot_avx2` value (hk a multiple of 32: no tail).
+    #[inline(always)]
+    unsafe fn scores_8_avx2(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
+        let mut x = [_mm256_setzero_ps(); KB];
+        for (kk, xk) in x.iter_mut().enumerate() {
+            let kr = kf.as_ptr().add(kk * hk);
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < hk {
+                for (j, aj) in a.iter_mut().enumerate() {
+                    *aj = _mm256_fmadd_ps(_mm256_loadu_ps(kr.add(i + 8 * j)), _mm256_loadu_ps(q.as_ptr().add(i + 8 * j)), *aj);
+                }
+                i += 32;
+            }
+            *xk = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        }
+        *out = hsum_8(&x);
+    }
+
+    /// `scores_8_avx2` for head dim 64: q in eight registers, each key's two FMAs per
+    /// accumulator straight from its row (the same FMAs in the same order).
+    #[inline(always)]
+    unsafe fn scores_8_avx2_64(kf: &[f32], q: &[f32], out: &mut [f32; KB]) {
+        let qp = q.as_ptr();
+        let qv = [
+            _mm256_loadu_ps(qp),
+            _mm256_loadu_ps(qp.add(8)),
+            _mm256_loadu_ps(qp.add(16)),
+            _mm256_loadu_ps(qp.add(24)),
+            _mm256_loadu_ps(qp.add(32)),
+            _mm256_loadu_ps(qp.add(40)),
+            _mm256_loadu_ps(qp.add(48)),
+            _mm256_loadu_ps(qp.add(56)),
+        ];
+        let mut x = [_mm256_setzero_ps(); KB];
+        for (kk, xk) in x.iter_mut().enumerate() {
+            let kr = kf.as_ptr().add(kk * 64);
+            let mut a = [_mm256_setzero_ps(); 4];
+            for (j, aj) in a.iter_mut().enumerate() {
+                *aj = _mm256_fmadd_ps(_mm256_loadu_ps(kr.add(8 * j)), qv[j], *aj);
+                *aj = _mm256_fmadd_ps(_mm256_loadu_ps(kr.add(32 + 8 * j)), qv[4 + j], *aj);
+            }
+            *xk = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        }
+        *out = hsum_8(&x);
+    }
+
+    /// `exp8`'s arithmetic for 4 lanes in one ymm of doubles, the table read by a gather.
+    #[inline(always)]
+    unsafe fn exp4_avx2(x: __m128) -> __m128 {
+        let xd = _mm256_cvtps_pd(x);
+        let kds = _mm256_fmadd_pd(_mm256_set1_pd(INVLN2N), xd, _mm256_set1_pd(SHIFT));
+        let ki = _mm256_castpd_si256(kds);
+        let kd = _mm256_sub_pd(kds, _mm256_set1_pd(SHIFT));
+        let r = _mm256_fmsub_pd(_mm256_set1_pd(INVLN2N), xd, kd);
+        let idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        let tv = _mm256_i64gather_epi64::<8>(EXP_TAB.as_ptr() as *const i64, idx);
+        let t = _mm256_add_epi64(tv, _mm256_slli_epi64::<47>(ki));
+        let z = _mm256_fmadd_pd(r, _mm256_set1_pd(C0), _mm256_set1_pd(C1));
+        let r2 = _mm256_mul_pd(r, r);
+        let y = _mm256_fmadd_pd(r, _mm256_set1_pd(C2), _mm256_set1_pd(1.0));
+        let y = _mm256_fmadd_pd(z, r2, y);
+        _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)))
+    }
+
+    /// `exp8` with AVX2 + FMA only: the same arithmetic (glibc's `__expf_fma`), two halves
+    /// of 4 doubles; lanes with |x| >= 88 (and NaN / inf) call `f32::exp`. Used only after
+    /// `vexp_ok` confirmed it against this process's `f32::exp`.
+    #[inline(always)]
+    pub(super) unsafe fn exp8_avx2(x: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(x);
+        let abstop = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), _mm256_set1_epi32(0x7ff));
+        let special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(abstop, _mm256_set1_epi32(0x42a))));
+        let lo = exp4_avx2(_mm256_castps256_ps128(x));
+        let hi = exp4_avx2(_mm256_extractf128_ps::<1>(x));
+        let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+        if special == 0 {
+            return out;
+        }
+        let mut o = [0f32; 8];
+        let mut xi = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), out);
+        _mm256_storeu_ps(xi.as_mut_ptr(), x);
+        for l in 0..8 {
+            if special >> l & 1 != 0 {
+                o[l] = xi[l].exp();
+            }
+        }
+        _mm256_loadu_ps(o.as_ptr())
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn exp8_slice_avx2(x: &[f32; 8]) -> [f32; 8] {
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), exp8_avx2(_mm256_loadu_ps(x.as_ptr())));
+        o
+    }
+
+    #[inline(always)]
+    unsafe fn round16_avx2(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x))
+    }
+
+    /// `accumulate_4` in ymm registers: queries i0..i0 + 4, 16 lanes at a time (8
+    /// accumulators and 2 V registers of the 16 ymm).
+    #[inline(always)]
+    unsafe fn accumulate_4_avx2(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) {
+        // the steady state: four queries that each take a plain mad from every key of a
+        // whole block (flags all 1): the same steps without the per-key flag tests
+        if i0 + 4 <= nq && nb == KB {
+            let f = fl.as_ptr().add(i0 * KB) as *const [u8; 4 * KB];
+            if (*f).iter().all(|&x| x == 1) {
+                let mut c = 0;
+                while c < hv {
+                    let mut r = [[_mm256_setzero_ps(); 2]; 4];
+                    for (qi, rq) in r.iter_mut().enumerate() {
+                        let pa = acc.as_ptr().add((i0 + qi) * hv + c);
+                        for (u, ru) in rq.iter_mut().enumerate() {
+                            *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
+                        }
+                    }
+                    for kk in 0..KB {
+                        let pv = vf.as_ptr().add(kk * hv + c);
+                        let v = [_mm256_loadu_ps(pv), _mm256_loadu_ps(pv.add(8))];
+                        for (qi, rq) in r.iter_mut().enumerate() {
+                            let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
+                            for (u, ru) in rq.iter_mut().enumerate() {
+                                *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
+                            }
+                        }
+                    }
+                    for (qi, rq) in r.iter().enumerate() {
+                        let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                        for (u, ru) in rq.iter().enumerate() {
+                            _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
+                        }
+                    }
+                    c += 16;
+                }
+                return;
+            }
+        }
+        let mut c = 0;
+        while c < hv {
+            let mut r = [[_mm256_setzero_ps(); 2]; 4];
+            for (qi, rq) in r.iter_mut().enumerate() {
+                if i0 + qi < nq {
+                    let pa = acc.as_ptr().add((i0 + qi) * hv + c);
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
+                    }
+                }
+            }
+            for kk in 0..nb {
+                let pv = vf.as_ptr().add(kk * hv + c);
+                let v = [_mm256_loadu_ps(pv), _mm256_loadu_ps(pv.add(8))];
+                for (qi, rq) in r.iter_mut().enumerate() {
+                    let f = (i0 + qi) * KB + kk;
+                    let flag = *fl.get_unchecked(f);
+                    if flag == 0 {
+                        continue;
+                    }
+                    if flag == 2 {
+                        let vm = _mm256_set1_ps(*ms.get_unchecked(f));
+                        for ru in rq.iter_mut() {
+                            *ru = round16_avx2(_mm256_mul_ps(*ru, vm));
+                        }
+                    }
+                    let va = _mm256_set1_ps(*vs.get_unchecked(f));
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
+                    }
+                }
+            }
+            for (qi, rq) in r.iter().enumerate() {
+                if i0 + qi < nq {
+                    let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                    for (u, ru) in rq.iter().enumerate() {
+                        _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
+                    }
+                }
+            }
+            c += 16;
+        }
+    }
+
+    /// `run_avx512_blocked` with AVX2 (+ FMA, F16C) only: the block's K and V rows converted
+    /// once, per query the block's scores (`scores_8_avx2`) and online-softmax steps in key
+    /// order (a whole block below the running max: the 8 exps by `exp8_avx2`), then the V
+    /// accumulation four queries at a time (`accumulate_4_avx2`). hk % 32 == 0, hv % 16 ==
+    /// 0; scratch sized by the caller (kf, vf: KB rows; ms, vs: nq * KB; fl: nq rounded up
+    /// to 4, times KB, zeroed).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn run_avx2_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+        let (hk, hv) = (p.hd_k, p.hd_v);
+        let nq = ranges.len();
+        let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+        let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+        let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = scr;
+        let vexp = p.softcap == 0.0 && super::vexp_ok();
+        let mut j0 = jlo;
+        while j0 < jhi {
+            let nb = KB.min(jhi - j0);
+            for kk in 0..nb {
+                let cell = p.keys[j0 + kk].1 as usize;
+                let k16 = p.rows.k.get_unchecked(p.rows.k_off + cell * p.rows.k_stride..).get_unchecked(..hk);
+                to_f32_avx2(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
+                let v16 = p.rows.v.get_unchecked(p.rows.v_off + cell * p.rows.v_stride..).get_unchecked(..hv);
+                to_f32_avx2(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+            }
+            let mut any = false;
+            for i in 0..nq {
+                let (lo, hi) = *ranges.get_unchecked(i);
+                let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
+                let (a, b) = (lo.max(j0), hi.min(j0 + nb));
+                if a >= b {
+                    f.fill(0);
+                    continue;
+                }
+                any = true;
+                let mut s = [0f32; KB];
+                if hk == 64 {
+                    scores_8_avx2_64(kf, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                } else {
+                    scores_8_avx2(kf, hk, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                }
+                if vexp && a == j0 && b == j0 + KB {
+                    // as in run_avx512_blocked: every key of the block below the running max
+                    let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps(p.kscale));
+                    let mv = _mm256_set1_ps(*m.get_unchecked(i));
+                    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0 {
+                        let e = exp8_avx2(_mm256_sub_ps(sv, mv));
+                        let pv = vs.as_mut_ptr().add(i * KB);
+                        _mm256_storeu_ps(pv, e);
+                        // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
+                        let mut ss = *ssum.get_unchecked(i);
+                        for kk in 0..KB {
+                            ss += *pv.add(kk);
+                        }
+                        *ssum.get_unchecked_mut(i) = ss;
+                        f.fill(1);
+                        continue;
+                    }
+                }
+                for kk in 0..KB {
+                    let j = j0 + kk;
+                    if j < a || j >= b {
+                        *f.get_unchecked_mut(kk) = 0;
+                        continue;
+                    }
+                    let (scale, msa, vsa) = softmax_step(p, s[kk], m.get_unchecked_mut(i), ssum.get_unchecked_mut(i));
+                    *f.get_unchecked_mut(kk) = 1 + scale as u8;
+                    *ms.get_unchecked_mut(i * KB + kk) = msa;
+                    *vs.get_unchecked_mut(i * KB + kk) = vsa;
+                }
+            }
+            if any {
+                let mut i0 = 0;
+                while i0 < nq {
+                    accumulate_4_avx2(acc, hv, nq, i0, nb, vf, fl, ms, vs);
+                    i0 += 4;
+                }
+            }
+            j0 += nb;
+        }
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     #[test]
     fn vector_expf_is_the_c_library_expf_bit_for_bit() {
-        // every 61st float in [-104, 0] (~18M) and the edge cases; on a CPU without AVX-512
-        // the vector exp is never used (and vexp_matches says so)
-        if crate::quant::kernel_set() != crate::quant::KernelSet::Avx512 {
+        // every 61st float in [-104, 0] (~18M) and the edge cases, with the kernel set's
+        // vector exp (AVX-512 or AVX2); on a CPU without AVX2 + FMA it is never used (and
+        // vexp_matches says so)
+        if !crate::quant::table::kernels().avx2_math {
             assert!(!super::vexp_matches(61));
             return;
         }
@@ -655,7 +945,7 @@ mod tests {
     #[test]
     #[ignore = "every float in [-104, 0]: ~1.1e9 exps (run with --ignored)"]
     fn vector_expf_is_the_c_library_expf_on_every_float() {
-        if crate::quant::kernel_set() == crate::quant::KernelSet::Avx512 {
+        if crate::quant::table::kernels().avx2_math {
             assert!(super::vexp_matches(1));
         }
     }

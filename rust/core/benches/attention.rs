@@ -1,0 +1,92 @@
+//! Prefill attention at depth (not a test): `cargo bench -p pyllama-core --bench attention`.
+//!
+//! One layer's flash attention over an F16 cache for a micro-batch of 512 tokens whose
+//! cache already holds `depth` tokens (llama-bench's pp512 at -d 4096), in the head shapes
+//! of SmolLM2 135M (9 heads, 3 KV, dim 64) and Gemma 3 270M (4 heads, 1 KV, dim 256), on
+//! ONE thread: the best CPU time of several repetitions, in ms per layer and in G
+//! query-key pairs per second. `PYLLAMA_KERNELS=avx2|ref` picks the kernel set.
+
+use pyllama_core::ggml_type::GgmlType;
+use pyllama_core::kv_cache::KvCache;
+use pyllama_core::ops::attention::{attention, scratch_per_thread, AttnInputs, AttnParams};
+use pyllama_core::threadpool::ThreadPool;
+
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain syscall filling a local struct.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn main() {
+    let n_tokens = 512usize;
+    let shapes: [(&str, usize, usize, usize, usize); 4] = [
+        ("smollm2 d0", 9, 3, 64, 0),
+        ("smollm2 d4096", 9, 3, 64, 4096),
+        ("gemma3 d0", 4, 1, 256, 0),
+        ("gemma3 d4096", 4, 1, 256, 4096),
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    println!("kernel set: {}", pyllama_core::quant::kernel_set().name());
+    for (name, n_head, n_head_kv, hd, depth) in shapes {
+        let size = (depth + n_tokens).div_ceil(256) * 256;
+        let kw = n_head_kv * hd;
+        let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+        kv.flash_attn = true;
+        for buf in [&mut kv.k[0], &mut kv.v[0]] {
+            for c in buf.chunks_exact_mut(2) {
+                c.copy_from_slice(&half::f16::from_f32(rnd()).to_le_bytes());
+            }
+        }
+        let n_keys = depth + n_tokens;
+        let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, p as u32)).collect();
+        let pos: Vec<i32> = (depth..n_keys).map(|p| p as i32).collect();
+        let stream = vec![0u32; n_tokens];
+        let key_range = vec![(0u32, n_keys as u32); n_tokens];
+        let inp = AttnInputs {
+            pos: &pos,
+            stream: &stream,
+            key_range: &key_range,
+            keys: &keys,
+        };
+        let p = AttnParams {
+            il: 0,
+            n_head,
+            n_head_kv,
+            hd_k: hd,
+            hd_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: 0.0,
+            n_swa: 0,
+            chunked: false,
+            sinks: None,
+        };
+        let q: Vec<f32> = (0..n_tokens * n_head * hd).map(|_| rnd() * 3.0).collect();
+        let mut out = vec![0f32; n_tokens * n_head * hd];
+        let pool = ThreadPool::new(1);
+        let stride = scratch_per_thread(size, hd, hd);
+        let mut scratch = vec![0f32; stride];
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t0 = thread_cpu_seconds();
+            attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
+            best = best.min(thread_cpu_seconds() - t0);
+        }
+        std::hint::black_box(&out);
+        let pairs = (depth * n_tokens + n_tokens * (n_tokens + 1) / 2) * n_head;
+        println!(
+            "{name:>14}: {:8.2} ms/layer  {:6.3} G q.k pairs/s",
+            best * 1e3,
+            pairs as f64 / best * 1e-9
+        );
+    }
+}
