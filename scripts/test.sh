@@ -3,6 +3,8 @@
 # .ci/run calls exactly this). Idempotent: a second run reuses .venv and pip's cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# each stage's start, in seconds since this script started (CI's budget is 30 minutes)
+stage() { echo "== [${SECONDS}s] $*"; }
 
 # Mesa's software Vulkan driver (lavapipe): the GPU offload tests run on it (tests/kernels/test_gpu.py,
 # the `gpu` feature's kernel tests). Only where apt and root are there; elsewhere they skip.
@@ -13,6 +15,7 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && ! ldconfig -p 2>/dev/n
     fi
 fi
 
+stage "python packages"
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
@@ -37,19 +40,27 @@ python -m pip uninstall -q -y pyllama 2>/dev/null || true
 # Release build: the tests run the kernels and forward passes hot.
 # Every build carries the wgpu backend (cargo feature `gpu`, on in pyproject.toml, wheels too): CPU
 # results are the same with it, and tests/kernels/test_gpu.py runs the offload on lavapipe.
+stage "maturin develop (release)"
 maturin develop --release -q --features gpu
 # pyllama-core holds every Rust test (rust/py has none: building its test harness cost CI a minute)
+stage "cargo test"
 cargo test --release -p pyllama-core -q --features gpu
 # The extension's type stubs (python/pyllama/_core.pyi) against the built module: a name,
 # signature or class missing on either side fails the run.
+stage "stubtest"
 python -m pip install -q mypy
 python -m mypy.stubtest pyllama._core
-python -m pytest -q "$@"
+stage "pytest"
+python -m pytest -q --durations=20 "$@"
 # The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
 # with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).
+stage "wheel"
 bash scripts/test_wheel.sh
 # The aarch64 wheel, cross-built with zig and run under qemu-user with Debian's arm64 CPython
 # (skipped, saying so, where the Rust aarch64 target cannot be fetched).
+stage "aarch64 wheel"
 bash scripts/test_wheel_aarch64.sh
 # The documentation site, warnings as errors (scripts/docs.sh).
+stage "docs"
 bash scripts/docs.sh
+stage "done"
