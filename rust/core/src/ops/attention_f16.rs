@@ -406,6 +406,25 @@ mod x86 {
     const C1: f64 = f64::from_bits(0x3f2ebfce50fac4f3); // 0x1.ebfce50fac4f3p-13
     const C2: f64 = f64::from_bits(0x3f962e42ff0c52d6); // 0x1.62e42ff0c52d6p-6
 
+    /// The vector exps `out` of `x`, with the lanes set in `special` (glibc's special cases:
+    /// |x| >= 88, NaN, inf) replaced by `f32::exp` itself.
+    #[inline(always)]
+    unsafe fn with_special(out: __m256, x: __m256, special: u32) -> __m256 {
+        if special == 0 {
+            return out;
+        }
+        let mut o = [0f32; 8];
+        let mut xi = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), out);
+        _mm256_storeu_ps(xi.as_mut_ptr(), x);
+        for l in 0..8 {
+            if special >> l & 1 != 0 {
+                o[l] = xi[l].exp();
+            }
+        }
+        _mm256_loadu_ps(o.as_ptr())
+    }
+
     /// expf of 8 lanes, bit-identical to glibc's x86-64 `__expf_fma` (what `f32::exp` calls
     /// on glibc >= 2.27 with FMA): xd = x; kd' = fma(N/ln2, xd, shift); ki = bits(kd');
     /// kd = kd' - shift; r = fma(N/ln2, xd, -kd); s = double(tab[ki % 32] + (ki << 47));
@@ -434,19 +453,7 @@ mod x86 {
         let y = _mm512_fmadd_pd(z, r2, y);
         let y = _mm512_mul_pd(y, _mm512_castsi512_pd(t));
         let out = _mm512_cvtpd_ps(y);
-        if special == 0 {
-            return out;
-        }
-        let mut o = [0f32; 8];
-        let mut xi = [0f32; 8];
-        _mm256_storeu_ps(o.as_mut_ptr(), out);
-        _mm256_storeu_ps(xi.as_mut_ptr(), x);
-        for l in 0..8 {
-            if special >> l & 1 != 0 {
-                o[l] = xi[l].exp();
-            }
-        }
-        _mm256_loadu_ps(o.as_ptr())
+        with_special(out, x, special as u32)
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
@@ -585,6 +592,85 @@ mod x86 {
         }
     }
 
+    /// The blocked pass (blocks of KB keys): the block's K and V rows converted once; per
+    /// query the block's scores, then its online-softmax steps in key order (a whole block
+    /// below the running max: its 8 exps at once and S + vs, which is fma(S, 1, vs)); then the
+    /// V accumulation four queries at a time. Parameterised by the kernel set's row
+    /// conversion, scores, "no score above the max" test, vector exp and accumulation.
+    macro_rules! blocked_body {
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $below:ident, $exp:ident, $accumulate:ident) => {{
+            let (hk, hv) = ($p.hd_k, $p.hd_v);
+            let nq = $ranges.len();
+            let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
+            let jhi = $ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = $scr;
+            let vexp = $p.softcap == 0.0 && super::vexp_ok();
+            let mut j0 = jlo;
+            while j0 < jhi {
+                let nb = KB.min(jhi - j0);
+                for kk in 0..nb {
+                    let cell = $p.keys[j0 + kk].1 as usize;
+                    let k16 = $p.rows.k.get_unchecked($p.rows.k_off + cell * $p.rows.k_stride..).get_unchecked(..hk);
+                    $to_f32(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
+                    let v16 = $p.rows.v.get_unchecked($p.rows.v_off + cell * $p.rows.v_stride..).get_unchecked(..hv);
+                    $to_f32(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+                }
+                let mut any = false;
+                for i in 0..nq {
+                    let (lo, hi) = *$ranges.get_unchecked(i);
+                    let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
+                    let (a, b) = (lo.max(j0), hi.min(j0 + nb));
+                    if a >= b {
+                        f.fill(0);
+                        continue;
+                    }
+                    any = true;
+                    let mut s = [0f32; KB];
+                    $scores(kf, hk, $qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                    if vexp && a == j0 && b == j0 + KB {
+                        // the whole block seen, and no score above the running max (the common
+                        // case once the max settles): every key takes the softmax's else branch,
+                        // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
+                        let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps($p.kscale));
+                        let mv = _mm256_set1_ps(*$m.get_unchecked(i));
+                        if $below(sv, mv) {
+                            let e = $exp(_mm256_sub_ps(sv, mv));
+                            let pv = vs.as_mut_ptr().add(i * KB);
+                            _mm256_storeu_ps(pv, e);
+                            // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
+                            let mut ss = *$ssum.get_unchecked(i);
+                            for kk in 0..KB {
+                                ss += *pv.add(kk);
+                            }
+                            *$ssum.get_unchecked_mut(i) = ss;
+                            f.fill(1);
+                            continue;
+                        }
+                    }
+                    for kk in 0..KB {
+                        let j = j0 + kk;
+                        if j < a || j >= b {
+                            *f.get_unchecked_mut(kk) = 0;
+                            continue;
+                        }
+                        let (scale, msa, vsa) = softmax_step($p, s[kk], $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
+                        *f.get_unchecked_mut(kk) = 1 + scale as u8;
+                        *ms.get_unchecked_mut(i * KB + kk) = msa;
+                        *vs.get_unchecked_mut(i * KB + kk) = vsa;
+                    }
+                }
+                if any {
+                    let mut i0 = 0;
+                    while i0 < nq {
+                        $accumulate($acc, hv, nq, i0, nb, vf, fl, ms, vs);
+                        i0 += 4;
+                    }
+                }
+                j0 += nb;
+            }
+        }};
+    }
+
     /// The pass in blocks of KB keys: the block's K and V rows converted once; per query
     /// the block's scores (`scores_8`), then its online-softmax steps in key order; then
     /// the V accumulation four queries at a time (`accumulate_4`). hk % 32 == 0, hv % 64 ==
@@ -592,73 +678,11 @@ mod x86 {
     /// up to 4, times KB, zeroed).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     pub(super) unsafe fn run_avx512_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
-        let (hk, hv) = (p.hd_k, p.hd_v);
-        let nq = ranges.len();
-        let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
-        let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-        let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = scr;
-        let vexp = p.softcap == 0.0 && super::vexp_ok();
-        let mut j0 = jlo;
-        while j0 < jhi {
-            let nb = KB.min(jhi - j0);
-            for kk in 0..nb {
-                let cell = p.keys[j0 + kk].1 as usize;
-                let k16 = p.rows.k.get_unchecked(p.rows.k_off + cell * p.rows.k_stride..).get_unchecked(..hk);
-                to_f32_512(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
-                let v16 = p.rows.v.get_unchecked(p.rows.v_off + cell * p.rows.v_stride..).get_unchecked(..hv);
-                to_f32_512(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
-            }
-            let mut any = false;
-            for i in 0..nq {
-                let (lo, hi) = *ranges.get_unchecked(i);
-                let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
-                let (a, b) = (lo.max(j0), hi.min(j0 + nb));
-                if a >= b {
-                    f.fill(0);
-                    continue;
-                }
-                any = true;
-                let mut s = [0f32; KB];
-                scores_8(kf, hk, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
-                if vexp && a == j0 && b == j0 + KB {
-                    // the whole block seen, and no score above the running max (the common
-                    // case once the max settles): every key takes the softmax's else branch,
-                    // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
-                    let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps(p.kscale));
-                    let mv = _mm256_set1_ps(*m.get_unchecked(i));
-                    if _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0 {
-                        let e = exp8(_mm256_sub_ps(sv, mv));
-                        let pv = vs.as_mut_ptr().add(i * KB);
-                        _mm256_storeu_ps(pv, e);
-                        let ss = ssum.get_unchecked_mut(i);
-                        for kk in 0..KB {
-                            *ss = crate::ops::vec::fmaf(*ss, 1.0, *pv.add(kk)); // S = S * ms + vs, ms = 1
-                        }
-                        f.fill(1);
-                        continue;
-                    }
-                }
-                for kk in 0..KB {
-                    let j = j0 + kk;
-                    if j < a || j >= b {
-                        *f.get_unchecked_mut(kk) = 0;
-                        continue;
-                    }
-                    let (scale, msa, vsa) = softmax_step(p, s[kk], m.get_unchecked_mut(i), ssum.get_unchecked_mut(i));
-                    *f.get_unchecked_mut(kk) = 1 + scale as u8;
-                    *ms.get_unchecked_mut(i * KB + kk) = msa;
-                    *vs.get_unchecked_mut(i * KB + kk) = vsa;
-                }
-            }
-            if any {
-                let mut i0 = 0;
-                while i0 < nq {
-                    accumulate_4(acc, hv, nq, i0, nb, vf, fl, ms, vs);
-                    i0 += 4;
-                }
-            }
-            j0 += nb;
+        #[inline(always)]
+        unsafe fn below(sv: __m256, mv: __m256) -> bool {
+            _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0
         }
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, below, exp8, accumulate_4)
     }
 
     /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
@@ -738,19 +762,7 @@ mod x86 {
         let lo = exp4_avx2(_mm256_castps256_ps128(x));
         let hi = exp4_avx2(_mm256_extractf128_ps::<1>(x));
         let out = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
-        if special == 0 {
-            return out;
-        }
-        let mut o = [0f32; 8];
-        let mut xi = [0f32; 8];
-        _mm256_storeu_ps(o.as_mut_ptr(), out);
-        _mm256_storeu_ps(xi.as_mut_ptr(), x);
-        for l in 0..8 {
-            if special >> l & 1 != 0 {
-                o[l] = xi[l].exp();
-            }
-        }
-        _mm256_loadu_ps(o.as_ptr())
+        with_special(out, x, special as u32)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -856,77 +868,19 @@ mod x86 {
     /// to 4, times KB, zeroed).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn run_avx2_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
-        let (hk, hv) = (p.hd_k, p.hd_v);
-        let nq = ranges.len();
-        let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
-        let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-        let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = scr;
-        let vexp = p.softcap == 0.0 && super::vexp_ok();
-        let mut j0 = jlo;
-        while j0 < jhi {
-            let nb = KB.min(jhi - j0);
-            for kk in 0..nb {
-                let cell = p.keys[j0 + kk].1 as usize;
-                let k16 = p.rows.k.get_unchecked(p.rows.k_off + cell * p.rows.k_stride..).get_unchecked(..hk);
-                to_f32_avx2(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
-                let v16 = p.rows.v.get_unchecked(p.rows.v_off + cell * p.rows.v_stride..).get_unchecked(..hv);
-                to_f32_avx2(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+        #[inline(always)]
+        unsafe fn scores(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
+            if hk == 64 {
+                scores_8_avx2_64(kf, q, out)
+            } else {
+                scores_8_avx2(kf, hk, q, out)
             }
-            let mut any = false;
-            for i in 0..nq {
-                let (lo, hi) = *ranges.get_unchecked(i);
-                let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
-                let (a, b) = (lo.max(j0), hi.min(j0 + nb));
-                if a >= b {
-                    f.fill(0);
-                    continue;
-                }
-                any = true;
-                let mut s = [0f32; KB];
-                if hk == 64 {
-                    scores_8_avx2_64(kf, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
-                } else {
-                    scores_8_avx2(kf, hk, qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
-                }
-                if vexp && a == j0 && b == j0 + KB {
-                    // as in run_avx512_blocked: every key of the block below the running max
-                    let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps(p.kscale));
-                    let mv = _mm256_set1_ps(*m.get_unchecked(i));
-                    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0 {
-                        let e = exp8_avx2(_mm256_sub_ps(sv, mv));
-                        let pv = vs.as_mut_ptr().add(i * KB);
-                        _mm256_storeu_ps(pv, e);
-                        // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
-                        let mut ss = *ssum.get_unchecked(i);
-                        for kk in 0..KB {
-                            ss += *pv.add(kk);
-                        }
-                        *ssum.get_unchecked_mut(i) = ss;
-                        f.fill(1);
-                        continue;
-                    }
-                }
-                for kk in 0..KB {
-                    let j = j0 + kk;
-                    if j < a || j >= b {
-                        *f.get_unchecked_mut(kk) = 0;
-                        continue;
-                    }
-                    let (scale, msa, vsa) = softmax_step(p, s[kk], m.get_unchecked_mut(i), ssum.get_unchecked_mut(i));
-                    *f.get_unchecked_mut(kk) = 1 + scale as u8;
-                    *ms.get_unchecked_mut(i * KB + kk) = msa;
-                    *vs.get_unchecked_mut(i * KB + kk) = vsa;
-                }
-            }
-            if any {
-                let mut i0 = 0;
-                while i0 < nq {
-                    accumulate_4_avx2(acc, hv, nq, i0, nb, vf, fl, ms, vs);
-                    i0 += 4;
-                }
-            }
-            j0 += nb;
         }
+        #[inline(always)]
+        unsafe fn below(sv: __m256, mv: __m256) -> bool {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0
+        }
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, below, exp8_avx2, accumulate_4_avx2)
     }
 }
 
