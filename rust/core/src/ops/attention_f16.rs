@@ -119,11 +119,12 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     run_portable(p, qb, ranges, acc, m, ssum, scr);
 }
 
-/// Whether the vector exp of the blocked kernels (`x86::exp8`, `x86::exp8_avx2`) gives exactly this process's `f32::exp` (glibc's
-/// `__expf_fma`), checked once on ~270K arguments over the softmax's range (every 4096th
-/// float in [-104, 0], the special cases around glibc's thresholds, 0, -0, -inf, NaN):
-/// where the C library's expf differs (another libc, another glibc build), the kernel
-/// keeps calling `f32::exp`, so the bits stay the platform's one_chunk bits either way.
+/// Whether the vector exp of the blocked kernels (`x86::exp8`, `x86::exp8_avx2`) gives
+/// exactly this process's `f32::exp` (glibc's `__expf_fma`), checked once on ~270K
+/// arguments over the softmax's range (every 4096th float in [-104, 0], the special cases
+/// around glibc's thresholds, 0, -0, -inf, NaN): where the C library's expf differs
+/// (another libc, another glibc build), the kernel keeps calling `f32::exp`, so the bits
+/// stay the platform's one_chunk bits either way.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn vexp_ok() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
