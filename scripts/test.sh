@@ -21,6 +21,8 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q "maturin>=1.5,<2" numpy gguf typer jinja2 pytest hypothesis pexpect jsonschema rfc3339-validator
+# zig for the manylinux wheels (scripts/test_wheel*.sh), installed before they build beside pytest
+python -m pip install -q "ziglang>=0.13"
 # the server extra and its test client (tests/server/test_server.py drives `pyllama serve` with openai)
 python -m pip install -q starlette uvicorn openai httpx "ray[serve]>=2.60"
 # -hf / Llama.from_pretrained / pyllama list (tests/gguf/test_hub.py runs offline on a prepared cache)
@@ -50,16 +52,30 @@ cargo test --release -p pyllama-core -q --features gpu
 stage "stubtest"
 python -m pip install -q mypy
 python -m mypy.stubtest pyllama._core
-stage "pytest"
+# The two wheels (x86_64 and aarch64, zig, manylinux_2_28) build at nice 19 beside pytest: the
+# test suite leaves a core idle much of the time, and the builds were 6 of CI's 30 minutes
+# after it. Their output is shown, and their failure fails the run, when pytest is done.
+stage "wheel builds (background, nice 19) and pytest"
+WB_LOG=$(mktemp)
+# (its own process group, so that a failing pytest stops the builds too)
+setsid bash -c 'BUILD_ONLY=1 nice -n 19 bash scripts/test_wheel.sh && BUILD_ONLY=1 nice -n 19 bash scripts/test_wheel_aarch64.sh
+  echo "wheel builds exit $?"' > "$WB_LOG" 2>&1 &
+WB_PID=$!
+trap 'kill -- -$WB_PID 2>/dev/null || true' EXIT
 python -m pytest -q --durations=20 "$@"
+stage "waiting for the wheel builds"
+wait $WB_PID || true
+trap - EXIT
+cat "$WB_LOG"
+grep -qx "wheel builds exit 0" "$WB_LOG" || { echo "FAIL: the wheel builds failed (above)"; exit 1; }
 # The wheel users install: built with zig for manylinux_2_28, installed into a fresh venv
 # with no compiler on PATH, README command + smoke test (scripts/test_wheel.sh).
 stage "wheel"
-bash scripts/test_wheel.sh
+WHEEL=$(ls dist/pyllama_gguf-*-cp39-abi3-manylinux_2_28_x86_64.whl) bash scripts/test_wheel.sh
 # The aarch64 wheel, cross-built with zig and run under qemu-user with Debian's arm64 CPython
 # (skipped, saying so, where the Rust aarch64 target cannot be fetched).
 stage "aarch64 wheel"
-bash scripts/test_wheel_aarch64.sh
+WHEEL_AARCH64=$(ls dist/pyllama_gguf-*-cp39-abi3-manylinux_2_28_aarch64.whl 2>/dev/null || true) bash scripts/test_wheel_aarch64.sh
 # The documentation site, warnings as errors (scripts/docs.sh).
 stage "docs"
 bash scripts/docs.sh

@@ -3,7 +3,8 @@
 # check what is in it, install it into a fresh virtualenv with no Rust toolchain and no C
 # compiler on PATH, and run the README's main command and a smoke test against it.
 # scripts/test.sh runs this after the test suite; it needs .venv (made by scripts/test.sh).
-# Output: dist/pyllama_gguf-*.whl. Set WHEEL=path to test a wheel built elsewhere.
+# Output: dist/pyllama_gguf-*.whl. Set WHEEL=path to test a wheel built elsewhere, BUILD_ONLY=1
+# to build it and stop (scripts/test.sh builds beside pytest, then tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -16,6 +17,7 @@ if [ -z "${WHEEL:-}" ]; then
     WHEEL=$(ls dist/pyllama_gguf-*-cp39-abi3-manylinux_2_28_x86_64.whl)
 fi
 echo "== wheel: $WHEEL ($(du -k "$WHEEL" | cut -f1) KiB)"
+[ -n "${BUILD_ONLY:-}" ] && exit 0
 python - "$WHEEL" <<'EOF'
 import sys, zipfile
 w = zipfile.ZipFile(sys.argv[1])

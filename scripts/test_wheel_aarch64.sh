@@ -7,6 +7,8 @@
 # static.rust-lang.org) and Debian's qemu-user and debootstrap (apt). Where the Rust target
 # cannot be had (a machine that reaches only PyPI, crates.io and Debian) it says so and
 # exits 0 without testing anything; every other failure fails. scripts/test.sh runs it.
+# BUILD_ONLY=1: build the wheel and the arm64 root, and stop; WHEEL_AARCH64=path: test that
+# wheel instead of building one (scripts/test.sh builds beside pytest, then tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -25,12 +27,15 @@ if [ ${#need[@]} -gt 0 ]; then
     SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
     $SUDO apt-get install -y -q "${need[@]}" >/dev/null
 fi
-python -m pip install -q "ziglang>=0.13"
-
-echo "== building the aarch64 wheel (maturin --zig, manylinux_2_28)"
-rm -f dist/pyllama_gguf-*aarch64.whl
-maturin build --release -q --zig --target aarch64-unknown-linux-gnu --compatibility manylinux_2_28 -o dist
-WHEEL=$(ls dist/pyllama_gguf-*-cp39-abi3-manylinux_2_28_aarch64.whl)
+if [ -n "${WHEEL_AARCH64:-}" ]; then
+    WHEEL=$WHEEL_AARCH64
+else
+    python -m pip install -q "ziglang>=0.13"
+    echo "== building the aarch64 wheel (maturin --zig, manylinux_2_28)"
+    rm -f dist/pyllama_gguf-*aarch64.whl
+    maturin build --release -q --zig --target aarch64-unknown-linux-gnu --compatibility manylinux_2_28 -o dist
+    WHEEL=$(ls dist/pyllama_gguf-*-cp39-abi3-manylinux_2_28_aarch64.whl)
+fi
 echo "== wheel: $WHEEL ($(du -k "$WHEEL" | cut -f1) KiB)"
 
 # Debian bookworm arm64 with python3, unpacked (not configured: nothing of it runs natively).
@@ -42,6 +47,7 @@ if [ ! -x "$ROOT/usr/bin/python3.11" ]; then
         bookworm "$ROOT" http://deb.debian.org/debian >/dev/null
     for deb in "$ROOT"/var/cache/apt/archives/*.deb; do dpkg -x "$deb" "$ROOT"; done
 fi
+[ -n "${BUILD_ONLY:-}" ] && exit 0
 PY=(qemu-aarch64 -L "$ROOT" "$ROOT/usr/bin/python3.11")
 "${PY[@]}" -c "import platform; assert platform.machine() == 'aarch64'"
 
