@@ -989,6 +989,19 @@ mod tests {
         }
     }
 
+    /// A flash-attention F16 cache of `size` cells, K and V rows of `kw` values drawn from `r`
+    /// (uniform in +-`scale`, rounded to f16).
+    fn random_f16_cache(kw: usize, size: usize, r: &mut Rng, scale: f32) -> KvCache {
+        let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+        kv.flash_attn = true;
+        for buf in [&mut kv.k[0], &mut kv.v[0]] {
+            for (c, x) in buf.chunks_exact_mut(2).zip(r.vec(size * kw, scale)) {
+                c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+            }
+        }
+        kv
+    }
+
     #[test]
     fn f16_passes_are_bit_identical_to_the_one_query_kernel() {
         // Queries sharing a pass over their keys (GQA heads x runs of tokens, any tile size,
@@ -998,14 +1011,8 @@ mod tests {
         let (size, n_keys) = (64usize, 48usize);
         for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 128), (2, 1, 256), (3, 3, 48), (4, 2, 16)] {
             let kw = n_head_kv * hd;
-            let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
-            kv.flash_attn = true;
             let mut r = Rng::new(5 + hd as u64);
-            for buf in [&mut kv.k[0], &mut kv.v[0]] {
-                for (c, x) in buf.chunks_exact_mut(2).zip(r.vec(size * kw, 2.0)) {
-                    c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
-                }
-            }
+            let kv = random_f16_cache(kw, size, &mut r, 2.0);
             // keys at positions 0..48 in scattered cells; the batch: tokens at 20..40, then 47, 5, 30
             let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
             let qpos: Vec<i32> = (20..40).chain([47, 5, 30]).collect();
@@ -1065,14 +1072,8 @@ mod tests {
         let (size, n_keys) = (1024usize, 700usize);
         for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (4, 1, 256)] {
             let kw = n_head_kv * hd;
-            let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
-            kv.flash_attn = true;
             let mut r = Rng::new(77 + hd as u64);
-            for buf in [&mut kv.k[0], &mut kv.v[0]] {
-                for (c, x) in buf.chunks_exact_mut(2).zip(r.vec(size * kw, 1.0)) {
-                    c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
-                }
-            }
+            let kv = random_f16_cache(kw, size, &mut r, 1.0);
             let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5) % size) as u32)).collect();
             let qpos: Vec<i32> = (650..700).collect();
             let n_q = qpos.len();
