@@ -219,10 +219,12 @@ fn visible_range(p: &AttnParams, keys: &[(i32, u32)], pos: i32) -> (usize, usize
 
 /// Most queries (tokens x heads of one GQA group) one F16 pass takes in prefill: their q
 /// rows and f16 accumulators stay in L1 while each key's rows are converted once for all
-/// (2048 / hd: 32 queries of head dim 64, 8 of 256; 768 / hd was ~10% slower on a
-/// 4096-key cache, 4096 / hd no faster).
+/// (8192 / hd: 128 queries of head dim 64, 32 of 256). With the blocked kernels, against
+/// 2048 / hd (`--bench attention`, one thread, alternated): Gemma 3's heads 5-7% faster at
+/// depth 0 and 4096, SmolLM2's 1-3%; 4096 / hd was between the two (768 / hd was ~10%
+/// slower than 2048 / hd with the per-key kernel).
 fn f16_pass_queries(hd: usize) -> usize {
-    (2048 / hd.max(1)).max(1)
+    (8192 / hd.max(1)).max(1)
 }
 
 /// llama.cpp's one_chunk flash attention for F16 K/V (see the module doc) in passes of
