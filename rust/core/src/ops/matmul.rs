@@ -219,7 +219,7 @@ pub fn matmul_with(
 
     #[cfg(target_arch = "x86_64")]
     if let Some(pk) = kern.packed.filter(|_| packed_bytes(kern, n_in, n_tokens) > 0) {
-        use quant::avx2::{pack_q8_0_cols, pack_q8_1_cols, PACK_COLS};
+        use quant::avx2::{pack_q8_0_cols, pack_q8_0_lanes, pack_q8_1_cols, pack_q8_1_lanes, PACK_COLS};
         let rest = n_tokens % PACK_COLS;
         let full = pk.cols[PACK_COLS];
         let last = if rest > 0 { pk.cols[rest] } else { full };
@@ -236,6 +236,9 @@ pub fn matmul_with(
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pk.offset;
+            // prefill (group-outer, below) with a column-lane kernel: groups packed in its
+            // layout, weight rows decoded once per matmul (see `lanes_rows`)
+            let lanes = pk.lanes.filter(|_| n_groups > ROW_OUTER_GROUPS && pair_full.is_none());
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -247,10 +250,11 @@ pub fn matmul_with(
                     let base = sp.get();
                     let xd = (xs_addr as *const f32).add(t * nsc);
                     let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
-                    if vdt == GgmlType::Q8_1 {
-                        pack_q8_1_cols(nb, nc, x, xrow, xd, nsc, dst);
-                    } else {
-                        pack_q8_0_cols(nb, nc, x, xrow, xd, nsc, off, dst);
+                    match (vdt == GgmlType::Q8_1, lanes.is_some()) {
+                        (true, false) => pack_q8_1_cols(nb, nc, x, xrow, xd, nsc, dst),
+                        (true, true) => pack_q8_1_lanes(nb, nc, x, xrow, xd, nsc, dst),
+                        (false, false) => pack_q8_0_cols(nb, nc, x, xrow, xd, nsc, off, dst),
+                        (false, true) => pack_q8_0_lanes(nb, nc, x, xrow, xd, nsc, off, dst),
                     }
                 }
             };
@@ -312,6 +316,38 @@ pub fn matmul_with(
                         for g in 0..n_groups {
                             row_group(r, g, &mut tmp);
                         }
+                    }
+                } else if let Some(ln) = lanes {
+                    // column lanes: blocks of `lanes_rows` rows decoded into the thread's
+                    // area (after the packed groups, see `rb_bytes`), then every group
+                    // against each decoded row
+                    let rows_per = lanes_rows(nb, ln.block_bytes);
+                    let dbytes = nb * ln.block_bytes;
+                    // SAFETY: scratch was sized for nth areas of rows_per decoded rows
+                    // (rb_bytes); each thread writes only its own
+                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
+                    let mut rb = mine.start;
+                    while rb < mine.end {
+                        let re = (rb + rows_per).min(mine.end);
+                        for r in rb..re {
+                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
+                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
+                        }
+                        for g in 0..n_groups {
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            // SAFETY: group g's packed bytes are in scratch; the kernel
+                            // writes PACK_COLS values to tmp; out in bounds (checked)
+                            unsafe {
+                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                for r in rb..re {
+                                    (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                    }
+                                }
+                            }
+                        }
+                        rb = re;
                     }
                 } else {
                     // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
@@ -479,12 +515,29 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
     }
 }
 
-/// Bytes of the row-block path's repack areas (one per thread; 0: that path is not taken).
+/// Bytes of the row-block path's repack areas, or of the column-lane path's decoded rows
+/// (one area per thread; 0: neither path is taken).
 fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
-    match kern.row_block {
-        Some(rb) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
+    match (kern.row_block, kern.packed.and_then(|p| p.lanes)) {
+        (Some(rb), _) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
+        (_, Some(ln)) if n_tokens > ROW_OUTER_GROUPS * quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, ln.block_bytes),
         _ => 0,
     }
+}
+
+/// Decoded bytes of weight rows per block of the column-lane path: each block of rows
+/// meets every packed group while it stays in L1 / L2.
+const LANES_BLOCK_BYTES: usize = 64 * 1024;
+
+/// Weight rows per decoded block of the column-lane path (rows of nb blocks of
+/// `block_bytes` decoded bytes).
+fn lanes_rows(nb: usize, block_bytes: usize) -> usize {
+    (LANES_BLOCK_BYTES / (nb * block_bytes).max(1)).max(1)
+}
+
+/// Bytes of one thread's decoded-row area of the column-lane path.
+fn lanes_area(nb: usize, block_bytes: usize) -> usize {
+    (lanes_rows(nb, block_bytes) * nb * block_bytes).div_ceil(64) * 64
 }
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
@@ -554,6 +607,7 @@ mod tests {
         }
         let vnni_cpu = quant::cpu::features().avxvnni;
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut lanes_seen = 0;
         for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             let nb = 7;
             let n = 32 * nb;
@@ -627,8 +681,31 @@ mod tests {
                             assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} column {c}");
                         }
                     }
+                    // the column-lane kernel (plain AVX2 build): decoded row, lanes layout
+                    if let Some(ln) = p.lanes {
+                        let mut lp = vec![0xA5u8; nb * p.block_bytes];
+                        let mut dec = vec![0xA5u8; nb * ln.block_bytes];
+                        let mut got = [f32::NAN; avx2::PACK_COLS];
+                        unsafe {
+                            if q81 {
+                                avx2::pack_q8_1_lanes(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, lp.as_mut_ptr())
+                            } else {
+                                avx2::pack_q8_0_lanes(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, p.offset, lp.as_mut_ptr())
+                            }
+                            (ln.decode)(nb, w.as_ptr(), dec.as_mut_ptr());
+                            (ln.dot)(nb, dec.as_ptr(), lp.as_ptr(), got.as_mut_ptr());
+                        }
+                        for c in 0..nc {
+                            let mut want = 0f32;
+                            unsafe { one(n, w.as_ptr(), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                            assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} lanes nc={nc} case {case} column {c}");
+                        }
+                        lanes_seen += 1;
+                    }
                 }
             }
         }
+        // Q4_0, Q5_0, Q4_1, Q5_1 x 6 cases x 8 widths
+        assert_eq!(lanes_seen, 4 * 6 * 8);
     }
 }

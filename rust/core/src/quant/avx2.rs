@@ -110,7 +110,7 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
                 PackBuild::Vnni => packed_cols!($vnni),
                 PackBuild::Evex => packed_cols!($evex),
             };
-            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes, pair: [None; super::table::MAX_PACK + 1] });
+            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes, pair: [None; super::table::MAX_PACK + 1], lanes: None });
         };
     }
     macro_rules! packed_cols {
@@ -185,7 +185,7 @@ pub(crate) unsafe fn f16(p: *const u8) -> f32 {
 
 /// Two adjacent f16 at p -> lanes 0 and 1 (d and m of a Q4_1/Q5_1 block, d and s of Q8_1).
 #[inline(always)]
-unsafe fn f16x2(p: *const u8) -> __m128 {
+pub(crate) unsafe fn f16x2(p: *const u8) -> __m128 {
     let h = std::ptr::read_unaligned(p as *const u32);
     let r: __m128;
     std::arch::asm!(
@@ -573,6 +573,53 @@ pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: u
     }
 }
 
+/// `pack_q8_0_cols` in the column-lane layout of `avx2_rb::lanes_signed`: per block [d_x
+/// of the 8 columns: 8 f32][quad j = 0..8: the 8 columns' quants 4j..4j + 4, 4 i8 each]
+/// [quad j: the 8 columns' corrections -off * (sum of quad j): 8 i32] (PACK_BLOCK bytes).
+/// A partial group's other columns are zero (the kernel computes all 8 lanes).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let moff = _mm256_set1_epi32(-off);
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK);
+        std::ptr::write_bytes(b, 0, PACK_BLOCK);
+        for c in 0..ncols {
+            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
+            let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
+            let corr = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16), moff);
+            let (mut yq, mut cq) = ([0u32; 8], [0i32; 8]);
+            _mm256_storeu_si256(yq.as_mut_ptr() as *mut __m256i, y);
+            _mm256_storeu_si256(cq.as_mut_ptr() as *mut __m256i, corr);
+            for j in 0..8 {
+                (b.add(4 * PACK_COLS + 32 * j + 4 * c) as *mut u32).write_unaligned(yq[j]);
+                (b.add(4 * PACK_COLS + 256 + 32 * j + 4 * c) as *mut i32).write_unaligned(cq[j]);
+            }
+        }
+    }
+}
+
+/// `pack_q8_1_cols` in the column-lane layout of `avx2_rb::lanes_min`: per block [d_x of
+/// the 8 columns][s_x of the 8 columns][quad j = 0..8: the 8 columns' quants 4j..4j + 4]
+/// (PACK_BLOCK_Q8_1 bytes); a partial group's other columns are zero.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn pack_q8_1_lanes(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK_Q8_1);
+        std::ptr::write_bytes(b, 0, PACK_BLOCK_Q8_1);
+        for c in 0..ncols {
+            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
+            *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
+            let y = x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs));
+            for j in 0..8 {
+                std::ptr::copy_nonoverlapping(y.add(4 * j), b.add(8 * PACK_COLS + 32 * j + 4 * c), 4);
+            }
+        }
+    }
+}
+
 /// The packed Q4_1/Q5_1 kernel: per block, d_w * d_x and m_w * s_x of all 8 columns in
 /// one multiply each; the min terms summed in an 8-column vector (one add per block), the
 /// quant dots as in `dot_min_q8_1`. Each column sees exactly the plain kernel's
@@ -639,7 +686,7 @@ macro_rules! packed_min {
 packed_min!(packed_q4_1, packed_q4_1_vnni, packed_q4_1_evex, BlockQ4_1::SIZE, |b| q4_1_quants(b));
 
 #[inline(always)]
-unsafe fn q5_1_quants(b: *const u8) -> __m256i {
+pub(crate) unsafe fn q5_1_quants(b: *const u8) -> __m256i {
     let hi = _mm256_and_si256(bits_32(b.add(offset_of!(BlockQ5_1, qh))), _mm256_set1_epi8(0x10));
     _mm256_or_si256(nibbles_32(b.add(offset_of!(BlockQ5_1, qs))), hi)
 }
@@ -733,7 +780,7 @@ unsafe fn dec_iq4_nl(b: *const u8) -> (f32, __m256i) {
 }
 /// Q4_1 quants (u8, 0..=15); Q5_1's are `q5_1_quants`.
 #[inline(always)]
-unsafe fn q4_1_quants(b: *const u8) -> __m256i {
+pub(crate) unsafe fn q4_1_quants(b: *const u8) -> __m256i {
     nibbles_32(b.add(offset_of!(BlockQ4_1, qs)))
 }
 

@@ -24,10 +24,10 @@
 
 use super::avx2::PackBuild;
 use super::fp::f16_to_f32;
-use super::table::{KernelTable, RowBlock, MAX_PACK};
-use super::{PackedPairDot, RbKernel, RepackFn};
+use super::table::{KernelTable, Lanes, RowBlock, MAX_PACK};
+use super::{PackedDot, PackedPairDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
-use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 use std::arch::x86_64::*;
 
 /// The two-row kernels `$f::<NC>` over 1..=MAX_PACK columns, by column count.
@@ -54,6 +54,11 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
     if row_blocks {
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
             t.set_row_block(ty, kernels_with(ty, build).expect("row-block kernels of Q4_K and Q6_K"));
+        }
+    }
+    if build == PackBuild::Plain {
+        for (ty, lanes) in lanes_kernels() {
+            t.set_packed_lanes(ty, lanes);
         }
     }
     if build == PackBuild::Evex {
@@ -364,6 +369,129 @@ macro_rules! builds {
 builds!(q4_k_tile, q4_k_plain, q4_k_vnni, q4_k_evex);
 builds!(q6_k_tile, q6_k_plain, q6_k_vnni, q6_k_evex);
 
+// ------------------------------------------------------------------ column lanes (plain AVX2)
+
+/// The plain AVX2 build's prefill kernels of Q4_0 / Q5_0 (against Q8_0) and Q4_1 / Q5_1
+/// (against Q8_1), with one COLUMN per lane.
+///
+/// The packed kernels of `avx2.rs` put a block's 32 elements across the lanes: per column
+/// and block they need d_w * d_x of that column in all 8 lanes, a broadcast of a product
+/// computed per block, and on AVX2 without VNNI that broadcast (from a just-stored vector,
+/// or a multiply per column) cost as much as a third of the kernel (measured: 25 vs 17
+/// cycles per block of 8 columns). Here lane c is column c: for element quad j = 0..8 of a
+/// block, the weight dword j (4 quants) broadcast against the 8 columns' quad j gives the
+/// 8 columns' i32 sums for lane j of the packed kernel, and ONE vector of products
+/// d_w * d_x (lane c: column c) scales them all. Accumulator A_j holds lane j of every
+/// column's accumulator; the final sum is `hsum_ps`'s tree ((0+4)+(2+6))+((1+5)+(3+7)) over
+/// the A_j, lane-wise. Each column gets exactly the packed (and single-column) kernel's
+/// operations in the same order: the same bits.
+///
+/// The weights are decoded once per matmul and row (`decode`: 32 quant bytes per block,
+/// offset to unsigned as the packed kernels use them, then the f32 scales), the activation
+/// groups packed quad-major (`avx2::pack_q8_0_lanes`, `avx2::pack_q8_1_lanes`).
+fn lanes_kernels() -> [(GgmlType, Lanes); 4] {
+    [
+        (GgmlType::Q4_0, Lanes { decode: decode_lanes_q4_0, block_bytes: 36, dot: lanes_signed as PackedDot }),
+        (GgmlType::Q5_0, Lanes { decode: decode_lanes_q5_0, block_bytes: 36, dot: lanes_signed as PackedDot }),
+        (GgmlType::Q4_1, Lanes { decode: decode_lanes_q4_1, block_bytes: 40, dot: lanes_min as PackedDot }),
+        (GgmlType::Q5_1, Lanes { decode: decode_lanes_q5_1, block_bytes: 40, dot: lanes_min as PackedDot }),
+    ]
+}
+
+/// One decoded row: [nb x 32 quant bytes][nb f32 d] (`MIN`: [nb x (d, m)] f32 pairs).
+#[inline(always)]
+unsafe fn decode_lanes<const MIN: bool>(nb: usize, w: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> __m256i) {
+    let sc = dst.add(32 * nb) as *mut f32;
+    for i in 0..nb {
+        let b = w.add(i * wsize);
+        _mm256_storeu_si256(dst.add(32 * i) as *mut __m256i, quants(b));
+        if MIN {
+            // the hardware conversion, as the packed kernels (a NaN scale keeps its bits)
+            sc.add(2 * i).write_unaligned(super::avx2::f16(b));
+            sc.add(2 * i + 1).write_unaligned(super::avx2::f16(b.add(2)));
+        } else {
+            sc.add(i).write_unaligned(super::avx2::f16(b));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q4_0(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<false>(nb, w, BlockQ4_0::SIZE, dst, |b| super::avx2::nibbles_32(b.add(offset_of!(BlockQ4_0, qs))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q5_0(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<false>(nb, w, BlockQ5_0::SIZE, dst, |b| super::avx2::q5_0_unsigned(b).1)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q4_1(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<true>(nb, w, BlockQ4_1::SIZE, dst, |b| super::avx2::q4_1_quants(b))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q5_1(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<true>(nb, w, BlockQ5_1::SIZE, dst, |b| super::avx2::q5_1_quants(b))
+}
+
+/// `hsum_ps`'s tree over the 8 lane accumulators, for every column at once.
+#[inline(always)]
+unsafe fn lanes_tree(a: &[__m256; 8]) -> __m256 {
+    let e = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    let o = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    _mm256_add_ps(e, o)
+}
+
+/// Q4_0 / Q5_0 against a lanes-packed Q8_0 group (`avx2::pack_q8_0_lanes`: per block the 8
+/// columns' d_x, their quads j = 0..8 (8 columns x 4 i8 each), then the offset corrections
+/// of each quad): lane j of `avx2::dot_packed_signed`, all 8 columns.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    use super::avx2::{PACK_BLOCK, PACK_COLS};
+    let sc = wd.add(32 * nb) as *const f32;
+    let ones16 = _mm256_set1_epi16(1);
+    let mut a = [_mm256_setzero_ps(); 8];
+    for i in 0..nb {
+        let b = xp.add(i * PACK_BLOCK);
+        let d = _mm256_mul_ps(_mm256_set1_ps(sc.add(i).read_unaligned()), _mm256_loadu_ps(b as *const f32));
+        let q = wd.add(32 * i);
+        for (j, aj) in a.iter_mut().enumerate() {
+            let wj = bcast32(q.add(4 * j));
+            let y = load256(b.add(4 * PACK_COLS + 32 * j));
+            let corr = load256(b.add(4 * PACK_COLS + 256 + 32 * j));
+            let s = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16));
+            *aj = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *aj);
+        }
+    }
+    _mm256_storeu_ps(out, lanes_tree(&a));
+}
+
+/// Q4_1 / Q5_1 against a lanes-packed Q8_1 group (`avx2::pack_q8_1_lanes`: per block the 8
+/// columns' d_x, their s_x, then their quads): `avx2::dot_packed_min`, all 8 columns.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
+    let sc = wd.add(32 * nb) as *const f32;
+    let ones16 = _mm256_set1_epi16(1);
+    let mut a = [_mm256_setzero_ps(); 8];
+    let mut summ = _mm256_setzero_ps();
+    for i in 0..nb {
+        let b = xp.add(i * PACK_BLOCK_Q8_1);
+        let d = _mm256_mul_ps(_mm256_set1_ps(sc.add(2 * i).read_unaligned()), _mm256_loadu_ps(b as *const f32));
+        let m = _mm256_set1_ps(sc.add(2 * i + 1).read_unaligned());
+        summ = _mm256_add_ps(summ, _mm256_mul_ps(m, _mm256_loadu_ps(b.add(4 * PACK_COLS) as *const f32)));
+        let q = wd.add(32 * i);
+        for (j, aj) in a.iter_mut().enumerate() {
+            let wj = bcast32(q.add(4 * j));
+            let y = load256(b.add(8 * PACK_COLS + 32 * j));
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16);
+            *aj = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *aj);
+        }
+    }
+    _mm256_storeu_ps(out, _mm256_add_ps(lanes_tree(&a), summ));
+}
+
 // ------------------------------------------------------------------ packed pairs (AVX-512)
 
 /// The packed signed-family kernel (`avx2::dot_packed_signed`, its E build) for two rows
@@ -523,14 +651,27 @@ mod tests {
         let mut s = 0x0dd_ba11_u64;
         // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (43 tokens: more
         // than ROW_OUTER_GROUPS groups; 13: a decode step's row-outer loop over 2 groups;
-        // a partial last group, an odd row count)
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
-            let (n_in, n_out) = (512, 45);
+        // a partial last group, an odd row count); Q4_0/Q5_0/Q4_1/Q5_1 in the plain AVX2
+        // build: the column-lane path at 43 tokens, in one block of decoded rows (n_in 512)
+        // and in several (n_in 4096: 14 rows per block)
+        let cases = [
+            (GgmlType::Q4_K, 512),
+            (GgmlType::Q6_K, 512),
+            (GgmlType::Q4_0, 512),
+            (GgmlType::Q5_0, 512),
+            (GgmlType::Q8_0, 512),
+            (GgmlType::Q4_1, 512),
+            (GgmlType::Q5_1, 512),
+            (GgmlType::Q5_0, 4096),
+            (GgmlType::Q4_1, 4096),
+        ];
+        for (ty, n_in) in cases {
+            let n_out = 45;
             let wrow = ty.row_size(n_in).unwrap();
             let mut w: Vec<u8> = (0..wrow * n_out).map(|_| next(&mut s) as u8).collect();
             for blk in w.chunks_exact_mut(ty.type_size()) {
                 let offs: &[usize] = match ty {
-                    GgmlType::Q4_K => &[0, 2],
+                    GgmlType::Q4_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
                     GgmlType::Q6_K => &[208],
                     _ => &[0],
                 };
@@ -551,6 +692,10 @@ mod tests {
             for set in &sets {
                 let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
                 assert!(!k_quant || quant::table::table(*set).get(ty).row_block.is_some() || super::super::cpu::env().no_rb);
+                let lanes = matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_1 | GgmlType::Q5_1)
+                    && *set == KernelSet::Avx2
+                    && !quant::avx2::vnni_available();
+                assert!(!lanes || quant::table::table(*set).get(ty).packed.unwrap().lanes.is_some() || super::super::cpu::env().no_rb);
                 let dot = quant::vec_dot_fn(ty, *set).unwrap();
                 for threads in [1, 2] {
                     let pool = ThreadPool::new(threads);

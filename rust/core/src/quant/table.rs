@@ -84,6 +84,22 @@ pub struct Packed {
     /// `pair[nc]`: the two-row kernel over the first nc columns of a packed group (the
     /// AVX-512 set's signed types, not under `PYLLAMA_NO_RB`; see `avx2_rb`)
     pub pair: [Option<PackedPairDot>; MAX_PACK + 1],
+    /// the column-lane prefill kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1,
+    /// not under `PYLLAMA_NO_RB`; see `avx2_rb::Lanes`)
+    pub lanes: Option<Lanes>,
+}
+
+/// Column-lane prefill kernel (see `avx2_rb`'s column-lane section): weight rows decoded
+/// once per matmul, groups packed with one column per lane (`pack_q8_0_lanes` /
+/// `pack_q8_1_lanes`, the same `block_bytes` as the packed layout).
+#[derive(Clone, Copy)]
+pub struct Lanes {
+    /// decodes one weight row of nb blocks into `row_bytes(nb)` bytes at dst
+    pub decode: unsafe fn(nb: usize, w: *const u8, dst: *mut u8),
+    /// decoded bytes per block
+    pub block_bytes: usize,
+    /// all PACK_COLS columns of a lanes-packed group against a decoded row
+    pub dot: PackedDot,
 }
 
 /// Row-block prefill kernels (x86 K-quants, see `avx2_rb`): blocks of `rows` weight rows
@@ -250,6 +266,11 @@ impl KernelTable {
     /// Registration: `ty`'s two-row packed kernels (over its packed entry).
     pub(crate) fn set_packed_pair(&mut self, ty: GgmlType, pair: [Option<PackedPairDot>; MAX_PACK + 1]) {
         self.entry(ty).packed.as_mut().expect("two-row kernels over a packed entry").pair = pair;
+    }
+
+    /// Registration: `ty`'s column-lane kernel (over its packed entry).
+    pub(crate) fn set_packed_lanes(&mut self, ty: GgmlType, lanes: Lanes) {
+        self.entry(ty).packed.as_mut().expect("column-lane kernels over a packed entry").lanes = Some(lanes);
     }
 
     /// Registration: `ty`'s row-block kernels.
