@@ -29,7 +29,9 @@ from collections import defaultdict
 # first match wins
 CATEGORIES = [
     # (the packed / pair / row-block prefill kernels and the row-block repack included)
-    ("matmul {t}", re.compile(r"quant::\w+::(?:(?:dot|one|vec_dot|gemm|tile|packed|pair|repack)_?)?(q\d_k|q\d_\d|q\d_0|iq4_nl|iq4_xs|bf16|f16|f32)", re.I)),
+    ("matmul {t}", re.compile(r"quant::\w+::(?:(?:dot|one|vec_dot|gemm|tile|packed|pair|repack|rows)_?)?(q\d_k|q\d_\d|q\d_0|iq4_nl|iq4_xs|bf16|f16|f32)", re.I)),
+    # the column-lane prefill kernels of Q4_0/Q5_0 (lanes_signed) and Q4_1/Q5_1 (lanes_min)
+    ("matmul (column lanes)", re.compile(r"quant::avx2_rb::(?:lanes_|decode_lanes)")),
     ("matmul (driver)", re.compile(r"ops::matmul")),
     ("quantize activations", re.compile(r"quant::\w+::quantize_")),
     ("attention", re.compile(r"ops::attention|ops::vec::|dot_f16|axpy_f|mad_f16|scale_f16")),

@@ -236,9 +236,10 @@ fn f16_pass_queries(hd: usize) -> usize {
 /// micro-batch or the thread count.
 ///
 /// Work split. With enough passes for every thread (prefill), passes of up to
-/// `f16_pass_queries` queries (whole groups, runs of tokens), thread ith taking passes ith,
-/// ith + nth, ... (a causal batch's later tokens see more keys: contiguous ranges left the
-/// first thread idle for most of the region). Otherwise (decode: a single-token step of
+/// `f16_pass_queries` queries (whole groups, runs of tokens), each thread claiming the next
+/// pass from a shared counter, the last tokens' passes first (a causal batch's later tokens
+/// see more keys: contiguous ranges left the first thread idle for most of the region, and
+/// a fixed round-robin gave one thread the later pass of every pair). Otherwise (decode: a single-token step of
 /// SmolLM2 has 3 groups of 3 heads, Gemma 3 one group of 4, for 2+ threads) each thread
 /// takes a contiguous, even share of the step's (token, head) slots, cut at group and token
 /// borders: the heads a thread does of one group share one pass over the group's K and V
@@ -275,6 +276,10 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
         }
     }
     let n_slots = n_tokens * p.n_head;
+    // prefill passes are claimed one at a time (a thread slowed by another process, or
+    // given the heavier passes, does fewer); which thread runs a pass does not change its bits
+    let n_items = tiles.len() * p.n_head_kv;
+    let next_item = std::sync::atomic::AtomicUsize::new(0);
     pool.run(&|ith, nth| {
         let mut qb: Vec<f32> = Vec::new();
         let mut acc: Vec<u16> = Vec::new();
@@ -284,15 +289,15 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
         let mut scr = f16k::Scratch::default();
         let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
         let mut slot = mine.start;
-        let mut item = ith;
         loop {
             // this pass: tokens t0..t1, heads h0..h0 + sub of one group
             let (t0, t1, h0, sub) = if whole_groups {
-                if item >= tiles.len() * p.n_head_kv {
+                let claimed = next_item.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if claimed >= n_items {
                     break;
                 }
-                let it = item;
-                item += nth;
+                // the last tiles first: in a causal batch they see the most keys
+                let it = n_items - 1 - claimed;
                 let (t0, t1) = tiles[it / p.n_head_kv];
                 (t0, t1, it % p.n_head_kv * group, group)
             } else {

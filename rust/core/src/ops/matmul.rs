@@ -14,7 +14,10 @@
 //! row is taken once for all groups, so K sequences decoding together read each weight
 //! block from memory once;
 //! in the AVX-512 set two weight rows per call (`quant::table::Packed::pair`, one row per
-//! zmm half), for prefill and for those decode steps alike;
+//! zmm half), for prefill and for those decode steps alike; in the plain AVX2 build,
+//! prefill of Q4_0 / Q5_0 / Q4_1 / Q5_1 (more than 4 groups) packs its groups one token per
+//! lane and decodes the weight rows once per matmul, in blocks of `LANES_BLOCK_BYTES`, every
+//! group against each block (`quant::table::Lanes`);
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
 //! into the thread's scratch, all tokens against each block (`quant::table::RowBlock`), the rows
 //! left after the blocks on the tiles below;
