@@ -7,7 +7,8 @@
 //! matrix larger than L3 (1 GiB by default; `PYLLAMA_BENCH_MIB` changes it), beside the
 //! read bandwidth measured on a buffer of the same size, and their ratio. Add `huge` to put
 //! the weights (and the probe's buffer) on transparent huge pages (madvise);
-//! `PYLLAMA_BENCH_TYPES=Q4_1,Q4_K` limits the formats.
+//! `PYLLAMA_BENCH_TYPES=Q4_1,Q4_K` limits the formats, `PYLLAMA_BENCH_NIN=640` sets the
+//! `tg` matrix's row length (default 4096).
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
@@ -382,7 +383,8 @@ fn tg_table(huge: bool, calls: usize) {
         if only.as_ref().is_some_and(|o| !o.split(',').any(|t| t.eq_ignore_ascii_case(ty.name()))) {
             continue;
         }
-        let n_in = 4096;
+        // PYLLAMA_BENCH_NIN: the row length (Gemma 3 270M's output projection: 640)
+        let n_in: usize = std::env::var("PYLLAMA_BENCH_NIN").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         let n_out = (bytes / ty.row_size(n_in).unwrap()).max(1);
         let w = Mapped::from_slice(&random_weights(ty, n_in, n_out), huge);
         let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: w.as_ref() };
