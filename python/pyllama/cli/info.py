@@ -22,7 +22,7 @@ SETTINGS = {
     "PYLLAMA_CACHE": "model cache directory",
     "PYLLAMA_NO_ROWS": "benchmarks: turn off the multi-row decode kernels",
     "PYLLAMA_NO_COLS": "benchmarks: decode batches of 2..7 tokens one token at a time (the old path)",
-    "PYLLAMA_NO_RB": "benchmarks: K-quant prefill without the row-block kernels (same results)",
+    "PYLLAMA_NO_RB": "benchmarks: prefill without the row-block / column-lane kernels (same results)",
     "PYLLAMA_GRAMMAR": "py = the pure-Python grammar matcher (the reference) instead of the Rust one",
     "PYLLAMA_LLAMA_CPP_DIR": "tests: a llama.cpp build directory for pyllama verify's comparison",
     "PYLLAMA_BENCH_MIB": "benchmarks: working-set size of the bandwidth probe",

@@ -239,9 +239,9 @@ pub fn matmul_with(
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pk.offset;
-            // prefill (group-outer, below) with a column-lane kernel: groups packed in its
-            // layout, weight rows decoded once per matmul (see `lanes_rows`)
-            let lanes = pk.lanes.filter(|_| n_groups > ROW_OUTER_GROUPS && pair_full.is_none());
+            // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
+            // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
+            let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS && pair_full.is_none());
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -286,7 +286,42 @@ pub fn matmul_with(
             pool.run(&|ith, nth| {
                 let mine = split_range(n_rows, ith, nth);
                 let mut tmp = [0f32; PACK_COLS];
-                if n_groups <= ROW_OUTER_GROUPS {
+                if let Some(ln) = lanes {
+                    // column lanes: blocks of `lanes_rows` rows decoded into the thread's
+                    // area (after the packed groups, see `rb_bytes`), then every group
+                    // against each decoded row; a decode step of up to ROW_OUTER_GROUPS
+                    // groups LANES_STEP_ROWS rows at a time (each weight row read from
+                    // memory once for all groups, as below)
+                    let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
+                    let dbytes = nb * ln.block_bytes;
+                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
+                    // (rb_bytes); each thread writes only its own
+                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
+                    let mut rb = mine.start;
+                    while rb < mine.end {
+                        let re = (rb + rows_per).min(mine.end);
+                        for r in rb..re {
+                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
+                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
+                        }
+                        for g in 0..n_groups {
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
+                            // n_out; the kernel writes PACK_COLS values to tmp; out in
+                            // bounds (checked)
+                            unsafe {
+                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                for r in rb..re {
+                                    (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                    }
+                                }
+                            }
+                        }
+                        rb = re;
+                    }
+                } else if n_groups <= ROW_OUTER_GROUPS {
                     // a decode step of 9..32 sequences: every group's packed activations
                     // fit L1 together, so each weight row is read from memory once for
                     // all groups (group-outer would stream a large matrix, the output
@@ -319,38 +354,6 @@ pub fn matmul_with(
                         for g in 0..n_groups {
                             row_group(r, g, &mut tmp);
                         }
-                    }
-                } else if let Some(ln) = lanes {
-                    // column lanes: blocks of `lanes_rows` rows decoded into the thread's
-                    // area (after the packed groups, see `rb_bytes`), then every group
-                    // against each decoded row
-                    let rows_per = lanes_rows(nb, ln.block_bytes);
-                    let dbytes = nb * ln.block_bytes;
-                    // SAFETY: scratch was sized for nth areas of rows_per decoded rows
-                    // (rb_bytes); each thread writes only its own
-                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
-                    let mut rb = mine.start;
-                    while rb < mine.end {
-                        let re = (rb + rows_per).min(mine.end);
-                        for r in rb..re {
-                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
-                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
-                        }
-                        for g in 0..n_groups {
-                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                            // SAFETY: group g's packed bytes are in scratch; the kernel
-                            // writes PACK_COLS values to tmp; out in bounds (checked)
-                            unsafe {
-                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                for r in rb..re {
-                                    (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                    }
-                                }
-                            }
-                        }
-                        rb = re;
                     }
                 } else {
                     // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
@@ -523,7 +526,7 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
 fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
     match (kern.row_block, kern.packed.and_then(|p| p.lanes)) {
         (Some(rb), _) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
-        (_, Some(ln)) if n_tokens > ROW_OUTER_GROUPS * quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, ln.block_bytes),
+        (_, Some(ln)) if n_tokens >= quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, ln.block_bytes),
         _ => 0,
     }
 }
@@ -532,15 +535,22 @@ fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_th
 /// meets every packed group while it stays in L1 / L2.
 const LANES_BLOCK_BYTES: usize = 64 * 1024;
 
+/// Weight rows decoded at a time by the column-lane path in a decode step of up to
+/// ROW_OUTER_GROUPS groups: a row's decoded bytes are read back a few rows' decoding after
+/// they were stored, not at once (a 4-byte load from a just-stored vector waits on store
+/// forwarding).
+const LANES_STEP_ROWS: usize = 8;
+
 /// Weight rows per decoded block of the column-lane path (rows of nb blocks of
 /// `block_bytes` decoded bytes).
 fn lanes_rows(nb: usize, block_bytes: usize) -> usize {
     (LANES_BLOCK_BYTES / (nb * block_bytes).max(1)).max(1)
 }
 
-/// Bytes of one thread's decoded-row area of the column-lane path.
+/// Bytes of one thread's decoded-row area of the column-lane path (room for the rows of
+/// either loop).
 fn lanes_area(nb: usize, block_bytes: usize) -> usize {
-    (lanes_rows(nb, block_bytes) * nb * block_bytes).div_ceil(64) * 64
+    (lanes_rows(nb, block_bytes).max(LANES_STEP_ROWS) * nb * block_bytes).div_ceil(64) * 64
 }
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per

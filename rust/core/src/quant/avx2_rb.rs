@@ -47,9 +47,10 @@ pub(crate) const MIN_TOKENS: usize = 16;
 
 /// This module's kernels in table `t`, in build `build` (the set's: `PackBuild::Evex` for
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
-/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), and in the AVX-512 set the
-/// two-row packed kernels of Q4_0, Q5_0, Q8_0. `PYLLAMA_NO_RB=1` registers none (the same
-/// bits either way, for comparisons).
+/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
+/// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
+/// kernels of Q4_0, Q5_0, Q8_0. `PYLLAMA_NO_RB=1` registers none (the same bits either way,
+/// for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
@@ -389,6 +390,11 @@ builds!(q6_k_tile, q6_k_plain, q6_k_vnni, q6_k_evex);
 /// The weights are decoded once per matmul and row (`decode`: 32 quant bytes per block,
 /// offset to unsigned as the packed kernels use them, then the f32 scales), the activation
 /// groups packed quad-major (`avx2::pack_q8_0_lanes`, `avx2::pack_q8_1_lanes`).
+///
+/// Not Q8_0: its quants + 128 could saturate `maddubs`, and with the plain kernels' sign
+/// trick per quad (|w| against y with w's signs) the column-lane kernel measured no faster
+/// than the packed one (prefill 33.6 vs 34.1 GMAC/s, Gemma 3's output at 8 tokens 39.8 vs
+/// 38.2 ms).
 fn lanes_kernels() -> [(GgmlType, Lanes); 4] {
     [
         (GgmlType::Q4_0, Lanes { decode: decode_lanes_q4_0, block_bytes: 36, dot: lanes_signed as PackedDot }),
@@ -651,9 +657,10 @@ mod tests {
         let mut s = 0x0dd_ba11_u64;
         // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (43 tokens: more
         // than ROW_OUTER_GROUPS groups; 13: a decode step's row-outer loop over 2 groups;
-        // a partial last group, an odd row count); Q4_0/Q5_0/Q4_1/Q5_1 in the plain AVX2
-        // build: the column-lane path at 43 tokens, in one block of decoded rows (n_in 512)
-        // and in several (n_in 4096: 14 rows per block)
+        // a partial last group, an odd row count); Q4_0/Q5_0/Q4_1/Q5_1 in the plain
+        // AVX2 build: the column-lane path at 43 tokens, in one block of decoded rows (n_in
+        // 512) and in several (n_in 4096: 14 rows per block; 16384: 3), and 8 rows at a time
+        // for 13 and 8 tokens (a decode step's 2 groups, one full group)
         let cases = [
             (GgmlType::Q4_K, 512),
             (GgmlType::Q6_K, 512),
@@ -664,6 +671,8 @@ mod tests {
             (GgmlType::Q5_1, 512),
             (GgmlType::Q5_0, 4096),
             (GgmlType::Q4_1, 4096),
+            // rows longer than a decoded block holds 8 of (the decode step's 8 rows at a time)
+            (GgmlType::Q5_0, 16384),
         ];
         for (ty, n_in) in cases {
             let n_out = 45;
@@ -681,7 +690,7 @@ mod tests {
                 }
             }
             let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
-            for n_tok in [43, 13] {
+            for n_tok in [43, 13, 8] {
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect();
             let vdt = quant::vec_dot_type(ty);
             let xrow = vdt.row_size(n_in).unwrap();

@@ -138,9 +138,10 @@ pub struct KernelEnv {
     pub no_rows: bool,
     /// `PYLLAMA_NO_SGEMM=1`: F32/F16 weights without the tinyBLAS-order tiles.
     pub no_sgemm: bool,
-    /// `PYLLAMA_NO_RB=1`: K-quant prefill without the row-block kernels, and the AVX-512
-    /// prefill without the two-row packed kernels (`avx2_rb`; the same bits either way,
-    /// for comparisons).
+    /// `PYLLAMA_NO_RB=1`: K-quant prefill without the row-block kernels, the AVX-512
+    /// prefill without the two-row packed kernels, and the plain AVX2 prefill of Q4_0 /
+    /// Q5_0 / Q4_1 / Q5_1 without the column-lane kernels (`avx2_rb`; the same bits either
+    /// way, for comparisons).
     pub no_rb: bool,
 }
 

@@ -12,7 +12,7 @@
 //! (+ dotprod) on aarch64. Then the options: `PYLLAMA_ORDER=llamacpp` lays llama.cpp's batch-dependent kernels over
 //! Q4_K, Q6_K and the grid types (a second tile for batches under `SMALL_BATCH` rows),
 //! `PYLLAMA_NO_COLS` / `PYLLAMA_NO_ROWS` drop the leftover-column and multi-row kernels,
-//! `PYLLAMA_NO_RB` the row-block and two-row kernels.
+//! `PYLLAMA_NO_RB` the row-block, column-lane and two-row kernels.
 //! `PYLLAMA_KERNELS=ref` gives the reference table: scalar kernels everywhere, the vector
 //! ops and activations too.
 //!
@@ -84,8 +84,8 @@ pub struct Packed {
     /// `pair[nc]`: the two-row kernel over the first nc columns of a packed group (the
     /// AVX-512 set's signed types, not under `PYLLAMA_NO_RB`; see `avx2_rb`)
     pub pair: [Option<PackedPairDot>; MAX_PACK + 1],
-    /// the column-lane prefill kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1,
-    /// not under `PYLLAMA_NO_RB`; see `avx2_rb::Lanes`)
+    /// the column-lane kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1, not
+    /// under `PYLLAMA_NO_RB`; see `avx2_rb`'s column-lane section)
     pub lanes: Option<Lanes>,
 }
 
@@ -94,7 +94,7 @@ pub struct Packed {
 /// `pack_q8_1_lanes`, the same `block_bytes` as the packed layout).
 #[derive(Clone, Copy)]
 pub struct Lanes {
-    /// decodes one weight row of nb blocks into `row_bytes(nb)` bytes at dst
+    /// decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst
     pub decode: unsafe fn(nb: usize, w: *const u8, dst: *mut u8),
     /// decoded bytes per block
     pub block_bytes: usize,
@@ -200,7 +200,7 @@ pub struct Options {
     pub llamacpp_order: bool,
     pub no_cols: bool,
     pub no_rows: bool,
-    /// no row-block or two-row packed kernels (`PYLLAMA_NO_RB`)
+    /// no row-block, column-lane or two-row packed kernels (`PYLLAMA_NO_RB`)
     pub no_rb: bool,
 }
 
