@@ -363,7 +363,7 @@ fn tg_table(huge: bool, calls: usize) {
         sets.push(quant::KernelSet::Avx512);
     }
     println!(
-        "single-token matmul, {mib} MiB of weights (L3 is 480 MiB here), {}; best of {calls} calls",
+        "single-token matmul, {mib} MiB of weights, {}; best of {calls} calls",
         if huge { "huge pages (MADV_HUGEPAGE)" } else { "4 KiB pages" }
     );
     println!(

@@ -1620,6 +1620,32 @@ pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
 /// Weight rows per pass of the AVX2 multi-row kernels.
 const ROWS: usize = 4;
 
+/// Prefetch, for block step i of a multi-row pass over R contiguous rows (`step` = R *
+/// block bytes), the bytes `dist` ahead in address order: a pass ahead, at least PF_AHEAD.
+/// One line 8 KiB past each of the R interleaved rows per step read short rows (Gemma 3's
+/// 640-wide Q8_0 output: four streams 680 bytes apart) at ~60% of the read probe.
+#[inline(always)]
+unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
+    let pf = w.wrapping_add(dist - PF_AHEAD + i * step);
+    let mut o = 0;
+    while o < step {
+        if L1 {
+            prefetch_w_l1(pf.wrapping_add(o));
+        } else {
+            prefetch_w(pf.wrapping_add(o));
+        }
+        o += 64;
+    }
+}
+
+/// Block i of a Q8_0 activation row: (d_x in all lanes, the 32 quants); `xd` as in `DotN`.
+#[inline(always)]
+unsafe fn q8_0_block(x: *const u8, xd: *const f32, i: usize) -> (__m256, __m256i) {
+    let by = x.add(i * BlockQ8_0::SIZE);
+    let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
+    (_mm256_set1_ps(dx), load256(by.add(offset_of!(BlockQ8_0, qs))))
+}
+
 /// `dot_signed_q8_0::<1, V>` for R consecutive weight rows (`ws` bytes apart) against one
 /// activation row, interleaved block by block: every row gets exactly the single-row
 /// kernel's operations (so the same bits), but the R accumulators are independent FMA
@@ -1641,20 +1667,9 @@ unsafe fn rows_signed<const R: usize, const V: bool>(
     let dist = PF_AHEAD.max(R * ws);
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * BlockQ8_0::SIZE);
-        let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
-        let vdx = _mm256_set1_ps(dx);
-        let y = load256(by.add(offset_of!(BlockQ8_0, qs)));
-        // The R rows are contiguous (ws = nb * wsize): prefetch the bytes a pass ahead
-        // (at least PF_AHEAD) in address order, R * wsize per block step, rather than one
-        // line per row and step at PF_AHEAD past each row (short rows, Gemma 3's 640-wide
-        // Q8_0 output: four interleaved streams 680 bytes apart, read at ~60% of the probe)
-        let pf = w.wrapping_add(dist - PF_AHEAD + i * R * wsize);
-        let mut o = 0;
-        while o < R * wsize {
-            prefetch_w(pf.wrapping_add(o));
-            o += 64;
-        }
+        let (vdx, y) = q8_0_block(x, xd, i);
+        // the R rows are contiguous (ws = nb * wsize)
+        prefetch_step::<false>(w, dist, i, R * wsize);
         for (r, a) in acc.iter_mut().enumerate() {
             let bw = w.add(r * ws + i * wsize);
             let (dw, qw) = decode(bw);
@@ -1691,18 +1706,9 @@ unsafe fn rows_offset<const R: usize, const OFF: i32>(
     let (ones8, ones16, moff) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1), _mm256_set1_epi32(-OFF));
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
-        let by = x.add(i * BlockQ8_0::SIZE);
-        let dx = if xd.is_null() { f16(by) } else { std::ptr::read_unaligned(xd.add(i)) };
-        let vdx = _mm256_set1_ps(dx);
-        let y = load256(by.add(offset_of!(BlockQ8_0, qs)));
+        let (vdx, y) = q8_0_block(x, xd, i);
         let corr = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16), moff);
-        // in address order, a pass ahead (see `rows_signed`)
-        let pf = w.wrapping_add(dist - PF_AHEAD + i * R * wsize);
-        let mut o = 0;
-        while o < R * wsize {
-            prefetch_w(pf.wrapping_add(o));
-            o += 64;
-        }
+        prefetch_step::<false>(w, dist, i, R * wsize);
         for (r, a) in acc.iter_mut().enumerate() {
             let (dw, qu) = decode(w.add(r * ws + i * wsize));
             let d = _mm256_mul_ps(_mm256_set1_ps(dw), vdx);
@@ -1753,13 +1759,7 @@ unsafe fn rows_min<const R: usize, const V: bool>(
         let by = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() { f16x2(by) } else { _mm_castpd_ps(_mm_load_sd(xd.add(2 * i) as *const f64)) };
         let y = load256(by.add(offset_of!(BlockQ8_1, qs)));
-        // in address order, a pass ahead (see `rows_signed`)
-        let pf = w.wrapping_add(dist - PF_AHEAD + i * R * wsize);
-        let mut o = 0;
-        while o < R * wsize {
-            prefetch_w_l1(pf.wrapping_add(o));
-            o += 64;
-        }
+        prefetch_step::<true>(w, dist, i, R * wsize);
         for r in 0..R {
             let bw = w.add(r * ws + i * wsize);
             let p = _mm_mul_ps(f16x2(bw), ds); // (d_w * d_x, m_w * s_x)
