@@ -313,8 +313,8 @@ pub fn matmul_with(
                                 let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
                                 for r in rb..re {
                                     (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                    for (c, v) in tmp[..nc].iter().enumerate() {
+                                        *op.get().add((t + c) * ld_out + r) = *v;
                                     }
                                 }
                             }
