@@ -573,6 +573,34 @@ pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: u
     }
 }
 
+/// The 8 x 8 transpose of dwords: out[j] lane c = r[c] lane j.
+#[inline(always)]
+unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
+    let t = [
+        _mm256_unpacklo_epi32(r[0], r[1]),
+        _mm256_unpackhi_epi32(r[0], r[1]),
+        _mm256_unpacklo_epi32(r[2], r[3]),
+        _mm256_unpackhi_epi32(r[2], r[3]),
+        _mm256_unpacklo_epi32(r[4], r[5]),
+        _mm256_unpackhi_epi32(r[4], r[5]),
+        _mm256_unpacklo_epi32(r[6], r[7]),
+        _mm256_unpackhi_epi32(r[6], r[7]),
+    ];
+    // u[k]: dwords k and k + 4 of columns 0..4 (then w: of columns 4..8)
+    let u = [_mm256_unpacklo_epi64(t[0], t[2]), _mm256_unpackhi_epi64(t[0], t[2]), _mm256_unpacklo_epi64(t[1], t[3]), _mm256_unpackhi_epi64(t[1], t[3])];
+    let w = [_mm256_unpacklo_epi64(t[4], t[6]), _mm256_unpackhi_epi64(t[4], t[6]), _mm256_unpacklo_epi64(t[5], t[7]), _mm256_unpackhi_epi64(t[5], t[7])];
+    [
+        _mm256_permute2x128_si256::<0x20>(u[0], w[0]),
+        _mm256_permute2x128_si256::<0x20>(u[1], w[1]),
+        _mm256_permute2x128_si256::<0x20>(u[2], w[2]),
+        _mm256_permute2x128_si256::<0x20>(u[3], w[3]),
+        _mm256_permute2x128_si256::<0x31>(u[0], w[0]),
+        _mm256_permute2x128_si256::<0x31>(u[1], w[1]),
+        _mm256_permute2x128_si256::<0x31>(u[2], w[2]),
+        _mm256_permute2x128_si256::<0x31>(u[3], w[3]),
+    ]
+}
+
 /// `pack_q8_0_cols` in the column-lane layout of `avx2_rb::lanes_signed`: per block [d_x
 /// of the 8 columns: 8 f32][quad j = 0..8: the 8 columns' quants 4j..4j + 4, 4 i8 each]
 /// [quad j: the 8 columns' corrections -off * (sum of quad j): 8 i32] (PACK_BLOCK bytes).
@@ -585,18 +613,17 @@ pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: 
     let moff = _mm256_set1_epi32(-off);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
-        std::ptr::write_bytes(b, 0, PACK_BLOCK);
+        let (mut y, mut corr) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+        let mut d = [0f32; PACK_COLS];
         for c in 0..ncols {
-            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
-            let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
-            let corr = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16), moff);
-            let (mut yq, mut cq) = ([0u32; 8], [0i32; 8]);
-            _mm256_storeu_si256(yq.as_mut_ptr() as *mut __m256i, y);
-            _mm256_storeu_si256(cq.as_mut_ptr() as *mut __m256i, corr);
-            for j in 0..8 {
-                (b.add(4 * PACK_COLS + 32 * j + 4 * c) as *mut u32).write_unaligned(yq[j]);
-                (b.add(4 * PACK_COLS + 256 + 32 * j + 4 * c) as *mut i32).write_unaligned(cq[j]);
-            }
+            d[c] = std::ptr::read_unaligned(xd.add(c * xds + i));
+            y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
+            corr[c] = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y[c]), ones16), moff);
+        }
+        _mm256_storeu_ps(b as *mut f32, _mm256_loadu_ps(d.as_ptr()));
+        for (j, (yj, cj)) in transpose8_epi32(&y).iter().zip(transpose8_epi32(&corr).iter()).enumerate() {
+            _mm256_storeu_si256(b.add(4 * PACK_COLS + 32 * j) as *mut __m256i, *yj);
+            _mm256_storeu_si256(b.add(4 * PACK_COLS + 256 + 32 * j) as *mut __m256i, *cj);
         }
     }
 }
@@ -608,14 +635,16 @@ pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: 
 pub(crate) unsafe fn pack_q8_1_lanes(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_Q8_1);
-        std::ptr::write_bytes(b, 0, PACK_BLOCK_Q8_1);
+        let mut y = [_mm256_setzero_si256(); 8];
+        let mut ds = [0f32; 2 * PACK_COLS];
         for c in 0..ncols {
-            *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
-            *(b as *mut f32).add(PACK_COLS + c) = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
-            let y = x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs));
-            for j in 0..8 {
-                std::ptr::copy_nonoverlapping(y.add(4 * j), b.add(8 * PACK_COLS + 32 * j + 4 * c), 4);
-            }
+            ds[c] = std::ptr::read_unaligned(xd.add(c * xds + 2 * i));
+            ds[PACK_COLS + c] = std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1));
+            y[c] = load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs)));
+        }
+        std::ptr::copy_nonoverlapping(ds.as_ptr() as *const u8, b, 8 * PACK_COLS);
+        for (j, yj) in transpose8_epi32(&y).iter().enumerate() {
+            _mm256_storeu_si256(b.add(8 * PACK_COLS + 32 * j) as *mut __m256i, *yj);
         }
     }
 }
