@@ -326,9 +326,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             for t in t0..t1 {
                 let r = visible_range(p, keys, inp.pos[t]);
                 let qt = &q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk];
-                for (d, x) in qb[(t - t0) * sub * hk..(t - t0 + 1) * sub * hk].iter_mut().zip(qt) {
-                    *d = half::f16::from_f32(*x).to_f32();
-                }
+                crate::ops::vec::round_f16(&mut qb[(t - t0) * sub * hk..(t - t0 + 1) * sub * hk], qt);
                 ranges.extend(std::iter::repeat_n(r, sub));
             }
             let pass = f16k::Pass {
@@ -486,9 +484,7 @@ fn one_chunk_head_with(
     // q_to_vec_dot(pq, Q_q, DK)
     let k_f16 = tk == GgmlType::F16 || k_cast;
     if k_f16 {
-        for (d, x) in scr.q16.iter_mut().zip(qh) {
-            *d = half::f16::from_f32(*x).to_f32();
-        }
+        crate::ops::vec::round_f16(&mut scr.q16, qh);
     } else if quant::quantize_row_cpu(vdt, qh, &mut scr.q_q).is_err() {
         o.fill(f32::NAN);
         return;

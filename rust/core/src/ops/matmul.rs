@@ -165,7 +165,7 @@ pub fn matmul_with(
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
             qf(&x[t * n_in..(t + 1) * n_in], dst);
             let sc = unsafe { base.add(sc_off + t * nsc * 4) as *mut f32 };
-            fill_scales(vdt, dst, nsc, sc);
+            fill_scales(vdt, dst, nsc, sc, set);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
         rb_base = sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens);
@@ -555,7 +555,7 @@ fn lanes_area(nb: usize, block_bytes: usize) -> usize {
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
 /// block, Q8_1 -> (d, s) per block. Exact conversions.
-fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
+fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32, set: KernelSet) {
     let ts = vdt.type_size();
     for k in 0..nsc {
         let (blk, field) = match vdt {
@@ -563,7 +563,21 @@ fn fill_scales(vdt: GgmlType, row: &[u8], nsc: usize, out: *mut f32) {
             _ => (k, 0),
         };
         let o = blk * ts + 2 * field;
-        let v = crate::quant::fp::f16_to_f32(u16::from_le_bytes([row[o], row[o + 1]]));
+        let h = &row[o..o + 2];
+        // the x86 SIMD sets (which all have F16C): one inline `vcvtph2ps` (`half`'s
+        // conversion is an out-of-line call behind a feature check per value)
+        #[cfg(target_arch = "x86_64")]
+        let v = if set.is_simd() {
+            // SAFETY: two bytes at h; the set's CPU check covered F16C
+            unsafe { quant::avx2::f16(h.as_ptr()) }
+        } else {
+            crate::quant::fp::f16_to_f32(u16::from_le_bytes([h[0], h[1]]))
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let v = {
+            let _ = set;
+            crate::quant::fp::f16_to_f32(u16::from_le_bytes([h[0], h[1]]))
+        };
         // SAFETY: the caller sized `out` for nsc values.
         unsafe { out.add(k).write_unaligned(v) };
     }

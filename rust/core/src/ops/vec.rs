@@ -20,6 +20,7 @@ struct Kernels {
     dot_f16_ggml_2: fn(&[u16], &[f32], &[f32]) -> (f32, f32),
     mad_f16_acc_n: fn(&mut [u16], usize, &[f32], &[u16]),
     scale_f16_acc: fn(&mut [u16], f32),
+    round_f16: fn(&mut [f32], &[f32]),
 }
 
 fn kernels() -> &'static Kernels {
@@ -40,6 +41,7 @@ fn kernels() -> &'static Kernels {
                     dot_f16_ggml_2: |a, b0, b1| unsafe { x86::dot_f16_ggml_2_avx2(a, b0, b1) },
                     mad_f16_acc_n: |y, stride, a, x| unsafe { x86::mad_f16_acc_n_avx2(y, stride, a, x) },
                     scale_f16_acc: |y, a| unsafe { x86::scale_f16_acc_avx2(y, a) },
+                    round_f16: |y, x| unsafe { x86::round_f16_avx2(y, x) },
                 };
             }
         }
@@ -53,6 +55,7 @@ fn kernels() -> &'static Kernels {
             dot_f16_ggml_2: dot_f16_ggml_2_ref,
             mad_f16_acc_n: mad_f16_acc_n_ref,
             scale_f16_acc: scale_f16_acc_ref,
+            round_f16: round_f16_ref,
         }
     })
 }
@@ -171,6 +174,19 @@ pub fn mad_f16_acc_ref(y: &mut [u16], a: f32, x: &[u16]) {
     }
 }
 
+/// y[i] = f32(f16(x[i])): x rounded to half precision (to nearest even), as the f16
+/// flash-attention kernels take their queries (lengths must match).
+#[inline]
+pub fn round_f16(y: &mut [f32], x: &[f32]) {
+    (kernels().round_f16)(y, x)
+}
+
+pub fn round_f16_ref(y: &mut [f32], x: &[f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi = f16::from_f32(*xi).to_f32();
+    }
+}
+
 pub fn scale_f16_acc_ref(y: &mut [u16], a: f32) {
     for yi in y.iter_mut() {
         *yi = f16::from_f32(f16::from_bits(*yi).to_f32() * a).to_bits();
@@ -235,6 +251,21 @@ mod x86 {
     use super::hsum8;
     use half::f16;
     use std::arch::x86_64::*;
+
+    /// `round_f16_ref` 8 at a time: `vcvtps2ph` (round to nearest even, the conversion
+    /// `half` itself uses on F16C CPUs) and back.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn round_f16_avx2(y: &mut [f32], x: &[f32]) {
+        let n = y.len().min(x.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            let h = _mm256_cvtps_ph::<0>(_mm256_loadu_ps(x.as_ptr().add(i)));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        super::round_f16_ref(&mut y[n8..n], &x[n8..n]);
+    }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
@@ -449,6 +480,33 @@ mod tests {
             assert_eq!(a1, a2);
             let bq: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
             assert_eq!(dot_f16_ggml(&h, &bq), dot_f16_ggml_ref(&h, &bq));
+        }
+    }
+
+    #[test]
+    fn round_f16_equals_half_bit_for_bit() {
+        // the vector rounding of the f16 attention's queries against `half` element by
+        // element: ties, the subnormal and overflow edges, infinities, NaNs, odd tails
+        let mut x: Vec<f32> = vec![
+            0.0, -0.0, 1.0, -1.0, 65504.0, 65520.0, 65519.99, -65520.0, 1e9, f32::INFINITY, f32::NEG_INFINITY,
+            f32::NAN, -f32::NAN, f32::from_bits(0x7fc1_2345), 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5, 6.09e-5, 1e-40,
+            1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, -(1.0 + 1.0 / 2048.0), 2049.0, 2051.0,
+        ];
+        let mut s = 0x5eed_u64;
+        for _ in 0..4000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            x.push(f32::from_bits((s >> 32) as u32));
+        }
+        for n in [x.len(), 7, 8, 9, 15, 16, 17] {
+            let mut got = vec![0f32; n];
+            let mut want = vec![0f32; n];
+            round_f16(&mut got, &x[..n]);
+            round_f16_ref(&mut want, &x[..n]);
+            for i in 0..n {
+                assert_eq!(got[i].to_bits(), want[i].to_bits(), "x = {:e} ({:#x})", x[i], x[i].to_bits());
+            }
         }
     }
 
