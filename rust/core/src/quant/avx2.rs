@@ -382,6 +382,15 @@ pub(crate) const PACK_COLS: usize = 8;
 /// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_cols`).
 pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
 
+/// The offset correction of a Q8_0 activation block for weights stored + off: per lane,
+/// -off * (the sum of its 4 quants); maddubs(1, y) gives exact i16 pair sums, madd(., 1)
+/// sums of 4. `moff` = -off in all lanes.
+#[inline(always)]
+unsafe fn quad_corr(y: __m256i, moff: __m256i) -> __m256i {
+    let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), _mm256_set1_epi16(1));
+    _mm256_mullo_epi32(s4, moff)
+}
+
 /// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (`x + c * xs`, nb blocks
 /// each, their f32 scales at `xd + c * xds`) for weight offset `off`: per block, [d_x of
 /// the 8 columns: 8 f32][quants of column 0..8: 8 x 32 i8][-off * (sum of each 4
@@ -393,8 +402,6 @@ pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
-    let ones8 = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
     let moff = _mm256_set1_epi32(-off);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
@@ -406,9 +413,7 @@ pub(crate) unsafe fn pack_q8_0_cols(nb: usize, ncols: usize, x: *const u8, xs: u
             *(b as *mut f32).add(c) = std::ptr::read_unaligned(xd.add(c * xds + i));
             let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             _mm256_storeu_si256(b.add(32 + 32 * c) as *mut __m256i, y);
-            // maddubs(1, y): i16 pair sums of y (exact), madd(., 1): sums of 4
-            let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16);
-            _mm256_storeu_si256(b.add(32 + 256 + 32 * c) as *mut __m256i, _mm256_mullo_epi32(s4, moff));
+            _mm256_storeu_si256(b.add(32 + 256 + 32 * c) as *mut __m256i, quad_corr(y, moff));
         }
     }
 }
@@ -608,8 +613,6 @@ unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
-    let ones8 = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
     let moff = _mm256_set1_epi32(-off);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
@@ -618,7 +621,7 @@ pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: 
         for c in 0..ncols {
             d[c] = std::ptr::read_unaligned(xd.add(c * xds + i));
             y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
-            corr[c] = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y[c]), ones16), moff);
+            corr[c] = quad_corr(y[c], moff);
         }
         _mm256_storeu_ps(b as *mut f32, _mm256_loadu_ps(d.as_ptr()));
         for (j, (yj, cj)) in transpose8_epi32(&y).iter().zip(transpose8_epi32(&corr).iter()).enumerate() {
@@ -1732,11 +1735,11 @@ unsafe fn rows_offset<const R: usize, const OFF: i32>(
 ) {
     let nb = n / 32;
     let dist = PF_AHEAD.max(R * ws);
-    let (ones8, ones16, moff) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1), _mm256_set1_epi32(-OFF));
+    let (ones16, moff) = (_mm256_set1_epi16(1), _mm256_set1_epi32(-OFF));
     let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let (vdx, y) = q8_0_block(x, xd, i);
-        let corr = _mm256_mullo_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16), moff);
+        let corr = quad_corr(y, moff);
         prefetch_step::<false>(w, dist, i, R * wsize);
         for (r, a) in acc.iter_mut().enumerate() {
             let (dw, qu) = decode(w.add(r * ws + i * wsize));
