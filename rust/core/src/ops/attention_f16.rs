@@ -548,7 +548,7 @@ mod x86 {
     /// time with the accumulators in registers (f32 holding f16 values: each step rounds
     /// to f16 exactly as the stored accumulator would be), keys in order per query.
     #[inline(always)]
-    unsafe fn accumulate_4(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) {
+    unsafe fn accumulate_4(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         let mut c = 0;
         while c < hv {
             let mut r = [[_mm512_setzero_ps(); 4]; 4];
@@ -591,6 +591,7 @@ mod x86 {
             }
             c += 64;
         }
+        4
     }
 
     /// The blocked pass (blocks of KB keys): the block's K and V rows converted once; per
@@ -663,8 +664,7 @@ mod x86 {
                 if any {
                     let mut i0 = 0;
                     while i0 < nq {
-                        $accumulate($acc, hv, nq, i0, nb, vf, fl, ms, vs);
-                        i0 += 4;
+                        i0 += $accumulate($acc, hv, nq, i0, nb, vf, fl, ms, vs);
                     }
                 }
                 j0 += nb;
@@ -778,43 +778,55 @@ mod x86 {
         _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x))
     }
 
-    /// `accumulate_4` in ymm registers: queries i0..i0 + 4, 16 lanes at a time (8
-    /// accumulators and 2 V registers of the 16 ymm).
+    /// The steady state of `accumulate_4_avx2`: NQ queries from i0 that each take a plain
+    /// mad from every key of a whole block (flags all 1), 16 lanes at a time: the same steps
+    /// without the per-key flag tests, 2 * NQ independent accumulator chains (each step an
+    /// FMA and an f16 round trip, ~15 cycles of latency on Zen 3: 8 chains leave the
+    /// converters idle, 12 keep them busier).
     #[inline(always)]
-    unsafe fn accumulate_4_avx2(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) {
-        // the steady state: four queries that each take a plain mad from every key of a
-        // whole block (flags all 1): the same steps without the per-key flag tests
-        if i0 + 4 <= nq && nb == KB {
-            let f = fl.as_ptr().add(i0 * KB) as *const [u8; 4 * KB];
-            if (*f).iter().all(|&x| x == 1) {
-                let mut c = 0;
-                while c < hv {
-                    let mut r = [[_mm256_setzero_ps(); 2]; 4];
-                    for (qi, rq) in r.iter_mut().enumerate() {
-                        let pa = acc.as_ptr().add((i0 + qi) * hv + c);
-                        for (u, ru) in rq.iter_mut().enumerate() {
-                            *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
-                        }
-                    }
-                    for kk in 0..KB {
-                        let pv = vf.as_ptr().add(kk * hv + c);
-                        let v = [_mm256_loadu_ps(pv), _mm256_loadu_ps(pv.add(8))];
-                        for (qi, rq) in r.iter_mut().enumerate() {
-                            let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
-                            for (u, ru) in rq.iter_mut().enumerate() {
-                                *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
-                            }
-                        }
-                    }
-                    for (qi, rq) in r.iter().enumerate() {
-                        let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
-                        for (u, ru) in rq.iter().enumerate() {
-                            _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
-                        }
-                    }
-                    c += 16;
+    unsafe fn accumulate_steady_avx2<const NQ: usize>(acc: &mut [u16], hv: usize, i0: usize, vf: &[f32], vs: &[f32]) {
+        let mut c = 0;
+        while c < hv {
+            let mut r = [[_mm256_setzero_ps(); 2]; NQ];
+            for (qi, rq) in r.iter_mut().enumerate() {
+                let pa = acc.as_ptr().add((i0 + qi) * hv + c);
+                for (u, ru) in rq.iter_mut().enumerate() {
+                    *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
                 }
-                return;
+            }
+            for kk in 0..KB {
+                let pv = vf.as_ptr().add(kk * hv + c);
+                for (qi, rq) in r.iter_mut().enumerate() {
+                    let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = round16_avx2(_mm256_fmadd_ps(_mm256_loadu_ps(pv.add(8 * u)), va, *ru));
+                    }
+                }
+            }
+            for (qi, rq) in r.iter().enumerate() {
+                let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                for (u, ru) in rq.iter().enumerate() {
+                    _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
+                }
+            }
+            c += 16;
+        }
+    }
+
+    /// `accumulate_4` in ymm registers: queries i0..i0 + 4, 16 lanes at a time (8
+    /// accumulators and 2 V registers of the 16 ymm); in the steady state (a whole block,
+    /// every flag 1) six queries at once when there are six. Returns the queries done.
+    #[inline(always)]
+    unsafe fn accumulate_4_avx2(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+        if nb == KB {
+            let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
+            if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
+                accumulate_steady_avx2::<STEADY_Q>(acc, hv, i0, vf, vs);
+                return STEADY_Q;
+            }
+            if i0 + 4 <= nq && all_one(4) {
+                accumulate_steady_avx2::<4>(acc, hv, i0, vf, vs);
+                return 4;
             }
         }
         let mut c = 0;
@@ -859,7 +871,11 @@ mod x86 {
             }
             c += 16;
         }
+        4
     }
+
+    /// Queries per steady-state accumulation step of the AVX2 blocked kernel.
+    const STEADY_Q: usize = 6;
 
     /// `run_avx512_blocked` with AVX2 (+ FMA, F16C) only: the block's K and V rows converted
     /// once, per query the block's scores (`scores_8_avx2`) and online-softmax steps in key
