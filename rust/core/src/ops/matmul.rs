@@ -283,6 +283,23 @@ pub fn matmul_with(
                     }
                 }
             };
+            // Eight rows r..r + 8 of one group: the kernel's results in a tile, stored
+            // transposed (`store_tile_8x8`: the output is per token).
+            let row_tile = |r: usize, g: usize| {
+                let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                let t = g * PACK_COLS;
+                let nc = (n_tokens - t).min(PACK_COLS);
+                let k = if nc == PACK_COLS { full } else { last };
+                let mut tile = [[0f32; PACK_COLS]; 8];
+                // SAFETY: rows r0 + r..r0 + r + 8 < n_out (the callers' ranges); out in
+                // bounds (checked); the kernel writes nc <= PACK_COLS values per row.
+                unsafe {
+                    for (i, ti) in tile.iter_mut().enumerate() {
+                        k(nb, wdata.as_ptr().add((r0 + r + i) * wrow), gp, ti.as_mut_ptr());
+                    }
+                    quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
+                }
+            };
             pool.run(&|ith, nth| {
                 let mine = split_range(n_rows, ith, nth);
                 let mut tmp = [0f32; PACK_COLS];
@@ -311,7 +328,18 @@ pub fn matmul_with(
                             // bounds (checked)
                             unsafe {
                                 let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                for r in rb..re {
+                                // 8 rows at a time into a tile, stored transposed (the
+                                // output is per token); the rest one row at a time
+                                let mut r = rb;
+                                while r + 8 <= re {
+                                    let mut tile = [[0f32; PACK_COLS]; 8];
+                                    for (i, ti) in tile.iter_mut().enumerate() {
+                                        (ln.dot)(nb, area.add((r + i - rb) * dbytes), gp, ti.as_mut_ptr());
+                                    }
+                                    quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
+                                    r += 8;
+                                }
+                                for r in r..re {
                                     (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
                                     for (c, v) in tmp[..nc].iter().enumerate() {
                                         *op.get().add((t + c) * ld_out + r) = *v;
@@ -350,6 +378,12 @@ pub fn matmul_with(
                             r += 2;
                         }
                     }
+                    while r + 8 <= mine.end {
+                        for g in 0..n_groups {
+                            row_tile(r, g);
+                        }
+                        r += 8;
+                    }
                     for r in r..mine.end {
                         for g in 0..n_groups {
                             row_group(r, g, &mut tmp);
@@ -379,6 +413,10 @@ pub fn matmul_with(
                                 }
                                 r += 2;
                             }
+                        }
+                        while r + 8 <= mine.end {
+                            row_tile(r, g);
+                            r += 8;
                         }
                         for r in r..mine.end {
                             row_group(r, g, &mut tmp);

@@ -606,6 +606,22 @@ unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
+/// Stores an 8 x 8 tile of matmul results: `tile[i]` holds the 8 columns (tokens) of
+/// weight row i; token c's values of the 8 rows go to `out[c * ld..c * ld + 8]`, for c <
+/// nc. One transpose and nc vector stores instead of 8 * nc scalar stores to nc output
+/// rows (the column-lane kernels' results arrive per row, the output is per token).
+///
+/// # Safety
+/// `out[c * ld..c * ld + 8]` must be writable for every c < nc <= 8; AVX2 available.
+#[target_feature(enable = "avx2")]
+pub unsafe fn store_tile_8x8(tile: &[[f32; 8]; 8], out: *mut f32, ld: usize, nc: usize) {
+    let r: [__m256i; 8] = std::array::from_fn(|i| _mm256_loadu_si256(tile[i].as_ptr() as *const __m256i));
+    let t = transpose8_epi32(&r);
+    for (c, tc) in t.iter().enumerate().take(nc) {
+        _mm256_storeu_si256(out.add(c * ld) as *mut __m256i, *tc);
+    }
+}
+
 /// `pack_q8_0_cols` in the column-lane layout of `avx2_rb::lanes_signed`: per block [d_x
 /// of the 8 columns: 8 f32][quad j = 0..8: the 8 columns' quants 4j..4j + 4, 4 i8 each]
 /// [quad j: the 8 columns' corrections -off * (sum of quad j): 8 i32] (PACK_BLOCK bytes).
