@@ -321,126 +321,133 @@ pub fn matmul_with(
                     quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
                 }
             };
-            pool.run(&|ith, nth| {
-                let mine = split_range(n_rows, ith, nth);
+            // Chunks of rows (whole decode blocks / 8-row tiles) claimed per thread from
+            // its own contiguous share first, then from the back of the others' (see
+            // `StealRanges`): a thread that starts late does less instead of being waited for.
+            let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, lanes.map(|ln| lanes_rows(nb, ln.block_bytes)));
+            let ranges = StealRanges::new(n_rows.div_ceil(chunk_rows), pool.n_threads());
+            pool.run(&|ith, _| {
                 let mut tmp = [0f32; PACK_COLS];
-                if let Some(ln) = lanes {
-                    // column lanes: blocks of `lanes_rows` rows decoded into the thread's
-                    // area (after the packed groups, see `rb_bytes`), then every group
-                    // against each decoded row; a decode step of up to ROW_OUTER_GROUPS
-                    // groups LANES_STEP_ROWS rows at a time (each weight row read from
-                    // memory once for all groups, as below)
-                    let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
-                    let dbytes = nb * ln.block_bytes;
-                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
-                    // (rb_bytes); each thread writes only its own
-                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
-                    let mut rb = mine.start;
-                    while rb < mine.end {
-                        let re = (rb + rows_per).min(mine.end);
-                        for r in rb..re {
-                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
-                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
-                        }
-                        for g in 0..n_groups {
-                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                            // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
-                            // n_out; the kernel writes PACK_COLS values to tmp; out in
-                            // bounds (checked)
-                            unsafe {
-                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                // 8 rows at a time into a tile, stored transposed (the
-                                // output is per token); the rest one row at a time
-                                let mut r = rb;
-                                while r + 8 <= re {
-                                    let mut tile = [[0f32; PACK_COLS]; 8];
-                                    for (i, ti) in tile.iter_mut().enumerate() {
-                                        (ln.dot)(nb, area.add((r + i - rb) * dbytes), gp, ti.as_mut_ptr());
-                                    }
-                                    quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
-                                    r += 8;
-                                }
-                                for r in r..re {
-                                    (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
-                                    for (c, v) in tmp[..nc].iter().enumerate() {
-                                        *op.get().add((t + c) * ld_out + r) = *v;
-                                    }
-                                }
+                while let Some(ci) = ranges.claim(ith) {
+                    let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
+                    if let Some(ln) = lanes {
+                        // column lanes: blocks of `lanes_rows` rows decoded into the thread's
+                        // area (after the packed groups, see `rb_bytes`), then every group
+                        // against each decoded row; a decode step of up to ROW_OUTER_GROUPS
+                        // groups LANES_STEP_ROWS rows at a time (each weight row read from
+                        // memory once for all groups, as below)
+                        let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
+                        let dbytes = nb * ln.block_bytes;
+                        // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
+                        // (rb_bytes); each thread writes only its own
+                        let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
+                        let mut rb = mine.start;
+                        while rb < mine.end {
+                            let re = (rb + rows_per).min(mine.end);
+                            for r in rb..re {
+                                // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
+                                unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
                             }
-                        }
-                        rb = re;
-                    }
-                } else if n_groups <= ROW_OUTER_GROUPS {
-                    // a decode step of 9..32 sequences: every group's packed activations
-                    // fit L1 together, so each weight row is read from memory once for
-                    // all groups (group-outer would stream a large matrix, the output
-                    // projection, once per group); in the AVX-512 set two rows per call
-                    // (one per zmm half: half the instructions per column and block)
-                    let mut r = mine.start;
-                    if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
-                        let mut tmp_b = [0f32; PACK_COLS];
-                        while r + 1 < mine.end {
                             for g in 0..n_groups {
                                 let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                                let pk = if nc == PACK_COLS { pf } else { pl };
-                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
-                                // bytes are in scratch; out in bounds (checked); the kernel
-                                // writes nc values to each tmp
+                                // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
+                                // n_out; the kernel writes PACK_COLS values to tmp; out in
+                                // bounds (checked)
                                 unsafe {
                                     let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    // 8 rows at a time into a tile, stored transposed (the
+                                    // output is per token); the rest one row at a time
+                                    let mut r = rb;
+                                    while r + 8 <= re {
+                                        let mut tile = [[0f32; PACK_COLS]; 8];
+                                        for (i, ti) in tile.iter_mut().enumerate() {
+                                            (ln.dot)(nb, area.add((r + i - rb) * dbytes), gp, ti.as_mut_ptr());
+                                        }
+                                        quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
+                                        r += 8;
+                                    }
+                                    for r in r..re {
+                                        (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
+                                        for (c, v) in tmp[..nc].iter().enumerate() {
+                                            *op.get().add((t + c) * ld_out + r) = *v;
+                                        }
                                     }
                                 }
                             }
-                            r += 2;
+                            rb = re;
                         }
-                    }
-                    while r + 8 <= mine.end {
-                        for g in 0..n_groups {
-                            row_tile(r, g);
-                        }
-                        r += 8;
-                    }
-                    for r in r..mine.end {
-                        for g in 0..n_groups {
-                            row_group(r, g, &mut tmp);
-                        }
-                    }
-                } else {
-                    // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
-                    // stay in L1 while the thread's weight rows stream from L2 (blocks of
-                    // rows that fit L1 with the group measured the same)
-                    for g in 0..n_groups {
+                    } else if n_groups <= ROW_OUTER_GROUPS {
+                        // a decode step of 9..32 sequences: every group's packed activations
+                        // fit L1 together, so each weight row is read from memory once for
+                        // all groups (group-outer would stream a large matrix, the output
+                        // projection, once per group); in the AVX-512 set two rows per call
+                        // (one per zmm half: half the instructions per column and block)
                         let mut r = mine.start;
-                        let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                        if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
-                            // the AVX-512 set: two rows per call (one per zmm half)
-                            let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                        if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
                             let mut tmp_b = [0f32; PACK_COLS];
                             while r + 1 < mine.end {
-                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
-                                // (checked); the kernel writes nc values to each tmp
-                                unsafe {
-                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                for g in 0..n_groups {
+                                    let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                                    let pk = if nc == PACK_COLS { pf } else { pl };
+                                    // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
+                                    // bytes are in scratch; out in bounds (checked); the kernel
+                                    // writes nc values to each tmp
+                                    unsafe {
+                                        let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                        let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                        pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                        for c in 0..nc {
+                                            *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                            *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                        }
                                     }
                                 }
                                 r += 2;
                             }
                         }
                         while r + 8 <= mine.end {
-                            row_tile(r, g);
+                            for g in 0..n_groups {
+                                row_tile(r, g);
+                            }
                             r += 8;
                         }
                         for r in r..mine.end {
-                            row_group(r, g, &mut tmp);
+                            for g in 0..n_groups {
+                                row_group(r, g, &mut tmp);
+                            }
+                        }
+                    } else {
+                        // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
+                        // stay in L1 while the thread's weight rows stream from L2 (blocks of
+                        // rows that fit L1 with the group measured the same)
+                        for g in 0..n_groups {
+                            let mut r = mine.start;
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
+                                // the AVX-512 set: two rows per call (one per zmm half)
+                                let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
+                                let mut tmp_b = [0f32; PACK_COLS];
+                                while r + 1 < mine.end {
+                                    // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
+                                    // (checked); the kernel writes nc values to each tmp
+                                    unsafe {
+                                        let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                        pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                        for c in 0..nc {
+                                            *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                            *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                        }
+                                    }
+                                    r += 2;
+                                }
+                            }
+                            while r + 8 <= mine.end {
+                                row_tile(r, g);
+                                r += 8;
+                            }
+                            for r in r..mine.end {
+                                row_group(r, g, &mut tmp);
+                            }
                         }
                     }
                 }
@@ -574,6 +581,19 @@ pub fn matmul_with(
 fn single_token_chunk(n_rows: usize, wrow: usize, nth: usize) -> usize {
     let n_chunks = (n_rows * wrow / (16 << 10)).clamp(nth, 64 * nth);
     n_rows.div_ceil(n_chunks).next_multiple_of(4).max(4)
+}
+
+/// Rows per claimed chunk of the packed / column-lane paths: a decode step (few groups)
+/// as a single-token matmul's chunks, rounded to whole 8-row tiles; prefill at least a
+/// decoded block of the column-lane kernels (`lanes_rows`) or 64 rows (each chunk re-reads
+/// a group's packed activations).
+fn packed_chunk_rows(n_rows: usize, wrow: usize, nth: usize, step: bool, lanes: Option<usize>) -> usize {
+    let base = single_token_chunk(n_rows, wrow, nth).next_multiple_of(8);
+    match (step, lanes) {
+        (true, _) => base,
+        (false, Some(lr)) => base.max(lr),
+        (false, None) => base.max(64),
+    }
 }
 
 /// Chunks 0..n split into one contiguous range per thread; a thread claims from the front
