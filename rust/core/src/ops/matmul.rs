@@ -528,11 +528,14 @@ pub fn matmul_with(
                     let area = (nsb * rb.sb_bytes).div_ceil(64) * 64;
                     let bp = SyncPtr(rb_base as *mut u8);
                     let nrb = n_rows / rb.rows;
+                    // row blocks claimed per thread (own share first, then the back of the
+                    // others': `StealRanges`)
+                    let ranges = StealRanges::new(nrb, pool.n_threads());
                     pool.run(&|ith, nth| {
                         // SAFETY: scratch was sized for nth areas (rb_bytes); each thread
                         // writes only its own
                         let buf = unsafe { bp.get().add(ith * area) };
-                        for b in split_range(nrb, ith, nth) {
+                        while let Some(b) = ranges.claim(ith) {
                             let r = b * rb.rows;
                             // SAFETY: rows r0 + r .. + rb.rows are inside wdata; the kernels
                             // write rb.rows values of each of their nc token rows of out (checked
