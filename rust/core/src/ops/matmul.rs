@@ -558,7 +558,16 @@ pub fn matmul_with(
                     return Ok(());
                 }
             }
-            pool.run(&|ith, nth| tiled_rows(split_range(n_rows, ith, nth)));
+            // rows in chunks claimed per thread (own share first, then the back of the
+            // others': `StealRanges`); several tokens: at least 64 rows per chunk (each
+            // chunk walks the tokens again)
+            let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_tokens == 1, None);
+            let ranges = StealRanges::new(n_rows.div_ceil(chunk_rows), pool.n_threads());
+            pool.run(&|ith, _| {
+                while let Some(c) = ranges.claim(ith) {
+                    tiled_rows(c * chunk_rows..((c + 1) * chunk_rows).min(n_rows));
+                }
+            });
             return Ok(());
         }
     }
