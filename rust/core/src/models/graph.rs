@@ -18,7 +18,7 @@ use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::backend::Backend;
 use crate::ops::matmul::matmul_on;
-use crate::ops::norm::{layer_norm_row, rms_norm_row};
+use crate::ops::norm::{layer_norm_row, rms_norm_row, rms_norm_rows_inplace};
 use crate::ops::rope::RopeParams;
 use crate::quant;
 use crate::threadpool::ThreadPool;
@@ -375,6 +375,24 @@ pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usiz
     });
 }
 
+/// `par_rows` handing each thread its contiguous rows as one slice ([k, w]): for row
+/// functions that do several rows at once (`rms_norm_rows_inplace`).
+pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(&mut [f32]) + Sync)) {
+    let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
+    if rows <= 1 || pool.n_threads() == 1 {
+        f(&mut data[..rows * w]);
+        return;
+    }
+    let p = RowsPtr(data.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        let (r0, r1) = (rows * ith / nth, rows * (ith + 1) / nth);
+        if r0 < r1 {
+            // SAFETY: row ranges are disjoint and each belongs to exactly one thread.
+            f(unsafe { std::slice::from_raw_parts_mut(p.get().add(r0 * w), (r1 - r0) * w) });
+        }
+    });
+}
+
 pub(crate) fn add_bias(x: &mut [f32], b: Option<&[f32]>, width: usize, n: usize) {
     if let Some(b) = b {
         for r in x[..n * width].chunks_exact_mut(width) {
@@ -421,10 +439,12 @@ impl Step<'_> {
         let (ne, n) = (self.hp.n_embd, self.n);
         self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
         match kind {
-            Norm::Rms => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| {
-                rms_norm_row(r, Some(w), eps);
+            Norm::Rms => par_row_blocks(self.pool, &mut self.b.cur, ne, n, &|rs| {
+                rms_norm_rows_inplace(rs, ne, Some(w), eps);
                 if let Some(b) = b {
-                    act::add_assign(r, b);
+                    for r in rs.chunks_exact_mut(ne) {
+                        act::add_assign(r, b);
+                    }
                 }
             }),
             Norm::Layer => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| layer_norm_row(r, Some(w), b, eps)),
@@ -435,7 +455,7 @@ impl Step<'_> {
     /// (gemma2/3's post_attention_norm and post_ffw_norm).
     pub fn build_post_norm(&mut self, w: &[f32], eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
-        par_rows(self.pool, &mut self.b.tmp, ne, n, &|_, r| rms_norm_row(r, Some(w), eps));
+        par_row_blocks(self.pool, &mut self.b.tmp, ne, n, &|rs| rms_norm_rows_inplace(rs, ne, Some(w), eps));
     }
 
     /// Dense feed-forward: in `cur` [n, n_embd], out `tmp` [n, n_embd]; `gate` [n, n_ff] and
@@ -885,24 +905,19 @@ impl Step<'_> {
         let (qw, kw, vw) = self.project_qkv(w, il, false)?;
         let b = &mut *self.b;
         let eps = hp.f_norm_rms_eps;
+        // per-head norms: each thread its tokens' rows, 8 heads' sums at a time
         if let Some(qn) = w.q_norm {
             let width = if qn.len() == qw { qw } else { hd_k };
-            for h in b.q[..n * qw].chunks_exact_mut(width) {
-                rms_norm_row(h, Some(qn), eps);
-            }
+            par_row_blocks(self.pool, &mut b.q, qw, n, &|rs| rms_norm_rows_inplace(rs, width, Some(qn), eps));
             cb!(self, "Qcur_normed", il, q, qw);
         }
         let b = &mut *self.b;
         if let Some(kn) = w.k_norm {
             let width = if kn.len() == kw { kw } else { hd_k };
-            for h in b.k[..n * kw].chunks_exact_mut(width) {
-                rms_norm_row(h, Some(kn), eps);
-            }
+            par_row_blocks(self.pool, &mut b.k, kw, n, &|rs| rms_norm_rows_inplace(rs, width, Some(kn), eps));
         }
         if x.v_rms {
-            for h in b.v[..n * vw].chunks_exact_mut(hd_v) {
-                rms_norm_row(h, None, eps);
-            }
+            par_row_blocks(self.pool, &mut b.v, vw, n, &|rs| rms_norm_rows_inplace(rs, hd_v, None, eps));
         }
         if let Some(r) = c.rope {
             let pos = &b.pos;
@@ -933,12 +948,8 @@ impl Step<'_> {
             }
         }
         if c.qk_rms_after_rope {
-            for h in b.q[..n * qw].chunks_exact_mut(hd_k) {
-                rms_norm_row(h, None, eps);
-            }
-            for h in b.k[..n * kw].chunks_exact_mut(hd_k) {
-                rms_norm_row(h, None, eps);
-            }
+            par_row_blocks(self.pool, &mut b.q, qw, n, &|rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
+            par_row_blocks(self.pool, &mut b.k, kw, n, &|rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
         }
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);
