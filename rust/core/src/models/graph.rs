@@ -922,12 +922,30 @@ impl Step<'_> {
         if let Some(r) = c.rope {
             let pos = &b.pos;
             if hd_k <= 512 {
-                let rope_row = |t: usize, row: &mut [f32]| {
+                // token t's q and k heads with one cos/sin table (filled once per token,
+                // not once per tensor)
+                let (qp, kp) = (RowsPtr(b.q.as_mut_ptr()), RowsPtr(b.k.as_mut_ptr()));
+                let (qlen, klen) = (b.q.len(), b.k.len());
+                let rope_token = |t: usize| {
                     let mut cache = [0f32; 512];
-                    r.apply_heads(row, hd_k, pos[t], &mut cache[..hd_k]);
+                    r.fill_cache(pos[t], &mut cache[..hd_k]);
+                    // SAFETY: token t's q and k rows lie inside q and k (n rows of qw / kw,
+                    // checked below) and belong to the one thread that runs token t.
+                    let (q, k) = unsafe {
+                        (std::slice::from_raw_parts_mut(qp.get().add(t * qw), qw), std::slice::from_raw_parts_mut(kp.get().add(t * kw), kw))
+                    };
+                    for h in q.chunks_exact_mut(hd_k).chain(k.chunks_exact_mut(hd_k)) {
+                        r.apply(h, &cache[..hd_k]);
+                    }
                 };
-                par_rows(self.pool, &mut b.q, qw, n, &rope_row);
-                par_rows(self.pool, &mut b.k, kw, n, &rope_row);
+                if qlen < n * qw || klen < n * kw {
+                    return Err(Error::Invalid(format!("internal: layer {il}: q/k scratch too small for {n} tokens")));
+                }
+                if n <= 1 || self.pool.n_threads() == 1 {
+                    (0..n).for_each(rope_token);
+                } else {
+                    self.pool.run(&|ith, nth| (n * ith / nth..n * (ith + 1) / nth).for_each(rope_token));
+                }
             } else {
                 for t in 0..n {
                     r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
