@@ -68,7 +68,10 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     let n_rows_k = p.rows.k.len();
     let n_rows_v = p.rows.v.len();
     // every row the keys name lies inside the buffers (checked once, so the kernels can index freely)
-    let max_cell = ranges.iter().flat_map(|&(lo, hi)| p.keys[lo..hi].iter().map(|k| k.1 as usize)).max();
+    // (over the union of the ranges: each key once, not once per query)
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let max_cell = p.keys[lo..hi.max(lo)].iter().map(|k| k.1 as usize).max();
     if let Some(c) = max_cell {
         assert!(p.rows.k_off + c * p.rows.k_stride + hk <= n_rows_k && p.rows.v_off + c * p.rows.v_stride + hv <= n_rows_v);
     }
