@@ -355,40 +355,37 @@ impl RowsPtr {
     }
 }
 
-/// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
-/// across the pool when there are several (each row's result never depends on the split).
-pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
-    let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
-    if rows <= 1 || pool.n_threads() == 1 {
-        for (i, r) in data[..rows * w].chunks_exact_mut(w).enumerate() {
-            f(i, r);
-        }
+/// f(range) over 0..n split evenly across the pool's threads (one call with all of it when
+/// there is one thread or n <= 1).
+pub(crate) fn par_ranges(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if n <= 1 || pool.n_threads() == 1 {
+        f(0..n);
         return;
     }
-    let p = RowsPtr(data.as_mut_ptr());
     pool.run(&|ith, nth| {
-        for i in rows * ith / nth..rows * (ith + 1) / nth {
-            // SAFETY: rows are disjoint and each belongs to exactly one thread.
-            let r = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * w), w) };
-            f(i, r);
+        let r = n * ith / nth..n * (ith + 1) / nth;
+        if !r.is_empty() {
+            f(r);
         }
     });
 }
 
-/// `par_rows` handing each thread its contiguous rows as one slice ([k, w]): for row
-/// functions that do several rows at once (`rms_norm_rows_inplace`).
-pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(&mut [f32]) + Sync)) {
+/// f(first row index, rows) over the first `rows` rows of width `w` of `data`: each thread
+/// its contiguous rows as one slice ([k, w]), for row functions that do several rows at
+/// once (`rms_norm_rows_inplace`); each row's result never depends on the split.
+pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
-    if rows <= 1 || pool.n_threads() == 1 {
-        f(&mut data[..rows * w]);
-        return;
-    }
     let p = RowsPtr(data.as_mut_ptr());
-    pool.run(&|ith, nth| {
-        let (r0, r1) = (rows * ith / nth, rows * (ith + 1) / nth);
-        if r0 < r1 {
-            // SAFETY: row ranges are disjoint and each belongs to exactly one thread.
-            f(unsafe { std::slice::from_raw_parts_mut(p.get().add(r0 * w), (r1 - r0) * w) });
+    // SAFETY: the ranges are disjoint, inside data's first `rows` rows, each one thread's.
+    par_ranges(pool, rows, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
+}
+
+/// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
+/// across the pool when there are several (each row's result never depends on the split).
+pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    par_row_blocks(pool, data, w, rows, &|r0, rs| {
+        for (i, r) in rs.chunks_exact_mut(w).enumerate() {
+            f(r0 + i, r);
         }
     });
 }
@@ -439,7 +436,7 @@ impl Step<'_> {
         let (ne, n) = (self.hp.n_embd, self.n);
         self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
         match kind {
-            Norm::Rms => par_row_blocks(self.pool, &mut self.b.cur, ne, n, &|rs| {
+            Norm::Rms => par_row_blocks(self.pool, &mut self.b.cur, ne, n, &|_, rs| {
                 rms_norm_rows_inplace(rs, ne, Some(w), eps);
                 if let Some(b) = b {
                     for r in rs.chunks_exact_mut(ne) {
@@ -455,7 +452,7 @@ impl Step<'_> {
     /// (gemma2/3's post_attention_norm and post_ffw_norm).
     pub fn build_post_norm(&mut self, w: &[f32], eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
-        par_row_blocks(self.pool, &mut self.b.tmp, ne, n, &|rs| rms_norm_rows_inplace(rs, ne, Some(w), eps));
+        par_row_blocks(self.pool, &mut self.b.tmp, ne, n, &|_, rs| rms_norm_rows_inplace(rs, ne, Some(w), eps));
     }
 
     /// Dense feed-forward: in `cur` [n, n_embd], out `tmp` [n, n_embd]; `gate` [n, n_ff] and
@@ -908,16 +905,16 @@ impl Step<'_> {
         // per-head norms: each thread its tokens' rows, 8 heads' sums at a time
         if let Some(qn) = w.q_norm {
             let width = if qn.len() == qw { qw } else { hd_k };
-            par_row_blocks(self.pool, &mut b.q, qw, n, &|rs| rms_norm_rows_inplace(rs, width, Some(qn), eps));
+            par_row_blocks(self.pool, &mut b.q, qw, n, &|_, rs| rms_norm_rows_inplace(rs, width, Some(qn), eps));
             cb!(self, "Qcur_normed", il, q, qw);
         }
         let b = &mut *self.b;
         if let Some(kn) = w.k_norm {
             let width = if kn.len() == kw { kw } else { hd_k };
-            par_row_blocks(self.pool, &mut b.k, kw, n, &|rs| rms_norm_rows_inplace(rs, width, Some(kn), eps));
+            par_row_blocks(self.pool, &mut b.k, kw, n, &|_, rs| rms_norm_rows_inplace(rs, width, Some(kn), eps));
         }
         if x.v_rms {
-            par_row_blocks(self.pool, &mut b.v, vw, n, &|rs| rms_norm_rows_inplace(rs, hd_v, None, eps));
+            par_row_blocks(self.pool, &mut b.v, vw, n, &|_, rs| rms_norm_rows_inplace(rs, hd_v, None, eps));
         }
         if let Some(r) = c.rope {
             let pos = &b.pos;
@@ -941,11 +938,7 @@ impl Step<'_> {
                 if qlen < n * qw || klen < n * kw {
                     return Err(Error::Invalid(format!("internal: layer {il}: q/k scratch too small for {n} tokens")));
                 }
-                if n <= 1 || self.pool.n_threads() == 1 {
-                    (0..n).for_each(rope_token);
-                } else {
-                    self.pool.run(&|ith, nth| (n * ith / nth..n * (ith + 1) / nth).for_each(rope_token));
-                }
+                par_ranges(self.pool, n, &|ts| ts.for_each(rope_token));
             } else {
                 for t in 0..n {
                     r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
@@ -966,8 +959,8 @@ impl Step<'_> {
             }
         }
         if c.qk_rms_after_rope {
-            par_row_blocks(self.pool, &mut b.q, qw, n, &|rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
-            par_row_blocks(self.pool, &mut b.k, kw, n, &|rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
+            par_row_blocks(self.pool, &mut b.q, qw, n, &|_, rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
+            par_row_blocks(self.pool, &mut b.k, kw, n, &|_, rs| rms_norm_rows_inplace(rs, hd_k, None, eps));
         }
         cb!(self, "Qcur", il, q, qw);
         cb!(self, "Kcur", il, k, kw);

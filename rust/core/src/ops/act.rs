@@ -6,6 +6,25 @@
 use half::f16;
 use std::sync::OnceLock;
 
+/// `$body` run with `$i` = `$n` rounded down to a multiple of 8 on the x86 SIMD sets (AVX2,
+/// FMA and F16C: `avx2_math`), yielding `$i`: the prefix the body did, the caller's scalar
+/// loop doing the rest. Elsewhere the body is not compiled and the prefix is 0.
+macro_rules! simd8_prefix {
+    ($n:expr, |$i:ident| $body:expr) => {{
+        #[allow(unused_mut)]
+        let mut done = 0usize;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::quant::table::kernels().avx2_math {
+                let $i = $n / 8 * 8;
+                $body;
+                done = $i;
+            }
+        }
+        done
+    }};
+}
+
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4;
 
@@ -38,16 +57,8 @@ fn gelu_lut(t: &[f32], x: f32) -> f32 {
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
     let t = gelu_table();
     let n = gate.len().min(up.len());
-    #[allow(unused_mut)] // only the x86-64 vector path advances it
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::quant::table::kernels().avx2_math {
-            i = n / 8 * 8;
-            // SAFETY: avx2_math: the x86 SIMD sets have AVX2 + F16C; i <= both lengths.
-            unsafe { gelu_lut_avx2(t, &mut gate[..i], Some(&up[..i])) };
-        }
-    }
+    // SAFETY: the x86 SIMD sets have AVX2 + F16C; i <= both lengths.
+    let i = simd8_prefix!(n, |i| unsafe { gelu_lut_avx2(t, &mut gate[..i], Some(&up[..i])) });
     for (g, u) in gate[i..n].iter_mut().zip(&up[i..n]) {
         *g = gelu_lut(t, *g) * u;
     }
@@ -56,16 +67,8 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
 /// x = gelu(x) in place.
 pub fn gelu(x: &mut [f32]) {
     let t = gelu_table();
-    #[allow(unused_mut)] // only the x86-64 vector path advances it
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::quant::table::kernels().avx2_math {
-            i = x.len() / 8 * 8;
-            // SAFETY: avx2_math: the x86 SIMD sets have AVX2 + F16C.
-            unsafe { gelu_lut_avx2(t, &mut x[..i], None) };
-        }
-    }
+    // SAFETY: the x86 SIMD sets have AVX2 + F16C; i <= x.len().
+    let i = simd8_prefix!(x.len(), |i| unsafe { gelu_lut_avx2(t, &mut x[..i], None) });
     for v in x[i..].iter_mut() {
         *v = gelu_lut(t, *v);
     }
@@ -101,17 +104,9 @@ unsafe fn gelu_lut_avx2(t: &[f32], x: &mut [f32], up: Option<&[f32]>) {
 /// f64, then a multiplication by 1/sum.
 pub fn softmax_ggml(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    #[allow(unused_mut)] // only the x86-64 vector path advances it
-    let mut i = 0;
     let mut sum = 0f64;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::quant::table::kernels().avx2_math {
-            i = x.len() / 8 * 8;
-            // SAFETY: avx2_math: the CPU has AVX2 and FMA; i <= n.
-            unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) };
-        }
-    }
+    // SAFETY: the x86 SIMD sets have AVX2 and FMA; i <= x.len().
+    let i = simd8_prefix!(x.len(), |i| unsafe { exp_sub_avx2(&mut x[..i], m, &mut sum) });
     for v in x[i..].iter_mut() {
         *v = (*v - m).exp();
         sum += *v as f64;
@@ -143,16 +138,8 @@ pub fn silu(x: f32) -> f32 {
 /// row) computes it on x86-64 with AVX2+FMA: groups of 8 through `ggml_v_silu` (its vector
 /// expf), the tail through libm's expf.
 pub fn silu_row(x: &mut [f32]) {
-    #[allow(unused_mut)]
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::quant::table::kernels().avx2_math {
-            i = x.len() / 8 * 8;
-            // SAFETY: avx2_math: the CPU has AVX2 and FMA.
-            unsafe { silu_avx2(&mut x[..i]) };
-        }
-    }
+    // SAFETY: the x86 SIMD sets have AVX2 and FMA; i <= x.len().
+    let i = simd8_prefix!(x.len(), |i| unsafe { silu_avx2(&mut x[..i]) });
     for v in x[i..].iter_mut() {
         *v = silu(*v);
     }
@@ -175,16 +162,8 @@ unsafe fn silu_avx2(x: &mut [f32]) {
 /// llama.cpp's there.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());
-    #[allow(unused_mut)] // only the x86-64 vector path advances it
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::quant::table::kernels().avx2_math {
-            i = n / 8 * 8;
-            // SAFETY: avx2_math: the CPU has AVX2 and FMA; i <= both lengths.
-            unsafe { swiglu_avx2(&mut gate[..i], &up[..i]) };
-        }
-    }
+    // SAFETY: the x86 SIMD sets have AVX2 and FMA; i <= both lengths.
+    let i = simd8_prefix!(n, |i| unsafe { swiglu_avx2(&mut gate[..i], &up[..i]) });
     for (g, u) in gate[i..n].iter_mut().zip(&up[i..n]) {
         *g = silu(*g) * u;
     }

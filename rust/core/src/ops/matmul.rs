@@ -228,14 +228,7 @@ pub fn matmul_with(
             // the streams and bounced the counter between cores: 20% slower). Each row's
             // result is the same whoever computes it.
             let chunk = single_token_chunk(n_rows, wrow, nth);
-            let n_chunks = n_rows.div_ceil(chunk);
-            let ranges = StealRanges::new(n_chunks, nth);
-            pool.run(&|ith, _| {
-                while let Some(c) = ranges.claim(ith) {
-                    let start = c * chunk;
-                    run_rows(start..(start + chunk).min(n_rows));
-                }
-            });
+            run_chunks(pool, n_rows.div_ceil(chunk), &|_, c| run_rows(c * chunk..((c + 1) * chunk).min(n_rows)));
             return Ok(());
         }
     }
@@ -311,143 +304,130 @@ pub fn matmul_with(
                 let t = g * PACK_COLS;
                 let nc = (n_tokens - t).min(PACK_COLS);
                 let k = if nc == PACK_COLS { full } else { last };
-                let mut tile = [[0f32; PACK_COLS]; 8];
                 // SAFETY: rows r0 + r..r0 + r + 8 < n_out (the callers' ranges); out in
                 // bounds (checked); the kernel writes nc <= PACK_COLS values per row.
-                unsafe {
-                    for (i, ti) in tile.iter_mut().enumerate() {
-                        k(nb, wdata.as_ptr().add((r0 + r + i) * wrow), gp, ti.as_mut_ptr());
-                    }
-                    quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
-                }
+                unsafe { tile_rows(op.get().add(t * ld_out + r), ld_out, nc, |i, dst| k(nb, wdata.as_ptr().add((r0 + r + i) * wrow), gp, dst)) };
             };
             // Chunks of rows (whole decode blocks / 8-row tiles) claimed per thread from
             // its own contiguous share first, then from the back of the others' (see
             // `StealRanges`): a thread that starts late does less instead of being waited for.
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, lanes.map(|ln| lanes_rows(nb, ln.block_bytes)));
-            let ranges = StealRanges::new(n_rows.div_ceil(chunk_rows), pool.n_threads());
-            pool.run(&|ith, _| {
+            run_chunks(pool, n_rows.div_ceil(chunk_rows), &|ith, ci| {
                 let mut tmp = [0f32; PACK_COLS];
-                while let Some(ci) = ranges.claim(ith) {
-                    let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
-                    if let Some(ln) = lanes {
-                        // column lanes: blocks of `lanes_rows` rows decoded into the thread's
-                        // area (after the packed groups, see `rb_bytes`), then every group
-                        // against each decoded row; a decode step of up to ROW_OUTER_GROUPS
-                        // groups LANES_STEP_ROWS rows at a time (each weight row read from
-                        // memory once for all groups, as below)
-                        let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
-                        let dbytes = nb * ln.block_bytes;
-                        // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
-                        // (rb_bytes); each thread writes only its own
-                        let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
-                        let mut rb = mine.start;
-                        while rb < mine.end {
-                            let re = (rb + rows_per).min(mine.end);
-                            for r in rb..re {
-                                // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
-                                unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
-                            }
-                            for g in 0..n_groups {
-                                let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                                // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
-                                // n_out; the kernel writes PACK_COLS values to tmp; out in
-                                // bounds (checked)
-                                unsafe {
-                                    let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                    // 8 rows at a time into a tile, stored transposed (the
-                                    // output is per token); the rest one row at a time
-                                    let mut r = rb;
-                                    while r + 8 <= re {
-                                        let mut tile = [[0f32; PACK_COLS]; 8];
-                                        for (i, ti) in tile.iter_mut().enumerate() {
-                                            (ln.dot)(nb, area.add((r + i - rb) * dbytes), gp, ti.as_mut_ptr());
-                                        }
-                                        quant::avx2::store_tile_8x8(&tile, op.get().add(t * ld_out + r), ld_out, nc);
-                                        r += 8;
-                                    }
-                                    for r in r..re {
-                                        (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
-                                        for (c, v) in tmp[..nc].iter().enumerate() {
-                                            *op.get().add((t + c) * ld_out + r) = *v;
-                                        }
+                let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
+                if let Some(ln) = lanes {
+                    // column lanes: blocks of `lanes_rows` rows decoded into the thread's
+                    // area (after the packed groups, see `rb_bytes`), then every group
+                    // against each decoded row; a decode step of up to ROW_OUTER_GROUPS
+                    // groups LANES_STEP_ROWS rows at a time (each weight row read from
+                    // memory once for all groups, as below)
+                    let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
+                    let dbytes = nb * ln.block_bytes;
+                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
+                    // (rb_bytes); each thread writes only its own
+                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
+                    let mut rb = mine.start;
+                    while rb < mine.end {
+                        let re = (rb + rows_per).min(mine.end);
+                        for r in rb..re {
+                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
+                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
+                        }
+                        for g in 0..n_groups {
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
+                            // n_out; the kernel writes PACK_COLS values to tmp; out in
+                            // bounds (checked)
+                            unsafe {
+                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                // 8 rows at a time into a tile, stored transposed (the
+                                // output is per token); the rest one row at a time
+                                let mut r = rb;
+                                while r + 8 <= re {
+                                    tile_rows(op.get().add(t * ld_out + r), ld_out, nc, |i, dst| (ln.dot)(nb, area.add((r + i - rb) * dbytes), gp, dst));
+                                    r += 8;
+                                }
+                                for r in r..re {
+                                    (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
+                                    for (c, v) in tmp[..nc].iter().enumerate() {
+                                        *op.get().add((t + c) * ld_out + r) = *v;
                                     }
                                 }
                             }
-                            rb = re;
                         }
-                    } else if n_groups <= ROW_OUTER_GROUPS {
-                        // a decode step of 9..32 sequences: every group's packed activations
-                        // fit L1 together, so each weight row is read from memory once for
-                        // all groups (group-outer would stream a large matrix, the output
-                        // projection, once per group); in the AVX-512 set two rows per call
-                        // (one per zmm half: half the instructions per column and block)
+                        rb = re;
+                    }
+                } else if n_groups <= ROW_OUTER_GROUPS {
+                    // a decode step of 9..32 sequences: every group's packed activations
+                    // fit L1 together, so each weight row is read from memory once for
+                    // all groups (group-outer would stream a large matrix, the output
+                    // projection, once per group); in the AVX-512 set two rows per call
+                    // (one per zmm half: half the instructions per column and block)
+                    let mut r = mine.start;
+                    if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
+                        let mut tmp_b = [0f32; PACK_COLS];
+                        while r + 1 < mine.end {
+                            for g in 0..n_groups {
+                                let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                                let pk = if nc == PACK_COLS { pf } else { pl };
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
+                                // bytes are in scratch; out in bounds (checked); the kernel
+                                // writes nc values to each tmp
+                                unsafe {
+                                    let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
+                                    }
+                                }
+                            }
+                            r += 2;
+                        }
+                    }
+                    while r + 8 <= mine.end {
+                        for g in 0..n_groups {
+                            row_tile(r, g);
+                        }
+                        r += 8;
+                    }
+                    for r in r..mine.end {
+                        for g in 0..n_groups {
+                            row_group(r, g, &mut tmp);
+                        }
+                    }
+                } else {
+                    // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
+                    // stay in L1 while the thread's weight rows stream from L2 (blocks of
+                    // rows that fit L1 with the group measured the same)
+                    for g in 0..n_groups {
                         let mut r = mine.start;
-                        if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
+                        let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                        if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
+                            // the AVX-512 set: two rows per call (one per zmm half)
+                            let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
                             let mut tmp_b = [0f32; PACK_COLS];
                             while r + 1 < mine.end {
-                                for g in 0..n_groups {
-                                    let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                                    let pk = if nc == PACK_COLS { pf } else { pl };
-                                    // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
-                                    // bytes are in scratch; out in bounds (checked); the kernel
-                                    // writes nc values to each tmp
-                                    unsafe {
-                                        let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                        let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                        pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                        for c in 0..nc {
-                                            *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                            *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
-                                        }
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
+                                // (checked); the kernel writes nc values to each tmp
+                                unsafe {
+                                    let wa = wdata.as_ptr().add((r0 + r) * wrow);
+                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
                                     }
                                 }
                                 r += 2;
                             }
                         }
                         while r + 8 <= mine.end {
-                            for g in 0..n_groups {
-                                row_tile(r, g);
-                            }
+                            row_tile(r, g);
                             r += 8;
                         }
                         for r in r..mine.end {
-                            for g in 0..n_groups {
-                                row_group(r, g, &mut tmp);
-                            }
-                        }
-                    } else {
-                        // group-outer: the group's packed activations (nb * PACK_BLOCK bytes)
-                        // stay in L1 while the thread's weight rows stream from L2 (blocks of
-                        // rows that fit L1 with the group measured the same)
-                        for g in 0..n_groups {
-                            let mut r = mine.start;
-                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
-                            if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
-                                // the AVX-512 set: two rows per call (one per zmm half)
-                                let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
-                                let mut tmp_b = [0f32; PACK_COLS];
-                                while r + 1 < mine.end {
-                                    // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
-                                    // (checked); the kernel writes nc values to each tmp
-                                    unsafe {
-                                        let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                        pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                        for c in 0..nc {
-                                            *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                            *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
-                                        }
-                                    }
-                                    r += 2;
-                                }
-                            }
-                            while r + 8 <= mine.end {
-                                row_tile(r, g);
-                                r += 8;
-                            }
-                            for r in r..mine.end {
-                                row_group(r, g, &mut tmp);
-                            }
+                            row_group(r, g, &mut tmp);
                         }
                     }
                 }
@@ -528,31 +508,29 @@ pub fn matmul_with(
                     let area = (nsb * rb.sb_bytes).div_ceil(64) * 64;
                     let bp = SyncPtr(rb_base as *mut u8);
                     let nrb = n_rows / rb.rows;
-                    // row blocks claimed per thread (own share first, then the back of the
-                    // others': `StealRanges`)
-                    let ranges = StealRanges::new(nrb, pool.n_threads());
-                    pool.run(&|ith, nth| {
+                    // row blocks claimed per thread (`run_chunks`); chunk nrb: the rows
+                    // after the last whole block, through the tiles
+                    run_chunks(pool, nrb + 1, &|ith, b| {
+                        if b == nrb {
+                            tiled_rows(nrb * rb.rows..n_rows);
+                            return;
+                        }
                         // SAFETY: scratch was sized for nth areas (rb_bytes); each thread
                         // writes only its own
                         let buf = unsafe { bp.get().add(ith * area) };
-                        while let Some(b) = ranges.claim(ith) {
-                            let r = b * rb.rows;
-                            // SAFETY: rows r0 + r .. + rb.rows are inside wdata; the kernels
-                            // write rb.rows values of each of their nc token rows of out (checked
-                            // above); the kernel set was checked for this CPU
-                            unsafe {
-                                (rb.repack)(nsb, wdata.as_ptr().add((r0 + r) * wrow), wrow, buf);
-                                let mut t = 0;
-                                while t < n_tokens {
-                                    let nc = (n_tokens - t).min(rb.tile);
-                                    let k = rb.cols[nc].expect("row-block kernels for 1..=tile columns");
-                                    k(nsb, buf, xq.as_ptr().add(t * xrow), xrow, op.get().add(t * ld_out + r), ld_out);
-                                    t += nc;
-                                }
+                        let r = b * rb.rows;
+                        // SAFETY: rows r0 + r .. + rb.rows are inside wdata; the kernels
+                        // write rb.rows values of each of their nc token rows of out (checked
+                        // above); the kernel set was checked for this CPU
+                        unsafe {
+                            (rb.repack)(nsb, wdata.as_ptr().add((r0 + r) * wrow), wrow, buf);
+                            let mut t = 0;
+                            while t < n_tokens {
+                                let nc = (n_tokens - t).min(rb.tile);
+                                let k = rb.cols[nc].expect("row-block kernels for 1..=tile columns");
+                                k(nsb, buf, xq.as_ptr().add(t * xrow), xrow, op.get().add(t * ld_out + r), ld_out);
+                                t += nc;
                             }
-                        }
-                        if ith + 1 == nth {
-                            tiled_rows(nrb * rb.rows..n_rows);
                         }
                     });
                     return Ok(());
@@ -562,12 +540,7 @@ pub fn matmul_with(
             // others': `StealRanges`); several tokens: at least 64 rows per chunk (each
             // chunk walks the tokens again)
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_tokens == 1, None);
-            let ranges = StealRanges::new(n_rows.div_ceil(chunk_rows), pool.n_threads());
-            pool.run(&|ith, _| {
-                while let Some(c) = ranges.claim(ith) {
-                    tiled_rows(c * chunk_rows..((c + 1) * chunk_rows).min(n_rows));
-                }
-            });
+            run_chunks(pool, n_rows.div_ceil(chunk_rows), &|_, c| tiled_rows(c * chunk_rows..((c + 1) * chunk_rows).min(n_rows)));
             return Ok(());
         }
     }
@@ -608,35 +581,79 @@ fn packed_chunk_rows(n_rows: usize, wrow: usize, nth: usize, step: bool, lanes: 
     }
 }
 
+/// Runs `f(ith, c)` for every chunk c in 0..n_chunks on the pool: thread ith takes the
+/// chunks of its own contiguous share first, then from the back of the others' shares
+/// (`StealRanges`), so a thread that starts late does less instead of being waited for.
+fn run_chunks(pool: &ThreadPool, n_chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    let ranges = StealRanges::new(n_chunks, pool.n_threads());
+    pool.run(&|ith, _| {
+        while let Some(c) = ranges.claim(ith) {
+            f(ith, c);
+        }
+    });
+}
+
+/// Eight weight rows' results (`row(i, dst)` writes row i's PACK_COLS tokens to dst) stored
+/// transposed to `out` (`store_tile_8x8`: the output is per token).
+///
+/// # Safety
+/// As `store_tile_8x8` for `out`, `ld`, `nc`; `row` writes PACK_COLS values to dst.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_rows(out: *mut f32, ld: usize, nc: usize, row: impl Fn(usize, *mut f32)) {
+    use quant::avx2::PACK_COLS;
+    let mut tile = [[0f32; PACK_COLS]; 8];
+    for (i, ti) in tile.iter_mut().enumerate() {
+        row(i, ti.as_mut_ptr());
+    }
+    quant::avx2::store_tile_8x8(&tile, out, ld, nc);
+}
+
 /// Chunks 0..n split into one contiguous range per thread; a thread claims from the front
 /// of its own range, and once that is empty from the back of the others'. Each range is
 /// one atomic word (front << 32 | back, on its own cache line), so an owner's claims stay
-/// in its own cache until a thief arrives.
+/// in its own cache until a thief arrives. Up to INLINE_SLOTS threads the words live in
+/// the struct (no allocation per matmul: a token runs ~200 of them).
 struct StealRanges {
-    slots: Vec<PaddedU64>,
+    inline: [PaddedU64; INLINE_SLOTS],
+    heap: Vec<PaddedU64>,
+    nth: usize,
 }
+
+const INLINE_SLOTS: usize = 16;
 
 #[repr(align(64))]
 struct PaddedU64(std::sync::atomic::AtomicU64);
 
 impl StealRanges {
     fn new(n: usize, nth: usize) -> Self {
-        let slots = (0..nth)
-            .map(|i| {
-                let r = split_range(n, i, nth);
-                PaddedU64(std::sync::atomic::AtomicU64::new(((r.start as u64) << 32) | r.end as u64))
-            })
-            .collect();
-        StealRanges { slots }
+        assert!(n <= u32::MAX as usize, "{n} chunks do not fit a 32-bit range bound");
+        let word = |i: usize| {
+            let r = split_range(n, i, nth);
+            PaddedU64(std::sync::atomic::AtomicU64::new(((r.start as u64) << 32) | r.end as u64))
+        };
+        if nth <= INLINE_SLOTS {
+            StealRanges { inline: std::array::from_fn(|i| if i < nth { word(i) } else { PaddedU64(Default::default()) }), heap: Vec::new(), nth }
+        } else {
+            StealRanges { inline: std::array::from_fn(|_| PaddedU64(Default::default())), heap: (0..nth).map(word).collect(), nth }
+        }
+    }
+
+    fn slot(&self, j: usize) -> &std::sync::atomic::AtomicU64 {
+        if self.nth <= INLINE_SLOTS {
+            &self.inline[j].0
+        } else {
+            &self.heap[j].0
+        }
     }
 
     /// The next chunk for thread `ith`, or None when every range is empty.
     fn claim(&self, ith: usize) -> Option<usize> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        let nth = self.slots.len();
+        let nth = self.nth;
         for k in 0..nth {
             let j = (ith + k) % nth;
-            let slot = &self.slots[j].0;
+            let slot = self.slot(j);
             let mut v = slot.load(Acquire);
             loop {
                 let (f, b) = (v >> 32, v & 0xffff_ffff);
@@ -891,9 +908,10 @@ mod steal_tests {
 
     #[test]
     fn every_chunk_is_claimed_exactly_once() {
-        // 1..5 threads, 0..70 chunks, and a thread that starts late (its own range is then
-        // taken from the back by the others): each chunk once, none invented.
-        for nth in 1..=5 {
+        // 1..5 threads (and 17: range words beyond the inline ones), 0..70 chunks, and a
+        // thread that starts late (its own range is then taken from the back by the
+        // others): each chunk once, none invented.
+        for nth in (1..=5).chain([17]) {
             let pool = ThreadPool::new(nth);
             for n in (0..70).chain([1000]) {
                 for late in [None, Some(0), Some(nth - 1)] {

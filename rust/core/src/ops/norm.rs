@@ -86,10 +86,9 @@ fn rms_norm_finish(x: &mut [f32], sum: f64, w: Option<&[f32]>, eps: f32) {
 
 /// RMSNorm of `n_rows` rows of `dim` from `src` into `dst` (both [n_rows, dim]).
 pub fn rms_norm_rows(src: &[f32], dst: &mut [f32], dim: usize, w: Option<&[f32]>, eps: f32) {
-    for (s, d) in src.chunks_exact(dim).zip(dst.chunks_exact_mut(dim)) {
-        d.copy_from_slice(s);
-        rms_norm_row(d, w, eps);
-    }
+    let n = src.len().min(dst.len()) / dim * dim;
+    dst[..n].copy_from_slice(&src[..n]);
+    rms_norm_rows_inplace(&mut dst[..n], dim, w, eps);
 }
 
 /// LayerNorm of one row in place, as ggml computes `ggml_norm` then `ggml_mul` (w) and
