@@ -17,7 +17,7 @@ use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::backend::Backend;
-use crate::ops::matmul::matmul_on;
+use crate::ops::matmul::{matmul_on, matmul_single_fused, FusedPart};
 use crate::ops::norm::{layer_norm_row, rms_norm_row, rms_norm_rows_inplace};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -477,7 +477,21 @@ impl Step<'_> {
             add_bias(&mut b.tmp, w.down_b, self.hp.n_embd, n);
             return Ok(());
         }
+        // one token: gate and up (two matrices, or the halves of a fused one) in one region
+        let gate_up = match (gate, w.gate) {
+            (FfnGate::Par, Some(g)) if g.n_rows() == n_ff && w.up.n_rows() == n_ff => Some((g, 0..n_ff, 0..n_ff)),
+            (FfnGate::Fused, None) if w.up.n_rows() == 2 * n_ff => Some((w.up, 0..n_ff, n_ff..2 * n_ff)),
+            _ => None,
+        };
+        let fused = match gate_up {
+            Some((g, rg, ru)) if n == 1 && b.gate.len() >= n_ff && b.up.len() >= n_ff => {
+                let mut parts = [FusedPart { w: g, rows: rg, out: &mut b.gate[..n_ff] }, FusedPart { w: w.up, rows: ru, out: &mut b.up[..n_ff] }];
+                Self::mm_fused(self.pool, self.dev, &b.cur, n, &mut parts, &mut b.mm_scratch, &b.lora)?
+            }
+            _ => false,
+        };
         match (gate, w.gate) {
+            _ if fused => {}
             (FfnGate::Par, Some(g)) => {
                 Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
                 Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
@@ -778,6 +792,34 @@ impl Step<'_> {
         Ok(())
     }
 
+    /// One token's products of the same activations `x` (q, k and v; gate and up) in one
+    /// parallel region (`matmul_single_fused`) where that applies: a single token, no
+    /// device, no LoRA adapter. Ok(false): nothing was done; the caller runs them one by one.
+    pub(crate) fn mm_fused(
+        pool: &ThreadPool,
+        dev: Option<&dyn Backend>,
+        x: &[f32],
+        n: usize,
+        parts: &mut [FusedPart],
+        scratch: &mut Vec<u8>,
+        lora: &Option<LoraSet>,
+    ) -> Result<bool> {
+        let n_in = parts.first().map_or(0, |p| p.w.ne[0]);
+        if n != 1 || dev.is_some() || lora.is_some() || x.len() < n_in || parts.iter().any(|p| p.w.ne[0] != n_in) {
+            return Ok(false);
+        }
+        if !matmul_single_fused(pool, parts, &x[..n_in], scratch)? {
+            return Ok(false);
+        }
+        for p in parts.iter() {
+            if p.rows.start == 0 {
+                // imatrix (no-op unless collecting); a fused matrix counts once, as in mm_rows
+                crate::quantize::collect::observe(p.w, &x[..n_in], 1);
+            }
+        }
+        Ok(true)
+    }
+
     /// Rows `rows` of w times x into out [n, rows.len()] (a slice of a fused matrix).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn mm_rows(
@@ -842,7 +884,29 @@ impl Step<'_> {
         let (hd_k, hd_v) = (hp.head_k(il), hp.head_v(il));
         let (qw, kw, vw) = (hp.n_head(il) * hd_k, hp.n_head_kv(il) * hd_k, hp.n_head_kv(il) * hd_v);
         let b = &mut *self.b;
-        if w.fused_qkv {
+        // one token: q, k and v in one region where the shapes are the plain ones
+        let (wk, wv, rk, rv) = if w.fused_qkv { (w.wq, w.wq, qw..qw + kw, qw + kw..qw + kw + vw) } else { (w.wk, w.wv, 0..kw, 0..vw) };
+        let fused = n == 1
+            && !q_only
+            && (w.fused_qkv || (w.wq.n_rows() == qw && wk.n_rows() == kw && wv.n_rows() == vw))
+            && b.q.len() >= qw
+            && b.k.len() >= kw
+            && b.v.len() >= vw
+            && Self::mm_fused(
+                self.pool,
+                self.dev,
+                &b.cur,
+                n,
+                &mut [
+                    FusedPart { w: w.wq, rows: 0..qw, out: &mut b.q[..qw] },
+                    FusedPart { w: wk, rows: rk, out: &mut b.k[..kw] },
+                    FusedPart { w: wv, rows: rv, out: &mut b.v[..vw] },
+                ],
+                &mut b.mm_scratch,
+                &b.lora,
+            )?;
+        if fused {
+        } else if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
                 Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;

@@ -581,6 +581,139 @@ fn packed_chunk_rows(n_rows: usize, wrow: usize, nth: usize, step: bool, lanes: 
     }
 }
 
+/// One product of a fused single-token region (`matmul_single_fused`): rows `rows` of `w`
+/// times the token's activations into `out` (`rows.len()` values).
+pub struct FusedPart<'w, 'o> {
+    pub w: &'w TensorView<'w>,
+    pub rows: Range<usize>,
+    pub out: &'o mut [f32],
+}
+
+/// The most products one fused region takes (q, k and v).
+pub const MAX_FUSED: usize = 3;
+
+/// Several single-token products of the same activations `x` (q, k and v; gate and up) in
+/// one parallel region instead of one region each: the activations are quantized once per
+/// vec_dot type, and every part's row chunks (`single_token_chunk`) are claimed from one
+/// `StealRanges`, so a thread that finishes its share of one matrix goes on to the next
+/// instead of waiting at a barrier. Each row gets the single-token multi-row kernel's
+/// operations, as in `matmul_with` (bit-identical). Returns Ok(false), having done nothing,
+/// where the fused path does not apply (one thread, more than MAX_FUSED parts, a type
+/// without multi-row kernels, F32 tiles, a shape `matmul_with` would reject): the caller
+/// then runs the parts one by one.
+pub fn matmul_single_fused(pool: &ThreadPool, parts: &mut [FusedPart], x: &[f32], scratch: &mut Vec<u8>) -> Result<bool> {
+    matmul_single_fused_with(pool, kernel_set(), parts, x, scratch)
+}
+
+/// `matmul_single_fused` with an explicit kernel set.
+pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [FusedPart], x: &[f32], scratch: &mut Vec<u8>) -> Result<bool> {
+    #[derive(Clone, Copy)]
+    struct Prep {
+        k: quant::DotRows,
+        w: usize, // address of the part's first row
+        wrow: usize,
+        n_rows: usize,
+        chunk: usize,
+        first: usize, // its first chunk in the region's numbering
+        xq: usize,    // offset of its quantized activations in scratch
+        xs: Option<usize>,
+        out: usize,
+    }
+    let nth = pool.n_threads();
+    let n_in = x.len();
+    if nth == 1 || parts.len() < 2 || parts.len() > MAX_FUSED || n_in == 0 {
+        return Ok(false);
+    }
+    let table = quant::table::table(set);
+    // per distinct vec_dot type: (type, offset, scale offset or none)
+    let mut quants: [(GgmlType, usize, Option<usize>); MAX_FUSED] = [(GgmlType::F32, 0, None); MAX_FUSED];
+    let mut n_quants = 0;
+    let mut size = 0usize;
+    let mut preps: [Option<Prep>; MAX_FUSED] = [None; MAX_FUSED];
+    let mut n_chunks = 0;
+    for (i, p) in parts.iter_mut().enumerate() {
+        let w = p.w;
+        let kern = table.get(w.ty);
+        let Some(k) = kern.rows else { return Ok(false) };
+        let Ok(wrow) = quant::row_bytes(w.ty, n_in) else { return Ok(false) };
+        let vdt = kern.vec_dot_type;
+        if w.ne[0] != n_in
+            || w.data.len() < wrow * w.n_rows()
+            || p.rows.start >= p.rows.end
+            || p.rows.end > w.n_rows()
+            || p.out.len() < p.rows.len()
+            || vdt == GgmlType::F32
+            || super::sgemm::applies(set, w.ty, n_in)
+            || table.get(vdt).quantize_act.is_none()
+        {
+            return Ok(false);
+        }
+        let q = match quants[..n_quants].iter().position(|q| q.0 == vdt) {
+            Some(q) => q,
+            None => {
+                let Ok(xrow) = quant::row_bytes(vdt, n_in) else { return Ok(false) };
+                let nsc = match vdt {
+                    GgmlType::Q8_0 if set != KernelSet::Ref => n_in / 32,
+                    GgmlType::Q8_1 if set != KernelSet::Ref => 2 * (n_in / 32),
+                    _ => 0,
+                };
+                let sc = size + xrow.div_ceil(4) * 4;
+                quants[n_quants] = (vdt, size, (nsc > 0).then_some(sc));
+                size = (sc + nsc * 4).div_ceil(64) * 64;
+                n_quants += 1;
+                n_quants - 1
+            }
+        };
+        let n_rows = p.rows.len();
+        let chunk = single_token_chunk(n_rows, wrow, nth);
+        preps[i] = Some(Prep {
+            k,
+            w: w.data.as_ptr() as usize + p.rows.start * wrow,
+            wrow,
+            n_rows,
+            chunk,
+            first: n_chunks,
+            xq: quants[q].1,
+            xs: quants[q].2,
+            out: p.out.as_mut_ptr() as usize,
+        });
+        n_chunks += n_rows.div_ceil(chunk);
+    }
+    scratch.resize(size.max(scratch.len()), 0);
+    for &(vdt, off, sc) in &quants[..n_quants] {
+        let xrow = quant::row_bytes(vdt, n_in)?;
+        let (head, tail) = scratch[off..].split_at_mut(xrow);
+        (table.get(vdt).quantize_act.expect("checked above"))(x, head);
+        if let Some(sc) = sc {
+            let nsc = if vdt == GgmlType::Q8_1 { 2 * (n_in / 32) } else { n_in / 32 };
+            // the scales' offset is 4-aligned past the row, inside `tail`
+            let at = sc - off - xrow;
+            fill_scales(vdt, head, nsc, tail[at..at + nsc * 4].as_mut_ptr() as *mut f32, set);
+        }
+    }
+    let base = scratch.as_mut_ptr() as usize;
+    let preps = &preps[..parts.len()];
+    run_chunks(pool, n_chunks, &|_, c| {
+        let p = preps.iter().rev().flatten().find(|p| p.first <= c).expect("chunk of a part");
+        let start = (c - p.first) * p.chunk;
+        let len = p.chunk.min(p.n_rows - start);
+        // SAFETY: rows start..start + len of the part are inside its weight data and its
+        // out slice (checked above); its activations and scales are in scratch.
+        unsafe {
+            (p.k)(
+                n_in,
+                (p.w + start * p.wrow) as *const u8,
+                p.wrow,
+                len,
+                (base + p.xq) as *const u8,
+                p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32),
+                (p.out as *mut f32).add(start),
+            )
+        };
+    });
+    Ok(true)
+}
+
 /// Runs `f(ith, c)` for every chunk c in 0..n_chunks on the pool: thread ith takes the
 /// chunks of its own contiguous share first, then from the back of the others' shares
 /// (`StealRanges`), so a thread that starts late does less instead of being waited for.

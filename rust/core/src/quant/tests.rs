@@ -1548,3 +1548,69 @@ fn lowbit_quantizers_round_trip() {
         }
     }
 }
+
+#[test]
+fn fused_single_token_products_equal_separate_matmuls_bit_for_bit() {
+    // q/k/v (or gate/up) of one token in one region (`matmul_single_fused`): every part,
+    // of any weight type mix and row range, must equal its own matmul bit for bit, with 2
+    // and 3 threads; where the fused path does not apply it must leave out untouched.
+    use crate::model::TensorView;
+    use crate::ops::matmul::{matmul_single_fused_with, matmul_with, FusedPart};
+    use crate::threadpool::ThreadPool;
+    let mut rng = Rng(4321);
+    let mut sets = vec![KernelSet::Ref];
+    if avx2_available() {
+        sets.push(KernelSet::Avx2);
+    }
+    if avx512_available() {
+        sets.push(KernelSet::Avx512);
+    }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
+    let n_in = 512;
+    let types: Vec<GgmlType> = WEIGHT_TYPES.iter().copied().filter(|t| n_in % t.block_size().max(1) == 0).collect();
+    let mut fused_seen = 0;
+    for nth in [2, 3] {
+        let pool = ThreadPool::new(nth);
+        for set in &sets {
+            for (i, &t0) in types.iter().enumerate() {
+                // three parts of this type, then of this and two others (vec_dot types mix)
+                for tys in [[t0; 3], [t0, types[(i + 1) % types.len()], types[(i + 5) % types.len()]]] {
+                let n_rows = [130usize, 8, 1100];
+                let ranges = [0..130usize, 3..8, 40..1100];
+                let ws: Vec<Vec<u8>> = (0..3).map(|p| (0..n_rows[p]).flat_map(|_| random_row(tys[p], n_in, &mut rng)).collect()).collect();
+                let tvs: Vec<TensorView> = (0..3).map(|p| TensorView { name: "w", ty: tys[p], ne: [n_in, n_rows[p], 1, 1], data: &ws[p] }).collect();
+                let x: Vec<f32> = (0..n_in).map(|_| rng.normal()).collect();
+                let mut outs: Vec<Vec<f32>> = ranges.iter().map(|r| vec![f32::NAN; r.len()]).collect();
+                let mut scratch = vec![0xA5u8; 7];
+                let done = {
+                    let [a, b, c] = &mut outs[..] else { unreachable!() };
+                    let mut parts = [
+                        FusedPart { w: &tvs[0], rows: ranges[0].clone(), out: a },
+                        FusedPart { w: &tvs[1], rows: ranges[1].clone(), out: b },
+                        FusedPart { w: &tvs[2], rows: ranges[2].clone(), out: c },
+                    ];
+                    matmul_single_fused_with(&pool, *set, &mut parts, &x, &mut scratch).unwrap()
+                };
+                for p in 0..3 {
+                    if !done {
+                        assert!(outs[p].iter().all(|v| v.is_nan()), "{tys:?} {set:?}: not fused but written");
+                        continue;
+                    }
+                    let mut want = vec![0f32; ranges[p].len()];
+                    let mut s2 = Vec::new();
+                    matmul_with(&pool, *set, &tvs[p], &x, 1, &mut want, ranges[p].len(), ranges[p].clone(), &mut s2).unwrap();
+                    for (r, (g, w)) in outs[p].iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{tys:?} {set:?} {nth} threads: part {p} row {r}");
+                    }
+                }
+                fused_seen += done as usize;
+                }
+            }
+        }
+    }
+    if avx2_available() {
+        assert!(fused_seen > 0, "the fused path never applied");
+    }
+}
