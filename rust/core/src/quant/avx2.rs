@@ -88,13 +88,14 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
     super::avx2_iq::register_lowbit(t);
 
     // single token: several weight rows per pass
-    let rows: [(GgmlType, DotRows, DotRows); 6] = [
+    let rows: [(GgmlType, DotRows, DotRows); 7] = [
         (Q4_0, rows_q4_0, rows_q4_0_vnni),
         (Q5_0, rows_q5_0, rows_q5_0_vnni),
         (Q8_0, rows_q8_0, rows_q8_0_vnni),
         (IQ4_NL, rows_iq4_nl, rows_iq4_nl_vnni),
         (Q4_1, rows_q4_1, rows_q4_1_vnni),
         (Q5_1, rows_q5_1, rows_q5_1_vnni),
+        (Q4_K, rows_q4_k, rows_q4_k),
     ];
     for (ty, plain, with_vnni) in rows {
         t.set_rows(ty, if vnni { with_vnni } else { plain });
@@ -140,6 +141,8 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
 pub(crate) fn register_llamacpp_order(t: &mut KernelTable) {
     let q4k = Tiled::pair(dot_q4_k_ord::<1, false>, dot_q4_k_ord::<TILE, true>, TILE);
     t.set_tiled_by_batch(GgmlType::Q4_K, q4k, q4k);
+    // a single token in llama.cpp's gemv order: the one-row kernel above, not `rows_q4_k`
+    t.clear_rows(GgmlType::Q4_K);
     let q6k_small = Tiled::pair(dot_q6_k_ord::<1, false>, dot_q6_k_ord::<TILE, false>, TILE);
     t.set_tiled_by_batch(GgmlType::Q6_K, q6k_small, Tiled::pair(dot_q6_k::<1>, dot_q6_k::<TILE>, TILE));
     super::avx2_iq::register_llamacpp_order(t);
@@ -1080,6 +1083,90 @@ pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const u8, xs: usize, xd: *const f32, xds: usize, out: *mut f32) {
     dot_q4_k_ord::<NC, true>(n, w, x, xs, xd, xds, out)
+}
+
+/// Q4_K single-token multi-row kernel (`DotRows`): eight weight rows per pass, one row per
+/// float lane, each row getting exactly `dot_q4_k::<1>`'s operations (the exact i32 sums
+/// of each 64-element pair of sub-blocks, then one FMA into the scale accumulator and one
+/// into the min accumulator per pair; the result is their difference) in the same order;
+/// the rows left after the passes take `dot_q4_k::<1>` itself. The single-row kernel pays
+/// a horizontal sum and two dependent scalar FMAs per 64 elements and a call per row (a
+/// 1024-wide Q4_K row, Gemma 3's attn_output, is four super-blocks): here one 8-row
+/// reduction and two 8-lane FMAs per 64 elements serve eight rows, and the activations'
+/// scale and block sums are read once per pass.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn rows_q4_k(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, _xd: *const f32, out: *mut f32) {
+    const R: usize = 8;
+    let nb = n / 256;
+    let m4 = _mm256_set1_epi8(0xF);
+    let dist = PF_AHEAD.max(R * ws);
+    let mut r0 = 0;
+    while r0 + R <= nrows {
+        let w = w.add(r0 * ws);
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = _mm256_setzero_ps();
+        for i in 0..nb {
+            prefetch_step::<true>(w, dist, i, R * BlockQ4K::SIZE);
+            let (by, q8) = q8k(x, 0, 0, i);
+            let yd = _mm256_set1_ps(f32_at(by));
+            let bs = load256(q8.add(256));
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            // per row: its four pair sums (lane j: pair j) and its four min products
+            let mut sums = [_mm_setzero_si128(); R];
+            let mut mins = [_mm_setzero_si128(); R];
+            let mut dw = [0f32; R];
+            let mut dminw = [0f32; R];
+            for r in 0..R {
+                let bw = w.add(r * ws + i * BlockQ4K::SIZE);
+                dw[r] = f16(bw);
+                dminw[r] = f16(bw.add(offset_of!(BlockQ4K, dmin)));
+                let ms = k4_mins_and_scales(bw.add(offset_of!(BlockQ4K, scales)));
+                mins[r] = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+                let sc128 = _mm256_extracti128_si256(ms, 0);
+                let scales = _mm256_set_m128i(sc128, sc128);
+                let q4 = bw.add(offset_of!(BlockQ4K, qs));
+                let mut v = [_mm256_setzero_si256(); 4];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    let bits = load256(q4.add(32 * j));
+                    let q4l = _mm256_and_si256(bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j)), _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                    let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1)), _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                    *vj = _mm256_add_epi32(pl, ph);
+                }
+                // the four exact i32 sums (integer sums do not depend on their order)
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                sums[r] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            }
+            // d_w * d_a and dmin_w * d_a, one lane per row (the single-row kernel's products)
+            let dsc = _mm256_mul_ps(_mm256_loadu_ps(dw.as_ptr()), yd);
+            let dmn = _mm256_mul_ps(_mm256_loadu_ps(dminw.as_ptr()), yd);
+            let (s, m) = (transpose_4x8_i32(&sums), transpose_4x8_i32(&mins));
+            for j in 0..4 {
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), dsc, acc);
+                acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[j]), dmn, acc_m);
+            }
+        }
+        _mm256_storeu_ps(out.add(r0), _mm256_sub_ps(acc, acc_m));
+        r0 += R;
+    }
+    for r in r0..nrows {
+        dot_q4_k_ord::<1, true>(n, w.add(r * ws), x, 0, std::ptr::null(), 0, out.add(r));
+    }
+}
+
+/// Eight rows of four i32 lanes to four vectors of eight lanes: out[j] lane r = p[r] lane j.
+#[inline(always)]
+unsafe fn transpose_4x8_i32(p: &[__m128i; 8]) -> [__m256i; 4] {
+    let tr = |p: &[__m128i]| {
+        let t0 = _mm_unpacklo_epi32(p[0], p[1]);
+        let t1 = _mm_unpacklo_epi32(p[2], p[3]);
+        let t2 = _mm_unpackhi_epi32(p[0], p[1]);
+        let t3 = _mm_unpackhi_epi32(p[2], p[3]);
+        [_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)]
+    };
+    let (lo, hi) = (tr(&p[..4]), tr(&p[4..]));
+    [_mm256_set_m128i(hi[0], lo[0]), _mm256_set_m128i(hi[1], lo[1]), _mm256_set_m128i(hi[2], lo[2]), _mm256_set_m128i(hi[3], lo[3])]
 }
 
 /// `PYLLAMA_ORDER=llamacpp`: choose the K-quant kernels' summation order per matmul the

@@ -258,6 +258,11 @@ impl KernelTable {
         self.entry(ty).rows = Some(rows);
     }
 
+    /// Registration: `ty` has no single-token multi-row kernel (another order's tiles).
+    pub(crate) fn clear_rows(&mut self, ty: GgmlType) {
+        self.entry(ty).rows = None;
+    }
+
     /// Registration: `ty`'s packed kernels.
     pub(crate) fn set_packed(&mut self, ty: GgmlType, packed: Packed) {
         self.entry(ty).packed = Some(packed);

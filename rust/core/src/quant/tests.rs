@@ -524,8 +524,8 @@ fn avx512_kernels_equal_avx2_bit_for_bit() {
 
 #[test]
 fn avx2_multi_row_kernels_equal_single_row_bit_for_bit() {
-    // The AVX2 single-token kernels that interleave 4 weight rows: every row's result is the
-    // single-row kernel's, plain AVX2 and AVX-VNNI builds, for every row count.
+    // The AVX2 single-token kernels that interleave 4 weight rows (Q4_K: 8): every row's
+    // result is the single-row kernel's, plain AVX2 and AVX-VNNI builds, for every row count.
     #[cfg(target_arch = "x86_64")]
     {
         if !avx2_available() {
@@ -537,14 +537,15 @@ fn avx2_multi_row_kernels_equal_single_row_bit_for_bit() {
             if vnni && !cpu::features().avxvnni {
                 continue;
             }
-            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
+            // (Q4_K: 8 rows per pass, so up to two passes and a remainder)
+            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K] {
                 let rows = built(KernelSet::Avx2, vnni, false).get(ty).rows.expect("a multi-row kernel");
                 let (a1, _) = dot_pair(KernelSet::Avx2, vnni, ty).unwrap();
                 let vdt = vec_dot_type(ty);
                 for nblocks in [1usize, 2, 3, 7, 20] {
-                    let n = 32 * nblocks;
+                    let n = ty.block_size() * nblocks;
                     let wrow = ty.row_size(n).unwrap();
-                    for nrows in 1..=9 {
+                    for nrows in 1..=17 {
                         let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
                         let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
                         let xq = activations(ty, &x, KernelSet::Avx2);
