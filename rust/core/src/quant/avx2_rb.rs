@@ -49,7 +49,7 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
 /// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
 /// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
-/// kernels of Q4_0, Q5_0, Q8_0. `PYLLAMA_NO_RB=1` registers none (the same bits either way,
+/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1. `PYLLAMA_NO_RB=1` registers none (the same bits either way,
 /// for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
@@ -66,6 +66,8 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         t.set_packed_pair(GgmlType::Q4_0, pair_cols!(pair_q4_0));
         t.set_packed_pair(GgmlType::Q5_0, pair_cols!(pair_q5_0));
         t.set_packed_pair(GgmlType::Q8_0, pair_cols!(pair_q8_0));
+        t.set_packed_pair(GgmlType::Q4_1, pair_cols!(pair_q4_1));
+        t.set_packed_pair(GgmlType::Q5_1, pair_cols!(pair_q5_1));
     }
 }
 
@@ -547,18 +549,84 @@ unsafe fn pair_signed_cols2<const NC: usize>(
             acc_b[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[k], pb), _mm512_cvtepi32_ps(vb), acc_b[k]);
         }
     }
-    let half = |v: __m512, h: usize| {
-        if h == 0 {
-            _mm512_castps512_ps256(v)
-        } else {
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-        }
-    };
     for c in 0..NC {
-        *outa.add(c) = super::avx2::hsum_ps(half(acc_a[c / 2], c % 2));
-        *outb.add(c) = super::avx2::hsum_ps(half(acc_b[c / 2], c % 2));
+        *outa.add(c) = super::avx2::hsum_ps(zmm_half(acc_a[c / 2], c % 2));
+        *outb.add(c) = super::avx2::hsum_ps(zmm_half(acc_b[c / 2], c % 2));
     }
 }
+
+/// The packed min-family kernel (`avx2::dot_packed_min`, its E build: Q4_1 / Q5_1 against
+/// a Q8_1 group) for two rows, laid out as `pair_signed_cols2`: per lane exactly its
+/// operations (`vpdpbusd` from zero, d_w * d_x of the 8 columns in one multiply, one FMA
+/// per block; per row the 8 columns' m_w * s_x summed in lanes), each half's `hsum_ps`
+/// plus its column's min sum at the end.
+#[inline(always)]
+unsafe fn pair_min_cols2<const NC: usize>(
+    nb: usize,
+    wa: *const u8,
+    wb: *const u8,
+    wsize: usize,
+    xp: *const u8,
+    outa: *mut f32,
+    outb: *mut f32,
+    decode: impl Fn(*const u8) -> __m256i,
+) {
+    use super::avx2::{f16x2, PACK_BLOCK_Q8_1, PACK_COLS};
+    let np = NC.div_ceil(2);
+    let mut acc_a = [_mm512_setzero_ps(); 4];
+    let mut acc_b = [_mm512_setzero_ps(); 4];
+    let (mut summ_a, mut summ_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let idx: [__m512i; 4] = std::array::from_fn(|k| {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1))
+    });
+    for i in 0..nb {
+        let (ba, bb) = (wa.add(i * wsize), wb.add(i * wsize));
+        let (dma, dmb) = (f16x2(ba), f16x2(bb)); // (d_w, m_w)
+        let (qa, qb) = (_mm512_broadcast_i64x4(decode(ba)), _mm512_broadcast_i64x4(decode(bb)));
+        let b = xp.add(i * PACK_BLOCK_Q8_1);
+        let (dx, sx) = (_mm256_loadu_ps(b as *const f32), _mm256_loadu_ps(b.add(4 * PACK_COLS) as *const f32));
+        let pa = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_broadcastss_ps(dma), dx));
+        let pb = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_broadcastss_ps(dmb), dx));
+        summ_a = _mm256_add_ps(summ_a, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dma)), sx));
+        summ_b = _mm256_add_ps(summ_b, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dmb)), sx));
+        for k in 0..np {
+            let y = _mm512_loadu_si512(b.add(8 * PACK_COLS + 64 * k) as *const _);
+            let va = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, y);
+            let vb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qb, y);
+            acc_a[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[k], pa), _mm512_cvtepi32_ps(va), acc_a[k]);
+            acc_b[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[k], pb), _mm512_cvtepi32_ps(vb), acc_b[k]);
+        }
+    }
+    let (mut sa, mut sb) = ([0f32; PACK_COLS], [0f32; PACK_COLS]);
+    _mm256_storeu_ps(sa.as_mut_ptr(), summ_a);
+    _mm256_storeu_ps(sb.as_mut_ptr(), summ_b);
+    for c in 0..NC {
+        *outa.add(c) = super::avx2::hsum_ps(zmm_half(acc_a[c / 2], c % 2)) + sa[c];
+        *outb.add(c) = super::avx2::hsum_ps(zmm_half(acc_b[c / 2], c % 2)) + sb[c];
+    }
+}
+
+/// Half h (0: lanes 0..8, 1: lanes 8..16) of a zmm.
+#[inline(always)]
+unsafe fn zmm_half(v: __m512, h: usize) -> __m256 {
+    if h == 0 {
+        _mm512_castps512_ps256(v)
+    } else {
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+    }
+}
+
+macro_rules! pair_min_kernel {
+    ($name:ident, $wsize:expr, $dec:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+            pair_min_cols2::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $dec)
+        }
+    };
+}
+
+pair_min_kernel!(pair_q4_1, BlockQ4_1::SIZE, |b| super::avx2::q4_1_quants(b));
+pair_min_kernel!(pair_q5_1, BlockQ5_1::SIZE, |b| super::avx2::q5_1_quants(b));
 
 macro_rules! pair_kernel {
     ($name:ident, $wsize:expr, $decu:expr) => {
@@ -755,11 +823,13 @@ mod tests {
             return;
         }
         let mut s = 0x9a1f_u64;
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             let nb = 5;
             let n = 32 * nb;
             let wrow = ty.row_size(n).unwrap();
-            let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+            let vdt = quant::vec_dot_type(ty);
+            let q81 = vdt == GgmlType::Q8_1;
+            let xrow = vdt.row_size(n).unwrap();
             let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
             let tk = *quant::table::build(KernelSet::Avx2, opt).get(ty);
             let pairs = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pair;
@@ -774,21 +844,36 @@ mod tests {
                 }
                 if case != 1 {
                     for blk in w.chunks_exact_mut(ty.type_size()) {
-                        let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
-                        blk[..2].copy_from_slice(&d.to_le_bytes());
+                        // finite d (and m)
+                        for f in 0..(1 + q81 as usize) {
+                            let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                            blk[2 * f..2 * f + 2].copy_from_slice(&d.to_le_bytes());
+                        }
                     }
                 }
                 let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
                 for c in 0..avx2::PACK_COLS {
                     let x: Vec<f32> = (0..n).map(|k| if case == 3 { if k % 3 == 0 { -1.0 } else { 1.0 } } else { (next(&mut s) % 2001) as f32 / 1000.0 - 1.0 }).collect();
-                    quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                    quant::quantize_row_act(vdt, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
                 }
-                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb)
-                    .map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32())
+                // the block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
+                let per = 1 + q81 as usize;
+                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
+                    .map(|k| {
+                        let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
+                        let o = c * xrow + b * vdt.type_size() + 2 * f;
+                        half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
+                    })
                     .collect();
                 for nc in 1..=avx2::PACK_COLS {
                     let mut packed = vec![0xA5u8; nb * pk.block_bytes];
-                    unsafe { avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr()) };
+                    unsafe {
+                        if q81 {
+                            avx2::pack_q8_1_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr())
+                        } else {
+                            avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr())
+                        }
+                    };
                     let k = pairs[nc].unwrap();
                     let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
                     unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
