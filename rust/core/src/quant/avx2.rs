@@ -306,7 +306,7 @@ unsafe fn iq4_lookup(p: *const u8) -> __m256i {
 /// Only the single-token kernels (NC = 1) prefetch: the prefill tile is compute-bound and
 /// re-reads weights that are already near (Gemma3 pp512, 2 threads: 369-378 t/s with the
 /// prefetch, 410-414 without; SmolLM2 unchanged).
-const PF_AHEAD: usize = 8192;
+pub(crate) const PF_AHEAD: usize = 8192;
 
 /// The kernels over up to this many activation rows prefetch too: a batch of a few
 /// sequences decoding together streams the weights from RAM as a single token does (the
@@ -1760,7 +1760,7 @@ const ROWS: usize = 4;
 /// One line 8 KiB past each of the R interleaved rows per step read short rows (Gemma 3's
 /// 640-wide Q8_0 output: four streams 680 bytes apart) at ~60% of the read probe.
 #[inline(always)]
-unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
+pub(crate) unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
     let pf = w.wrapping_add(dist - PF_AHEAD + i * step);
     let mut o = 0;
     while o < step {

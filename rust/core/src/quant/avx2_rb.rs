@@ -532,7 +532,11 @@ unsafe fn pair_signed_cols2<const NC: usize>(
     let idx: [__m512i; 4] = std::array::from_fn(|k| {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1))
     });
+    // the rows stream from memory in a decode step of several sequences: prefetch in
+    // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
+    let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
     for i in 0..nb {
+        super::avx2::prefetch_step::<false>(wa, dist, i, 2 * wsize);
         let (da, qa) = decode(wa.add(i * wsize));
         let (db, qb) = decode(wb.add(i * wsize));
         let b = xp.add(i * PACK_BLOCK);
@@ -579,7 +583,11 @@ unsafe fn pair_min_cols2<const NC: usize>(
     let idx: [__m512i; 4] = std::array::from_fn(|k| {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1))
     });
+    // the rows stream from memory in a decode step of several sequences: prefetch in
+    // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
+    let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
     for i in 0..nb {
+        super::avx2::prefetch_step::<true>(wa, dist, i, 2 * wsize);
         let (ba, bb) = (wa.add(i * wsize), wb.add(i * wsize));
         let (dma, dmb) = (f16x2(ba), f16x2(bb)); // (d_w, m_w)
         let (qa, qb) = (_mm512_broadcast_i64x4(decode(ba)), _mm512_broadcast_i64x4(decode(bb)));
