@@ -1017,18 +1017,7 @@ pub(crate) unsafe fn dot_q4_k_ord<const NC: usize, const SB: bool>(n: usize, w: 
         if lanes8 {
             dsc8 = _mm256_loadu_ps(dsc.as_ptr());
             dmn8 = _mm256_loadu_ps(dmn.as_ptr());
-            let p = &*(prod.as_ptr() as *const [__m128i; 8]);
-            let tr = |p: &[__m128i]| {
-                let t0 = _mm_unpacklo_epi32(p[0], p[1]);
-                let t1 = _mm_unpacklo_epi32(p[2], p[3]);
-                let t2 = _mm_unpackhi_epi32(p[0], p[1]);
-                let t3 = _mm_unpackhi_epi32(p[2], p[3]);
-                [_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1), _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)]
-            };
-            let (lo, hi) = (tr(&p[..4]), tr(&p[4..]));
-            for j in 0..4 {
-                mins8[j] = _mm256_set_m128i(hi[j], lo[j]);
-            }
+            mins8 = transpose_4x8_i32(&*(prod.as_ptr() as *const [__m128i; 8]));
         }
         let q4 = bw.add(offset_of!(BlockQ4K, qs));
         for j in 0..4 {

@@ -528,10 +528,7 @@ unsafe fn pair_signed_cols2<const NC: usize>(
     let np = NC.div_ceil(2);
     let mut acc_a = [_mm512_setzero_ps(); 4];
     let mut acc_b = [_mm512_setzero_ps(); 4];
-    // lanes 0..8: column 2k's scale, 8..16: column 2k + 1's
-    let idx: [__m512i; 4] = std::array::from_fn(|k| {
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1))
-    });
+    let idx = cols2_index();
     // the rows stream from memory in a decode step of several sequences: prefetch in
     // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
     let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
@@ -580,9 +577,7 @@ unsafe fn pair_min_cols2<const NC: usize>(
     let mut acc_a = [_mm512_setzero_ps(); 4];
     let mut acc_b = [_mm512_setzero_ps(); 4];
     let (mut summ_a, mut summ_b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let idx: [__m512i; 4] = std::array::from_fn(|k| {
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1))
-    });
+    let idx = cols2_index();
     // the rows stream from memory in a decode step of several sequences: prefetch in
     // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
     let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
@@ -612,6 +607,13 @@ unsafe fn pair_min_cols2<const NC: usize>(
         *outa.add(c) = super::avx2::hsum_ps(zmm_half(acc_a[c / 2], c % 2)) + sa[c];
         *outb.add(c) = super::avx2::hsum_ps(zmm_half(acc_b[c / 2], c % 2)) + sb[c];
     }
+}
+
+/// The permute indices of the two-column layout: vector k spreads column 2k's scale over
+/// lanes 0..8 and column 2k + 1's over 8..16.
+#[inline(always)]
+unsafe fn cols2_index() -> [__m512i; 4] {
+    std::array::from_fn(|k| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1)))
 }
 
 /// Half h (0: lanes 0..8, 1: lanes 8..16) of a zmm.

@@ -63,6 +63,21 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
+/// The kernel sets this CPU runs: the scalar one, then its SIMD sets.
+fn cpu_sets() -> Vec<KernelSet> {
+    let mut sets = vec![KernelSet::Ref];
+    if avx2_available() {
+        sets.push(KernelSet::Avx2);
+    }
+    if avx512_available() {
+        sets.push(KernelSet::Avx512);
+    }
+    if neon_available() {
+        sets.push(KernelSet::Neon);
+    }
+    sets
+}
+
 fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     use GgmlType::*;
     let mut x = vec![0f32; n];
@@ -335,16 +350,7 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
     use crate::threadpool::ThreadPool;
     let pool = ThreadPool::new(2);
     let mut rng = Rng(1234);
-    let mut sets = vec![KernelSet::Ref];
-    if avx2_available() {
-        sets.push(KernelSet::Avx2);
-    }
-    if avx512_available() {
-        sets.push(KernelSet::Avx512);
-    }
-    if neon_available() {
-        sets.push(KernelSet::Neon);
-    }
+    let sets = cpu_sets();
     for set in sets {
         for (ty, n_tok) in WEIGHT_TYPES.iter().flat_map(|&t| [(t, 10), (t, 1)]) {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
@@ -1186,16 +1192,7 @@ fn matmul_small_batches_equal_single_token_matmuls_bit_for_bit() {
     use crate::threadpool::ThreadPool;
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let mut rng = Rng(0xC015_0002);
-    let mut sets = vec![KernelSet::Ref];
-    if avx2_available() {
-        sets.push(KernelSet::Avx2);
-    }
-    if avx512_available() {
-        sets.push(KernelSet::Avx512);
-    }
-    if neon_available() {
-        sets.push(KernelSet::Neon);
-    }
+    let sets = cpu_sets();
     for set in sets {
         for ty in WEIGHT_TYPES {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
@@ -1387,16 +1384,7 @@ fn iq_matmul_elements_equal_single_vec_dot_bit_for_bit() {
     use crate::model::TensorView;
     use crate::threadpool::ThreadPool;
     let mut rng = Rng(77);
-    let mut sets = vec![KernelSet::Ref];
-    if avx2_available() {
-        sets.push(KernelSet::Avx2);
-    }
-    if avx512_available() {
-        sets.push(KernelSet::Avx512);
-    }
-    if neon_available() {
-        sets.push(KernelSet::Neon);
-    }
+    let sets = cpu_sets();
     let pool = ThreadPool::new(3);
     for ty in IQ_TYPES {
         let n_in = ty.block_size() * if ty.block_size() == 32 { 9 } else { 2 };
@@ -1559,16 +1547,7 @@ fn fused_single_token_products_equal_separate_matmuls_bit_for_bit() {
     use crate::ops::matmul::{matmul_single_fused_with, matmul_with, FusedPart};
     use crate::threadpool::ThreadPool;
     let mut rng = Rng(4321);
-    let mut sets = vec![KernelSet::Ref];
-    if avx2_available() {
-        sets.push(KernelSet::Avx2);
-    }
-    if avx512_available() {
-        sets.push(KernelSet::Avx512);
-    }
-    if neon_available() {
-        sets.push(KernelSet::Neon);
-    }
+    let sets = cpu_sets();
     let n_in = 512;
     let types: Vec<GgmlType> = WEIGHT_TYPES.iter().copied().filter(|t| n_in % t.block_size().max(1) == 0).collect();
     let mut fused_seen = 0;
