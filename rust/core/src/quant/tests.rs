@@ -612,8 +612,9 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
 
 #[test]
 fn matmul_avx512_equals_avx2_bit_for_bit() {
-    // Whole matmuls (1 token: the multi-row path; 10 tokens: tiles and tail; 1 and 2
-    // threads) give the same bits with either kernel set, for every weight format.
+    // Whole matmuls (1 token: the multi-row path; 10 tokens: tiles and tail; 16 and 21
+    // tokens: the decode-step path that reads each weight row once for 2-3 packed groups; 1
+    // and 2 threads) give the same bits with either kernel set, for every weight format.
     use crate::model::TensorView;
     use crate::ops::matmul::matmul_with;
     use crate::threadpool::ThreadPool;
@@ -628,7 +629,7 @@ fn matmul_avx512_equals_avx2_bit_for_bit() {
         for (n_in, n_out) in [(bs * 3, 7), (bs * 8, 13)] {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
             let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
-            for n_tok in [1usize, 10] {
+            for n_tok in [1usize, 10, 16, 21] {
                 let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
                 for pool in &pools {
                     let mut outs = Vec::new();
