@@ -805,7 +805,8 @@ impl Step<'_> {
         lora: &Option<LoraSet>,
     ) -> Result<bool> {
         let n_in = parts.first().map_or(0, |p| p.w.ne[0]);
-        if n != 1 || dev.is_some() || lora.is_some() || x.len() < n_in || parts.iter().any(|p| p.w.ne[0] != n_in) {
+        // (matmul_single_fused declines parts of another width)
+        if n != 1 || dev.is_some() || lora.is_some() || x.len() < n_in {
             return Ok(false);
         }
         if !matmul_single_fused(pool, parts, &x[..n_in], scratch)? {
@@ -906,6 +907,7 @@ impl Step<'_> {
                 &b.lora,
             )?;
         if fused {
+            // done above
         } else if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {

@@ -142,11 +142,7 @@ pub fn matmul_with(
     let xrow = quant::row_bytes(vdt, n_in)?;
 
     // Activations in the vec_dot type: [n_tokens][xrow] bytes.
-    let nsc = match vdt {
-        GgmlType::Q8_0 if set != KernelSet::Ref => n_in / 32,
-        GgmlType::Q8_1 if set != KernelSet::Ref => 2 * (n_in / 32),
-        _ => 0,
-    };
+    let nsc = act_scale_count(vdt, set, n_in);
     let mut xscales: *const f32 = std::ptr::null();
     // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
     let mut rb_base = 0usize;
@@ -652,11 +648,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             Some(q) => q,
             None => {
                 let Ok(xrow) = quant::row_bytes(vdt, n_in) else { return Ok(false) };
-                let nsc = match vdt {
-                    GgmlType::Q8_0 if set != KernelSet::Ref => n_in / 32,
-                    GgmlType::Q8_1 if set != KernelSet::Ref => 2 * (n_in / 32),
-                    _ => 0,
-                };
+                let nsc = act_scale_count(vdt, set, n_in);
                 let sc = size + xrow.div_ceil(4) * 4;
                 quants[n_quants] = (vdt, size, (nsc > 0).then_some(sc));
                 size = (sc + nsc * 4).div_ceil(64) * 64;
@@ -685,7 +677,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         let (head, tail) = scratch[off..].split_at_mut(xrow);
         (table.get(vdt).quantize_act.expect("checked above"))(x, head);
         if let Some(sc) = sc {
-            let nsc = if vdt == GgmlType::Q8_1 { 2 * (n_in / 32) } else { n_in / 32 };
+            let nsc = act_scale_count(vdt, set, n_in);
             // the scales' offset is 4-aligned past the row, inside `tail`
             let at = sc - off - xrow;
             fill_scales(vdt, head, nsc, tail[at..at + nsc * 4].as_mut_ptr() as *mut f32, set);
@@ -847,6 +839,16 @@ fn lanes_rows(nb: usize, block_bytes: usize) -> usize {
 /// either loop).
 fn lanes_area(nb: usize, block_bytes: usize) -> usize {
     (lanes_rows(nb, block_bytes).max(LANES_STEP_ROWS) * nb * block_bytes).div_ceil(64) * 64
+}
+
+/// How many f32 block scales the matmul precomputes per activation row of `vdt` (the
+/// SIMD sets' Q8_0: d per block; Q8_1: d and s per block; otherwise none).
+fn act_scale_count(vdt: GgmlType, set: KernelSet, n_in: usize) -> usize {
+    match vdt {
+        GgmlType::Q8_0 if set != KernelSet::Ref => n_in / 32,
+        GgmlType::Q8_1 if set != KernelSet::Ref => 2 * (n_in / 32),
+        _ => 0,
+    }
 }
 
 /// f32 copies of the f16 block scales of one quantized activation row: Q8_0 -> d per
