@@ -5,7 +5,9 @@
 //! token at depth 4096 (one thread's share of a 2-thread step), in the head shapes of SmolLM2
 //! 135M (9 heads, 3 KV, dim 64) and Gemma 3 270M (4 heads, 1 KV, dim 256), on ONE thread:
 //! the best CPU time of several repetitions, in ms per layer and in G query-key pairs per
-//! second. `PYLLAMA_KERNELS=avx2|ref` picks the kernel set.
+//! second; then a whole decode step's attention at depth 4096 (every layer's own cache, so
+//! the K and V rows stream from memory as in a real step), wall time on 1 and 2 threads.
+//! `PYLLAMA_KERNELS=avx2|ref` picks the kernel set.
 
 use pyllama_core::ggml_type::GgmlType;
 use pyllama_core::kv_cache::KvCache;
@@ -96,5 +98,65 @@ fn main() {
             best * 1e3,
             pairs as f64 / best * 1e-9
         );
+    }
+    decode_steps(&mut rnd);
+}
+
+/// A whole decode step's attention over a cache too big for any cache level: every layer
+/// of the model (SmolLM2: 30 layers of 9 heads / 3 KV of dim 64; Gemma 3: 18 of 4 / 1 of
+/// 256) at depth 4096, 1 and 2 threads, wall time per step (the best mean of 5 x 10 steps).
+fn decode_steps(rnd: &mut impl FnMut() -> f32) {
+    for (name, n_layer, n_head, n_head_kv, hd) in [("smollm2", 30usize, 9usize, 3usize, 64usize), ("gemma3", 18, 4, 1, 256)] {
+        let depth = 4096usize;
+        let size = (depth + 1).div_ceil(256) * 256;
+        let kw = n_head_kv * hd;
+        let mut kv = KvCache::new(&vec![kw; n_layer], &vec![kw; n_layer], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+        kv.flash_attn = true;
+        for il in 0..n_layer {
+            for buf in [&mut kv.k[il], &mut kv.v[il]] {
+                for c in buf.chunks_exact_mut(2) {
+                    c.copy_from_slice(&half::f16::from_f32(rnd()).to_le_bytes());
+                }
+            }
+        }
+        let keys: Vec<(i32, u32)> = (0..=depth).map(|p| (p as i32, p as u32)).collect();
+        let (pos, stream, key_range) = ([depth as i32], [0u32], [(0u32, depth as u32 + 1)]);
+        let inp = AttnInputs {
+            pos: &pos,
+            stream: &stream,
+            key_range: &key_range,
+            keys: &keys,
+        };
+        let q: Vec<f32> = (0..n_head * hd).map(|_| rnd() * 3.0).collect();
+        let mut out = vec![0f32; n_head * hd];
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let stride = scratch_per_thread(size, hd, hd);
+            let mut scratch = vec![0f32; stride * threads];
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t0 = std::time::Instant::now();
+                for _ in 0..10 {
+                    for il in 0..n_layer {
+                        let p = AttnParams {
+                            il,
+                            n_head,
+                            n_head_kv,
+                            hd_k: hd,
+                            hd_v: hd,
+                            scale: 1.0 / (hd as f32).sqrt(),
+                            softcap: 0.0,
+                            n_swa: 0,
+                            chunked: false,
+                            sinks: None,
+                        };
+                        attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
+                    }
+                }
+                best = best.min(t0.elapsed().as_secs_f64() / 10.0);
+            }
+            std::hint::black_box(&out);
+            println!("{name} decode step d4096, {n_layer} layers, {threads} thread(s): {:7.3} ms", best * 1e3);
+        }
     }
 }

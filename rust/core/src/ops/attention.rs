@@ -12,16 +12,23 @@
 //!
 //! Numerics. With the default F16 K and V, the kernel is llama.cpp's CPU flash attention
 //! "one_chunk" kernel (ggml-cpu ops.cpp), which llama.cpp runs for every token-generation
-//! step and every micro-batch of fewer than 64 queries: q rounded to f16, q.k over f16,
+//! step over fewer than 512 cells and every micro-batch of fewer than 64 queries: q
+//! rounded to f16, q.k over f16,
 //! an online softmax, and the V accumulator kept in f16 (`ggml_vec_mad_f16`, one rounding
 //! per key). Reproducing it keeps pyllama's logits within float noise of llama.cpp's on
 //! real models, where a plain f32 softmax drifts by ~0.2 logits on Gemma 3 (checked
 //! against llama-eval-callback: kqv_out-0 then matches to every printed digit). pyllama
 //! uses it for every micro-batch size (llama.cpp switches to an f32 tiled kernel for
-//! >= 64 queries), which is what keeps results independent of n_ubatch. It runs in passes
+//! 64 queries or more), which is what keeps results independent of n_ubatch. It runs in passes
 //! of several queries (the GQA heads of a KV head, and in prefill a run of tokens) that
 //! share each K and V row's conversion, each query with its own one-query arithmetic
-//! (`attention_f16.rs`), so the pass a query lands in never changes its bits. Every other K/V
+//! (`attention_f16.rs`), so the pass a query lands in never changes its bits. A query that
+//! sees more than `KV_CHUNK` (2048) keys runs that kernel over each chunk of 2048 of its keys
+//! and folds the chunks in order, as llama.cpp's split-KV decode kernel folds its per-thread
+//! chunks (which it takes from 512 cells up); pyllama's chunks are fixed by the query's keys,
+//! not by the thread count, so a decode step can spread one head's keys over the threads and
+//! the bits still do not depend on them. Under PYLLAMA_ORDER=llamacpp there are no chunks.
+//! Every other K/V
 //! type pair (f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mixed) takes the same
 //! one_chunk kernel in its general form (`one_chunk_head`): q converted to the K type's
 //! vec_dot type, q.k through that type's vec_dot, V dequantized and accumulated in f32
@@ -164,7 +171,12 @@ pub fn attention(
     let tiled = false;
 
     if f16_kernel && !tiled {
-        f16_passes(pool, kv, p, inp, q, out, kscale, f16_pass_queries(p.hd_k.max(p.hd_v)));
+        // chunked long ranges, except under PYLLAMA_ORDER=llamacpp (its one-chunk bits)
+        #[cfg(target_arch = "x86_64")]
+        let kv_chunk = if crate::quant::avx2::llamacpp_order() { usize::MAX } else { KV_CHUNK };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kv_chunk = KV_CHUNK;
+        f16_passes(pool, kv, p, inp, q, out, kscale, f16_pass_queries(p.hd_k.max(p.hd_v)), kv_chunk);
         return;
     }
 
@@ -227,6 +239,61 @@ fn f16_pass_queries(hd: usize) -> usize {
     (8192 / hd.max(1)).max(1)
 }
 
+/// Keys per chunk of a long visible range (see `f16_passes`).
+pub(crate) const KV_CHUNK: usize = 2048;
+
+/// Decode steps split by chunk items (tests check that they ran).
+#[cfg(test)]
+static CHUNK_SPLITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Chunk `k` of the visible key range `r`: chunks of `c` keys from its first key.
+fn chunk_of(r: (usize, usize), k: usize, c: usize) -> (usize, usize) {
+    let a = r.0.saturating_add(k.saturating_mul(c)).min(r.1);
+    (a, a.saturating_add(c).min(r.1))
+}
+
+/// How many chunks of `c` keys the visible range `r` has (one when it is empty).
+fn n_chunks(r: (usize, usize), c: usize) -> usize {
+    (r.1 - r.0).div_ceil(c).max(1)
+}
+
+/// Folds one chunk's one_chunk state (its f16 V accumulator `acc`, max `mc`, sum `sc`) into
+/// a query's running state (`o` f32, `m`, `s`), chunk by chunk in key order: the first chunk
+/// is taken as it is (so a range of one chunk gives the one-chunk kernel's bits), a later
+/// one as llama.cpp's split-KV reduction does (`ggml_flash_attn_ext_reduce_partials`:
+/// M = max, both sides scaled by exp(m - M), a chunk with S == 0 skipped).
+fn merge_chunk(o: &mut [f32], m: &mut f32, s: &mut f32, first: bool, acc: &[u16], mc: f32, sc: f32) {
+    let acc = half::slice::HalfBitsSliceExt::reinterpret_cast::<half::f16>(acc);
+    if first {
+        // f16 to f32 is exact; the slice conversion is F16C 8 at a time
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(acc, o);
+        (*m, *s) = (mc, sc);
+        return;
+    }
+    if sc == 0.0 {
+        return;
+    }
+    let mn = m.max(mc);
+    let (so, sn) = ((*m - mn).exp(), (mc - mn).exp());
+    for (d, a) in o.iter_mut().zip(acc) {
+        *d = *d * so + a.to_f32() * sn;
+    }
+    *s = *s * so + sc * sn;
+    *m = mn;
+}
+
+/// A query's output from its merged state: the sink (if any) joins, then o /= S.
+fn finish(o: &mut [f32], m: f32, s: f32, sink: Option<f32>) {
+    let s = match sink {
+        Some(sk) => sink_correct(o, m, s, sk),
+        None => s,
+    };
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for d in o.iter_mut() {
+        *d *= inv;
+    }
+}
+
 /// llama.cpp's one_chunk flash attention for F16 K/V (see the module doc) in passes of
 /// several queries over their keys (`attention_f16`): each pass is the heads of one GQA
 /// group for a run of consecutive tokens that read the same key list (same stream and
@@ -235,28 +302,48 @@ fn f16_pass_queries(hd: usize) -> usize {
 /// kernel, whichever queries share its pass: results do not depend on the tile size, the
 /// micro-batch or the thread count.
 ///
-/// Work split. With enough passes for every thread (prefill), passes of up to
-/// `f16_pass_queries` queries (whole groups, runs of tokens), each thread claiming the next
-/// pass from a shared counter, the last tokens' passes first (a causal batch's later tokens
-/// see more keys: contiguous ranges left the first thread idle for most of the region, and
-/// a fixed round-robin gave one thread the later pass of every pair). Otherwise (decode: a single-token step of
-/// SmolLM2 has 3 groups of 3 heads, Gemma 3 one group of 4, for 2+ threads) each thread
-/// takes a contiguous, even share of the step's (token, head) slots, cut at group and token
-/// borders: the heads a thread does of one group share one pass over the group's K and V
-/// rows (a 4096-key cache reads them once per thread instead of once per head), and the
-/// threads stay balanced.
+/// Long ranges. A query that sees more than `kv_chunk` keys runs the one-query kernel over
+/// each chunk of `kv_chunk` keys from its first visible key (fresh state per chunk) and
+/// folds the chunks in key order (`merge_chunk`): llama.cpp's split-KV decode, with chunks
+/// fixed by the query's own keys instead of by the thread count, so the bits still depend on
+/// nothing but the sequence. A range of at most `kv_chunk` keys is one chunk: the one-chunk
+/// kernel's bits, as llama.cpp's. (`attention` passes `KV_CHUNK`, or no chunking under
+/// PYLLAMA_ORDER=llamacpp.)
+///
+/// Work split, three ways:
+/// - passes: with enough passes for every thread (prefill, many sequences), passes of up to
+///   `max_q` queries (whole groups, runs of tokens), each thread claiming the next pass from
+///   a shared counter, the last tokens' passes first (a causal batch's later tokens see more
+///   keys: contiguous ranges left the first thread idle for most of the region, and a fixed
+///   round-robin gave one thread the later pass of every pair);
+/// - chunks: in a decode step whose (group, chunk) items are 2+ per thread, threads claim
+///   them one at a time, each item's partial state kept apart and the chunks folded after
+///   the region (a 4096-key SmolLM2 step: 15 items of 3 heads; each K and V row read once,
+///   where cutting the 9 heads in two read one group's rows twice and ran passes of 1-2
+///   heads);
+/// - slots: otherwise (a short decode step: SmolLM2 has 3 groups of 3 heads, Gemma 3 one
+///   group of 4, for 2+ threads) each thread takes a contiguous, even share of the step's
+///   (token, head) slots, cut at group and token borders: the heads a thread does of one
+///   group share one pass over the group's K and V rows, and the threads stay balanced.
 #[allow(clippy::too_many_arguments)]
-fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs, q: &[f32], out: &mut [f32], kscale: f32, max_q: usize) {
+fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs, q: &[f32], out: &mut [f32], kscale: f32, max_q: usize, kv_chunk: usize) {
     use crate::ops::attention_f16 as f16k;
     let n_tokens = inp.pos.len();
     let (hk, hv) = (p.hd_k, p.hd_v);
     let group = p.n_head / p.n_head_kv;
     let qw = p.n_head * hk;
     let ow = p.n_head * hv;
+    let kc = kv_chunk.max(1);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let kall = as_u16(&kv.k[p.il]).unwrap_or(&[]);
     let vall = as_u16(&kv.v[p.il]).unwrap_or(&[]);
     let (k_stride, v_stride) = (kv.row_k[p.il] / 2, kv.row_v[p.il] / 2);
+    // each token's key list and its visible range in it
+    let keys_of = |t: usize| {
+        let (r0, r1) = inp.key_range[t];
+        &inp.keys[r0 as usize..r1 as usize]
+    };
+    let vis: Vec<(usize, usize)> = (0..n_tokens).map(|t| visible_range(p, keys_of(t), inp.pos[t])).collect();
     let nth = pool.n_threads();
     let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
     // runs of tokens that share a key list, at most `tile` tokens each
@@ -275,10 +362,58 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             t0 = t1;
         }
     }
+    // the chunk items (token, group, chunk) of a decode step long enough to split by chunks
+    let nk_max = vis.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
+    let mut chunk_items: Vec<(usize, usize, usize)> = Vec::new();
+    if !whole_groups && nth > 1 && nk_max > 1 {
+        // chunk-major: the short last chunks are claimed last
+        for k in 0..nk_max {
+            for (t, &r) in vis.iter().enumerate() {
+                if k < n_chunks(r, kc) {
+                    chunk_items.extend((0..p.n_head_kv).map(|g| (t, g, k)));
+                }
+            }
+        }
+        // the split that ends first, counting a key's K and V conversion and each query's
+        // work on it as one unit each: the slots' passes, against the items given in order
+        // to the thread that is free first
+        let len = |r: (usize, usize)| r.1 - r.0;
+        let slots_span = (0..nth)
+            .map(|ith| {
+                let mine = crate::threadpool::split_range(n_tokens * p.n_head, ith, nth);
+                let (mut slot, mut cost) = (mine.start, 0);
+                while slot < mine.end {
+                    let sub = (group - slot % p.n_head % group).min(mine.end - slot);
+                    cost += len(vis[slot / p.n_head]) * (1 + sub);
+                    slot += sub;
+                }
+                cost
+            })
+            .max()
+            .unwrap_or(0);
+        let mut load = vec![0usize; nth];
+        for &(t, _, k) in &chunk_items {
+            let free = (0..nth).min_by_key(|&i| load[i]).unwrap_or(0);
+            load[free] += len(chunk_of(vis[t], k, kc)) * (1 + group);
+        }
+        if load.iter().max().copied().unwrap_or(0) >= slots_span {
+            chunk_items.clear();
+        }
+    }
+    let by_chunks = !chunk_items.is_empty();
+    #[cfg(test)]
+    if by_chunks {
+        CHUNK_SPLITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let n_slots = n_tokens * p.n_head;
+    // the chunk items' partial states: per (slot, chunk) the f16 accumulator, max and sum
+    let mut part_acc: Vec<u16> = vec![0; if by_chunks { n_slots * nk_max * hv } else { 0 }];
+    let mut part_ms: Vec<f32> = vec![0.0; if by_chunks { n_slots * nk_max * 2 } else { 0 }];
+    let part_acc_ptr = SendPtrU16(part_acc.as_mut_ptr());
+    let part_ms_ptr = SendPtr(part_ms.as_mut_ptr());
     // prefill passes are claimed one at a time (a thread slowed by another process, or
     // given the heavier passes, does fewer); which thread runs a pass does not change its bits
-    let n_items = tiles.len() * p.n_head_kv;
+    let n_items = if by_chunks { chunk_items.len() } else { tiles.len() * p.n_head_kv };
     let next_item = std::sync::atomic::AtomicUsize::new(0);
     pool.run(&|ith, nth| {
         let mut qb: Vec<f32> = Vec::new();
@@ -286,20 +421,27 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
         let mut m: Vec<f32> = Vec::new();
         let mut ssum: Vec<f32> = Vec::new();
         let mut ranges: Vec<(usize, usize)> = Vec::new();
+        let mut rk: Vec<(usize, usize)> = Vec::new();
+        let (mut fo, mut fm, mut fs): (Vec<f32>, Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new(), Vec::new());
         let mut scr = f16k::Scratch::default();
-        let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
+        let mine = if whole_groups || by_chunks { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
         let mut slot = mine.start;
         loop {
-            // this pass: tokens t0..t1, heads h0..h0 + sub of one group
-            let (t0, t1, h0, sub) = if whole_groups {
+            // this pass: tokens t0..t1, heads h0..h0 + sub of one group (chunk k only, for a chunk item)
+            let (t0, t1, h0, sub, chunk) = if by_chunks || whole_groups {
                 let claimed = next_item.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if claimed >= n_items {
                     break;
                 }
-                // the last tiles first: in a causal batch they see the most keys
-                let it = n_items - 1 - claimed;
-                let (t0, t1) = tiles[it / p.n_head_kv];
-                (t0, t1, it % p.n_head_kv * group, group)
+                if by_chunks {
+                    let (t, g, k) = chunk_items[claimed];
+                    (t, t + 1, g * group, group, Some(k))
+                } else {
+                    // the last tiles first: in a causal batch they see the most keys
+                    let it = n_items - 1 - claimed;
+                    let (t0, t1) = tiles[it / p.n_head_kv];
+                    (t0, t1, it % p.n_head_kv * group, group, None)
+                }
             } else {
                 if slot >= mine.end {
                     break;
@@ -308,26 +450,18 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 // up to the end of h's group, of the token, or of this thread's share
                 let sub = (group - h % group).min(mine.end - slot);
                 slot += sub;
-                (t, t + 1, h, sub)
+                (t, t + 1, h, sub, None)
             };
             let g = h0 / group;
-            let (r0, r1) = inp.key_range[t0];
-            let keys = &inp.keys[r0 as usize..r1 as usize];
+            let keys = keys_of(t0);
             let stream = inp.stream[t0] as usize;
             let nq = (t1 - t0) * sub;
             qb.resize(nq * hk, 0.0);
-            acc.clear();
-            acc.resize(nq * hv, 0);
-            m.clear();
-            m.resize(nq, f32::NEG_INFINITY);
-            ssum.clear();
-            ssum.resize(nq, 0.0);
             ranges.clear();
             for t in t0..t1 {
-                let r = visible_range(p, keys, inp.pos[t]);
                 let qt = &q[t * qw + h0 * hk..t * qw + (h0 + sub) * hk];
                 crate::ops::vec::round_f16(&mut qb[(t - t0) * sub * hk..(t - t0 + 1) * sub * hk], qt);
-                ranges.extend(std::iter::repeat_n(r, sub));
+                ranges.extend(std::iter::repeat_n(vis[t], sub));
             }
             let pass = f16k::Pass {
                 rows: f16k::Rows {
@@ -344,7 +478,45 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 kscale,
                 softcap: p.softcap,
             };
-            f16k::run(&pass, &qb, &ranges, &mut acc, &mut m, &mut ssum, &mut scr);
+            // one chunk of every query of the pass, from fresh state
+            let mut run_chunk = |k: usize, rk: &mut Vec<(usize, usize)>, acc: &mut Vec<u16>, m: &mut Vec<f32>, ssum: &mut Vec<f32>| {
+                rk.clear();
+                rk.extend(ranges.iter().map(|&r| chunk_of(r, k, kc)));
+                acc.clear();
+                acc.resize(nq * hv, 0);
+                m.clear();
+                m.resize(nq, f32::NEG_INFINITY);
+                ssum.clear();
+                ssum.resize(nq, 0.0);
+                f16k::run(&pass, &qb, rk, acc, m, ssum, &mut scr);
+            };
+            if let Some(k) = chunk {
+                run_chunk(k, &mut rk, &mut acc, &mut m, &mut ssum);
+                for j in 0..sub {
+                    let s = t0 * p.n_head + h0 + j;
+                    // SAFETY: chunk k of slot s belongs to this item only; the buffers hold
+                    // n_slots * nk_max entries.
+                    unsafe {
+                        let pa = std::slice::from_raw_parts_mut(part_acc_ptr.get().add((s * nk_max + k) * hv), hv);
+                        pa.copy_from_slice(&acc[j * hv..(j + 1) * hv]);
+                        *part_ms_ptr.get().add((s * nk_max + k) * 2) = m[j];
+                        *part_ms_ptr.get().add((s * nk_max + k) * 2 + 1) = ssum[j];
+                    }
+                }
+                continue;
+            }
+            fo.resize(nq * hv, 0.0);
+            fm.resize(nq, 0.0);
+            fs.resize(nq, 0.0);
+            let nk = ranges.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
+            for k in 0..nk {
+                run_chunk(k, &mut rk, &mut acc, &mut m, &mut ssum);
+                for i in 0..nq {
+                    if k == 0 || rk[i].0 < rk[i].1 {
+                        merge_chunk(&mut fo[i * hv..(i + 1) * hv], &mut fm[i], &mut fs[i], k == 0, &acc[i * hv..(i + 1) * hv], m[i], ssum[i]);
+                    }
+                }
+            }
             for t in t0..t1 {
                 // SAFETY: heads h0..h0 + sub of token t belong to this pass only.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
@@ -355,22 +527,41 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                         oj.fill(0.0);
                         continue;
                     }
-                    // f16 to f32 is exact; the slice conversion is F16C 8 at a time
-                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(
-                        half::slice::HalfBitsSliceExt::reinterpret_cast::<half::f16>(&acc[i * hv..(i + 1) * hv]),
-                        oj,
-                    );
-                    if let Some(sk) = p.sinks {
-                        ssum[i] = sink_correct(oj, m[i], ssum[i], sk[h0 + j]);
-                    }
-                    let inv = if ssum[i] == 0.0 { 0.0 } else { 1.0 / ssum[i] };
-                    for d in oj.iter_mut() {
-                        *d *= inv;
-                    }
+                    oj.copy_from_slice(&fo[i * hv..(i + 1) * hv]);
+                    finish(oj, fm[i], fs[i], p.sinks.map(|sk| sk[h0 + j]));
                 }
             }
         }
     });
+    if by_chunks {
+        // fold each slot's chunks in key order
+        for s in 0..n_slots {
+            let (t, h) = (s / p.n_head, s % p.n_head);
+            let o = &mut out[t * ow + h * hv..t * ow + (h + 1) * hv];
+            if vis[t].0 == vis[t].1 {
+                o.fill(0.0);
+                continue;
+            }
+            let (mut m, mut sum) = (0f32, 0f32);
+            for k in 0..n_chunks(vis[t], kc) {
+                let e = s * nk_max + k;
+                merge_chunk(o, &mut m, &mut sum, k == 0, &part_acc[e * hv..(e + 1) * hv], part_ms[e * 2], part_ms[e * 2 + 1]);
+            }
+            finish(o, m, sum, p.sinks.map(|sk| sk[h]));
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtrU16(*mut u16);
+// SAFETY: as SendPtr: the threads write disjoint entries, and the region ends before the buffer is read.
+unsafe impl Send for SendPtrU16 {}
+unsafe impl Sync for SendPtrU16 {}
+impl SendPtrU16 {
+    #[inline]
+    fn get(&self) -> *mut u16 {
+        self.0
+    }
 }
 
 /// Per-thread buffers of `one_chunk_head`.
@@ -455,12 +646,25 @@ fn one_chunk_head(
             *c = Some((p.hd_k, p.hd_v, kv.type_k, HeadScratch::new(p, kv.type_k)));
         }
         let scr = &mut c.as_mut().expect("set above").3;
-        one_chunk_head_with(kv, p, qh, stream, h, vis, o, scr);
+        if let Some((m, ssum)) = one_chunk_state(kv, p, qh, stream, h, vis, o, scr) {
+            finish(o, m, ssum, p.sinks.map(|sk| sk[h]));
+        }
     });
 }
 
+/// `one_chunk_head` for a test reference: the one-query kernel's state after the keys
+/// `vis` (o: the V accumulator as f32, unnormalized; max; sum), or None (o NaN) on a row
+/// that does not convert.
+#[cfg(test)]
+fn one_chunk_head_state(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize, vis: &[(i32, u32)], o: &mut [f32]) -> Option<(f32, f32)> {
+    let mut scr = HeadScratch::new(p, kv.type_k);
+    one_chunk_state(kv, p, qh, stream, h, vis, o, &mut scr)
+}
+
+/// The one-query kernel over `vis`: leaves the V accumulator (as f32, unnormalized) in `o`
+/// and returns the running max and sum; None (o NaN) when a row does not convert.
 #[allow(clippy::too_many_arguments)]
-fn one_chunk_head_with(
+fn one_chunk_state(
     kv: &KvCache,
     p: &AttnParams,
     qh: &[f32],
@@ -469,7 +673,7 @@ fn one_chunk_head_with(
     vis: &[(i32, u32)],
     o: &mut [f32],
     scr: &mut HeadScratch,
-) {
+) -> Option<(f32, f32)> {
     let g = h / (p.n_head / p.n_head_kv);
     let (tk, tv) = (kv.type_k, kv.type_v);
     let (hk, hv) = (p.hd_k, p.hd_v);
@@ -489,7 +693,7 @@ fn one_chunk_head_with(
         crate::ops::vec::round_f16(&mut scr.q16, qh);
     } else if quant::quantize_row_cpu(vdt, qh, &mut scr.q_q).is_err() {
         o.fill(f32::NAN);
-        return;
+        return None;
     }
     let kdot = match tk {
         _ if k_f16 => None,
@@ -543,7 +747,7 @@ fn one_chunk_head_with(
             }
             if quant::dequantize_row(tv, vrow, &mut scr.v32).is_err() {
                 o.fill(f32::NAN);
-                return;
+                return None;
             }
             axpy_f32(&mut scr.acc32, vs, &scr.v32); // ggml_vec_mad_f32: fused per element
         }
@@ -556,13 +760,7 @@ fn one_chunk_head_with(
     } else {
         o.copy_from_slice(&scr.acc32[..o.len()]);
     }
-    if let Some(sk) = p.sinks {
-        ssum = sink_correct(o, m, ssum, sk[h]);
-    }
-    let inv = if ssum == 0.0 { 0.0 } else { 1.0 / ssum };
-    for d in o.iter_mut() {
-        *d *= inv;
-    }
+    Some((m, ssum))
 }
 
 /// `one_chunk_head` for every (token, head) of the micro-batch, items strided over the
@@ -1056,7 +1254,7 @@ mod tests {
                     let pool = ThreadPool::new(threads);
                     for max_q in [1, 2, 3, 5, 8, 64] {
                         let mut got = vec![f32::NAN; want.len()];
-                        f16_passes(&pool, &kv, &p, &inp, &q, &mut got, kscale, max_q);
+                        f16_passes(&pool, &kv, &p, &inp, &q, &mut got, kscale, max_q, usize::MAX);
                         let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
                         assert!(
                             bad.is_none(),
@@ -1110,12 +1308,108 @@ mod tests {
                 let pool = ThreadPool::new(threads);
                 for max_q in [4, 6, 7, 13, 64] {
                     let mut got = vec![f32::NAN; want.len()];
-                    f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q);
+                    f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q, usize::MAX);
                     let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
                     assert!(bad.is_none(), "hd {hd}, {threads} threads, {max_q} queries per pass: element {bad:?}");
                 }
             }
         }
+    }
+
+    /// The chunked reference for (token t, head h): the one-query kernel over each chunk of
+    /// `kc` keys of the visible range, folded in key order, then the sink and 1/S.
+    #[allow(clippy::too_many_arguments)]
+    fn chunked_reference(kv: &KvCache, p: &AttnParams, q: &[f32], keys: &[(i32, u32)], pos: i32, t: usize, h: usize, kc: usize, o: &mut [f32]) {
+        let hd = p.hd_v;
+        let r = visible_range(p, keys, pos);
+        o.fill(0.0);
+        if r.0 == r.1 {
+            return;
+        }
+        let (mut m, mut s) = (0f32, 0f32);
+        let mut part = vec![0f32; hd];
+        for k in 0..n_chunks(r, kc) {
+            let (a, b) = chunk_of(r, k, kc);
+            let (mc, sc) = one_chunk_head_state(kv, p, &q[(t * p.n_head + h) * p.hd_k..][..p.hd_k], 0, h, &keys[a..b], &mut part).unwrap();
+            // the accumulator is f16 (exactly representable): back to its bits
+            let bits: Vec<u16> = part.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+            merge_chunk(o, &mut m, &mut s, k == 0, &bits, mc, sc);
+        }
+        finish(o, m, s, p.sinks.map(|sk| sk[h]));
+    }
+
+    #[test]
+    fn f16_long_ranges_fold_fixed_chunks_whatever_the_split() {
+        // Queries that see more than kv_chunk keys: each chunk of kv_chunk keys from the
+        // first visible one through the one-query kernel, folded in order. The bits do not
+        // depend on the threads, the pass size or the work split (passes in prefill, chunk
+        // items or slots in a decode step), for causal / sliding-window masks and sinks.
+        let size = 1024usize;
+        let splits = CHUNK_SPLITS.load(std::sync::atomic::Ordering::Relaxed);
+        for (n_head, n_head_kv, hd) in [(6usize, 2usize, 64usize), (9, 3, 64), (4, 1, 256), (3, 3, 48)] {
+            let kw = n_head_kv * hd;
+            let mut r = Rng::new(91 + hd as u64);
+            let kv = random_f16_cache(kw, size, &mut r, 1.0);
+            let n_keys = 600usize;
+            let keys: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 3) % size) as u32)).collect();
+            let sinks: Vec<f32> = (0..n_head).map(|h| 0.2 * h as f32 - 0.3).collect();
+            // a prefill batch (the last 40 positions), a 2-token and a 1-token decode step
+            for qpos in [(560..600).collect::<Vec<i32>>(), vec![599, 420], vec![599]] {
+                let n_q = qpos.len();
+                let q = r.vec(n_q * n_head * hd, 3.0);
+                for (n_swa, sink) in [(0usize, false), (0, true), (300, false)] {
+                    let p = AttnParams {
+                        il: 0,
+                        n_head,
+                        n_head_kv,
+                        hd_k: hd,
+                        hd_v: hd,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        softcap: 0.0,
+                        n_swa,
+                        chunked: false,
+                        sinks: if sink { Some(&sinks) } else { None },
+                    };
+                    let stream = vec![0u32; n_q];
+                    let key_range = vec![(0u32, n_keys as u32); n_q];
+                    let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };
+                    for kc in [37usize, 128, 600] {
+                        let mut want = vec![0f32; n_q * n_head * hd];
+                        for (t, &pos) in qpos.iter().enumerate() {
+                            for h in 0..n_head {
+                                chunked_reference(&kv, &p, &q, &keys, pos, t, h, kc, &mut want[(t * n_head + h) * hd..][..hd]);
+                            }
+                        }
+                        for threads in 1..=3 {
+                            let pool = ThreadPool::new(threads);
+                            for max_q in [3, 8, 64] {
+                                let mut got = vec![f32::NAN; want.len()];
+                                f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q, kc);
+                                let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                                assert!(
+                                    bad.is_none(),
+                                    "hd {hd}, {n_head}/{n_head_kv} heads, {n_q} tokens, swa {n_swa} sinks {sink}, chunk {kc}, \
+                                     {threads} threads, {max_q} queries per pass: element {bad:?}"
+                                );
+                            }
+                        }
+                        if kc == 600 {
+                            // one chunk: the one-chunk kernel's bits
+                            let mut one = vec![0f32; want.len()];
+                            for (t, &pos) in qpos.iter().enumerate() {
+                                let (lo, hi) = visible_range(&p, &keys, pos);
+                                for h in 0..n_head {
+                                    one_chunk_head(&kv, &p, &q[(t * n_head + h) * hd..][..hd], 0, h, &keys[lo..hi], &mut one[(t * n_head + h) * hd..][..hd]);
+                                }
+                            }
+                            assert!(one.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+                        }
+                    }
+                }
+            }
+        }
+        // some decode steps above took the chunk-item split (9 heads / 3 groups on 2 threads)
+        assert!(CHUNK_SPLITS.load(std::sync::atomic::Ordering::Relaxed) > splits);
     }
 
     #[test]
