@@ -69,9 +69,10 @@ fn main() {
     let pool = ThreadPool::new(1);
     println!("kernels: {:?}, no_cols {}", quant::kernel_set(), std::env::var_os("PYLLAMA_NO_COLS").is_some());
     println!("{:24} {:>6} {:>16} | us per matmul (us per token) for n_tokens =", "", "", "");
-    let ks = [1usize, 2, 3, 4, 6, 8, 16];
+    // BATCH_TOKENS=16,32,64 times other token counts
+    let ks: Vec<usize> = std::env::var("BATCH_TOKENS").ok().map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect()).unwrap_or_else(|| vec![1, 2, 3, 4, 6, 8, 16]);
     print!("{:24} {:>6} {:>16} |", "", "", "");
-    for k in ks {
+    for &k in &ks {
         print!(" {k:>16}");
     }
     println!();
@@ -83,7 +84,7 @@ fn main() {
         let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data };
         let big = data.len() > 16 << 20;
         print!("{name:24} {ty:>6} [{n_in:5} x {n_out:6}] |");
-        for k in ks {
+        for &k in &ks {
             let x: Vec<f32> = (0..n_in * k).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
             let mut out = vec![0f32; n_out * k];
             let mut scratch = Vec::new();

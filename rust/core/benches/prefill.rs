@@ -54,7 +54,7 @@ fn thread_cpu_seconds() -> f64 {
 
 fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let shapes: [(&str, GgmlType, usize, usize); 8] = [
+    let shapes: [(&str, GgmlType, usize, usize); 12] = [
         ("gemma q5_0 gate/up", GgmlType::Q5_0, 640, 2048),
         ("gemma q5_0 q", GgmlType::Q5_0, 640, 1024),
         ("gemma q8_0 v", GgmlType::Q8_0, 640, 256),
@@ -63,6 +63,11 @@ fn main() {
         ("gemma q4_k out", GgmlType::Q4_K, 1024, 640),
         ("smollm2 q4_1 gate/up", GgmlType::Q4_1, 576, 1536),
         ("smollm2 q4_1 down", GgmlType::Q4_1, 1536, 576),
+        // the other 32-element types in SmolLM2's shapes (quantized from the same weights)
+        ("q5_1 gate/up", GgmlType::Q5_1, 576, 1536),
+        ("q5_1 down", GgmlType::Q5_1, 1536, 576),
+        ("q4_0 gate/up", GgmlType::Q4_0, 576, 1536),
+        ("q4_0 down", GgmlType::Q4_0, 1536, 576),
     ];
     let pool = ThreadPool::new(1);
     let n_tokens = 512;

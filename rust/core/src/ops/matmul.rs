@@ -249,9 +249,10 @@ pub fn matmul_with(
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pk.offset;
-            // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
-            // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
-            let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS && pair_full.is_none());
+            // a column-lane kernel (from one full group on: it computes all 8 lanes; where
+            // the set has a pair kernel too, from LANES_OVER_PAIR_TOKENS): groups packed in
+            // its layout, weight rows decoded once per matmul (see `lanes_rows`)
+            let lanes = pk.lanes.filter(|_| n_tokens >= if pair_full.is_some() { LANES_OVER_PAIR_TOKENS } else { PACK_COLS });
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -818,6 +819,12 @@ fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_th
         _ => 0,
     }
 }
+
+/// Fewest tokens for which a type with both a pair kernel and a column-lane kernel (the
+/// AVX-512 set's Q4_1 / Q5_1) takes the lanes: --bench batched, one Zen 4 thread, SmolLM2's
+/// Q4_1 gate/up + up + down per layer, pair against lanes: 16 tokens 752 / 754 us, 24:
+/// 1145 / 1104, 32: 1500 / 1441, 128: 5949 / 5265.
+const LANES_OVER_PAIR_TOKENS: usize = 32;
 
 /// Decoded bytes of weight rows per block of the column-lane path: each block of rows
 /// meets every packed group while it stays in L1 / L2.
