@@ -547,11 +547,56 @@ mod x86 {
         _mm512_cvtph_ps(_mm512_cvtps_ph::<RN>(x))
     }
 
+    /// The steady state of `accumulate_4`: NQ queries from i0 that each take a plain mad
+    /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
+    /// without the per-key flag loads and branches (4 * NQ independent accumulator chains).
+    #[inline(always)]
+    unsafe fn accumulate_steady_512<const NQ: usize>(acc: &mut [u16], hv: usize, i0: usize, vf: &[f32], vs: &[f32]) {
+        let mut c = 0;
+        while c < hv {
+            let mut r = [[_mm512_setzero_ps(); 4]; NQ];
+            for (qi, rq) in r.iter_mut().enumerate() {
+                let pa = acc.as_ptr().add((i0 + qi) * hv + c);
+                for (u, ru) in rq.iter_mut().enumerate() {
+                    *ru = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(16 * u) as *const __m256i));
+                }
+            }
+            for kk in 0..KB {
+                let pv = vf.as_ptr().add(kk * hv + c);
+                let v = [_mm512_loadu_ps(pv), _mm512_loadu_ps(pv.add(16)), _mm512_loadu_ps(pv.add(32)), _mm512_loadu_ps(pv.add(48))];
+                for (qi, rq) in r.iter_mut().enumerate() {
+                    let va = _mm512_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
+                    for (u, ru) in rq.iter_mut().enumerate() {
+                        *ru = round16(_mm512_fmadd_ps(v[u], va, *ru));
+                    }
+                }
+            }
+            for (qi, rq) in r.iter().enumerate() {
+                let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                for (u, ru) in rq.iter().enumerate() {
+                    _mm256_storeu_si256(pa.add(16 * u) as *mut __m256i, _mm512_cvtps_ph::<RN>(*ru));
+                }
+            }
+            c += 64;
+        }
+    }
+
     /// The V accumulation of one block for queries i0..i0 + 4 (those < nq), 64 lanes at a
     /// time with the accumulators in registers (f32 holding f16 values: each step rounds
     /// to f16 exactly as the stored accumulator would be), keys in order per query.
     #[inline(always)]
     unsafe fn accumulate_4(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+        if nb == KB {
+            let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
+            if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
+                accumulate_steady_512::<STEADY_Q>(acc, hv, i0, vf, vs);
+                return STEADY_Q;
+            }
+            if i0 + 4 <= nq && all_one(4) {
+                accumulate_steady_512::<4>(acc, hv, i0, vf, vs);
+                return 4;
+            }
+        }
         let mut c = 0;
         while c < hv {
             let mut r = [[_mm512_setzero_ps(); 4]; 4];
