@@ -101,12 +101,14 @@ fn as_u16(b: &[u8]) -> Option<&[u16]> {
     }
 }
 
-struct SendPtr(*mut f32);
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
-impl SendPtr {
+/// A buffer's pointer shared by a parallel region whose threads write disjoint entries (the
+/// region ends before the buffer is read).
+struct SendPtr<T>(*mut T);
+unsafe impl<T> Sync for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}
+impl<T> SendPtr<T> {
     #[inline]
-    fn get(&self) -> *mut f32 {
+    fn get(&self) -> *mut T {
         self.0
     }
 }
@@ -409,7 +411,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     // the chunk items' partial states: per (slot, chunk) the f16 accumulator, max and sum
     let mut part_acc: Vec<u16> = vec![0; if by_chunks { n_slots * nk_max * hv } else { 0 }];
     let mut part_ms: Vec<f32> = vec![0.0; if by_chunks { n_slots * nk_max * 2 } else { 0 }];
-    let part_acc_ptr = SendPtrU16(part_acc.as_mut_ptr());
+    let part_acc_ptr = SendPtr(part_acc.as_mut_ptr());
     let part_ms_ptr = SendPtr(part_ms.as_mut_ptr());
     // prefill passes are claimed one at a time (a thread slowed by another process, or
     // given the heavier passes, does fewer); which thread runs a pass does not change its bits
@@ -549,18 +551,6 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             }
             finish(o, m, sum, p.sinks.map(|sk| sk[h]));
         }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtrU16(*mut u16);
-// SAFETY: as SendPtr: the threads write disjoint entries, and the region ends before the buffer is read.
-unsafe impl Send for SendPtrU16 {}
-unsafe impl Sync for SendPtrU16 {}
-impl SendPtrU16 {
-    #[inline]
-    fn get(&self) -> *mut u16 {
-        self.0
     }
 }
 
