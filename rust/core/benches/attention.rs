@@ -24,22 +24,6 @@ fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// Layer `il`'s attention: causal, no window, softcap or sinks, scale 1 / sqrt(hd).
-fn params(il: usize, n_head: usize, n_head_kv: usize, hd: usize) -> AttnParams<'static> {
-    AttnParams {
-        il,
-        n_head,
-        n_head_kv,
-        hd_k: hd,
-        hd_v: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-        softcap: 0.0,
-        n_swa: 0,
-        chunked: false,
-        sinks: None,
-    }
-}
-
 fn main() {
     // (name, heads, KV heads, head dim, depth, tokens); the decode rows are one thread's
     // share of a 2-thread decode step (SmolLM2: a group of 3 heads; Gemma 3: 2 of its 4)
@@ -80,7 +64,7 @@ fn main() {
             key_range: &key_range,
             keys: &keys,
         };
-        let p = params(0, n_head, n_head_kv, hd);
+        let p = AttnParams::causal(0, n_head, n_head_kv, hd);
         let q: Vec<f32> = (0..n_tokens * n_head * hd).map(|_| rnd() * 3.0).collect();
         let mut out = vec![0f32; n_tokens * n_head * hd];
         let pool = ThreadPool::new(1);
@@ -143,7 +127,7 @@ fn decode_steps(rnd: &mut impl FnMut() -> f32) {
                 let t0 = std::time::Instant::now();
                 for _ in 0..10 {
                     for il in 0..n_layer {
-                        let p = params(il, n_head, n_head_kv, hd);
+                        let p = AttnParams::causal(il, n_head, n_head_kv, hd);
                         attention(&pool, &kv, &p, &inp, &q, &mut out, &mut scratch, stride);
                     }
                 }

@@ -453,18 +453,7 @@ fn attn_table() {
             let stream = vec![0u32; n_tokens];
             let key_range = vec![(0u32, size as u32); n_tokens];
             let inp = AttnInputs { pos: &pos, stream: &stream, key_range: &key_range, keys: &keys };
-            let p = AttnParams {
-                il: 0,
-                n_head,
-                n_head_kv,
-                hd_k: hd,
-                hd_v: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                n_swa,
-                chunked: false,
-                sinks: None,
-            };
+            let p = AttnParams { n_swa, ..AttnParams::causal(0, n_head, n_head_kv, hd) };
             let q: Vec<f32> = (0..n_tokens * n_head * hd).map(|i| ((i * 37) % 101) as f32 * 0.02 - 1.0).collect();
             let mut out = vec![0f32; n_tokens * n_head * hd];
             let stride = scratch_per_thread(size, hd, hd);

@@ -907,7 +907,7 @@ impl Step<'_> {
                 &b.lora,
             )?;
         if fused {
-            // done above
+            // q, k and v in the fused region above
         } else if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {

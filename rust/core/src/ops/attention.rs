@@ -63,6 +63,26 @@ pub struct AttnParams<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+impl AttnParams<'_> {
+    /// Layer `il` with `n_head` query heads over `n_head_kv` KV heads, K and V of head dim
+    /// `hd`, scale 1 / sqrt(hd): causal, no window, softcap or sinks (benches and tests set
+    /// those with struct update syntax).
+    pub fn causal(il: usize, n_head: usize, n_head_kv: usize, hd: usize) -> AttnParams<'static> {
+        AttnParams {
+            il,
+            n_head,
+            n_head_kv,
+            hd_k: hd,
+            hd_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: 0.0,
+            n_swa: 0,
+            chunked: false,
+            sinks: None,
+        }
+    }
+}
+
 /// The sink correction of llama.cpp's flash-attention kernels (after the last key, on the
 /// f32 accumulator `o`): the sink logit `s` joins max `m` and sum `ssum`; returns the new sum.
 fn sink_correct(o: &mut [f32], m: f32, ssum: f32, s: f32) -> f32 {
@@ -318,11 +338,13 @@ fn finish(o: &mut [f32], m: f32, s: f32, sink: Option<f32>) {
 ///   a shared counter, the last tokens' passes first (a causal batch's later tokens see more
 ///   keys: contiguous ranges left the first thread idle for most of the region, and a fixed
 ///   round-robin gave one thread the later pass of every pair);
-/// - chunks: in a decode step whose (group, chunk) items are 2+ per thread, threads claim
-///   them one at a time, each item's partial state kept apart and the chunks folded after
-///   the region (a 4096-key SmolLM2 step: 15 items of 3 heads; each K and V row read once,
-///   where cutting the 9 heads in two read one group's rows twice and ran passes of 1-2
-///   heads);
+/// - chunks: a decode step (2+ threads) whose queries see more than one chunk, where a cost
+///   model (a key's K/V conversion and each query's work on it one unit each) says the
+///   (token, group, chunk) items end sooner than the slots below: threads claim the items
+///   one at a time, each item's partial state kept apart, and the chunks are folded after
+///   the region (a 4097-key SmolLM2 step on 2 threads: 9 items of 3 heads; each K and V row
+///   read once, where cutting the 9 heads in two read one group's rows twice and ran passes
+///   of 1-2 heads);
 /// - slots: otherwise (a short decode step: SmolLM2 has 3 groups of 3 heads, Gemma 3 one
 ///   group of 4, for 2+ threads) each thread takes a contiguous, even share of the step's
 ///   (token, head) slots, cut at group and token borders: the heads a thread does of one
@@ -424,7 +446,8 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
         let mut ssum: Vec<f32> = Vec::new();
         let mut ranges: Vec<(usize, usize)> = Vec::new();
         let mut rk: Vec<(usize, usize)> = Vec::new();
-        let (mut fo, mut fm, mut fs): (Vec<f32>, Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new(), Vec::new());
+        // per query of a pass: the running max and sum of its folded chunks
+        let (mut fm, mut fs): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
         let mut scr = f16k::Scratch::default();
         let mine = if whole_groups || by_chunks { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
         let mut slot = mine.start;
@@ -507,30 +530,26 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 }
                 continue;
             }
-            fo.resize(nq * hv, 0.0);
+            // query i's output: head h0 + i % sub of token t0 + i / sub
+            // SAFETY: heads h0..h0 + sub of tokens t0..t1 belong to this pass only; one
+            // query's slice is borrowed at a time.
+            let out_of = |i: usize| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((t0 + i / sub) * ow + (h0 + i % sub) * hv), hv) };
             fm.resize(nq, 0.0);
             fs.resize(nq, 0.0);
             let nk = ranges.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
             for k in 0..nk {
                 run_chunk(k, &mut rk, &mut acc, &mut m, &mut ssum);
                 for i in 0..nq {
-                    if k == 0 || rk[i].0 < rk[i].1 {
-                        merge_chunk(&mut fo[i * hv..(i + 1) * hv], &mut fm[i], &mut fs[i], k == 0, &acc[i * hv..(i + 1) * hv], m[i], ssum[i]);
+                    if ranges[i].0 < ranges[i].1 && (k == 0 || rk[i].0 < rk[i].1) {
+                        merge_chunk(out_of(i), &mut fm[i], &mut fs[i], k == 0, &acc[i * hv..(i + 1) * hv], m[i], ssum[i]);
                     }
                 }
             }
-            for t in t0..t1 {
-                // SAFETY: heads h0..h0 + sub of token t belong to this pass only.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h0 * hv), sub * hv) };
-                for j in 0..sub {
-                    let i = (t - t0) * sub + j;
-                    let oj = &mut o[j * hv..(j + 1) * hv];
-                    if ranges[i].0 == ranges[i].1 {
-                        oj.fill(0.0);
-                        continue;
-                    }
-                    oj.copy_from_slice(&fo[i * hv..(i + 1) * hv]);
-                    finish(oj, fm[i], fs[i], p.sinks.map(|sk| sk[h0 + j]));
+            for i in 0..nq {
+                if ranges[i].0 == ranges[i].1 {
+                    out_of(i).fill(0.0);
+                } else {
+                    finish(out_of(i), fm[i], fs[i], p.sinks.map(|sk| sk[h0 + i % sub]));
                 }
             }
         }
@@ -1099,16 +1118,11 @@ mod tests {
         let q = r.vec(n_q * c.n_head * hd, 1.0);
         let sinks: Vec<f32> = (0..c.n_head).map(|h| 0.5 * h as f32 - 0.7).collect();
         let p = AttnParams {
-            il: 0,
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            hd_k: hd,
-            hd_v: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
             softcap: c.softcap,
             n_swa: c.n_swa,
             chunked: c.chunked,
             sinks: if c.sinks { Some(&sinks) } else { None },
+            ..AttnParams::causal(0, c.n_head, c.n_head_kv, hd)
         };
         let stream = vec![0u32; n_q];
         let key_range = vec![(0u32, n_keys as u32); n_q];
@@ -1214,16 +1228,11 @@ mod tests {
             let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
             for (n_swa, chunked, softcap, sink) in [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)] {
                 let p = AttnParams {
-                    il: 0,
-                    n_head,
-                    n_head_kv,
-                    hd_k: hd,
-                    hd_v: hd,
-                    scale: 1.0 / (hd as f32).sqrt(),
                     softcap,
                     n_swa,
                     chunked,
                     sinks: if sink { Some(&sinks) } else { None },
+                    ..AttnParams::causal(0, n_head, n_head_kv, hd)
                 };
                 let kscale = if softcap != 0.0 { p.scale / softcap } else { p.scale };
                 let stream = vec![0u32; n_q];
@@ -1271,18 +1280,7 @@ mod tests {
             let qpos: Vec<i32> = (650..700).collect();
             let n_q = qpos.len();
             let q = r.vec(n_q * n_head * hd, 3.0);
-            let p = AttnParams {
-                il: 0,
-                n_head,
-                n_head_kv,
-                hd_k: hd,
-                hd_v: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                n_swa: 0,
-                chunked: false,
-                sinks: None,
-            };
+            let p = AttnParams::causal(0, n_head, n_head_kv, hd);
             let stream = vec![0u32; n_q];
             let key_range = vec![(0u32, n_keys as u32); n_q];
             let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };
@@ -1348,18 +1346,7 @@ mod tests {
                 let n_q = qpos.len();
                 let q = r.vec(n_q * n_head * hd, 3.0);
                 for (n_swa, sink) in [(0usize, false), (0, true), (300, false)] {
-                    let p = AttnParams {
-                        il: 0,
-                        n_head,
-                        n_head_kv,
-                        hd_k: hd,
-                        hd_v: hd,
-                        scale: 1.0 / (hd as f32).sqrt(),
-                        softcap: 0.0,
-                        n_swa,
-                        chunked: false,
-                        sinks: if sink { Some(&sinks) } else { None },
-                    };
+                    let p = AttnParams { n_swa, sinks: if sink { Some(&sinks) } else { None }, ..AttnParams::causal(0, n_head, n_head_kv, hd) };
                     let stream = vec![0u32; n_q];
                     let key_range = vec![(0u32, n_keys as u32); n_q];
                     let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };

@@ -822,7 +822,7 @@ fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_th
 
 /// Fewest tokens for which a type with both a pair kernel and a column-lane kernel (the
 /// AVX-512 set's Q4_1 / Q5_1) takes the lanes: --bench batched, one Zen 4 thread, SmolLM2's
-/// Q4_1 gate/up + up + down per layer, pair against lanes: 16 tokens 752 / 754 us, 24:
+/// Q4_1 gate, up and down of one layer, pair against lanes: 16 tokens 752 / 754 us, 24:
 /// 1145 / 1104, 32: 1500 / 1441, 128: 5949 / 5265.
 const LANES_OVER_PAIR_TOKENS: usize = 32;
 

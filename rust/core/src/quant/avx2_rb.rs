@@ -49,8 +49,8 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
 /// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
 /// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
-/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 and the column-lane ones of Q4_1, Q5_1. `PYLLAMA_NO_RB=1` registers none (the same bits either way,
-/// for comparisons).
+/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 and the column-lane ones of Q4_1, Q5_1.
+/// `PYLLAMA_NO_RB=1` registers none (the same bits either way, for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
@@ -70,8 +70,9 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         t.set_packed_pair(GgmlType::Q5_1, pair_cols!(pair_q5_1));
         // the min family's column-lane kernels beat its pair kernels from a few groups on
         // (the matmul takes them from LANES_OVER_PAIR_TOKENS tokens): --bench prefill, one
-        // Zen 4 thread, 512 tokens, SmolLM2's shapes: Q4_1 gate/up 55.5 -> 64 GMAC/s, down
-        // 59 -> 63; Q5_1 49.5 -> 62.5, 52.6 -> 63.8 (Q4_0's and Q5_0's pairs stay ahead)
+        // Zen 4 thread, 512 tokens, one shape per process, SmolLM2's shapes: Q4_1 gate/up 55
+        // -> 62-64 GMAC/s, down 59 -> 62-63; Q5_1 49.5 -> 62-63, 51-53 -> 60-64 (Q4_0's and
+        // Q5_0's pairs stay ahead: 62-66 / 55 against the lanes' 47-49 / 48)
         for (ty, lanes) in lanes_kernels() {
             if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
                 t.set_packed_lanes(ty, lanes);

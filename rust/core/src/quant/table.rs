@@ -82,7 +82,8 @@ pub struct Packed {
     /// bytes per block of a packed group (`avx2::pack_block_bytes`)
     pub block_bytes: usize,
     /// `pair[nc]`: the two-row kernel over the first nc columns of a packed group (the
-    /// AVX-512 set's signed types, not under `PYLLAMA_NO_RB`; see `avx2_rb`)
+    /// AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 / Q5_1, not under `PYLLAMA_NO_RB`; see
+    /// `avx2_rb`)
     pub pair: [Option<PackedPairDot>; MAX_PACK + 1],
     /// the column-lane kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1 and the
     /// AVX-512 set's Q4_1 / Q5_1, not under `PYLLAMA_NO_RB`; see `avx2_rb`'s column-lane
