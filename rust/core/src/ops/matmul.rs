@@ -249,10 +249,14 @@ pub fn matmul_with(
             let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
             let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
             let off = pk.offset;
-            // a column-lane kernel (from one full group on: it computes all 8 lanes; where
-            // the set has a pair kernel too, from LANES_OVER_PAIR_TOKENS): groups packed in
-            // its layout, weight rows decoded once per matmul (see `lanes_rows`)
-            let lanes = pk.lanes.filter(|_| n_tokens >= if pair_full.is_some() { LANES_OVER_PAIR_TOKENS } else { PACK_COLS });
+            // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
+            // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
+            let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
+            // prefill's two-row kernels over rows decoded once per matmul (see the loop);
+            // not in a decode step of up to ROW_OUTER_GROUPS groups, whose weight rows
+            // stream from memory once, prefetched (--bench batched, one thread, Gemma 3's
+            // Q8_0 output at 12 / 16 tokens: 37.0 / 43.1 ms raw, 40.7 / 48.5 decoded)
+            let pair_dec = pk.pair_decoded.filter(|_| lanes.is_none() && n_groups > ROW_OUTER_GROUPS);
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -308,7 +312,8 @@ pub fn matmul_with(
             // Chunks of rows (whole decode blocks / 8-row tiles) claimed per thread from
             // its own contiguous share first, then from the back of the others' (see
             // `StealRanges`): a thread that starts late does less instead of being waited for.
-            let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, lanes.map(|ln| lanes_rows(nb, ln.block_bytes)));
+            let decoded_bytes = lanes.map(|ln| ln.block_bytes).or(pair_dec.map(|pd| pd.block_bytes));
+            let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, decoded_bytes.map(|b| lanes_rows(nb, b)));
             run_chunks(pool, n_rows.div_ceil(chunk_rows), &|ith, ci| {
                 let mut tmp = [0f32; PACK_COLS];
                 let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
@@ -350,6 +355,47 @@ pub fn matmul_with(
                                         *op.get().add((t + c) * ld_out + r) = *v;
                                     }
                                 }
+                            }
+                        }
+                        rb = re;
+                    }
+                } else if let Some(pd) = pair_dec {
+                    // the AVX-512 set's signed family in prefill: blocks of `lanes_rows` rows
+                    // decoded into the thread's area (as the column lanes' above), then every
+                    // group against pairs of decoded rows (an odd last row pairs with itself)
+                    let rows_per = (lanes_rows(nb, pd.block_bytes) & !1).max(2);
+                    let dbytes = nb * pd.block_bytes;
+                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
+                    // (rb_bytes); each thread writes only its own
+                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, pd.block_bytes)) };
+                    let mut tmp_b = [0f32; PACK_COLS];
+                    let mut rb = mine.start;
+                    while rb < mine.end {
+                        let re = (rb + rows_per).min(mine.end);
+                        for r in rb..re {
+                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
+                            unsafe { (pd.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
+                        }
+                        for g in 0..n_groups {
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            let k = pd.cols[nc].expect("decoded two-row kernels of every column count");
+                            let mut r = rb;
+                            while r < re {
+                                let r1 = (r + 1).min(re - 1);
+                                // SAFETY: group g's packed bytes are in scratch; rows r, r1
+                                // were decoded into the area; out in bounds (checked); the
+                                // kernel writes nc values to each tmp
+                                unsafe {
+                                    let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                    k(nb, area.add((r - rb) * dbytes), area.add((r1 - rb) * dbytes), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
+                                    for c in 0..nc {
+                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
+                                        if r1 > r {
+                                            *op.get().add((t + c) * ld_out + r1) = tmp_b[c];
+                                        }
+                                    }
+                                }
+                                r += 2;
                             }
                         }
                         rb = re;
@@ -810,21 +856,17 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
     }
 }
 
-/// Bytes of the row-block path's repack areas, or of the column-lane path's decoded rows
+/// Bytes of the row-block path's repack areas, or of the decoded rows of the column-lane
+/// path or the decoded two-row path
 /// (one area per thread; 0: neither path is taken).
 fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
-    match (kern.row_block, kern.packed.and_then(|p| p.lanes)) {
+    let decoded = kern.packed.and_then(|p| p.lanes.map(|ln| ln.block_bytes).or(p.pair_decoded.map(|pd| pd.block_bytes)));
+    match (kern.row_block, decoded) {
         (Some(rb), _) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
-        (_, Some(ln)) if n_tokens >= quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, ln.block_bytes),
+        (_, Some(bytes)) if n_tokens >= quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, bytes),
         _ => 0,
     }
 }
-
-/// Fewest tokens for which a type with both a pair kernel and a column-lane kernel (the
-/// AVX-512 set's Q4_1 / Q5_1) takes the lanes: --bench batched, one Zen 4 thread, SmolLM2's
-/// Q4_1 gate, up and down of one layer, pair against lanes: 16 tokens 752 / 754 us, 24:
-/// 1145 / 1104, 32: 1500 / 1441, 128: 5949 / 5265.
-const LANES_OVER_PAIR_TOKENS: usize = 32;
 
 /// Decoded bytes of weight rows per block of the column-lane path: each block of rows
 /// meets every packed group while it stays in L1 / L2.

@@ -24,7 +24,9 @@
 
 use super::avx2::PackBuild;
 use super::fp::f16_to_f32;
-use super::table::{KernelTable, Lanes, RowBlock, MAX_PACK};
+use super::table::{KernelTable, Lanes, PairDecoded, RowBlock, MAX_PACK};
+
+type DecodeFn = unsafe fn(usize, *const u8, *mut u8);
 use super::{PackedDot, PackedPairDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
 use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
@@ -49,7 +51,8 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
 /// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
 /// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
-/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 and the column-lane ones of Q4_1, Q5_1.
+/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over raw rows (decode steps) and over decoded
+/// rows (prefill: `pair_decoded`, `pair_min_decoded`).
 /// `PYLLAMA_NO_RB=1` registers none (the same bits either way, for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
@@ -68,15 +71,11 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         t.set_packed_pair(GgmlType::Q8_0, pair_cols!(pair_q8_0));
         t.set_packed_pair(GgmlType::Q4_1, pair_cols!(pair_q4_1));
         t.set_packed_pair(GgmlType::Q5_1, pair_cols!(pair_q5_1));
-        // the min family's column-lane kernels beat its pair kernels from a few groups on
-        // (the matmul takes them from LANES_OVER_PAIR_TOKENS tokens): --bench prefill, one
-        // Zen 4 thread, 512 tokens, one shape per process, SmolLM2's shapes: Q4_1 gate/up 55
-        // -> 62-64 GMAC/s, down 59 -> 62-63; Q5_1 49.5 -> 62-63, 51-53 -> 60-64 (Q4_0's and
-        // Q5_0's pairs stay ahead: 62-66 / 55 against the lanes' 47-49 / 48)
-        for (ty, lanes) in lanes_kernels() {
-            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
-                t.set_packed_lanes(ty, lanes);
-            }
+        for (ty, decode) in [(GgmlType::Q4_0, decode_lanes_q4_0 as DecodeFn), (GgmlType::Q5_0, decode_lanes_q5_0), (GgmlType::Q8_0, decode_lanes_q8_0)] {
+            t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 36, cols: pair_cols!(pair_decoded) });
+        }
+        for (ty, decode) in [(GgmlType::Q4_1, decode_lanes_q4_1 as DecodeFn), (GgmlType::Q5_1, decode_lanes_q5_1)] {
+            t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 40, cols: pair_cols!(pair_min_decoded) });
         }
     }
 }
@@ -524,7 +523,7 @@ unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
 /// upper half computes a column past NC (in the group's block, d_x 0 or unused) and is
 /// dropped.
 #[inline(always)]
-unsafe fn pair_signed_cols2<const NC: usize>(
+unsafe fn pair_signed_cols2<const NC: usize, const PREFETCH: bool>(
     nb: usize,
     wa: *const u8,
     wb: *const u8,
@@ -532,7 +531,7 @@ unsafe fn pair_signed_cols2<const NC: usize>(
     xp: *const u8,
     outa: *mut f32,
     outb: *mut f32,
-    decode: impl Fn(*const u8) -> (f32, __m256i),
+    block: impl Fn(*const u8, usize) -> (f32, __m256i),
 ) {
     use super::avx2::PACK_BLOCK;
     let np = NC.div_ceil(2);
@@ -543,9 +542,11 @@ unsafe fn pair_signed_cols2<const NC: usize>(
     // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
     let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
     for i in 0..nb {
-        super::avx2::prefetch_step::<false>(wa, dist, i, 2 * wsize);
-        let (da, qa) = decode(wa.add(i * wsize));
-        let (db, qb) = decode(wb.add(i * wsize));
+        if PREFETCH {
+            super::avx2::prefetch_step::<false>(wa, dist, i, 2 * wsize);
+        }
+        let (da, qa) = block(wa, i);
+        let (db, qb) = block(wb, i);
         let b = xp.add(i * PACK_BLOCK);
         let dx = _mm256_loadu_ps(b as *const f32);
         let pa = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(da), dx));
@@ -560,10 +561,8 @@ unsafe fn pair_signed_cols2<const NC: usize>(
             acc_b[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[k], pb), _mm512_cvtepi32_ps(vb), acc_b[k]);
         }
     }
-    for c in 0..NC {
-        *outa.add(c) = super::avx2::hsum_ps(zmm_half(acc_a[c / 2], c % 2));
-        *outb.add(c) = super::avx2::hsum_ps(zmm_half(acc_b[c / 2], c % 2));
-    }
+    hsum_cols2::<NC>(&acc_a, outa, None);
+    hsum_cols2::<NC>(&acc_b, outb, None);
 }
 
 /// The packed min-family kernel (`avx2::dot_packed_min`, its E build: Q4_1 / Q5_1 against
@@ -572,7 +571,7 @@ unsafe fn pair_signed_cols2<const NC: usize>(
 /// per block; per row the 8 columns' m_w * s_x summed in lanes), each half's `hsum_ps`
 /// plus its column's min sum at the end.
 #[inline(always)]
-unsafe fn pair_min_cols2<const NC: usize>(
+unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
     nb: usize,
     wa: *const u8,
     wb: *const u8,
@@ -580,9 +579,9 @@ unsafe fn pair_min_cols2<const NC: usize>(
     xp: *const u8,
     outa: *mut f32,
     outb: *mut f32,
-    decode: impl Fn(*const u8) -> __m256i,
+    block: impl Fn(*const u8, usize) -> (__m128, __m256i),
 ) {
-    use super::avx2::{f16x2, PACK_BLOCK_Q8_1, PACK_COLS};
+    use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
     let np = NC.div_ceil(2);
     let mut acc_a = [_mm512_setzero_ps(); 4];
     let mut acc_b = [_mm512_setzero_ps(); 4];
@@ -592,10 +591,11 @@ unsafe fn pair_min_cols2<const NC: usize>(
     // address order a pass ahead (rows a and b are adjacent: `prefetch_step`)
     let dist = super::avx2::PF_AHEAD.max(2 * (wb as usize).wrapping_sub(wa as usize));
     for i in 0..nb {
-        super::avx2::prefetch_step::<true>(wa, dist, i, 2 * wsize);
-        let (ba, bb) = (wa.add(i * wsize), wb.add(i * wsize));
-        let (dma, dmb) = (f16x2(ba), f16x2(bb)); // (d_w, m_w)
-        let (qa, qb) = (_mm512_broadcast_i64x4(decode(ba)), _mm512_broadcast_i64x4(decode(bb)));
+        if PREFETCH {
+            super::avx2::prefetch_step::<true>(wa, dist, i, 2 * wsize);
+        }
+        let ((dma, qa), (dmb, qb)) = (block(wa, i), block(wb, i)); // dm: (d_w, m_w)
+        let (qa, qb) = (_mm512_broadcast_i64x4(qa), _mm512_broadcast_i64x4(qb));
         let b = xp.add(i * PACK_BLOCK_Q8_1);
         let (dx, sx) = (_mm256_loadu_ps(b as *const f32), _mm256_loadu_ps(b.add(4 * PACK_COLS) as *const f32));
         let pa = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_broadcastss_ps(dma), dx));
@@ -613,9 +613,30 @@ unsafe fn pair_min_cols2<const NC: usize>(
     let (mut sa, mut sb) = ([0f32; PACK_COLS], [0f32; PACK_COLS]);
     _mm256_storeu_ps(sa.as_mut_ptr(), summ_a);
     _mm256_storeu_ps(sb.as_mut_ptr(), summ_b);
-    for c in 0..NC {
-        *outa.add(c) = super::avx2::hsum_ps(zmm_half(acc_a[c / 2], c % 2)) + sa[c];
-        *outb.add(c) = super::avx2::hsum_ps(zmm_half(acc_b[c / 2], c % 2)) + sb[c];
+    hsum_cols2::<NC>(&acc_a, outa, Some(&sa));
+    hsum_cols2::<NC>(&acc_b, outb, Some(&sb));
+}
+
+/// out[c] = `avx2::hsum_ps` of column c's half of the two-column accumulators (+ add[c]),
+/// c < NC: the same tree (hi + lo quarters, + movehl, + movehdup, each add's operands in
+/// hsum_ps's order) run in both halves of a zmm at once.
+#[inline(always)]
+unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, add: Option<&[f32; super::avx2::PACK_COLS]>) {
+    for k in 0..NC.div_ceil(2) {
+        let v = acc[k];
+        // lanes j < 4 of each half: v[j + 4] + v[j]
+        let r = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_11_00_01>(v, v), v);
+        // lanes 0, 1 of each half: r[0] + r[2], r[1] + r[3] (movehl)
+        let r = _mm512_add_ps(r, _mm512_permute_ps::<0b11_10_11_10>(r));
+        // lane 0 of each half: r[0] + r[1] (movehdup)
+        let r = _mm512_add_ps(r, _mm512_movehdup_ps(r));
+        let lo = _mm512_cvtss_f32(r);
+        let hi = _mm_cvtss_f32(_mm512_extractf32x4_ps::<2>(r));
+        let (c0, c1) = (2 * k, 2 * k + 1);
+        *out.add(c0) = if let Some(a) = add { lo + a[c0] } else { lo };
+        if c1 < NC {
+            *out.add(c1) = if let Some(a) = add { hi + a[c1] } else { hi };
+        }
     }
 }
 
@@ -626,21 +647,15 @@ unsafe fn cols2_index() -> [__m512i; 4] {
     std::array::from_fn(|k| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k as i32)), _mm256_set1_epi32(2 * k as i32 + 1)))
 }
 
-/// Half h (0: lanes 0..8, 1: lanes 8..16) of a zmm.
-#[inline(always)]
-unsafe fn zmm_half(v: __m512, h: usize) -> __m256 {
-    if h == 0 {
-        _mm512_castps512_ps256(v)
-    } else {
-        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-    }
-}
-
 macro_rules! pair_min_kernel {
     ($name:ident, $wsize:expr, $dec:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
-            pair_min_cols2::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $dec)
+            let decode = $dec;
+            pair_min_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, |w: *const u8, i| {
+                let b = w.add(i * $wsize);
+                (super::avx2::f16x2(b), decode(b))
+            })
         }
     };
 }
@@ -652,9 +667,36 @@ macro_rules! pair_kernel {
     ($name:ident, $wsize:expr, $decu:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
-            pair_signed_cols2::<NC>(nb, wa, wb, $wsize, xp, outa, outb, $decu)
+            let decode = $decu;
+            pair_signed_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, |w: *const u8, i| decode(w.add(i * $wsize)))
         }
     };
+}
+
+/// `pair_signed_cols2` over two rows decoded once per matmul (`decode_lanes_*`: nb x 32
+/// unsigned quant bytes, then nb f32 scales; the same values the raw kernels decode per
+/// block, by the same instructions): the prefill of the AVX-512 set's signed family, whose
+/// raw kernels decode both rows again for every packed group (for Q5_0 the 5th bits' spread
+/// was about a third of the kernel's instructions). The same bits as `pair_q*`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+    pair_signed_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, |w: *const u8, i| {
+        ((w.add(32 * nb) as *const f32).add(i).read_unaligned(), load256(w.add(32 * i)))
+    })
+}
+
+/// `pair_min_cols2` over two rows decoded once per matmul (`decode_lanes_q4_1` /
+/// `decode_lanes_q5_1`: nb x 32 quant bytes, then nb (d, m) f32 pairs): as `pair_decoded`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+    pair_min_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, |w: *const u8, i| {
+        (_mm_castpd_ps(_mm_load_sd((w.add(32 * nb) as *const f64).add(i))), load256(w.add(32 * i)))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q8_0(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<false>(nb, w, BlockQ8_0::SIZE, dst, |b| _mm256_xor_si256(load256(b.add(offset_of!(BlockQ8_0, qs))), _mm256_set1_epi8(0x80u8 as i8)))
 }
 
 pair_kernel!(pair_q4_0, BlockQ4_0::SIZE, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
@@ -837,8 +879,9 @@ mod tests {
 
     #[test]
     fn packed_pair_kernels_equal_single_column_kernels_bit_for_bit() {
-        // Both rows of the AVX-512 two-row packed kernels, every column count, equal the
-        // plain single-column kernel bit for bit (random and extreme blocks).
+        // Both rows of the AVX-512 two-row packed kernels, over raw and over decoded rows,
+        // every column count, equal the plain single-column kernel bit for bit (random and
+        // extreme blocks: case 1's 0xFF bytes make every d a NaN).
         if !quant::avx512_available() {
             return;
         }
@@ -852,7 +895,8 @@ mod tests {
             let xrow = vdt.row_size(n).unwrap();
             let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
             let tk = *quant::table::build(KernelSet::Avx2, opt).get(ty);
-            let pairs = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pair;
+            let p512 = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap();
+            let (pairs, pd) = (p512.pair, p512.pair_decoded.expect("decoded two-row kernels"));
             let one = tk.tiled.unwrap().one();
             let pk = tk.packed.unwrap();
             for case in 0..4 {
@@ -894,14 +938,22 @@ mod tests {
                             avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr())
                         }
                     };
-                    let k = pairs[nc].unwrap();
-                    let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
-                    unsafe { k(nb, w.as_ptr(), w.as_ptr().add(wrow), packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
-                    for c in 0..nc {
-                        for (r, got) in [(0, ga[c]), (1, gb[c])] {
-                            let mut want = 0f32;
-                            unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
-                            assert_eq!(got.to_bits(), want.to_bits(), "{ty} nc={nc} case {case} row {r} col {c}");
+                    // raw rows, and the same rows decoded once (the prefill kernels)
+                    let mut dec = vec![0xA5u8; 2 * nb * pd.block_bytes];
+                    let db = nb * pd.block_bytes;
+                    unsafe {
+                        (pd.decode)(nb, w.as_ptr(), dec.as_mut_ptr());
+                        (pd.decode)(nb, w.as_ptr().add(wrow), dec.as_mut_ptr().add(db));
+                    }
+                    for (kind, k, wa, wb) in [("raw", pairs[nc].unwrap(), w.as_ptr(), w.as_ptr().wrapping_add(wrow)), ("decoded", pd.cols[nc].unwrap(), dec.as_ptr(), dec.as_ptr().wrapping_add(db))] {
+                        let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
+                        unsafe { k(nb, wa, wb, packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
+                        for c in 0..nc {
+                            for (r, got) in [(0, ga[c]), (1, gb[c])] {
+                                let mut want = 0f32;
+                                unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
+                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {kind} nc={nc} case {case} row {r} col {c}");
+                            }
                         }
                     }
                 }

@@ -85,10 +85,25 @@ pub struct Packed {
     /// AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 / Q5_1, not under `PYLLAMA_NO_RB`; see
     /// `avx2_rb`)
     pub pair: [Option<PackedPairDot>; MAX_PACK + 1],
-    /// the column-lane kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1 and the
-    /// AVX-512 set's Q4_1 / Q5_1, not under `PYLLAMA_NO_RB`; see `avx2_rb`'s column-lane
-    /// section)
+    /// the column-lane kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1, not under
+    /// `PYLLAMA_NO_RB`; see `avx2_rb`'s column-lane section)
     pub lanes: Option<Lanes>,
+    /// the two-row kernels over decoded rows (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 /
+    /// Q5_1 in prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::pair_decoded`)
+    pub pair_decoded: Option<PairDecoded>,
+}
+
+/// Two-row packed kernels over weight rows decoded once per matmul (see
+/// `avx2_rb::pair_decoded`): `cols[nc]` is `pair[nc]` with its rows' blocks already
+/// decoded by `decode` (the column-lane layout: nb x 32 quant bytes, then nb f32 scales).
+#[derive(Clone, Copy)]
+pub struct PairDecoded {
+    /// decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst
+    pub decode: unsafe fn(nb: usize, w: *const u8, dst: *mut u8),
+    /// decoded bytes per block
+    pub block_bytes: usize,
+    /// `cols[nc]`: two decoded rows against the first nc columns of a packed group
+    pub cols: [Option<PackedPairDot>; MAX_PACK + 1],
 }
 
 /// Column-lane prefill kernel (see `avx2_rb`'s column-lane section): weight rows decoded
@@ -273,6 +288,11 @@ impl KernelTable {
     /// Registration: `ty`'s two-row packed kernels (over its packed entry).
     pub(crate) fn set_packed_pair(&mut self, ty: GgmlType, pair: [Option<PackedPairDot>; MAX_PACK + 1]) {
         self.entry(ty).packed.as_mut().expect("two-row kernels over a packed entry").pair = pair;
+    }
+
+    /// Registration: `ty`'s two-row kernels over decoded rows (over its packed entry).
+    pub(crate) fn set_packed_pair_decoded(&mut self, ty: GgmlType, pd: PairDecoded) {
+        self.entry(ty).packed.as_mut().expect("decoded two-row kernels over a packed entry").pair_decoded = Some(pd);
     }
 
     /// Registration: `ty`'s column-lane kernel (over its packed entry).
