@@ -612,17 +612,23 @@ fn single_token_chunk(n_rows: usize, wrow: usize, nth: usize) -> usize {
 }
 
 /// Rows per claimed chunk of the packed / column-lane paths: a decode step (few groups)
-/// as a single-token matmul's chunks, rounded to whole 8-row tiles; prefill at least a
-/// decoded block of the column-lane kernels (`lanes_rows`) or 64 rows (each chunk re-reads
-/// a group's packed activations).
+/// as a single-token matmul's chunks, rounded to whole 8-row tiles; prefill over decoded
+/// rows (the column lanes, the decoded pairs) about PREFILL_CHUNKS chunks per thread of
+/// whole tiles, at most a decoded block (`lanes_rows`, rounded down to a tile), so a small
+/// matrix splits evenly too (Gemma 3's k and v, 256 rows: once 3 chunks of 91 rows for 2
+/// threads, one thread doing two); other prefill at least 64 rows (each chunk re-reads a
+/// group's packed activations).
 fn packed_chunk_rows(n_rows: usize, wrow: usize, nth: usize, step: bool, lanes: Option<usize>) -> usize {
     let base = single_token_chunk(n_rows, wrow, nth).next_multiple_of(8);
     match (step, lanes) {
         (true, _) => base,
-        (false, Some(lr)) => base.max(lr),
+        (false, Some(lr)) => n_rows.div_ceil(PREFILL_CHUNKS * nth).next_multiple_of(8).min((lr / 8 * 8).max(8)),
         (false, None) => base.max(64),
     }
 }
+
+/// Chunks per thread of a prefill matmul over decoded rows (see `packed_chunk_rows`).
+const PREFILL_CHUNKS: usize = 8;
 
 /// One product of a fused single-token region (`matmul_single_fused`): rows `rows` of `w`
 /// times the token's activations into `out` (`rows.len()` values).
