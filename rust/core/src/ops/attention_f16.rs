@@ -551,7 +551,7 @@ mod x86 {
     /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
     /// without the per-key flag loads and branches (4 * NQ independent accumulator chains).
     #[inline(always)]
-    unsafe fn accumulate_steady_512<const NQ: usize>(acc: &mut [u16], hv: usize, i0: usize, vf: &[f32], vs: &[f32]) {
+    unsafe fn accumulate_steady_512<const NQ: usize, V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
         let mut c = 0;
         while c < hv {
             let mut r = [[_mm512_setzero_ps(); 4]; NQ];
@@ -562,8 +562,7 @@ mod x86 {
                 }
             }
             for kk in 0..KB {
-                let pv = vf.as_ptr().add(kk * hv + c);
-                let v = [_mm512_loadu_ps(pv), _mm512_loadu_ps(pv.add(16)), _mm512_loadu_ps(pv.add(32)), _mm512_loadu_ps(pv.add(48))];
+                let v = [vr(kk, c), vr(kk, c + 16), vr(kk, c + 32), vr(kk, c + 48)];
                 for (qi, rq) in r.iter_mut().enumerate() {
                     let va = _mm512_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
                     for (u, ru) in rq.iter_mut().enumerate() {
@@ -585,15 +584,15 @@ mod x86 {
     /// time with the accumulators in registers (f32 holding f16 values: each step rounds
     /// to f16 exactly as the stored accumulator would be), keys in order per query.
     #[inline(always)]
-    unsafe fn accumulate_4(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+    unsafe fn accumulate_4<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         if nb == KB {
             let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
             if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
-                accumulate_steady_512::<STEADY_Q>(acc, hv, i0, vf, vs);
+                accumulate_steady_512::<STEADY_Q, V>(acc, hv, i0, vr, vs);
                 return STEADY_Q;
             }
             if i0 + 4 <= nq && all_one(4) {
-                accumulate_steady_512::<4>(acc, hv, i0, vf, vs);
+                accumulate_steady_512::<4, V>(acc, hv, i0, vr, vs);
                 return 4;
             }
         }
@@ -609,8 +608,7 @@ mod x86 {
                 }
             }
             for kk in 0..nb {
-                let pv = vf.as_ptr().add(kk * hv + c);
-                let v = [_mm512_loadu_ps(pv), _mm512_loadu_ps(pv.add(16)), _mm512_loadu_ps(pv.add(32)), _mm512_loadu_ps(pv.add(48))];
+                let v = [vr(kk, c), vr(kk, c + 16), vr(kk, c + 32), vr(kk, c + 48)];
                 for (qi, rq) in r.iter_mut().enumerate() {
                     let f = (i0 + qi) * KB + kk;
                     let flag = *fl.get_unchecked(f);
@@ -648,13 +646,18 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $below:ident, $exp:ident, $accumulate:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = $ranges.iter().map(|r| r.1).max().unwrap_or(0);
             let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = $scr;
             let vexp = $p.softcap == 0.0 && super::vexp_ok();
+            // a pass of at most STEADY_Q queries (a decode step's GQA group) reads each V row
+            // once in one accumulation call: converted there from the cache, not staged in
+            // f32 first (the same exact conversion, one store and load less per 16 lanes)
+            let direct = nq <= STEADY_Q;
+            let mut vrows = [std::ptr::null::<u16>(); KB];
             let mut j0 = jlo;
             while j0 < jhi {
                 let nb = KB.min(jhi - j0);
@@ -663,7 +666,11 @@ mod x86 {
                     let k16 = $p.rows.k.get_unchecked($p.rows.k_off + cell * $p.rows.k_stride..).get_unchecked(..hk);
                     $to_f32(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
                     let v16 = $p.rows.v.get_unchecked($p.rows.v_off + cell * $p.rows.v_stride..).get_unchecked(..hv);
-                    $to_f32(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+                    if direct {
+                        *vrows.get_unchecked_mut(kk) = v16.as_ptr();
+                    } else {
+                        $to_f32(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
+                    }
                 }
                 let mut any = false;
                 for i in 0..nq {
@@ -711,8 +718,17 @@ mod x86 {
                 }
                 if any {
                     let mut i0 = 0;
-                    while i0 < nq {
-                        i0 += $accumulate($acc, hv, nq, i0, nb, vf, fl, ms, vs);
+                    if direct {
+                        let vr = move |kk: usize, off: usize| $vdirect(vrows.get_unchecked(kk).add(off));
+                        while i0 < nq {
+                            i0 += $accumulate($acc, hv, nq, i0, nb, &vr, fl, ms, vs);
+                        }
+                    } else {
+                        let vfp = vf.as_ptr();
+                        let vr = move |kk: usize, off: usize| $vstaged(vfp.add(kk * hv + off));
+                        while i0 < nq {
+                            i0 += $accumulate($acc, hv, nq, i0, nb, &vr, fl, ms, vs);
+                        }
                     }
                 }
                 j0 += nb;
@@ -731,7 +747,15 @@ mod x86 {
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, below, exp8, accumulate_4)
+        #[inline(always)]
+        unsafe fn staged(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn direct(p: *const u16) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        }
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, below, exp8, accumulate_4, staged, direct)
     }
 
     /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
@@ -832,7 +856,7 @@ mod x86 {
     /// FMA and an f16 round trip, ~15 cycles of latency on Zen 3: 8 chains leave the
     /// converters idle, 12 keep them busier).
     #[inline(always)]
-    unsafe fn accumulate_steady_avx2<const NQ: usize>(acc: &mut [u16], hv: usize, i0: usize, vf: &[f32], vs: &[f32]) {
+    unsafe fn accumulate_steady_avx2<const NQ: usize, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
         let mut c = 0;
         while c < hv {
             let mut r = [[_mm256_setzero_ps(); 2]; NQ];
@@ -843,11 +867,11 @@ mod x86 {
                 }
             }
             for kk in 0..KB {
-                let pv = vf.as_ptr().add(kk * hv + c);
+                let v = [vr(kk, c), vr(kk, c + 8)];
                 for (qi, rq) in r.iter_mut().enumerate() {
                     let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
                     for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = round16_avx2(_mm256_fmadd_ps(_mm256_loadu_ps(pv.add(8 * u)), va, *ru));
+                        *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
                     }
                 }
             }
@@ -865,15 +889,15 @@ mod x86 {
     /// accumulators and 2 V registers of the 16 ymm); in the steady state (a whole block,
     /// every flag 1) six queries at once when there are six. Returns the queries done.
     #[inline(always)]
-    unsafe fn accumulate_4_avx2(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vf: &[f32], fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+    unsafe fn accumulate_4_avx2<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         if nb == KB {
             let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
             if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
-                accumulate_steady_avx2::<STEADY_Q>(acc, hv, i0, vf, vs);
+                accumulate_steady_avx2::<STEADY_Q, V>(acc, hv, i0, vr, vs);
                 return STEADY_Q;
             }
             if i0 + 4 <= nq && all_one(4) {
-                accumulate_steady_avx2::<4>(acc, hv, i0, vf, vs);
+                accumulate_steady_avx2::<4, V>(acc, hv, i0, vr, vs);
                 return 4;
             }
         }
@@ -889,8 +913,7 @@ mod x86 {
                 }
             }
             for kk in 0..nb {
-                let pv = vf.as_ptr().add(kk * hv + c);
-                let v = [_mm256_loadu_ps(pv), _mm256_loadu_ps(pv.add(8))];
+                let v = [vr(kk, c), vr(kk, c + 8)];
                 for (qi, rq) in r.iter_mut().enumerate() {
                     let f = (i0 + qi) * KB + kk;
                     let flag = *fl.get_unchecked(f);
@@ -945,7 +968,15 @@ mod x86 {
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, below, exp8_avx2, accumulate_4_avx2)
+        #[inline(always)]
+        unsafe fn staged(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn direct(p: *const u16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
