@@ -314,6 +314,21 @@ pub fn matmul_with(
             // `StealRanges`): a thread that starts late does less instead of being waited for.
             let decoded_bytes = lanes.map(|ln| ln.block_bytes).or(pair_dec.map(|pd| pd.block_bytes));
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, decoded_bytes.map(|b| lanes_rows(nb, b)));
+            // thread ith's area of decoded rows (after the packed groups, see `rb_bytes`), and
+            // the decoded bytes per row, for rows of `block_bytes` decoded bytes per block
+            let decoded_area = |ith: usize, block_bytes: usize| {
+                // SAFETY: scratch was sized for nth areas of lanes_area bytes (rb_bytes);
+                // each thread writes only its own
+                (unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, block_bytes)) }, nb * block_bytes)
+            };
+            // rows `rows` (a decoded block) decoded into `area`, dbytes apart
+            let decode_rows = |decode: quant::table::DecodeRowFn, rows: Range<usize>, area: *mut u8, dbytes: usize| {
+                for r in rows.clone() {
+                    // SAFETY: row r0 + r < n_out; its decoded bytes fit the area (the block
+                    // is at most lanes_area's rows)
+                    unsafe { decode(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rows.start) * dbytes)) };
+                }
+            };
             run_chunks(pool, n_rows.div_ceil(chunk_rows), &|ith, ci| {
                 let mut tmp = [0f32; PACK_COLS];
                 let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
@@ -324,17 +339,11 @@ pub fn matmul_with(
                     // groups LANES_STEP_ROWS rows at a time (each weight row read from
                     // memory once for all groups, as below)
                     let rows_per = if n_groups <= ROW_OUTER_GROUPS { LANES_STEP_ROWS } else { lanes_rows(nb, ln.block_bytes) };
-                    let dbytes = nb * ln.block_bytes;
-                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
-                    // (rb_bytes); each thread writes only its own
-                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, ln.block_bytes)) };
+                    let (area, dbytes) = decoded_area(ith, ln.block_bytes);
                     let mut rb = mine.start;
                     while rb < mine.end {
                         let re = (rb + rows_per).min(mine.end);
-                        for r in rb..re {
-                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
-                            unsafe { (ln.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
-                        }
+                        decode_rows(ln.decode, rb..re, area, dbytes);
                         for g in 0..n_groups {
                             let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
                             // SAFETY: group g's packed bytes are in scratch; rows r0 + r <
@@ -364,18 +373,12 @@ pub fn matmul_with(
                     // decoded into the thread's area (as the column lanes' above), then every
                     // group against pairs of decoded rows (an odd last row pairs with itself)
                     let rows_per = (lanes_rows(nb, pd.block_bytes) & !1).max(2);
-                    let dbytes = nb * pd.block_bytes;
-                    // SAFETY: scratch was sized for nth areas of lanes_rows decoded rows
-                    // (rb_bytes); each thread writes only its own
-                    let area = unsafe { (rb_base as *mut u8).add(ith * lanes_area(nb, pd.block_bytes)) };
+                    let (area, dbytes) = decoded_area(ith, pd.block_bytes);
                     let mut tmp_b = [0f32; PACK_COLS];
                     let mut rb = mine.start;
                     while rb < mine.end {
                         let re = (rb + rows_per).min(mine.end);
-                        for r in rb..re {
-                            // SAFETY: row r0 + r < n_out; its decoded bytes fit the area
-                            unsafe { (pd.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rb) * dbytes)) };
-                        }
+                        decode_rows(pd.decode, rb..re, area, dbytes);
                         for g in 0..n_groups {
                             let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
                             let k = pd.cols[nc].expect("decoded two-row kernels of every column count");

@@ -24,9 +24,7 @@
 
 use super::avx2::PackBuild;
 use super::fp::f16_to_f32;
-use super::table::{KernelTable, Lanes, PairDecoded, RowBlock, MAX_PACK};
-
-type DecodeFn = unsafe fn(usize, *const u8, *mut u8);
+use super::table::{DecodeRowFn, KernelTable, Lanes, PairDecoded, RowBlock, MAX_PACK};
 use super::{PackedDot, PackedPairDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
 use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
@@ -71,10 +69,10 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         t.set_packed_pair(GgmlType::Q8_0, pair_cols!(pair_q8_0));
         t.set_packed_pair(GgmlType::Q4_1, pair_cols!(pair_q4_1));
         t.set_packed_pair(GgmlType::Q5_1, pair_cols!(pair_q5_1));
-        for (ty, decode) in [(GgmlType::Q4_0, decode_lanes_q4_0 as DecodeFn), (GgmlType::Q5_0, decode_lanes_q5_0), (GgmlType::Q8_0, decode_lanes_q8_0)] {
+        for (ty, decode) in [(GgmlType::Q4_0, decode_lanes_q4_0 as DecodeRowFn), (GgmlType::Q5_0, decode_lanes_q5_0), (GgmlType::Q8_0, decode_lanes_q8_0)] {
             t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 36, cols: pair_cols!(pair_decoded) });
         }
-        for (ty, decode) in [(GgmlType::Q4_1, decode_lanes_q4_1 as DecodeFn), (GgmlType::Q5_1, decode_lanes_q5_1)] {
+        for (ty, decode) in [(GgmlType::Q4_1, decode_lanes_q4_1 as DecodeRowFn), (GgmlType::Q5_1, decode_lanes_q5_1)] {
             t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 40, cols: pair_cols!(pair_min_decoded) });
         }
     }

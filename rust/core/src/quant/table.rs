@@ -99,12 +99,16 @@ pub struct Packed {
 #[derive(Clone, Copy)]
 pub struct PairDecoded {
     /// decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst
-    pub decode: unsafe fn(nb: usize, w: *const u8, dst: *mut u8),
+    pub decode: DecodeRowFn,
     /// decoded bytes per block
     pub block_bytes: usize,
     /// `cols[nc]`: two decoded rows against the first nc columns of a packed group
     pub cols: [Option<PackedPairDot>; MAX_PACK + 1],
 }
+
+/// Decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst (the column
+/// lanes' and the decoded row pairs' layout).
+pub type DecodeRowFn = unsafe fn(nb: usize, w: *const u8, dst: *mut u8);
 
 /// Column-lane prefill kernel (see `avx2_rb`'s column-lane section): weight rows decoded
 /// once per matmul, groups packed with one column per lane (`pack_q8_0_lanes` /
@@ -112,7 +116,7 @@ pub struct PairDecoded {
 #[derive(Clone, Copy)]
 pub struct Lanes {
     /// decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst
-    pub decode: unsafe fn(nb: usize, w: *const u8, dst: *mut u8),
+    pub decode: DecodeRowFn,
     /// decoded bytes per block
     pub block_bytes: usize,
     /// all PACK_COLS columns of a lanes-packed group against a decoded row
