@@ -369,7 +369,7 @@ pub fn matmul_with(
                         rb = re;
                     }
                 } else if let Some(pd) = pair_dec {
-                    // the AVX-512 set's signed family in prefill: blocks of `lanes_rows` rows
+                    // the AVX-512 set's 32-element types in prefill: blocks of `lanes_rows` rows
                     // decoded into the thread's area (as the column lanes' above), then every
                     // group against pairs of decoded rows (an odd last row pairs with itself)
                     let rows_per = (lanes_rows(nb, pd.block_bytes) & !1).max(2);
