@@ -62,7 +62,20 @@ setsid bash -c 'BUILD_ONLY=1 nice -n 19 bash scripts/test_wheel.sh && BUILD_ONLY
   echo "wheel builds exit $?"' > "$WB_LOG" 2>&1 &
 WB_PID=$!
 trap 'kill -- -$WB_PID 2>/dev/null || true' EXIT
+# A crash of the test process (a signal, not a failed test: CI saw two segfaults under the
+# wheel builds' load that no rerun reproduced) leaves a core file where the kernel writes
+# them into the working directory, and its native backtrace of every thread goes into the log.
+ulimit -c unlimited 2>/dev/null || true
+rm -f core core.[0-9]*
+set +e
 python -m pytest -q --durations=20 "$@"
+rc=$?
+set -e
+if [ $rc -ge 128 ]; then
+    bash scripts/crash_report.sh "$(readlink -f .venv/bin/python)" || true
+    exit $rc
+fi
+[ $rc -eq 0 ] || exit $rc
 stage "waiting for the wheel builds"
 wait $WB_PID || true
 trap - EXIT
