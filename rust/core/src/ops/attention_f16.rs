@@ -523,6 +523,49 @@ mod x86 {
         *out = hsum_8(&x);
     }
 
+    /// `scores_8` of the first `nq` (<= STEADY_Q) queries of `q` (nq rows of hk) against
+    /// the KB keys whose f16 K rows are `krows`, each row converted once for all of them
+    /// (not staged in f32): per query and key the same FMAs and sums as `scores_8`.
+    #[inline(always)]
+    unsafe fn scores_direct_512(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; STEADY_Q]) {
+        match nq {
+            1 => scores_direct_512_n::<1>(krows, hk, q, out),
+            2 => scores_direct_512_n::<2>(krows, hk, q, out),
+            3 => scores_direct_512_n::<3>(krows, hk, q, out),
+            4 => scores_direct_512_n::<4>(krows, hk, q, out),
+            5 => scores_direct_512_n::<5>(krows, hk, q, out),
+            _ => scores_direct_512_n::<6>(krows, hk, q, out),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scores_direct_512_n<const NQ: usize>(krows: &[*const u16; KB], hk: usize, q: *const f32, out: &mut [[f32; KB]; STEADY_Q]) {
+        let mut x = [[_mm256_setzero_ps(); KB]; NQ];
+        for kk in 0..KB {
+            let kr = krows[kk];
+            let mut a0 = [_mm512_setzero_ps(); NQ];
+            let mut a1 = [_mm512_setzero_ps(); NQ];
+            let mut i = 0;
+            while i < hk {
+                let k0 = _mm512_cvtph_ps(_mm256_loadu_si256(kr.add(i) as *const __m256i));
+                let k1 = _mm512_cvtph_ps(_mm256_loadu_si256(kr.add(i + 16) as *const __m256i));
+                for j in 0..NQ {
+                    let qj = q.add(j * hk + i);
+                    a0[j] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qj), a0[j]);
+                    a1[j] = _mm512_fmadd_ps(k1, _mm512_loadu_ps(qj.add(16)), a1[j]);
+                }
+                i += 32;
+            }
+            for j in 0..NQ {
+                let ab = _mm512_add_ps(a0[j], a1[j]);
+                x[j][kk] = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
+            }
+        }
+        for j in 0..NQ {
+            out[j] = hsum_8(&x[j]);
+        }
+    }
+
     /// The 8 keys' scores from their dot accumulators x[k] = (acc0 + acc2) + (acc1 + acc3):
     /// ggml's horizontal sums of the 8 keys done together, lo/hi halves added per key pair,
     /// then two hadd levels (the same pairs as `finish`: (l + l+4), then (0+1) + (2+3)).
@@ -646,7 +689,7 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $scores_direct:ident, $direct_k_max:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -658,19 +701,47 @@ mod x86 {
             // f32 first (the same exact conversion, one store and load less per 16 lanes)
             let direct = nq <= STEADY_Q;
             let mut vrows = [std::ptr::null::<u16>(); KB];
+            // and a pass of at most $direct_k_max queries converts each K row inside the
+            // scores of all its queries at once (`scores_direct_*`: the same FMAs per query)
+            // instead of staging it in f32 for one query at a time
+            let direct_k = nq <= $direct_k_max;
+            let mut krows = [std::ptr::null::<u16>(); KB];
+            let mut s_all = [[0f32; KB]; STEADY_Q];
             let mut j0 = jlo;
             while j0 < jhi {
                 let nb = KB.min(jhi - j0);
                 for kk in 0..nb {
                     let cell = $p.keys[j0 + kk].1 as usize;
                     let k16 = $p.rows.k.get_unchecked($p.rows.k_off + cell * $p.rows.k_stride..).get_unchecked(..hk);
-                    $to_f32(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
+                    if direct_k {
+                        *krows.get_unchecked_mut(kk) = k16.as_ptr();
+                        // its lines requested now, all the block's at once: the scores
+                        // reach a row only after the previous keys' FMAs, and a decode
+                        // step's rows stream from memory (SmolLM2's 128-byte rows, 384
+                        // bytes apart: 16% slower without, `--bench attention`)
+                        let kp = k16.as_ptr() as *const i8;
+                        let mut o = 0;
+                        while o < 2 * hk {
+                            _mm_prefetch::<_MM_HINT_T0>(kp.add(o));
+                            o += 64;
+                        }
+                    } else {
+                        $to_f32(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
+                    }
                     let v16 = $p.rows.v.get_unchecked($p.rows.v_off + cell * $p.rows.v_stride..).get_unchecked(..hv);
                     if direct {
                         *vrows.get_unchecked_mut(kk) = v16.as_ptr();
                     } else {
                         $to_f32(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
                     }
+                }
+                if direct_k {
+                    // a partial last block: its missing keys' scores are computed from
+                    // the first key's row and never used
+                    for kk in nb..KB {
+                        *krows.get_unchecked_mut(kk) = krows[0];
+                    }
+                    $scores_direct(&krows, hk, $qb.as_ptr(), nq, &mut s_all);
                 }
                 let mut any = false;
                 for i in 0..nq {
@@ -682,8 +753,13 @@ mod x86 {
                         continue;
                     }
                     any = true;
-                    let mut s = [0f32; KB];
-                    $scores(kf, hk, $qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                    let s = if direct_k {
+                        *s_all.get_unchecked(i)
+                    } else {
+                        let mut s = [0f32; KB];
+                        $scores(kf, hk, $qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
+                        s
+                    };
                     if vexp && a == j0 && b == j0 + KB {
                         // the whole block seen, and no score above the running max (the common
                         // case once the max settles): every key takes the softmax's else branch,
@@ -755,7 +831,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, below, exp8, accumulate_4, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, scores_direct_512, STEADY_Q, below, exp8, accumulate_4, staged, direct)
     }
 
     /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
@@ -776,6 +852,48 @@ mod x86 {
             *xk = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
         }
         *out = hsum_8(&x);
+    }
+
+    /// `scores_8_avx2` of the first `nq` (<= DIRECT_K_AVX2) queries against the KB keys whose
+    /// f16 K rows are `krows`, each row converted once for all of them: per query and key
+    /// the same FMAs and sums as `scores_8_avx2`.
+    #[inline(always)]
+    unsafe fn scores_direct_avx2(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; STEADY_Q]) {
+        match nq {
+            1 => scores_direct_avx2_n::<1>(krows, hk, q, out),
+            2 => scores_direct_avx2_n::<2>(krows, hk, q, out),
+            _ => scores_direct_avx2_n::<3>(krows, hk, q, out),
+        }
+    }
+
+    /// Most queries of a pass whose K rows the AVX2 kernel converts inside their scores
+    /// (`scores_direct_avx2`: four accumulators per query in 16 ymm registers).
+    const DIRECT_K_AVX2: usize = 3;
+
+    #[inline(always)]
+    unsafe fn scores_direct_avx2_n<const NQ: usize>(krows: &[*const u16; KB], hk: usize, q: *const f32, out: &mut [[f32; KB]; STEADY_Q]) {
+        let mut x = [[_mm256_setzero_ps(); KB]; NQ];
+        for kk in 0..KB {
+            let kr = krows[kk];
+            let mut a = [[_mm256_setzero_ps(); 4]; NQ];
+            let mut i = 0;
+            while i < hk {
+                let kv: [__m256; 4] = std::array::from_fn(|t| _mm256_cvtph_ps(_mm_loadu_si128(kr.add(i + 8 * t) as *const __m128i)));
+                for (j, aj) in a.iter_mut().enumerate() {
+                    let qj = q.add(j * hk + i);
+                    for (t, ajt) in aj.iter_mut().enumerate() {
+                        *ajt = _mm256_fmadd_ps(kv[t], _mm256_loadu_ps(qj.add(8 * t)), *ajt);
+                    }
+                }
+                i += 32;
+            }
+            for (j, aj) in a.iter().enumerate() {
+                x[j][kk] = _mm256_add_ps(_mm256_add_ps(aj[0], aj[2]), _mm256_add_ps(aj[1], aj[3]));
+            }
+        }
+        for j in 0..NQ {
+            out[j] = hsum_8(&x[j]);
+        }
     }
 
     /// `scores_8_avx2` for head dim 64: q in eight registers, each key's two FMAs per
@@ -976,7 +1094,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, scores_direct_avx2, DIRECT_K_AVX2, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
