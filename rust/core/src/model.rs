@@ -376,11 +376,14 @@ impl Model {
 
         // Open the first file; it says whether (and into how many files) the model is split.
         let mut sizes: Vec<u64> = paths.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).collect();
-        let reads = !mode.uses_mmap();
+        // a map's pages are populated at load (all but vocab-only loads; mlock maps them
+        // anyway), with the reading modes' share of the progress
+        let populate = mode.uses_mmap() && !mode.uses_mlock() && !params.vocab_only;
+        let reads = !mode.uses_mmap() || populate;
         // Progress: bytes read (reading modes only) then bytes of tensors set up.
         let mut read_done = 0u64;
         let mut total_read: u64 = if reads { sizes.iter().sum() } else { 0 };
-        fn open_one(path: &str, mode: LoadMode, total_read: u64, read_done: &mut u64, params: &mut LoadParams) -> Result<GgufFile> {
+        fn open_one(path: &str, mode: LoadMode, populate: bool, total_read: u64, read_done: &mut u64, params: &mut LoadParams) -> Result<GgufFile> {
             let base = *read_done;
             let mut cb = |done: usize, _total: usize| -> bool {
                 match params.progress.as_mut() {
@@ -390,10 +393,13 @@ impl Model {
                 }
             };
             let f = GgufFile::open_with_progress(path, mode, &mut cb)?;
+            if populate && !f.storage.populate(&mut cb) {
+                return Err(Error::Cancelled);
+            }
             *read_done += f.file_size;
             Ok(f)
         }
-        let mut files = vec![open_one(first_path, mode, total_read, &mut read_done, &mut params)?];
+        let mut files = vec![open_one(first_path, mode, populate, total_read, &mut read_done, &mut params)?];
         let n_split = split_key(&files[0], "split.count")?.unwrap_or(0);
         let mut paths: Vec<String> = paths.to_vec();
         if n_split > 1 {
@@ -436,7 +442,7 @@ impl Model {
                         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
                     });
                 }
-                let f = open_one(p, mode, total_read, &mut read_done, &mut params)?;
+                let f = open_one(p, mode, populate, total_read, &mut read_done, &mut params)?;
                 match split_key(&f, "split.no")? {
                     Some(n) if n == i => {}
                     Some(n) => {
