@@ -386,15 +386,20 @@ pub fn matmul_with(
                             while r < re {
                                 let r1 = (r + 1).min(re - 1);
                                 // SAFETY: group g's packed bytes are in scratch; rows r, r1
-                                // were decoded into the area; out in bounds (checked); the
-                                // kernel writes nc values to each tmp
+                                // were decoded into the area; the kernel writes nc values of
+                                // rows r, r + 1 (< re) at stride ld_out (out in bounds:
+                                // checked), or to each tmp for an odd last row
                                 unsafe {
                                     let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
-                                    k(nb, area.add((r - rb) * dbytes), area.add((r1 - rb) * dbytes), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                        if r1 > r {
-                                            *op.get().add((t + c) * ld_out + r1) = tmp_b[c];
+                                    let (wa, wb) = (area.add((r - rb) * dbytes), area.add((r1 - rb) * dbytes));
+                                    if r1 > r {
+                                        // straight into the output rows r, r + 1
+                                        let o = op.get().add(t * ld_out + r);
+                                        k(nb, wa, wb, gp, o, o.add(1), ld_out);
+                                    } else {
+                                        k(nb, wa, wb, gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr(), 1);
+                                        for c in 0..nc {
+                                            *op.get().add((t + c) * ld_out + r) = tmp[c];
                                         }
                                     }
                                 }
@@ -411,22 +416,18 @@ pub fn matmul_with(
                     // (one per zmm half: half the instructions per column and block)
                     let mut r = mine.start;
                     if let (Some(pf), Some(pl)) = (pair_full, pair_last) {
-                        let mut tmp_b = [0f32; PACK_COLS];
                         while r + 1 < mine.end {
                             for g in 0..n_groups {
                                 let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
                                 let pk = if nc == PACK_COLS { pf } else { pl };
                                 // SAFETY: rows r0 + r, r0 + r + 1 < n_out; group g's packed
-                                // bytes are in scratch; out in bounds (checked); the kernel
-                                // writes nc values to each tmp
+                                // bytes are in scratch; the kernel writes nc values of rows
+                                // r, r + 1 at stride ld_out (out in bounds: checked)
                                 unsafe {
                                     let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
                                     let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
-                                    }
+                                    let o = op.get().add(t * ld_out + r);
+                                    pk(nb, wa, wa.add(wrow), gp, o, o.add(1), ld_out);
                                 }
                             }
                             r += 2;
@@ -453,17 +454,14 @@ pub fn matmul_with(
                         if let Some(pk) = if nc == PACK_COLS { pair_full } else { pair_last } {
                             // the AVX-512 set: two rows per call (one per zmm half)
                             let gp = unsafe { xp.get().add(pack_off + g * gbytes) as *const u8 };
-                            let mut tmp_b = [0f32; PACK_COLS];
                             while r + 1 < mine.end {
-                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; out in bounds
-                                // (checked); the kernel writes nc values to each tmp
+                                // SAFETY: rows r0 + r, r0 + r + 1 < n_out; the kernel writes
+                                // nc values of rows r, r + 1 at stride ld_out (out in bounds:
+                                // checked)
                                 unsafe {
                                     let wa = wdata.as_ptr().add((r0 + r) * wrow);
-                                    pk(nb, wa, wa.add(wrow), gp, tmp.as_mut_ptr(), tmp_b.as_mut_ptr());
-                                    for c in 0..nc {
-                                        *op.get().add((t + c) * ld_out + r) = tmp[c];
-                                        *op.get().add((t + c) * ld_out + r + 1) = tmp_b[c];
-                                    }
+                                    let o = op.get().add(t * ld_out + r);
+                                    pk(nb, wa, wa.add(wrow), gp, o, o.add(1), ld_out);
                                 }
                                 r += 2;
                             }

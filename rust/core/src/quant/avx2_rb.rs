@@ -529,6 +529,7 @@ unsafe fn pair_signed_cols2<const NC: usize, const PREFETCH: bool>(
     xp: *const u8,
     outa: *mut f32,
     outb: *mut f32,
+    ld: usize,
     block: impl Fn(*const u8, usize) -> (f32, __m256i),
 ) {
     use super::avx2::PACK_BLOCK;
@@ -559,8 +560,8 @@ unsafe fn pair_signed_cols2<const NC: usize, const PREFETCH: bool>(
             acc_b[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[k], pb), _mm512_cvtepi32_ps(vb), acc_b[k]);
         }
     }
-    hsum_cols2::<NC>(&acc_a, outa, None);
-    hsum_cols2::<NC>(&acc_b, outb, None);
+    hsum_cols2::<NC>(&acc_a, outa, ld, None);
+    hsum_cols2::<NC>(&acc_b, outb, ld, None);
 }
 
 /// The packed min-family kernel (`avx2::dot_packed_min`, its E build: Q4_1 / Q5_1 against
@@ -577,6 +578,7 @@ unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
     xp: *const u8,
     outa: *mut f32,
     outb: *mut f32,
+    ld: usize,
     block: impl Fn(*const u8, usize) -> (__m128, __m256i),
 ) {
     use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
@@ -611,15 +613,15 @@ unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
     let (mut sa, mut sb) = ([0f32; PACK_COLS], [0f32; PACK_COLS]);
     _mm256_storeu_ps(sa.as_mut_ptr(), summ_a);
     _mm256_storeu_ps(sb.as_mut_ptr(), summ_b);
-    hsum_cols2::<NC>(&acc_a, outa, Some(&sa));
-    hsum_cols2::<NC>(&acc_b, outb, Some(&sb));
+    hsum_cols2::<NC>(&acc_a, outa, ld, Some(&sa));
+    hsum_cols2::<NC>(&acc_b, outb, ld, Some(&sb));
 }
 
 /// out[c] = `avx2::hsum_ps` of column c's half of the two-column accumulators (+ add[c]),
 /// c < NC: the same tree (hi + lo quarters, + movehl, + movehdup, each add's operands in
 /// hsum_ps's order) run in both halves of a zmm at once.
 #[inline(always)]
-unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, add: Option<&[f32; super::avx2::PACK_COLS]>) {
+unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, ld: usize, add: Option<&[f32; super::avx2::PACK_COLS]>) {
     for k in 0..NC.div_ceil(2) {
         let v = acc[k];
         // lanes j < 4 of each half: v[j + 4] + v[j]
@@ -631,9 +633,9 @@ unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, add: Opt
         let lo = _mm512_cvtss_f32(r);
         let hi = _mm_cvtss_f32(_mm512_extractf32x4_ps::<2>(r));
         let (c0, c1) = (2 * k, 2 * k + 1);
-        *out.add(c0) = if let Some(a) = add { lo + a[c0] } else { lo };
+        *out.add(c0 * ld) = if let Some(a) = add { lo + a[c0] } else { lo };
         if c1 < NC {
-            *out.add(c1) = if let Some(a) = add { hi + a[c1] } else { hi };
+            *out.add(c1 * ld) = if let Some(a) = add { hi + a[c1] } else { hi };
         }
     }
 }
@@ -648,9 +650,9 @@ unsafe fn cols2_index() -> [__m512i; 4] {
 macro_rules! pair_min_kernel {
     ($name:ident, $wsize:expr, $dec:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
             let decode = $dec;
-            pair_min_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, |w: *const u8, i| {
+            pair_min_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, ld, |w: *const u8, i| {
                 let b = w.add(i * $wsize);
                 (super::avx2::f16x2(b), decode(b))
             })
@@ -664,9 +666,9 @@ pair_min_kernel!(pair_q5_1, BlockQ5_1::SIZE, |b| super::avx2::q5_1_quants(b));
 macro_rules! pair_kernel {
     ($name:ident, $wsize:expr, $decu:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
+        unsafe fn $name<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
             let decode = $decu;
-            pair_signed_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, |w: *const u8, i| decode(w.add(i * $wsize)))
+            pair_signed_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, ld, |w: *const u8, i| decode(w.add(i * $wsize)))
         }
     };
 }
@@ -677,8 +679,8 @@ macro_rules! pair_kernel {
 /// raw kernels decode both rows again for every packed group (for Q5_0 the 5th bits' spread
 /// was about a third of the kernel's instructions). The same bits as `pair_q*`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
-    pair_signed_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, |w: *const u8, i| {
+unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
+    pair_signed_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, ld, |w: *const u8, i| {
         ((w.add(32 * nb) as *const f32).add(i).read_unaligned(), load256(w.add(32 * i)))
     })
 }
@@ -686,8 +688,8 @@ unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8,
 /// `pair_min_cols2` over two rows decoded once per matmul (`decode_lanes_q4_1` /
 /// `decode_lanes_q5_1`: nb x 32 quant bytes, then nb (d, m) f32 pairs): as `pair_decoded`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32) {
-    pair_min_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, |w: *const u8, i| {
+unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
+    pair_min_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, ld, |w: *const u8, i| {
         (_mm_castpd_ps(_mm_load_sd((w.add(32 * nb) as *const f64).add(i))), load256(w.add(32 * i)))
     })
 }
@@ -944,10 +946,15 @@ mod tests {
                         (pd.decode)(nb, w.as_ptr().add(wrow), dec.as_mut_ptr().add(db));
                     }
                     for (kind, k, wa, wb) in [("raw", pairs[nc].unwrap(), w.as_ptr(), w.as_ptr().wrapping_add(wrow)), ("decoded", pd.cols[nc].unwrap(), dec.as_ptr(), dec.as_ptr().wrapping_add(db))] {
-                        let (mut ga, mut gb) = ([f32::NAN; 8], [f32::NAN; 8]);
-                        unsafe { k(nb, wa, wb, packed.as_ptr(), ga.as_mut_ptr(), gb.as_mut_ptr()) };
+                        // the two rows' outputs interleaved, column stride 3 (as a matmul's
+                        // adjacent output rows, token-major): the third of each column untouched
+                        let mut g = [f32::NAN; 3 * 8];
+                        unsafe { k(nb, wa, wb, packed.as_ptr(), g.as_mut_ptr(), g.as_mut_ptr().add(1), 3) };
+                        for c in 0..8 {
+                            assert!(g[3 * c + 2].is_nan() && (c < nc || g[3 * c].is_nan() && g[3 * c + 1].is_nan()), "{ty} {kind} nc={nc}: wrote outside its columns");
+                        }
                         for c in 0..nc {
-                            for (r, got) in [(0, ga[c]), (1, gb[c])] {
+                            for (r, got) in [(0, g[3 * c]), (1, g[3 * c + 1])] {
                                 let mut want = 0f32;
                                 unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut want) };
                                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} {kind} nc={nc} case {case} row {r} col {c}");

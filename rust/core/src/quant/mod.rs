@@ -445,8 +445,9 @@ pub type DotRows = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x:
 pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut f32);
 
 /// A packed-group kernel over two weight rows (the AVX-512 set, `avx2_rb`): `PackedDot` for
-/// rows `wa` and `wb` at once, their values to `outa` and `outb`.
-pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32);
+/// rows `wa` and `wb` at once, column c's values to `outa[c * ld]` and `outb[c * ld]` (a
+/// matmul's output rows: straight into its token-major output).
+pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize);
 
 /// A row-block kernel (`avx2_rb`): for the NC activation rows (Q8_K, `x + c * xs`) and the
 /// `table::RowBlock::rows` weight rows repacked at `wp` (`nsb` super-blocks),
