@@ -726,10 +726,13 @@ mod x86 {
             // f32 first (the same exact conversion, one store and load less per 16 lanes)
             let direct = nq <= STEADY_Q;
             let mut vrows = [std::ptr::null::<u16>(); KB];
-            // and a pass of at most $direct_k_max queries converts each K row inside the
-            // scores of all its queries at once (`scores_direct_*`: the same FMAs per query)
-            // instead of staging it in f32 for one query at a time
-            let direct_k = nq <= $direct_k_max;
+            // and a pass of at most $direct_k_max queries with K rows of 128 elements or more
+            // converts each K row inside the scores of all its queries at once
+            // (`scores_direct_*`: the same FMAs per query) instead of staging it in f32 for
+            // one query at a time. Not for shorter rows: SmolLM2's 64-element rows (128
+            // bytes, 384 apart) streaming from memory made its tg128 @ d4096 22% slower
+            // (63.2 -> 47.8 t/s), though 12% faster in cache
+            let direct_k = nq <= $direct_k_max && hk >= 128;
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
             // rows (each row loaded once per group; 0: one query at a time, `$scores`)
@@ -745,8 +748,7 @@ mod x86 {
                         *krows.get_unchecked_mut(kk) = k16.as_ptr();
                         // its lines requested now, all the block's at once: the scores
                         // reach a row only after the previous keys' FMAs, and a decode
-                        // step's rows stream from memory (SmolLM2's 128-byte rows, 384
-                        // bytes apart: 16% slower without, `--bench attention`)
+                        // step's rows stream from memory
                         let kp = k16.as_ptr() as *const i8;
                         let mut o = 0;
                         while o < 2 * hk {
