@@ -714,7 +714,7 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $scores_direct:ident, $direct_k_max:expr, $scores_group:ident, $group_q:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -726,13 +726,13 @@ mod x86 {
             // f32 first (the same exact conversion, one store and load less per 16 lanes)
             let direct = nq <= STEADY_Q;
             let mut vrows = [std::ptr::null::<u16>(); KB];
-            // and a pass of at most $direct_k_max queries with K rows of 128 elements or more
+            // and (AVX-512) a pass of at most $direct_k_max queries with K rows of 128 elements or more
             // converts each K row inside the scores of all its queries at once
             // (`scores_direct_*`: the same FMAs per query) instead of staging it in f32 for
             // one query at a time. Not for shorter rows: SmolLM2's 64-element rows (128
             // bytes, 384 apart) streaming from memory made its tg128 @ d4096 22% slower
             // (63.2 -> 47.8 t/s), though 12% faster in cache
-            let direct_k = nq <= $direct_k_max && hk >= 128;
+            let direct_k = false $(|| (nq <= $direct_k_max && hk >= 128))?;
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
             // rows (each row loaded once per group; 0: one query at a time, `$scores`)
@@ -771,7 +771,7 @@ mod x86 {
                     for kk in nb..KB {
                         *krows.get_unchecked_mut(kk) = krows[0];
                     }
-                    $scores_direct(&krows, hk, $qb.as_ptr(), nq, &mut s_all);
+                    $($scores_direct(&krows, hk, $qb.as_ptr(), nq, &mut s_all);)?
                 }
                 let mut any = false;
                 let mut group_done = usize::MAX; // the group whose scores s_all holds
@@ -871,7 +871,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, scores_direct_512, STEADY_Q, scores_group_512, GROUP_Q, below, exp8, accumulate_4, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, below, exp8, accumulate_4, staged, direct)
     }
 
     /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
@@ -894,21 +894,10 @@ mod x86 {
         *out = hsum_8(&x);
     }
 
-    /// `scores_8_avx2` of the first `nq` (<= DIRECT_K_AVX2) queries against the KB keys whose
-    /// f16 K rows are `krows`, each row converted once for all of them: per query and key
-    /// the same FMAs and sums as `scores_8_avx2`.
-    #[inline(always)]
-    unsafe fn scores_direct_avx2(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
-        let k = |kk: usize, i: usize| _mm256_cvtph_ps(_mm_loadu_si128(krows.get_unchecked(kk).add(i) as *const __m128i));
-        match nq {
-            1 => scores_n_avx2::<1, _>(&k, hk, q, out),
-            2 => scores_n_avx2::<2, _>(&k, hk, q, out),
-            _ => scores_n_avx2::<3, _>(&k, hk, q, out),
-        }
-    }
-
-    /// `scores_8_avx2` of the first `nq` (<= GROUP_Q_AVX2) queries against the block's K
-    /// rows staged in f32, each key's row loaded once for the group.
+    /// `scores_8_avx2` of the first `nq` (<= 3, `group_q_avx2`) queries against the block's
+    /// K rows staged in f32, each key's row loaded once for the group: per query and key
+    /// the same FMAs and sums as `scores_8_avx2`. (No direct-K form: the AVX2 blocked kernel
+    /// runs heads wider than 64 only in passes of 8+ queries.)
     #[inline(always)]
     unsafe fn scores_group_avx2(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         let k = |kk: usize, i: usize| _mm256_loadu_ps(kf.as_ptr().add(kk * hk + i));
@@ -918,10 +907,6 @@ mod x86 {
             _ => scores_n_avx2::<3, _>(&k, hk, q, out),
         }
     }
-
-    /// Most queries of a pass whose K rows the AVX2 kernel converts inside their scores
-    /// (`scores_direct_avx2`: four accumulators per query in 16 ymm registers).
-    const DIRECT_K_AVX2: usize = 3;
 
     /// Queries per group of the AVX2 kernel's staged scores (`scores_group_avx2`); 0 (head
     /// dim 64) keeps `scores_8_avx2_64`, one query at a time with q in registers.
@@ -1158,7 +1143,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, scores_direct_avx2, DIRECT_K_AVX2, scores_group_avx2, group_q_avx2(p.hd_k), below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, scores_group_avx2, group_q_avx2(p.hd_k), below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
