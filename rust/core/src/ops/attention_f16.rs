@@ -533,15 +533,7 @@ mod x86 {
     /// (not staged in f32): per query and key the same FMAs and sums as `scores_8`.
     #[inline(always)]
     unsafe fn scores_direct_512(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
-        let k = |kk: usize, i: usize| _mm512_cvtph_ps(_mm256_loadu_si256(krows.get_unchecked(kk).add(i) as *const __m256i));
-        match nq {
-            1 => scores_n_512::<1, _>(&k, hk, q, out),
-            2 => scores_n_512::<2, _>(&k, hk, q, out),
-            3 => scores_n_512::<3, _>(&k, hk, q, out),
-            4 => scores_n_512::<4, _>(&k, hk, q, out),
-            5 => scores_n_512::<5, _>(&k, hk, q, out),
-            _ => scores_n_512::<6, _>(&k, hk, q, out),
-        }
+        scores_nq_512(&|kk: usize, i: usize| _mm512_cvtph_ps(_mm256_loadu_si256(krows.get_unchecked(kk).add(i) as *const __m256i)), hk, q, nq, out)
     }
 
     /// `scores_8` of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
@@ -549,16 +541,21 @@ mod x86 {
     /// the same FMAs and sums as `scores_8`.
     #[inline(always)]
     unsafe fn scores_group_512(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
-        let k = |kk: usize, i: usize| _mm512_loadu_ps(kf.as_ptr().add(kk * hk + i));
+        scores_nq_512(&|kk: usize, i: usize| _mm512_loadu_ps(kf.as_ptr().add(kk * hk + i)), hk, q, nq, out)
+    }
+
+    /// `scores_n_512` for nq (1..=GROUP_Q) queries.
+    #[inline(always)]
+    unsafe fn scores_nq_512<K: Fn(usize, usize) -> __m512>(k: &K, hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         match nq {
-            1 => scores_n_512::<1, _>(&k, hk, q, out),
-            2 => scores_n_512::<2, _>(&k, hk, q, out),
-            3 => scores_n_512::<3, _>(&k, hk, q, out),
-            4 => scores_n_512::<4, _>(&k, hk, q, out),
-            5 => scores_n_512::<5, _>(&k, hk, q, out),
-            6 => scores_n_512::<6, _>(&k, hk, q, out),
-            7 => scores_n_512::<7, _>(&k, hk, q, out),
-            _ => scores_n_512::<8, _>(&k, hk, q, out),
+            1 => scores_n_512::<1, _>(k, hk, q, out),
+            2 => scores_n_512::<2, _>(k, hk, q, out),
+            3 => scores_n_512::<3, _>(k, hk, q, out),
+            4 => scores_n_512::<4, _>(k, hk, q, out),
+            5 => scores_n_512::<5, _>(k, hk, q, out),
+            6 => scores_n_512::<6, _>(k, hk, q, out),
+            7 => scores_n_512::<7, _>(k, hk, q, out),
+            _ => scores_n_512::<8, _>(k, hk, q, out),
         }
     }
 
