@@ -86,27 +86,25 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
         use crate::quant::KernelSet;
         if crate::quant::table::kernels().avx2_math {
             if crate::quant::kernel_set() == KernelSet::Avx512 && hk % 32 == 0 && hv % 64 == 0 && nq > 0 {
-                let nq4 = nq.div_ceil(4) * 4;
                 scr.kf.resize(x86::KB * hk, 0.0);
                 scr.vf.resize(x86::KB * hv, 0.0);
                 scr.sc.resize(nq * x86::KB, 0.0);
                 scr.vs.resize(nq * x86::KB, 0.0);
                 scr.ms.resize(nq * x86::KB, 0.0);
                 scr.fl.clear();
-                scr.fl.resize(nq4 * x86::KB, 0);
+                scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: as below; buffer sizes set here.
                 unsafe { x86::run_avx512_blocked(p, qb, ranges, acc, m, ssum, scr) };
             } else if crate::quant::kernel_set() != KernelSet::Avx512 && hk % 32 == 0 && hv % 16 == 0 && (hk <= 64 || nq >= 8) {
                 // blocked: head dim 64 at any pass size (a 4096-key decode step of 1..4
                 // queries 40-60% faster); wider heads only with 8+ queries (a Gemma 3 prefill
                 // pass: 16% faster; at 1..4 queries the per-key kernel was 12-15% faster)
-                let nq4 = nq.div_ceil(4) * 4;
                 scr.kf.resize(x86::KB * hk, 0.0);
                 scr.vf.resize(x86::KB * hv, 0.0);
                 scr.vs.resize(nq * x86::KB, 0.0);
                 scr.ms.resize(nq * x86::KB, 0.0);
                 scr.fl.clear();
-                scr.fl.resize(nq4 * x86::KB, 0);
+                scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: avx2_math: AVX2, FMA and F16C are present; buffer sizes set here.
                 unsafe { x86::run_avx2_blocked(p, qb, ranges, acc, m, ssum, scr) };
             } else if crate::quant::kernel_set() == KernelSet::Avx512 {
@@ -504,6 +502,16 @@ mod x86 {
     /// in `--bench attention`'s prefill).
     pub(super) const GROUP_Q: usize = 8;
 
+    /// Rows of flags (KB each, zeroed) a blocked pass of nq queries needs: the general
+    /// accumulation reads four queries' flags from any i0 < nq (after steady steps of
+    /// STEADY_Q = 6, i0 need not be a multiple of 4), so up to row nq + 2. Sized to nq
+    /// rounded up to 4 before, a pass of 7 or 8 queries read two rows past the buffer after
+    /// its first steady step: malloc's next chunk header taken for a flag, then a V weight
+    /// read past `vs`, which segfaulted where that lay at the end of a heap (CI, 3 times).
+    pub(super) fn fl_rows(nq: usize) -> usize {
+        nq + 3
+    }
+
     /// Keys per block of the blocked AVX-512 kernel.
     pub(super) const KB: usize = 8;
 
@@ -650,6 +658,8 @@ mod x86 {
     /// to f16 exactly as the stored accumulator would be), keys in order per query.
     #[inline(always)]
     unsafe fn accumulate_4<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+        // the four queries' flags read below (a mis-sized buffer panics here, not past it)
+        assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
         if nb == KB {
             let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
             if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
@@ -852,8 +862,8 @@ mod x86 {
     /// The pass in blocks of KB keys: the block's K and V rows converted once; per query
     /// the block's scores (`scores_8`), then its online-softmax steps in key order; then
     /// the V accumulation four queries at a time (`accumulate_4`). hk % 32 == 0, hv % 64 ==
-    /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: nq rounded
-    /// up to 4, times KB, zeroed).
+    /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: `fl_rows(nq)`
+    /// times KB, zeroed).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     pub(super) unsafe fn run_avx512_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
         #[inline(always)]
@@ -1054,6 +1064,8 @@ mod x86 {
     /// every flag 1) six queries at once when there are six. Returns the queries done.
     #[inline(always)]
     unsafe fn accumulate_4_avx2<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+        // the four queries' flags read below (a mis-sized buffer panics here, not past it)
+        assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
         if nb == KB {
             let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
             if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
@@ -1116,8 +1128,8 @@ mod x86 {
     /// once, per query the block's scores (`scores_8_avx2`) and online-softmax steps in key
     /// order (a whole block below the running max: the 8 exps by `exp8_avx2`), then the V
     /// accumulation four queries at a time (`accumulate_4_avx2`). hk % 32 == 0, hv % 16 ==
-    /// 0; scratch sized by the caller (kf, vf: KB rows; ms, vs: nq * KB; fl: nq rounded up
-    /// to 4, times KB, zeroed).
+    /// 0; scratch sized by the caller (kf, vf: KB rows; ms, vs: nq * KB; fl: `fl_rows(nq)`
+    /// times KB, zeroed).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn run_avx2_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
         #[inline(always)]
