@@ -505,9 +505,11 @@ mod x86 {
     /// Rows of flags (KB each, zeroed) a blocked pass of nq queries needs: the general
     /// accumulation reads four queries' flags from any i0 < nq (after steady steps of
     /// STEADY_Q = 6, i0 need not be a multiple of 4), so up to row nq + 2. Sized to nq
-    /// rounded up to 4 before, a pass of 7 or 8 queries read two rows past the buffer after
-    /// its first steady step: malloc's next chunk header taken for a flag, then a V weight
-    /// read past `vs`, which segfaulted where that lay at the end of a heap (CI, 3 times).
+    /// rounded up to 4 before, a pass read up to two rows past the buffer whenever a general
+    /// step began at i0 = 2 (mod 4) within 4 of the end (7 or 8 queries after one steady
+    /// step): malloc's next chunk header taken for a flag, then a V weight read past `vs`,
+    /// which segfaulted where that lay at the end of a heap (one CI crash traced to it from
+    /// its core; two earlier ones in the same kind of decode had no core).
     pub(super) fn fl_rows(nq: usize) -> usize {
         nq + 3
     }
@@ -515,38 +517,17 @@ mod x86 {
     /// Keys per block of the blocked AVX-512 kernel.
     pub(super) const KB: usize = 8;
 
-    /// The scores of query `q` against the KB keys of the block (`kf`: KB rows of hk f32),
-    /// each the exact `dot_512` value (hk a multiple of 32: no tail).
-    #[inline(always)]
-    unsafe fn scores_8(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
-        let mut x = [_mm256_setzero_ps(); KB];
-        for (kk, xk) in x.iter_mut().enumerate() {
-            let kr = kf.as_ptr().add(kk * hk);
-            let mut a0 = _mm512_setzero_ps();
-            let mut a1 = _mm512_setzero_ps();
-            let mut i = 0;
-            while i < hk {
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(kr.add(i)), _mm512_loadu_ps(q.as_ptr().add(i)), a0);
-                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(kr.add(i + 16)), _mm512_loadu_ps(q.as_ptr().add(i + 16)), a1);
-                i += 32;
-            }
-            let ab = _mm512_add_ps(a0, a1);
-            *xk = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
-        }
-        *out = hsum_8(&x);
-    }
-
-    /// `scores_8` of the first `nq` (<= STEADY_Q) queries of `q` (nq rows of hk) against
+    /// The scores of the first `nq` (<= STEADY_Q) queries of `q` (nq rows of hk) against
     /// the KB keys whose f16 K rows are `krows`, each row converted once for all of them
-    /// (not staged in f32): per query and key the same FMAs and sums as `scores_8`.
+    /// (not staged in f32): `scores_n_512`.
     #[inline(always)]
     unsafe fn scores_direct_512(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         scores_nq_512(&|kk: usize, i: usize| _mm512_cvtph_ps(_mm256_loadu_si256(krows.get_unchecked(kk).add(i) as *const __m256i)), hk, q, nq, out)
     }
 
-    /// `scores_8` of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
-    /// staged in f32 (`kf`), each key's row loaded once for the group: per query and key
-    /// the same FMAs and sums as `scores_8`.
+    /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
+    /// staged in f32 (`kf`: KB rows of hk), each key's row loaded once for the group:
+    /// `scores_n_512`.
     #[inline(always)]
     unsafe fn scores_group_512(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         scores_nq_512(&|kk: usize, i: usize| _mm512_loadu_ps(kf.as_ptr().add(kk * hk + i)), hk, q, nq, out)
@@ -568,8 +549,9 @@ mod x86 {
     }
 
     /// The scores of NQ queries against the KB keys, `k(kk, i)` giving elements i..i + 16
-    /// of key kk's row: per query `scores_8`'s FMAs (two accumulators over the 32-element
-    /// steps), halves and `hsum_8`.
+    /// of key kk's row: each the exact `dot_512` value (hk a multiple of 32: no tail): per
+    /// query and key two accumulators over the 32-element steps, their halves added, then
+    /// the 8 keys' `hsum_8`.
     #[inline(always)]
     unsafe fn scores_n_512<const NQ: usize, K: Fn(usize, usize) -> __m512>(k: &K, hk: usize, q: *const f32, out: &mut [[f32; KB]; GROUP_Q]) {
         let mut x = [[_mm256_setzero_ps(); KB]; NQ];
@@ -721,7 +703,7 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $scores:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -742,7 +724,7 @@ mod x86 {
             let direct_k = false $(|| (nq <= $direct_k_max && hk >= 128))?;
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
-            // rows (each row loaded once per group; 0: one query at a time, `$scores`)
+            // rows (each row loaded once per group)
             let gq: usize = $group_q;
             let mut s_all = [[0f32; KB]; GROUP_Q];
             let mut j0 = jlo;
@@ -753,15 +735,6 @@ mod x86 {
                     let k16 = $p.rows.k.get_unchecked($p.rows.k_off + cell * $p.rows.k_stride..).get_unchecked(..hk);
                     if direct_k {
                         *krows.get_unchecked_mut(kk) = k16.as_ptr();
-                        // its lines requested now, all the block's at once: the scores
-                        // reach a row only after the previous keys' FMAs, and a decode
-                        // step's rows stream from memory
-                        let kp = k16.as_ptr() as *const i8;
-                        let mut o = 0;
-                        while o < 2 * hk {
-                            _mm_prefetch::<_MM_HINT_T0>(kp.add(o));
-                            o += 64;
-                        }
                     } else {
                         $to_f32(k16, kf.get_unchecked_mut(kk * hk..(kk + 1) * hk));
                     }
@@ -793,7 +766,7 @@ mod x86 {
                     any = true;
                     let s = if direct_k {
                         *s_all.get_unchecked(i)
-                    } else if gq > 0 {
+                    } else {
                         if group_done != i / gq {
                             // queries of the group that see none of the block get scores too,
                             // never used
@@ -802,10 +775,6 @@ mod x86 {
                             $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
                         }
                         *s_all.get_unchecked(i % gq)
-                    } else {
-                        let mut s = [0f32; KB];
-                        $scores(kf, hk, $qb.get_unchecked(i * hk..(i + 1) * hk), &mut s);
-                        s
                     };
                     if vexp && a == j0 && b == j0 + KB {
                         // the whole block seen, and no score above the running max (the common
@@ -859,8 +828,9 @@ mod x86 {
         }};
     }
 
-    /// The pass in blocks of KB keys: the block's K and V rows converted once; per query
-    /// the block's scores (`scores_8`), then its online-softmax steps in key order; then
+    /// The pass in blocks of KB keys: the block's K and V rows converted once; the block's
+    /// scores per group of queries (`scores_group_512`, or `scores_direct_512`), then per
+    /// query its online-softmax steps in key order; then
     /// the V accumulation four queries at a time (`accumulate_4`). hk % 32 == 0, hv % 64 ==
     /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
@@ -878,35 +848,18 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, scores_8, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, below, exp8, accumulate_4, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, below, exp8, accumulate_4, staged, direct)
     }
 
-    /// `scores_8` with the AVX2 kernel's four ymm accumulators: each score the exact
-    /// `dot_avx2` value (hk a multiple of 32: no tail).
-    #[inline(always)]
-    unsafe fn scores_8_avx2(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
-        let mut x = [_mm256_setzero_ps(); KB];
-        for (kk, xk) in x.iter_mut().enumerate() {
-            let kr = kf.as_ptr().add(kk * hk);
-            let mut a = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i < hk {
-                for (j, aj) in a.iter_mut().enumerate() {
-                    *aj = _mm256_fmadd_ps(_mm256_loadu_ps(kr.add(i + 8 * j)), _mm256_loadu_ps(q.as_ptr().add(i + 8 * j)), *aj);
-                }
-                i += 32;
-            }
-            *xk = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
-        }
-        *out = hsum_8(&x);
-    }
-
-    /// `scores_8_avx2` of the first `nq` (<= 3, `group_q_avx2`) queries against the block's
-    /// K rows staged in f32, each key's row loaded once for the group: per query and key
-    /// the same FMAs and sums as `scores_8_avx2`. (No direct-K form: the AVX2 blocked kernel
+    /// The scores of the first `nq` (`group_q_avx2`) queries of `q` against the block's K
+    /// rows staged in f32, each key's row loaded once for the group (`scores_n_avx2`; head
+    /// dim 64: one query, `scores_8_avx2_64`). (No direct-K form: the AVX2 blocked kernel
     /// runs heads wider than 64 only in passes of 8+ queries.)
     #[inline(always)]
     unsafe fn scores_group_avx2(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
+        if hk == 64 {
+            return scores_8_avx2_64(kf, std::slice::from_raw_parts(q, 64), &mut out[0]);
+        }
         let k = |kk: usize, i: usize| _mm256_loadu_ps(kf.as_ptr().add(kk * hk + i));
         match nq {
             1 => scores_n_avx2::<1, _>(&k, hk, q, out),
@@ -915,18 +868,22 @@ mod x86 {
         }
     }
 
-    /// Queries per group of the AVX2 kernel's staged scores (`scores_group_avx2`); 0 (head
-    /// dim 64) keeps `scores_8_avx2_64`, one query at a time with q in registers.
+    /// Queries per group of the AVX2 kernel's staged scores (`scores_group_avx2`: four
+    /// accumulators a query in 16 ymm registers); head dim 64 one, whose kernel keeps q in
+    /// registers (`scores_8_avx2_64`: 8 K loads per query and key, where a group of 3
+    /// would load 8 q values and 8 / 3 K rows; not measured).
     fn group_q_avx2(hk: usize) -> usize {
         if hk == 64 {
-            0
+            1
         } else {
             3
         }
     }
 
     /// The scores of NQ queries against the KB keys, `k(kk, i)` giving elements i..i + 8 of
-    /// key kk's row: per query `scores_8_avx2`'s four accumulators and sums.
+    /// key kk's row: each the exact `dot_avx2` value (hk a multiple of 32: no tail): per
+    /// query and key four accumulators over the 32-element steps, summed
+    /// (acc0 + acc2) + (acc1 + acc3), then the 8 keys' `hsum_8`.
     #[inline(always)]
     unsafe fn scores_n_avx2<const NQ: usize, K: Fn(usize, usize) -> __m256>(k: &K, hk: usize, q: *const f32, out: &mut [[f32; KB]; GROUP_Q]) {
         let mut x = [[_mm256_setzero_ps(); KB]; NQ];
@@ -952,8 +909,8 @@ mod x86 {
         }
     }
 
-    /// `scores_8_avx2` for head dim 64: q in eight registers, each key's two FMAs per
-    /// accumulator straight from its row (the same FMAs in the same order).
+    /// `scores_n_avx2` of one query for head dim 64: q in eight registers, each key's two
+    /// FMAs per accumulator straight from its row (the same FMAs in the same order).
     #[inline(always)]
     unsafe fn scores_8_avx2_64(kf: &[f32], q: &[f32], out: &mut [f32; KB]) {
         let qp = q.as_ptr();
@@ -1125,21 +1082,13 @@ mod x86 {
     const STEADY_Q: usize = 6;
 
     /// `run_avx512_blocked` with AVX2 (+ FMA, F16C) only: the block's K and V rows converted
-    /// once, per query the block's scores (`scores_8_avx2`) and online-softmax steps in key
+    /// once, the block's scores per group of queries (`scores_group_avx2`), per query its online-softmax steps in key
     /// order (a whole block below the running max: the 8 exps by `exp8_avx2`), then the V
     /// accumulation four queries at a time (`accumulate_4_avx2`). hk % 32 == 0, hv % 16 ==
     /// 0; scratch sized by the caller (kf, vf: KB rows; ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn run_avx2_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
-        #[inline(always)]
-        unsafe fn scores(kf: &[f32], hk: usize, q: &[f32], out: &mut [f32; KB]) {
-            if hk == 64 {
-                scores_8_avx2_64(kf, q, out)
-            } else {
-                scores_8_avx2(kf, hk, q, out)
-            }
-        }
         #[inline(always)]
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0
@@ -1152,7 +1101,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores, scores_group_avx2, group_q_avx2(p.hd_k), below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
