@@ -440,8 +440,8 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     let n_items = if by_chunks { chunk_items.len() } else { tiles.len() * p.n_head_kv };
     let next_item = std::sync::atomic::AtomicUsize::new(0);
     pool.run(&|ith, nth| {
-        let mut qb: Vec<f32> = Vec::new();
-        let mut acc: Vec<u16> = Vec::new();
+        let mut qb: f16k::Aligned<f32> = Default::default();
+        let mut acc: f16k::Aligned<u16> = Default::default();
         let mut m: Vec<f32> = Vec::new();
         let mut ssum: Vec<f32> = Vec::new();
         let mut ranges: Vec<(usize, usize)> = Vec::new();
@@ -504,7 +504,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 softcap: p.softcap,
             };
             // one chunk of every query of the pass, from fresh state
-            let mut run_chunk = |k: usize, rk: &mut Vec<(usize, usize)>, acc: &mut Vec<u16>, m: &mut Vec<f32>, ssum: &mut Vec<f32>| {
+            let mut run_chunk = |k: usize, rk: &mut Vec<(usize, usize)>, acc: &mut f16k::Aligned<u16>, m: &mut Vec<f32>, ssum: &mut Vec<f32>| {
                 rk.clear();
                 rk.extend(ranges.iter().map(|&r| chunk_of(r, k, kc)));
                 acc.clear();

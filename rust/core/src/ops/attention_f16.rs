@@ -43,11 +43,75 @@ pub(crate) struct Pass<'a> {
     pub softcap: f32,
 }
 
+/// Element types of `Aligned`.
+pub(crate) trait Pod: Copy + Default {}
+impl Pod for f32 {}
+impl Pod for u16 {}
+
+/// A growable buffer (`Vec`'s `resize` and `clear`, a slice otherwise) whose data starts on
+/// a 64-byte boundary, so that the kernels' 64-byte loads of its rows (a row length a
+/// multiple of 16 f32 or 32 f16) never straddle two cache lines. malloc gives 16-byte
+/// alignment, so a plain Vec's rows lay on a line boundary or not depending on the heap:
+/// one more field in `Scratch` moved Gemma 3's causal prefill (`--bench attention`,
+/// depth 0) by 10% with no change to the kernels. The window starts inside an ordinary
+/// allocation 64 bytes longer (an allocation with 64-byte alignment, memalign, made a
+/// 2-thread decode step at depth 4096 7-15% slower: these buffers are allocated per call).
+pub(crate) struct Aligned<T: Pod> {
+    buf: Vec<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Pod> Default for Aligned<T> {
+    fn default() -> Self {
+        Aligned { buf: Vec::new(), off: 0, len: 0 }
+    }
+}
+
+impl<T: Pod> Aligned<T> {
+    /// Elements in 64 bytes: the most the window's start moves into the allocation.
+    const PER_LINE: usize = 64 / std::mem::size_of::<T>();
+
+    /// As `Vec::resize`: the first min(len, n) values kept, the others set to `v`.
+    pub(crate) fn resize(&mut self, n: usize, v: T) {
+        if self.buf.len() < self.off + n {
+            let mut nb = vec![T::default(); n + Self::PER_LINE];
+            let off = nb.as_ptr().align_offset(64).min(Self::PER_LINE);
+            let keep = self.len.min(n);
+            nb[off..off + keep].copy_from_slice(&self.buf[self.off..self.off + keep]);
+            self.buf = nb;
+            self.off = off;
+        }
+        let old = self.len;
+        self.len = n;
+        if old < n {
+            self[old..n].fill(v);
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl<T: Pod> std::ops::Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+impl<T: Pod> std::ops::DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
 /// Per-thread buffers of a pass.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    kf: Vec<f32>,
-    vf: Vec<f32>,
+    kf: Aligned<f32>,
+    vf: Aligned<f32>,
     sc: Vec<f32>,
     vs: Vec<f32>,
     ms: Vec<f32>,
@@ -55,6 +119,9 @@ pub(crate) struct Scratch {
     /// the blocked AVX-512 kernel's per (query, key of the block) flags: 0 unseen, 1 mad, 2 scale + mad
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fl: Vec<u8>,
+    /// the blocked AVX-512 kernel's K block transposed (`x86::transpose_block`)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    kt: Aligned<f32>,
 }
 
 /// Runs the queries `qb` [nq * hd_k] (already rounded to f16) over their keys
@@ -94,7 +161,11 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 scr.fl.clear();
                 scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: as below; buffer sizes set here.
-                unsafe { x86::run_avx512_blocked(p, qb, ranges, acc, m, ssum, scr) };
+                if x86::transposed_scores(nq, hk) {
+                    unsafe { x86::run_avx512_blocked::<true>(p, qb, ranges, acc, m, ssum, scr) };
+                } else {
+                    unsafe { x86::run_avx512_blocked::<false>(p, qb, ranges, acc, m, ssum, scr) };
+                }
             } else if crate::quant::kernel_set() != KernelSet::Avx512 && hk % 32 == 0 && hv % 16 == 0 && (hk <= 64 || nq >= 8) {
                 // blocked: head dim 64 at any pass size (a 4096-key decode step of 1..4
                 // queries 40-60% faster); wider heads only with 8+ queries (a Gemma 3 prefill
@@ -578,6 +649,115 @@ mod x86 {
         }
     }
 
+    /// Fewest queries in a pass for the transposed scores (`scores_t`): the block's
+    /// transpose is paid once per pass, so a decode step's few queries keep the row form.
+    pub(super) const T_MIN_Q: usize = 16;
+
+    /// Widest K rows for the transposed scores: their horizontal sums are a large share of
+    /// a 64-element dot (SmolLM2's heads: `--bench attention` prefill at depth 4096, one
+    /// thread, 179 -> 160 ms per layer), while for Gemma 3's 256 the broadcast q loads of
+    /// the lane form cost more than they save (246 -> 263 ms). 128 not measured.
+    pub(super) const T_MAX_HK: usize = 64;
+
+    /// Whether a blocked AVX-512 pass of nq queries with K rows of hk elements scores from
+    /// the transposed K (`scores_t`; `run_avx512_blocked::<true>`). A separate instance:
+    /// with the transposed path in the same function, Gemma 3's causal prefill at depth 0
+    /// (which never takes it) ran 10% slower.
+    pub(super) fn transposed_scores(nq: usize, hk: usize) -> bool {
+        nq >= T_MIN_Q && hk <= T_MAX_HK
+    }
+
+    /// The block's K rows staged in f32 (`kf`: KB rows of hk) transposed into `kt`: element
+    /// e of the KB keys at kt[KB * e..KB * e + KB] (8 x 8 transposes, hk a multiple of 8).
+    #[inline(always)]
+    unsafe fn transpose_block(kf: &[f32], hk: usize, kt: &mut [f32]) {
+        debug_assert!(kf.len() >= KB * hk && kt.len() >= KB * hk && hk % 8 == 0);
+        let (src, dst) = (kf.as_ptr(), kt.as_mut_ptr());
+        let mut e0 = 0;
+        while e0 < hk {
+            let r: [__m256; KB] = std::array::from_fn(|kk| _mm256_loadu_ps(src.add(kk * hk + e0)));
+            let t = [
+                _mm256_unpacklo_ps(r[0], r[1]),
+                _mm256_unpackhi_ps(r[0], r[1]),
+                _mm256_unpacklo_ps(r[2], r[3]),
+                _mm256_unpackhi_ps(r[2], r[3]),
+                _mm256_unpacklo_ps(r[4], r[5]),
+                _mm256_unpackhi_ps(r[4], r[5]),
+                _mm256_unpacklo_ps(r[6], r[7]),
+                _mm256_unpackhi_ps(r[6], r[7]),
+            ];
+            let u = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for e in 0..4 {
+                _mm256_storeu_ps(dst.add(KB * (e0 + e)), _mm256_permute2f128_ps::<0x20>(u[e], u[e + 4]));
+                _mm256_storeu_ps(dst.add(KB * (e0 + e + 4)), _mm256_permute2f128_ps::<0x31>(u[e], u[e + 4]));
+            }
+            e0 += 8;
+        }
+    }
+
+    /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's KB keys
+    /// from the transposed K rows (`kt`), the keys in the lanes, TQ queries at a time: per
+    /// query exactly `dot_avx2`'s value for each key with no horizontal step. Lane kk of
+    /// p[a] runs accumulator a's lane l of key kk (elements 32s + 8a + l, s in order, one
+    /// FMA each), x_l = (p0 + p2) + (p1 + p3) is that key's (acc0 + acc2) + (acc1 + acc3)
+    /// lane l, and (y0 + y1) + (y2 + y3) with y_l = x_l + x_(l+4) is the 8-lane sum's tree.
+    #[inline(always)]
+    unsafe fn scores_t<const TQ: usize>(kt: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
+        let mut j = 0;
+        while j + TQ <= nq {
+            scores_t_n::<TQ>(kt, hk, q.add(j * hk), out.as_mut_ptr().add(j));
+            j += TQ;
+        }
+        while j < nq {
+            scores_t_n::<1>(kt, hk, q.add(j * hk), out.as_mut_ptr().add(j));
+            j += 1;
+        }
+    }
+
+    /// `scores_t` for N queries (q: N rows of hk) into out[0..N].
+    #[inline(always)]
+    unsafe fn scores_t_n<const N: usize>(kt: &[f32], hk: usize, q: *const f32, out: *mut [f32; KB]) {
+        debug_assert!(kt.len() >= KB * hk && hk % 32 == 0);
+        let kp = kt.as_ptr();
+        let mut y = [[_mm256_setzero_ps(); 4]; N];
+        for l in 0..4 {
+            let mut x = [[_mm256_setzero_ps(); 2]; N];
+            for (h, ll) in [l, l + 4].into_iter().enumerate() {
+                let mut p = [[_mm256_setzero_ps(); 4]; N];
+                let mut s = 0;
+                while s < hk {
+                    for a in 0..4 {
+                        let e = s + 8 * a + ll;
+                        let kv = _mm256_loadu_ps(kp.add(KB * e));
+                        for (j, pj) in p.iter_mut().enumerate() {
+                            pj[a] = _mm256_fmadd_ps(kv, _mm256_broadcast_ss(&*q.add(j * hk + e)), pj[a]);
+                        }
+                    }
+                    s += 32;
+                }
+                for (j, pj) in p.iter().enumerate() {
+                    x[j][h] = _mm256_add_ps(_mm256_add_ps(pj[0], pj[2]), _mm256_add_ps(pj[1], pj[3]));
+                }
+            }
+            for (j, xj) in x.iter().enumerate() {
+                y[j][l] = _mm256_add_ps(xj[0], xj[1]);
+            }
+        }
+        for (j, yj) in y.iter().enumerate() {
+            let r = _mm256_add_ps(_mm256_add_ps(yj[0], yj[1]), _mm256_add_ps(yj[2], yj[3]));
+            _mm256_storeu_ps((*out.add(j)).as_mut_ptr(), r);
+        }
+    }
+
     /// The 8 keys' scores from their dot accumulators x[k] = (acc0 + acc2) + (acc1 + acc3):
     /// ggml's horizontal sums of the 8 keys done together, lo/hi halves added per key pair,
     /// then two hadd levels (the same pairs as `finish`: (l + l+4), then (0+1) + (2+3)).
@@ -703,7 +883,7 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $kt:expr, $tq:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -722,6 +902,10 @@ mod x86 {
             // bytes, 384 apart) streaming from memory made its tg128 @ d4096 22% slower
             // (63.2 -> 47.8 t/s), though 12% faster in cache
             let direct_k = false $(|| (nq <= $direct_k_max && hk >= 128))?;
+            // a pass of T_MIN_Q queries or more scores from the block's K transposed
+            // (`scores_t`: the keys in the lanes, no horizontal sums)
+            let transposed = $tr;
+            let kt: &mut [f32] = $kt;
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
             // rows (each row loaded once per group)
@@ -744,6 +928,9 @@ mod x86 {
                     } else {
                         $to_f32(v16, vf.get_unchecked_mut(kk * hv..(kk + 1) * hv));
                     }
+                }
+                if transposed {
+                    transpose_block(kf, hk, kt);
                 }
                 if direct_k {
                     // a partial last block: its missing keys' scores are computed from
@@ -772,7 +959,11 @@ mod x86 {
                             // never used
                             group_done = i / gq;
                             let g0 = group_done * gq;
-                            $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                            if transposed {
+                                scores_t::<{ $tq }>(kt, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                            } else {
+                                $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                            }
                         }
                         *s_all.get_unchecked(i % gq)
                     };
@@ -835,7 +1026,7 @@ mod x86 {
     /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub(super) unsafe fn run_avx512_blocked(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+    pub(super) unsafe fn run_avx512_blocked<const T: bool>(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
         #[inline(always)]
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0
@@ -848,7 +1039,11 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, below, exp8, accumulate_4, staged, direct)
+        // the transposed K block (`transpose_block`)
+        let mut kt = std::mem::take(&mut scr.kt);
+        kt.resize(if T { KB * p.hd_k } else { 0 }, 0.0);
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, &mut kt, 2, below, exp8, accumulate_4, staged, direct);
+        scr.kt = kt;
     }
 
     /// The scores of the first `nq` (`group_q_avx2`) queries of `q` against the block's K
@@ -1101,7 +1296,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, &mut [], 1, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
