@@ -722,37 +722,17 @@ mod x86 {
     }
 
     /// The block's K rows staged in f32 (`kf`: KB rows of hk) transposed into `kt`: element
-    /// e of the KB keys at kt[KB * e..KB * e + KB] (8 x 8 transposes, hk a multiple of 8).
+    /// e of the KB keys at kt[KB * e..KB * e + KB] (`avx2::transpose8_epi32` per 8 elements, hk
+    /// a multiple of 8).
     #[inline(always)]
     unsafe fn transpose_block(kf: &[f32], hk: usize, kt: &mut [f32]) {
         debug_assert!(kf.len() >= KB * hk && kt.len() >= KB * hk && hk % 8 == 0);
         let (src, dst) = (kf.as_ptr(), kt.as_mut_ptr());
         let mut e0 = 0;
         while e0 < hk {
-            let r: [__m256; KB] = std::array::from_fn(|kk| _mm256_loadu_ps(src.add(kk * hk + e0)));
-            let t = [
-                _mm256_unpacklo_ps(r[0], r[1]),
-                _mm256_unpackhi_ps(r[0], r[1]),
-                _mm256_unpacklo_ps(r[2], r[3]),
-                _mm256_unpackhi_ps(r[2], r[3]),
-                _mm256_unpacklo_ps(r[4], r[5]),
-                _mm256_unpackhi_ps(r[4], r[5]),
-                _mm256_unpacklo_ps(r[6], r[7]),
-                _mm256_unpackhi_ps(r[6], r[7]),
-            ];
-            let u = [
-                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-            ];
-            for e in 0..4 {
-                _mm256_storeu_ps(dst.add(KB * (e0 + e)), _mm256_permute2f128_ps::<0x20>(u[e], u[e + 4]));
-                _mm256_storeu_ps(dst.add(KB * (e0 + e + 4)), _mm256_permute2f128_ps::<0x31>(u[e], u[e + 4]));
+            let r: [__m256i; KB] = std::array::from_fn(|kk| _mm256_castps_si256(_mm256_loadu_ps(src.add(kk * hk + e0))));
+            for (e, col) in crate::quant::avx2::transpose8_epi32(&r).iter().enumerate() {
+                _mm256_storeu_ps(dst.add(KB * (e0 + e)), _mm256_castsi256_ps(*col));
             }
             e0 += 8;
         }

@@ -583,7 +583,7 @@ pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: u
 
 /// The 8 x 8 transpose of dwords: out[j] lane c = r[c] lane j.
 #[inline(always)]
-unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
+pub(crate) unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
     let t = [
         _mm256_unpacklo_epi32(r[0], r[1]),
         _mm256_unpackhi_epi32(r[0], r[1]),
