@@ -54,8 +54,8 @@ impl Pod for u16 {}
 /// alignment, so a plain Vec's rows lay on a line boundary or not depending on the heap:
 /// one more field in `Scratch` moved Gemma 3's causal prefill (`--bench attention`,
 /// depth 0) by 10% with no change to the kernels. The window starts inside an ordinary
-/// allocation 64 bytes longer (an allocation with 64-byte alignment, memalign, made a
-/// 2-thread decode step at depth 4096 7-15% slower: these buffers are allocated per call).
+/// allocation 64 bytes longer, so these per-call buffers stay on malloc's fast path (no
+/// memalign).
 pub(crate) struct Aligned<T: Pod> {
     buf: Vec<T>,
     off: usize,
@@ -714,9 +714,9 @@ mod x86 {
     pub(super) const T_MAX_HK: usize = 64;
 
     /// Whether a blocked AVX-512 pass of nq queries with K rows of hk elements scores from
-    /// the transposed K (`scores_t`; `run_avx512_blocked::<true>`). A separate instance:
-    /// with the transposed path in the same function, Gemma 3's causal prefill at depth 0
-    /// (which never takes it) ran 10% slower.
+    /// the transposed K (`scores_t`; `run_avx512_blocked::<true>`). A separate instance, so
+    /// that the passes which never take it (decode steps, wide heads) run the code they ran
+    /// before it.
     pub(super) fn transposed_scores(nq: usize, hk: usize) -> bool {
         nq >= T_MIN_Q && hk <= T_MAX_HK
     }
