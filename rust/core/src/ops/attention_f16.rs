@@ -43,11 +43,6 @@ pub(crate) struct Pass<'a> {
     pub softcap: f32,
 }
 
-/// Element types of `Aligned`.
-pub(crate) trait Pod: Copy + Default {}
-impl Pod for f32 {}
-impl Pod for u16 {}
-
 /// A growable buffer (`Vec`'s `resize` and `clear`, a slice otherwise) whose data starts on
 /// a 64-byte boundary, so that the kernels' 64-byte loads of its rows (a row length a
 /// multiple of 16 f32 or 32 f16) never straddle two cache lines. malloc gives 16-byte
@@ -56,19 +51,19 @@ impl Pod for u16 {}
 /// depth 0) by 10% with no change to the kernels. The window starts inside an ordinary
 /// allocation 64 bytes longer, so these per-call buffers stay on malloc's fast path (no
 /// memalign).
-pub(crate) struct Aligned<T: Pod> {
+pub(crate) struct Aligned<T: Copy + Default> {
     buf: Vec<T>,
     off: usize,
     len: usize,
 }
 
-impl<T: Pod> Default for Aligned<T> {
+impl<T: Copy + Default> Default for Aligned<T> {
     fn default() -> Self {
         Aligned { buf: Vec::new(), off: 0, len: 0 }
     }
 }
 
-impl<T: Pod> Aligned<T> {
+impl<T: Copy + Default> Aligned<T> {
     /// Elements in 64 bytes: the most the window's start moves into the allocation.
     const PER_LINE: usize = 64 / std::mem::size_of::<T>();
 
@@ -94,14 +89,14 @@ impl<T: Pod> Aligned<T> {
     }
 }
 
-impl<T: Pod> std::ops::Deref for Aligned<T> {
+impl<T: Copy + Default> std::ops::Deref for Aligned<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         &self.buf[self.off..self.off + self.len]
     }
 }
 
-impl<T: Pod> std::ops::DerefMut for Aligned<T> {
+impl<T: Copy + Default> std::ops::DerefMut for Aligned<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         &mut self.buf[self.off..self.off + self.len]
     }
@@ -441,6 +436,14 @@ mod x86 {
         to_f32_avx2(&src[n16..], &mut dst[n16..]);
     }
 
+    /// A query-key dot's two zmm accumulators (a0 = acc0 | acc1, a1 = acc2 | acc3) folded to
+    /// the 8 lanes (acc0 + acc2) + (acc1 + acc3), ggml's order before the horizontal sum.
+    #[inline(always)]
+    unsafe fn fold_halves(a0: __m512, a1: __m512) -> __m256 {
+        let ab = _mm512_add_ps(a0, a1);
+        _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))))
+    }
+
     /// `dot_avx2` with zmm accumulators: a0 holds acc0 | acc1, a1 acc2 | acc3 (the same
     /// FMAs lane for lane), so a0 + a1 is (acc0 + acc2) | (acc1 + acc3).
     #[inline(always)]
@@ -455,9 +458,7 @@ mod x86 {
             a1 = _mm512_fmadd_ps(_mm512_loadu_ps(kf.as_ptr().add(i + 16)), _mm512_loadu_ps(q.as_ptr().add(i + 16)), a1);
             i += 32;
         }
-        let ab = _mm512_add_ps(a0, a1);
-        let x = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
-        finish(x, k16, q, np, n)
+        finish(fold_halves(a0, a1), k16, q, np, n)
     }
 
     const RN: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -597,8 +598,9 @@ mod x86 {
     }
 
     /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
-    /// staged in f32 (`kf`: KB rows of hk), each key's row loaded once for the group:
-    /// `scores_n_512`.
+    /// staged in f32 (`kf`: KB rows of hk): rows of 128+ elements in blocks of 4 queries x 2
+    /// keys (`scores_blk_512`), shorter ones each key's row loaded once for the group
+    /// (`scores_n_512`).
     #[inline(always)]
     unsafe fn scores_group_512(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         if hk >= 128 {
@@ -648,8 +650,7 @@ mod x86 {
             }
             for j in 0..NQ {
                 for t in 0..2 {
-                    let ab = _mm512_add_ps(a0[j][t], a1[j][t]);
-                    x[j][kk + t] = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
+                    x[j][kk + t] = fold_halves(a0[j][t], a1[j][t]);
                 }
             }
         }
@@ -694,8 +695,7 @@ mod x86 {
                 i += 32;
             }
             for j in 0..NQ {
-                let ab = _mm512_add_ps(a0[j], a1[j]);
-                x[j][kk] = _mm256_add_ps(_mm512_castps512_ps256(ab), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(ab))));
+                x[j][kk] = fold_halves(a0[j], a1[j]);
             }
         }
         for j in 0..NQ {
@@ -712,6 +712,10 @@ mod x86 {
     /// thread, 179 -> 160 ms per layer), while for Gemma 3's 256 the broadcast q loads of
     /// the lane form cost more than they save (246 -> 263 ms). 128 not measured.
     pub(super) const T_MAX_HK: usize = 64;
+
+    /// Queries per `scores_t_n` call (the AVX-512 set's 32 registers hold two queries'
+    /// partial sums).
+    const T_QUERIES: usize = 2;
 
     /// Whether a blocked AVX-512 pass of nq queries with K rows of hk elements scores from
     /// the transposed K (`scores_t`; `run_avx512_blocked::<true>`). A separate instance, so
@@ -917,12 +921,12 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $kt:expr, $tq:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = $ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            let Scratch { kf, vf, sc: _, vs, ms, fl, .. } = $scr;
+            let Scratch { kf, vf, sc: _, vs, ms, fl, kt, .. } = $scr;
             let vexp = $p.softcap == 0.0 && super::vexp_ok();
             // a pass of at most STEADY_Q queries (a decode step's GQA group) reads each V row
             // once in one accumulation call: converted there from the cache, not staged in
@@ -939,7 +943,9 @@ mod x86 {
             // a pass of T_MIN_Q queries or more scores from the block's K transposed
             // (`scores_t`: the keys in the lanes, no horizontal sums)
             let transposed = $tr;
-            let kt: &mut [f32] = $kt;
+            if transposed {
+                kt.resize(KB * hk, 0.0);
+            }
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
             // rows (each row loaded once per group)
@@ -994,7 +1000,7 @@ mod x86 {
                             group_done = i / gq;
                             let g0 = group_done * gq;
                             if transposed {
-                                scores_t::<{ $tq }>(kt, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                                scores_t::<T_QUERIES>(kt, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
                             } else {
                                 $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
                             }
@@ -1073,11 +1079,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
-        // the transposed K block (`transpose_block`)
-        let mut kt = std::mem::take(&mut scr.kt);
-        kt.resize(if T { KB * p.hd_k } else { 0 }, 0.0);
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, &mut kt, 2, below, exp8, accumulate_4, staged, direct);
-        scr.kt = kt;
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, below, exp8, accumulate_4, staged, direct)
     }
 
     /// The scores of the first `nq` (`group_q_avx2`) queries of `q` against the block's K
@@ -1330,7 +1332,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, &mut [], 1, below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
