@@ -8,7 +8,10 @@
 //! read bandwidth measured on a buffer of the same size, and their ratio. Add `huge` to put
 //! the weights (and the probe's buffer) on transparent huge pages (madvise);
 //! `PYLLAMA_BENCH_TYPES=Q4_1,Q4_K` limits the formats, `PYLLAMA_BENCH_NIN=640` sets the
-//! `tg` matrix's row length (default 4096).
+//! `tg` matrix's row length (default 4096). `split`: single-token Q4_1 matmuls of SmolLM2's
+//! row length (576) over 256 MiB of weights, as one matrix and as a run of model-sized
+//! matrices (1536, 576, 192 rows: its gate/up, q/o, k/v) one after another, and the same
+//! matrix sizes run again and again from L2 (the kernel's speed without memory).
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
@@ -470,6 +473,10 @@ fn attn_table() {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "split") {
+        split_table();
+        return;
+    }
     if std::env::args().any(|a| a == "attn") {
         attn_table();
         return;
@@ -593,5 +600,46 @@ fn main() {
             gf_cpu,
             gf[1][1]
         );
+    }
+}
+
+/// The `split` mode (see the header): GB/s of weights, the best of 5 sweeps, 1 and 2 threads.
+fn split_table() {
+    let ty = GgmlType::Q4_1;
+    let n_in = 576;
+    let wrow = ty.row_size(n_in).unwrap();
+    let n_out = (256usize << 20) / wrow;
+    let w = random_weights(ty, n_in, n_out);
+    let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
+    let mut out = vec![0f32; n_out];
+    let mut scratch = Vec::new();
+    println!("single-token Q4_1 [576 x rows] matmuls over 256 MiB, GB/s of weights: from memory (consecutive matrices), in L2 (one matrix again)");
+    for nth in [1usize, 2] {
+        let pool = ThreadPool::new(nth);
+        for rows in [n_out, 1536, 576, 192] {
+            let mut gbs = [0f64; 2];
+            for (hot, g) in gbs.iter_mut().enumerate() {
+                if hot == 1 && rows == n_out {
+                    continue;
+                }
+                let mut best = f64::INFINITY;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    let mut r = 0;
+                    while r < n_out {
+                        let e = (r + rows).min(n_out);
+                        let a = if hot == 1 { 0 } else { r };
+                        let tv = TensorView { name: "w", ty, ne: [n_in, e - r, 1, 1], data: &w[a * wrow..(a + e - r) * wrow] };
+                        matmul(&pool, &tv, &x, 1, &mut out[r..e], &mut scratch);
+                        r = e;
+                    }
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                *g = w.len() as f64 / best / 1e9;
+            }
+            let label = if rows == n_out { "one matrix".to_string() } else { format!("{rows} rows") };
+            let l2 = if rows == n_out { "-".to_string() } else { format!("{:.1}", gbs[1]) };
+            println!("threads {nth}, {label:>11}: {:6.1} from memory, {l2:>6} in L2", gbs[0]);
+        }
     }
 }
