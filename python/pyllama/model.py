@@ -157,7 +157,9 @@ class Model:
         (``name-00001-of-00003.gguf``: the other parts are found next to it), or a list of
         all parts.
 
-        ``load_mode``: auto, none, mmap, mlock, mmap+mlock or dio. ``progress(p)`` is
+        ``load_mode``: auto, none, mmap, mlock, mmap+mlock or dio (auto: read into memory
+        on 2 MiB pages where Linux has transparent huge pages and the model fits in half the
+        available memory, else mapped; see the README). ``progress(p)`` is
         called with 0.0 ... 1.0 (monotonic, at least once per tensor); returning False
         cancels and raises :class:`LoadCancelled`. ``check_tensors`` scans the data for
         NaN/Inf (floats and quantization scales). ``kv_overrides`` replaces metadata

@@ -299,7 +299,8 @@ def opt_no_kv_offload():
 
 
 def opt_load_mode():
-    return typer.Option("auto", "-lm", "--load-mode", callback=load_mode, help="auto, none, mmap, mlock, mmap+mlock, dio")
+    return typer.Option("auto", "-lm", "--load-mode", callback=load_mode, help="auto (read into memory on huge pages where Linux has them and the model fits, else "
+                             "mmap), none, mmap, mlock, mmap+mlock, dio")
 
 
 def opt_cache_type_k():

@@ -399,7 +399,11 @@ impl Model {
             *read_done += f.file_size;
             Ok(f)
         }
-        let mut files = vec![open_one(first_path, mode, populate, total_read, &mut read_done, &mut params)?];
+        // auto: the weights read into memory on 2 MiB pages where that is possible and they
+        // fit (`storage::auto_reads`), else mapped; a vocabulary-only load always maps
+        let vocab_only = params.vocab_only;
+        let file_mode = |total: u64| if mode == LoadMode::Auto && !vocab_only && crate::gguf::storage::auto_reads(total) { LoadMode::None } else { mode };
+        let mut files = vec![open_one(first_path, file_mode(sizes.iter().sum()), populate, total_read, &mut read_done, &mut params)?];
         let n_split = split_key(&files[0], "split.count")?.unwrap_or(0);
         let mut paths: Vec<String> = paths.to_vec();
         if n_split > 1 {
@@ -442,7 +446,7 @@ impl Model {
                         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
                     });
                 }
-                let f = open_one(p, mode, populate, total_read, &mut read_done, &mut params)?;
+                let f = open_one(p, file_mode(sizes.iter().sum()), populate, total_read, &mut read_done, &mut params)?;
                 match split_key(&f, "split.no")? {
                     Some(n) if n == i => {}
                     Some(n) => {

@@ -74,6 +74,33 @@ impl LoadMode {
     }
 }
 
+/// 2 MiB: a transparent huge page on x86-64 (and 4 KiB-granule aarch64).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Whether a model load in `LoadMode::Auto` reads its files (`len` bytes in all) into memory
+/// (on 2 MiB pages, as `LoadMode::None`) rather than mapping them: on Linux with transparent huge pages (`always` or `madvise`) and a file
+/// of at most half the memory available. The single-token matmuls read every weight once
+/// per token, and on 2 MiB pages they read them faster: tg128 with 2 threads, alternated,
+/// SmolLM2 218-234 -> 262-266 t/s, Gemma 3 114-116 -> 125-126 (a file mapping keeps 4 KiB
+/// pages). Otherwise, or for a file that large, the mapping.
+pub fn auto_reads(len: u64) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .is_ok_and(|s| s.contains("[always]") || s.contains("[madvise]"));
+        let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb.saturating_mul(1024))
+        });
+        thp && avail.is_some_and(|a| len <= a as u64 / 2)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = len;
+        false
+    }
+}
+
 /// An owned byte buffer with a chosen alignment (64 for cache lines / SIMD loads, the
 /// file system block size for O_DIRECT). Allocation failure is an error, not an abort.
 pub struct AlignedBuf {
@@ -88,12 +115,26 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of `cap` bytes (at least 1) of which the first `len` are data.
+    /// A buffer of `cap` bytes (at least 1) of which the first `len` are data, for the
+    /// caller to fill, the rest zeroed. From 2 MiB on it starts on a 2 MiB boundary and is
+    /// advised for transparent huge pages (Linux), as it is filled only after that: the
+    /// weights then sit on 2 MiB pages, which the single-token kernels stream faster than
+    /// 4 KiB ones (fewer TLB misses; the hardware prefetchers stop at page boundaries).
     fn new(len: usize, cap: usize, align: usize) -> Option<AlignedBuf> {
-        let layout = std::alloc::Layout::from_size_align(cap.max(len).max(1), align).ok()?;
+        let size = cap.max(len).max(1);
+        let huge = cfg!(target_os = "linux") && size >= HUGE_PAGE;
+        let layout = std::alloc::Layout::from_size_align(size, if huge { align.max(HUGE_PAGE) } else { align }).ok()?;
         // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        Some(AlignedBuf { ptr: std::ptr::NonNull::new(p)?, len, layout })
+        let p = std::ptr::NonNull::new(unsafe { std::alloc::alloc(layout) })?;
+        #[cfg(target_os = "linux")]
+        if huge {
+            // SAFETY: p is the start of `size` bytes we own (2 MiB-aligned, so page-aligned);
+            // a hint: its failure leaves 4 KiB pages
+            unsafe { libc::madvise(p.as_ptr() as *mut libc::c_void, size, libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: the tail len..size lies inside the allocation
+        unsafe { std::ptr::write_bytes(p.as_ptr().add(len.min(size)), 0, size - len.min(size)) };
+        Some(AlignedBuf { ptr: p, len, layout })
     }
     fn as_slice(&self) -> &[u8] {
         // SAFETY: the allocation holds layout.size() >= len initialized (zeroed) bytes.
@@ -400,4 +441,24 @@ fn lock_bytes(_b: &[u8]) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn unlock_bytes(_b: &[u8]) -> std::io::Result<()> {
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_zeroes_the_padding_and_puts_large_buffers_on_2_mib_boundaries() {
+        // small: the asked alignment; large: 2 MiB (on Linux), so that the whole buffer can
+        // sit on huge pages; the padding past `len` is zero either way
+        for (len, cap, align) in [(10usize, 100usize, 64usize), (3 << 20, (3 << 20) + 4096, 4096)] {
+            let mut b = AlignedBuf::new(len, cap, align).unwrap();
+            let want = if cfg!(target_os = "linux") && cap >= HUGE_PAGE { HUGE_PAGE } else { align };
+            assert_eq!(b.as_slice().as_ptr() as usize % want, 0, "{len} bytes");
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_mut_full()[len..].iter().all(|&x| x == 0));
+            b.as_mut_full()[..len].fill(7);
+            assert!(b.as_slice().iter().all(|&x| x == 7));
+        }
+    }
 }
