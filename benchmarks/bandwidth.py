@@ -10,7 +10,9 @@ bandwidth. This prints, per model and thread count:
 - the effective GB/s (bytes x t/s) and its fraction of the project's own read probe
   (``cargo bench --bench kernels -- bw``: every thread streams its part of a buffer of the
   model's weight size with 256-bit loads; a model that fits in the last-level cache is read
-  from there, and so is the probe's buffer),
+  from there, and so is the probe's buffer; the buffer is on 2 MiB pages (``huge``) when
+  the model's weights are, i.e. when load_mode auto read them into memory rather than
+  mapping the file),
 - parallel regions per token (``Context.n_parallel_regions`` over a greedy run) times the
   pool's cost per empty region (the same bench), as a percentage of a token's time.
 
@@ -31,7 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def weight_bytes(path: str) -> int:
+def weight_bytes(path: str) -> tuple[int, bool]:
+    """(bytes a token reads, whether the weights are in memory rather than mapped: on 2 MiB
+    pages where the system has transparent huge pages)."""
     from pyllama import Model
 
     m = Model.load(path)
@@ -39,13 +43,13 @@ def weight_bytes(path: str) -> int:
     total = sum(names.values())
     if "output.weight" in names:
         total -= names.get("token_embd.weight", 0)  # one row per token: negligible
-    return total
+    return total, not m._core.is_mmap
 
 
-def probe(mib: int) -> tuple[dict[int, float], dict[int, float]]:
+def probe(mib: int, huge: bool) -> tuple[dict[int, float], dict[int, float]]:
     """(GB/s per thread count, seconds per empty parallel region per thread count)."""
     env = dict(os.environ, PYLLAMA_BENCH_MIB=str(mib))
-    out = subprocess.run(["cargo", "bench", "-q", "-p", "pyllama-core", "--bench", "kernels", "--", "bw"],
+    out = subprocess.run(["cargo", "bench", "-q", "-p", "pyllama-core", "--bench", "kernels", "--", "bw"] + (["huge"] if huge else []),
                          cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
     m = re.search(r"1 thread ([\d.]+) 2 threads ([\d.]+)", out)
     if not m:
@@ -93,8 +97,8 @@ def main() -> None:
     print("| model | threads | tg t/s | MiB/token | GB/s | probe GB/s | fraction | regions/token | pool % of a token |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in models:
-        nbytes = weight_bytes(m)
-        bw, pool = probe(max(1, nbytes >> 20))
+        nbytes, huge = weight_bytes(m)
+        bw, pool = probe(max(1, nbytes >> 20), huge)
         for t in threads:
             tps = tg(m, t, a.repetitions, a.n_gen)
             rpt = regions_per_token(m, t)
