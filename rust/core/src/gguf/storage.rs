@@ -102,12 +102,25 @@ pub fn auto_reads(len: u64) -> bool {
 }
 
 /// An owned byte buffer with a chosen alignment (64 for cache lines / SIMD loads, the
-/// file system block size for O_DIRECT). Allocation failure is an error, not an abort.
+/// file system block size for O_DIRECT), zeroed. Allocation failure is an error, not an
+/// abort. From 2 MiB on (Linux) it is an anonymous mapping (zero pages, mapped on first
+/// write) whose data starts on a 2 MiB boundary, advised for transparent huge pages before
+/// anything is written: the weights read into it then sit on 2 MiB pages, which the
+/// single-token kernels stream faster than 4 KiB ones (fewer TLB misses; the hardware
+/// prefetchers stop at page boundaries).
 pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
+    mem: Mem,
     /// Bytes that hold file data.
     len: usize,
-    layout: std::alloc::Layout,
+    /// Bytes of the buffer (data plus padding).
+    size: usize,
+}
+
+enum Mem {
+    Heap(std::ptr::NonNull<u8>, std::alloc::Layout),
+    /// the mapping (owned) and the buffer's start inside it
+    #[cfg(target_os = "linux")]
+    Anon { _map: memmap2::MmapMut, start: *mut u8 },
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -115,42 +128,52 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A buffer of `cap` bytes (at least 1) of which the first `len` are data, for the
-    /// caller to fill, the rest zeroed. From 2 MiB on it starts on a 2 MiB boundary and is
-    /// advised for transparent huge pages (Linux), as it is filled only after that: the
-    /// weights then sit on 2 MiB pages, which the single-token kernels stream faster than
-    /// 4 KiB ones (fewer TLB misses; the hardware prefetchers stop at page boundaries).
+    /// A zeroed buffer of `cap` bytes (at least 1) of which the first `len` are data.
     fn new(len: usize, cap: usize, align: usize) -> Option<AlignedBuf> {
         let size = cap.max(len).max(1);
-        let huge = cfg!(target_os = "linux") && size >= HUGE_PAGE;
-        let layout = std::alloc::Layout::from_size_align(size, if huge { align.max(HUGE_PAGE) } else { align }).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let p = std::ptr::NonNull::new(unsafe { std::alloc::alloc(layout) })?;
         #[cfg(target_os = "linux")]
-        if huge {
-            // SAFETY: p is the start of `size` bytes we own (2 MiB-aligned, so page-aligned);
-            // a hint: its failure leaves 4 KiB pages
-            unsafe { libc::madvise(p.as_ptr() as *mut libc::c_void, size, libc::MADV_HUGEPAGE) };
+        if size >= HUGE_PAGE && align <= HUGE_PAGE {
+            let mut map = memmap2::MmapOptions::new().len(size.checked_add(HUGE_PAGE)?).map_anon().ok()?;
+            // a hint: without transparent huge pages the mapping keeps 4 KiB pages
+            let _ = map.advise(memmap2::Advice::HugePage);
+            let base = map.as_mut_ptr();
+            let off = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
+            // SAFETY: off < HUGE_PAGE, so off + size fits the mapping
+            return Some(AlignedBuf { mem: Mem::Anon { _map: map, start: unsafe { base.add(off) } }, len, size });
         }
-        // SAFETY: the tail len..size lies inside the allocation
-        unsafe { std::ptr::write_bytes(p.as_ptr().add(len.min(size)), 0, size - len.min(size)) };
-        Some(AlignedBuf { ptr: p, len, layout })
+        let layout = std::alloc::Layout::from_size_align(size, align).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(AlignedBuf { mem: Mem::Heap(std::ptr::NonNull::new(p)?, layout), len, size })
+    }
+    fn ptr(&self) -> *mut u8 {
+        match &self.mem {
+            Mem::Heap(p, _) => p.as_ptr(),
+            #[cfg(target_os = "linux")]
+            Mem::Anon { start, .. } => *start,
+        }
     }
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation holds layout.size() >= len initialized (zeroed) bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: the allocation holds size >= len initialized (zeroed, then written) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
     /// The whole allocation (data plus block padding for O_DIRECT).
     fn as_mut_full(&mut self) -> &mut [u8] {
-        // SAFETY: as above; &mut self guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        // SAFETY: as above; &mut self guarantees exclusive access (the mapping is private
+        // and writable).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.size) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        match self.mem {
+            // SAFETY: allocated in `new` with this layout.
+            Mem::Heap(p, layout) => unsafe { std::alloc::dealloc(p.as_ptr(), layout) },
+            // the mapping unmaps itself
+            #[cfg(target_os = "linux")]
+            Mem::Anon { .. } => {}
+        }
     }
 }
 
@@ -454,6 +477,7 @@ mod tests {
         for (len, cap, align) in [(10usize, 100usize, 64usize), (3 << 20, (3 << 20) + 4096, 4096)] {
             let mut b = AlignedBuf::new(len, cap, align).unwrap();
             let want = if cfg!(target_os = "linux") && cap >= HUGE_PAGE { HUGE_PAGE } else { align };
+            assert!(b.as_mut_full().iter().all(|&x| x == 0));
             assert_eq!(b.as_slice().as_ptr() as usize % want, 0, "{len} bytes");
             assert_eq!(b.as_slice().len(), len);
             assert!(b.as_mut_full()[len..].iter().all(|&x| x == 0));
