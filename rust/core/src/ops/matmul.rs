@@ -146,6 +146,8 @@ pub fn matmul_with(
     let mut xscales: *const f32 = std::ptr::null();
     // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
     let mut rb_base = 0usize;
+    // offset in scratch of the packed activation groups (see `pack_phase`)
+    let mut pack_at = 0usize;
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
@@ -154,8 +156,12 @@ pub fn matmul_with(
         // [n_tokens][xrow] quantized rows, then (Q8_0/Q8_1 only) [n_tokens][nsc] f32 block
         // scales converted once here rather than once per weight row in the kernels.
         let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
-        let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
-        scratch.resize(pack_off + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
+        let pack_min = sc_off + n_tokens * nsc * 4;
+        // + 128: room to place the packed groups and the row areas on their cache-line
+        // phases (the Vec's own start is only 16-byte aligned)
+        scratch.resize(pack_min + 128 + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
+        let start = scratch.as_ptr() as usize;
+        pack_at = pack_min + (pack_phase(vdt) + 128 - (start + pack_min) % 64) % 64;
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -164,7 +170,7 @@ pub fn matmul_with(
             fill_scales(vdt, dst, nsc, sc, set);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
-        rb_base = sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens);
+        rb_base = (sp.get() as usize + pack_at + packed_bytes(kern, n_in, n_tokens)).div_ceil(64) * 64;
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
@@ -246,8 +252,7 @@ pub fn matmul_with(
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
             let gbytes = nb * pk.block_bytes;
-            let sc_off = (n_tokens * xrow).div_ceil(4) * 4;
-            let pack_off = (sc_off + n_tokens * nsc * 4).div_ceil(64) * 64;
+            let pack_off = pack_at;
             let off = pk.offset;
             // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
             // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
@@ -860,6 +865,18 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
         // partial
         Some(p) if n_tokens >= 2 && p.cols[MAX_PACK].is_some() => n_tokens.div_ceil(MAX_PACK) * (n_in / 32) * p.block_bytes,
         _ => 0,
+    }
+}
+
+/// Where (address mod 64) the packed activation groups of vec_dot type `vdt` start: each
+/// group block's zmm / ymm loads then fall on whole cache lines. Q8_0 groups
+/// (`avx2::PACK_BLOCK`, 576 bytes) start with the 32 bytes of the 8 columns' scales, so they
+/// start at 32; Q8_1 groups (`PACK_BLOCK_Q8_1`, 320 bytes) at 0.
+fn pack_phase(vdt: GgmlType) -> usize {
+    if vdt == GgmlType::Q8_1 {
+        0
+    } else {
+        32
     }
 }
 

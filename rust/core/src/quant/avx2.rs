@@ -382,8 +382,10 @@ unsafe fn dot_signed_q8_0<const NC: usize, const V: bool>(
 /// Columns (tokens) of a packed activation group.
 pub(crate) const PACK_COLS: usize = 8;
 /// Bytes of one block of a packed group: the 8 columns' f32 scales d_x, their 8 x 32 i8
-/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_cols`).
-pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS;
+/// quants, then their 8 x 8 i32 offset corrections (see `pack_q8_0_cols`), and 32 bytes of
+/// padding: a whole number of cache lines, so that with the group starting 32 bytes into
+/// a line (`matmul::pack_phase`) every block's quant and correction loads are whole lines.
+pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS + 32;
 
 /// The offset correction of a Q8_0 activation block for weights stored + off: per lane,
 /// -off * (the sum of its 4 quants); maddubs(1, y) gives exact i16 pair sums, madd(., 1)
