@@ -24,14 +24,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_llamacpp import CACHE, build_llama_bench  # noqa: E402
+from compare_llamacpp import CACHE, usable  # noqa: E402
 
 TARGET = "llama-batched-bench"
 
 
-def find_tool(build_dir: str | None) -> str:
+def find_tool(build_dir: str | None, model: str) -> str:
     if build_dir is None:
-        return shutil.which(TARGET) or str(build_llama_bench(TARGET))
+        return shutil.which(TARGET) or str(usable(TARGET, ["-m", model, "-npp", "16", "-ntg", "1", "-npl", "1", "-c", "64"]))
     exe = Path(build_dir).expanduser() / "bin" / TARGET
     if not exe.exists():
         bindir = str(Path(sys.executable).parent)
@@ -74,7 +74,7 @@ def main() -> None:
         from pyllama import _models
 
         models = [str(p) for p in (_models.smollm2_path(), _models.gemma3_path()) if p]
-    lbb = a.llama_batched_bench or find_tool(a.build_dir)
+    lbb = a.llama_batched_bench or find_tool(a.build_dir, models[0])
     common = ["-t", a.threads, "-c", a.ctx_size, "-npp", a.npp, "-ntg", a.ntg, "-npl", a.npl,
               "--output-format", "jsonl", *(["-pps"] if a.pps else [])]
     penv = dict(os.environ, **dict(kv.split("=", 1) for kv in a.pyllama_env))

@@ -5,6 +5,9 @@ threads, same machine, and print pyllama / llama.cpp per test (median of repetit
 llama-bench is found with --llama-bench, on PATH, or built from the llama-cpp-python 0.3.36
 sdist (downloaded with pip into ~/.cache/pyllama/llama.cpp, built with cmake; needs cmake and
 a C++ compiler; ~10 minutes on 2 cores the first time). Nothing of llama.cpp is committed.
+A short llama-bench run checks the build first: where it dies of a signal on a CPU that
+reports AMX (llama.cpp's AMX kernels did on a Sapphire Rapids class VM), llama.cpp is built
+again without AMX (~/.cache/pyllama/llama.cpp/build-noamx) and a note says so.
 
     python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
         [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR]
@@ -32,9 +35,14 @@ CACHE = Path(os.environ.get("PYLLAMA_CACHE", Path.home() / ".cache" / "pyllama")
 SDIST = "llama-cpp-python==0.3.36"
 
 
-def build_llama_bench(target: str = "llama-bench") -> Path:
-    """Return build/bin/<target> (llama-bench, llama-server, ...), building it first if missing."""
-    exe = CACHE / "build" / "bin" / target
+# compiler flags of a native build whose AMX kernels are left out (see `usable`)
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def build_llama_bench(target: str = "llama-bench", no_amx: bool = False) -> Path:
+    """Return build/bin/<target> (llama-bench, llama-server, ...), building it first if missing
+    (``no_amx``: in build-noamx, compiled without AMX instructions)."""
+    exe = CACHE / ("build-noamx" if no_amx else "build") / "bin" / target
     if exe.exists():
         return exe
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -55,7 +63,7 @@ def build_llama_bench(target: str = "llama-bench") -> Path:
         with tarfile.open(tars[0]) as t:
             t.extractall(src)
     root = next(src.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    build = CACHE / "build"
+    build = CACHE / ("build-noamx" if no_amx else "build")
     # cmake/ninja may be pip-installed next to this interpreter without the venv being activated
     bindir = str(Path(sys.executable).parent)
     cmake = shutil.which("cmake") or shutil.which("cmake", path=bindir) or "cmake"
@@ -65,9 +73,28 @@ def build_llama_bench(target: str = "llama-bench") -> Path:
     # the server's web UI is not needed: skip its download from Hugging Face (no network needed)
     extra = ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_USE_PREBUILT_UI=OFF"] if server else ["-DLLAMA_BUILD_SERVER=OFF"]
     subprocess.run([cmake, "-S", str(root), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", *extra], check=True)
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", *extra,
+                    *([f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"] if no_amx else [])], check=True)
     subprocess.run([cmake, "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", target], check=True)
     return exe
+
+
+def usable(target: str, smoke: list[str]) -> Path:
+    """This project's native build of `target`, checked with a short run (`smoke`: its
+    arguments). A native build on a CPU that reports AMX compiles llama.cpp's AMX kernels; on
+    a 2-vCPU Sapphire Rapids class VM (2026-12-05) they died in `ldtilecfg` (SIGILL, and
+    SIGSEGV with the tile permission requested), so there the same tool is built again without
+    AMX (`build-noamx`), which is llama.cpp's AVX-512 VNNI code, and a note says so."""
+    exe = build_llama_bench(target)
+    r = subprocess.run([str(exe), *smoke], capture_output=True, text=True)
+    if r.returncode >= 0:
+        return exe
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "amx_tile" not in flags:
+        sys.exit(f"{exe} died of signal {-r.returncode} in a short run: {' '.join(smoke)}\n{r.stderr[-2000:]}")
+    print(f"note: {target} (native build) died of signal {-r.returncode} on this AMX CPU; "
+          f"using llama.cpp built without AMX ({NO_AMX})", file=sys.stderr, flush=True)
+    return build_llama_bench(target, no_amx=True)
 
 
 def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
@@ -105,7 +132,7 @@ def main() -> None:
         from pyllama import _models
 
         models = [str(p) for p in (_models.smollm2_path(), _models.gemma3_path()) if p]
-    lb = a.llama_bench or shutil.which("llama-bench") or str(build_llama_bench())
+    lb = a.llama_bench or shutil.which("llama-bench") or str(usable("llama-bench", ["-m", models[0], "-p", "16", "-n", "0", "-r", "1"]))
     common = ["-t", a.threads, "-r", a.repetitions, "-p", a.n_prompt, "-n", a.n_gen, "-d", a.depth,
               "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-o", "json"]
     if a.flash_attn is not None:
