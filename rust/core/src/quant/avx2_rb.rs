@@ -579,7 +579,7 @@ unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
     outa: *mut f32,
     outb: *mut f32,
     ld: usize,
-    block: impl Fn(*const u8, usize) -> (__m128, __m256i),
+    block: impl Fn(*const u8, usize) -> ((f32, f32), __m256i),
 ) {
     use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
     let np = NC.div_ceil(2);
@@ -594,14 +594,17 @@ unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
         if PREFETCH {
             super::avx2::prefetch_step::<true>(wa, dist, i, 2 * wsize);
         }
-        let ((dma, qa), (dmb, qb)) = (block(wa, i), block(wb, i)); // dm: (d_w, m_w)
+        // (d_w, m_w) as two f32: over decoded rows they are plain loads, which the broadcasts
+        // below take straight from memory (from one 8-byte load they were four port-5
+        // shuffles per block)
+        let (((da, ma), qa), ((db, mb), qb)) = (block(wa, i), block(wb, i));
         let (qa, qb) = (_mm512_broadcast_i64x4(qa), _mm512_broadcast_i64x4(qb));
         let b = xp.add(i * PACK_BLOCK_Q8_1);
         let (dx, sx) = (_mm256_loadu_ps(b as *const f32), _mm256_loadu_ps(b.add(4 * PACK_COLS) as *const f32));
-        let pa = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_broadcastss_ps(dma), dx));
-        let pb = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_broadcastss_ps(dmb), dx));
-        summ_a = _mm256_add_ps(summ_a, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dma)), sx));
-        summ_b = _mm256_add_ps(summ_b, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dmb)), sx));
+        let pa = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(da), dx));
+        let pb = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(db), dx));
+        summ_a = _mm256_add_ps(summ_a, _mm256_mul_ps(_mm256_set1_ps(ma), sx));
+        summ_b = _mm256_add_ps(summ_b, _mm256_mul_ps(_mm256_set1_ps(mb), sx));
         for k in 0..np {
             let y = _mm512_loadu_si512(b.add(8 * PACK_COLS + 64 * k) as *const _);
             let va = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, y);
@@ -654,7 +657,8 @@ macro_rules! pair_min_kernel {
             let decode = $dec;
             pair_min_cols2::<NC, true>(nb, wa, wb, $wsize, xp, outa, outb, ld, |w: *const u8, i| {
                 let b = w.add(i * $wsize);
-                (super::avx2::f16x2(b), decode(b))
+                let dm = super::avx2::f16x2(b);
+                ((_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm))), decode(b))
             })
         }
     };
@@ -690,7 +694,8 @@ unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8,
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
     pair_min_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, ld, |w: *const u8, i| {
-        (_mm_castpd_ps(_mm_load_sd((w.add(32 * nb) as *const f64).add(i))), load256(w.add(32 * i)))
+        let dm = (w.add(32 * nb) as *const f32).add(2 * i);
+        ((dm.read_unaligned(), dm.add(1).read_unaligned()), load256(w.add(32 * i)))
     })
 }
 
