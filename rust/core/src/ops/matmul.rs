@@ -147,7 +147,7 @@ pub fn matmul_with(
     // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
     let mut rb_base = 0usize;
     // offset in scratch of the packed activation groups (see `pack_phase`)
-    let mut pack_at = 0usize;
+    let mut pack_off = 0usize;
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
         unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
@@ -161,7 +161,7 @@ pub fn matmul_with(
         // phases (the Vec's own start is only 16-byte aligned)
         scratch.resize(pack_min + 128 + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
         let start = scratch.as_ptr() as usize;
-        pack_at = pack_min + (pack_phase(vdt) + 128 - (start + pack_min) % 64) % 64;
+        pack_off = pack_min + (pack_phase(vdt) + 128 - (start + pack_min) % 64) % 64;
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -170,7 +170,7 @@ pub fn matmul_with(
             fill_scales(vdt, dst, nsc, sc, set);
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
-        rb_base = (sp.get() as usize + pack_at + packed_bytes(kern, n_in, n_tokens)).div_ceil(64) * 64;
+        rb_base = (sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens)).div_ceil(64) * 64;
         if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
@@ -252,7 +252,6 @@ pub fn matmul_with(
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
             let gbytes = nb * pk.block_bytes;
-            let pack_off = pack_at;
             let off = pk.offset;
             // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
             // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
