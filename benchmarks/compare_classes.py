@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare_llamacpp import CACHE, build_llama_bench  # noqa: E402
+from compare_llamacpp import CACHE, build_llama_bench, cpu_flags  # noqa: E402
 
 _BASE = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_F16C=ON", "-DGGML_FMA=ON", "-DGGML_AVX2=ON", "-DGGML_BMI2=ON"]
 _ICL = ["-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON"]
@@ -49,15 +48,6 @@ CLASSES: dict[str, tuple[str, list[str], list[str], str]] = {
     "icelake": ("avx512", _ICL, ["avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"], "AVX-512 + VNNI (Intel Xeon Ice Lake)"),
     "zen4": ("avx512", [*_ICL, "-DGGML_AVX512_BF16=ON"], ["avx512f", "avx512_vnni", "avx512_bf16"], "AVX-512 + VNNI + BF16 (AMD Zen 4/5)"),
 }
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
 
 
 def _cmake() -> str:

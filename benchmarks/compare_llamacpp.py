@@ -7,7 +7,8 @@ sdist (downloaded with pip into ~/.cache/pyllama/llama.cpp, built with cmake; ne
 a C++ compiler; ~10 minutes on 2 cores the first time). Nothing of llama.cpp is committed.
 A short llama-bench run checks the build first: where it dies of a signal on a CPU that
 reports AMX (llama.cpp's AMX kernels did on a Sapphire Rapids class VM), llama.cpp is built
-again without AMX (~/.cache/pyllama/llama.cpp/build-noamx) and a note says so.
+again without AMX (~/.cache/pyllama/llama.cpp/build-noamx) and a note says so; every llama.cpp
+tool of these scripts (llama-batched-bench, llama-server) then comes from that build.
 
     python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
         [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR]
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,10 +41,23 @@ SDIST = "llama-cpp-python==0.3.36"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
 def build_llama_bench(target: str = "llama-bench", no_amx: bool = False) -> Path:
-    """Return build/bin/<target> (llama-bench, llama-server, ...), building it first if missing
-    (``no_amx``: in build-noamx, compiled without AMX instructions)."""
-    exe = CACHE / ("build-noamx" if no_amx else "build") / "bin" / target
+    """Return <build>/bin/<target> (llama-bench, llama-server, ...), building it first if
+    missing. <build> is build-noamx (compiled without AMX instructions) when ``no_amx`` or once
+    `usable` has made that build on this machine, so every tool then comes from it."""
+    no_amx = no_amx or (CACHE / "build-noamx" / "CMakeCache.txt").exists()
+    build = CACHE / ("build-noamx" if no_amx else "build")
+    exe = build / "bin" / target
     if exe.exists():
         return exe
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -63,7 +78,6 @@ def build_llama_bench(target: str = "llama-bench", no_amx: bool = False) -> Path
         with tarfile.open(tars[0]) as t:
             t.extractall(src)
     root = next(src.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    build = CACHE / ("build-noamx" if no_amx else "build")
     # cmake/ninja may be pip-installed next to this interpreter without the venv being activated
     bindir = str(Path(sys.executable).parent)
     cmake = shutil.which("cmake") or shutil.which("cmake", path=bindir) or "cmake"
@@ -89,8 +103,7 @@ def usable(target: str, smoke: list[str]) -> Path:
     r = subprocess.run([str(exe), *smoke], capture_output=True, text=True)
     if r.returncode >= 0:
         return exe
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if "amx_tile" not in flags:
+    if "amx_tile" not in cpu_flags() or "build-noamx" in exe.parts:
         sys.exit(f"{exe} died of signal {-r.returncode} in a short run: {' '.join(smoke)}\n{r.stderr[-2000:]}")
     print(f"note: {target} (native build) died of signal {-r.returncode} on this AMX CPU; "
           f"using llama.cpp built without AMX ({NO_AMX})", file=sys.stderr, flush=True)
