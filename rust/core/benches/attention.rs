@@ -7,7 +7,8 @@
 //! the best CPU time of several repetitions, in ms per layer and in G query-key pairs per
 //! second; then a whole decode step's attention at depth 4096 (every layer's own cache, so
 //! the K and V rows stream from memory as in a real step), wall time on 1 and 2 threads.
-//! `PYLLAMA_KERNELS=avx2|ref` picks the kernel set.
+//! `PYLLAMA_KERNELS=avx2|ref` picks the kernel set; `-- NAME` runs only the shapes whose name
+//! contains NAME (`-- "smollm2 d4096"`), without the decode steps.
 
 use pyllama_core::ggml_type::GgmlType;
 use pyllama_core::kv_cache::KvCache;
@@ -43,7 +44,12 @@ fn main() {
         ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     };
     println!("kernel set: {}", pyllama_core::quant::kernel_set().name());
+    // `-- NAME`: only the shapes whose name contains NAME (and no decode steps), for perf
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     for (name, n_head, n_head_kv, hd, depth, n_tokens) in shapes {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
         let size = (depth + n_tokens).div_ceil(256) * 256;
         let kw = n_head_kv * hd;
         let mut kv = KvCache::new(&[kw], &[kw], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
@@ -88,7 +94,9 @@ fn main() {
             pairs as f64 / best * 1e-9
         );
     }
-    decode_steps(&mut rnd);
+    if only.is_none() {
+        decode_steps(&mut rnd);
+    }
 }
 
 /// A whole decode step's attention over a cache too big for any cache level: every layer

@@ -1251,7 +1251,7 @@ mod tests {
                 }
                 for threads in 1..=3 {
                     let pool = ThreadPool::new(threads);
-                    for max_q in [1, 2, 3, 5, 8, 64] {
+                    for max_q in [1, 2, 3, 5, 8, 17, 64] {
                         let mut got = vec![f32::NAN; want.len()];
                         f16_passes(&pool, &kv, &p, &inp, &q, &mut got, kscale, max_q, usize::MAX);
                         let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
@@ -1294,7 +1294,7 @@ mod tests {
             }
             for threads in [1, 2] {
                 let pool = ThreadPool::new(threads);
-                for max_q in [4, 6, 7, 13, 64] {
+                for max_q in [4, 6, 7, 13, 19, 64] {
                     let mut got = vec![f32::NAN; want.len()];
                     f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q, usize::MAX);
                     let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());

@@ -117,6 +117,9 @@ pub(crate) struct Scratch {
     /// the blocked AVX-512 kernel's K block transposed (`x86::transpose_block`)
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     kt: Aligned<f32>,
+    /// and the pass's queries in pairs (`x86::pair_queries`)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    qp: Aligned<f32>,
 }
 
 /// Runs the queries `qb` [nq * hd_k] (already rounded to f16) over their keys
@@ -703,7 +706,7 @@ mod x86 {
         }
     }
 
-    /// Fewest queries in a pass for the transposed scores (`scores_t`): the block's
+    /// Fewest queries in a pass for the transposed scores (`scores_tp`): the block's
     /// transpose is paid once per pass, so a decode step's few queries keep the row form.
     pub(super) const T_MIN_Q: usize = 16;
 
@@ -713,86 +716,123 @@ mod x86 {
     /// the lane form cost more than they save (246 -> 263 ms). 128 not measured.
     pub(super) const T_MAX_HK: usize = 64;
 
-    /// Queries per `scores_t_n` call (the AVX-512 set's 32 registers hold two queries'
-    /// partial sums).
-    const T_QUERIES: usize = 2;
+    /// Query pairs per `scores_tp_n` call (4 queries: each pair's 4 + 2 partial sums and
+    /// the tree's sums fit the AVX-512 set's 32 registers).
+    const T_PAIRS: usize = 2;
 
     /// Whether a blocked AVX-512 pass of nq queries with K rows of hk elements scores from
-    /// the transposed K (`scores_t`; `run_avx512_blocked::<true>`). A separate instance, so
+    /// the transposed K (`scores_tp`; `run_avx512_blocked::<true>`). A separate instance, so
     /// that the passes which never take it (decode steps, wide heads) run the code they ran
     /// before it.
     pub(super) fn transposed_scores(nq: usize, hk: usize) -> bool {
         nq >= T_MIN_Q && hk <= T_MAX_HK
     }
 
-    /// The block's K rows staged in f32 (`kf`: KB rows of hk) transposed into `kt`: element
-    /// e of the KB keys at kt[KB * e..KB * e + KB] (`avx2::transpose8_epi32` per 8 elements, hk
-    /// a multiple of 8).
+    /// The block's K rows staged in f32 (`kf`: KB rows of hk) transposed into `kt`, each
+    /// value twice: element e of key kk at kt[2 KB e + 2 kk] and [2 KB e + 2 kk + 1], so one
+    /// zmm holds the block's 8 keys for the two queries of a pair (`scores_tp_n`);
+    /// `avx2::transpose8_epi32` per 8 elements, hk a multiple of 8.
     #[inline(always)]
     unsafe fn transpose_block(kf: &[f32], hk: usize, kt: &mut [f32]) {
-        debug_assert!(kf.len() >= KB * hk && kt.len() >= KB * hk && hk % 8 == 0);
+        debug_assert!(kf.len() >= KB * hk && kt.len() >= 2 * KB * hk && hk % 8 == 0);
         let (src, dst) = (kf.as_ptr(), kt.as_mut_ptr());
+        let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
         let mut e0 = 0;
         while e0 < hk {
             let r: [__m256i; KB] = std::array::from_fn(|kk| _mm256_castps_si256(_mm256_loadu_ps(src.add(kk * hk + e0))));
             for (e, col) in crate::quant::avx2::transpose8_epi32(&r).iter().enumerate() {
-                _mm256_storeu_ps(dst.add(KB * (e0 + e)), _mm256_castsi256_ps(*col));
+                let d = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_castsi256_ps(*col)));
+                _mm512_storeu_ps(dst.add(2 * KB * (e0 + e)), d);
             }
             e0 += 8;
         }
     }
 
-    /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's KB keys
-    /// from the transposed K rows (`kt`), the keys in the lanes, TQ queries at a time: per
-    /// query exactly `dot_avx2`'s value for each key with no horizontal step. Lane kk of
-    /// p[a] runs accumulator a's lane l of key kk (elements 32s + 8a + l, s in order, one
+    /// The queries `qb` (nq rows of hk) as pairs with their elements interleaved: element e
+    /// of query 2j + h at qp[2 hk j + 2 e + h] (an odd nq's last pair has zeros for its
+    /// missing query), so that one 8-byte broadcast spreads a pair's element e over the
+    /// lanes of `transpose_block`'s layout.
+    #[inline(always)]
+    fn pair_queries(qb: &[f32], hk: usize, nq: usize, qp: &mut [f32]) {
+        let np = nq.div_ceil(2);
+        debug_assert!(qb.len() >= nq * hk && qp.len() >= 2 * np * hk);
+        for j in 0..np {
+            for h in 0..2 {
+                let i = 2 * j + h;
+                let dst = &mut qp[2 * hk * j..2 * hk * (j + 1)];
+                if i < nq {
+                    for (e, &v) in qb[i * hk..(i + 1) * hk].iter().enumerate() {
+                        dst[2 * e + h] = v;
+                    }
+                } else {
+                    for e in 0..hk {
+                        dst[2 * e + h] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The scores of the first `nq` (<= GROUP_Q) queries against the block's KB keys from
+    /// the transposed K rows (`kt`, `transpose_block`'s layout), the keys in the lanes, the
+    /// queries paired (`qp`: the group's pairs, `pair_queries`' layout): per query exactly
+    /// `dot_avx2`'s value for each key with no horizontal step. Lane 2 kk + h of p[a] runs
+    /// query h's accumulator a, lane l, for key kk (elements 32s + 8a + l, s in order, one
     /// FMA each), x_l = (p0 + p2) + (p1 + p3) is that key's (acc0 + acc2) + (acc1 + acc3)
     /// lane l, and (y0 + y1) + (y2 + y3) with y_l = x_l + x_(l+4) is the 8-lane sum's tree.
+    /// Two queries per FMA: half the FMAs of an 8-lane form.
     #[inline(always)]
-    unsafe fn scores_t<const TQ: usize>(kt: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
+    unsafe fn scores_tp(kt: &[f32], hk: usize, qp: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
+        let np = nq.div_ceil(2);
         let mut j = 0;
-        while j + TQ <= nq {
-            scores_t_n::<TQ>(kt, hk, q.add(j * hk), out.as_mut_ptr().add(j));
-            j += TQ;
+        while j + T_PAIRS <= np {
+            scores_tp_n::<T_PAIRS>(kt, hk, qp.add(2 * hk * j), out.as_mut_ptr().add(2 * j));
+            j += T_PAIRS;
         }
-        while j < nq {
-            scores_t_n::<1>(kt, hk, q.add(j * hk), out.as_mut_ptr().add(j));
+        while j < np {
+            scores_tp_n::<1>(kt, hk, qp.add(2 * hk * j), out.as_mut_ptr().add(2 * j));
             j += 1;
         }
     }
 
-    /// `scores_t` for N queries (q: N rows of hk) into out[0..N].
+    /// `scores_tp` for N query pairs (qp: N pairs of 2 hk) into out[0..2N].
     #[inline(always)]
-    unsafe fn scores_t_n<const N: usize>(kt: &[f32], hk: usize, q: *const f32, out: *mut [f32; KB]) {
-        debug_assert!(kt.len() >= KB * hk && hk % 32 == 0);
+    unsafe fn scores_tp_n<const N: usize>(kt: &[f32], hk: usize, qp: *const f32, out: *mut [f32; KB]) {
+        debug_assert!(kt.len() >= 2 * KB * hk && hk % 32 == 0);
         let kp = kt.as_ptr();
-        let mut y = [[_mm256_setzero_ps(); 4]; N];
+        let bq = |j: usize, e: usize| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(qp.add(2 * hk * j + 2 * e) as *const f64)));
+        let mut t = [[_mm512_setzero_ps(); 2]; N];
         for l in 0..4 {
-            let mut x = [[_mm256_setzero_ps(); 2]; N];
+            let mut x = [[_mm512_setzero_ps(); 2]; N];
             for (h, ll) in [l, l + 4].into_iter().enumerate() {
-                let mut p = [[_mm256_setzero_ps(); 4]; N];
+                let mut p = [[_mm512_setzero_ps(); 4]; N];
                 let mut s = 0;
                 while s < hk {
                     for a in 0..4 {
                         let e = s + 8 * a + ll;
-                        let kv = _mm256_loadu_ps(kp.add(KB * e));
+                        let kv = _mm512_loadu_ps(kp.add(2 * KB * e));
                         for (j, pj) in p.iter_mut().enumerate() {
-                            pj[a] = _mm256_fmadd_ps(kv, _mm256_broadcast_ss(&*q.add(j * hk + e)), pj[a]);
+                            pj[a] = _mm512_fmadd_ps(kv, bq(j, e), pj[a]);
                         }
                     }
                     s += 32;
                 }
                 for (j, pj) in p.iter().enumerate() {
-                    x[j][h] = _mm256_add_ps(_mm256_add_ps(pj[0], pj[2]), _mm256_add_ps(pj[1], pj[3]));
+                    x[j][h] = _mm512_add_ps(_mm512_add_ps(pj[0], pj[2]), _mm512_add_ps(pj[1], pj[3]));
                 }
             }
+            // y_l = x_l + x_(l+4); t0 = y0 + y1, t1 = y2 + y3
             for (j, xj) in x.iter().enumerate() {
-                y[j][l] = _mm256_add_ps(xj[0], xj[1]);
+                let y = _mm512_add_ps(xj[0], xj[1]);
+                t[j][l / 2] = if l % 2 == 0 { y } else { _mm512_add_ps(t[j][l / 2], y) };
             }
         }
-        for (j, yj) in y.iter().enumerate() {
-            let r = _mm256_add_ps(_mm256_add_ps(yj[0], yj[1]), _mm256_add_ps(yj[2], yj[3]));
-            _mm256_storeu_ps((*out.add(j)).as_mut_ptr(), r);
+        // lanes 2 kk + h -> query h's row: even lanes to the low half, odd to the high
+        let split = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+        for (j, tj) in t.iter().enumerate() {
+            let r = _mm512_permutexvar_ps(split, _mm512_add_ps(tj[0], tj[1]));
+            _mm256_storeu_ps((*out.add(2 * j)).as_mut_ptr(), _mm512_castps512_ps256(r));
+            _mm256_storeu_ps((*out.add(2 * j + 1)).as_mut_ptr(), _mm512_extractf32x8_ps::<1>(r));
         }
     }
 
@@ -926,7 +966,7 @@ mod x86 {
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = $ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            let Scratch { kf, vf, sc: _, vs, ms, fl, kt, .. } = $scr;
+            let Scratch { kf, vf, sc: _, vs, ms, fl, kt, qp, .. } = $scr;
             let vexp = $p.softcap == 0.0 && super::vexp_ok();
             // a pass of at most STEADY_Q queries (a decode step's GQA group) reads each V row
             // once in one accumulation call: converted there from the cache, not staged in
@@ -941,10 +981,12 @@ mod x86 {
             // (63.2 -> 47.8 t/s), though 12% faster in cache
             let direct_k = false $(|| (nq <= $direct_k_max && hk >= 128))?;
             // a pass of T_MIN_Q queries or more scores from the block's K transposed
-            // (`scores_t`: the keys in the lanes, no horizontal sums)
+            // (`scores_tp`: the keys in the lanes, two queries per vector, no horizontal sums)
             let transposed = $tr;
             if transposed {
-                kt.resize(KB * hk, 0.0);
+                kt.resize(2 * KB * hk, 0.0);
+                qp.resize(2 * nq.div_ceil(2) * hk, 0.0);
+                pair_queries($qb, hk, nq, qp);
             }
             let mut krows = [std::ptr::null::<u16>(); KB];
             // the other passes' scores: per group of $group_q queries against the staged K
@@ -1000,7 +1042,8 @@ mod x86 {
                             group_done = i / gq;
                             let g0 = group_done * gq;
                             if transposed {
-                                scores_t::<T_QUERIES>(kt, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                                // (g0 is even: pair g0 / 2 starts at g0 * hk)
+                                scores_tp(kt, hk, qp.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
                             } else {
                                 $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
                             }
