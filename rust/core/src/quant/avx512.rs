@@ -154,12 +154,6 @@ kfn!(
     _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
 });
 
-kfn!(
-    /// Sums of 4 adjacent u8 * i8 products (16 i32) minus `t` (exact integers).
-    unsafe fn dot_u8_i8_minus(t: __m512i, u: __m512i, x: __m512i) -> __m512i {
-    _mm512_dpbusd_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), t), u, x)
-});
-
 // ------------------------------------------------------------------ 32-element block decoders
 // Each gives the unsigned code u (0..=255) of the 32 weights of a block; the signed weight
 // is u - OFF (see the module note).
@@ -199,12 +193,11 @@ unsafe fn rows_signed<const RP: usize>(
     x: *const u8,
     xd: *const f32,
     out: *mut f32,
-    off: i8,
+    tn: *const __m512i,
     dec2: impl Fn(*const u8, *const u8) -> __m512i,
 ) {
     let nb = n / 32;
     let mut acc = [_mm512_setzero_ps(); RP];
-    let offz = _mm512_set1_epi8(off);
     // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -213,7 +206,7 @@ unsafe fn rows_signed<const RP: usize>(
         let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm_set1_ps(dx);
         let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
-        let t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz);
+        let t = *tn.add(i);
         let mut p = 0;
         while p + 2 <= RP {
             // two pairs: their four scales in one conversion and one multiply
@@ -223,8 +216,8 @@ unsafe fn rows_signed<const RP: usize>(
             prefetch_t1(r1);
             prefetch_t1(r2);
             prefetch_t1(r3);
-            let q01 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r0, r1), xz));
-            let q23 = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(r2, r3), xz));
+            let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(r0, r1), xz));
+            let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(r2, r3), xz));
             // [dw_0 * dx, .., dw_3 * dx]: the same f32 products the AVX2 kernel forms per row
             let d4 = _mm512_castps128_ps512(_mm_mul_ps(cvt_h4(rd16(r0) | (rd16(r1) << 16) | (rd16(r2) << 32) | (rd16(r3) << 48)), vdx));
             acc[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, d4), q01, acc[p]);
@@ -236,7 +229,7 @@ unsafe fn rows_signed<const RP: usize>(
             let pb = pa.add(ws);
             prefetch_t1(pa);
             prefetch_t1(pb);
-            let q = _mm512_cvtepi32_ps(dot_u8_i8_minus(t, dec2(pa, pb), xz));
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(pa, pb), xz));
             let d2 = _mm_mul_ps(cvt_h4(rd16(pa) | (rd16(pb) << 16)), vdx);
             let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d2));
             acc[p] = _mm512_fmadd_ps(d, q, acc[p]);
@@ -248,6 +241,31 @@ unsafe fn rows_signed<const RP: usize>(
     }
 }
 
+/// Blocks whose offset sums `neg_offset_sums` keeps on the stack (4 KiB; rows up to 2048).
+const TN_STACK: usize = 64;
+
+/// Per activation block i (nb Q8_0 blocks at x), the 16 lanes -(off * (x_4l + .. + x_4l+3))
+/// that the signed family's `vpdpbusd` of the unsigned codes u = w + off must start from
+/// (exact i32: the block's sum u.x - off.x), both halves alike: computed once per call of
+/// the rows kernel, not once per row pair. In `stack` when it fits, else in `heap`.
+#[inline(always)]
+unsafe fn neg_offset_sums(nb: usize, x: *const u8, off: i8, stack: &mut [std::mem::MaybeUninit<__m512i>; TN_STACK], heap: &mut Vec<__m512i>) -> *const __m512i {
+    let offz = _mm512_set1_epi8(off);
+    let buf = if nb <= TN_STACK {
+        stack.as_mut_ptr() as *mut __m512i
+    } else {
+        heap.reserve_exact(nb);
+        heap.as_mut_ptr()
+    };
+    // (a plain loop: a closure would not inherit the caller's target features)
+    for i in 0..nb {
+        let xz = _mm512_broadcast_i64x4(load256(x.add(i * BlockQ8_0::SIZE + 2)));
+        buf.add(i).write(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz)));
+    }
+    // (the heap's entries are plain integers written above; its length stays 0)
+    buf
+}
+
 /// Rows per multi-row call: RP_MAX pairs.
 const RP_MAX: usize = 2;
 
@@ -255,13 +273,17 @@ macro_rules! signed_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            // -(OFF * the sum of each 4 activations), per block, once for all the rows
+            let mut stack = [std::mem::MaybeUninit::<__m512i>::uninit(); TN_STACK];
+            let mut heap = Vec::new();
+            let tn = neg_offset_sums(n / 32, x, $off, &mut stack, &mut heap);
             let mut r = 0;
             while r + 2 * RP_MAX <= nrows {
-                rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), tn, |a, b| $dec2(a, b));
                 r += 2 * RP_MAX;
             }
             while r + 2 <= nrows {
-                rows_signed::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), $off, |a, b| $dec2(a, b));
+                rows_signed::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), tn, |a, b| $dec2(a, b));
                 r += 2;
             }
             if r < nrows {

@@ -587,7 +587,8 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
             let Some(rows) = built(KernelSet::Avx512, false, false).get(ty).rows else { continue };
             let (a1, _) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
             let vdt = vec_dot_type(ty);
-            for nblocks in [1usize, 2, 3, 7, 8, 20] {
+            // (64 and 65 blocks: the signed family's offset sums on the stack and on the heap)
+            for nblocks in [1usize, 2, 3, 7, 8, 20, 64, 65] {
                 let n = 32 * nblocks;
                 let wrow = ty.row_size(n).unwrap();
                 for nrows in 1..=11 {
