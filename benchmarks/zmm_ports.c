@@ -28,9 +28,9 @@ static void blk_noperm(uint64_t n){ LOOP(DP(0)DP(1)DP(2)DP(3)DP(4)DP(5)DP(6)DP(7
 static void dp_cv(uint64_t n){ LOOP(DP(0)DP(1)DP(2)DP(3)DP(4)DP(5)DP(6)DP(7) CV(16)CV(17)CV(18)CV(19)CV(20)CV(21)CV(22)CV(23)); }
 static void dp_pm(uint64_t n){ LOOP(DP(0)DP(1)DP(2)DP(3)DP(4)DP(5)DP(6)DP(7) PM(16)PM(17)PM(18)PM(19)PM(20)PM(21)PM(22)PM(23)); }
 static void dp_fm(uint64_t n){ LOOP(DP(0)DP(1)DP(2)DP(3)DP(4)DP(5)DP(6)DP(7) FM(8)FM(9)FM(10)FM(11)FM(12)FM(13)FM(14)FM(15)); }
-static void addchain(uint64_t n){ uint64_t a=3; asm volatile("1:\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n dec %0\n jnz 1b\n" : "+r"(n), "+r"(a) :: "cc"); }
+static void imulchain(uint64_t n){ uint64_t a=3; asm volatile("1:\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n imul %1,%1\n dec %0\n jnz 1b\n" : "+r"(n), "+r"(a) :: "cc"); }
 static void zaddchain(uint64_t n){ LOOP("vaddps %%zmm30,%%zmm0,%%zmm0\n vaddps %%zmm30,%%zmm0,%%zmm0\n vaddps %%zmm30,%%zmm0,%%zmm0\n vaddps %%zmm30,%%zmm0,%%zmm0\n"); }
-int main(){ { uint64_t t0=__rdtsc(); addchain(IT); uint64_t t1=__rdtsc(); ratio = 24.0*IT/(double)(t1-t0); printf("scalar: %.3f core cycles per TSC tick\n", ratio);}
+int main(){ { uint64_t t0=__rdtsc(); imulchain(IT); uint64_t t1=__rdtsc(); ratio = 24.0*IT/(double)(t1-t0); printf("scalar: %.3f core cycles per TSC tick\n", ratio);}
  { uint64_t t0=__rdtsc(); zaddchain(IT); uint64_t t1=__rdtsc(); printf("zmm vaddps chain: %.2f cycles per dependent zmm add (its latency, in core cycles)\n", (double)(t1-t0)*ratio/IT/4);}
  run("16 dpbusd",16,dp16); run("16 fma",16,fm16); run("block: 8 dp 8 cvt 8 perm 8 fma",32,blk); run("block without perm",24,blk_noperm);
  run("8 dp + 8 cvt",16,dp_cv); run("8 dp + 8 perm",16,dp_pm); run("8 dp + 8 fma",16,dp_fm); return 0;}

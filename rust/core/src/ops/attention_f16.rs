@@ -712,8 +712,10 @@ mod x86 {
 
     /// Widest K rows for the transposed scores: their horizontal sums are a large share of
     /// a 64-element dot (SmolLM2's heads: `--bench attention` prefill at depth 4096, one
-    /// thread, 179 -> 160 ms per layer), while for Gemma 3's 256 the broadcast q loads of
-    /// the lane form cost more than they save (246 -> 263 ms). 128 not measured.
+    /// thread, 179 -> 160 ms per layer with 8 keys per ymm, 157.8 -> 136.8 ms more with two
+    /// queries per zmm), while for Gemma 3's 256 the lane form's broadcast q loads cost more
+    /// than they save (246 -> 263 ms in the ymm form; in the pair form 12.2 -> 13.4 ms at
+    /// depth 0). 128 not measured.
     pub(super) const T_MAX_HK: usize = 64;
 
     /// Query pairs per `scores_tp_n` call (4 queries: each pair's 4 + 2 partial sums and

@@ -617,15 +617,15 @@ unsafe fn pair_min_cols2<const NC: usize, const PREFETCH: bool>(
     let (mut sa, mut sb) = ([0f32; PACK_COLS], [0f32; PACK_COLS]);
     _mm256_storeu_ps(sa.as_mut_ptr(), summ_a);
     _mm256_storeu_ps(sb.as_mut_ptr(), summ_b);
-    hsum_cols2::<NC>(&acc_a, outa, ld, Some(&sa));
-    hsum_cols2::<NC>(&acc_b, outb, ld, Some(&sb));
+    hsum_cols2::<NC>(&acc_a, outa, ld, &sa);
+    hsum_cols2::<NC>(&acc_b, outb, ld, &sb);
 }
 
 /// outa[c * ld] / outb[c * ld] = `avx2::hsum_ps` of column c's half of rows a's / b's
-/// two-column accumulators, c < NC: the same tree (hi +
-/// lo quarters, + movehl, + movehdup, one rounding per add, each add's operands in hsum_ps's
-/// pairs) for all 16 (row, column) sums at once, as three rounds of shuffles and adds over
-/// the 8 accumulators (21 vector ops where one reduction per accumulator took ~60).
+/// two-column accumulators, c < NC: the same tree (hi + lo quarters, + movehl, + movehdup,
+/// one rounding per add, each add's operands in hsum_ps's pairs) for all 16 (row, column)
+/// sums at once, as three rounds of shuffles and adds over the 8 accumulators (21 vector
+/// ops where `hsum_cols2` per accumulator takes ~60).
 #[inline(always)]
 unsafe fn hsum_pair_cols2<const NC: usize>(acc_a: &[__m512; 4], acc_b: &[__m512; 4], outa: *mut f32, outb: *mut f32, ld: usize) {
     let x = [acc_a[0], acc_a[1], acc_a[2], acc_a[3], acc_b[0], acc_b[1], acc_b[2], acc_b[3]];
@@ -650,11 +650,11 @@ unsafe fn hsum_pair_cols2<const NC: usize>(acc_a: &[__m512; 4], acc_b: &[__m512;
     }
 }
 
-/// out[c] = `avx2::hsum_ps` of column c's half of the two-column accumulators (+ add[c]),
-/// c < NC: the same tree (hi + lo quarters, + movehl, + movehdup, each add's operands in
+/// out[c] = `avx2::hsum_ps` of column c's half of the two-column accumulators + add[c] (the
+/// min family's m_w * s_x sums), c < NC: the same tree (hi + lo quarters, + movehl, + movehdup, each add's operands in
 /// hsum_ps's order) run in both halves of a zmm at once.
 #[inline(always)]
-unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, ld: usize, add: Option<&[f32; super::avx2::PACK_COLS]>) {
+unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, ld: usize, add: &[f32; super::avx2::PACK_COLS]) {
     for k in 0..NC.div_ceil(2) {
         let v = acc[k];
         // lanes j < 4 of each half: v[j + 4] + v[j]
@@ -666,9 +666,9 @@ unsafe fn hsum_cols2<const NC: usize>(acc: &[__m512; 4], out: *mut f32, ld: usiz
         let lo = _mm512_cvtss_f32(r);
         let hi = _mm_cvtss_f32(_mm512_extractf32x4_ps::<2>(r));
         let (c0, c1) = (2 * k, 2 * k + 1);
-        *out.add(c0 * ld) = if let Some(a) = add { lo + a[c0] } else { lo };
+        *out.add(c0 * ld) = lo + add[c0];
         if c1 < NC {
-            *out.add(c1 * ld) = if let Some(a) = add { hi + a[c1] } else { hi };
+            *out.add(c1 * ld) = hi + add[c1];
         }
     }
 }

@@ -262,7 +262,10 @@ unsafe fn neg_offset_sums(nb: usize, x: *const u8, off: i8, stack: &mut [std::me
         let xz = _mm512_broadcast_i64x4(load256(x.add(i * BlockQ8_0::SIZE + 2)));
         buf.add(i).write(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offz, xz)));
     }
-    // (the heap's entries are plain integers written above; its length stays 0)
+    if nb > TN_STACK {
+        // its first nb entries (the reserved capacity) are written above
+        heap.set_len(nb);
+    }
     buf
 }
 
