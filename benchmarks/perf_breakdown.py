@@ -32,8 +32,9 @@ CATEGORIES = [
     ("matmul {t}", re.compile(r"quant::\w+::(?:(?:dot|one|vec_dot|gemm|tile|packed|pair|repack|rows)_?)?(q\d_k|q\d_\d|q\d_0|iq4_nl|iq4_xs|bf16|f16|f32)", re.I)),
     # the column-lane prefill kernels of Q4_0/Q5_0 (lanes_signed) and Q4_1/Q5_1 (lanes_min)
     ("matmul (column lanes)", re.compile(r"quant::avx2_rb::(?:lanes_|decode_lanes)")),
-    # the AVX-512 two-row kernels over rows decoded once per matmul (any 32-element type)
-    ("matmul (decoded pairs)", re.compile(r"quant::avx2_rb::pair_(?:min_)?decoded")),
+    # the AVX-512 kernels over rows decoded once per matmul (any 32-element type): two rows
+    # (min family) or interleaved row pairs (signed family: quad_one / quad_two)
+    ("matmul (decoded pairs)", re.compile(r"quant::avx2_rb::(?:pair_min_decoded|quad_)")),
     ("matmul (driver)", re.compile(r"ops::matmul")),
     ("quantize activations", re.compile(r"quant::\w+::quantize_")),
     ("attention", re.compile(r"ops::attention|ops::vec::|dot_f16|axpy_f|mad_f16|scale_f16")),

@@ -161,7 +161,7 @@ pub fn matmul_with(
         // phases (the Vec's own start is only 16-byte aligned)
         scratch.resize(pack_min + 128 + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
         let start = scratch.as_ptr() as usize;
-        pack_off = pack_min + (pack_phase(vdt) + 128 - (start + pack_min) % 64) % 64;
+        pack_off = pack_min + (pack_phase(vdt, pairs_path(kern, n_tokens).is_some()) + 128 - (start + pack_min) % 64) % 64;
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -261,6 +261,8 @@ pub fn matmul_with(
             // stream from memory once, prefetched (--bench batched, one thread, Gemma 3's
             // Q8_0 output at 12 / 16 tokens: 37.0 / 43.1 ms raw, 40.7 / 48.5 decoded)
             let pair_dec = pk.pair_decoded.filter(|_| lanes.is_none() && n_groups > ROW_OUTER_GROUPS);
+            // the same for the interleaved row pairs, which take precedence
+            let pairs_dec = pairs_path(kern, n_tokens);
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -272,6 +274,10 @@ pub fn matmul_with(
                     let base = sp.get();
                     let xd = (xs_addr as *const f32).add(t * nsc);
                     let (x, dst) = (base.add(t * xrow), base.add(pack_off + g * gbytes));
+                    if let Some(pd) = pairs_dec {
+                        (pd.pack)(nb, nc, x, xrow, xd, nsc, dst);
+                        return;
+                    }
                     match (vdt == GgmlType::Q8_1, lanes.is_some()) {
                         (true, false) => pack_q8_1_cols(nb, nc, x, xrow, xd, nsc, dst),
                         (true, true) => pack_q8_1_lanes(nb, nc, x, xrow, xd, nsc, dst),
@@ -316,7 +322,7 @@ pub fn matmul_with(
             // Chunks of rows (whole decode blocks / 8-row tiles) claimed per thread from
             // its own contiguous share first, then from the back of the others' (see
             // `StealRanges`): a thread that starts late does less instead of being waited for.
-            let decoded_bytes = lanes.map(|ln| ln.block_bytes).or(pair_dec.map(|pd| pd.block_bytes));
+            let decoded_bytes = lanes.map(|ln| ln.block_bytes).or(pairs_dec.map(|pd| pd.block_bytes)).or(pair_dec.map(|pd| pd.block_bytes));
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, decoded_bytes.map(|b| lanes_rows(nb, b)));
             // thread ith's area of decoded rows (after the packed groups, see `rb_bytes`), and
             // the decoded bytes per row, for rows of `block_bytes` decoded bytes per block
@@ -366,6 +372,56 @@ pub fn matmul_with(
                                     (ln.dot)(nb, area.add((r - rb) * dbytes), gp, tmp.as_mut_ptr());
                                     for (c, v) in tmp[..nc].iter().enumerate() {
                                         *op.get().add((t + c) * ld_out + r) = *v;
+                                    }
+                                }
+                            }
+                        }
+                        rb = re;
+                    }
+                } else if let Some(pd) = pairs_dec {
+                    // the AVX-512 set's signed 32-element types in prefill: blocks of rows
+                    // decoded as interleaved pairs into the thread's area (an odd last row
+                    // pairs with itself), then every group against 4 rows at a time (the
+                    // rest as one pair, a last row through tmp)
+                    let rows_per = (lanes_rows(nb, pd.block_bytes) & !3).max(4);
+                    let (area, dbytes) = decoded_area(ith, pd.block_bytes);
+                    let mut tmp2 = [0f32; 2 * PACK_COLS];
+                    let mut rb = mine.start;
+                    while rb < mine.end {
+                        let re = (rb + rows_per).min(mine.end);
+                        let mut r = rb;
+                        while r < re {
+                            let r1 = (r + 1).min(re - 1);
+                            // SAFETY: rows r0 + r, r0 + r1 < n_out; the pair's 2 * dbytes
+                            // fit the area (rows_per rows at most, see lanes_area)
+                            unsafe { (pd.decode)(nb, wdata.as_ptr().add((r0 + r) * wrow), wdata.as_ptr().add((r0 + r1) * wrow), area.add((r - rb) * dbytes)) };
+                            r += 2;
+                        }
+                        for g in 0..n_groups {
+                            let (t, nc) = (g * PACK_COLS, (n_tokens - g * PACK_COLS).min(PACK_COLS));
+                            let (two, one) = (pd.two[nc].expect("pair kernels of every column count"), pd.one[nc].expect("pair kernels of every column count"));
+                            // SAFETY: group g's packed bytes are in scratch; the pairs at
+                            // r - rb (even) were decoded into the area; the kernels write nc
+                            // values of rows r..r + 4 (or + 2, < re) at stride ld_out (out in
+                            // bounds: checked), or to tmp2 for a last odd row
+                            unsafe {
+                                let gp = xp.get().add(pack_off + g * gbytes) as *const u8;
+                                let o = op.get().add(t * ld_out);
+                                let mut r = rb;
+                                while r + 4 <= re {
+                                    two(nb, area.add((r - rb) * dbytes), area.add((r + 2 - rb) * dbytes), gp, o.add(r), ld_out);
+                                    r += 4;
+                                }
+                                if r + 2 <= re {
+                                    let w = area.add((r - rb) * dbytes);
+                                    one(nb, w, w, gp, o.add(r), ld_out);
+                                    r += 2;
+                                }
+                                if r < re {
+                                    let w = area.add((r - rb) * dbytes);
+                                    one(nb, w, w, gp, tmp2.as_mut_ptr(), 2);
+                                    for c in 0..nc {
+                                        *o.add(c * ld_out + r) = tmp2[2 * c];
                                     }
                                 }
                             }
@@ -870,20 +926,36 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
 /// Where (address mod 64) the packed activation groups of vec_dot type `vdt` start: each
 /// group block's zmm / ymm loads then fall on whole cache lines. Q8_0 groups
 /// (`avx2::PACK_BLOCK`, 576 bytes) start with the 32 bytes of the 8 columns' scales, so they
-/// start at 32; Q8_1 groups (`PACK_BLOCK_Q8_1`, 320 bytes) at 0.
-fn pack_phase(vdt: GgmlType) -> usize {
-    if vdt == GgmlType::Q8_1 {
+/// start at 32; Q8_1 groups (`PACK_BLOCK_Q8_1`, 320 bytes) and the interleaved pairs' groups
+/// (`pairs`: 64 bytes of scales, `avx2_rb::pack_q8_0_pairs`) at 0.
+fn pack_phase(vdt: GgmlType, pairs: bool) -> usize {
+    if vdt == GgmlType::Q8_1 || pairs {
         0
     } else {
         32
     }
 }
 
+/// The interleaved row pairs' kernels, where a matmul of `n_tokens` takes them (prefill of
+/// more than ROW_OUTER_GROUPS packed groups, no column-lane kernel; see the packed path).
+#[cfg(target_arch = "x86_64")]
+fn pairs_path(kern: &quant::table::TypeKernels, n_tokens: usize) -> Option<quant::table::PairsDecoded> {
+    use quant::avx2::PACK_COLS;
+    let pk = kern.packed?;
+    let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
+    pk.pairs_decoded.filter(|_| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn pairs_path(_kern: &quant::table::TypeKernels, _n_tokens: usize) -> Option<quant::table::PairsDecoded> {
+    None
+}
+
 /// Bytes of the row-block path's repack areas, or of the decoded rows of the column-lane
 /// path or the decoded two-row path
 /// (one area per thread; 0: neither path is taken).
 fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
-    let decoded = kern.packed.and_then(|p| p.lanes.map(|ln| ln.block_bytes).or(p.pair_decoded.map(|pd| pd.block_bytes)));
+    let decoded = kern.packed.and_then(|p| p.lanes.map(|ln| ln.block_bytes).or(p.pairs_decoded.map(|pd| pd.block_bytes)).or(p.pair_decoded.map(|pd| pd.block_bytes)));
     match (kern.row_block, decoded) {
         (Some(rb), _) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
         (_, Some(bytes)) if n_tokens >= quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, bytes),

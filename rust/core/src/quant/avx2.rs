@@ -111,7 +111,7 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
                 PackBuild::Vnni => packed_cols!($vnni),
                 PackBuild::Evex => packed_cols!($evex),
             };
-            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes, pair: [None; super::table::MAX_PACK + 1], lanes: None, pair_decoded: None });
+            t.set_packed($ty, Packed { cols, offset: $off, block_bytes: $bytes, pair: [None; super::table::MAX_PACK + 1], lanes: None, pair_decoded: None, pairs_decoded: None });
         };
     }
     macro_rules! packed_cols {

@@ -27,8 +27,8 @@
 
 use super::avx2::PackBuild;
 use super::fp::f16_to_f32;
-use super::table::{DecodeRowFn, KernelTable, Lanes, PairDecoded, RowBlock, MAX_PACK};
-use super::{PackedDot, PackedPairDot, RbKernel, RepackFn};
+use super::table::{DecodePairFn, DecodeRowFn, KernelTable, Lanes, PackPairsFn, PairDecoded, PairsDecoded, RowBlock, MAX_PACK};
+use super::{PackedDot, PackedPairDot, PackedQuadDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
 use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
 use std::arch::x86_64::*;
@@ -40,6 +40,13 @@ macro_rules! pair_cols {
     };
 }
 const _: () = assert!(MAX_PACK == 8);
+
+/// The interleaved-pair kernels `$f::<NC>` over 1..=MAX_PACK columns, by column count.
+macro_rules! quad_cols {
+    ($f:ident) => {
+        [None, Some($f::<1> as PackedQuadDot), Some($f::<2>), Some($f::<3>), Some($f::<4>), Some($f::<5>), Some($f::<6>), Some($f::<7>), Some($f::<8>)]
+    };
+}
 
 /// Weight rows per row block (one per i32 lane of a ymm).
 pub(crate) const RB: usize = 8;
@@ -53,7 +60,7 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
 /// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
 /// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over raw rows (decode steps) and over decoded
-/// rows (prefill: `pair_decoded`, `pair_min_decoded`).
+/// rows (prefill: `quad_signed`, over interleaved row pairs, and `pair_min_decoded`).
 /// `PYLLAMA_NO_RB=1` registers none (the same bits either way, for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
@@ -72,11 +79,12 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         t.set_packed_pair(GgmlType::Q8_0, pair_cols!(pair_q8_0));
         t.set_packed_pair(GgmlType::Q4_1, pair_cols!(pair_q4_1));
         t.set_packed_pair(GgmlType::Q5_1, pair_cols!(pair_q5_1));
-        for (ty, decode) in [(GgmlType::Q4_0, decode_lanes_q4_0 as DecodeRowFn), (GgmlType::Q5_0, decode_lanes_q5_0), (GgmlType::Q8_0, decode_lanes_q8_0)] {
-            t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 36, cols: pair_cols!(pair_decoded) });
-        }
         for (ty, decode) in [(GgmlType::Q4_1, decode_lanes_q4_1 as DecodeRowFn), (GgmlType::Q5_1, decode_lanes_q5_1)] {
             t.set_packed_pair_decoded(ty, PairDecoded { decode, block_bytes: 40, cols: pair_cols!(pair_min_decoded) });
+        }
+        for (ty, decode) in [(GgmlType::Q4_0, decode_pairs_q4_0 as DecodePairFn), (GgmlType::Q5_0, decode_pairs_q5_0), (GgmlType::Q8_0, decode_pairs_q8_0)] {
+            let pack = pack_q8_0_pairs as PackPairsFn;
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, two: quad_cols!(quad_two), one: quad_cols!(quad_one) });
         }
     }
 }
@@ -896,20 +904,11 @@ macro_rules! pair_kernel {
     };
 }
 
-/// `pair_signed_cols2` over two rows decoded once per matmul (`decode_lanes_*`: nb x 32
-/// unsigned quant bytes, then nb f32 scales; the same values the raw kernels decode per
-/// block, by the same instructions): the prefill of the AVX-512 set's signed family, whose
-/// raw kernels decode both rows again for every packed group (for Q5_0 the 5th bits' spread
-/// was about a third of the kernel's instructions). The same bits as `pair_q*`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
-    pair_signed_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, ld, |w: *const u8, i| {
-        ((w.add(32 * nb) as *const f32).add(i).read_unaligned(), load256(w.add(32 * i)))
-    })
-}
-
 /// `pair_min_cols2` over two rows decoded once per matmul (`decode_lanes_q4_1` /
-/// `decode_lanes_q5_1`: nb x 32 quant bytes, then nb (d, m) f32 pairs): as `pair_decoded`.
+/// `decode_lanes_q5_1`: nb x 32 quant bytes, then nb (d, m) f32 pairs; the same values the
+/// raw kernels decode per block, by the same instructions): the prefill of the AVX-512 set's
+/// min family, whose raw kernels decode both rows again for every packed group. The same
+/// bits as `pair_q4_1` / `pair_q5_1`. (The signed family's prefill: `quad_signed`.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize) {
     pair_min_cols2::<NC, false>(nb, wa, wb, 0, xp, outa, outb, ld, |w: *const u8, i| {
@@ -918,14 +917,160 @@ unsafe fn pair_min_decoded<const NC: usize>(nb: usize, wa: *const u8, wb: *const
     })
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_lanes_q8_0(nb: usize, w: *const u8, dst: *mut u8) {
-    decode_lanes::<false>(nb, w, BlockQ8_0::SIZE, dst, |b| _mm256_xor_si256(load256(b.add(offset_of!(BlockQ8_0, qs))), _mm256_set1_epi8(0x80u8 as i8)))
-}
-
 pair_kernel!(pair_q4_0, BlockQ4_0::SIZE, |b| (super::avx2::f16(b), super::avx2::nibbles_32(b.add(2))));
 pair_kernel!(pair_q5_0, BlockQ5_0::SIZE, |b| super::avx2::q5_0_unsigned(b));
 pair_kernel!(pair_q8_0, BlockQ8_0::SIZE, |b| (super::avx2::f16(b), _mm256_xor_si256(load256(b.add(2)), _mm256_set1_epi8(0x80u8 as i8))));
+
+// ------------------------------------------------------------------ interleaved row pairs
+
+/// Decoded bytes per weight row and block of the interleaved row pairs (`decode_pairs`): per
+/// pair and block 64 quant bytes, then per pair 8 bytes of scales per block.
+pub(crate) const PAIRS_BLOCK_BYTES: usize = 36;
+
+/// Decodes rows a and b (`wsize`-byte blocks, `quants(block) -> (d_w, signed i8 quants)`) into
+/// the interleaved pair layout of `quad_signed`: per block 16 lanes of 4 quant bytes as
+/// [a 0..4, b 0..4, a 4..8, b 4..8, ...] (64 bytes: i32 lane 2l holds row a's elements
+/// 4l..4l+4, lane 2l + 1 row b's); after the nb blocks the (d_a, d_b) f32 pair of each block.
+#[inline(always)]
+unsafe fn decode_pairs(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> (f32, __m256i)) {
+    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let sc = dst.add(64 * nb) as *mut f32;
+    for i in 0..nb {
+        let (da, qa) = quants(wa.add(i * wsize));
+        let (db, qb) = quants(wb.add(i * wsize));
+        let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb));
+        _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
+        sc.add(2 * i).write_unaligned(da);
+        sc.add(2 * i + 1).write_unaligned(db);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pairs_q4_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
+    decode_pairs(nb, wa, wb, BlockQ4_0::SIZE, dst, |b| {
+        (super::avx2::f16(b), _mm256_sub_epi8(super::avx2::nibbles_32(b.add(offset_of!(BlockQ4_0, qs))), _mm256_set1_epi8(8)))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pairs_q5_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
+    decode_pairs(nb, wa, wb, BlockQ5_0::SIZE, dst, |b| {
+        let (d, u) = super::avx2::q5_0_unsigned(b);
+        (d, _mm256_sub_epi8(u, _mm256_set1_epi8(16)))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
+    decode_pairs(nb, wa, wb, BlockQ8_0::SIZE, dst, |b| (super::avx2::f16(b), load256(b.add(offset_of!(BlockQ8_0, qs)))))
+}
+
+/// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (as `avx2::pack_q8_0_cols`)
+/// for the interleaved pairs: per block [d_x of column 0, 0, 1, 1, .., 7, 7: 16 f32][column
+/// c = 0..8: its 8 lanes of 4 quants each twice (lane 2l and 2l + 1 hold quants 4l..4l+4),
+/// + 128 as u8: 64 bytes] (`avx2::PACK_BLOCK` = 576 bytes, every field whole lines). The
+/// other columns of a partial group get d_x 0 and unset quants (never read).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    use super::avx2::{PACK_BLOCK, PACK_COLS};
+    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK);
+        for c in 0..PACK_COLS {
+            let d = if c < ncols { std::ptr::read_unaligned(xd.add(c * xds + i)) } else { 0.0 };
+            (b as *mut f32).add(2 * c).write_unaligned(d);
+            (b as *mut f32).add(2 * c + 1).write_unaligned(d);
+            if c < ncols {
+                let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
+                let v = _mm512_xor_si512(_mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(y)), flip);
+                _mm512_storeu_si512(b.add(64 + 64 * c) as *mut _, v);
+            }
+        }
+    }
+}
+
+/// The AVX-512 signed family's prefill (Q4_0 / Q5_0 / Q8_0 against Q8_0) over P = 1 or 2
+/// row pairs decoded interleaved (`decode_pairs`, at w0 and w1) and a group packed by
+/// `pack_q8_0_pairs`: per block and column one `vpdpbusd` of (x + 128) against the signed
+/// weights, from -128 * (the sum of each lane's 4 weights) (one `vpdpbusd` and a subtract
+/// per block and pair), gives in lane 2l / 2l + 1 exactly the i32 sum of lane l of rows a
+/// / b that the plain kernels compute (sum of 4 q_w * q_x); the scale d_w * d_x (one
+/// multiply, as there) in the same lanes from the pair's (d_a, d_b) and the column's d_x;
+/// acc = fma(d, f32(lanes), acc) per block; at the end each (row, column) sum is
+/// `avx2::hsum_ps`'s tree over its 8 lanes (`hsum_pairs`). Each (row, column) gets the
+/// plain kernel's operations in its order: the same bits as `pair_signed_cols2`, whose
+/// layout (a column pair per zmm) spreads the scales with a `vpermps` each (port 5) and
+/// reads a column's quants once per pair of rows, here once per 4 rows. Gemma 3's Q5_0
+/// gate/up (`--bench prefill`, one thread, five alternated runs, medians) 70.9 -> 74.7
+/// GMAC/s, Q5_0 q 70.5 -> 75.0, Q8_0 v 66.4 -> 72.0 (in L1 alone, 4 rows x 8 columns of
+/// 20 blocks: 19.4 -> 17.0 TSC ticks per row pair and block). Rows 2p, 2p + 1 of column
+/// c go to `out[c * ld + 2p + {0, 1}]`.
+#[inline(always)]
+unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+    use super::avx2::PACK_BLOCK;
+    let wp = [w0, w1];
+    let top = _mm512_set1_epi8(0x80u8 as i8);
+    let mut acc = [[_mm512_setzero_ps(); NC]; P];
+    for i in 0..nb {
+        let b = xp.add(i * PACK_BLOCK);
+        let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
+        let corr: [__m512i; P] = std::array::from_fn(|p| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q[p])));
+        let dw: [__m512; P] = std::array::from_fn(|p| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb) as *const f64).add(i)))));
+        // the next call's pairs (the rows after these in the decoded area) into L1
+
+        for c in 0..NC {
+            let xv = _mm512_loadu_si512(b.add(64 + 64 * c) as *const _);
+            let dx = _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(2 * c)));
+            for p in 0..P {
+                let v = _mm512_dpbusd_epi32(corr[p], xv, q[p]);
+                acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(v), acc[p][c]);
+            }
+        }
+    }
+    for (p, a) in acc.iter().enumerate() {
+        hsum_pairs::<NC>(a, out.add(2 * p), ld);
+    }
+}
+
+/// out[c * ld] / out[c * ld + 1] = `avx2::hsum_ps` of rows a's / b's lanes (even / odd) of
+/// accumulator c < NC: the same tree (lane l + l+4, then (0 + 2) and (1 + 3), then 0 + 1,
+/// one rounding per add) for all 16 sums at once, as in `hsum_pair_cols2` (21 vector ops).
+#[inline(always)]
+unsafe fn hsum_pairs<const NC: usize>(acc: &[__m512; NC], out: *mut f32, ld: usize) {
+    let x: [__m512; 8] = std::array::from_fn(|c| if c < NC { acc[c] } else { _mm512_setzero_ps() });
+    // 128-bit chunk 0 / 1 of u[k]: accumulator 2k's lanes l + l+4 for l = 0, 1 / 2, 3 (rows
+    // a and b alternating); chunks 2, 3 the same of accumulator 2k + 1
+    let u: [__m512; 4] = std::array::from_fn(|k| {
+        let (p, q) = (x[2 * k], x[2 * k + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(p, q), _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q))
+    });
+    // chunk j of v[m]: accumulator 4m + j's (0 + 2), (1 + 3) of rows a, b: [a0, b0, a1, b1]
+    let v: [__m512; 2] = std::array::from_fn(|m| {
+        let (p, q) = (u[2 * m], u[2 * m + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(p, q), _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q))
+    });
+    // chunk j: [a, b of accumulator j, a, b of accumulator j + 4]
+    let f = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(v[0], v[1]), _mm512_shuffle_ps::<0b11_10_11_10>(v[0], v[1]));
+    let mut r = [0f32; 16];
+    _mm512_storeu_ps(r.as_mut_ptr(), f);
+    for c in 0..NC {
+        let l = 4 * (c % 4) + 2 * (c / 4);
+        *out.add(c * ld) = r[l];
+        *out.add(c * ld + 1) = r[l + 1];
+    }
+}
+
+macro_rules! quad_kernel {
+    ($name:ident, $p:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $name<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+            quad_signed::<$p, NC>(nb, w0, w1, xp, out, ld)
+        }
+    };
+}
+quad_kernel!(quad_two, 2);
+quad_kernel!(quad_one, 1);
 
 #[cfg(test)]
 mod tests {
@@ -1104,6 +1249,93 @@ mod tests {
     }
 
     #[test]
+    fn interleaved_pair_kernels_equal_single_column_kernels_bit_for_bit() {
+        // The AVX-512 set's kernels over interleaved row pairs (two pairs and one pair per
+        // call, a row paired with itself, every column count) equal the plain single-column
+        // kernel bit for bit, and write only their rows and columns (random and extreme
+        // blocks: case 1's 0xFF bytes make every d a NaN and every Q8_0 quant -1; case 4's
+        // Q8_0 quants are all -128 against activations at +-127).
+        if !quant::avx512_available() {
+            return;
+        }
+        let mut s = 0x51de_f00d_u64;
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            for nb in [5, 20] {
+                let n = 32 * nb;
+                let wrow = ty.row_size(n).unwrap();
+                let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+                let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
+                let one = quant::table::build(KernelSet::Avx2, opt).get(ty).tiled.unwrap().one();
+                let pd = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pairs_decoded.expect("interleaved pair kernels");
+                for case in 0..5 {
+                    let mut w: Vec<u8> = (0..4 * wrow).map(|_| next(&mut s) as u8).collect();
+                    match case {
+                        1 => w.fill(0xFF),
+                        2 => w.fill(0),
+                        4 if ty == GgmlType::Q8_0 => w.fill(0x80),
+                        _ => {}
+                    }
+                    if case != 1 {
+                        for blk in w.chunks_exact_mut(ty.type_size()) {
+                            let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                            blk[..2].copy_from_slice(&d.to_le_bytes());
+                        }
+                    }
+                    let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
+                    for c in 0..avx2::PACK_COLS {
+                        let x: Vec<f32> = (0..n)
+                            .map(|k| match case {
+                                3 => if k % 3 == 0 { -1.0 } else { 1.0 },
+                                4 => if (k + c) % 2 == 0 { -1.0 } else { 1.0 },
+                                _ => (next(&mut s) % 2001) as f32 / 1000.0 - 1.0,
+                            })
+                            .collect();
+                        quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                    }
+                    let xd: Vec<f32> = (0..avx2::PACK_COLS * nb).map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32()).collect();
+                    let want = |r: usize, c: usize| {
+                        let mut v = 0f32;
+                        unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut v) };
+                        v
+                    };
+                    let db = 2 * nb * pd.block_bytes;
+                    let mut dec = vec![0xA5u8; 3 * db];
+                    unsafe {
+                        (pd.decode)(nb, w.as_ptr(), w.as_ptr().add(wrow), dec.as_mut_ptr());
+                        (pd.decode)(nb, w.as_ptr().add(2 * wrow), w.as_ptr().add(3 * wrow), dec.as_mut_ptr().add(db));
+                        // the last row of an odd block, paired with itself
+                        (pd.decode)(nb, w.as_ptr().add(3 * wrow), w.as_ptr().add(3 * wrow), dec.as_mut_ptr().add(2 * db));
+                    }
+                    for nc in 1..=avx2::PACK_COLS {
+                        let mut packed = vec![0xA5u8; nb * avx2::PACK_BLOCK];
+                        unsafe { (pd.pack)(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, packed.as_mut_ptr()) };
+                        // 4 rows, column stride 5: the fifth of each column untouched
+                        let mut g = [f32::NAN; 5 * 8];
+                        unsafe { (pd.two[nc].unwrap())(nb, dec.as_ptr(), dec.as_ptr().add(db), packed.as_ptr(), g.as_mut_ptr(), 5) };
+                        let mut h = [f32::NAN; 3 * 8];
+                        unsafe { (pd.one[nc].unwrap())(nb, dec.as_ptr().add(db), dec.as_ptr().add(db), packed.as_ptr(), h.as_mut_ptr(), 3) };
+                        let mut t = [f32::NAN; 2 * 8];
+                        unsafe { (pd.one[nc].unwrap())(nb, dec.as_ptr().add(2 * db), dec.as_ptr().add(2 * db), packed.as_ptr(), t.as_mut_ptr(), 2) };
+                        for c in 0..8 {
+                            let inside = c < nc;
+                            assert!(g[5 * c + 4].is_nan() && h[3 * c + 2].is_nan() && (inside || g[5 * c].is_nan() && h[3 * c].is_nan() && t[2 * c].is_nan()), "{ty} nc={nc}: wrote outside its rows / columns");
+                        }
+                        for c in 0..nc {
+                            for r in 0..4 {
+                                assert_eq!(g[5 * c + r].to_bits(), want(r, c).to_bits(), "{ty} nb={nb} two pairs nc={nc} case {case} row {r} col {c}");
+                            }
+                            for r in 0..2 {
+                                assert_eq!(h[3 * c + r].to_bits(), want(2 + r, c).to_bits(), "{ty} nb={nb} one pair nc={nc} case {case} row {} col {c}", 2 + r);
+                                assert_eq!(t[2 * c + r].to_bits(), want(3, c).to_bits(), "{ty} nb={nb} row with itself nc={nc} case {case} col {c}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn packed_pair_kernels_equal_single_column_kernels_bit_for_bit() {
         // Both rows of the AVX-512 two-row packed kernels, over raw and over decoded rows,
         // every column count, equal the plain single-column kernel bit for bit (random and
@@ -1122,7 +1354,9 @@ mod tests {
             let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
             let tk = *quant::table::build(KernelSet::Avx2, opt).get(ty);
             let p512 = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap();
-            let (pairs, pd) = (p512.pair, p512.pair_decoded.expect("decoded two-row kernels"));
+            // decoded rows: the min family (the signed one's: `interleaved_pair_kernels_...`)
+            let (pairs, pd) = (p512.pair, p512.pair_decoded);
+            assert_eq!(pd.is_some(), q81, "{ty}: decoded two-row kernels for the min family only");
             let one = tk.tiled.unwrap().one();
             let pk = tk.packed.unwrap();
             for case in 0..4 {
@@ -1164,14 +1398,19 @@ mod tests {
                             avx2::pack_q8_0_cols(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, pk.offset, packed.as_mut_ptr())
                         }
                     };
-                    // raw rows, and the same rows decoded once (the prefill kernels)
-                    let mut dec = vec![0xA5u8; 2 * nb * pd.block_bytes];
-                    let db = nb * pd.block_bytes;
-                    unsafe {
-                        (pd.decode)(nb, w.as_ptr(), dec.as_mut_ptr());
-                        (pd.decode)(nb, w.as_ptr().add(wrow), dec.as_mut_ptr().add(db));
+                    // raw rows, and the same rows decoded once (the min family's prefill kernels)
+                    let bb = pd.map_or(0, |pd| pd.block_bytes);
+                    let mut dec = vec![0xA5u8; 2 * nb * bb];
+                    let db = nb * bb;
+                    let mut kinds = vec![("raw", pairs[nc].unwrap(), w.as_ptr(), w.as_ptr().wrapping_add(wrow))];
+                    if let Some(pd) = pd {
+                        unsafe {
+                            (pd.decode)(nb, w.as_ptr(), dec.as_mut_ptr());
+                            (pd.decode)(nb, w.as_ptr().add(wrow), dec.as_mut_ptr().add(db));
+                        }
+                        kinds.push(("decoded", pd.cols[nc].unwrap(), dec.as_ptr(), dec.as_ptr().wrapping_add(db)));
                     }
-                    for (kind, k, wa, wb) in [("raw", pairs[nc].unwrap(), w.as_ptr(), w.as_ptr().wrapping_add(wrow)), ("decoded", pd.cols[nc].unwrap(), dec.as_ptr(), dec.as_ptr().wrapping_add(db))] {
+                    for (kind, k, wa, wb) in kinds {
                         // the two rows' outputs interleaved, column stride 3 (as a matmul's
                         // adjacent output rows, token-major): the third of each column untouched
                         let mut g = [f32::NAN; 3 * 8];

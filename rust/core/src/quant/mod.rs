@@ -449,6 +449,11 @@ pub type PackedDot = unsafe fn(nb: usize, w: *const u8, xp: *const u8, out: *mut
 /// matmul's output rows: straight into its token-major output).
 pub type PackedPairDot = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, xp: *const u8, outa: *mut f32, outb: *mut f32, ld: usize);
 
+/// The AVX-512 set's prefill kernel over P = 2 (or 1) weight row pairs decoded interleaved
+/// (`avx2_rb::quad_signed`): the pairs' decoded bytes at `w0` and `w1` (unused for P = 1),
+/// a packed group `xp`; column c's values of rows 0..2P to `out[c * ld + 0..2P]`.
+pub type PackedQuadDot = unsafe fn(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize);
+
 /// A row-block kernel (`avx2_rb`): for the NC activation rows (Q8_K, `x + c * xs`) and the
 /// `table::RowBlock::rows` weight rows repacked at `wp` (`nsb` super-blocks),
 /// out[c * ldo + r] = dot(row r, column c).

@@ -20,7 +20,7 @@
 //! output (quant/tests.rs and ops/matmul.rs hold them to it), so which entry a matmul takes
 //! changes its speed only.
 
-use super::{DequantFn, DotN, DotRows, KernelSet, PackedDot, PackedPairDot, QuantizeFn, RbKernel, RepackFn, VecDotFn, MAX_TILE};
+use super::{DequantFn, DotN, DotRows, KernelSet, PackedDot, PackedPairDot, PackedQuadDot, QuantizeFn, RbKernel, RepackFn, VecDotFn, MAX_TILE};
 use crate::ggml_type::GgmlType;
 use std::sync::OnceLock;
 
@@ -88,13 +88,16 @@ pub struct Packed {
     /// the column-lane kernel (the plain AVX2 build's Q4_0 / Q5_0 / Q4_1 / Q5_1, not under
     /// `PYLLAMA_NO_RB`; see `avx2_rb`'s column-lane section)
     pub lanes: Option<Lanes>,
-    /// the two-row kernels over decoded rows (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 /
-    /// Q5_1 in prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::pair_decoded`)
+    /// the two-row kernels over decoded rows (the AVX-512 set's Q4_1 / Q5_1 in prefill, not
+    /// under `PYLLAMA_NO_RB`; see `avx2_rb::pair_min_decoded`)
     pub pair_decoded: Option<PairDecoded>,
+    /// the kernels over interleaved row pairs (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 in
+    /// prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::quad_signed`)
+    pub pairs_decoded: Option<PairsDecoded>,
 }
 
 /// Two-row packed kernels over weight rows decoded once per matmul (see
-/// `avx2_rb::pair_decoded`): `cols[nc]` is `pair[nc]` with its rows' blocks already
+/// `avx2_rb::pair_min_decoded`): `cols[nc]` is `pair[nc]` with its rows' blocks already
 /// decoded by `decode` (the column-lane layout: nb x 32 quant bytes, then nb f32 scales).
 #[derive(Clone, Copy)]
 pub struct PairDecoded {
@@ -105,6 +108,30 @@ pub struct PairDecoded {
     /// `cols[nc]`: two decoded rows against the first nc columns of a packed group
     pub cols: [Option<PackedPairDot>; MAX_PACK + 1],
 }
+
+/// Prefill kernels over weight row pairs decoded interleaved once per matmul (see
+/// `avx2_rb::quad_signed`), against groups packed by `pack`.
+#[derive(Clone, Copy)]
+pub struct PairsDecoded {
+    /// decodes rows wa and wb (nb blocks each) into `2 * nb * block_bytes` bytes at dst
+    pub decode: DecodePairFn,
+    /// decoded bytes per row and block
+    pub block_bytes: usize,
+    /// packs a group of activation rows in the kernels' layout (`avx2::pack_q8_0_cols`'s
+    /// arguments without the weight offset)
+    pub pack: PackPairsFn,
+    /// `two[nc]`: two decoded pairs (4 rows) against the first nc columns of a packed group
+    pub two: [Option<PackedQuadDot>; MAX_PACK + 1],
+    /// `one[nc]`: one decoded pair
+    pub one: [Option<PackedQuadDot>; MAX_PACK + 1],
+}
+
+/// Decodes weight rows wa and wb (nb blocks each) into one interleaved pair at dst.
+pub type DecodePairFn = unsafe fn(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8);
+
+/// Packs `ncols` activation rows (`x + c * xs`, their block scales at `xd + c * xds`) of nb
+/// blocks into one group at dst.
+pub type PackPairsFn = unsafe fn(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8);
 
 /// Decodes one weight row of nb blocks into `nb * block_bytes` bytes at dst (the column
 /// lanes' and the decoded row pairs' layout).
@@ -297,6 +324,11 @@ impl KernelTable {
     /// Registration: `ty`'s two-row kernels over decoded rows (over its packed entry).
     pub(crate) fn set_packed_pair_decoded(&mut self, ty: GgmlType, pd: PairDecoded) {
         self.entry(ty).packed.as_mut().expect("decoded two-row kernels over a packed entry").pair_decoded = Some(pd);
+    }
+
+    /// Registration: `ty`'s kernels over interleaved row pairs (over its packed entry).
+    pub(crate) fn set_packed_pairs_decoded(&mut self, ty: GgmlType, pd: PairsDecoded) {
+        self.entry(ty).packed.as_mut().expect("interleaved pair kernels over a packed entry").pairs_decoded = Some(pd);
     }
 
     /// Registration: `ty`'s column-lane kernel (over its packed entry).
