@@ -331,25 +331,24 @@ unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
         let dw = _mm512_loadu_ps(p as *const f32);
         let xq = x.add(i * BlockQ8K::SIZE + qs);
         for j in 0..4 {
-            let mut isum = [_mm512_setzero_si512(); NC];
-            for h in 0..2 {
-                let mut a = [_mm512_setzero_si512(); NC];
-                for k in 0..8 {
-                    let wpk = _mm512_loadu_si512(q.add(64 * (8 * j + k)) as *const _);
-                    let wq = if h == 0 { _mm512_and_si512(wpk, m4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(wpk), m4) };
-                    for (c, ac) in a.iter_mut().enumerate() {
-                        let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xq.add(c * xs + 64 * j + 32 * h + 4 * k) as *const i32));
-                        *ac = _mm512_dpbusd_epi32(*ac, wq, xv);
-                    }
-                }
-                let sc = _mm512_loadu_si512(p.add(Q4KZ_SC + 64 * (2 * j + h)) as *const _);
+            // sub-blocks 2j (low nibbles) and 2j + 1 (high) side by side: two chains per column
+            let mut a0 = [_mm512_setzero_si512(); NC];
+            let mut a1 = [_mm512_setzero_si512(); NC];
+            for k in 0..8 {
+                let wpk = _mm512_loadu_si512(q.add(64 * (8 * j + k)) as *const _);
+                let (lo, hi) = (_mm512_and_si512(wpk, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(wpk), m4));
                 for c in 0..NC {
-                    isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(a[c], sc));
+                    let xc = xq.add(c * xs + 64 * j + 4 * k);
+                    a0[c] = _mm512_dpbusd_epi32(a0[c], lo, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
+                    a1[c] = _mm512_dpbusd_epi32(a1[c], hi, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
                 }
             }
+            let sc0 = _mm512_loadu_si512(p.add(Q4KZ_SC + 64 * (2 * j)) as *const _);
+            let sc1 = _mm512_loadu_si512(p.add(Q4KZ_SC + 64 * (2 * j + 1)) as *const _);
             for c in 0..NC {
+                let isum = _mm512_add_epi32(_mm512_mullo_epi32(a0[c], sc0), _mm512_mullo_epi32(a1[c], sc1));
                 let yd = _mm512_set1_ps(std::ptr::read_unaligned(x.add(c * xs + i * BlockQ8K::SIZE) as *const f32));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, yd), acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, yd), acc[c]);
             }
         }
     }
@@ -522,18 +521,23 @@ unsafe fn q6_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
         let p = wp.add(i * Q6KZ_SB);
         let xq = x.add(i * BlockQ8K::SIZE + qs);
         let mut isum = [_mm512_setzero_si512(); NC];
-        for g in 0..16 {
-            let sc = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * g) as *const _);
-            let mut a = [_mm512_setzero_si512(); NC];
+        // groups 2m and 2m + 1 side by side: two chains per column
+        for m in 0..8 {
+            let mut a0 = [_mm512_setzero_si512(); NC];
+            let mut a1 = [_mm512_setzero_si512(); NC];
             for k in 0..4 {
-                let wq = _mm512_loadu_si512(p.add(Q6KZ_Q + 64 * (4 * g + k)) as *const _);
-                for (c, ac) in a.iter_mut().enumerate() {
-                    let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xq.add(c * xs + 16 * g + 4 * k) as *const i32));
-                    *ac = _mm512_dpbusd_epi32(*ac, wq, xv);
+                let w0 = _mm512_loadu_si512(p.add(Q6KZ_Q + 64 * (8 * m + k)) as *const _);
+                let w1 = _mm512_loadu_si512(p.add(Q6KZ_Q + 64 * (8 * m + 4 + k)) as *const _);
+                for c in 0..NC {
+                    let xc = xq.add(c * xs + 32 * m + 4 * k);
+                    a0[c] = _mm512_dpbusd_epi32(a0[c], w0, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
+                    a1[c] = _mm512_dpbusd_epi32(a1[c], w1, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(16) as *const i32)));
                 }
             }
+            let sc0 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m)) as *const _);
+            let sc1 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m + 1)) as *const _);
             for c in 0..NC {
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(a[c], sc));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(a0[c], sc0), _mm512_mullo_epi32(a1[c], sc1)));
             }
         }
         let dw = _mm512_loadu_ps(p as *const f32);
