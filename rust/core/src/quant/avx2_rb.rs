@@ -208,26 +208,31 @@ unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
 /// msum_j: min(2j) * bsum(2j) + min(2j+1) * bsum(2j+1), the same `madd` as there.
 #[inline(always)]
 unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
-    let m4 = _mm256_set1_epi8(0xF);
-    let mut acc = [_mm256_setzero_ps(); NC];
+    // the mins' chain first, in a loop of its own (as `q4_k_z_tile`): its accumulators
+    // beside the sums' would not fit the 16 ymm registers
     let mut accm = [_mm256_setzero_ps(); NC];
     for i in 0..nsb {
         let p = wp.add(i * Q4K_SB);
-        let dw8 = _mm256_loadu_ps(p as *const f32);
         let dm8 = _mm256_loadu_ps(p.add(32) as *const f32);
-        let mut dsc = [_mm256_setzero_ps(); NC];
-        let mut dmn = [_mm256_setzero_ps(); NC];
-        // bsum of each 32-element sub-block (i16, exact), per column
-        let mut bs = [[0i16; 8]; NC];
-        for c in 0..NC {
+        for (c, am) in accm.iter_mut().enumerate() {
             let xb = x.add(c * xs + i * BlockQ8K::SIZE);
-            let yd = _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32));
-            dsc[c] = _mm256_mul_ps(dw8, yd);
-            dmn[c] = _mm256_mul_ps(dm8, yd);
+            let dmn = _mm256_mul_ps(dm8, _mm256_set1_ps(std::ptr::read_unaligned(xb as *const f32)));
+            // bsum of each 32-element sub-block (i16, exact)
             let b = load256(xb.add(260));
             let s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-            _mm_storeu_si128(bs[c].as_mut_ptr() as *mut __m128i, s);
+            let mut bs = [0i32; 4];
+            _mm_storeu_si128(bs.as_mut_ptr() as *mut __m128i, s);
+            for (j, &pair) in bs.iter().enumerate() {
+                let msum = _mm256_madd_epi16(load256(p.add(Q4K_MN + 32 * j)), _mm256_set1_epi32(pair));
+                *am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dmn, *am);
+            }
         }
+    }
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); NC];
+    for i in 0..nsb {
+        let p = wp.add(i * Q4K_SB);
+        let dw8 = _mm256_loadu_ps(p as *const f32);
         let q = p.add(Q4K_Q);
         for j in 0..4 {
             let mut isum = [_mm256_setzero_si256(); NC];
@@ -246,11 +251,9 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
                     isum[c] = _mm256_add_epi32(isum[c], scale::<B>(a[c], sc));
                 }
             }
-            let mn = load256(p.add(Q4K_MN + 32 * j));
             for c in 0..NC {
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), dsc[c], acc[c]);
-                let msum = _mm256_madd_epi16(mn, bcast32(bs[c].as_ptr().add(2 * j) as *const u8));
-                accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), dmn[c], accm[c]);
+                let yd = _mm256_set1_ps(std::ptr::read_unaligned(x.add(c * xs + i * BlockQ8K::SIZE) as *const f32));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dw8, yd), acc[c]);
             }
         }
     }
