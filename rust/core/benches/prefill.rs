@@ -54,7 +54,7 @@ fn thread_cpu_seconds() -> f64 {
 
 fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let shapes: [(&str, GgmlType, usize, usize); 12] = [
+    let shapes: [(&str, GgmlType, usize, usize); 16] = [
         ("gemma q5_0 gate/up", GgmlType::Q5_0, 640, 2048),
         ("gemma q5_0 q", GgmlType::Q5_0, 640, 1024),
         ("gemma q8_0 v", GgmlType::Q8_0, 640, 256),
@@ -68,6 +68,12 @@ fn main() {
         ("q5_1 down", GgmlType::Q5_1, 1536, 576),
         ("q4_0 gate/up", GgmlType::Q4_0, 576, 1536),
         ("q4_0 down", GgmlType::Q4_0, 1536, 576),
+        // a 7B-class model's row length (a packed group of 128 blocks: past L1 in the
+        // interleaved pairs' layouts, 576 / 640 bytes a block)
+        ("7b q4_0 4096", GgmlType::Q4_0, 4096, 1024),
+        ("7b q8_0 4096", GgmlType::Q8_0, 4096, 1024),
+        ("7b q4_1 4096", GgmlType::Q4_1, 4096, 1024),
+        ("7b q4_k 4096", GgmlType::Q4_K, 4096, 1024),
     ];
     let pool = ThreadPool::new(1);
     let n_tokens = 512;

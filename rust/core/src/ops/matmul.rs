@@ -161,7 +161,7 @@ pub fn matmul_with(
         // phases (the Vec's own start is only 16-byte aligned)
         scratch.resize(pack_min + 128 + packed_bytes(kern, n_in, n_tokens) + rb_bytes(kern, n_in, n_tokens, pool.n_threads()), 0);
         let start = scratch.as_ptr() as usize;
-        pack_off = pack_min + (pack_phase(vdt, pairs_path(kern, n_tokens).is_some()) + 128 - (start + pack_min) % 64) % 64;
+        pack_off = pack_min + (pack_phase(vdt, pairs_path(kern, n_in, n_tokens).is_some()) + 128 - (start + pack_min) % 64) % 64;
         let quantize_token = |t: usize, base: *mut u8| {
             // SAFETY: token t's row and scale slots are disjoint from every other token's.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
@@ -251,7 +251,7 @@ pub fn matmul_with(
             // decoding together) and takes the kernel of that many columns.
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
-            let gbytes = nb * pk.block_bytes;
+            let gbytes = nb * pairs_path(kern, n_in, n_tokens).map_or(pk.block_bytes, |pd| pd.pack_block);
             let off = pk.offset;
             // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
             // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
@@ -262,7 +262,7 @@ pub fn matmul_with(
             // Q8_0 output at 12 / 16 tokens: 37.0 / 43.1 ms raw, 40.7 / 48.5 decoded)
             let pair_dec = pk.pair_decoded.filter(|_| lanes.is_none() && n_groups > ROW_OUTER_GROUPS);
             // the same for the interleaved row pairs, which take precedence
-            let pairs_dec = pairs_path(kern, n_tokens);
+            let pairs_dec = pairs_path(kern, n_in, n_tokens);
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -918,7 +918,7 @@ fn packed_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) 
     match kern.packed {
         // from 2 tokens on (one token takes the multi-row kernels); the last group may be
         // partial
-        Some(p) if n_tokens >= 2 && p.cols[MAX_PACK].is_some() => n_tokens.div_ceil(MAX_PACK) * (n_in / 32) * p.block_bytes,
+        Some(p) if n_tokens >= 2 && p.cols[MAX_PACK].is_some() => n_tokens.div_ceil(MAX_PACK) * (n_in / 32) * pairs_path(kern, n_in, n_tokens).map_or(p.block_bytes, |pd| pd.pack_block),
         _ => 0,
     }
 }
@@ -936,18 +936,19 @@ fn pack_phase(vdt: GgmlType, pairs: bool) -> usize {
     }
 }
 
-/// The interleaved row pairs' kernels, where a matmul of `n_tokens` takes them (prefill of
-/// more than ROW_OUTER_GROUPS packed groups, no column-lane kernel; see the packed path).
+/// The interleaved row pairs' kernels, where a matmul of `n_tokens` rows of `n_in` takes
+/// them (prefill of more than ROW_OUTER_GROUPS packed groups, no column-lane kernel, rows of
+/// at most `max_blocks` blocks; see the packed path).
 #[cfg(target_arch = "x86_64")]
-fn pairs_path(kern: &quant::table::TypeKernels, n_tokens: usize) -> Option<quant::table::PairsDecoded> {
+fn pairs_path(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) -> Option<quant::table::PairsDecoded> {
     use quant::avx2::PACK_COLS;
     let pk = kern.packed?;
     let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
-    pk.pairs_decoded.filter(|_| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS)
+    pk.pairs_decoded.filter(|pd| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS && n_in / 32 <= pd.max_blocks)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn pairs_path(_kern: &quant::table::TypeKernels, _n_tokens: usize) -> Option<quant::table::PairsDecoded> {
+fn pairs_path(_kern: &quant::table::TypeKernels, _n_in: usize, _n_tokens: usize) -> Option<quant::table::PairsDecoded> {
     None
 }
 

@@ -30,7 +30,7 @@ use super::fp::f16_to_f32;
 use super::table::{DecodePairFn, DecodeRowFn, KernelTable, Lanes, PackPairsFn, PairDecoded, PairsDecoded, RowBlock, MAX_PACK};
 use super::{PackedDot, PackedPairDot, PackedQuadDot, RbKernel, RepackFn};
 use crate::ggml_type::GgmlType;
-use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0};
+use super::blocks::{offset_of, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 /// The two-row kernels `$f::<NC>` over 1..=MAX_PACK columns, by column count.
@@ -84,7 +84,11 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         }
         for (ty, decode) in [(GgmlType::Q4_0, decode_pairs_q4_0 as DecodePairFn), (GgmlType::Q5_0, decode_pairs_q5_0), (GgmlType::Q8_0, decode_pairs_q8_0)] {
             let pack = pack_q8_0_pairs as PackPairsFn;
-            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, two: quad_cols!(quad_two), one: quad_cols!(quad_one) });
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, pack_block: super::avx2::PACK_BLOCK, max_blocks: usize::MAX, two: quad_cols!(quad_two), one: quad_cols!(quad_one) });
+        }
+        for (ty, decode) in [(GgmlType::Q4_1, decode_pairs_q4_1 as DecodePairFn), (GgmlType::Q5_1, decode_pairs_q5_1)] {
+            let pack = pack_q8_1_pairs as PackPairsFn;
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_MIN_BLOCK_BYTES, pack, pack_block: PACK_BLOCK_PAIRS_Q8_1, max_blocks: PAIRS_MIN_MAX_BLOCKS, two: quad_cols!(quad_min_two), one: quad_cols!(quad_min_one) });
         }
     }
 }
@@ -1040,6 +1044,116 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
     }
 }
 
+/// Decoded bytes per weight row and block of the min family's interleaved row pairs
+/// (`decode_pairs_min`): per pair and block 64 quant bytes, then 16 bytes of (d_a, d_b,
+/// m_a, m_b).
+pub(crate) const PAIRS_MIN_BLOCK_BYTES: usize = 40;
+
+/// The longest rows (in blocks) the matmul gives the min family's interleaved pairs: their
+/// groups (`PACK_BLOCK_PAIRS_Q8_1`, twice `pair_min_decoded`'s bytes) must stay in L1.
+/// `--bench prefill`, one thread: SmolLM2's Q4_1 gate/up (18 blocks) 71.7 -> 77.5 GMAC/s,
+/// down (48) 74.4 -> 74.1; rows of 4096 (128 blocks, a 82 KB group) 60-66 -> 46-50.
+const PAIRS_MIN_MAX_BLOCKS: usize = 48;
+
+/// Bytes of one block of a group packed by `pack_q8_1_pairs`.
+pub(crate) const PACK_BLOCK_PAIRS_Q8_1: usize = 64 + 64 + 64 * super::avx2::PACK_COLS;
+
+/// `decode_pairs` for the min family (Q4_1 / Q5_1): the unsigned quants interleaved the same
+/// way (no correction: they are `vpdpbusd`'s unsigned operand), then per block (d_a, d_b,
+/// m_a, m_b) as f32.
+#[inline(always)]
+unsafe fn decode_pairs_min(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> __m256i) {
+    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let sc = dst.add(64 * nb) as *mut f32;
+    for i in 0..nb {
+        let (ba, bb) = (wa.add(i * wsize), wb.add(i * wsize));
+        let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(quants(ba)), idx, _mm512_castsi256_si512(quants(bb)));
+        _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
+        // the hardware conversions, as the packed kernels (a NaN scale keeps its bits)
+        sc.add(4 * i).write_unaligned(super::avx2::f16(ba));
+        sc.add(4 * i + 1).write_unaligned(super::avx2::f16(bb));
+        sc.add(4 * i + 2).write_unaligned(super::avx2::f16(ba.add(2)));
+        sc.add(4 * i + 3).write_unaligned(super::avx2::f16(bb.add(2)));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pairs_q4_1(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
+    decode_pairs_min(nb, wa, wb, BlockQ4_1::SIZE, dst, |b| super::avx2::q4_1_quants(b))
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn decode_pairs_q5_1(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
+    decode_pairs_min(nb, wa, wb, BlockQ5_1::SIZE, dst, |b| super::avx2::q5_1_quants(b))
+}
+
+/// Packs a group of `ncols` <= PACK_COLS Q8_1 activation rows (as `avx2::pack_q8_1_cols`)
+/// for the min family's interleaved pairs: per block [d_x of column 0, 0, 1, 1, .., 7, 7:
+/// 16 f32][s_x the same][column c = 0..8: its 8 lanes of 4 quants each twice, as i8: 64
+/// bytes] (`PACK_BLOCK_PAIRS_Q8_1` = 640 bytes, every field whole lines).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    use super::avx2::PACK_COLS;
+    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for i in 0..nb {
+        let b = dst.add(i * PACK_BLOCK_PAIRS_Q8_1);
+        for c in 0..PACK_COLS {
+            let (d, sx) = if c < ncols { (std::ptr::read_unaligned(xd.add(c * xds + 2 * i)), std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1))) } else { (0.0, 0.0) };
+            for k in 0..2 {
+                (b as *mut f32).add(2 * c + k).write_unaligned(d);
+                (b as *mut f32).add(16 + 2 * c + k).write_unaligned(sx);
+            }
+            if c < ncols {
+                let y = load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs)));
+                _mm512_storeu_si512(b.add(128 + 64 * c) as *mut _, _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(y)));
+            }
+        }
+    }
+}
+
+/// The min family's prefill (Q4_1 / Q5_1 against Q8_1) over P = 1 or 2 row pairs decoded
+/// interleaved (`decode_pairs_min`) and a group packed by `pack_q8_1_pairs`: per lane the
+/// operations of `pair_min_cols2` (and so of `avx2::dot_packed_min`): `vpdpbusd` from zero,
+/// d_w * d_x in one multiply, one FMA per block; per (row, column) the sum of m_w * s_x
+/// (a multiply and an add per block, 16 (row, column) lanes at once); at the end each
+/// (row, column)'s `hsum_ps` tree plus its min sum. The same bits as `pair_min_decoded`,
+/// without its permutes, each column's quants read once per 4 rows.
+#[inline(always)]
+unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+    let wp = [w0, w1];
+    let mut acc = [[_mm512_setzero_ps(); NC]; P];
+    let mut summ = [_mm512_setzero_ps(); P];
+    for i in 0..nb {
+        let b = xp.add(i * PACK_BLOCK_PAIRS_Q8_1);
+        let sx = _mm512_loadu_ps(b.add(64) as *const f32);
+        let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
+        let dm = |p: usize, k: usize| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb + 16 * i + 8 * k)) as *const f64)));
+        let dw: [__m512; P] = std::array::from_fn(|p| dm(p, 0));
+        for (p, sm) in summ.iter_mut().enumerate() {
+            *sm = _mm512_add_ps(*sm, _mm512_mul_ps(dm(p, 1), sx));
+        }
+        for c in 0..NC {
+            let xv = _mm512_loadu_si512(b.add(128 + 64 * c) as *const _);
+            let dx = _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(2 * c)));
+            for p in 0..P {
+                let v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], xv);
+                acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(v), acc[p][c]);
+            }
+        }
+    }
+    for p in 0..P {
+        let mut t = [0f32; 16];
+        hsum_pairs::<NC>(&acc[p], t.as_mut_ptr(), 2);
+        let mut m = [0f32; 16];
+        _mm512_storeu_ps(m.as_mut_ptr(), summ[p]);
+        for c in 0..NC {
+            for r in 0..2 {
+                *out.add(c * ld + 2 * p + r) = t[2 * c + r] + m[2 * c + r];
+            }
+        }
+    }
+}
+
 /// out[c * ld] / out[c * ld + 1] = `avx2::hsum_ps` of rows a's / b's lanes (even / odd) of
 /// accumulator c < NC: the same tree (lane l + l+4, then (0 + 2) and (1 + 3), then 0 + 1,
 /// one rounding per add) for all 16 sums at once, as in `hsum_pair_cols2` (21 vector ops).
@@ -1069,15 +1183,17 @@ unsafe fn hsum_pairs<const NC: usize>(acc: &[__m512; NC], out: *mut f32, ld: usi
 }
 
 macro_rules! quad_kernel {
-    ($name:ident, $p:expr) => {
+    ($name:ident, $body:ident, $p:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $name<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
-            quad_signed::<$p, NC>(nb, w0, w1, xp, out, ld)
+            $body::<$p, NC>(nb, w0, w1, xp, out, ld)
         }
     };
 }
-quad_kernel!(quad_two, 2);
-quad_kernel!(quad_one, 1);
+quad_kernel!(quad_two, quad_signed, 2);
+quad_kernel!(quad_one, quad_signed, 1);
+quad_kernel!(quad_min_two, quad_min, 2);
+quad_kernel!(quad_min_one, quad_min, 1);
 
 #[cfg(test)]
 mod tests {
@@ -1257,7 +1373,7 @@ mod tests {
 
     #[test]
     fn interleaved_pair_kernels_equal_single_column_kernels_bit_for_bit() {
-        // The AVX-512 set's kernels over interleaved row pairs (two pairs and one pair per
+        // The AVX-512 set's kernels over interleaved row pairs (signed and min families; two pairs and one pair per
         // call, a row paired with itself, every column count) equal the plain single-column
         // kernel bit for bit, and write only their rows and columns (random and extreme
         // blocks: case 1's 0xFF bytes make every d a NaN and every Q8_0 quant -1; case 4's
@@ -1266,11 +1382,13 @@ mod tests {
             return;
         }
         let mut s = 0x51de_f00d_u64;
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             for nb in [5, 20] {
                 let n = 32 * nb;
                 let wrow = ty.row_size(n).unwrap();
-                let xrow = GgmlType::Q8_0.row_size(n).unwrap();
+                let vdt = quant::vec_dot_type(ty);
+                let q81 = vdt == GgmlType::Q8_1;
+                let xrow = vdt.row_size(n).unwrap();
                 let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
                 let one = quant::table::build(KernelSet::Avx2, opt).get(ty).tiled.unwrap().one();
                 let pd = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pairs_decoded.expect("interleaved pair kernels");
@@ -1284,8 +1402,11 @@ mod tests {
                     }
                     if case != 1 {
                         for blk in w.chunks_exact_mut(ty.type_size()) {
-                            let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
-                            blk[..2].copy_from_slice(&d.to_le_bytes());
+                            // finite d (and m)
+                            for f in 0..(1 + q81 as usize) {
+                                let d = half::f16::from_f32((next(&mut s) % 100) as f32 * 1e-3 - 0.03).to_bits();
+                                blk[2 * f..2 * f + 2].copy_from_slice(&d.to_le_bytes());
+                            }
                         }
                     }
                     let mut xq = vec![0u8; xrow * avx2::PACK_COLS];
@@ -1297,9 +1418,17 @@ mod tests {
                                 _ => (next(&mut s) % 2001) as f32 / 1000.0 - 1.0,
                             })
                             .collect();
-                        quant::quantize_row_act(GgmlType::Q8_0, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
+                        quant::quantize_row_act(vdt, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
                     }
-                    let xd: Vec<f32> = (0..avx2::PACK_COLS * nb).map(|k| half::f16::from_bits(u16::from_le_bytes([xq[(k / nb) * xrow + (k % nb) * 34], xq[(k / nb) * xrow + (k % nb) * 34 + 1]])).to_f32()).collect();
+                    // the block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
+                    let per = 1 + q81 as usize;
+                    let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
+                        .map(|k| {
+                            let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
+                            let o = c * xrow + b * vdt.type_size() + 2 * f;
+                            half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
+                        })
+                        .collect();
                     let want = |r: usize, c: usize| {
                         let mut v = 0f32;
                         unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut v) };
@@ -1314,8 +1443,8 @@ mod tests {
                         (pd.decode)(nb, w.as_ptr().add(3 * wrow), w.as_ptr().add(3 * wrow), dec.as_mut_ptr().add(2 * db));
                     }
                     for nc in 1..=avx2::PACK_COLS {
-                        let mut packed = vec![0xA5u8; nb * avx2::PACK_BLOCK];
-                        unsafe { (pd.pack)(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb, packed.as_mut_ptr()) };
+                        let mut packed = vec![0xA5u8; nb * pd.pack_block];
+                        unsafe { (pd.pack)(nb, nc, xq.as_ptr(), xrow, xd.as_ptr(), nb * per, packed.as_mut_ptr()) };
                         // 4 rows, column stride 5: the fifth of each column untouched
                         let mut g = [f32::NAN; 5 * 8];
                         unsafe { (pd.two[nc].unwrap())(nb, dec.as_ptr(), dec.as_ptr().add(db), packed.as_ptr(), g.as_mut_ptr(), 5) };

@@ -91,8 +91,9 @@ pub struct Packed {
     /// the two-row kernels over decoded rows (the AVX-512 set's Q4_1 / Q5_1 in prefill, not
     /// under `PYLLAMA_NO_RB`; see `avx2_rb::pair_min_decoded`)
     pub pair_decoded: Option<PairDecoded>,
-    /// the kernels over interleaved row pairs (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 in
-    /// prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::quad_signed`)
+    /// the kernels over interleaved row pairs (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 /
+    /// Q5_1 in prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::quad_signed`, `quad_min`):
+    /// taken instead of `pair_decoded` for rows of up to `max_blocks` blocks
     pub pairs_decoded: Option<PairsDecoded>,
 }
 
@@ -120,6 +121,11 @@ pub struct PairsDecoded {
     /// packs a group of activation rows in the kernels' layout (`avx2::pack_q8_0_cols`'s
     /// arguments without the weight offset)
     pub pack: PackPairsFn,
+    /// bytes per block of a group packed by `pack`
+    pub pack_block: usize,
+    /// the longest rows (in blocks) the matmul gives these kernels (longer ones take
+    /// `Packed::pair_decoded`)
+    pub max_blocks: usize,
     /// `two[nc]`: two decoded pairs (4 rows) against the first nc columns of a packed group
     pub two: [Option<PackedQuadDot>; MAX_PACK + 1],
     /// `one[nc]`: one decoded pair
