@@ -1,7 +1,7 @@
 //! Prefill matmul benchmark (not a test): `cargo bench -p pyllama-core --bench prefill [-- FILTER]`.
 //!
-//! The pp512 shapes of Gemma 3 270M and SmolLM2 135M (n_in, n_out, weight type) with 512
-//! tokens on ONE thread: the best of several repetitions, in GMAC/s (multiply-adds of the
+//! The pp512 shapes of Gemma 3 270M and SmolLM2 135M (n_in, n_out, weight type), and rows of
+//! a 7B-class model's length (4096) in four types, with 512 tokens on ONE thread: the best of several repetitions, in GMAC/s (multiply-adds of the
 //! product per second). One thread and the best CPU time keep the number steady on a shared
 //! machine; the model's pp512 runs on the thread pool, which only splits the rows.
 //! `PYLLAMA_KERNELS=avx2` measures the plain AVX2 kernels (no AVX-VNNI), `=ref` the scalar ones.
