@@ -251,7 +251,10 @@ pub fn matmul_with(
             // decoding together) and takes the kernel of that many columns.
             let nb = n_in / 32;
             let n_groups = n_tokens.div_ceil(PACK_COLS);
-            let gbytes = nb * pairs_path(kern, n_in, n_tokens).map_or(pk.block_bytes, |pd| pd.pack_block);
+            // the interleaved row pairs' kernels (see the loop), which take precedence over
+            // the two-row ones below
+            let pairs_dec = pairs_path(kern, n_in, n_tokens);
+            let gbytes = nb * pairs_dec.map_or(pk.block_bytes, |pd| pd.pack_block);
             let off = pk.offset;
             // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
             // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
@@ -261,8 +264,6 @@ pub fn matmul_with(
             // stream from memory once, prefetched (--bench batched, one thread, Gemma 3's
             // Q8_0 output at 12 / 16 tokens: 37.0 / 43.1 ms raw, 40.7 / 48.5 decoded)
             let pair_dec = pk.pair_decoded.filter(|_| lanes.is_none() && n_groups > ROW_OUTER_GROUPS);
-            // the same for the interleaved row pairs, which take precedence
-            let pairs_dec = pairs_path(kern, n_in, n_tokens);
             let sp = SyncPtr(scratch.as_mut_ptr());
             let xs_addr = xscales as usize;
             let pack_group = |g: usize| {
@@ -1113,15 +1114,9 @@ mod tests {
                         .collect();
                     quant::quantize_row_act(vdt, &x, &mut xq[c * xrow..(c + 1) * xrow]).unwrap();
                 }
-                // the f32 block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
+                // the block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
                 let per = 1 + q81 as usize;
-                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
-                    .map(|k| {
-                        let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
-                        let o = c * xrow + b * vdt.type_size() + 2 * f;
-                        half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
-                    })
-                    .collect();
+                let xd = avx2::block_scales_for_test(&xq, xrow, vdt, avx2::PACK_COLS, nb);
                 let mut builds = vec![avx2::PackBuild::Plain];
                 if vnni_cpu {
                     builds.push(avx2::PackBuild::Vnni);

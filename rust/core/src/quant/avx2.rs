@@ -583,6 +583,21 @@ pub(crate) unsafe fn pack_q8_1_cols(nb: usize, ncols: usize, x: *const u8, xs: u
     }
 }
 
+/// Test helper: the f32 block scales the matmul precomputes (`fill_scales`) for `ncols`
+/// quantized activation rows `xrow` bytes apart: d per block (Q8_0) or (d, s) (Q8_1), row c's
+/// at `c * nb * per`.
+#[cfg(test)]
+pub(crate) fn block_scales_for_test(xq: &[u8], xrow: usize, vdt: crate::ggml_type::GgmlType, ncols: usize, nb: usize) -> Vec<f32> {
+    let per = 1 + (vdt == crate::ggml_type::GgmlType::Q8_1) as usize;
+    (0..ncols * nb * per)
+        .map(|k| {
+            let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
+            let o = c * xrow + b * vdt.type_size() + 2 * f;
+            half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
+        })
+        .collect()
+}
+
 /// The 8 x 8 transpose of dwords: out[j] lane c = r[c] lane j.
 #[inline(always)]
 pub(crate) unsafe fn transpose8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {

@@ -20,7 +20,7 @@
 //! the scales) and AVX-VNNI (`vpdpbusd` into i32 sums, `vpmulld` with the scales) on ymm,
 //! 8 rows per block; AVX-512 VNNI on zmm, `RZ` = 16 rows per block (`q4_k_z`, `q6_k_z`: the
 //! AVX-VNNI build's integer steps with 16 rows per instruction, so half the instructions
-//! per multiply-add: Gemma 3's Q4_K down 80.6 -> 115-128 GMAC/s, Q6_K 93.8 -> 128, one
+//! per multiply-add: Gemma 3's Q4_K down 80.6 -> 117-124 GMAC/s, Q6_K 93.8 -> 115-128, one
 //! thread of the Sapphire Rapids class VM; its ymm build ran at 8 rows).
 
 #![allow(clippy::missing_safety_doc)]
@@ -174,34 +174,46 @@ unsafe fn rd_f16(p: *const u8) -> f32 {
 
 // ------------------------------------------------------------------ Q4_K
 
-/// Repacked Q4_K super-block of RB rows: [d_w: 8 f32][dmin_w: 8 f32][scale of sub-block
-/// s = 0..8: 8 i32, one per row][mins of sub-blocks 2j, 2j+1, j = 0..4: 8 x 2 i16][quant
-/// bytes: for dword d = 0..32 of the 128 quant bytes, 8 rows x 4 bytes]. Quant dword d
-/// holds elements 4(d % 8) .. +4 of sub-block 2(d / 8) (low nibbles) and 2(d / 8) + 1 (high).
-const Q4K_SB: usize = 32 + 32 + 256 + 128 + 1024;
-const Q4K_SC: usize = 64;
-const Q4K_MN: usize = 320;
-const Q4K_Q: usize = 448;
+/// Repacked Q4_K super-block of R rows (RB = 8 for the ymm builds, RZ = 16 for zmm): [d_w: R
+/// f32][dmin_w: R f32][scale of sub-block s = 0..8: R i32, one per row][mins of sub-blocks
+/// 2j, 2j+1, j = 0..4: R x 2 i16][quant bytes: for dword d = 0..32 of the 128 quant bytes, R
+/// rows x 4 bytes]. Quant dword d holds elements 4(d % 8) .. +4 of sub-block 2(d / 8) (low
+/// nibbles) and 2(d / 8) + 1 (high). Every field is 4R bytes per entry: whole cache lines for
+/// R = 16. `q4k_layout(R)` = [bytes, scales, mins, quants] offsets.
+const fn q4k_layout(r: usize) -> [usize; 4] {
+    [184 * r, 8 * r, 40 * r, 56 * r]
+}
+const Q4K_SB: usize = q4k_layout(RB)[0];
+const Q4K_SC: usize = q4k_layout(RB)[1];
+const Q4K_MN: usize = q4k_layout(RB)[2];
+const Q4K_Q: usize = q4k_layout(RB)[3];
+const _: () = assert!(Q4K_SB == 32 + 32 + 256 + 128 + 1024 && Q4K_MN == 320 && Q4K_Q == 448);
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+#[inline(always)]
+unsafe fn repack_q4_k_rows<const R: usize>(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    let [sb, sc_at, mn_at, q_at] = q4k_layout(R);
     for i in 0..nsb {
-        let p = dst.add(i * Q4K_SB);
-        for r in 0..RB {
+        let p = dst.add(i * sb);
+        for r in 0..R {
             let b = w.add(r * wrow + i * BlockQ4K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b));
-            (p.add(32) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
+            (p.add(4 * R) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
             let sc = std::slice::from_raw_parts(b.add(4), 12);
             for s in 0..8 {
                 let (d, m) = super::kquants::scale_min_k4(s, sc);
-                (p.add(Q4K_SC + 32 * s + 4 * r) as *mut i32).write_unaligned(d as i32);
-                (p.add(Q4K_MN + 32 * (s / 2) + 4 * r + 2 * (s % 2)) as *mut i16).write_unaligned(m as i16);
+                (p.add(sc_at + 4 * R * s + 4 * r) as *mut i32).write_unaligned(d as i32);
+                (p.add(mn_at + 4 * R * (s / 2) + 4 * r + 2 * (s % 2)) as *mut i16).write_unaligned(m as i16);
             }
             for d in 0..32 {
-                std::ptr::copy_nonoverlapping(b.add(16 + 4 * d), p.add(Q4K_Q + 32 * d + 4 * r), 4);
+                std::ptr::copy_nonoverlapping(b.add(16 + 4 * d), p.add(q_at + 4 * R * d + 4 * r), 4);
             }
         }
     }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    repack_q4_k_rows::<RB>(nsb, w, wrow, dst)
 }
 
 /// Q4_K x Q8_K, RB rows x NC columns. Per lane (row r) and column c, exactly the float
@@ -271,34 +283,15 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
 /// Weight rows per row block of the AVX-512 build's zmm kernels (one per i32 lane).
 pub(crate) const RZ: usize = 16;
 
-/// Repacked Q4_K super-block of RZ rows, `Q4K_SB`'s layout with 16 rows: [d_w: 16 f32]
-/// [dmin_w: 16 f32][scale of sub-block s = 0..8: 16 i32][mins of sub-blocks 2j, 2j+1, j =
-/// 0..4: 16 x 2 i16][quant bytes: for dword d = 0..32, 16 rows x 4 bytes]: every field a
-/// whole number of cache lines.
-const Q4KZ_SB: usize = 64 + 64 + 512 + 256 + 2048;
-const Q4KZ_SC: usize = 128;
-const Q4KZ_MN: usize = 640;
-const Q4KZ_Q: usize = 896;
+/// The Q4_K layout (`q4k_layout`) with RZ rows.
+const Q4KZ_SB: usize = q4k_layout(RZ)[0];
+const Q4KZ_SC: usize = q4k_layout(RZ)[1];
+const Q4KZ_MN: usize = q4k_layout(RZ)[2];
+const Q4KZ_Q: usize = q4k_layout(RZ)[3];
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn repack_q4_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
-    for i in 0..nsb {
-        let p = dst.add(i * Q4KZ_SB);
-        for r in 0..RZ {
-            let b = w.add(r * wrow + i * BlockQ4K::SIZE);
-            (p as *mut f32).add(r).write_unaligned(rd_f16(b));
-            (p.add(64) as *mut f32).add(r).write_unaligned(rd_f16(b.add(2)));
-            let sc = std::slice::from_raw_parts(b.add(4), 12);
-            for s in 0..8 {
-                let (d, m) = super::kquants::scale_min_k4(s, sc);
-                (p.add(Q4KZ_SC + 64 * s + 4 * r) as *mut i32).write_unaligned(d as i32);
-                (p.add(Q4KZ_MN + 64 * (s / 2) + 4 * r + 2 * (s % 2)) as *mut i16).write_unaligned(m as i16);
-            }
-            for d in 0..32 {
-                std::ptr::copy_nonoverlapping(b.add(16 + 4 * d), p.add(Q4KZ_Q + 64 * d + 4 * r), 4);
-            }
-        }
-    }
+    repack_q4_k_rows::<RZ>(nsb, w, wrow, dst)
 }
 
 /// Q4_K x Q8_K, RZ = 16 rows (one per zmm lane) x NC columns: per (row, column) exactly
@@ -371,13 +364,18 @@ unsafe fn q4_k_z<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: u
 
 // ------------------------------------------------------------------ Q6_K
 
-/// Repacked Q6_K super-block of RB rows: [d_w: 8 f32][scale of 16-element group g = 0..16:
-/// 8 i32, one per row][scales of groups 2m, 2m+1, m = 0..8: 8 x 2 i16][quants as unsigned
-/// bytes 0..=63: for dword e = 0..64 (elements 4e..4e+4), 8 rows x 4 bytes].
-const Q6K_SB: usize = 32 + 512 + 256 + 2048;
-const Q6K_SC: usize = 32;
-const Q6K_SP: usize = 544;
-const Q6K_Q: usize = 800;
+/// Repacked Q6_K super-block of R rows (RB or RZ, as Q4_K's): [d_w: R f32][scale of
+/// 16-element group g = 0..16: R i32, one per row][scales of groups 2m, 2m+1, m = 0..8: R x 2
+/// i16][quants as unsigned bytes 0..=63: for dword e = 0..64 (elements 4e..4e+4), R rows x 4
+/// bytes]. `q6k_layout(R)` = [bytes, scales, scale pairs, quants] offsets.
+const fn q6k_layout(r: usize) -> [usize; 4] {
+    [356 * r, 4 * r, 68 * r, 100 * r]
+}
+const Q6K_SB: usize = q6k_layout(RB)[0];
+const Q6K_SC: usize = q6k_layout(RB)[1];
+const Q6K_SP: usize = q6k_layout(RB)[2];
+const Q6K_Q: usize = q6k_layout(RB)[3];
+const _: () = assert!(Q6K_SB == 32 + 512 + 256 + 2048 && Q6K_SP == 544 && Q6K_Q == 800);
 
 /// Bits s, s + 1 of each byte of bh, moved to bits 4 and 5.
 #[inline(always)]
@@ -385,20 +383,21 @@ unsafe fn q6_hi(bh: __m256i, m2: __m256i, s: i32) -> __m256i {
     _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(bh, _mm_cvtsi32_si128(s)), m2), 4)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+#[inline(always)]
+unsafe fn repack_q6_k_rows<const R: usize>(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    let [sb, sc_at, sp_at, q_at] = q6k_layout(R);
     let m4 = _mm256_set1_epi8(0xF);
     let m2 = _mm256_set1_epi8(3);
     let mut tmp = [0u8; 256];
     for i in 0..nsb {
-        let p = dst.add(i * Q6K_SB);
-        for r in 0..RB {
+        let p = dst.add(i * sb);
+        for r in 0..R {
             let b = w.add(r * wrow + i * BlockQ6K::SIZE);
             (p as *mut f32).add(r).write_unaligned(rd_f16(b.add(208)));
             for g in 0..16 {
                 let s = *b.add(192 + g) as i8;
-                (p.add(Q6K_SC + 32 * g + 4 * r) as *mut i32).write_unaligned(s as i32);
-                (p.add(Q6K_SP + 32 * (g / 2) + 4 * r + 2 * (g % 2)) as *mut i16).write_unaligned(s as i16);
+                (p.add(sc_at + 4 * R * g + 4 * r) as *mut i32).write_unaligned(s as i32);
+                (p.add(sp_at + 4 * R * (g / 2) + 4 * r + 2 * (g % 2)) as *mut i16).write_unaligned(s as i16);
             }
             // the unsigned 6-bit values of elements 0..256, decoded as `avx2::dot_q6_k` does
             for j in 0..2 {
@@ -416,10 +415,15 @@ unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
                 }
             }
             for e in 0..64 {
-                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(4 * e), p.add(Q6K_Q + 32 * e + 4 * r), 4);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(4 * e), p.add(q_at + 4 * R * e + 4 * r), 4);
             }
         }
     }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn repack_q6_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+    repack_q6_k_rows::<RB>(nsb, w, wrow, dst)
 }
 
 /// Q6_K x Q8_K, RB rows x NC columns. Per lane (row r) and column c, exactly the float
@@ -473,49 +477,15 @@ unsafe fn q6_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
     }
 }
 
-/// Repacked Q6_K super-block of RZ rows, `Q6K_SB`'s layout with 16 rows: [d_w: 16 f32]
-/// [scale of group g = 0..16: 16 i32][scales of groups 2m, 2m+1, m = 0..8: 16 x 2 i16]
-/// [quants as unsigned bytes 0..=63: for dword e = 0..64, 16 rows x 4 bytes].
-const Q6KZ_SB: usize = 64 + 1024 + 512 + 4096;
-const Q6KZ_SC: usize = 64;
-const Q6KZ_SP: usize = 1088;
-const Q6KZ_Q: usize = 1600;
+/// The Q6_K layout (`q6k_layout`) with RZ rows.
+const Q6KZ_SB: usize = q6k_layout(RZ)[0];
+const Q6KZ_SC: usize = q6k_layout(RZ)[1];
+const Q6KZ_SP: usize = q6k_layout(RZ)[2];
+const Q6KZ_Q: usize = q6k_layout(RZ)[3];
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn repack_q6_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
-    let mut tmp = [0u8; 256];
-    for i in 0..nsb {
-        let p = dst.add(i * Q6KZ_SB);
-        for r in 0..RZ {
-            let b = w.add(r * wrow + i * BlockQ6K::SIZE);
-            (p as *mut f32).add(r).write_unaligned(rd_f16(b.add(208)));
-            for g in 0..16 {
-                let s = *b.add(192 + g) as i8;
-                (p.add(Q6KZ_SC + 64 * g + 4 * r) as *mut i32).write_unaligned(s as i32);
-                (p.add(Q6KZ_SP + 64 * (g / 2) + 4 * r + 2 * (g % 2)) as *mut i16).write_unaligned(s as i16);
-            }
-            // the unsigned 6-bit values of elements 0..256, as `repack_q6_k`
-            for j in 0..2 {
-                let b1 = load256(b.add(64 * j));
-                let b2 = load256(b.add(64 * j + 32));
-                let bh = load256(b.add(128 + 32 * j));
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(b1, m4), q6_hi(bh, m2, 0)),
-                    _mm256_or_si256(_mm256_and_si256(b2, m4), q6_hi(bh, m2, 2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), q6_hi(bh, m2, 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), q6_hi(bh, m2, 6)),
-                ];
-                for (l, v) in q.iter().enumerate() {
-                    _mm256_storeu_si256(tmp.as_mut_ptr().add(128 * j + 32 * l) as *mut __m256i, *v);
-                }
-            }
-            for e in 0..64 {
-                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(4 * e), p.add(Q6KZ_Q + 64 * e + 4 * r), 4);
-            }
-        }
-    }
+    repack_q6_k_rows::<RZ>(nsb, w, wrow, dst)
 }
 
 /// Q6_K x Q8_K, RZ = 16 rows (one per zmm lane) x NC columns: per (row, column) exactly
@@ -1422,13 +1392,7 @@ mod tests {
                     }
                     // the block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
                     let per = 1 + q81 as usize;
-                    let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
-                        .map(|k| {
-                            let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
-                            let o = c * xrow + b * vdt.type_size() + 2 * f;
-                            half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
-                        })
-                        .collect();
+                    let xd = avx2::block_scales_for_test(&xq, xrow, vdt, avx2::PACK_COLS, nb);
                     let want = |r: usize, c: usize| {
                         let mut v = 0f32;
                         unsafe { one(n, w.as_ptr().add(r * wrow), xq.as_ptr().add(c * xrow), 0, std::ptr::null(), 0, &mut v) };
@@ -1518,13 +1482,7 @@ mod tests {
                 }
                 // the block scales the matmul precomputes: d (Q8_0) or (d, s) (Q8_1)
                 let per = 1 + q81 as usize;
-                let xd: Vec<f32> = (0..avx2::PACK_COLS * nb * per)
-                    .map(|k| {
-                        let (c, b, f) = (k / (nb * per), k % (nb * per) / per, k % per);
-                        let o = c * xrow + b * vdt.type_size() + 2 * f;
-                        half::f16::from_bits(u16::from_le_bytes([xq[o], xq[o + 1]])).to_f32()
-                    })
-                    .collect();
+                let xd = avx2::block_scales_for_test(&xq, xrow, vdt, avx2::PACK_COLS, nb);
                 for nc in 1..=avx2::PACK_COLS {
                     let mut packed = vec![0xA5u8; nb * pk.block_bytes];
                     unsafe {
