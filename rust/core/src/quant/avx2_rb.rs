@@ -175,8 +175,8 @@ unsafe fn rd_f16(p: *const u8) -> f32 {
 // ------------------------------------------------------------------ Q4_K
 
 /// Repacked Q4_K super-block of R rows (RB = 8 for the ymm builds, RZ = 16 for zmm): [d_w: R
-/// f32][dmin_w: R f32][scale of sub-block s = 0..8: R i32, one per row][mins of sub-blocks
-/// 2j, 2j+1, j = 0..4: R x 2 i16][quant bytes: for dword d = 0..32 of the 128 quant bytes, R
+/// f32][dmin_w: R f32][scale of sub-block s = 0..8: R i32 (`F32_SCALES`, the zmm build's:
+/// R f32), one per row][mins of sub-blocks 2j, 2j+1, j = 0..4: R x 2 i16][quant bytes: for dword d = 0..32 of the 128 quant bytes, R
 /// rows x 4 bytes]. Quant dword d holds elements 4(d % 8) .. +4 of sub-block 2(d / 8) (low
 /// nibbles) and 2(d / 8) + 1 (high). Every field is 4R bytes per entry: whole cache lines for
 /// R = 16. `q4k_layout(R)` = [bytes, scales, mins, quants] offsets.
@@ -190,7 +190,7 @@ const Q4K_Q: usize = q4k_layout(RB)[3];
 const _: () = assert!(Q4K_SB == 32 + 32 + 256 + 128 + 1024 && Q4K_MN == 320 && Q4K_Q == 448);
 
 #[inline(always)]
-unsafe fn repack_q4_k_rows<const R: usize>(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
+unsafe fn repack_q4_k_rows<const R: usize, const F32_SCALES: bool>(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
     let [sb, sc_at, mn_at, q_at] = q4k_layout(R);
     for i in 0..nsb {
         let p = dst.add(i * sb);
@@ -201,7 +201,11 @@ unsafe fn repack_q4_k_rows<const R: usize>(nsb: usize, w: *const u8, wrow: usize
             let sc = std::slice::from_raw_parts(b.add(4), 12);
             for s in 0..8 {
                 let (d, m) = super::kquants::scale_min_k4(s, sc);
-                (p.add(sc_at + 4 * R * s + 4 * r) as *mut i32).write_unaligned(d as i32);
+                if F32_SCALES {
+                    (p.add(sc_at + 4 * R * s + 4 * r) as *mut f32).write_unaligned(d as f32);
+                } else {
+                    (p.add(sc_at + 4 * R * s + 4 * r) as *mut i32).write_unaligned(d as i32);
+                }
                 (p.add(mn_at + 4 * R * (s / 2) + 4 * r + 2 * (s % 2)) as *mut i16).write_unaligned(m as i16);
             }
             for d in 0..32 {
@@ -213,7 +217,7 @@ unsafe fn repack_q4_k_rows<const R: usize>(nsb: usize, w: *const u8, wrow: usize
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
-    repack_q4_k_rows::<RB>(nsb, w, wrow, dst)
+    repack_q4_k_rows::<RB, false>(nsb, w, wrow, dst)
 }
 
 /// Q4_K x Q8_K, RB rows x NC columns. Per lane (row r) and column c, exactly the float
@@ -221,7 +225,8 @@ unsafe fn repack_q4_k(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
 /// acc = fma(f32(isum_j), d_w * d_x, acc) and acc_m = fma(f32(msum_j), dmin_w * d_x, acc_m),
 /// then acc - acc_m. isum_j: the exact i32 sum over sub-blocks 2j, 2j+1 of scale * q_w * q_x
 /// (plain build: i16 sums of at most 8 maddubs pairs, |.| <= 8 * 2 * 15 * 128 = 30720);
-/// msum_j: min(2j) * bsum(2j) + min(2j+1) * bsum(2j+1), the same `madd` as there.
+/// msum_j: min(2j) * bsum(2j) + min(2j+1) * bsum(2j+1), the same `madd` as there. (The
+/// f32 form of `q4_k_z_tile`'s isum_j measured no faster here.)
 #[inline(always)]
 unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
     // the mins' chain first, in a loop of its own (as `q4_k_z_tile`): its accumulators
@@ -291,7 +296,7 @@ const Q4KZ_Q: usize = q4k_layout(RZ)[3];
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn repack_q4_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
-    repack_q4_k_rows::<RZ>(nsb, w, wrow, dst)
+    repack_q4_k_rows::<RZ, true>(nsb, w, wrow, dst)
 }
 
 /// Q4_K x Q8_K, RZ = 16 rows (one per zmm lane) x NC columns: per (row, column) exactly
@@ -299,7 +304,12 @@ unsafe fn repack_q4_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
 /// scaled sums) and acc_m (the mins) in the same order, acc - acc_m at the end. The mins'
 /// chain runs first as a loop of its own (its 8 accumulators would not fit beside the 24
 /// of the sums); the sums' i32 `vpdpbusd` of 16 rows x 4 quants per instruction take half
-/// the instructions of the ymm build's 8 rows.
+/// the instructions of the ymm build's 8 rows. isum_j = sc(2j) * a(2j) + sc(2j+1) * a(2j+1)
+/// is formed in f32 (`fma(f32(a1), sc1, f32(a0) * sc0)`, the scales stored as f32): exact,
+/// as every value on the way is an integer below 2^24 (|a| <= 32 * 15 * 128, sc <= 63:
+/// |isum_j| < 7.8e6), so it equals f32 of the i32 sum, without the two `vpmulld` (two uops
+/// each on one port): Gemma 3's Q4_K down 138 -> 146-149 GMAC/s, out 154 -> 159-160 (three
+/// alternated runs).
 #[inline(always)]
 unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
     let qs = offset_of!(BlockQ8K, qs);
@@ -343,12 +353,13 @@ unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
                     a1[c] = _mm512_dpbusd_epi32(a1[c], hi, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
                 }
             }
-            let sc0 = _mm512_loadu_si512(p.add(Q4KZ_SC + 64 * (2 * j)) as *const _);
-            let sc1 = _mm512_loadu_si512(p.add(Q4KZ_SC + 64 * (2 * j + 1)) as *const _);
+            let sc0 = _mm512_loadu_ps(p.add(Q4KZ_SC + 64 * (2 * j)) as *const f32);
+            let sc1 = _mm512_loadu_ps(p.add(Q4KZ_SC + 64 * (2 * j + 1)) as *const f32);
             for c in 0..NC {
-                let isum = _mm512_add_epi32(_mm512_mullo_epi32(a0[c], sc0), _mm512_mullo_epi32(a1[c], sc1));
+                // f32(isum_j) exactly: every value on the way is an integer below 2^24
+                let isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[c]), sc1, _mm512_mul_ps(_mm512_cvtepi32_ps(a0[c]), sc0));
                 let yd = _mm512_set1_ps(std::ptr::read_unaligned(x.add(c * xs + i * BlockQ8K::SIZE) as *const f32));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, yd), acc[c]);
+                acc[c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, yd), acc[c]);
             }
         }
     }
