@@ -247,6 +247,12 @@ fn simd_activation_quantizers_equal_scalar_bytes() {
                 x[3] = -x.iter().fold(0f32, |a, v| a.max(v.abs())); // negative first maximum
                 x[300] = -x[3];
             }
+            if round % 17 == 0 {
+                // the maximum twice in one block, signs differing: the first one's sign counts
+                let m = 2.0 * x.iter().fold(0f32, |a, v| a.max(v.abs()));
+                x[37 + round as usize % 50] = -m;
+                x[200] = m;
+            }
             let mut a = vec![0u8; ty.row_size(n).unwrap()];
             let mut b = a.clone();
             quantize_act_fn(ty, KernelSet::Ref).unwrap()(&x, &mut a);
