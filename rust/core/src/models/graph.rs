@@ -17,7 +17,7 @@ use crate::model::TensorView;
 use crate::ops::act;
 use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::backend::Backend;
-use crate::ops::matmul::{matmul_on, matmul_single_fused, FusedPart};
+use crate::ops::matmul::{matmul_on, matmul_on_same_x, matmul_single_fused, FusedPart};
 use crate::ops::norm::{layer_norm_row, rms_norm_row, rms_norm_rows_inplace};
 use crate::ops::rope::RopeParams;
 use crate::quant;
@@ -494,11 +494,11 @@ impl Step<'_> {
             _ if fused => {}
             (FfnGate::Par, Some(g)) => {
                 Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_same_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
             }
             (FfnGate::Fused, None) => {
                 Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_same_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
             }
             _ => return Err(Error::Invalid(format!("internal: layer {il}: ffn_gate given for {gate:?}"))),
         }
@@ -779,12 +779,44 @@ impl Step<'_> {
         scratch: &mut Vec<u8>,
         lora: &mut Option<LoraSet>,
     ) -> Result<()> {
+        Self::mm_x(pool, dev, w, x, n, out, scratch, lora, false)
+    }
+
+    /// `mm` right after another `mm` / `mm_rows` of the same `x` (unchanged) on the same
+    /// scratch: its quantized activations are reused where they fit (`matmul_on_same_x`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mm_same_x(
+        pool: &ThreadPool,
+        dev: Option<&dyn Backend>,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
+    ) -> Result<()> {
+        Self::mm_x(pool, dev, w, x, n, out, scratch, lora, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mm_x(
+        pool: &ThreadPool,
+        dev: Option<&dyn Backend>,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
+        same_x: bool,
+    ) -> Result<()> {
         let n_out = w.n_rows();
         let (n_in, m) = (w.ne[0], n * n_out);
         if x.len() < n * n_in || out.len() < m {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
-        matmul_on(dev, pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
+        let on = if same_x { matmul_on_same_x } else { matmul_on };
+        on(dev, pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
         crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix (no-op unless collecting)
         if let Some(l) = lora {
             l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
@@ -834,11 +866,44 @@ impl Step<'_> {
         scratch: &mut Vec<u8>,
         lora: &mut Option<LoraSet>,
     ) -> Result<()> {
+        Self::mm_rows_x(pool, dev, w, x, n, out, rows, scratch, lora, false)
+    }
+
+    /// `mm_rows` right after another `mm` / `mm_rows` of the same `x` (see `mm_same_x`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mm_rows_same_x(
+        pool: &ThreadPool,
+        dev: Option<&dyn Backend>,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        rows: std::ops::Range<usize>,
+        scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
+    ) -> Result<()> {
+        Self::mm_rows_x(pool, dev, w, x, n, out, rows, scratch, lora, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mm_rows_x(
+        pool: &ThreadPool,
+        dev: Option<&dyn Backend>,
+        w: &TensorView,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        rows: std::ops::Range<usize>,
+        scratch: &mut Vec<u8>,
+        lora: &mut Option<LoraSet>,
+        same_x: bool,
+    ) -> Result<()> {
         let (n_in, width) = (w.ne[0], rows.len());
         if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
             return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
         }
-        matmul_on(dev, pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
+        let on = if same_x { matmul_on_same_x } else { matmul_on };
+        on(dev, pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
         if rows.start == 0 {
             crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix: a fused matrix counts once
         }
@@ -911,14 +976,15 @@ impl Step<'_> {
         } else if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
-                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+                // k and v from the same activations as q: quantized once (`mm_same_x`)
+                Self::mm_rows_same_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_same_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
             }
         } else {
             Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
-                Self::mm(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_same_x(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_same_x(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
             }
         }
         add_bias(&mut b.q, w.bq, qw, n);

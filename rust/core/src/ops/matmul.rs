@@ -59,6 +59,77 @@ pub fn matmul_on(
     try_matmul_rows(pool, w, x, n_tokens, out, ld_out, rows, scratch)
 }
 
+/// `matmul_on` for an `x` that is exactly the `x` of the previous matmul on this `scratch`
+/// (the same slice, unchanged since: q, k and v, or gate and up, of one layer): where that
+/// matmul left `x` quantized (and packed) in the layout this one needs, in the same
+/// scratch, it is used as it is instead of being made again (`Prepared`). The caller
+/// vouches for `x`; the rest (same scratch allocation, activation type, kernel set, token
+/// count, packed layout) is checked, and anything else quantizes as `matmul_on` does.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on_same_x(
+    dev: Option<&dyn Backend>,
+    pool: &ThreadPool,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    SAME_X.with(|c| c.set(true));
+    let r = matmul_on(dev, pool, w, x, n_tokens, out, ld_out, rows, scratch);
+    SAME_X.with(|c| c.set(false));
+    r
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Matmuls of this thread that reused the previous one's quantized activations.
+    static REUSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+thread_local! {
+    /// Set by `matmul_on_same_x` around its one matmul (read and cleared by `matmul_with`).
+    static SAME_X: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// What the last CPU matmul of this thread left in its scratch (cleared by every
+    /// matmul_with before it writes there; set once its activations are quantized, and
+    /// again once they are packed).
+    static PREPARED: std::cell::Cell<Prepared> = const { std::cell::Cell::new(Prepared { quant: None, pack: None }) };
+}
+
+/// The activations a matmul left at the start of its scratch: quantized (`QuantKey`: the
+/// scratch allocation, x, the activation type and kernel set, the row layout) and, after
+/// them, packed into groups (`PackKey`: the pack function, offset and group bytes).
+#[derive(Clone, Copy, PartialEq)]
+struct Prepared {
+    quant: Option<QuantKey>,
+    pack: Option<PackKey>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct QuantKey {
+    scratch: usize,
+    x: usize,
+    x_len: usize,
+    n_tokens: usize,
+    vdt: GgmlType,
+    set: KernelSet,
+    xrow: usize,
+    nsc: usize,
+    sc_off: usize,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct PackKey {
+    /// the pack function's address (the interleaved pairs'), or which of the four others
+    kind: usize,
+    /// the weight offset the non-pair packs fold in (0 for the pairs: theirs has none)
+    off: i32,
+    pack_off: usize,
+    gbytes: usize,
+}
+
 /// out[t, r] = dot(w row r, x row t). Panics on inconsistent shapes (a caller bug); use
 /// `try_matmul_rows` where shapes come from outside.
 pub fn matmul(pool: &ThreadPool, w: &TensorView, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut Vec<u8>) {
@@ -134,6 +205,11 @@ pub fn matmul_with(
     if n_tokens == 0 || n_rows == 0 {
         return Ok(());
     }
+    // whether the caller vouched for x (`matmul_on_same_x`), and what the last matmul left
+    // in scratch; cleared until this one has written its own
+    let vouched = SAME_X.with(|c| c.replace(false));
+    let prev = PREPARED.with(|c| c.replace(Prepared { quant: None, pack: None }));
+    let mut quant_reused = false;
     // the weight type's kernels, looked up once for the whole product
     let table = quant::table::table(set);
     let kern = table.get(w.ty);
@@ -171,7 +247,13 @@ pub fn matmul_with(
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
         rb_base = (sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens)).div_ceil(64) * 64;
-        if n_tokens == 1 || pool.n_threads() == 1 {
+        let key = QuantKey { scratch: start, x: x.as_ptr() as usize, x_len: x.len(), n_tokens, vdt, set, xrow, nsc, sc_off };
+        quant_reused = vouched && prev.quant == Some(key);
+        if quant_reused {
+            // x as the previous matmul quantized it, still in place
+            #[cfg(test)]
+            REUSED.with(|c| c.set(c.get() + 1));
+        } else if n_tokens == 1 || pool.n_threads() == 1 {
             for t in 0..n_tokens {
                 quantize_token(t, sp.get());
             }
@@ -182,6 +264,7 @@ pub fn matmul_with(
                 }
             });
         }
+        PREPARED.with(|c| c.set(Prepared { quant: Some(key), pack: None }));
         xscales = if nsc > 0 { unsafe { scratch.as_ptr().add(sc_off) as *const f32 } } else { std::ptr::null() };
         &scratch[..n_tokens * xrow]
     };
@@ -287,11 +370,19 @@ pub fn matmul_with(
                     }
                 }
             };
-            if n_groups == 1 || pool.n_threads() == 1 {
+            let pack_kind = match pairs_dec {
+                Some(pd) => pd.pack as usize,
+                None => (vdt == GgmlType::Q8_1) as usize * 2 + lanes.is_some() as usize,
+            };
+            let pkey = PackKey { kind: pack_kind, off: if pairs_dec.is_some() { 0 } else { off }, pack_off, gbytes };
+            if quant_reused && prev.pack == Some(pkey) {
+                // the groups as the previous matmul packed them from the same quantized x
+            } else if n_groups == 1 || pool.n_threads() == 1 {
                 (0..n_groups).for_each(pack_group);
             } else {
                 pool.run(&|ith, nth| split_range(n_groups, ith, nth).for_each(pack_group));
             }
+            PREPARED.with(|c| c.set(Prepared { quant: c.get().quant, pack: Some(pkey) }));
             let xp = SyncPtr(scratch.as_mut_ptr());
             // One (row, group) product: the kernel writes nc <= PACK_COLS values into tmp,
             // which go to the group's output rows.
@@ -1214,6 +1305,77 @@ mod steal_tests {
             let c = single_token_chunk(n_rows, wrow, nth);
             assert!(c % 4 == 0 && c >= 4, "{n_rows} rows: chunk {c}");
             assert!(n_rows.div_ceil(c) <= 64 * nth, "{n_rows} rows: {} chunks", n_rows.div_ceil(c));
+        }
+    }
+}
+
+#[cfg(test)]
+mod same_x_tests {
+    use super::{matmul_on, matmul_on_same_x, REUSED};
+    use crate::ggml_type::GgmlType;
+    use crate::model::TensorView;
+    use crate::threadpool::ThreadPool;
+
+    fn weights(ty: GgmlType, n_in: usize, n_out: usize, seed: u32) -> Vec<u8> {
+        let x: Vec<f32> = (0..n_in * n_out).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 16) % 2001) as f32 / 1000.0 - 1.0).collect();
+        let mut w = vec![0u8; ty.row_size(n_in).unwrap() * n_out];
+        crate::quantize::kernels::quantize_chunk(ty, &x, &mut w, n_in, None);
+        w
+    }
+
+    #[test]
+    fn same_x_matmuls_reuse_the_quantized_activations_and_keep_the_bits() {
+        // q, k, v / gate, up: products of one x in a row (mixed types that share an
+        // activation layout or not, packed or row-block paths, one and two threads): the
+        // vouched ones give exactly the fresh results, and reuse x's quantization when the
+        // previous matmul on that scratch left it (and only then: a matmul of another x
+        // between, or a fresh scratch, quantizes again).
+        let (n_in, n_tok) = (512usize, 40usize);
+        let x: Vec<f32> = (0..n_in * n_tok).map(|i| ((i * 37) % 101) as f32 * 0.02 - 1.0).collect();
+        let x2: Vec<f32> = x.iter().map(|v| v * 0.5 + 0.1).collect();
+        for nth in [1, 2] {
+            let pool = ThreadPool::new(nth);
+            for tys in [[GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0], [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K], [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q4_0]] {
+                let ws: Vec<Vec<u8>> = tys.iter().enumerate().map(|(i, &ty)| weights(ty, n_in, 48 + 8 * i, i as u32)).collect();
+                let views: Vec<TensorView> = tys.iter().zip(&ws).enumerate().map(|(i, (&ty, d))| TensorView { name: "w", ty, ne: [n_in, 48 + 8 * i, 1, 1], data: d }).collect();
+                let fresh = |w: &TensorView, x: &[f32]| {
+                    let mut out = vec![0f32; n_tok * w.n_rows()];
+                    let mut scratch = Vec::new();
+                    matmul_on(None, &pool, w, x, n_tok, &mut out, w.n_rows(), 0..w.n_rows(), &mut scratch).unwrap();
+                    out
+                };
+                // (fresh results first: each is a matmul of its own, on its own scratch)
+                let wants: Vec<Vec<f32>> = views.iter().map(|w| fresh(w, &x)).collect();
+                let mut scratch = Vec::new();
+                let before = REUSED.with(|c| c.get());
+                let mut outs = Vec::new();
+                for (i, w) in views.iter().enumerate() {
+                    let mut out = vec![0f32; n_tok * w.n_rows()];
+                    let on = if i == 0 { matmul_on } else { matmul_on_same_x };
+                    on(None, &pool, w, &x, n_tok, &mut out, w.n_rows(), 0..w.n_rows(), &mut scratch).unwrap();
+                    outs.push(out);
+                }
+                let reused = REUSED.with(|c| c.get()) - before;
+                for (i, (out, want)) in outs.iter().zip(&wants).enumerate() {
+                    assert!(out.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{tys:?} part {i}, {nth} threads");
+                }
+                // at most where a part's activation type is its predecessor's (and a scratch
+                // that grew, so moved, is quantized again): Q4_0 after Q4_1 (Q8_0 after Q8_1)
+                // never; Q4_0 after Q4_0, Q8_0 after Q5_0 (one pair layout) at least once
+                let vdt = crate::quant::vec_dot_type;
+                let same_vdt = (1..3).filter(|&i| vdt(tys[i]) == vdt(tys[i - 1])).count();
+                assert!(reused <= same_vdt, "{tys:?}: {reused} reuses");
+                if tys[0] != GgmlType::Q4_K {
+                    assert!(reused >= 1, "{tys:?}: no reuse");
+                }
+                // another x in between: the vouched matmul of x must not take x2's quantization
+                let mut out = vec![0f32; n_tok * views[1].n_rows()];
+                matmul_on(None, &pool, &views[0], &x2, n_tok, &mut vec![0f32; n_tok * views[0].n_rows()], views[0].n_rows(), 0..views[0].n_rows(), &mut scratch).unwrap();
+                let before = REUSED.with(|c| c.get());
+                matmul_on_same_x(None, &pool, &views[1], &x, n_tok, &mut out, views[1].n_rows(), 0..views[1].n_rows(), &mut scratch).unwrap();
+                assert_eq!(REUSED.with(|c| c.get()), before, "{tys:?}: reused another x's activations");
+                assert!(out.iter().zip(&wants[1]).all(|(a, b)| a.to_bits() == b.to_bits()), "{tys:?} after another x");
+            }
         }
     }
 }
