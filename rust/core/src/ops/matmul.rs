@@ -53,6 +53,9 @@ pub fn matmul_on(
 ) -> Result<()> {
     if let Some(d) = dev {
         if d.matmul_rows(w, x, n_tokens, out, ld_out, rows.clone())? {
+            // the device's product left nothing in scratch: a `matmul_on_same_x` after it
+            // must not take an older CPU matmul's activations for its x
+            PREPARED.with(|c| c.set(Prepared { quant: None, pack: None }));
             return Ok(());
         }
     }
@@ -209,6 +212,8 @@ pub fn matmul_with(
     // in scratch; cleared until this one has written its own
     let vouched = SAME_X.with(|c| c.replace(false));
     let prev = PREPARED.with(|c| c.replace(Prepared { quant: None, pack: None }));
+    // (read by the x86-64 packed path only)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_assignments))]
     let mut quant_reused = false;
     // the weight type's kernels, looked up once for the whole product
     let table = quant::table::table(set);
@@ -223,6 +228,7 @@ pub fn matmul_with(
     // start of the row-block path's repack areas in scratch (see `rb_bytes`), as an address
     let mut rb_base = 0usize;
     // offset in scratch of the packed activation groups (see `pack_phase`)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_assignments))]
     let mut pack_off = 0usize;
     let xq: &[u8] = if vdt == GgmlType::F32 {
         // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
@@ -809,6 +815,8 @@ pub fn matmul_single_fused(pool: &ThreadPool, parts: &mut [FusedPart], x: &[f32]
 
 /// `matmul_single_fused` with an explicit kernel set.
 pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [FusedPart], x: &[f32], scratch: &mut Vec<u8>) -> Result<bool> {
+    // (it writes scratch in a layout of its own: no later `matmul_on_same_x` may take it)
+    PREPARED.with(|c| c.set(Prepared { quant: None, pack: None }));
     #[derive(Clone, Copy)]
     struct Prep {
         k: quant::DotRows,
