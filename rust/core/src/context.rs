@@ -131,6 +131,17 @@ fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
     }
 }
 
+/// One rope table of `Buffers::rope_tabs`: what it was filled for, and the table.
+pub struct RopeTab {
+    pub params: crate::ops::rope::RopeParams,
+    pub head_k: usize,
+    pub pos: Vec<i32>,
+    pub tab: Vec<f32>,
+}
+
+/// Most rope tables kept per context (distinct variants in one model: 2 so far).
+pub const ROPE_TABS: usize = 4;
+
 /// Scratch sized for `n_ubatch` tokens.
 pub struct Buffers {
     /// Residual stream [n, n_embd].
@@ -151,6 +162,11 @@ pub struct Buffers {
     /// One logits row (used when output rows are not contiguous).
     pub row: Vec<f32>,
     pub rope_cache: Vec<f32>,
+    /// Rope cos/sin tables of the micro-batch's tokens ([n][head_k], `RopeParams::fill_cache`
+    /// of each position), per (variant, head size, positions): the layers that share a rope
+    /// variant (all of SmolLM2's; Gemma 3's local and global ones: two for 18 layers) fill
+    /// it once per micro-batch instead of once each. At most `ROPE_TABS` entries.
+    pub rope_tabs: Vec<RopeTab>,
     pub attn_scratch: Vec<f32>,
     pub attn_stride: usize,
     pub mm_scratch: Vec<u8>,
@@ -399,6 +415,7 @@ impl Context {
             up: z(ff.max(kw), "the FFN up [n_ubatch, n_ff]")?,
             row: alloc::filled(hp.n_vocab.max(1), 0.0, "a logits row [n_vocab]")?,
             rope_cache: alloc::filled(hp.max_head_k().max(hp.n_rot) + 2, 0.0, "the rope cache")?,
+            rope_tabs: Vec::new(),
             attn_scratch: alloc::filled(
                 alloc::mul("the attention scratch [n_threads, n_ctx]", attn_stride, n_thr)?,
                 0.0,

@@ -355,6 +355,39 @@ impl RowsPtr {
     }
 }
 
+/// The index in `tabs` of the cos/sin table of rope variant `r` for head size `hd` at
+/// positions `pos` ([pos.len()][hd]: `fill_cache` of each position), filled here (tokens
+/// split over the pool) unless an entry for exactly these already holds it. An entry of the
+/// same variant and head size is refilled in place; past `ROPE_TABS` entries the oldest goes.
+fn rope_table(pool: &ThreadPool, tabs: &mut Vec<crate::context::RopeTab>, r: &RopeParams, hd: usize, pos: &[i32]) -> usize {
+    if let Some(i) = tabs.iter().position(|e| e.head_k == hd && e.params == *r && e.pos == pos) {
+        return i;
+    }
+    let i = match tabs.iter().position(|e| e.head_k == hd && e.params == *r) {
+        Some(i) => i,
+        None => {
+            if tabs.len() >= crate::context::ROPE_TABS {
+                tabs.remove(0);
+            }
+            tabs.push(crate::context::RopeTab { params: r.clone(), head_k: hd, pos: Vec::new(), tab: Vec::new() });
+            tabs.len() - 1
+        }
+    };
+    let e = &mut tabs[i];
+    e.pos.clear();
+    e.pos.extend_from_slice(pos);
+    e.tab.resize(pos.len() * hd, 0.0);
+    let tp = RowsPtr(e.tab.as_mut_ptr());
+    par_ranges(pool, pos.len(), &|ts| {
+        for t in ts {
+            // SAFETY: row t of the table (pos.len() rows of hd) belongs to the one thread
+            // that runs token t
+            r.fill_cache(pos[t], unsafe { std::slice::from_raw_parts_mut(tp.get().add(t * hd), hd) });
+        }
+    });
+    i
+}
+
 /// f(range) over 0..n split evenly across the pool's threads (one call with all of it when
 /// there is one thread or n <= 1).
 pub(crate) fn par_ranges(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
@@ -1049,22 +1082,23 @@ impl Step<'_> {
             par_row_blocks(self.pool, &mut b.v, vw, n, &|_, rs| rms_norm_rows_inplace(rs, hd_v, None, eps));
         }
         if let Some(r) = c.rope {
-            let pos = &b.pos;
             if hd_k <= 512 {
-                // token t's q and k heads with one cos/sin table (filled once per token,
-                // not once per tensor)
+                // token t's q and k heads with one cos/sin table, the micro-batch's table of
+                // this rope variant (`Buffers::rope_tabs`: filled by the first layer that
+                // uses it, the same values `fill_cache` gives every layer)
+                let ti = rope_table(self.pool, &mut b.rope_tabs, r, hd_k, &b.pos[..n]);
+                let tab = &b.rope_tabs[ti].tab;
                 let (qp, kp) = (RowsPtr(b.q.as_mut_ptr()), RowsPtr(b.k.as_mut_ptr()));
                 let (qlen, klen) = (b.q.len(), b.k.len());
                 let rope_token = |t: usize| {
-                    let mut cache = [0f32; 512];
-                    r.fill_cache(pos[t], &mut cache[..hd_k]);
+                    let cache = &tab[t * hd_k..(t + 1) * hd_k];
                     // SAFETY: token t's q and k rows lie inside q and k (n rows of qw / kw,
                     // checked below) and belong to the one thread that runs token t.
                     let (q, k) = unsafe {
                         (std::slice::from_raw_parts_mut(qp.get().add(t * qw), qw), std::slice::from_raw_parts_mut(kp.get().add(t * kw), kw))
                     };
                     for h in q.chunks_exact_mut(hd_k).chain(k.chunks_exact_mut(hd_k)) {
-                        r.apply(h, &cache[..hd_k]);
+                        r.apply(h, cache);
                     }
                 };
                 if qlen < n * qw || klen < n * kw {
@@ -1072,6 +1106,7 @@ impl Step<'_> {
                 }
                 par_ranges(self.pool, n, &|ts| ts.for_each(rope_token));
             } else {
+                let pos = &b.pos;
                 for t in 0..n {
                     r.apply_heads(&mut b.q[t * qw..(t + 1) * qw], hd_k, pos[t], &mut b.rope_cache);
                     r.apply_heads(&mut b.k[t * kw..(t + 1) * kw], hd_k, pos[t], &mut b.rope_cache);
@@ -1293,4 +1328,48 @@ pub fn layer_rope(hp: &HParams, p: &ContextParams, il: usize, freq_factors: Opti
         r.attn_factor *= hp.rope_attn_factor;
     }
     r
+}
+
+#[cfg(test)]
+mod rope_table_tests {
+    use super::rope_table;
+    use crate::hparams::RopeType;
+    use crate::ops::rope::RopeParams;
+    use crate::threadpool::ThreadPool;
+
+    #[test]
+    fn rope_tables_hold_fill_cache_per_position_and_are_shared_only_when_everything_matches() {
+        let pool = ThreadPool::new(2);
+        let local = RopeParams::simple(RopeType::Neox, 64, 10000.0, 1.0);
+        let global = RopeParams::simple(RopeType::Neox, 64, 1000000.0, 1.0);
+        let pos: Vec<i32> = (0..37).map(|p| 3 * p + 1).collect();
+        let mut tabs = Vec::new();
+        let a = rope_table(&pool, &mut tabs, &local, 64, &pos);
+        // every row is fill_cache's, bit for bit
+        for (t, &p) in pos.iter().enumerate() {
+            let mut want = [0f32; 64];
+            local.fill_cache(p, &mut want);
+            assert!(tabs[a].tab[t * 64..(t + 1) * 64].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "position {p}");
+        }
+        // the same variant, head size and positions: the same entry, not refilled
+        tabs[a].tab[5] = f32::NAN;
+        assert_eq!(rope_table(&pool, &mut tabs, &local, 64, &pos), a);
+        assert!(tabs[a].tab[5].is_nan());
+        // another variant: its own entry; the first is kept
+        let g = rope_table(&pool, &mut tabs, &global, 64, &pos);
+        assert_ne!(g, a);
+        assert_eq!(tabs.len(), 2);
+        // other positions (the next micro-batch): the variant's entry refilled in place
+        let pos2: Vec<i32> = (100..120).collect();
+        assert_eq!(rope_table(&pool, &mut tabs, &local, 64, &pos2), a);
+        let mut want = [0f32; 64];
+        local.fill_cache(100, &mut want);
+        assert_eq!(tabs[a].tab.len(), 20 * 64);
+        assert!(tabs[a].tab[..64].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // another head size: another entry; never more than ROPE_TABS
+        for hd in [32, 48, 80, 96, 128] {
+            rope_table(&pool, &mut tabs, &local, hd, &pos);
+        }
+        assert!(tabs.len() <= crate::context::ROPE_TABS);
+    }
 }

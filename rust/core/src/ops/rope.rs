@@ -6,7 +6,7 @@
 
 use crate::hparams::RopeType;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub rope_type: RopeType,
     /// Rotated dimensions (<= head size).
