@@ -527,11 +527,11 @@ impl Step<'_> {
             _ if fused => {}
             (FfnGate::Par, Some(g)) => {
                 Self::mm(self.pool, self.dev, g, &b.cur, n, &mut b.gate, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_same_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, 0..w.up.n_rows(), &mut b.mm_scratch, &mut b.lora, true)?;
             }
             (FfnGate::Fused, None) => {
                 Self::mm_rows(self.pool, self.dev, w.up, &b.cur, n, &mut b.gate, 0..n_ff, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows_same_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_x(self.pool, self.dev, w.up, &b.cur, n, &mut b.up, n_ff..2 * n_ff, &mut b.mm_scratch, &mut b.lora, true)?;
             }
             _ => return Err(Error::Invalid(format!("internal: layer {il}: ffn_gate given for {gate:?}"))),
         }
@@ -812,49 +812,11 @@ impl Step<'_> {
         scratch: &mut Vec<u8>,
         lora: &mut Option<LoraSet>,
     ) -> Result<()> {
-        Self::mm_x(pool, dev, w, x, n, out, scratch, lora, false)
-    }
-
-    /// `mm` right after another `mm` / `mm_rows` of the same `x` (unchanged) on the same
-    /// scratch: its quantized activations are reused where they fit (`matmul_on_same_x`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mm_same_x(
-        pool: &ThreadPool,
-        dev: Option<&dyn Backend>,
-        w: &TensorView,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-        lora: &mut Option<LoraSet>,
-    ) -> Result<()> {
-        Self::mm_x(pool, dev, w, x, n, out, scratch, lora, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn mm_x(
-        pool: &ThreadPool,
-        dev: Option<&dyn Backend>,
-        w: &TensorView,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-        lora: &mut Option<LoraSet>,
-        same_x: bool,
-    ) -> Result<()> {
         let n_out = w.n_rows();
-        let (n_in, m) = (w.ne[0], n * n_out);
-        if x.len() < n * n_in || out.len() < m {
+        if x.len() < n * w.ne[0] || out.len() < n * n_out {
             return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
         }
-        let on = if same_x { matmul_on_same_x } else { matmul_on };
-        on(dev, pool, w, &x[..n * n_in], n, &mut out[..m], n_out, 0..n_out, scratch)?;
-        crate::quantize::collect::observe(w, &x[..n * n_in], n); // imatrix (no-op unless collecting)
-        if let Some(l) = lora {
-            l.add_mm(pool, w, &x[..n * n_in], n, &mut out[..m], 0..n_out, scratch)?;
-        }
-        Ok(())
+        Self::mm_rows_x(pool, dev, w, x, n, out, 0..n_out, scratch, lora, false)
     }
 
     /// One token's products of the same activations `x` (q, k and v; gate and up) in one
@@ -902,24 +864,11 @@ impl Step<'_> {
         Self::mm_rows_x(pool, dev, w, x, n, out, rows, scratch, lora, false)
     }
 
-    /// `mm_rows` right after another `mm` / `mm_rows` of the same `x` (see `mm_same_x`).
+    /// `mm_rows`; `same_x`: right after another product of the same `x` (unchanged) on the
+    /// same scratch (q, k, v; gate, up), whose quantized activations are then reused where
+    /// they fit (`matmul_on_same_x`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mm_rows_same_x(
-        pool: &ThreadPool,
-        dev: Option<&dyn Backend>,
-        w: &TensorView,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        rows: std::ops::Range<usize>,
-        scratch: &mut Vec<u8>,
-        lora: &mut Option<LoraSet>,
-    ) -> Result<()> {
-        Self::mm_rows_x(pool, dev, w, x, n, out, rows, scratch, lora, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn mm_rows_x(
+    pub(crate) fn mm_rows_x(
         pool: &ThreadPool,
         dev: Option<&dyn Backend>,
         w: &TensorView,
@@ -1010,14 +959,14 @@ impl Step<'_> {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
                 // k and v from the same activations as q: quantized once (`mm_same_x`)
-                Self::mm_rows_same_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_rows_same_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora, true)?;
+                Self::mm_rows_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora, true)?;
             }
         } else {
             Self::mm(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
-                Self::mm_same_x(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, &mut b.mm_scratch, &mut b.lora)?;
-                Self::mm_same_x(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, &mut b.mm_scratch, &mut b.lora)?;
+                Self::mm_rows_x(self.pool, self.dev, w.wk, &b.cur, n, &mut b.k, 0..w.wk.n_rows(), &mut b.mm_scratch, &mut b.lora, true)?;
+                Self::mm_rows_x(self.pool, self.dev, w.wv, &b.cur, n, &mut b.v, 0..w.wv.n_rows(), &mut b.mm_scratch, &mut b.lora, true)?;
             }
         }
         add_bias(&mut b.q, w.bq, qw, n);

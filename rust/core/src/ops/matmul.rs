@@ -51,15 +51,7 @@ pub fn matmul_on(
     rows: Range<usize>,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
-    if let Some(d) = dev {
-        if d.matmul_rows(w, x, n_tokens, out, ld_out, rows.clone())? {
-            // the device's product left nothing in scratch: a `matmul_on_same_x` after it
-            // must not take an older CPU matmul's activations for its x
-            PREPARED.with(|c| c.set(Prepared { quant: None, pack: None }));
-            return Ok(());
-        }
-    }
-    try_matmul_rows(pool, w, x, n_tokens, out, ld_out, rows, scratch)
+    matmul_on_x(dev, pool, w, x, n_tokens, out, ld_out, rows, scratch, false)
 }
 
 /// `matmul_on` for an `x` that is exactly the `x` of the previous matmul on this `scratch`
@@ -80,10 +72,31 @@ pub fn matmul_on_same_x(
     rows: Range<usize>,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
-    SAME_X.with(|c| c.set(true));
-    let r = matmul_on(dev, pool, w, x, n_tokens, out, ld_out, rows, scratch);
-    SAME_X.with(|c| c.set(false));
-    r
+    matmul_on_x(dev, pool, w, x, n_tokens, out, ld_out, rows, scratch, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_on_x(
+    dev: Option<&dyn Backend>,
+    pool: &ThreadPool,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+    same_x: bool,
+) -> Result<()> {
+    if let Some(d) = dev {
+        if d.matmul_rows(w, x, n_tokens, out, ld_out, rows.clone())? {
+            // the device's product left nothing in scratch: a `matmul_on_same_x` after it
+            // must not take an older CPU matmul's activations for its x
+            PREPARED.with(|c| c.set(Prepared::NONE));
+            return Ok(());
+        }
+    }
+    matmul_with_x(pool, kernel_set(), w, x, n_tokens, out, ld_out, rows, scratch, same_x)
 }
 
 #[cfg(test)]
@@ -93,21 +106,24 @@ thread_local! {
 }
 
 thread_local! {
-    /// Set by `matmul_on_same_x` around its one matmul (read and cleared by `matmul_with`).
-    static SAME_X: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// What the last CPU matmul of this thread left in its scratch (cleared by every
     /// matmul_with before it writes there; set once its activations are quantized, and
     /// again once they are packed).
-    static PREPARED: std::cell::Cell<Prepared> = const { std::cell::Cell::new(Prepared { quant: None, pack: None }) };
+    static PREPARED: std::cell::Cell<Prepared> = const { std::cell::Cell::new(Prepared::NONE) };
 }
 
 /// The activations a matmul left at the start of its scratch: quantized (`QuantKey`: the
-/// scratch allocation, x, the activation type and kernel set, the row layout) and, after
-/// them, packed into groups (`PackKey`: the pack function, offset and group bytes).
+/// scratch allocation, x, the activation type and kernel set, which fix the rows' layout)
+/// and, after them, packed into groups (`PackKey`: which pack, with which weight offset and
+/// group bytes; its place follows from the quantized layout and the pack).
 #[derive(Clone, Copy, PartialEq)]
 struct Prepared {
     quant: Option<QuantKey>,
     pack: Option<PackKey>,
+}
+
+impl Prepared {
+    const NONE: Prepared = Prepared { quant: None, pack: None };
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -118,9 +134,6 @@ struct QuantKey {
     n_tokens: usize,
     vdt: GgmlType,
     set: KernelSet,
-    xrow: usize,
-    nsc: usize,
-    sc_off: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -129,7 +142,6 @@ struct PackKey {
     kind: usize,
     /// the weight offset the non-pair packs fold in (0 for the pairs: theirs has none)
     off: i32,
-    pack_off: usize,
     gbytes: usize,
 }
 
@@ -188,6 +200,24 @@ pub fn matmul_with(
     rows: Range<usize>,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
+    matmul_with_x(pool, set, w, x, n_tokens, out, ld_out, rows, scratch, false)
+}
+
+/// `matmul_with`; `same_x`: the caller vouches that x is the previous matmul's (see
+/// `matmul_on_same_x`).
+#[allow(clippy::too_many_arguments)]
+fn matmul_with_x(
+    pool: &ThreadPool,
+    set: KernelSet,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+    same_x: bool,
+) -> Result<()> {
     let n_in = w.ne[0];
     let n_out = w.n_rows();
     let wrow = quant::row_bytes(w.ty, n_in)?;
@@ -208,10 +238,9 @@ pub fn matmul_with(
     if n_tokens == 0 || n_rows == 0 {
         return Ok(());
     }
-    // whether the caller vouched for x (`matmul_on_same_x`), and what the last matmul left
-    // in scratch; cleared until this one has written its own
-    let vouched = SAME_X.with(|c| c.replace(false));
-    let prev = PREPARED.with(|c| c.replace(Prepared { quant: None, pack: None }));
+    // what the last matmul left in scratch (reused only where the caller vouched for x);
+    // cleared until this one has written its own
+    let prev = PREPARED.with(|c| c.replace(Prepared::NONE));
     // (read by the x86-64 packed path only)
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_assignments))]
     let mut quant_reused = false;
@@ -253,8 +282,8 @@ pub fn matmul_with(
         };
         let sp = SyncPtr(scratch.as_mut_ptr());
         rb_base = (sp.get() as usize + pack_off + packed_bytes(kern, n_in, n_tokens)).div_ceil(64) * 64;
-        let key = QuantKey { scratch: start, x: x.as_ptr() as usize, x_len: x.len(), n_tokens, vdt, set, xrow, nsc, sc_off };
-        quant_reused = vouched && prev.quant == Some(key);
+        let key = QuantKey { scratch: start, x: x.as_ptr() as usize, x_len: x.len(), n_tokens, vdt, set };
+        quant_reused = same_x && prev.quant == Some(key);
         if quant_reused {
             // x as the previous matmul quantized it, still in place
             #[cfg(test)]
@@ -380,7 +409,7 @@ pub fn matmul_with(
                 Some(pd) => pd.pack as usize,
                 None => (vdt == GgmlType::Q8_1) as usize * 2 + lanes.is_some() as usize,
             };
-            let pkey = PackKey { kind: pack_kind, off: if pairs_dec.is_some() { 0 } else { off }, pack_off, gbytes };
+            let pkey = PackKey { kind: pack_kind, off: if pairs_dec.is_some() { 0 } else { off }, gbytes };
             if quant_reused && prev.pack == Some(pkey) {
                 // the groups as the previous matmul packed them from the same quantized x
             } else if n_groups == 1 || pool.n_threads() == 1 {
@@ -816,7 +845,7 @@ pub fn matmul_single_fused(pool: &ThreadPool, parts: &mut [FusedPart], x: &[f32]
 /// `matmul_single_fused` with an explicit kernel set.
 pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [FusedPart], x: &[f32], scratch: &mut Vec<u8>) -> Result<bool> {
     // (it writes scratch in a layout of its own: no later `matmul_on_same_x` may take it)
-    PREPARED.with(|c| c.set(Prepared { quant: None, pack: None }));
+    PREPARED.with(|c| c.set(Prepared::NONE));
     #[derive(Clone, Copy)]
     struct Prep {
         k: quant::DotRows,

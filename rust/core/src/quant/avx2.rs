@@ -1672,7 +1672,7 @@ unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [u8]) {
         }
         // The signed value of the first element with |x| == amax (ggml keeps the first).
         let max = {
-            // (8 lanes at a time: the scalar search was most of this function's time)
+            // (8 lanes at a time, where it was a scalar search)
             let a = _mm256_set1_ps(amax);
             let mut found = amax;
             for k in 0..32 {

@@ -1009,8 +1009,6 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
         let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
         let corr: [__m512i; P] = std::array::from_fn(|p| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q[p])));
         let dw: [__m512; P] = std::array::from_fn(|p| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb) as *const f64).add(i)))));
-        // the next call's pairs (the rows after these in the decoded area) into L1
-
         for c in 0..NC {
             let xv = _mm512_loadu_si512(b.add(64 + 64 * c) as *const _);
             let dx = _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(2 * c)));
