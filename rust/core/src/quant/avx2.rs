@@ -387,6 +387,14 @@ pub(crate) const PACK_COLS: usize = 8;
 /// a line (`matmul::pack_phase`) every block's quant and correction loads are whole lines.
 pub(crate) const PACK_BLOCK: usize = 4 * PACK_COLS + 32 * PACK_COLS + 32 * PACK_COLS + 32;
 
+/// The bits of 1.5 * 2^23: `I2F_MAGIC + v`, read as an f32, is exactly 1.5 * 2^23 + v for
+/// every integer |v| < 2^22, so subtracting `I2F_MAGIC_F32` gives exactly f32(v), the value
+/// `cvtepi32_ps` would give; the kernels add it into the i32 sum's starting value (the
+/// offset correction) and so trade the conversion (port 0 only for zmm) for a subtract
+/// (ports 0 and 5).
+pub(crate) const I2F_MAGIC: i32 = 0x4B40_0000;
+pub(crate) const I2F_MAGIC_F32: f32 = 12_582_912.0;
+
 /// The offset correction of a Q8_0 activation block for weights stored + off: per lane,
 /// -off * (the sum of its 4 quants); maddubs(1, y) gives exact i16 pair sums, madd(., 1)
 /// sums of 4. `moff` = -off in all lanes.
@@ -644,20 +652,23 @@ pub unsafe fn store_tile_8x8(tile: &[[f32; 8]; 8], out: *mut f32, ld: usize, nc:
 
 /// `pack_q8_0_cols` in the column-lane layout of `avx2_rb::lanes_signed`: per block [d_x
 /// of the 8 columns: 8 f32][quad j = 0..8: the 8 columns' quants 4j..4j + 4, 4 i8 each]
-/// [quad j: the 8 columns' corrections -off * (sum of quad j): 8 i32] (PACK_BLOCK bytes).
-/// A partial group's other columns are zero (the kernel computes all 8 lanes).
+/// [quad j: the 8 columns' corrections -off * (sum of quad j), plus `I2F_MAGIC`
+/// (the kernel's sums are then the f32 bits of 1.5 * 2^23 + the sum): 8 i32] (PACK_BLOCK
+/// bytes). A partial group's other columns are zero (corrections `I2F_MAGIC`; the kernel
+/// computes all 8 lanes).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pack_q8_0_lanes(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, off: i32, dst: *mut u8) {
     let moff = _mm256_set1_epi32(-off);
+    let magic = _mm256_set1_epi32(I2F_MAGIC);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
-        let (mut y, mut corr) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+        let (mut y, mut corr) = ([_mm256_setzero_si256(); 8], [magic; 8]);
         let mut d = [0f32; PACK_COLS];
         for c in 0..ncols {
             d[c] = std::ptr::read_unaligned(xd.add(c * xds + i));
             y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
-            corr[c] = quad_corr(y[c], moff);
+            corr[c] = _mm256_add_epi32(quad_corr(y[c], moff), magic);
         }
         _mm256_storeu_ps(b as *mut f32, _mm256_loadu_ps(d.as_ptr()));
         for (j, (yj, cj)) in transpose8_epi32(&y).iter().zip(transpose8_epi32(&corr).iter()).enumerate() {

@@ -25,7 +25,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use super::avx2::PackBuild;
+use super::avx2::{PackBuild, I2F_MAGIC, I2F_MAGIC_F32};
 use super::fp::f16_to_f32;
 use super::table::{DecodePairFn, DecodeRowFn, KernelTable, Lanes, PackPairsFn, PairDecoded, PairsDecoded, RowBlock, MAX_PACK};
 use super::{PackedDot, PackedPairDot, PackedQuadDot, RbKernel, RepackFn};
@@ -655,6 +655,7 @@ unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
     let ones16 = _mm256_set1_epi16(1);
+    let magic = _mm256_set1_ps(I2F_MAGIC_F32);
     let mut a = [_mm256_setzero_ps(); 8];
     for i in 0..nb {
         let b = xp.add(i * PACK_BLOCK);
@@ -665,7 +666,7 @@ unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
             let y = load256(b.add(4 * PACK_COLS + 32 * j));
             let corr = load256(b.add(4 * PACK_COLS + 256 + 32 * j));
             let s = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16));
-            *aj = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *aj);
+            *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
     _mm256_storeu_ps(out, lanes_tree(&a));
@@ -678,6 +679,7 @@ unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
     let ones16 = _mm256_set1_epi16(1);
+    let (magic_i, magic) = (_mm256_set1_epi32(I2F_MAGIC), _mm256_set1_ps(I2F_MAGIC_F32));
     let mut a = [_mm256_setzero_ps(); 8];
     let mut summ = _mm256_setzero_ps();
     for i in 0..nb {
@@ -689,8 +691,8 @@ unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
         for (j, aj) in a.iter_mut().enumerate() {
             let wj = bcast32(q.add(4 * j));
             let y = load256(b.add(8 * PACK_COLS + 32 * j));
-            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16);
-            *aj = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *aj);
+            let s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16), magic_i);
+            *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
     _mm256_storeu_ps(out, _mm256_add_ps(lanes_tree(&a), summ));
@@ -1004,23 +1006,41 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
     let wp = [w0, w1];
     let top = _mm512_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm512_setzero_ps(); NC]; P];
+    let mut scales = Align64([[0f32; 16]; P]);
     for i in 0..nb {
         let b = xp.add(i * PACK_BLOCK);
         let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
-        let corr: [__m512i; P] = std::array::from_fn(|p| _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q[p])));
+        let corr: [__m512i; P] = std::array::from_fn(|p| _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q[p])));
         let dw: [__m512; P] = std::array::from_fn(|p| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb) as *const f64).add(i)))));
+        let dx = _mm512_loadu_ps(b as *const f32);
+        for p in 0..P {
+            _mm512_store_ps(scales.0[p].as_mut_ptr(), _mm512_mul_ps(dx, dw[p]));
+        }
         for c in 0..NC {
             let xv = _mm512_loadu_si512(b.add(64 + 64 * c) as *const _);
-            let dx = _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(2 * c)));
             for p in 0..P {
                 let v = _mm512_dpbusd_epi32(corr[p], xv, q[p]);
-                acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(v), acc[p][c]);
+                let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
+                acc[p][c] = _mm512_fmadd_ps(bcast_pair(scales.0[p].as_ptr().add(2 * c)), f, acc[p][c]);
             }
         }
     }
     for (p, a) in acc.iter().enumerate() {
         hsum_pairs::<NC>(a, out.add(2 * p), ld);
     }
+}
+
+#[repr(C, align(64))]
+struct Align64<T>(T);
+
+/// The f32 pair at `p` in every pair of lanes: `vbroadcastsd` from memory, a load-port uop
+/// only (the compiler would forward a just-stored vector through a shuffle on port 5).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn bcast_pair(p: *const f32) -> __m512 {
+    let r: __m512;
+    std::arch::asm!("vbroadcastsd {r}, qword ptr [{p}]", r = out(zmm_reg) r, p = in(reg) p, options(pure, readonly, nostack, preserves_flags));
+    r
 }
 
 /// Decoded bytes per weight row and block of the min family's interleaved row pairs
@@ -1102,6 +1122,7 @@ unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1
     let wp = [w0, w1];
     let mut acc = [[_mm512_setzero_ps(); NC]; P];
     let mut summ = [_mm512_setzero_ps(); P];
+    let mut scales = Align64([[0f32; 16]; P]);
     for i in 0..nb {
         let b = xp.add(i * PACK_BLOCK_PAIRS_Q8_1);
         let sx = _mm512_loadu_ps(b.add(64) as *const f32);
@@ -1111,12 +1132,16 @@ unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1
         for (p, sm) in summ.iter_mut().enumerate() {
             *sm = _mm512_add_ps(*sm, _mm512_mul_ps(dm(p, 1), sx));
         }
+        let dx = _mm512_loadu_ps(b as *const f32);
+        for p in 0..P {
+            _mm512_store_ps(scales.0[p].as_mut_ptr(), _mm512_mul_ps(dx, dw[p]));
+        }
         for c in 0..NC {
             let xv = _mm512_loadu_si512(b.add(128 + 64 * c) as *const _);
-            let dx = _mm512_set1_ps(std::ptr::read_unaligned((b as *const f32).add(2 * c)));
             for p in 0..P {
-                let v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], xv);
-                acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(v), acc[p][c]);
+                let v = _mm512_dpbusd_epi32(_mm512_set1_epi32(I2F_MAGIC), q[p], xv);
+                let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
+                acc[p][c] = _mm512_fmadd_ps(bcast_pair(scales.0[p].as_ptr().add(2 * c)), f, acc[p][c]);
             }
         }
     }
