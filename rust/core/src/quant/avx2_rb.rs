@@ -1025,8 +1025,33 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
             }
         }
     }
-    for (p, a) in acc.iter().enumerate() {
-        hsum_pairs::<NC>(a, out.add(2 * p), ld);
+    if P == 2 {
+        // column c's four sums (rows 0..4) are adjacent in out: one 16-byte store each
+        let (f0, f1) = (_mm512_castps_pd(hsum_pairs_v::<NC>(&acc[0])), _mm512_castps_pd(hsum_pairs_v::<NC>(&acc[P - 1])));
+        let (lo, hi) = (_mm512_castpd_ps(_mm512_unpacklo_pd(f0, f1)), _mm512_castpd_ps(_mm512_unpackhi_pd(f0, f1)));
+        store_chunks::<NC>(lo, out, ld, 0);
+        store_chunks::<NC>(hi, out, ld, 4);
+    } else {
+        for (p, a) in acc.iter().enumerate() {
+            hsum_pairs::<NC>(a, out.add(2 * p), ld);
+        }
+    }
+}
+
+/// 128-bit chunk j of v to `out[(c0 + j) * ld..]`, for c0 + j < NC.
+#[inline(always)]
+unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0: usize) {
+    if c0 < NC {
+        _mm_storeu_ps(out.add(c0 * ld), _mm512_castps512_ps128(v));
+    }
+    if c0 + 1 < NC {
+        _mm_storeu_ps(out.add((c0 + 1) * ld), _mm512_extractf32x4_ps::<1>(v));
+    }
+    if c0 + 2 < NC {
+        _mm_storeu_ps(out.add((c0 + 2) * ld), _mm512_extractf32x4_ps::<2>(v));
+    }
+    if c0 + 3 < NC {
+        _mm_storeu_ps(out.add((c0 + 3) * ld), _mm512_extractf32x4_ps::<3>(v));
     }
 }
 
@@ -1163,6 +1188,19 @@ unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1
 /// one rounding per add) for all 16 sums at once, as in `hsum_pair_cols2` (21 vector ops).
 #[inline(always)]
 unsafe fn hsum_pairs<const NC: usize>(acc: &[__m512; NC], out: *mut f32, ld: usize) {
+    let mut r = [0f32; 16];
+    _mm512_storeu_ps(r.as_mut_ptr(), hsum_pairs_v::<NC>(acc));
+    for c in 0..NC {
+        let l = 4 * (c % 4) + 2 * (c / 4);
+        *out.add(c * ld) = r[l];
+        *out.add(c * ld + 1) = r[l + 1];
+    }
+}
+
+/// `hsum_pairs`' sums in one vector: 128-bit chunk j holds [a, b of accumulator j, a, b of
+/// accumulator j + 4].
+#[inline(always)]
+unsafe fn hsum_pairs_v<const NC: usize>(acc: &[__m512; NC]) -> __m512 {
     let x: [__m512; 8] = std::array::from_fn(|c| if c < NC { acc[c] } else { _mm512_setzero_ps() });
     // 128-bit chunk 0 / 1 of u[k]: accumulator 2k's lanes l + l+4 for l = 0, 1 / 2, 3 (rows
     // a and b alternating); chunks 2, 3 the same of accumulator 2k + 1
@@ -1176,14 +1214,7 @@ unsafe fn hsum_pairs<const NC: usize>(acc: &[__m512; NC], out: *mut f32, ld: usi
         _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(p, q), _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q))
     });
     // chunk j: [a, b of accumulator j, a, b of accumulator j + 4]
-    let f = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(v[0], v[1]), _mm512_shuffle_ps::<0b11_10_11_10>(v[0], v[1]));
-    let mut r = [0f32; 16];
-    _mm512_storeu_ps(r.as_mut_ptr(), f);
-    for c in 0..NC {
-        let l = 4 * (c % 4) + 2 * (c / 4);
-        *out.add(c * ld) = r[l];
-        *out.add(c * ld + 1) = r[l + 1];
-    }
+    _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(v[0], v[1]), _mm512_shuffle_ps::<0b11_10_11_10>(v[0], v[1]))
 }
 
 macro_rules! quad_kernel {
@@ -1559,3 +1590,4 @@ mod tests {
         }
     }
 }
+
