@@ -918,22 +918,27 @@ pair_kernel!(pair_q8_0, BlockQ8_0::SIZE, |b| (super::avx2::f16(b), _mm256_xor_si
 // ------------------------------------------------------------------ interleaved row pairs
 
 /// Decoded bytes per weight row and block of the interleaved row pairs (`decode_pairs`): per
-/// pair and block 64 quant bytes, then per pair 8 bytes of scales per block.
-pub(crate) const PAIRS_BLOCK_BYTES: usize = 36;
+/// pair and block 64 quant bytes and 64 bytes of offset corrections, then 8 bytes of scales.
+pub(crate) const PAIRS_BLOCK_BYTES: usize = 68;
 
 /// Decodes rows a and b (`wsize`-byte blocks, `quants(block) -> (d_w, signed i8 quants)`) into
 /// the interleaved pair layout of `quad_signed`: per block 16 lanes of 4 quant bytes as
 /// [a 0..4, b 0..4, a 4..8, b 4..8, ...] (64 bytes: i32 lane 2l holds row a's elements
-/// 4l..4l+4, lane 2l + 1 row b's); after the nb blocks the (d_a, d_b) f32 pair of each block.
+/// 4l..4l+4, lane 2l + 1 row b's); after the nb blocks of quants, per block the 16 lanes'
+/// i32 corrections `I2F_MAGIC` - 128 * (the sum of the lane's 4 quants) (the kernel's
+/// activations are stored + 128 as u8); after those the (d_a, d_b) f32 pair of each block.
 #[inline(always)]
 unsafe fn decode_pairs(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> (f32, __m256i)) {
     let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let sc = dst.add(64 * nb) as *mut f32;
+    let top = _mm512_set1_epi8(0x80u8 as i8);
+    let sc = dst.add(128 * nb) as *mut f32;
     for i in 0..nb {
         let (da, qa) = quants(wa.add(i * wsize));
         let (db, qb) = quants(wb.add(i * wsize));
         let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb));
         _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
+        let corr = _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q));
+        _mm512_storeu_si512(dst.add(64 * (nb + i)) as *mut _, corr);
         sc.add(2 * i).write_unaligned(da);
         sc.add(2 * i + 1).write_unaligned(db);
     }
@@ -960,112 +965,92 @@ unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 }
 
 /// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (as `avx2::pack_q8_0_cols`)
-/// for the interleaved pairs: per block [d_x of column 0, 0, 1, 1, .., 7, 7: 16 f32][column
-/// c = 0..8: its 8 lanes of 4 quants each twice (lane 2l and 2l + 1 hold quants 4l..4l+4),
-/// + 128 as u8: 64 bytes] (`avx2::PACK_BLOCK` = 576 bytes, every field whole lines). The
-/// other columns of a partial group get d_x 0 and unset quants (never read).
+/// for the interleaved pairs: per block [d_x of column 0, 0, 1, 1, .., 7, 7: 16 f32][quad j
+/// = 0..8: 64 bytes, i32 lanes 2c and 2c + 1 holding column c's quants 4j..4j+4, + 128 as
+/// u8] (`avx2::PACK_BLOCK` = 576 bytes, every field whole lines). The other columns of a
+/// partial group get d_x 0 and quants 0 (their lanes are computed and dropped).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    use super::avx2::{PACK_BLOCK, PACK_COLS};
+    use super::avx2::{transpose8_epi32, PACK_BLOCK, PACK_COLS};
     let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let flip = _mm512_set1_epi8(0x80u8 as i8);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
+        let mut y = [_mm256_setzero_si256(); PACK_COLS];
         for c in 0..PACK_COLS {
             let d = if c < ncols { std::ptr::read_unaligned(xd.add(c * xds + i)) } else { 0.0 };
             (b as *mut f32).add(2 * c).write_unaligned(d);
             (b as *mut f32).add(2 * c + 1).write_unaligned(d);
             if c < ncols {
-                let y = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
-                let v = _mm512_xor_si512(_mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(y)), flip);
-                _mm512_storeu_si512(b.add(64 + 64 * c) as *mut _, v);
+                y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             }
+        }
+        // row j of the transpose: quad j of columns 0..8
+        for (j, t) in transpose8_epi32(&y).iter().enumerate() {
+            let v = _mm512_xor_si512(_mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(*t)), flip);
+            _mm512_storeu_si512(b.add(64 + 64 * j) as *mut _, v);
         }
     }
 }
 
 /// The AVX-512 signed family's prefill (Q4_0 / Q5_0 / Q8_0 against Q8_0) over P = 1 or 2
 /// row pairs decoded interleaved (`decode_pairs`, at w0 and w1) and a group packed by
-/// `pack_q8_0_pairs`: per block and column one `vpdpbusd` of (x + 128) against the signed
-/// weights, from -128 * (the sum of each lane's 4 weights) (one `vpdpbusd` and a subtract
-/// per block and pair), gives in lane 2l / 2l + 1 exactly the i32 sum of lane l of rows a
-/// / b that the plain kernels compute (sum of 4 q_w * q_x); the scale d_w * d_x (one
-/// multiply, as there) in the same lanes from the pair's (d_a, d_b) and the column's d_x;
-/// acc = fma(d, f32(lanes), acc) per block; at the end each (row, column) sum is
-/// `avx2::hsum_ps`'s tree over its 8 lanes (`hsum_pairs`). Each (row, column) gets the
-/// plain kernel's operations in its order: the same bits as `pair_signed_cols2`, whose
-/// layout (a column pair per zmm) spreads the scales with a `vpermps` each (port 5) and
-/// reads a column's quants once per pair of rows, here once per 4 rows. Gemma 3's Q5_0
-/// gate/up (`--bench prefill`, one thread, five alternated runs, medians) 70.9 -> 74.7
-/// GMAC/s, Q5_0 q 70.5 -> 75.0, Q8_0 v 66.4 -> 72.0 (in L1 alone, 4 rows x 8 columns of
-/// 20 blocks: 19.4 -> 17.0 TSC ticks per row pair and block). Rows 2p, 2p + 1 of column
-/// c go to `out[c * ld + 2p + {0, 1}]`.
+/// `pack_q8_0_pairs`, in column lanes: accumulator A_j of a pair holds lane j (elements
+/// 4j..4j+4 of each block) of every (column c, row r) in zmm lane 2c + r. Per block and
+/// quad j, one `vpdpbusd` of the 8 columns' quads (+ 128) against the pair's two weight
+/// quads (a 64-bit broadcast from the decoded row), started from the decoded correction
+/// (`I2F_MAGIC` - 128 * the quad's weight sum, a broadcast too), gives in lane 2c + r
+/// exactly the i32 sum of lane j of (row r, column c) that the plain kernels compute (sum
+/// of 4 q_w * q_x) plus 1.5 * 2^23, so f32 of it is one subtract; ONE vector of scales d_r
+/// * d_x(c) per pair and block (one multiply, the products as the plain kernel's) serves all
+/// 8 A_j: acc = fma(d, f32(lanes), acc). At the end each (row, column)'s sum is
+/// `avx2::hsum_ps`'s tree over its 8 lanes, here lane-wise over the A_j ((A0 + A4) + (A2
+/// + A6)) + ((A1 + A5) + (A3 + A7)). Each (row, column) gets the plain kernel's operations in
+/// its order: the same bits. Per row pair and block 25 vector operations and no shuffle
+/// (the row-major layout before it, one accumulator per column, needed the scales spread
+/// per column: 27 operations and 8 broadcasts of a just-stored vector; in L1, Gemma 3's
+/// Q5_0 rows, 4 rows x 8 columns of 20 blocks, 18.3 -> 16.5 cycles per row pair and block at 3.5 GHz). Rows 2p, 2p + 1 of column c go to
+/// `out[c * ld + 2p + {0, 1}]`.
 #[inline(always)]
 unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
     use super::avx2::PACK_BLOCK;
     let wp = [w0, w1];
-    let top = _mm512_set1_epi8(0x80u8 as i8);
-    let mut acc = [[_mm512_setzero_ps(); NC]; P];
-    let mut scales = Align64([[0f32; 16]; P]);
+    let mut acc = [[_mm512_setzero_ps(); 8]; P];
     for i in 0..nb {
         let b = xp.add(i * PACK_BLOCK);
-        let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
-        let corr: [__m512i; P] = std::array::from_fn(|p| _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q[p])));
-        let dw: [__m512; P] = std::array::from_fn(|p| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb) as *const f64).add(i)))));
         let dx = _mm512_loadu_ps(b as *const f32);
-        for p in 0..P {
-            _mm512_store_ps(scales.0[p].as_mut_ptr(), _mm512_mul_ps(dx, dw[p]));
-        }
-        for c in 0..NC {
-            let xv = _mm512_loadu_si512(b.add(64 + 64 * c) as *const _);
+        let d: [__m512; P] = std::array::from_fn(|p| _mm512_mul_ps(dx, _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(128 * nb) as *const f64).add(i))))));
+        for j in 0..8 {
+            let u = _mm512_loadu_si512(b.add(64 + 64 * j) as *const _);
             for p in 0..P {
-                let v = _mm512_dpbusd_epi32(corr[p], xv, q[p]);
+                let wq = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * i + 8 * j) as *const i64));
+                let corr = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * (nb + i) + 8 * j) as *const i64));
+                let v = _mm512_dpbusd_epi32(corr, u, wq);
                 let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
-                acc[p][c] = _mm512_fmadd_ps(bcast_pair(scales.0[p].as_ptr().add(2 * c)), f, acc[p][c]);
+                acc[p][j] = _mm512_fmadd_ps(d[p], f, acc[p][j]);
             }
         }
     }
-    if P == 2 {
-        // column c's four sums (rows 0..4) are adjacent in out: one 16-byte store each
-        let (f0, f1) = (_mm512_castps_pd(hsum_pairs_v::<NC>(&acc[0])), _mm512_castps_pd(hsum_pairs_v::<NC>(&acc[P - 1])));
-        let (lo, hi) = (_mm512_castpd_ps(_mm512_unpacklo_pd(f0, f1)), _mm512_castpd_ps(_mm512_unpackhi_pd(f0, f1)));
-        store_chunks::<NC>(lo, out, ld, 0);
-        store_chunks::<NC>(hi, out, ld, 4);
-    } else {
-        for (p, a) in acc.iter().enumerate() {
-            hsum_pairs::<NC>(a, out.add(2 * p), ld);
-        }
-    }
+    // lane 2c + r: (row r, column c)
+    let r: [__m512; P] = std::array::from_fn(|p| lanes_tree_512(&acc[p]));
+    store_quad::<P, NC>(&r, out, ld);
 }
 
-/// 128-bit chunk j of v to `out[(c0 + j) * ld..]`, for c0 + j < NC.
+/// 128-bit chunk j of v to `out[(c0 + cs * j) * ld..]`, for the columns below NC.
 #[inline(always)]
-unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0: usize) {
+unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0: usize, cs: usize) {
     if c0 < NC {
         _mm_storeu_ps(out.add(c0 * ld), _mm512_castps512_ps128(v));
     }
-    if c0 + 1 < NC {
-        _mm_storeu_ps(out.add((c0 + 1) * ld), _mm512_extractf32x4_ps::<1>(v));
+    if c0 + cs < NC {
+        _mm_storeu_ps(out.add((c0 + cs) * ld), _mm512_extractf32x4_ps::<1>(v));
     }
-    if c0 + 2 < NC {
-        _mm_storeu_ps(out.add((c0 + 2) * ld), _mm512_extractf32x4_ps::<2>(v));
+    if c0 + 2 * cs < NC {
+        _mm_storeu_ps(out.add((c0 + 2 * cs) * ld), _mm512_extractf32x4_ps::<2>(v));
     }
-    if c0 + 3 < NC {
-        _mm_storeu_ps(out.add((c0 + 3) * ld), _mm512_extractf32x4_ps::<3>(v));
+    if c0 + 3 * cs < NC {
+        _mm_storeu_ps(out.add((c0 + 3 * cs) * ld), _mm512_extractf32x4_ps::<3>(v));
     }
-}
-
-#[repr(C, align(64))]
-struct Align64<T>(T);
-
-/// The f32 pair at `p` in every pair of lanes: `vbroadcastsd` from memory, a load-port uop
-/// only (the compiler would forward a just-stored vector through a shuffle on port 5).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn bcast_pair(p: *const f32) -> __m512 {
-    let r: __m512;
-    std::arch::asm!("vbroadcastsd {r}, qword ptr [{p}]", r = out(zmm_reg) r, p = in(reg) p, options(pure, readonly, nostack, preserves_flags));
-    r
 }
 
 /// Decoded bytes per weight row and block of the min family's interleaved row pairs
@@ -1113,14 +1098,16 @@ unsafe fn decode_pairs_q5_1(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 
 /// Packs a group of `ncols` <= PACK_COLS Q8_1 activation rows (as `avx2::pack_q8_1_cols`)
 /// for the min family's interleaved pairs: per block [d_x of column 0, 0, 1, 1, .., 7, 7:
-/// 16 f32][s_x the same][column c = 0..8: its 8 lanes of 4 quants each twice, as i8: 64
-/// bytes] (`PACK_BLOCK_PAIRS_Q8_1` = 640 bytes, every field whole lines).
+/// 16 f32][s_x the same][quad j = 0..8: 64 bytes, i32 lanes 2c and 2c + 1 holding column
+/// c's quants 4j..4j+4, as i8] (`PACK_BLOCK_PAIRS_Q8_1` = 640 bytes, every field whole
+/// lines). The other columns of a partial group get zeros.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    use super::avx2::PACK_COLS;
+    use super::avx2::{transpose8_epi32, PACK_COLS};
     let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_PAIRS_Q8_1);
+        let mut y = [_mm256_setzero_si256(); PACK_COLS];
         for c in 0..PACK_COLS {
             let (d, sx) = if c < ncols { (std::ptr::read_unaligned(xd.add(c * xds + 2 * i)), std::ptr::read_unaligned(xd.add(c * xds + 2 * i + 1))) } else { (0.0, 0.0) };
             for k in 0..2 {
@@ -1128,93 +1115,79 @@ pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: 
                 (b as *mut f32).add(16 + 2 * c + k).write_unaligned(sx);
             }
             if c < ncols {
-                let y = load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs)));
-                _mm512_storeu_si512(b.add(128 + 64 * c) as *mut _, _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(y)));
+                y[c] = load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs)));
             }
+        }
+        for (j, t) in transpose8_epi32(&y).iter().enumerate() {
+            _mm512_storeu_si512(b.add(128 + 64 * j) as *mut _, _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(*t)));
         }
     }
 }
 
 /// The min family's prefill (Q4_1 / Q5_1 against Q8_1) over P = 1 or 2 row pairs decoded
-/// interleaved (`decode_pairs_min`) and a group packed by `pack_q8_1_pairs`: per lane the
-/// operations of `pair_min_cols2` (and so of `avx2::dot_packed_min`): `vpdpbusd` from zero,
-/// d_w * d_x in one multiply, one FMA per block; per (row, column) the sum of m_w * s_x
-/// (a multiply and an add per block, 16 (row, column) lanes at once); at the end each
-/// (row, column)'s `hsum_ps` tree plus its min sum. The same bits as `pair_min_decoded`,
-/// without its permutes, each column's quants read once per 4 rows.
+/// interleaved (`decode_pairs_min`) and a group packed by `pack_q8_1_pairs`, in column lanes
+/// as `quad_signed`: per lane the operations of `pair_min_cols2` (and so of
+/// `avx2::dot_packed_min`): `vpdpbusd` (from `I2F_MAGIC`, f32 by a subtract), d_w * d_x in
+/// one multiply per pair and block, one FMA per block; per (row, column) the sum of m_w *
+/// s_x (a multiply and an add per block, lane 2c + r as the sums'); at the end each (row,
+/// column)'s `hsum_ps` tree (lane-wise over the A_j) plus its min sum. The same bits as
+/// `pair_min_decoded`.
 #[inline(always)]
 unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
     let wp = [w0, w1];
-    let mut acc = [[_mm512_setzero_ps(); NC]; P];
+    let mut acc = [[_mm512_setzero_ps(); 8]; P];
     let mut summ = [_mm512_setzero_ps(); P];
-    let mut scales = Align64([[0f32; 16]; P]);
+    let magic = _mm512_set1_epi32(I2F_MAGIC);
     for i in 0..nb {
         let b = xp.add(i * PACK_BLOCK_PAIRS_Q8_1);
-        let sx = _mm512_loadu_ps(b.add(64) as *const f32);
-        let q: [__m512i; P] = std::array::from_fn(|p| _mm512_loadu_si512(wp[p].add(64 * i) as *const _));
         let dm = |p: usize, k: usize| _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned((wp[p].add(64 * nb + 16 * i + 8 * k)) as *const f64)));
-        let dw: [__m512; P] = std::array::from_fn(|p| dm(p, 0));
+        let sx = _mm512_loadu_ps(b.add(64) as *const f32);
         for (p, sm) in summ.iter_mut().enumerate() {
             *sm = _mm512_add_ps(*sm, _mm512_mul_ps(dm(p, 1), sx));
         }
         let dx = _mm512_loadu_ps(b as *const f32);
-        for p in 0..P {
-            _mm512_store_ps(scales.0[p].as_mut_ptr(), _mm512_mul_ps(dx, dw[p]));
-        }
-        for c in 0..NC {
-            let xv = _mm512_loadu_si512(b.add(128 + 64 * c) as *const _);
+        let d: [__m512; P] = std::array::from_fn(|p| _mm512_mul_ps(dx, dm(p, 0)));
+        for j in 0..8 {
+            let u = _mm512_loadu_si512(b.add(128 + 64 * j) as *const _);
             for p in 0..P {
-                let v = _mm512_dpbusd_epi32(_mm512_set1_epi32(I2F_MAGIC), q[p], xv);
+                let wq = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * i + 8 * j) as *const i64));
+                let v = _mm512_dpbusd_epi32(magic, wq, u);
                 let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
-                acc[p][c] = _mm512_fmadd_ps(bcast_pair(scales.0[p].as_ptr().add(2 * c)), f, acc[p][c]);
+                acc[p][j] = _mm512_fmadd_ps(d[p], f, acc[p][j]);
             }
         }
     }
-    for p in 0..P {
+    let r: [__m512; P] = std::array::from_fn(|p| _mm512_add_ps(lanes_tree_512(&acc[p]), summ[p]));
+    store_quad::<P, NC>(&r, out, ld);
+}
+
+/// `hsum_ps`'s tree over 8 lane accumulators, lane-wise: ((A0 + A4) + (A2 + A6)) + ((A1 +
+/// A5) + (A3 + A7)).
+#[inline(always)]
+unsafe fn lanes_tree_512(a: &[__m512; 8]) -> __m512 {
+    let e = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+    let o = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+    _mm512_add_ps(e, o)
+}
+
+/// The sums of P row pairs (lane 2c + r of r[p]: row 2p + r, column c) to `out[c * ld + 2p
+/// + r]` for c < NC: two pairs as one 16-byte store per column (its four rows adjacent).
+#[inline(always)]
+unsafe fn store_quad<const P: usize, const NC: usize>(r: &[__m512; P], out: *mut f32, ld: usize) {
+    if P == 2 {
+        // chunk k of lo / hi: column 2k / 2k + 1's four sums
+        let (r0, r1) = (_mm512_castps_pd(r[0]), _mm512_castps_pd(r[P - 1]));
+        let (lo, hi) = (_mm512_castpd_ps(_mm512_unpacklo_pd(r0, r1)), _mm512_castpd_ps(_mm512_unpackhi_pd(r0, r1)));
+        store_chunks::<NC>(lo, out, ld, 0, 2);
+        store_chunks::<NC>(hi, out, ld, 1, 2);
+    } else {
         let mut t = [0f32; 16];
-        hsum_pairs::<NC>(&acc[p], t.as_mut_ptr(), 2);
-        let mut m = [0f32; 16];
-        _mm512_storeu_ps(m.as_mut_ptr(), summ[p]);
+        _mm512_storeu_ps(t.as_mut_ptr(), r[0]);
         for c in 0..NC {
-            for r in 0..2 {
-                *out.add(c * ld + 2 * p + r) = t[2 * c + r] + m[2 * c + r];
-            }
+            *out.add(c * ld) = t[2 * c];
+            *out.add(c * ld + 1) = t[2 * c + 1];
         }
     }
-}
-
-/// out[c * ld] / out[c * ld + 1] = `avx2::hsum_ps` of rows a's / b's lanes (even / odd) of
-/// accumulator c < NC: the same tree (lane l + l+4, then (0 + 2) and (1 + 3), then 0 + 1,
-/// one rounding per add) for all 16 sums at once, as in `hsum_pair_cols2` (21 vector ops).
-#[inline(always)]
-unsafe fn hsum_pairs<const NC: usize>(acc: &[__m512; NC], out: *mut f32, ld: usize) {
-    let mut r = [0f32; 16];
-    _mm512_storeu_ps(r.as_mut_ptr(), hsum_pairs_v::<NC>(acc));
-    for c in 0..NC {
-        let l = 4 * (c % 4) + 2 * (c / 4);
-        *out.add(c * ld) = r[l];
-        *out.add(c * ld + 1) = r[l + 1];
-    }
-}
-
-/// `hsum_pairs`' sums in one vector: 128-bit chunk j holds [a, b of accumulator j, a, b of
-/// accumulator j + 4].
-#[inline(always)]
-unsafe fn hsum_pairs_v<const NC: usize>(acc: &[__m512; NC]) -> __m512 {
-    let x: [__m512; 8] = std::array::from_fn(|c| if c < NC { acc[c] } else { _mm512_setzero_ps() });
-    // 128-bit chunk 0 / 1 of u[k]: accumulator 2k's lanes l + l+4 for l = 0, 1 / 2, 3 (rows
-    // a and b alternating); chunks 2, 3 the same of accumulator 2k + 1
-    let u: [__m512; 4] = std::array::from_fn(|k| {
-        let (p, q) = (x[2 * k], x[2 * k + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(p, q), _mm512_shuffle_f32x4::<0b11_10_11_10>(p, q))
-    });
-    // chunk j of v[m]: accumulator 4m + j's (0 + 2), (1 + 3) of rows a, b: [a0, b0, a1, b1]
-    let v: [__m512; 2] = std::array::from_fn(|m| {
-        let (p, q) = (u[2 * m], u[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(p, q), _mm512_shuffle_f32x4::<0b11_01_11_01>(p, q))
-    });
-    // chunk j: [a, b of accumulator j, a, b of accumulator j + 4]
-    _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(v[0], v[1]), _mm512_shuffle_ps::<0b11_10_11_10>(v[0], v[1]))
 }
 
 macro_rules! quad_kernel {
@@ -1590,4 +1563,5 @@ mod tests {
         }
     }
 }
+
 
