@@ -16,7 +16,7 @@
 //! in the AVX-512 set two weight rows per call (`quant::table::Packed::pair`, one row per
 //! zmm half), for prefill and for those decode steps alike; in the plain AVX2 build,
 //! prefill of Q4_0 / Q5_0 / Q4_1 / Q5_1 (more than 4 groups) packs its groups one token per
-//! lane and decodes the weight rows once per matmul, in blocks of `LANES_BLOCK_BYTES`, every
+//! lane and decodes the weight rows once per matmul, in blocks of `lanes_block_bytes()` (a quarter of L2), every
 //! group against each block (`quant::table::Lanes`);
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
 //! into the thread's scratch, all tokens against each block (`quant::table::RowBlock`), the rows
@@ -1067,13 +1067,13 @@ fn pack_phase(vdt: GgmlType, pairs: bool) -> usize {
 
 /// The interleaved row pairs' kernels, where a matmul of `n_tokens` rows of `n_in` takes
 /// them (prefill of more than ROW_OUTER_GROUPS packed groups, no column-lane kernel, rows of
-/// at most `max_blocks` blocks; see the packed path).
+/// which a decoded block holds at least `min_rows`; see the packed path).
 #[cfg(target_arch = "x86_64")]
 fn pairs_path(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) -> Option<quant::table::PairsDecoded> {
     use quant::avx2::PACK_COLS;
     let pk = kern.packed?;
     let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
-    pk.pairs_decoded.filter(|pd| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS && n_in / 32 <= pd.max_blocks)
+    pk.pairs_decoded.filter(|pd| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS && lanes_rows(n_in / 32, pd.block_bytes) >= pd.min_rows)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -1093,9 +1093,39 @@ fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_th
     }
 }
 
-/// Decoded bytes of weight rows per block of the column-lane path: each block of rows
-/// meets every packed group while it stays in L1 / L2.
-const LANES_BLOCK_BYTES: usize = 64 * 1024;
+/// Decoded bytes of weight rows per block of the column-lane and interleaved-pair paths: each
+/// block of rows meets every packed group while it stays in L2, so a group (read from L2
+/// once per block) is reused by more rows the larger the block. A quarter of the per-core L2
+/// (sysfs; 256 KB where unknown), between 64 KB and 512 KB. `--bench prefill`, one thread, a
+/// 2 MB L2 (512 KB blocks) against 64 KB: rows of 4096 Q4_0 / Q8_0 46 -> 83 GMAC/s
+/// (PYLLAMA_KERNELS=avx2: Q4_0 31 -> 38), Q4_1 66 -> 76; Gemma 3's Q5_0 rows 88-92 -> 96,
+/// SmolLM2's Q4_1 79 -> 79-80 (flat).
+fn lanes_block_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| (l2_bytes().unwrap_or(256 << 10) / 4).clamp(64 << 10, 512 << 10))
+}
+
+/// The size of cpu0's level-2 data (or unified) cache, from Linux's sysfs.
+fn l2_bytes() -> Option<usize> {
+    for k in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{k}");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_string());
+        let Some(level) = read("level") else { break };
+        if level != "2" || read("type").is_some_and(|t| t == "Instruction") {
+            continue;
+        }
+        let size = read("size")?;
+        let (num, mult) = match size.strip_suffix('K') {
+            Some(n) => (n, 1 << 10),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size.as_str(), 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mult).filter(|&b| b > 0);
+    }
+    None
+}
 
 /// Weight rows decoded at a time by the column-lane path in a decode step of up to
 /// ROW_OUTER_GROUPS groups: a row's decoded bytes are read back a few rows' decoding after
@@ -1106,7 +1136,7 @@ const LANES_STEP_ROWS: usize = 8;
 /// Weight rows per decoded block of the column-lane path (rows of nb blocks of
 /// `block_bytes` decoded bytes).
 fn lanes_rows(nb: usize, block_bytes: usize) -> usize {
-    (LANES_BLOCK_BYTES / (nb * block_bytes).max(1)).max(1)
+    (lanes_block_bytes() / (nb * block_bytes).max(1)).max(1)
 }
 
 /// Bytes of one thread's decoded-row area of the column-lane path (room for the rows of

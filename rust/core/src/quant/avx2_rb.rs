@@ -84,11 +84,11 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
         }
         for (ty, decode) in [(GgmlType::Q4_0, decode_pairs_q4_0 as DecodePairFn), (GgmlType::Q5_0, decode_pairs_q5_0), (GgmlType::Q8_0, decode_pairs_q8_0)] {
             let pack = pack_q8_0_pairs as PackPairsFn;
-            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, pack_block: super::avx2::PACK_BLOCK, max_blocks: usize::MAX, two: quad_cols!(quad_two), one: quad_cols!(quad_one) });
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, pack_block: super::avx2::PACK_BLOCK, min_rows: 0, two: quad_cols!(quad_two), one: quad_cols!(quad_one) });
         }
         for (ty, decode) in [(GgmlType::Q4_1, decode_pairs_q4_1 as DecodePairFn), (GgmlType::Q5_1, decode_pairs_q5_1)] {
             let pack = pack_q8_1_pairs as PackPairsFn;
-            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_MIN_BLOCK_BYTES, pack, pack_block: PACK_BLOCK_PAIRS_Q8_1, max_blocks: PAIRS_MIN_MAX_BLOCKS, two: quad_cols!(quad_min_two), one: quad_cols!(quad_min_one) });
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_MIN_BLOCK_BYTES, pack, pack_block: PACK_BLOCK_PAIRS_Q8_1, min_rows: PAIRS_MIN_ROWS, two: quad_cols!(quad_min_two), one: quad_cols!(quad_min_one) });
         }
     }
 }
@@ -1058,11 +1058,13 @@ unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0:
 /// m_a, m_b).
 pub(crate) const PAIRS_MIN_BLOCK_BYTES: usize = 40;
 
-/// The longest rows (in blocks) the matmul gives the min family's interleaved pairs: their
-/// groups (`PACK_BLOCK_PAIRS_Q8_1`, twice `pair_min_decoded`'s bytes) must stay in L1.
-/// `--bench prefill`, one thread: SmolLM2's Q4_1 gate/up (18 blocks) 71.7 -> 77.5 GMAC/s,
-/// down (48) 74.4 -> 74.1; rows of 4096 (128 blocks, a 82 KB group) 60-66 -> 46-50.
-const PAIRS_MIN_MAX_BLOCKS: usize = 48;
+/// The fewest rows per decoded block (`matmul::lanes_rows`) with which the matmul gives the
+/// min family's interleaved pairs their rows: their groups (`PACK_BLOCK_PAIRS_Q8_1`, twice
+/// `pair_min_decoded`'s bytes) pass L1 for long rows, and are read from L2 once per block.
+/// `--bench prefill`, one thread, rows of 4096 (128 blocks, an 82 KB group) against
+/// `pair_min_decoded`: 64 KB blocks (12 rows) 53 vs 66 GMAC/s, 512 KB blocks (102 rows) 89
+/// vs 76; SmolLM2's Q4_1 down (48 blocks, 34 rows in 64 KB) 74.4 vs 74.1.
+const PAIRS_MIN_ROWS: usize = 32;
 
 /// Bytes of one block of a group packed by `pack_q8_1_pairs`.
 pub(crate) const PACK_BLOCK_PAIRS_Q8_1: usize = 64 + 64 + 64 * super::avx2::PACK_COLS;

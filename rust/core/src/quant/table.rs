@@ -93,7 +93,7 @@ pub struct Packed {
     pub pair_decoded: Option<PairDecoded>,
     /// the kernels over interleaved row pairs (the AVX-512 set's Q4_0 / Q5_0 / Q8_0 / Q4_1 /
     /// Q5_1 in prefill, not under `PYLLAMA_NO_RB`; see `avx2_rb::quad_signed`, `quad_min`):
-    /// taken instead of `pair_decoded` for rows of up to `max_blocks` blocks
+    /// taken instead of `pair_decoded` where a decoded block holds `min_rows` rows or more
     pub pairs_decoded: Option<PairsDecoded>,
 }
 
@@ -123,9 +123,10 @@ pub struct PairsDecoded {
     pub pack: PackPairsFn,
     /// bytes per block of a group packed by `pack`
     pub pack_block: usize,
-    /// the longest rows (in blocks) the matmul gives these kernels (longer ones take
-    /// `Packed::pair_decoded`)
-    pub max_blocks: usize,
+    /// the fewest rows a block of decoded rows (`matmul::lanes_rows`) must hold for the
+    /// matmul to take these kernels (each packed group is read from L2 once per block;
+    /// fewer rows take `Packed::pair_decoded`)
+    pub min_rows: usize,
     /// `two[nc]`: two decoded pairs (4 rows) against the first nc columns of a packed group
     pub two: [Option<PackedQuadDot>; MAX_PACK + 1],
     /// `one[nc]`: one decoded pair
