@@ -812,11 +812,7 @@ impl Step<'_> {
         scratch: &mut Vec<u8>,
         lora: &mut Option<LoraSet>,
     ) -> Result<()> {
-        let n_out = w.n_rows();
-        if x.len() < n * w.ne[0] || out.len() < n * n_out {
-            return Err(Error::Invalid(format!("internal: scratch too small for '{}'", w.name)));
-        }
-        Self::mm_rows_x(pool, dev, w, x, n, out, 0..n_out, scratch, lora, false)
+        Self::mm_rows_x(pool, dev, w, x, n, out, 0..w.n_rows(), scratch, lora, false)
     }
 
     /// One token's products of the same activations `x` (q, k and v; gate and up) in one
@@ -882,7 +878,7 @@ impl Step<'_> {
     ) -> Result<()> {
         let (n_in, width) = (w.ne[0], rows.len());
         if x.len() < n * n_in || out.len() < n * width || rows.end > w.n_rows() {
-            return Err(Error::Invalid(format!("internal: bad fused slice {rows:?} of '{}'", w.name)));
+            return Err(Error::Invalid(format!("internal: scratch too small or bad rows {rows:?} for '{}'", w.name)));
         }
         let on = if same_x { matmul_on_same_x } else { matmul_on };
         on(dev, pool, w, &x[..n * n_in], n, &mut out[..n * width], width, rows.clone(), scratch)?;
@@ -958,7 +954,7 @@ impl Step<'_> {
         } else if w.fused_qkv {
             Self::mm_rows(self.pool, self.dev, w.wq, &b.cur, n, &mut b.q, 0..qw, &mut b.mm_scratch, &mut b.lora)?;
             if !q_only {
-                // k and v from the same activations as q: quantized once (`mm_same_x`)
+                // k and v from the same activations as q: quantized once (`matmul_on_same_x`)
                 Self::mm_rows_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.k, qw..qw + kw, &mut b.mm_scratch, &mut b.lora, true)?;
                 Self::mm_rows_x(self.pool, self.dev, w.wq, &b.cur, n, &mut b.v, qw + kw..qw + kw + vw, &mut b.mm_scratch, &mut b.lora, true)?;
             }

@@ -16,8 +16,8 @@
 //! in the AVX-512 set two weight rows per call (`quant::table::Packed::pair`, one row per
 //! zmm half), for prefill and for those decode steps alike; in the plain AVX2 build,
 //! prefill of Q4_0 / Q5_0 / Q4_1 / Q5_1 (more than 4 groups) packs its groups one token per
-//! lane and decodes the weight rows once per matmul, in blocks of `lanes_block_bytes()` (a quarter of L2), every
-//! group against each block (`quant::table::Lanes`);
+//! lane and decodes the weight rows once per matmul, in blocks of `lanes_block_bytes()` (a
+//! quarter of L2), every group against each block (`quant::table::Lanes`);
 //! Q4_K / Q6_K with 16+ tokens (x86 SIMD sets) -> blocks of 8 rows repacked one row per lane
 //! into the thread's scratch, all tokens against each block (`quant::table::RowBlock`), the rows
 //! left after the blocks on the tiles below;
@@ -1101,30 +1101,7 @@ fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_th
 /// (PYLLAMA_KERNELS=avx2: Q4_0 31 -> 38), Q4_1 66 -> 76; Gemma 3's Q5_0 rows 88-92 -> 96,
 /// SmolLM2's Q4_1 79 -> 79-80 (flat).
 fn lanes_block_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| (l2_bytes().unwrap_or(256 << 10) / 4).clamp(64 << 10, 512 << 10))
-}
-
-/// The size of cpu0's level-2 data (or unified) cache, from Linux's sysfs.
-fn l2_bytes() -> Option<usize> {
-    for k in 0..8 {
-        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{k}");
-        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_string());
-        let Some(level) = read("level") else { break };
-        if level != "2" || read("type").is_some_and(|t| t == "Instruction") {
-            continue;
-        }
-        let size = read("size")?;
-        let (num, mult) = match size.strip_suffix('K') {
-            Some(n) => (n, 1 << 10),
-            None => match size.strip_suffix('M') {
-                Some(n) => (n, 1 << 20),
-                None => (size.as_str(), 1),
-            },
-        };
-        return num.parse::<usize>().ok().map(|n| n * mult).filter(|&b| b > 0);
-    }
-    None
+    (quant::cpu::l2_bytes().unwrap_or(256 << 10) / 4).clamp(64 << 10, 512 << 10)
 }
 
 /// Weight rows decoded at a time by the column-lane path in a decode step of up to

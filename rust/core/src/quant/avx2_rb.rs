@@ -971,9 +971,7 @@ unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 /// partial group get d_x 0 and quants 0 (their lanes are computed and dropped).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    use super::avx2::{transpose8_epi32, PACK_BLOCK, PACK_COLS};
-    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    use super::avx2::{PACK_BLOCK, PACK_COLS};
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
         let mut y = [_mm256_setzero_si256(); PACK_COLS];
@@ -985,11 +983,20 @@ pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: 
                 y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             }
         }
-        // row j of the transpose: quad j of columns 0..8
-        for (j, t) in transpose8_epi32(&y).iter().enumerate() {
-            let v = _mm512_xor_si512(_mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(*t)), flip);
-            _mm512_storeu_si512(b.add(64 + 64 * j) as *mut _, v);
-        }
+        store_quads_twice(&y, b.add(64), _mm512_set1_epi8(0x80u8 as i8));
+    }
+}
+
+/// The interleaved pairs' activation quads of one block: 8 columns' 32 quants `y` (a
+/// partial group's other columns zero) as quad j = 0..8 at `dst + 64 j`, i32 lanes 2c and 2c
+/// + 1 holding column c's quants 4j..4j+4, each byte xor `flip` (0x80: + 128 as u8).
+#[inline(always)]
+unsafe fn store_quads_twice(y: &[__m256i; 8], dst: *mut u8, flip: __m512i) {
+    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    // row j of the transpose: quad j of columns 0..8
+    for (j, t) in super::avx2::transpose8_epi32(y).iter().enumerate() {
+        let v = _mm512_xor_si512(_mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(*t)), flip);
+        _mm512_storeu_si512(dst.add(64 * j) as *mut _, v);
     }
 }
 
@@ -1009,8 +1016,8 @@ pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: 
 /// its order: the same bits. Per row pair and block 25 vector operations and no shuffle
 /// (the row-major layout before it, one accumulator per column, needed the scales spread
 /// per column: 27 operations and 8 broadcasts of a just-stored vector; in L1, Gemma 3's
-/// Q5_0 rows, 4 rows x 8 columns of 20 blocks, 18.3 -> 16.5 cycles per row pair and block at 3.5 GHz). Rows 2p, 2p + 1 of column c go to
-/// `out[c * ld + 2p + {0, 1}]`.
+/// Q5_0 rows, 4 rows x 8 columns of 20 blocks, 18.3 -> 16.5 cycles per row pair and block
+/// at 3.5 GHz). Rows 2p, 2p + 1 of column c go to `out[c * ld + 2p + {0, 1}]`.
 #[inline(always)]
 unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
     use super::avx2::PACK_BLOCK;
@@ -1036,20 +1043,21 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
     store_quad::<P, NC>(&r, out, ld);
 }
 
-/// 128-bit chunk j of v to `out[(c0 + cs * j) * ld..]`, for the columns below NC.
+/// 128-bit chunk j of v to `out[(c0 + 2 j) * ld..]` (column c0 + 2j's four rows), for the
+/// columns below NC.
 #[inline(always)]
-unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0: usize, cs: usize) {
+unsafe fn store_chunks<const NC: usize>(v: __m512, out: *mut f32, ld: usize, c0: usize) {
     if c0 < NC {
         _mm_storeu_ps(out.add(c0 * ld), _mm512_castps512_ps128(v));
     }
-    if c0 + cs < NC {
-        _mm_storeu_ps(out.add((c0 + cs) * ld), _mm512_extractf32x4_ps::<1>(v));
+    if c0 + 2 < NC {
+        _mm_storeu_ps(out.add((c0 + 2) * ld), _mm512_extractf32x4_ps::<1>(v));
     }
-    if c0 + 2 * cs < NC {
-        _mm_storeu_ps(out.add((c0 + 2 * cs) * ld), _mm512_extractf32x4_ps::<2>(v));
+    if c0 + 4 < NC {
+        _mm_storeu_ps(out.add((c0 + 4) * ld), _mm512_extractf32x4_ps::<2>(v));
     }
-    if c0 + 3 * cs < NC {
-        _mm_storeu_ps(out.add((c0 + 3 * cs) * ld), _mm512_extractf32x4_ps::<3>(v));
+    if c0 + 6 < NC {
+        _mm_storeu_ps(out.add((c0 + 6) * ld), _mm512_extractf32x4_ps::<3>(v));
     }
 }
 
@@ -1105,8 +1113,7 @@ unsafe fn decode_pairs_q5_1(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 /// lines). The other columns of a partial group get zeros.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    use super::avx2::{transpose8_epi32, PACK_COLS};
-    let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    use super::avx2::PACK_COLS;
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK_PAIRS_Q8_1);
         let mut y = [_mm256_setzero_si256(); PACK_COLS];
@@ -1120,9 +1127,7 @@ pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: 
                 y[c] = load256(x.add(c * xs + i * BlockQ8_1::SIZE + offset_of!(BlockQ8_1, qs)));
             }
         }
-        for (j, t) in transpose8_epi32(&y).iter().enumerate() {
-            _mm512_storeu_si512(b.add(128 + 64 * j) as *mut _, _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(*t)));
-        }
+        store_quads_twice(&y, b.add(128), _mm512_setzero_si512());
     }
 }
 
@@ -1180,8 +1185,8 @@ unsafe fn store_quad<const P: usize, const NC: usize>(r: &[__m512; P], out: *mut
         // chunk k of lo / hi: column 2k / 2k + 1's four sums
         let (r0, r1) = (_mm512_castps_pd(r[0]), _mm512_castps_pd(r[P - 1]));
         let (lo, hi) = (_mm512_castpd_ps(_mm512_unpacklo_pd(r0, r1)), _mm512_castpd_ps(_mm512_unpackhi_pd(r0, r1)));
-        store_chunks::<NC>(lo, out, ld, 0, 2);
-        store_chunks::<NC>(hi, out, ld, 1, 2);
+        store_chunks::<NC>(lo, out, ld, 0);
+        store_chunks::<NC>(hi, out, ld, 1);
     } else {
         let mut t = [0f32; 16];
         _mm512_storeu_ps(t.as_mut_ptr(), r[0]);

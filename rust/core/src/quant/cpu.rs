@@ -1,4 +1,5 @@
-//! The one CPU-feature probe and the one reader of the kernel environment variables.
+//! The one CPU-feature probe (and cache-size probe) and the one reader of the kernel
+//! environment variables.
 //!
 //! Everything that picks a kernel by what the CPU has (`kernel_set`, the kernel table, the
 //! VNNI / dotprod builds, ggml's FMA-contracted scalar code) asks `features()`; everything
@@ -105,6 +106,34 @@ impl CpuFeatures {
 pub fn features() -> &'static CpuFeatures {
     static F: OnceLock<CpuFeatures> = OnceLock::new();
     F.get_or_init(CpuFeatures::probe)
+}
+
+/// The size of cpu0's level-2 data (or unified) cache, from Linux's sysfs, read on first use
+/// (None where sysfs does not say).
+pub fn l2_bytes() -> Option<usize> {
+    static L2: OnceLock<Option<usize>> = OnceLock::new();
+    *L2.get_or_init(probe_l2_bytes)
+}
+
+fn probe_l2_bytes() -> Option<usize> {
+    for k in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{k}");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_string());
+        let Some(level) = read("level") else { break };
+        if level != "2" || read("type").is_some_and(|t| t == "Instruction") {
+            continue;
+        }
+        let size = read("size")?;
+        let (num, mult) = match size.strip_suffix('K') {
+            Some(n) => (n, 1 << 10),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size.as_str(), 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mult).filter(|&b| b > 0);
+    }
+    None
 }
 
 /// `PYLLAMA_KERNELS`: which kernel set was asked for.
