@@ -256,25 +256,24 @@ unsafe fn q4_k_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: 
         let dw8 = _mm256_loadu_ps(p as *const f32);
         let q = p.add(Q4K_Q);
         for j in 0..4 {
-            let mut isum = [_mm256_setzero_si256(); NC];
-            for h in 0..2 {
-                let mut a = [_mm256_setzero_si256(); NC];
-                for k in 0..8 {
-                    let wpk = load256(q.add(32 * (8 * j + k)));
-                    let wq = if h == 0 { _mm256_and_si256(wpk, m4) } else { _mm256_and_si256(_mm256_srli_epi16(wpk, 4), m4) };
-                    for c in 0..NC {
-                        let xv = bcast32(x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 64 * j + 32 * h + 4 * k));
-                        a[c] = dot_acc::<B>(a[c], wq, xv);
-                    }
-                }
-                let sc = load256(p.add(Q4K_SC + 32 * (2 * j + h)));
+            // sub-blocks 2j (low nibbles) and 2j + 1 (high) side by side: one weight load
+            // feeds both, and the i16 sums of both stay in registers
+            let mut a = [[_mm256_setzero_si256(); NC]; 2];
+            for k in 0..8 {
+                let wpk = load256(q.add(32 * (8 * j + k)));
+                let wq = [_mm256_and_si256(wpk, m4), _mm256_and_si256(_mm256_srli_epi16(wpk, 4), m4)];
                 for c in 0..NC {
-                    isum[c] = _mm256_add_epi32(isum[c], scale::<B>(a[c], sc));
+                    let xq = x.add(c * xs + i * BlockQ8K::SIZE + offset_of!(BlockQ8K, qs) + 64 * j + 4 * k);
+                    a[0][c] = dot_acc::<B>(a[0][c], wq[0], bcast32(xq));
+                    a[1][c] = dot_acc::<B>(a[1][c], wq[1], bcast32(xq.add(32)));
                 }
             }
+            let sc0 = load256(p.add(Q4K_SC + 32 * (2 * j)));
+            let sc1 = load256(p.add(Q4K_SC + 32 * (2 * j + 1)));
             for c in 0..NC {
+                let isum = _mm256_add_epi32(scale::<B>(a[0][c], sc0), scale::<B>(a[1][c], sc1));
                 let yd = _mm256_set1_ps(std::ptr::read_unaligned(x.add(c * xs + i * BlockQ8K::SIZE) as *const f32));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dw8, yd), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw8, yd), acc[c]);
             }
         }
     }
