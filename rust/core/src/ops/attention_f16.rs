@@ -857,38 +857,50 @@ mod x86 {
         [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]]
     }
 
-    #[inline(always)]
-    unsafe fn round16(x: __m512) -> __m512 {
-        _mm512_cvtph_ps(_mm512_cvtps_ph::<RN>(x))
+
+    /// The 16 f16 at p as f32 (a zmm): `vcvtph2ps` with its load folded in (the intrinsic's
+    /// form carries {sae}, which has no memory operand, so the compiler keeps a separate
+    /// load and the register form's shuffle uop). The same values. (Macros: `asm!`'s zmm
+    /// operands need the caller's avx512f, and an always-inlined fn cannot enable it.)
+    macro_rules! ld16 {
+        ($p:expr) => {{
+            let y: __m512;
+            std::arch::asm!("vcvtph2ps {y}, ymmword ptr [{p}]", y = out(zmm_reg) y, p = in(reg) $p, options(nostack, preserves_flags, readonly, pure));
+            y
+        }};
+    }
+
+    /// y rounded to f16 (to nearest even) into the 16 f16 at p: `vcvtps2ph` to memory (see
+    /// `ld16`).
+    macro_rules! st16 {
+        ($p:expr, $y:expr) => {
+            std::arch::asm!("vcvtps2ph ymmword ptr [{p}], {y}, 0", p = in(reg) $p, y = in(zmm_reg) $y, options(nostack, preserves_flags))
+        };
     }
 
     /// The steady state of `accumulate_4`: NQ queries from i0 that each take a plain mad
     /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
-    /// without the per-key flag loads and branches (4 * NQ independent accumulator chains).
-    #[inline(always)]
+    /// without the per-key flag loads and branches (4 * NQ independent accumulator chains),
+    /// each step rounding through the f16 accumulator in memory (as
+    /// `accumulate_steady_avx2`: the memory forms of the conversions have no shuffle uop;
+    /// 2.23 against 2.63 cycles per 16 lanes here, 24 chains). The same bits. (A call of its
+    /// own: `ld16!` / `st16!` need avx512f enabled on the function they are in.)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     unsafe fn accumulate_steady_512<const NQ: usize, V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
+        debug_assert!(acc.len() >= (i0 + NQ) * hv && hv % 64 == 0);
+        let base = acc.as_mut_ptr().add(i0 * hv);
         let mut c = 0;
         while c < hv {
-            let mut r = [[_mm512_setzero_ps(); 4]; NQ];
-            for (qi, rq) in r.iter_mut().enumerate() {
-                let pa = acc.as_ptr().add((i0 + qi) * hv + c);
-                for (u, ru) in rq.iter_mut().enumerate() {
-                    *ru = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(16 * u) as *const __m256i));
-                }
-            }
             for kk in 0..KB {
                 let v = [vr(kk, c), vr(kk, c + 16), vr(kk, c + 32), vr(kk, c + 48)];
-                for (qi, rq) in r.iter_mut().enumerate() {
+                for qi in 0..NQ {
                     let va = _mm512_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = round16(_mm512_fmadd_ps(v[u], va, *ru));
+                    let pa = base.add(qi * hv + c);
+                    for (u, vu) in v.iter().enumerate() {
+                        let pu = pa.add(16 * u);
+                        let y = _mm512_fmadd_ps(*vu, va, ld16!(pu as *const u16));
+                        st16!(pu, y);
                     }
-                }
-            }
-            for (qi, rq) in r.iter().enumerate() {
-                let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
-                for (u, ru) in rq.iter().enumerate() {
-                    _mm256_storeu_si256(pa.add(16 * u) as *mut __m256i, _mm512_cvtps_ph::<RN>(*ru));
                 }
             }
             c += 64;
@@ -896,9 +908,9 @@ mod x86 {
     }
 
     /// The V accumulation of one block for queries i0..i0 + 4 (those < nq), 64 lanes at a
-    /// time with the accumulators in registers (f32 holding f16 values: each step rounds
-    /// to f16 exactly as the stored accumulator would be), keys in order per query.
-    #[inline(always)]
+    /// time, keys in order per query, each step through the f16 accumulator in memory (as
+    /// `accumulate_steady_512`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     unsafe fn accumulate_4<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         // the four queries' flags read below (a mis-sized buffer panics here, not past it)
         assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
@@ -915,40 +927,31 @@ mod x86 {
         }
         let mut c = 0;
         while c < hv {
-            let mut r = [[_mm512_setzero_ps(); 4]; 4];
-            for (qi, rq) in r.iter_mut().enumerate() {
-                if i0 + qi < nq {
-                    let pa = acc.as_ptr().add((i0 + qi) * hv + c);
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = _mm512_cvtph_ps(_mm256_loadu_si256(pa.add(16 * u) as *const __m256i));
-                    }
-                }
-            }
             for kk in 0..nb {
                 let v = [vr(kk, c), vr(kk, c + 16), vr(kk, c + 32), vr(kk, c + 48)];
-                for (qi, rq) in r.iter_mut().enumerate() {
+                for qi in 0..4 {
+                    if i0 + qi >= nq {
+                        break;
+                    }
                     let f = (i0 + qi) * KB + kk;
                     let flag = *fl.get_unchecked(f);
                     if flag == 0 {
                         continue;
                     }
+                    let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
                     if flag == 2 {
                         let vm = _mm512_set1_ps(*ms.get_unchecked(f));
-                        for ru in rq.iter_mut() {
-                            *ru = round16(_mm512_mul_ps(*ru, vm));
+                        for u in 0..4 {
+                            let pu = pa.add(16 * u);
+                            let y = _mm512_mul_ps(ld16!(pu as *const u16), vm);
+                            st16!(pu, y);
                         }
                     }
                     let va = _mm512_set1_ps(*vs.get_unchecked(f));
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = round16(_mm512_fmadd_ps(v[u], va, *ru));
-                    }
-                }
-            }
-            for (qi, rq) in r.iter().enumerate() {
-                if i0 + qi < nq {
-                    let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
-                    for (u, ru) in rq.iter().enumerate() {
-                        _mm256_storeu_si256(pa.add(16 * u) as *mut __m256i, _mm512_cvtps_ph::<RN>(*ru));
+                    for (u, vu) in v.iter().enumerate() {
+                        let pu = pa.add(16 * u);
+                        let y = _mm512_fmadd_ps(*vu, va, ld16!(pu as *const u16));
+                        st16!(pu, y);
                     }
                 }
             }
@@ -1252,49 +1255,53 @@ mod x86 {
         o
     }
 
-    #[inline(always)]
-    unsafe fn round16_avx2(x: __m256) -> __m256 {
-        _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(x))
-    }
 
     /// The steady state of `accumulate_4_avx2`: NQ queries from i0 that each take a plain
-    /// mad from every key of a whole block (flags all 1), 16 lanes at a time: the same steps
-    /// without the per-key flag tests, 2 * NQ independent accumulator chains (each step an
-    /// FMA and an f16 round trip, ~15 cycles of latency on Zen 3: 8 chains leave the
-    /// converters idle, 12 keep them busier).
+    /// mad from every key of a whole block (flags all 1): the same steps without the per-key
+    /// flag tests. Each step rounds through the f16 accumulator in memory (`vcvtps2ph` to it,
+    /// `vcvtph2ps` from it, forwarded from the store) rather than through a register: the
+    /// memory forms leave out the shuffle uop of the register forms (the round trip 1.48
+    /// against 2.35 cycles per 8 lanes here, 24 chains), and with no accumulator held in a
+    /// register, U vectors of V per key (32 lanes where hv allows) give U * NQ chains to
+    /// cover the store-forwarding latency. The same values step by step (a store and reload
+    /// of an f16 is the register round trip), so the same bits.
     #[inline(always)]
     unsafe fn accumulate_steady_avx2<const NQ: usize, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
-        let mut c = 0;
-        while c < hv {
-            let mut r = [[_mm256_setzero_ps(); 2]; NQ];
-            for (qi, rq) in r.iter_mut().enumerate() {
-                let pa = acc.as_ptr().add((i0 + qi) * hv + c);
-                for (u, ru) in rq.iter_mut().enumerate() {
-                    *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
-                }
-            }
-            for kk in 0..KB {
-                let v = [vr(kk, c), vr(kk, c + 8)];
-                for (qi, rq) in r.iter_mut().enumerate() {
-                    let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
+        #[inline(always)]
+        unsafe fn run<const NQ: usize, const U: usize, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
+            debug_assert!(acc.len() >= (i0 + NQ) * hv && hv % (8 * U) == 0);
+            let base = acc.as_mut_ptr().add(i0 * hv);
+            let mut c = 0;
+            while c < hv {
+                for kk in 0..KB {
+                    let mut v = [_mm256_setzero_ps(); U];
+                    for (u, vu) in v.iter_mut().enumerate() {
+                        *vu = vr(kk, c + 8 * u);
+                    }
+                    for qi in 0..NQ {
+                        let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
+                        let pa = base.add(qi * hv + c);
+                        for (u, vu) in v.iter().enumerate() {
+                            let pu = pa.add(8 * u) as *mut __m128i;
+                            let y = _mm256_fmadd_ps(*vu, va, _mm256_cvtph_ps(_mm_loadu_si128(pu)));
+                            _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(y));
+                        }
                     }
                 }
+                c += 8 * U;
             }
-            for (qi, rq) in r.iter().enumerate() {
-                let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
-                for (u, ru) in rq.iter().enumerate() {
-                    _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
-                }
-            }
-            c += 16;
+        }
+        if hv % 32 == 0 {
+            run::<NQ, 4, V>(acc, hv, i0, vr, vs)
+        } else {
+            run::<NQ, 2, V>(acc, hv, i0, vr, vs)
         }
     }
 
-    /// `accumulate_4` in ymm registers: queries i0..i0 + 4, 16 lanes at a time (8
-    /// accumulators and 2 V registers of the 16 ymm); in the steady state (a whole block,
-    /// every flag 1) six queries at once when there are six. Returns the queries done.
+    /// `accumulate_4` with ymm: queries i0..i0 + 4, 32 lanes at a time (16 where hv is not a
+    /// multiple of 32), each step through the f16 accumulator in memory (as
+    /// `accumulate_steady_avx2`); in the steady state (a whole block, every flag 1) six
+    /// queries at once when there are six. Returns the queries done.
     #[inline(always)]
     unsafe fn accumulate_4_avx2<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         // the four queries' flags read below (a mis-sized buffer panics here, not past it)
@@ -1310,46 +1317,46 @@ mod x86 {
                 return 4;
             }
         }
-        let mut c = 0;
-        while c < hv {
-            let mut r = [[_mm256_setzero_ps(); 2]; 4];
-            for (qi, rq) in r.iter_mut().enumerate() {
-                if i0 + qi < nq {
-                    let pa = acc.as_ptr().add((i0 + qi) * hv + c);
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = _mm256_cvtph_ps(_mm_loadu_si128(pa.add(8 * u) as *const __m128i));
+        #[inline(always)]
+        unsafe fn run<const U: usize, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) {
+            let mut c = 0;
+            while c < hv {
+                for kk in 0..nb {
+                    let mut v = [_mm256_setzero_ps(); U];
+                    for (u, vu) in v.iter_mut().enumerate() {
+                        *vu = vr(kk, c + 8 * u);
                     }
-                }
-            }
-            for kk in 0..nb {
-                let v = [vr(kk, c), vr(kk, c + 8)];
-                for (qi, rq) in r.iter_mut().enumerate() {
-                    let f = (i0 + qi) * KB + kk;
-                    let flag = *fl.get_unchecked(f);
-                    if flag == 0 {
-                        continue;
-                    }
-                    if flag == 2 {
-                        let vm = _mm256_set1_ps(*ms.get_unchecked(f));
-                        for ru in rq.iter_mut() {
-                            *ru = round16_avx2(_mm256_mul_ps(*ru, vm));
+                    for qi in 0..4 {
+                        if i0 + qi >= nq {
+                            break;
+                        }
+                        let f = (i0 + qi) * KB + kk;
+                        let flag = *fl.get_unchecked(f);
+                        if flag == 0 {
+                            continue;
+                        }
+                        let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
+                        if flag == 2 {
+                            let vm = _mm256_set1_ps(*ms.get_unchecked(f));
+                            for u in 0..U {
+                                let pu = pa.add(8 * u) as *mut __m128i;
+                                _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(pu)), vm)));
+                            }
+                        }
+                        let va = _mm256_set1_ps(*vs.get_unchecked(f));
+                        for (u, vu) in v.iter().enumerate() {
+                            let pu = pa.add(8 * u) as *mut __m128i;
+                            _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(*vu, va, _mm256_cvtph_ps(_mm_loadu_si128(pu)))));
                         }
                     }
-                    let va = _mm256_set1_ps(*vs.get_unchecked(f));
-                    for (u, ru) in rq.iter_mut().enumerate() {
-                        *ru = round16_avx2(_mm256_fmadd_ps(v[u], va, *ru));
-                    }
                 }
+                c += 8 * U;
             }
-            for (qi, rq) in r.iter().enumerate() {
-                if i0 + qi < nq {
-                    let pa = acc.as_mut_ptr().add((i0 + qi) * hv + c);
-                    for (u, ru) in rq.iter().enumerate() {
-                        _mm_storeu_si128(pa.add(8 * u) as *mut __m128i, _mm256_cvtps_ph::<0>(*ru));
-                    }
-                }
-            }
-            c += 16;
+        }
+        if hv % 32 == 0 {
+            run::<4, V>(acc, hv, nq, i0, nb, vr, fl, ms, vs);
+        } else {
+            run::<2, V>(acc, hv, nq, i0, nb, vr, fl, ms, vs);
         }
         4
     }
