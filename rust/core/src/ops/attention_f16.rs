@@ -427,13 +427,28 @@ mod x86 {
         pass_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, dot_avx2, scale, mad)
     }
 
+    /// The 16 f16 at p as f32. `_mm512_cvtph_ps` is the {sae} form, which has no memory
+    /// operand: the compiler then loads apart and converts in a register, a shuffle uop
+    /// more; this form takes the load (the same values: {sae} only silences exceptions).
+    #[inline(always)]
+    unsafe fn ld16(p: *const u16) -> __m512 {
+        _mm512_cvt_roundph_ps::<_MM_FROUND_CUR_DIRECTION>(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    /// y rounded to f16 (to nearest even) into the 16 f16 at p: `vcvtps2ph` to memory (the
+    /// rounding imm without {sae}, as `ld16`).
+    #[inline(always)]
+    unsafe fn st16(p: *mut u16, y: __m512) {
+        _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y))
+    }
+
     #[inline(always)]
     unsafe fn to_f32_512(src: &[u16], dst: &mut [f32]) {
         let n = src.len();
         let n16 = n / 16 * 16;
         let mut i = 0;
         while i < n16 {
-            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i)));
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), ld16(src.as_ptr().add(i)));
             i += 16;
         }
         to_f32_avx2(&src[n16..], &mut dst[n16..]);
@@ -463,8 +478,6 @@ mod x86 {
         }
         finish(fold_halves(a0, a1), k16, q, np, n)
     }
-
-    const RN: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
     /// glibc's `__exp2f_data` (sysdeps/ieee754/flt-32/e_exp2f_data.c, EXP2F_TABLE_BITS 5):
     /// tab[i] = bits(2^(i/32)) - (i << 47), then N/ln2, the shift 0x1.8p52 and the
@@ -546,8 +559,8 @@ mod x86 {
         let va = _mm512_set1_ps(a);
         let mut i = 0;
         while i < n16 {
-            let py = y.as_mut_ptr().add(i) as *mut __m256i;
-            _mm256_storeu_si256(py, _mm512_cvtps_ph::<RN>(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(py)), va)));
+            let py = y.as_mut_ptr().add(i);
+            st16(py, _mm512_mul_ps(ld16(py), va));
             i += 16;
         }
         scale_avx2(y, n16, a);
@@ -559,9 +572,8 @@ mod x86 {
         let va = _mm512_set1_ps(a);
         let mut i = 0;
         while i < n16 {
-            let py = y.as_mut_ptr().add(i) as *mut __m256i;
-            let vy = _mm512_cvtph_ps(_mm256_loadu_si256(py));
-            _mm256_storeu_si256(py, _mm512_cvtps_ph::<RN>(_mm512_fmadd_ps(_mm512_loadu_ps(xf.as_ptr().add(i)), va, vy)));
+            let py = y.as_mut_ptr().add(i);
+            st16(py, _mm512_fmadd_ps(_mm512_loadu_ps(xf.as_ptr().add(i)), va, ld16(py)));
             i += 16;
         }
         mad_avx2(y, n16, a, xf, x16);
@@ -597,7 +609,7 @@ mod x86 {
     /// (not staged in f32): `scores_n_512`.
     #[inline(always)]
     unsafe fn scores_direct_512(krows: &[*const u16; KB], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
-        scores_nq_512(&|kk: usize, i: usize| _mm512_cvtph_ps(_mm256_loadu_si256(krows.get_unchecked(kk).add(i) as *const __m256i)), hk, q, nq, out)
+        scores_nq_512(&|kk: usize, i: usize| ld16(krows.get_unchecked(kk).add(i)), hk, q, nq, out)
     }
 
     /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
@@ -858,34 +870,13 @@ mod x86 {
     }
 
 
-    /// The 16 f16 at p as f32 (a zmm): `vcvtph2ps` with its load folded in (the intrinsic's
-    /// form carries {sae}, which has no memory operand, so the compiler keeps a separate
-    /// load and the register form's shuffle uop). The same values. (Macros: `asm!`'s zmm
-    /// operands need the caller's avx512f, and an always-inlined fn cannot enable it.)
-    macro_rules! ld16 {
-        ($p:expr) => {{
-            let y: __m512;
-            std::arch::asm!("vcvtph2ps {y}, ymmword ptr [{p}]", y = out(zmm_reg) y, p = in(reg) $p, options(nostack, preserves_flags, readonly, pure));
-            y
-        }};
-    }
-
-    /// y rounded to f16 (to nearest even) into the 16 f16 at p: `vcvtps2ph` to memory (see
-    /// `ld16`).
-    macro_rules! st16 {
-        ($p:expr, $y:expr) => {
-            std::arch::asm!("vcvtps2ph ymmword ptr [{p}], {y}, 0", p = in(reg) $p, y = in(zmm_reg) $y, options(nostack, preserves_flags))
-        };
-    }
-
     /// The steady state of `accumulate_4`: NQ queries from i0 that each take a plain mad
     /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
     /// without the per-key flag loads and branches (4 * NQ independent accumulator chains),
     /// each step rounding through the f16 accumulator in memory (as
     /// `accumulate_steady_avx2`: the memory forms of the conversions have no shuffle uop;
-    /// 2.23 against 2.63 cycles per 16 lanes here, 24 chains). The same bits. (A call of its
-    /// own: `ld16!` / `st16!` need avx512f enabled on the function they are in.)
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    /// 2.23 against 2.63 cycles per 16 lanes here, 24 chains; `ld16`, `st16`). The same bits.
+    #[inline(always)]
     unsafe fn accumulate_steady_512<const NQ: usize, V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, i0: usize, vr: &V, vs: &[f32]) {
         debug_assert!(acc.len() >= (i0 + NQ) * hv && hv % 64 == 0);
         let base = acc.as_mut_ptr().add(i0 * hv);
@@ -898,8 +889,8 @@ mod x86 {
                     let pa = base.add(qi * hv + c);
                     for (u, vu) in v.iter().enumerate() {
                         let pu = pa.add(16 * u);
-                        let y = _mm512_fmadd_ps(*vu, va, ld16!(pu as *const u16));
-                        st16!(pu, y);
+                        let y = _mm512_fmadd_ps(*vu, va, ld16(pu));
+                        st16(pu, y);
                     }
                 }
             }
@@ -910,7 +901,7 @@ mod x86 {
     /// The V accumulation of one block for queries i0..i0 + 4 (those < nq), 64 lanes at a
     /// time, keys in order per query, each step through the f16 accumulator in memory (as
     /// `accumulate_steady_512`).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn accumulate_4<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         // the four queries' flags read below (a mis-sized buffer panics here, not past it)
         assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
@@ -943,15 +934,15 @@ mod x86 {
                         let vm = _mm512_set1_ps(*ms.get_unchecked(f));
                         for u in 0..4 {
                             let pu = pa.add(16 * u);
-                            let y = _mm512_mul_ps(ld16!(pu as *const u16), vm);
-                            st16!(pu, y);
+                            let y = _mm512_mul_ps(ld16(pu), vm);
+                            st16(pu, y);
                         }
                     }
                     let va = _mm512_set1_ps(*vs.get_unchecked(f));
                     for (u, vu) in v.iter().enumerate() {
                         let pu = pa.add(16 * u);
-                        let y = _mm512_fmadd_ps(*vu, va, ld16!(pu as *const u16));
-                        st16!(pu, y);
+                        let y = _mm512_fmadd_ps(*vu, va, ld16(pu));
+                        st16(pu, y);
                     }
                 }
             }
@@ -1125,7 +1116,7 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn direct(p: *const u16) -> __m512 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            ld16(p)
         }
         blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, below, exp8, accumulate_4, staged, direct)
     }
