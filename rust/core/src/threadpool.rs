@@ -27,12 +27,25 @@ const SPIN_LIMIT: u32 = 1 << 13;
 
 type Job = dyn Fn(usize, usize) + Sync;
 
+/// A value alone on a 128-byte pair of cache lines (Intel's adjacent-line prefetch moves
+/// lines in pairs).
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct Shared {
     n_threads: usize,
     /// (epoch << 16) | next unclaimed ith of the current region.
     claim: AtomicU64,
-    /// Slots finished by workers in the current region.
-    done: AtomicUsize,
+    /// Slots finished by workers in the current region, on lines of its own: the caller
+    /// spins on it while the workers claim slots in `claim`.
+    done: Line<AtomicUsize>,
     shutdown: AtomicBool,
     panicked: AtomicBool,
     /// The current job, lifetime-erased; only valid while `run` is on the stack.
@@ -62,7 +75,7 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             n_threads: n,
             claim: AtomicU64::new(0),
-            done: AtomicUsize::new(0),
+            done: Line(AtomicUsize::new(0)),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             job: std::cell::UnsafeCell::new(None),
