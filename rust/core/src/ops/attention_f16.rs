@@ -869,7 +869,6 @@ mod x86 {
         [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]]
     }
 
-
     /// The steady state of `accumulate_4`: NQ queries from i0 that each take a plain mad
     /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
     /// without the per-key flag loads and branches (4 * NQ independent accumulator chains),
@@ -1245,7 +1244,6 @@ mod x86 {
         _mm256_storeu_ps(o.as_mut_ptr(), exp8_avx2(_mm256_loadu_ps(x.as_ptr())));
         o
     }
-
 
     /// The steady state of `accumulate_4_avx2`: NQ queries from i0 that each take a plain
     /// mad from every key of a whole block (flags all 1): the same steps without the per-key

@@ -1281,8 +1281,9 @@ mod tests {
                             assert_eq!(got[c].to_bits(), want.to_bits(), "{ty} {build:?} nc={nc} case {case} column {c}");
                         }
                     }
-                    // the column-lane kernel (plain AVX2 build): decoded row, lanes layout
-                    if let Some(ln) = p.lanes {
+                    // the column-lane kernels (plain AVX2 and AVX-VNNI builds): decoded row,
+                    // lanes layout
+                    for ln in builds.iter().filter_map(|&b| packed_of(ty, b).lanes) {
                         let mut lp = vec![0xA5u8; nb * p.block_bytes];
                         let mut dec = vec![0xA5u8; nb * ln.block_bytes];
                         let mut got = [f32::NAN; avx2::PACK_COLS];
@@ -1305,8 +1306,8 @@ mod tests {
                 }
             }
         }
-        // Q4_0, Q5_0, Q4_1, Q5_1 x 6 cases x 8 widths
-        assert_eq!(lanes_seen, 4 * 6 * 8);
+        // Q4_0, Q5_0, Q4_1, Q5_1 x 6 cases x 8 widths, per build that has them
+        assert_eq!(lanes_seen, 4 * 6 * 8 * (1 + vnni_cpu as usize));
     }
 }
 

@@ -57,8 +57,8 @@ pub(crate) const MIN_TOKENS: usize = 16;
 
 /// This module's kernels in table `t`, in build `build` (the set's: `PackBuild::Evex` for
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
-/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 build the
-/// column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
+/// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 and
+/// AVX-VNNI builds the column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
 /// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over raw rows (decode steps) and over decoded
 /// rows (prefill: `quad_signed`, over interleaved row pairs, and `pair_min_decoded`).
 /// `PYLLAMA_NO_RB=1` registers none (the same bits either way, for comparisons).
@@ -68,8 +68,8 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
             t.set_row_block(ty, kernels_with(ty, build).expect("row-block kernels of Q4_K and Q6_K"));
         }
     }
-    if build == PackBuild::Plain {
-        for (ty, lanes) in lanes_kernels() {
+    if build == PackBuild::Plain || build == PackBuild::Vnni {
+        for (ty, lanes) in lanes_kernels(build) {
             t.set_packed_lanes(ty, lanes);
         }
     }
@@ -567,10 +567,11 @@ macro_rules! builds {
 builds!(q4_k_tile, q4_k_plain, q4_k_vnni);
 builds!(q6_k_tile, q6_k_plain, q6_k_vnni);
 
-// ------------------------------------------------------------------ column lanes (plain AVX2)
+// ------------------------------------------------------------------ column lanes (AVX2)
 
-/// The plain AVX2 build's prefill kernels of Q4_0 / Q5_0 (against Q8_0) and Q4_1 / Q5_1
-/// (against Q8_1), with one COLUMN per lane.
+/// The AVX2 builds' prefill kernels of Q4_0 / Q5_0 (against Q8_0) and Q4_1 / Q5_1 (against
+/// Q8_1), with one COLUMN per lane (plain: `maddubs` + `madd`; AVX-VNNI: one `vpdpbusd`,
+/// which took Gemma 3's Q5_0 from the packed kernels' 43 to 60.5 GMAC/s, one thread).
 ///
 /// The packed kernels of `avx2.rs` put a block's 32 elements across the lanes: per column
 /// and block they need d_w * d_x of that column in all 8 lanes, a broadcast of a product
@@ -592,12 +593,13 @@ builds!(q6_k_tile, q6_k_plain, q6_k_vnni);
 /// trick per quad (|w| against y with w's signs) the column-lane kernel measured no faster
 /// than the packed one (prefill 33.6 vs 34.1 GMAC/s, Gemma 3's output at 8 tokens 39.8 vs
 /// 38.2 ms).
-fn lanes_kernels() -> [(GgmlType, Lanes); 4] {
+fn lanes_kernels(build: PackBuild) -> [(GgmlType, Lanes); 4] {
+    let (signed, min) = if build == PackBuild::Vnni { (lanes_signed_vnni as PackedDot, lanes_min_vnni as PackedDot) } else { (lanes_signed as PackedDot, lanes_min as PackedDot) };
     [
-        (GgmlType::Q4_0, Lanes { decode: decode_lanes_q4_0, block_bytes: 36, dot: lanes_signed as PackedDot }),
-        (GgmlType::Q5_0, Lanes { decode: decode_lanes_q5_0, block_bytes: 36, dot: lanes_signed as PackedDot }),
-        (GgmlType::Q4_1, Lanes { decode: decode_lanes_q4_1, block_bytes: 40, dot: lanes_min as PackedDot }),
-        (GgmlType::Q5_1, Lanes { decode: decode_lanes_q5_1, block_bytes: 40, dot: lanes_min as PackedDot }),
+        (GgmlType::Q4_0, Lanes { decode: decode_lanes_q4_0, block_bytes: 36, dot: signed }),
+        (GgmlType::Q5_0, Lanes { decode: decode_lanes_q5_0, block_bytes: 36, dot: signed }),
+        (GgmlType::Q4_1, Lanes { decode: decode_lanes_q4_1, block_bytes: 40, dot: min }),
+        (GgmlType::Q5_1, Lanes { decode: decode_lanes_q5_1, block_bytes: 40, dot: min }),
     ]
 }
 
@@ -651,6 +653,18 @@ unsafe fn lanes_tree(a: &[__m256; 8]) -> __m256 {
 /// of each quad): lane j of `avx2::dot_packed_signed`, all 8 columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    lanes_signed_b::<PLAIN>(nb, wd, xp, out)
+}
+
+/// `lanes_signed` with AVX-VNNI: the correction + the quad's products in one `vpdpbusd`
+/// (the same exact i32, so the same bits).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn lanes_signed_vnni(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    lanes_signed_b::<VNNI>(nb, wd, xp, out)
+}
+
+#[inline(always)]
+unsafe fn lanes_signed_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
     let ones16 = _mm256_set1_epi16(1);
@@ -664,7 +678,7 @@ unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
             let wj = bcast32(q.add(4 * j));
             let y = load256(b.add(4 * PACK_COLS + 32 * j));
             let corr = load256(b.add(4 * PACK_COLS + 256 + 32 * j));
-            let s = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16));
+            let s = if B == PLAIN { _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16)) } else { vnni_acc(corr, wj, y) };
             *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
@@ -675,6 +689,17 @@ unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
 /// columns' d_x, their s_x, then their quads): `avx2::dot_packed_min`, all 8 columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    lanes_min_b::<PLAIN>(nb, wd, xp, out)
+}
+
+/// `lanes_min` with AVX-VNNI (`vpdpbusd` from the magic).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn lanes_min_vnni(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+    lanes_min_b::<VNNI>(nb, wd, xp, out)
+}
+
+#[inline(always)]
+unsafe fn lanes_min_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
     let ones16 = _mm256_set1_epi16(1);
@@ -690,7 +715,7 @@ unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
         for (j, aj) in a.iter_mut().enumerate() {
             let wj = bcast32(q.add(4 * j));
             let y = load256(b.add(8 * PACK_COLS + 32 * j));
-            let s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16), magic_i);
+            let s = if B == PLAIN { _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16), magic_i) } else { vnni_acc(magic_i, wj, y) };
             *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
