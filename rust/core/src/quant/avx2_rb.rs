@@ -73,6 +73,10 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
             t.set_packed_lanes(ty, lanes);
         }
     }
+    if build == PackBuild::Vnni {
+        // Q8_0's quants + 128 would saturate `maddubs` pairs, not `vpdpbusd`'s i32 sums
+        t.set_packed_lanes(GgmlType::Q8_0, Lanes { decode: decode_lanes_q8_0, block_bytes: 36, dot: lanes_signed_vnni });
+    }
     if build == PackBuild::Evex {
         t.set_packed_pair(GgmlType::Q4_0, pair_cols!(pair_q4_0));
         t.set_packed_pair(GgmlType::Q5_0, pair_cols!(pair_q5_0));
@@ -571,7 +575,8 @@ builds!(q6_k_tile, q6_k_plain, q6_k_vnni);
 
 /// The AVX2 builds' prefill kernels of Q4_0 / Q5_0 (against Q8_0) and Q4_1 / Q5_1 (against
 /// Q8_1), with one COLUMN per lane (plain: `maddubs` + `madd`; AVX-VNNI: one `vpdpbusd`,
-/// which took Gemma 3's Q5_0 from the packed kernels' 43 to 60.5 GMAC/s, one thread).
+/// which took Gemma 3's Q5_0 from the packed kernels' 43 to 60.5 GMAC/s, one thread, and
+/// also runs Q8_0).
 ///
 /// The packed kernels of `avx2.rs` put a block's 32 elements across the lanes: per column
 /// and block they need d_w * d_x of that column in all 8 lanes, a broadcast of a product
@@ -589,10 +594,10 @@ builds!(q6_k_tile, q6_k_plain, q6_k_vnni);
 /// offset to unsigned as the packed kernels use them, then the f32 scales), the activation
 /// groups packed quad-major (`avx2::pack_q8_0_lanes`, `avx2::pack_q8_1_lanes`).
 ///
-/// Not Q8_0: its quants + 128 could saturate `maddubs`, and with the plain kernels' sign
-/// trick per quad (|w| against y with w's signs) the column-lane kernel measured no faster
-/// than the packed one (prefill 33.6 vs 34.1 GMAC/s, Gemma 3's output at 8 tokens 39.8 vs
-/// 38.2 ms).
+/// Not Q8_0 in the plain build: its quants + 128 could saturate `maddubs`, and with the plain
+/// kernels' sign trick per quad (|w| against y with w's signs) the column-lane kernel measured
+/// no faster than the packed one (prefill 33.6 vs 34.1 GMAC/s, Gemma 3's output at 8 tokens
+/// 39.8 vs 38.2 ms). The AVX-VNNI build runs it (`register`).
 fn lanes_kernels(build: PackBuild) -> [(GgmlType, Lanes); 4] {
     let (signed, min) = if build == PackBuild::Vnni { (lanes_signed_vnni as PackedDot, lanes_min_vnni as PackedDot) } else { (lanes_signed as PackedDot, lanes_min as PackedDot) };
     [
@@ -628,6 +633,13 @@ unsafe fn decode_lanes_q4_0(nb: usize, w: *const u8, dst: *mut u8) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_lanes_q5_0(nb: usize, w: *const u8, dst: *mut u8) {
     decode_lanes::<false>(nb, w, BlockQ5_0::SIZE, dst, |b| super::avx2::q5_0_unsigned(b).1)
+}
+
+/// Q8_0's quants + 128 (the packed layout's offset) as unsigned bytes: for the AVX-VNNI
+/// build's column lanes only (see `register`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_lanes_q8_0(nb: usize, w: *const u8, dst: *mut u8) {
+    decode_lanes::<false>(nb, w, BlockQ8_0::SIZE, dst, |b| _mm256_xor_si256(load256(b.add(offset_of!(BlockQ8_0, qs))), _mm256_set1_epi8(-128)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
