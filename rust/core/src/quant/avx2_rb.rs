@@ -58,9 +58,10 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// This module's kernels in table `t`, in build `build` (the set's: `PackBuild::Evex` for
 /// the AVX-512 set): the row-block kernels of Q4_K and Q6_K when `row_blocks` (not under
 /// `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in the plain AVX2 and
-/// AVX-VNNI builds the column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1, and in the AVX-512 set the two-row packed
-/// kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over raw rows (decode steps) and over decoded
-/// rows (prefill: `quad_signed`, over interleaved row pairs, and `pair_min_decoded`).
+/// AVX-VNNI builds the column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1 (AVX-VNNI: Q8_0 too),
+/// and in the AVX-512 set the two-row packed kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over
+/// raw rows (decode steps) and over decoded rows (prefill: `quad_signed`, over interleaved
+/// row pairs, and `pair_min_decoded`).
 /// `PYLLAMA_NO_RB=1` registers none (the same bits either way, for comparisons).
 pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) {
     if row_blocks {
