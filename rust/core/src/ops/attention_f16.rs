@@ -17,7 +17,8 @@
 //! one-query kernel's registers), and the portable `ops::vec` calls elsewhere. Where the head
 //! dims allow, both x86 sets run a blocked form: blocks of 8 keys, the 8 scores' horizontal
 //! sums together, the 8 exps of a block below the running max in one vector (glibc's expf
-//! arithmetic, `vexp_ok`), the V accumulators of four queries in registers.
+//! arithmetic, `vexp_ok`), the V accumulation of four or six queries per pass over a block,
+//! each step through the f16 accumulator in memory.
 
 use crate::ops::vec::{dot_f16_ggml, fmaf, mad_f16_acc, scale_f16_acc};
 
@@ -307,6 +308,18 @@ mod x86 {
         s as f32
     }
 
+    /// The 8 f16 at p as f32 (the load folds into `vcvtph2ps`: see `accumulate_steady_avx2`).
+    #[inline(always)]
+    unsafe fn ld8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    /// y rounded to f16 (to nearest even) into the 8 f16 at p (`vcvtps2ph` to memory).
+    #[inline(always)]
+    unsafe fn st8(p: *mut u16, y: __m256) {
+        _mm_storeu_si128(p as *mut __m128i, _mm256_cvtps_ph::<0>(y))
+    }
+
     /// f16 row -> f32 (exact)
     #[inline(always)]
     unsafe fn to_f32_avx2(src: &[u16], dst: &mut [f32]) {
@@ -314,7 +327,7 @@ mod x86 {
         let n8 = n / 8 * 8;
         let mut i = 0;
         while i < n8 {
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i)));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), ld8(src.as_ptr().add(i)));
             i += 8;
         }
         for i in n8..n {
@@ -347,8 +360,8 @@ mod x86 {
         let va = _mm256_set1_ps(a);
         let mut i = from;
         while i < n8 {
-            let py = y.as_mut_ptr().add(i) as *mut __m128i;
-            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(py)), va)));
+            let py = y.as_mut_ptr().add(i);
+            st8(py, _mm256_mul_ps(ld8(py), va));
             i += 8;
         }
         if n8 < n {
@@ -364,9 +377,8 @@ mod x86 {
         let va = _mm256_set1_ps(a);
         let mut i = from;
         while i < n8 {
-            let py = y.as_mut_ptr().add(i) as *mut __m128i;
-            let vy = _mm256_cvtph_ps(_mm_loadu_si128(py));
-            _mm_storeu_si128(py, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(_mm256_loadu_ps(xf.as_ptr().add(i)), va, vy)));
+            let py = y.as_mut_ptr().add(i);
+            st8(py, _mm256_fmadd_ps(_mm256_loadu_ps(xf.as_ptr().add(i)), va, ld8(py)));
             i += 8;
         }
         if n8 < n {
@@ -888,8 +900,7 @@ mod x86 {
                     let pa = base.add(qi * hv + c);
                     for (u, vu) in v.iter().enumerate() {
                         let pu = pa.add(16 * u);
-                        let y = _mm512_fmadd_ps(*vu, va, ld16(pu));
-                        st16(pu, y);
+                        st16(pu, _mm512_fmadd_ps(*vu, va, ld16(pu)));
                     }
                 }
             }
@@ -933,15 +944,13 @@ mod x86 {
                         let vm = _mm512_set1_ps(*ms.get_unchecked(f));
                         for u in 0..4 {
                             let pu = pa.add(16 * u);
-                            let y = _mm512_mul_ps(ld16(pu), vm);
-                            st16(pu, y);
+                            st16(pu, _mm512_mul_ps(ld16(pu), vm));
                         }
                     }
                     let va = _mm512_set1_ps(*vs.get_unchecked(f));
                     for (u, vu) in v.iter().enumerate() {
                         let pu = pa.add(16 * u);
-                        let y = _mm512_fmadd_ps(*vu, va, ld16(pu));
-                        st16(pu, y);
+                        st16(pu, _mm512_fmadd_ps(*vu, va, ld16(pu)));
                     }
                 }
             }
@@ -1271,9 +1280,8 @@ mod x86 {
                         let va = _mm256_set1_ps(*vs.get_unchecked((i0 + qi) * KB + kk));
                         let pa = base.add(qi * hv + c);
                         for (u, vu) in v.iter().enumerate() {
-                            let pu = pa.add(8 * u) as *mut __m128i;
-                            let y = _mm256_fmadd_ps(*vu, va, _mm256_cvtph_ps(_mm_loadu_si128(pu)));
-                            _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(y));
+                            let pu = pa.add(8 * u);
+                            st8(pu, _mm256_fmadd_ps(*vu, va, ld8(pu)));
                         }
                     }
                 }
@@ -1328,14 +1336,14 @@ mod x86 {
                         if flag == 2 {
                             let vm = _mm256_set1_ps(*ms.get_unchecked(f));
                             for u in 0..U {
-                                let pu = pa.add(8 * u) as *mut __m128i;
-                                _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(pu)), vm)));
+                                let pu = pa.add(8 * u);
+                                st8(pu, _mm256_mul_ps(ld8(pu), vm));
                             }
                         }
                         let va = _mm256_set1_ps(*vs.get_unchecked(f));
                         for (u, vu) in v.iter().enumerate() {
-                            let pu = pa.add(8 * u) as *mut __m128i;
-                            _mm_storeu_si128(pu, _mm256_cvtps_ph::<0>(_mm256_fmadd_ps(*vu, va, _mm256_cvtph_ps(_mm_loadu_si128(pu)))));
+                            let pu = pa.add(8 * u);
+                            st8(pu, _mm256_fmadd_ps(*vu, va, ld8(pu)));
                         }
                     }
                 }
@@ -1371,7 +1379,7 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn direct(p: *const u16) -> __m256 {
-            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+            ld8(p)
         }
         blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
