@@ -496,14 +496,17 @@ def chat(
         sys.stdout.write(s)
         sys.stdout.flush()
 
-    def respond(user: Optional[str]) -> bool:
+    def respond(user: Optional[str], intro: Optional[str] = None) -> bool:
         """Generate a reply (to ``user``, or to the conversation as it is); True when
-        Ctrl-C cut it."""
-        if color:
-            write("\033[33m")
-        sampler = fresh_sampler()
+        Ctrl-C cut it. ``intro`` is said once Ctrl-C already means "stop the reply", so a
+        Ctrl-C right after it cannot end the chat instead."""
         try:
             with _Interrupt() as intr:
+                if intro is not None:
+                    say(intro)
+                if color:
+                    write("\033[33m")
+                sampler = fresh_sampler()
                 if user is None:
                     loop.reply(sampler, n_predict, write=write, stop=lambda: intr.hit)
                 else:
@@ -582,8 +585,7 @@ def chat(
                     if not content.strip():
                         say(f"error: {arg} is empty")
                         continue
-                    say(f"Loaded text from '{arg}' ({len(content)} characters)")
-                    interrupted = respond(content)
+                    interrupted = respond(content, f"Loaded text from '{arg}' ({len(content)} characters)")
                 elif cmd == "/save":
                     if not arg:
                         say("error: /save needs a file name: /save FILE")
