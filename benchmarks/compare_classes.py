@@ -39,12 +39,12 @@ _BASE = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_F16C=ON", "-DGGML_FMA=ON"
 _ICL = ["-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON"]
 
 # name -> (pyllama kernel set, extra ggml flags over haswell's, CPU flags the class needs, what it is)
-# (ggml/src/CMakeLists.txt: ggml_add_cpu_backend_variant lists; pyllama's AVX-512 set needs VNNI,
-# so on Skylake-X pyllama runs its AVX2 set)
+# (ggml/src/CMakeLists.txt: ggml_add_cpu_backend_variant lists; on Skylake-X, AVX-512 without
+# VNNI, pyllama runs its avx512bw set)
 CLASSES: dict[str, tuple[str, list[str], list[str], str]] = {
     "haswell": ("avx2", [], ["avx2", "fma", "f16c"], "AVX2 (CI's CPUs, most clouds' oldest)"),
     "alderlake": ("avx2vnni", ["-DGGML_AVX_VNNI=ON"], ["avx2", "avx_vnni"], "AVX2 + AVX-VNNI (Intel client)"),
-    "skylakex": ("avx2", ["-DGGML_AVX512=ON"], ["avx512f", "avx512bw", "avx512vl"], "AVX-512 without VNNI (Intel Xeon Skylake-SP)"),
+    "skylakex": ("avx512bw", ["-DGGML_AVX512=ON"], ["avx512f", "avx512bw", "avx512vl", "avx512dq"], "AVX-512 without VNNI (Intel Xeon Skylake-SP)"),
     "icelake": ("avx512", _ICL, ["avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"], "AVX-512 + VNNI (Intel Xeon Ice Lake)"),
     "zen4": ("avx512", [*_ICL, "-DGGML_AVX512_BF16=ON"], ["avx512f", "avx512_vnni", "avx512_bf16"], "AVX-512 + VNNI + BF16 (AMD Zen 4/5)"),
 }

@@ -11,7 +11,7 @@ again without AMX (~/.cache/pyllama/llama.cpp/build-noamx) and a note says so; e
 tool of these scripts (llama-batched-bench, llama-server) then comes from that build.
 
     python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
-        [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR]
+        [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR [--baseline-env KEY=VALUE]]
 
 -d/--depth fills the KV cache with that many tokens before each test (untimed, llama-bench's
 -d), so pp512 @ d4096 and tg128 @ d4096 time attention over a long cache; -ctk/-ctv/-fa go to
@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--llama-bench", help="path to an existing llama-bench")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run an older pyllama installed in DIR (pip install --target DIR), alternated with the others")
+    ap.add_argument("--baseline-env", metavar="KEY=VALUE", action="append", default=[],
+                    help="environment for the baseline only (repeatable), e.g. PYLLAMA_KERNELS=avx2 for a set "
+                         "the older pyllama does not have")
     a = ap.parse_args()
 
     models = a.model
@@ -154,7 +157,13 @@ def main() -> None:
     progs: list[tuple[str, str, dict | None]] = [("llama.cpp", lb, None), ("pyllama", "", None)]
     if a.baseline:
         penv = dict(os.environ)
-        progs.append(("baseline", "", dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))))
+        benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
+        for kv in a.baseline_env:
+            k, eq, v = kv.partition("=")
+            if not eq or not k:
+                ap.error(f"--baseline-env wants KEY=VALUE, got {kv!r}")
+            benv[k] = v
+        progs.append(("baseline", "", benv))
     for rnd in range(a.rounds):
         for m in models:
             for prog, exe, env in progs:

@@ -84,10 +84,13 @@ def test_info_features_agree_with_the_kernel_choice():
     if os.environ.get("PYLLAMA_KERNELS"):
         pytest.skip("PYLLAMA_KERNELS is set for this run")
     if kset == "avx512":
-        assert all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx2", "fma", "f16c"))
+        assert all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni", "avx2", "fma", "f16c"))
+    elif kset == "avx512bw":
+        assert all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"))
+        assert not feats["avx512vnni"]
     elif kset == "avx2":
         assert feats["avx2"] and feats["fma"] and feats["f16c"]
-        assert not all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
+        assert not all(feats[f] for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
 
 
 def test_info_knows_every_setting_pyllama_reads():

@@ -14,8 +14,9 @@ from pyllama import _core  # noqa: E402
 from pyllama.gguf import GGUFFile  # noqa: E402
 from test_quant import SUPPORTED, random_blocks  # noqa: E402
 
-# the SIMD sets this CPU runs: "avx512" implies the AVX2 kernels run too
-KERNELS = ["ref"] + {"ref": [], "avx2": ["avx2"], "avx512": ["avx2", "avx512"]}[_core.kernel_set()]
+# the SIMD sets this CPU runs: "avx512" implies the AVX2 and AVX-512 BW kernels run too
+KERNELS = ["ref"] + {"ref": [], "avx2": ["avx2"], "avx512bw": ["avx2", "avx512bw"],
+                     "avx512": ["avx2", "avx512", "avx512bw"]}[_core.kernel_set()]
 
 
 def numpy_reference(raw: np.ndarray, type_name: str, n_out: int, n_in: int, x: np.ndarray):

@@ -17,7 +17,7 @@ from . import app
 
 # Every environment variable pyllama reads, with what it does (the README's table).
 SETTINGS = {
-    "PYLLAMA_KERNELS": "force a kernel set: ref, avx2, avx2vnni, avx512 (falls back to what the CPU runs)",
+    "PYLLAMA_KERNELS": "force a kernel set: ref, avx2, avx2vnni, avx512, avx512bw (falls back to what the CPU runs)",
     "PYLLAMA_ORDER": "float order: llamacpp = llama.cpp's order for large batches (default: pyllama's)",
     "PYLLAMA_CACHE": "model cache directory",
     "PYLLAMA_NO_ROWS": "benchmarks: turn off the multi-row decode kernels",
@@ -42,14 +42,17 @@ DISTRIBUTION = "pyllama-gguf"
 def _kernel_reason(kset: str, features: dict[str, bool], vnni: bool) -> str:
     forced = os.environ.get("PYLLAMA_KERNELS", "").strip().lower()
     have = [k for k, v in features.items() if v]
-    if forced and forced in ("ref", "avx2", "avx2vnni", "avx512") and forced.startswith(kset):
+    if forced and forced in ("ref", "avx2", "avx2vnni", "avx512", "avx512bw") and forced.startswith(kset) \
+            and (forced == "avx512bw") == (kset == "avx512bw"):
         why = f"forced by PYLLAMA_KERNELS={forced}"
     elif forced:
         why = f"PYLLAMA_KERNELS={forced} asked for a set this CPU cannot run (or an unknown name): the best it runs"
     elif kset == "avx512":
-        why = "the CPU has AVX-512 F, BW, VL and VNNI"
+        why = "the CPU has AVX-512 F, BW, VL, DQ and VNNI"
+    elif kset == "avx512bw":
+        why = "the CPU has AVX-512 F, BW, VL and DQ but not VNNI"
     elif kset == "avx2":
-        missing = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni") if not features.get(f)]
+        missing = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq") if not features.get(f)]
         why = "the CPU has AVX2, FMA and F16C" + (f" but not {', '.join(missing)}" if missing else "")
     elif kset == "neon":
         why = "aarch64 (NEON" + (", dotprod" if features.get("dotprod") else "") + ")"

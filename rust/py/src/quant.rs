@@ -101,7 +101,7 @@ fn quantize<'py>(
 
 /// out[t, r] = dot(weight row r, x row t) with pyllama's kernels. `raw`/`type_name`/`shape`
 /// describe the weight as gguf-py does (shape = (n_out, n_in)); x is float32 [n_tokens, n_in].
-/// `kernels` is "auto" (the process-wide choice), "ref", "avx2" or "avx512".
+/// `kernels` is "auto" (the process-wide choice), "ref", "avx2", "avx512" or "avx512bw".
 #[pyfunction]
 #[pyo3(signature = (raw, type_name, shape, x, n_threads = 1, kernels = "auto"))]
 fn matmul<'py>(
@@ -147,12 +147,15 @@ fn parse_kernels(s: &str) -> PyResult<quant::KernelSet> {
         "avx2" if quant::avx2_available() => Ok(quant::KernelSet::Avx2),
         "avx2" => Err(PyValueError::new_err("this CPU lacks AVX2/FMA/F16C")),
         "avx512" if quant::avx512_available() => Ok(quant::KernelSet::Avx512),
-        "avx512" => Err(PyValueError::new_err("this CPU lacks AVX-512 F/BW/VL/VNNI")),
-        _ => Err(PyValueError::new_err(format!("unknown kernel set '{s}' (auto, ref, avx2, avx512)"))),
+        "avx512" => Err(PyValueError::new_err("this CPU lacks AVX-512 F/BW/VL/DQ/VNNI")),
+        "avx512bw" if quant::avx512bw_available() => Ok(quant::KernelSet::Avx512Bw),
+        "avx512bw" => Err(PyValueError::new_err("this CPU lacks AVX-512 F/BW/VL/DQ")),
+        _ => Err(PyValueError::new_err(format!("unknown kernel set '{s}' (auto, ref, avx2, avx512, avx512bw)"))),
     }
 }
 
-/// The kernel set in use: "avx512", "avx2" or "ref" (PYLLAMA_KERNELS=ref|avx2|avx512 forces one).
+/// The kernel set in use: "avx512", "avx512bw", "avx2", "neon" or "ref"
+/// (PYLLAMA_KERNELS=ref|avx2|avx2vnni|avx512|avx512bw forces one).
 #[pyfunction]
 fn kernel_set() -> &'static str {
     quant::kernel_set().name()

@@ -149,9 +149,8 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     scr.act.resize(nq, 0);
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::quant::KernelSet;
         if crate::quant::table::kernels().avx2_math {
-            if crate::quant::kernel_set() == KernelSet::Avx512 && hk % 32 == 0 && hv % 64 == 0 && nq > 0 {
+            if crate::quant::kernel_set().is_avx512() && hk % 32 == 0 && hv % 64 == 0 && nq > 0 {
                 scr.kf.resize(x86::KB * hk, 0.0);
                 scr.vf.resize(x86::KB * hv, 0.0);
                 scr.sc.resize(nq * x86::KB, 0.0);
@@ -165,7 +164,7 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 } else {
                     unsafe { x86::run_avx512_blocked::<false>(p, qb, ranges, acc, m, ssum, scr) };
                 }
-            } else if crate::quant::kernel_set() != KernelSet::Avx512 && hk % 32 == 0 && hv % 16 == 0 && (hk <= 64 || nq >= 8) {
+            } else if !crate::quant::kernel_set().is_avx512() && hk % 32 == 0 && hv % 16 == 0 && (hk <= 64 || nq >= 8) {
                 // blocked: head dim 64 at any pass size (a 4096-key decode step of 1..4
                 // queries 40-60% faster); wider heads only with 8+ queries (a Gemma 3 prefill
                 // pass: 16% faster; at 1..4 queries the per-key kernel was 12-15% faster)
@@ -177,7 +176,7 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: avx2_math: AVX2, FMA and F16C are present; buffer sizes set here.
                 unsafe { x86::run_avx2_blocked(p, qb, ranges, acc, m, ssum, scr) };
-            } else if crate::quant::kernel_set() == KernelSet::Avx512 {
+            } else if crate::quant::kernel_set().is_avx512() {
                 // SAFETY: the AVX-512 set is chosen only on CPUs with AVX-512 F/BW/VL (and AVX2, FMA, F16C).
                 unsafe { x86::run_avx512(p, qb, ranges, acc, m, ssum, scr) };
             } else {
@@ -206,7 +205,7 @@ pub(crate) fn vexp_ok() -> bool {
 /// on every `step`-th f32 in [-104, 0] plus the edge cases.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn vexp_matches(step: u32) -> bool {
-    let avx512 = crate::quant::kernel_set() == crate::quant::KernelSet::Avx512;
+    let avx512 = crate::quant::kernel_set().is_avx512();
     if !crate::quant::table::kernels().avx2_math {
         return false;
     }

@@ -376,7 +376,8 @@ fn matmul_with_x(
             let off = pk.offset;
             // a column-lane kernel (from one full group on: it computes all 8 lanes): groups
             // packed in its layout, weight rows decoded once per matmul (see `lanes_rows`)
-            let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
+            // (the interleaved pairs, where they apply, take precedence)
+            let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS && pairs_dec.is_none());
             // prefill's two-row kernels over rows decoded once per matmul (see the loop);
             // not in a decode step of up to ROW_OUTER_GROUPS groups, whose weight rows
             // stream from memory once, prefetched (--bench batched, one thread, Gemma 3's
@@ -1066,14 +1067,14 @@ fn pack_phase(vdt: GgmlType, pairs: bool) -> usize {
 }
 
 /// The interleaved row pairs' kernels, where a matmul of `n_tokens` rows of `n_in` takes
-/// them (prefill of more than ROW_OUTER_GROUPS packed groups, no column-lane kernel, rows of
-/// which a decoded block holds at least `min_rows`; see the packed path).
+/// them (prefill of more than ROW_OUTER_GROUPS packed groups, rows of which a decoded block
+/// holds at least `min_rows`; see the packed path). They take precedence over a column-lane
+/// kernel (the AVX-512 BW build has both: the lanes run the decode steps).
 #[cfg(target_arch = "x86_64")]
 fn pairs_path(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize) -> Option<quant::table::PairsDecoded> {
     use quant::avx2::PACK_COLS;
     let pk = kern.packed?;
-    let lanes = pk.lanes.filter(|_| n_tokens >= PACK_COLS);
-    pk.pairs_decoded.filter(|pd| lanes.is_none() && n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS && lanes_rows(n_in / 32, pd.block_bytes) >= pd.min_rows)
+    pk.pairs_decoded.filter(|pd| n_tokens.div_ceil(PACK_COLS) > ROW_OUTER_GROUPS && lanes_rows(n_in / 32, pd.block_bytes) >= pd.min_rows)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -1085,7 +1086,9 @@ fn pairs_path(_kern: &quant::table::TypeKernels, _n_in: usize, _n_tokens: usize)
 /// path or the decoded two-row path
 /// (one area per thread; 0: neither path is taken).
 fn rb_bytes(kern: &quant::table::TypeKernels, n_in: usize, n_tokens: usize, n_threads: usize) -> usize {
-    let decoded = kern.packed.and_then(|p| p.lanes.map(|ln| ln.block_bytes).or(p.pairs_decoded.map(|pd| pd.block_bytes)).or(p.pair_decoded.map(|pd| pd.block_bytes)));
+    // the decoded rows of the path the packed path takes (`pairs_path` before the lanes)
+    let pairs = pairs_path(kern, n_in, n_tokens).map(|pd| pd.block_bytes);
+    let decoded = pairs.or_else(|| kern.packed.and_then(|p| p.lanes.map(|ln| ln.block_bytes).or(p.pairs_decoded.map(|pd| pd.block_bytes)).or(p.pair_decoded.map(|pd| pd.block_bytes))));
     match (kern.row_block, decoded) {
         (Some(rb), _) if n_tokens >= rb.min_tokens => n_threads * ((n_in / 256) * rb.sb_bytes).div_ceil(64) * 64,
         (_, Some(bytes)) if n_tokens >= quant::table::MAX_PACK => n_threads * lanes_area(n_in / 32, bytes),
@@ -1182,6 +1185,7 @@ mod tests {
             avx2::PackBuild::Plain => (KernelSet::Avx2, false),
             avx2::PackBuild::Vnni => (KernelSet::Avx2, true),
             avx2::PackBuild::Evex => (KernelSet::Avx512, false),
+            avx2::PackBuild::Bw => (KernelSet::Avx512Bw, false),
         };
         let opt = table::Options { vnni, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
         table::build(set, opt).get(ty).packed.expect("a packed type")
@@ -1259,6 +1263,9 @@ mod tests {
                 if quant::avx512_available() {
                     builds.push(avx2::PackBuild::Evex);
                 }
+                if quant::avx512bw_available() {
+                    builds.push(avx2::PackBuild::Bw);
+                }
                 let one = packed_one(ty);
                 let p = packed_of(ty, avx2::PackBuild::Plain);
                 // every group width: full groups and the partial last group of a batch
@@ -1306,8 +1313,9 @@ mod tests {
                 }
             }
         }
-        // Q4_0, Q5_0, Q4_1, Q5_1 (plain AVX2) and Q8_0 too (AVX-VNNI) x 6 cases x 8 widths
-        assert_eq!(lanes_seen, (4 + 5 * vnni_cpu as usize) * 6 * 8);
+        // Q4_0, Q5_0, Q4_1, Q5_1 (plain AVX2 and AVX-512 BW) and Q8_0 too (AVX-VNNI) x 6
+        // cases x 8 widths
+        assert_eq!(lanes_seen, (4 + 5 * vnni_cpu as usize + 4 * quant::avx512bw_available() as usize) * 6 * 8);
     }
 }
 

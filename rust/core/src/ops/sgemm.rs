@@ -89,7 +89,7 @@ pub fn kernels(set: KernelSet, ty: GgmlType) -> Option<Kernels> {
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx2 => Some(if h { x86::kernels_avx2::<true>() } else { x86::kernels_avx2::<false>() }),
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx512 => Some(if h { x86::kernels_evex::<true>() } else { x86::kernels_evex::<false>() }),
+        KernelSet::Avx512 | KernelSet::Avx512Bw => Some(if h { x86::kernels_evex::<true>() } else { x86::kernels_evex::<false>() }),
         #[cfg(target_arch = "aarch64")]
         KernelSet::Neon => Some(if h { arm::kernels::<true>() } else { arm::kernels::<false>() }),
         _ => None,
@@ -379,6 +379,9 @@ mod tests {
             }
             if crate::quant::avx512_available() {
                 v.push(KernelSet::Avx512);
+            }
+            if crate::quant::avx512bw_available() {
+                v.push(KernelSet::Avx512Bw);
             }
         }
         #[cfg(target_arch = "aarch64")]

@@ -37,7 +37,7 @@ pub(crate) const TILE: usize = 4;
 /// Whether the AVX-VNNI builds of the 32-block kernels are used (bit-identical results;
 /// `PYLLAMA_KERNELS=avx2` turns them off).
 pub fn vnni_available() -> bool {
-    super::cpu::features().avxvnni && super::cpu::env().kernels != super::cpu::Forced::Avx2
+    super::cpu::features().avxvnni && !matches!(super::cpu::env().kernels, super::cpu::Forced::Avx2 | super::cpu::Forced::Avx512Bw)
 }
 
 /// The widest prefill tile: the tiles are TILE or WIDE_TILE columns wide.
@@ -107,7 +107,7 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
     macro_rules! packed {
         ($ty:ident, $off:expr, $bytes:expr, $plain:ident, $vnni:ident, $evex:ident) => {
             let cols = match pack {
-                PackBuild::Plain => packed_cols!($plain),
+                PackBuild::Plain | PackBuild::Bw => packed_cols!($plain),
                 PackBuild::Vnni => packed_cols!($vnni),
                 PackBuild::Evex => packed_cols!($evex),
             };
@@ -772,12 +772,15 @@ pub(crate) unsafe fn q5_1_quants(b: *const u8) -> __m256i {
 }
 packed_min!(packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex, BlockQ5_1::SIZE, |b| q5_1_quants(b));
 
-/// Which build of the packed kernels: plain AVX2, AVX-VNNI, or AVX-512 VNNI (EVEX).
+/// Which build of the packed kernels: plain AVX2, AVX-VNNI, AVX-512 VNNI (EVEX), or AVX-512
+/// without VNNI (`Bw`: the plain AVX2 packed kernels, and the zmm kernels of `avx2_rb` with
+/// `maddubs` + `madd` for `vpdpbusd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PackBuild {
     Plain,
     Vnni,
     Evex,
+    Bw,
 }
 
 /// Unsigned-weight-with-min family (Q4_1, Q5_1 against Q8_1): per block

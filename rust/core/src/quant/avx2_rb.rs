@@ -69,7 +69,7 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
             t.set_row_block(ty, kernels_with(ty, build).expect("row-block kernels of Q4_K and Q6_K"));
         }
     }
-    if build == PackBuild::Plain || build == PackBuild::Vnni {
+    if build != PackBuild::Evex {
         for (ty, lanes) in lanes_kernels(build) {
             t.set_packed_lanes(ty, lanes);
         }
@@ -77,6 +77,14 @@ pub(crate) fn register(t: &mut KernelTable, build: PackBuild, row_blocks: bool) 
     if build == PackBuild::Vnni {
         // Q8_0's quants + 128 would saturate `maddubs` pairs, not `vpdpbusd`'s i32 sums
         t.set_packed_lanes(GgmlType::Q8_0, Lanes { decode: decode_lanes_q8_0, block_bytes: 36, dot: lanes_signed_vnni });
+    }
+    if build == PackBuild::Bw {
+        // Q4_0 / Q5_0 only: Q8_0's weights would saturate the `maddubs` pairs (see
+        // `quad_signed`); the interleaved pairs take prefill, the column lanes the rest
+        for (ty, decode) in [(GgmlType::Q4_0, decode_pairs_q4_0_bw as DecodePairFn), (GgmlType::Q5_0, decode_pairs_q5_0_bw)] {
+            let pack = pack_q8_0_pairs as PackPairsFn;
+            t.set_packed_pairs_decoded(ty, PairsDecoded { decode, block_bytes: PAIRS_BLOCK_BYTES, pack, pack_block: super::avx2::PACK_BLOCK, min_rows: 0, two: quad_cols!(quad_two_bw), one: quad_cols!(quad_one_bw) });
+        }
     }
     if build == PackBuild::Evex {
         t.set_packed_pair(GgmlType::Q4_0, pair_cols!(pair_q4_0));
@@ -122,14 +130,16 @@ const VNNI: u8 = 1;
 /// rows (ymm lanes) x 4 columns in the AVX2 builds (16 ymm registers), RZ = 16 rows (zmm
 /// lanes) x 8 columns in the AVX-512 one (32 zmm registers).
 pub(crate) fn kernels_with(ty: GgmlType, build: PackBuild) -> Option<RowBlock> {
-    let (rows, tile) = if build == PackBuild::Evex { (RZ, 8) } else { (RB, 4) };
+    let (rows, tile) = if matches!(build, PackBuild::Evex | PackBuild::Bw) { (RZ, 8) } else { (RB, 4) };
     let (repack, sb_bytes, cols): (RepackFn, usize, _) = match (ty, build) {
         (GgmlType::Q4_K, PackBuild::Plain) => (repack_q4_k, Q4K_SB, cols_table!(q4_k_plain, 4)),
         (GgmlType::Q4_K, PackBuild::Vnni) => (repack_q4_k, Q4K_SB, cols_table!(q4_k_vnni, 4)),
         (GgmlType::Q4_K, PackBuild::Evex) => (repack_q4_k_z, Q4KZ_SB, cols_table!(q4_k_z, 8)),
+        (GgmlType::Q4_K, PackBuild::Bw) => (repack_q4_k_z, Q4KZ_SB, cols_table!(q4_k_zb, 8)),
         (GgmlType::Q6_K, PackBuild::Plain) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_plain, 4)),
         (GgmlType::Q6_K, PackBuild::Vnni) => (repack_q6_k, Q6K_SB, cols_table!(q6_k_vnni, 4)),
         (GgmlType::Q6_K, PackBuild::Evex) => (repack_q6_k_z, Q6KZ_SB, cols_table!(q6_k_z, 8)),
+        (GgmlType::Q6_K, PackBuild::Bw) => (repack_q6_k_z, Q6KZ_SB, cols_table!(q6_k_zb, 8)),
         _ => return None,
     };
     Some(RowBlock { rows, min_tokens: MIN_TOKENS, repack, sb_bytes, tile, cols })
@@ -150,6 +160,25 @@ unsafe fn bcast32(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,avxvnni")]
 unsafe fn vnni_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(acc, a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_z(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(acc, u, s)
+}
+
+/// The zmm builds' `vpdpbusd`: acc + the i32 sums of 4 u8 x i8 products of u and s, one
+/// instruction in the VNNI build (`VNNI`), `maddubs` + `madd` + add in the BW one (`PLAIN`,
+/// the AVX-512 set without VNNI). The BW form is the same i32 only where no pair sum
+/// u0 * s0 + u1 * s1 leaves i16: each caller says why its operands cannot.
+#[inline(always)]
+unsafe fn dpbusd_z<const B: u8>(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+    if B == VNNI {
+        vnni_z(acc, u, s)
+    } else {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)))
+    }
 }
 
 /// acc + the u8 x i8 products of w and x: i16 pair sums (plain build, `maddubs`) or i32
@@ -313,9 +342,11 @@ unsafe fn repack_q4_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
 /// as every value on the way is an integer below 2^24 (|a| <= 32 * 15 * 128, sc <= 63:
 /// |isum_j| < 7.8e6), so it equals f32 of the i32 sum, without the two `vpmulld` (two uops
 /// each on one port): Gemma 3's Q4_K down 138 -> 146-149 GMAC/s, out 154 -> 159-160 (three
-/// alternated runs).
+/// alternated runs). The BW build (`B` = PLAIN) sums each sub-block's products in i16 as
+/// `q4_k_tile`'s plain build does (at most 8 `maddubs` pairs, |.| <= 30720), widened by one
+/// `madd` with ones: the same i32.
 #[inline(always)]
-unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+unsafe fn q4_k_z_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
     let qs = offset_of!(BlockQ8K, qs);
     // the mins: acc_m = fma(f32(msum_j), dmin_w * d_x, acc_m) per 64 elements j
     let mut accm = [_mm512_setzero_ps(); NC];
@@ -353,8 +384,21 @@ unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
                 let (lo, hi) = (_mm512_and_si512(wpk, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(wpk), m4));
                 for c in 0..NC {
                     let xc = xq.add(c * xs + 64 * j + 4 * k);
-                    a0[c] = _mm512_dpbusd_epi32(a0[c], lo, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
-                    a1[c] = _mm512_dpbusd_epi32(a1[c], hi, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
+                    let (x0, x1) = (_mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)), _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
+                    if B == VNNI {
+                        a0[c] = vnni_z(a0[c], lo, x0);
+                        a1[c] = vnni_z(a1[c], hi, x1);
+                    } else {
+                        a0[c] = _mm512_add_epi16(a0[c], _mm512_maddubs_epi16(lo, x0));
+                        a1[c] = _mm512_add_epi16(a1[c], _mm512_maddubs_epi16(hi, x1));
+                    }
+                }
+            }
+            if B == PLAIN {
+                let ones = _mm512_set1_epi16(1);
+                for c in 0..NC {
+                    a0[c] = _mm512_madd_epi16(a0[c], ones);
+                    a1[c] = _mm512_madd_epi16(a1[c], ones);
                 }
             }
             let sc0 = _mm512_loadu_ps(p.add(Q4KZ_SC + 64 * (2 * j)) as *const f32);
@@ -374,7 +418,12 @@ unsafe fn q4_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4_k_z<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
-    q4_k_z_tile::<NC>(nsb, wp, x, xs, out, ldo)
+    q4_k_z_tile::<VNNI, NC>(nsb, wp, x, xs, out, ldo)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn q4_k_zb<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+    q4_k_z_tile::<PLAIN, NC>(nsb, wp, x, xs, out, ldo)
 }
 
 // ------------------------------------------------------------------ Q6_K
@@ -504,9 +553,11 @@ unsafe fn repack_q6_k_z(nsb: usize, w: *const u8, wrow: usize, dst: *mut u8) {
 }
 
 /// Q6_K x Q8_K, RZ = 16 rows (one per zmm lane) x NC columns: per (row, column) exactly
-/// the steps of `q6_k_tile` (its EVEX build's i32 sums, 16 rows per instruction).
+/// the steps of `q6_k_tile` (its EVEX build's i32 sums, 16 rows per instruction; the BW
+/// build's i16 sums of 2 `maddubs` pairs as its plain build's, |.| <= 32256, scaled by a
+/// `madd` with the group's scale in both i16 halves).
 #[inline(always)]
-unsafe fn q6_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+unsafe fn q6_k_z_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
     let qs = offset_of!(BlockQ8K, qs);
     let mut acc = [_mm512_setzero_ps(); NC];
     for i in 0..nsb {
@@ -515,6 +566,11 @@ unsafe fn q6_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
         let mut isum = [_mm512_setzero_si512(); NC];
         // groups 2m and 2m + 1 side by side: two chains per column
         for m in 0..8 {
+            let sc0 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m)) as *const _);
+            let sc1 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m + 1)) as *const _);
+            // BW: i16 pairs (sc, sc) (|sc| <= 128): madd gives sc * (pair sum 0 + 1) per lane
+            let pair = |sc: __m512i| _mm512_mask_blend_epi16(0xAAAA_AAAA, sc, _mm512_slli_epi32::<16>(sc));
+            let (sp0, sp1) = if B == PLAIN { (pair(sc0), pair(sc1)) } else { (sc0, sc1) };
             let mut a0 = [_mm512_setzero_si512(); NC];
             let mut a1 = [_mm512_setzero_si512(); NC];
             for k in 0..4 {
@@ -522,14 +578,28 @@ unsafe fn q6_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
                 let w1 = _mm512_loadu_si512(p.add(Q6KZ_Q + 64 * (8 * m + 4 + k)) as *const _);
                 for c in 0..NC {
                     let xc = xq.add(c * xs + 32 * m + 4 * k);
-                    a0[c] = _mm512_dpbusd_epi32(a0[c], w0, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
-                    a1[c] = _mm512_dpbusd_epi32(a1[c], w1, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(16) as *const i32)));
+                    let (x0, x1) = (_mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)), _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(16) as *const i32)));
+                    if B == VNNI {
+                        a0[c] = vnni_z(a0[c], w0, x0);
+                        a1[c] = vnni_z(a1[c], w1, x1);
+                    } else {
+                        a0[c] = _mm512_add_epi16(a0[c], _mm512_maddubs_epi16(w0, x0));
+                        a1[c] = _mm512_add_epi16(a1[c], _mm512_maddubs_epi16(w1, x1));
+                    }
+                }
+                if B == PLAIN && k % 2 == 1 {
+                    // two maddubs per i16 at most: fold them
+                    for c in 0..NC {
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_madd_epi16(a0[c], sp0), _mm512_madd_epi16(a1[c], sp1)));
+                        a0[c] = _mm512_setzero_si512();
+                        a1[c] = _mm512_setzero_si512();
+                    }
                 }
             }
-            let sc0 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m)) as *const _);
-            let sc1 = _mm512_loadu_si512(p.add(Q6KZ_SC + 64 * (2 * m + 1)) as *const _);
-            for c in 0..NC {
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(a0[c], sc0), _mm512_mullo_epi32(a1[c], sc1)));
+            if B == VNNI {
+                for c in 0..NC {
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(a0[c], sc0), _mm512_mullo_epi32(a1[c], sc1)));
+                }
             }
         }
         let dw = _mm512_loadu_ps(p as *const f32);
@@ -553,7 +623,12 @@ unsafe fn q6_k_z_tile<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, 
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6_k_z<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
-    q6_k_z_tile::<NC>(nsb, wp, x, xs, out, ldo)
+    q6_k_z_tile::<VNNI, NC>(nsb, wp, x, xs, out, ldo)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn q6_k_zb<const NC: usize>(nsb: usize, wp: *const u8, x: *const u8, xs: usize, out: *mut f32, ldo: usize) {
+    q6_k_z_tile::<PLAIN, NC>(nsb, wp, x, xs, out, ldo)
 }
 
 macro_rules! builds {
@@ -964,8 +1039,11 @@ pub(crate) const PAIRS_BLOCK_BYTES: usize = 68;
 /// 4l..4l+4, lane 2l + 1 row b's); after the nb blocks of quants, per block the 16 lanes'
 /// i32 corrections `I2F_MAGIC` - 128 * (the sum of the lane's 4 quants) (the kernel's
 /// activations are stored + 128 as u8); after those the (d_a, d_b) f32 pair of each block.
+///
+/// In the BW build (`B` = PLAIN) the corrections' `maddubs` pairs are 128 * (q0 + q1), |.|
+/// <= 4096 for Q4_0 / Q5_0 (not Q8_0: 2 * 128 * 128 leaves i16; that build has no Q8_0 pairs).
 #[inline(always)]
-unsafe fn decode_pairs(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> (f32, __m256i)) {
+unsafe fn decode_pairs<const B: u8>(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> (f32, __m256i)) {
     let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let top = _mm512_set1_epi8(0x80u8 as i8);
     let sc = dst.add(128 * nb) as *mut f32;
@@ -974,31 +1052,46 @@ unsafe fn decode_pairs(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, ds
         let (db, qb) = quants(wb.add(i * wsize));
         let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb));
         _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
-        let corr = _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), _mm512_dpbusd_epi32(_mm512_setzero_si512(), top, q));
+        let corr = _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), dpbusd_z::<B>(_mm512_setzero_si512(), top, q));
         _mm512_storeu_si512(dst.add(64 * (nb + i)) as *mut _, corr);
         sc.add(2 * i).write_unaligned(da);
         sc.add(2 * i + 1).write_unaligned(db);
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_pairs_q4_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
-    decode_pairs(nb, wa, wb, BlockQ4_0::SIZE, dst, |b| {
-        (super::avx2::f16(b), _mm256_sub_epi8(super::avx2::nibbles_32(b.add(offset_of!(BlockQ4_0, qs))), _mm256_set1_epi8(8)))
-    })
+/// The AVX-512 VNNI build `$vnni` and the AVX-512 BW build `$bw` (no VNNI) of a zmm
+/// function whose body reads the build as the constant `B` (VNNI / PLAIN).
+macro_rules! zmm_builds {
+    ($vnni:ident, $bw:ident, ($($arg:ident: $t:ty),*), $body:block) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $vnni($($arg: $t),*) {
+            const B: u8 = VNNI;
+            $body
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+        unsafe fn $bw($($arg: $t),*) {
+            const B: u8 = PLAIN;
+            $body
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode_pairs_q5_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
-    decode_pairs(nb, wa, wb, BlockQ5_0::SIZE, dst, |b| {
+zmm_builds!(decode_pairs_q4_0, decode_pairs_q4_0_bw, (nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8), {
+    decode_pairs::<B>(nb, wa, wb, BlockQ4_0::SIZE, dst, |b| {
+        (super::avx2::f16(b), _mm256_sub_epi8(super::avx2::nibbles_32(b.add(offset_of!(BlockQ4_0, qs))), _mm256_set1_epi8(8)))
+    })
+});
+
+zmm_builds!(decode_pairs_q5_0, decode_pairs_q5_0_bw, (nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8), {
+    decode_pairs::<B>(nb, wa, wb, BlockQ5_0::SIZE, dst, |b| {
         let (d, u) = super::avx2::q5_0_unsigned(b);
         (d, _mm256_sub_epi8(u, _mm256_set1_epi8(16)))
     })
-}
+});
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
-    decode_pairs(nb, wa, wb, BlockQ8_0::SIZE, dst, |b| (super::avx2::f16(b), load256(b.add(offset_of!(BlockQ8_0, qs)))))
+    decode_pairs::<VNNI>(nb, wa, wb, BlockQ8_0::SIZE, dst, |b| (super::avx2::f16(b), load256(b.add(offset_of!(BlockQ8_0, qs)))))
 }
 
 /// Packs a group of `ncols` <= PACK_COLS Q8_0 activation rows (as `avx2::pack_q8_0_cols`)
@@ -1006,7 +1099,7 @@ unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 /// = 0..8: 64 bytes, i32 lanes 2c and 2c + 1 holding column c's quants 4j..4j+4, + 128 as
 /// u8] (`avx2::PACK_BLOCK` = 576 bytes, every field whole lines). The other columns of a
 /// partial group get d_x 0 and quants 0 (their lanes are computed and dropped).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     use super::avx2::{PACK_BLOCK, PACK_COLS};
     for i in 0..nb {
@@ -1054,9 +1147,10 @@ unsafe fn store_quads_twice(y: &[__m256i; 8], dst: *mut u8, flip: __m512i) {
 /// (the row-major layout before it, one accumulator per column, needed the scales spread
 /// per column: 27 operations and 8 broadcasts of a just-stored vector; in L1, Gemma 3's
 /// Q5_0 rows, 4 rows x 8 columns of 20 blocks, 18.3 -> 16.5 cycles per row pair and block
-/// at 3.5 GHz). Rows 2p, 2p + 1 of column c go to `out[c * ld + 2p + {0, 1}]`.
+/// at 3.5 GHz). Rows 2p, 2p + 1 of column c go to `out[c * ld + 2p + {0, 1}]`. The BW
+/// build (`B` = PLAIN) runs Q4_0 / Q5_0: its `maddubs` pairs are at most 2 * 255 * 16 = 8160.
 #[inline(always)]
-unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+unsafe fn quad_signed<const B: u8, const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
     use super::avx2::PACK_BLOCK;
     let wp = [w0, w1];
     let mut acc = [[_mm512_setzero_ps(); 8]; P];
@@ -1069,7 +1163,7 @@ unsafe fn quad_signed<const P: usize, const NC: usize>(nb: usize, w0: *const u8,
             for p in 0..P {
                 let wq = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * i + 8 * j) as *const i64));
                 let corr = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * (nb + i) + 8 * j) as *const i64));
-                let v = _mm512_dpbusd_epi32(corr, u, wq);
+                let v = dpbusd_z::<B>(corr, u, wq);
                 let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
                 acc[p][j] = _mm512_fmadd_ps(d[p], f, acc[p][j]);
             }
@@ -1148,7 +1242,7 @@ unsafe fn decode_pairs_q5_1(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 /// 16 f32][s_x the same][quad j = 0..8: 64 bytes, i32 lanes 2c and 2c + 1 holding column
 /// c's quants 4j..4j+4, as i8] (`PACK_BLOCK_PAIRS_Q8_1` = 640 bytes, every field whole
 /// lines). The other columns of a partial group get zeros.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
     use super::avx2::PACK_COLS;
     for i in 0..nb {
@@ -1177,7 +1271,7 @@ pub(crate) unsafe fn pack_q8_1_pairs(nb: usize, ncols: usize, x: *const u8, xs: 
 /// column)'s `hsum_ps` tree (lane-wise over the A_j) plus its min sum. The same bits as
 /// `pair_min_decoded`.
 #[inline(always)]
-unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+unsafe fn quad_min<const B: u8, const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
     let wp = [w0, w1];
     let mut acc = [[_mm512_setzero_ps(); 8]; P];
     let mut summ = [_mm512_setzero_ps(); P];
@@ -1195,7 +1289,7 @@ unsafe fn quad_min<const P: usize, const NC: usize>(nb: usize, w0: *const u8, w1
             let u = _mm512_loadu_si512(b.add(128 + 64 * j) as *const _);
             for p in 0..P {
                 let wq = _mm512_set1_epi64(std::ptr::read_unaligned(wp[p].add(64 * i + 8 * j) as *const i64));
-                let v = _mm512_dpbusd_epi32(magic, wq, u);
+                let v = dpbusd_z::<B>(magic, wq, u);
                 let f = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(I2F_MAGIC_F32));
                 acc[p][j] = _mm512_fmadd_ps(d[p], f, acc[p][j]);
             }
@@ -1235,17 +1329,20 @@ unsafe fn store_quad<const P: usize, const NC: usize>(r: &[__m512; P], out: *mut
 }
 
 macro_rules! quad_kernel {
-    ($name:ident, $body:ident, $p:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    ($name:ident, $features:literal, $body:ident, $b:expr, $p:expr) => {
+        #[target_feature(enable = $features)]
         unsafe fn $name<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
-            $body::<$p, NC>(nb, w0, w1, xp, out, ld)
+            $body::<$b, $p, NC>(nb, w0, w1, xp, out, ld)
         }
     };
 }
-quad_kernel!(quad_two, quad_signed, 2);
-quad_kernel!(quad_one, quad_signed, 1);
-quad_kernel!(quad_min_two, quad_min, 2);
-quad_kernel!(quad_min_one, quad_min, 1);
+quad_kernel!(quad_two, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_signed, VNNI, 2);
+quad_kernel!(quad_one, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_signed, VNNI, 1);
+quad_kernel!(quad_min_two, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_min, VNNI, 2);
+quad_kernel!(quad_min_one, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_min, VNNI, 1);
+// the BW build: the signed family's Q4_0 / Q5_0 (see `quad_signed`)
+quad_kernel!(quad_two_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_signed, PLAIN, 2);
+quad_kernel!(quad_one_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_signed, PLAIN, 1);
 
 #[cfg(test)]
 mod tests {
@@ -1274,6 +1371,9 @@ mod tests {
         }
         if quant::avx512_available() {
             builds.push(PackBuild::Evex);
+        }
+        if quant::avx512bw_available() {
+            builds.push(PackBuild::Bw);
         }
         let mut s = 0x51ab_7c11_d00d_f00du64;
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
@@ -1351,6 +1451,9 @@ mod tests {
         if quant::avx512_available() {
             sets.push(KernelSet::Avx512);
         }
+        if quant::avx512bw_available() {
+            sets.push(KernelSet::Avx512Bw);
+        }
         let mut s = 0x0dd_ba11_u64;
         // Q4_0/Q5_0/Q8_0: the packed path's row pairs of the AVX-512 set (43 tokens: more
         // than ROW_OUTER_GROUPS groups; 13: a decode step's row-outer loop over 2 groups;
@@ -1399,8 +1502,7 @@ mod tests {
                 let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
                 assert!(!k_quant || quant::table::table(*set).get(ty).row_block.is_some() || super::super::cpu::env().no_rb);
                 let lanes = matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_1 | GgmlType::Q5_1)
-                    && *set == KernelSet::Avx2
-                    && !quant::avx2::vnni_available();
+                    && (*set == KernelSet::Avx2 && !quant::avx2::vnni_available() || *set == KernelSet::Avx512Bw);
                 assert!(!lanes || quant::table::table(*set).get(ty).packed.unwrap().lanes.is_some() || super::super::cpu::env().no_rb);
                 let dot = quant::vec_dot_fn(ty, *set).unwrap();
                 for threads in [1, 2] {
@@ -1429,13 +1531,19 @@ mod tests {
         // call, a row paired with itself, every column count) equal the plain single-column
         // kernel bit for bit, and write only their rows and columns (random and extreme
         // blocks: case 1's 0xFF bytes make every d a NaN and every Q8_0 quant -1; case 4's
-        // Q8_0 quants are all -128 against activations at +-127).
-        if !quant::avx512_available() {
-            return;
+        // Q8_0 quants are all -128 against activations at +-127). The AVX-512 BW build's
+        // (Q4_0 / Q5_0) too.
+        let mut sets = Vec::new();
+        if quant::avx512_available() {
+            sets.push(KernelSet::Avx512);
+        }
+        if quant::avx512bw_available() {
+            sets.push(KernelSet::Avx512Bw);
         }
         let mut s = 0x51de_f00d_u64;
+        let mut seen = 0;
         for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_1] {
-            for nb in [5, 20] {
+            for (set, nb) in sets.iter().flat_map(|&set| [(set, 5), (set, 20)]) {
                 let n = 32 * nb;
                 let wrow = ty.row_size(n).unwrap();
                 let vdt = quant::vec_dot_type(ty);
@@ -1443,7 +1551,11 @@ mod tests {
                 let xrow = vdt.row_size(n).unwrap();
                 let opt = quant::table::Options { vnni: false, dotprod: false, llamacpp_order: false, no_cols: false, no_rows: false, no_rb: false };
                 let one = quant::table::build(KernelSet::Avx2, opt).get(ty).tiled.unwrap().one();
-                let pd = quant::table::build(KernelSet::Avx512, opt).get(ty).packed.unwrap().pairs_decoded.expect("interleaved pair kernels");
+                let Some(pd) = quant::table::build(set, opt).get(ty).packed.unwrap().pairs_decoded else {
+                    assert!(set == KernelSet::Avx512Bw, "{ty}: no interleaved pair kernels in {set:?}");
+                    continue;
+                };
+                seen += 1;
                 for case in 0..5 {
                     let mut w: Vec<u8> = (0..4 * wrow).map(|_| next(&mut s) as u8).collect();
                     match case {
@@ -1504,17 +1616,20 @@ mod tests {
                         }
                         for c in 0..nc {
                             for r in 0..4 {
-                                assert_eq!(g[5 * c + r].to_bits(), want(r, c).to_bits(), "{ty} nb={nb} two pairs nc={nc} case {case} row {r} col {c}");
+                                assert_eq!(g[5 * c + r].to_bits(), want(r, c).to_bits(), "{ty} {set:?} nb={nb} two pairs nc={nc} case {case} row {r} col {c}");
                             }
                             for r in 0..2 {
-                                assert_eq!(h[3 * c + r].to_bits(), want(2 + r, c).to_bits(), "{ty} nb={nb} one pair nc={nc} case {case} row {} col {c}", 2 + r);
-                                assert_eq!(t[2 * c + r].to_bits(), want(3, c).to_bits(), "{ty} nb={nb} row with itself nc={nc} case {case} col {c}");
+                                assert_eq!(h[3 * c + r].to_bits(), want(2 + r, c).to_bits(), "{ty} {set:?} nb={nb} one pair nc={nc} case {case} row {} col {c}", 2 + r);
+                                assert_eq!(t[2 * c + r].to_bits(), want(3, c).to_bits(), "{ty} {set:?} nb={nb} row with itself nc={nc} case {case} col {c}");
                             }
                         }
                     }
                 }
             }
         }
+        // every type and row count in the VNNI build, Q4_0 / Q5_0 in the BW build
+        let want_seen = 2 * (5 * quant::avx512_available() as usize + 2 * quant::avx512bw_available() as usize);
+        assert_eq!(seen, want_seen);
     }
 
     #[test]

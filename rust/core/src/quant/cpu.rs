@@ -23,6 +23,7 @@ pub struct CpuFeatures {
     pub avx512f: bool,
     pub avx512bw: bool,
     pub avx512vl: bool,
+    pub avx512dq: bool,
     pub avx512vnni: bool,
     pub avx512bf16: bool,
     pub neon: bool,
@@ -47,6 +48,7 @@ impl CpuFeatures {
             f.avx512f = has!("avx512f");
             f.avx512bw = has!("avx512bw");
             f.avx512vl = has!("avx512vl");
+            f.avx512dq = has!("avx512dq");
             f.avx512vnni = has!("avx512vnni");
             f.avx512bf16 = has!("avx512bf16");
         }
@@ -65,10 +67,15 @@ impl CpuFeatures {
         self.avx2 && self.fma && self.f16c
     }
 
-    /// AVX-512 F, BW, VL and VNNI on top of the AVX2 set: what the AVX-512 kernel set needs
-    /// (AVX-512 CPUs without VNNI, Skylake-X, keep the AVX2 kernels).
+    /// AVX-512 F, BW, VL and VNNI on top of the AVX2 set: what the AVX-512 kernel set needs.
     pub fn avx512_set(&self) -> bool {
-        self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni && self.avx2_set()
+        self.avx512bw_set() && self.avx512vnni
+    }
+
+    /// AVX-512 F, BW, VL and DQ on top of the AVX2 set, VNNI or not: what the AVX-512 set
+    /// without its VNNI kernels needs (`KernelSet::Avx512Bw`: Skylake-X / Cascade Lake).
+    pub fn avx512bw_set(&self) -> bool {
+        self.avx512f && self.avx512bw && self.avx512vl && self.avx512dq && self.avx2_set()
     }
 
     /// AVX2 + FMA: ggml's x86 vector expf and the FMA-contracted scalar code it compiles to.
@@ -91,6 +98,7 @@ impl CpuFeatures {
                 ("avx512f", self.avx512f),
                 ("avx512bw", self.avx512bw),
                 ("avx512vl", self.avx512vl),
+                ("avx512dq", self.avx512dq),
                 ("avx512vnni", self.avx512vnni),
                 ("avx512bf16", self.avx512bf16),
             ]
@@ -147,6 +155,8 @@ pub enum Forced {
     /// `avx2vnni`: the AVX2 set with its AVX-VNNI builds where the CPU has AVX-VNNI.
     Avx2Vnni,
     Avx512,
+    /// `avx512bw`: the AVX-512 set without its VNNI kernels (what Skylake-X runs).
+    Avx512Bw,
     /// `neon`: the NEON set without its dotprod builds.
     Neon,
     /// A name pyllama has no set of: the best set the CPU runs (`pyllama info` says so).
@@ -185,6 +195,7 @@ impl KernelEnv {
             "avx2" => Forced::Avx2,
             "avx2vnni" => Forced::Avx2Vnni,
             "avx512" => Forced::Avx512,
+            "avx512bw" => Forced::Avx512Bw,
             "neon" => Forced::Neon,
             other => Forced::Unknown(other.to_string()),
         };
@@ -219,6 +230,7 @@ mod tests {
         assert_eq!(parse(&[("PYLLAMA_KERNELS", " REF ")]).kernels, Forced::Ref);
         assert_eq!(parse(&[("PYLLAMA_KERNELS", "Avx2")]).kernels, Forced::Avx2);
         assert_eq!(parse(&[("PYLLAMA_KERNELS", "avx2vnni")]).kernels, Forced::Avx2Vnni);
+        assert_eq!(parse(&[("PYLLAMA_KERNELS", "AVX512BW")]).kernels, Forced::Avx512Bw);
         assert_eq!(parse(&[("PYLLAMA_KERNELS", "sse9")]).kernels, Forced::Unknown("sse9".into()));
         assert!(parse(&[("PYLLAMA_ORDER", "LlamaCpp")]).llamacpp_order);
         assert!(!parse(&[("PYLLAMA_ORDER", "pyllama")]).llamacpp_order);
@@ -230,7 +242,8 @@ mod tests {
     #[test]
     fn sets_need_their_features() {
         let f = features();
-        assert!(!f.avx512_set() || f.avx2_set());
+        assert!(!f.avx512_set() || f.avx512bw_set());
+        assert!(!f.avx512bw_set() || f.avx2_set());
         assert!(!f.avx2_set() || f.avx2_fma());
         assert_eq!(f.list().iter().filter(|(_, v)| *v).count() > 0, f.avx2 || f.neon || f.sse3);
     }

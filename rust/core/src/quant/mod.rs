@@ -136,6 +136,10 @@ pub enum KernelSet {
     Neon,
     /// AVX-512 kernels where `avx512.rs` has them, AVX2 for the other formats.
     Avx512,
+    /// The AVX-512 set without VNNI (Skylake-X, Cascade Lake without it): the zmm attention
+    /// and float kernels, the zmm prefill kernels whose `vpdpbusd` operands cannot saturate
+    /// `maddubs` (which replaces it), AVX2 for the rest.
+    Avx512Bw,
 }
 
 impl KernelSet {
@@ -145,7 +149,13 @@ impl KernelSet {
             KernelSet::Avx2 => "avx2",
             KernelSet::Neon => "neon",
             KernelSet::Avx512 => "avx512",
+            KernelSet::Avx512Bw => "avx512bw",
         }
+    }
+
+    /// Whether this set runs the zmm kernels (with or without VNNI).
+    pub fn is_avx512(self) -> bool {
+        matches!(self, KernelSet::Avx512 | KernelSet::Avx512Bw)
     }
 
     /// Whether this set runs the x86 SIMD kernels (AVX2, or AVX-512 on top of them).
@@ -157,6 +167,12 @@ impl KernelSet {
 /// Whether the AVX-512 kernels can run on this CPU (AVX-512 F, BW, VL and VNNI, plus AVX2).
 pub fn avx512_available() -> bool {
     cfg!(target_arch = "x86_64") && cpu::features().avx512_set()
+}
+
+/// Whether the AVX-512 set without VNNI can run on this CPU (AVX-512 F, BW, VL and DQ, plus
+/// AVX2).
+pub fn avx512bw_available() -> bool {
+    cfg!(target_arch = "x86_64") && cpu::features().avx512bw_set()
 }
 
 /// Whether the AVX2 kernels can run on this CPU (AVX2, FMA and F16C).
@@ -190,7 +206,8 @@ pub fn avx2_vnni_in_use() -> bool {
 /// The kernel set used by `vec_dot`, `quantize_row_act` and the matmul: decided once.
 /// `PYLLAMA_KERNELS=ref` forces the scalar kernels, `avx2` the AVX2 ones (also without
 /// AVX-VNNI), `avx2vnni` the AVX2 ones with AVX-VNNI where the CPU has it, `avx512` the
-/// AVX-512 ones; a set the CPU cannot run falls back to the best it can.
+/// AVX-512 ones, `avx512bw` the AVX-512 ones without VNNI; a set the CPU cannot run falls
+/// back to the best it can.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
     *SET.get_or_init(|| match cpu::env().kernels {
@@ -198,7 +215,9 @@ pub fn kernel_set() -> KernelSet {
         // "avx2vnni": the AVX2 set with its AVX-VNNI builds (what an AVX2 + AVX-VNNI CPU
         // without AVX-512 runs); "avx2" also turns those off (see avx2::vnni_available)
         cpu::Forced::Avx2 | cpu::Forced::Avx2Vnni if avx2_available() => KernelSet::Avx2,
+        cpu::Forced::Avx512Bw if avx512bw_available() => KernelSet::Avx512Bw,
         _ if avx512_available() => KernelSet::Avx512,
+        _ if avx512bw_available() => KernelSet::Avx512Bw,
         _ if avx2_available() => KernelSet::Avx2,
         _ if neon_available() => KernelSet::Neon,
         _ => KernelSet::Ref,

@@ -265,7 +265,7 @@ impl Options {
         let env = super::cpu::env();
         let f = super::cpu::features();
         Options {
-            vnni: f.avxvnni && env.kernels != super::cpu::Forced::Avx2,
+            vnni: f.avxvnni && !matches!(env.kernels, super::cpu::Forced::Avx2 | super::cpu::Forced::Avx512Bw),
             dotprod: f.dotprod && env.kernels != super::cpu::Forced::Neon,
             llamacpp_order: env.llamacpp_order,
             no_cols: env.no_cols,
@@ -392,7 +392,7 @@ pub fn build(set: KernelSet, opt: Options) -> KernelTable {
     }
     match set {
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx2 | KernelSet::Avx512 => x86(&mut t, set, opt),
+        KernelSet::Avx2 | KernelSet::Avx512 | KernelSet::Avx512Bw => x86(&mut t, set, opt),
         #[cfg(target_arch = "aarch64")]
         KernelSet::Neon => super::neon::register(&mut t, opt.dotprod),
         _ => {}
@@ -421,12 +421,14 @@ pub fn build(set: KernelSet, opt: Options) -> KernelTable {
     t
 }
 
-/// The x86 SIMD sets: AVX2 (+ AVX-VNNI builds), then AVX-512 over it, then llama.cpp's orders.
+/// The x86 SIMD sets: AVX2 (+ AVX-VNNI builds), then AVX-512 over it (`avx512.rs`'s VNNI
+/// kernels in the Avx512 set only; `avx2_rb`'s zmm builds in both), then llama.cpp's orders.
 #[cfg(target_arch = "x86_64")]
 fn x86(t: &mut KernelTable, set: KernelSet, opt: Options) {
     use super::{avx2, avx512};
     let pack = match set {
         KernelSet::Avx512 => avx2::PackBuild::Evex,
+        KernelSet::Avx512Bw => avx2::PackBuild::Bw,
         _ if opt.vnni => avx2::PackBuild::Vnni,
         _ => avx2::PackBuild::Plain,
     };
@@ -446,12 +448,13 @@ fn x86(t: &mut KernelTable, set: KernelSet, opt: Options) {
 
 /// The table of kernel set `set` for this process (`Options::from_env`), built on first use.
 pub fn table(set: KernelSet) -> &'static KernelTable {
-    static T: [OnceLock<KernelTable>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static T: [OnceLock<KernelTable>; 5] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let i = match set {
         KernelSet::Ref => 0,
         KernelSet::Avx2 => 1,
         KernelSet::Neon => 2,
         KernelSet::Avx512 => 3,
+        KernelSet::Avx512Bw => 4,
     };
     T[i].get_or_init(|| build(set, Options::from_env()))
 }

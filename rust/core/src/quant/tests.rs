@@ -72,6 +72,9 @@ fn cpu_sets() -> Vec<KernelSet> {
     if avx512_available() {
         sets.push(KernelSet::Avx512);
     }
+    if crate::quant::avx512bw_available() {
+        sets.push(KernelSet::Avx512Bw);
+    }
     if neon_available() {
         sets.push(KernelSet::Neon);
     }
