@@ -73,7 +73,7 @@ impl CpuFeatures {
     }
 
     /// AVX-512 F, BW, VL and DQ on top of the AVX2 set, VNNI or not: what the AVX-512 set
-    /// without its VNNI kernels needs (`KernelSet::Avx512Bw`: Skylake-X / Cascade Lake).
+    /// without its VNNI kernels needs (`KernelSet::Avx512Bw`: Skylake-X / Skylake-SP).
     pub fn avx512bw_set(&self) -> bool {
         self.avx512f && self.avx512bw && self.avx512vl && self.avx512dq && self.avx2_set()
     }

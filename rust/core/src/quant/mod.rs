@@ -136,7 +136,7 @@ pub enum KernelSet {
     Neon,
     /// AVX-512 kernels where `avx512.rs` has them, AVX2 for the other formats.
     Avx512,
-    /// The AVX-512 set without VNNI (Skylake-X, Cascade Lake without it): the zmm attention
+    /// The AVX-512 set without VNNI (Skylake-X, Skylake-SP): the zmm attention
     /// and float kernels, the zmm prefill kernels whose `vpdpbusd` operands cannot saturate
     /// `maddubs` (which replaces it), AVX2 for the rest.
     Avx512Bw,
