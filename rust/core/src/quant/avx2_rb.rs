@@ -186,6 +186,16 @@ unsafe fn dpbusd_z<const B: u8>(acc: __m512i, u: __m512i, s: __m512i) -> __m512i
     }
 }
 
+/// `dot_acc` on zmm: i16 pair sums (BW build, `maddubs`) or i32 sums of 4 (VNNI build).
+#[inline(always)]
+unsafe fn dot_acc_z<const B: u8>(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    if B == VNNI {
+        vnni_z(acc, w, x)
+    } else {
+        _mm512_add_epi16(acc, _mm512_maddubs_epi16(w, x))
+    }
+}
+
 /// acc + the u8 x i8 products of w and x: i16 pair sums (plain build, `maddubs`) or i32
 /// sums of 4 (AVX-VNNI build).
 #[inline(always)]
@@ -389,14 +399,8 @@ unsafe fn q4_k_z_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x
                 let (lo, hi) = (_mm512_and_si512(wpk, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(wpk), m4));
                 for c in 0..NC {
                     let xc = xq.add(c * xs + 64 * j + 4 * k);
-                    let (x0, x1) = (_mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)), _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
-                    if B == VNNI {
-                        a0[c] = vnni_z(a0[c], lo, x0);
-                        a1[c] = vnni_z(a1[c], hi, x1);
-                    } else {
-                        a0[c] = _mm512_add_epi16(a0[c], _mm512_maddubs_epi16(lo, x0));
-                        a1[c] = _mm512_add_epi16(a1[c], _mm512_maddubs_epi16(hi, x1));
-                    }
+                    a0[c] = dot_acc_z::<B>(a0[c], lo, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
+                    a1[c] = dot_acc_z::<B>(a1[c], hi, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(32) as *const i32)));
                 }
             }
             if B == PLAIN {
@@ -583,14 +587,8 @@ unsafe fn q6_k_z_tile<const B: u8, const NC: usize>(nsb: usize, wp: *const u8, x
                 let w1 = _mm512_loadu_si512(p.add(Q6KZ_Q + 64 * (8 * m + 4 + k)) as *const _);
                 for c in 0..NC {
                     let xc = xq.add(c * xs + 32 * m + 4 * k);
-                    let (x0, x1) = (_mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)), _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(16) as *const i32)));
-                    if B == VNNI {
-                        a0[c] = vnni_z(a0[c], w0, x0);
-                        a1[c] = vnni_z(a1[c], w1, x1);
-                    } else {
-                        a0[c] = _mm512_add_epi16(a0[c], _mm512_maddubs_epi16(w0, x0));
-                        a1[c] = _mm512_add_epi16(a1[c], _mm512_maddubs_epi16(w1, x1));
-                    }
+                    a0[c] = dot_acc_z::<B>(a0[c], w0, _mm512_set1_epi32(std::ptr::read_unaligned(xc as *const i32)));
+                    a1[c] = dot_acc_z::<B>(a1[c], w1, _mm512_set1_epi32(std::ptr::read_unaligned(xc.add(16) as *const i32)));
                 }
                 if B == PLAIN && k % 2 == 1 {
                     // two maddubs per i16 at most: fold them
