@@ -23,9 +23,10 @@
 //! per multiply-add: Gemma 3's Q4_K down 80.6 -> 117-124 GMAC/s, Q6_K 93.8 -> 115-128, one
 //! thread of the Sapphire Rapids class VM; its ymm build ran at 8 rows).
 //! The AVX-512 set without VNNI (`PackBuild::Bw`) runs the zmm kernels with the plain
-//! builds' i16 `maddubs` sums (`q4_k_zb`, `q6_k_zb`), and the Q4_0 / Q5_0 interleaved row
-//! pairs with `dpbusd_z`'s `maddubs` + `madd` (`quad_two_bw`), each where no i16 pair sum can
-//! saturate.
+//! builds' i16 `maddubs` sums (`q4_k_zb`, `q6_k_zb`), the Q4_0 / Q5_0 / Q4_1 / Q5_1
+//! interleaved row pairs with `dpbusd_z`'s `maddubs` + `madd` (`quad_two_bw`,
+//! `quad_min_two_bw`), each where no i16 pair sum can saturate, and Q8_0's by the sign trick
+//! (`quad_sign`).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -63,7 +64,7 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// the AVX-512 set, `Bw` for it without VNNI): the row-block kernels of Q4_K and Q6_K when
 /// `row_blocks` (not under `PYLLAMA_ORDER=llamacpp`, whose orders depend on the batch), in
 /// the plain AVX2, AVX-VNNI and BW builds the column-lane kernels of Q4_0, Q5_0, Q4_1, Q5_1
-/// (AVX-VNNI: Q8_0 too; BW: the Q4_0 / Q5_0 interleaved pairs for prefill besides),
+/// (AVX-VNNI: Q8_0 too; BW: the interleaved pairs of those and of Q8_0 for prefill besides),
 /// and in the AVX-512 set the two-row packed kernels of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, over
 /// raw rows (decode steps) and over decoded rows (prefill: `quad_signed`, over interleaved
 /// row pairs, and `pair_min_decoded`).
