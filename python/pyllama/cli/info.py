@@ -42,8 +42,9 @@ DISTRIBUTION = "pyllama-gguf"
 def _kernel_reason(kset: str, features: dict[str, bool], vnni: bool) -> str:
     forced = os.environ.get("PYLLAMA_KERNELS", "").strip().lower()
     have = [k for k, v in features.items() if v]
-    if forced and forced in ("ref", "avx2", "avx2vnni", "avx512", "avx512bw") and forced.startswith(kset) \
-            and (forced == "avx512bw") == (kset == "avx512bw"):
+    # the set each PYLLAMA_KERNELS name selects (avx2vnni: the AVX2 set with its VNNI builds)
+    if forced and {"ref": "ref", "avx2": "avx2", "avx2vnni": "avx2", "avx512": "avx512",
+                   "avx512bw": "avx512bw", "neon": "neon"}.get(forced) == kset:
         why = f"forced by PYLLAMA_KERNELS={forced}"
     elif forced:
         why = f"PYLLAMA_KERNELS={forced} asked for a set this CPU cannot run (or an unknown name): the best it runs"

@@ -204,6 +204,17 @@ unsafe fn dot_acc_z<const B: u8>(acc: __m512i, w: __m512i, x: __m512i) -> __m512
     }
 }
 
+/// `dpbusd_z` on ymm: acc + the i32 sums of 4 u8 x i8 products, `maddubs` + `madd` + add
+/// (plain build: exact where no pair sum leaves i16) or one `vpdpbusd` (AVX-VNNI build).
+#[inline(always)]
+unsafe fn dpbusd_y<const B: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if B == PLAIN {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    } else {
+        vnni_acc(acc, u, s)
+    }
+}
+
 /// acc + the u8 x i8 products of w and x: i16 pair sums (plain build, `maddubs`) or i32
 /// sums of 4 (AVX-VNNI build).
 #[inline(always)]
@@ -747,26 +758,32 @@ unsafe fn lanes_tree(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(e, o)
 }
 
-/// Q4_0 / Q5_0 against a lanes-packed Q8_0 group (`avx2::pack_q8_0_lanes`: per block the 8
-/// columns' d_x, their quads j = 0..8 (8 columns x 4 i8 each), then the offset corrections
-/// of each quad): lane j of `avx2::dot_packed_signed`, all 8 columns.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_signed(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
-    lanes_signed_b::<PLAIN>(nb, wd, xp, out)
+/// The plain AVX2 build `$plain` and the AVX-VNNI build `$vnni` of a column-lane kernel
+/// `$body::<B>` (`dpbusd_y`: the same exact i32 either way, so the same bits).
+macro_rules! lanes_builds {
+    ($body:ident, $plain:ident, $vnni:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $plain(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+            $body::<PLAIN>(nb, wd, xp, out)
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        unsafe fn $vnni(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
+            $body::<VNNI>(nb, wd, xp, out)
+        }
+    };
 }
 
-/// `lanes_signed` with AVX-VNNI: the correction + the quad's products in one `vpdpbusd`
-/// (the same exact i32, so the same bits).
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn lanes_signed_vnni(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
-    lanes_signed_b::<VNNI>(nb, wd, xp, out)
-}
+lanes_builds!(lanes_signed_b, lanes_signed, lanes_signed_vnni);
+lanes_builds!(lanes_min_b, lanes_min, lanes_min_vnni);
 
+/// Q4_0 / Q5_0 (and, AVX-VNNI, Q8_0) against a lanes-packed Q8_0 group
+/// (`avx2::pack_q8_0_lanes`: per block the 8 columns' d_x, their quads j = 0..8 (8 columns x
+/// 4 i8 each), then the offset corrections of each quad): lane j of
+/// `avx2::dot_packed_signed`, all 8 columns.
 #[inline(always)]
 unsafe fn lanes_signed_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
-    let ones16 = _mm256_set1_epi16(1);
     let magic = _mm256_set1_ps(I2F_MAGIC_F32);
     let mut a = [_mm256_setzero_ps(); 8];
     for i in 0..nb {
@@ -777,7 +794,7 @@ unsafe fn lanes_signed_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, o
             let wj = bcast32(q.add(4 * j));
             let y = load256(b.add(4 * PACK_COLS + 32 * j));
             let corr = load256(b.add(4 * PACK_COLS + 256 + 32 * j));
-            let s = if B == PLAIN { _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16)) } else { vnni_acc(corr, wj, y) };
+            let s = dpbusd_y::<B>(corr, wj, y);
             *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
@@ -786,22 +803,10 @@ unsafe fn lanes_signed_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, o
 
 /// Q4_1 / Q5_1 against a lanes-packed Q8_1 group (`avx2::pack_q8_1_lanes`: per block the 8
 /// columns' d_x, their s_x, then their quads): `avx2::dot_packed_min`, all 8 columns.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_min(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
-    lanes_min_b::<PLAIN>(nb, wd, xp, out)
-}
-
-/// `lanes_min` with AVX-VNNI (`vpdpbusd` from the magic).
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn lanes_min_vnni(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
-    lanes_min_b::<VNNI>(nb, wd, xp, out)
-}
-
 #[inline(always)]
 unsafe fn lanes_min_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, out: *mut f32) {
     use super::avx2::{PACK_BLOCK_Q8_1, PACK_COLS};
     let sc = wd.add(32 * nb) as *const f32;
-    let ones16 = _mm256_set1_epi16(1);
     let (magic_i, magic) = (_mm256_set1_epi32(I2F_MAGIC), _mm256_set1_ps(I2F_MAGIC_F32));
     let mut a = [_mm256_setzero_ps(); 8];
     let mut summ = _mm256_setzero_ps();
@@ -814,7 +819,7 @@ unsafe fn lanes_min_b<const B: u8>(nb: usize, wd: *const u8, xp: *const u8, out:
         for (j, aj) in a.iter_mut().enumerate() {
             let wj = bcast32(q.add(4 * j));
             let y = load256(b.add(8 * PACK_COLS + 32 * j));
-            let s = if B == PLAIN { _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wj, y), ones16), magic_i) } else { vnni_acc(magic_i, wj, y) };
+            let s = dpbusd_y::<B>(magic_i, wj, y);
             *aj = _mm256_fmadd_ps(d, _mm256_sub_ps(_mm256_castsi256_ps(s), magic), *aj);
         }
     }
@@ -1044,6 +1049,14 @@ pair_kernel!(pair_q8_0, BlockQ8_0::SIZE, |b| (super::avx2::f16(b), _mm256_xor_si
 /// pair and block 64 quant bytes and 64 bytes of offset corrections, then 8 bytes of scales.
 pub(crate) const PAIRS_BLOCK_BYTES: usize = 68;
 
+/// Rows a's and b's 32 quant bytes of a block as the interleaved pairs' 16 lanes: [a 0..4,
+/// b 0..4, a 4..8, b 4..8, ...] (i32 lane 2l row a's elements 4l..4l+4, lane 2l + 1 row b's).
+#[inline(always)]
+unsafe fn interleave_pair(qa: __m256i, qb: __m256i) -> __m512i {
+    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb))
+}
+
 /// Decodes rows a and b (`wsize`-byte blocks, `quants(block) -> (d_w, signed i8 quants)`) into
 /// the interleaved pair layout of `quad_signed`: per block 16 lanes of 4 quant bytes as
 /// [a 0..4, b 0..4, a 4..8, b 4..8, ...] (64 bytes: i32 lane 2l holds row a's elements
@@ -1055,13 +1068,12 @@ pub(crate) const PAIRS_BLOCK_BYTES: usize = 68;
 /// <= 4096 for Q4_0 / Q5_0 (not Q8_0: 2 * 128 * 128 leaves i16; that build has no Q8_0 pairs).
 #[inline(always)]
 unsafe fn decode_pairs<const B: u8>(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> (f32, __m256i)) {
-    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let top = _mm512_set1_epi8(0x80u8 as i8);
     let sc = dst.add(128 * nb) as *mut f32;
     for i in 0..nb {
         let (da, qa) = quants(wa.add(i * wsize));
         let (db, qb) = quants(wb.add(i * wsize));
-        let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb));
+        let q = interleave_pair(qa, qb);
         _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
         let corr = _mm512_sub_epi32(_mm512_set1_epi32(I2F_MAGIC), dpbusd_z::<B>(_mm512_setzero_si512(), top, q));
         _mm512_storeu_si512(dst.add(64 * (nb + i)) as *mut _, corr);
@@ -1112,12 +1124,11 @@ unsafe fn decode_pairs_q8_0(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u
 /// then (d_a, d_b).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
 unsafe fn decode_pairs_q8_0_bw(nb: usize, wa: *const u8, wb: *const u8, dst: *mut u8) {
-    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let sc = dst.add(128 * nb) as *mut f32;
     for i in 0..nb {
         let (ba, bb) = (wa.add(i * BlockQ8_0::SIZE), wb.add(i * BlockQ8_0::SIZE));
         let (qa, qb) = (load256(ba.add(offset_of!(BlockQ8_0, qs))), load256(bb.add(offset_of!(BlockQ8_0, qs))));
-        let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(qa), idx, _mm512_castsi256_si512(qb));
+        let q = interleave_pair(qa, qb);
         _mm512_storeu_si512(dst.add(64 * i) as *mut _, _mm512_abs_epi8(q));
         let neg = _mm512_movepi8_mask(q);
         for j in 0..8 {
@@ -1136,25 +1147,19 @@ unsafe fn decode_pairs_q8_0_bw(nb: usize, wa: *const u8, wb: *const u8, dst: *mu
 /// partial group get d_x 0 and quants 0 (their lanes are computed and dropped).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn pack_q8_0_pairs(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
-    use super::avx2::{PACK_BLOCK, PACK_COLS};
-    for i in 0..nb {
-        let b = dst.add(i * PACK_BLOCK);
-        let mut y = [_mm256_setzero_si256(); PACK_COLS];
-        for c in 0..PACK_COLS {
-            let d = if c < ncols { std::ptr::read_unaligned(xd.add(c * xds + i)) } else { 0.0 };
-            (b as *mut f32).add(2 * c).write_unaligned(d);
-            (b as *mut f32).add(2 * c + 1).write_unaligned(d);
-            if c < ncols {
-                y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
-            }
-        }
-        store_quads_twice(&y, b.add(64), _mm512_set1_epi8(0x80u8 as i8));
-    }
+    pack_q8_0_pairs_flip(nb, ncols, x, xs, xd, xds, dst, _mm512_set1_epi8(0x80u8 as i8))
 }
 
 /// `pack_q8_0_pairs` with the quants as they are (i8), for `quad_sign`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn pack_q8_0_pairs_signed(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8) {
+    pack_q8_0_pairs_flip(nb, ncols, x, xs, xd, xds, dst, _mm512_setzero_si512())
+}
+
+/// The body of both: each quant byte xor `flip` (`store_quads_twice`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_q8_0_pairs_flip(nb: usize, ncols: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, dst: *mut u8, flip: __m512i) {
     use super::avx2::{PACK_BLOCK, PACK_COLS};
     for i in 0..nb {
         let b = dst.add(i * PACK_BLOCK);
@@ -1167,9 +1172,10 @@ pub(crate) unsafe fn pack_q8_0_pairs_signed(nb: usize, ncols: usize, x: *const u
                 y[c] = load256(x.add(c * xs + i * BlockQ8_0::SIZE + offset_of!(BlockQ8_0, qs)));
             }
         }
-        store_quads_twice(&y, b.add(64), _mm512_setzero_si512());
+        store_quads_twice(&y, b.add(64), flip);
     }
 }
+
 
 /// The interleaved pairs' activation quads of one block: 8 columns' 32 quants `y` (a
 /// partial group's other columns zero) as quad j = 0..8 at `dst + 64 j`, i32 lanes 2c and 2c
@@ -1301,11 +1307,10 @@ pub(crate) const PACK_BLOCK_PAIRS_Q8_1: usize = 64 + 64 + 64 * super::avx2::PACK
 /// m_a, m_b) as f32.
 #[inline(always)]
 unsafe fn decode_pairs_min(nb: usize, wa: *const u8, wb: *const u8, wsize: usize, dst: *mut u8, quants: impl Fn(*const u8) -> __m256i) {
-    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let sc = dst.add(64 * nb) as *mut f32;
     for i in 0..nb {
         let (ba, bb) = (wa.add(i * wsize), wb.add(i * wsize));
-        let q = _mm512_permutex2var_epi32(_mm512_castsi256_si512(quants(ba)), idx, _mm512_castsi256_si512(quants(bb)));
+        let q = interleave_pair(quants(ba), quants(bb));
         _mm512_storeu_si512(dst.add(64 * i) as *mut _, q);
         // the hardware conversions, as the packed kernels (a NaN scale keeps its bits)
         sc.add(4 * i).write_unaligned(super::avx2::f16(ba));
@@ -1425,6 +1430,12 @@ macro_rules! quad_kernel {
             $body::<$b, $p, NC>(nb, w0, w1, xp, out, ld)
         }
     };
+    ($name:ident, $features:literal, $body:ident, $p:expr) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
+            $body::<$p, NC>(nb, w0, w1, xp, out, ld)
+        }
+    };
 }
 quad_kernel!(quad_two, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_signed, VNNI, 2);
 quad_kernel!(quad_one, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", quad_signed, VNNI, 1);
@@ -1436,14 +1447,8 @@ quad_kernel!(quad_one_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", qu
 quad_kernel!(quad_min_two_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_min, PLAIN, 2);
 quad_kernel!(quad_min_one_bw, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_min, PLAIN, 1);
 // the BW build's Q8_0 (see `quad_sign`)
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quad_sign_two<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
-    quad_sign::<2, NC>(nb, w0, w1, xp, out, ld)
-}
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn quad_sign_one<const NC: usize>(nb: usize, w0: *const u8, w1: *const u8, xp: *const u8, out: *mut f32, ld: usize) {
-    quad_sign::<1, NC>(nb, w0, w1, xp, out, ld)
-}
+quad_kernel!(quad_sign_two, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_sign, 2);
+quad_kernel!(quad_sign_one, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq", quad_sign, 1);
 
 #[cfg(test)]
 mod tests {
