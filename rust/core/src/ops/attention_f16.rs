@@ -964,7 +964,7 @@ mod x86 {
     /// V accumulation four queries at a time. Parameterised by the kernel set's row
     /// conversion, scores, "no score above the max" test, vector exp and accumulation.
     macro_rules! blocked_body {
-        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
+        ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $group_soft:expr, $below:ident, $exp:ident, $accumulate:ident, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
             let nq = $ranges.len();
             let jlo = $ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -1027,63 +1027,118 @@ mod x86 {
                 }
                 let mut any = false;
                 let mut group_done = usize::MAX; // the group whose scores s_all holds
-                for i in 0..nq {
-                    let (lo, hi) = *$ranges.get_unchecked(i);
-                    let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
-                    let (a, b) = (lo.max(j0), hi.min(j0 + nb));
-                    if a >= b {
-                        f.fill(0);
-                        continue;
-                    }
-                    any = true;
-                    let s = if direct_k {
-                        *s_all.get_unchecked(i)
-                    } else {
-                        if group_done != i / gq {
-                            // queries of the group that see none of the block get scores too,
-                            // never used
-                            group_done = i / gq;
-                            let g0 = group_done * gq;
-                            if transposed {
-                                // (g0 is even: pair g0 / 2 starts at g0 * hk)
-                                scores_tp(kt, hk, qp.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
-                            } else {
-                                $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                // the queries whose scores one call gives (`scores_direct`: all of them)
+                let gsz = if direct_k { nq } else { gq };
+                let mut i = 0;
+                while i < nq {
+                    // a group whose queries all see the whole block and none of whose scores
+                    // is above its running max: the group's scores, then its queries' softmax
+                    // steps one after the other (each as the single-query form below), so
+                    // that their exps and sums are independent chains side by side instead
+                    // of each after its own query's scores
+                    if $group_soft && vexp && nb == KB && i % gsz == 0 {
+                        let gn = gsz.min(nq - i);
+                        let whole = (i..i + gn).all(|t| {
+                            let (lo, hi) = *$ranges.get_unchecked(t);
+                            lo <= j0 && hi >= j0 + KB
+                        });
+                        if whole {
+                            if !direct_k && group_done != i / gq {
+                                group_done = i / gq;
+                                if transposed {
+                                    scores_tp(kt, hk, qp.as_ptr().add(i * hk), gn, &mut s_all);
+                                } else {
+                                    $scores_group(kf, hk, $qb.as_ptr().add(i * hk), gn, &mut s_all);
+                                }
+                            }
+                            // (i % gsz == 0: query i + g's scores are s_all[g] either way)
+                            let kv = _mm256_set1_ps($p.kscale);
+                            let mut sv = [_mm256_setzero_ps(); GROUP_Q];
+                            let mut all = true;
+                            for g in 0..gn {
+                                let x = _mm256_mul_ps(_mm256_loadu_ps(s_all.get_unchecked(g).as_ptr()), kv);
+                                *sv.get_unchecked_mut(g) = x;
+                                all &= $below(x, _mm256_set1_ps(*$m.get_unchecked(i + g)));
+                            }
+                            if all {
+                                for g in 0..gn {
+                                    let e = $exp(_mm256_sub_ps(*sv.get_unchecked(g), _mm256_set1_ps(*$m.get_unchecked(i + g))));
+                                    _mm256_storeu_ps(vs.as_mut_ptr().add((i + g) * KB), e);
+                                }
+                                for g in 0..gn {
+                                    let pv = vs.as_ptr().add((i + g) * KB);
+                                    let mut ss = *$ssum.get_unchecked(i + g);
+                                    for kk in 0..KB {
+                                        ss += *pv.add(kk);
+                                    }
+                                    *$ssum.get_unchecked_mut(i + g) = ss;
+                                    fl.get_unchecked_mut((i + g) * KB..(i + g + 1) * KB).fill(1);
+                                }
+                                any = true;
+                                i += gn;
+                                continue;
                             }
                         }
-                        *s_all.get_unchecked(i % gq)
-                    };
-                    if vexp && a == j0 && b == j0 + KB {
-                        // the whole block seen, and no score above the running max (the common
-                        // case once the max settles): every key takes the softmax's else branch,
-                        // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
-                        let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps($p.kscale));
-                        let mv = _mm256_set1_ps(*$m.get_unchecked(i));
-                        if $below(sv, mv) {
-                            let e = $exp(_mm256_sub_ps(sv, mv));
-                            let pv = vs.as_mut_ptr().add(i * KB);
-                            _mm256_storeu_ps(pv, e);
-                            // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
-                            let mut ss = *$ssum.get_unchecked(i);
-                            for kk in 0..KB {
-                                ss += *pv.add(kk);
+                    }
+                    'one: {
+                        let (lo, hi) = *$ranges.get_unchecked(i);
+                        let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
+                        let (a, b) = (lo.max(j0), hi.min(j0 + nb));
+                        if a >= b {
+                            f.fill(0);
+                            break 'one;
+                        }
+                        any = true;
+                        let s = if direct_k {
+                            *s_all.get_unchecked(i)
+                        } else {
+                            if group_done != i / gq {
+                                // queries of the group that see none of the block get scores too,
+                                // never used
+                                group_done = i / gq;
+                                let g0 = group_done * gq;
+                                if transposed {
+                                    // (g0 is even: pair g0 / 2 starts at g0 * hk)
+                                    scores_tp(kt, hk, qp.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                                } else {
+                                    $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
+                                }
                             }
-                            *$ssum.get_unchecked_mut(i) = ss;
-                            f.fill(1);
-                            continue;
+                            *s_all.get_unchecked(i % gq)
+                        };
+                        if vexp && a == j0 && b == j0 + KB {
+                            // the whole block seen, and no score above the running max (the common
+                            // case once the max settles): every key takes the softmax's else branch,
+                            // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
+                            let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps($p.kscale));
+                            let mv = _mm256_set1_ps(*$m.get_unchecked(i));
+                            if $below(sv, mv) {
+                                let e = $exp(_mm256_sub_ps(sv, mv));
+                                let pv = vs.as_mut_ptr().add(i * KB);
+                                _mm256_storeu_ps(pv, e);
+                                // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
+                                let mut ss = *$ssum.get_unchecked(i);
+                                for kk in 0..KB {
+                                    ss += *pv.add(kk);
+                                }
+                                *$ssum.get_unchecked_mut(i) = ss;
+                                f.fill(1);
+                                break 'one;
+                            }
+                        }
+                        for kk in 0..KB {
+                            let j = j0 + kk;
+                            if j < a || j >= b {
+                                *f.get_unchecked_mut(kk) = 0;
+                                continue;
+                            }
+                            let (scale, msa, vsa) = softmax_step($p, s[kk], $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
+                            *f.get_unchecked_mut(kk) = 1 + scale as u8;
+                            *ms.get_unchecked_mut(i * KB + kk) = msa;
+                            *vs.get_unchecked_mut(i * KB + kk) = vsa;
                         }
                     }
-                    for kk in 0..KB {
-                        let j = j0 + kk;
-                        if j < a || j >= b {
-                            *f.get_unchecked_mut(kk) = 0;
-                            continue;
-                        }
-                        let (scale, msa, vsa) = softmax_step($p, s[kk], $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
-                        *f.get_unchecked_mut(kk) = 1 + scale as u8;
-                        *ms.get_unchecked_mut(i * KB + kk) = msa;
-                        *vs.get_unchecked_mut(i * KB + kk) = vsa;
-                    }
+                    i += 1;
                 }
                 if any {
                     let mut i0 = 0;
@@ -1125,7 +1180,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             ld16(p)
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, below, exp8, accumulate_4, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4, staged, direct)
     }
 
     /// The scores of the first `nq` (`group_q_avx2`) queries of `q` against the block's K
@@ -1135,13 +1190,21 @@ mod x86 {
     #[inline(always)]
     unsafe fn scores_group_avx2(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         if hk == 64 {
-            return scores_8_avx2_64(kf, std::slice::from_raw_parts(q, 64), &mut out[0]);
+            for (t, o) in out.iter_mut().enumerate().take(nq) {
+                scores_8_avx2_64(kf, std::slice::from_raw_parts(q.add(t * 64), 64), o);
+            }
+            return;
         }
         let k = |kk: usize, i: usize| _mm256_loadu_ps(kf.as_ptr().add(kk * hk + i));
-        match nq {
-            1 => scores_n_avx2::<1, _>(&k, hk, q, out),
-            2 => scores_n_avx2::<2, _>(&k, hk, q, out),
-            _ => scores_n_avx2::<3, _>(&k, hk, q, out),
+        let mut t = 0;
+        while t < nq {
+            let (q, o) = (q.add(t * hk), &mut out[t..]);
+            match nq - t {
+                1 => scores_n_avx2::<1, _>(&k, hk, q, o),
+                2 => scores_n_avx2::<2, _>(&k, hk, q, o),
+                _ => scores_n_avx2::<3, _>(&k, hk, q, o),
+            }
+            t += 3;
         }
     }
 
@@ -1151,7 +1214,7 @@ mod x86 {
     /// would load 8 q values and 8 / 3 K rows; not measured).
     fn group_q_avx2(hk: usize) -> usize {
         if hk == 64 {
-            1
+            8
         } else {
             3
         }
@@ -1162,7 +1225,7 @@ mod x86 {
     /// query and key four accumulators over the 32-element steps, summed
     /// (acc0 + acc2) + (acc1 + acc3), then the 8 keys' `hsum_8`.
     #[inline(always)]
-    unsafe fn scores_n_avx2<const NQ: usize, K: Fn(usize, usize) -> __m256>(k: &K, hk: usize, q: *const f32, out: &mut [[f32; KB]; GROUP_Q]) {
+    unsafe fn scores_n_avx2<const NQ: usize, K: Fn(usize, usize) -> __m256>(k: &K, hk: usize, q: *const f32, out: &mut [[f32; KB]]) {
         let mut x = [[_mm256_setzero_ps(); KB]; NQ];
         for kk in 0..KB {
             let mut a = [[_mm256_setzero_ps(); 4]; NQ];
@@ -1181,8 +1244,8 @@ mod x86 {
                 x[j][kk] = _mm256_add_ps(_mm256_add_ps(aj[0], aj[2]), _mm256_add_ps(aj[1], aj[3]));
             }
         }
-        for j in 0..NQ {
-            out[j] = hsum_8(&x[j]);
+        for (j, o) in out.iter_mut().enumerate().take(NQ) {
+            *o = hsum_8(&x[j]);
         }
     }
 
@@ -1380,7 +1443,7 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m256 {
             ld8(p)
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, below, exp8_avx2, accumulate_4_avx2, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, true, below, exp8_avx2, accumulate_4_avx2, staged, direct)
     }
 }
 
