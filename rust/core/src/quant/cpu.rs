@@ -29,6 +29,10 @@ pub struct CpuFeatures {
     pub neon: bool,
     pub dotprod: bool,
     pub fp16: bool,
+    /// An AMD (or Hygon) x86 CPU, by CPUID's vendor string: where an instruction's form
+    /// measured differently on AMD and Intel, kernels pick the form by it (the f16 store of
+    /// the AVX2 attention's V accumulation).
+    pub amd: bool,
 }
 
 impl CpuFeatures {
@@ -51,6 +55,11 @@ impl CpuFeatures {
             f.avx512dq = has!("avx512dq");
             f.avx512vnni = has!("avx512vnni");
             f.avx512bf16 = has!("avx512bf16");
+            // (unsafe before Rust 1.87, safe since: CPUID leaf 0 exists on every x86-64 CPU)
+            #[allow(unused_unsafe)]
+            let v = unsafe { std::arch::x86_64::__cpuid(0) };
+            let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+            f.amd = vendor == b"AuthenticAMD" || vendor == b"HygonGenuine";
         }
         #[cfg(target_arch = "aarch64")]
         {
