@@ -1203,10 +1203,11 @@ mod x86 {
         blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4, staged, direct)
     }
 
-    /// The scores of the first `nq` (`group_q_avx2`) queries of `q` against the block's K
-    /// rows staged in f32, each key's row loaded once for the group (`scores_n_avx2`; head
-    /// dim 64: one query, `scores_8_avx2_64`). (No direct-K form: the AVX2 blocked kernel
-    /// runs heads wider than 64 only in passes of 8+ queries.)
+    /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
+    /// staged in f32: three queries at a time, each key's row loaded once for the three
+    /// (`scores_n_avx2`); head dim 64 one query at a time, q in registers
+    /// (`scores_8_avx2_64`). (No direct-K form: the AVX2 blocked kernel runs heads wider than
+    /// 64 only in passes of 8+ queries.)
     #[inline(always)]
     unsafe fn scores_group_avx2(kf: &[f32], hk: usize, q: *const f32, nq: usize, out: &mut [[f32; KB]; GROUP_Q]) {
         if hk == 64 {
@@ -1228,10 +1229,12 @@ mod x86 {
         }
     }
 
-    /// Queries per group of the AVX2 kernel's staged scores (`scores_group_avx2`: four
-    /// accumulators a query in 16 ymm registers); head dim 64 one, whose kernel keeps q in
-    /// registers (`scores_8_avx2_64`: 8 K loads per query and key, where a group of 3
-    /// would load 8 q values and 8 / 3 K rows; not measured).
+    /// Queries per group of the AVX2 kernel's scores, which is also the group whose softmax
+    /// steps run side by side (`blocked_body`): 3 (`scores_n_avx2`: four accumulators a
+    /// query in 12 ymm registers); head dim 64: 8, each query's scores by
+    /// `scores_8_avx2_64` (`--bench attention`, SmolLM2 d4096 on Zen 3: groups of 2 / 4 / 8
+    /// 249 / 223 / 214 ms per layer, ~262 before the group form). Gemma 3's 256-wide heads
+    /// measured the same with groups of 6.
     fn group_q_avx2(hk: usize) -> usize {
         if hk == 64 {
             8
