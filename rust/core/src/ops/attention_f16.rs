@@ -150,6 +150,8 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
     #[cfg(target_arch = "x86_64")]
     {
         if crate::quant::table::kernels().avx2_math {
+            // the AVX2 kernels' f16 store form: to a register, then stored, on AMD (`st8`)
+            let amd = crate::quant::cpu::features().amd;
             if crate::quant::kernel_set().is_avx512() && hk % 32 == 0 && hv % 64 == 0 && nq > 0 {
                 scr.kf.resize(x86::KB * hk, 0.0);
                 scr.vf.resize(x86::KB * hv, 0.0);
@@ -175,7 +177,7 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 scr.fl.clear();
                 scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: avx2_math: AVX2, FMA and F16C are present; buffer sizes set here.
-                if crate::quant::cpu::features().amd {
+                if amd {
                     unsafe { x86::run_avx2_blocked::<true>(p, qb, ranges, acc, m, ssum, scr) };
                 } else {
                     unsafe { x86::run_avx2_blocked::<false>(p, qb, ranges, acc, m, ssum, scr) };
@@ -185,7 +187,7 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 unsafe { x86::run_avx512(p, qb, ranges, acc, m, ssum, scr) };
             } else {
                 // SAFETY: avx2_math: AVX2, FMA and F16C are present.
-                if crate::quant::cpu::features().amd {
+                if amd {
                     unsafe { x86::run_avx2::<true>(p, qb, ranges, acc, m, ssum, scr) };
                 } else {
                     unsafe { x86::run_avx2::<false>(p, qb, ranges, acc, m, ssum, scr) };
@@ -900,6 +902,44 @@ mod x86 {
         [l[0], l[4], l[1], l[5], l[2], l[6], l[3], l[7]]
     }
 
+    /// The online-softmax steps of `s.len()` (<= GROUP_Q) queries over a whole block of KB
+    /// keys, if every scaled score `s[g][k] * kscale` lies at or below its query's running
+    /// max `m[g]`: then each key takes the softmax's else branch with the same M, so vs =
+    /// exp(s - M) (the 8 exps at once) and S = fma(S, ms, vs) with ms = 1, which is S + vs
+    /// (one rounding either way), summed in key order; flags 1. The queries' steps side by
+    /// side: all the scales and tests, then all the exps, then all the sums (their chains
+    /// independent). Returns false, having changed nothing, if a score is above its max.
+    #[inline(always)]
+    unsafe fn below_max_steps<B: Fn(__m256, __m256) -> bool, E: Fn(__m256) -> __m256>(s: &[[f32; KB]], kscale: f32, m: &[f32], ssum: &mut [f32], vs: &mut [f32], fl: &mut [u8], below: B, exp: E) -> bool {
+        let gn = s.len();
+        debug_assert!(gn <= GROUP_Q && m.len() == gn && ssum.len() == gn && vs.len() == gn * KB && fl.len() == gn * KB);
+        let kv = _mm256_set1_ps(kscale);
+        let mut sv = [_mm256_setzero_ps(); GROUP_Q];
+        let mut all = true;
+        for g in 0..gn {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(s.get_unchecked(g).as_ptr()), kv);
+            *sv.get_unchecked_mut(g) = x;
+            all &= below(x, _mm256_set1_ps(*m.get_unchecked(g)));
+        }
+        if !all {
+            return false;
+        }
+        for g in 0..gn {
+            let e = exp(_mm256_sub_ps(*sv.get_unchecked(g), _mm256_set1_ps(*m.get_unchecked(g))));
+            _mm256_storeu_ps(vs.as_mut_ptr().add(g * KB), e);
+        }
+        for g in 0..gn {
+            let pv = vs.as_ptr().add(g * KB);
+            let mut ss = *ssum.get_unchecked(g);
+            for kk in 0..KB {
+                ss += *pv.add(kk);
+            }
+            *ssum.get_unchecked_mut(g) = ss;
+        }
+        fl.fill(1);
+        true
+    }
+
     /// The steady state of `accumulate_4`: NQ queries from i0 that each take a plain mad
     /// from every key of a whole block (flags all 1), 64 lanes at a time: the same steps
     /// without the per-key flag loads and branches (4 * NQ independent accumulator chains),
@@ -1047,116 +1087,85 @@ mod x86 {
                 }
                 let mut any = false;
                 let mut group_done = usize::MAX; // the group whose scores s_all holds
-                // the queries whose scores one call gives (`scores_direct`: all of them)
-                let gsz = if direct_k { nq } else { gq };
+                let mut solo_to = 0; // queries before it take their softmax steps alone
                 let mut i = 0;
                 while i < nq {
-                    // a group whose queries all see the whole block and none of whose scores
-                    // is above its running max: the group's scores, then its queries' softmax
-                    // steps one after the other (each as the single-query form below), so
-                    // that their exps and sums are independent chains side by side instead
-                    // of each after its own query's scores
-                    if $group_soft && vexp && nb == KB && i % gsz == 0 {
-                        let gn = gsz.min(nq - i);
-                        let whole = (i..i + gn).all(|t| {
-                            let (lo, hi) = *$ranges.get_unchecked(t);
-                            lo <= j0 && hi >= j0 + KB
-                        });
-                        if whole {
-                            if !direct_k && group_done != i / gq {
-                                group_done = i / gq;
-                                if transposed {
-                                    scores_tp(kt, hk, qp.as_ptr().add(i * hk), gn, &mut s_all);
-                                } else {
-                                    $scores_group(kf, hk, $qb.as_ptr().add(i * hk), gn, &mut s_all);
-                                }
+                    let (lo, hi) = *$ranges.get_unchecked(i);
+                    let (a, b) = (lo.max(j0), hi.min(j0 + nb));
+                    if a >= b {
+                        fl.get_unchecked_mut(i * KB..(i + 1) * KB).fill(0);
+                        i += 1;
+                        continue;
+                    }
+                    any = true;
+                    // query i's scores are s_all[si], and its group ends before query ge:
+                    // `scores_direct` gave every query's; otherwise its group's scores are
+                    // computed at the group's first query that sees the block (queries of the
+                    // group that see none of it get scores too, never used)
+                    let (si, ge) = if direct_k {
+                        (i, nq)
+                    } else {
+                        let g = i / gq;
+                        let g0 = g * gq;
+                        let gn = gq.min(nq - g0);
+                        if group_done != g {
+                            group_done = g;
+                            if transposed {
+                                // (g0 is even: pair g0 / 2 starts at g0 * hk)
+                                scores_tp(kt, hk, qp.as_ptr().add(g0 * hk), gn, &mut s_all);
+                            } else {
+                                $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gn, &mut s_all);
                             }
-                            // (i % gsz == 0: query i + g's scores are s_all[g] either way)
-                            let kv = _mm256_set1_ps($p.kscale);
-                            let mut sv = [_mm256_setzero_ps(); GROUP_Q];
-                            let mut all = true;
-                            for g in 0..gn {
-                                let x = _mm256_mul_ps(_mm256_loadu_ps(s_all.get_unchecked(g).as_ptr()), kv);
-                                *sv.get_unchecked_mut(g) = x;
-                                all &= $below(x, _mm256_set1_ps(*$m.get_unchecked(i + g)));
+                        }
+                        (i - g0, g0 + gn)
+                    };
+                    if vexp && a == j0 && b == j0 + KB {
+                        // the whole block seen: if no score is above the running max (the
+                        // common case once the max settles), `below_max_steps`. With
+                        // $group_soft the next queries of the group that also see the whole
+                        // block go with query i, their exps and sums side by side
+                        // (independent chains instead of each after its own query's scores);
+                        // if one of them has a score above its max, query i alone, and the
+                        // rest of the group one query at a time
+                        let mut gn = 1;
+                        if $group_soft && i >= solo_to {
+                            while i + gn < ge && {
+                                let (lo, hi) = *$ranges.get_unchecked(i + gn);
+                                lo <= j0 && hi >= j0 + KB
+                            } {
+                                gn += 1;
                             }
-                            if all {
-                                for g in 0..gn {
-                                    let e = $exp(_mm256_sub_ps(*sv.get_unchecked(g), _mm256_set1_ps(*$m.get_unchecked(i + g))));
-                                    _mm256_storeu_ps(vs.as_mut_ptr().add((i + g) * KB), e);
-                                }
-                                for g in 0..gn {
-                                    let pv = vs.as_ptr().add((i + g) * KB);
-                                    let mut ss = *$ssum.get_unchecked(i + g);
-                                    for kk in 0..KB {
-                                        ss += *pv.add(kk);
-                                    }
-                                    *$ssum.get_unchecked_mut(i + g) = ss;
-                                    fl.get_unchecked_mut((i + g) * KB..(i + g + 1) * KB).fill(1);
-                                }
-                                any = true;
-                                i += gn;
-                                continue;
+                        }
+                        let mut n = gn;
+                        let done = loop {
+                            let (c, d) = (i * KB, (i + n) * KB);
+                            if below_max_steps(s_all.get_unchecked(si..si + n), $p.kscale, $m.get_unchecked(i..i + n), $ssum.get_unchecked_mut(i..i + n), vs.get_unchecked_mut(c..d), fl.get_unchecked_mut(c..d), |x, mv| $below(x, mv), |x| $exp(x)) {
+                                break n;
                             }
+                            if n == 1 {
+                                break 0;
+                            }
+                            // (the rest of the group one at a time, as the test would fail again)
+                            solo_to = ge;
+                            n = 1;
+                        };
+                        if done > 0 {
+                            i += done;
+                            continue;
                         }
                     }
-                    'one: {
-                        let (lo, hi) = *$ranges.get_unchecked(i);
-                        let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
-                        let (a, b) = (lo.max(j0), hi.min(j0 + nb));
-                        if a >= b {
-                            f.fill(0);
-                            break 'one;
+                    let s = *s_all.get_unchecked(si);
+                    let f = fl.get_unchecked_mut(i * KB..(i + 1) * KB);
+                    for kk in 0..KB {
+                        let j = j0 + kk;
+                        if j < a || j >= b {
+                            *f.get_unchecked_mut(kk) = 0;
+                            continue;
                         }
-                        any = true;
-                        let s = if direct_k {
-                            *s_all.get_unchecked(i)
-                        } else {
-                            if group_done != i / gq {
-                                // queries of the group that see none of the block get scores too,
-                                // never used
-                                group_done = i / gq;
-                                let g0 = group_done * gq;
-                                if transposed {
-                                    // (g0 is even: pair g0 / 2 starts at g0 * hk)
-                                    scores_tp(kt, hk, qp.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
-                                } else {
-                                    $scores_group(kf, hk, $qb.as_ptr().add(g0 * hk), gq.min(nq - g0), &mut s_all);
-                                }
-                            }
-                            *s_all.get_unchecked(i % gq)
-                        };
-                        if vexp && a == j0 && b == j0 + KB {
-                            // the whole block seen, and no score above the running max (the common
-                            // case once the max settles): every key takes the softmax's else branch,
-                            // vs = exp(s - M) with the same M; the 8 exps at once, the sum in order
-                            let sv = _mm256_mul_ps(_mm256_loadu_ps(s.as_ptr()), _mm256_set1_ps($p.kscale));
-                            let mv = _mm256_set1_ps(*$m.get_unchecked(i));
-                            if $below(sv, mv) {
-                                let e = $exp(_mm256_sub_ps(sv, mv));
-                                let pv = vs.as_mut_ptr().add(i * KB);
-                                _mm256_storeu_ps(pv, e);
-                                // S = fma(S, ms, vs) with ms = 1: S + vs, one rounding either way
-                                let mut ss = *$ssum.get_unchecked(i);
-                                for kk in 0..KB {
-                                    ss += *pv.add(kk);
-                                }
-                                *$ssum.get_unchecked_mut(i) = ss;
-                                f.fill(1);
-                                break 'one;
-                            }
-                        }
-                        for kk in 0..KB {
-                            let j = j0 + kk;
-                            if j < a || j >= b {
-                                *f.get_unchecked_mut(kk) = 0;
-                                continue;
-                            }
-                            let (scale, msa, vsa) = softmax_step($p, s[kk], $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
-                            *f.get_unchecked_mut(kk) = 1 + scale as u8;
-                            *ms.get_unchecked_mut(i * KB + kk) = msa;
-                            *vs.get_unchecked_mut(i * KB + kk) = vsa;
-                        }
+                        let (scale, msa, vsa) = softmax_step($p, s[kk], $m.get_unchecked_mut(i), $ssum.get_unchecked_mut(i));
+                        *f.get_unchecked_mut(kk) = 1 + scale as u8;
+                        *ms.get_unchecked_mut(i * KB + kk) = msa;
+                        *vs.get_unchecked_mut(i * KB + kk) = vsa;
                     }
                     i += 1;
                 }
@@ -1203,9 +1212,9 @@ mod x86 {
         blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4, staged, direct)
     }
 
-    /// The scores of the first `nq` (<= GROUP_Q) queries of `q` against the block's K rows
-    /// staged in f32: three queries at a time, each key's row loaded once for the three
-    /// (`scores_n_avx2`); head dim 64 one query at a time, q in registers
+    /// The scores of the first `nq` (<= `group_q_avx2(hk)`) queries of `q` against the
+    /// block's K rows staged in f32: up to three queries at once, each key's row loaded once
+    /// for them (`scores_n_avx2`); head dim 64 one query at a time, q in registers
     /// (`scores_8_avx2_64`). (No direct-K form: the AVX2 blocked kernel runs heads wider than
     /// 64 only in passes of 8+ queries.)
     #[inline(always)]
@@ -1216,16 +1225,12 @@ mod x86 {
             }
             return;
         }
+        debug_assert!(nq <= group_q_avx2(hk));
         let k = |kk: usize, i: usize| _mm256_loadu_ps(kf.as_ptr().add(kk * hk + i));
-        let mut t = 0;
-        while t < nq {
-            let (q, o) = (q.add(t * hk), &mut out[t..]);
-            match nq - t {
-                1 => scores_n_avx2::<1, _>(&k, hk, q, o),
-                2 => scores_n_avx2::<2, _>(&k, hk, q, o),
-                _ => scores_n_avx2::<3, _>(&k, hk, q, o),
-            }
-            t += 3;
+        match nq {
+            1 => scores_n_avx2::<1, _>(&k, hk, q, out),
+            2 => scores_n_avx2::<2, _>(&k, hk, q, out),
+            _ => scores_n_avx2::<3, _>(&k, hk, q, out),
         }
     }
 
