@@ -1018,11 +1018,12 @@ mod x86 {
         4
     }
 
-    /// The blocked pass (blocks of KB keys): the block's K and V rows converted once; per
-    /// query the block's scores, then its online-softmax steps in key order (a whole block
-    /// below the running max: its 8 exps at once and S + vs, which is fma(S, 1, vs)); then the
-    /// V accumulation four queries at a time. Parameterised by the kernel set's row
-    /// conversion, scores, "no score above the max" test, vector exp and accumulation.
+    /// The blocked pass (blocks of KB keys): the block's K and V rows converted once; the
+    /// block's scores per group of queries, then each query's online-softmax steps in key
+    /// order (a whole block below the running max: `below_max_steps`, with `$group_soft` for
+    /// the group's queries side by side); then the V accumulation four (or six) queries at a
+    /// time. Parameterised by the kernel set's row conversion, scores, "no score above the
+    /// max" test, vector exp and accumulation.
     macro_rules! blocked_body {
         ($p:ident, $qb:ident, $ranges:ident, $acc:ident, $m:ident, $ssum:ident, $scr:ident, $to_f32:ident, $([$scores_direct:ident, $direct_k_max:expr],)? $scores_group:ident, $group_q:expr, $tr:expr, $group_soft:expr, $below:ident, $exp:ident, $accumulate:expr, $vstaged:ident, $vdirect:ident) => {{
             let (hk, hv) = ($p.hd_k, $p.hd_v);
