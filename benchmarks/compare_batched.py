@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("-ntg", default="128")
     ap.add_argument("-npl", default="1,2,4,8,16")
     ap.add_argument("-pps", action="store_true", help="shared prompt (both programs)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternate the two programs this many times")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of all the programs, each round led by the next one in turn")
     ap.add_argument("--llama-batched-bench", help="path to an existing llama-batched-bench")
     ap.add_argument("--build-dir", help=f"cmake build dir of the llama.cpp source (default {CACHE / 'build'})")
     ap.add_argument("--pyllama-env", action="append", default=[], metavar="K=V",
@@ -85,8 +85,13 @@ def main() -> None:
         benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
         progs.append(("baseline", [sys.executable, "-m", "pyllama", "batched-bench"], benv))
     for rnd in range(a.rounds):
+        # each round starts with the next program (llama.cpp, pyllama[, baseline], then
+        # pyllama, ...[, llama.cpp]), so with rounds a multiple of the programs each leads
+        # as often as the others: in a fixed order the baseline showed a tg128 lead over an
+        # equal build that runs in both orders did not (docs/profiling.md, tenth pass)
+        order = progs[rnd % len(progs):] + progs[:rnd % len(progs)]
         for m in models:
-            for prog, exe, env in progs:
+            for prog, exe, env in order:
                 cmd = [*exe, "-m", m, *common]
                 for r in run_jsonl(cmd, env):
                     k = (Path(m).name, r["pp"], r["tg"], r["pl"], prog)

@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("-r", "--repetitions", default="5")
     ap.add_argument("-p", "--n-prompt", default="512")
     ap.add_argument("-n", "--n-gen", default="128")
-    ap.add_argument("--rounds", type=int, default=2, help="alternate the two programs this many times")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of all the programs, each round led by the next one in turn")
     ap.add_argument("-d", "--depth", default="0", help="tokens in the KV cache before each test (llama-bench -d)")
     ap.add_argument("-ctk", "--cache-type-k", default="f16")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
@@ -165,8 +165,13 @@ def main() -> None:
             benv[k] = v
         progs.append(("baseline", "", benv))
     for rnd in range(a.rounds):
+        # each round starts with the next program (llama.cpp, pyllama[, baseline], then
+        # pyllama, ...[, llama.cpp]), so with rounds a multiple of the programs each leads
+        # as often as the others: in a fixed order the baseline showed a tg128 lead over an
+        # equal build that runs in both orders did not (docs/profiling.md, tenth pass)
+        order = progs[rnd % len(progs):] + progs[:rnd % len(progs)]
         for m in models:
-            for prog, exe, env in progs:
+            for prog, exe, env in order:
                 cmd = [exe, "-m", m, *common] if exe else [sys.executable, "-m", "pyllama", "bench", "-m", m, *common]
                 for r in run_json(cmd, env):
                     samples.setdefault((Path(m).name, key(r), prog), []).extend(r["samples_ts"])
