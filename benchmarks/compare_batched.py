@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_llamacpp import CACHE, usable  # noqa: E402
+from compare_llamacpp import CACHE, round_order, usable  # noqa: E402
 
 TARGET = "llama-batched-bench"
 
@@ -85,13 +85,8 @@ def main() -> None:
         benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
         progs.append(("baseline", [sys.executable, "-m", "pyllama", "batched-bench"], benv))
     for rnd in range(a.rounds):
-        # each round starts with the next program (llama.cpp, pyllama[, baseline], then
-        # pyllama, ...[, llama.cpp]), so with rounds a multiple of the programs each leads
-        # as often as the others: in a fixed order the baseline showed a tg128 lead over an
-        # equal build that runs in both orders did not (docs/profiling.md, tenth pass)
-        order = progs[rnd % len(progs):] + progs[:rnd % len(progs)]
         for m in models:
-            for prog, exe, env in order:
+            for prog, exe, env in round_order(progs, rnd):
                 cmd = [*exe, "-m", m, *common]
                 for r in run_jsonl(cmd, env):
                     k = (Path(m).name, r["pp"], r["tg"], r["pl"], prog)

@@ -116,6 +116,16 @@ def run_json(cmd: list[str], env: dict | None = None) -> list[dict]:
     return json.loads(out[out.index("["):])
 
 
+def round_order(progs: list, rnd: int) -> list:
+    """The programs in round rnd's order: each round led by the next one (llama.cpp,
+    pyllama[, baseline], then pyllama, ...[, llama.cpp]), so that with rounds a multiple of
+    the programs each leads as often as the others. In a fixed order the baseline showed a
+    tg128 lead over an equal build that runs in both orders did not (docs/profiling.md,
+    tenth pass)."""
+    k = rnd % len(progs)
+    return progs[k:] + progs[:k]
+
+
 def key(r: dict) -> str:
     p, g = r["n_prompt"], r["n_gen"]
     t = f"pp{p}" if g == 0 else (f"tg{g}" if p == 0 else f"pp{p}+tg{g}")
@@ -165,13 +175,8 @@ def main() -> None:
             benv[k] = v
         progs.append(("baseline", "", benv))
     for rnd in range(a.rounds):
-        # each round starts with the next program (llama.cpp, pyllama[, baseline], then
-        # pyllama, ...[, llama.cpp]), so with rounds a multiple of the programs each leads
-        # as often as the others: in a fixed order the baseline showed a tg128 lead over an
-        # equal build that runs in both orders did not (docs/profiling.md, tenth pass)
-        order = progs[rnd % len(progs):] + progs[:rnd % len(progs)]
         for m in models:
-            for prog, exe, env in order:
+            for prog, exe, env in round_order(progs, rnd):
                 cmd = [exe, "-m", m, *common] if exe else [sys.executable, "-m", "pyllama", "bench", "-m", m, *common]
                 for r in run_json(cmd, env):
                     samples.setdefault((Path(m).name, key(r), prog), []).extend(r["samples_ts"])
