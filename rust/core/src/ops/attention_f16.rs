@@ -1191,9 +1191,10 @@ mod x86 {
     }
 
     /// The pass in blocks of KB keys: the block's K and V rows converted once; the block's
-    /// scores per group of queries (`scores_group_512`, or `scores_direct_512`), then per
-    /// query its online-softmax steps in key order; then
-    /// the V accumulation four queries at a time (`accumulate_4`). hk % 32 == 0, hv % 64 ==
+    /// scores per group of queries (`scores_group_512`, `scores_direct_512`, or with T
+    /// `scores_tp`), then per query its online-softmax steps in key order; then the V
+    /// accumulation four queries at a time, six in the steady state (`accumulate_4`).
+    /// hk % 32 == 0, hv % 64 ==
     /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
@@ -1453,9 +1454,10 @@ mod x86 {
     const STEADY_Q: usize = 6;
 
     /// `run_avx512_blocked` with AVX2 (+ FMA, F16C) only: the block's K and V rows converted
-    /// once, the block's scores per group of queries (`scores_group_avx2`), per query its online-softmax steps in key
-    /// order (a whole block below the running max: the 8 exps by `exp8_avx2`), then the V
-    /// accumulation four queries at a time (`accumulate_4_avx2`). hk % 32 == 0, hv % 16 ==
+    /// once, the block's scores per group of queries (`scores_group_avx2`), per query its
+    /// online-softmax steps in key order (a whole block below the running max: the 8 exps by
+    /// `exp8_avx2`, the group's queries side by side), then the V accumulation four queries
+    /// at a time, six in the steady state (`accumulate_4_avx2`). hk % 32 == 0, hv % 16 ==
     /// 0; scratch sized by the caller (kf, vf: KB rows; ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
     #[target_feature(enable = "avx2,fma,f16c")]
