@@ -9,7 +9,7 @@ llama-cpp-python 0.3.36 sdist like compare_llamacpp.py's llama-bench (its
 build directory of that source (e.g. ~/.cache/pyllama/llama.cpp/build-avx2, an AVX2-only
 build like CI's CPUs); the target is built there if missing.
 
-    python benchmarks/compare_batched.py [-t 2] [-npp 128] [-ntg 128] [-npl 1,2,4,8,16] [--rounds 3]
+    python benchmarks/compare_batched.py [-t 2] [-npp 128] [-ntg 128] [-npl 1,2,4,8,16] [--rounds N]
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def main() -> None:
     ap.add_argument("-ntg", default="128")
     ap.add_argument("-npl", default="1,2,4,8,16")
     ap.add_argument("-pps", action="store_true", help="shared prompt (both programs)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of all the programs, each round led by the next one in turn")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of all the programs, each round led by the next one in turn (default: one per program, "
+                         "so that each leads once)")
     ap.add_argument("--llama-batched-bench", help="path to an existing llama-batched-bench")
     ap.add_argument("--build-dir", help=f"cmake build dir of the llama.cpp source (default {CACHE / 'build'})")
     ap.add_argument("--pyllama-env", action="append", default=[], metavar="K=V",
@@ -84,6 +86,10 @@ def main() -> None:
     if a.baseline:
         benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
         progs.append(("baseline", [sys.executable, "-m", "pyllama", "batched-bench"], benv))
+    if a.rounds is None:
+        a.rounds = len(progs)
+    elif a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     for rnd in range(a.rounds):
         for m in models:
             for prog, exe, env in round_order(progs, rnd):

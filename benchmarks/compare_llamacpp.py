@@ -10,7 +10,7 @@ reports AMX (llama.cpp's AMX kernels did on a Sapphire Rapids class VM), llama.c
 again without AMX (~/.cache/pyllama/llama.cpp/build-noamx) and a note says so; every llama.cpp
 tool of these scripts (llama-batched-bench, llama-server) then comes from that build.
 
-    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds 2]
+    python benchmarks/compare_llamacpp.py [-t 2] [-r 5] [-p 512] [-n 128] [--rounds N]
         [-d 4096] [-ctk q8_0 -ctv q8_0] [-fa 1] [--baseline DIR [--baseline-env KEY=VALUE]]
 
 -d/--depth fills the KV cache with that many tokens before each test (untimed, llama-bench's
@@ -140,7 +140,9 @@ def main() -> None:
     ap.add_argument("-r", "--repetitions", default="5")
     ap.add_argument("-p", "--n-prompt", default="512")
     ap.add_argument("-n", "--n-gen", default="128")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of all the programs, each round led by the next one in turn")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of all the programs, each round led by the next one in turn (default: one per program, "
+                         "so that each leads once)")
     ap.add_argument("-d", "--depth", default="0", help="tokens in the KV cache before each test (llama-bench -d)")
     ap.add_argument("-ctk", "--cache-type-k", default="f16")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
@@ -174,6 +176,10 @@ def main() -> None:
                 ap.error(f"--baseline-env wants KEY=VALUE, got {kv!r}")
             benv[k] = v
         progs.append(("baseline", "", benv))
+    if a.rounds is None:
+        a.rounds = len(progs)
+    elif a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     for rnd in range(a.rounds):
         for m in models:
             for prog, exe, env in round_order(progs, rnd):
