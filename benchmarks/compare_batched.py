@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_llamacpp import CACHE, round_order, usable  # noqa: E402
+from compare_llamacpp import CACHE, ROUNDS_HELP, n_rounds, round_order, usable  # noqa: E402
 
 TARGET = "llama-batched-bench"
 
@@ -59,9 +59,7 @@ def main() -> None:
     ap.add_argument("-ntg", default="128")
     ap.add_argument("-npl", default="1,2,4,8,16")
     ap.add_argument("-pps", action="store_true", help="shared prompt (both programs)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds of all the programs, each round led by the next one in turn (default: one per program, "
-                         "so that each leads once)")
+    ap.add_argument("--rounds", type=int, default=None, help=ROUNDS_HELP)
     ap.add_argument("--llama-batched-bench", help="path to an existing llama-batched-bench")
     ap.add_argument("--build-dir", help=f"cmake build dir of the llama.cpp source (default {CACHE / 'build'})")
     ap.add_argument("--pyllama-env", action="append", default=[], metavar="K=V",
@@ -86,10 +84,7 @@ def main() -> None:
     if a.baseline:
         benv = dict(penv, PYTHONPATH=a.baseline + os.pathsep + penv.get("PYTHONPATH", ""))
         progs.append(("baseline", [sys.executable, "-m", "pyllama", "batched-bench"], benv))
-    if a.rounds is None:
-        a.rounds = len(progs)
-    elif a.rounds < 1:
-        ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    a.rounds = n_rounds(ap, a.rounds, len(progs))
     for rnd in range(a.rounds):
         for m in models:
             for prog, exe, env in round_order(progs, rnd):

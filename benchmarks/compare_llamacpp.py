@@ -126,6 +126,18 @@ def round_order(progs: list, rnd: int) -> list:
     return progs[k:] + progs[:k]
 
 
+ROUNDS_HELP = "rounds of all the programs, each round led by the next one in turn (default: one per program, so that each leads once)"
+
+
+def n_rounds(ap: argparse.ArgumentParser, rounds: int | None, n_progs: int) -> int:
+    """--rounds as given (at least 1), or one round per program (see `round_order`)."""
+    if rounds is None:
+        return n_progs
+    if rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {rounds}")
+    return rounds
+
+
 def key(r: dict) -> str:
     p, g = r["n_prompt"], r["n_gen"]
     t = f"pp{p}" if g == 0 else (f"tg{g}" if p == 0 else f"pp{p}+tg{g}")
@@ -140,9 +152,7 @@ def main() -> None:
     ap.add_argument("-r", "--repetitions", default="5")
     ap.add_argument("-p", "--n-prompt", default="512")
     ap.add_argument("-n", "--n-gen", default="128")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds of all the programs, each round led by the next one in turn (default: one per program, "
-                         "so that each leads once)")
+    ap.add_argument("--rounds", type=int, default=None, help=ROUNDS_HELP)
     ap.add_argument("-d", "--depth", default="0", help="tokens in the KV cache before each test (llama-bench -d)")
     ap.add_argument("-ctk", "--cache-type-k", default="f16")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
@@ -176,10 +186,7 @@ def main() -> None:
                 ap.error(f"--baseline-env wants KEY=VALUE, got {kv!r}")
             benv[k] = v
         progs.append(("baseline", "", benv))
-    if a.rounds is None:
-        a.rounds = len(progs)
-    elif a.rounds < 1:
-        ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    a.rounds = n_rounds(ap, a.rounds, len(progs))
     for rnd in range(a.rounds):
         for m in models:
             for prog, exe, env in round_order(progs, rnd):
