@@ -203,6 +203,11 @@ pub fn attention(
     }
 
     if !tiled {
+        // a quantized K and V: the one-query kernel in passes of several queries
+        let quantized = crate::kv_cache::is_quantized(tk) && crate::kv_cache::is_quantized(tv);
+        if quantized && quant_passes(pool, kv, p, inp, q, out, kscale, f16_pass_queries(p.hd_k.max(p.hd_v))) {
+            return;
+        }
         one_chunk_any(pool, kv, p, inp, q, out, &visible);
         return;
     }
@@ -370,22 +375,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     let vis: Vec<(usize, usize)> = (0..n_tokens).map(|t| visible_range(p, keys_of(t), inp.pos[t])).collect();
     let nth = pool.n_threads();
     let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
-    // runs of tokens that share a key list, at most `tile` tokens each
-    let mut tiles: Vec<(usize, usize)> = Vec::new();
-    if whole_groups {
-        let mut tile = (max_q / group).max(1);
-        // enough passes for the threads: at least 4 per thread
-        tile = tile.min((n_tokens * p.n_head_kv / (4 * nth)).max(1));
-        let mut t0 = 0;
-        while t0 < n_tokens {
-            let mut t1 = t0 + 1;
-            while t1 < n_tokens && t1 - t0 < tile && inp.stream[t1] == inp.stream[t0] && inp.key_range[t1] == inp.key_range[t0] {
-                t1 += 1;
-            }
-            tiles.push((t0, t1));
-            t0 = t1;
-        }
-    }
+    let tiles = if whole_groups { token_tiles(p, inp, max_q, nth) } else { Vec::new() };
     // the chunk items (token, group, chunk) of a decode step long enough to split by chunks
     let nk_max = vis.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
     let mut chunk_items: Vec<(usize, usize, usize)> = Vec::new();
@@ -471,9 +461,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 if slot >= mine.end {
                     break;
                 }
-                let (t, h) = (slot / p.n_head, slot % p.n_head);
-                // up to the end of h's group, of the token, or of this thread's share
-                let sub = (group - h % group).min(mine.end - slot);
+                let (t, h, sub) = slot_pass(slot, mine.end, p.n_head, group);
                 slot += sub;
                 (t, t + 1, h, sub, None)
             };
@@ -571,6 +559,186 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             finish(o, m, sum, p.sinks.map(|sk| sk[h]));
         }
     }
+}
+
+/// The passes' runs of tokens (prefill, many sequences): consecutive tokens that read the
+/// same key list (same stream and sequence), at most max_q / group tokens each and small
+/// enough for at least 4 passes per thread (`f16_passes`, `quant_passes`).
+fn token_tiles(p: &AttnParams, inp: &AttnInputs, max_q: usize, nth: usize) -> Vec<(usize, usize)> {
+    let n_tokens = inp.pos.len();
+    let group = p.n_head / p.n_head_kv;
+    let tile = (max_q / group).max(1).min((n_tokens * p.n_head_kv / (4 * nth)).max(1));
+    let mut tiles = Vec::new();
+    let mut t0 = 0;
+    while t0 < n_tokens {
+        let mut t1 = t0 + 1;
+        while t1 < n_tokens && t1 - t0 < tile && inp.stream[t1] == inp.stream[t0] && inp.key_range[t1] == inp.key_range[t0] {
+            t1 += 1;
+        }
+        tiles.push((t0, t1));
+        t0 = t1;
+    }
+    tiles
+}
+
+/// The pass at (token, head) slot `slot` of a thread's share `..end` of a short step's
+/// slots: (token, first head, heads), up to the end of the head's group, of the token or of
+/// the share (`f16_passes`, `quant_passes`).
+fn slot_pass(slot: usize, end: usize, n_head: usize, group: usize) -> (usize, usize, usize) {
+    let (t, h) = (slot / n_head, slot % n_head);
+    (t, h, (group - h % group).min(end - slot))
+}
+
+/// K's vec_dot against q in its vec_dot type, as llama.cpp's one_chunk kernel takes it
+/// (`one_chunk_state`, `quant_passes`).
+fn k_vec_dot(tk: GgmlType) -> Option<quant::VecDotFn> {
+    match tk {
+        // ggml's AVX2 IQ4_NL kernel keeps two accumulators (see the function)
+        GgmlType::IQ4_NL => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86 as quant::VecDotFn),
+        _ => quant::vec_dot_fn(tk, quant::kernel_set()),
+    }
+}
+
+/// `one_chunk_state` for a quantized K and V (K through its vec_dot against q in K's
+/// vec_dot type, V dequantized to f32 and accumulated in f32: llama.cpp's one_chunk kernel,
+/// which it runs for every micro-batch of a quantized cache) in passes of several queries,
+/// as `f16_passes`: each pass is heads of one GQA group for a run of tokens that read the
+/// same key list, so each V row is dequantized once per pass instead of once per query and
+/// the rows are found once per key. Per query the operations and their order are exactly
+/// `one_chunk_state`'s (the same vec_dot, exps, scale loop, `axpy_f32` and fused sum), so the
+/// bits do not depend on the pass, the micro-batch or the threads; no chunks, as llama.cpp's
+/// quantized-cache kernel has none. Work split as `f16_passes`'s passes and slots. Returns
+/// false (nothing done) where K has no vec_dot or V no dequantizer in this kernel set.
+#[allow(clippy::too_many_arguments)]
+fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs, q: &[f32], out: &mut [f32], kscale: f32, max_q: usize) -> bool {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let (Some(kdot), Some(dequant)) = (k_vec_dot(tk), quant::table::kernels().get(tv).dequant) else {
+        return false;
+    };
+    let vdt = quant::vec_dot_type(tk);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let (Some(qrow), Some(kbytes), Some(vbytes)) = (vdt.row_size(hk), tk.row_size(hk), tv.row_size(hv)) else {
+        return false;
+    };
+    let n_tokens = inp.pos.len();
+    let group = p.n_head / p.n_head_kv;
+    let (qw, ow) = (p.n_head * hk, p.n_head * hv);
+    let (kall, vall) = (&kv.k[p.il][..], &kv.v[p.il][..]);
+    let (row_k, row_v) = (kv.row_k[p.il], kv.row_v[p.il]);
+    let keys_of = |t: usize| {
+        let (r0, r1) = inp.key_range[t];
+        &inp.keys[r0 as usize..r1 as usize]
+    };
+    let vis: Vec<(usize, usize)> = (0..n_tokens).map(|t| visible_range(p, keys_of(t), inp.pos[t])).collect();
+    let nth = pool.n_threads();
+    let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
+    let tiles = if whole_groups { token_tiles(p, inp, max_q, nth) } else { Vec::new() };
+    let n_items = tiles.len() * p.n_head_kv;
+    let next_item = std::sync::atomic::AtomicUsize::new(0);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        let (mut qq, mut ok, mut ranges, mut act): (Vec<u8>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
+        let (mut acc, mut m, mut ssum, mut vs, mut v32): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = Default::default();
+        v32.resize(hv, 0.0);
+        let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_tokens * p.n_head, ith, nth) };
+        let mut slot = mine.start;
+        loop {
+            // this pass: tokens t0..t1, heads h0..h0 + sub of one group
+            let (t0, t1, h0, sub) = if whole_groups {
+                let claimed = next_item.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if claimed >= n_items {
+                    break;
+                }
+                // the last tiles first: in a causal batch they see the most keys
+                let it = n_items - 1 - claimed;
+                let (t0, t1) = tiles[it / p.n_head_kv];
+                (t0, t1, it % p.n_head_kv * group, group)
+            } else {
+                if slot >= mine.end {
+                    break;
+                }
+                let (t, h, sub) = slot_pass(slot, mine.end, p.n_head, group);
+                slot += sub;
+                (t, t + 1, h, sub)
+            };
+            let g = h0 / group;
+            let keys = keys_of(t0);
+            let stream = inp.stream[t0] as usize;
+            let (kbase, vbase) = (stream * kv.size * row_k + tk.row_size(g * hk).unwrap_or(0), stream * kv.size * row_v + tv.row_size(g * hv).unwrap_or(0));
+            let nq = (t1 - t0) * sub;
+            qq.resize(nq * qrow, 0);
+            ok.clear();
+            ranges.clear();
+            for t in t0..t1 {
+                for j in 0..sub {
+                    let i = (t - t0) * sub + j;
+                    let qh = &q[t * qw + (h0 + j) * hk..t * qw + (h0 + j + 1) * hk];
+                    // q_to_vec_dot(pq, Q_q, DK); a row that does not convert gives NaN, as one_chunk_state
+                    ok.push(quant::quantize_row_cpu(vdt, qh, &mut qq[i * qrow..(i + 1) * qrow]).is_ok());
+                    ranges.push(vis[t]);
+                }
+            }
+            acc.clear();
+            acc.resize(nq * hv, 0.0);
+            m.clear();
+            m.resize(nq, f32::NEG_INFINITY);
+            ssum.clear();
+            ssum.resize(nq, 0.0);
+            vs.resize(nq, 0.0);
+            let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+            let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            for j in jlo..jhi {
+                let cell = keys[j].1 as usize;
+                let kr = &kall[kbase + cell * row_k..][..kbytes];
+                act.clear();
+                for i in 0..nq {
+                    let (lo, hi) = ranges[i];
+                    if j < lo || j >= hi || !ok[i] {
+                        continue;
+                    }
+                    let mut s = kdot(hk, kr, &qq[i * qrow..(i + 1) * qrow]) * kscale;
+                    if p.softcap != 0.0 {
+                        s = p.softcap * s.tanh();
+                    }
+                    let (mut ms, mut v) = (1.0f32, 1.0f32);
+                    if s > m[i] {
+                        let m_old = m[i];
+                        m[i] = s;
+                        ms = (m_old - s).exp();
+                        for a in acc[i * hv..(i + 1) * hv].iter_mut() {
+                            *a *= ms; // ggml_vec_scale_f32
+                        }
+                    } else {
+                        v = (s - m[i]).exp();
+                    }
+                    ssum[i] = crate::ops::vec::fmaf(ssum[i], ms, v); // GCC: fma(S, ms, vs)
+                    vs[i] = v;
+                    act.push(i);
+                }
+                if act.is_empty() {
+                    continue;
+                }
+                dequant(&vall[vbase + cell * row_v..][..vbytes], &mut v32);
+                for &i in &act {
+                    axpy_f32(&mut acc[i * hv..(i + 1) * hv], vs[i], &v32); // ggml_vec_mad_f32
+                }
+            }
+            for i in 0..nq {
+                let (t, h) = (t0 + i / sub, h0 + i % sub);
+                // SAFETY: heads h0..h0 + sub of tokens t0..t1 belong to this pass only
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * hv), hv) };
+                if ranges[i].0 == ranges[i].1 {
+                    o.fill(0.0);
+                } else if !ok[i] {
+                    o.fill(f32::NAN);
+                } else {
+                    o.copy_from_slice(&acc[i * hv..(i + 1) * hv]);
+                    finish(o, m[i], ssum[i], p.sinks.map(|sk| sk[h]));
+                }
+            }
+        }
+    });
+    true
 }
 
 /// Per-thread buffers of `one_chunk_head`.
@@ -694,7 +862,6 @@ fn one_chunk_state(
     let kbytes = tk.row_size(hk).unwrap_or(0);
     let vbytes = tv.row_size(hv).unwrap_or(0);
     let kscale = if p.softcap != 0.0 { p.scale / p.softcap } else { p.scale };
-    let set = quant::kernel_set();
     let vdt = quant::vec_dot_type(tk);
     // q_to_vec_dot(pq, Q_q, DK)
     let k_f16 = tk == GgmlType::F16 || k_cast;
@@ -704,12 +871,7 @@ fn one_chunk_state(
         o.fill(f32::NAN);
         return None;
     }
-    let kdot = match tk {
-        _ if k_f16 => None,
-        // ggml's AVX2 IQ4_NL kernel keeps two accumulators (see the function)
-        GgmlType::IQ4_NL => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86 as quant::VecDotFn),
-        _ => quant::vec_dot_fn(tk, set),
-    };
+    let kdot = if k_f16 { None } else { k_vec_dot(tk) };
     let v_f16 = tv == GgmlType::F16 || v_cast;
     if v_f16 {
         scr.acc16.fill(0);
@@ -1299,6 +1461,96 @@ mod tests {
                     f16_passes(&pool, &kv, &p, &inp, &q, &mut got, p.scale, max_q, usize::MAX);
                     let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
                     assert!(bad.is_none(), "hd {hd}, {threads} threads, {max_q} queries per pass: element {bad:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quant_passes_are_bit_identical_to_the_one_query_kernel() {
+        // A quantized K and V (llama.cpp's one_chunk kernel: K's vec_dot, V dequantized and
+        // accumulated in f32): queries sharing a pass (GQA heads x runs of tokens, any pass
+        // size, 1..3 threads, prefill and decode steps) give each query exactly the one-query
+        // kernel's bits, for causal / sliding-window / chunked masks, softcap and sinks, two
+        // sequences in two streams, and a query holding a NaN. Through
+        // `attention` itself, so the dispatch is checked too.
+        let (size, n_keys) = (64usize, 48usize);
+        let cases = [
+            (GgmlType::Q8_0, GgmlType::Q8_0, 6usize, 2usize, 64usize),
+            (GgmlType::Q4_0, GgmlType::Q5_1, 9, 3, 32),
+            (GgmlType::IQ4_NL, GgmlType::Q4_1, 4, 1, 128),
+            (GgmlType::Q5_0, GgmlType::Q8_0, 3, 3, 96),
+            (GgmlType::Q4_1, GgmlType::Q8_0, 2, 1, 256),
+        ];
+        for (tk, tv, n_head, n_head_kv, hd) in cases {
+            let kw = n_head_kv * hd;
+            let mut r = Rng::new(31 + hd as u64 + n_head as u64);
+            let mut kv = KvCache::new(&[kw], &[kw], size, 2, 2, tk, tv).unwrap();
+            kv.flash_attn = true;
+            for (buf, ty, rb) in [(&mut kv.k[0], tk, kv.row_k[0]), (&mut kv.v[0], tv, kv.row_v[0])] {
+                for row in buf.chunks_exact_mut(rb) {
+                    quant::quantize_row(ty, &r.vec(kw, 2.0), row).unwrap();
+                }
+            }
+            // two sequences (streams 0 and 1), keys at positions 0..48 in scattered cells;
+            // the batch: tokens of sequence 0 at 20..40, then 47, 5, 30, and of sequence 1 at 44..48
+            let keys0: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
+            let keys1: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5 + 3) % size) as u32)).collect();
+            let keys: Vec<(i32, u32)> = keys0.iter().chain(&keys1).copied().collect();
+            let seqs: Vec<(i32, usize)> = (20..40).chain([47, 5, 30]).map(|p| (p, 0)).chain((44..48).map(|p| (p, 1))).collect();
+            let qpos: Vec<i32> = seqs.iter().map(|x| x.0).collect();
+            let stream: Vec<u32> = seqs.iter().map(|x| x.1 as u32).collect();
+            let key_range: Vec<(u32, u32)> = seqs.iter().map(|x| (x.1 as u32 * n_keys as u32, (x.1 as u32 + 1) * n_keys as u32)).collect();
+            let n_q = qpos.len();
+            let mut q = r.vec(n_q * n_head * hd, 1.5);
+            q[3 * n_head * hd + 1] = f32::NAN; // in token 3's first head
+            let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
+            for (n_swa, chunked, softcap, sink) in [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)] {
+                let p = AttnParams {
+                    softcap,
+                    n_swa,
+                    chunked,
+                    sinks: if sink { Some(&sinks) } else { None },
+                    ..AttnParams::causal(0, n_head, n_head_kv, hd)
+                };
+                // the one-query kernel, query by query
+                let mut want = vec![0f32; n_q * n_head * hd];
+                for t in 0..n_q {
+                    let (r0, r1) = key_range[t];
+                    let ks = &keys[r0 as usize..r1 as usize];
+                    let (lo, hi) = visible_range(&p, ks, qpos[t]);
+                    for h in 0..n_head {
+                        let o = &mut want[(t * n_head + h) * hd..][..hd];
+                        if lo < hi {
+                            one_chunk_head(&kv, &p, &q[(t * n_head + h) * hd..][..hd], stream[t] as usize, h, &ks[lo..hi], o);
+                        }
+                    }
+                }
+                for threads in 1..=3 {
+                    let pool = ThreadPool::new(threads);
+                    let stride = scratch_per_thread(size, hd, hd);
+                    let mut scratch = vec![0f32; stride * threads];
+                    // the whole batch (passes), one token (slots), the last 4 tokens of sequence 0 and 1
+                    for (a, b) in [(0, n_q), (22, 23), (19, 27)] {
+                        let inp = AttnInputs { pos: &qpos[a..b], stream: &stream[a..b], key_range: &key_range[a..b], keys: &keys };
+                        let mut got = vec![0.25f32; (b - a) * n_head * hd];
+                        attention(&pool, &kv, &p, &inp, &q[a * n_head * hd..b * n_head * hd], &mut got, &mut scratch, stride);
+                        let w = &want[a * n_head * hd..b * n_head * hd];
+                        let bad = w.iter().zip(&got).position(|(x, y)| x.to_bits() != y.to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "{tk}/{tv} hd {hd}, {n_head}/{n_head_kv} heads, swa {n_swa} chunked {chunked} softcap {softcap} sinks {sink}, \
+                             {threads} threads, tokens {a}..{b}: element {bad:?}"
+                        );
+                    }
+                    for max_q in [1, 2, 5, 17] {
+                        let inp = AttnInputs { pos: &qpos, stream: &stream, key_range: &key_range, keys: &keys };
+                        let kscale = if softcap != 0.0 { p.scale / softcap } else { p.scale };
+                        let mut got = vec![0.25f32; want.len()];
+                        assert!(quant_passes(&pool, &kv, &p, &inp, &q, &mut got, kscale, max_q));
+                        let bad = want.iter().zip(&got).position(|(x, y)| x.to_bits() != y.to_bits());
+                        assert!(bad.is_none(), "{tk}/{tv} hd {hd}, {threads} threads, {max_q} queries per pass: element {bad:?}");
+                    }
                 }
             }
         }
