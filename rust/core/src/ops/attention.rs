@@ -620,6 +620,10 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     let (Some(qrow), Some(kbytes), Some(vbytes)) = (vdt.row_size(hk), tk.row_size(hk), tv.row_size(hv)) else {
         return false;
     };
+    // K against several queries at once: the kernel table's tiled dots (every entry gives
+    // the vec_dot's bits, quant/table.rs), where one_chunk_state takes the table's vec_dot
+    // (not IQ4_NL's x86 order, not llama.cpp's small-batch orders)
+    let tiled = quant::table::kernels().get(tk).tiled.filter(|_| tk != GgmlType::IQ4_NL && !quant::cpu::env().llamacpp_order);
     let n_tokens = inp.pos.len();
     let group = p.n_head / p.n_head_kv;
     let (qw, ow) = (p.n_head * hk, p.n_head * hv);
@@ -639,6 +643,8 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     pool.run(&|ith, nth| {
         let (mut qq, mut ok, mut ranges, mut act): (Vec<u8>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
         let (mut acc, mut m, mut ssum, mut vs, mut v32): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = Default::default();
+        // per active query of a key: its score, then its exp argument and result; new max?
+        let (mut sc, mut ex, mut up): (Vec<f32>, Vec<f32>, Vec<bool>) = Default::default();
         v32.resize(hv, 0.0);
         let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_tokens * p.n_head, ith, nth) };
         let mut slot = mine.start;
@@ -687,41 +693,84 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             vs.resize(nq, 0.0);
             let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            // one range for all (a decode step's pass): the same active queries at every key
+            let uniform = ranges.iter().all(|&r| r == ranges[0]);
             for j in jlo..jhi {
                 let cell = keys[j].1 as usize;
                 let kr = &kall[kbase + cell * row_k..][..kbytes];
-                act.clear();
-                for i in 0..nq {
-                    let (lo, hi) = ranges[i];
-                    if j < lo || j >= hi || !ok[i] {
-                        continue;
-                    }
-                    let mut s = kdot(hk, kr, &qq[i * qrow..(i + 1) * qrow]) * kscale;
-                    if p.softcap != 0.0 {
-                        s = p.softcap * s.tanh();
-                    }
-                    let (mut ms, mut v) = (1.0f32, 1.0f32);
-                    if s > m[i] {
-                        let m_old = m[i];
-                        m[i] = s;
-                        ms = (m_old - s).exp();
-                        for a in acc[i * hv..(i + 1) * hv].iter_mut() {
-                            *a *= ms; // ggml_vec_scale_f32
+                if !uniform || j == jlo {
+                    act.clear();
+                    for i in 0..nq {
+                        if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
+                            act.push(i);
                         }
-                    } else {
-                        v = (s - m[i]).exp();
                     }
-                    ssum[i] = crate::ops::vec::fmaf(ssum[i], ms, v); // GCC: fma(S, ms, vs)
-                    vs[i] = v;
-                    act.push(i);
                 }
                 if act.is_empty() {
                     continue;
                 }
-                dequant(&vall[vbase + cell * row_v..][..vbytes], &mut v32);
-                for &i in &act {
-                    axpy_f32(&mut acc[i * hv..(i + 1) * hv], vs[i], &v32); // ggml_vec_mad_f32
+                let na = act.len();
+                // the scores: runs of consecutive queries through the tiled dots
+                sc.resize(na, 0.0);
+                let mut a = 0;
+                while a < na {
+                    let Some(tl) = tiled else {
+                        sc[a] = kdot(hk, kr, &qq[act[a] * qrow..(act[a] + 1) * qrow]);
+                        a += 1;
+                        continue;
+                    };
+                    let mut b = a + 1;
+                    while b < na && b - a < tl.width && act[b] == act[b - 1] + 1 {
+                        b += 1;
+                    }
+                    let (nc, k) = match tl.cols[b - a] {
+                        Some(k) => (b - a, k),
+                        None => (1, tl.one()),
+                    };
+                    // SAFETY: the table's kernels run on this CPU (its kernel set); kr holds
+                    // one K row of hk values, qq nc rows of K's vec_dot type from act[a]
+                    // (qrow bytes apart), sc nc values from a
+                    unsafe { k(hk, kr.as_ptr(), qq[act[a] * qrow..].as_ptr(), qrow, std::ptr::null(), 0, sc[a..].as_mut_ptr()) };
+                    a += nc;
                 }
+                // the softmax steps: each query's exp argument (a new max: m_old - s), the
+                // exps 8 at a time, then the scaling and the sums in each query's order
+                ex.resize(na.next_multiple_of(8), 0.0);
+                ex[na..].fill(0.0); // (lanes past the active queries: computed, not used)
+                up.resize(na, false);
+                for (a, &i) in act.iter().enumerate() {
+                    let mut s = sc[a] * kscale;
+                    if p.softcap != 0.0 {
+                        s = p.softcap * s.tanh();
+                    }
+                    up[a] = s > m[i];
+                    if up[a] {
+                        ex[a] = m[i] - s;
+                        m[i] = s;
+                    } else {
+                        ex[a] = s - m[i];
+                    }
+                }
+                for c in ex[..na.next_multiple_of(8)].chunks_exact_mut(8) {
+                    let x: &mut [f32; 8] = c.try_into().expect("8 values");
+                    match crate::ops::attention_f16::vexp8(x) {
+                        Some(e) => *x = e,
+                        None => x.iter_mut().for_each(|v| *v = v.exp()),
+                    }
+                }
+                for (a, &i) in act.iter().enumerate() {
+                    let (ms, v) = if up[a] { (ex[a], 1.0f32) } else { (1.0f32, ex[a]) };
+                    if up[a] {
+                        for y in acc[i * hv..(i + 1) * hv].iter_mut() {
+                            *y *= ms; // ggml_vec_scale_f32
+                        }
+                    }
+                    ssum[i] = crate::ops::vec::fmaf(ssum[i], ms, v); // GCC: fma(S, ms, vs)
+                    vs[a] = v;
+                }
+                dequant(&vall[vbase + cell * row_v..][..vbytes], &mut v32);
+                // ggml_vec_mad_f32 (axpy_f32) into every active query's accumulator
+                crate::ops::vec::axpy_f32_rows(&mut acc, hv, &act, &vs, &v32);
             }
             for i in 0..nq {
                 let (t, h) = (t0 + i / sub, h0 + i % sub);

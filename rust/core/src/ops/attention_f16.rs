@@ -235,6 +235,20 @@ pub(crate) fn vexp_matches(step: u32) -> bool {
     })
 }
 
+/// `f32::exp` of the 8 values of `x` by the kernel set's vector exp (the same bits, see
+/// `vexp_ok`), or None where it is not exact here or not present (the caller takes
+/// `f32::exp` itself).
+pub(crate) fn vexp8(x: &[f32; 8]) -> Option<[f32; 8]> {
+    #[cfg(target_arch = "x86_64")]
+    if vexp_ok() {
+        // SAFETY: vexp_ok holds only where avx2_math (AVX2, FMA, F16C) is present, and the
+        // AVX-512 form only with the AVX-512 set (chosen only on CPUs that have it).
+        return Some(unsafe { if crate::quant::kernel_set().is_avx512() { x86::exp8_slice(x) } else { x86::exp8_slice_avx2(x) } });
+    }
+    let _ = x;
+    None
+}
+
 /// The active queries of key j (those whose range holds it), into `act`; their count.
 #[inline(always)]
 fn active(ranges: &[(usize, usize)], j: usize, act: &mut [usize]) -> usize {

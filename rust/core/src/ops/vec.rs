@@ -14,6 +14,7 @@ struct Kernels {
     dot_f32: fn(&[f32], &[f32]) -> f32,
     dot_f16: fn(&[u16], &[f32]) -> f32,
     axpy_f32: fn(&mut [f32], f32, &[f32]),
+    axpy_f32_rows: fn(&mut [f32], usize, &[usize], &[f32], &[f32]),
     axpy_f16: fn(&mut [f32], f32, &[u16]),
     mad_f16_acc: fn(&mut [u16], f32, &[u16]),
     dot_f16_ggml: fn(&[u16], &[f32]) -> f32,
@@ -35,6 +36,7 @@ fn kernels() -> &'static Kernels {
                     dot_f32: |a, b| unsafe { x86::dot_f32_avx2(a, b) },
                     dot_f16: |a, b| unsafe { x86::dot_f16_avx2(a, b) },
                     axpy_f32: |y, a, x| unsafe { x86::axpy_f32_avx2(y, a, x) },
+                    axpy_f32_rows: |y, n, rows, a, x| unsafe { x86::axpy_f32_rows_avx2(y, n, rows, a, x) },
                     axpy_f16: |y, a, x| unsafe { x86::axpy_f16_avx2(y, a, x) },
                     mad_f16_acc: |y, a, x| unsafe { x86::mad_f16_acc_avx2(y, a, x) },
                     dot_f16_ggml: |a, b| unsafe { x86::dot_f16_ggml_avx2(a, b) },
@@ -49,6 +51,7 @@ fn kernels() -> &'static Kernels {
             dot_f32: dot_f32_ref,
             dot_f16: dot_f16_ref,
             axpy_f32: axpy_f32_ref,
+            axpy_f32_rows: axpy_f32_rows_ref,
             axpy_f16: axpy_f16_ref,
             mad_f16_acc: mad_f16_acc_ref,
             dot_f16_ggml: dot_f16_ggml_ref,
@@ -76,6 +79,15 @@ pub fn dot_f16(a: &[u16], b: &[f32]) -> f32 {
 #[inline]
 pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     (kernels().axpy_f32)(y, a, x)
+}
+
+/// `axpy_f32` into several rows of `y` at once: row `rows[k]` (`n` values from
+/// rows[k] * n) += a[k] * x, each element exactly as `axpy_f32` computes it (x read once for
+/// all the rows). Panics if a row lies outside `y` or `a`, `x` are shorter than needed.
+#[inline]
+pub fn axpy_f32_rows(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
+    assert!(a.len() >= rows.len() && x.len() >= n && rows.iter().all(|&r| (r + 1) * n <= y.len()));
+    (kernels().axpy_f32_rows)(y, n, rows, a, x)
 }
 
 /// y += a * f16(x)
@@ -240,6 +252,12 @@ pub fn axpy_f32_ref(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+pub fn axpy_f32_rows_ref(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
+    for (&r, &ak) in rows.iter().zip(a) {
+        axpy_f32_ref(&mut y[r * n..(r + 1) * n], ak, &x[..n]);
+    }
+}
+
 pub fn axpy_f16_ref(y: &mut [f32], a: f32, x: &[u16]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * f16::from_bits(*xi).to_f32();
@@ -319,6 +337,28 @@ mod x86 {
         }
         for i in n8..n {
             y[i] += a * x[i];
+        }
+    }
+
+    /// `axpy_f32_avx2` for each row (the same fused step per 8 lanes, the same tail), the
+    /// 8 lanes of x loaded once for all rows. The caller checked the bounds.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_f32_rows_avx2(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
+        let n8 = n / 8 * 8;
+        let yp = y.as_mut_ptr();
+        let mut i = 0;
+        while i < n8 {
+            let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+            for (&r, &ak) in rows.iter().zip(a) {
+                let p = yp.add(r * n + i);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_set1_ps(ak), xv, _mm256_loadu_ps(p)));
+            }
+            i += 8;
+        }
+        for (&r, &ak) in rows.iter().zip(a) {
+            for i in n8..n {
+                *yp.add(r * n + i) += ak * x[i];
+            }
         }
     }
 
