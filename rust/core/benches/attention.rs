@@ -6,9 +6,11 @@
 //! 135M (9 heads, 3 KV, dim 64) and Gemma 3 270M (4 heads, 1 KV, dim 256), on ONE thread:
 //! the best CPU time of several repetitions, in ms per layer and in G query-key pairs per
 //! second; then a whole decode step's attention at depth 4096 (every layer's own cache, so
-//! the K and V rows stream from memory as in a real step), wall time on 1 and 2 threads.
-//! `PYLLAMA_KERNELS=avx2|ref` picks the kernel set; `-- NAME` runs only the shapes whose name
-//! contains NAME (`-- "smollm2 d4096"`), without the decode steps.
+//! the K and V rows stream from memory as in a real step), wall time on 1 and 2 threads,
+//! with an F16 and a Q8_0 cache. `PYLLAMA_KERNELS=avx2|ref` picks the kernel set; `-- NAME`
+//! runs only the shapes whose name contains NAME (`-- "smollm2 d4096"`), without the decode
+//! steps, or with "step" in NAME only the decode steps whose line contains it (`-- "smollm2
+//! q8_0 step"`).
 
 use pyllama_core::ggml_type::GgmlType;
 use pyllama_core::kv_cache::KvCache;
@@ -46,8 +48,9 @@ fn main() {
     println!("kernel set: {}", pyllama_core::quant::kernel_set().name());
     // `-- NAME`: only the shapes whose name contains NAME (and no decode steps), for perf
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let steps_only = only.as_ref().is_some_and(|o| o.contains("step"));
     for (name, n_head, n_head_kv, hd, depth, n_tokens) in shapes {
-        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+        if steps_only || only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
             continue;
         }
         let size = (depth + n_tokens).div_ceil(256) * 256;
@@ -94,25 +97,34 @@ fn main() {
             pairs as f64 / best * 1e-9
         );
     }
-    if only.is_none() {
-        decode_steps(&mut rnd);
+    if only.is_none() || steps_only {
+        decode_steps(&mut rnd, only.as_deref());
     }
 }
 
 /// A whole decode step's attention over a cache too big for any cache level: every layer
 /// of the model (SmolLM2: 30 layers of 9 heads / 3 KV of dim 64; Gemma 3: 18 of 4 / 1 of
-/// 256) at depth 4096, 1 and 2 threads, wall time per step (the best mean of 5 x 10 steps).
-fn decode_steps(rnd: &mut impl FnMut() -> f32) {
-    for (name, n_layer, n_head, n_head_kv, hd) in [("smollm2", 30usize, 9usize, 3usize, 64usize), ("gemma3", 18, 4, 1, 256)] {
+/// 256) at depth 4096, an F16 and a Q8_0 cache, 1 and 2 threads, wall time per step (the best
+/// mean of 5 x 10 steps). `only`: just the lines that contain it.
+fn decode_steps(rnd: &mut impl FnMut() -> f32, only: Option<&str>) {
+    let models = [("smollm2", 30usize, 9usize, 3usize, 64usize), ("gemma3", 18, 4, 1, 256)];
+    for ((name, n_layer, n_head, n_head_kv, hd), ty) in models.into_iter().flat_map(|m| [(m, GgmlType::F16), (m, GgmlType::Q8_0)]) {
+        let label = format!("{name} {} cache decode step d4096", ty.name().to_lowercase());
+        if only.is_some_and(|o| !label.contains(o)) {
+            continue;
+        }
         let depth = 4096usize;
         let size = (depth + 1).div_ceil(256) * 256;
         let kw = n_head_kv * hd;
-        let mut kv = KvCache::new(&vec![kw; n_layer], &vec![kw; n_layer], size, 1, 1, GgmlType::F16, GgmlType::F16).unwrap();
+        let mut kv = KvCache::new(&vec![kw; n_layer], &vec![kw; n_layer], size, 1, 1, ty, ty).unwrap();
         kv.flash_attn = true;
+        let mut row = vec![0f32; kw];
         for il in 0..n_layer {
-            for buf in [&mut kv.k[il], &mut kv.v[il]] {
-                for c in buf.chunks_exact_mut(2) {
-                    c.copy_from_slice(&half::f16::from_f32(rnd()).to_le_bytes());
+            let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+            for (buf, rb) in [(&mut kv.k[il], rk), (&mut kv.v[il], rv)] {
+                for r in buf.chunks_exact_mut(rb) {
+                    row.iter_mut().for_each(|x| *x = rnd());
+                    pyllama_core::quant::quantize_row(ty, &row, r).unwrap();
                 }
             }
         }
@@ -142,7 +154,7 @@ fn decode_steps(rnd: &mut impl FnMut() -> f32) {
                 best = best.min(t0.elapsed().as_secs_f64() / 10.0);
             }
             std::hint::black_box(&out);
-            println!("{name} decode step d4096, {n_layer} layers, {threads} thread(s): {:7.3} ms", best * 1e3);
+            println!("{label}, {n_layer} layers, {threads} thread(s): {:7.3} ms", best * 1e3);
         }
     }
 }

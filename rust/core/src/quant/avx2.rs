@@ -126,7 +126,7 @@ pub(crate) fn register(t: &mut KernelTable, vnni: bool, pack: PackBuild) {
     packed!(Q5_1, 0, PACK_BLOCK_Q8_1, packed_q5_1, packed_q5_1_vnni, packed_q5_1_evex);
 
     // the activation quantizers and the exact f16 / bf16 conversions (the scalar ones' bytes)
-    t.set_convert(Q8_0, Some(quantize_q8_0), None);
+    t.set_convert(Q8_0, Some(quantize_q8_0), Some(dequantize_q8_0));
     t.set_convert(Q8_1, Some(quantize_q8_1), None);
     t.set_convert(Q8_K, Some(quantize_q8_k), None);
     t.set_convert(F16, Some(quantize_f16), Some(dequantize_f16));
@@ -1748,6 +1748,20 @@ unsafe fn quantize_f16_avx2(src: &[f32], dst: &mut [u8]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_q8_0_avx2(src: &[u8], dst: &mut [f32]) {
+    let nb = (dst.len() / 32).min(src.len() / BlockQ8_0::SIZE);
+    for i in 0..nb {
+        let b = src.as_ptr().add(i * BlockQ8_0::SIZE);
+        let d = _mm256_set1_ps(f16(b));
+        let q = b.add(offset_of!(BlockQ8_0, qs));
+        for k in 0..4 {
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(8 * k) as *const __m128i)));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(32 * i + 8 * k), _mm256_mul_ps(v, d));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequantize_f16_avx2(src: &[u8], dst: &mut [f32]) {
     let n = dst.len().min(src.len() / 2);
     let n8 = n / 8 * 8;
@@ -1786,6 +1800,12 @@ pub(crate) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
 /// KV cache's F16/BF16 rows, which attention reads for every token.
 pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_f16_avx2(src, dst) }
+}
+/// Q8_0 rows (a quantized KV cache's V, dequantized once per key and attention pass):
+/// each quant as f32 times the block's d, as `legacy::dequantize_q8_0` (the same exact
+/// conversions and one rounded multiply per value).
+pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    unsafe { dequantize_q8_0_avx2(src, dst) }
 }
 pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
     unsafe { dequantize_bf16_avx2(src, dst) }

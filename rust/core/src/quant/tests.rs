@@ -1605,3 +1605,38 @@ fn fused_single_token_products_equal_separate_matmuls_bit_for_bit() {
         assert!(fused_seen > 0, "the fused path never applied");
     }
 }
+
+#[test]
+fn simd_dequantizers_match_the_reference_bit_for_bit() {
+    // Every type's dequantizer in every set this CPU runs gives the scalar reference's bits
+    // (the KV cache's rows and the GGUF reader go through them), on quantized random rows
+    // with NaN / inf / subnormal block scales mixed in.
+    let mut r = 0x1234_5678u64;
+    let mut rnd = move || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        (r >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    for set in [KernelSet::Ref, kernel_set()] {
+        let t = table::table(set);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::F16, GgmlType::BF16] {
+            let (Some(f), Some(reference)) = (t.get(ty).dequant, dequantize_fn_ref(ty)) else { continue };
+            let n = 256;
+            let src: Vec<f32> = (0..n).map(|_| rnd() * 3.0).collect();
+            let mut q = vec![0u8; ty.row_size(n).unwrap()];
+            quantize_row(ty, &src, &mut q).unwrap();
+            if ty == GgmlType::Q8_0 {
+                // odd scales in blocks 1..4: NaN, -inf, a subnormal, 0
+                for (blk, d) in [(1usize, 0x7e00u16), (2, 0xfc00), (3, 0x0001), (4, 0x0000)] {
+                    q[blk * 34..blk * 34 + 2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            f(&q, &mut a);
+            reference(&q, &mut b);
+            let bad = a.iter().zip(&b).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert!(bad.is_none(), "{ty} in {set:?}: element {bad:?}");
+        }
+    }
+}
