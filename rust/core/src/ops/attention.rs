@@ -367,15 +367,9 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     let kall = as_u16(&kv.k[p.il]).unwrap_or(&[]);
     let vall = as_u16(&kv.v[p.il]).unwrap_or(&[]);
     let (k_stride, v_stride) = (kv.row_k[p.il] / 2, kv.row_v[p.il] / 2);
-    // each token's key list and its visible range in it
-    let keys_of = |t: usize| {
-        let (r0, r1) = inp.key_range[t];
-        &inp.keys[r0 as usize..r1 as usize]
-    };
-    let vis: Vec<(usize, usize)> = (0..n_tokens).map(|t| visible_range(p, keys_of(t), inp.pos[t])).collect();
     let nth = pool.n_threads();
-    let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
-    let tiles = if whole_groups { token_tiles(p, inp, max_q, nth) } else { Vec::new() };
+    let passes = Passes::new(p, inp, max_q, nth);
+    let (vis, whole_groups) = (&passes.vis, passes.whole_groups);
     // the chunk items (token, group, chunk) of a decode step long enough to split by chunks
     let nk_max = vis.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
     let mut chunk_items: Vec<(usize, usize, usize)> = Vec::new();
@@ -425,10 +419,9 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     let mut part_ms: Vec<f32> = vec![0.0; if by_chunks { n_slots * nk_max * 2 } else { 0 }];
     let part_acc_ptr = SendPtr(part_acc.as_mut_ptr());
     let part_ms_ptr = SendPtr(part_ms.as_mut_ptr());
-    // prefill passes are claimed one at a time (a thread slowed by another process, or
-    // given the heavier passes, does fewer); which thread runs a pass does not change its bits
-    let n_items = if by_chunks { chunk_items.len() } else { tiles.len() * p.n_head_kv };
-    let next_item = std::sync::atomic::AtomicUsize::new(0);
+    // prefill passes and chunk items are claimed one at a time (a thread slowed by another
+    // process, or given the heavier passes, does fewer); which thread runs a pass does not
+    // change its bits
     pool.run(&|ith, nth| {
         let mut qb: f16k::Aligned<f32> = Default::default();
         let mut acc: f16k::Aligned<u16> = Default::default();
@@ -439,34 +432,25 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
         // per query of a pass: the running max and sum of its folded chunks
         let (mut fm, mut fs): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
         let mut scr = f16k::Scratch::default();
-        let mine = if whole_groups || by_chunks { 0..0 } else { crate::threadpool::split_range(n_slots, ith, nth) };
+        let mine = if by_chunks { 0..0 } else { passes.share(ith, nth) };
         let mut slot = mine.start;
         loop {
             // this pass: tokens t0..t1, heads h0..h0 + sub of one group (chunk k only, for a chunk item)
-            let (t0, t1, h0, sub, chunk) = if by_chunks || whole_groups {
-                let claimed = next_item.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if claimed >= n_items {
+            let (t0, t1, h0, sub, chunk) = if by_chunks {
+                let claimed = passes.claim();
+                if claimed >= chunk_items.len() {
                     break;
                 }
-                if by_chunks {
-                    let (t, g, k) = chunk_items[claimed];
-                    (t, t + 1, g * group, group, Some(k))
-                } else {
-                    // the last tiles first: in a causal batch they see the most keys
-                    let it = n_items - 1 - claimed;
-                    let (t0, t1) = tiles[it / p.n_head_kv];
-                    (t0, t1, it % p.n_head_kv * group, group, None)
-                }
+                let (t, g, k) = chunk_items[claimed];
+                (t, t + 1, g * group, group, Some(k))
             } else {
-                if slot >= mine.end {
-                    break;
+                match passes.next_pass(&mut slot, &mine) {
+                    Some((t0, t1, h0, sub)) => (t0, t1, h0, sub, None),
+                    None => break,
                 }
-                let (t, h, sub) = slot_pass(slot, mine.end, p.n_head, group);
-                slot += sub;
-                (t, t + 1, h, sub, None)
             };
             let g = h0 / group;
-            let keys = keys_of(t0);
+            let keys = token_keys(inp, t0);
             let stream = inp.stream[t0] as usize;
             let nq = (t1 - t0) * sub;
             qb.resize(nq * hk, 0.0);
@@ -561,32 +545,87 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     }
 }
 
-/// The passes' runs of tokens (prefill, many sequences): consecutive tokens that read the
-/// same key list (same stream and sequence), at most max_q / group tokens each and small
-/// enough for at least 4 passes per thread (`f16_passes`, `quant_passes`).
-fn token_tiles(p: &AttnParams, inp: &AttnInputs, max_q: usize, nth: usize) -> Vec<(usize, usize)> {
-    let n_tokens = inp.pos.len();
-    let group = p.n_head / p.n_head_kv;
-    let tile = (max_q / group).max(1).min((n_tokens * p.n_head_kv / (4 * nth)).max(1));
-    let mut tiles = Vec::new();
-    let mut t0 = 0;
-    while t0 < n_tokens {
-        let mut t1 = t0 + 1;
-        while t1 < n_tokens && t1 - t0 < tile && inp.stream[t1] == inp.stream[t0] && inp.key_range[t1] == inp.key_range[t0] {
-            t1 += 1;
-        }
-        tiles.push((t0, t1));
-        t0 = t1;
-    }
-    tiles
+/// Token t's key list (its sequence's, sorted by position).
+fn token_keys<'a>(inp: &AttnInputs<'a>, t: usize) -> &'a [(i32, u32)] {
+    let (r0, r1) = inp.key_range[t];
+    &inp.keys[r0 as usize..r1 as usize]
 }
 
-/// The pass at (token, head) slot `slot` of a thread's share `..end` of a short step's
-/// slots: (token, first head, heads), up to the end of the head's group, of the token or of
-/// the share (`f16_passes`, `quant_passes`).
-fn slot_pass(slot: usize, end: usize, n_head: usize, group: usize) -> (usize, usize, usize) {
-    let (t, h) = (slot / n_head, slot % n_head);
-    (t, h, (group - h % group).min(end - slot))
+/// How a micro-batch's queries go to the threads in passes (`f16_passes`, `quant_passes`):
+/// each token's visible key range; with enough passes for every thread (prefill, many
+/// sequences: `whole_groups`) runs of tokens that read the same key list (same stream and
+/// sequence), at most max_q / group tokens each and at least 4 passes per thread, times the
+/// KV heads, claimed one at a time from a shared counter, the last tokens' first (a causal
+/// batch's later tokens see more keys); otherwise (a decode step) each thread's even share
+/// of the (token, head) slots, cut at group and token borders.
+struct Passes {
+    vis: Vec<(usize, usize)>,
+    whole_groups: bool,
+    tiles: Vec<(usize, usize)>,
+    n_head: usize,
+    n_head_kv: usize,
+    /// the claim counter (the tiles' passes; `f16_passes`'s chunk items take it instead)
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Passes {
+    fn new(p: &AttnParams, inp: &AttnInputs, max_q: usize, nth: usize) -> Passes {
+        let n_tokens = inp.pos.len();
+        let vis = (0..n_tokens).map(|t| visible_range(p, token_keys(inp, t), inp.pos[t])).collect();
+        let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
+        let mut tiles = Vec::new();
+        if whole_groups {
+            let tile = (max_q / (p.n_head / p.n_head_kv)).max(1).min((n_tokens * p.n_head_kv / (4 * nth)).max(1));
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let mut t1 = t0 + 1;
+                while t1 < n_tokens && t1 - t0 < tile && inp.stream[t1] == inp.stream[t0] && inp.key_range[t1] == inp.key_range[t0] {
+                    t1 += 1;
+                }
+                tiles.push((t0, t1));
+                t0 = t1;
+            }
+        }
+        Passes { vis, whole_groups, tiles, n_head: p.n_head, n_head_kv: p.n_head_kv, next: Default::default() }
+    }
+
+    /// The next value of the claim counter.
+    fn claim(&self) -> usize {
+        self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Thread ith's share of the slots (empty when the passes are claimed).
+    fn share(&self, ith: usize, nth: usize) -> std::ops::Range<usize> {
+        if self.whole_groups {
+            0..0
+        } else {
+            crate::threadpool::split_range(self.vis.len() * self.n_head, ith, nth)
+        }
+    }
+
+    /// A thread's next pass, (tokens t0..t1, heads h0..h0 + sub of one group), from the
+    /// claimed tiles or from its share `mine` at slot cursor `slot`; None when done.
+    fn next_pass(&self, slot: &mut usize, mine: &std::ops::Range<usize>) -> Option<(usize, usize, usize, usize)> {
+        let group = self.n_head / self.n_head_kv;
+        if self.whole_groups {
+            let n_items = self.tiles.len() * self.n_head_kv;
+            let claimed = self.claim();
+            if claimed >= n_items {
+                return None;
+            }
+            let it = n_items - 1 - claimed;
+            let (t0, t1) = self.tiles[it / self.n_head_kv];
+            return Some((t0, t1, it % self.n_head_kv * group, group));
+        }
+        if *slot >= mine.end {
+            return None;
+        }
+        let (t, h) = (*slot / self.n_head, *slot % self.n_head);
+        // up to the end of h's group, of the token, or of this thread's share
+        let sub = (group - h % group).min(mine.end - *slot);
+        *slot += sub;
+        Some((t, t + 1, h, sub))
+    }
 }
 
 /// K's vec_dot against q in its vec_dot type, as llama.cpp's one_chunk kernel takes it
@@ -624,21 +663,12 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     // the vec_dot's bits, quant/table.rs), where one_chunk_state takes the table's vec_dot
     // (not IQ4_NL's x86 order, not llama.cpp's small-batch orders)
     let tiled = quant::table::kernels().get(tk).tiled.filter(|_| tk != GgmlType::IQ4_NL && !quant::cpu::env().llamacpp_order);
-    let n_tokens = inp.pos.len();
     let group = p.n_head / p.n_head_kv;
     let (qw, ow) = (p.n_head * hk, p.n_head * hv);
     let (kall, vall) = (&kv.k[p.il][..], &kv.v[p.il][..]);
     let (row_k, row_v) = (kv.row_k[p.il], kv.row_v[p.il]);
-    let keys_of = |t: usize| {
-        let (r0, r1) = inp.key_range[t];
-        &inp.keys[r0 as usize..r1 as usize]
-    };
-    let vis: Vec<(usize, usize)> = (0..n_tokens).map(|t| visible_range(p, keys_of(t), inp.pos[t])).collect();
-    let nth = pool.n_threads();
-    let whole_groups = n_tokens * p.n_head_kv >= 4 * nth;
-    let tiles = if whole_groups { token_tiles(p, inp, max_q, nth) } else { Vec::new() };
-    let n_items = tiles.len() * p.n_head_kv;
-    let next_item = std::sync::atomic::AtomicUsize::new(0);
+    let passes = Passes::new(p, inp, max_q, pool.n_threads());
+    let vis = &passes.vis;
     let out_ptr = SendPtr(out.as_mut_ptr());
     pool.run(&|ith, nth| {
         let (mut qq, mut ok, mut ranges, mut act): (Vec<u8>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
@@ -646,29 +676,12 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         // per active query of a key: its score, then its exp argument and result; new max?
         let (mut sc, mut ex, mut up): (Vec<f32>, Vec<f32>, Vec<bool>) = Default::default();
         v32.resize(hv, 0.0);
-        let mine = if whole_groups { 0..0 } else { crate::threadpool::split_range(n_tokens * p.n_head, ith, nth) };
+        let mine = passes.share(ith, nth);
         let mut slot = mine.start;
-        loop {
-            // this pass: tokens t0..t1, heads h0..h0 + sub of one group
-            let (t0, t1, h0, sub) = if whole_groups {
-                let claimed = next_item.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if claimed >= n_items {
-                    break;
-                }
-                // the last tiles first: in a causal batch they see the most keys
-                let it = n_items - 1 - claimed;
-                let (t0, t1) = tiles[it / p.n_head_kv];
-                (t0, t1, it % p.n_head_kv * group, group)
-            } else {
-                if slot >= mine.end {
-                    break;
-                }
-                let (t, h, sub) = slot_pass(slot, mine.end, p.n_head, group);
-                slot += sub;
-                (t, t + 1, h, sub)
-            };
+        // this pass: tokens t0..t1, heads h0..h0 + sub of one group
+        while let Some((t0, t1, h0, sub)) = passes.next_pass(&mut slot, &mine) {
             let g = h0 / group;
-            let keys = keys_of(t0);
+            let keys = token_keys(inp, t0);
             let stream = inp.stream[t0] as usize;
             let (kbase, vbase) = (stream * kv.size * row_k + tk.row_size(g * hk).unwrap_or(0), stream * kv.size * row_v + tv.row_size(g * hv).unwrap_or(0));
             let nq = (t1 - t0) * sub;
@@ -1420,6 +1433,21 @@ mod tests {
         kv
     }
 
+    /// The passes tests' layer variants: causal; a 7-key window with sinks; 8-key chunks; a
+    /// softcap.
+    fn mask_variants(n_head: usize, n_head_kv: usize, hd: usize, sinks: &[f32]) -> Vec<AttnParams<'_>> {
+        [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)]
+            .into_iter()
+            .map(|(n_swa, chunked, softcap, sink)| AttnParams {
+                softcap,
+                n_swa,
+                chunked,
+                sinks: if sink { Some(sinks) } else { None },
+                ..AttnParams::causal(0, n_head, n_head_kv, hd)
+            })
+            .collect()
+    }
+
     #[test]
     fn f16_passes_are_bit_identical_to_the_one_query_kernel() {
         // Queries sharing a pass over their keys (GQA heads x runs of tokens, any tile size,
@@ -1437,14 +1465,8 @@ mod tests {
             let n_q = qpos.len();
             let q = r.vec(n_q * n_head * hd, 1.5);
             let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
-            for (n_swa, chunked, softcap, sink) in [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)] {
-                let p = AttnParams {
-                    softcap,
-                    n_swa,
-                    chunked,
-                    sinks: if sink { Some(&sinks) } else { None },
-                    ..AttnParams::causal(0, n_head, n_head_kv, hd)
-                };
+            for p in mask_variants(n_head, n_head_kv, hd, &sinks) {
+                let (n_swa, chunked, softcap, sink) = (p.n_swa, p.chunked, p.softcap, p.sinks.is_some());
                 let kscale = if softcap != 0.0 { p.scale / softcap } else { p.scale };
                 let stream = vec![0u32; n_q];
                 let key_range = vec![(0u32, n_keys as u32); n_q];
@@ -1554,14 +1576,8 @@ mod tests {
             let mut q = r.vec(n_q * n_head * hd, 1.5);
             q[3 * n_head * hd + 1] = f32::NAN; // in token 3's first head
             let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
-            for (n_swa, chunked, softcap, sink) in [(0, false, 0.0, false), (7, false, 0.0, true), (8, true, 0.0, false), (0, false, 1.3, false)] {
-                let p = AttnParams {
-                    softcap,
-                    n_swa,
-                    chunked,
-                    sinks: if sink { Some(&sinks) } else { None },
-                    ..AttnParams::causal(0, n_head, n_head_kv, hd)
-                };
+            for p in mask_variants(n_head, n_head_kv, hd, &sinks) {
+                let (n_swa, chunked, softcap, sink) = (p.n_swa, p.chunked, p.softcap, p.sinks.is_some());
                 // the one-query kernel, query by query
                 let mut want = vec![0f32; n_q * n_head * hd];
                 for t in 0..n_q {
