@@ -38,7 +38,7 @@
 
 use crate::ggml_type::GgmlType;
 use crate::kv_cache::KvCache;
-use crate::ops::vec::{axpy_f32, dot_f16_ggml, mad_f16_acc, scale_f16_acc};
+use crate::ops::vec::{self, axpy_f32, dot_f16_ggml, mad_f16_acc, scale_f16_acc, NO_SCALE};
 use crate::quant;
 use crate::threadpool::ThreadPool;
 
@@ -628,6 +628,9 @@ impl Passes {
     }
 }
 
+/// Keys per block of `quant_passes` (one vector exp's lanes).
+const QKB: usize = 8;
+
 /// K's vec_dot against q in its vec_dot type, as llama.cpp's one_chunk kernel takes it
 /// (`one_chunk_state`, `quant_passes`).
 fn k_vec_dot(tk: GgmlType) -> Option<quant::VecDotFn> {
@@ -672,10 +675,10 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     let out_ptr = SendPtr(out.as_mut_ptr());
     pool.run(&|ith, nth| {
         let (mut qq, mut ok, mut ranges, mut act): (Vec<u8>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
-        let (mut acc, mut m, mut ssum, mut vs, mut v32): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = Default::default();
-        // per active query of a key: its score, then its exp argument and result; new max?
-        let (mut sc, mut ex, mut up): (Vec<f32>, Vec<f32>, Vec<bool>) = Default::default();
-        v32.resize(hv, 0.0);
+        let (mut acc, mut m, mut ssum, mut v32): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = Default::default();
+        // the block's scores (key-major) and its V rows in f32
+        let mut sc: Vec<f32> = Default::default();
+        let mut runs: Vec<(usize, usize, Option<quant::DotN>)> = Default::default();
         let mine = passes.share(ith, nth);
         let mut slot = mine.start;
         // this pass: tokens t0..t1, heads h0..h0 + sub of one group
@@ -703,87 +706,116 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             m.resize(nq, f32::NEG_INFINITY);
             ssum.clear();
             ssum.resize(nq, 0.0);
-            vs.resize(nq, 0.0);
             let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
             // one range for all (a decode step's pass): the same active queries at every key
             let uniform = ranges.iter().all(|&r| r == ranges[0]);
-            for j in jlo..jhi {
-                let cell = keys[j].1 as usize;
-                let kr = &kall[kbase + cell * row_k..][..kbytes];
-                if !uniform || j == jlo {
+            // blocks of up to QKB keys over which the active queries stay the same
+            let mut j0 = jlo;
+            while j0 < jhi {
+                let mut j1 = (j0 + QKB).min(jhi);
+                if !uniform || j0 == jlo {
                     act.clear();
                     for i in 0..nq {
-                        if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
-                            act.push(i);
+                        let (lo, hi) = ranges[i];
+                        if lo > j0 {
+                            j1 = j1.min(lo);
+                        } else if hi > j0 {
+                            j1 = j1.min(hi);
+                            if ok[i] {
+                                act.push(i);
+                            }
                         }
                     }
+                    // the scores' calls: runs of consecutive active queries (a, count) through
+                    // the tiled dots, else one query at a time by the vec_dot
+                    runs.clear();
+                    let mut a = 0;
+                    while a < act.len() {
+                        let Some(tl) = tiled else {
+                            runs.push((a, 1, None));
+                            a += 1;
+                            continue;
+                        };
+                        let mut b = a + 1;
+                        while b < act.len() && b - a < tl.width && act[b] == act[b - 1] + 1 {
+                            b += 1;
+                        }
+                        let (nc, k) = match tl.cols[b - a] {
+                            Some(k) => (b - a, k),
+                            None => (1, tl.one()),
+                        };
+                        runs.push((a, nc, Some(k)));
+                        a += nc;
+                    }
                 }
-                if act.is_empty() {
+                let nb = j1 - j0;
+                let na = act.len();
+                if na == 0 {
+                    j0 = j1;
                     continue;
                 }
-                let na = act.len();
-                // the scores: runs of consecutive queries through the tiled dots
-                sc.resize(na, 0.0);
-                let mut a = 0;
-                while a < na {
-                    let Some(tl) = tiled else {
-                        sc[a] = kdot(hk, kr, &qq[act[a] * qrow..(act[a] + 1) * qrow]);
-                        a += 1;
-                        continue;
-                    };
-                    let mut b = a + 1;
-                    while b < na && b - a < tl.width && act[b] == act[b - 1] + 1 {
-                        b += 1;
-                    }
-                    let (nc, k) = match tl.cols[b - a] {
-                        Some(k) => (b - a, k),
-                        None => (1, tl.one()),
-                    };
-                    // SAFETY: the table's kernels run on this CPU (its kernel set); kr holds
-                    // one K row of hk values, qq nc rows of K's vec_dot type from act[a]
-                    // (qrow bytes apart), sc nc values from a
-                    unsafe { k(hk, kr.as_ptr(), qq[act[a] * qrow..].as_ptr(), qrow, std::ptr::null(), 0, sc[a..].as_mut_ptr()) };
-                    a += nc;
-                }
-                // the softmax steps: each query's exp argument (a new max: m_old - s), the
-                // exps 8 at a time, then the scaling and the sums in each query's order
-                ex.resize(na.next_multiple_of(8), 0.0);
-                ex[na..].fill(0.0); // (lanes past the active queries: computed, not used)
-                up.resize(na, false);
-                for (a, &i) in act.iter().enumerate() {
-                    let mut s = sc[a] * kscale;
-                    if p.softcap != 0.0 {
-                        s = p.softcap * s.tanh();
-                    }
-                    up[a] = s > m[i];
-                    if up[a] {
-                        ex[a] = m[i] - s;
-                        m[i] = s;
-                    } else {
-                        ex[a] = s - m[i];
-                    }
-                }
-                for c in ex[..na.next_multiple_of(8)].chunks_exact_mut(8) {
-                    let x: &mut [f32; 8] = c.try_into().expect("8 values");
-                    match crate::ops::attention_f16::vexp8(x) {
-                        Some(e) => *x = e,
-                        None => x.iter_mut().for_each(|v| *v = v.exp()),
-                    }
-                }
-                for (a, &i) in act.iter().enumerate() {
-                    let (ms, v) = if up[a] { (ex[a], 1.0f32) } else { (1.0f32, ex[a]) };
-                    if up[a] {
-                        for y in acc[i * hv..(i + 1) * hv].iter_mut() {
-                            *y *= ms; // ggml_vec_scale_f32
+                // the scores (key kk, query a at kk * na + a): runs of consecutive queries
+                // through the tiled dots; the V rows dequantized, each once for the pass
+                sc.resize(nb * na, 0.0);
+                v32.resize(nb * hv, 0.0);
+                for kk in 0..nb {
+                    let cell = keys[j0 + kk].1 as usize;
+                    let kr = &kall[kbase + cell * row_k..][..kbytes];
+                    let sk = &mut sc[kk * na..(kk + 1) * na];
+                    for &(a, nc, k) in &runs {
+                        match k {
+                            // SAFETY: the table's kernels run on this CPU (its kernel set); kr
+                            // holds one K row of hk values, qq nc rows of K's vec_dot type from
+                            // act[a] (qrow bytes apart), sk nc values from a
+                            Some(k) => unsafe { k(hk, kr.as_ptr(), qq[act[a] * qrow..].as_ptr(), qrow, std::ptr::null(), 0, sk[a..a + nc].as_mut_ptr()) },
+                            None => sk[a] = kdot(hk, kr, &qq[act[a] * qrow..(act[a] + 1) * qrow]),
                         }
                     }
-                    ssum[i] = crate::ops::vec::fmaf(ssum[i], ms, v); // GCC: fma(S, ms, vs)
-                    vs[a] = v;
+                    dequant(&vall[vbase + cell * row_v..][..vbytes], &mut v32[kk * hv..(kk + 1) * hv]);
                 }
-                dequant(&vall[vbase + cell * row_v..][..vbytes], &mut v32);
-                // ggml_vec_mad_f32 (axpy_f32) into every active query's accumulator
-                crate::ops::vec::axpy_f32_rows(&mut acc, hv, &act, &vs, &v32);
+                // per query its softmax steps in key order: the exp arguments (a new max:
+                // m_old - s), the block's exps at once, the sums; then its accumulator over
+                // the block (scale where the max rose, then ggml_vec_mad_f32's fused step)
+                for (a, &i) in act.iter().enumerate() {
+                    let mut ex = [0f32; QKB];
+                    let mut up = [false; QKB];
+                    let mut mi = m[i];
+                    for kk in 0..nb {
+                        let mut s = sc[kk * na + a] * kscale;
+                        if p.softcap != 0.0 {
+                            s = p.softcap * s.tanh();
+                        }
+                        up[kk] = s > mi;
+                        if up[kk] {
+                            ex[kk] = mi - s;
+                            mi = s;
+                        } else {
+                            ex[kk] = s - mi;
+                        }
+                    }
+                    m[i] = mi;
+                    // (lanes past the block's keys: computed, not used)
+                    match crate::ops::attention_f16::vexp8(&ex) {
+                        Some(e) => ex = e,
+                        None => ex[..nb].iter_mut().for_each(|v| *v = v.exp()),
+                    }
+                    let (mut msk, mut vsk) = ([NO_SCALE; QKB], [1f32; QKB]);
+                    let mut si = ssum[i];
+                    for kk in 0..nb {
+                        // GCC: fma(S, ms, vs); with ms = 1 that is S + vs exactly
+                        if up[kk] {
+                            msk[kk] = ex[kk];
+                            si = vec::fmaf(si, ex[kk], 1.0);
+                        } else {
+                            vsk[kk] = ex[kk];
+                            si += ex[kk];
+                        }
+                    }
+                    ssum[i] = si;
+                    vec::scale_axpy_f32_block(&mut acc[i * hv..(i + 1) * hv], &vsk[..nb], &msk[..nb], &v32);
+                }
+                j0 = j1;
             }
             for i in 0..nq {
                 let (t, h) = (t0 + i / sub, h0 + i % sub);

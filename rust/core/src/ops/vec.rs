@@ -14,7 +14,7 @@ struct Kernels {
     dot_f32: fn(&[f32], &[f32]) -> f32,
     dot_f16: fn(&[u16], &[f32]) -> f32,
     axpy_f32: fn(&mut [f32], f32, &[f32]),
-    axpy_f32_rows: fn(&mut [f32], usize, &[usize], &[f32], &[f32]),
+    scale_axpy_f32_block: fn(&mut [f32], &[f32], &[f32], &[f32]),
     axpy_f16: fn(&mut [f32], f32, &[u16]),
     mad_f16_acc: fn(&mut [u16], f32, &[u16]),
     dot_f16_ggml: fn(&[u16], &[f32]) -> f32,
@@ -36,7 +36,7 @@ fn kernels() -> &'static Kernels {
                     dot_f32: |a, b| unsafe { x86::dot_f32_avx2(a, b) },
                     dot_f16: |a, b| unsafe { x86::dot_f16_avx2(a, b) },
                     axpy_f32: |y, a, x| unsafe { x86::axpy_f32_avx2(y, a, x) },
-                    axpy_f32_rows: |y, n, rows, a, x| unsafe { x86::axpy_f32_rows_avx2(y, n, rows, a, x) },
+                    scale_axpy_f32_block: |y, vs, ms, x| unsafe { x86::scale_axpy_f32_block_avx2(y, vs, ms, x) },
                     axpy_f16: |y, a, x| unsafe { x86::axpy_f16_avx2(y, a, x) },
                     mad_f16_acc: |y, a, x| unsafe { x86::mad_f16_acc_avx2(y, a, x) },
                     dot_f16_ggml: |a, b| unsafe { x86::dot_f16_ggml_avx2(a, b) },
@@ -51,7 +51,7 @@ fn kernels() -> &'static Kernels {
             dot_f32: dot_f32_ref,
             dot_f16: dot_f16_ref,
             axpy_f32: axpy_f32_ref,
-            axpy_f32_rows: axpy_f32_rows_ref,
+            scale_axpy_f32_block: scale_axpy_f32_block_ref,
             axpy_f16: axpy_f16_ref,
             mad_f16_acc: mad_f16_acc_ref,
             dot_f16_ggml: dot_f16_ggml_ref,
@@ -81,13 +81,19 @@ pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     (kernels().axpy_f32)(y, a, x)
 }
 
-/// `axpy_f32` into several rows of `y` at once: row `rows[k]` (`n` values from
-/// rows[k] * n) += a[k] * x, each element exactly as `axpy_f32` computes it (x read once for
-/// all the rows). Panics if a row lies outside `y` or `a`, `x` are shorter than needed.
+/// `ms` value of a key whose step does not scale the accumulator (`scale_axpy_f32_block`):
+/// an ms is exp(m_old - s) with s > m_old, at most 1, never 2.
+pub const NO_SCALE: f32 = 2.0;
+
+/// One query's accumulator `y` (n values) over a block of keys, as llama.cpp's one_chunk
+/// kernel steps through them for a quantized V: for each key k in order, `y *= ms[k]`
+/// (`ggml_vec_scale_f32`) unless ms[k] is `NO_SCALE`, then `axpy_f32(y, vs[k], x[k * n..])`
+/// (`ggml_vec_mad_f32`), every element exactly as those compute it (y held in registers
+/// across the block). Keys: vs.len(). Panics if x or ms are shorter than that needs.
 #[inline]
-pub fn axpy_f32_rows(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
-    assert!(a.len() >= rows.len() && x.len() >= n && rows.iter().all(|&r| (r + 1) * n <= y.len()));
-    (kernels().axpy_f32_rows)(y, n, rows, a, x)
+pub fn scale_axpy_f32_block(y: &mut [f32], vs: &[f32], ms: &[f32], x: &[f32]) {
+    assert!(ms.len() >= vs.len() && x.len() >= vs.len() * y.len());
+    (kernels().scale_axpy_f32_block)(y, vs, ms, x)
 }
 
 /// y += a * f16(x)
@@ -252,9 +258,13 @@ pub fn axpy_f32_ref(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-pub fn axpy_f32_rows_ref(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
-    for (&r, &ak) in rows.iter().zip(a) {
-        axpy_f32_ref(&mut y[r * n..(r + 1) * n], ak, &x[..n]);
+pub fn scale_axpy_f32_block_ref(y: &mut [f32], vs: &[f32], ms: &[f32], x: &[f32]) {
+    let n = y.len();
+    for (k, (&a, &m)) in vs.iter().zip(ms).enumerate() {
+        if m != NO_SCALE {
+            y.iter_mut().for_each(|v| *v *= m);
+        }
+        axpy_f32_ref(y, a, &x[k * n..(k + 1) * n]);
     }
 }
 
@@ -340,24 +350,55 @@ mod x86 {
         }
     }
 
-    /// `axpy_f32_avx2` for each row (the same fused step per 8 lanes, the same tail), the
-    /// 8 lanes of x loaded once for all rows. The caller checked the bounds.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_f32_rows_avx2(y: &mut [f32], n: usize, rows: &[usize], a: &[f32], x: &[f32]) {
-        let n8 = n / 8 * 8;
-        let yp = y.as_mut_ptr();
-        let mut i = 0;
-        while i < n8 {
-            let xv = _mm256_loadu_ps(x.as_ptr().add(i));
-            for (&r, &ak) in rows.iter().zip(a) {
-                let p = yp.add(r * n + i);
-                _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_set1_ps(ak), xv, _mm256_loadu_ps(p)));
+    /// C 8-lane chunks of y from element i over the block (`scale_axpy_f32_block_avx2`):
+    /// C independent chains of scale and fused multiply-add per key.
+    #[inline(always)]
+    unsafe fn block_chunks<const C: usize>(y: *mut f32, n: usize, i: usize, vs: &[f32], ms: &[f32], x: *const f32) {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(y.add(i + 8 * c));
+        }
+        for (k, (&a, &m)) in vs.iter().zip(ms).enumerate() {
+            if m != super::NO_SCALE {
+                let mv = _mm256_set1_ps(m);
+                for y in acc.iter_mut() {
+                    *y = _mm256_mul_ps(*y, mv);
+                }
             }
+            let av = _mm256_set1_ps(a);
+            let xk = x.add(k * n + i);
+            for (c, y) in acc.iter_mut().enumerate() {
+                *y = _mm256_fmadd_ps(av, _mm256_loadu_ps(xk.add(8 * c)), *y);
+            }
+        }
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(y.add(i + 8 * c), *a);
+        }
+    }
+
+    /// `scale_axpy_f32_block_ref` with `axpy_f32_avx2`'s steps: the fused step per 8 lanes
+    /// (eight chunks at a time, each in a register across the block's keys), the same
+    /// unfused tail. The caller checked the lengths.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scale_axpy_f32_block_avx2(y: &mut [f32], vs: &[f32], ms: &[f32], x: &[f32]) {
+        let n = y.len();
+        let n8 = n / 8 * 8;
+        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
+        let mut i = 0;
+        while i + 64 <= n8 {
+            block_chunks::<8>(yp, n, i, vs, ms, xp);
+            i += 64;
+        }
+        while i < n8 {
+            block_chunks::<1>(yp, n, i, vs, ms, xp);
             i += 8;
         }
-        for (&r, &ak) in rows.iter().zip(a) {
-            for i in n8..n {
-                *yp.add(r * n + i) += ak * x[i];
+        for i in n8..n {
+            for (k, (&a, &m)) in vs.iter().zip(ms).enumerate() {
+                if m != super::NO_SCALE {
+                    y[i] *= m;
+                }
+                y[i] += a * x[k * n + i];
             }
         }
     }
@@ -520,6 +561,36 @@ mod tests {
             assert_eq!(a1, a2);
             let bq: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
             assert_eq!(dot_f16_ggml(&h, &bq), dot_f16_ggml_ref(&h, &bq));
+        }
+    }
+
+    #[test]
+    fn scale_axpy_block_is_scale_then_axpy_per_key_bit_for_bit() {
+        // the block kernel against the per-key steps it stands for (the kernel set's
+        // axpy_f32 and the scalar scale), head sizes with and without 8-lane tails, blocks
+        // of 1-8 keys, scaled and unscaled keys
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for n in [1usize, 7, 8, 31, 64, 72, 136, 256, 257] {
+            for nb in 1..=8 {
+                let x: Vec<f32> = (0..n * nb).map(|_| 3.0 * rnd()).collect();
+                let vs: Vec<f32> = (0..nb).map(|_| rnd() + 0.5).collect();
+                let ms: Vec<f32> = (0..nb).map(|k| if k % 3 == 1 { NO_SCALE } else { rnd() + 0.5 }).collect();
+                let y0: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let mut y1 = y0.clone();
+                scale_axpy_f32_block(&mut y1, &vs, &ms, &x);
+                let mut y2 = y0.clone();
+                for k in 0..nb {
+                    if ms[k] != NO_SCALE {
+                        y2.iter_mut().for_each(|v| *v *= ms[k]);
+                    }
+                    axpy_f32(&mut y2, vs[k], &x[k * n..(k + 1) * n]);
+                }
+                assert_eq!(y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, {nb} keys");
+            }
         }
     }
 
