@@ -1257,40 +1257,30 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize,
     for x in wp.iter_mut() {
         *x *= inv;
     }
-    // p in V's vec_dot type
-    let mut vcol = vec![0f32; np];
-    let mut vrow = vec![0f32; hv];
-    // V^T: column d of the visible V rows
-    let mut vt = vec![0f32; hv * np];
-    for (jj, &(_, cell)) in vis.iter().enumerate() {
-        let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
-        let _ = quant::dequantize_row(tv, vb, &mut vrow);
-        for d in 0..hv {
-            vt[d * np + jj] = vrow[d];
-        }
-    }
+    // p in V's vec_dot type, then o = V^T p as llama.cpp's mul_mat computes it
     match tv {
-        GgmlType::F16 => {
-            let p16: Vec<f32> = wp.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
-            if gemm {
-                for d in 0..hv {
-                    o[d] = tinyblas_dot(&vt[d * np..(d + 1) * np], &p16);
-                }
-            } else {
-                // V^T as raw f16 bits, straight from the rows
-                let mut vt16 = vec![0u16; hv * np];
-                for (jj, &(_, cell)) in vis.iter().enumerate() {
-                    let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
-                    for (d, c) in vb.chunks_exact(2).enumerate() {
-                        vt16[d * np + jj] = u16::from_le_bytes([c[0], c[1]]);
-                    }
-                }
-                for d in 0..hv {
-                    o[d] = dot_f16_ggml(&vt16[d * np..(d + 1) * np], &p16);
-                }
-            }
+        GgmlType::F16 | GgmlType::F32 => {
+            let pv: Vec<f32> = if tv == GgmlType::F16 { wp.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect() } else { wp };
+            // the dots of V's columns with p: tinyBLAS (gemm: 8 lanes) or ggml_vec_dot_f16 /
+            // _f32 (32 lanes: four 8-lane accumulators), key j's product fused into lane j % L
+            let lanes = if gemm { 8 } else { 32 };
+            let vis_row = |jj: usize, vrow: &mut [f32]| {
+                let (_, cell) = vis[jj];
+                let _ = quant::dequantize_row(tv, &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes], vrow);
+            };
+            columns_dot(hv, np, lanes, &pv, vis.len(), vis_row, o);
         }
         GgmlType::BF16 => {
+            let mut vrow = vec![0f32; hv];
+            // V^T: column d of the visible V rows
+            let mut vt = vec![0f32; hv * np];
+            for (jj, &(_, cell)) in vis.iter().enumerate() {
+                let vb = &kv.v_row(p.il, stream, cell as usize)[vo..vo + vbytes];
+                let _ = quant::dequantize_row(tv, vb, &mut vrow);
+                for d in 0..hv {
+                    vt[d * np + jj] = vrow[d];
+                }
+            }
             let pb: Vec<u16> = wp.iter().map(|&x| bf16_round(x)).collect();
             let pf: Vec<f32> = pb.iter().map(|&h| bf16_to_f32(h)).collect();
             let pbytes: Vec<u8> = pb.iter().flat_map(|h| h.to_le_bytes()).collect();
@@ -1305,13 +1295,38 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize,
                 };
             }
         }
-        _ => {
-            // F32 V (a quantized V never gets here: it needs flash attention)
-            for d in 0..hv {
-                vcol.copy_from_slice(&vt[d * np..(d + 1) * np]);
-                o[d] = if gemm { tinyblas_dot(&vcol, &wp) } else { dot_f32_ggml(&vcol, &wp) };
-            }
+        // a quantized V never gets here: it needs flash attention
+        _ => o.fill(f32::NAN),
+    }
+}
+
+/// o[d] = the fused dot of column d of an np-row matrix (rows 0..n from `row`, the rest
+/// zero: the mask's padding) with p, in the order of a dot over `lanes` (8: tinyBLAS; 32:
+/// ggml_vec_dot_f16 / _f32's four 8-lane accumulators) accumulators: row j's product fused
+/// into accumulator j % lanes, then the accumulators reduced as that dot reduces them. Rows
+/// are added whole (no transposed copy), so each output gets the same operations in the
+/// same order as the column dot.
+fn columns_dot(hv: usize, np: usize, lanes: usize, p: &[f32], n: usize, row: impl Fn(usize, &mut [f32]), o: &mut [f32]) {
+    let mut acc = vec![0f32; lanes * hv];
+    let mut vrow = vec![0f32; hv];
+    for j in 0..np {
+        if j < n {
+            row(j, &mut vrow);
+        } else if j == n {
+            vrow.fill(0.0);
         }
+        vec::fma_axpy(&mut acc[(j % lanes) * hv..(j % lanes + 1) * hv], p[j], &vrow);
+    }
+    for (d, od) in o.iter_mut().enumerate().take(hv) {
+        let c: [f32; 32] = std::array::from_fn(|l| if l < lanes { acc[l * hv + d] } else { 0.0 });
+        *od = if lanes == 8 {
+            crate::ops::vec::hsum8_ggml(&c[..8])
+        } else {
+            // (acc0 + acc2) + (acc1 + acc3) per lane, lanes l + l+4, then (0+1) + (2+3)
+            let x: [f32; 8] = std::array::from_fn(|l| (c[l] + c[16 + l]) + (c[8 + l] + c[24 + l]));
+            let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+            (t[0] + t[1]) + (t[2] + t[3])
+        };
     }
 }
 
@@ -1736,6 +1751,35 @@ mod tests {
         }
         // some decode steps above took the chunk-item split (9 heads / 3 groups on 2 threads)
         assert!(CHUNK_SPLITS.load(std::sync::atomic::Ordering::Relaxed) > splits);
+    }
+
+    #[test]
+    fn columns_dot_is_the_column_dots_bit_for_bit() {
+        // the flash-attention-off V product row by row against the dots of V's transposed
+        // columns that llama.cpp's mul_mat takes (tinyBLAS; ggml_vec_dot_f16 on f16 bits;
+        // ggml_vec_dot_f32), with the mask's zero padding past the visible rows
+        let mut r = Rng::new(0x5eed_c01d);
+        for &(hv, n) in &[(8usize, 1usize), (64, 37), (72, 64), (256, 100), (64, 300)] {
+            let np = n.div_ceil(32) * 32;
+            let rows16: Vec<u16> = (0..n * hv).map(|_| half::f16::from_f32(r.next_f32() * 2.0).to_bits()).collect();
+            let rows: Vec<f32> = rows16.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect();
+            let mut p: Vec<f32> = (0..np).map(|j| if j < n { half::f16::from_f32((r.next_f32() + 1.0) * 0.05).to_f32() } else { 0.0 }).collect();
+            p[0] = -p[0]; // a negative weight too
+            let col = |d: usize| -> Vec<f32> { (0..np).map(|j| if j < n { rows[j * hv + d] } else { 0.0 }).collect() };
+            let col16 = |d: usize| -> Vec<u16> { (0..np).map(|j| if j < n { rows16[j * hv + d] } else { 0 }).collect() };
+            let row = |j: usize, out: &mut [f32]| out.copy_from_slice(&rows[j * hv..(j + 1) * hv]);
+            for lanes in [8, 32] {
+                let mut o = vec![0f32; hv];
+                columns_dot(hv, np, lanes, &p, n, row, &mut o);
+                for d in 0..hv {
+                    let want = if lanes == 8 { tinyblas_dot(&col(d), &p) } else { dot_f16_ggml(&col16(d), &p) };
+                    assert_eq!(o[d].to_bits(), want.to_bits(), "hv {hv}, n {n}, lanes {lanes}, d {d}");
+                    if lanes == 32 {
+                        assert_eq!(o[d].to_bits(), dot_f32_ggml(&col(d), &p).to_bits(), "f32 dot, hv {hv}, n {n}, d {d}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

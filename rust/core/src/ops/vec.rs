@@ -666,6 +666,38 @@ pub fn has_avx2_fma() -> bool {
     crate::quant::cpu::features().avx2_fma()
 }
 
+/// y[i] = fma(x[i], a, y[i]) with one rounding whatever the kernel set (the step of the
+/// fused dots: tinyBLAS, `ggml_vec_dot_f16` / `_f32`), for accumulating their lanes row by row.
+pub fn fma_axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { fma_axpy_avx2(y, a, x) };
+        return;
+    }
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = xi.mul_add(a, *yi);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
+    use std::arch::x86_64::*;
+    let n = y.len().min(x.len());
+    let n8 = n / 8 * 8;
+    let va = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i < n8 {
+        let p = y.as_mut_ptr().add(i);
+        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i)), va, _mm256_loadu_ps(p)));
+        i += 8;
+    }
+    for i in n8..n {
+        y[i] = fmaf_x86(x[i], a, y[i]);
+    }
+}
+
 /// ggml's horizontal sum of 8 f32 lanes on AVX2 (`hsum_float_8` / the 8-lane reductions
 /// in vec.cpp): halves added lane-wise, then pairs, then the last two.
 #[inline]
