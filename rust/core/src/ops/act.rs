@@ -119,7 +119,7 @@ pub fn softmax_ggml(x: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sub_avx2(x: &mut [f32], m: f32, sum: &mut f64) {
+pub(crate) unsafe fn exp_sub_avx2(x: &mut [f32], m: f32, sum: &mut f64) {
     use std::arch::x86_64::*;
     for c in x.chunks_exact_mut(8) {
         let e = v_expf(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(m)));

@@ -208,6 +208,10 @@ pub fn attention(
         if quantized && quant_passes(pool, kv, p, inp, q, out, kscale, f16_pass_queries(p.hd_k.max(p.hd_v))) {
             return;
         }
+        // flash attention off: llama.cpp's mul_mat / soft_max / mul_mat in passes of queries
+        if !kv.flash_attn && !crate::kv_cache::is_quantized(tv) && nonfa_passes(pool, kv, p, inp, q, out) {
+            return;
+        }
         one_chunk_any(pool, kv, p, inp, q, out, &visible);
         return;
     }
@@ -1170,6 +1174,240 @@ fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
+/// Most queries of a flash-attention-off pass (each keeps its scores over its visible keys
+/// and 8 or 32 V accumulator rows until the pass ends).
+const NONFA_PASS_Q: usize = 12;
+
+/// `nonfa_head` for a micro-batch in passes of several queries (heads of one GQA group x a
+/// run of tokens that read the same key list, split as `f16_passes`'s passes and slots):
+/// each K row made ready once per pass, not once per query, and each V row dequantized
+/// once per pass and added into every query's lane rows (`columns_dot`'s steps). Per query
+/// the operations and their order are `nonfa_head`'s (its scores, soft_max, V product), so
+/// its bits do not depend on the pass. Returns false (nothing done) for a BF16 V, which
+/// `nonfa_head` takes.
+fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs, q: &[f32], out: &mut [f32]) -> bool {
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    if !matches!(tv, GgmlType::F16 | GgmlType::F32) {
+        return false;
+    }
+    let n_tokens = inp.pos.len();
+    let gemm = n_tokens >= 2;
+    let nk = NonfaK::new(tk, gemm);
+    let (hk, hv) = (p.hd_k, p.hd_v);
+    let (Some(qrow), Some(kbytes), Some(vbytes)) = (nk.vdt.row_size(hk), tk.row_size(hk), tv.row_size(hv)) else {
+        return false;
+    };
+    let lanes = if gemm { 8 } else { 32 };
+    let group = p.n_head / p.n_head_kv;
+    let (qw, ow) = (p.n_head * hk, p.n_head * hv);
+    let (kall, vall) = (&kv.k[p.il][..], &kv.v[p.il][..]);
+    let (row_k, row_v) = (kv.row_k[p.il], kv.row_v[p.il]);
+    let passes = Passes::new(p, inp, NONFA_PASS_Q, pool.n_threads());
+    let vis = &passes.vis;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool.run(&|ith, nth| {
+        let (mut qq, mut qf, mut ok, mut ranges, mut woff): (Vec<u8>, Vec<f32>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
+        let (mut wp, mut acc, mut krow, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
+        krow.resize(hk, 0.0);
+        k16.resize(hk, 0);
+        vrow.resize(hv, 0.0);
+        let mine = passes.share(ith, nth);
+        let mut slot = mine.start;
+        while let Some((t0, t1, h0, sub)) = passes.next_pass(&mut slot, &mine) {
+            let g = h0 / group;
+            let keys = token_keys(inp, t0);
+            let stream = inp.stream[t0] as usize;
+            let (kbase, vbase) = (stream * kv.size * row_k + tk.row_size(g * hk).unwrap_or(0), stream * kv.size * row_v + tv.row_size(g * hv).unwrap_or(0));
+            let nq = (t1 - t0) * sub;
+            qq.resize(nq * qrow, 0);
+            qf.resize(nq * hk, 0.0);
+            ok.clear();
+            ranges.clear();
+            woff.clear();
+            let mut nw = 0;
+            for t in t0..t1 {
+                for j in 0..sub {
+                    let i = (t - t0) * sub + j;
+                    let qh = &q[t * qw + (h0 + j) * hk..t * qw + (h0 + j + 1) * hk];
+                    ok.push(nk.query(qh, &mut qq[i * qrow..(i + 1) * qrow], &mut qf[i * hk..(i + 1) * hk]));
+                    ranges.push(vis[t]);
+                    woff.push(nw);
+                    nw += (vis[t].1 - vis[t].0).div_ceil(32) * 32;
+                }
+            }
+            wp.clear();
+            wp.resize(nw, f32::NEG_INFINITY);
+            let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+            let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            // the scores, each K row made ready once for the pass's queries
+            for j in jlo..jhi {
+                let cell = keys[j].1 as usize;
+                let kb = &kall[kbase + cell * row_k..][..kbytes];
+                nk.key(kb, &mut krow, &mut k16);
+                for i in 0..nq {
+                    if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
+                        let (t, jq) = (t0 + i / sub, h0 + i % sub);
+                        let qh = &q[t * qw + jq * hk..t * qw + (jq + 1) * hk];
+                        wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
+                    }
+                }
+            }
+            // soft_max per query, then p in V's type (F16: rounded to f16)
+            for i in 0..nq {
+                let n = ranges[i].1 - ranges[i].0;
+                if n == 0 || !ok[i] {
+                    continue;
+                }
+                let w = &mut wp[woff[i]..woff[i] + n.div_ceil(32) * 32];
+                nonfa_softmax(w, p.sinks.map(|sk| sk[h0 + i % sub]));
+                if tv == GgmlType::F16 {
+                    w.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+                }
+            }
+            // V^T p: each V row dequantized once, added into every query's lane row
+            acc.clear();
+            acc.resize(nq * lanes * hv, 0.0);
+            for j in jlo..jhi {
+                let cell = keys[j].1 as usize;
+                let _ = quant::dequantize_row(tv, &vall[vbase + cell * row_v..][..vbytes], &mut vrow);
+                for i in 0..nq {
+                    if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
+                        let jj = j - ranges[i].0;
+                        let l = i * lanes + jj % lanes;
+                        vec::fma_axpy(&mut acc[l * hv..(l + 1) * hv], wp[woff[i] + jj], &vrow);
+                    }
+                }
+            }
+            for i in 0..nq {
+                let (t, h) = (t0 + i / sub, h0 + i % sub);
+                // SAFETY: heads h0..h0 + sub of tokens t0..t1 belong to this pass only
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * ow + h * hv), hv) };
+                let n = ranges[i].1 - ranges[i].0;
+                if n == 0 {
+                    o.fill(0.0);
+                } else if !ok[i] {
+                    o.fill(f32::NAN);
+                } else {
+                    let a = &mut acc[i * lanes * hv..(i + 1) * lanes * hv];
+                    vrow.fill(0.0);
+                    // the mask's padding: zero rows, zero weights, as the column dots take them
+                    for jj in n..n.div_ceil(32) * 32 {
+                        let l = jj % lanes;
+                        vec::fma_axpy(&mut a[l * hv..(l + 1) * hv], wp[woff[i] + jj], &vrow);
+                    }
+                    reduce_lanes(a, hv, lanes, o);
+                }
+            }
+        }
+    });
+    true
+}
+
+/// How llama.cpp's mul_mat(K, q) takes K with flash attention off, per K type and batch:
+/// q through K's vec_dot_type; tinyBLAS (f32 from the rows) for F16 / BF16 K when the
+/// micro-batch has >= 2 tokens, else the type's vec_dot (F16: ggml_vec_dot_f16; F32:
+/// ggml_vec_dot_f32; IQ4_NL's x86 order at one token).
+struct NonfaK {
+    tk: GgmlType,
+    vdt: GgmlType,
+    tiny: bool,
+    kdot: Option<quant::VecDotFn>,
+}
+
+impl NonfaK {
+    fn new(tk: GgmlType, gemm: bool) -> NonfaK {
+        let kdot = match tk {
+            GgmlType::IQ4_NL if !gemm => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86 as quant::VecDotFn),
+            _ => quant::vec_dot_fn(tk, quant::kernel_set()),
+        };
+        NonfaK { tk, vdt: quant::vec_dot_type(tk), tiny: gemm && matches!(tk, GgmlType::F16 | GgmlType::BF16), kdot }
+    }
+
+    /// q in K's vec_dot type (`q_q`) and as the f32 the dots read (`q_f`, hk values);
+    /// false where q does not convert.
+    fn query(&self, qh: &[f32], q_q: &mut [u8], q_f: &mut [f32]) -> bool {
+        if quant::quantize_row_cpu(self.vdt, qh, q_q).is_err() {
+            return false;
+        }
+        match self.vdt {
+            GgmlType::F16 => q_f.iter_mut().zip(qh).for_each(|(d, &x)| *d = half::f16::from_f32(x).to_f32()),
+            GgmlType::BF16 => q_f.iter_mut().zip(q_q.chunks_exact(2)).for_each(|(d, c)| *d = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+            _ => q_f.copy_from_slice(qh),
+        }
+        true
+    }
+
+    /// K row `kb` ready for `dot`: in f32 (`krow`) for tinyBLAS and F32 K, as f16 bits
+    /// (`k16`) for F16 K at one token.
+    fn key(&self, kb: &[u8], krow: &mut [f32], k16: &mut [u16]) {
+        if self.tiny || self.tk == GgmlType::F32 {
+            let _ = quant::dequantize_row(self.tk, kb, krow);
+        } else if self.tk == GgmlType::F16 {
+            for (d, c) in k16.iter_mut().zip(kb.chunks_exact(2)) {
+                *d = u16::from_le_bytes([c[0], c[1]]);
+            }
+        }
+    }
+
+    /// q.k for the row `key` prepared.
+    fn dot(&self, kb: &[u8], krow: &[f32], k16: &[u16], q_q: &[u8], q_f: &[f32], qh: &[f32]) -> f32 {
+        if self.tiny {
+            tinyblas_dot(krow, q_f)
+        } else if self.tk == GgmlType::F16 {
+            dot_f16_ggml(k16, q_f)
+        } else if self.tk == GgmlType::F32 {
+            dot_f32_ggml(krow, qh)
+        } else {
+            match self.kdot {
+                Some(f) => f(qh.len(), kb, q_q),
+                None => f32::NAN,
+            }
+        }
+    }
+}
+
+/// A flash-attention-off score: softcap c * tanh(kq * (1/c)), then the soft_max scale.
+fn nonfa_score(p: &AttnParams, mut s: f32) -> f32 {
+    if p.softcap != 0.0 {
+        s = (s * (1.0 / p.softcap)).tanh() * p.softcap;
+    }
+    s * p.scale
+}
+
+/// ggml's soft_max over a row of scores padded to a multiple of 32 with -inf: the max (with
+/// the sink), ggml_v_expf(x - max) in groups of 8 whose 8-lane sums are added in f64 (and
+/// the sink's exp), then times 1/sum.
+fn nonfa_softmax(wp: &mut [f32], sink: Option<f32>) {
+    let mut max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
+    let mut sum = 0f64;
+    let vector = cfg!(target_arch = "x86_64") && crate::quant::table::kernels().avx2_math;
+    if vector {
+        // the same exps and sums 8 lanes at a time (ggml_v_expf is lane-wise)
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: avx2_math: AVX2 and FMA are present.
+        unsafe {
+            crate::ops::act::exp_sub_avx2(wp, max, &mut sum)
+        };
+    } else {
+        for grp in wp.chunks_exact_mut(8) {
+            for x in grp.iter_mut() {
+                *x = v_expf(*x - max);
+            }
+            sum += crate::ops::vec::hsum8_ggml(grp) as f64;
+        }
+    }
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in wp.iter_mut() {
+        *x *= inv;
+    }
+}
+
 /// llama.cpp's attention with flash attention off (llm_graph_context::build_attn_mha),
 /// for one query head, on the CPU:
 ///   kq = mul_mat(K, q)          q through K's vec_dot_type; tinyBLAS for F16 / BF16 /
@@ -1195,68 +1433,21 @@ fn nonfa_head(kv: &KvCache, p: &AttnParams, qh: &[f32], stream: usize, h: usize,
     let gemm = n_tokens >= 2;
     let n = vis.len();
     let np = n.div_ceil(32) * 32;
-    // q in K's vec_dot type
-    let vdt = quant::vec_dot_type(tk);
-    let mut q_q = vec![0u8; vdt.row_size(hk).unwrap_or(0)];
-    if quant::quantize_row_cpu(vdt, qh, &mut q_q).is_err() {
+    let nk = NonfaK::new(tk, gemm);
+    let mut q_q = vec![0u8; nk.vdt.row_size(hk).unwrap_or(0)];
+    let mut q_f = vec![0f32; hk];
+    if !nk.query(qh, &mut q_q, &mut q_f) {
         o.fill(f32::NAN);
         return;
     }
-    let q_f: Vec<f32> = match vdt {
-        GgmlType::F16 => qh.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-        GgmlType::BF16 => q_q.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-        _ => qh.to_vec(),
-    };
-    let tiny_k = gemm && matches!(tk, GgmlType::F16 | GgmlType::BF16);
-    let mut k16 = vec![0u16; hk];
-    let kdot: Option<quant::VecDotFn> = match tk {
-        GgmlType::IQ4_NL if !gemm => Some(quant::legacy::vec_dot_iq4_nl_q8_0_x86),
-        _ => quant::vec_dot_fn(tk, set),
-    };
-    let mut krow = vec![0f32; hk];
+    let (mut krow, mut k16) = (vec![0f32; hk], vec![0u16; hk]);
     let mut wp = vec![f32::NEG_INFINITY; np];
     for (jj, &(_, cell)) in vis.iter().enumerate() {
         let kb = &kv.k_row(p.il, stream, cell as usize)[ko..ko + kbytes];
-        let mut s = if tiny_k {
-            let _ = quant::dequantize_row(tk, kb, &mut krow);
-            tinyblas_dot(&krow, &q_f)
-        } else if tk == GgmlType::F16 {
-            dot_f16_ggml(u16_of(kb, &mut k16), &q_f)
-        } else if tk == GgmlType::F32 {
-            let _ = quant::dequantize_row(tk, kb, &mut krow);
-            dot_f32_ggml(&krow, qh)
-        } else {
-            match kdot {
-                Some(f) => f(hk, kb, &q_q),
-                None => f32::NAN,
-            }
-        };
-        if p.softcap != 0.0 {
-            s = (s * (1.0 / p.softcap)).tanh() * p.softcap;
-        }
-        wp[jj] = s * p.scale;
+        nk.key(kb, &mut krow, &mut k16);
+        wp[jj] = nonfa_score(p, nk.dot(kb, &krow, &k16, &q_q, &q_f, qh));
     }
-    let mut max = wp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // soft_max with sinks: the sink joins the max, and its exp the sum (in f64)
-    let sink = p.sinks.map(|sk| sk[h]);
-    if let Some(s) = sink {
-        max = max.max(s);
-    }
-    let mut sum = 0f64;
-    for grp in wp.chunks_exact_mut(8) {
-        for x in grp.iter_mut() {
-            *x = v_expf(*x - max);
-        }
-        let h = [grp[0] + grp[4], grp[1] + grp[5], grp[2] + grp[6], grp[3] + grp[7]];
-        sum += ((h[0] + h[2]) + (h[1] + h[3])) as f64;
-    }
-    if let Some(s) = sink {
-        sum += (s - max).exp() as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for x in wp.iter_mut() {
-        *x *= inv;
-    }
+    nonfa_softmax(&mut wp, p.sinks.map(|sk| sk[h]));
     // p in V's vec_dot type, then o = V^T p as llama.cpp's mul_mat computes it
     match tv {
         GgmlType::F16 | GgmlType::F32 => {
@@ -1317,12 +1508,18 @@ fn columns_dot(hv: usize, np: usize, lanes: usize, p: &[f32], n: usize, row: imp
         }
         vec::fma_axpy(&mut acc[(j % lanes) * hv..(j % lanes + 1) * hv], p[j], &vrow);
     }
+    reduce_lanes(&acc, hv, lanes, o);
+}
+
+/// o[d] from the lane rows `acc` (lanes x hv) as the column dots reduce their accumulators:
+/// 8 lanes as tinyBLAS (`hsum8_ggml`); 32 as ggml_vec_dot_f16 / _f32 (acc0 + acc2) + (acc1 +
+/// acc3) per lane, lanes l + l+4, then (0+1) + (2+3).
+fn reduce_lanes(acc: &[f32], hv: usize, lanes: usize, o: &mut [f32]) {
     for (d, od) in o.iter_mut().enumerate().take(hv) {
         let c: [f32; 32] = std::array::from_fn(|l| if l < lanes { acc[l * hv + d] } else { 0.0 });
         *od = if lanes == 8 {
             crate::ops::vec::hsum8_ggml(&c[..8])
         } else {
-            // (acc0 + acc2) + (acc1 + acc3) per lane, lanes l + l+4, then (0+1) + (2+3)
             let x: [f32; 8] = std::array::from_fn(|l| (c[l] + c[16 + l]) + (c[8 + l] + c[24 + l]));
             let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
             (t[0] + t[1]) + (t[2] + t[3])
@@ -1668,6 +1865,76 @@ mod tests {
         }
     }
 
+    #[test]
+    fn nonfa_passes_are_bit_identical_to_the_one_query_path() {
+        // flash attention off (llama.cpp's mul_mat / soft_max / mul_mat): queries sharing a
+        // pass give each query exactly `nonfa_head`'s bits (for its micro-batch size: one
+        // token takes the vec_dots, more take tinyBLAS), for F16 / F32 / BF16 / quantized K
+        // with an F16 or F32 V, causal / sliding-window / chunked masks, softcap and sinks,
+        // two sequences in two streams, a query holding a NaN, 1..3 threads. Through
+        // `attention`, so the dispatch is checked too.
+        let (size, n_keys) = (64usize, 48usize);
+        let cases = [
+            (GgmlType::F16, GgmlType::F16, 9usize, 3usize, 64usize),
+            (GgmlType::F16, GgmlType::F16, 4, 1, 40),
+            (GgmlType::F32, GgmlType::F32, 4, 2, 32),
+            (GgmlType::BF16, GgmlType::F16, 2, 1, 64),
+            (GgmlType::Q8_0, GgmlType::F16, 6, 2, 64),
+            (GgmlType::IQ4_NL, GgmlType::F32, 3, 3, 32),
+        ];
+        for (tk, tv, n_head, n_head_kv, hd) in cases {
+            let kw = n_head_kv * hd;
+            let mut r = Rng::new(77 + hd as u64 + n_head as u64);
+            let mut kv = KvCache::new(&[kw], &[kw], size, 2, 2, tk, tv).unwrap();
+            kv.flash_attn = false;
+            for (buf, ty, rb) in [(&mut kv.k[0], tk, kv.row_k[0]), (&mut kv.v[0], tv, kv.row_v[0])] {
+                for row in buf.chunks_exact_mut(rb) {
+                    quant::quantize_row(ty, &r.vec(kw, 2.0), row).unwrap();
+                }
+            }
+            let keys0: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
+            let keys1: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5 + 3) % size) as u32)).collect();
+            let keys: Vec<(i32, u32)> = keys0.iter().chain(&keys1).copied().collect();
+            let seqs: Vec<(i32, usize)> = (20..40).chain([47, 5, 30]).map(|p| (p, 0)).chain((44..48).map(|p| (p, 1))).collect();
+            let qpos: Vec<i32> = seqs.iter().map(|x| x.0).collect();
+            let stream: Vec<u32> = seqs.iter().map(|x| x.1 as u32).collect();
+            let key_range: Vec<(u32, u32)> = seqs.iter().map(|x| (x.1 as u32 * n_keys as u32, (x.1 as u32 + 1) * n_keys as u32)).collect();
+            let n_q = qpos.len();
+            let mut q = r.vec(n_q * n_head * hd, 1.5);
+            q[3 * n_head * hd + 1] = f32::NAN;
+            let sinks: Vec<f32> = (0..n_head).map(|h| 0.3 * h as f32 - 0.5).collect();
+            for p in mask_variants(n_head, n_head_kv, hd, &sinks) {
+                for threads in 1..=3 {
+                    let pool = ThreadPool::new(threads);
+                    let stride = scratch_per_thread(size, hd, hd);
+                    let mut scratch = vec![0f32; stride * threads];
+                    for (a, b) in [(0, n_q), (22, 23), (19, 27), (25, 26)] {
+                        let mut want = vec![0f32; (b - a) * n_head * hd];
+                        for t in a..b {
+                            let ks = &keys[key_range[t].0 as usize..key_range[t].1 as usize];
+                            let (lo, hi) = visible_range(&p, ks, qpos[t]);
+                            for h in 0..n_head {
+                                let o = &mut want[((t - a) * n_head + h) * hd..][..hd];
+                                if lo < hi {
+                                    nonfa_head(&kv, &p, &q[(t * n_head + h) * hd..][..hd], stream[t] as usize, h, &ks[lo..hi], o, b - a);
+                                }
+                            }
+                        }
+                        let inp = AttnInputs { pos: &qpos[a..b], stream: &stream[a..b], key_range: &key_range[a..b], keys: &keys };
+                        let mut got = vec![0.25f32; want.len()];
+                        attention(&pool, &kv, &p, &inp, &q[a * n_head * hd..b * n_head * hd], &mut got, &mut scratch, stride);
+                        let bad = want.iter().zip(&got).position(|(x, y)| x.to_bits() != y.to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "{tk}/{tv} hd {hd}, {n_head}/{n_head_kv} heads, swa {} chunked {} softcap {}, {threads} threads, tokens {a}..{b}: element {bad:?}",
+                            p.n_swa, p.chunked, p.softcap
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// The chunked reference for (token t, head h): the one-query kernel over each chunk of
     /// `kc` keys of the visible range, folded in key order, then the sink and 1/S.
     #[allow(clippy::too_many_arguments)]
@@ -1751,6 +2018,44 @@ mod tests {
         }
         // some decode steps above took the chunk-item split (9 heads / 3 groups on 2 threads)
         assert!(CHUNK_SPLITS.load(std::sync::atomic::Ordering::Relaxed) > splits);
+    }
+
+    #[test]
+    fn nonfa_softmax_vector_exps_are_the_scalar_ones_bit_for_bit() {
+        // the soft_max's 8-lane ggml_v_expf (act::exp_sub_avx2) against the scalar
+        // emulation the other kernel sets take: every 97th float of [-200, 100] and the
+        // edges (ggml's |n| > 126 and > 192 branches, 0, -inf, NaN), as x - max with max 0
+        let mut xs: Vec<f32> = vec![0.0, -0.0, f32::NEG_INFINITY, f32::NAN, -87.3, -88.8, -103.9, -126.5, -133.0, -192.5, 88.7, 89.0];
+        let mut b = 0x8000_0000u32; // -0.0 upwards in magnitude to -200
+        while f32::from_bits(b) >= -200.0 {
+            xs.push(f32::from_bits(b));
+            b += 97 * 1024;
+        }
+        let mut b = 0u32; // 0 to 100
+        while f32::from_bits(b) <= 100.0 {
+            xs.push(f32::from_bits(b));
+            b += 97 * 1024;
+        }
+        xs.resize(xs.len().div_ceil(32) * 32, f32::NEG_INFINITY);
+        if !crate::quant::table::kernels().avx2_math {
+            return; // (the scalar form is the only one there)
+        }
+        #[cfg(target_arch = "x86_64")]
+        for m in [0.0f32, 3.5, -20.0] {
+            let mut w = xs.clone();
+            let mut sum = 0f64;
+            // SAFETY: avx2_math (checked above): AVX2 and FMA are present.
+            unsafe { crate::ops::act::exp_sub_avx2(&mut w, m, &mut sum) };
+            let mut want = 0f64;
+            for (g, wg) in xs.chunks_exact(8).zip(w.chunks_exact(8)) {
+                let e: Vec<f32> = g.iter().map(|&x| v_expf(x - m)).collect();
+                want += crate::ops::vec::hsum8_ggml(&e) as f64;
+                for (k, (a, b)) in wg.iter().zip(&e).enumerate() {
+                    assert!(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(), "exp({} - {m}): {a} against {b}", g[k]);
+                }
+            }
+            assert!(sum.to_bits() == want.to_bits() || sum.is_nan() && want.is_nan());
+        }
     }
 
     #[test]
