@@ -1208,6 +1208,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     pool.run(&|ith, nth| {
         let (mut qq, mut qf, mut ok, mut ranges, mut woff): (Vec<u8>, Vec<f32>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
         let (mut wp, mut acc, mut krow, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
+        let (mut qs, mut qs16, mut act): (Vec<f32>, Vec<f32>, Vec<usize>) = Default::default();
         krow.resize(hk, 0.0);
         k16.resize(hk, 0);
         vrow.resize(hv, 0.0);
@@ -1225,10 +1226,12 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             ranges.clear();
             woff.clear();
             let mut nw = 0;
+            qs.clear();
             for t in t0..t1 {
                 for j in 0..sub {
                     let i = (t - t0) * sub + j;
                     let qh = &q[t * qw + (h0 + j) * hk..t * qw + (h0 + j + 1) * hk];
+                    qs.extend_from_slice(qh);
                     ok.push(nk.query(qh, &mut qq[i * qrow..(i + 1) * qrow], &mut qf[i * hk..(i + 1) * hk]));
                     ranges.push(vis[t]);
                     woff.push(nw);
@@ -1239,17 +1242,20 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             wp.resize(nw, f32::NEG_INFINITY);
             let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            // the scores, each K row made ready once for the pass's queries
+            // the scores, each K row made ready once for the pass's queries (a decode
+            // step's pass: one range, the same queries at every key)
+            let uniform = ranges.iter().all(|&r| r == ranges[0]);
             for j in jlo..jhi {
                 let cell = keys[j].1 as usize;
                 let kb = &kall[kbase + cell * row_k..][..kbytes];
                 nk.key(kb, &mut krow, &mut k16);
-                for i in 0..nq {
-                    if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
-                        let (t, jq) = (t0 + i / sub, h0 + i % sub);
-                        let qh = &q[t * qw + jq * hk..t * qw + (jq + 1) * hk];
-                        wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
-                    }
+                if !uniform || j == jlo {
+                    act.clear();
+                    act.extend((0..nq).filter(|&i| ranges[i].0 <= j && j < ranges[i].1 && ok[i]));
+                }
+                for &i in &act {
+                    let qh = &qs[i * hk..(i + 1) * hk];
+                    wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
                 }
             }
             // soft_max per query, then p in V's type (F16: rounded to f16)
@@ -1261,7 +1267,9 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                 let w = &mut wp[woff[i]..woff[i] + n.div_ceil(32) * 32];
                 nonfa_softmax(w, p.sinks.map(|sk| sk[h0 + i % sub]));
                 if tv == GgmlType::F16 {
-                    w.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+                    qs16.clear();
+                    qs16.extend_from_slice(w);
+                    vec::round_f16(w, &qs16);
                 }
             }
             // V^T p: each V row dequantized once, added into every query's lane row
@@ -1270,12 +1278,14 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             for j in jlo..jhi {
                 let cell = keys[j].1 as usize;
                 let _ = quant::dequantize_row(tv, &vall[vbase + cell * row_v..][..vbytes], &mut vrow);
-                for i in 0..nq {
-                    if ranges[i].0 <= j && j < ranges[i].1 && ok[i] {
-                        let jj = j - ranges[i].0;
-                        let l = i * lanes + jj % lanes;
-                        vec::fma_axpy(&mut acc[l * hv..(l + 1) * hv], wp[woff[i] + jj], &vrow);
-                    }
+                if !uniform || j == jlo {
+                    act.clear();
+                    act.extend((0..nq).filter(|&i| ranges[i].0 <= j && j < ranges[i].1 && ok[i]));
+                }
+                for &i in &act {
+                    let jj = j - ranges[i].0;
+                    let l = i * lanes + (jj & (lanes - 1)); // lanes: 8 or 32
+                    vec::fma_axpy(&mut acc[l * hv..(l + 1) * hv], wp[woff[i] + jj], &vrow);
                 }
             }
             for i in 0..nq {
