@@ -104,12 +104,13 @@ fn main() {
 
 /// A whole decode step's attention over a cache too big for any cache level: every layer
 /// of the model (SmolLM2: 30 layers of 9 heads / 3 KV of dim 64; Gemma 3: 18 of 4 / 1 of
-/// 256) at depth 4096, an F16 and a Q8_0 cache, 1 and 2 threads, wall time per step (the best
+/// 256) at depth 4096, an F16 and a Q8_0 cache, and an F16 cache with flash attention off
+/// (llama.cpp's mul_mat / soft_max / mul_mat), 1 and 2 threads, wall time per step (the best
 /// mean of 5 x 10 steps). `only`: just the lines that contain it.
 fn decode_steps(rnd: &mut impl FnMut() -> f32, only: Option<&str>) {
     let models = [("smollm2", 30usize, 9usize, 3usize, 64usize), ("gemma3", 18, 4, 1, 256)];
-    for ((name, n_layer, n_head, n_head_kv, hd), ty) in models.into_iter().flat_map(|m| [(m, GgmlType::F16), (m, GgmlType::Q8_0)]) {
-        let label = format!("{name} {} cache decode step d4096", ty.name().to_lowercase());
+    for ((name, n_layer, n_head, n_head_kv, hd), ty, fa) in models.into_iter().flat_map(|m| [(m, GgmlType::F16, true), (m, GgmlType::Q8_0, true), (m, GgmlType::F16, false)]) {
+        let label = format!("{name} {} cache{} decode step d4096", ty.name().to_lowercase(), if fa { "" } else { " -fa off" });
         if only.is_some_and(|o| !label.contains(o)) {
             continue;
         }
@@ -117,7 +118,7 @@ fn decode_steps(rnd: &mut impl FnMut() -> f32, only: Option<&str>) {
         let size = (depth + 1).div_ceil(256) * 256;
         let kw = n_head_kv * hd;
         let mut kv = KvCache::new(&vec![kw; n_layer], &vec![kw; n_layer], size, 1, 1, ty, ty).unwrap();
-        kv.flash_attn = true;
+        kv.flash_attn = fa;
         let mut row = vec![0f32; kw];
         for il in 0..n_layer {
             let (rk, rv) = (kv.row_k[il], kv.row_v[il]);

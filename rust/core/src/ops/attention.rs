@@ -1246,6 +1246,9 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             // step's pass: one range, the same queries at every key)
             let uniform = ranges.iter().all(|&r| r == ranges[0]);
             for j in jlo..jhi {
+                if j + NONFA_PF < jhi {
+                    prefetch_row(&kall[kbase + keys[j + NONFA_PF].1 as usize * row_k..][..kbytes]);
+                }
                 let cell = keys[j].1 as usize;
                 let kb = &kall[kbase + cell * row_k..][..kbytes];
                 nk.key(kb, &mut krow, &mut k16);
@@ -1276,6 +1279,9 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             acc.clear();
             acc.resize(nq * lanes * hv, 0.0);
             for j in jlo..jhi {
+                if j + NONFA_PF < jhi {
+                    prefetch_row(&vall[vbase + keys[j + NONFA_PF].1 as usize * row_v..][..vbytes]);
+                }
                 let cell = keys[j].1 as usize;
                 let _ = quant::dequantize_row(tv, &vall[vbase + cell * row_v..][..vbytes], &mut vrow);
                 if !uniform || j == jlo {
@@ -1311,6 +1317,21 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         }
     });
     true
+}
+
+/// Keys ahead that the flash-attention-off passes prefetch their K and V rows.
+const NONFA_PF: usize = 8;
+
+/// Asks for the cache lines of `b` (a K or V row) ahead of use (x86-64; elsewhere nothing).
+#[inline(always)]
+fn prefetch_row(b: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..b.len()).step_by(64).chain(std::iter::once(b.len().saturating_sub(1))) {
+        // SAFETY: a prefetch of an address inside `b` (a hint: it never faults)
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(b.as_ptr().add(off) as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = b;
 }
 
 /// How llama.cpp's mul_mat(K, q) takes K with flash attention off, per K type and batch:
