@@ -1129,6 +1129,38 @@ unsafe fn tinyblas_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     crate::ops::vec::hsum8_ggml(&l)
 }
 
+/// `tinyblas_dot(a, b[r])` for four rows b[0..4] at once (independent chains side by side:
+/// the same fused steps and sums per row, so the same bits).
+pub(crate) fn tinyblas_dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::table::kernels().avx2_math && b.iter().all(|r| r.len() >= a.len()) {
+        // SAFETY: avx2_math: the CPU has AVX2 and FMA; the rows are as long as a (checked).
+        return unsafe { tinyblas_dot4_avx2(a, b) };
+    }
+    b.map(|r| tinyblas_dot(a, r))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tinyblas_dot4_avx2(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = a.len() / 8 * 8;
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < n {
+        let x = _mm256_loadu_ps(a.as_ptr().add(i));
+        for (cr, r) in c.iter_mut().zip(&b) {
+            *cr = _mm256_fmadd_ps(x, _mm256_loadu_ps(r.as_ptr().add(i)), *cr);
+        }
+        i += 8;
+    }
+    c.map(|cr| {
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), cr);
+        crate::ops::vec::hsum8_ggml(&l)
+    })
+}
+
 fn tinyblas_dot_ref(a: &[f32], b: &[f32]) -> f32 {
     let mut c = [0f32; 8];
     for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
@@ -1256,7 +1288,19 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                     act.clear();
                     act.extend((0..nq).filter(|&i| ranges[i].0 <= j && j < ranges[i].1 && ok[i]));
                 }
-                for &i in &act {
+                let mut a0 = 0;
+                if nk.tiny {
+                    // tinyBLAS four queries at a time (its one-accumulator chains side by side)
+                    while a0 + 4 <= act.len() {
+                        let ii = [act[a0], act[a0 + 1], act[a0 + 2], act[a0 + 3]];
+                        let d = tinyblas_dot4(&krow, ii.map(|i| &qf[i * hk..(i + 1) * hk]));
+                        for (&i, &dv) in ii.iter().zip(&d) {
+                            wp[woff[i] + j - ranges[i].0] = nonfa_score(p, dv);
+                        }
+                        a0 += 4;
+                    }
+                }
+                for &i in &act[a0..] {
                     let qh = &qs[i * hk..(i + 1) * hk];
                     wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
                 }
