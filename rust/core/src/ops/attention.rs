@@ -1276,7 +1276,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
             // the scores, each K row made ready once for the pass's queries (a decode
             // step's pass: one range, the same queries at every key)
-            let uniform = ranges.iter().all(|&r| r == ranges[0]);
+            let mut change = jlo;
             for j in jlo..jhi {
                 if j + NONFA_PF < jhi {
                     prefetch_row(&kall[kbase + keys[j + NONFA_PF].1 as usize * row_k..][..kbytes]);
@@ -1284,9 +1284,8 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                 let cell = keys[j].1 as usize;
                 let kb = &kall[kbase + cell * row_k..][..kbytes];
                 nk.key(kb, &mut krow, &mut k16);
-                if !uniform || j == jlo {
-                    act.clear();
-                    act.extend((0..nq).filter(|&i| ranges[i].0 <= j && j < ranges[i].1 && ok[i]));
+                if j == change {
+                    change = active_at(&ranges, &ok, j, &mut act);
                 }
                 let mut a0 = 0;
                 if nk.tiny {
@@ -1322,15 +1321,15 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             // V^T p: each V row dequantized once, added into every query's lane row
             acc.clear();
             acc.resize(nq * lanes * hv, 0.0);
+            let mut change = jlo;
             for j in jlo..jhi {
                 if j + NONFA_PF < jhi {
                     prefetch_row(&vall[vbase + keys[j + NONFA_PF].1 as usize * row_v..][..vbytes]);
                 }
                 let cell = keys[j].1 as usize;
                 let _ = quant::dequantize_row(tv, &vall[vbase + cell * row_v..][..vbytes], &mut vrow);
-                if !uniform || j == jlo {
-                    act.clear();
-                    act.extend((0..nq).filter(|&i| ranges[i].0 <= j && j < ranges[i].1 && ok[i]));
+                if j == change {
+                    change = active_at(&ranges, &ok, j, &mut act);
                 }
                 for &i in &act {
                     let jj = j - ranges[i].0;
@@ -1376,6 +1375,24 @@ fn prefetch_row(b: &[u8]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = b;
+}
+
+/// The queries (of `ranges`, those `ok`) whose range holds key j, into `act`; returns the
+/// next key at which that set can change (a range's start or end after j).
+fn active_at(ranges: &[(usize, usize)], ok: &[bool], j: usize, act: &mut Vec<usize>) -> usize {
+    act.clear();
+    let mut next = usize::MAX;
+    for (i, &(lo, hi)) in ranges.iter().enumerate() {
+        if lo > j {
+            next = next.min(lo);
+        } else if hi > j {
+            next = next.min(hi);
+            if ok[i] {
+                act.push(i);
+            }
+        }
+    }
+    next
 }
 
 /// How llama.cpp's mul_mat(K, q) takes K with flash attention off, per K type and batch:
