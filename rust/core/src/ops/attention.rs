@@ -1873,6 +1873,37 @@ mod tests {
         }
     }
 
+    /// A cache of 64 cells in two streams with random rows of types (tk, tv) (kw values per
+    /// row), and a batch over it: two sequences (streams 0 and 1) with keys at positions
+    /// 0..48 in scattered cells; tokens of sequence 0 at 20..40, then 47, 5, 30, and of
+    /// sequence 1 at 44..48.
+    struct TwoStreams {
+        kv: KvCache,
+        keys: Vec<(i32, u32)>,
+        qpos: Vec<i32>,
+        stream: Vec<u32>,
+        key_range: Vec<(u32, u32)>,
+    }
+
+    const TWO_STREAMS_SIZE: usize = 64;
+
+    fn two_streams(tk: GgmlType, tv: GgmlType, kw: usize, flash: bool, r: &mut Rng) -> TwoStreams {
+        let (size, n_keys) = (TWO_STREAMS_SIZE, 48usize);
+        let mut kv = KvCache::new(&[kw], &[kw], size, 2, 2, tk, tv).unwrap();
+        kv.flash_attn = flash;
+        for (buf, ty, rb) in [(&mut kv.k[0], tk, kv.row_k[0]), (&mut kv.v[0], tv, kv.row_v[0])] {
+            for row in buf.chunks_exact_mut(rb) {
+                quant::quantize_row(ty, &r.vec(kw, 2.0), row).unwrap();
+            }
+        }
+        let keys0 = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32));
+        let keys1 = (0..n_keys).map(|p| (p as i32, ((p * 5 + 3) % size) as u32));
+        let keys: Vec<(i32, u32)> = keys0.chain(keys1).collect();
+        let seqs: Vec<(i32, u32)> = (20..40).chain([47, 5, 30]).map(|p| (p, 0)).chain((44..48).map(|p| (p, 1))).collect();
+        let key_range = seqs.iter().map(|x| (x.1 * n_keys as u32, (x.1 + 1) * n_keys as u32)).collect();
+        TwoStreams { kv, keys, qpos: seqs.iter().map(|x| x.0).collect(), stream: seqs.iter().map(|x| x.1).collect(), key_range }
+    }
+
     #[test]
     fn quant_passes_are_bit_identical_to_the_one_query_kernel() {
         // A quantized K and V (llama.cpp's one_chunk kernel: K's vec_dot, V dequantized and
@@ -1881,7 +1912,7 @@ mod tests {
         // kernel's bits, for causal / sliding-window / chunked masks, softcap and sinks, two
         // sequences in two streams, and a query holding a NaN. Through
         // `attention` itself, so the dispatch is checked too.
-        let (size, n_keys) = (64usize, 48usize);
+        let size = TWO_STREAMS_SIZE;
         let cases = [
             (GgmlType::Q8_0, GgmlType::Q8_0, 6usize, 2usize, 64usize),
             (GgmlType::Q4_0, GgmlType::Q5_1, 9, 3, 32),
@@ -1890,24 +1921,8 @@ mod tests {
             (GgmlType::Q4_1, GgmlType::Q8_0, 2, 1, 256),
         ];
         for (tk, tv, n_head, n_head_kv, hd) in cases {
-            let kw = n_head_kv * hd;
             let mut r = Rng::new(31 + hd as u64 + n_head as u64);
-            let mut kv = KvCache::new(&[kw], &[kw], size, 2, 2, tk, tv).unwrap();
-            kv.flash_attn = true;
-            for (buf, ty, rb) in [(&mut kv.k[0], tk, kv.row_k[0]), (&mut kv.v[0], tv, kv.row_v[0])] {
-                for row in buf.chunks_exact_mut(rb) {
-                    quant::quantize_row(ty, &r.vec(kw, 2.0), row).unwrap();
-                }
-            }
-            // two sequences (streams 0 and 1), keys at positions 0..48 in scattered cells;
-            // the batch: tokens of sequence 0 at 20..40, then 47, 5, 30, and of sequence 1 at 44..48
-            let keys0: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
-            let keys1: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5 + 3) % size) as u32)).collect();
-            let keys: Vec<(i32, u32)> = keys0.iter().chain(&keys1).copied().collect();
-            let seqs: Vec<(i32, usize)> = (20..40).chain([47, 5, 30]).map(|p| (p, 0)).chain((44..48).map(|p| (p, 1))).collect();
-            let qpos: Vec<i32> = seqs.iter().map(|x| x.0).collect();
-            let stream: Vec<u32> = seqs.iter().map(|x| x.1 as u32).collect();
-            let key_range: Vec<(u32, u32)> = seqs.iter().map(|x| (x.1 as u32 * n_keys as u32, (x.1 as u32 + 1) * n_keys as u32)).collect();
+            let TwoStreams { kv, keys, qpos, stream, key_range } = two_streams(tk, tv, n_head_kv * hd, true, &mut r);
             let n_q = qpos.len();
             let mut q = r.vec(n_q * n_head * hd, 1.5);
             q[3 * n_head * hd + 1] = f32::NAN; // in token 3's first head
@@ -1965,7 +1980,7 @@ mod tests {
         // with an F16 or F32 V, causal / sliding-window / chunked masks, softcap and sinks,
         // two sequences in two streams, a query holding a NaN, 1..3 threads. Through
         // `attention`, so the dispatch is checked too.
-        let (size, n_keys) = (64usize, 48usize);
+        let size = TWO_STREAMS_SIZE;
         let cases = [
             (GgmlType::F16, GgmlType::F16, 9usize, 3usize, 64usize),
             (GgmlType::F16, GgmlType::F16, 4, 1, 40),
@@ -1975,22 +1990,8 @@ mod tests {
             (GgmlType::IQ4_NL, GgmlType::F32, 3, 3, 32),
         ];
         for (tk, tv, n_head, n_head_kv, hd) in cases {
-            let kw = n_head_kv * hd;
             let mut r = Rng::new(77 + hd as u64 + n_head as u64);
-            let mut kv = KvCache::new(&[kw], &[kw], size, 2, 2, tk, tv).unwrap();
-            kv.flash_attn = false;
-            for (buf, ty, rb) in [(&mut kv.k[0], tk, kv.row_k[0]), (&mut kv.v[0], tv, kv.row_v[0])] {
-                for row in buf.chunks_exact_mut(rb) {
-                    quant::quantize_row(ty, &r.vec(kw, 2.0), row).unwrap();
-                }
-            }
-            let keys0: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 7) % size) as u32)).collect();
-            let keys1: Vec<(i32, u32)> = (0..n_keys).map(|p| (p as i32, ((p * 5 + 3) % size) as u32)).collect();
-            let keys: Vec<(i32, u32)> = keys0.iter().chain(&keys1).copied().collect();
-            let seqs: Vec<(i32, usize)> = (20..40).chain([47, 5, 30]).map(|p| (p, 0)).chain((44..48).map(|p| (p, 1))).collect();
-            let qpos: Vec<i32> = seqs.iter().map(|x| x.0).collect();
-            let stream: Vec<u32> = seqs.iter().map(|x| x.1 as u32).collect();
-            let key_range: Vec<(u32, u32)> = seqs.iter().map(|x| (x.1 as u32 * n_keys as u32, (x.1 as u32 + 1) * n_keys as u32)).collect();
+            let TwoStreams { kv, keys, qpos, stream, key_range } = two_streams(tk, tv, n_head_kv * hd, false, &mut r);
             let n_q = qpos.len();
             let mut q = r.vec(n_q * n_head * hd, 1.5);
             q[3 * n_head * hd + 1] = f32::NAN;

@@ -569,11 +569,8 @@ mod tests {
         // the block kernel against the per-key steps it stands for (the kernel set's
         // axpy_f32 and the scalar scale), head sizes with and without 8-lane tails, blocks
         // of 1-8 keys, scaled and unscaled keys
-        let mut seed = 7u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
+        let mut r = crate::testutil::Rng::new(7);
+        let mut rnd = || 0.5 * r.next_f32();
         for n in [1usize, 7, 8, 31, 64, 72, 136, 256, 257] {
             for nb in 1..=8 {
                 let x: Vec<f32> = (0..n * nb).map(|_| 3.0 * rnd()).collect();
@@ -683,16 +680,10 @@ pub fn fma_axpy(y: &mut [f32], a: f32, x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
-    use std::arch::x86_64::*;
     let n = y.len().min(x.len());
     let n8 = n / 8 * 8;
-    let va = _mm256_set1_ps(a);
-    let mut i = 0;
-    while i < n8 {
-        let p = y.as_mut_ptr().add(i);
-        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i)), va, _mm256_loadu_ps(p)));
-        i += 8;
-    }
+    // axpy_f32's 8-lane steps are fused; only its tail is not
+    x86::axpy_f32_avx2(&mut y[..n8], a, &x[..n8]);
     for i in n8..n {
         y[i] = fmaf_x86(x[i], a, y[i]);
     }
