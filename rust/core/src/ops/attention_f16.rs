@@ -161,10 +161,15 @@ pub(crate) fn run(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u1
                 scr.fl.clear();
                 scr.fl.resize(x86::fl_rows(nq) * x86::KB, 0);
                 // SAFETY: as below; buffer sizes set here.
-                if x86::transposed_scores(nq, hk) {
-                    unsafe { x86::run_avx512_blocked::<true>(p, qb, ranges, acc, m, ssum, scr) };
-                } else {
-                    unsafe { x86::run_avx512_blocked::<false>(p, qb, ranges, acc, m, ssum, scr) };
+                // (the ymm accumulation on AMD only for passes of more than STEADY_Q queries:
+                // a decode step's few queries have too few independent accumulator chains to
+                // cover the round trip's latency at half the width; Gemma 3's decode step at
+                // depth 4096 took 0.242 -> 0.296 ms per layer with it)
+                match (x86::transposed_scores(nq, hk), amd && nq > x86::STEADY_Q) {
+                    (true, true) => unsafe { x86::run_avx512_blocked::<true, true>(p, qb, ranges, acc, m, ssum, scr) },
+                    (true, false) => unsafe { x86::run_avx512_blocked::<true, false>(p, qb, ranges, acc, m, ssum, scr) },
+                    (false, true) => unsafe { x86::run_avx512_blocked::<false, true>(p, qb, ranges, acc, m, ssum, scr) },
+                    (false, false) => unsafe { x86::run_avx512_blocked::<false, false>(p, qb, ranges, acc, m, ssum, scr) },
                 }
             } else if !crate::quant::kernel_set().is_avx512() && hk % 32 == 0 && hv % 16 == 0 && (hk <= 64 || nq >= 8) {
                 // blocked: head dim 64 at any pass size (a 4096-key decode step of 1..4
@@ -999,6 +1004,39 @@ mod x86 {
                 return 4;
             }
         }
+        accumulate_flagged_512(acc, hv, nq, i0, nb, vr, fl, ms, vs);
+        4
+    }
+
+    /// `accumulate_4` for AMD (`run_avx512_blocked`'s `Y`): V rows given as ymm; the steady
+    /// state (a whole block, every flag 1: 24 independent accumulator chains of 8 lanes) on
+    /// ymm with the f16 stores from a register (`accumulate_steady_avx2::<_, true>`), the
+    /// flagged steps on zmm as `accumulate_4` (at most 16 chains, which half-width steps
+    /// leave latency-bound: SmolLM2's depth-0 prefill, whose causal blocks are mostly
+    /// partial, ran 4-10% slower with them on ymm too). The same steps per lane either way.
+    #[inline(always)]
+    unsafe fn accumulate_4_amd<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
+        assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
+        if nb == KB {
+            let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
+            if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
+                accumulate_steady_avx2::<STEADY_Q, true, V>(acc, hv, i0, vr, vs);
+                return STEADY_Q;
+            }
+            if i0 + 4 <= nq && all_one(4) {
+                accumulate_steady_avx2::<4, true, V>(acc, hv, i0, vr, vs);
+                return 4;
+            }
+        }
+        let vz = |kk: usize, off: usize| _mm512_insertf32x8::<1>(_mm512_castps256_ps512(vr(kk, off)), vr(kk, off + 8));
+        accumulate_flagged_512(acc, hv, nq, i0, nb, &vz, fl, ms, vs);
+        4
+    }
+
+    /// The flagged V accumulation of `accumulate_4`: per key and query its flag (0: none, 1:
+    /// a mad, 2: the accumulator scaled first), 64 lanes at a time.
+    #[inline(always)]
+    unsafe fn accumulate_flagged_512<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) {
         let mut c = 0;
         while c < hv {
             for kk in 0..nb {
@@ -1029,7 +1067,6 @@ mod x86 {
             }
             c += 64;
         }
-        4
     }
 
     /// The blocked pass (blocks of KB keys): the block's K and V rows converted once; the
@@ -1211,8 +1248,14 @@ mod x86 {
     /// hk % 32 == 0, hv % 64 ==
     /// 0; scratch sized by the caller (kf, vf: KB rows; sc, ms, vs: nq * KB; fl: `fl_rows(nq)`
     /// times KB, zeroed).
+    ///
+    /// With `Y` (AMD) the steady V accumulation runs on ymm with the f16 stores from a
+    /// register (`accumulate_4_amd`): Zen 4 splits a zmm conversion into its two halves and
+    /// more (a loop of 24 independent accumulator steps, per 16 lanes: zmm memory forms 3.4
+    /// cycles, zmm register forms 3.4, ymm register forms 2.7; `vcvtps2ph` to memory 1.6-1.8
+    /// cycles a ymm against 0.75 to a register). The same steps per lane: the same bits.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub(super) unsafe fn run_avx512_blocked<const T: bool>(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
+    pub(super) unsafe fn run_avx512_blocked<const T: bool, const Y: bool>(p: &Pass, qb: &[f32], ranges: &[(usize, usize)], acc: &mut [u16], m: &mut [f32], ssum: &mut [f32], scr: &mut Scratch) {
         #[inline(always)]
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_cmp_ps_mask::<_CMP_GT_OQ>(sv, mv) == 0
@@ -1225,7 +1268,19 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             ld16(p)
         }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4, staged, direct)
+        #[inline(always)]
+        unsafe fn staged8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn direct8(p: *const u16) -> __m256 {
+            ld8(p)
+        }
+        if Y {
+            blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4_amd, staged8, direct8)
+        } else {
+            blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4, staged, direct)
+        }
     }
 
     /// The scores of the first `nq` (<= `group_q_avx2(hk)`) queries of `q` against the
@@ -1465,7 +1520,7 @@ mod x86 {
     }
 
     /// Queries per steady-state accumulation step of the AVX2 blocked kernel.
-    const STEADY_Q: usize = 6;
+    pub(super) const STEADY_Q: usize = 6;
 
     /// `run_avx512_blocked` with AVX2 (+ FMA, F16C) only: the block's K and V rows converted
     /// once, the block's scores per group of queries (`scores_group_avx2`), per query its
