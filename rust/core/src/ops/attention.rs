@@ -1241,6 +1241,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         let (mut qq, mut qf, mut ok, mut ranges, mut woff): (Vec<u8>, Vec<f32>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
         let (mut wp, mut acc, mut krow, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
         let (mut qs, mut qs16, mut act): (Vec<f32>, Vec<f32>, Vec<usize>) = Default::default();
+        let mut rows: Vec<(usize, f32)> = Vec::new();
         krow.resize(hk, 0.0);
         k16.resize(hk, 0);
         vrow.resize(hv, 0.0);
@@ -1318,9 +1319,15 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                     vec::round_f16(w, &qs16);
                 }
             }
-            // V^T p: each V row dequantized once, added into every query's lane row
+            // V^T p: each V row dequantized once, added into every query's lane row (one
+            // call for all of them, the row in registers). A query's lane rows are qst
+            // floats after the previous query's: one cache line more than its lanes x hv,
+            // so that the rows of queries two apart (lanes x hv = 512 floats for SmolLM2's
+            // 8 x 64) do not share their address's low 12 bits (4K aliasing between a
+            // row's store and the next row's load)
+            let qst = lanes * hv + 16;
             acc.clear();
-            acc.resize(nq * lanes * hv, 0.0);
+            acc.resize(nq * qst, 0.0);
             let mut change = jlo;
             for j in jlo..jhi {
                 if j + NONFA_PF < jhi {
@@ -1331,11 +1338,12 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                 if j == change {
                     change = active_at(&ranges, &ok, j, &mut act);
                 }
-                for &i in &act {
+                rows.clear();
+                rows.extend(act.iter().map(|&i| {
                     let jj = j - ranges[i].0;
-                    let l = i * lanes + (jj & (lanes - 1)); // lanes: 8 or 32
-                    vec::fma_axpy(&mut acc[l * hv..(l + 1) * hv], wp[woff[i] + jj], &vrow);
-                }
+                    (i * qst + (jj & (lanes - 1)) * hv, wp[woff[i] + jj]) // lanes: 8 or 32
+                }));
+                vec::fma_axpy_rows(&mut acc, &rows, &vrow);
             }
             for i in 0..nq {
                 let (t, h) = (t0 + i / sub, h0 + i % sub);
@@ -1347,7 +1355,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                 } else if !ok[i] {
                     o.fill(f32::NAN);
                 } else {
-                    let a = &mut acc[i * lanes * hv..(i + 1) * lanes * hv];
+                    let a = &mut acc[i * qst..i * qst + lanes * hv];
                     vrow.fill(0.0);
                     // the mask's padding: zero rows, zero weights, as the column dots take them
                     for jj in n..n.div_ceil(32) * 32 {

@@ -1015,6 +1015,7 @@ mod x86 {
     /// leave latency-bound: SmolLM2's depth-0 prefill, whose causal blocks are mostly
     /// partial, ran 4-10% slower with them on ymm too). The same steps per lane either way.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn accumulate_4_amd<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
         if nb == KB {
@@ -1036,6 +1037,7 @@ mod x86 {
     /// The flagged V accumulation of `accumulate_4`: per key and query its flag (0: none, 1:
     /// a mad, 2: the accumulator scaled first), 64 lanes at a time.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn accumulate_flagged_512<V: Fn(usize, usize) -> __m512>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) {
         let mut c = 0;
         while c < hv {

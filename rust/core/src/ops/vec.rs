@@ -592,6 +592,37 @@ mod tests {
     }
 
     #[test]
+    fn fma_axpy_rows_is_fma_axpy_per_row_bit_for_bit() {
+        // the one-call form against fma_axpy row by row: lengths with and without the 32-
+        // and 8-element tails, 0-5 rows at scattered, padded offsets, values whose fused and
+        // unfused results differ
+        let mut r = crate::testutil::Rng::new(11);
+        let mut rnd = || r.next_f32();
+        for n in [1usize, 5, 8, 13, 32, 40, 64, 71, 96, 256] {
+            for nr in 0..=5usize {
+                let stride = n + 3 + nr;
+                let x: Vec<f32> = (0..n).map(|_| 1.0 + rnd() / 3.0).collect();
+                let rows: Vec<(usize, f32)> = (0..nr).map(|k| ((nr - k) * stride % (nr * stride + 1) + k % 2, 1.0 / 3.0 + rnd())).collect();
+                let y0: Vec<f32> = (0..(nr + 1) * stride + 2).map(|_| rnd()).collect();
+                let mut y1 = y0.clone();
+                fma_axpy_rows(&mut y1, &rows, &x);
+                let mut y2 = y0.clone();
+                for &(off, a) in &rows {
+                    fma_axpy(&mut y2[off..off + n], a, &x);
+                }
+                assert_eq!(y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, {nr} rows");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a row past y")]
+    fn fma_axpy_rows_refuses_a_row_past_y() {
+        let mut y = vec![0f32; 10];
+        fma_axpy_rows(&mut y, &[(0, 1.0), (3, 1.0)], &[1.0; 8]);
+    }
+
+    #[test]
     fn round_f16_equals_half_bit_for_bit() {
         // the vector rounding of the f16 attention's queries against `half` element by
         // element: ties, the subnormal and overflow edges, infinities, NaNs, odd tails
@@ -686,6 +717,62 @@ unsafe fn fma_axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
     x86::axpy_f32_avx2(&mut y[..n8], a, &x[..n8]);
     for i in n8..n {
         y[i] = fmaf_x86(x[i], a, y[i]);
+    }
+}
+
+/// `fma_axpy(&mut y[off..off + x.len()], a, x)` for every `(off, a)` of `rows` (rows that do
+/// not overlap), x read once for all of them: on AVX2 + FMA, 32 elements of x held in
+/// registers while every row takes its four fused steps. Per element the same single fma
+/// as `fma_axpy`, so the same bits. Panics if a row reaches past y.
+pub fn fma_axpy_rows(y: &mut [f32], rows: &[(usize, f32)], x: &[f32]) {
+    let n = x.len();
+    assert!(rows.iter().all(|&(off, _)| off.checked_add(n).is_some_and(|e| e <= y.len())), "fma_axpy_rows: a row past y ({} values)", y.len());
+    debug_assert!({
+        let mut o: Vec<usize> = rows.iter().map(|r| r.0).collect();
+        o.sort_unstable();
+        o.windows(2).all(|w| w[1] >= w[0] + n)
+    });
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above); every row lies inside y (asserted).
+        unsafe { fma_axpy_rows_avx2(y, rows, x) };
+        return;
+    }
+    for &(off, a) in rows {
+        fma_axpy(&mut y[off..off + n], a, x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_axpy_rows_avx2(y: &mut [f32], rows: &[(usize, f32)], x: &[f32]) {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    let mut i = 0;
+    while i + 32 <= n {
+        let v: [__m256; 4] = std::array::from_fn(|u| _mm256_loadu_ps(xp.add(i + 8 * u)));
+        for &(off, a) in rows {
+            let va = _mm256_set1_ps(a);
+            let p = yp.add(off + i);
+            for (u, vu) in v.iter().enumerate() {
+                _mm256_storeu_ps(p.add(8 * u), _mm256_fmadd_ps(*vu, va, _mm256_loadu_ps(p.add(8 * u))));
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let v = _mm256_loadu_ps(xp.add(i));
+        for &(off, a) in rows {
+            let p = yp.add(off + i);
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(v, _mm256_set1_ps(a), _mm256_loadu_ps(p)));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        for &(off, a) in rows {
+            *yp.add(off + k) = fmaf_x86(*xp.add(k), a, *yp.add(off + k));
+        }
     }
 }
 
