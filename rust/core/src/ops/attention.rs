@@ -1230,6 +1230,10 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         return false;
     };
     let lanes = if gemm { 8 } else { 32 };
+    // V's row dequantizer, looked up once (rows of vbytes into hv values by construction)
+    let Some(vdq) = quant::table::kernels().get(tv).dequant else {
+        return false;
+    };
     let group = p.n_head / p.n_head_kv;
     let (qw, ow) = (p.n_head * hk, p.n_head * hv);
     let (kall, vall) = (&kv.k[p.il][..], &kv.v[p.il][..]);
@@ -1242,6 +1246,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         let (mut wp, mut acc, mut krow, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
         let (mut qs, mut qs16, mut act): (Vec<f32>, Vec<f32>, Vec<usize>) = Default::default();
         let mut rows: Vec<(usize, f32)> = Vec::new();
+        let mut aq: Vec<(usize, usize, usize)> = Vec::new();
         krow.resize(hk, 0.0);
         k16.resize(hk, 0);
         vrow.resize(hv, 0.0);
@@ -1334,15 +1339,18 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                     prefetch_row(&vall[vbase + keys[j + NONFA_PF].1 as usize * row_v..][..vbytes]);
                 }
                 let cell = keys[j].1 as usize;
-                let _ = quant::dequantize_row(tv, &vall[vbase + cell * row_v..][..vbytes], &mut vrow);
+                vdq(&vall[vbase + cell * row_v..][..vbytes], &mut vrow);
                 if j == change {
                     change = active_at(&ranges, &ok, j, &mut act);
+                    // per active query: its lane rows' start, its first key, its weights
+                    aq.clear();
+                    aq.extend(act.iter().map(|&i| (i * qst, ranges[i].0, woff[i])));
+                    rows.resize(aq.len(), (0, 0.0));
                 }
-                rows.clear();
-                rows.extend(act.iter().map(|&i| {
-                    let jj = j - ranges[i].0;
-                    (i * qst + (jj & (lanes - 1)) * hv, wp[woff[i] + jj]) // lanes: 8 or 32
-                }));
+                for (r, &(a0, r0, wo)) in rows.iter_mut().zip(&aq) {
+                    let jj = j - r0;
+                    *r = (a0 + (jj & (lanes - 1)) * hv, wp[wo + jj]); // lanes: 8 or 32
+                }
                 vec::fma_axpy_rows(&mut acc, &rows, &vrow);
             }
             for i in 0..nq {
