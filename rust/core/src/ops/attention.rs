@@ -1129,35 +1129,44 @@ unsafe fn tinyblas_dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     crate::ops::vec::hsum8_ggml(&l)
 }
 
-/// `tinyblas_dot(a, b[r])` for four rows b[0..4] at once (independent chains side by side:
-/// the same fused steps and sums per row, so the same bits).
-pub(crate) fn tinyblas_dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+/// `tinyblas_dot(k_r, b[c])` for KN rows k_r = k[r * n..(r + 1) * n] (n = k.len() / KN) and
+/// four rows b[0..4], as tinyBLAS tiles its GEMMs: 4 x KN independent chains side by side,
+/// each row of k and b loaded once per 8 elements for all of them; the same fused steps and
+/// sums per pair, so the same bits. Panics if a row of b is shorter than n.
+pub(crate) fn tinyblas_tile<const KN: usize>(k: &[f32], b: [&[f32]; 4]) -> [[f32; 4]; KN] {
+    let n = k.len() / KN;
+    assert!(b.iter().all(|r| r.len() >= n), "tinyblas_tile: a row of b shorter than {n}");
     #[cfg(target_arch = "x86_64")]
-    if crate::quant::table::kernels().avx2_math && b.iter().all(|r| r.len() >= a.len()) {
-        // SAFETY: avx2_math: the CPU has AVX2 and FMA; the rows are as long as a (checked).
-        return unsafe { tinyblas_dot4_avx2(a, b) };
+    if crate::quant::table::kernels().avx2_math {
+        // SAFETY: avx2_math: the CPU has AVX2 and FMA; k holds KN rows of n, b's rows n or more (checked).
+        return unsafe { tinyblas_tile_avx2::<KN>(k, n, b) };
     }
-    b.map(|r| tinyblas_dot(a, r))
+    std::array::from_fn(|r| b.map(|q| tinyblas_dot(&k[r * n..(r + 1) * n], &q[..n])))
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tinyblas_dot4_avx2(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+unsafe fn tinyblas_tile_avx2<const KN: usize>(k: &[f32], n: usize, b: [&[f32]; 4]) -> [[f32; 4]; KN] {
     use std::arch::x86_64::*;
-    let n = a.len() / 8 * 8;
-    let mut c = [_mm256_setzero_ps(); 4];
+    let n8 = n / 8 * 8;
+    let mut c = [[_mm256_setzero_ps(); 4]; KN];
     let mut i = 0;
-    while i < n {
-        let x = _mm256_loadu_ps(a.as_ptr().add(i));
-        for (cr, r) in c.iter_mut().zip(&b) {
-            *cr = _mm256_fmadd_ps(x, _mm256_loadu_ps(r.as_ptr().add(i)), *cr);
+    while i < n8 {
+        let kv: [__m256; KN] = std::array::from_fn(|r| _mm256_loadu_ps(k.as_ptr().add(r * n + i)));
+        for (q, bq) in b.iter().enumerate() {
+            let x = _mm256_loadu_ps(bq.as_ptr().add(i));
+            for (cr, kr) in c.iter_mut().zip(&kv) {
+                cr[q] = _mm256_fmadd_ps(*kr, x, cr[q]);
+            }
         }
         i += 8;
     }
     c.map(|cr| {
-        let mut l = [0f32; 8];
-        _mm256_storeu_ps(l.as_mut_ptr(), cr);
-        crate::ops::vec::hsum8_ggml(&l)
+        cr.map(|cq| {
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), cq);
+            crate::ops::vec::hsum8_ggml(&l)
+        })
     })
 }
 
@@ -1247,6 +1256,7 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
         let (mut qs, mut qs16, mut act): (Vec<f32>, Vec<f32>, Vec<usize>) = Default::default();
         let mut rows: Vec<(usize, f32)> = Vec::new();
         let mut aq: Vec<(usize, usize, usize)> = Vec::new();
+        let mut kt: Vec<f32> = Vec::new();
         krow.resize(hk, 0.0);
         k16.resize(hk, 0);
         vrow.resize(hv, 0.0);
@@ -1281,33 +1291,62 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
             // the scores, each K row made ready once for the pass's queries (a decode
-            // step's pass: one range, the same queries at every key)
+            // step's pass: one range, the same queries at every key); tinyBLAS in tiles of
+            // four queries x up to NONFA_KT keys whose active set does not change
             let mut change = jlo;
-            for j in jlo..jhi {
-                if j + NONFA_PF < jhi {
-                    prefetch_row(&kall[kbase + keys[j + NONFA_PF].1 as usize * row_k..][..kbytes]);
-                }
-                let cell = keys[j].1 as usize;
-                let kb = &kall[kbase + cell * row_k..][..kbytes];
-                nk.key(kb, &mut krow, &mut k16);
-                if j == change {
-                    change = active_at(&ranges, &ok, j, &mut act);
-                }
-                let mut a0 = 0;
-                if nk.tiny {
-                    // tinyBLAS four queries at a time (its one-accumulator chains side by side)
+            if nk.tiny {
+                kt.resize(NONFA_KT * hk, 0.0);
+                let mut j = jlo;
+                while j < jhi {
+                    if j == change {
+                        change = active_at(&ranges, &ok, j, &mut act);
+                    }
+                    let kn = NONFA_KT.min(jhi - j).min(change - j);
+                    for kk in 0..kn {
+                        if j + kk + NONFA_PF < jhi {
+                            prefetch_row(&kall[kbase + keys[j + kk + NONFA_PF].1 as usize * row_k..][..kbytes]);
+                        }
+                        let kb = &kall[kbase + keys[j + kk].1 as usize * row_k..][..kbytes];
+                        nk.key(kb, &mut kt[kk * hk..(kk + 1) * hk], &mut k16);
+                    }
+                    let mut a0 = 0;
                     while a0 + 4 <= act.len() {
                         let ii = [act[a0], act[a0 + 1], act[a0 + 2], act[a0 + 3]];
-                        let d = tinyblas_dot4(&krow, ii.map(|i| &qf[i * hk..(i + 1) * hk]));
-                        for (&i, &dv) in ii.iter().zip(&d) {
-                            wp[woff[i] + j - ranges[i].0] = nonfa_score(p, dv);
+                        let qr = ii.map(|i| &qf[i * hk..(i + 1) * hk]);
+                        let mut put = |kk: usize, d: [f32; 4]| {
+                            for (&i, &dv) in ii.iter().zip(&d) {
+                                wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, dv);
+                            }
+                        };
+                        match kn {
+                            3 => tinyblas_tile::<3>(&kt[..3 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
+                            2 => tinyblas_tile::<2>(&kt[..2 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
+                            _ => put(0, tinyblas_tile::<1>(&kt[..hk], qr)[0]),
                         }
                         a0 += 4;
                     }
+                    for kk in 0..kn {
+                        for &i in &act[a0..] {
+                            wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, tinyblas_dot(&kt[kk * hk..(kk + 1) * hk], &qf[i * hk..(i + 1) * hk]));
+                        }
+                    }
+                    j += kn;
                 }
-                for &i in &act[a0..] {
-                    let qh = &qs[i * hk..(i + 1) * hk];
-                    wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
+            } else {
+                for j in jlo..jhi {
+                    if j + NONFA_PF < jhi {
+                        prefetch_row(&kall[kbase + keys[j + NONFA_PF].1 as usize * row_k..][..kbytes]);
+                    }
+                    let cell = keys[j].1 as usize;
+                    let kb = &kall[kbase + cell * row_k..][..kbytes];
+                    nk.key(kb, &mut krow, &mut k16);
+                    if j == change {
+                        change = active_at(&ranges, &ok, j, &mut act);
+                    }
+                    for &i in &act {
+                        let qh = &qs[i * hk..(i + 1) * hk];
+                        wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
+                    }
                 }
             }
             // soft_max per query, then p in V's type (F16: rounded to f16)
@@ -1377,6 +1416,10 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     });
     true
 }
+
+/// Keys per tinyBLAS score tile of the flash-attention-off passes (`tinyblas_tile`: 4 x 3
+/// accumulators, 3 K rows and a query row in the 16 ymm registers).
+const NONFA_KT: usize = 3;
 
 /// Keys ahead that the flash-attention-off passes prefetch their K and V rows.
 const NONFA_PF: usize = 8;
@@ -2164,6 +2207,23 @@ mod tests {
                 }
             }
             assert!(sum.to_bits() == want.to_bits() || sum.is_nan() && want.is_nan());
+        }
+    }
+
+    #[test]
+    fn tinyblas_tile_is_tinyblas_dot_per_pair_bit_for_bit() {
+        // every (key row, query row) of a 4 x KN tile against the one-pair dot, rows of 8-72
+        // elements, longer query rows (only their first n read)
+        let mut r = crate::testutil::Rng::new(5);
+        for n in [8usize, 16, 40, 64, 72] {
+            let q: Vec<Vec<f32>> = (0..4).map(|_| (0..n + 5).map(|_| r.next_f32() * 3.0).collect()).collect();
+            let k: Vec<f32> = (0..3 * n).map(|_| r.next_f32() * 3.0).collect();
+            let qr = [&q[0][..], &q[1][..], &q[2][..], &q[3][..]];
+            let want = |kk: usize, c: usize| tinyblas_dot(&k[kk * n..(kk + 1) * n], &q[c][..n]).to_bits();
+            let bits = |t: &[[f32; 4]]| t.iter().map(|d| d.map(f32::to_bits)).collect::<Vec<_>>();
+            assert_eq!(bits(&tinyblas_tile::<1>(&k[..n], qr)), vec![std::array::from_fn::<u32, 4, _>(|c| want(0, c))], "n {n}");
+            assert_eq!(bits(&tinyblas_tile::<2>(&k[..2 * n], qr)), (0..2).map(|kk| std::array::from_fn(|c| want(kk, c))).collect::<Vec<[u32; 4]>>(), "n {n}");
+            assert_eq!(bits(&tinyblas_tile::<3>(&k, qr)), (0..3).map(|kk| std::array::from_fn(|c| want(kk, c))).collect::<Vec<[u32; 4]>>(), "n {n}");
         }
     }
 
