@@ -1018,16 +1018,8 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     unsafe fn accumulate_4_amd<V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
-        if nb == KB {
-            let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
-            if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
-                accumulate_steady_avx2::<STEADY_Q, true, V>(acc, hv, i0, vr, vs);
-                return STEADY_Q;
-            }
-            if i0 + 4 <= nq && all_one(4) {
-                accumulate_steady_avx2::<4, true, V>(acc, hv, i0, vr, vs);
-                return 4;
-            }
+        if let Some(done) = steady_avx2::<true, V>(acc, hv, nq, i0, nb, vr, fl, vs) {
+            return done;
         }
         let vz = |kk: usize, off: usize| _mm512_insertf32x8::<1>(_mm512_castps256_ps512(vr(kk, off)), vr(kk, off + 8));
         accumulate_flagged_512(acc, hv, nq, i0, nb, &vz, fl, ms, vs);
@@ -1458,6 +1450,27 @@ mod x86 {
         }
     }
 
+    /// The steady state of `accumulate_4_avx2` and `accumulate_4_amd`: a whole block whose
+    /// flags are all 1 for the STEADY_Q (or 4) queries from i0, by `accumulate_steady_avx2`;
+    /// the queries done, or None where the block is not steady for them.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn steady_avx2<const R: bool, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], vs: &[f32]) -> Option<usize> {
+        if nb != KB {
+            return None;
+        }
+        let all_one = |n: usize| fl[i0 * KB..(i0 + n) * KB].iter().all(|&x| x == 1);
+        if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
+            accumulate_steady_avx2::<STEADY_Q, R, V>(acc, hv, i0, vr, vs);
+            Some(STEADY_Q)
+        } else if i0 + 4 <= nq && all_one(4) {
+            accumulate_steady_avx2::<4, R, V>(acc, hv, i0, vr, vs);
+            Some(4)
+        } else {
+            None
+        }
+    }
+
     /// `accumulate_4` with ymm: queries i0..i0 + 4, 32 lanes at a time (16 where hv is not a
     /// multiple of 32), each step through the f16 accumulator in memory (as
     /// `accumulate_steady_avx2`); in the steady state (a whole block, every flag 1) six
@@ -1466,16 +1479,8 @@ mod x86 {
     unsafe fn accumulate_4_avx2<const R: bool, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) -> usize {
         // the four queries' flags read below (a mis-sized buffer panics here, not past it)
         assert!(fl.len() >= (i0 + 4) * KB && ms.len() >= nq * KB && vs.len() >= nq * KB);
-        if nb == KB {
-            let all_one = |n: usize| fl.get_unchecked(i0 * KB..(i0 + n) * KB).iter().all(|&x| x == 1);
-            if i0 + STEADY_Q <= nq && all_one(STEADY_Q) {
-                accumulate_steady_avx2::<STEADY_Q, R, V>(acc, hv, i0, vr, vs);
-                return STEADY_Q;
-            }
-            if i0 + 4 <= nq && all_one(4) {
-                accumulate_steady_avx2::<4, R, V>(acc, hv, i0, vr, vs);
-                return 4;
-            }
+        if let Some(done) = steady_avx2::<R, V>(acc, hv, nq, i0, nb, vr, fl, vs) {
+            return done;
         }
         #[inline(always)]
         unsafe fn run<const U: usize, const R: bool, V: Fn(usize, usize) -> __m256>(acc: &mut [u16], hv: usize, nq: usize, i0: usize, nb: usize, vr: &V, fl: &[u8], ms: &[f32], vs: &[f32]) {
