@@ -712,25 +712,13 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             ssum.resize(nq, 0.0);
             let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
             let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-            // one range for all (a decode step's pass): the same active queries at every key
-            let uniform = ranges.iter().all(|&r| r == ranges[0]);
-            // blocks of up to QKB keys over which the active queries stay the same
+            // blocks of up to QKB keys over which the active queries stay the same (found
+            // again only where a range starts or ends; a decode step's pass: once)
             let mut j0 = jlo;
+            let mut change = jlo;
             while j0 < jhi {
-                let mut j1 = (j0 + QKB).min(jhi);
-                if !uniform || j0 == jlo {
-                    act.clear();
-                    for i in 0..nq {
-                        let (lo, hi) = ranges[i];
-                        if lo > j0 {
-                            j1 = j1.min(lo);
-                        } else if hi > j0 {
-                            j1 = j1.min(hi);
-                            if ok[i] {
-                                act.push(i);
-                            }
-                        }
-                    }
+                if j0 == change {
+                    change = active_at(&ranges, &ok, j0, &mut act);
                     // the scores' calls: runs of consecutive active queries (a, count) through
                     // the tiled dots, else one query at a time by the vec_dot
                     runs.clear();
@@ -753,6 +741,7 @@ fn quant_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
                         a += nc;
                     }
                 }
+                let j1 = (j0 + QKB).min(jhi).min(change);
                 let nb = j1 - j0;
                 let na = act.len();
                 if na == 0 {
@@ -1252,12 +1241,11 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
     let out_ptr = SendPtr(out.as_mut_ptr());
     pool.run(&|ith, nth| {
         let (mut qq, mut qf, mut ok, mut ranges, mut woff): (Vec<u8>, Vec<f32>, Vec<bool>, Vec<(usize, usize)>, Vec<usize>) = Default::default();
-        let (mut wp, mut acc, mut krow, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
+        let (mut wp, mut acc, mut k16, mut vrow): (Vec<f32>, Vec<f32>, Vec<u16>, Vec<f32>) = Default::default();
         let (mut qs, mut qs16, mut act): (Vec<f32>, Vec<f32>, Vec<usize>) = Default::default();
         let mut rows: Vec<(usize, f32)> = Vec::new();
         let mut aq: Vec<(usize, usize, usize)> = Vec::new();
         let mut kt: Vec<f32> = Vec::new();
-        krow.resize(hk, 0.0);
         k16.resize(hk, 0);
         vrow.resize(hv, 0.0);
         let mine = passes.share(ith, nth);
@@ -1294,60 +1282,46 @@ fn nonfa_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInput
             // step's pass: one range, the same queries at every key); tinyBLAS in tiles of
             // four queries x up to NONFA_KT keys whose active set does not change
             let mut change = jlo;
-            if nk.tiny {
-                kt.resize(NONFA_KT * hk, 0.0);
-                let mut j = jlo;
-                while j < jhi {
-                    if j == change {
-                        change = active_at(&ranges, &ok, j, &mut act);
-                    }
-                    let kn = NONFA_KT.min(jhi - j).min(change - j);
-                    for kk in 0..kn {
-                        if j + kk + NONFA_PF < jhi {
-                            prefetch_row(&kall[kbase + keys[j + kk + NONFA_PF].1 as usize * row_k..][..kbytes]);
-                        }
-                        let kb = &kall[kbase + keys[j + kk].1 as usize * row_k..][..kbytes];
-                        nk.key(kb, &mut kt[kk * hk..(kk + 1) * hk], &mut k16);
-                    }
-                    let mut a0 = 0;
-                    while a0 + 4 <= act.len() {
-                        let ii = [act[a0], act[a0 + 1], act[a0 + 2], act[a0 + 3]];
-                        let qr = ii.map(|i| &qf[i * hk..(i + 1) * hk]);
-                        let mut put = |kk: usize, d: [f32; 4]| {
-                            for (&i, &dv) in ii.iter().zip(&d) {
-                                wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, dv);
-                            }
-                        };
-                        match kn {
-                            3 => tinyblas_tile::<3>(&kt[..3 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
-                            2 => tinyblas_tile::<2>(&kt[..2 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
-                            _ => put(0, tinyblas_tile::<1>(&kt[..hk], qr)[0]),
-                        }
-                        a0 += 4;
-                    }
-                    for kk in 0..kn {
-                        for &i in &act[a0..] {
-                            wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, tinyblas_dot(&kt[kk * hk..(kk + 1) * hk], &qf[i * hk..(i + 1) * hk]));
-                        }
-                    }
-                    j += kn;
+            let kt_max = if nk.tiny { NONFA_KT } else { 1 };
+            kt.resize(kt_max * hk, 0.0);
+            let mut j = jlo;
+            while j < jhi {
+                if j == change {
+                    change = active_at(&ranges, &ok, j, &mut act);
                 }
-            } else {
-                for j in jlo..jhi {
-                    if j + NONFA_PF < jhi {
-                        prefetch_row(&kall[kbase + keys[j + NONFA_PF].1 as usize * row_k..][..kbytes]);
+                let kn = kt_max.min(jhi - j).min(change - j);
+                let kb = |kk: usize| &kall[kbase + keys[j + kk].1 as usize * row_k..][..kbytes];
+                for kk in 0..kn {
+                    if j + kk + NONFA_PF < jhi {
+                        prefetch_row(&kall[kbase + keys[j + kk + NONFA_PF].1 as usize * row_k..][..kbytes]);
                     }
-                    let cell = keys[j].1 as usize;
-                    let kb = &kall[kbase + cell * row_k..][..kbytes];
-                    nk.key(kb, &mut krow, &mut k16);
-                    if j == change {
-                        change = active_at(&ranges, &ok, j, &mut act);
+                    // (k16: the one key of a pass that is not tiled)
+                    nk.key(kb(kk), &mut kt[kk * hk..(kk + 1) * hk], &mut k16);
+                }
+                let mut a0 = 0;
+                while nk.tiny && a0 + 4 <= act.len() {
+                    let ii = [act[a0], act[a0 + 1], act[a0 + 2], act[a0 + 3]];
+                    let qr = ii.map(|i| &qf[i * hk..(i + 1) * hk]);
+                    let mut put = |kk: usize, d: [f32; 4]| {
+                        for (&i, &dv) in ii.iter().zip(&d) {
+                            wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, dv);
+                        }
+                    };
+                    match kn {
+                        3 => tinyblas_tile::<3>(&kt[..3 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
+                        2 => tinyblas_tile::<2>(&kt[..2 * hk], qr).into_iter().enumerate().for_each(|(kk, d)| put(kk, d)),
+                        _ => put(0, tinyblas_tile::<1>(&kt[..hk], qr)[0]),
                     }
-                    for &i in &act {
+                    a0 += 4;
+                }
+                for kk in 0..kn {
+                    for &i in &act[a0..] {
                         let qh = &qs[i * hk..(i + 1) * hk];
-                        wp[woff[i] + j - ranges[i].0] = nonfa_score(p, nk.dot(kb, &krow, &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh));
+                        let d = nk.dot(kb(kk), &kt[kk * hk..(kk + 1) * hk], &k16, &qq[i * qrow..(i + 1) * qrow], &qf[i * hk..(i + 1) * hk], qh);
+                        wp[woff[i] + j + kk - ranges[i].0] = nonfa_score(p, d);
                     }
                 }
+                j += kn;
             }
             // soft_max per query, then p in V's type (F16: rounded to f16)
             for i in 0..nq {

@@ -360,6 +360,18 @@ mod x86 {
         _mm_storeu_si128(p as *mut __m128i, h)
     }
 
+    /// The ymm V-row loaders of the blocked kernels: a staged f32 row, or (`ld8`) straight
+    /// from the f16 cache.
+    #[inline(always)]
+    unsafe fn staged8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+
+    #[inline(always)]
+    unsafe fn direct8(p: *const u16) -> __m256 {
+        ld8(p)
+    }
+
     /// f16 row -> f32 (exact)
     #[inline(always)]
     unsafe fn to_f32_avx2(src: &[u16], dst: &mut [f32]) {
@@ -1262,14 +1274,6 @@ mod x86 {
         unsafe fn direct(p: *const u16) -> __m512 {
             ld16(p)
         }
-        #[inline(always)]
-        unsafe fn staged8(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
-        }
-        #[inline(always)]
-        unsafe fn direct8(p: *const u16) -> __m256 {
-            ld8(p)
-        }
         if Y {
             blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_512, [scores_direct_512, STEADY_Q], scores_group_512, GROUP_Q, T, false, below, exp8, accumulate_4_amd, staged8, direct8)
         } else {
@@ -1542,15 +1546,7 @@ mod x86 {
         unsafe fn below(sv: __m256, mv: __m256) -> bool {
             _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(sv, mv)) == 0
         }
-        #[inline(always)]
-        unsafe fn staged(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
-        }
-        #[inline(always)]
-        unsafe fn direct(p: *const u16) -> __m256 {
-            ld8(p)
-        }
-        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, true, below, exp8_avx2, accumulate_4_avx2::<R, _>, staged, direct)
+        blocked_body!(p, qb, ranges, acc, m, ssum, scr, to_f32_avx2, scores_group_avx2, group_q_avx2(p.hd_k), false, true, below, exp8_avx2, accumulate_4_avx2::<R, _>, staged8, direct8)
     }
 }
 
