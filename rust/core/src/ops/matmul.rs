@@ -345,10 +345,13 @@ fn matmul_with_x(
             // caller) no longer leaves the caller spinning at the end (SmolLM2 tg, 2 threads:
             // 14% of the caller's samples were that wait), while each thread still streams
             // one contiguous run of weights (chunks dealt round-robin from one counter broke
-            // the streams and bounced the counter between cores: 20% slower). Each row's
-            // result is the same whoever computes it.
-            let chunk = single_token_chunk(n_rows, wrow, nth);
-            run_chunks(pool, n_rows.div_ceil(chunk), &|_, c| run_rows(c * chunk..((c + 1) * chunk).min(n_rows)));
+            // the streams and bounced the counter between cores: 20% slower). The claims
+            // are guided (`run_guided`): up to ~16 KiB of rows while much is left, one
+            // 4-row pass at the end, so neither thread waits long for the other's last
+            // claim (SmolLM2 tg, 2 threads: the threads' summed wait at region ends about
+            // halved). Each row's result is the same whoever computes it.
+            let max = single_token_chunk(n_rows, wrow, nth) / PASS_ROWS;
+            run_guided(pool, n_rows.div_ceil(PASS_ROWS), max, &|_, c| run_rows(c.start * PASS_ROWS..(c.end * PASS_ROWS).min(n_rows)));
             return Ok(());
         }
     }
@@ -450,6 +453,8 @@ fn matmul_with_x(
             // Chunks of rows (whole decode blocks / 8-row tiles) claimed per thread from
             // its own contiguous share first, then from the back of the others' (see
             // `StealRanges`): a thread that starts late does less instead of being waited for.
+            // The claims are guided (`run_guided`): up to chunk_rows rows, one 8-row tile
+            // at the end (a prefill chunk of Gemma 3's was ~0.4 ms of work to wait for).
             let decoded_bytes = lanes.map(|ln| ln.block_bytes).or(pairs_dec.map(|pd| pd.block_bytes)).or(pair_dec.map(|pd| pd.block_bytes));
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_groups <= ROW_OUTER_GROUPS, decoded_bytes.map(|b| lanes_rows(nb, b)));
             // thread ith's area of decoded rows (after the packed groups, see `rb_bytes`), and
@@ -467,9 +472,9 @@ fn matmul_with_x(
                     unsafe { decode(nb, wdata.as_ptr().add((r0 + r) * wrow), area.add((r - rows.start) * dbytes)) };
                 }
             };
-            run_chunks(pool, n_rows.div_ceil(chunk_rows), &|ith, ci| {
+            run_guided(pool, n_rows.div_ceil(8), chunk_rows / 8, &|ith, u| {
                 let mut tmp = [0f32; PACK_COLS];
-                let mine = ci * chunk_rows..((ci + 1) * chunk_rows).min(n_rows);
+                let mine = u.start * 8..(u.end * 8).min(n_rows);
                 if let Some(ln) = lanes {
                     // column lanes: blocks of `lanes_rows` rows decoded into the thread's
                     // area (after the packed groups, see `rb_bytes`), then every group
@@ -769,10 +774,10 @@ fn matmul_with_x(
                 }
             }
             // rows in chunks claimed per thread (own share first, then the back of the
-            // others': `StealRanges`); several tokens: at least 64 rows per chunk (each
-            // chunk walks the tokens again)
+            // others': `StealRanges`, guided down to one 8-row tile at the end); several
+            // tokens: claims of at least 64 rows until the tail (each walks the tokens again)
             let chunk_rows = packed_chunk_rows(n_rows, wrow, pool.n_threads(), n_tokens == 1, None);
-            run_chunks(pool, n_rows.div_ceil(chunk_rows), &|_, c| tiled_rows(c * chunk_rows..((c + 1) * chunk_rows).min(n_rows)));
+            run_guided(pool, n_rows.div_ceil(8), chunk_rows / 8, &|_, u| tiled_rows(u.start * 8..(u.end * 8).min(n_rows)));
             return Ok(());
         }
     }
@@ -832,8 +837,8 @@ pub const MAX_FUSED: usize = 3;
 
 /// Several single-token products of the same activations `x` (q, k and v; gate and up) in
 /// one parallel region instead of one region each: the activations are quantized once per
-/// vec_dot type, and every part's row chunks (`single_token_chunk`) are claimed from one
-/// `StealRanges`, so a thread that finishes its share of one matrix goes on to the next
+/// vec_dot type, and every part's rows (in 4-row passes, claims guided up to
+/// `single_token_chunk`) are claimed from one `StealRanges`, so a thread that finishes its share of one matrix goes on to the next
 /// instead of waiting at a barrier. Each row gets the single-token multi-row kernel's
 /// operations, as in `matmul_with` (bit-identical). Returns Ok(false), having done nothing,
 /// where the fused path does not apply (one thread, more than MAX_FUSED parts, a type
@@ -853,7 +858,6 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         w: usize, // address of the part's first row
         wrow: usize,
         n_rows: usize,
-        chunk: usize,
         first: usize, // its first chunk in the region's numbering
         xq: usize,    // offset of its quantized activations in scratch
         xs: Option<usize>,
@@ -870,7 +874,10 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     let mut n_quants = 0;
     let mut size = 0usize;
     let mut preps: [Option<Prep>; MAX_FUSED] = [None; MAX_FUSED];
+    // chunks of PASS_ROWS rows, numbered across the parts; a claim takes at most the
+    // smallest part's `single_token_chunk`
     let mut n_chunks = 0;
+    let mut max_claim = usize::MAX;
     for (i, p) in parts.iter_mut().enumerate() {
         let w = p.w;
         let kern = table.get(w.ty);
@@ -901,19 +908,18 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             }
         };
         let n_rows = p.rows.len();
-        let chunk = single_token_chunk(n_rows, wrow, nth);
+        max_claim = max_claim.min(single_token_chunk(n_rows, wrow, nth) / PASS_ROWS);
         preps[i] = Some(Prep {
             k,
             w: w.data.as_ptr() as usize + p.rows.start * wrow,
             wrow,
             n_rows,
-            chunk,
             first: n_chunks,
             xq: quants[q].1,
             xs: quants[q].2,
             out: p.out.as_mut_ptr() as usize,
         });
-        n_chunks += n_rows.div_ceil(chunk);
+        n_chunks += n_rows.div_ceil(PASS_ROWS);
     }
     scratch.resize(size.max(scratch.len()), 0);
     for &(vdt, off, sc) in &quants[..n_quants] {
@@ -929,23 +935,29 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     }
     let base = scratch.as_mut_ptr() as usize;
     let preps = &preps[..parts.len()];
-    run_chunks(pool, n_chunks, &|_, c| {
-        let p = preps.iter().rev().flatten().find(|p| p.first <= c).expect("chunk of a part");
-        let start = (c - p.first) * p.chunk;
-        let len = p.chunk.min(p.n_rows - start);
-        // SAFETY: rows start..start + len of the part are inside its weight data and its
-        // out slice (checked above); its activations and scales are in scratch.
-        unsafe {
-            (p.k)(
-                n_in,
-                (p.w + start * p.wrow) as *const u8,
-                p.wrow,
-                len,
-                (base + p.xq) as *const u8,
-                p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32),
-                (p.out as *mut f32).add(start),
-            )
-        };
+    run_guided(pool, n_chunks, max_claim, &|_, run| {
+        // a run may span parts: each part's share of it in one kernel call
+        for p in preps.iter().flatten() {
+            let (lo, hi) = (run.start.max(p.first), run.end.min(p.first + p.n_rows.div_ceil(PASS_ROWS)));
+            if lo >= hi {
+                continue;
+            }
+            let start = (lo - p.first) * PASS_ROWS;
+            let len = ((hi - p.first) * PASS_ROWS).min(p.n_rows) - start;
+            // SAFETY: rows start..start + len of the part are inside its weight data and its
+            // out slice (checked above); its activations and scales are in scratch.
+            unsafe {
+                (p.k)(
+                    n_in,
+                    (p.w + start * p.wrow) as *const u8,
+                    p.wrow,
+                    len,
+                    (base + p.xq) as *const u8,
+                    p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32),
+                    (p.out as *mut f32).add(start),
+                )
+            };
+        }
     });
     Ok(true)
 }
@@ -961,6 +973,24 @@ fn run_chunks(pool: &ThreadPool, n_chunks: usize, f: &(dyn Fn(usize, usize) + Sy
         }
     });
 }
+
+/// Runs `f(ith, r)` over runs r of chunks covering 0..n_chunks on the pool, each run at
+/// most `max` chunks: as `run_chunks` (own share from the front, then the others' from the
+/// back), with the runs guided (`StealRanges::claim_up_to`): long while much is left, one
+/// chunk at the end.
+fn run_guided(pool: &ThreadPool, n_chunks: usize, max: usize, f: &(dyn Fn(usize, Range<usize>) + Sync)) {
+    let ranges = StealRanges::new(n_chunks, pool.n_threads());
+    pool.run(&|ith, _| {
+        while let Some(r) = ranges.claim_up_to(ith, max) {
+            f(ith, r);
+        }
+    });
+}
+
+/// Rows per chunk of the guided single-token matmuls (`run_guided`): the multi-row kernels'
+/// pass. A claim takes up to `single_token_chunk` rows (~16 KiB of weights) while much is
+/// left and one pass at the end.
+const PASS_ROWS: usize = 4;
 
 /// Eight weight rows' results (`row(i, dst)` writes row i's PACK_COLS tokens to dst) stored
 /// transposed to `out` (`store_tile_8x8`: the output is per token).
@@ -1018,6 +1048,14 @@ impl StealRanges {
 
     /// The next chunk for thread `ith`, or None when every range is empty.
     fn claim(&self, ith: usize) -> Option<usize> {
+        self.claim_up_to(ith, 1).map(|r| r.start)
+    }
+
+    /// The next run of up to `max` chunks for thread `ith` (guided: a quarter of what is
+    /// left in the range it comes from, at least one), or None when every range is empty.
+    /// Early claims are long (few claims, one contiguous stream of weights); near the end
+    /// they shrink to one chunk, so the last thread to finish is at most one chunk behind.
+    fn claim_up_to(&self, ith: usize, max: usize) -> Option<Range<usize>> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let nth = self.nth;
         for k in 0..nth {
@@ -1029,10 +1067,11 @@ impl StealRanges {
                 if f >= b {
                     break;
                 }
+                let n = ((b - f) / GUIDE).clamp(1, max.max(1) as u64);
                 // the owner takes the front, a thief the back
-                let (nv, c) = if k == 0 { (((f + 1) << 32) | b, f) } else { ((f << 32) | (b - 1), b - 1) };
+                let (nv, c) = if k == 0 { (((f + n) << 32) | b, f) } else { ((f << 32) | (b - n), b - n) };
                 match slot.compare_exchange_weak(v, nv, AcqRel, Acquire) {
-                    Ok(_) => return Some(c as usize),
+                    Ok(_) => return Some(c as usize..(c + n) as usize),
                     Err(cur) => v = cur,
                 }
             }
@@ -1040,6 +1079,9 @@ impl StealRanges {
         None
     }
 }
+
+/// A guided claim takes 1/GUIDE of what is left in its range (see `claim_up_to`).
+const GUIDE: u64 = 4;
 
 /// Bytes of packed activation groups the matmul of a weight with kernels `kern` needs (0:
 /// not packed). Only the x86 sets pack, and only weight types with a packed kernel.
@@ -1347,6 +1389,40 @@ mod steal_tests {
                     });
                     let bad = seen.iter().position(|s| s.load(Ordering::Relaxed) != 1);
                     assert!(bad.is_none(), "{nth} threads, {n} chunks, late {late:?}: chunk {bad:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn guided_runs_cover_every_chunk_once_and_shrink_to_one() {
+        // as above, with runs of up to `max` chunks: each chunk in exactly one run, no run
+        // longer than max, and the last run each thread takes is one chunk (the tail)
+        for nth in [1usize, 2, 3, 17] {
+            let pool = ThreadPool::new(nth);
+            for n in [0usize, 1, 5, 63, 240, 1000] {
+                for max in [1usize, 3, 12, 64] {
+                    for late in [None, Some(nth - 1)] {
+                        let ranges = StealRanges::new(n, nth);
+                        let seen: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                        let last: Vec<AtomicU32> = (0..nth).map(|_| AtomicU32::new(0)).collect();
+                        pool.run(&|ith, _| {
+                            if Some(ith) == late {
+                                std::thread::sleep(std::time::Duration::from_millis(2));
+                            }
+                            while let Some(r) = ranges.claim_up_to(ith, max) {
+                                assert!(!r.is_empty() && r.len() <= max && r.end <= n, "run {r:?} of {n}, max {max}");
+                                r.clone().for_each(|c| _ = seen[c].fetch_add(1, Ordering::Relaxed));
+                                last[ith].store(r.len() as u32, Ordering::Relaxed);
+                            }
+                        });
+                        let bad = seen.iter().position(|s| s.load(Ordering::Relaxed) != 1);
+                        assert!(bad.is_none(), "{nth} threads, {n} chunks, max {max}, late {late:?}: chunk {bad:?}");
+                        if n >= 4 * nth * 4 {
+                            // whoever took the final chunks took them one at a time
+                            assert!(last.iter().any(|l| l.load(Ordering::Relaxed) == 1), "{nth} threads, {n} chunks, max {max}: no single-chunk tail");
+                        }
+                    }
                 }
             }
         }
