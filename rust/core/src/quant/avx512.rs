@@ -81,9 +81,50 @@ unsafe fn prefetch_t1(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_AHEAD) as *const i8);
 }
 
-#[inline(always)]
-unsafe fn prefetch_t0(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_AHEAD) as *const i8);
+/// The weight prefetches of a multi-row pass: `p` rows ws bytes apart read block by block
+/// (`wsize` bytes per row and block), the next pass's rows right after them (the matmul's
+/// rows are consecutive). At each block every row's stream is prefetched `ahead` blocks on,
+/// ~PF_AHEAD bytes of the pass's reading later, wrapping into the passes after it: the
+/// line each row will read then, whatever the row length. (A fixed PF_AHEAD offset from
+/// each row's own position landed inside the same pass's later rows once a row passed
+/// PF_AHEAD / p bytes, so rows of 4096 read from memory unprefetched.)
+struct StreamPrefetch {
+    p: usize,
+    off: usize,
+    b: usize,
+    nb: usize,
+    wsize: usize,
+    jump: usize,
+}
+
+impl StreamPrefetch {
+    #[inline(always)]
+    fn new(p: usize, ws: usize, nb: usize, wsize: usize) -> Self {
+        let nb = nb.max(1);
+        let ahead = (PF_AHEAD / (p * wsize).max(1)).max(1);
+        let (q, b) = (ahead / nb, ahead % nb);
+        StreamPrefetch { p, off: q * p * ws + b * wsize, b, nb, wsize, jump: (p * ws).saturating_sub(nb * wsize) }
+    }
+
+    /// This block's prefetches for the pass's rows at w, ws apart (T0: into L1, else L2),
+    /// then on to the next block.
+    #[inline(always)]
+    unsafe fn next<const T0: bool>(&mut self, w: *const u8, ws: usize) {
+        for k in 0..self.p {
+            let p = w.wrapping_add(k * ws + self.off) as *const i8;
+            if T0 {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+            } else {
+                _mm_prefetch::<_MM_HINT_T1>(p);
+            }
+        }
+        self.off += self.wsize;
+        self.b += 1;
+        if self.b == self.nb {
+            self.b = 0;
+            self.off += self.jump;
+        }
+    }
 }
 
 /// Four f16 packed in a u64 -> 4 f32 (exact). In asm for the same reason as `avx2::f16`:
@@ -201,7 +242,9 @@ unsafe fn rows_signed<const RP: usize>(
     // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    let mut pf = StreamPrefetch::new(2 * RP, ws, nb, wsize);
     for i in 0..nb {
+        pf.next::<false>(w, ws);
         let bx = x.add(i * BlockQ8_0::SIZE);
         let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm_set1_ps(dx);
@@ -212,10 +255,6 @@ unsafe fn rows_signed<const RP: usize>(
             // two pairs: their four scales in one conversion and one multiply
             let r0 = w.add(2 * p * ws + i * wsize);
             let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
-            prefetch_t1(r0);
-            prefetch_t1(r1);
-            prefetch_t1(r2);
-            prefetch_t1(r3);
             let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(r0, r1), xz));
             let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(r2, r3), xz));
             // [dw_0 * dx, .., dw_3 * dx]: the same f32 products the AVX2 kernel forms per row
@@ -227,8 +266,6 @@ unsafe fn rows_signed<const RP: usize>(
         if p < RP {
             let pa = w.add(2 * p * ws + i * wsize);
             let pb = pa.add(ws);
-            prefetch_t1(pa);
-            prefetch_t1(pb);
             let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, dec2(pa, pb), xz));
             let d2 = _mm_mul_ps(cvt_h4(rd16(pa) | (rd16(pb) << 16)), vdx);
             let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d2));
@@ -332,7 +369,9 @@ unsafe fn rows_min_body<const RP: usize>(
     let idx23 = _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4);
     // the quad path's m_w * s_x sums: lanes 1, 3, 5, 7 for its 4 rows
     let mut summ4 = [_mm256_setzero_ps(); RP];
+    let mut pf = StreamPrefetch::new(2 * RP, ws, nb, wsize);
     for i in 0..nb {
+        pf.next::<true>(w, ws);
         let bx = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() {
             cvt_h4(rd32(bx) * 0x1_0000_0001)
@@ -346,10 +385,6 @@ unsafe fn rows_min_body<const RP: usize>(
             // two pairs: their (d, m) in one conversion, one multiply, one add
             let r0 = w.add(2 * p * ws + i * wsize);
             let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
-            prefetch_t0(r0);
-            prefetch_t0(r1);
-            prefetch_t0(r2);
-            prefetch_t0(r3);
             let q01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r0, r1), xz));
             let q23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(r2, r3), xz));
             // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
@@ -363,8 +398,6 @@ unsafe fn rows_min_body<const RP: usize>(
         if p < RP {
             let pa = w.add(2 * p * ws + i * wsize);
             let pb = pa.add(ws);
-            prefetch_t0(pa);
-            prefetch_t0(pb);
             let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), dec2(pa, pb), xz));
             let pr = _mm_mul_ps(cvt_h4(rd32(pa) | (rd32(pb) << 32)), ds);
             summ[p] = _mm_add_ps(summ[p], pr);
