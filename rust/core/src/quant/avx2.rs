@@ -1819,7 +1819,9 @@ const ROWS: usize = 4;
 /// Prefetch, for block step i of a multi-row pass over R contiguous rows (`step` = R *
 /// block bytes), the bytes `dist` ahead in address order: a pass ahead, at least PF_AHEAD.
 /// One line 8 KiB past each of the R interleaved rows per step read short rows (Gemma 3's
-/// 640-wide Q8_0 output: four streams 680 bytes apart) at ~60% of the read probe.
+/// 640-wide Q8_0 output: four streams 680 bytes apart) at ~60% of the read probe. The
+/// AVX-512 set's multi-row kernels prefetch the same way (`avx512::rows_signed`,
+/// `rows_min_body`).
 #[inline(always)]
 pub(crate) unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
     let pf = w.wrapping_add(dist - PF_AHEAD + i * step);

@@ -81,52 +81,6 @@ unsafe fn prefetch_t1(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_AHEAD) as *const i8);
 }
 
-/// The weight prefetches of a multi-row pass: `p` rows ws bytes apart read block by block
-/// (`wsize` bytes per row and block), the next pass's rows right after them (the matmul's
-/// rows are consecutive). At each block every row's stream is prefetched `ahead` blocks on,
-/// ~PF_AHEAD bytes of the pass's reading later, wrapping into the passes after it: the
-/// line each row will read then, whatever the row length. (A fixed PF_AHEAD offset from
-/// each row's own position landed inside the same pass's later rows once a row passed
-/// PF_AHEAD / p bytes, so rows of 4096 read from memory unprefetched.)
-struct StreamPrefetch {
-    p: usize,
-    off: usize,
-    b: usize,
-    nb: usize,
-    wsize: usize,
-    jump: usize,
-}
-
-impl StreamPrefetch {
-    #[inline(always)]
-    fn new(p: usize, ws: usize, nb: usize, wsize: usize) -> Self {
-        let nb = nb.max(1);
-        let ahead = (PF_AHEAD / (p * wsize).max(1)).max(1);
-        let (q, b) = (ahead / nb, ahead % nb);
-        StreamPrefetch { p, off: q * p * ws + b * wsize, b, nb, wsize, jump: (p * ws).saturating_sub(nb * wsize) }
-    }
-
-    /// This block's prefetches for the pass's rows at w, ws apart (T0: into L1, else L2),
-    /// then on to the next block.
-    #[inline(always)]
-    unsafe fn next<const T0: bool>(&mut self, w: *const u8, ws: usize) {
-        for k in 0..self.p {
-            let p = w.wrapping_add(k * ws + self.off) as *const i8;
-            if T0 {
-                _mm_prefetch::<_MM_HINT_T0>(p);
-            } else {
-                _mm_prefetch::<_MM_HINT_T1>(p);
-            }
-        }
-        self.off += self.wsize;
-        self.b += 1;
-        if self.b == self.nb {
-            self.b = 0;
-            self.off += self.jump;
-        }
-    }
-}
-
 /// Four f16 packed in a u64 -> 4 f32 (exact). In asm for the same reason as `avx2::f16`:
 /// `vmovq` from a general register writes the whole register (no false dependency).
 #[inline(always)]
@@ -242,9 +196,11 @@ unsafe fn rows_signed<const RP: usize>(
     // lanes 0..8 <- lane 0 (row a's scale), lanes 8..16 <- lane 1 (row b's)
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-    let mut pf = StreamPrefetch::new(2 * RP, ws, nb, wsize);
+    // the AVX2 multi-row kernels' prefetch: the pass's bytes in address order, a pass
+    // (at least PF_AHEAD) ahead
+    let (dist, step) = (super::avx2::PF_AHEAD.max(2 * RP * ws), 2 * RP * wsize);
     for i in 0..nb {
-        pf.next::<false>(w, ws);
+        super::avx2::prefetch_step::<false>(w, dist, i, step);
         let bx = x.add(i * BlockQ8_0::SIZE);
         let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
         let vdx = _mm_set1_ps(dx);
@@ -369,9 +325,10 @@ unsafe fn rows_min_body<const RP: usize>(
     let idx23 = _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4);
     // the quad path's m_w * s_x sums: lanes 1, 3, 5, 7 for its 4 rows
     let mut summ4 = [_mm256_setzero_ps(); RP];
-    let mut pf = StreamPrefetch::new(2 * RP, ws, nb, wsize);
+    // as rows_signed's
+    let (dist, step) = (super::avx2::PF_AHEAD.max(2 * RP * ws), 2 * RP * wsize);
     for i in 0..nb {
-        pf.next::<true>(w, ws);
+        super::avx2::prefetch_step::<true>(w, dist, i, step);
         let bx = x.add(i * BlockQ8_1::SIZE);
         let ds = if xd.is_null() {
             cvt_h4(rd32(bx) * 0x1_0000_0001)
