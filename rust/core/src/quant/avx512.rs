@@ -379,6 +379,81 @@ unsafe fn rows_min_body<const RP: usize>(
     }
 }
 
+/// Q4_1 against Q8_1, 4 rows per pass with one row per 128-bit lane: a zmm of the four
+/// rows' low nibbles (llama.cpp's i32 lanes 0..3 of each row: elements 0..15) and one of
+/// their high nibbles (lanes 4..7: elements 16..31), each against the activation half it
+/// multiplies broadcast to every lane. The rows' 16 quant bytes go in by masked broadcast
+/// loads (no shuffle), both halves share one scale vector (one `vpermps` per 4 rows), and
+/// llama.cpp's final lane i + lane i + 4 is one add of the two accumulators for 4 rows.
+/// Each lane runs `avx2::dot_min_q8_1`'s float steps for its (row, lane) in its order.
+/// Against the row pairs (`rows_min_body`: two rows a zmm, nibbles split by shifts and
+/// a join), SmolLM2's shapes, one thread (`--bench kernels -- split`, two alternated runs):
+/// from memory 1536 / 576 / 192 rows 16.6-17.3 / 15.9-16.5 / 14.6-15.1 -> 20.7-21.0 / 19.7-19.8
+/// / 16.6-16.8 GB/s, in L2 22.1 -> 24.0. Eight rows a pass (two such groups) ran 26.4 in L2
+/// but 15.9-16.4 from memory: not kept.
+#[inline(always)]
+unsafe fn rows_q4_1_lanes(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let nb = n / 32;
+    let qs = offset_of!(BlockQ4_1, qs);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    // lanes 4r..4r + 4 <- lane 2r (row r's d_w * d_x)
+    let idx = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    let (mut alo, mut ahi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // lanes 1, 3, 5, 7: the four rows' m_w * s_x sums
+    let mut summ = _mm256_setzero_ps();
+    let (dist, step) = (super::avx2::PF_AHEAD.max(4 * ws), 4 * BlockQ4_1::SIZE);
+    for i in 0..nb {
+        super::avx2::prefetch_step::<true>(w, dist, i, step);
+        let bx = x.add(i * BlockQ8_1::SIZE);
+        let ds = if xd.is_null() {
+            cvt_h4(rd32(bx) * 0x1_0000_0001)
+        } else {
+            _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
+        }; // (dx, sx, dx, sx)
+        let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
+        let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(20) as *const __m128i));
+        let r0 = w.add(i * BlockQ4_1::SIZE);
+        let (r1, r2, r3) = (r0.add(ws), r0.add(2 * ws), r0.add(3 * ws));
+        let ld = |p: *const u8| _mm_loadu_si128(p.add(qs) as *const __m128i);
+        let z = _mm512_broadcast_i32x4(ld(r0));
+        let z = _mm512_mask_broadcast_i32x4(z, 0x00F0, ld(r1));
+        let z = _mm512_mask_broadcast_i32x4(z, 0x0F00, ld(r2));
+        let z = _mm512_mask_broadcast_i32x4(z, 0xF000, ld(r3));
+        let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(z, m4), xlo));
+        let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4), xhi));
+        // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+        let pr = _mm256_mul_ps(cvt_h8(rd32(r0) | (rd32(r1) << 32), rd32(r2) | (rd32(r3) << 32)), _mm256_set_m128(ds, ds));
+        summ = _mm256_add_ps(summ, pr);
+        let d = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(pr));
+        alo = _mm512_fmadd_ps(d, plo, alo);
+        ahi = _mm512_fmadd_ps(d, phi, ahi);
+    }
+    let mut l = [0f32; 16];
+    _mm512_storeu_ps(l.as_mut_ptr(), _mm512_add_ps(ahi, alo));
+    let mut m = [0f32; 8];
+    _mm256_storeu_ps(m.as_mut_ptr(), summ);
+    for r in 0..4 {
+        // llama.cpp's hsum_float_8 of the row's 8 lanes (lane i + lane i + 4 is the add above)
+        let v = _mm_loadu_ps(l.as_ptr().add(4 * r));
+        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        *out.add(r) = _mm_cvtss_f32(v) + m[2 * r + 1];
+    }
+}
+
+/// Q4_1's single-token multi-row kernel: 4-row passes (`rows_q4_1_lanes`), the last 1-3
+/// rows as a pair and a row (`rows_q4_1_pairs`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let mut r = 0;
+    while r + 4 <= nrows {
+        rows_q4_1_lanes(n, w.add(r * ws), ws, x, xd, out.add(r));
+        r += 4;
+    }
+    rows_q4_1_pairs(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+}
+
 macro_rules! min_rows {
     ($rows:ident, $ty:expr, $wsize:expr, $dec2:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -410,7 +485,7 @@ kfn!(
     _mm512_mask_add_epi8(nib, m, nib, _mm512_set1_epi8(16))
 });
 
-min_rows!(rows_q4_1, GgmlType::Q4_1, BlockQ4_1::SIZE, dec2_q4_1);
+min_rows!(rows_q4_1_pairs, GgmlType::Q4_1, BlockQ4_1::SIZE, dec2_q4_1);
 min_rows!(rows_q5_1, GgmlType::Q5_1, BlockQ5_1::SIZE, dec2_q5_1);
 
 // ------------------------------------------------------------------ Q6_K x Q8_K
