@@ -347,6 +347,15 @@ pub enum Norm {
     Layer,
 }
 
+/// A byte pointer shared by the threads of a region, each writing its own rows.
+struct BytesPtr(*mut u8);
+unsafe impl Sync for BytesPtr {}
+impl BytesPtr {
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+
 struct RowsPtr(*mut f32);
 unsafe impl Sync for RowsPtr {}
 impl RowsPtr {
@@ -387,6 +396,10 @@ fn rope_table(pool: &ThreadPool, tabs: &mut Vec<crate::context::RopeTab>, r: &Ro
     });
     i
 }
+
+/// Fewest elements for which an elementwise step runs across the pool: below it (a decode
+/// step's rows) a parallel region costs more than the step.
+const PAR_MIN: usize = 1 << 15;
 
 /// f(range) over 0..n split evenly across the pool's threads (one call with all of it when
 /// there is one thread or n <= 1).
@@ -467,9 +480,12 @@ impl Step<'_> {
     /// (phimoe's RMS norms have biases too).
     pub fn build_norm(&mut self, w: &[f32], b: Option<&[f32]>, kind: Norm, eps: f32) {
         let (ne, n) = (self.hp.n_embd, self.n);
-        self.b.cur[..n * ne].copy_from_slice(&self.b.x[..n * ne]);
+        let (x, cur) = (&self.b.x, &mut self.b.cur);
+        // each thread copies its own rows of x (a prompt's x is megabytes: copied serially
+        // it was ~1% of Gemma 3's pp512 with the other thread waiting)
         match kind {
-            Norm::Rms => par_row_blocks(self.pool, &mut self.b.cur, ne, n, &|_, rs| {
+            Norm::Rms => par_row_blocks(self.pool, cur, ne, n, &|r0, rs| {
+                rs.copy_from_slice(&x[r0 * ne..r0 * ne + rs.len()]);
                 rms_norm_rows_inplace(rs, ne, Some(w), eps);
                 if let Some(b) = b {
                     for r in rs.chunks_exact_mut(ne) {
@@ -477,7 +493,10 @@ impl Step<'_> {
                     }
                 }
             }),
-            Norm::Layer => par_rows(self.pool, &mut self.b.cur, ne, n, &|_, r| layer_norm_row(r, Some(w), b, eps)),
+            Norm::Layer => par_rows(self.pool, cur, ne, n, &|i, r| {
+                r.copy_from_slice(&x[i * ne..(i + 1) * ne]);
+                layer_norm_row(r, Some(w), b, eps)
+            }),
         }
     }
 
@@ -783,8 +802,14 @@ impl Step<'_> {
 
     /// x [n, n_embd] += tmp [n, n_embd]
     pub fn residual(&mut self) {
-        let m = self.n * self.hp.n_embd;
-        act::add_assign(&mut self.b.x[..m], &self.b.tmp[..m]);
+        let (ne, n) = (self.hp.n_embd, self.n);
+        if n * ne < PAR_MIN {
+            act::add_assign(&mut self.b.x[..n * ne], &self.b.tmp[..n * ne]);
+            return;
+        }
+        // a prompt's rows split across the pool (each element's one addition whoever does it)
+        let tmp = &self.b.tmp;
+        par_row_blocks(self.pool, &mut self.b.x, ne, n, &|r0, rs| act::add_assign(rs, &tmp[r0 * ne..r0 * ne + rs.len()]));
     }
 
     /// x [n, n_embd] += the control vector's direction [n_embd] for layer il, where one is set (llama.cpp's
@@ -1130,12 +1155,44 @@ impl Step<'_> {
             crate::kv_cache::fwht(&mut b.k[..n * kw], kv.rot_k);
             crate::kv_cache::fwht(&mut b.v[..n * vw], kv.rot_v);
             let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
-            for t in 0..n {
-                let (s, cell) = b.cells[t];
-                let o = (s as usize * kv.size + cell as usize) * rk;
-                quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
-                let o = (s as usize * kv.size + cell as usize) * rv;
-                quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+            // a prompt's cells run consecutively in one stream (find_slot from an empty or
+            // compact cache): distinct cells, so the tokens' rows can be written by several
+            // threads (serially this was ~1% of Gemma 3's pp512 with the other thread idle)
+            let cells = &b.cells[..n];
+            let consecutive = cells.windows(2).all(|c| c[1].0 == c[0].0 && c[1].1 == c[0].1 + 1);
+            if consecutive && n * (kw + vw) >= PAR_MIN && self.pool.n_threads() > 1 {
+                let (s, c0) = cells[0];
+                let (k0, v0) = ((s as usize * kv.size + c0 as usize) * rk, (s as usize * kv.size + c0 as usize) * rv);
+                if kv.k[il].len() < k0 + n * rk || kv.v[il].len() < v0 + n * rv {
+                    return Err(Error::Invalid(format!("layer {il}: cells {c0}..{} of stream {s} past the KV cache", c0 as usize + n)));
+                }
+                let (kp, vp) = (BytesPtr(kv.k[il][k0..].as_mut_ptr()), BytesPtr(kv.v[il][v0..].as_mut_ptr()));
+                let (kd, vd, tk, tv) = (&b.k, &b.v, kv.type_k, kv.type_v);
+                let failed = std::sync::Mutex::new(None);
+                par_ranges(self.pool, n, &|ts| {
+                    for t in ts {
+                        // SAFETY: token t's K and V rows (rk / rv bytes at t * rk / t * rv past
+                        // the first cell's, checked in bounds above) are written by the one
+                        // thread that runs t
+                        let (kr, vr) = unsafe { (std::slice::from_raw_parts_mut(kp.get().add(t * rk), rk), std::slice::from_raw_parts_mut(vp.get().add(t * rv), rv)) };
+                        let r = quant::quantize_row_cpu(tk, &kd[t * kw..(t + 1) * kw], kr).and_then(|_| quant::quantize_row_cpu(tv, &vd[t * vw..(t + 1) * vw], vr));
+                        if let Err(e) = r {
+                            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+                if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    return Err(e);
+                }
+            } else {
+                for t in 0..n {
+                    let (s, cell) = b.cells[t];
+                    let o = (s as usize * kv.size + cell as usize) * rk;
+                    quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
+                    let o = (s as usize * kv.size + cell as usize) * rv;
+                    quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+                }
             }
             kv.host_changed_layer(il);
         }
