@@ -397,6 +397,54 @@ fn rope_table(pool: &ThreadPool, tabs: &mut Vec<crate::context::RopeTab>, r: &Ro
     i
 }
 
+/// Stores a micro-batch's K rows (`k`: one per cell, `cells.len()` of them) and V rows into
+/// layer `il`'s cache at `cells`, each with ggml's `from_float` for the cache's type. A
+/// prompt's cells run consecutively in one stream (find_slot from an empty or compact
+/// cache): distinct cells, so there the tokens are split across the pool (serially this was
+/// ~1% of Gemma 3's pp512 with the other thread idle); other layouts keep one thread.
+pub(crate) fn store_kv_rows(pool: &ThreadPool, kv: &mut crate::kv_cache::KvCache, il: usize, cells: &[(u32, u32)], k: &[f32], v: &[f32]) -> Result<()> {
+    let n = cells.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (kw, vw) = (k.len() / n, v.len() / n);
+    let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
+    let (tk, tv) = (kv.type_k, kv.type_v);
+    let consecutive = cells.windows(2).all(|c| c[1].0 == c[0].0 && c[1].1 == c[0].1 + 1);
+    if !(consecutive && n * (kw + vw) >= PAR_MIN && pool.n_threads() > 1) {
+        for (t, &(s, cell)) in cells.iter().enumerate() {
+            let o = (s as usize * kv.size + cell as usize) * rk;
+            quant::quantize_row_cpu(tk, &k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
+            let o = (s as usize * kv.size + cell as usize) * rv;
+            quant::quantize_row_cpu(tv, &v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
+        }
+        return Ok(());
+    }
+    let (s, c0) = cells[0];
+    let first = s as usize * kv.size + c0 as usize;
+    if kv.k[il].len() < (first + n) * rk || kv.v[il].len() < (first + n) * rv {
+        return Err(Error::Invalid(format!("layer {il}: cells {c0}..{} of stream {s} past the KV cache", c0 as usize + n)));
+    }
+    let (kp, vp) = (BytesPtr(kv.k[il][first * rk..].as_mut_ptr()), BytesPtr(kv.v[il][first * rv..].as_mut_ptr()));
+    let failed = std::sync::Mutex::new(None);
+    par_ranges(pool, n, &|ts| {
+        for t in ts {
+            // SAFETY: token t's K and V rows (rk / rv bytes at t * rk / t * rv past the first
+            // cell's, in bounds: checked above) are written by the one thread that runs t
+            let (kr, vr) = unsafe { (std::slice::from_raw_parts_mut(kp.get().add(t * rk), rk), std::slice::from_raw_parts_mut(vp.get().add(t * rv), rv)) };
+            let r = quant::quantize_row_cpu(tk, &k[t * kw..(t + 1) * kw], kr).and_then(|_| quant::quantize_row_cpu(tv, &v[t * vw..(t + 1) * vw], vr));
+            if let Err(e) = r {
+                failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                return;
+            }
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Fewest elements for which an elementwise step runs across the pool: below it (a decode
 /// step's rows) a parallel region costs more than the step.
 const PAR_MIN: usize = 1 << 15;
@@ -1154,46 +1202,7 @@ impl Step<'_> {
         if store {
             crate::kv_cache::fwht(&mut b.k[..n * kw], kv.rot_k);
             crate::kv_cache::fwht(&mut b.v[..n * vw], kv.rot_v);
-            let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
-            // a prompt's cells run consecutively in one stream (find_slot from an empty or
-            // compact cache): distinct cells, so the tokens' rows can be written by several
-            // threads (serially this was ~1% of Gemma 3's pp512 with the other thread idle)
-            let cells = &b.cells[..n];
-            let consecutive = cells.windows(2).all(|c| c[1].0 == c[0].0 && c[1].1 == c[0].1 + 1);
-            if consecutive && n * (kw + vw) >= PAR_MIN && self.pool.n_threads() > 1 {
-                let (s, c0) = cells[0];
-                let (k0, v0) = ((s as usize * kv.size + c0 as usize) * rk, (s as usize * kv.size + c0 as usize) * rv);
-                if kv.k[il].len() < k0 + n * rk || kv.v[il].len() < v0 + n * rv {
-                    return Err(Error::Invalid(format!("layer {il}: cells {c0}..{} of stream {s} past the KV cache", c0 as usize + n)));
-                }
-                let (kp, vp) = (BytesPtr(kv.k[il][k0..].as_mut_ptr()), BytesPtr(kv.v[il][v0..].as_mut_ptr()));
-                let (kd, vd, tk, tv) = (&b.k, &b.v, kv.type_k, kv.type_v);
-                let failed = std::sync::Mutex::new(None);
-                par_ranges(self.pool, n, &|ts| {
-                    for t in ts {
-                        // SAFETY: token t's K and V rows (rk / rv bytes at t * rk / t * rv past
-                        // the first cell's, checked in bounds above) are written by the one
-                        // thread that runs t
-                        let (kr, vr) = unsafe { (std::slice::from_raw_parts_mut(kp.get().add(t * rk), rk), std::slice::from_raw_parts_mut(vp.get().add(t * rv), rv)) };
-                        let r = quant::quantize_row_cpu(tk, &kd[t * kw..(t + 1) * kw], kr).and_then(|_| quant::quantize_row_cpu(tv, &vd[t * vw..(t + 1) * vw], vr));
-                        if let Err(e) = r {
-                            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                            return;
-                        }
-                    }
-                });
-                if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-                    return Err(e);
-                }
-            } else {
-                for t in 0..n {
-                    let (s, cell) = b.cells[t];
-                    let o = (s as usize * kv.size + cell as usize) * rk;
-                    quant::quantize_row_cpu(kv.type_k, &b.k[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
-                    let o = (s as usize * kv.size + cell as usize) * rv;
-                    quant::quantize_row_cpu(kv.type_v, &b.v[t * vw..(t + 1) * vw], &mut kv.v[il][o..o + rv])?;
-                }
-            }
+            store_kv_rows(self.pool, kv, il, &b.cells[..n], &b.k[..n * kw], &b.v[..n * vw])?;
             kv.host_changed_layer(il);
         }
         self.attend_rotated(p, name_il)

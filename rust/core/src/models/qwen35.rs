@@ -41,7 +41,6 @@ use crate::ops::attention::{self, AttnInputs, AttnParams};
 use crate::ops::norm::rms_norm_row;
 use crate::ops::rope::RopeParams;
 use crate::ops::{act, ssm};
-use crate::quant;
 use std::sync::Mutex;
 
 pub struct Qwen35;
@@ -451,14 +450,7 @@ fn gated_attn(
     crate::kv_cache::fwht(&mut sc.b[..n * qw], kv.rot_k);
     crate::kv_cache::fwht(&mut sc.d[..n * kw], kv.rot_k);
     crate::kv_cache::fwht(&mut b.v[..n * kw], kv.rot_v);
-    let (rk, rv) = (kv.row_k[il], kv.row_v[il]);
-    for t in 0..n {
-        let (s, cell) = b.cells[t];
-        let o = (s as usize * kv.size + cell as usize) * rk;
-        quant::quantize_row_cpu(kv.type_k, &sc.d[t * kw..(t + 1) * kw], &mut kv.k[il][o..o + rk])?;
-        let o = (s as usize * kv.size + cell as usize) * rv;
-        quant::quantize_row_cpu(kv.type_v, &b.v[t * kw..(t + 1) * kw], &mut kv.v[il][o..o + rv])?;
-    }
+    super::graph::store_kv_rows(st.pool, kv, il, &b.cells[..n], &sc.d[..n * kw], &b.v[..n * kw])?;
     let scale = if hp.f_attention_scale != 0.0 { hp.f_attention_scale } else { 1.0 / (hd as f32).sqrt() };
     let p = AttnParams { il, n_head: nh, n_head_kv: nkv, hd_k: hd, hd_v: hd, scale, softcap: 0.0, n_swa: 0, chunked: false, sinks: None };
     let inp = AttnInputs { pos: &b.pos[..n], stream: &b.stream[..n], key_range: &b.key_range[..n], keys: &b.keys };

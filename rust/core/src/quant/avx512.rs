@@ -330,11 +330,7 @@ unsafe fn rows_min_body<const RP: usize>(
     for i in 0..nb {
         super::avx2::prefetch_step::<true>(w, dist, i, step);
         let bx = x.add(i * BlockQ8_1::SIZE);
-        let ds = if xd.is_null() {
-            cvt_h4(rd32(bx) * 0x1_0000_0001)
-        } else {
-            _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
-        }; // (dx, sx, dx, sx)
+        let ds = q8_1_ds(bx, xd, i); // (dx, sx, dx, sx)
         let xz = _mm512_broadcast_i64x4(load256(bx.add(4)));
         let ds8 = _mm256_set_m128(ds, ds);
         let mut p = 0;
@@ -406,11 +402,7 @@ unsafe fn rows_q4_1_lanes(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *
     for i in 0..nb {
         super::avx2::prefetch_step::<true>(w, dist, i, step);
         let bx = x.add(i * BlockQ8_1::SIZE);
-        let ds = if xd.is_null() {
-            cvt_h4(rd32(bx) * 0x1_0000_0001)
-        } else {
-            _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
-        }; // (dx, sx, dx, sx)
+        let ds = q8_1_ds(bx, xd, i); // (dx, sx, dx, sx)
         let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
         let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(20) as *const __m128i));
         let r0 = w.add(i * BlockQ4_1::SIZE);
@@ -452,6 +444,17 @@ pub(crate) unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, 
         r += 4;
     }
     rows_q4_1_pairs(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+}
+
+/// Activation block i's (d, s) as (dx, sx, dx, sx): from the precomputed f32 scales `xd`
+/// when given, else converted from the block's f16 pair at bx.
+#[inline(always)]
+unsafe fn q8_1_ds(bx: *const u8, xd: *const f32, i: usize) -> __m128 {
+    if xd.is_null() {
+        cvt_h4(rd32(bx) * 0x1_0000_0001)
+    } else {
+        _mm_castpd_ps(_mm_set1_pd(std::ptr::read_unaligned(xd.add(2 * i) as *const f64)))
+    }
 }
 
 macro_rules! min_rows {
