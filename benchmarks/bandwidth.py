@@ -12,11 +12,15 @@ bandwidth. This prints, per model and thread count:
   model's weight size with 256-bit loads; a model that fits in the last-level cache is read
   from there, and so is the probe's buffer; the buffer is on 2 MiB pages (``huge``) when
   the model's weights are, i.e. when load_mode auto read them into memory rather than
-  mapping the file),
+  mapping the file). A shared host's memory bandwidth drifts between runs (this project's
+  2-vCPU hosts: the 2-thread probe 29-64 GB/s within an hour), so ``--rounds R`` measures
+  R times, each round the probe right before its tg runs, and each fraction is taken
+  against its own round's probe: the table gives the medians and the rounds' range of
+  fractions,
 - parallel regions per token (``Context.n_parallel_regions`` over a greedy run) times the
   pool's cost per empty region (the same bench), as a percentage of a token's time.
 
-    python benchmarks/bandwidth.py [-m MODEL ...] [-t 1,2] [-r 3] [-n 128]
+    python benchmarks/bandwidth.py [-m MODEL ...] [-t 1,2] [-r 3] [-n 128] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -87,25 +91,37 @@ def main() -> None:
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="probe + tg rounds per model (fractions against each round's own probe)")
     a = ap.parse_args()
+    if a.rounds < 1 or a.repetitions < 1 or a.n_gen < 1:
+        ap.error("--rounds, -r and -n must be at least 1")
     models = a.model
     if not models:
         from pyllama import _models
 
         models = [str(p) for p in (_models.smollm2_path(), _models.gemma3_path()) if p]
     threads = [int(t) for t in a.threads.split(",")]
-    print("| model | threads | tg t/s | MiB/token | GB/s | probe GB/s | fraction | regions/token | pool % of a token |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | threads | tg t/s | MiB/token | GB/s | probe GB/s | fraction | fraction range | regions/token | pool % of a token |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    med = statistics.median
     for m in models:
         nbytes, huge = weight_bytes(m)
-        bw, pool = probe(max(1, nbytes >> 20), huge)
+        # per thread count: (tg t/s, probe GB/s, pool seconds per region) of each round
+        rounds: dict[int, list[tuple[float, float, float]]] = {t: [] for t in threads}
+        for r in range(a.rounds):
+            bw, pool = probe(max(1, nbytes >> 20), huge)
+            for t in threads:
+                tps = tg(m, t, a.repetitions, a.n_gen)
+                rounds[t].append((tps, bw.get(t, float("nan")), pool.get(t, float("nan"))))
+                print(f"  {Path(m).name} round {r + 1}/{a.rounds}, {t} thread(s): tg {tps:.1f} t/s, probe {bw.get(t, float('nan')):.1f} GB/s, "
+                      f"fraction {nbytes * tps / 1e9 / bw.get(t, float('nan')):.2f}", file=sys.stderr, flush=True)
         for t in threads:
-            tps = tg(m, t, a.repetitions, a.n_gen)
             rpt = regions_per_token(m, t)
-            eff = nbytes * tps / 1e9
-            share = 100.0 * rpt * pool.get(t, float("nan")) * tps
-            print(f"| {Path(m).name} | {t} | {tps:.1f} | {nbytes / 2**20:.1f} | {eff:.1f} | {bw.get(t, float('nan')):.1f} | "
-                  f"{eff / bw.get(t, float('nan')):.2f} | {rpt:.0f} | {share:.2f}% |", flush=True)
+            tps = med([x[0] for x in rounds[t]])
+            fr = [nbytes * x[0] / 1e9 / x[1] for x in rounds[t]]
+            share = 100.0 * rpt * med([x[2] for x in rounds[t]]) * tps
+            print(f"| {Path(m).name} | {t} | {tps:.1f} | {nbytes / 2**20:.1f} | {nbytes * tps / 1e9:.1f} | {med([x[1] for x in rounds[t]]):.1f} | "
+                  f"{med(fr):.2f} | {min(fr):.2f}-{max(fr):.2f} | {rpt:.0f} | {share:.2f}% |", flush=True)
 
 
 if __name__ == "__main__":
