@@ -426,16 +426,9 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
     // prefill passes and chunk items are claimed one at a time (a thread slowed by another
     // process, or given the heavier passes, does fewer); which thread runs a pass does not
     // change its bits
-    pool.run(&|ith, nth| {
-        let mut qb: f16k::Aligned<f32> = Default::default();
-        let mut acc: f16k::Aligned<u16> = Default::default();
-        let mut m: Vec<f32> = Vec::new();
-        let mut ssum: Vec<f32> = Vec::new();
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        let mut rk: Vec<(usize, usize)> = Vec::new();
-        // per query of a pass: the running max and sum of its folded chunks
-        let (mut fm, mut fs): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
-        let mut scr = f16k::Scratch::default();
+    pool.run(&|ith, nth| F16_LOCAL.with(|local| {
+        let mut local = local.borrow_mut();
+        let F16Local { qb, acc, m, ssum, ranges, rk, fm, fs, scr } = &mut *local;
         let mine = if by_chunks { 0..0 } else { passes.share(ith, nth) };
         let mut slot = mine.start;
         loop {
@@ -489,10 +482,10 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 m.resize(nq, f32::NEG_INFINITY);
                 ssum.clear();
                 ssum.resize(nq, 0.0);
-                f16k::run(&pass, &qb, rk, acc, m, ssum, &mut scr);
+                f16k::run(&pass, qb, rk, acc, m, ssum, scr);
             };
             if let Some(k) = chunk {
-                run_chunk(k, &mut rk, &mut acc, &mut m, &mut ssum);
+                run_chunk(k, rk, acc, m, ssum);
                 for j in 0..sub {
                     let s = t0 * p.n_head + h0 + j;
                     // SAFETY: chunk k of slot s belongs to this item only; the buffers hold
@@ -510,11 +503,13 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             // SAFETY: heads h0..h0 + sub of tokens t0..t1 belong to this pass only; one
             // query's slice is borrowed at a time.
             let out_of = |i: usize| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((t0 + i / sub) * ow + (h0 + i % sub) * hv), hv) };
+            fm.clear();
             fm.resize(nq, 0.0);
+            fs.clear();
             fs.resize(nq, 0.0);
             let nk = ranges.iter().map(|&r| n_chunks(r, kc)).max().unwrap_or(1);
             for k in 0..nk {
-                run_chunk(k, &mut rk, &mut acc, &mut m, &mut ssum);
+                run_chunk(k, rk, acc, m, ssum);
                 for i in 0..nq {
                     if ranges[i].0 < ranges[i].1 && (k == 0 || rk[i].0 < rk[i].1) {
                         merge_chunk(out_of(i), &mut fm[i], &mut fs[i], k == 0, &acc[i * hv..(i + 1) * hv], m[i], ssum[i]);
@@ -529,7 +524,7 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
                 }
             }
         }
-    });
+    }));
     if by_chunks {
         // fold each slot's chunks in key order
         for s in 0..n_slots {
@@ -547,6 +542,29 @@ fn f16_passes(pool: &ThreadPool, kv: &KvCache, p: &AttnParams, inp: &AttnInputs,
             finish(o, m, sum, p.sinks.map(|sk| sk[h]));
         }
     }
+}
+
+/// One thread's buffers of `f16_passes`' region, kept across calls: a decode step runs an
+/// attention region per layer, and each thread allocated and freed ~20 of these in every
+/// one (~700 malloc / free pairs a SmolLM2 token on two threads, ~1% of its time). Every
+/// buffer is cleared or sized, and written before it is read, in each pass, as it already
+/// was across the passes of one region.
+#[derive(Default)]
+struct F16Local {
+    qb: crate::ops::attention_f16::Aligned<f32>,
+    acc: crate::ops::attention_f16::Aligned<u16>,
+    m: Vec<f32>,
+    ssum: Vec<f32>,
+    ranges: Vec<(usize, usize)>,
+    rk: Vec<(usize, usize)>,
+    /// per query of a pass: the running max and sum of its folded chunks
+    fm: Vec<f32>,
+    fs: Vec<f32>,
+    scr: crate::ops::attention_f16::Scratch,
+}
+
+thread_local! {
+    static F16_LOCAL: std::cell::RefCell<F16Local> = std::cell::RefCell::new(F16Local::default());
 }
 
 /// Token t's key list (its sequence's, sorted by position).
