@@ -456,21 +456,33 @@ const PAR_MIN: usize = 1 << 15;
 /// halves left one thread waiting for the other at most regions' ends: Gemma 3's pp512,
 /// ~25-60 us a region in the geglu, rope and per-head norms.)
 pub(crate) fn par_ranges(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    if n <= 1 || pool.n_threads() == 1 {
+    par_ranges_by(pool, n, 1, f)
+}
+
+/// `par_ranges` in runs of whole `granule`s of items (the last one may be short).
+fn par_ranges_by(pool: &ThreadPool, n: usize, granule: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let g = granule.max(1);
+    if n <= g || pool.n_threads() == 1 {
         f(0..n);
         return;
     }
-    crate::ops::matmul::run_guided(pool, n, usize::MAX, &|_, r| f(r));
+    crate::ops::matmul::run_guided(pool, n.div_ceil(g), usize::MAX, &|_, r| f(r.start * g..(r.end * g).min(n)));
 }
 
-/// f(first row index, rows) over the first `rows` rows of width `w` of `data`: each thread
-/// its contiguous rows as one slice ([k, w]), for row functions that do several rows at
-/// once (`rms_norm_rows_inplace`); each row's result never depends on the split.
+/// Rows per unit of `par_row_blocks`' runs: `rms_norm_rows_inplace` sums 8 rows at once (one
+/// per f64 lane) and the rest one at a time, ~8x slower a row, so runs of whole 8-row
+/// blocks keep a prompt's and a batched decode step's rows on the 8-row path.
+const ROW_GRANULE: usize = 8;
+
+/// f(first row index, rows) over the first `rows` rows of width `w` of `data`: runs of
+/// contiguous rows (`par_ranges`' guided runs, whole ROW_GRANULE blocks) as one slice ([k,
+/// w]) each, for row functions that do several rows at once (`rms_norm_rows_inplace`); each
+/// row's result never depends on the split.
 pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
     let p = RowsPtr(data.as_mut_ptr());
     // SAFETY: the ranges are disjoint, inside data's first `rows` rows, each one thread's.
-    par_ranges(pool, rows, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
+    par_ranges_by(pool, rows, ROW_GRANULE, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
 }
 
 /// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
