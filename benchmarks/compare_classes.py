@@ -101,7 +101,13 @@ def main() -> None:
         table = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and not ln.startswith("| model")]
         print(out.stdout, flush=True)
         rows += [(name, ln) for ln in table]
-    print("\n| class | model | test | llama.cpp t/s | pyllama t/s | ratio |\n|---|---|---|---:|---:|---:|")
+    head = "| class | model | test | llama.cpp t/s | pyllama t/s | ratio |"
+    rule = "|---|---|---|---:|---:|---:|"
+    if any(r == "--baseline" or r.startswith("--baseline=") for r in rest):
+        # compare_llamacpp's rows carry the baseline's two columns then
+        head += " baseline t/s | baseline ratio |"
+        rule += "---:|---:|"
+    print(f"\n{head}\n{rule}")
     for name, ln in rows:
         print(f"| {name} {ln}")
 
