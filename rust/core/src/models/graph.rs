@@ -459,7 +459,8 @@ pub(crate) fn par_ranges(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Rang
     par_ranges_by(pool, n, 1, f)
 }
 
-/// `par_ranges` in runs of whole `granule`s of items (the last one may be short).
+/// `par_ranges` in runs of whole `granule`s of items (the last one may be short); n <=
+/// granule items go in one call on the caller.
 fn par_ranges_by(pool: &ThreadPool, n: usize, granule: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
     let g = granule.max(1);
     if n <= g || pool.n_threads() == 1 {
@@ -485,8 +486,8 @@ pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows
     par_ranges_by(pool, rows, ROW_GRANULE, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
 }
 
-/// f(row index, row) over the first `rows` rows of width `w` of `data`, rows split evenly
-/// across the pool when there are several (each row's result never depends on the split).
+/// f(row index, row) over the first `rows` rows of width `w` of `data`, in `par_row_blocks`'
+/// runs across the pool (each row's result never depends on the split).
 pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     par_row_blocks(pool, data, w, rows, &|r0, rs| {
         for (i, r) in rs.chunks_exact_mut(w).enumerate() {
