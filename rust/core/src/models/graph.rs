@@ -21,7 +21,7 @@ use crate::ops::matmul::{matmul_on, matmul_on_same_x, matmul_single_fused, Fused
 use crate::ops::norm::{layer_norm_row, rms_norm_row, rms_norm_rows_inplace};
 use crate::ops::rope::RopeParams;
 use crate::quant;
-use crate::threadpool::ThreadPool;
+use crate::threadpool::{SyncPtr, ThreadPool};
 
 /// The attention weights of one layer: wq {n_embd, n_head * hd_k}, wk / wv
 /// {n_embd, n_head_kv * hd_k / hd_v}, wo {n_head * hd_v, n_embd}; biases of those widths.
@@ -347,23 +347,6 @@ pub enum Norm {
     Layer,
 }
 
-/// A byte pointer shared by the threads of a region, each writing its own rows.
-struct BytesPtr(*mut u8);
-unsafe impl Sync for BytesPtr {}
-impl BytesPtr {
-    fn get(&self) -> *mut u8 {
-        self.0
-    }
-}
-
-struct RowsPtr(*mut f32);
-unsafe impl Sync for RowsPtr {}
-impl RowsPtr {
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// The index in `tabs` of the cos/sin table of rope variant `r` for head size `hd` at
 /// positions `pos` ([pos.len()][hd]: `fill_cache` of each position), filled here (tokens
 /// split over the pool) unless an entry for exactly these already holds it. An entry of the
@@ -386,7 +369,7 @@ fn rope_table(pool: &ThreadPool, tabs: &mut Vec<crate::context::RopeTab>, r: &Ro
     e.pos.clear();
     e.pos.extend_from_slice(pos);
     e.tab.resize(pos.len() * hd, 0.0);
-    let tp = RowsPtr(e.tab.as_mut_ptr());
+    let tp = SyncPtr(e.tab.as_mut_ptr());
     par_ranges(pool, pos.len(), &|ts| {
         for t in ts {
             // SAFETY: row t of the table (pos.len() rows of hd) belongs to the one thread
@@ -425,7 +408,7 @@ pub(crate) fn store_kv_rows(pool: &ThreadPool, kv: &mut crate::kv_cache::KvCache
     if kv.k[il].len() < (first + n) * rk || kv.v[il].len() < (first + n) * rv {
         return Err(Error::Invalid(format!("layer {il}: cells {c0}..{} of stream {s} past the KV cache", c0 as usize + n)));
     }
-    let (kp, vp) = (BytesPtr(kv.k[il][first * rk..].as_mut_ptr()), BytesPtr(kv.v[il][first * rv..].as_mut_ptr()));
+    let (kp, vp) = (SyncPtr(kv.k[il][first * rk..].as_mut_ptr()), SyncPtr(kv.v[il][first * rv..].as_mut_ptr()));
     let failed = std::sync::Mutex::new(None);
     par_ranges(pool, n, &|ts| {
         for t in ts {
@@ -481,7 +464,7 @@ const ROW_GRANULE: usize = 8;
 /// row's result never depends on the split.
 pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let rows = rows.min(if w > 0 { data.len() / w } else { 0 });
-    let p = RowsPtr(data.as_mut_ptr());
+    let p = SyncPtr(data.as_mut_ptr());
     // SAFETY: the ranges are disjoint, inside data's first `rows` rows, each one thread's.
     par_ranges_by(pool, rows, ROW_GRANULE, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
 }
@@ -1119,7 +1102,7 @@ impl Step<'_> {
                 // uses it, the same values `fill_cache` gives every layer)
                 let ti = rope_table(self.pool, &mut b.rope_tabs, r, hd_k, &b.pos[..n]);
                 let tab = &b.rope_tabs[ti].tab;
-                let (qp, kp) = (RowsPtr(b.q.as_mut_ptr()), RowsPtr(b.k.as_mut_ptr()));
+                let (qp, kp) = (SyncPtr(b.q.as_mut_ptr()), SyncPtr(b.k.as_mut_ptr()));
                 let (qlen, klen) = (b.q.len(), b.k.len());
                 let rope_token = |t: usize| {
                     let cache = &tab[t * hd_k..(t + 1) * hd_k];
