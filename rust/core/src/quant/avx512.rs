@@ -264,9 +264,15 @@ unsafe fn neg_offset_sums(nb: usize, x: *const u8, off: i8, stack: &mut [std::me
 
 /// Rows per multi-row call: RP_MAX pairs.
 const RP_MAX: usize = 2;
+/// Q8_0's pairs per pass: one. Two streams a pass read from memory faster than four for
+/// Q8_0, whose kernel has the fewest operations a byte (`--bench kernels -- tg huge`, rows of
+/// 640 / 576 / 1024, on Zen 4: one / two threads 25.3-27.0 / 47.3-51.1 GB/s with two pairs,
+/// 28.7-31.6 / 55.2-62.3 with one, the probe 32-34 / 62-68); the compute-bound Q4_0 / Q5_0
+/// lose with one (22.2 -> 18.5, 20.5 -> 17.8 at one thread), so they keep RP_MAX.
+const RP_Q8_0: usize = 1;
 
 macro_rules! signed_rows {
-    ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident) => {
+    ($rows:ident, $ty:expr, $wsize:expr, $off:expr, $dec2:ident, $rp:expr) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
             // -(OFF * the sum of each 4 activations), per block, once for all the rows
@@ -274,9 +280,9 @@ macro_rules! signed_rows {
             let mut heap = Vec::new();
             let tn = neg_offset_sums(n / 32, x, $off, &mut stack, &mut heap);
             let mut r = 0;
-            while r + 2 * RP_MAX <= nrows {
-                rows_signed::<RP_MAX>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), tn, |a, b| $dec2(a, b));
-                r += 2 * RP_MAX;
+            while r + 2 * $rp <= nrows {
+                rows_signed::<{ $rp }>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), tn, |a, b| $dec2(a, b));
+                r += 2 * $rp;
             }
             while r + 2 <= nrows {
                 rows_signed::<1>(n, w.add(r * ws), ws, $wsize, x, xd, out.add(r), tn, |a, b| $dec2(a, b));
@@ -296,10 +302,10 @@ unsafe fn last_row(ty: GgmlType, n: usize, w: *const u8, x: *const u8, xd: *cons
     one(n, w, x, 0, xd, 0, out);
 }
 
-signed_rows!(rows_q4_0, GgmlType::Q4_0, BlockQ4_0::SIZE, OFF_Q4_0, dec2_q4_0);
-signed_rows!(rows_q5_0, GgmlType::Q5_0, BlockQ5_0::SIZE, OFF_Q5_0, dec2_q5_0);
-signed_rows!(rows_q8_0, GgmlType::Q8_0, BlockQ8_0::SIZE, OFF_Q8_0, dec2_q8_0);
-signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, BlockIQ4NL::SIZE, OFF_Q8_0, dec2_iq4_nl);
+signed_rows!(rows_q4_0, GgmlType::Q4_0, BlockQ4_0::SIZE, OFF_Q4_0, dec2_q4_0, RP_MAX);
+signed_rows!(rows_q5_0, GgmlType::Q5_0, BlockQ5_0::SIZE, OFF_Q5_0, dec2_q5_0, RP_MAX);
+signed_rows!(rows_q8_0, GgmlType::Q8_0, BlockQ8_0::SIZE, OFF_Q8_0, dec2_q8_0, RP_Q8_0);
+signed_rows!(rows_iq4_nl, GgmlType::IQ4_NL, BlockIQ4NL::SIZE, OFF_Q8_0, dec2_iq4_nl, RP_MAX);
 // ------------------------------------------------------------------ Q4_1 x Q8_1
 
 /// Q4_1 / Q5_1 (weights u * d + m) against Q8_1, one activation row against 2 * RP weight
