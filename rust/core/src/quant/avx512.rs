@@ -393,8 +393,11 @@ unsafe fn rows_min_body<const RP: usize>(
 /// from memory 1536 / 576 / 192 rows 16.6-17.3 / 15.9-16.5 / 14.6-15.1 -> 20.7-21.0 / 19.7-19.8
 /// / 16.6-16.8 GB/s, in L2 22.1 -> 24.0. Eight rows a pass (two such groups) ran 26.4 in L2
 /// but 15.9-16.4 from memory: not kept.
+///
+/// `L1`: the prefetch hint, T0 (into L1) for long passes, T1 (into L2) for short ones (see
+/// `rows_q4_1`).
 #[inline(always)]
-unsafe fn rows_q4_1_lanes(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+unsafe fn rows_q4_1_lanes<const L1: bool>(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *const f32, out: *mut f32) {
     let nb = n / 32;
     let qs = offset_of!(BlockQ4_1, qs);
     let m4 = _mm512_set1_epi8(0x0F);
@@ -406,7 +409,7 @@ unsafe fn rows_q4_1_lanes(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *
     let mut summ = _mm256_setzero_ps();
     let (dist, step) = (super::avx2::PF_AHEAD.max(4 * ws), 4 * BlockQ4_1::SIZE);
     for i in 0..nb {
-        super::avx2::prefetch_step::<true>(w, dist, i, step);
+        super::avx2::prefetch_step::<L1>(w, dist, i, step);
         let bx = x.add(i * BlockQ8_1::SIZE);
         let ds = q8_1_ds(bx, xd, i); // (dx, sx, dx, sx)
         let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
@@ -442,15 +445,31 @@ unsafe fn rows_q4_1_lanes(n: usize, w: *const u8, ws: usize, x: *const u8, xd: *
 
 /// Q4_1's single-token multi-row kernel: 4-row passes (`rows_q4_1_lanes`), the last 1-3
 /// rows as a pair and a row (`rows_q4_1_pairs`).
+///
+/// The passes prefetch into L2 (T1) where a pass is at most `SHORT_PASS` bytes, else into
+/// L1 (T0). Measured on Zen 4 (`--bench kernels -- tg huge` and `split huge`, alternated
+/// builds): over rows of 576 (1440-byte passes) one thread read 21.4-22.4 GB/s with T0 and
+/// 23.5-23.9 with T1 (SmolLM2's 1536 / 576 / 192-row matrices one after another from memory
+/// 20.4 / 19.5 / 16.8 -> 23.1 / 22.4 / 20.4, two threads 27.2 / 24.8 / 17.6 -> 32.7 / 28.3 /
+/// 19.2); over rows of 1536 and 2048 (3840 / 5120-byte passes) T0 read 25.4-25.9 and T1
+/// 23.5-24.5.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
     let mut r = 0;
+    let short = 4 * ws <= SHORT_PASS;
     while r + 4 <= nrows {
-        rows_q4_1_lanes(n, w.add(r * ws), ws, x, xd, out.add(r));
+        if short {
+            rows_q4_1_lanes::<false>(n, w.add(r * ws), ws, x, xd, out.add(r));
+        } else {
+            rows_q4_1_lanes::<true>(n, w.add(r * ws), ws, x, xd, out.add(r));
+        }
         r += 4;
     }
     rows_q4_1_pairs(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
 }
+
+/// The longest 4-row pass of `rows_q4_1` that prefetches into L2 rather than L1.
+const SHORT_PASS: usize = 2048;
 
 /// Activation block i's (d, s) as (dx, sx, dx, sx): from the precomputed f32 scales `xd`
 /// when given, else converted from the block's f16 pair at bx.
