@@ -322,7 +322,8 @@ unsafe fn prefetch_w(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_AHEAD) as *const i8);
 }
 
-/// Prefetch into L1 (`T0`): better for the Q4_1/Q5_1 kernels (see `prefetch_w`).
+/// Prefetch into L1 (`T0`): better for the Q4_1/Q5_1 kernels (see `prefetch_w`); the
+/// AVX-512 Q4_1 lane kernel takes T1 for passes of short rows (`avx512::rows_q4_1`).
 #[inline(always)]
 unsafe fn prefetch_w_l1(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_AHEAD) as *const i8);
