@@ -1117,7 +1117,40 @@ pub(crate) unsafe fn dot_q4_k<const NC: usize>(n: usize, w: *const u8, x: *const
 /// reduction and two 8-lane FMAs per 64 elements serve eight rows, and the activations'
 /// scale and block sums are read once per pass.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn rows_q4_k(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, _xd: *const f32, out: *mut f32) {
+pub(crate) unsafe fn rows_q4_k(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    rows_q4_k_body::<false>(n, w, ws, nrows, x, xd, out)
+}
+
+/// `rows_q4_k` with EVEX `vpdpbusd` (AVX-512 VL + VNNI), the AVX-512 set's: per 32 weights
+/// one `vpdpbusd` gives the sums of 4 products (|.| <= 4 * 15 * 128, so they pack to i16
+/// exactly), the low and high sub-blocks' sums are packed into one vector and one `madd`
+/// with the two scales gives the pair's i32 partial sums: the same exact i32 pair sums as
+/// the `maddubs` / `madd` steps (one multiply and one shuffle fewer per 32 weights).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(crate) unsafe fn rows_q4_k_evex(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    rows_q4_k_body::<true>(n, w, ws, nrows, x, xd, out)
+}
+
+/// i16 scales for `rows_q4_k_evex`'s packed sums of pair j: scale 2j for i16 lanes 0..4 of
+/// each 128-bit half, scale 2j + 1 for lanes 4..8 (from the 8 scales as i16 in both halves).
+static SHUFFLE_K4_PACKED: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut j = 0;
+    while j < 4 {
+        let mut b = 0;
+        while b < 32 {
+            let lane = (b % 16) / 2; // i16 lane within the half
+            let sc = if lane < 4 { 2 * j } else { 2 * j + 1 };
+            t[32 * j + b] = (2 * sc + b % 2) as u8;
+            b += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+#[inline(always)]
+unsafe fn rows_q4_k_body<const EVEX: bool>(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, _xd: *const f32, out: *mut f32) {
     const R: usize = 8;
     let nb = n / 256;
     let m4 = _mm256_set1_epi8(0xF);
@@ -1128,7 +1161,7 @@ pub(crate) unsafe fn rows_q4_k(n: usize, w: *const u8, ws: usize, nrows: usize, 
         let mut acc = _mm256_setzero_ps();
         let mut acc_m = _mm256_setzero_ps();
         for i in 0..nb {
-            prefetch_step::<true>(w, dist, i, R * BlockQ4K::SIZE);
+            prefetch_step::<false>(w, dist, i, R * BlockQ4K::SIZE);
             let (by, q8) = q8k(x, 0, 0, i);
             let yd = _mm256_set1_ps(f32_at(by));
             let bs = load256(q8.add(256));
@@ -1152,9 +1185,17 @@ pub(crate) unsafe fn rows_q4_k(n: usize, w: *const u8, ws: usize, nrows: usize, 
                     let bits = load256(q4.add(32 * j));
                     let q4l = _mm256_and_si256(bits, m4);
                     let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                    let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j)), _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
-                    let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1)), _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
-                    *vj = _mm256_add_epi32(pl, ph);
+                    if EVEX {
+                        let z = _mm256_setzero_si256();
+                        let dl = _mm256_dpbusd_epi32(z, q4l, load256(q8.add(64 * j)));
+                        let dh = _mm256_dpbusd_epi32(z, q4h, load256(q8.add(64 * j + 32)));
+                        let sc = _mm256_shuffle_epi8(scales, load256(SHUFFLE_K4_PACKED.as_ptr().add(32 * j)));
+                        *vj = _mm256_madd_epi16(_mm256_packs_epi32(dl, dh), sc);
+                    } else {
+                        let pl = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j)), _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                        let ph = _mm256_madd_epi16(_mm256_shuffle_epi8(scales, shuf_k4(2 * j + 1)), _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                        *vj = _mm256_add_epi32(pl, ph);
+                    }
                 }
                 // the four exact i32 sums (integer sums do not depend on their order)
                 let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
@@ -1817,18 +1858,29 @@ pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
 /// Weight rows per pass of the AVX2 multi-row kernels.
 const ROWS: usize = 4;
 
+/// The farthest `prefetch_step` prefetches into L1 (see there).
+const L1_DIST_MAX: usize = 2 * PF_AHEAD;
+
 /// Prefetch, for block step i of a multi-row pass over R contiguous rows (`step` = R *
 /// block bytes), the bytes `dist` ahead in address order: a pass ahead, at least PF_AHEAD.
 /// One line 8 KiB past each of the R interleaved rows per step read short rows (Gemma 3's
 /// 640-wide Q8_0 output: four streams 680 bytes apart) at ~60% of the read probe. The
 /// AVX-512 set's multi-row kernels prefetch the same way (`avx512::rows_signed`,
 /// `rows_min_body`).
+///
+/// `L1` (T0, into L1) holds only while the distance is PF_AHEAD: a pass of wide rows puts
+/// it further ahead (Q4_1 rows of 14336: 4 x 8960 bytes), where lines prefetched into the
+/// 32 KiB L1 are evicted before their pass reads them, so those prefetch into L2 (T1).
+/// Measured with Q4_K's 8-row kernel (`--bench kernels -- tg huge`, one thread, two
+/// alternations; its passes 4.6 / 9.2 / 18 / 64 KiB at rows of 1024 / 2048 / 4096 / 14336):
+/// T0 14.3-15.3 / 16.8-18.0 / 13.3-14.4 / 13.5-13.6 GB/s, T1 17.1-18.9 / 16.5-18.0 /
+/// 17.6-19.4 / 17.4-19.3 (that kernel now always prefetches into L2).
 #[inline(always)]
 pub(crate) unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
     let pf = w.wrapping_add(dist - PF_AHEAD + i * step);
     let mut o = 0;
     while o < step {
-        if L1 {
+        if L1 && dist <= L1_DIST_MAX {
             prefetch_w_l1(pf.wrapping_add(o));
         } else {
             prefetch_w(pf.wrapping_add(o));

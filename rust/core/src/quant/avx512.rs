@@ -50,6 +50,7 @@ pub use super::DotRows;
 pub(crate) fn register(t: &mut KernelTable) {
     use GgmlType::*;
     t.set_tiled(Q6_K, tiled!(dot_q6_k, 4), one_q6_k);
+    t.set_rows(Q4_K, super::avx2::rows_q4_k_evex);
     let rows: [(GgmlType, DotRows); 6] =
         [(Q4_0, rows_q4_0), (Q4_1, rows_q4_1), (Q5_0, rows_q5_0), (Q8_0, rows_q8_0), (Q5_1, rows_q5_1), (IQ4_NL, rows_iq4_nl)];
     for (ty, k) in rows {

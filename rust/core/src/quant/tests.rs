@@ -469,8 +469,8 @@ fn act_scales(vdt: GgmlType, row: &[u8]) -> Vec<f32> {
     }
 }
 
-const AVX512_TYPES: [GgmlType; 7] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K];
+const AVX512_TYPES: [GgmlType; 8] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q6_K, GgmlType::Q4_K];
 
 #[test]
 fn avx512_kernels_equal_avx2_bit_for_bit() {
@@ -597,10 +597,14 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
             let (a1, _) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
             let vdt = vec_dot_type(ty);
             // (64 and 65 blocks: the signed family's offset sums on the stack and on the heap)
-            for nblocks in [1usize, 2, 3, 7, 8, 20, 64, 65] {
+            for nblocks in [1usize, 2, 3, 7, 8, 20, 64, 65, 72] {
                 let n = 32 * nblocks;
+                // (the K-quants' super-blocks are 256 long)
+                if n % ty.block_size() != 0 {
+                    continue;
+                }
                 let wrow = ty.row_size(n).unwrap();
-                for nrows in 1..=11 {
+                for nrows in 1..=19 {
                     let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
                     let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
                     let xq = activations(ty, &x, KernelSet::Avx2);
