@@ -448,7 +448,7 @@ unsafe fn rows_q4_1_lanes<const L1: bool>(n: usize, w: *const u8, ws: usize, x: 
 /// rows as a pair and a row (`rows_q4_1_pairs`).
 ///
 /// The passes prefetch into L2 (T1) where a pass is at most `SHORT_PASS` bytes, else into
-/// L1 (T0). Measured on Zen 4 (`--bench kernels -- tg huge` and `split huge`, alternated
+/// L1 (T0), which `prefetch_step` turns into L2 again past 16 KiB ahead. Measured on Zen 4 (`--bench kernels -- tg huge` and `split huge`, alternated
 /// builds): over rows of 576 (1440-byte passes) one thread read 21.4-22.4 GB/s with T0 and
 /// 23.5-23.9 with T1 (SmolLM2's 1536 / 576 / 192-row matrices one after another from memory
 /// 20.4 / 19.5 / 16.8 -> 23.1 / 22.4 / 20.4, two threads 27.2 / 24.8 / 17.6 -> 32.7 / 28.3 /
