@@ -469,6 +469,14 @@ pub(crate) fn par_row_blocks(pool: &ThreadPool, data: &mut [f32], w: usize, rows
     par_ranges_by(pool, rows, ROW_GRANULE, &|r| f(r.start, unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * w), r.len() * w) }));
 }
 
+/// q [n, qw] *= s (Gemma 3's 1 / sqrt(query_pre_attn_scalar); nothing where s is 1), each
+/// thread its tokens' rows (a Gemma 3 prompt's q is 2 MB, ~80 us serially).
+fn scale_q(pool: &ThreadPool, q: &mut [f32], qw: usize, n: usize, s: f32) {
+    if s != 1.0 {
+        par_row_blocks(pool, q, qw, n, &|_, rs| act::scale(rs, s));
+    }
+}
+
 /// f(row index, row) over the first `rows` rows of width `w` of `data`, in `par_row_blocks`'
 /// runs across the pool (each row's result never depends on the split).
 pub(crate) fn par_rows(pool: &ThreadPool, data: &mut [f32], w: usize, rows: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
@@ -1071,11 +1079,7 @@ impl Step<'_> {
                 }
                 cb!(self, "Qcur_pos", il, q, qw);
             }
-            let b = &mut *self.b;
-            if c.q_scale != 1.0 {
-                let qs = c.q_scale;
-                par_row_blocks(self.pool, &mut b.q, qw, n, &|_, rs| act::scale(rs, qs));
-            }
+            scale_q(self.pool, &mut self.b.q, qw, n, c.q_scale);
             return self.attend_and_project(w, c, Some(src));
         }
         let (qw, kw, vw) = self.project_qkv(w, il, false)?;
@@ -1127,11 +1131,7 @@ impl Step<'_> {
                 }
             }
         }
-        if c.q_scale != 1.0 {
-            // each thread its tokens' rows (Gemma 3's prompt: 2 MB of q, ~80 us serially)
-            let qs = c.q_scale;
-            par_row_blocks(self.pool, &mut b.q, qw, n, &|_, rs| act::scale(rs, qs));
-        }
+        scale_q(self.pool, &mut b.q, qw, n, c.q_scale);
         if let Some((ts, floor_len, offset)) = c.attn_temp {
             // llm_graph_input_attn_temp::set_input: (pos + offset) / floor_len and its floor
             // in f32, the log in f64, as there

@@ -1873,10 +1873,11 @@ const L1_DIST_MAX: usize = 2 * PF_AHEAD;
 /// into the 32 KiB L1 are evicted before their pass reads them, so those prefetch into L2
 /// (T1). `--bench kernels -- tg huge`, one thread, two alternations: the AVX-512 Q4_1
 /// kernel over rows of 4096 / 7168 / 14336 (passes of 10 / 17.5 / 35 KiB) read 25.2-25.5 /
-/// 16.9 / 14.3 GB/s with T0 and 23.0 / 25.2 / 25.5 with T1 (so T0 up to 16 KiB); Q4_K's
-/// 8-row kernel (passes of 4.6 / 9.2 / 18 / 64 KiB at rows of 1024 / 2048 / 4096 / 14336)
-/// T0 14.3-15.3 / 16.8-18.0 / 13.3-14.4 / 13.5-13.6, T1 17.1-18.9 / 16.5-18.0 / 17.6-19.4
-/// / 17.4-19.3 (that kernel now always prefetches into L2).
+/// 16.9 / 14.3 GB/s with T0 and 22.9-23.1 / 25.1-25.2 / 25.5 with T1 (so T0 up to 16 KiB);
+/// Q4_K's 8-row kernel (passes of 4.6 / 9.2 / 18 / 64 KiB at rows of 1024 / 2048 / 4096 /
+/// 14336; the AVX2 and AVX-512 builds) T0 14.3-15.3 / 16.8-18.0 / 13.3-14.4 / 13.5-13.6,
+/// T1 17.1-18.9 / 16.5-17.9 / 17.6-19.4 / 17.4-19.3 (that kernel now always prefetches into
+/// L2).
 #[inline(always)]
 pub(crate) unsafe fn prefetch_step<const L1: bool>(w: *const u8, dist: usize, i: usize, step: usize) {
     let pf = w.wrapping_add(dist - PF_AHEAD + i * step);

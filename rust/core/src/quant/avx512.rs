@@ -267,8 +267,10 @@ unsafe fn neg_offset_sums(nb: usize, x: *const u8, off: i8, stack: &mut [std::me
 const RP_MAX: usize = 2;
 /// Q8_0's pairs per pass: one. Two streams a pass read from memory faster than four for
 /// Q8_0, whose kernel has the fewest operations a byte (`--bench kernels -- tg huge`, rows of
-/// 640 / 576 / 1024, on Zen 4: one / two threads 25.3-27.0 / 47.3-51.1 GB/s with two pairs,
-/// 28.7-31.6 / 55.2-62.3 with one, the probe 32-34 / 62-68); the compute-bound Q4_0 / Q5_0
+/// 576 / 640 over 512 MiB, on Zen 4: one / two threads 25.3-27.0 / 47.3-51.1 GB/s with two
+/// pairs, 28.7-31.6 / 55.2-62.3 with one (rows of 1024 too), the probe 32-34 / 62-68;
+/// matrices held in the caches, 28 / 64 MiB, run faster with two pairs, but a decode step
+/// streams the weights from memory); the compute-bound Q4_0 / Q5_0
 /// lose with one (22.2 -> 18.5, 20.5 -> 17.8 at one thread), so they keep RP_MAX.
 const RP_Q8_0: usize = 1;
 
@@ -453,7 +455,7 @@ unsafe fn rows_q4_1_lanes<const L1: bool>(n: usize, w: *const u8, ws: usize, x: 
 /// 23.5-23.9 with T1 (SmolLM2's 1536 / 576 / 192-row matrices one after another from memory
 /// 20.4 / 19.5 / 16.8 -> 23.1 / 22.4 / 20.4, two threads 27.2 / 24.8 / 17.6 -> 32.7 / 28.3 /
 /// 19.2); over rows of 1536 and 2048 (3840 / 5120-byte passes) T0 read 25.4-25.9 and T1
-/// 23.5-24.5.
+/// 23.5-24.7.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn rows_q4_1(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
     let mut r = 0;
