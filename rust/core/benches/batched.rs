@@ -81,7 +81,7 @@ fn main() {
             continue;
         }
         let data = random_weights(ty, n_in, n_out);
-        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data };
+        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data, layout: pyllama_core::model::Layout::Plain };
         let big = data.len() > 16 << 20;
         print!("{name:24} {ty:>6} [{n_in:5} x {n_out:6}] |");
         for &k in &ks {

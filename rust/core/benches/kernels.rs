@@ -394,7 +394,7 @@ fn tg_table(huge: bool, calls: usize) {
         };
         let n_out = (bytes / wrow).max(1);
         let w = Mapped::from_slice(&random_weights(ty, n_in, n_out), huge);
-        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: w.as_ref() };
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: w.as_ref(), layout: pyllama_core::model::Layout::Plain };
         let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
         print!("{:<7}", ty.name());
         for &set in &sets {
@@ -481,6 +481,10 @@ fn main() {
         split_table();
         return;
     }
+    if std::env::args().any(|a| a == "x4") {
+        x4_table(std::env::args().any(|a| a == "huge"));
+        return;
+    }
     if std::env::args().any(|a| a == "attn") {
         attn_table();
         return;
@@ -561,7 +565,7 @@ fn main() {
         let n_in = 4096;
         let n_out = ((64usize << 20) / ty.row_size(n_in).unwrap()).max(1);
         let w = random_weights(ty, n_in, n_out);
-        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: pyllama_core::model::Layout::Plain };
         let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
         let mut out = vec![0f32; n_out];
         let mut gbs = [0.0; 2];
@@ -577,7 +581,7 @@ fn main() {
         // Model-sized matrix for GFLOP/s at n_tokens 1 and 512.
         let (n_in, n_out) = (768, 2048);
         let w = random_weights(ty, n_in, n_out);
-        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: pyllama_core::model::Layout::Plain };
         let mut gf = [[0.0; 2]; 2];
         let mut gf_cpu = 0.0;
         for (j, nt) in [1usize, 512].into_iter().enumerate() {
@@ -633,7 +637,7 @@ fn split_table() {
                     while r < n_out {
                         let e = (r + rows).min(n_out);
                         let a = if hot == 1 { 0 } else { r };
-                        let tv = TensorView { name: "w", ty, ne: [n_in, e - r, 1, 1], data: &w[a * wrow..(a + e - r) * wrow] };
+                        let tv = TensorView { name: "w", ty, ne: [n_in, e - r, 1, 1], data: &w[a * wrow..(a + e - r) * wrow], layout: pyllama_core::model::Layout::Plain };
                         matmul(&pool, &tv, &x, 1, &mut out[r..e], &mut scratch);
                         r = e;
                     }
@@ -644,6 +648,67 @@ fn split_table() {
             let label = if rows == n_out { "one matrix".to_string() } else { format!("{rows} rows") };
             let l2 = if rows == n_out { "-".to_string() } else { format!("{:.1}", gbs[1]) };
             println!("threads {nth}, {label:>11}: {:6.1} from memory, {l2:>6} in L2", gbs[0]);
+        }
+    }
+}
+
+/// `x4`: the AVX-512 single-token kernels of Q5_0 and Q4_1 over the plain rows against the
+/// same kernels over the x4 row-group layout (`quant::repack`), GB/s of weights, 1 and 2
+/// threads: a matrix of PYLLAMA_BENCH_MIB MiB (default 512: from memory) and one of ~1 MiB
+/// (from the caches), rows of PYLLAMA_BENCH_NIN (default: each model's width, 896 and 576).
+fn x4_table(huge: bool) {
+    use pyllama_core::quant::repack::{repack_x4, x4_rows_kernel};
+    let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let bw = probe_bandwidth(&pools, mib << 20, huge, 12);
+    println!("read probe {mib} MiB, GB/s: 1 thread {:.1}, 2 threads {:.1}", bw[0][0], bw[1][0]);
+    println!("{:<6} {:>5} {:>9} | {:>8} {:>8} | {:>8} {:>8}", "type", "n_in", "matrix", "plain 1t", "x4 1t", "plain 2t", "x4 2t");
+    for (ty, n_def) in [(GgmlType::Q5_0, 896usize), (GgmlType::Q4_1, 576)] {
+        let Some(k4) = x4_rows_kernel(ty) else {
+            println!("{ty}: no x4 kernel on this CPU");
+            continue;
+        };
+        let kp = quant::rows_kernel(ty, quant::KernelSet::Avx512).unwrap();
+        let n_in: usize = std::env::var("PYLLAMA_BENCH_NIN").ok().and_then(|v| v.parse().ok()).unwrap_or(n_def);
+        let wrow = ty.row_size(n_in).unwrap();
+        let vdt = quant::vec_dot_type(ty);
+        let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
+        let mut xq = vec![0u8; vdt.row_size(n_in).unwrap()];
+        quant::quantize_act_fn(vdt, quant::KernelSet::Avx512).unwrap()(&x, &mut xq);
+        for bytes in [mib << 20, 1 << 20] {
+            let n_out = (bytes / wrow / 8 * 8).max(8);
+            let plain = random_weights(ty, n_in, n_out);
+            let mut packed = vec![0u8; plain.len()];
+            repack_x4(ty, n_in, &plain, &mut packed).unwrap();
+            let (wp, w4) = (Mapped::from_slice(&plain, huge), Mapped::from_slice(&packed, huge));
+            let outs: Vec<std::sync::Mutex<Vec<f32>>> = (0..2).map(|_| std::sync::Mutex::new(vec![0f32; n_out])).collect();
+            let mut g = [[0f64; 2]; 2];
+            let mut check = [0u64; 2];
+            for (k, (w, kern)) in [(&wp, kp), (&w4, k4), (&wp, kp), (&w4, k4)].into_iter().enumerate() {
+                let k = k % 2;
+                let wa = w.as_ref().as_ptr() as usize;
+                for (t, pool) in pools.iter().enumerate() {
+                    // the rows split in whole groups of 4, as a matmul over the x4 layout must
+                    let (wall, _) = per_part_cpu(pool, 12, &|ith, nth| {
+                        let r = split_range(n_out / 4, ith, nth);
+                        let mut o = outs[ith].lock().unwrap();
+                        unsafe { kern(n_in, (wa as *const u8).add(4 * r.start * wrow), wrow, 4 * r.len(), xq.as_ptr(), std::ptr::null(), o.as_mut_ptr()) };
+                    });
+                    g[k][t] = (n_out * wrow) as f64 / wall / 1e9;
+                }
+                check[k] = outs[0].lock().unwrap().iter().fold(0u64, |h, v| h.rotate_left(5) ^ v.to_bits() as u64);
+            }
+            assert_eq!(check[0], check[1], "{ty}: the x4 kernel's results differ from the plain kernel's");
+            println!(
+                "{:<6} {:>5} {:>5} MiB | {:>8.1} {:>8.1} | {:>8.1} {:>8.1}",
+                ty.name(),
+                n_in,
+                (n_out * wrow) >> 20,
+                g[0][0],
+                g[1][0],
+                g[0][1],
+                g[1][1]
+            );
         }
     }
 }

@@ -92,7 +92,7 @@ fn main() {
             continue;
         }
         let data = random_weights(ty, n_in, n_out);
-        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data };
+        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data, layout: pyllama_core::model::Layout::Plain };
         let x: Vec<f32> = (0..n_in * n_tokens).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
         let mut out = vec![0f32; n_out * n_tokens];
         let mut scratch = Vec::new();

@@ -154,7 +154,7 @@ impl LoraAdapter {
             if t.ne[3] != 1 {
                 return Err(bad(path, format!("tensor '{}' has 4 dimensions", t.name)));
             }
-            let v = TensorView { name: &t.name, ty: t.ty, ne: t.ne.map(|d| d as usize), data: file.tensor_data(t) };
+            let v = TensorView { name: &t.name, ty: t.ty, ne: t.ne.map(|d| d as usize), data: file.tensor_data(t), layout: crate::model::Layout::Plain };
             // SAFETY: the adapter keeps `file` (an Arc, so the GgufFile never moves) until
             // it drops, after the views; its bytes are an owned buffer that never moves.
             Ok(unsafe { std::mem::transmute::<TensorView<'_>, TensorView<'static>>(v) })
@@ -414,8 +414,8 @@ mod tests {
         let a: &'static [u8] = Box::leak(vec![0u8; 4 * 3 * 2].into_boxed_slice());
         let b: &'static [u8] = Box::leak(vec![0u8; 4 * 2 * 5].into_boxed_slice());
         let w = LoraWeight {
-            a: TensorView { name: "a", ty: crate::GgmlType::F32, ne: [3, 2, 1, 1], data: a },
-            b: TensorView { name: "b", ty: crate::GgmlType::F32, ne: [2, 5, 1, 1], data: b },
+            a: TensorView { name: "a", ty: crate::GgmlType::F32, ne: [3, 2, 1, 1], data: a, layout: crate::model::Layout::Plain },
+            b: TensorView { name: "b", ty: crate::GgmlType::F32, ne: [2, 5, 1, 1], data: b, layout: crate::model::Layout::Plain },
         };
         assert_eq!(w.rank(), 2);
         assert_eq!(w.scale(16.0, 0.5), 4.0);

@@ -395,6 +395,14 @@ impl PyModel {
     fn tensor_raw<'py>(slf: Bound<'py, Self>, name: &str) -> PyResult<Option<Bound<'py, PyArray1<u8>>>> {
         let inner = slf.get().inner.clone();
         let Some(t) = inner.tensor(name) else { return Ok(None) };
+        if t.layout != pyllama_core::model::Layout::Plain {
+            // a matmul weight repacked at load: its file bytes back, in a copy
+            let mut plain = vec![0u8; t.data.len()];
+            pyllama_core::quant::repack::unpack_x4(t.ty, t.ne[0], t.data, &mut plain).map_err(to_py)?;
+            let arr = PyArray1::from_vec(slf.py(), plain);
+            arr.readwrite().make_nonwriteable();
+            return Ok(Some(arr));
+        }
         let data = t.data;
         // SAFETY: `data` lives as long as `inner`, which the array's base object (slf) owns.
         let arr = unsafe {

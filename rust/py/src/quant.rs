@@ -123,7 +123,7 @@ fn matmul<'py>(
     if !ty.is_supported() {
         return Err(to_py(pyllama_core::Error::Unsupported(format!("unsupported tensor type {ty}"))));
     }
-    let w = TensorView { name: "weight", ty, ne: [n_in, n_out, 1, 1], data: contiguous(&raw, "raw")? };
+    let w = TensorView { name: "weight", ty, ne: [n_in, n_out, 1, 1], data: contiguous(&raw, "raw")?, layout: pyllama_core::model::Layout::Plain };
     let xs = x.as_slice().map_err(|_| PyValueError::new_err("x must be a C-contiguous array"))?;
     let (n_tokens, xin) = (x.shape()[0], x.shape()[1]);
     if xin != n_in {

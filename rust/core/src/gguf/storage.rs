@@ -273,6 +273,17 @@ impl Storage {
         }
     }
 
+    /// The bytes, writable, where they are an owned copy (not a map of the file).
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.kind {
+            Kind::Mmap(_) => None,
+            Kind::Owned(b) => {
+                let len = b.len;
+                Some(&mut b.as_mut_full()[..len])
+            }
+        }
+    }
+
     pub fn header_bytes(&self) -> &[u8] {
         self.bytes()
     }

@@ -1033,7 +1033,7 @@ mod tests {
             }
         }
         let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.f()).collect();
-        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
         let gw = g.upload(&tv).unwrap();
         let width = rows.len();
         let ld = width + 3; // a wider output buffer: the stride is honoured

@@ -189,7 +189,8 @@ fn slice3(t: &TensorView<'static>, k: usize) -> Result<TensorView<'static>> {
     let data = t.data.get(k * bytes..(k + 1) * bytes).ok_or_else(|| {
         Error::Unsupported(format!("tensor '{}': its data is shorter than its shape {:?}", t.name, t.ne))
     })?;
-    Ok(TensorView { name: t.name, ty: t.ty, ne: [t.ne[0], t.ne[1], 1, 1], data })
+    // (3-D tensors are never repacked: `Model::repack_weights`)
+    Ok(TensorView { name: t.name, ty: t.ty, ne: [t.ne[0], t.ne[1], 1, 1], data, layout: crate::model::Layout::Plain })
 }
 
 impl Gemma3nForward {

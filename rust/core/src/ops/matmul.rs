@@ -32,7 +32,7 @@
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
-use crate::model::TensorView;
+use crate::model::{Layout, TensorView};
 use crate::quant::{self, kernel_set, KernelSet};
 use crate::threadpool::{split_range, SyncPtr, ThreadPool};
 use std::ops::Range;
@@ -238,6 +238,12 @@ fn matmul_with_x(
     if n_tokens == 0 || n_rows == 0 {
         return Ok(());
     }
+    // a weight in the x4 row-group layout (`quant::repack`): its own kernels where they
+    // apply, else its plain rows back in a buffer, through the paths below
+    let x4 = (w.layout == Layout::X4).then(|| x4_kernel(set, w.ty, &rows, n_out, n_tokens)).flatten();
+    if w.layout == Layout::X4 && x4.is_none() {
+        return matmul_unpacked(pool, set, w, x, n_tokens, out, ld_out, rows, scratch, same_x);
+    }
     // what the last matmul left in scratch (reused only where the caller vouched for x);
     // cleared until this one has written its own
     let prev = PREPARED.with(|c| c.replace(Prepared::NONE));
@@ -330,8 +336,37 @@ fn matmul_with_x(
         }
     }
 
+    if let (Some(k4), true) = (x4, n_tokens > 1) {
+        // a decode step of a few sequences: chunks of whole groups small enough to stay in
+        // L1, each against every token in turn (the weights stream from memory once)
+        let xs_addr = xscales as usize;
+        let chunk = (X4_CHUNK_BYTES / (wrow * quant::repack::GROUP)).max(1) * quant::repack::GROUP;
+        run_guided(pool, n_rows.div_ceil(chunk), usize::MAX, &|_, cs| {
+            for c in cs {
+                let mine = c * chunk..((c + 1) * chunk).min(n_rows);
+                for t in 0..n_tokens {
+                    // SAFETY: rows r0 + mine are inside wdata, whole groups from a group
+                    // boundary or the matrix's plain tail (`x4_kernel`); token t's
+                    // activations, scales and out row were checked or sized above.
+                    unsafe {
+                        k4(
+                            n_in,
+                            wdata.as_ptr().add((r0 + mine.start) * wrow),
+                            wrow,
+                            mine.len(),
+                            xq.as_ptr().add(t * xrow),
+                            if xs_addr == 0 { std::ptr::null() } else { (xs_addr as *const f32).add(t * nsc) },
+                            op.get().add(t * ld_out + mine.start),
+                        )
+                    };
+                }
+            }
+        });
+        return Ok(());
+    }
+
     if n_tokens == 1 {
-        if let Some(rows_k) = kern.rows {
+        if let Some(rows_k) = x4.or(kern.rows) {
             // Single token: one call per thread over all its rows (several weight rows per
             // pass break the per-row FMA chain; each element is still bit-identical to `one`).
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
@@ -890,7 +925,11 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     for (i, p) in parts.iter_mut().enumerate() {
         let w = p.w;
         let kern = table.get(w.ty);
-        let Some(k) = kern.rows else { return Ok(false) };
+        let k = match w.layout {
+            Layout::Plain => kern.rows,
+            Layout::X4 => x4_kernel(set, w.ty, &p.rows, w.n_rows(), 1),
+        };
+        let Some(k) = k else { return Ok(false) };
         let Ok(wrow) = quant::row_bytes(w.ty, n_in) else { return Ok(false) };
         let vdt = kern.vec_dot_type;
         if w.ne[0] != n_in
@@ -1000,6 +1039,78 @@ pub(crate) fn run_guided(pool: &ThreadPool, n_chunks: usize, max: usize, f: &(dy
 /// pass. A claim takes up to `single_token_chunk` rows (~16 KiB of weights) while much is
 /// left and one pass at the end.
 const PASS_ROWS: usize = 4;
+
+/// Weight bytes per chunk of the x4 path over a few tokens (each chunk is read from memory
+/// once and from L1 for the other tokens).
+const X4_CHUNK_BYTES: usize = 16 * 1024;
+
+/// The most tokens the x4 kernels take a matmul for; more (a prompt) go through the plain
+/// rows (`matmul_unpacked`) and the prefill kernels.
+const X4_MAX_TOKENS: usize = 32;
+
+/// The x4 single-token kernel for rows `rows` of an x4 weight of `n_out` rows and `ty`, if
+/// it applies: the AVX-512 set (whose multi-row kernels have the same float order), at most
+/// `X4_MAX_TOKENS` tokens, and rows from a group boundary to a group boundary or the end.
+fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::DotRows> {
+    let g = quant::repack::GROUP;
+    let aligned = rows.start % g == 0 && (rows.end % g == 0 || rows.end == n_out);
+    let table_rows = quant::table::table(set).get(ty).rows;
+    (set == KernelSet::Avx512 && aligned && n_tokens <= X4_MAX_TOKENS && table_rows.is_some())
+        .then(|| quant::repack::x4_rows_kernel(ty))
+        .flatten()
+}
+
+thread_local! {
+    /// `matmul_unpacked`'s plain rows (grown, never shrunk).
+    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A matmul of an x4 weight where its kernels do not apply (a prompt, another kernel set,
+/// rows not on group boundaries): the groups covering `rows` unpacked to plain rows (on the
+/// pool), then the plain paths. The same bits: every path computes each element as the
+/// single-token kernel does.
+#[allow(clippy::too_many_arguments)]
+fn matmul_unpacked(
+    pool: &ThreadPool,
+    set: KernelSet,
+    w: &TensorView,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    ld_out: usize,
+    rows: Range<usize>,
+    scratch: &mut Vec<u8>,
+    same_x: bool,
+) -> Result<()> {
+    let g = quant::repack::GROUP;
+    let n_out = w.n_rows();
+    let wrow = quant::row_bytes(w.ty, w.ne[0])?;
+    let (g0, g1) = (rows.start / g * g, rows.end.next_multiple_of(g).min(n_out));
+    let src = &w.data[g0 * wrow..g1 * wrow];
+    UNPACKED.with(|u| {
+        let mut buf = u.borrow_mut();
+        if buf.len() < src.len() {
+            buf.resize(src.len(), 0);
+        }
+        let dst = SyncPtr(buf.as_mut_ptr());
+        // whole groups per thread (the tail, if any, is plain and copied by the last)
+        let n_groups = (g1 - g0).div_ceil(g);
+        let err = std::sync::Mutex::new(None);
+        run_guided(pool, n_groups, usize::MAX, &|_, gs| {
+            let (a, b) = (gs.start * g * wrow, (gs.end * g).min(g1 - g0) * wrow);
+            // SAFETY: each run writes its own byte range a..b of buf (sized above).
+            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a), b - a) };
+            if let Err(e) = quant::repack::unpack_x4(w.ty, w.ne[0], &src[a..b], d) {
+                *err.lock().unwrap() = Some(e);
+            }
+        });
+        if let Some(e) = err.into_inner().unwrap() {
+            return Err(e);
+        }
+        let plain = TensorView { name: w.name, ty: w.ty, ne: [w.ne[0], g1 - g0, 1, 1], data: &buf[..src.len()], layout: Layout::Plain };
+        matmul_with_x(pool, set, &plain, x, n_tokens, out, ld_out, rows.start - g0..rows.end - g0, scratch, same_x)
+    })
+}
 
 /// Eight weight rows' results (`row(i, dst)` writes row i's PACK_COLS tokens to dst) stored
 /// transposed to `out` (`store_tile_8x8`: the output is per token).
@@ -1475,7 +1586,7 @@ mod same_x_tests {
             let pool = ThreadPool::new(nth);
             for tys in [[GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0], [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K], [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q4_0]] {
                 let ws: Vec<Vec<u8>> = tys.iter().enumerate().map(|(i, &ty)| weights(ty, n_in, 48 + 8 * i, i as u32)).collect();
-                let views: Vec<TensorView> = tys.iter().zip(&ws).enumerate().map(|(i, (&ty, d))| TensorView { name: "w", ty, ne: [n_in, 48 + 8 * i, 1, 1], data: d }).collect();
+                let views: Vec<TensorView> = tys.iter().zip(&ws).enumerate().map(|(i, (&ty, d))| TensorView { name: "w", ty, ne: [n_in, 48 + 8 * i, 1, 1], data: d, layout: crate::model::Layout::Plain }).collect();
                 let fresh = |w: &TensorView, x: &[f32]| {
                     let mut out = vec![0f32; n_tok * w.n_rows()];
                     let mut scratch = Vec::new();

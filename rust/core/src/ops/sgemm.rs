@@ -418,7 +418,7 @@ mod tests {
                             wf.iter().flat_map(|v| v.to_le_bytes()).collect()
                         };
                         let wd: Vec<f32> = if ty == GgmlType::F16 { wf.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect() } else { wf.clone() };
-                        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+                        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
                         for n_tok in [1usize, 2, 3, 5, 7, 14, 70] {
                             let x: Vec<f32> = (0..n_in * n_tok).map(|_| next(&mut s)).collect();
                             let xd: Vec<f32> = if ty == GgmlType::F16 { x.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect() } else { x.clone() };

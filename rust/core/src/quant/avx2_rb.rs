@@ -1595,7 +1595,7 @@ mod tests {
                     blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
             for n_tok in [43, 13, 8] {
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0).collect();
             let vdt = quant::vec_dot_type(ty);

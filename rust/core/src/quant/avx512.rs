@@ -586,3 +586,131 @@ pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const
         *out.add(c) = acc[c];
     }
 }
+
+// ------------------------------------------------------------------ x4 row-group layouts
+
+use super::repack::GROUP;
+
+/// The four rows' results from the lane accumulators of a group (row r: lanes 4r..4r + 4 of
+/// `alo`, its llama.cpp lanes 0..3, and of `ahi`, lanes 4..7), each row's `hsum_ps` of its
+/// 8 lanes: lane i + lane i + 4 is one add for the four rows, then the 4-lane steps; `add[r]`
+/// is added last (Q4_1's m_w * s_x sum, 0 for Q5_0).
+#[inline(always)]
+unsafe fn x4_out(alo: __m512, ahi: __m512, add: Option<__m256>, out: *mut f32) {
+    let mut l = [0f32; 16];
+    _mm512_storeu_ps(l.as_mut_ptr(), _mm512_add_ps(ahi, alo));
+    let mut m = [0f32; 8];
+    if let Some(s) = add {
+        _mm256_storeu_ps(m.as_mut_ptr(), s);
+    }
+    for r in 0..4 {
+        let v = _mm_loadu_ps(l.as_ptr().add(4 * r));
+        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        let v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        *out.add(r) = if add.is_some() { _mm_cvtss_f32(v) + m[2 * r + 1] } else { _mm_cvtss_f32(v) };
+    }
+}
+
+/// Q5_0 x Q8_0 over the x4 layout (`repack`): per group-block one load of the four rows'
+/// quants, two 64-bit mask loads for their 5th bits, one conversion of their four scales.
+/// Lane 4r + k of the low register is row r's llama.cpp lane k (elements 4k..4k + 4), of
+/// the high register its lane 4 + k; each lane runs the plain kernel's float steps in its
+/// order (`rows_signed`: fma(d_w * d_x, float(sum u.x - 16 sum x), acc)), so the results
+/// are bit-identical. `w` starts at a group; the rows after the whole groups (nrows % 4) must
+/// be the matrix's plain tail.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn rows_q5_0_x4(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let nb = n / 32;
+    // per block: -(16 * the sum of each 4 activations), lanes 4r + k <- group k (low half
+    // of the block) and 4 + k (high half), once for all the groups
+    let mut tn: Vec<__m512i> = Vec::with_capacity(2 * nb);
+    let sixteen = _mm512_set1_epi8(16);
+    for i in 0..nb {
+        let bx = x.add(i * BlockQ8_0::SIZE + 2);
+        for h in 0..2 {
+            let xz = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(16 * h) as *const __m128i));
+            tn.push(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz)));
+        }
+    }
+    let tn = tn.as_ptr();
+    let gb = 88usize;
+    let m4 = _mm512_set1_epi8(0x0F);
+    // lanes 4r..4r + 4 <- lane r (row r's d_w * d_x)
+    let idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    // (a plain loop, no closure: a closure would not inherit the target features)
+    let mut r = 0;
+    while r + GROUP <= nrows {
+        let g = w.add(r * ws);
+        let (mut alo, mut ahi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for i in 0..nb {
+            let b = g.add(i * gb);
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD) as *const i8);
+            let bx = x.add(i * BlockQ8_0::SIZE);
+            let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
+            let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(2) as *const __m128i));
+            let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(18) as *const __m128i));
+            let z = _mm512_loadu_si512(b as *const _);
+            let lo = _mm512_and_si512(z, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+            let klo = std::ptr::read_unaligned(b.add(72) as *const u64);
+            let khi = std::ptr::read_unaligned(b.add(80) as *const u64);
+            let lo = _mm512_mask_add_epi8(lo, klo, lo, sixteen);
+            let hi = _mm512_mask_add_epi8(hi, khi, hi, sixteen);
+            let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*tn.add(2 * i), lo, xlo));
+            let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*tn.add(2 * i + 1), hi, xhi));
+            let d4 = _mm_mul_ps(cvt_h4(std::ptr::read_unaligned(b.add(64) as *const u64)), _mm_set1_ps(dx));
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d4));
+            alo = _mm512_fmadd_ps(d, plo, alo);
+            ahi = _mm512_fmadd_ps(d, phi, ahi);
+        }
+        x4_out(alo, ahi, None, out.add(r));
+        r += GROUP;
+    }
+    // the matrix's plain tail
+    if r < nrows {
+        rows_q5_0(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+    }
+}
+
+/// Q4_1 x Q8_1 over the x4 layout (`repack`): `rows_q4_1_lanes` with one load of the four
+/// rows' quants and one conversion of their (d, m) pairs per group-block (bit-identical to
+/// it, hence to the AVX2 kernel). `w` starts at a group; the rows after the whole groups must
+/// be the matrix's plain tail.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn rows_q4_1_x4(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+    let nb = n / 32;
+    let gb = 80usize;
+    let m4 = _mm512_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    // lanes 4r..4r + 4 <- lane 2r (row r's d_w * d_x)
+    let idx = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    let mut r = 0;
+    while r + GROUP <= nrows {
+        let g = w.add(r * ws);
+        let (mut alo, mut ahi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut summ = _mm256_setzero_ps();
+        for i in 0..nb {
+            let b = g.add(i * gb);
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD) as *const i8);
+            let bx = x.add(i * BlockQ8_1::SIZE);
+            let ds = q8_1_ds(bx, xd, i); // (dx, sx, dx, sx)
+            let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
+            let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(20) as *const __m128i));
+            let z = _mm512_loadu_si512(b as *const _);
+            let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(z, m4), xlo));
+            let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4), xhi));
+            // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+            let dm = _mm256_cvtph_ps(_mm_loadu_si128(b.add(64) as *const __m128i));
+            let pr = _mm256_mul_ps(dm, _mm256_set_m128(ds, ds));
+            summ = _mm256_add_ps(summ, pr);
+            let d = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(pr));
+            alo = _mm512_fmadd_ps(d, plo, alo);
+            ahi = _mm512_fmadd_ps(d, phi, ahi);
+        }
+        x4_out(alo, ahi, Some(summ), out.add(r));
+        r += GROUP;
+    }
+    if r < nrows {
+        rows_q4_1(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+    }
+}

@@ -191,6 +191,9 @@ pub struct KernelEnv {
     /// Q5_0 / Q4_1 / Q5_1 without the column-lane kernels (`avx2_rb`; the same bits either
     /// way, for comparisons).
     pub no_rb: bool,
+    /// `PYLLAMA_NO_REPACK=1`: no x4 row-group layout at load (`quant::repack`; the same
+    /// bits either way, for comparisons).
+    pub no_repack: bool,
 }
 
 impl KernelEnv {
@@ -215,6 +218,7 @@ impl KernelEnv {
             no_rows: flag("PYLLAMA_NO_ROWS"),
             no_sgemm: flag("PYLLAMA_NO_SGEMM"),
             no_rb: flag("PYLLAMA_NO_RB"),
+            no_repack: flag("PYLLAMA_NO_REPACK"),
         }
     }
 }

@@ -103,6 +103,7 @@ pub mod kquants;
 pub mod legacy;
 pub mod lowbit;
 pub mod float;
+pub mod repack;
 pub mod table;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;

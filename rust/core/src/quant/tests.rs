@@ -366,7 +366,7 @@ fn matmul_elements_equal_single_vec_dot_bit_for_bit() {
             let (n_in, n_out) = (bs * 3, 7);
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
             let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
-            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
             let mut out = vec![0f32; n_out * n_tok];
             let mut scratch = Vec::new();
             matmul_with(&pool, set, &tv, &x, n_tok, &mut out, n_out, 0..n_out, &mut scratch).unwrap();
@@ -624,6 +624,114 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
+    // The single-token kernels over the x4 row-group layouts (`repack`): every row's result
+    // is the AVX2 single-row kernel's on the plain row, for row counts 1..=13 (whole groups
+    // and a plain tail of 1-3 rows), with and without precomputed activation scales.
+    use super::repack::{repack_x4, x4_rows_kernel};
+    let mut rng = Rng(0x0512_00a4);
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
+        let Some(rows) = x4_rows_kernel(ty) else {
+            eprintln!("no x4 kernel for {ty} on this CPU: nothing to compare");
+            continue;
+        };
+        let (a1, _) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
+        let vdt = vec_dot_type(ty);
+        for nblocks in [1usize, 2, 3, 18, 28, 65] {
+            let n = 32 * nblocks;
+            let wrow = ty.row_size(n).unwrap();
+            for nrows in 1..=13 {
+                let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
+                let mut w4 = vec![0u8; w.len()];
+                repack_x4(ty, n, &w, &mut w4).unwrap();
+                let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+                let xq = activations(ty, &x, KernelSet::Avx2);
+                let sc = act_scales(vdt, &xq);
+                for xd in [std::ptr::null(), sc.as_ptr()] {
+                    let mut got = vec![f32::NAN; nrows];
+                    unsafe { rows(n, w4.as_ptr(), wrow, nrows, xq.as_ptr(), xd, got.as_mut_ptr()) };
+                    for r in 0..nrows {
+                        let mut want = 0f32;
+                        unsafe { a1(n, w.as_ptr().add(r * wrow), xq.as_ptr(), 0, std::ptr::null(), 0, &mut want) };
+                        assert_eq!(want.to_bits(), got[r].to_bits(), "{ty} n={n} nrows={nrows} row {r}: {want} vs {}", got[r]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_of_x4_weights_equals_plain_bit_for_bit() {
+    // A weight repacked into the x4 layout gives the plain weight's bits through every
+    // matmul path: one token (the x4 kernel; rows on and off group boundaries), a few tokens
+    // (the x4 chunks), a prompt (unpacked, then the prefill kernels), another kernel set
+    // (unpacked), 1 and 2 threads, and the fused single-token matmul.
+    use super::repack::{repack_x4, Layout};
+    use crate::model::TensorView;
+    use crate::ops::matmul::{matmul_single_fused_with, matmul_with, FusedPart};
+    use crate::threadpool::ThreadPool;
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut rng = Rng(0x0512_00a5);
+    let mut sets = vec![KernelSet::Ref];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_available() {
+            sets.push(KernelSet::Avx2);
+        }
+        if avx512_available() {
+            sets.push(KernelSet::Avx512);
+        }
+    }
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
+        for (n_in, n_out) in [(96usize, 13usize), (896, 40), (576, 7)] {
+            let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+            let mut w4 = vec![0u8; w.len()];
+            repack_x4(ty, n_in, &w, &mut w4).unwrap();
+            let plain = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: Layout::Plain };
+            let packed = TensorView { name: "w4", ty, ne: [n_in, n_out, 1, 1], data: &w4, layout: Layout::X4 };
+            for &set in &sets {
+                for n_tok in [1usize, 2, 5, 16, 33, 40] {
+                    let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+                    for rows in [0..n_out, 4..n_out, 4..8.min(n_out), 1..n_out - 1, 3..5] {
+                        for pool in &pools {
+                            let nr = rows.len();
+                            let (mut a, mut b) = (vec![0f32; nr * n_tok], vec![0f32; nr * n_tok]);
+                            let mut scratch = Vec::new();
+                            matmul_with(pool, set, &plain, &x, n_tok, &mut a, nr, rows.clone(), &mut scratch).unwrap();
+                            matmul_with(pool, set, &packed, &x, n_tok, &mut b, nr, rows.clone(), &mut scratch).unwrap();
+                            for k in 0..a.len() {
+                                assert_eq!(a[k].to_bits(), b[k].to_bits(), "{ty} {n_in}x{n_out} {set:?} n_tok={n_tok} rows {rows:?} element {k}");
+                            }
+                        }
+                    }
+                    if n_tok == 1 {
+                        // fused: the x4 weight beside the plain one, on group boundaries and off
+                        for rows in [0..n_out, 4..n_out, 1..n_out] {
+                            let (mut a, mut b) = (vec![0f32; rows.len()], vec![0f32; rows.len()]);
+                            let mut want = vec![0f32; rows.len()];
+                            let mut scratch = Vec::new();
+                            matmul_with(&pools[1], set, &plain, &x, 1, &mut want, rows.len(), rows.clone(), &mut scratch).unwrap();
+                            let mut parts = [
+                                FusedPart { w: &packed, rows: rows.clone(), out: &mut a },
+                                FusedPart { w: &plain, rows: rows.clone(), out: &mut b },
+                            ];
+                            if matmul_single_fused_with(&pools[1], set, &mut parts, &x, &mut scratch).unwrap() {
+                                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty} fused x4 {set:?} {rows:?}");
+                                assert_eq!(b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{ty} fused plain {set:?} {rows:?}");
+                            } else {
+                                assert!(rows.start % 4 != 0 || set != KernelSet::Avx512, "{ty} {set:?} {rows:?}: the fused path declined an x4 weight on group boundaries");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_avx512_equals_avx2_bit_for_bit() {
     // Whole matmuls (1 token: the multi-row path; 10 tokens: tiles and tail; 16 and 21
@@ -642,7 +750,7 @@ fn matmul_avx512_equals_avx2_bit_for_bit() {
         let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
         for (n_in, n_out) in [(bs * 3, 7), (bs * 8, 13)] {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
-            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
             for n_tok in [1usize, 10, 16, 21] {
                 let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
                 for pool in &pools {
@@ -873,7 +981,7 @@ fn neon_matmul_equals_ref_matmul_for_k_quants() {
         let (n_in, n_out, n_tok) = (ty.block_size() * 2, 5, 7);
         let w: Vec<u8> = (0..n_out).flat_map(|_| neon_weight_row(ty, n_in, &mut rng)).collect();
         let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
-        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
         let (mut a, mut b) = (vec![0f32; n_out * n_tok], vec![0f32; n_out * n_tok]);
         let mut scratch = Vec::new();
         matmul_with(&pool, KernelSet::Ref, &tv, &x, n_tok, &mut a, n_out, 0..n_out, &mut scratch).unwrap();
@@ -1213,7 +1321,7 @@ fn matmul_small_batches_equal_single_token_matmuls_bit_for_bit() {
             let bs = if ty.block_size() == 1 { 32 } else { ty.block_size() };
             let (n_in, n_out) = (bs * 3, 11);
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
-            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+            let tv = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
             let x: Vec<f32> = (0..17).flat_map(|t| extreme_row(n_in, if t % 5 == 4 { t % 8 } else { 0 }, &mut rng)).collect();
             let mut scratch = Vec::new();
             // each token alone (1 thread)
@@ -1405,7 +1513,7 @@ fn iq_matmul_elements_equal_single_vec_dot_bit_for_bit() {
         let n_in = ty.block_size() * if ty.block_size() == 32 { 9 } else { 2 };
         let n_out = 5;
         let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
-        let view = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w };
+        let view = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: crate::model::Layout::Plain };
         for n_tok in [1usize, 3, 6] {
             let x: Vec<f32> = (0..n_tok * n_in).map(|_| rng.normal()).collect();
             for &set in &sets {
@@ -1575,7 +1683,7 @@ fn fused_single_token_products_equal_separate_matmuls_bit_for_bit() {
                 let n_rows = [130usize, 8, 1100];
                 let ranges = [0..130usize, 3..8, 40..1100];
                 let ws: Vec<Vec<u8>> = (0..3).map(|p| (0..n_rows[p]).flat_map(|_| random_row(tys[p], n_in, &mut rng)).collect()).collect();
-                let tvs: Vec<TensorView> = (0..3).map(|p| TensorView { name: "w", ty: tys[p], ne: [n_in, n_rows[p], 1, 1], data: &ws[p] }).collect();
+                let tvs: Vec<TensorView> = (0..3).map(|p| TensorView { name: "w", ty: tys[p], ne: [n_in, n_rows[p], 1, 1], data: &ws[p], layout: crate::model::Layout::Plain }).collect();
                 let x: Vec<f32> = (0..n_in).map(|_| rng.normal()).collect();
                 let mut outs: Vec<Vec<f32>> = ranges.iter().map(|r| vec![f32::NAN; r.len()]).collect();
                 let mut scratch = vec![0xA5u8; 7];

@@ -1,0 +1,224 @@
+//! Row-group layouts ("x4") of Q5_0 and Q4_1 weight matrices for the single-token kernels.
+//!
+//! A decode step streams every weight once from memory, and the AVX-512 single-token kernels
+//! of these formats are bound by their own instruction count, not by memory (one thread on
+//! Zen 4, `--bench kernels -- tg huge`: Q5_0 ~21 GB/s and Q4_1 ~24 GB/s with the weights in
+//! cache, against a read probe of ~33): per block of a row pair or quad they gather the
+//! rows' quants with broadcasts and joins, their 5th bits and scales with scalar loads,
+//! shifts and ors. In the x4 layout the four rows of a group keep their blocks' bytes, but
+//! block i of the four rows is one contiguous group-block with each field of the four rows
+//! together, in the order the kernel loads it:
+//!
+//! - Q5_0, 88 bytes: the four rows' 16 quant bytes (row r at 16 r), their four f16 scales
+//!   (at 64 + 2 r), then the 5th bits as two 64-bit masks, one bit per byte of the kernel's
+//!   two quant registers: `lo` bit 16 r + j = bit j of row r's qh (elements 0..16 of row r),
+//!   `hi` bit 16 r + j = bit 16 + j (elements 16..32).
+//! - Q4_1, 80 bytes: the four rows' 16 quant bytes, then their (d, m) f16 pairs (at 64 + 4 r).
+//!
+//! A group takes exactly the bytes its four plain rows took (4 x the row size, at the same
+//! offset), and the rows after the last whole group (n_rows % 4) stay plain at the end: so a
+//! range of whole groups starts where its plain rows did, and `unpack_x4` restores the plain
+//! rows exactly (the layout is a permutation of each group's bytes).
+//!
+//! The kernels over this layout (`avx512::rows_q5_0_x4`, `rows_q4_1_x4`) are bit-identical
+//! to the plain ones (tests). The model loader does not build these layouts yet: every path
+//! that reads a weight (prefill, batched decode, GPU upload) must first know the layout.
+
+use crate::error::{Error, Result};
+use crate::ggml_type::GgmlType;
+
+/// Rows per group.
+pub const GROUP: usize = 4;
+
+/// How a weight tensor's bytes are laid out (`model::TensorView::layout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF's: rows of blocks, as in the file.
+    #[default]
+    Plain,
+    /// Groups of 4 rows in `repack`'s x4 layout, the rows after the last group plain.
+    X4,
+}
+
+/// Bytes of one group-block (block i of a group's 4 rows) of `ty`'s x4 layout; None for the
+/// formats without one.
+pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q5_0 => Some(88),
+        GgmlType::Q4_1 => Some(80),
+        _ => None,
+    }
+}
+
+/// The single-token kernel over `ty`'s x4 layout (`DotRows`, `w` at a group boundary, the
+/// rows after the whole groups the matrix's plain tail), where this CPU runs one: the
+/// AVX-512 (VNNI) set's.
+pub fn x4_rows_kernel(ty: GgmlType) -> Option<super::DotRows> {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_available() {
+        return match ty {
+            GgmlType::Q5_0 => Some(super::avx512::rows_q5_0_x4),
+            GgmlType::Q4_1 => Some(super::avx512::rows_q4_1_x4),
+            _ => None,
+        };
+    }
+    let _ = ty;
+    None
+}
+
+fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, usize)> {
+    let gb = group_block_bytes(ty).ok_or_else(|| Error::Unsupported(format!("no x4 layout for {ty}")))?;
+    let wrow = ty
+        .row_size(n_in)
+        .filter(|_| n_in % 32 == 0 && n_in > 0)
+        .ok_or_else(|| Error::Invalid(format!("x4 layout of {ty}: a row of {n_in} is not whole 32-element blocks")))?;
+    if src.len() % wrow != 0 || src.len() != dst.len() {
+        return Err(Error::Invalid(format!(
+            "x4 layout of {ty}: {} source bytes for rows of {wrow} bytes, {} destination bytes",
+            src.len(),
+            dst.len()
+        )));
+    }
+    debug_assert_eq!(gb * (n_in / 32), GROUP * wrow);
+    Ok((wrow, src.len() / wrow))
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+/// `src` (plain rows of `n_in` elements of `ty`) in the x4 layout, into `dst` (the same size).
+pub fn repack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
+    let (wrow, n_rows) = check(ty, n_in, src, dst)?;
+    let bs = ty.type_size();
+    let nb = n_in / 32;
+    let ng = n_rows / GROUP;
+    let gb = group_block_bytes(ty).unwrap();
+    for g in 0..ng {
+        let rows = &src[g * GROUP * wrow..(g + 1) * GROUP * wrow];
+        let out = &mut dst[g * GROUP * wrow..(g + 1) * GROUP * wrow];
+        for i in 0..nb {
+            let o = &mut out[i * gb..(i + 1) * gb];
+            let (mut lo, mut hi) = (0u64, 0u64);
+            for r in 0..GROUP {
+                let b = &rows[r * wrow + i * bs..r * wrow + (i + 1) * bs];
+                match ty {
+                    GgmlType::Q5_0 => {
+                        // d (2), qh (4), qs (16)
+                        o[16 * r..16 * r + 16].copy_from_slice(&b[6..22]);
+                        o[64 + 2 * r..66 + 2 * r].copy_from_slice(&b[0..2]);
+                        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]) as u64;
+                        lo |= (qh & 0xFFFF) << (16 * r);
+                        hi |= (qh >> 16) << (16 * r);
+                    }
+                    _ => {
+                        // Q4_1: d (2), m (2), qs (16)
+                        o[16 * r..16 * r + 16].copy_from_slice(&b[4..20]);
+                        o[64 + 4 * r..68 + 4 * r].copy_from_slice(&b[0..4]);
+                    }
+                }
+            }
+            if ty == GgmlType::Q5_0 {
+                o[72..80].copy_from_slice(&lo.to_le_bytes());
+                o[80..88].copy_from_slice(&hi.to_le_bytes());
+            }
+        }
+    }
+    let tail = ng * GROUP * wrow;
+    dst[tail..].copy_from_slice(&src[tail..]);
+    Ok(())
+}
+
+/// `repack_x4` in place (one group's bytes copied aside at a time).
+pub fn repack_x4_in_place(ty: GgmlType, n_in: usize, data: &mut [u8]) -> Result<()> {
+    let wrow = ty.row_size(n_in).unwrap_or(0);
+    check(ty, n_in, data, data)?;
+    let g = GROUP * wrow;
+    let mut tmp = vec![0u8; g];
+    for grp in data.chunks_exact_mut(g) {
+        tmp.copy_from_slice(grp);
+        repack_x4(ty, n_in, &tmp, grp)?;
+    }
+    Ok(())
+}
+
+/// The plain rows of an x4 layout `src` (rows of `n_in` elements of `ty`), into `dst`.
+pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
+    let (wrow, n_rows) = check(ty, n_in, src, dst)?;
+    let bs = ty.type_size();
+    let nb = n_in / 32;
+    let ng = n_rows / GROUP;
+    let gb = group_block_bytes(ty).unwrap();
+    for g in 0..ng {
+        let grp = &src[g * GROUP * wrow..(g + 1) * GROUP * wrow];
+        let rows = &mut dst[g * GROUP * wrow..(g + 1) * GROUP * wrow];
+        for i in 0..nb {
+            let s = &grp[i * gb..(i + 1) * gb];
+            for r in 0..GROUP {
+                let b = &mut rows[r * wrow + i * bs..r * wrow + (i + 1) * bs];
+                match ty {
+                    GgmlType::Q5_0 => {
+                        let lo = u64::from_le_bytes(s[72..80].try_into().unwrap());
+                        let hi = u64::from_le_bytes(s[80..88].try_into().unwrap());
+                        let qh = ((lo >> (16 * r)) & 0xFFFF) | (((hi >> (16 * r)) & 0xFFFF) << 16);
+                        b[0..2].copy_from_slice(&u16_at(s, 64 + 2 * r).to_le_bytes());
+                        b[2..6].copy_from_slice(&(qh as u32).to_le_bytes());
+                        b[6..22].copy_from_slice(&s[16 * r..16 * r + 16]);
+                    }
+                    _ => {
+                        b[0..4].copy_from_slice(&s[64 + 4 * r..68 + 4 * r]);
+                        b[4..20].copy_from_slice(&s[16 * r..16 * r + 16]);
+                    }
+                }
+            }
+        }
+    }
+    let tail = ng * GROUP * wrow;
+    dst[tail..].copy_from_slice(&src[tail..]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn x4_layouts_round_trip_and_keep_each_group_in_place() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
+            for (n_in, n_rows) in [(32usize, 1usize), (32, 4), (64, 5), (96, 7), (896, 8), (576, 11)] {
+                let wrow = ty.row_size(n_in).unwrap();
+                let src: Vec<u8> = (0..wrow * n_rows)
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        s as u8
+                    })
+                    .collect();
+                let mut x4 = vec![0u8; src.len()];
+                repack_x4(ty, n_in, &src, &mut x4).unwrap();
+                let mut back = vec![0u8; src.len()];
+                unpack_x4(ty, n_in, &x4, &mut back).unwrap();
+                assert_eq!(src, back, "{ty} {n_in} x {n_rows}");
+                // each group holds its own rows' bytes (a permutation), the tail is plain
+                let g = GROUP * wrow;
+                for k in 0..n_rows / GROUP {
+                    let (mut a, mut b) = (src[k * g..(k + 1) * g].to_vec(), x4[k * g..(k + 1) * g].to_vec());
+                    if ty == GgmlType::Q4_1 {
+                        a.sort_unstable();
+                        b.sort_unstable();
+                        assert_eq!(a, b);
+                    }
+                }
+                let tail = n_rows / GROUP * g;
+                assert_eq!(src[tail..], x4[tail..]);
+            }
+        }
+        // a row that is not whole blocks, a size that is not whole rows, a format without x4
+        let mut d = vec![0u8; 22];
+        assert!(repack_x4(GgmlType::Q5_0, 16, &[0u8; 22], &mut d).is_err());
+        assert!(repack_x4(GgmlType::Q5_0, 32, &[0u8; 23], &mut [0u8; 23]).is_err());
+        assert!(repack_x4(GgmlType::Q8_0, 32, &[0u8; 34], &mut [0u8; 34]).is_err());
+    }
+}
