@@ -106,6 +106,23 @@ def test_every_load_mode_gives_the_same_bytes(real_model_path, mode):
         assert np.array_equal(m.tensor_raw(t.name), ref.tensor(t.name).raw), t.name
 
 
+def test_repacked_weights_read_back_as_the_file(smollm2_path):
+    """Where the AVX-512 VNNI kernels run and the weights are read into memory, the layers'
+    Q4_1 projections are repacked at load into the single-token kernels' x4 layout (the
+    same results, tested in the kernel and matmul suites); `tensor_raw` still gives the
+    file's bytes. A memory map is never repacked."""
+    ref = GGUFFile(smollm2_path, "none")
+    m = Model.load(smollm2_path, load_mode="none")
+    want = sorted(t.name for t in ref.tensors
+                  if t.name.startswith("blk.") and t.name.split(".")[2] in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+                  and t.type == "Q4_1")
+    fast = pyllama._core.kernel_set() == "avx512" and os.environ.get("PYLLAMA_NO_REPACK", "0") == "0"
+    assert m._core.repacked == (want if fast else []), m._core.repacked[:4]
+    for name in want[:: max(1, len(want) // 8)]:
+        assert np.array_equal(m.tensor_raw(name), ref.tensor(name).raw), name
+    assert Model.load(smollm2_path, load_mode="mmap")._core.repacked == []
+
+
 def smaps_field(addr: int, field: str) -> int:
     """`field` (kB) of the mapping of this process that holds address `addr`."""
     with open("/proc/self/smaps") as f:

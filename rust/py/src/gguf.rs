@@ -342,6 +342,13 @@ impl PyModel {
     fn is_mmap(&self) -> bool {
         self.inner.files.iter().all(|f| f.storage.is_mmap())
     }
+    /// The tensors repacked at load into the x4 layout of the single-token kernels, sorted.
+    #[getter]
+    fn repacked(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.inner.x4.iter().map(|&(fi, ti)| self.inner.files[fi].tensors[ti].name.clone()).collect();
+        v.sort();
+        v
+    }
     #[getter]
     fn is_locked(&self) -> bool {
         self.inner.files.iter().all(|f| f.storage.is_locked())

@@ -336,30 +336,34 @@ fn matmul_with_x(
         }
     }
 
-    if let (Some(k4), true) = (x4, n_tokens > 1) {
+    if let (Some(_), true) = (x4, n_tokens > 1) {
         // a decode step of a few sequences: chunks of whole groups small enough to stay in
-        // L1, each against every token in turn (the weights stream from memory once)
+        // L1, each group-block decoded once for up to 4 tokens (the weights stream from
+        // memory once)
+        let k4 = quant::repack::x4_cols_kernel(w.ty).expect("a multi-token x4 kernel beside the single-token one");
         let xs_addr = xscales as usize;
         let chunk = (X4_CHUNK_BYTES / (wrow * quant::repack::GROUP)).max(1) * quant::repack::GROUP;
         run_guided(pool, n_rows.div_ceil(chunk), usize::MAX, &|_, cs| {
             for c in cs {
                 let mine = c * chunk..((c + 1) * chunk).min(n_rows);
-                for t in 0..n_tokens {
-                    // SAFETY: rows r0 + mine are inside wdata, whole groups from a group
-                    // boundary or the matrix's plain tail (`x4_kernel`); token t's
-                    // activations, scales and out row were checked or sized above.
-                    unsafe {
-                        k4(
-                            n_in,
-                            wdata.as_ptr().add((r0 + mine.start) * wrow),
-                            wrow,
-                            mine.len(),
-                            xq.as_ptr().add(t * xrow),
-                            if xs_addr == 0 { std::ptr::null() } else { (xs_addr as *const f32).add(t * nsc) },
-                            op.get().add(t * ld_out + mine.start),
-                        )
-                    };
-                }
+                // SAFETY: rows r0 + mine are inside wdata, whole groups from a group boundary
+                // or the matrix's plain tail (`x4_kernel`); the tokens' activations, scales
+                // and out rows were checked or sized above.
+                unsafe {
+                    k4(
+                        n_in,
+                        wdata.as_ptr().add((r0 + mine.start) * wrow),
+                        wrow,
+                        mine.len(),
+                        xq.as_ptr(),
+                        xrow,
+                        xs_addr as *const f32,
+                        nsc,
+                        n_tokens,
+                        op.get().add(mine.start),
+                        ld_out,
+                    )
+                };
             }
         });
         return Ok(());

@@ -611,25 +611,40 @@ unsafe fn x4_out(alo: __m512, ahi: __m512, add: Option<__m256>, out: *mut f32) {
     }
 }
 
-/// Q5_0 x Q8_0 over the x4 layout (`repack`): per group-block one load of the four rows'
-/// quants, two 64-bit mask loads for their 5th bits, one conversion of their four scales.
-/// Lane 4r + k of the low register is row r's llama.cpp lane k (elements 4k..4k + 4), of
-/// the high register its lane 4 + k; each lane runs the plain kernel's float steps in its
-/// order (`rows_signed`: fma(d_w * d_x, float(sum u.x - 16 sum x), acc)), so the results
-/// are bit-identical. `w` starts at a group; the rows after the whole groups (nrows % 4) must
-/// be the matrix's plain tail.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn rows_q5_0_x4(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+/// Q5_0 x Q8_0 over the x4 layout (`repack`), NC activation rows (`x + c * xs`, their
+/// scales at `xd + c * xds`, results at `out + c * ld`): per group-block one load of the
+/// four rows' quants, two 64-bit mask loads for their 5th bits, one conversion of their
+/// four scales, shared by the NC columns. Lane 4r + k of the low register is row r's
+/// llama.cpp lane k (elements 4k..4k + 4), of the high register its lane 4 + k; each lane
+/// runs the plain kernel's float steps in its order (`rows_signed`: fma(d_w * d_x,
+/// float(sum u.x - 16 sum x), acc)), so the results are bit-identical. `w` starts at a
+/// group; the rows after the whole groups (nrows % 4) must be the matrix's plain tail.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q5_0_x4_body<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    nrows: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    out: *mut f32,
+    ld: usize,
+) {
     let nb = n / 32;
-    // per block: -(16 * the sum of each 4 activations), lanes 4r + k <- group k (low half
-    // of the block) and 4 + k (high half), once for all the groups
-    let mut tn: Vec<__m512i> = Vec::with_capacity(2 * nb);
+    // per column and block: -(16 * the sum of each 4 activations), lanes 4r + k <- group k
+    // (the block's low half) and 4 + k (its high half), once for all the groups
+    let mut tn: Vec<__m512i> = Vec::with_capacity(2 * nb * NC);
     let sixteen = _mm512_set1_epi8(16);
     for i in 0..nb {
-        let bx = x.add(i * BlockQ8_0::SIZE + 2);
-        for h in 0..2 {
-            let xz = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(16 * h) as *const __m128i));
-            tn.push(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz)));
+        for c in 0..NC {
+            let bx = x.add(c * xs + i * BlockQ8_0::SIZE + 2);
+            for h in 0..2 {
+                let xz = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(16 * h) as *const __m128i));
+                tn.push(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz)));
+            }
         }
     }
     let tn = tn.as_ptr();
@@ -641,14 +656,10 @@ pub(crate) unsafe fn rows_q5_0_x4(n: usize, w: *const u8, ws: usize, nrows: usiz
     let mut r = 0;
     while r + GROUP <= nrows {
         let g = w.add(r * ws);
-        let (mut alo, mut ahi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let (mut alo, mut ahi) = ([_mm512_setzero_ps(); NC], [_mm512_setzero_ps(); NC]);
         for i in 0..nb {
             let b = g.add(i * gb);
             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD) as *const i8);
-            let bx = x.add(i * BlockQ8_0::SIZE);
-            let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(i)) };
-            let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(2) as *const __m128i));
-            let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(18) as *const __m128i));
             let z = _mm512_loadu_si512(b as *const _);
             let lo = _mm512_and_si512(z, m4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
@@ -656,28 +667,53 @@ pub(crate) unsafe fn rows_q5_0_x4(n: usize, w: *const u8, ws: usize, nrows: usiz
             let khi = std::ptr::read_unaligned(b.add(80) as *const u64);
             let lo = _mm512_mask_add_epi8(lo, klo, lo, sixteen);
             let hi = _mm512_mask_add_epi8(hi, khi, hi, sixteen);
-            let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*tn.add(2 * i), lo, xlo));
-            let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*tn.add(2 * i + 1), hi, xhi));
-            let d4 = _mm_mul_ps(cvt_h4(std::ptr::read_unaligned(b.add(64) as *const u64)), _mm_set1_ps(dx));
-            let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d4));
-            alo = _mm512_fmadd_ps(d, plo, alo);
-            ahi = _mm512_fmadd_ps(d, phi, ahi);
+            let dw = cvt_h4(std::ptr::read_unaligned(b.add(64) as *const u64));
+            for c in 0..NC {
+                let bx = x.add(c * xs + i * BlockQ8_0::SIZE);
+                let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
+                let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(2) as *const __m128i));
+                let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(18) as *const __m128i));
+                let t = tn.add(2 * (i * NC + c));
+                let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*t, lo, xlo));
+                let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*t.add(1), hi, xhi));
+                let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(dx))));
+                alo[c] = _mm512_fmadd_ps(d, plo, alo[c]);
+                ahi[c] = _mm512_fmadd_ps(d, phi, ahi[c]);
+            }
         }
-        x4_out(alo, ahi, None, out.add(r));
+        for c in 0..NC {
+            x4_out(alo[c], ahi[c], None, out.add(c * ld + r));
+        }
         r += GROUP;
     }
     // the matrix's plain tail
     if r < nrows {
-        rows_q5_0(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+        for c in 0..NC {
+            let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
+            rows_q5_0(n, w.add(r * ws), ws, nrows - r, x.add(c * xs), xdc, out.add(c * ld + r));
+        }
     }
 }
 
-/// Q4_1 x Q8_1 over the x4 layout (`repack`): `rows_q4_1_lanes` with one load of the four
-/// rows' quants and one conversion of their (d, m) pairs per group-block (bit-identical to
-/// it, hence to the AVX2 kernel). `w` starts at a group; the rows after the whole groups must
-/// be the matrix's plain tail.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn rows_q4_1_x4(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+/// Q4_1 x Q8_1 over the x4 layout (`repack`), NC activation rows as `q5_0_x4_body`:
+/// `rows_q4_1_lanes` with one load of the four rows' quants and one conversion of their (d,
+/// m) pairs per group-block, shared by the columns (bit-identical to it, hence to the AVX2
+/// kernel). `w` starts at a group; the rows after the whole groups must be the matrix's
+/// plain tail.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_1_x4_body<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    nrows: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    out: *mut f32,
+    ld: usize,
+) {
     let nb = n / 32;
     let gb = 80usize;
     let m4 = _mm512_set1_epi8(0x0F);
@@ -687,30 +723,74 @@ pub(crate) unsafe fn rows_q4_1_x4(n: usize, w: *const u8, ws: usize, nrows: usiz
     let mut r = 0;
     while r + GROUP <= nrows {
         let g = w.add(r * ws);
-        let (mut alo, mut ahi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut summ = _mm256_setzero_ps();
+        let (mut alo, mut ahi) = ([_mm512_setzero_ps(); NC], [_mm512_setzero_ps(); NC]);
+        let mut summ = [_mm256_setzero_ps(); NC];
         for i in 0..nb {
             let b = g.add(i * gb);
             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD) as *const i8);
-            let bx = x.add(i * BlockQ8_1::SIZE);
-            let ds = q8_1_ds(bx, xd, i); // (dx, sx, dx, sx)
-            let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
-            let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(20) as *const __m128i));
             let z = _mm512_loadu_si512(b as *const _);
-            let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(z, m4), xlo));
-            let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4), xhi));
-            // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+            let lo = _mm512_and_si512(z, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
+            // (d0, m0, d1, m1, d2, m2, d3, m3)
             let dm = _mm256_cvtph_ps(_mm_loadu_si128(b.add(64) as *const __m128i));
-            let pr = _mm256_mul_ps(dm, _mm256_set_m128(ds, ds));
-            summ = _mm256_add_ps(summ, pr);
-            let d = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(pr));
-            alo = _mm512_fmadd_ps(d, plo, alo);
-            ahi = _mm512_fmadd_ps(d, phi, ahi);
+            for c in 0..NC {
+                let bx = x.add(c * xs + i * BlockQ8_1::SIZE);
+                let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
+                let ds = q8_1_ds(bx, xdc, i); // (dx, sx, dx, sx)
+                let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(4) as *const __m128i));
+                let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(20) as *const __m128i));
+                let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, lo, xlo));
+                let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, hi, xhi));
+                // (d0*dx, m0*sx, d1*dx, m1*sx, d2*dx, m2*sx, d3*dx, m3*sx)
+                let pr = _mm256_mul_ps(dm, _mm256_set_m128(ds, ds));
+                summ[c] = _mm256_add_ps(summ[c], pr);
+                let d = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(pr));
+                alo[c] = _mm512_fmadd_ps(d, plo, alo[c]);
+                ahi[c] = _mm512_fmadd_ps(d, phi, ahi[c]);
+            }
         }
-        x4_out(alo, ahi, Some(summ), out.add(r));
+        for c in 0..NC {
+            x4_out(alo[c], ahi[c], Some(summ[c]), out.add(c * ld + r));
+        }
         r += GROUP;
     }
     if r < nrows {
-        rows_q4_1(n, w.add(r * ws), ws, nrows - r, x, xd, out.add(r));
+        for c in 0..NC {
+            let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
+            rows_q4_1(n, w.add(r * ws), ws, nrows - r, x.add(c * xs), xdc, out.add(c * ld + r));
+        }
     }
 }
+
+/// The most activation rows one pass of the x4 kernels takes.
+pub(crate) const X4_COLS: usize = 4;
+
+macro_rules! x4_entries {
+    ($rows:ident, $cols:ident, $body:ident) => {
+        /// The single-token kernel (`DotRows`) of the body below.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
+            $body::<1>(n, w, ws, nrows, x, 0, xd, 0, out, 0)
+        }
+        /// `ncols` activation rows (`repack::X4Cols`), in passes of up to X4_COLS.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $cols(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, ncols: usize, out: *mut f32, ld: usize) {
+            let mut c = 0;
+            while c < ncols {
+                let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
+                let (xc, oc) = (x.add(c * xs), out.add(c * ld));
+                match ncols - c {
+                    1 => $body::<1>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
+                    2 => $body::<2>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
+                    3 => $body::<3>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
+                    _ => $body::<X4_COLS>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
+                }
+                c += X4_COLS;
+            }
+        }
+    };
+}
+
+x4_entries!(rows_q5_0_x4, cols_q5_0_x4, q5_0_x4_body);
+x4_entries!(rows_q4_1_x4, cols_q4_1_x4, q4_1_x4_body);

@@ -66,6 +66,25 @@ pub fn x4_rows_kernel(ty: GgmlType) -> Option<super::DotRows> {
     None
 }
 
+/// `x4_rows_kernel` over `ncols` activation rows at once (`x + c * xs`, their scales at
+/// `xd + c * xds`, results at `out + c * ld`): each group-block decoded once for up to four
+/// of them; the same bits per element as the single-token kernel.
+pub type X4Cols = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, ncols: usize, out: *mut f32, ld: usize);
+
+/// The multi-token kernel over `ty`'s x4 layout (`X4Cols`), where `x4_rows_kernel` has one.
+pub fn x4_cols_kernel(ty: GgmlType) -> Option<X4Cols> {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_available() {
+        return match ty {
+            GgmlType::Q5_0 => Some(super::avx512::cols_q5_0_x4),
+            GgmlType::Q4_1 => Some(super::avx512::cols_q4_1_x4),
+            _ => None,
+        };
+    }
+    let _ = ty;
+    None
+}
+
 fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, usize)> {
     let gb = group_block_bytes(ty).ok_or_else(|| Error::Unsupported(format!("no x4 layout for {ty}")))?;
     let wrow = ty
@@ -81,10 +100,6 @@ fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, us
     }
     debug_assert_eq!(gb * (n_in / 32), GROUP * wrow);
     Ok((wrow, src.len() / wrow))
-}
-
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
 }
 
 /// `src` (plain rows of `n_in` elements of `ty`) in the x4 layout, into `dst` (the same size).
@@ -143,31 +158,34 @@ pub fn repack_x4_in_place(ty: GgmlType, n_in: usize, data: &mut [u8]) -> Result<
 }
 
 /// The plain rows of an x4 layout `src` (rows of `n_in` elements of `ty`), into `dst`.
+/// (Word loads and stores: a prompt's matmul unpacks each x4 weight it reads.)
 pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
     let (wrow, n_rows) = check(ty, n_in, src, dst)?;
     let bs = ty.type_size();
     let nb = n_in / 32;
     let ng = n_rows / GROUP;
     let gb = group_block_bytes(ty).unwrap();
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
     for g in 0..ng {
-        let grp = &src[g * GROUP * wrow..(g + 1) * GROUP * wrow];
-        let rows = &mut dst[g * GROUP * wrow..(g + 1) * GROUP * wrow];
+        let base = g * GROUP * wrow;
         for i in 0..nb {
-            let s = &grp[i * gb..(i + 1) * gb];
-            for r in 0..GROUP {
-                let b = &mut rows[r * wrow + i * bs..r * wrow + (i + 1) * bs];
-                match ty {
-                    GgmlType::Q5_0 => {
-                        let lo = u64::from_le_bytes(s[72..80].try_into().unwrap());
-                        let hi = u64::from_le_bytes(s[80..88].try_into().unwrap());
-                        let qh = ((lo >> (16 * r)) & 0xFFFF) | (((hi >> (16 * r)) & 0xFFFF) << 16);
-                        b[0..2].copy_from_slice(&u16_at(s, 64 + 2 * r).to_le_bytes());
-                        b[2..6].copy_from_slice(&(qh as u32).to_le_bytes());
-                        b[6..22].copy_from_slice(&s[16 * r..16 * r + 16]);
-                    }
-                    _ => {
-                        b[0..4].copy_from_slice(&s[64 + 4 * r..68 + 4 * r]);
-                        b[4..20].copy_from_slice(&s[16 * r..16 * r + 16]);
+            // SAFETY: group g's block i (gb bytes at base + i * gb) and row r's block i (bs
+            // bytes at base + r * wrow + i * bs) lie inside src / dst: check() holds
+            // src.len() == dst.len() == n_rows * wrow, and gb * nb == GROUP * wrow.
+            unsafe {
+                let s = sp.add(base + i * gb);
+                let rd = |o: usize| std::ptr::read_unaligned(s.add(o) as *const u64);
+                for r in 0..GROUP {
+                    let d = dp.add(base + r * wrow + i * bs);
+                    let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
+                    if ty == GgmlType::Q5_0 {
+                        let qh = ((rd(72) >> (16 * r)) & 0xFFFF) | (((rd(80) >> (16 * r)) & 0xFFFF) << 16);
+                        std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(64 + 2 * r) as *const u16));
+                        std::ptr::write_unaligned(d.add(2) as *mut u32, qh as u32);
+                        std::ptr::write_unaligned(d.add(6) as *mut u128, qs);
+                    } else {
+                        std::ptr::write_unaligned(d as *mut u32, std::ptr::read_unaligned(s.add(64 + 4 * r) as *const u32));
+                        std::ptr::write_unaligned(d.add(4) as *mut u128, qs);
                     }
                 }
             }

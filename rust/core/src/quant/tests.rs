@@ -693,7 +693,7 @@ fn matmul_of_x4_weights_equals_plain_bit_for_bit() {
             let plain = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: Layout::Plain };
             let packed = TensorView { name: "w4", ty, ne: [n_in, n_out, 1, 1], data: &w4, layout: Layout::X4 };
             for &set in &sets {
-                for n_tok in [1usize, 2, 5, 16, 33, 40] {
+                for n_tok in [1usize, 2, 3, 5, 6, 16, 33, 40] {
                     let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
                     for rows in [0..n_out, 4..n_out, 4..8.min(n_out), 1..n_out - 1, 3..5] {
                         for pool in &pools {
