@@ -590,7 +590,9 @@ impl Model {
         }
         if offloading {
             model.offload(&mut params)?;
-        } else if !params.vocab_only {
+        }
+        // (with no device taken: n_gpu_layers asked for on a machine without one)
+        if !params.vocab_only && model.device.is_none() {
             model.repack_weights();
         }
         report(1.0, &mut params)?;
@@ -604,7 +606,7 @@ impl Model {
     /// Zen 4, one thread: Q5_0 18.9 -> 23.8 GB/s, Q4_1 22.5 -> 30.4). Only the CPU matmul
     /// reads these tensors (`ops::matmul` takes the layout; every other path gets the plain
     /// rows back), so only weights held in RAM are repacked (a memory map stays the file's
-    /// bytes), never with GPU offload, not under `PYLLAMA_NO_REPACK=1`, and only the
+    /// bytes), never when a GPU holds layers, not under `PYLLAMA_NO_REPACK=1`, and only the
     /// 2-D `blk.N.{attn_q,attn_k,attn_v,attn_qkv,attn_output,ffn_gate,ffn_up,ffn_down}.weight`.
     fn repack_weights(&mut self) {
         use crate::quant::repack::{repack_x4_in_place, x4_rows_kernel};
