@@ -657,14 +657,14 @@ fn split_table() {
 /// threads: a matrix of PYLLAMA_BENCH_MIB MiB (default 512: from memory) and one of ~1 MiB
 /// (from the caches), rows of PYLLAMA_BENCH_NIN (default: each model's width, 896 and 576).
 fn x4_table(huge: bool) {
-    use pyllama_core::quant::repack::{repack_x4, x4_rows_kernel};
+    use pyllama_core::quant::repack::{repack_x4, x4_kernel, x4_offsets};
     let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let bw = probe_bandwidth(&pools, mib << 20, huge, 12);
     println!("read probe {mib} MiB, GB/s: 1 thread {:.1}, 2 threads {:.1}", bw[0][0], bw[1][0]);
     println!("{:<6} {:>5} {:>9} | {:>8} {:>8} | {:>8} {:>8}", "type", "n_in", "matrix", "plain 1t", "x4 1t", "plain 2t", "x4 2t");
     for (ty, n_def) in [(GgmlType::Q5_0, 896usize), (GgmlType::Q4_1, 576)] {
-        let Some(k4) = x4_rows_kernel(ty) else {
+        let Some(k4) = x4_kernel(ty) else {
             println!("{ty}: no x4 kernel on this CPU");
             continue;
         };
@@ -675,6 +675,9 @@ fn x4_table(huge: bool) {
         let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
         let mut xq = vec![0u8; vdt.row_size(n_in).unwrap()];
         quant::quantize_act_fn(vdt, quant::KernelSet::Avx512).unwrap()(&x, &mut xq);
+        let mut tn = Vec::new();
+        x4_offsets(ty, n_in, xq.as_ptr(), 0, 1, &mut tn);
+        let tn_addr = tn.as_ptr() as usize;
         for bytes in [mib << 20, 1 << 20] {
             let n_out = (bytes / wrow / 8 * 8).max(8);
             let plain = random_weights(ty, n_in, n_out);
@@ -684,15 +687,20 @@ fn x4_table(huge: bool) {
             let outs: Vec<std::sync::Mutex<Vec<f32>>> = (0..2).map(|_| std::sync::Mutex::new(vec![0f32; n_out])).collect();
             let mut g = [[0f64; 2]; 2];
             let mut check = [0u64; 2];
-            for (k, (w, kern)) in [(&wp, kp), (&w4, k4), (&wp, kp), (&w4, k4)].into_iter().enumerate() {
-                let k = k % 2;
+            for k in [0usize, 1, 0, 1] {
+                let w = if k == 0 { &wp } else { &w4 };
                 let wa = w.as_ref().as_ptr() as usize;
                 for (t, pool) in pools.iter().enumerate() {
                     // the rows split in whole groups of 4, as a matmul over the x4 layout must
                     let (wall, _) = per_part_cpu(pool, 12, &|ith, nth| {
                         let r = split_range(n_out / 4, ith, nth);
                         let mut o = outs[ith].lock().unwrap();
-                        unsafe { kern(n_in, (wa as *const u8).add(4 * r.start * wrow), wrow, 4 * r.len(), xq.as_ptr(), std::ptr::null(), o.as_mut_ptr()) };
+                        let wr = unsafe { (wa as *const u8).add(4 * r.start * wrow) };
+                        if k == 0 {
+                            unsafe { kp(n_in, wr, wrow, 4 * r.len(), xq.as_ptr(), std::ptr::null(), o.as_mut_ptr()) };
+                        } else {
+                            unsafe { k4(n_in, wr, wrow, 4 * r.len(), xq.as_ptr(), 0, std::ptr::null(), 0, tn_addr as *const i32, 1, o.as_mut_ptr(), 0) };
+                        }
                     });
                     g[k][t] = (n_out * wrow) as f64 / wall / 1e9;
                 }

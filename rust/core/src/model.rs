@@ -609,7 +609,7 @@ impl Model {
     /// bytes), never when a GPU holds layers, not under `PYLLAMA_NO_REPACK=1`, and only the
     /// 2-D `blk.N.{attn_q,attn_k,attn_v,attn_qkv,attn_output,ffn_gate,ffn_up,ffn_down}.weight`.
     fn repack_weights(&mut self) {
-        use crate::quant::repack::{repack_x4_in_place, x4_rows_kernel};
+        use crate::quant::repack::{repack_x4_in_place, x4_kernel};
         if crate::quant::cpu::env().no_repack {
             return;
         }
@@ -623,7 +623,7 @@ impl Model {
                     && t.ne[3] == 1
                     && t.ne[1] >= crate::quant::repack::GROUP as u64
                     && set == crate::quant::KernelSet::Avx512
-                    && x4_rows_kernel(t.ty).is_some()
+                    && x4_kernel(t.ty).is_some()
                     // the x4 kernels run the plain multi-row kernels' float order
                     && table.get(t.ty).rows.is_some()
                     && t.ne[0] % 32 == 0;

@@ -336,41 +336,61 @@ fn matmul_with_x(
         }
     }
 
-    if let (Some(_), true) = (x4, n_tokens > 1) {
-        // a decode step of a few sequences: chunks of whole groups small enough to stay in
-        // L1, each group-block decoded once for up to 4 tokens (the weights stream from
-        // memory once)
-        let k4 = quant::repack::x4_cols_kernel(w.ty).expect("a multi-token x4 kernel beside the single-token one");
-        let xs_addr = xscales as usize;
-        let chunk = (X4_CHUNK_BYTES / (wrow * quant::repack::GROUP)).max(1) * quant::repack::GROUP;
-        run_guided(pool, n_rows.div_ceil(chunk), usize::MAX, &|_, cs| {
-            for c in cs {
-                let mine = c * chunk..((c + 1) * chunk).min(n_rows);
-                // SAFETY: rows r0 + mine are inside wdata, whole groups from a group boundary
-                // or the matrix's plain tail (`x4_kernel`); the tokens' activations, scales
-                // and out rows were checked or sized above.
-                unsafe {
-                    k4(
-                        n_in,
-                        wdata.as_ptr().add((r0 + mine.start) * wrow),
-                        wrow,
-                        mine.len(),
-                        xq.as_ptr(),
-                        xrow,
-                        xs_addr as *const f32,
-                        nsc,
-                        n_tokens,
-                        op.get().add(mine.start),
-                        ld_out,
-                    )
-                };
+    if let Some(k4) = x4 {
+        // The x4 kernels, in claims of whole groups: one token as the multi-row kernels
+        // below (each thread's own contiguous run first, guided claims); a decode step of a
+        // few sequences in claims small enough to stay in L1, each group-block decoded
+        // once for up to 4 tokens (the weights stream from memory once).
+        let g = quant::repack::GROUP;
+        let mut tn = Vec::new();
+        quant::repack::x4_offsets(w.ty, n_in, xq.as_ptr(), xrow, n_tokens, &mut tn);
+        let (xs_addr, tn_addr) = (xscales as usize, tn.as_ptr() as usize);
+        let run = |mine: Range<usize>| {
+            // SAFETY: rows r0 + mine are inside wdata, whole groups from a group boundary or
+            // the matrix's plain tail (`x4_kernel`); the tokens' activations, scales, offset
+            // sums and out rows were checked or sized above.
+            unsafe {
+                k4(
+                    n_in,
+                    wdata.as_ptr().add((r0 + mine.start) * wrow),
+                    wrow,
+                    mine.len(),
+                    xq.as_ptr(),
+                    xrow,
+                    xs_addr as *const f32,
+                    nsc,
+                    tn_addr as *const i32,
+                    n_tokens,
+                    op.get().add(mine.start),
+                    ld_out,
+                )
+            };
+        };
+        let nth = pool.n_threads();
+        if nth == 1 && n_tokens == 1 {
+            run(0..n_rows);
+            return Ok(());
+        }
+        let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / g } else { (X4_CHUNK_BYTES / (wrow * g)).max(1) };
+        run_guided(pool, n_rows.div_ceil(g), max, &|_, c| {
+            let mine = c.start * g..(c.end * g).min(n_rows);
+            if n_tokens == 1 {
+                run(mine);
+            } else {
+                // L1-sized pieces of the claim, each against every token
+                let step = (X4_CHUNK_BYTES / (wrow * g)).max(1) * g;
+                let mut a = mine.start;
+                while a < mine.end {
+                    run(a..(a + step).min(mine.end));
+                    a += step;
+                }
             }
         });
         return Ok(());
     }
 
     if n_tokens == 1 {
-        if let Some(rows_k) = x4.or(kern.rows) {
+        if let Some(rows_k) = kern.rows {
             // Single token: one call per thread over all its rows (several weight rows per
             // pass break the per-row FMA chain; each element is still bit-identical to `one`).
             let xs_addr = xscales as usize; // a plain address so the closure stays Sync
@@ -903,6 +923,8 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     #[derive(Clone, Copy)]
     struct Prep {
         k: quant::DotRows,
+        // an x4 weight's kernel and its type (its offset sums are made after quantizing)
+        k4: Option<(quant::repack::X4Cols, GgmlType)>,
         w: usize, // address of the part's first row
         wrow: usize,
         n_rows: usize,
@@ -929,11 +951,14 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     for (i, p) in parts.iter_mut().enumerate() {
         let w = p.w;
         let kern = table.get(w.ty);
-        let k = match w.layout {
-            Layout::Plain => kern.rows,
-            Layout::X4 => x4_kernel(set, w.ty, &p.rows, w.n_rows(), 1),
+        let (k, k4) = match w.layout {
+            Layout::Plain => (kern.rows, None),
+            Layout::X4 => (kern.rows, x4_kernel(set, w.ty, &p.rows, w.n_rows(), 1)),
         };
         let Some(k) = k else { return Ok(false) };
+        if w.layout == Layout::X4 && k4.is_none() {
+            return Ok(false);
+        }
         let Ok(wrow) = quant::row_bytes(w.ty, n_in) else { return Ok(false) };
         let vdt = kern.vec_dot_type;
         if w.ne[0] != n_in
@@ -963,6 +988,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         max_claim = max_claim.min(single_token_chunk(n_rows, wrow, nth) / PASS_ROWS);
         preps[i] = Some(Prep {
             k,
+            k4: k4.map(|k4| (k4, w.ty)),
             w: w.data.as_ptr() as usize + p.rows.start * wrow,
             wrow,
             n_rows,
@@ -986,16 +1012,47 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         }
     }
     let base = scratch.as_mut_ptr() as usize;
+    // the x4 parts' offset sums, once for the region
+    let mut tns: [Vec<i32>; MAX_FUSED] = Default::default();
+    for (p, tn) in preps.iter().zip(tns.iter_mut()) {
+        if let Some(Prep { k4: Some((_, ty)), xq, .. }) = p {
+            quant::repack::x4_offsets(*ty, n_in, (base + xq) as *const u8, 0, 1, tn);
+        }
+    }
+    let tn_addrs: [usize; MAX_FUSED] = std::array::from_fn(|i| tns[i].as_ptr() as usize);
     let preps = &preps[..parts.len()];
     run_guided(pool, n_chunks, max_claim, &|_, run| {
         // a run may span parts: each part's share of it in one kernel call
-        for p in preps.iter().flatten() {
+        for (pi, p) in preps.iter().enumerate() {
+            let Some(p) = p else { continue };
             let (lo, hi) = (run.start.max(p.first), run.end.min(p.first + p.n_rows.div_ceil(PASS_ROWS)));
             if lo >= hi {
                 continue;
             }
             let start = (lo - p.first) * PASS_ROWS;
             let len = ((hi - p.first) * PASS_ROWS).min(p.n_rows) - start;
+            let xs = p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32);
+            if let Some((k4, _)) = p.k4 {
+                // SAFETY: as below; the part's rows start on a group boundary (`x4_kernel`,
+                // PASS_ROWS = GROUP) and its offset sums are tns[pi].
+                unsafe {
+                    k4(
+                        n_in,
+                        (p.w + start * p.wrow) as *const u8,
+                        p.wrow,
+                        len,
+                        (base + p.xq) as *const u8,
+                        0,
+                        xs,
+                        0,
+                        tn_addrs[pi] as *const i32,
+                        1,
+                        (p.out as *mut f32).add(start),
+                        0,
+                    )
+                };
+                continue;
+            }
             // SAFETY: rows start..start + len of the part are inside its weight data and its
             // out slice (checked above); its activations and scales are in scratch.
             unsafe {
@@ -1043,6 +1100,8 @@ pub(crate) fn run_guided(pool: &ThreadPool, n_chunks: usize, max: usize, f: &(dy
 /// pass. A claim takes up to `single_token_chunk` rows (~16 KiB of weights) while much is
 /// left and one pass at the end.
 const PASS_ROWS: usize = 4;
+// (the fused path's x4 parts take claims of PASS_ROWS rows as whole groups)
+const _: () = assert!(PASS_ROWS == quant::repack::GROUP);
 
 /// Weight bytes per chunk of the x4 path over a few tokens (each chunk is read from memory
 /// once and from L1 for the other tokens).
@@ -1052,15 +1111,15 @@ const X4_CHUNK_BYTES: usize = 16 * 1024;
 /// rows (`matmul_unpacked`) and the prefill kernels.
 const X4_MAX_TOKENS: usize = 32;
 
-/// The x4 single-token kernel for rows `rows` of an x4 weight of `n_out` rows and `ty`, if
+/// The x4 kernel for rows `rows` of an x4 weight of `n_out` rows and `ty`, if
 /// it applies: the AVX-512 set (whose multi-row kernels have the same float order), at most
 /// `X4_MAX_TOKENS` tokens, and rows from a group boundary to a group boundary or the end.
-fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::DotRows> {
+fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::repack::X4Cols> {
     let g = quant::repack::GROUP;
     let aligned = rows.start % g == 0 && (rows.end % g == 0 || rows.end == n_out);
     let table_rows = quant::table::table(set).get(ty).rows;
     (set == KernelSet::Avx512 && aligned && n_tokens <= X4_MAX_TOKENS && table_rows.is_some())
-        .then(|| quant::repack::x4_rows_kernel(ty))
+        .then(|| quant::repack::x4_kernel(ty))
         .flatten()
 }
 

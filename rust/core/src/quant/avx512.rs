@@ -630,24 +630,13 @@ unsafe fn q5_0_x4_body<const NC: usize>(
     xs: usize,
     xd: *const f32,
     xds: usize,
+    tn: *const i32,
+    ncols: usize,
     out: *mut f32,
     ld: usize,
 ) {
     let nb = n / 32;
-    // per column and block: -(16 * the sum of each 4 activations), lanes 4r + k <- group k
-    // (the block's low half) and 4 + k (its high half), once for all the groups
-    let mut tn: Vec<__m512i> = Vec::with_capacity(2 * nb * NC);
     let sixteen = _mm512_set1_epi8(16);
-    for i in 0..nb {
-        for c in 0..NC {
-            let bx = x.add(c * xs + i * BlockQ8_0::SIZE + 2);
-            for h in 0..2 {
-                let xz = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(16 * h) as *const __m128i));
-                tn.push(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz)));
-            }
-        }
-    }
-    let tn = tn.as_ptr();
     let gb = 88usize;
     let m4 = _mm512_set1_epi8(0x0F);
     // lanes 4r..4r + 4 <- lane r (row r's d_w * d_x)
@@ -673,9 +662,10 @@ unsafe fn q5_0_x4_body<const NC: usize>(
                 let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
                 let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(2) as *const __m128i));
                 let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(18) as *const __m128i));
-                let t = tn.add(2 * (i * NC + c));
-                let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*t, lo, xlo));
-                let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(*t.add(1), hi, xhi));
+                // this column's offset sums (`x4_offsets`, columns counted from the call's x)
+                let t = tn.add(32 * (i * ncols + c));
+                let plo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_loadu_si512(t as *const _), lo, xlo));
+                let phi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_loadu_si512(t.add(16) as *const _), hi, xhi));
                 let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(dx))));
                 alo[c] = _mm512_fmadd_ps(d, plo, alo[c]);
                 ahi[c] = _mm512_fmadd_ps(d, phi, ahi[c]);
@@ -711,6 +701,8 @@ unsafe fn q4_1_x4_body<const NC: usize>(
     xs: usize,
     xd: *const f32,
     xds: usize,
+    _tn: *const i32,
+    _ncols: usize,
     out: *mut f32,
     ld: usize,
 ) {
@@ -766,25 +758,33 @@ unsafe fn q4_1_x4_body<const NC: usize>(
 pub(crate) const X4_COLS: usize = 4;
 
 macro_rules! x4_entries {
-    ($rows:ident, $cols:ident, $body:ident) => {
-        /// The single-token kernel (`DotRows`) of the body below.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(crate) unsafe fn $rows(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xd: *const f32, out: *mut f32) {
-            $body::<1>(n, w, ws, nrows, x, 0, xd, 0, out, 0)
-        }
+    ($cols:ident, $body:ident) => {
         /// `ncols` activation rows (`repack::X4Cols`), in passes of up to X4_COLS.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $cols(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, ncols: usize, out: *mut f32, ld: usize) {
+        pub(crate) unsafe fn $cols(
+            n: usize,
+            w: *const u8,
+            ws: usize,
+            nrows: usize,
+            x: *const u8,
+            xs: usize,
+            xd: *const f32,
+            xds: usize,
+            tn: *const i32,
+            ncols: usize,
+            out: *mut f32,
+            ld: usize,
+        ) {
             let mut c = 0;
             while c < ncols {
                 let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
-                let (xc, oc) = (x.add(c * xs), out.add(c * ld));
+                let (xc, oc, tc) = (x.add(c * xs), out.add(c * ld), tn.wrapping_add(32 * c));
                 match ncols - c {
-                    1 => $body::<1>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
-                    2 => $body::<2>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
-                    3 => $body::<3>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
-                    _ => $body::<X4_COLS>(n, w, ws, nrows, xc, xs, xdc, xds, oc, ld),
+                    1 => $body::<1>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    2 => $body::<2>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    3 => $body::<3>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    _ => $body::<X4_COLS>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
                 }
                 c += X4_COLS;
             }
@@ -792,5 +792,22 @@ macro_rules! x4_entries {
     };
 }
 
-x4_entries!(rows_q5_0_x4, cols_q5_0_x4, q5_0_x4_body);
-x4_entries!(rows_q4_1_x4, cols_q4_1_x4, q4_1_x4_body);
+x4_entries!(cols_q5_0_x4, q5_0_x4_body);
+x4_entries!(cols_q4_1_x4, q4_1_x4_body);
+
+/// `repack::x4_offsets` for Q5_0: per block i and column c (of ncols, `x + c * xs`), the
+/// two halves' 16 lanes -(16 * (x_4k + .. + x_4k+3)), lane 4r + k (every row alike).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0_x4_offsets(n: usize, x: *const u8, xs: usize, ncols: usize, dst: *mut i32) {
+    let sixteen = _mm512_set1_epi8(16);
+    for i in 0..n / 32 {
+        for c in 0..ncols {
+            let bx = x.add(c * xs + i * BlockQ8_0::SIZE + 2);
+            for h in 0..2 {
+                let xz = _mm512_broadcast_i32x4(_mm_loadu_si128(bx.add(16 * h) as *const __m128i));
+                let t = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz));
+                _mm512_storeu_si512(dst.add(32 * (i * ncols + c) + 16 * h) as *mut _, t);
+            }
+        }
+    }
+}

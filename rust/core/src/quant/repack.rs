@@ -50,29 +50,29 @@ pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
     }
 }
 
-/// The single-token kernel over `ty`'s x4 layout (`DotRows`, `w` at a group boundary, the
-/// rows after the whole groups the matrix's plain tail), where this CPU runs one: the
-/// AVX-512 (VNNI) set's.
-pub fn x4_rows_kernel(ty: GgmlType) -> Option<super::DotRows> {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_available() {
-        return match ty {
-            GgmlType::Q5_0 => Some(super::avx512::rows_q5_0_x4),
-            GgmlType::Q4_1 => Some(super::avx512::rows_q4_1_x4),
-            _ => None,
-        };
-    }
-    let _ = ty;
-    None
-}
+/// The kernel over `ty`'s x4 layout, where this CPU runs one (the AVX-512 VNNI set's):
+/// `ncols` activation rows at once (`x + c * xs`, their scales at `xd + c * xds` or `xd`
+/// null, results at `out + c * ld`), rows of `w` from a group boundary (the rows after the
+/// whole groups, nrows % 4, must be the matrix's plain tail), each group-block decoded once
+/// for up to four columns; `tn` the columns' offset sums (`x4_offsets`). Every element has
+/// the bits of the plain single-token kernel.
+pub type X4Cols = unsafe fn(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    nrows: usize,
+    x: *const u8,
+    xs: usize,
+    xd: *const f32,
+    xds: usize,
+    tn: *const i32,
+    ncols: usize,
+    out: *mut f32,
+    ld: usize,
+);
 
-/// `x4_rows_kernel` over `ncols` activation rows at once (`x + c * xs`, their scales at
-/// `xd + c * xds`, results at `out + c * ld`): each group-block decoded once for up to four
-/// of them; the same bits per element as the single-token kernel.
-pub type X4Cols = unsafe fn(n: usize, w: *const u8, ws: usize, nrows: usize, x: *const u8, xs: usize, xd: *const f32, xds: usize, ncols: usize, out: *mut f32, ld: usize);
-
-/// The multi-token kernel over `ty`'s x4 layout (`X4Cols`), where `x4_rows_kernel` has one.
-pub fn x4_cols_kernel(ty: GgmlType) -> Option<X4Cols> {
+/// `ty`'s `X4Cols` kernel on this CPU, if any.
+pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
     #[cfg(target_arch = "x86_64")]
     if super::avx512_available() {
         return match ty {
@@ -83,6 +83,24 @@ pub fn x4_cols_kernel(ty: GgmlType) -> Option<X4Cols> {
     }
     let _ = ty;
     None
+}
+
+/// The activations' offset sums an `X4Cols` kernel of `ty` takes (`tn`), for `ncols`
+/// activation rows of n elements (`x + c * xs`), into `dst` (resized): Q5_0's weights are
+/// u - 16 with u the unsigned 5-bit code, so each block's integer sum starts from -16 times
+/// each 4 activations' sum; computed once per matmul, not once per kernel call (a thread's
+/// last claims are one group). Empty for Q4_1 (no offset).
+pub fn x4_offsets(ty: GgmlType, n: usize, x: *const u8, xs: usize, ncols: usize, dst: &mut Vec<i32>) {
+    dst.clear();
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q5_0 && super::avx512_available() {
+        let len = (n / 32) * ncols * 32;
+        dst.resize(len, 0);
+        // SAFETY: x holds ncols rows of n / 32 Q8_0 blocks xs bytes apart (the caller's
+        // quantized activations); dst holds len i32.
+        unsafe { super::avx512::q5_0_x4_offsets(n, x, xs, ncols, dst.as_mut_ptr()) };
+    }
+    let _ = (ty, n, x, xs, ncols);
 }
 
 fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, usize)> {

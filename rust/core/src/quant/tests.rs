@@ -630,10 +630,10 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
     // The single-token kernels over the x4 row-group layouts (`repack`): every row's result
     // is the AVX2 single-row kernel's on the plain row, for row counts 1..=13 (whole groups
     // and a plain tail of 1-3 rows), with and without precomputed activation scales.
-    use super::repack::{repack_x4, x4_rows_kernel};
+    use super::repack::{repack_x4, x4_kernel, x4_offsets};
     let mut rng = Rng(0x0512_00a4);
     for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
-        let Some(rows) = x4_rows_kernel(ty) else {
+        let Some(k4) = x4_kernel(ty) else {
             eprintln!("no x4 kernel for {ty} on this CPU: nothing to compare");
             continue;
         };
@@ -649,9 +649,11 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
                 let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
                 let xq = activations(ty, &x, KernelSet::Avx2);
                 let sc = act_scales(vdt, &xq);
+                let mut tn = Vec::new();
+                x4_offsets(ty, n, xq.as_ptr(), 0, 1, &mut tn);
                 for xd in [std::ptr::null(), sc.as_ptr()] {
                     let mut got = vec![f32::NAN; nrows];
-                    unsafe { rows(n, w4.as_ptr(), wrow, nrows, xq.as_ptr(), xd, got.as_mut_ptr()) };
+                    unsafe { k4(n, w4.as_ptr(), wrow, nrows, xq.as_ptr(), 0, xd, 0, tn.as_ptr(), 1, got.as_mut_ptr(), 0) };
                     for r in 0..nrows {
                         let mut want = 0f32;
                         unsafe { a1(n, w.as_ptr().add(r * wrow), xq.as_ptr(), 0, std::ptr::null(), 0, &mut want) };
