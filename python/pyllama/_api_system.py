@@ -40,7 +40,7 @@ def llama_version() -> bytes:
 _FEATURE_NAMES = (
     ("sse3", "SSE3"), ("ssse3", "SSSE3"), ("avx", "AVX"), ("avxvnni", "AVX_VNNI"), ("avx2", "AVX2"),
     ("f16c", "F16C"), ("fma", "FMA"), ("avx512f", "AVX512"), ("avx512bw", "AVX512_BW"),
-    ("avx512vl", "AVX512_VL"), ("avx512vbmi", "AVX512_VBMI"), ("avx512vnni", "AVX512_VNNI"), ("avx512bf16", "AVX512_BF16"),
+    ("avx512vl", "AVX512_VL"), ("avx512vnni", "AVX512_VNNI"), ("avx512bf16", "AVX512_BF16"),
     ("neon", "NEON"), ("fp16", "FP16_VA"), ("dotprod", "DOTPROD"),
 )
 

@@ -621,7 +621,7 @@ unsafe fn x4_out(alo: __m512, ahi: __m512, add: Option<__m256>, out: *mut f32) {
 /// group; the rows after the whole groups (nrows % 4) must be the matrix's plain tail.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn q5_0_x4_body<const NC: usize, const VBMI: bool>(
+unsafe fn q5_0_x4_body<const NC: usize>(
     n: usize,
     w: *const u8,
     ws: usize,
@@ -637,8 +637,6 @@ unsafe fn q5_0_x4_body<const NC: usize, const VBMI: bool>(
 ) {
     let nb = n / 32;
     let sixteen = _mm512_set1_epi8(16);
-    // byte b: (b - 4) mod 64 (only the low 6 bits count)
-    let ctrl = _mm512_sub_epi8(_mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi8(4));
     let gb = 88usize;
     let m4 = _mm512_set1_epi8(0x0F);
     // lanes 4r..4r + 4 <- lane r (row r's d_w * d_x)
@@ -654,20 +652,10 @@ unsafe fn q5_0_x4_body<const NC: usize, const VBMI: bool>(
             let z = _mm512_loadu_si512(b as *const _);
             let lo = _mm512_and_si512(z, m4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
-            let (lo, hi) = if VBMI {
-                // the 5th bits: byte b of each half takes bit b of its 64-bit mask into bit 4
-                // (vpmultishiftqb: bits b - 4 .. b + 3 of the broadcast mask), one ternary
-                // op keeps that bit and ors it into the nibble (`--bench kernels -- x4`,
-                // rows of 640, one thread: in cache 24.1 -> 26.0 GB/s, from memory 21.3-21.8
-                // -> 23.2-23.5 against the masked adds)
-                let blo = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(std::ptr::read_unaligned(b.add(72) as *const i64)));
-                let bhi = _mm512_multishift_epi64_epi8(ctrl, _mm512_set1_epi64(std::ptr::read_unaligned(b.add(80) as *const i64)));
-                (_mm512_ternarylogic_epi32::<0xF8>(lo, blo, sixteen), _mm512_ternarylogic_epi32::<0xF8>(hi, bhi, sixteen))
-            } else {
-                let klo = std::ptr::read_unaligned(b.add(72) as *const u64);
-                let khi = std::ptr::read_unaligned(b.add(80) as *const u64);
-                (_mm512_mask_add_epi8(lo, klo, lo, sixteen), _mm512_mask_add_epi8(hi, khi, hi, sixteen))
-            };
+            let klo = std::ptr::read_unaligned(b.add(72) as *const u64);
+            let khi = std::ptr::read_unaligned(b.add(80) as *const u64);
+            let lo = _mm512_mask_add_epi8(lo, klo, lo, sixteen);
+            let hi = _mm512_mask_add_epi8(hi, khi, hi, sixteen);
             let dw = cvt_h4(std::ptr::read_unaligned(b.add(64) as *const u64));
             for c in 0..NC {
                 let bx = x.add(c * xs + i * BlockQ8_0::SIZE);
@@ -704,7 +692,7 @@ unsafe fn q5_0_x4_body<const NC: usize, const VBMI: bool>(
 /// plain tail.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn q4_1_x4_body<const NC: usize, const VBMI: bool>(
+unsafe fn q4_1_x4_body<const NC: usize>(
     n: usize,
     w: *const u8,
     ws: usize,
@@ -770,9 +758,9 @@ unsafe fn q4_1_x4_body<const NC: usize, const VBMI: bool>(
 pub(crate) const X4_COLS: usize = 4;
 
 macro_rules! x4_entries {
-    ($cols:ident, $body:ident, $vbmi:expr, $feat:literal) => {
+    ($cols:ident, $body:ident) => {
         /// `ncols` activation rows (`repack::X4Cols`), in passes of up to X4_COLS.
-        #[target_feature(enable = $feat)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $cols(
             n: usize,
@@ -793,10 +781,10 @@ macro_rules! x4_entries {
                 let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
                 let (xc, oc, tc) = (x.add(c * xs), out.add(c * ld), tn.wrapping_add(32 * c));
                 match ncols - c {
-                    1 => $body::<1, { $vbmi }>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
-                    2 => $body::<2, { $vbmi }>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
-                    3 => $body::<3, { $vbmi }>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
-                    _ => $body::<X4_COLS, { $vbmi }>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    1 => $body::<1>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    2 => $body::<2>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    3 => $body::<3>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
+                    _ => $body::<X4_COLS>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
                 }
                 c += X4_COLS;
             }
@@ -804,9 +792,8 @@ macro_rules! x4_entries {
     };
 }
 
-x4_entries!(cols_q5_0_x4, q5_0_x4_body, false, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
-x4_entries!(cols_q5_0_x4_vbmi, q5_0_x4_body, true, "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c");
-x4_entries!(cols_q4_1_x4, q4_1_x4_body, false, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
+x4_entries!(cols_q5_0_x4, q5_0_x4_body);
+x4_entries!(cols_q4_1_x4, q4_1_x4_body);
 
 /// `repack::x4_offsets` for Q5_0: per block i and column c (of ncols, `x + c * xs`), the
 /// two halves' 16 lanes -(16 * (x_4k + .. + x_4k+3)), lane 4r + k (every row alike).

@@ -25,8 +25,6 @@ pub struct CpuFeatures {
     pub avx512vl: bool,
     pub avx512dq: bool,
     pub avx512vnni: bool,
-    /// AVX-512 VBMI (`vpmultishiftqb`: the Q5_0 x4 kernel's 5th bits, `avx512::cols_q5_0_x4_vbmi`).
-    pub avx512vbmi: bool,
     pub avx512bf16: bool,
     pub neon: bool,
     pub dotprod: bool,
@@ -56,7 +54,6 @@ impl CpuFeatures {
             f.avx512vl = has!("avx512vl");
             f.avx512dq = has!("avx512dq");
             f.avx512vnni = has!("avx512vnni");
-            f.avx512vbmi = has!("avx512vbmi");
             f.avx512bf16 = has!("avx512bf16");
             // (unsafe before Rust 1.87, safe since: CPUID leaf 0 exists on every x86-64 CPU)
             #[allow(unused_unsafe)]
@@ -111,7 +108,6 @@ impl CpuFeatures {
                 ("avx512bw", self.avx512bw),
                 ("avx512vl", self.avx512vl),
                 ("avx512dq", self.avx512dq),
-                ("avx512vbmi", self.avx512vbmi),
                 ("avx512vnni", self.avx512vnni),
                 ("avx512bf16", self.avx512bf16),
             ]

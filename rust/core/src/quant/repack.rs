@@ -76,7 +76,6 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
     #[cfg(target_arch = "x86_64")]
     if super::avx512_available() {
         return match ty {
-            GgmlType::Q5_0 if super::cpu::features().avx512vbmi && !x4_no_vbmi() => Some(super::avx512::cols_q5_0_x4_vbmi),
             GgmlType::Q5_0 => Some(super::avx512::cols_q5_0_x4),
             GgmlType::Q4_1 => Some(super::avx512::cols_q4_1_x4),
             _ => None,
@@ -84,19 +83,6 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
     }
     let _ = ty;
     None
-}
-
-/// Tests: the Q5_0 kernel without VBMI where the CPU has it (both builds compared).
-#[cfg(test)]
-thread_local! {
-    pub(crate) static NO_VBMI: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn x4_no_vbmi() -> bool {
-    #[cfg(test)]
-    return NO_VBMI.with(|c| c.get());
-    #[cfg(not(test))]
-    false
 }
 
 /// The activations' offset sums an `X4Cols` kernel of `ty` takes (`tn`), for `ncols`

@@ -630,11 +630,9 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
     // The single-token kernels over the x4 row-group layouts (`repack`): every row's result
     // is the AVX2 single-row kernel's on the plain row, for row counts 1..=13 (whole groups
     // and a plain tail of 1-3 rows), with and without precomputed activation scales.
-    use super::repack::{repack_x4, x4_kernel, x4_offsets, NO_VBMI};
+    use super::repack::{repack_x4, x4_kernel, x4_offsets};
     let mut rng = Rng(0x0512_00a4);
-    // (Q5_0 twice: its VBMI build where the CPU has VBMI, then its masked-add build)
-    for (ty, no_vbmi) in [(GgmlType::Q5_0, false), (GgmlType::Q5_0, true), (GgmlType::Q4_1, false)] {
-        NO_VBMI.with(|c| c.set(no_vbmi));
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
         let Some(k4) = x4_kernel(ty) else {
             eprintln!("no x4 kernel for {ty} on this CPU: nothing to compare");
             continue;
@@ -659,13 +657,12 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
                     for r in 0..nrows {
                         let mut want = 0f32;
                         unsafe { a1(n, w.as_ptr().add(r * wrow), xq.as_ptr(), 0, std::ptr::null(), 0, &mut want) };
-                        assert_eq!(want.to_bits(), got[r].to_bits(), "{ty} (no_vbmi {no_vbmi}) n={n} nrows={nrows} row {r}: {want} vs {}", got[r]);
+                        assert_eq!(want.to_bits(), got[r].to_bits(), "{ty} n={n} nrows={nrows} row {r}: {want} vs {}", got[r]);
                     }
                 }
             }
         }
     }
-    NO_VBMI.with(|c| c.set(false));
 }
 
 #[test]
