@@ -11,7 +11,9 @@
 //! `tg` matrix's row length (default 4096). `split`: single-token Q4_1 matmuls of SmolLM2's
 //! row length (576) over 256 MiB of weights, as one matrix and as a run of model-sized
 //! matrices (1536, 576, 192 rows: its gate/up, q/o, k/v) one after another, and the same
-//! matrix sizes run again and again from L2 (the kernel's speed without memory).
+//! matrix sizes run again and again from L2 (the kernel's speed without memory). `x4`: the
+//! AVX-512 single-token kernels of Q5_0 and Q4_1 on plain rows against the x4 row-group
+//! layout's (`quant::repack`), from memory and from the caches.
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
 //! single-token matmul throughput in GB/s of weights read (a 64 MiB-ish matrix, far bigger
