@@ -635,50 +635,50 @@ impl Model {
         if jobs.is_empty() || self.files.iter().any(|f| f.storage.is_mmap()) {
             return;
         }
-        // the tensors split over the cores (each in place, disjoint byte ranges)
+        // the tensors split over the cores (each in place, disjoint byte ranges of its
+        // file's buffer): (job index, type, row length, bytes)
+        type Slot<'a> = std::sync::Mutex<Option<(usize, GgmlType, usize, &'a mut [u8])>>;
         let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut slices: Vec<Option<(GgmlType, usize, &mut [u8])>> = Vec::new();
-        let mut by_file: Vec<Vec<usize>> = vec![Vec::new(); self.files.len()];
-        for &(fi, ti) in &jobs {
-            by_file[fi].push(ti);
-        }
+        let mut slots: Vec<Slot> = Vec::new();
         for (fi, f) in self.files.iter_mut().enumerate() {
-            let infos: Vec<(GgmlType, usize, usize, usize)> = by_file[fi]
+            // (job, type, row length, start, bytes) of this file's tensors, in address order
+            let mut mine: Vec<(usize, GgmlType, usize, usize, usize)> = jobs
                 .iter()
-                .map(|&ti| {
+                .enumerate()
+                .filter(|(_, &(jf, _))| jf == fi)
+                .map(|(k, &(_, ti))| {
                     let t = &f.tensors[ti];
-                    ((t.ty), t.ne[0] as usize, (f.data_offset + t.offset) as usize, t.nbytes as usize)
+                    (k, t.ty, t.ne[0] as usize, (f.data_offset + t.offset) as usize, t.nbytes as usize)
                 })
                 .collect();
+            mine.sort_by_key(|m| m.3);
             let Some(bytes) = f.storage.bytes_mut() else { continue };
-            // disjoint ranges of one buffer, in address order
-            let mut order: Vec<usize> = (0..infos.len()).collect();
-            order.sort_by_key(|&k| infos[k].2);
-            let mut rest: &mut [u8] = bytes;
-            let mut at = 0usize;
-            for k in order {
-                let (ty, n_in, start, n) = infos[k];
+            let (mut rest, mut at) = (bytes, 0usize);
+            for (k, ty, n_in, start, n) in mine {
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
-                let (mine, tail) = tail.split_at_mut(n);
+                let (data, tail) = tail.split_at_mut(n);
                 rest = tail;
                 at = start + n;
-                slices.push(Some((ty, n_in, mine)));
+                slots.push(std::sync::Mutex::new(Some((k, ty, n_in, data))));
             }
         }
-        let slices: Vec<std::sync::Mutex<Option<(GgmlType, usize, &mut [u8])>>> = slices.into_iter().map(std::sync::Mutex::new).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done: Vec<std::sync::atomic::AtomicBool> = jobs.iter().map(|_| std::sync::atomic::AtomicBool::new(false)).collect();
         std::thread::scope(|s| {
             for _ in 0..n_threads {
                 s.spawn(|| loop {
                     let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(slot) = slices.get(k) else { break };
-                    if let Some((ty, n_in, data)) = slot.lock().unwrap().take() {
-                        repack_x4_in_place(ty, n_in, data).expect("checked: a format with an x4 layout, whole blocks and rows");
+                    let Some(slot) = slots.get(k) else { break };
+                    let Some((job, ty, n_in, data)) = slot.lock().map_or(None, |mut g| g.take()) else { continue };
+                    // (a tensor it cannot take, which the checks above rule out, stays plain:
+                    // the layout check fails before any byte is moved)
+                    if repack_x4_in_place(ty, n_in, data).is_ok() {
+                        done[job].store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 });
             }
         });
-        self.x4 = jobs.into_iter().collect();
+        self.x4 = jobs.into_iter().zip(&done).filter(|(_, d)| d.load(std::sync::atomic::Ordering::Relaxed)).map(|(j, _)| j).collect();
     }
 
     /// Total number of elements of all tensors (llama_model_n_params).

@@ -1116,7 +1116,7 @@ const X4_MAX_TOKENS: usize = 32;
 /// `X4_MAX_TOKENS` tokens, and rows from a group boundary to a group boundary or the end.
 fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::repack::X4Cols> {
     let g = quant::repack::GROUP;
-    let aligned = rows.start % g == 0 && (rows.end % g == 0 || rows.end == n_out);
+    let aligned = rows.start.is_multiple_of(g) && (rows.end.is_multiple_of(g) || rows.end == n_out);
     let table_rows = quant::table::table(set).get(ty).rows;
     (set == KernelSet::Avx512 && aligned && n_tokens <= X4_MAX_TOKENS && table_rows.is_some())
         .then(|| quant::repack::x4_kernel(ty))

@@ -107,9 +107,9 @@ fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, us
     let gb = group_block_bytes(ty).ok_or_else(|| Error::Unsupported(format!("no x4 layout for {ty}")))?;
     let wrow = ty
         .row_size(n_in)
-        .filter(|_| n_in % 32 == 0 && n_in > 0)
+        .filter(|_| n_in.is_multiple_of(32) && n_in > 0)
         .ok_or_else(|| Error::Invalid(format!("x4 layout of {ty}: a row of {n_in} is not whole 32-element blocks")))?;
-    if src.len() % wrow != 0 || src.len() != dst.len() {
+    if !src.len().is_multiple_of(wrow) || src.len() != dst.len() {
         return Err(Error::Invalid(format!(
             "x4 layout of {ty}: {} source bytes for rows of {wrow} bytes, {} destination bytes",
             src.len(),
