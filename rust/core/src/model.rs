@@ -601,8 +601,8 @@ impl Model {
 
     /// Repacks, in place, the layers' projection weights that have a single-token kernel
     /// over `quant::repack`'s x4 layout on this CPU (Q5_0, Q4_1 on the AVX-512 VNNI set):
-    /// a decode step reads each of them as one stream of group-blocks with a third fewer
-    /// instructions a block (`--bench kernels -- x4 huge`, rows of 896 / 576 over 256 MiB,
+    /// a decode step reads each of them as one stream of group-blocks, each field of the four
+    /// rows in one load instead of gathered from four rows (`--bench kernels -- x4 huge`, rows of 896 / 576 over 256 MiB,
     /// Zen 4, one thread: Q5_0 18.9 -> 23.8 GB/s, Q4_1 22.5 -> 30.4). Only the CPU matmul
     /// reads these tensors (`ops::matmul` takes the layout; every other path gets the plain
     /// rows back), so only weights held in RAM are repacked (a memory map stays the file's

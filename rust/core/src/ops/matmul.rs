@@ -342,7 +342,7 @@ fn matmul_with_x(
         // few sequences in claims small enough to stay in L1, each group-block decoded
         // once for up to 4 tokens (the weights stream from memory once).
         let g = quant::repack::GROUP;
-        let mut tn = Vec::new();
+        let mut tn = X4_TN.with(|t| t.take());
         quant::repack::x4_offsets(w.ty, n_in, xq.as_ptr(), xrow, n_tokens, &mut tn);
         let (xs_addr, tn_addr) = (xscales as usize, tn.as_ptr() as usize);
         let run = |mine: Range<usize>| {
@@ -367,25 +367,16 @@ fn matmul_with_x(
             };
         };
         let nth = pool.n_threads();
+        // one token: the multi-row path's claims; more: L1-sized ones, each against every token
+        let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / g } else { (X4_CHUNK_BYTES / (wrow * g)).max(1) };
         if nth == 1 && n_tokens == 1 {
             run(0..n_rows);
-            return Ok(());
+        } else {
+            run_guided(pool, n_rows.div_ceil(g), max, &|_, c| run(c.start * g..(c.end * g).min(n_rows)));
         }
-        let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / g } else { (X4_CHUNK_BYTES / (wrow * g)).max(1) };
-        run_guided(pool, n_rows.div_ceil(g), max, &|_, c| {
-            let mine = c.start * g..(c.end * g).min(n_rows);
-            if n_tokens == 1 {
-                run(mine);
-            } else {
-                // L1-sized pieces of the claim, each against every token
-                let step = (X4_CHUNK_BYTES / (wrow * g)).max(1) * g;
-                let mut a = mine.start;
-                while a < mine.end {
-                    run(a..(a + step).min(mine.end));
-                    a += step;
-                }
-            }
-        });
+        // (the offset sums' buffer back for the next matmul on this thread: no allocation
+        // per decode step)
+        X4_TN.with(|t| t.replace(tn));
         return Ok(());
     }
 
@@ -1012,19 +1003,18 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         }
     }
     let base = scratch.as_mut_ptr() as usize;
-    // the x4 parts' offset sums, once for the region
-    let mut tns: [Vec<i32>; MAX_FUSED] = Default::default();
-    for (p, tn) in preps.iter().zip(tns.iter_mut()) {
-        if let Some(Prep { k4: Some((_, ty)), xq, .. }) = p {
-            quant::repack::x4_offsets(*ty, n_in, (base + xq) as *const u8, 0, 1, tn);
-        }
+    // the x4 parts' offset sums, once for the region: only Q5_0 has them, and its parts
+    // share one quantization of x (one `quants` entry per activation type)
+    let mut tn = X4_TN.with(|t| t.take());
+    tn.clear();
+    if let Some(Prep { xq, .. }) = preps.iter().flatten().find(|p| p.k4.is_some_and(|k| k.1 == GgmlType::Q5_0)) {
+        quant::repack::x4_offsets(GgmlType::Q5_0, n_in, (base + xq) as *const u8, 0, 1, &mut tn);
     }
-    let tn_addrs: [usize; MAX_FUSED] = std::array::from_fn(|i| tns[i].as_ptr() as usize);
+    let tn_addr = tn.as_ptr() as usize;
     let preps = &preps[..parts.len()];
     run_guided(pool, n_chunks, max_claim, &|_, run| {
         // a run may span parts: each part's share of it in one kernel call
-        for (pi, p) in preps.iter().enumerate() {
-            let Some(p) = p else { continue };
+        for p in preps.iter().flatten() {
             let (lo, hi) = (run.start.max(p.first), run.end.min(p.first + p.n_rows.div_ceil(PASS_ROWS)));
             if lo >= hi {
                 continue;
@@ -1034,7 +1024,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             let xs = p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32);
             if let Some((k4, _)) = p.k4 {
                 // SAFETY: as below; the part's rows start on a group boundary (`x4_kernel`,
-                // PASS_ROWS = GROUP) and its offset sums are tns[pi].
+                // PASS_ROWS = GROUP) and its offset sums (Q5_0's) are at tn_addr.
                 unsafe {
                     k4(
                         n_in,
@@ -1045,7 +1035,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
                         0,
                         xs,
                         0,
-                        tn_addrs[pi] as *const i32,
+                        tn_addr as *const i32,
                         1,
                         (p.out as *mut f32).add(start),
                         0,
@@ -1068,6 +1058,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             };
         }
     });
+    X4_TN.with(|t| t.replace(tn));
     Ok(true)
 }
 
@@ -1126,6 +1117,8 @@ fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_
 thread_local! {
     /// `matmul_unpacked`'s plain rows (grown, never shrunk).
     static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The x4 kernels' offset sums (`quant::repack::x4_offsets`), reused across matmuls.
+    static X4_TN: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A matmul of an x4 weight where its kernels do not apply (a prompt, another kernel set,

@@ -433,17 +433,7 @@ unsafe fn rows_q4_1_lanes<const L1: bool>(n: usize, w: *const u8, ws: usize, x: 
         alo = _mm512_fmadd_ps(d, plo, alo);
         ahi = _mm512_fmadd_ps(d, phi, ahi);
     }
-    let mut l = [0f32; 16];
-    _mm512_storeu_ps(l.as_mut_ptr(), _mm512_add_ps(ahi, alo));
-    let mut m = [0f32; 8];
-    _mm256_storeu_ps(m.as_mut_ptr(), summ);
-    for r in 0..4 {
-        // llama.cpp's hsum_float_8 of the row's 8 lanes (lane i + lane i + 4 is the add above)
-        let v = _mm_loadu_ps(l.as_ptr().add(4 * r));
-        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-        let v = _mm_add_ss(v, _mm_movehdup_ps(v));
-        *out.add(r) = _mm_cvtss_f32(v) + m[2 * r + 1];
-    }
+    x4_out(alo, ahi, Some(summ), out);
 }
 
 /// Q4_1's single-token multi-row kernel: 4-row passes (`rows_q4_1_lanes`), the last 1-3
@@ -591,10 +581,11 @@ pub(crate) unsafe fn dot_q6_k<const NC: usize>(n: usize, w: *const u8, x: *const
 
 use super::repack::GROUP;
 
-/// The four rows' results from the lane accumulators of a group (row r: lanes 4r..4r + 4 of
-/// `alo`, its llama.cpp lanes 0..3, and of `ahi`, lanes 4..7), each row's `hsum_ps` of its
-/// 8 lanes: lane i + lane i + 4 is one add for the four rows, then the 4-lane steps; `add[r]`
-/// is added last (Q4_1's m_w * s_x sum, 0 for Q5_0).
+/// The four rows' results from the lane accumulators of a 4-row pass (`rows_q4_1_lanes`, the
+/// x4 kernels; row r: lanes 4r..4r + 4 of `alo`, its llama.cpp lanes 0..3, and of `ahi`,
+/// lanes 4..7), each row's llama.cpp hsum_float_8 of its 8 lanes: lane i + lane i + 4 is one
+/// add for the four rows, then the 4-lane steps; lane 2r + 1 of `add` is added last (Q4_1's
+/// m_w * s_x sum; none for Q5_0).
 #[inline(always)]
 unsafe fn x4_out(alo: __m512, ahi: __m512, add: Option<__m256>, out: *mut f32) {
     let mut l = [0f32; 16];

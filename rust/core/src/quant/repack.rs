@@ -20,9 +20,11 @@
 //! range of whole groups starts where its plain rows did, and `unpack_x4` restores the plain
 //! rows exactly (the layout is a permutation of each group's bytes).
 //!
-//! The kernels over this layout (`avx512::rows_q5_0_x4`, `rows_q4_1_x4`) are bit-identical
-//! to the plain ones (tests). The model loader does not build these layouts yet: every path
-//! that reads a weight (prefill, batched decode, GPU upload) must first know the layout.
+//! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`) are bit-identical
+//! to the plain ones (tests). `Model::load` repacks the layers' Q5_0 / Q4_1 projections in
+//! place where these kernels run (`Model::repack_weights`); the matmul reads the layout
+//! (`ops::matmul`: these kernels up to 32 tokens, the rows unpacked for anything else), and
+//! no other path is handed an x4 tensor (`TensorView::row` refuses one, `tensor_raw` unpacks).
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
