@@ -136,20 +136,6 @@ impl<'a> TensorView<'a> {
         let rb = self.row_bytes();
         &self.data[i * rb..(i + 1) * rb]
     }
-    /// Row i dequantized into dst (n_embd values), from either layout: a tied output's token
-    /// embeddings may be x4 row groups (`Model::repack_weights`), whose row i is gathered
-    /// out of its group.
-    pub fn dequantize_row(&self, i: usize, dst: &mut [f32]) -> Result<()> {
-        match self.layout {
-            Layout::Plain => crate::quant::dequantize_row(self.ty, self.row(i), dst),
-            Layout::X4 => {
-                let mut plain = vec![0u8; self.row_bytes()];
-                crate::quant::repack::x4_row(self.ty, self.ne[0], self.data, i, &mut plain)
-                    .map_err(|e| Error::Invalid(format!("tensor '{}': {e}", self.name)))?;
-                crate::quant::dequantize_row(self.ty, &plain, dst)
-            }
-        }
-    }
 }
 
 pub struct LoadParams<'a> {
@@ -267,14 +253,9 @@ pub struct Model {
     pub x4: HashSet<(usize, usize)>,
 }
 
-/// The weights `Model::repack_weights` may repack: the layers' projections and the output
-/// matrix, which every architecture reads only through the matmul, and the token embeddings
-/// where they are the output matrix too (`tied`: no `output.weight`), which the embedding
-/// lookups read a row at a time (`TensorView::dequantize_row`).
-fn repackable(name: &str, tied: bool) -> bool {
-    if name == "output.weight" || (tied && name == "token_embd.weight") {
-        return true;
-    }
+/// The weights `Model::repack_weights` may repack: the layers' projections, which every
+/// architecture reads only through the matmul.
+fn repackable(name: &str) -> bool {
     let Some((layer, tail)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else { return false };
     layer.parse::<u32>().is_ok()
         && matches!(
@@ -618,17 +599,15 @@ impl Model {
         Ok(model)
     }
 
-    /// Repacks, in place, the matmul weights that have a single-token kernel over
-    /// `quant::repack`'s x4 layout on this CPU (Q5_0, Q4_1, Q8_0 on the AVX-512 VNNI set):
+    /// Repacks, in place, the layers' projection weights that have a single-token kernel
+    /// over `quant::repack`'s x4 layout on this CPU (Q5_0, Q4_1 on the AVX-512 VNNI set):
     /// a decode step reads each of them as one stream of group-blocks, each field of the four
     /// rows in one load instead of gathered from four rows (`--bench kernels -- x4 huge`, rows of 896 / 576 over 256 MiB,
     /// Zen 4, one thread: Q5_0 18.9 -> 23.8 GB/s, Q4_1 22.5 -> 30.4). Only the CPU matmul
-    /// reads these tensors (`ops::matmul` takes the layout; the token embeddings' lookups
-    /// read a row out of its group; every other path gets the plain rows back), so only
-    /// weights held in RAM are repacked (a memory map stays the file's bytes), never when a
-    /// GPU holds layers, not under `PYLLAMA_NO_REPACK=1`, and only the 2-D
-    /// `blk.N.{attn_q,attn_k,attn_v,attn_qkv,attn_output,ffn_gate,ffn_up,ffn_down}.weight`,
-    /// `output.weight`, and `token_embd.weight` where there is no `output.weight` (tied).
+    /// reads these tensors (`ops::matmul` takes the layout; every other path gets the plain
+    /// rows back), so only weights held in RAM are repacked (a memory map stays the file's
+    /// bytes), never when a GPU holds layers, not under `PYLLAMA_NO_REPACK=1`, and only the
+    /// 2-D `blk.N.{attn_q,attn_k,attn_v,attn_qkv,attn_output,ffn_gate,ffn_up,ffn_down}.weight`.
     fn repack_weights(&mut self) {
         use crate::quant::repack::{repack_x4_in_place, x4_kernel};
         if crate::quant::cpu::env().no_repack {
@@ -637,11 +616,9 @@ impl Model {
         let set = crate::quant::kernel_set();
         let table = crate::quant::table::table(set);
         let mut jobs = Vec::new();
-        // no output.weight: the output projection is the token embeddings' matrix
-        let tied = !self.files.iter().any(|f| f.tensors.iter().any(|t| t.name == "output.weight"));
         for (fi, f) in self.files.iter().enumerate() {
             for (ti, t) in f.tensors.iter().enumerate() {
-                let ok = repackable(&t.name, tied)
+                let ok = repackable(&t.name)
                     && t.ne[2] == 1
                     && t.ne[3] == 1
                     && t.ne[1] >= crate::quant::repack::GROUP as u64

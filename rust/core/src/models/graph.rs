@@ -507,7 +507,7 @@ impl Step<'_> {
             let lora = self.b.lora.as_ref().is_some_and(|l| l.has_embd());
             for (t, &id) in tokens.iter().enumerate().take(n) {
                 let dst = &mut self.b.x[t * ne..(t + 1) * ne];
-                tok_embd.dequantize_row(id as usize, dst)?;
+                quant::dequantize_row(tok_embd.ty, tok_embd.row(id as usize), dst)?;
                 if scale != 1.0 && !lora {
                     act::scale(dst, scale);
                 }

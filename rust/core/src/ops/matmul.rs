@@ -343,7 +343,6 @@ fn matmul_with_x(
         // once for up to 4 tokens (the weights stream from memory once).
         let g = quant::repack::GROUP;
         let mut tn = X4_TN.with(|t| t.take());
-        tn.clear();
         quant::repack::x4_offsets(w.ty, n_in, xq.as_ptr(), xrow, n_tokens, &mut tn);
         let (xs_addr, tn_addr) = (xscales as usize, tn.as_ptr() as usize);
         let run = |mine: Range<usize>| {
@@ -1004,17 +1003,12 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         }
     }
     let base = scratch.as_mut_ptr() as usize;
-    // the x4 parts' offset sums, once for the region per weight type (Q5_0's and Q8_0's
-    // differ; the parts of one type share one quantization of x, one `quants` entry per
-    // activation type): the types' sums one after another in one buffer
+    // the x4 parts' offset sums, once for the region: only Q5_0 has them, and its parts
+    // share one quantization of x (one `quants` entry per activation type)
     let mut tn = X4_TN.with(|t| t.take());
     tn.clear();
-    let mut tn_at = [(GgmlType::Q5_0, 0usize), (GgmlType::Q8_0, 0)];
-    for (ty, at) in tn_at.iter_mut() {
-        if let Some(Prep { xq, .. }) = preps.iter().flatten().find(|p| p.k4.is_some_and(|k| k.1 == *ty)) {
-            *at = tn.len();
-            quant::repack::x4_offsets(*ty, n_in, (base + xq) as *const u8, 0, 1, &mut tn);
-        }
+    if let Some(Prep { xq, .. }) = preps.iter().flatten().find(|p| p.k4.is_some_and(|k| k.1 == GgmlType::Q5_0)) {
+        quant::repack::x4_offsets(GgmlType::Q5_0, n_in, (base + xq) as *const u8, 0, 1, &mut tn);
     }
     let tn_addr = tn.as_ptr() as usize;
     let preps = &preps[..parts.len()];
@@ -1028,10 +1022,9 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             let start = (lo - p.first) * PASS_ROWS;
             let len = ((hi - p.first) * PASS_ROWS).min(p.n_rows) - start;
             let xs = p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32);
-            if let Some((k4, ty)) = p.k4 {
-                let tn = tn_at.iter().find(|t| t.0 == ty).map_or(0, |t| t.1);
+            if let Some((k4, _)) = p.k4 {
                 // SAFETY: as below; the part's rows start on a group boundary (`x4_kernel`,
-                // PASS_ROWS = GROUP) and its type's offset sums (if any) are at tn.
+                // PASS_ROWS = GROUP) and its offset sums (Q5_0's) are at tn_addr.
                 unsafe {
                     k4(
                         n_in,
@@ -1042,7 +1035,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
                         0,
                         xs,
                         0,
-                        (tn_addr as *const i32).wrapping_add(tn),
+                        tn_addr as *const i32,
                         1,
                         (p.out as *mut f32).add(start),
                         0,
@@ -1128,15 +1121,10 @@ thread_local! {
     static X4_TN: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Bytes of an x4 weight unpacked at a time by `matmul_unpacked`: a large matrix (a tied
-/// output's 262144 x 640 Q8_0 rows, 178 MB) in pieces, so the thread-local buffer stays
-/// this size instead of a copy of the largest matrix.
-const UNPACK_CHUNK_BYTES: usize = 8 << 20;
-
 /// A matmul of an x4 weight where its kernels do not apply (a prompt, another kernel set,
 /// rows not on group boundaries): the groups covering `rows` unpacked to plain rows (on the
-/// pool, UNPACK_CHUNK_BYTES at a time), then the plain paths. The same bits: every path
-/// computes each element as the single-token kernel does.
+/// pool), then the plain paths. The same bits: every path computes each element as the
+/// single-token kernel does.
 #[allow(clippy::too_many_arguments)]
 fn matmul_unpacked(
     pool: &ThreadPool,
@@ -1153,44 +1141,31 @@ fn matmul_unpacked(
     let g = quant::repack::GROUP;
     let n_out = w.n_rows();
     let wrow = quant::row_bytes(w.ty, w.ne[0])?;
-    // rows per piece: whole groups, and whole 8-row blocks of the prefill kernels
-    let step = (UNPACK_CHUNK_BYTES / wrow.max(1) / 8 * 8).max(8);
-    let mut c0 = rows.start;
-    let mut same_x = same_x;
-    while c0 < rows.end {
-        let c1 = if c0 / g * g + step < rows.end { c0 / g * g + step } else { rows.end };
-        let (g0, g1) = (c0 / g * g, c1.next_multiple_of(g).min(n_out));
-        let src = &w.data[g0 * wrow..g1 * wrow];
-        UNPACKED.with(|u| {
-            let mut buf = u.borrow_mut();
-            if buf.len() < src.len() {
-                buf.resize(src.len(), 0);
+    let (g0, g1) = (rows.start / g * g, rows.end.next_multiple_of(g).min(n_out));
+    let src = &w.data[g0 * wrow..g1 * wrow];
+    UNPACKED.with(|u| {
+        let mut buf = u.borrow_mut();
+        if buf.len() < src.len() {
+            buf.resize(src.len(), 0);
+        }
+        let dst = SyncPtr(buf.as_mut_ptr());
+        // whole groups per thread (the tail, if any, is plain and copied by the last)
+        let n_groups = (g1 - g0).div_ceil(g);
+        let err = std::sync::Mutex::new(None);
+        run_guided(pool, n_groups, usize::MAX, &|_, gs| {
+            let (a, b) = (gs.start * g * wrow, (gs.end * g).min(g1 - g0) * wrow);
+            // SAFETY: each run writes its own byte range a..b of buf (sized above).
+            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a), b - a) };
+            if let Err(e) = quant::repack::unpack_x4(w.ty, w.ne[0], &src[a..b], d) {
+                *err.lock().unwrap() = Some(e);
             }
-            let dst = SyncPtr(buf.as_mut_ptr());
-            // whole groups per thread (the tail, if any, is plain and copied by the last)
-            let n_groups = (g1 - g0).div_ceil(g);
-            let err = std::sync::Mutex::new(None);
-            run_guided(pool, n_groups, usize::MAX, &|_, gs| {
-                let (a, b) = (gs.start * g * wrow, (gs.end * g).min(g1 - g0) * wrow);
-                // SAFETY: each run writes its own byte range a..b of buf (sized above).
-                let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a), b - a) };
-                if let Err(e) = quant::repack::unpack_x4(w.ty, w.ne[0], &src[a..b], d) {
-                    *err.lock().unwrap() = Some(e);
-                }
-            });
-            if let Some(e) = err.into_inner().unwrap() {
-                return Err(e);
-            }
-            let plain = TensorView { name: w.name, ty: w.ty, ne: [w.ne[0], g1 - g0, 1, 1], data: &buf[..src.len()], layout: Layout::Plain };
-            // this piece's rows are out's columns c0 - rows.start ..
-            let o = &mut out[c0 - rows.start..];
-            matmul_with_x(pool, set, &plain, x, n_tokens, o, ld_out, c0 - g0..c1 - g0, scratch, same_x)
-        })?;
-        // the next piece multiplies the same x, which this one left prepared in scratch
-        same_x = true;
-        c0 = c1;
-    }
-    Ok(())
+        });
+        if let Some(e) = err.into_inner().unwrap() {
+            return Err(e);
+        }
+        let plain = TensorView { name: w.name, ty: w.ty, ne: [w.ne[0], g1 - g0, 1, 1], data: &buf[..src.len()], layout: Layout::Plain };
+        matmul_with_x(pool, set, &plain, x, n_tokens, out, ld_out, rows.start - g0..rows.end - g0, scratch, same_x)
+    })
 }
 
 /// Eight weight rows' results (`row(i, dst)` writes row i's PACK_COLS tokens to dst) stored

@@ -745,81 +745,11 @@ unsafe fn q4_1_x4_body<const NC: usize>(
     }
 }
 
-/// Q8_0 x Q8_0 over the x4 layout (`repack`), NC activation rows as `q5_0_x4_body`: per
-/// group-block two 64-byte loads of the four rows' quants (rows 0, 1 and rows 2, 3: the
-/// plain kernel's row pairs) and one conversion of their four scales, shared by the columns;
-/// each row's 8 lanes run `rows_signed`'s float steps in its order (the offset sums `tn`,
-/// 16 lanes a block and column, -128 x each 4 activations' sum), so the results have its
-/// bits. `w` starts at a group; the rows after the whole groups must be the matrix's plain
-/// tail.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn q8_0_x4_body<const NC: usize>(
-    n: usize,
-    w: *const u8,
-    ws: usize,
-    nrows: usize,
-    x: *const u8,
-    xs: usize,
-    xd: *const f32,
-    xds: usize,
-    tn: *const i32,
-    ncols: usize,
-    out: *mut f32,
-    ld: usize,
-) {
-    let nb = n / 32;
-    let gb = 136usize;
-    let flip = _mm512_set1_epi8(-128);
-    // lanes 0..8 <- lane 0 (row 0's d_w * d_x), 8..16 <- lane 1; the same for rows 2, 3
-    let idx01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    let idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-    let mut r = 0;
-    while r + GROUP <= nrows {
-        let g = w.add(r * ws);
-        let (mut a01, mut a23) = ([_mm512_setzero_ps(); NC], [_mm512_setzero_ps(); NC]);
-        for i in 0..nb {
-            let b = g.add(i * gb);
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::avx2::PF_AHEAD + 64) as *const i8);
-            let z01 = _mm512_xor_si512(_mm512_loadu_si512(b as *const _), flip);
-            let z23 = _mm512_xor_si512(_mm512_loadu_si512(b.add(64) as *const _), flip);
-            let dw = cvt_h4(std::ptr::read_unaligned(b.add(128) as *const u64));
-            for c in 0..NC {
-                let bx = x.add(c * xs + i * BlockQ8_0::SIZE);
-                let dx = if xd.is_null() { f16(bx) } else { std::ptr::read_unaligned(xd.add(c * xds + i)) };
-                let xz = _mm512_broadcast_i64x4(load256(bx.add(2)));
-                let t = _mm512_loadu_si512(tn.add(16 * (i * ncols + c)) as *const _);
-                let p01 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, z01, xz));
-                let p23 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, z23, xz));
-                let d4 = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(dx)));
-                a01[c] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx01, d4), p01, a01[c]);
-                a23[c] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx23, d4), p23, a23[c]);
-            }
-        }
-        for c in 0..NC {
-            let o = out.add(c * ld + r);
-            *o = hsum_ps(lo_ps(a01[c]));
-            *o.add(1) = hsum_ps(hi_ps(a01[c]));
-            *o.add(2) = hsum_ps(lo_ps(a23[c]));
-            *o.add(3) = hsum_ps(hi_ps(a23[c]));
-        }
-        r += GROUP;
-    }
-    if r < nrows {
-        for c in 0..NC {
-            let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
-            rows_q8_0(n, w.add(r * ws), ws, nrows - r, x.add(c * xs), xdc, out.add(c * ld + r));
-        }
-    }
-}
-
 /// The most activation rows one pass of the x4 kernels takes.
 pub(crate) const X4_COLS: usize = 4;
 
 macro_rules! x4_entries {
-    // $tw: the i32 of the offset sums `tn` per block and column
-    ($cols:ident, $body:ident, $tw:expr) => {
+    ($cols:ident, $body:ident) => {
         /// `ncols` activation rows (`repack::X4Cols`), in passes of up to X4_COLS.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
@@ -840,7 +770,7 @@ macro_rules! x4_entries {
             let mut c = 0;
             while c < ncols {
                 let xdc = if xd.is_null() { xd } else { xd.add(c * xds) };
-                let (xc, oc, tc) = (x.add(c * xs), out.add(c * ld), tn.wrapping_add($tw * c));
+                let (xc, oc, tc) = (x.add(c * xs), out.add(c * ld), tn.wrapping_add(32 * c));
                 match ncols - c {
                     1 => $body::<1>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
                     2 => $body::<2>(n, w, ws, nrows, xc, xs, xdc, xds, tc, ncols, oc, ld),
@@ -853,9 +783,8 @@ macro_rules! x4_entries {
     };
 }
 
-x4_entries!(cols_q5_0_x4, q5_0_x4_body, 32);
-x4_entries!(cols_q4_1_x4, q4_1_x4_body, 0);
-x4_entries!(cols_q8_0_x4, q8_0_x4_body, 16);
+x4_entries!(cols_q5_0_x4, q5_0_x4_body);
+x4_entries!(cols_q4_1_x4, q4_1_x4_body);
 
 /// `repack::x4_offsets` for Q5_0: per block i and column c (of ncols, `x + c * xs`), the
 /// two halves' 16 lanes -(16 * (x_4k + .. + x_4k+3)), lane 4r + k (every row alike).
@@ -870,20 +799,6 @@ pub(crate) unsafe fn q5_0_x4_offsets(n: usize, x: *const u8, xs: usize, ncols: u
                 let t = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, xz));
                 _mm512_storeu_si512(dst.add(32 * (i * ncols + c) + 16 * h) as *mut _, t);
             }
-        }
-    }
-}
-
-/// `repack::x4_offsets` for Q8_0: per block i and column c, the 16 lanes -(128 * (x_4k + ..
-/// + x_4k+3)) of `rows_signed`'s `neg_offset_sums` (both 256-bit halves alike).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q8_0_x4_offsets(n: usize, x: *const u8, xs: usize, ncols: usize, dst: *mut i32) {
-    let off = _mm512_set1_epi8(OFF_Q8_0);
-    for i in 0..n / 32 {
-        for c in 0..ncols {
-            let xz = _mm512_broadcast_i64x4(load256(x.add(c * xs + i * BlockQ8_0::SIZE + 2)));
-            let t = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, xz));
-            _mm512_storeu_si512(dst.add(16 * (i * ncols + c)) as *mut _, t);
         }
     }
 }

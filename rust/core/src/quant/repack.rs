@@ -1,4 +1,4 @@
-//! Row-group layouts ("x4") of Q5_0, Q4_1 and Q8_0 weight matrices for the single-token kernels.
+//! Row-group layouts ("x4") of Q5_0 and Q4_1 weight matrices for the single-token kernels.
 //!
 //! A decode step streams every weight once from memory, and the AVX-512 single-token kernels
 //! of these formats are bound by their own instruction count, not by memory (one thread on
@@ -14,24 +14,17 @@
 //!   two quant registers: `lo` bit 16 r + j = bit j of row r's qh (elements 0..16 of row r),
 //!   `hi` bit 16 r + j = bit 16 + j (elements 16..32).
 //! - Q4_1, 80 bytes: the four rows' 16 quant bytes, then their (d, m) f16 pairs (at 64 + 4 r).
-//! - Q8_0, 136 bytes: the four rows' 32 quant bytes (row r at 32 r: rows 0, 1 and rows 2, 3
-//!   each one 64-byte load, the plain kernel's row pairs), then their four f16 scales (at
-//!   128 + 2 r). Q8_0's plain kernel is not bound by its instructions at one thread (~30
-//!   GB/s from memory, the probe ~30-33), but with two threads on one core's two vCPUs, and
-//!   in cache, it is: the x4 kernel runs 47.6 against 30.6 GB/s in cache at one thread.
 //!
 //! A group takes exactly the bytes its four plain rows took (4 x the row size, at the same
 //! offset), and the rows after the last whole group (n_rows % 4) stay plain at the end: so a
 //! range of whole groups starts where its plain rows did, and `unpack_x4` restores the plain
 //! rows exactly (the layout is a permutation of each group's bytes).
 //!
-//! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`, `cols_q8_0_x4`)
-//! are bit-identical to the plain ones (tests). `Model::load` repacks the layers' Q5_0 /
-//! Q4_1 / Q8_0 projections and the output matrix in place where these kernels run
-//! (`Model::repack_weights`); the matmul reads the layout (`ops::matmul`: these kernels up to
-//! 32 tokens, the rows unpacked for anything else), a tied output's token embeddings are
-//! looked up a row at a time out of their groups (`x4_row`), and no other path is handed an
-//! x4 tensor (`TensorView::row` refuses one, `tensor_raw` unpacks).
+//! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`) are bit-identical
+//! to the plain ones (tests). `Model::load` repacks the layers' Q5_0 / Q4_1 projections in
+//! place where these kernels run (`Model::repack_weights`); the matmul reads the layout
+//! (`ops::matmul`: these kernels up to 32 tokens, the rows unpacked for anything else), and
+//! no other path is handed an x4 tensor (`TensorView::row` refuses one, `tensor_raw` unpacks).
 
 use crate::error::{Error, Result};
 use crate::ggml_type::GgmlType;
@@ -55,7 +48,6 @@ pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q5_0 => Some(88),
         GgmlType::Q4_1 => Some(80),
-        GgmlType::Q8_0 => Some(136),
         _ => None,
     }
 }
@@ -88,7 +80,6 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
         return match ty {
             GgmlType::Q5_0 => Some(super::avx512::cols_q5_0_x4),
             GgmlType::Q4_1 => Some(super::avx512::cols_q4_1_x4),
-            GgmlType::Q8_0 => Some(super::avx512::cols_q8_0_x4),
             _ => None,
         };
     }
@@ -97,26 +88,19 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
 }
 
 /// The activations' offset sums an `X4Cols` kernel of `ty` takes (`tn`), for `ncols`
-/// activation rows of n elements (`x + c * xs`), appended to `dst`: Q5_0's weights are
+/// activation rows of n elements (`x + c * xs`), into `dst` (resized): Q5_0's weights are
 /// u - 16 with u the unsigned 5-bit code, so each block's integer sum starts from -16 times
 /// each 4 activations' sum; computed once per matmul, not once per kernel call (a thread's
 /// last claims are one group). Empty for Q4_1 (no offset).
 pub fn x4_offsets(ty: GgmlType, n: usize, x: *const u8, xs: usize, ncols: usize, dst: &mut Vec<i32>) {
+    dst.clear();
     #[cfg(target_arch = "x86_64")]
-    if matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) && super::avx512_available() {
-        let lanes = if ty == GgmlType::Q5_0 { 32 } else { 16 };
-        let at = dst.len();
-        dst.resize(at + (n / 32) * ncols * lanes, 0);
+    if ty == GgmlType::Q5_0 && super::avx512_available() {
+        let len = (n / 32) * ncols * 32;
+        dst.resize(len, 0);
         // SAFETY: x holds ncols rows of n / 32 Q8_0 blocks xs bytes apart (the caller's
-        // quantized activations); dst holds (n / 32) * ncols * lanes i32 from at.
-        unsafe {
-            let d = dst.as_mut_ptr().add(at);
-            if ty == GgmlType::Q5_0 {
-                super::avx512::q5_0_x4_offsets(n, x, xs, ncols, d)
-            } else {
-                super::avx512::q8_0_x4_offsets(n, x, xs, ncols, d)
-            }
-        };
+        // quantized activations); dst holds len i32.
+        unsafe { super::avx512::q5_0_x4_offsets(n, x, xs, ncols, dst.as_mut_ptr()) };
     }
     let _ = (ty, n, x, xs, ncols);
 }
@@ -162,11 +146,6 @@ pub fn repack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
                         lo |= (qh & 0xFFFF) << (16 * r);
                         hi |= (qh >> 16) << (16 * r);
                     }
-                    GgmlType::Q8_0 => {
-                        // d (2), qs (32)
-                        o[32 * r..32 * r + 32].copy_from_slice(&b[2..34]);
-                        o[128 + 2 * r..130 + 2 * r].copy_from_slice(&b[0..2]);
-                    }
                     _ => {
                         // Q4_1: d (2), m (2), qs (16)
                         o[16 * r..16 * r + 16].copy_from_slice(&b[4..20]);
@@ -198,59 +177,6 @@ pub fn repack_x4_in_place(ty: GgmlType, n_in: usize, data: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// Row r's block (bs bytes at d) out of the group-block at s (`ty`'s x4 layout).
-///
-/// # Safety
-/// s points at a whole group-block of `ty`, d at bs writable bytes, r < GROUP.
-#[inline(always)]
-unsafe fn unpack_block(ty: GgmlType, s: *const u8, r: usize, d: *mut u8) {
-    let rd = |o: usize| std::ptr::read_unaligned(s.add(o) as *const u64);
-    match ty {
-        GgmlType::Q5_0 => {
-            let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
-            let qh = ((rd(72) >> (16 * r)) & 0xFFFF) | (((rd(80) >> (16 * r)) & 0xFFFF) << 16);
-            std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(64 + 2 * r) as *const u16));
-            std::ptr::write_unaligned(d.add(2) as *mut u32, qh as u32);
-            std::ptr::write_unaligned(d.add(6) as *mut u128, qs);
-        }
-        GgmlType::Q8_0 => {
-            std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(128 + 2 * r) as *const u16));
-            let q = s.add(32 * r);
-            std::ptr::write_unaligned(d.add(2) as *mut u128, std::ptr::read_unaligned(q as *const u128));
-            std::ptr::write_unaligned(d.add(18) as *mut u128, std::ptr::read_unaligned(q.add(16) as *const u128));
-        }
-        _ => {
-            // Q4_1
-            let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
-            std::ptr::write_unaligned(d as *mut u32, std::ptr::read_unaligned(s.add(64 + 4 * r) as *const u32));
-            std::ptr::write_unaligned(d.add(4) as *mut u128, qs);
-        }
-    }
-}
-
-/// Row `i`'s plain bytes (as in the file) out of `data`, a whole tensor of rows of `n_in`
-/// elements of `ty` in the x4 layout, into `dst` (one row's bytes): a tied output's token
-/// embedding lookups (`TensorView::dequantize_row`).
-pub fn x4_row(ty: GgmlType, n_in: usize, data: &[u8], i: usize, dst: &mut [u8]) -> Result<()> {
-    let (wrow, n_rows) = check(ty, n_in, data, data)?;
-    if i >= n_rows || dst.len() != wrow {
-        return Err(Error::Invalid(format!("x4 layout of {ty}: row {i} of {n_rows} into {} bytes (a row is {wrow})", dst.len())));
-    }
-    let ng = n_rows / GROUP;
-    if i >= ng * GROUP {
-        dst.copy_from_slice(&data[i * wrow..(i + 1) * wrow]);
-        return Ok(());
-    }
-    let (bs, gb) = (ty.type_size(), group_block_bytes(ty).unwrap());
-    let base = (i / GROUP) * GROUP * wrow;
-    for b in 0..n_in / 32 {
-        // SAFETY: the group's block b lies inside data (check(): gb * nb == GROUP * wrow,
-        // the group is whole), block b of dst inside its wrow bytes.
-        unsafe { unpack_block(ty, data.as_ptr().add(base + b * gb), i % GROUP, dst.as_mut_ptr().add(b * bs)) };
-    }
-    Ok(())
-}
-
 /// The plain rows of an x4 layout `src` (rows of `n_in` elements of `ty`), into `dst`.
 /// (Word loads and stores: a prompt's matmul unpacks each x4 weight it reads.)
 pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
@@ -263,11 +189,25 @@ pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
     for g in 0..ng {
         let base = g * GROUP * wrow;
         for i in 0..nb {
-            for r in 0..GROUP {
-                // SAFETY: group g's block i (gb bytes at base + i * gb) and row r's block i (bs
-                // bytes at base + r * wrow + i * bs) lie inside src / dst: check() holds
-                // src.len() == dst.len() == n_rows * wrow, and gb * nb == GROUP * wrow.
-                unsafe { unpack_block(ty, sp.add(base + i * gb), r, dp.add(base + r * wrow + i * bs)) };
+            // SAFETY: group g's block i (gb bytes at base + i * gb) and row r's block i (bs
+            // bytes at base + r * wrow + i * bs) lie inside src / dst: check() holds
+            // src.len() == dst.len() == n_rows * wrow, and gb * nb == GROUP * wrow.
+            unsafe {
+                let s = sp.add(base + i * gb);
+                let rd = |o: usize| std::ptr::read_unaligned(s.add(o) as *const u64);
+                for r in 0..GROUP {
+                    let d = dp.add(base + r * wrow + i * bs);
+                    let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
+                    if ty == GgmlType::Q5_0 {
+                        let qh = ((rd(72) >> (16 * r)) & 0xFFFF) | (((rd(80) >> (16 * r)) & 0xFFFF) << 16);
+                        std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(64 + 2 * r) as *const u16));
+                        std::ptr::write_unaligned(d.add(2) as *mut u32, qh as u32);
+                        std::ptr::write_unaligned(d.add(6) as *mut u128, qs);
+                    } else {
+                        std::ptr::write_unaligned(d as *mut u32, std::ptr::read_unaligned(s.add(64 + 4 * r) as *const u32));
+                        std::ptr::write_unaligned(d.add(4) as *mut u128, qs);
+                    }
+                }
             }
         }
     }
@@ -283,7 +223,7 @@ mod tests {
     #[test]
     fn x4_layouts_round_trip_and_keep_each_group_in_place() {
         let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
             for (n_in, n_rows) in [(32usize, 1usize), (32, 4), (64, 5), (96, 7), (896, 8), (576, 11)] {
                 let wrow = ty.row_size(n_in).unwrap();
                 let src: Vec<u8> = (0..wrow * n_rows)
@@ -299,17 +239,11 @@ mod tests {
                 let mut back = vec![0u8; src.len()];
                 unpack_x4(ty, n_in, &x4, &mut back).unwrap();
                 assert_eq!(src, back, "{ty} {n_in} x {n_rows}");
-                let mut row = vec![0u8; wrow];
-                for i in 0..n_rows {
-                    x4_row(ty, n_in, &x4, i, &mut row).unwrap();
-                    assert_eq!(row, src[i * wrow..(i + 1) * wrow], "{ty} {n_in} x {n_rows} row {i}");
-                }
-                assert!(x4_row(ty, n_in, &x4, n_rows, &mut row).is_err());
                 // each group holds its own rows' bytes (a permutation), the tail is plain
                 let g = GROUP * wrow;
                 for k in 0..n_rows / GROUP {
                     let (mut a, mut b) = (src[k * g..(k + 1) * g].to_vec(), x4[k * g..(k + 1) * g].to_vec());
-                    if ty != GgmlType::Q5_0 {
+                    if ty == GgmlType::Q4_1 {
                         a.sort_unstable();
                         b.sort_unstable();
                         assert_eq!(a, b);
@@ -323,6 +257,6 @@ mod tests {
         let mut d = vec![0u8; 22];
         assert!(repack_x4(GgmlType::Q5_0, 16, &[0u8; 22], &mut d).is_err());
         assert!(repack_x4(GgmlType::Q5_0, 32, &[0u8; 23], &mut [0u8; 23]).is_err());
-        assert!(repack_x4(GgmlType::Q4_0, 32, &[0u8; 18], &mut [0u8; 18]).is_err());
+        assert!(repack_x4(GgmlType::Q8_0, 32, &[0u8; 34], &mut [0u8; 34]).is_err());
     }
 }

@@ -632,7 +632,7 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
     // and a plain tail of 1-3 rows), with and without precomputed activation scales.
     use super::repack::{repack_x4, x4_kernel, x4_offsets};
     let mut rng = Rng(0x0512_00a4);
-    for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
         let Some(k4) = x4_kernel(ty) else {
             eprintln!("no x4 kernel for {ty} on this CPU: nothing to compare");
             continue;
@@ -687,7 +687,7 @@ fn matmul_of_x4_weights_equals_plain_bit_for_bit() {
             sets.push(KernelSet::Avx512);
         }
     }
-    for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
         for (n_in, n_out) in [(96usize, 13usize), (896, 40), (576, 7)] {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
             let mut w4 = vec![0u8; w.len()];
@@ -731,94 +731,6 @@ fn matmul_of_x4_weights_equals_plain_bit_for_bit() {
                 }
             }
         }
-    }
-}
-
-#[test]
-fn fused_matmul_of_x4_weights_of_two_types_gives_each_its_own_offsets() {
-    // One fused single-token region over x4 weights of Q5_0 and Q8_0 (both multiply the
-    // same Q8_0 activations, but their offset sums differ: -16 x and -128 x each 4
-    // activations' sum), beside a plain part: each part has its plain weight's bits. The
-    // offsets' thread-local buffer holds another x's sums first, so stale ones would show.
-    use super::repack::{repack_x4, Layout};
-    use crate::model::TensorView;
-    use crate::ops::matmul::{matmul_single_fused_with, matmul_with, FusedPart};
-    use crate::threadpool::ThreadPool;
-    if !avx512_available() {
-        eprintln!("no x4 kernels on this CPU: nothing to fuse");
-        return;
-    }
-    let pool = ThreadPool::new(2);
-    let mut rng = Rng(0x0512_00a7);
-    let (n_in, n_out) = (256usize, 24usize);
-    let mk = |ty: GgmlType, rng: &mut Rng| {
-        let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, rng)).collect();
-        let mut w4 = vec![0u8; w.len()];
-        repack_x4(ty, n_in, &w, &mut w4).unwrap();
-        (w, w4)
-    };
-    let (w5, w5x4) = mk(GgmlType::Q5_0, &mut rng);
-    let (w8, w8x4) = mk(GgmlType::Q8_0, &mut rng);
-    let view = |ty, data: &'static [u8], layout| TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data, layout };
-    let leak = |v: Vec<u8>| -> &'static [u8] { Box::leak(v.into_boxed_slice()) };
-    let (p5, x5) = (view(GgmlType::Q5_0, leak(w5), Layout::Plain), view(GgmlType::Q5_0, leak(w5x4), Layout::X4));
-    let (p8, x8) = (view(GgmlType::Q8_0, leak(w8), Layout::Plain), view(GgmlType::Q8_0, leak(w8x4), Layout::X4));
-    let x: Vec<f32> = (0..n_in).map(|_| rng.normal()).collect();
-    let other: Vec<f32> = (0..n_in).map(|_| rng.normal()).collect();
-    let mut scratch = Vec::new();
-    let (mut want5, mut want8) = (vec![0f32; n_out], vec![0f32; n_out]);
-    matmul_with(&pool, KernelSet::Avx512, &p5, &x, 1, &mut want5, n_out, 0..n_out, &mut scratch).unwrap();
-    matmul_with(&pool, KernelSet::Avx512, &p8, &x, 1, &mut want8, n_out, 0..n_out, &mut scratch).unwrap();
-    let mut junk = vec![0f32; n_out];
-    matmul_with(&pool, KernelSet::Avx512, &x8, &other, 1, &mut junk, n_out, 0..n_out, &mut scratch).unwrap();
-    let (mut a, mut b, mut c) = (vec![0f32; n_out], vec![0f32; n_out], vec![0f32; n_out]);
-    let mut parts = [
-        FusedPart { w: &x5, rows: 0..n_out, out: &mut a },
-        FusedPart { w: &x8, rows: 0..n_out, out: &mut b },
-        FusedPart { w: &p5, rows: 0..n_out, out: &mut c },
-    ];
-    assert!(matmul_single_fused_with(&pool, KernelSet::Avx512, &mut parts, &x, &mut scratch).unwrap(), "the fused path declined");
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&a), bits(&want5), "Q5_0 x4 part");
-    assert_eq!(bits(&b), bits(&want8), "Q8_0 x4 part");
-    assert_eq!(bits(&c), bits(&want5), "plain Q5_0 part");
-}
-
-#[test]
-fn matmul_of_a_large_x4_weight_unpacks_in_pieces_with_the_same_bits() {
-    // A prompt's matmul of an x4 weight larger than the unpack piece (8 MiB: a tied output's
-    // token embeddings) goes piece by piece; every element still has the plain weight's bits,
-    // the row range on group boundaries or not.
-    use super::repack::{repack_x4, Layout};
-    use crate::model::TensorView;
-    use crate::ops::matmul::matmul_with;
-    use crate::threadpool::ThreadPool;
-    let pool = ThreadPool::new(2);
-    let mut rng = Rng(0x0512_00a6);
-    let (ty, n_in, n_out) = (GgmlType::Q8_0, 640usize, 14_001usize); // 9.5 MB
-    let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
-    let mut w4 = vec![0u8; w.len()];
-    repack_x4(ty, n_in, &w, &mut w4).unwrap();
-    let plain = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: Layout::Plain };
-    let packed = TensorView { name: "w4", ty, ne: [n_in, n_out, 1, 1], data: &w4, layout: Layout::X4 };
-    for n_tok in [1usize, 2, 40] {
-    let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
-    for rows in [0..n_out, 3..n_out - 2] {
-        let nr = rows.len();
-        let (mut a, mut b) = (vec![0f32; nr * n_tok], vec![0f32; nr * n_tok]);
-        let mut scratch = Vec::new();
-        matmul_with(&pool, KernelSet::Ref, &plain, &x, n_tok, &mut a, nr, rows.clone(), &mut scratch).unwrap();
-        matmul_with(&pool, kernel_set(), &packed, &x, n_tok, &mut b, nr, rows.clone(), &mut scratch).unwrap();
-        let mut c = vec![0f32; nr * n_tok];
-        matmul_with(&pool, kernel_set(), &plain, &x, n_tok, &mut c, nr, rows.clone(), &mut scratch).unwrap();
-        for k in 0..b.len() {
-            assert_eq!(c[k].to_bits(), b[k].to_bits(), "rows {rows:?} element {k}");
-        }
-        // (and the plain product itself is the reference's within rounding: a wrong piece
-        // offset would put whole rows in the wrong place)
-        let bad = (0..a.len()).filter(|&k| (a[k] - b[k]).abs() > 1e-2 * (1.0 + a[k].abs())).count();
-        assert_eq!(bad, 0, "rows {rows:?}");
-    }
     }
 }
 
