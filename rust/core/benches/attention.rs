@@ -30,13 +30,19 @@ fn thread_cpu_seconds() -> f64 {
 fn main() {
     // (name, heads, KV heads, head dim, depth, tokens); the decode rows are one thread's
     // share of a 2-thread decode step (SmolLM2: a group of 3 heads; Gemma 3: 2 of its 4)
-    let shapes: [(&str, usize, usize, usize, usize, usize); 6] = [
+    let shapes: [(&str, usize, usize, usize, usize, usize); 10] = [
         ("smollm2 d0", 9, 3, 64, 0, 512),
         ("smollm2 d4096", 9, 3, 64, 4096, 512),
         ("gemma3 d0", 4, 1, 256, 0, 512),
         ("gemma3 d4096", 4, 1, 256, 4096, 512),
         ("smollm2 decode d4096", 3, 1, 64, 4096, 1),
         ("gemma3 decode d4096", 2, 1, 256, 4096, 1),
+        // a short context (tg128 from an empty cache: 64 keys on average), one thread's
+        // whole step: every head
+        ("smollm2 decode d64", 9, 3, 64, 64, 1),
+        ("gemma3 decode d64", 4, 1, 256, 64, 1),
+        ("smollm2 decode d8", 9, 3, 64, 8, 1),
+        ("gemma3 decode d8", 4, 1, 256, 8, 1),
     ];
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut rnd = move || {

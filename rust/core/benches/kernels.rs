@@ -11,7 +11,9 @@
 //! `tg` matrix's row length (default 4096). `split`: single-token Q4_1 matmuls of SmolLM2's
 //! row length (576) over 256 MiB of weights, as one matrix and as a run of model-sized
 //! matrices (1536, 576, 192 rows: its gate/up, q/o, k/v) one after another, and the same
-//! matrix sizes run again and again from L2 (the kernel's speed without memory). `x4`: the
+//! matrix sizes run again and again from L2 (the kernel's speed without memory), the rows
+//! plain and (where the AVX-512 VNNI kernels run) in the x4 layout, on huge pages with
+//! `huge`. `x4`: the
 //! AVX-512 single-token kernels of Q5_0 and Q4_1 on plain rows against the x4 row-group
 //! layout's (`quant::repack`), from memory and from the caches.
 //!
@@ -480,7 +482,7 @@ fn attn_table() {
 
 fn main() {
     if std::env::args().any(|a| a == "split") {
-        split_table();
+        split_table(std::env::args().any(|a| a == "huge"));
         return;
     }
     if std::env::args().any(|a| a == "x4") {
@@ -613,43 +615,54 @@ fn main() {
     }
 }
 
-/// The `split` mode (see the header): GB/s of weights, the best of 5 sweeps, 1 and 2 threads.
-fn split_table() {
+/// The `split` mode (see the header): GB/s of weights, the best of 5 sweeps, 1 and 2 threads,
+/// the rows plain and (where this CPU has its kernel) in the x4 layout (`quant::repack`).
+fn split_table(huge: bool) {
+    use pyllama_core::model::Layout;
     let ty = GgmlType::Q4_1;
     let n_in = 576;
     let wrow = ty.row_size(n_in).unwrap();
-    let n_out = (256usize << 20) / wrow;
+    let n_out = (256usize << 20) / wrow / 4 * 4;
     let w = random_weights(ty, n_in, n_out);
+    let mut w4 = vec![0u8; w.len()];
+    pyllama_core::quant::repack::repack_x4(ty, n_in, &w, &mut w4).unwrap();
+    let x4 = pyllama_core::quant::repack::x4_kernel(ty).is_some();
+    let (w, w4) = (Mapped::from_slice(&w, huge), Mapped::from_slice(&w4, huge));
     let x: Vec<f32> = (0..n_in).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
     let mut out = vec![0f32; n_out];
     let mut scratch = Vec::new();
     println!("single-token Q4_1 [576 x rows] matmuls over 256 MiB, GB/s of weights: from memory (consecutive matrices), in L2 (one matrix again)");
-    for nth in [1usize, 2] {
-        let pool = ThreadPool::new(nth);
-        for rows in [n_out, 1536, 576, 192] {
-            let mut gbs = [0f64; 2];
-            for (hot, g) in gbs.iter_mut().enumerate() {
-                if hot == 1 && rows == n_out {
-                    continue;
-                }
-                let mut best = f64::INFINITY;
-                for _ in 0..5 {
-                    let t0 = Instant::now();
-                    let mut r = 0;
-                    while r < n_out {
-                        let e = (r + rows).min(n_out);
-                        let a = if hot == 1 { 0 } else { r };
-                        let tv = TensorView { name: "w", ty, ne: [n_in, e - r, 1, 1], data: &w[a * wrow..(a + e - r) * wrow], layout: pyllama_core::model::Layout::Plain };
-                        matmul(&pool, &tv, &x, 1, &mut out[r..e], &mut scratch);
-                        r = e;
+    for (layout, data) in [(Layout::Plain, w.as_ref()), (Layout::X4, w4.as_ref())] {
+        if layout == Layout::X4 && !x4 {
+            continue;
+        }
+        for nth in [1usize, 2] {
+            let pool = ThreadPool::new(nth);
+            for rows in [n_out, 1536, 576, 192] {
+                let mut gbs = [0f64; 2];
+                for (hot, g) in gbs.iter_mut().enumerate() {
+                    if hot == 1 && rows == n_out {
+                        continue;
                     }
-                    best = best.min(t0.elapsed().as_secs_f64());
+                    let mut best = f64::INFINITY;
+                    for _ in 0..5 {
+                        let t0 = Instant::now();
+                        let mut r = 0;
+                        while r < n_out {
+                            let e = (r + rows).min(n_out);
+                            let a = if hot == 1 { 0 } else { r };
+                            let tv = TensorView { name: "w", ty, ne: [n_in, e - r, 1, 1], data: &data[a * wrow..(a + e - r) * wrow], layout };
+                            matmul(&pool, &tv, &x, 1, &mut out[r..e], &mut scratch);
+                            r = e;
+                        }
+                        best = best.min(t0.elapsed().as_secs_f64());
+                    }
+                    *g = data.len() as f64 / best / 1e9;
                 }
-                *g = w.len() as f64 / best / 1e9;
+                let label = if rows == n_out { "one matrix".to_string() } else { format!("{rows} rows") };
+                let l2 = if rows == n_out { "-".to_string() } else { format!("{:.1}", gbs[1]) };
+                println!("{layout:?} threads {nth}, {label:>11}: {:6.1} from memory, {l2:>6} in L2", gbs[0]);
             }
-            let label = if rows == n_out { "one matrix".to_string() } else { format!("{rows} rows") };
-            let l2 = if rows == n_out { "-".to_string() } else { format!("{:.1}", gbs[1]) };
-            println!("threads {nth}, {label:>11}: {:6.1} from memory, {l2:>6} in L2", gbs[0]);
         }
     }
 }
