@@ -1121,10 +1121,15 @@ thread_local! {
     static X4_TN: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// Bytes of an x4 weight unpacked at a time by `matmul_unpacked`: a large matrix (a 7B
+/// model's Q5_0 FFN projection, 14336 x 4096: 40 MB) in pieces, so the thread-local buffer
+/// stays this size instead of a copy of the largest matrix.
+const UNPACK_CHUNK_BYTES: usize = 8 << 20;
+
 /// A matmul of an x4 weight where its kernels do not apply (a prompt, another kernel set,
 /// rows not on group boundaries): the groups covering `rows` unpacked to plain rows (on the
-/// pool), then the plain paths. The same bits: every path computes each element as the
-/// single-token kernel does.
+/// pool, UNPACK_CHUNK_BYTES at a time), then the plain paths. The same bits: every path
+/// computes each element as the single-token kernel does.
 #[allow(clippy::too_many_arguments)]
 fn matmul_unpacked(
     pool: &ThreadPool,
@@ -1141,31 +1146,44 @@ fn matmul_unpacked(
     let g = quant::repack::GROUP;
     let n_out = w.n_rows();
     let wrow = quant::row_bytes(w.ty, w.ne[0])?;
-    let (g0, g1) = (rows.start / g * g, rows.end.next_multiple_of(g).min(n_out));
-    let src = &w.data[g0 * wrow..g1 * wrow];
-    UNPACKED.with(|u| {
-        let mut buf = u.borrow_mut();
-        if buf.len() < src.len() {
-            buf.resize(src.len(), 0);
-        }
-        let dst = SyncPtr(buf.as_mut_ptr());
-        // whole groups per thread (the tail, if any, is plain and copied by the last)
-        let n_groups = (g1 - g0).div_ceil(g);
-        let err = std::sync::Mutex::new(None);
-        run_guided(pool, n_groups, usize::MAX, &|_, gs| {
-            let (a, b) = (gs.start * g * wrow, (gs.end * g).min(g1 - g0) * wrow);
-            // SAFETY: each run writes its own byte range a..b of buf (sized above).
-            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a), b - a) };
-            if let Err(e) = quant::repack::unpack_x4(w.ty, w.ne[0], &src[a..b], d) {
-                *err.lock().unwrap() = Some(e);
+    // rows per piece: whole groups, and whole 8-row blocks of the prefill kernels
+    let step = (UNPACK_CHUNK_BYTES / wrow.max(1) / 8 * 8).max(8);
+    let mut c0 = rows.start;
+    let mut same_x = same_x;
+    while c0 < rows.end {
+        let c1 = if c0 / g * g + step < rows.end { c0 / g * g + step } else { rows.end };
+        let (g0, g1) = (c0 / g * g, c1.next_multiple_of(g).min(n_out));
+        let src = &w.data[g0 * wrow..g1 * wrow];
+        UNPACKED.with(|u| {
+            let mut buf = u.borrow_mut();
+            if buf.len() < src.len() {
+                buf.resize(src.len(), 0);
             }
-        });
-        if let Some(e) = err.into_inner().unwrap() {
-            return Err(e);
-        }
-        let plain = TensorView { name: w.name, ty: w.ty, ne: [w.ne[0], g1 - g0, 1, 1], data: &buf[..src.len()], layout: Layout::Plain };
-        matmul_with_x(pool, set, &plain, x, n_tokens, out, ld_out, rows.start - g0..rows.end - g0, scratch, same_x)
-    })
+            let dst = SyncPtr(buf.as_mut_ptr());
+            // whole groups per thread (the tail, if any, is plain and copied by the last)
+            let n_groups = (g1 - g0).div_ceil(g);
+            let err = std::sync::Mutex::new(None);
+            run_guided(pool, n_groups, usize::MAX, &|_, gs| {
+                let (a, b) = (gs.start * g * wrow, (gs.end * g).min(g1 - g0) * wrow);
+                // SAFETY: each run writes its own byte range a..b of buf (sized above).
+                let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(a), b - a) };
+                if let Err(e) = quant::repack::unpack_x4(w.ty, w.ne[0], &src[a..b], d) {
+                    *err.lock().unwrap() = Some(e);
+                }
+            });
+            if let Some(e) = err.into_inner().unwrap() {
+                return Err(e);
+            }
+            let plain = TensorView { name: w.name, ty: w.ty, ne: [w.ne[0], g1 - g0, 1, 1], data: &buf[..src.len()], layout: Layout::Plain };
+            // this piece's rows are out's columns c0 - rows.start ..
+            let o = &mut out[c0 - rows.start..];
+            matmul_with_x(pool, set, &plain, x, n_tokens, o, ld_out, c0 - g0..c1 - g0, scratch, same_x)
+        })?;
+        // the next piece multiplies the same x, which this one left prepared in scratch
+        same_x = true;
+        c0 = c1;
+    }
+    Ok(())
 }
 
 /// Eight weight rows' results (`row(i, dst)` writes row i's PACK_COLS tokens to dst) stored

@@ -624,6 +624,44 @@ fn avx512_multi_row_kernels_equal_avx2_single_row_bit_for_bit() {
     }
 }
 
+#[test]
+fn matmul_of_a_large_x4_weight_unpacks_in_pieces_with_the_same_bits() {
+    // A prompt's matmul of an x4 weight larger than the unpack piece (8 MiB: a large model's
+    // FFN projection) goes piece by piece; every element still has the plain weight's bits,
+    // the row range on group boundaries or not.
+    use super::repack::{repack_x4, Layout};
+    use crate::model::TensorView;
+    use crate::ops::matmul::matmul_with;
+    use crate::threadpool::ThreadPool;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0x0512_00a6);
+    let (ty, n_in, n_out) = (GgmlType::Q5_0, 896usize, 16_003usize); // 9.9 MB
+    let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
+    let mut w4 = vec![0u8; w.len()];
+    repack_x4(ty, n_in, &w, &mut w4).unwrap();
+    let plain = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &w, layout: Layout::Plain };
+    let packed = TensorView { name: "w4", ty, ne: [n_in, n_out, 1, 1], data: &w4, layout: Layout::X4 };
+    for n_tok in [1usize, 2, 40] {
+    let x: Vec<f32> = (0..n_in * n_tok).map(|_| rng.normal()).collect();
+    for rows in [0..n_out, 3..n_out - 2] {
+        let nr = rows.len();
+        let (mut a, mut b) = (vec![0f32; nr * n_tok], vec![0f32; nr * n_tok]);
+        let mut scratch = Vec::new();
+        matmul_with(&pool, KernelSet::Ref, &plain, &x, n_tok, &mut a, nr, rows.clone(), &mut scratch).unwrap();
+        matmul_with(&pool, kernel_set(), &packed, &x, n_tok, &mut b, nr, rows.clone(), &mut scratch).unwrap();
+        let mut c = vec![0f32; nr * n_tok];
+        matmul_with(&pool, kernel_set(), &plain, &x, n_tok, &mut c, nr, rows.clone(), &mut scratch).unwrap();
+        for k in 0..b.len() {
+            assert_eq!(c[k].to_bits(), b[k].to_bits(), "rows {rows:?} element {k}");
+        }
+        // (and the plain product itself is the reference's within rounding: a wrong piece
+        // offset would put whole rows in the wrong place)
+        let bad = (0..a.len()).filter(|&k| (a[k] - b[k]).abs() > 1e-2 * (1.0 + a[k].abs())).count();
+        assert_eq!(bad, 0, "rows {rows:?}");
+    }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
