@@ -54,7 +54,7 @@ fn thread_cpu_seconds() -> f64 {
 
 fn main() {
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let shapes: [(&str, GgmlType, usize, usize); 10] = [
+    let shapes: [(&str, GgmlType, usize, usize); 11] = [
         ("gemma q5_0 gate/up", GgmlType::Q5_0, 640, 2048),
         ("gemma q4_k down", GgmlType::Q4_K, 2048, 640),
         ("gemma q6_k down", GgmlType::Q6_K, 2048, 640),
@@ -65,6 +65,7 @@ fn main() {
         ("smollm2 q4_1 down", GgmlType::Q4_1, 1536, 576),
         ("smollm2 q8_0 output", GgmlType::Q8_0, 576, 49152),
         ("qwen q5_0 gate/up", GgmlType::Q5_0, 896, 4864),
+        ("7b q4_k attn", GgmlType::Q4_K, 4096, 4096),
     ];
     let pool = ThreadPool::new(1);
     println!("kernels: {:?}, no_cols {}", quant::kernel_set(), std::env::var_os("PYLLAMA_NO_COLS").is_some());
@@ -81,9 +82,16 @@ fn main() {
             continue;
         }
         let data = random_weights(ty, n_in, n_out);
-        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: &data, layout: pyllama_core::model::Layout::Plain };
+        let mut packed = vec![0u8; data.len()];
+        // the x4 row-group layout too, where this CPU has its kernel (`quant::repack`)
+        let x4 = quant::repack::x4_kernel(ty).is_some() && quant::repack::repack_x4(ty, n_in, &data, &mut packed).is_ok();
         let big = data.len() > 16 << 20;
-        print!("{name:24} {ty:>6} [{n_in:5} x {n_out:6}] |");
+        for (label, bytes, layout) in [("", &data, pyllama_core::model::Layout::Plain), (" x4", &packed, pyllama_core::model::Layout::X4)] {
+        if layout == pyllama_core::model::Layout::X4 && !x4 {
+            continue;
+        }
+        let w = TensorView { name: "w", ty, ne: [n_in, n_out, 1, 1], data: bytes, layout };
+        print!("{:24} {ty:>6} [{n_in:5} x {n_out:6}] |", format!("{name}{label}"));
         for &k in &ks {
             let x: Vec<f32> = (0..n_in * k).map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5).collect();
             let mut out = vec![0f32; n_out * k];
@@ -98,5 +106,6 @@ fn main() {
             print!(" {:>8.0} ({:>5.0})", best * 1e6, best * 1e6 / k as f64);
         }
         println!();
+        }
     }
 }

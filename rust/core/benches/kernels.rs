@@ -678,7 +678,7 @@ fn x4_table(huge: bool) {
     let bw = probe_bandwidth(&pools, mib << 20, huge, 12);
     println!("read probe {mib} MiB, GB/s: 1 thread {:.1}, 2 threads {:.1}", bw[0][0], bw[1][0]);
     println!("{:<6} {:>5} {:>9} | {:>8} {:>8} | {:>8} {:>8}", "type", "n_in", "matrix", "plain 1t", "x4 1t", "plain 2t", "x4 2t");
-    for (ty, n_def) in [(GgmlType::Q5_0, 896usize), (GgmlType::Q4_1, 576)] {
+    for (ty, n_def) in [(GgmlType::Q5_0, 896usize), (GgmlType::Q4_1, 576), (GgmlType::Q4_K, 2048)] {
         let Some(k4) = x4_kernel(ty) else {
             println!("{ty}: no x4 kernel on this CPU");
             continue;

@@ -367,12 +367,15 @@ fn matmul_with_x(
             };
         };
         let nth = pool.n_threads();
+        // claims in units of the kernel's pass: a group, two for Q4_K (its passes take 8 rows
+        // and a lone group costs a whole pass)
+        let u = if w.ty == GgmlType::Q4_K { 2 * g } else { g };
         // one token: the multi-row path's claims; more: L1-sized ones, each against every token
-        let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / g } else { (X4_CHUNK_BYTES / (wrow * g)).max(1) };
+        let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / u } else { (X4_CHUNK_BYTES / (wrow * u)).max(1) };
         if nth == 1 && n_tokens == 1 {
             run(0..n_rows);
         } else {
-            run_guided(pool, n_rows.div_ceil(g), max, &|_, c| run(c.start * g..(c.end * g).min(n_rows)));
+            run_guided(pool, n_rows.div_ceil(u), max, &|_, c| run(c.start * u..(c.end * u).min(n_rows)));
         }
         // (the offset sums' buffer back for the next matmul on this thread: no allocation
         // per decode step)
@@ -1101,15 +1104,24 @@ const X4_CHUNK_BYTES: usize = 16 * 1024;
 /// The most tokens the x4 kernels take a matmul for; more (a prompt) go through the plain
 /// rows (`matmul_unpacked`) and the prefill kernels.
 const X4_MAX_TOKENS: usize = 32;
+/// Q4_K's: its x4 kernel shares each group-block's unpacking (scales, mins, a row's nibbles)
+/// between tokens, not the integer products, where the plain rows' tiles share the weights
+/// across 8 tokens (7B-sized 4096 x 4096, one thread, `--bench batched`, us a token: x4 364
+/// / 306 / 279 / 279 at 1 / 2 / 4 / 8 tokens against the plain rows' 475-857 / 498 / 430 /
+/// 331; at 16 the x4 kernel ~279 against the tiles' 222 plus the unpacking, 291; at 32 the
+/// tiles win): up to 16 tokens the x4 kernel, more unpack the rows for the tiles.
+const X4_MAX_TOKENS_Q4_K: usize = 16;
 
 /// The x4 kernel for rows `rows` of an x4 weight of `n_out` rows and `ty`, if
 /// it applies: the AVX-512 set (whose multi-row kernels have the same float order), at most
-/// `X4_MAX_TOKENS` tokens, and rows from a group boundary to a group boundary or the end.
+/// `X4_MAX_TOKENS` tokens (Q4_K: 1), and rows from a group boundary to a group boundary or
+/// the end.
 fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::repack::X4Cols> {
     let g = quant::repack::GROUP;
     let aligned = rows.start.is_multiple_of(g) && (rows.end.is_multiple_of(g) || rows.end == n_out);
     let table_rows = quant::table::table(set).get(ty).rows;
-    (set == KernelSet::Avx512 && aligned && n_tokens <= X4_MAX_TOKENS && table_rows.is_some())
+    let max_tokens = if ty == GgmlType::Q4_K { X4_MAX_TOKENS_Q4_K } else { X4_MAX_TOKENS };
+    (set == KernelSet::Avx512 && aligned && n_tokens <= max_tokens && table_rows.is_some())
         .then(|| quant::repack::x4_kernel(ty))
         .flatten()
 }

@@ -1220,7 +1220,7 @@ unsafe fn rows_q4_k_body<const EVEX: bool>(n: usize, w: *const u8, ws: usize, nr
 
 /// Eight rows of four i32 lanes to four vectors of eight lanes: out[j] lane r = p[r] lane j.
 #[inline(always)]
-unsafe fn transpose_4x8_i32(p: &[__m128i; 8]) -> [__m256i; 4] {
+pub(crate) unsafe fn transpose_4x8_i32(p: &[__m128i; 8]) -> [__m256i; 4] {
     let tr = |p: &[__m128i]| {
         let t0 = _mm_unpacklo_epi32(p[0], p[1]);
         let t1 = _mm_unpacklo_epi32(p[2], p[3]);

@@ -745,6 +745,196 @@ unsafe fn q4_1_x4_body<const NC: usize>(
     }
 }
 
+/// Byte indices for `q4_k_x4_pass`: pair j's i16 scales from a row's 8 scale bytes (in
+/// bytes 0..8 of each 128-bit half): sub-block 2j's in i16 lanes 0..4 of each half, 2j + 1's
+/// in lanes 4..8, zero-extended (0x80 zeroes a byte), as `SHUFFLE_K4_PACKED` picks them
+/// from the 8 i16 scales.
+static Q4K_X4_SC: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut j = 0;
+    while j < 4 {
+        let mut b = 0;
+        while b < 32 {
+            let lane = (b % 16) / 2;
+            t[32 * j + b] = if b % 2 == 1 { 0x80 } else if lane < 4 { (2 * j) as u8 } else { (2 * j + 1) as u8 };
+            b += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Byte indices for `q4_k_x4_pass`: per 32-bit lane (a row's 4 min bytes), pair j's two
+/// mins (bytes 2 (j % 2), 2 (j % 2) + 1) as zero-extended i16, for j = 0, 1 (the same picks
+/// serve j = 2, 3 from the high mins).
+static Q4K_X4_MIN: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut h = 0;
+    while h < 2 {
+        let mut b = 0;
+        while b < 32 {
+            let base = (b / 4) * 4;
+            t[32 * h + b] = if b % 2 == 1 { 0x80 } else { (base % 16 + 2 * h + (b % 4) / 2) as u8 };
+            b += 1;
+        }
+        h += 1;
+    }
+    t
+};
+
+/// One pass of the Q4_K x4 kernel: 8 rows, groups `ga` (rows 0..4) and `gb` (rows 4..8; the
+/// same as `ga` for a single group, whose first 4 results are then stored), NC Q8_K
+/// activation rows (`x + c * xs`, results at `out + c * ld`): each row and column gets
+/// `avx2::rows_q4_k_evex`'s operations (hence `dot_q4_k::<1>`'s) in the same order: the
+/// exact i32 pair sums (scale x dot) and min products, then per pair one FMA into the scale
+/// and one into the min accumulator, with the same d_w x d_a and dmin_w x d_a products. The
+/// layout puts each field of the four rows together (`repack`), so the two groups' scales,
+/// mins and d / dmin unpack for all 8 rows at once instead of one row at a time, and a
+/// row's nibbles and pair scales once for the NC columns.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_x4_pass<const NC: usize>(nb: usize, ga: *const u8, gb: *const u8, dist: usize, x: *const u8, xs: usize, out: *mut f32, ld: usize, nout: usize) {
+    let gbytes = 576usize;
+    let m4 = _mm256_set1_epi8(0xF);
+    let (k3f, k0f, k30) = (_mm256_set1_epi8(0x3F), _mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let ld128 = |p: *const u8| _mm_loadu_si128(p as *const __m128i);
+    let two = |o: usize, i: usize| _mm256_set_m128i(ld128(gb.add(i * gbytes + o)), ld128(ga.add(i * gbytes + o)));
+    let (mut acc, mut acc_m) = ([_mm256_setzero_ps(); NC], [_mm256_setzero_ps(); NC]);
+    for i in 0..nb {
+        super::avx2::prefetch_step::<false>(ga, dist, i, 2 * gbytes);
+        let (a, b) = (ga.add(i * gbytes), gb.add(i * gbytes));
+        // d_w and dmin_w, one lane per row
+        let rd = |p: *const u8| std::ptr::read_unaligned(p as *const i64);
+        let dw = _mm256_cvtph_ps(_mm_set_epi64x(rd(b), rd(a)));
+        let dminw = _mm256_cvtph_ps(_mm_set_epi64x(rd(b.add(8)), rd(a.add(8))));
+        // the 6-bit scales and mins of the 8 rows (k4_mins_and_scales' steps on 8 lanes)
+        let (u0, u1, u2) = (two(16, i), two(32, i), two(48, i));
+        let s_lo = _mm256_and_si256(u0, k3f);
+        let s_hi = _mm256_or_si256(_mm256_and_si256(u2, k0f), _mm256_and_si256(_mm256_srli_epi32(u0, 2), k30));
+        let m_lo = _mm256_and_si256(u1, k3f);
+        let m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k0f), _mm256_and_si256(_mm256_srli_epi32(u1, 2), k30));
+        // pair j's two mins of every row as i16 (lane r)
+        let mut mp = [_mm256_setzero_si256(); 4];
+        for (j, p) in mp.iter_mut().enumerate() {
+            let pick = _mm256_loadu_si256(Q4K_X4_MIN.as_ptr().add(32 * (j % 2)) as *const __m256i);
+            *p = _mm256_shuffle_epi8(if j < 2 { m_lo } else { m_hi }, pick);
+        }
+        // each row's scale bytes in bytes 0..8 of both halves: rows 0, 1 / 4, 5 in sc01's
+        // quadwords, rows 2, 3 / 6, 7 in sc23's
+        let sc01 = _mm256_unpacklo_epi32(s_lo, s_hi);
+        let sc23 = _mm256_unpackhi_epi32(s_lo, s_hi);
+        let row_sc = [
+            _mm256_permute4x64_epi64::<0x00>(sc01),
+            _mm256_permute4x64_epi64::<0x55>(sc01),
+            _mm256_permute4x64_epi64::<0x00>(sc23),
+            _mm256_permute4x64_epi64::<0x55>(sc23),
+            _mm256_permute4x64_epi64::<0xAA>(sc01),
+            _mm256_permute4x64_epi64::<0xFF>(sc01),
+            _mm256_permute4x64_epi64::<0xAA>(sc23),
+            _mm256_permute4x64_epi64::<0xFF>(sc23),
+        ];
+        // per column: d_w * d_a and dmin_w * d_a (the plain kernel's products), the min
+        // products (pair j of every row in lane r, exact i32)
+        let mut q8 = [std::ptr::null::<u8>(); NC];
+        let mut dsc = [_mm256_setzero_ps(); NC];
+        let mut dmn = [_mm256_setzero_ps(); NC];
+        let mut m = [[_mm256_setzero_si256(); 4]; NC];
+        for c in 0..NC {
+            let by = x.add(c * xs + i * BlockQ8K::SIZE);
+            q8[c] = by.add(offset_of!(BlockQ8K, qs));
+            let yd = _mm256_set1_ps(std::ptr::read_unaligned(by as *const f32));
+            let bs = _mm256_loadu_si256(q8[c].add(256) as *const __m256i);
+            let q8s = _mm_hadd_epi16(_mm256_extracti128_si256(bs, 0), _mm256_extracti128_si256(bs, 1));
+            dsc[c] = _mm256_mul_ps(dw, yd);
+            dmn[c] = _mm256_mul_ps(dminw, yd);
+            m[c] = [
+                _mm256_madd_epi16(mp[0], _mm256_set1_epi32(_mm_extract_epi32::<0>(q8s))),
+                _mm256_madd_epi16(mp[1], _mm256_set1_epi32(_mm_extract_epi32::<1>(q8s))),
+                _mm256_madd_epi16(mp[2], _mm256_set1_epi32(_mm_extract_epi32::<2>(q8s))),
+                _mm256_madd_epi16(mp[3], _mm256_set1_epi32(_mm_extract_epi32::<3>(q8s))),
+            ];
+        }
+        let mut sums = [[_mm_setzero_si128(); 8]; NC];
+        for r in 0..8 {
+            // the row's nibbles and pair scales once for the NC columns
+            let q4 = if r < 4 { a.add(64 + 128 * r) } else { b.add(64 + 128 * (r - 4)) };
+            let mut wl = [_mm256_setzero_si256(); 4];
+            let mut wh = [_mm256_setzero_si256(); 4];
+            let mut sc = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let bits = _mm256_loadu_si256(q4.add(32 * j) as *const __m256i);
+                wl[j] = _mm256_and_si256(bits, m4);
+                wh[j] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                sc[j] = _mm256_shuffle_epi8(row_sc[r], _mm256_loadu_si256(Q4K_X4_SC.as_ptr().add(32 * j) as *const __m256i));
+            }
+            for c in 0..NC {
+                let mut v = [_mm256_setzero_si256(); 4];
+                for (j, vj) in v.iter_mut().enumerate() {
+                    let z = _mm256_setzero_si256();
+                    let dl = _mm256_dpbusd_epi32(z, wl[j], _mm256_loadu_si256(q8[c].add(64 * j) as *const __m256i));
+                    let dh = _mm256_dpbusd_epi32(z, wh[j], _mm256_loadu_si256(q8[c].add(64 * j + 32) as *const __m256i));
+                    *vj = _mm256_madd_epi16(_mm256_packs_epi32(dl, dh), sc[j]);
+                }
+                // the four exact i32 sums (integer sums do not depend on their order)
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                sums[c][r] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            }
+        }
+        for c in 0..NC {
+            let s = super::avx2::transpose_4x8_i32(&sums[c]);
+            for j in 0..4 {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), dsc[c], acc[c]);
+                acc_m[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[c][j]), dmn[c], acc_m[c]);
+            }
+        }
+    }
+    for c in 0..NC {
+        let mut res = [0f32; 8];
+        _mm256_storeu_ps(res.as_mut_ptr(), _mm256_sub_ps(acc[c], acc_m[c]));
+        std::ptr::copy_nonoverlapping(res.as_ptr(), out.add(c * ld), nout);
+    }
+}
+
+/// Q4_K x Q8_K over the x4 layout (`repack`), NC activation rows (`x + c * xs`, results at
+/// `out + c * ld`) in passes of two groups (`q4_k_x4_pass`); a last single group in a pass
+/// of its own, the plain tail rows (nrows % 4) by `dot_q4_k::<1>`: every element has the
+/// plain multi-row kernel's bits. `w` starts at a group.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_x4_body<const NC: usize>(
+    n: usize,
+    w: *const u8,
+    ws: usize,
+    nrows: usize,
+    x: *const u8,
+    xs: usize,
+    _xd: *const f32,
+    _xds: usize,
+    _tn: *const i32,
+    _ncols: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let nb = n / 256;
+    let dist = super::avx2::PF_AHEAD.max(2 * GROUP * ws);
+    let mut r = 0;
+    while r + 2 * GROUP <= nrows {
+        let ga = w.add(r * ws);
+        q4_k_x4_pass::<NC>(nb, ga, ga.add(GROUP * ws), dist, x, xs, out.add(r), ld, 2 * GROUP);
+        r += 2 * GROUP;
+    }
+    if r + GROUP <= nrows {
+        let ga = w.add(r * ws);
+        q4_k_x4_pass::<NC>(nb, ga, ga, dist, x, xs, out.add(r), ld, GROUP);
+        r += GROUP;
+    }
+    for c in 0..NC {
+        for t in r..nrows {
+            super::avx2::dot_q4_k::<1>(n, w.add(t * ws), x.add(c * xs), 0, std::ptr::null(), 0, out.add(c * ld + t));
+        }
+    }
+}
+
 /// The most activation rows one pass of the x4 kernels takes.
 pub(crate) const X4_COLS: usize = 4;
 
@@ -785,6 +975,7 @@ macro_rules! x4_entries {
 
 x4_entries!(cols_q5_0_x4, q5_0_x4_body);
 x4_entries!(cols_q4_1_x4, q4_1_x4_body);
+x4_entries!(cols_q4_k_x4, q4_k_x4_body);
 
 /// `repack::x4_offsets` for Q5_0: per block i and column c (of ncols, `x + c * xs`), the
 /// two halves' 16 lanes -(16 * (x_4k + .. + x_4k+3)), lane 4r + k (every row alike).

@@ -48,6 +48,7 @@ pub fn group_block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q5_0 => Some(88),
         GgmlType::Q4_1 => Some(80),
+        GgmlType::Q4_K => Some(576),
         _ => None,
     }
 }
@@ -80,6 +81,7 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
         return match ty {
             GgmlType::Q5_0 => Some(super::avx512::cols_q5_0_x4),
             GgmlType::Q4_1 => Some(super::avx512::cols_q4_1_x4),
+            GgmlType::Q4_K => Some(super::avx512::cols_q4_k_x4),
             _ => None,
         };
     }
@@ -107,10 +109,11 @@ pub fn x4_offsets(ty: GgmlType, n: usize, x: *const u8, xs: usize, ncols: usize,
 
 fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, usize)> {
     let gb = group_block_bytes(ty).ok_or_else(|| Error::Unsupported(format!("no x4 layout for {ty}")))?;
+    let blk = ty.block_size();
     let wrow = ty
         .row_size(n_in)
-        .filter(|_| n_in.is_multiple_of(32) && n_in > 0)
-        .ok_or_else(|| Error::Invalid(format!("x4 layout of {ty}: a row of {n_in} is not whole 32-element blocks")))?;
+        .filter(|_| n_in.is_multiple_of(blk) && n_in > 0)
+        .ok_or_else(|| Error::Invalid(format!("x4 layout of {ty}: a row of {n_in} is not whole {blk}-element blocks")))?;
     if !src.len().is_multiple_of(wrow) || src.len() != dst.len() {
         return Err(Error::Invalid(format!(
             "x4 layout of {ty}: {} source bytes for rows of {wrow} bytes, {} destination bytes",
@@ -118,7 +121,7 @@ fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, us
             dst.len()
         )));
     }
-    debug_assert_eq!(gb * (n_in / 32), GROUP * wrow);
+    debug_assert_eq!(gb * (n_in / blk), GROUP * wrow);
     Ok((wrow, src.len() / wrow))
 }
 
@@ -126,7 +129,7 @@ fn check(ty: GgmlType, n_in: usize, src: &[u8], dst: &[u8]) -> Result<(usize, us
 pub fn repack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
     let (wrow, n_rows) = check(ty, n_in, src, dst)?;
     let bs = ty.type_size();
-    let nb = n_in / 32;
+    let nb = n_in / ty.block_size();
     let ng = n_rows / GROUP;
     let gb = group_block_bytes(ty).unwrap();
     for g in 0..ng {
@@ -145,6 +148,15 @@ pub fn repack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
                         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]) as u64;
                         lo |= (qh & 0xFFFF) << (16 * r);
                         hi |= (qh >> 16) << (16 * r);
+                    }
+                    GgmlType::Q4_K => {
+                        // d (2), dmin (2), scales (12: three words), qs (128)
+                        o[2 * r..2 * r + 2].copy_from_slice(&b[0..2]);
+                        o[8 + 2 * r..10 + 2 * r].copy_from_slice(&b[2..4]);
+                        for k in 0..3 {
+                            o[16 * (k + 1) + 4 * r..16 * (k + 1) + 4 * r + 4].copy_from_slice(&b[4 + 4 * k..8 + 4 * k]);
+                        }
+                        o[64 + 128 * r..192 + 128 * r].copy_from_slice(&b[16..144]);
                     }
                     _ => {
                         // Q4_1: d (2), m (2), qs (16)
@@ -182,7 +194,7 @@ pub fn repack_x4_in_place(ty: GgmlType, n_in: usize, data: &mut [u8]) -> Result<
 pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Result<()> {
     let (wrow, n_rows) = check(ty, n_in, src, dst)?;
     let bs = ty.type_size();
-    let nb = n_in / 32;
+    let nb = n_in / ty.block_size();
     let ng = n_rows / GROUP;
     let gb = group_block_bytes(ty).unwrap();
     let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
@@ -198,7 +210,20 @@ pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
                 for r in 0..GROUP {
                     let d = dp.add(base + r * wrow + i * bs);
                     let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
-                    if ty == GgmlType::Q5_0 {
+                    if ty == GgmlType::Q4_K {
+                        // (fixed-size word copies: a prompt unpacks every Q4_K weight it reads)
+                        let w16 = |from: usize, to: usize| std::ptr::write_unaligned(d.add(to) as *mut u16, std::ptr::read_unaligned(s.add(from) as *const u16));
+                        let w32 = |from: usize, to: usize| std::ptr::write_unaligned(d.add(to) as *mut u32, std::ptr::read_unaligned(s.add(from) as *const u32));
+                        w16(2 * r, 0);
+                        w16(8 + 2 * r, 2);
+                        for k in 0..3 {
+                            w32(16 * (k + 1) + 4 * r, 4 + 4 * k);
+                        }
+                        let q = s.add(64 + 128 * r);
+                        for k in 0..8 {
+                            std::ptr::write_unaligned(d.add(16 + 16 * k) as *mut u128, std::ptr::read_unaligned(q.add(16 * k) as *const u128));
+                        }
+                    } else if ty == GgmlType::Q5_0 {
                         let qh = ((rd(72) >> (16 * r)) & 0xFFFF) | (((rd(80) >> (16 * r)) & 0xFFFF) << 16);
                         std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(64 + 2 * r) as *const u16));
                         std::ptr::write_unaligned(d.add(2) as *mut u32, qh as u32);
@@ -223,8 +248,9 @@ mod tests {
     #[test]
     fn x4_layouts_round_trip_and_keep_each_group_in_place() {
         let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
-            for (n_in, n_rows) in [(32usize, 1usize), (32, 4), (64, 5), (96, 7), (896, 8), (576, 11)] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_K] {
+            let k = ty.block_size() / 32;
+            for (n_in, n_rows) in [(32usize, 1usize), (32, 4), (64, 5), (96, 7), (896, 8), (576, 11)].map(|(n, r)| (n * k, r)) {
                 let wrow = ty.row_size(n_in).unwrap();
                 let src: Vec<u8> = (0..wrow * n_rows)
                     .map(|_| {
@@ -243,7 +269,7 @@ mod tests {
                 let g = GROUP * wrow;
                 for k in 0..n_rows / GROUP {
                     let (mut a, mut b) = (src[k * g..(k + 1) * g].to_vec(), x4[k * g..(k + 1) * g].to_vec());
-                    if ty == GgmlType::Q4_1 {
+                    if ty != GgmlType::Q5_0 {
                         a.sort_unstable();
                         b.sort_unstable();
                         assert_eq!(a, b);

@@ -670,15 +670,16 @@ fn x4_kernels_equal_avx2_single_row_bit_for_bit() {
     // and a plain tail of 1-3 rows), with and without precomputed activation scales.
     use super::repack::{repack_x4, x4_kernel, x4_offsets};
     let mut rng = Rng(0x0512_00a4);
-    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_K] {
         let Some(k4) = x4_kernel(ty) else {
             eprintln!("no x4 kernel for {ty} on this CPU: nothing to compare");
             continue;
         };
         let (a1, _) = dot_pair(KernelSet::Avx2, false, ty).unwrap();
         let vdt = vec_dot_type(ty);
-        for nblocks in [1usize, 2, 3, 18, 28, 65] {
-            let n = 32 * nblocks;
+        let blocks: &[usize] = if ty == GgmlType::Q4_K { &[1, 2, 3, 4, 7] } else { &[1, 2, 3, 18, 28, 65] };
+        for &nblocks in blocks {
+            let n = ty.block_size() * nblocks;
             let wrow = ty.row_size(n).unwrap();
             for nrows in 1..=13 {
                 let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(ty, n, &mut rng)).collect();
@@ -725,8 +726,9 @@ fn matmul_of_x4_weights_equals_plain_bit_for_bit() {
             sets.push(KernelSet::Avx512);
         }
     }
-    for ty in [GgmlType::Q5_0, GgmlType::Q4_1] {
-        for (n_in, n_out) in [(96usize, 13usize), (896, 40), (576, 7)] {
+    for ty in [GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_K] {
+        let shapes: [(usize, usize); 3] = if ty == GgmlType::Q4_K { [(256, 13), (1024, 40), (512, 23)] } else { [(96, 13), (896, 40), (576, 7)] };
+        for (n_in, n_out) in shapes {
             let w: Vec<u8> = (0..n_out).flat_map(|_| random_row(ty, n_in, &mut rng)).collect();
             let mut w4 = vec![0u8; w.len()];
             repack_x4(ty, n_in, &w, &mut w4).unwrap();
