@@ -23,7 +23,7 @@ SETTINGS = {
     "PYLLAMA_NO_ROWS": "benchmarks: turn off the multi-row decode kernels",
     "PYLLAMA_NO_COLS": "benchmarks: decode batches of 2..7 tokens one token at a time (the old path)",
     "PYLLAMA_NO_RB": "benchmarks: prefill without the row-block / column-lane kernels (same results)",
-    "PYLLAMA_NO_REPACK": "benchmarks: load Q5_0 / Q4_1 layer weights as in the file, not in the x4 decode layout (same results)",
+    "PYLLAMA_NO_REPACK": "benchmarks: load Q5_0 / Q4_1 / Q4_K layer weights as in the file, not in the x4 decode layout (same results)",
     "PYLLAMA_GRAMMAR": "py = the pure-Python grammar matcher (the reference) instead of the Rust one",
     "PYLLAMA_LLAMA_CPP_DIR": "tests: a llama.cpp build directory for pyllama verify's comparison",
     "PYLLAMA_BENCH_MIB": "benchmarks: working-set size of the bandwidth probe",

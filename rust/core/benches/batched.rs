@@ -1,11 +1,13 @@
 //! Batched-decode matmul benchmark (not a test): `cargo bench -p pyllama-core --bench batched
 //! [-- FILTER]`. The decode shapes of Gemma 3 270M, SmolLM2 135M and Qwen2.5-Coder 0.5B
-//! (n_in, n_out, weight type) with n_tokens = 1..16 (K sequences decoding one token each,
+//! (n_in, n_out, weight type), and a 7B model's 4096 x 4096 Q4_K, with n_tokens = 1..16
+//! (`BATCH_TOKENS=1,2,32` picks others; K sequences decoding one token each,
 //! llama-batched-bench's npl) on ONE thread: the best CPU time of several repetitions, in
 //! microseconds per matmul and per token. The output projections (Gemma: 262144 x 640 Q8_0,
 //! 178 MB) stream from RAM as in a real decode step; the small layer matrices sit in cache.
 //! `PYLLAMA_NO_COLS=1` runs the leftover tokens one by one (the path before the multi-token
-//! kernels), `PYLLAMA_KERNELS=avx2|avx512|ref` picks the kernel set.
+//! kernels), `PYLLAMA_KERNELS=avx2|avx512|ref` picks the kernel set. Formats with an x4
+//! row-group layout on this CPU (`quant::repack`) run a second line with it (" x4").
 
 use pyllama_core::ggml_type::GgmlType;
 use pyllama_core::model::TensorView;

@@ -14,7 +14,7 @@
 //! matrix sizes run again and again from L2 (the kernel's speed without memory), the rows
 //! plain and (where the AVX-512 VNNI kernels run) in the x4 layout, on huge pages with
 //! `huge`. `x4`: the
-//! AVX-512 single-token kernels of Q5_0 and Q4_1 on plain rows against the x4 row-group
+//! AVX-512 single-token kernels of Q5_0, Q4_1 and Q4_K on plain rows against the x4 row-group
 //! layout's (`quant::repack`), from memory and from the caches.
 //!
 //! Prints the machine's memory read bandwidth (1 and 2 threads), then per weight format:
@@ -667,10 +667,10 @@ fn split_table(huge: bool) {
     }
 }
 
-/// `x4`: the AVX-512 single-token kernels of Q5_0 and Q4_1 over the plain rows against the
+/// `x4`: the AVX-512 single-token kernels of Q5_0, Q4_1 and Q4_K over the plain rows against the
 /// same kernels over the x4 row-group layout (`quant::repack`), GB/s of weights, 1 and 2
 /// threads: a matrix of PYLLAMA_BENCH_MIB MiB (default 512: from memory) and one of ~1 MiB
-/// (from the caches), rows of PYLLAMA_BENCH_NIN (default: each model's width, 896 and 576).
+/// (from the caches), rows of PYLLAMA_BENCH_NIN (default: each model's width, 896, 576 and 2048).
 fn x4_table(huge: bool) {
     use pyllama_core::quant::repack::{repack_x4, x4_kernel, x4_offsets};
     let mib: usize = std::env::var("PYLLAMA_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);

@@ -600,10 +600,11 @@ impl Model {
     }
 
     /// Repacks, in place, the layers' projection weights that have a single-token kernel
-    /// over `quant::repack`'s x4 layout on this CPU (Q5_0, Q4_1 on the AVX-512 VNNI set):
+    /// over `quant::repack`'s x4 layout on this CPU (Q5_0, Q4_1, Q4_K on the AVX-512 VNNI set):
     /// a decode step reads each of them as one stream of group-blocks, each field of the four
     /// rows in one load instead of gathered from four rows (`--bench kernels -- x4 huge`, rows of 896 / 576 over 256 MiB,
-    /// Zen 4, one thread: Q5_0 18.9 -> 23.8 GB/s, Q4_1 22.5 -> 30.4). Only the CPU matmul
+    /// Zen 4, one thread: Q5_0 18.9 -> 23.8 GB/s, Q4_1 22.5 -> 30.4; rows of 2048: Q4_K 18.0 ->
+    /// 23.6-23.9). Only the CPU matmul
     /// reads these tensors (`ops::matmul` takes the layout; every other path gets the plain
     /// rows back), so only weights held in RAM are repacked (a memory map stays the file's
     /// bytes), never when a GPU holds layers, not under `PYLLAMA_NO_REPACK=1`, and only the
@@ -626,7 +627,7 @@ impl Model {
                     && x4_kernel(t.ty).is_some()
                     // the x4 kernels run the plain multi-row kernels' float order
                     && table.get(t.ty).rows.is_some()
-                    && t.ne[0] % 32 == 0;
+                    && t.ne[0] % t.ty.block_size() as u64 == 0;
                 if ok {
                     jobs.push((fi, ti));
                 }

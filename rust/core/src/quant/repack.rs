@@ -1,4 +1,4 @@
-//! Row-group layouts ("x4") of Q5_0 and Q4_1 weight matrices for the single-token kernels.
+//! Row-group layouts ("x4") of Q5_0, Q4_1 and Q4_K weight matrices for the single-token kernels.
 //!
 //! A decode step streams every weight once from memory, and the AVX-512 single-token kernels
 //! of these formats are bound by their own instruction count, not by memory (one thread on
@@ -14,15 +14,20 @@
 //!   two quant registers: `lo` bit 16 r + j = bit j of row r's qh (elements 0..16 of row r),
 //!   `hi` bit 16 r + j = bit 16 + j (elements 16..32).
 //! - Q4_1, 80 bytes: the four rows' 16 quant bytes, then their (d, m) f16 pairs (at 64 + 4 r).
+//! - Q4_K, 576 bytes a super-block of 256: the four rows' d (at 2 r), dmin (at 8 + 2 r), the
+//!   three 32-bit words of their 6-bit scales and mins (word k of row r at 16 (k + 1) + 4 r),
+//!   then their 128 quant bytes (at 64 + 128 r). The plain 8-row kernel unpacked each row's
+//!   scales with scalar shifts and inserts (a third of its time, with its reduction); here the
+//!   words of 8 rows (two groups) unpack in a few vector operations.
 //!
 //! A group takes exactly the bytes its four plain rows took (4 x the row size, at the same
 //! offset), and the rows after the last whole group (n_rows % 4) stay plain at the end: so a
 //! range of whole groups starts where its plain rows did, and `unpack_x4` restores the plain
 //! rows exactly (the layout is a permutation of each group's bytes).
 //!
-//! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`) are bit-identical
-//! to the plain ones (tests). `Model::load` repacks the layers' Q5_0 / Q4_1 projections in
-//! place where these kernels run (`Model::repack_weights`); the matmul reads the layout
+//! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`, `cols_q4_k_x4`)
+//! are bit-identical to the plain ones (tests). `Model::load` repacks the layers' Q5_0 /
+//! Q4_1 / Q4_K projections in place where these kernels run (`Model::repack_weights`); the matmul reads the layout
 //! (`ops::matmul`: these kernels up to 32 tokens, the rows unpacked for anything else), and
 //! no other path is handed an x4 tensor (`TensorView::row` refuses one, `tensor_raw` unpacks).
 
