@@ -98,7 +98,7 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
 /// activation rows of n elements (`x + c * xs`), into `dst` (resized): Q5_0's weights are
 /// u - 16 with u the unsigned 5-bit code, so each block's integer sum starts from -16 times
 /// each 4 activations' sum; computed once per matmul, not once per kernel call (a thread's
-/// last claims are one group). Empty for Q4_1 (no offset).
+/// last claims are one group). Empty for Q4_1 and Q4_K (no offset).
 pub fn x4_offsets(ty: GgmlType, n: usize, x: *const u8, xs: usize, ncols: usize, dst: &mut Vec<i32>) {
     dst.clear();
     #[cfg(target_arch = "x86_64")]
@@ -214,7 +214,6 @@ pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
                 let rd = |o: usize| std::ptr::read_unaligned(s.add(o) as *const u64);
                 for r in 0..GROUP {
                     let d = dp.add(base + r * wrow + i * bs);
-                    let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
                     if ty == GgmlType::Q4_K {
                         // (fixed-size word copies: a prompt unpacks every Q4_K weight it reads)
                         let w16 = |from: usize, to: usize| std::ptr::write_unaligned(d.add(to) as *mut u16, std::ptr::read_unaligned(s.add(from) as *const u16));
@@ -229,11 +228,13 @@ pub fn unpack_x4(ty: GgmlType, n_in: usize, src: &[u8], dst: &mut [u8]) -> Resul
                             std::ptr::write_unaligned(d.add(16 + 16 * k) as *mut u128, std::ptr::read_unaligned(q.add(16 * k) as *const u128));
                         }
                     } else if ty == GgmlType::Q5_0 {
+                        let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
                         let qh = ((rd(72) >> (16 * r)) & 0xFFFF) | (((rd(80) >> (16 * r)) & 0xFFFF) << 16);
                         std::ptr::write_unaligned(d as *mut u16, std::ptr::read_unaligned(s.add(64 + 2 * r) as *const u16));
                         std::ptr::write_unaligned(d.add(2) as *mut u32, qh as u32);
                         std::ptr::write_unaligned(d.add(6) as *mut u128, qs);
                     } else {
+                        let qs = std::ptr::read_unaligned(s.add(16 * r) as *const u128);
                         std::ptr::write_unaligned(d as *mut u32, std::ptr::read_unaligned(s.add(64 + 4 * r) as *const u32));
                         std::ptr::write_unaligned(d.add(4) as *mut u128, qs);
                     }
