@@ -341,7 +341,6 @@ fn matmul_with_x(
         // below (each thread's own contiguous run first, guided claims); a decode step of a
         // few sequences in claims small enough to stay in L1, each group-block decoded
         // once for up to 4 tokens (the weights stream from memory once).
-        let g = quant::repack::GROUP;
         let mut tn = X4_TN.with(|t| t.take());
         quant::repack::x4_offsets(w.ty, n_in, xq.as_ptr(), xrow, n_tokens, &mut tn);
         let (xs_addr, tn_addr) = (xscales as usize, tn.as_ptr() as usize);
@@ -367,9 +366,8 @@ fn matmul_with_x(
             };
         };
         let nth = pool.n_threads();
-        // claims in units of the kernel's pass: a group, two for Q4_K (its passes take 8 rows
-        // and a lone group costs a whole pass)
-        let u = if w.ty == GgmlType::Q4_K { 2 * g } else { g };
+        // claims in units of the kernel's pass
+        let u = quant::repack::x4_pass_rows(w.ty);
         // one token: the multi-row path's claims; more: L1-sized ones, each against every token
         let max = if n_tokens == 1 { single_token_chunk(n_rows, wrow, nth) / u } else { (X4_CHUNK_BYTES / (wrow * u)).max(1) };
         if nth == 1 && n_tokens == 1 {
@@ -922,6 +920,7 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
         w: usize, // address of the part's first row
         wrow: usize,
         n_rows: usize,
+        unit: usize,  // rows per chunk
         first: usize, // its first chunk in the region's numbering
         xq: usize,    // offset of its quantized activations in scratch
         xs: Option<usize>,
@@ -938,8 +937,8 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     let mut n_quants = 0;
     let mut size = 0usize;
     let mut preps: [Option<Prep>; MAX_FUSED] = [None; MAX_FUSED];
-    // chunks of PASS_ROWS rows, numbered across the parts; a claim takes at most the
-    // smallest part's `single_token_chunk`
+    // chunks of each part's `unit` rows (PASS_ROWS, an x4 part its kernel's pass), numbered
+    // across the parts; a claim takes at most the smallest part's `single_token_chunk`
     let mut n_chunks = 0;
     let mut max_claim = usize::MAX;
     for (i, p) in parts.iter_mut().enumerate() {
@@ -979,19 +978,21 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
             }
         };
         let n_rows = p.rows.len();
-        max_claim = max_claim.min(single_token_chunk(n_rows, wrow, nth) / PASS_ROWS);
+        let unit = if k4.is_some() { quant::repack::x4_pass_rows(w.ty) } else { PASS_ROWS };
+        max_claim = max_claim.min(single_token_chunk(n_rows, wrow, nth) / unit);
         preps[i] = Some(Prep {
             k,
             k4: k4.map(|k4| (k4, w.ty)),
             w: w.data.as_ptr() as usize + p.rows.start * wrow,
             wrow,
             n_rows,
+            unit,
             first: n_chunks,
             xq: quants[q].1,
             xs: quants[q].2,
             out: p.out.as_mut_ptr() as usize,
         });
-        n_chunks += n_rows.div_ceil(PASS_ROWS);
+        n_chunks += n_rows.div_ceil(unit);
     }
     scratch.resize(size.max(scratch.len()), 0);
     for &(vdt, off, sc) in &quants[..n_quants] {
@@ -1009,7 +1010,6 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     // the x4 parts' offset sums, once for the region: only Q5_0 has them, and its parts
     // share one quantization of x (one `quants` entry per activation type)
     let mut tn = X4_TN.with(|t| t.take());
-    tn.clear();
     if let Some(Prep { xq, .. }) = preps.iter().flatten().find(|p| p.k4.is_some_and(|k| k.1 == GgmlType::Q5_0)) {
         quant::repack::x4_offsets(GgmlType::Q5_0, n_in, (base + xq) as *const u8, 0, 1, &mut tn);
     }
@@ -1018,16 +1018,16 @@ pub fn matmul_single_fused_with(pool: &ThreadPool, set: KernelSet, parts: &mut [
     run_guided(pool, n_chunks, max_claim, &|_, run| {
         // a run may span parts: each part's share of it in one kernel call
         for p in preps.iter().flatten() {
-            let (lo, hi) = (run.start.max(p.first), run.end.min(p.first + p.n_rows.div_ceil(PASS_ROWS)));
+            let (lo, hi) = (run.start.max(p.first), run.end.min(p.first + p.n_rows.div_ceil(p.unit)));
             if lo >= hi {
                 continue;
             }
-            let start = (lo - p.first) * PASS_ROWS;
-            let len = ((hi - p.first) * PASS_ROWS).min(p.n_rows) - start;
+            let start = (lo - p.first) * p.unit;
+            let len = ((hi - p.first) * p.unit).min(p.n_rows) - start;
             let xs = p.xs.map_or(std::ptr::null(), |s| (base + s) as *const f32);
             if let Some((k4, _)) = p.k4 {
-                // SAFETY: as below; the part's rows start on a group boundary (`x4_kernel`,
-                // PASS_ROWS = GROUP) and its offset sums (Q5_0's) are at tn_addr.
+                // SAFETY: as below; the part's rows start on a group boundary (`x4_kernel`; its
+                // chunks are whole passes of groups) and its offset sums (Q5_0's) are at tn_addr.
                 unsafe {
                     k4(
                         n_in,
@@ -1094,34 +1094,21 @@ pub(crate) fn run_guided(pool: &ThreadPool, n_chunks: usize, max: usize, f: &(dy
 /// pass. A claim takes up to `single_token_chunk` rows (~16 KiB of weights) while much is
 /// left and one pass at the end.
 const PASS_ROWS: usize = 4;
-// (the fused path's x4 parts take claims of PASS_ROWS rows as whole groups)
-const _: () = assert!(PASS_ROWS == quant::repack::GROUP);
 
 /// Weight bytes per chunk of the x4 path over a few tokens (each chunk is read from memory
 /// once and from L1 for the other tokens).
 const X4_CHUNK_BYTES: usize = 16 * 1024;
 
-/// The most tokens the x4 kernels take a matmul for; more (a prompt) go through the plain
-/// rows (`matmul_unpacked`) and the prefill kernels.
-const X4_MAX_TOKENS: usize = 32;
-/// Q4_K's: its x4 kernel shares each group-block's unpacking (scales, mins, a row's nibbles)
-/// between tokens, not the integer products, where the plain rows' tiles share the weights
-/// across 8 tokens (7B-sized 4096 x 4096, one thread, `--bench batched`, us a token: x4 364
-/// / 306 / 279 / 279 at 1 / 2 / 4 / 8 tokens against the plain rows' 475-857 / 498 / 430 /
-/// 331; at 16 the x4 kernel ~279 against the tiles' 222 plus the unpacking, 291; at 32 the
-/// tiles win): up to 16 tokens the x4 kernel, more unpack the rows for the tiles.
-const X4_MAX_TOKENS_Q4_K: usize = 16;
 
 /// The x4 kernel for rows `rows` of an x4 weight of `n_out` rows and `ty`, if
 /// it applies: the AVX-512 set (whose multi-row kernels have the same float order), at most
-/// `X4_MAX_TOKENS` tokens (Q4_K: 1), and rows from a group boundary to a group boundary or
-/// the end.
+/// `repack::x4_max_tokens` tokens, and rows from a group boundary to a group boundary or the
+/// end.
 fn x4_kernel(set: KernelSet, ty: GgmlType, rows: &Range<usize>, n_out: usize, n_tokens: usize) -> Option<quant::repack::X4Cols> {
     let g = quant::repack::GROUP;
     let aligned = rows.start.is_multiple_of(g) && (rows.end.is_multiple_of(g) || rows.end == n_out);
     let table_rows = quant::table::table(set).get(ty).rows;
-    let max_tokens = if ty == GgmlType::Q4_K { X4_MAX_TOKENS_Q4_K } else { X4_MAX_TOKENS };
-    (set == KernelSet::Avx512 && aligned && n_tokens <= max_tokens && table_rows.is_some())
+    (set == KernelSet::Avx512 && aligned && n_tokens <= quant::repack::x4_max_tokens(ty) && table_rows.is_some())
         .then(|| quant::repack::x4_kernel(ty))
         .flatten()
 }

@@ -28,7 +28,7 @@
 //! The kernels over this layout (`avx512::cols_q5_0_x4`, `cols_q4_1_x4`, `cols_q4_k_x4`)
 //! are bit-identical to the plain ones (tests). `Model::load` repacks the layers' Q5_0 /
 //! Q4_1 / Q4_K projections in place where these kernels run (`Model::repack_weights`); the matmul reads the layout
-//! (`ops::matmul`: these kernels up to 32 tokens, the rows unpacked for anything else), and
+//! (`ops::matmul`: these kernels up to `x4_max_tokens`, the rows unpacked for anything else), and
 //! no other path is handed an x4 tensor (`TensorView::row` refuses one, `tensor_raw` unpacks).
 
 use crate::error::{Error, Result};
@@ -92,6 +92,32 @@ pub fn x4_kernel(ty: GgmlType) -> Option<X4Cols> {
     }
     let _ = ty;
     None
+}
+
+/// Rows one pass of `ty`'s x4 kernel takes: a group, two for Q4_K (its pass fills 8 float
+/// lanes, one row each; a lone group costs a whole pass). The matmul claims rows in these
+/// units.
+pub fn x4_pass_rows(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q4_K {
+        2 * GROUP
+    } else {
+        GROUP
+    }
+}
+
+/// The most tokens `ty`'s x4 kernel takes a matmul for; more (a prompt, a large batch) go
+/// through the plain rows (unpacked) and the prefill kernels. Q4_K's x4 kernel shares a
+/// group-block's unpacking (scales, mins, a row's nibbles) between tokens but not the integer
+/// products, where the plain rows' tiles share the weights across 8 tokens: a 7B-sized 4096 x
+/// 4096 at one thread (`--bench batched`, us a token) took 278-295 in the x4 kernel at 8-16
+/// tokens, 306-311 in the plain rows at 8, 358-380 at 10-14, 172-204 at 16 (whole tiles), and
+/// the unpacked x4 weight 219-236 at 17: so the x4 kernel below 16 tokens.
+pub fn x4_max_tokens(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q4_K {
+        15
+    } else {
+        32
+    }
 }
 
 /// The activations' offset sums an `X4Cols` kernel of `ty` takes (`tn`), for `ncols`
